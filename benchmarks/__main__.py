@@ -1,0 +1,51 @@
+"""``python -m benchmarks NAME... [--quick] [--json FILE]`` — run benchmarks, print medians."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import pkgutil
+import sys
+import time
+
+import benchmarks
+from benchmarks.harness import Result, print_table, write_json
+
+_NOT_BENCHES = {"harness", "__main__"}
+
+
+def available() -> list[str]:
+    return sorted(
+        m.name
+        for m in pkgutil.iter_modules(benchmarks.__path__)
+        if m.name not in _NOT_BENCHES and not m.name.startswith("_")
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    names = available()
+    p = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
+    p.add_argument("names", nargs="*", metavar="NAME", help=f"benchmarks to run (default: all of {names})")
+    p.add_argument("--quick", action="store_true", help="smaller sizes; about a minute per benchmark")
+    p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    args = p.parse_args(argv)
+    chosen = args.names or names
+    unknown = [n for n in chosen if n not in names]
+    if unknown:
+        p.error(f"unknown benchmark(s) {unknown}; available: {names}")
+    results: list[Result] = []
+    for name in chosen:
+        mod = importlib.import_module(f"benchmarks.{name}")
+        t0 = time.monotonic()
+        print(f"# {name} ...", file=sys.stderr, flush=True)
+        got = mod.run(quick=args.quick)
+        print(f"# {name} took {time.monotonic() - t0:.1f} s", file=sys.stderr, flush=True)
+        results.extend(got)
+    print_table(results)
+    if args.json:
+        write_json(args.json, results)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,92 @@
+"""What every benchmark returns, and how the results are printed and saved.
+
+A benchmark module ``benchmarks/<name>.py`` defines ``run(quick: bool) -> list[Result]``.
+Each Result is one metric's median over repeated trials (the machine is shared and noisy, so
+single times mean little); where a peer or baseline was measured in the same run, ``ratio`` says
+how foldplane compares (``median / baseline_median`` for throughputs, the other way round for
+latencies, so that a ratio above 1 always means foldplane is better).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass(frozen=True)
+class Result:
+    bench: str
+    metric: str
+    unit: str
+    median: float
+    p99: float | None = None
+    baseline: str | None = None
+    baseline_median: float | None = None
+    ratio: float | None = None
+    target: str | None = None
+    extra: dict = field(default_factory=dict)
+
+    def as_json(self) -> dict:
+        d = {k: v for k, v in asdict(self).items() if v is not None and v != {}}
+        return d
+
+
+def median(xs) -> float:
+    return float(statistics.median(xs))
+
+
+def percentile(xs, q: float) -> float:
+    s = sorted(xs)
+    if not s:
+        return float("nan")
+    k = min(len(s) - 1, max(0, round(q / 100 * (len(s) - 1))))
+    return float(s[k])
+
+
+def higher_is_better_ratio(ours: float, theirs: float) -> float | None:
+    return ours / theirs if theirs else None
+
+
+def lower_is_better_ratio(ours: float, theirs: float) -> float | None:
+    return theirs / ours if ours else None
+
+
+def _fmt(x: float | None) -> str:
+    if x is None:
+        return "-"
+    if abs(x) >= 1000:
+        return f"{x:,.0f}"
+    if abs(x) >= 10:
+        return f"{x:.1f}"
+    return f"{x:.3g}"
+
+
+def print_table(results: list[Result]) -> None:
+    cols = ["bench", "metric", "unit", "median", "p99", "baseline", "baseline median", "ratio", "target"]
+    rows = [
+        [
+            r.bench,
+            r.metric,
+            r.unit,
+            _fmt(r.median),
+            _fmt(r.p99),
+            r.baseline or "-",
+            _fmt(r.baseline_median),
+            "-" if r.ratio is None else f"{r.ratio:.2f}x",
+            r.target or "-",
+        ]
+        for r in results
+    ]
+    widths = [max(len(c), *(len(row[i]) for row in rows)) if rows else len(c) for i, c in enumerate(cols)]
+    line = "  ".join(c.ljust(w) for c, w in zip(cols, widths, strict=True))
+    print(line)
+    print("  ".join("-" * w for w in widths))
+    for row in rows:
+        print("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)), flush=True)
+
+
+def write_json(path: str, results: list[Result]) -> None:
+    with open(path, "w") as f:
+        json.dump({"results": [r.as_json() for r in results]}, f, indent=2)
+        f.write("\n")
