@@ -1,0 +1,265 @@
+"""An HTTP client for the coordinator's wire protocol (docs/protocol.md), over a list of addresses.
+
+Several coordinators may serve one log, one leader at a time. The client keeps the address that
+answered last and tries it first. A ``503 not_leader`` answer names the leader: the client goes
+there at once. A connection failure moves on to the next address. When every address failed,
+the call raises ``CoordinatorUnavailable`` naming each address and what went wrong; the caller
+decides when to try again (the agent machine backs off; operator calls retry until a deadline).
+
+An answer with an error body raises ``CoordinatorError`` carrying the HTTP status, the error
+code and the coordinator's detail, so a refused request says exactly what was wrong.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+#: How long one plain request may take; long polls add their own timeout on top.
+DEFAULT_TIMEOUT_S = 10.0
+#: Terminal proposal statuses: nothing overwrites them.
+TERMINAL_STATUSES = frozenset({"applied", "applied_with_dropped_ranks", "rejected"})
+
+
+class CoordinatorError(Exception):
+    """The coordinator answered with an error: ``status``, ``code`` and its ``detail``."""
+
+    def __init__(self, status: int, code: str, detail: str, url: str) -> None:
+        super().__init__(f"{status} {code}: {detail} ({url})")
+        self.status = status
+        self.code = code
+        self.detail = detail
+        self.url = url
+
+
+class CoordinatorUnavailable(Exception):
+    """No address answered; the message lists what happened at each one."""
+
+
+@dataclass(frozen=True)
+class UpdatesAnswer:
+    """One answer of ``GET /agents/updates``."""
+
+    updates: tuple[Mapping[str, Any], ...]
+    next_after: int
+    resync: bool
+    store: tuple[str, int] | None
+    term: int | None
+
+
+def parse_addresses(addresses: str | Sequence[str]) -> list[str]:
+    """``"http://a:1,http://b:2"`` or a list of URLs -> a list of base URLs without a final /."""
+    items = addresses.split(",") if isinstance(addresses, str) else list(addresses)
+    urls = [a.strip().rstrip("/") for a in items if a and a.strip()]
+    if not urls:
+        raise ValueError(f"no coordinator address in {addresses!r}")
+    for url in urls:
+        if not url.startswith(("http://", "https://")):
+            raise ValueError(f"coordinator address {url!r} must start with http:// or https://")
+    return urls
+
+
+class CoordinatorClient:
+    """Blocking calls to the coordinator. Thread-safe; one connection pool per client."""
+
+    def __init__(
+        self,
+        addresses: str | Sequence[str],
+        *,
+        token: str | None = None,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+    ) -> None:
+        self.addresses = parse_addresses(addresses)
+        self._current = 0
+        self._timeout_s = timeout_s
+        headers = {"authorization": f"Bearer {token}"} if token else {}
+        self._http = httpx.Client(headers=headers, timeout=timeout_s)
+
+    @property
+    def address(self) -> str:
+        """The address tried first: the last one that answered."""
+        return self.addresses[self._current]
+
+    def close(self) -> None:
+        self._http.close()
+
+    # -- the agent wire protocol -----------------------------------------------------------------
+
+    def post_events(self, events: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+        """``POST /agents/events``: one result per event, ``{"offset"}`` or ``{"error", "detail"}``."""
+        body = self.request("POST", "/agents/events", json={"events": list(events)})
+        results = body.get("results")
+        if not isinstance(results, list):
+            raise CoordinatorError(200, "bad_answer", f"no results list in {body!r}", self.address)
+        return results
+
+    def updates(self, group: str, rank: int, after: int, timeout_s: float) -> UpdatesAnswer:
+        """``GET /agents/updates``: a long poll for what concerns ``rank`` after ``after``."""
+        body = self.request(
+            "GET",
+            "/agents/updates",
+            params={"group": group, "rank": rank, "after": after, "timeout": timeout_s},
+            timeout_s=timeout_s + self._timeout_s,
+        )
+        store = body.get("store")
+        return UpdatesAnswer(
+            updates=tuple(body.get("updates", ())),
+            next_after=int(body.get("next_after") or after),
+            resync=bool(body.get("resync", False)),
+            store=(str(store["host"]), int(store["port"])) if store else None,
+            term=body.get("term"),
+        )
+
+    def report_death(self, group: str, rank: int, incarnation: str | None = None) -> dict[str, Any]:
+        """``POST /agents/deaths``: the rank goes OFFLINE at once (a stale incarnation is 409)."""
+        body: dict[str, Any] = {"group": group, "rank": rank}
+        if incarnation is not None:
+            body["incarnation"] = incarnation
+        return self.request("POST", "/agents/deaths", json=body)
+
+    # -- operator calls --------------------------------------------------------------------------
+
+    def create_group(self, group: str, world_size: int, **config: Any) -> dict[str, Any]:
+        """``POST /groups``; an identical group again is a no-op, another config a 409."""
+        return self.request(
+            "POST", "/groups", json={"group": group, "world_size": world_size, **config}
+        )
+
+    def group(self, group: str) -> dict[str, Any]:
+        return self.request("GET", f"/groups/{group}")
+
+    def current_view(self, group: str) -> dict[str, Any]:
+        return self.request("GET", "/views/current", params={"group": group})
+
+    def view_history(self, group: str, after_version: int = 0) -> list[dict[str, Any]]:
+        """Every committed view after ``after_version``, following the pages."""
+        views: list[dict[str, Any]] = []
+        cursor: int | None = after_version
+        while cursor is not None:
+            page = self.request(
+                "GET",
+                "/views/history",
+                params={"group": group, "after_version": cursor, "limit": 1000},
+            )
+            views.extend(page.get("views", []))
+            cursor = page.get("next_after_version")
+        return views
+
+    def propose(
+        self,
+        group: str,
+        op: str,
+        ranks: Sequence[int],
+        *,
+        proposer: str | None = None,
+        idempotency_key: str | None = None,
+        wait_s: float = 30.0,
+    ) -> dict[str, Any]:
+        """``POST /proposals`` and wait (up to ``wait_s``) for the terminal outcome.
+
+        Returns the proposal as the coordinator answered it: terminal, or ``pending`` if
+        ``wait_s`` passed first. The server waits at most 60 s per request, so longer waits
+        poll ``GET /proposals/{id}``.
+        """
+        body: dict[str, Any] = {"group": group, "op": op, "ranks": list(ranks)}
+        if proposer is not None:
+            body["proposer"] = proposer
+        if idempotency_key is not None:
+            body["idempotency_key"] = idempotency_key
+        deadline = time.monotonic() + wait_s
+        answer = self.request(
+            "POST",
+            "/proposals",
+            params={"wait": min(wait_s, 60.0)},
+            json=body,
+            timeout_s=min(wait_s, 60.0) + self._timeout_s,
+        )
+        while answer.get("status") not in TERMINAL_STATUSES:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            time.sleep(min(0.05, left))
+            answer = self.proposal(int(answer["id"]))
+        return answer
+
+    def proposal(self, proposal_id: int) -> dict[str, Any]:
+        return self.request("GET", f"/proposals/{proposal_id}")
+
+    def healthz(self) -> dict[str, Any]:
+        return self.request("GET", "/healthz")
+
+    # -- transport -------------------------------------------------------------------------------
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Mapping[str, Any] | None = None,
+        json: Any = None,
+        timeout_s: float | None = None,
+    ) -> dict[str, Any]:
+        """One call, tried at each address in turn, following ``not_leader`` to the leader."""
+        failures: list[str] = []
+        tried: set[str] = set()
+        index = self._current
+        while len(tried) < len(self.addresses):
+            url = self.addresses[index]
+            tried.add(url)
+            try:
+                response = self._http.request(
+                    method,
+                    url + path,
+                    params=params,
+                    json=json,
+                    timeout=self._timeout_s if timeout_s is None else timeout_s,
+                )
+            except httpx.HTTPError as exc:
+                failures.append(f"{url}: {type(exc).__name__}: {exc}")
+                index = (index + 1) % len(self.addresses)
+                continue
+            body = _json_body(response)
+            if response.status_code == 503 and body.get("error") == "not_leader":
+                failures.append(f"{url}: not the leader")
+                leader = body.get("leader")
+                index = self._index_of(leader) if leader else (index + 1) % len(self.addresses)
+                if self.addresses[index] in tried:
+                    index = self._next_untried(tried, index)
+                continue
+            self._current = index
+            if response.status_code >= 400:
+                raise CoordinatorError(
+                    response.status_code,
+                    str(body.get("error", "http_error")),
+                    str(body.get("detail", response.text[:200])),
+                    url,
+                )
+            return body
+        raise CoordinatorUnavailable(
+            f"{method} {path}: no coordinator answered: " + "; ".join(failures)
+        )
+
+    def _index_of(self, leader: str) -> int:
+        leader = leader.rstrip("/")
+        if leader not in self.addresses:
+            self.addresses.append(leader)
+        return self.addresses.index(leader)
+
+    def _next_untried(self, tried: set[str], index: int) -> int:
+        for step in range(len(self.addresses)):
+            candidate = (index + step) % len(self.addresses)
+            if self.addresses[candidate] not in tried:
+                return candidate
+        return index
+
+
+def _json_body(response: httpx.Response) -> dict[str, Any]:
+    try:
+        body = response.json()
+    except ValueError:
+        return {"error": "bad_answer", "detail": response.text[:200]}
+    return body if isinstance(body, dict) else {"value": body}

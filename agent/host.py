@@ -1,0 +1,544 @@
+"""The agent's host: the threads, the clock and the HTTP that run ``AgentMachine``.
+
+The loop reads like etcd raft's: take the next input (or a ``Tick`` when the machine's deadline
+passes), ``step`` the machine, carry out the actions. One *driver* thread owns the machine and
+the data plane; it never blocks on the network. Two helpers do the blocking I/O and hand their
+results back to the driver as inputs:
+
+- the *sender* POSTs each ``SendEvents`` batch to ``/agents/events``;
+- the *poller* long-polls ``/agents/updates`` after the offset each ``PollUpdates`` names, so a
+  reconnect resumes exactly after the last update the machine processed.
+
+The data plane's link evidence arrives from its own thread and is queued the same way. The user
+facing ``Agent`` reads ``view`` and the rank's state from what the driver published, under one
+condition variable, so ``wait_for_view`` wakes on change instead of polling.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import queue
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from agent.client import CoordinatorClient, CoordinatorError, CoordinatorUnavailable
+from agent.machine import (
+    OFFLINE,
+    Action,
+    AgentConfig,
+    AgentMachine,
+    Close,
+    ConnectDataPlane,
+    DataPlaneReady,
+    EventsAnswered,
+    EventsFailed,
+    InstallView,
+    LinkEvidence,
+    PollFailed,
+    PollUpdates,
+    RankStateChanged,
+    Rejoin,
+    SendEvents,
+    ShutdownWithSave,
+    Start,
+    Stopped,
+    StoreAddress,
+    Tick,
+    UpdatesReceived,
+    View,
+)
+
+log = logging.getLogger("foldplane.agent")
+
+#: How long one long poll waits on the coordinator before answering empty.
+POLL_TIMEOUT_S = 10.0
+#: While the data plane is not ready yet, how often the driver looks again.
+READY_POLL_S = 0.01
+
+ViewPredicate = Callable[[View], bool]
+
+
+class AgentStopped(RuntimeError):
+    """The agent stopped (fenced by a newer incarnation, refused, or closed)."""
+
+
+def _env(name: str) -> str | None:
+    value = os.environ.get(name)
+    return value if value else None
+
+
+def default_backend() -> str:
+    """NCCL where CUDA is available, gloo otherwise."""
+    import torch
+
+    return "nccl" if torch.cuda.is_available() else "gloo"
+
+
+class Agent:
+    """The agent inside one worker process: speaks for ``(group, rank)`` to the coordinator.
+
+    Arguments left out come from the environment (set by ``python -m agent.launch``):
+    ``FOLDPLANE_COORDINATOR`` (comma-separated URLs), ``FOLDPLANE_GROUP``, ``FOLDPLANE_RANK``,
+    ``FOLDPLANE_TOKEN`` (this rank's agent token) and ``FOLDPLANE_INCARNATION`` (otherwise a
+    new uuid: a restarted process is a new incarnation). The world size comes from the group.
+    """
+
+    def __init__(
+        self,
+        coordinator: str | Sequence[str] | None = None,
+        *,
+        group: str | None = None,
+        rank: int | None = None,
+        token: str | None = None,
+        incarnation: str | None = None,
+        backend: str | None = None,
+        device: Any = None,
+        heartbeat_interval_s: float = 1.0,
+        collective_timeout_s: float = 30.0,
+        p2p_timeout_s: float = 30.0,
+        on_shutdown_with_save: Callable[[str, str], None] | None = None,
+    ) -> None:
+        coordinator = coordinator or _env("FOLDPLANE_COORDINATOR")
+        group = group or _env("FOLDPLANE_GROUP")
+        env_rank = _env("FOLDPLANE_RANK")
+        if rank is None and env_rank is not None:
+            if not env_rank.isdigit():
+                raise ValueError(f"FOLDPLANE_RANK={env_rank!r} is not a non-negative integer")
+            rank = int(env_rank)
+        missing = [
+            name
+            for name, value in (
+                ("coordinator (or FOLDPLANE_COORDINATOR)", coordinator),
+                ("group (or FOLDPLANE_GROUP)", group),
+                ("rank (or FOLDPLANE_RANK)", rank),
+            )
+            if value is None
+        ]
+        if missing:
+            raise ValueError(f"Agent needs {', '.join(missing)}")
+        assert coordinator is not None and group is not None and rank is not None
+        if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
+            raise ValueError(f"rank {rank!r} must be a non-negative integer")
+        self.group = group
+        self.rank = rank
+        self.incarnation = incarnation or _env("FOLDPLANE_INCARNATION") or uuid.uuid4().hex
+        self.world_size: int | None = None
+        self.on_shutdown_with_save = on_shutdown_with_save
+        token = token or _env("FOLDPLANE_TOKEN")
+        self._addresses = coordinator
+        self._token = token
+        self._backend = backend
+        self._device = device
+        self._collective_timeout_s = collective_timeout_s
+        self._p2p_timeout_s = p2p_timeout_s
+        self._machine = AgentMachine(
+            AgentConfig(
+                group=group,
+                rank=rank,
+                incarnation=self.incarnation,
+                heartbeat_interval_s=heartbeat_interval_s,
+            )
+        )
+        self._ops = CoordinatorClient(coordinator, token=token)
+        self._inbox: queue.Queue[Any] = queue.Queue()
+        self._to_send: queue.Queue[SendEvents | None] = queue.Queue()
+        self._to_poll: queue.Queue[PollUpdates | None] = queue.Queue()
+        self._changed = threading.Condition()
+        self._view: View | None = None
+        self._state = OFFLINE
+        self._stopped: Stopped | None = None
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._data_plane: Any = None
+        self._data_plane_error: BaseException | None = None
+        self._pending_view: View | None = None
+        self._started = False
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    def start(self, timeout_s: float = 30.0) -> Agent:
+        """Look the group up, then join, heartbeat and follow updates in the background.
+
+        Waits up to ``timeout_s`` for the group to exist (a worker may start before the
+        operator creates it); raises with the coordinator's answer otherwise.
+        """
+        if self._started:
+            return self
+        self.world_size = self._lookup_world_size(timeout_s)
+        if self.rank >= self.world_size:
+            raise ValueError(
+                f"rank {self.rank} is out of range for group {self.group!r} "
+                f"(world_size {self.world_size}: ranks 0..{self.world_size - 1})"
+            )
+        if self._backend is None:
+            self._backend = default_backend()
+        self._started = True
+        self._sender_client = CoordinatorClient(self._addresses, token=self._token)
+        self._poller_client = CoordinatorClient(self._addresses, token=self._token)
+        for name, target in (
+            ("driver", self._drive),
+            ("sender", self._send_loop),
+            ("poller", self._poll_loop),
+        ):
+            thread = threading.Thread(
+                target=target, name=f"foldplane-agent-{self.rank}-{name}", daemon=True
+            )
+            self._threads.append(thread)
+        self._inbox.put(Start(time.monotonic()))
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Leave the group cleanly (``exit``: never counted as a failure) and stop the threads."""
+        if self._started and self._stopped is None:
+            self._inbox.put(Close(time.monotonic()))
+            with self._changed:
+                self._changed.wait_for(lambda: self._stopped is not None, timeout_s)
+        self._shutdown()
+        if self._data_plane is not None:
+            self._data_plane.close()
+        self._ops.close()
+
+    def __enter__(self) -> Agent:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def rejoin(self) -> None:
+        """Join again in place (same process and incarnation), with fresh link evidence."""
+        self._inbox.put(Rejoin(time.monotonic()))
+
+    # -- what the coordinator said ---------------------------------------------------------------
+
+    @property
+    def view(self) -> View | None:
+        """The latest committed view this agent has seen (None before formation)."""
+        return self._view
+
+    @property
+    def state(self) -> str:
+        """This rank's physical state as the coordinator last reported it."""
+        return self._state
+
+    @property
+    def stopped(self) -> Stopped | None:
+        """Why the agent stopped (``closed``, ``fenced``, ``failed``), or None while running."""
+        return self._stopped
+
+    def wait_for_view(
+        self, predicate: ViewPredicate | int | None = None, timeout: float | None = None
+    ) -> View:
+        """Block until a committed view satisfies ``predicate`` and return it.
+
+        ``predicate`` is a function of the view, a minimum version, or None (any view).
+        Raises ``TimeoutError`` naming what it waited for and where things stand, or
+        ``AgentStopped`` if the agent stopped first.
+        """
+        if predicate is None:
+            test: ViewPredicate = lambda v: True  # noqa: E731
+        elif isinstance(predicate, int):
+            min_version = predicate
+            test = lambda v: v.version >= min_version  # noqa: E731
+        else:
+            test = predicate
+
+        def done() -> bool:
+            return self._stopped is not None or (self._view is not None and test(self._view))
+
+        with self._changed:
+            ok = self._changed.wait_for(done, timeout)
+        if self._view is not None and test(self._view):
+            return self._view
+        if self._stopped is not None:
+            raise AgentStopped(
+                f"rank {self.rank}: agent {self._stopped.reason}: {self._stopped.detail}"
+            )
+        assert not ok
+        raise TimeoutError(
+            f"rank {self.rank} of group {self.group!r}: no committed view matched "
+            f"{predicate!r} within {timeout} s; latest view "
+            f"{_describe(self._view)}; own state {self._state}; "
+            f"last error: {self._machine.last_error or 'none'}"
+        )
+
+    def wait_for_state(self, state: str, timeout: float | None = None) -> None:
+        """Block until the coordinator reports this rank in ``state`` (e.g. ``HEALTHY``)."""
+        with self._changed:
+            ok = self._changed.wait_for(
+                lambda: self._state == state or self._stopped is not None, timeout
+            )
+        if self._state == state:
+            return
+        if self._stopped is not None:
+            raise AgentStopped(
+                f"rank {self.rank}: agent {self._stopped.reason}: {self._stopped.detail}"
+            )
+        assert not ok
+        raise TimeoutError(
+            f"rank {self.rank}: still {self._state} after {timeout} s waiting for {state}; "
+            f"last error: {self._machine.last_error or 'none'}"
+        )
+
+    # -- proposals -------------------------------------------------------------------------------
+
+    def activate_ranks(
+        self, ranks: Sequence[int], *, wait_s: float = 30.0, idempotency_key: str | None = None
+    ) -> dict[str, Any]:
+        """Propose adding ``ranks`` to ``active_ranks``; return the terminal proposal.
+
+        Identical proposals from several ranks resolve as one view change, each ``applied``
+        with the same version. When applied, this returns once this agent has seen that view.
+        """
+        return self._propose("activate", ranks, wait_s, idempotency_key)
+
+    recover_ranks = activate_ranks
+
+    def deactivate_ranks(
+        self, ranks: Sequence[int], *, wait_s: float = 30.0, idempotency_key: str | None = None
+    ) -> dict[str, Any]:
+        """Propose removing ``ranks`` from ``active_ranks``; return the terminal proposal."""
+        return self._propose("deactivate", ranks, wait_s, idempotency_key)
+
+    def _propose(
+        self, op: str, ranks: Sequence[int], wait_s: float, idempotency_key: str | None
+    ) -> dict[str, Any]:
+        deadline = time.monotonic() + wait_s
+        proposal = self._ops.propose(
+            self.group,
+            op,
+            [int(r) for r in ranks],
+            proposer=f"rank:{self.rank}",
+            idempotency_key=idempotency_key,
+            wait_s=wait_s,
+        )
+        version = proposal.get("version")
+        if proposal.get("status", "").startswith("applied") and isinstance(version, int):
+            left = max(0.0, deadline - time.monotonic())
+            with contextlib.suppress(TimeoutError):
+                self.wait_for_view(version, timeout=left)
+        return proposal
+
+    # -- the data plane --------------------------------------------------------------------------
+
+    def process_group(self, backend: str | None = None, timeout_s: float = 60.0) -> Any:
+        """The elastic process group over the committed views (one object per process).
+
+        Blocks until the data plane is connected: the store's address comes with the first
+        update after the join.
+        """
+        if not self._started:
+            raise RuntimeError("call agent.start() before agent.process_group()")
+        if backend is not None and backend != self._backend:
+            raise ValueError(
+                f"the data plane of rank {self.rank} uses {self._backend!r} "
+                f"(Agent(backend=...)); process_group(backend={backend!r}) cannot change it"
+            )
+        with self._changed:
+            self._changed.wait_for(
+                lambda: (
+                    self._data_plane is not None
+                    or self._data_plane_error is not None
+                    or self._stopped is not None
+                ),
+                timeout_s,
+            )
+        if self._data_plane_error is not None:
+            raise RuntimeError(f"rank {self.rank}: the data plane failed to start") from (
+                self._data_plane_error
+            )
+        if self._data_plane is None:
+            raise TimeoutError(
+                f"rank {self.rank}: no data plane after {timeout_s} s (the store address comes "
+                f"with the first update; last error: {self._machine.last_error or 'none'})"
+            )
+        return self._data_plane.process_group()
+
+    # -- the driver ------------------------------------------------------------------------------
+
+    def _drive(self) -> None:
+        machine = self._machine
+        while not self._stop.is_set():
+            now = time.monotonic()
+            deadline = machine.next_deadline()
+            if self._data_plane is not None and not machine.data_plane_ready:
+                deadline = min(deadline or now + READY_POLL_S, now + READY_POLL_S)
+            wait = None if deadline is None else max(0.0, deadline - now)
+            try:
+                event = self._inbox.get(timeout=wait)
+            except queue.Empty:
+                event = Tick(time.monotonic())
+            if event is None:
+                break
+            actions = machine.step(event)
+            if (
+                self._data_plane is not None
+                and not machine.data_plane_ready
+                and self._data_plane.ready
+            ):
+                actions += machine.step(DataPlaneReady(time.monotonic()))
+            for action in actions:
+                self._carry_out(action)
+
+    def _carry_out(self, action: Action) -> None:
+        if isinstance(action, SendEvents):
+            self._to_send.put(action)
+        elif isinstance(action, PollUpdates):
+            self._to_poll.put(action)
+        elif isinstance(action, ConnectDataPlane):
+            self._connect_data_plane(action.store)
+        elif isinstance(action, InstallView):
+            self._install(action.view)
+        elif isinstance(action, RankStateChanged):
+            self._publish(state=action.state)
+        elif isinstance(action, ShutdownWithSave):
+            self._shutdown_with_save(action)
+        elif isinstance(action, Stopped):
+            log.info("rank %d: agent %s: %s", self.rank, action.reason, action.detail)
+            self._publish(stopped=action)
+            self._stop.set()
+
+    def _connect_data_plane(self, store: StoreAddress) -> None:
+        from agent.dataplane import DataPlane
+
+        assert self.world_size is not None and self._backend is not None
+        try:
+            self._data_plane = DataPlane(
+                self.rank,
+                self.world_size,
+                store.host,
+                store.port,
+                incarnation=self.incarnation,
+                backend=self._backend,
+                device=self._device,
+                collective_timeout_s=self._collective_timeout_s,
+                p2p_timeout_s=self._p2p_timeout_s,
+                on_link_evidence=self._on_link_evidence,
+            )
+        except Exception as exc:  # surfaced by process_group()
+            log.exception("rank %d: the data plane failed to start", self.rank)
+            self._data_plane_error = exc
+        else:
+            if self._pending_view is not None:
+                self._install(self._pending_view)
+        self._publish()
+
+    def _install(self, view: View) -> None:
+        if self._data_plane is None:
+            self._pending_view = view
+        else:
+            self._pending_view = None
+            self._data_plane.install_view(view.version, list(view.active_ranks))
+        self._publish(view=view)
+
+    def _on_link_evidence(self, version: int, peers: dict[int, str], failed: list[int]) -> None:
+        """Called from a data-plane thread: queue it, never block."""
+        self._inbox.put(
+            LinkEvidence(time.monotonic(), version, dict(peers), tuple(int(r) for r in failed))
+        )
+
+    def _shutdown_with_save(self, action: ShutdownWithSave) -> None:
+        log.warning("rank %d: shutdown_with_save: %s: %s", self.rank, action.reason, action.detail)
+        callback = self.on_shutdown_with_save
+        if callback is not None:
+            threading.Thread(
+                target=callback, args=(action.reason, action.detail), daemon=True
+            ).start()
+
+    def _publish(
+        self, *, view: View | None = None, state: str | None = None, stopped: Stopped | None = None
+    ) -> None:
+        with self._changed:
+            if view is not None:
+                self._view = view
+            if state is not None:
+                self._state = state
+            if stopped is not None:
+                self._stopped = stopped
+            self._changed.notify_all()
+
+    # -- the blocking helpers --------------------------------------------------------------------
+
+    def _send_loop(self) -> None:
+        while True:
+            action = self._to_send.get()
+            if action is None or self._stop.is_set():
+                return
+            try:
+                results = self._sender_client.post_events(action.events)
+            except CoordinatorError as exc:
+                if exc.status in (401, 403, 413, 422):
+                    code = "forbidden" if exc.status in (401, 403) else "invalid_event"
+                    refused = {"error": code, "detail": str(exc)}
+                    self._inbox.put(
+                        EventsAnswered(time.monotonic(), (refused,) * len(action.events))
+                    )
+                else:
+                    self._inbox.put(EventsFailed(time.monotonic(), str(exc)))
+            except (CoordinatorUnavailable, OSError) as exc:
+                self._inbox.put(EventsFailed(time.monotonic(), str(exc)))
+            else:
+                self._inbox.put(EventsAnswered(time.monotonic(), tuple(results)))
+
+    def _poll_loop(self) -> None:
+        while True:
+            action = self._to_poll.get()
+            if action is None or self._stop.wait(action.delay_s):
+                return
+            try:
+                answer = self._poller_client.updates(
+                    self.group, self.rank, action.after, POLL_TIMEOUT_S
+                )
+            except (CoordinatorError, CoordinatorUnavailable, OSError, RuntimeError) as exc:
+                if self._stop.is_set():
+                    return
+                self._inbox.put(PollFailed(time.monotonic(), str(exc)))
+                continue
+            store = StoreAddress(*answer.store) if answer.store else None
+            self._inbox.put(
+                UpdatesReceived(
+                    time.monotonic(), answer.updates, answer.next_after, store, answer.resync
+                )
+            )
+
+    def _shutdown(self) -> None:
+        self._stop.set()
+        self._inbox.put(None)
+        self._to_send.put(None)
+        self._to_poll.put(None)
+        if self._started:
+            self._poller_client.close()  # aborts a long poll in progress
+            for thread in self._threads:
+                if thread is not threading.current_thread():
+                    thread.join(timeout=2.0)
+            self._sender_client.close()
+
+    def _lookup_world_size(self, timeout_s: float) -> int:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                info = self._ops.group(self.group)
+            except (CoordinatorError, CoordinatorUnavailable) as exc:
+                retry = isinstance(exc, CoordinatorUnavailable) or exc.status == 404
+                if not retry or time.monotonic() >= deadline:
+                    raise RuntimeError(
+                        f"rank {self.rank}: cannot look up group {self.group!r}: {exc}"
+                    ) from exc
+                time.sleep(0.1)
+                continue
+            size = info.get("world_size", (info.get("config") or {}).get("world_size"))
+            if not isinstance(size, int):
+                raise RuntimeError(f"group {self.group!r}: no world_size in {info!r}")
+            return size
+
+
+def _describe(view: View | None) -> str:
+    if view is None:
+        return "none"
+    return f"v{view.version} active_ranks={list(view.active_ranks)}"

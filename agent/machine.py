@@ -1,0 +1,619 @@
+"""The agent's state machine: sans-I/O, like h11, driven like etcd raft.
+
+An agent speaks for one ``(group, rank, incarnation)``. This module decides *what* it says and
+*when*; it never says it itself. The host feeds it inputs (``Start``, ``UpdatesReceived``,
+``EventsAnswered``, ``Tick``, ``LinkEvidence``, ...) with the time passed in as ``now`` (seconds
+on any monotonic clock), and carries out the actions that ``step`` returns (send these events,
+long-poll after this offset, install this view in the data plane, stop). ``next_deadline()``
+says when the host must ``Tick`` next. Nothing here imports a clock, a socket or a thread, so
+every rule is tested by feeding chosen inputs and reading the actions back.
+
+The rules, in one place:
+
+- **Join first.** Nothing but ``join`` is sent until the coordinator has appended it; then
+  heartbeats start and, once the data plane is ready, ``links`` with ``self_ready: true`` (the
+  coordinator makes a rank HEALTHY only after that report). A join refused with ``rank_busy``
+  (the old incarnation is still HEALTHY) or ``unknown_group`` (not created yet) is retried.
+- **In-place rejoin and replacement are one path.** A replacement process is a new machine with
+  a new incarnation; an in-place rejoin (``Rejoin``, or the coordinator reporting this
+  incarnation OFFLINE after its join) re-enters the same join path, keeping the offset.
+- **Updates are processed once, in offset order.** ``after`` is the offset of the last update
+  processed; every poll, including the first after a reconnect, resumes there. A batch is
+  folded before acting, so catching up on a long history installs only the latest view.
+- **The barrier.** A ``view_prepare`` is ACKed with ``(version, incarnation)`` when this rank is
+  a participant, it has joined, and, if it is in the new ``active_ranks``, its data plane is
+  ready (a view that names a rank whose data plane cannot build it would fail on every member).
+  ``view_committed`` installs the view in the data plane.
+- **Fencing is the coordinator's.** ``stale_incarnation`` on any event means another process
+  now speaks for this rank: the machine stops (``Stopped("fenced")``) and sends nothing more.
+- **Retry without loss.** A batch that could not be delivered goes back to the front of the
+  outbox and is resent after an exponential backoff; only the newest heartbeat is kept.
+- **A clean exit is not a death.** ``Close`` sends ``exit`` (after an in-flight join, if any)
+  and stops when it is appended.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+# ---------------------------------------------------------------------------------------------
+# Values
+
+#: Physical states, as the coordinator names them.
+OFFLINE, SYNCED, HEALTHY = "OFFLINE", "SYNCED", "HEALTHY"
+
+#: Event errors that end the agent: retrying cannot help.
+FATAL_ERRORS = frozenset({"forbidden", "rank_out_of_range", "invalid_event"})
+#: Join errors that are retried after ``join_retry_s``.
+RETRIED_JOIN_ERRORS = frozenset({"rank_busy", "unknown_group"})
+
+
+@dataclass(frozen=True)
+class View:
+    """A committed view of the group, as the coordinator announced it."""
+
+    group: str
+    version: int
+    active_ranks: tuple[int, ...]
+    rank_states: Mapping[int, str]
+    healthy_set: tuple[int, ...]
+
+    def is_active(self, rank: int) -> bool:
+        return rank in self.active_ranks
+
+
+@dataclass(frozen=True)
+class StoreAddress:
+    """Where the rendezvous store (a torch TCPStore hosted by the coordinator) listens."""
+
+    host: str
+    port: int
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    """Who the agent speaks for, and its timing (seconds)."""
+
+    group: str
+    rank: int
+    incarnation: str
+    heartbeat_interval_s: float = 1.0
+    join_retry_s: float = 0.5
+    retry_initial_s: float = 0.05
+    retry_max_s: float = 2.0
+
+
+# ---------------------------------------------------------------------------------------------
+# Inputs (what happened)
+
+
+@dataclass(frozen=True)
+class Start:
+    now: float
+
+
+@dataclass(frozen=True)
+class Tick:
+    now: float
+
+
+@dataclass(frozen=True)
+class UpdatesReceived:
+    """An answer of ``GET /agents/updates``: the updates, where to resume, the store."""
+
+    now: float
+    updates: tuple[Mapping[str, Any], ...]
+    next_after: int
+    store: StoreAddress | None = None
+    resync: bool = False
+
+
+@dataclass(frozen=True)
+class PollFailed:
+    now: float
+    detail: str
+
+
+@dataclass(frozen=True)
+class EventsAnswered:
+    """The coordinator answered the batch in flight: one result per event, in order."""
+
+    now: float
+    results: tuple[Mapping[str, Any], ...]
+
+
+@dataclass(frozen=True)
+class EventsFailed:
+    """The batch in flight was not delivered (no coordinator reachable, or a refused request)."""
+
+    now: float
+    detail: str
+
+
+@dataclass(frozen=True)
+class DataPlaneReady:
+    now: float
+
+
+@dataclass(frozen=True)
+class LinkEvidence:
+    """The data plane's own view of its links after an op failed or a view was verified."""
+
+    now: float
+    version: int
+    peers: Mapping[int, str]
+    failed_ranks_hint: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class Rejoin:
+    """Re-enter the join path in place (same process, same incarnation, same offset)."""
+
+    now: float
+
+
+@dataclass(frozen=True)
+class Close:
+    now: float
+
+
+Input = (
+    Start
+    | Tick
+    | UpdatesReceived
+    | PollFailed
+    | EventsAnswered
+    | EventsFailed
+    | DataPlaneReady
+    | LinkEvidence
+    | Rejoin
+    | Close
+)
+
+# ---------------------------------------------------------------------------------------------
+# Actions (what the host must do)
+
+
+@dataclass(frozen=True)
+class SendEvents:
+    """POST these wire events as one batch, then feed back EventsAnswered or EventsFailed."""
+
+    events: tuple[Mapping[str, Any], ...]
+
+
+@dataclass(frozen=True)
+class PollUpdates:
+    """Long-poll ``/agents/updates`` after ``after``, once ``delay_s`` has passed."""
+
+    after: int
+    delay_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class ConnectDataPlane:
+    """The store is known: build the data plane (once per process)."""
+
+    store: StoreAddress
+
+
+@dataclass(frozen=True)
+class InstallView:
+    """A view committed: the data plane builds its group over ``view.active_ranks``."""
+
+    view: View
+
+
+@dataclass(frozen=True)
+class RankStateChanged:
+    """This rank's own physical state, as the coordinator last reported it."""
+
+    state: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class ShutdownWithSave:
+    reason: str
+    detail: str
+
+
+@dataclass(frozen=True)
+class Stopped:
+    """The agent is done: ``closed`` (a clean exit), ``fenced`` or ``failed``."""
+
+    reason: str
+    detail: str
+
+
+Action = (
+    SendEvents
+    | PollUpdates
+    | ConnectDataPlane
+    | InstallView
+    | RankStateChanged
+    | ShutdownWithSave
+    | Stopped
+)
+
+# ---------------------------------------------------------------------------------------------
+# The machine
+
+_JOINING, _JOINED, _CLOSING, _STOPPED = "joining", "joined", "closing", "stopped"
+
+
+@dataclass
+class _Prepare:
+    version: int
+    active_ranks: tuple[int, ...]
+    participants: tuple[int, ...]
+
+
+@dataclass
+class AgentMachine:
+    """One rank's agent. ``step(input) -> [action]``; ``next_deadline() -> float | None``."""
+
+    config: AgentConfig
+    after: int = 0
+    phase: str = "new"
+    view: View | None = None
+    own_state: str = OFFLINE
+    own_state_reason: str = ""
+    last_error: str | None = None
+    data_plane_ready: bool = False
+    store: StoreAddress | None = None
+    _preparing: _Prepare | None = None
+    _acked: int = 0
+    _join_offset: int | None = None
+    _own_offline_offset: int = 0
+    _outbox: list[dict[str, Any]] = field(default_factory=list)
+    _in_flight: tuple[dict[str, Any], ...] | None = None
+    _send_at: float = 0.0
+    _backoff_s: float = 0.0
+    _poll_backoff_s: float = 0.0
+    _join_retry_at: float | None = None
+    _next_heartbeat: float | None = None
+    _close_requested: bool = False
+    _shutdown_seen: bool = False
+
+    # -- public surface ------------------------------------------------------------------------
+
+    @property
+    def stopped(self) -> bool:
+        return self.phase == _STOPPED
+
+    @property
+    def joined(self) -> bool:
+        return self.phase == _JOINED
+
+    def next_deadline(self) -> float | None:
+        """The earliest time at which a Tick may produce something; None if nothing is timed."""
+        times = []
+        if self.phase == _JOINED and self._next_heartbeat is not None:
+            times.append(self._next_heartbeat)
+        if self._join_retry_at is not None:
+            times.append(self._join_retry_at)
+        if self._in_flight is None and any(
+            self.phase != _JOINING or e["type"] == "join" for e in self._outbox
+        ):
+            times.append(self._send_at)
+        return min(times) if times else None
+
+    def step(self, event: Input) -> list[Action]:
+        """Feed one input; return what the host must do, in order."""
+        if self.phase == _STOPPED:
+            return []
+        handler = _HANDLERS[type(event)]
+        actions: list[Action] = handler(self, event)
+        if self.phase != _STOPPED:
+            self._on_timers(event.now)
+            actions.extend(self._flush(event.now))
+        return actions
+
+    # -- handlers -------------------------------------------------------------------------------
+
+    def _start(self, event: Start) -> list[Action]:
+        if self.phase != "new":
+            return []
+        self._begin_join()
+        return [PollUpdates(self.after)]
+
+    def _tick(self, event: Tick) -> list[Action]:
+        return []
+
+    def _updates(self, event: UpdatesReceived) -> list[Action]:
+        """Fold a batch of updates in order, then act once on the result."""
+        self._poll_backoff_s = 0.0
+        actions: list[Action] = []
+        if event.store is not None and self.store is None:
+            self.store = event.store
+            actions.append(ConnectDataPlane(event.store))
+        old_view, old_state = self.view, self.own_state
+        for update in event.updates:
+            if update.get("offset", 0) <= self.after and not event.resync:
+                continue  # already processed before a reconnect
+            kind = update.get("type")
+            if kind == "view_prepare":
+                self._on_prepare(update)
+            elif kind == "view_committed":
+                self._on_committed(update)
+            elif kind == "rank_state":
+                self._on_rank_state(update)
+            elif kind == "shutdown_with_save" and not self._shutdown_seen:
+                self._shutdown_seen = True
+                actions.append(
+                    ShutdownWithSave(str(update.get("reason", "")), str(update.get("detail", "")))
+                )
+        self.after = max(self.after, event.next_after)
+        if self.view is not None and self.view is not old_view:
+            actions.append(InstallView(self.view))
+        if self.own_state != old_state:
+            actions.append(RankStateChanged(self.own_state, self.own_state_reason))
+        self._maybe_rejoin()
+        self._maybe_ack()
+        if self.phase != _STOPPED:
+            actions.append(PollUpdates(self.after))
+        return actions
+
+    def _poll_failed(self, event: PollFailed) -> list[Action]:
+        """The long-poll failed: resume after the same offset once the backoff has passed."""
+        self._poll_backoff_s = self._grow(self._poll_backoff_s)
+        self.last_error = event.detail
+        return [PollUpdates(self.after, self._poll_backoff_s)]
+
+    def _answered(self, event: EventsAnswered) -> list[Action]:
+        sent, self._in_flight = self._in_flight or (), None
+        self._backoff_s = 0.0
+        actions: list[Action] = []
+        for ev, result in zip(sent, event.results, strict=False):
+            error = result.get("error")
+            if error is None:
+                actions.extend(self._accepted(ev, result, event.now))
+            else:
+                actions.extend(
+                    self._refused(ev, str(error), str(result.get("detail", "")), event.now)
+                )
+            if self.phase == _STOPPED:
+                return actions
+        if len(event.results) < len(sent):
+            # An answer shorter than the batch: what it did not cover is sent again.
+            self._outbox[:0] = list(sent[len(event.results) :])
+        return actions
+
+    def _send_failed(self, event: EventsFailed) -> list[Action]:
+        """Nothing was delivered: the batch goes back to the front, resent after a backoff."""
+        sent, self._in_flight = self._in_flight or (), None
+        newer_heartbeat = any(e["type"] == "heartbeat" for e in self._outbox)
+        keep = [
+            e
+            for e in sent
+            if not (newer_heartbeat and e["type"] == "heartbeat")
+            and (self.phase != _JOINING or e["type"] == "join")
+        ]
+        self._outbox[:0] = keep
+        self._backoff_s = self._grow(self._backoff_s)
+        self._send_at = event.now + self._backoff_s
+        self.last_error = event.detail
+        return []
+
+    def _ready(self, event: DataPlaneReady) -> list[Action]:
+        if not self.data_plane_ready:
+            self.data_plane_ready = True
+            if self.phase == _JOINED:
+                self._queue_self_ready()
+            self._maybe_ack()
+        return []
+
+    def _evidence(self, event: LinkEvidence) -> list[Action]:
+        """Report the data plane's evidence; before the join it describes nothing current."""
+        if self.phase == _JOINED:
+            self._queue(
+                "links",
+                peers={str(r): s for r, s in sorted(event.peers.items())},
+                self_ready=self.data_plane_ready,
+                failed_ranks_hint=sorted(event.failed_ranks_hint),
+                version=event.version,
+            )
+        return []
+
+    def _rejoin(self, event: Rejoin) -> list[Action]:
+        if self.phase == _JOINED:
+            self._begin_join()
+        return []
+
+    def _close(self, event: Close) -> list[Action]:
+        """Leave cleanly: ``exit`` once the join is settled; stop at once if never joined."""
+        if self.phase == _CLOSING:
+            return []
+        self._close_requested = True
+        self._join_retry_at = None
+        if self.phase == _JOINED:
+            self._send_exit()
+            return []
+        if self.phase == _JOINING and self._in_flight is not None:
+            return []  # the join's answer decides: exit after it, or stop
+        return self._stop("closed", "closed before joining")
+
+    # -- updates ---------------------------------------------------------------------------------
+
+    def _on_prepare(self, update: Mapping[str, Any]) -> None:
+        version = int(update["version"])
+        if self.view is not None and version <= self.view.version:
+            return
+        self._preparing = _Prepare(
+            version,
+            tuple(update.get("active_ranks", ())),
+            tuple(update.get("participants", ())),
+        )
+
+    def _on_committed(self, update: Mapping[str, Any]) -> None:
+        version = int(update["version"])
+        if self.view is not None and version <= self.view.version:
+            return
+        self.view = View(
+            group=str(update.get("group", self.config.group)),
+            version=version,
+            active_ranks=tuple(update.get("active_ranks", ())),
+            rank_states={int(r): s for r, s in update.get("rank_states", {}).items()},
+            healthy_set=tuple(update.get("healthy_set", ())),
+        )
+        if self._preparing is not None and self._preparing.version <= version:
+            self._preparing = None
+
+    def _on_rank_state(self, update: Mapping[str, Any]) -> None:
+        """Track this incarnation's own state; other incarnations' history is not ours."""
+        if update.get("rank") != self.config.rank:
+            return
+        if update.get("incarnation") != self.config.incarnation:
+            return
+        self.own_state = str(update.get("state", OFFLINE))
+        self.own_state_reason = str(update.get("reason", ""))
+        if self.own_state == OFFLINE:
+            self._own_offline_offset = int(update.get("offset", 0))
+
+    def _maybe_rejoin(self) -> None:
+        """OFFLINE after our own join (a heartbeat timeout, an ACK timeout): join again."""
+        if self.phase != _JOINED or self._close_requested or self._join_offset is None:
+            return
+        if self._own_offline_offset > self._join_offset:
+            self._begin_join()
+
+    def _maybe_ack(self) -> None:
+        p = self._preparing
+        if p is None or p.version <= self._acked or self.phase != _JOINED:
+            return
+        if self.config.rank not in p.participants:
+            return
+        if self.config.rank in p.active_ranks and not self.data_plane_ready:
+            return  # ACKed by DataPlaneReady
+        self._acked = p.version
+        self._queue("ack", version=p.version)
+
+    # -- event answers ---------------------------------------------------------------------------
+
+    def _accepted(
+        self, ev: Mapping[str, Any], result: Mapping[str, Any], now: float
+    ) -> list[Action]:
+        kind = ev["type"]
+        if kind == "join":
+            self._join_offset = int(result.get("offset", 0))
+            self.phase = _JOINED
+            self.last_error = None
+            if self._close_requested:
+                self._send_exit()
+                return []
+            self._next_heartbeat = now + self.config.heartbeat_interval_s
+            if self.data_plane_ready:
+                self._queue_self_ready()
+            self._maybe_rejoin()
+            self._maybe_ack()
+        elif kind == "exit":
+            return self._stop("closed", f"rank {self.config.rank} left the group")
+        return []
+
+    def _refused(self, ev: Mapping[str, Any], error: str, detail: str, now: float) -> list[Action]:
+        kind = ev["type"]
+        self.last_error = f"{kind} refused: {error}: {detail}"
+        if error == "stale_incarnation":
+            return self._stop("fenced", self.last_error)
+        if error in FATAL_ERRORS:
+            return self._stop("failed", self.last_error)
+        if kind == "join":
+            if error in RETRIED_JOIN_ERRORS and not self._close_requested:
+                self._join_retry_at = now + self.config.join_retry_s
+                return []
+            return self._stop("failed" if not self._close_requested else "closed", self.last_error)
+        if kind == "ack" and error == "stale_version":
+            return []  # the change committed or was dropped without us; the updates say which
+        if kind == "exit":
+            return self._stop("closed", self.last_error)
+        return []
+
+    # -- helpers ---------------------------------------------------------------------------------
+
+    def _begin_join(self) -> None:
+        self.phase = _JOINING
+        self._outbox = [e for e in self._outbox if e["type"] == "join"]
+        self._join_retry_at = None
+        self._next_heartbeat = None
+        if not self._outbox:
+            self._outbox.append(self._event("join"))
+
+    def _queue_self_ready(self) -> None:
+        version = self.view.version if self.view is not None else 0
+        self._queue("links", peers={}, self_ready=True, version=version)
+
+    def _send_exit(self) -> None:
+        self.phase = _CLOSING
+        self._next_heartbeat = None
+        self._outbox = [self._event("exit")]
+
+    def _queue(self, kind: str, **fields: Any) -> None:
+        if kind == "heartbeat":
+            self._outbox = [e for e in self._outbox if e["type"] != "heartbeat"]
+        self._outbox.append(self._event(kind, **fields))
+
+    def _event(self, kind: str, **fields: Any) -> dict[str, Any]:
+        c = self.config
+        return {
+            "type": kind,
+            "group": c.group,
+            "rank": c.rank,
+            "incarnation": c.incarnation,
+            **fields,
+        }
+
+    def _on_timers(self, now: float) -> None:
+        if self._join_retry_at is not None and now >= self._join_retry_at:
+            self._join_retry_at = None
+            if self.phase == _JOINING and not self._outbox and self._in_flight is None:
+                self._outbox.append(self._event("join"))
+        if (
+            self.phase == _JOINED
+            and self._next_heartbeat is not None
+            and now >= self._next_heartbeat
+        ):
+            version = self.view.version if self.view is not None else 0
+            self._queue("heartbeat", version=version)
+            self._next_heartbeat = now + self.config.heartbeat_interval_s
+
+    def _flush(self, now: float) -> list[Action]:
+        """Send the outbox as one batch when nothing is in flight and no backoff is pending."""
+        if self._in_flight is not None or not self._outbox or now < self._send_at:
+            return []
+        if self.phase == _JOINING:
+            # Only the join may go before the join is appended; the rest waits behind it.
+            batch = [e for e in self._outbox if e["type"] == "join"][:1]
+            if not batch:
+                return []
+            self._outbox = [e for e in self._outbox if e["type"] != "join"]
+        else:
+            batch, self._outbox = self._outbox, []
+        self._in_flight = tuple(batch)
+        return [SendEvents(self._in_flight)]
+
+    def _grow(self, backoff_s: float) -> float:
+        c = self.config
+        return min(c.retry_max_s, max(c.retry_initial_s, backoff_s * 2))
+
+    def _stop(self, reason: str, detail: str) -> list[Action]:
+        self.phase = _STOPPED
+        self._outbox.clear()
+        self._next_heartbeat = None
+        self._join_retry_at = None
+        return [Stopped(reason, detail)]
+
+
+_HANDLERS = {
+    Start: AgentMachine._start,
+    Tick: AgentMachine._tick,
+    UpdatesReceived: AgentMachine._updates,
+    PollFailed: AgentMachine._poll_failed,
+    EventsAnswered: AgentMachine._answered,
+    EventsFailed: AgentMachine._send_failed,
+    DataPlaneReady: AgentMachine._ready,
+    LinkEvidence: AgentMachine._evidence,
+    Rejoin: AgentMachine._rejoin,
+    Close: AgentMachine._close,
+}

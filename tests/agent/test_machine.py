@@ -1,0 +1,505 @@
+"""The agent state machine, fed chosen inputs with chosen times; no I/O, no sleeps."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from agent.machine import (
+    AgentConfig,
+    AgentMachine,
+    Close,
+    ConnectDataPlane,
+    DataPlaneReady,
+    EventsAnswered,
+    EventsFailed,
+    InstallView,
+    LinkEvidence,
+    PollFailed,
+    PollUpdates,
+    RankStateChanged,
+    Rejoin,
+    SendEvents,
+    ShutdownWithSave,
+    Start,
+    Stopped,
+    StoreAddress,
+    Tick,
+    UpdatesReceived,
+)
+
+INC = "inc-a"
+STORE = StoreAddress("127.0.0.1", 29500)
+
+
+def machine(rank: int = 1, **kw: Any) -> AgentMachine:
+    return AgentMachine(AgentConfig(group="g", rank=rank, incarnation=INC, **kw))
+
+
+def sent(actions: list) -> list[dict]:
+    """The events of the SendEvents actions among ``actions``."""
+    return [e for a in actions if isinstance(a, SendEvents) for e in a.events]
+
+
+def kinds(actions: list) -> list[str]:
+    return [e["type"] for e in sent(actions)]
+
+
+def ok(n: int, first_offset: int = 10) -> EventsAnswered:
+    return EventsAnswered(0.0, tuple({"offset": first_offset + i} for i in range(n)))
+
+
+def prepare(offset: int, version: int, active: list[int], participants: list[int]) -> dict:
+    return {
+        "offset": offset,
+        "type": "view_prepare",
+        "group": "g",
+        "version": version,
+        "active_ranks": active,
+        "participants": participants,
+        "ack_deadline_ts": 0,
+    }
+
+
+def committed(offset: int, version: int, active: list[int]) -> dict:
+    return {
+        "offset": offset,
+        "type": "view_committed",
+        "group": "g",
+        "version": version,
+        "active_ranks": active,
+        "rank_states": {str(r): "HEALTHY" for r in active},
+        "healthy_set": active,
+    }
+
+
+def rank_state(offset: int, state: str, rank: int = 1, incarnation: str = INC) -> dict:
+    return {
+        "offset": offset,
+        "type": "rank_state",
+        "group": "g",
+        "rank": rank,
+        "state": state,
+        "incarnation": incarnation,
+        "rank_epoch": 1,
+        "reason": f"rank {rank} is {state}",
+    }
+
+
+def updates(*items: dict, now: float = 0.0, store: StoreAddress | None = STORE) -> UpdatesReceived:
+    next_after = max((u["offset"] for u in items), default=0)
+    return UpdatesReceived(now, tuple(items), next_after, store)
+
+
+def joined(rank: int = 1, ready: bool = True, **kw: Any) -> AgentMachine:
+    """A machine whose join was appended at offset 10 (and, if ``ready``, reported self_ready)."""
+    m = machine(rank, **kw)
+    m.step(Start(0.0))
+    m.step(ok(1, 10))
+    if ready:
+        m.step(DataPlaneReady(0.0))
+        m.step(ok(1, 11))
+    return m
+
+
+# -- join --------------------------------------------------------------------------------------
+
+
+def test_start_sends_a_join_and_polls_from_offset_zero():
+    m = machine()
+    actions = m.step(Start(0.0))
+    assert PollUpdates(0) in actions
+    assert sent(actions) == [{"type": "join", "group": "g", "rank": 1, "incarnation": INC}]
+
+
+def test_nothing_but_the_join_is_sent_before_it_is_appended():
+    m = machine()
+    m.step(Start(0.0))
+    assert m.step(DataPlaneReady(0.1)) == []
+    assert m.step(Tick(5.0)) == []  # no heartbeat while joining
+    actions = m.step(ok(1))
+    assert kinds(actions) == ["links"]
+    assert sent(actions)[0]["self_ready"] is True
+
+
+def test_self_ready_is_reported_once_the_data_plane_is_ready_after_the_join():
+    m = joined(ready=False)
+    assert m.step(Tick(0.5)) == []
+    actions = m.step(DataPlaneReady(0.5))
+    assert sent(actions) == [
+        {
+            "type": "links",
+            "group": "g",
+            "rank": 1,
+            "incarnation": INC,
+            "peers": {},
+            "self_ready": True,
+            "version": 0,
+        }
+    ]
+
+
+@pytest.mark.parametrize("error", ["rank_busy", "unknown_group"])
+def test_a_join_refused_for_a_passing_reason_is_retried_after_join_retry_s(error):
+    m = machine(join_retry_s=0.5)
+    m.step(Start(0.0))
+    assert m.step(EventsAnswered(0.0, ({"error": error, "detail": "..."},))) == []
+    assert m.next_deadline() == 0.5
+    assert m.step(Tick(0.4)) == []
+    assert kinds(m.step(Tick(0.5))) == ["join"]
+    assert error in (m.last_error or "")
+
+
+@pytest.mark.parametrize("error", ["forbidden", "rank_out_of_range", "invalid_event"])
+def test_a_join_refused_for_good_stops_the_agent_naming_the_error(error):
+    m = machine()
+    m.step(Start(0.0))
+    actions = m.step(EventsAnswered(0.0, ({"error": error, "detail": "rank 9 of 4"},)))
+    assert actions == [Stopped("failed", f"join refused: {error}: rank 9 of 4")]
+    assert m.stopped
+    assert m.step(Tick(10.0)) == []
+
+
+# -- heartbeats and retries ---------------------------------------------------------------------
+
+
+def test_heartbeats_every_interval_once_joined_with_the_committed_version():
+    m = joined(heartbeat_interval_s=1.0)
+    m.step(updates(committed(20, 1, [0, 1])))
+    assert m.next_deadline() == 1.0
+    assert m.step(Tick(0.99)) == []
+    actions = m.step(Tick(1.0))
+    assert sent(actions) == [
+        {"type": "heartbeat", "group": "g", "rank": 1, "incarnation": INC, "version": 1}
+    ]
+    m.step(ok(1))
+    assert m.next_deadline() == 2.0
+
+
+def test_an_undelivered_batch_is_resent_after_a_growing_backoff():
+    m = joined(retry_initial_s=0.1, retry_max_s=0.3)
+    batch = sent(m.step(Tick(1.0)))
+    assert m.step(EventsFailed(1.0, "connection refused")) == []
+    assert m.next_deadline() == pytest.approx(1.1)
+    assert sent(m.step(Tick(1.1))) == batch
+    m.step(EventsFailed(1.1, "connection refused"))
+    assert m.next_deadline() == pytest.approx(1.3)
+    m.step(Tick(1.3))
+    m.step(EventsFailed(1.3, "connection refused"))
+    assert m.next_deadline() == pytest.approx(1.6)  # capped at retry_max_s
+    assert "connection refused" in (m.last_error or "")
+
+
+def test_only_the_newest_heartbeat_is_kept_while_the_coordinator_is_away():
+    m = joined(retry_initial_s=5.0, retry_max_s=5.0)
+    m.step(Tick(1.0))
+    m.step(EventsFailed(1.0, "down"))
+    for t in (2.0, 3.0, 4.0):
+        assert m.step(Tick(t)) == []  # backoff until 6.0
+    assert kinds(m.step(Tick(6.0))) == ["heartbeat"]
+
+
+def test_nothing_is_sent_while_a_batch_is_in_flight():
+    m = joined()
+    m.step(Tick(1.0))  # heartbeat in flight
+    assert m.step(LinkEvidence(1.1, 1, {0: "down"}, (0,))) == []
+    assert kinds(m.step(ok(1))) == ["links"]
+
+
+# -- updates, offsets and the barrier ----------------------------------------------------------
+
+
+def test_store_address_connects_the_data_plane_once():
+    m = joined()
+    first = m.step(updates(rank_state(12, "SYNCED")))
+    assert ConnectDataPlane(STORE) in first
+    second = m.step(updates(rank_state(13, "HEALTHY")))
+    assert not [a for a in second if isinstance(a, ConnectDataPlane)]
+
+
+def test_polls_resume_after_the_last_processed_offset_and_skip_repeats():
+    m = joined()
+    actions = m.step(updates(committed(20, 1, [0, 1])))
+    assert actions[-1] == PollUpdates(20)
+    # after a reconnect the coordinator may send the same update again: it is not re-applied
+    again = m.step(UpdatesReceived(0.5, (committed(20, 1, [0, 1]),), 20, STORE))
+    assert not [a for a in again if isinstance(a, InstallView)]
+    assert again[-1] == PollUpdates(20)
+    failed = m.step(PollFailed(0.6, "reset"))
+    assert failed == [PollUpdates(20, m.config.retry_initial_s)]
+
+
+def test_a_participant_acks_the_prepared_version_and_installs_the_committed_view():
+    m = joined()
+    actions = m.step(updates(prepare(20, 1, [0, 1], [0, 1])))
+    assert sent(actions) == [
+        {"type": "ack", "group": "g", "rank": 1, "incarnation": INC, "version": 1}
+    ]
+    m.step(ok(1))
+    actions = m.step(updates(committed(25, 1, [0, 1])))
+    installs = [a for a in actions if isinstance(a, InstallView)]
+    assert [(a.view.version, a.view.active_ranks) for a in installs] == [(1, (0, 1))]
+    assert m.view is not None and m.view.rank_states == {0: "HEALTHY", 1: "HEALTHY"}
+
+
+def test_a_non_participant_does_not_ack_but_still_learns_the_view():
+    m = joined(rank=3)
+    actions = m.step(updates(prepare(20, 2, [0, 1, 2], [0, 1, 2])))
+    assert kinds(actions) == []
+    actions = m.step(updates(committed(25, 2, [0, 1, 2])))
+    assert [a.view.version for a in actions if isinstance(a, InstallView)] == [2]
+
+
+def test_an_ack_into_active_ranks_waits_for_the_data_plane():
+    m = joined(ready=False)
+    assert kinds(m.step(updates(prepare(20, 2, [0, 1], [0, 1])))) == []
+    actions = m.step(DataPlaneReady(0.2))
+    assert kinds(actions) == ["links", "ack"]
+    assert sent(actions)[1]["version"] == 2
+
+
+def test_twin_an_ack_out_of_active_ranks_does_not_wait_for_the_data_plane():
+    m = joined(ready=False)
+    actions = m.step(updates(prepare(20, 2, [0], [0, 1])))
+    assert kinds(actions) == ["ack"]
+
+
+def test_an_ack_waits_for_the_join():
+    m = machine()
+    m.step(Start(0.0))
+    m.step(DataPlaneReady(0.0))
+    assert kinds(m.step(updates(prepare(20, 1, [0, 1], [0, 1])))) == []
+    assert kinds(m.step(ok(1))) == ["links", "ack"]
+
+
+def test_each_version_is_acked_once():
+    m = joined()
+    m.step(updates(prepare(20, 2, [0, 1], [0, 1])))
+    m.step(ok(1))
+    again = m.step(UpdatesReceived(0.5, (prepare(20, 2, [0, 1], [0, 1]),), 20, STORE, resync=True))
+    assert kinds(again) == []
+
+
+def test_a_stale_version_answer_to_an_ack_is_ignored():
+    m = joined()
+    m.step(updates(prepare(20, 2, [0, 1], [0, 1])))
+    actions = m.step(EventsAnswered(0.0, ({"error": "stale_version", "detail": "v3 now"},)))
+    assert actions == []
+    assert not m.stopped
+
+
+def test_catching_up_on_history_installs_only_the_latest_view_and_acks_no_old_prepare():
+    m = joined()
+    history = [
+        prepare(20, 1, [0, 1], [0, 1]),
+        committed(22, 1, [0, 1]),
+        prepare(30, 2, [0], [0, 1]),
+        committed(33, 2, [0]),
+    ]
+    actions = m.step(updates(*history))
+    assert [a.view.version for a in actions if isinstance(a, InstallView)] == [2]
+    assert kinds(actions) == []
+
+
+def test_a_resync_answer_is_applied_even_below_the_offset():
+    m = joined()
+    m.step(updates(committed(50, 3, [0, 1])))
+    actions = m.step(UpdatesReceived(1.0, (committed(40, 4, [1]),), 50, STORE, resync=True))
+    assert [a.view.version for a in actions if isinstance(a, InstallView)] == [4]
+
+
+def test_shutdown_with_save_is_reported_once():
+    m = joined()
+    u = {
+        "offset": 60,
+        "type": "shutdown_with_save",
+        "group": "g",
+        "reason": "single_survivor",
+        "detail": "1 of 4 ranks left",
+    }
+    actions = m.step(updates(u))
+    assert ShutdownWithSave("single_survivor", "1 of 4 ranks left") in actions
+    again = m.step(UpdatesReceived(1.0, (u,), 60, STORE, resync=True))
+    assert not [a for a in again if isinstance(a, ShutdownWithSave)]
+
+
+# -- own state, rejoin and fencing --------------------------------------------------------------
+
+
+def test_own_state_changes_are_reported_only_for_this_incarnation():
+    m = joined()
+    actions = m.step(updates(rank_state(12, "HEALTHY")))
+    assert RankStateChanged("HEALTHY", "rank 1 is HEALTHY") in actions
+    other = m.step(updates(rank_state(13, "OFFLINE", incarnation="old")))
+    assert not [a for a in other if isinstance(a, RankStateChanged)]
+    assert m.own_state == "HEALTHY"
+
+
+def test_offline_after_our_join_rejoins_in_place_with_fresh_evidence():
+    m = joined()
+    m.step(updates(rank_state(12, "HEALTHY")))
+    actions = m.step(updates(rank_state(40, "OFFLINE")))
+    assert kinds(actions) == ["join"]
+    actions = m.step(ok(1, 41))
+    assert kinds(actions) == ["links"]
+    assert sent(actions)[0]["self_ready"] is True
+
+
+def test_twin_offline_from_before_our_join_does_not_rejoin():
+    m = machine()
+    m.step(Start(0.0))
+    m.step(ok(1, 50))  # joined at offset 50
+    actions = m.step(updates(rank_state(40, "OFFLINE")))  # an earlier leave of this incarnation
+    assert "join" not in kinds(actions)
+
+
+def test_offline_seen_while_the_join_is_in_flight_is_judged_by_the_join_offset():
+    m = machine()
+    m.step(Start(0.0))
+    m.step(updates(rank_state(60, "OFFLINE")))  # the coordinator dropped us after the join...
+    actions = m.step(ok(1, 55))  # ...which it appended at 55
+    assert kinds(actions) == ["join"]
+
+
+def test_rejoin_request_re_enters_the_join_path_and_drops_queued_evidence():
+    m = joined()
+    m.step(Tick(1.0))  # heartbeat in flight
+    m.step(LinkEvidence(1.0, 1, {0: "down"}, (0,)))
+    m.step(Rejoin(1.1))
+    actions = m.step(ok(1))
+    assert kinds(actions) == ["join"]
+    assert kinds(m.step(ok(1))) == ["links"]
+
+
+@pytest.mark.parametrize("refused_index", [0, 1])
+def test_a_stale_incarnation_answer_fences_the_agent(refused_index):
+    m = joined()
+    m.step(Tick(1.0))  # a heartbeat in flight; links queued behind it
+    m.step(LinkEvidence(1.1, 1, {0: "up"}))
+    m.step(Tick(2.0))
+    assert kinds(m.step(ok(1))) == ["links", "heartbeat"]
+    detail = "rank 1 is now incarnation inc-b (rank_epoch 3); inc-a is stale"
+    results = [{"offset": 30}, {"offset": 31}]
+    results[refused_index] = {"error": "stale_incarnation", "detail": detail}
+    kind = ["links", "heartbeat"][refused_index]
+    actions = m.step(EventsAnswered(2.1, tuple(results)))
+    assert actions == [Stopped("fenced", f"{kind} refused: stale_incarnation: {detail}")]
+    assert m.step(Tick(5.0)) == []
+    assert m.next_deadline() is None
+
+
+def test_link_evidence_becomes_a_links_event_with_the_hint():
+    m = joined()
+    actions = m.step(LinkEvidence(0.5, 3, {2: "down", 0: "up"}, (2,)))
+    assert sent(actions) == [
+        {
+            "type": "links",
+            "group": "g",
+            "rank": 1,
+            "incarnation": INC,
+            "peers": {"0": "up", "2": "down"},
+            "self_ready": True,
+            "failed_ranks_hint": [2],
+            "version": 3,
+        }
+    ]
+
+
+def test_twin_link_evidence_before_the_join_is_dropped():
+    m = machine()
+    m.step(Start(0.0))
+    assert m.step(LinkEvidence(0.1, 1, {0: "down"}, (0,))) == []
+    assert kinds(m.step(ok(1))) == []
+
+
+# -- close --------------------------------------------------------------------------------------
+
+
+def test_close_sends_exit_and_stops_when_it_is_appended():
+    m = joined()
+    m.step(Tick(1.0))  # a heartbeat in flight
+    assert m.step(Close(1.0)) == []
+    assert kinds(m.step(ok(1))) == ["exit"]
+    assert m.step(Tick(5.0)) == []  # no heartbeats while closing
+    actions = m.step(ok(1, 90))
+    assert actions == [Stopped("closed", "rank 1 left the group")]
+
+
+def test_close_during_the_join_exits_after_it():
+    m = machine()
+    m.step(Start(0.0))
+    assert m.step(Close(0.1)) == []
+    assert kinds(m.step(ok(1))) == ["exit"]
+
+
+def test_close_before_any_join_stops_at_once():
+    m = machine()
+    assert m.step(Close(0.0)) == [Stopped("closed", "closed before joining")]
+
+
+def test_close_while_join_is_being_retried_stops_at_once():
+    m = machine()
+    m.step(Start(0.0))
+    m.step(EventsAnswered(0.0, ({"error": "rank_busy", "detail": "incarnation x is HEALTHY"},)))
+    assert m.step(Close(0.1)) == [Stopped("closed", "closed before joining")]
+
+
+# -- properties ---------------------------------------------------------------------------------
+
+_inputs = st.one_of(
+    st.builds(Tick, st.floats(0, 100)),
+    st.builds(DataPlaneReady, st.floats(0, 100)),
+    st.builds(EventsFailed, st.floats(0, 100), st.just("down")),
+    st.builds(PollFailed, st.floats(0, 100), st.just("down")),
+    st.builds(Rejoin, st.floats(0, 100)),
+    st.builds(
+        lambda now, n, err: EventsAnswered(
+            now, tuple({"error": err} if err else {"offset": 100 + i} for i in range(n))
+        ),
+        st.floats(0, 100),
+        st.integers(0, 4),
+        st.sampled_from([None, None, "rank_busy", "stale_version"]),
+    ),
+    st.builds(
+        lambda now, off, v, act: updates(
+            prepare(off, v, act, [0, 1, 2]), committed(off + 1, v, act), now=now
+        ),
+        st.floats(0, 100),
+        st.integers(1, 200),
+        st.integers(1, 6),
+        st.lists(st.integers(0, 2), unique=True, max_size=3),
+    ),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(_inputs, max_size=30))
+def test_invariants_hold_for_any_input_sequence(inputs):
+    """One batch in flight at most; nothing but a join before joining; offsets never go back;
+    committed versions never go back; each version ACKed at most once."""
+    m = machine()
+    m.step(Start(0.0))
+    in_flight = True
+    after, version, acked = 0, 0, []
+    for event in inputs:
+        was_joined = m.joined
+        actions = m.step(event)
+        if isinstance(event, EventsAnswered | EventsFailed):
+            in_flight = False
+        batches = [a for a in actions if isinstance(a, SendEvents)]
+        assert len(batches) <= 1
+        if batches:
+            assert not in_flight, "a second batch while one is in flight"
+            in_flight = True
+            if not was_joined and not m.joined:
+                assert {e["type"] for e in batches[0].events} <= {"join"}
+            acked += [e["version"] for e in batches[0].events if e["type"] == "ack"]
+        assert m.after >= after
+        after = m.after
+        current = m.view.version if m.view else 0
+        assert current >= version
+        version = current
+    assert len(acked) == len(set(acked))
