@@ -100,7 +100,9 @@ def validate(rec: NewRecord) -> bytes:
         isinstance(rec.rank, bool) or not isinstance(rec.rank, int) or rec.rank < 0
     ):
         raise InvalidRecord(f"rank {rec.rank!r} must be a non-negative integer or null")
-    if rec.ts is not None and (isinstance(rec.ts, bool) or not isinstance(rec.ts, int) or rec.ts < 0):
+    if rec.ts is not None and (
+        isinstance(rec.ts, bool) or not isinstance(rec.ts, int) or rec.ts < 0
+    ):
         raise InvalidRecord(f"ts {rec.ts!r} must be non-negative integer nanoseconds")
     return encode_payload(rec.payload)
 

@@ -1,0 +1,354 @@
+"""The interface every store implements, and the rules they share.
+
+A ``Log`` is bound to the event loop that opened it: call its coroutines from that loop only
+(they are not thread-safe; the stores keep their own threads and connections inside). What is
+common to the stores lives here: validation before anything is written, the meaning of
+``after`` (exclusive) and ``until`` (inclusive), and how waiters are woken.
+
+Wake-ups: a commit made by this ``Log`` wakes its waiters directly (no polling). Commits made by
+other processes are noticed by a store-specific watcher (``_poll_head``) that runs only while
+somebody waits: SQLite polls ``PRAGMA data_version``; PostgreSQL listens for NOTIFY and polls
+as a safety net.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator, Collection, Sequence
+
+from eventlog.errors import LogClosed
+from eventlog.projection import ProjectionRow, encode_projection
+from eventlog.record import InvalidRecord, NewRecord, Record, validate
+
+#: One validated record on its way to storage: (ts_ns, kind, group, rank, encoded payload).
+Row = tuple[int, str, str | None, int | None, bytes]
+
+
+def prepare(records: Sequence[NewRecord]) -> list[Row]:
+    """Validate a whole batch before anything is written; stamp ``ts`` where the caller left it out.
+
+    The error names the index of the first bad record, so a caller can find it in its batch.
+    """
+    if isinstance(records, NewRecord):
+        raise InvalidRecord("append takes a sequence of NewRecord, got a single NewRecord")
+    now = time.time_ns()
+    rows: list[Row] = []
+    for i, rec in enumerate(records):
+        if not isinstance(rec, NewRecord):
+            raise InvalidRecord(f"record {i}: expected a NewRecord, got {type(rec).__name__}")
+        try:
+            payload = validate(rec)
+        except InvalidRecord as exc:
+            raise InvalidRecord(f"record {i}: {exc}") from None
+        rows.append((now if rec.ts is None else rec.ts, rec.kind, rec.group, rec.rank, payload))
+    return rows
+
+
+def _check_offset(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{name} must be a non-negative integer offset, got {value!r}")
+    return value
+
+
+class Log(ABC):
+    """A durable, append-only log of records with gap-free offsets (see ``docs/eventlog.md``)."""
+
+    #: How often a waiter checks for appends made by other processes, in seconds.
+    poll_interval: float = 0.05
+
+    def __init__(self, where: str, term: int, head: int) -> None:
+        self.where = where
+        self._term = term
+        self._known_head = head
+        self._closed = False
+        self._wakeups: list[asyncio.Future[None]] = []
+        self._waiting = 0
+        self._watch: asyncio.Task[None] | None = None
+        self._commits = 0
+
+    # -- the interface ---------------------------------------------------------------------
+
+    @property
+    def term(self) -> int:
+        """The term this Log appends under; appends fail with StaleTermError once it is stale."""
+        return self._term
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def commits(self) -> int:
+        """How many append transactions this Log committed (group commit makes it < appends)."""
+        return self._commits
+
+    async def append(self, records: Sequence[NewRecord]) -> list[int]:
+        """Append a batch atomically; return its offsets once the commit is durable.
+
+        Every record is validated first; one bad record refuses the whole batch and nothing is
+        written. Concurrent callers share commits. If the caller is cancelled after the batch
+        was handed to the store, the batch may still be committed.
+        """
+        self._check_open()
+        rows = prepare(records)
+        if not rows:
+            return []
+        offsets = await self._append_rows(rows)
+        return offsets
+
+    async def read(
+        self,
+        after: int = 0,
+        limit: int = 1000,
+        *,
+        group: str | None = None,
+        kinds: Collection[str] | None = None,
+        until: int | None = None,
+    ) -> list[Record]:
+        """Records with ``after < offset <= until``, ascending, at most ``limit``, checksums verified."""
+        self._check_open()
+        _check_offset("after", after)
+        if until is not None:
+            _check_offset("until", until)
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise ValueError(f"limit must be a positive integer, got {limit!r}")
+        if isinstance(kinds, str):
+            raise ValueError(f"kinds must be a collection of kinds, got the string {kinds!r}")
+        kind_list = None if kinds is None else sorted(set(kinds))
+        if kind_list == [] or (until is not None and until <= after):
+            return []
+        return await self._read(after, limit, group, kind_list, until)
+
+    async def tail(
+        self,
+        after: int = 0,
+        *,
+        group: str | None = None,
+        kinds: Collection[str] | None = None,
+        batch: int = 1000,
+    ) -> AsyncIterator[Record]:
+        """Yield every record after ``after``, forever; ends when the log is closed.
+
+        Each pass reads up to a head taken first, so when a filter hides records the tail still
+        knows how far it has looked, and then waits for the head to move past that point.
+        """
+        position = _check_offset("after", after)
+        while not self._closed:
+            try:
+                head = await self.head()
+                while position < head:
+                    page = await self.read(position, batch, group=group, kinds=kinds, until=head)
+                    for rec in page:
+                        yield rec
+                    position = page[-1].offset if len(page) == batch else head
+                await self.wait(position)
+            except LogClosed:
+                return
+
+    async def wait(self, after: int, timeout: float | None = None) -> int:
+        """Return the head as soon as it is past ``after``, or the current head at the timeout."""
+        self._check_open()
+        _check_offset("after", after)
+        head = await self.head()
+        if head > after:
+            return head
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        self._waiting += 1
+        try:
+            self._ensure_watch()
+            while self._known_head <= after:
+                remaining = None if deadline is None else deadline - loop.time()
+                if remaining is not None and remaining <= 0:
+                    break
+                wakeup: asyncio.Future[None] = loop.create_future()
+                self._wakeups.append(wakeup)
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(remaining):
+                        await wakeup
+                self._check_open()
+        finally:
+            self._waiting -= 1
+        return self._known_head
+
+    async def head(self) -> int:
+        """The last durable offset (0 when empty), including appends by other processes."""
+        self._check_open()
+        self._advance(await self._read_head())
+        return self._known_head
+
+    async def claim_term(self) -> int:
+        """Take the log over: bump the head row's term and append under it from now on.
+
+        Any other writer still holding the old term gets StaleTermError on its next append.
+        """
+        self._check_open()
+        self._term = await self._claim_term()
+        return self._term
+
+    async def get_consumer_offset(self, name: str) -> int:
+        """The last offset consumer ``name`` processed (0 if it never stored one)."""
+        self._check_open()
+        return await self._get_consumer_offset(_check_consumer(name))
+
+    async def set_consumer_offset(self, name: str, offset: int) -> None:
+        """Store the consumer's last processed offset; a lower value than stored is refused."""
+        self._check_open()
+        await self._set_consumer_offset(_check_consumer(name), _check_offset("offset", offset))
+
+    async def write_projections(
+        self, rows: Sequence[ProjectionRow], *, consumer: str, offset: int
+    ) -> None:
+        """Upsert rows by ``(kind, group, seq)`` and set ``consumer``'s offset, in one transaction."""
+        self._check_open()
+        encoded = [(r.kind, r.group, r.seq, encode_projection(i, r)) for i, r in enumerate(rows)]
+        await self._write_projections(
+            encoded, _check_consumer(consumer), _check_offset("offset", offset)
+        )
+
+    async def read_projections(
+        self, kind: str, group: str | None = None, *, after_seq: int = 0, limit: int = 1000
+    ) -> list[ProjectionRow]:
+        """Rows of ``kind`` (in ``group`` if given) with ``seq > after_seq``, by (group, seq)."""
+        self._check_open()
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise ValueError(f"limit must be a positive integer, got {limit!r}")
+        return await self._read_projections(
+            kind, group, _check_offset("after_seq", after_seq), limit
+        )
+
+    async def get_projection(self, kind: str, group: str, seq: int) -> ProjectionRow | None:
+        self._check_open()
+        return await self._get_projection(kind, group, seq)
+
+    async def save_snapshot(self, name: str, offset: int, data: bytes) -> None:
+        """Keep ``data`` as the latest snapshot called ``name``, taken at ``offset``."""
+        self._check_open()
+        if not isinstance(data, bytes | bytearray | memoryview):
+            raise TypeError(f"snapshot data must be bytes, got {type(data).__name__}")
+        await self._save_snapshot(
+            _check_consumer(name), _check_offset("offset", offset), bytes(data)
+        )
+
+    async def load_snapshot(self, name: str) -> tuple[int, bytes] | None:
+        """The latest snapshot called ``name`` as ``(offset, data)``, or None."""
+        self._check_open()
+        return await self._load_snapshot(name)
+
+    async def close(self) -> None:
+        """Stop the store; waiters and tails end, later calls raise LogClosed. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._wake_all()
+        if self._watch is not None:
+            self._watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watch
+        await self._close()
+
+    async def __aenter__(self) -> Log:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # -- shared machinery -------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise LogClosed(f"{self.where} is closed")
+
+    def _committed(self, head: int) -> None:
+        """A store calls this on the loop after each durable append transaction."""
+        self._commits += 1
+        self._advance(head)
+
+    def _advance(self, head: int) -> None:
+        """Record that the head reached ``head``; wake every waiter if it moved."""
+        if head > self._known_head:
+            self._known_head = head
+            self._wake_all()
+
+    def _wake_all(self) -> None:
+        wakeups, self._wakeups = self._wakeups, []
+        for w in wakeups:
+            if not w.done():
+                w.set_result(None)
+
+    def _ensure_watch(self) -> None:
+        if self._watch is None or self._watch.done():
+            self._watch = asyncio.get_running_loop().create_task(self._watch_others())
+
+    async def _watch_others(self) -> None:
+        """While somebody waits, look for commits made by other processes."""
+        while self._waiting > 0 and not self._closed:
+            await asyncio.sleep(self.poll_interval)
+            if self._waiting > 0 and not self._closed:
+                head = await self._poll_head()
+                if head is not None:
+                    self._advance(head)
+
+    # -- what a store provides ---------------------------------------------------------------
+
+    @abstractmethod
+    async def _append_rows(self, rows: list[Row]) -> list[int]: ...
+
+    @abstractmethod
+    async def _read(
+        self,
+        after: int,
+        limit: int,
+        group: str | None,
+        kinds: list[str] | None,
+        until: int | None,
+    ) -> list[Record]: ...
+
+    @abstractmethod
+    async def _read_head(self) -> int: ...
+
+    @abstractmethod
+    async def _poll_head(self) -> int | None:
+        """A cheap check for other writers: the new head, or None if nothing changed."""
+
+    @abstractmethod
+    async def _claim_term(self) -> int: ...
+
+    @abstractmethod
+    async def _get_consumer_offset(self, name: str) -> int: ...
+
+    @abstractmethod
+    async def _set_consumer_offset(self, name: str, offset: int) -> None: ...
+
+    @abstractmethod
+    async def _write_projections(
+        self, rows: list[tuple[str, str, int, bytes]], consumer: str, offset: int
+    ) -> None: ...
+
+    @abstractmethod
+    async def _read_projections(
+        self, kind: str, group: str | None, after_seq: int, limit: int
+    ) -> list[ProjectionRow]: ...
+
+    @abstractmethod
+    async def _get_projection(self, kind: str, group: str, seq: int) -> ProjectionRow | None: ...
+
+    @abstractmethod
+    async def _save_snapshot(self, name: str, offset: int, data: bytes) -> None: ...
+
+    @abstractmethod
+    async def _load_snapshot(self, name: str) -> tuple[int, bytes] | None: ...
+
+    @abstractmethod
+    async def _close(self) -> None: ...
+
+
+def _check_consumer(name: object) -> str:
+    if not isinstance(name, str) or not name or len(name) > 200:
+        raise ValueError(
+            f"a consumer or snapshot name must be a non-empty string of at most 200 characters, got {name!r}"
+        )
+    return name

@@ -1,0 +1,25 @@
+"""``open_log``: the one way in. Picks the store from the target and migrates the schema."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from eventlog.base import Log
+from eventlog.target import PostgresTarget, parse_target
+
+
+async def open_log(target: str | Path, *, create: bool = True) -> Log:
+    """Open the log at ``target`` (a path, ``sqlite:///...`` or ``postgresql://...``).
+
+    Migrations are applied first; a schema newer than this code raises SchemaTooNewError. With
+    ``create=False`` a log that does not exist yet is an error instead of being created. The
+    returned Log adopts the head row's current term; call ``claim_term()`` to take the log over.
+    """
+    where = parse_target(target)
+    if isinstance(where, PostgresTarget):
+        from eventlog.postgres import open_postgres
+
+        return await open_postgres(where, create)
+    from eventlog.sqlite import open_sqlite
+
+    return await open_sqlite(where.path, create)

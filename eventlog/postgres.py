@@ -1,0 +1,332 @@
+"""The PostgreSQL store: the shared log for several coordinators, one writer at a time.
+
+Rules, and why:
+
+- Every append is ONE statement (no explicit transaction, one round trip): it checks the
+  writer's term against the ``log_head`` row, advances ``next_seq``, inserts the batch at the
+  offsets the writer expected, and sends a NOTIFY. The head row's lock serializes appends, so
+  offsets commit in order and gap-free (a rolled-back statement also rolls back ``next_seq``),
+  and readers never see a later offset before an earlier one.
+- The statement inserts nothing unless the head still holds this writer's term and the
+  expected ``next_seq``. Checksums cover the offset, so the writer computes them for the offsets
+  it expects. If the term moved, the batch fails with StaleTermError (nothing written); if only
+  ``next_seq`` moved (another writer under the same term), the writer re-reads it and retries.
+- Group commit: one writer task sends whatever appends queued up while the previous statement
+  was in flight, as one statement (up to ``MAX_BATCH_ROWS``).
+- Wake-ups across processes: LISTEN on a channel named after the schema; a NOTIFY is only a
+  hint (it carries the new head), so a waiter also polls the head row every second as a safety
+  net against a lost connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+import asyncpg
+
+from eventlog.base import Log, Row
+from eventlog.codec import COLUMNS, decode_rows
+from eventlog.errors import LogClosed, LogError, StaleTermError
+from eventlog.migrate import code_head, migrate_postgres, postgres_revision
+from eventlog.projection import ProjectionRow, decode_projection
+from eventlog.record import Record, checksum
+from eventlog.target import PostgresTarget
+
+MAX_BATCH_ROWS = 8192
+
+_APPEND = """
+WITH h AS (
+    UPDATE log_head SET next_seq = next_seq + cardinality($3::bigint[])
+    WHERE id = 1 AND term = $1 AND next_seq = $2
+    RETURNING next_seq
+), ins AS (
+    INSERT INTO log (seq, term, ts_ns, kind, grp, rank, payload, crc)
+    SELECT $2 + u.ord - 1, $1, u.ts, u.kind, u.grp, u.rank, u.payload, u.crc
+    FROM h, unnest($3::bigint[], $4::text[], $5::text[], $6::int[], $7::bytea[], $8::bigint[])
+        WITH ORDINALITY AS u(ts, kind, grp, rank, payload, crc, ord)
+    RETURNING seq
+)
+SELECT i.n, CASE WHEN i.n > 0 THEN pg_notify($9, i.last::text) END
+FROM (SELECT count(*) AS n, max(seq) AS last FROM ins) AS i
+"""
+
+_STORE_OFFSET = """
+INSERT INTO consumer_offset (consumer, seq) VALUES ($1, $2)
+ON CONFLICT (consumer) DO UPDATE SET seq = excluded.seq
+WHERE consumer_offset.seq <= excluded.seq
+RETURNING seq
+"""
+
+
+@dataclass(slots=True)
+class _Append:
+    rows: list[Row]
+    future: asyncio.Future[list[int]]
+
+
+class PostgresLog(Log):
+    #: The safety-net poll; NOTIFY wakes waiters much sooner.
+    poll_interval = 1.0
+
+    def __init__(
+        self,
+        where: str,
+        term: int,
+        next_seq: int,
+        channel: str,
+        writer: asyncpg.Connection,
+        listener: asyncpg.Connection,
+        pool: asyncpg.Pool,
+    ) -> None:
+        super().__init__(where, term, next_seq - 1)
+        self._next_seq = next_seq
+        self._channel = channel
+        self._conn = writer
+        self._listener = listener
+        self._pool = pool
+        self._jobs: deque[_Append] = deque()
+        self._has_jobs = asyncio.Event()
+        self._write_lock = asyncio.Lock()
+        self._writer_task = asyncio.get_running_loop().create_task(self._write_loop())
+
+    # -- the writer -------------------------------------------------------------------------
+
+    async def _append_rows(self, rows: list[Row]) -> list[int]:
+        fut: asyncio.Future[list[int]] = asyncio.get_running_loop().create_future()
+        self._jobs.append(_Append(rows, fut))
+        self._has_jobs.set()
+        return await fut
+
+    async def _write_loop(self) -> None:
+        while True:
+            await self._has_jobs.wait()
+            batch: list[_Append] = []
+            n = 0
+            while self._jobs and (not batch or n + len(self._jobs[0].rows) <= MAX_BATCH_ROWS):
+                job = self._jobs.popleft()
+                batch.append(job)
+                n += len(job.rows)
+            if not self._jobs:
+                self._has_jobs.clear()
+            try:
+                async with self._write_lock:
+                    results = await self._write_batch(batch)
+            except asyncio.CancelledError:
+                for job in batch:
+                    if not job.future.done():
+                        job.future.set_exception(LogClosed(f"{self.where} is closed"))
+                raise
+            except Exception as exc:
+                if not isinstance(exc, LogError):
+                    exc = LogError(f"append of {n} records to {self.where} failed: {exc}")
+                for job in batch:
+                    if not job.future.done():
+                        job.future.set_exception(exc)
+            else:
+                for job, offsets in zip(batch, results, strict=True):
+                    if not job.future.done():
+                        job.future.set_result(offsets)
+                self._committed(results[-1][-1])
+
+    async def _write_batch(self, batch: list[_Append]) -> list[list[int]]:
+        rows = [row for job in batch for row in job.rows]
+        ts = [r[0] for r in rows]
+        kinds = [r[1] for r in rows]
+        groups = [r[2] for r in rows]
+        ranks = [r[3] for r in rows]
+        payloads = [r[4] for r in rows]
+        while True:
+            term, first = self._term, self._next_seq
+            crcs = [
+                checksum(first + i, t, term, k, g, r, p) for i, (t, k, g, r, p) in enumerate(rows)
+            ]
+            n, _ = await self._conn.fetchrow(
+                _APPEND, term, first, ts, kinds, groups, ranks, payloads, crcs, self._channel
+            )
+            if n == len(rows):
+                break
+            head_term, next_seq = await self._conn.fetchrow(
+                "SELECT term, next_seq FROM log_head WHERE id = 1"
+            )
+            if head_term != term:
+                raise StaleTermError(term, head_term)
+            self._next_seq = next_seq  # another writer under our term appended; go after it
+        self._next_seq = first + len(rows)
+        results = []
+        offset = first
+        for job in batch:
+            results.append(list(range(offset, offset + len(job.rows))))
+            offset += len(job.rows)
+        return results
+
+    async def _claim_term(self) -> int:
+        async with self._write_lock:
+            term, next_seq = await self._conn.fetchrow(
+                "UPDATE log_head SET term = term + 1 WHERE id = 1 RETURNING term, next_seq"
+            )
+            self._next_seq = next_seq
+            return term
+
+    # -- other writes -----------------------------------------------------------------------
+
+    async def _set_consumer_offset(self, name: str, offset: int) -> None:
+        async with self._pool.acquire() as conn:
+            await self._store_offset(conn, name, offset)
+
+    async def _store_offset(self, conn: asyncpg.Connection, name: str, offset: int) -> None:
+        if await conn.fetchval(_STORE_OFFSET, name, offset) is None:
+            stored = await conn.fetchval(
+                "SELECT seq FROM consumer_offset WHERE consumer = $1", name
+            )
+            raise ValueError(
+                f"consumer {name!r} of {self.where} is at offset {stored}; "
+                f"refusing to move it back to {offset}"
+            )
+
+    async def _write_projections(
+        self, rows: list[tuple[str, str, int, bytes]], consumer: str, offset: int
+    ) -> None:
+        async with self._pool.acquire() as conn, conn.transaction():
+            await self._store_offset(conn, consumer, offset)
+            if rows:
+                await conn.executemany(
+                    "INSERT INTO projection (kind, grp, seq, doc) VALUES ($1, $2, $3, $4) "
+                    "ON CONFLICT (kind, grp, seq) DO UPDATE SET doc = excluded.doc",
+                    rows,
+                )
+
+    async def _save_snapshot(self, name: str, offset: int, data: bytes) -> None:
+        await self._pool.execute(
+            "INSERT INTO snapshot (name, seq, data) VALUES ($1, $2, $3) "
+            "ON CONFLICT (name) DO UPDATE SET seq = excluded.seq, data = excluded.data",
+            name,
+            offset,
+            data,
+        )
+
+    # -- reads ------------------------------------------------------------------------------
+
+    async def _read(
+        self,
+        after: int,
+        limit: int,
+        group: str | None,
+        kinds: list[str] | None,
+        until: int | None,
+    ) -> list[Record]:
+        sql = f"SELECT {COLUMNS} FROM log WHERE seq > $1"
+        params: list[Any] = [after]
+        if until is not None:
+            params.append(until)
+            sql += f" AND seq <= ${len(params)}"
+        if group is not None:
+            params.append(group)
+            sql += f" AND grp = ${len(params)}"
+        if kinds is not None:
+            params.append(kinds)
+            sql += f" AND kind = ANY(${len(params)}::text[])"
+        params.append(limit)
+        sql += f" ORDER BY seq LIMIT ${len(params)}"
+        rows = await self._pool.fetch(sql, *params)
+        return decode_rows(rows)
+
+    async def _read_head(self) -> int:
+        return await self._pool.fetchval("SELECT next_seq - 1 FROM log_head WHERE id = 1")
+
+    async def _poll_head(self) -> int | None:
+        return await self._read_head()
+
+    def _on_notify(self, _conn: Any, _pid: int, _channel: str, payload: str) -> None:
+        with contextlib.suppress(ValueError):
+            self._advance(int(payload))
+
+    async def _get_consumer_offset(self, name: str) -> int:
+        value = await self._pool.fetchval(
+            "SELECT seq FROM consumer_offset WHERE consumer = $1", name
+        )
+        return 0 if value is None else value
+
+    async def _read_projections(
+        self, kind: str, group: str | None, after_seq: int, limit: int
+    ) -> list[ProjectionRow]:
+        if group is None:
+            rows = await self._pool.fetch(
+                "SELECT kind, grp, seq, doc FROM projection WHERE kind = $1 AND seq > $2 "
+                "ORDER BY grp, seq LIMIT $3",
+                kind,
+                after_seq,
+                limit,
+            )
+        else:
+            rows = await self._pool.fetch(
+                "SELECT kind, grp, seq, doc FROM projection WHERE kind = $1 AND seq > $2 "
+                "AND grp = $3 ORDER BY grp, seq LIMIT $4",
+                kind,
+                after_seq,
+                group,
+                limit,
+            )
+        return [decode_projection(*r) for r in rows]
+
+    async def _get_projection(self, kind: str, group: str, seq: int) -> ProjectionRow | None:
+        row = await self._pool.fetchrow(
+            "SELECT kind, grp, seq, doc FROM projection WHERE kind = $1 AND grp = $2 AND seq = $3",
+            kind,
+            group,
+            seq,
+        )
+        return None if row is None else decode_projection(*row)
+
+    async def _load_snapshot(self, name: str) -> tuple[int, bytes] | None:
+        row = await self._pool.fetchrow("SELECT seq, data FROM snapshot WHERE name = $1", name)
+        return None if row is None else (row[0], bytes(row[1]))
+
+    # -- closing ----------------------------------------------------------------------------
+
+    async def _close(self) -> None:
+        # Let queued appends finish, then stop the writer.
+        while self._jobs:
+            await asyncio.sleep(0.001)
+        async with self._write_lock:
+            self._writer_task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._writer_task
+        with contextlib.suppress(Exception):
+            await self._listener.remove_listener(self._channel, self._on_notify)
+        for conn in (self._listener, self._conn):
+            with contextlib.suppress(Exception):
+                await conn.close()
+        await self._pool.close()
+
+
+def _channel(schema: str | None) -> str:
+    return f"foldplane_log_{schema or 'public'}"[:63]
+
+
+async def open_postgres(target: PostgresTarget, create: bool) -> PostgresLog:
+    """Connect, migrate if needed, and start the writer and the listener."""
+    where = target.describe()
+    settings = {"search_path": target.schema} if target.schema else {}
+    try:
+        writer = await asyncpg.connect(target.dsn, server_settings=settings)
+    except (OSError, asyncpg.PostgresError) as exc:
+        raise LogError(f"cannot connect to {where}: {exc}") from exc
+    try:
+        if await postgres_revision(writer) != code_head():
+            await migrate_postgres(target.dsn, target.schema, where, create)
+        row = await writer.fetchrow("SELECT term, next_seq FROM log_head WHERE id = 1")
+        listener = await asyncpg.connect(target.dsn, server_settings=settings)
+        pool = await asyncpg.create_pool(
+            target.dsn, min_size=1, max_size=4, server_settings=settings
+        )
+    except BaseException:
+        await writer.close()
+        raise
+    channel = _channel(target.schema)
+    log = PostgresLog(where, row["term"], row["next_seq"], channel, writer, listener, pool)
+    await listener.add_listener(channel, log._on_notify)
+    return log

@@ -1,0 +1,250 @@
+"""The SQLite store: the embedded default.
+
+- One writer thread (``SqliteWriter``): WAL, ``synchronous=FULL``, ``BEGIN IMMEDIATE``, group
+  commit. Offsets and the term check come from the ``log_head`` row inside the write lock, so
+  several processes may open the same file: their appends serialize on SQLite's lock and stay
+  gap-free, and a claimed term fences the others.
+- One reader thread with a ``query_only`` connection: reads and checksum verification run off
+  the event loop.
+- One small ``query_only`` connection used on the event loop itself, for the cheap head query
+  and the ``PRAGMA data_version`` poll that notices other processes' commits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from eventlog.base import Log, Row
+from eventlog.codec import COLUMNS, decode_rows
+from eventlog.errors import LogError
+from eventlog.migrate import migrate_sqlite
+from eventlog.projection import ProjectionRow, decode_projection
+from eventlog.record import Record
+from eventlog.sqlite_writer import Append, Call, SqliteWriter
+
+
+def _connect_reader(path: Path) -> sqlite3.Connection:
+    conn = sqlite3.connect(path, isolation_level=None, timeout=30)
+    conn.execute("PRAGMA query_only = 1")
+    return conn
+
+
+class SqliteLog(Log):
+    def __init__(self, path: Path, where: str, term: int, head: int) -> None:
+        super().__init__(where, term, head)
+        self._path = path
+        self._loop = asyncio.get_running_loop()
+        self._writer = SqliteWriter(path, where, self._loop, term, self._committed)
+        self._local = threading.local()
+        self._readers = ThreadPoolExecutor(1, thread_name_prefix="eventlog-sqlite-reader")
+        self._watch_conn = _connect_reader(path)
+        self._data_version = self._watch_conn.execute("PRAGMA data_version").fetchone()[0]
+
+    # -- writes -----------------------------------------------------------------------------
+
+    async def _append_rows(self, rows: list[Row]) -> list[int]:
+        fut: asyncio.Future[list[int]] = self._loop.create_future()
+        self._writer.submit(Append(rows, sum(len(r[4]) for r in rows), fut))
+        return await fut
+
+    async def _write(self, fn: Any) -> Any:
+        fut: asyncio.Future[Any] = self._loop.create_future()
+        self._writer.submit(Call(fn, fut))
+        return await fut
+
+    async def _claim_term(self) -> int:
+        writer = self._writer
+
+        def claim(conn: sqlite3.Connection) -> int:
+            (term,) = conn.execute(
+                "UPDATE log_head SET term = term + 1 WHERE id = 1 RETURNING term"
+            ).fetchone()
+            writer.term = term
+            return term
+
+        return await self._write(claim)
+
+    async def _set_consumer_offset(self, name: str, offset: int) -> None:
+        await self._write(lambda conn: _store_offset(conn, self.where, name, offset))
+
+    async def _write_projections(
+        self, rows: list[tuple[str, str, int, bytes]], consumer: str, offset: int
+    ) -> None:
+        def write(conn: sqlite3.Connection) -> None:
+            _store_offset(conn, self.where, consumer, offset)
+            conn.executemany(
+                "INSERT INTO projection (kind, grp, seq, doc) VALUES (?, ?, ?, ?) "
+                "ON CONFLICT (kind, grp, seq) DO UPDATE SET doc = excluded.doc",
+                rows,
+            )
+
+        await self._write(write)
+
+    async def _save_snapshot(self, name: str, offset: int, data: bytes) -> None:
+        await self._write(
+            lambda conn: conn.execute(
+                "INSERT INTO snapshot (name, seq, data) VALUES (?, ?, ?) "
+                "ON CONFLICT (name) DO UPDATE SET seq = excluded.seq, data = excluded.data",
+                (name, offset, data),
+            )
+        )
+
+    # -- reads ------------------------------------------------------------------------------
+
+    def _reader(self) -> sqlite3.Connection:
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = self._local.conn = _connect_reader(self._path)
+        return conn
+
+    async def _query(self, fn: Any, *args: Any) -> Any:
+        def run() -> Any:
+            try:
+                return fn(self._reader(), *args)
+            except sqlite3.DatabaseError as exc:
+                raise LogError(f"reading {self.where} failed: {exc}") from exc
+
+        return await self._loop.run_in_executor(self._readers, run)
+
+    async def _read(
+        self,
+        after: int,
+        limit: int,
+        group: str | None,
+        kinds: list[str] | None,
+        until: int | None,
+    ) -> list[Record]:
+        sql = f"SELECT {COLUMNS} FROM log WHERE seq > ?"
+        params: list[Any] = [after]
+        if until is not None:
+            sql += " AND seq <= ?"
+            params.append(until)
+        if group is not None:
+            sql += " AND grp = ?"
+            params.append(group)
+        if kinds is not None:
+            sql += f" AND kind IN ({', '.join('?' * len(kinds))})"
+            params.extend(kinds)
+        sql += " ORDER BY seq LIMIT ?"
+        params.append(limit)
+
+        def run(conn: sqlite3.Connection) -> list[Record]:
+            try:
+                rows = conn.execute(sql, params).fetchall()
+            except sqlite3.DatabaseError as exc:
+                raise LogError(f"reading {self.where} after offset {after} failed: {exc}") from exc
+            return decode_rows(rows)
+
+        return await self._query(run)
+
+    async def _read_head(self) -> int:
+        try:
+            return self._watch_conn.execute("SELECT next_seq - 1 FROM log_head").fetchone()[0]
+        except sqlite3.Error as exc:
+            raise LogError(f"reading the head of {self.where} failed: {exc}") from exc
+
+    async def _poll_head(self) -> int | None:
+        version = self._watch_conn.execute("PRAGMA data_version").fetchone()[0]
+        if version == self._data_version:
+            return None
+        self._data_version = version
+        return await self._read_head()
+
+    async def _get_consumer_offset(self, name: str) -> int:
+        def run(conn: sqlite3.Connection) -> int:
+            row = conn.execute(
+                "SELECT seq FROM consumer_offset WHERE consumer = ?", (name,)
+            ).fetchone()
+            return 0 if row is None else row[0]
+
+        return await self._query(run)
+
+    async def _read_projections(
+        self, kind: str, group: str | None, after_seq: int, limit: int
+    ) -> list[ProjectionRow]:
+        sql = "SELECT kind, grp, seq, doc FROM projection WHERE kind = ? AND seq > ?"
+        params: list[Any] = [kind, after_seq]
+        if group is not None:
+            sql += " AND grp = ?"
+            params.append(group)
+        sql += " ORDER BY grp, seq LIMIT ?"
+        params.append(limit)
+        return await self._query(
+            lambda conn: [decode_projection(*r) for r in conn.execute(sql, params).fetchall()]
+        )
+
+    async def _get_projection(self, kind: str, group: str, seq: int) -> ProjectionRow | None:
+        def run(conn: sqlite3.Connection) -> ProjectionRow | None:
+            row = conn.execute(
+                "SELECT kind, grp, seq, doc FROM projection WHERE kind = ? AND grp = ? AND seq = ?",
+                (kind, group, seq),
+            ).fetchone()
+            return None if row is None else decode_projection(*row)
+
+        return await self._query(run)
+
+    async def _load_snapshot(self, name: str) -> tuple[int, bytes] | None:
+        def run(conn: sqlite3.Connection) -> tuple[int, bytes] | None:
+            row = conn.execute("SELECT seq, data FROM snapshot WHERE name = ?", (name,)).fetchone()
+            return None if row is None else (row[0], bytes(row[1]))
+
+        return await self._query(run)
+
+    # -- closing ----------------------------------------------------------------------------
+
+    async def _close(self) -> None:
+        await asyncio.to_thread(self._writer.stop)
+
+        def close_reader() -> None:
+            conn = getattr(self._local, "conn", None)
+            if conn is not None:
+                conn.close()
+
+        await self._loop.run_in_executor(self._readers, close_reader)
+        self._readers.shutdown(wait=True)
+        self._watch_conn.close()
+
+
+def _store_offset(conn: sqlite3.Connection, where: str, name: str, offset: int) -> None:
+    """Upsert a consumer offset; refuse to move it backwards (the caller's transaction rolls back)."""
+    row = conn.execute("SELECT seq FROM consumer_offset WHERE consumer = ?", (name,)).fetchone()
+    if row is not None and row[0] > offset:
+        raise ValueError(
+            f"consumer {name!r} of {where} is at offset {row[0]}; refusing to move it back to {offset}"
+        )
+    conn.execute(
+        "INSERT INTO consumer_offset (consumer, seq) VALUES (?, ?) "
+        "ON CONFLICT (consumer) DO UPDATE SET seq = excluded.seq",
+        (name, offset),
+    )
+
+
+async def open_sqlite(path: Path, create: bool) -> SqliteLog:
+    """Open (creating and migrating as needed) the SQLite log at ``path``."""
+    where = f"SQLite log {str(path)!r}"
+    if not path.exists():
+        if not create:
+            raise LogError(f"{where} does not exist (open it with create=True to make a new one)")
+        if not path.parent.is_dir():
+            raise LogError(f"cannot create {where}: directory {str(path.parent)!r} does not exist")
+    elif path.is_dir():
+        raise LogError(f"{where} is a directory, not a SQLite file")
+
+    def prepare() -> tuple[int, int]:
+        migrate_sqlite(path, where)
+        conn = _connect_reader(path)
+        try:
+            return conn.execute("SELECT term, next_seq - 1 FROM log_head WHERE id = 1").fetchone()
+        finally:
+            conn.close()
+
+    try:
+        term, head = await asyncio.to_thread(prepare)
+    except sqlite3.DatabaseError as exc:
+        raise LogError(f"cannot open {where}: {exc}") from exc
+    return SqliteLog(path, where, term, head)

@@ -1,0 +1,395 @@
+"""The store contract: every test here runs against SQLite and PostgreSQL alike."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from eventlog import (
+    MAX_PAYLOAD_BYTES,
+    InvalidRecord,
+    Log,
+    LogClosed,
+    LogError,
+    NewRecord,
+    ProjectionRow,
+    StaleTermError,
+    open_log,
+)
+from eventlog.record import checksum, encode_payload
+
+
+def hb(rank: int, i: int = 0, group: str = "train") -> NewRecord:
+    return NewRecord(kind="heartbeat", group=group, rank=rank, payload={"i": i})
+
+
+# -- append and read -------------------------------------------------------------------------
+
+
+async def test_append_returns_gap_free_offsets_from_one(log: Log) -> None:
+    assert await log.head() == 0
+    assert await log.append([hb(0), hb(1), hb(2)]) == [1, 2, 3]
+    assert await log.append([hb(3)]) == [4]
+    assert await log.head() == 4
+
+
+async def test_read_returns_what_was_appended(log: Log) -> None:
+    recs = [
+        NewRecord(kind="group_created", group="train", payload={"world_size": 4}, ts=17),
+        NewRecord(kind="join", group="train", rank=2, payload={"incarnation": "ab", "n": [1, 2]}),
+        NewRecord(kind="tick"),
+    ]
+    offsets = await log.append(recs)
+    got = await log.read()
+    assert [r.offset for r in got] == offsets
+    assert [(r.kind, r.group, r.rank, r.payload) for r in got] == [
+        (r.kind, r.group, r.rank, r.payload) for r in recs
+    ]
+    assert got[0].ts == 17  # a caller's ts is kept
+    assert got[1].ts > 17 and got[2].ts == got[1].ts  # missing ts is stamped, once per batch
+    assert {r.term for r in got} == {log.term}
+    for r in got:
+        assert r.checksum == checksum(
+            r.offset, r.ts, r.term, r.kind, r.group, r.rank, encode_payload(r.payload)
+        )
+
+
+async def test_read_after_is_exclusive_until_is_inclusive_and_limit_pages(log: Log) -> None:
+    await log.append([hb(r, i) for i in range(5) for r in range(2)])  # offsets 1..10
+    assert [r.offset for r in await log.read(3, limit=4)] == [4, 5, 6, 7]
+    assert [r.offset for r in await log.read(3, until=5)] == [4, 5]
+    assert await log.read(10) == []
+    assert await log.read(5, until=5) == []
+    pages, after = [], 0
+    while page := await log.read(after, limit=3):
+        pages.append([r.offset for r in page])
+        after = page[-1].offset
+    assert pages == [[1, 2, 3], [4, 5, 6], [7, 8, 9], [10]]
+
+
+async def test_read_filters_by_group_and_kinds(log: Log) -> None:
+    await log.append(
+        [
+            hb(0, group="a"),
+            NewRecord(kind="join", group="b", rank=0),
+            hb(1, group="b"),
+            NewRecord(kind="tick"),
+            NewRecord(kind="join", group="a", rank=1),
+        ]
+    )
+    assert [r.offset for r in await log.read(group="a")] == [1, 5]
+    assert [r.offset for r in await log.read(kinds={"join"})] == [2, 5]
+    assert [r.offset for r in await log.read(kinds=["join", "tick"])] == [2, 4, 5]
+    assert [r.offset for r in await log.read(group="b", kinds=["heartbeat"])] == [3]
+    assert await log.read(kinds=[]) == []
+
+
+async def test_read_refuses_bad_arguments(log: Log) -> None:
+    with pytest.raises(ValueError, match="after must be a non-negative integer offset, got -1"):
+        await log.read(-1)
+    with pytest.raises(ValueError, match="limit must be a positive integer, got 0"):
+        await log.read(0, 0)
+    with pytest.raises(ValueError, match="kinds must be a collection"):
+        await log.read(kinds="join")
+
+
+async def test_concurrent_appends_share_commits(log: Log) -> None:
+    before = log.commits
+    offsets = await asyncio.gather(*(log.append([hb(i % 8, i)]) for i in range(400)))
+    assert sorted(o for batch in offsets for o in batch) == list(range(1, 401))
+    # Each append is its own call; group commit must have folded many into one transaction.
+    assert log.commits - before < 200
+
+
+async def test_one_append_is_contiguous_among_concurrent_appends(log: Log) -> None:
+    batches = [[hb(j, i) for j in range(1 + i % 5)] for i in range(60)]
+    results = await asyncio.gather(*(log.append(b) for b in batches))
+    for batch, offsets in zip(batches, results, strict=True):
+        assert offsets == list(range(offsets[0], offsets[0] + len(batch)))
+        got = await log.read(offsets[0] - 1, until=offsets[-1])
+        assert [r.payload for r in got] == [r.payload for r in batch]
+
+
+# -- bad input: a clear error, nothing written -----------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        (
+            NewRecord(kind="join", payload={"x": object()}),
+            r"record 1: payload is not JSON-serializable",
+        ),
+        (NewRecord(kind="jion"), r"record 1: unknown kind 'jion'"),
+        (
+            NewRecord(kind="links", payload={"blob": "x" * MAX_PAYLOAD_BYTES}),
+            rf"record 1: payload is {MAX_PAYLOAD_BYTES + 11} bytes encoded; the limit is {MAX_PAYLOAD_BYTES}",
+        ),
+        (
+            NewRecord(kind="join", group="no spaces"),
+            r"record 1: group 'no spaces' is not a valid name",
+        ),
+        (NewRecord(kind="join", rank=-2), r"record 1: rank -2 must be a non-negative integer"),
+        (NewRecord(kind="join", ts=-5), r"record 1: ts -5 must be non-negative"),
+        ({"kind": "join"}, r"record 1: expected a NewRecord, got dict"),
+    ],
+)
+async def test_bad_record_refuses_the_whole_batch(log: Log, bad: object, message: str) -> None:
+    await log.append([hb(0)])
+    with pytest.raises(InvalidRecord, match=message):
+        await log.append([hb(1), bad, hb(2)])  # type: ignore[list-item]
+    assert await log.head() == 1
+    assert [r.rank for r in await log.read()] == [0]
+    assert await log.append([hb(3)]) == [2]  # the log goes on, gap-free
+
+
+async def test_append_of_a_single_record_not_in_a_list_is_refused(log: Log) -> None:
+    with pytest.raises(InvalidRecord, match="sequence of NewRecord"):
+        await log.append(hb(0))  # type: ignore[arg-type]
+    assert await log.head() == 0
+
+
+async def test_empty_append_writes_nothing(log: Log) -> None:
+    assert await log.append([]) == []
+    assert await log.head() == 0
+
+
+# -- waiting and tailing ---------------------------------------------------------------------
+
+
+async def test_wait_returns_at_once_when_head_is_past(log: Log) -> None:
+    await log.append([hb(0), hb(1)])
+    assert await log.wait(1) == 2
+
+
+async def test_wait_times_out_with_the_current_head(log: Log) -> None:
+    await log.append([hb(0)])
+    assert await log.wait(1, timeout=0.05) == 1
+
+
+async def test_wait_is_woken_by_an_append(log: Log) -> None:
+    waiter = asyncio.create_task(log.wait(0))
+    await asyncio.sleep(0)  # let it start waiting
+    assert not waiter.done()
+    await log.append([hb(0)])
+    assert await asyncio.wait_for(waiter, 10) == 1
+
+
+async def test_tail_yields_old_then_new_records(log: Log) -> None:
+    await log.append([hb(0, 0), hb(1, 0)])
+    seen: list[int] = []
+    got_three = asyncio.Event()
+
+    async def follow() -> None:
+        async for rec in log.tail(0, batch=2):
+            seen.append(rec.offset)
+            if len(seen) == 5:
+                got_three.set()
+
+    task = asyncio.create_task(follow())
+    await log.append([hb(2, 0)])
+    await log.append([hb(3, 0), hb(4, 0)])
+    await asyncio.wait_for(got_three.wait(), 10)
+    assert seen == [1, 2, 3, 4, 5]
+    task.cancel()
+
+
+async def test_tail_with_a_filter_skips_past_hidden_records(log: Log) -> None:
+    await log.append([hb(0), NewRecord(kind="tick"), hb(1)])
+    seen: list[tuple[int, str]] = []
+    done = asyncio.Event()
+
+    async def follow() -> None:
+        async for rec in log.tail(1, kinds=["tick", "exit"], batch=1):
+            seen.append((rec.offset, rec.kind))
+            if rec.kind == "exit":
+                done.set()
+
+    task = asyncio.create_task(follow())
+    await log.append([hb(2), hb(3), NewRecord(kind="exit", group="train", rank=3)])
+    await asyncio.wait_for(done.wait(), 10)
+    assert seen == [(2, "tick"), (6, "exit")]
+    task.cancel()
+
+
+async def test_tail_ends_when_the_log_is_closed(target: str) -> None:
+    log = await open_log(target)
+    await log.append([hb(0)])
+    seen: list[int] = []
+
+    async def follow() -> None:
+        async for rec in log.tail():
+            seen.append(rec.offset)
+
+    task = asyncio.create_task(follow())
+    await log.wait(0)
+    while not seen:
+        await asyncio.sleep(0.01)
+    await log.close()
+    await asyncio.wait_for(task, 10)  # returns, no exception
+    assert seen == [1]
+
+
+async def test_appends_from_another_log_wake_waiters(log: Log, target: str) -> None:
+    other = await open_log(target)
+    try:
+        waiter = asyncio.create_task(log.wait(0, timeout=30))
+        await asyncio.sleep(0)
+        await other.append([hb(0)])
+        assert await waiter == 1
+        assert [r.rank for r in await log.read()] == [0]
+    finally:
+        await other.close()
+
+
+# -- fencing ---------------------------------------------------------------------------------
+
+
+async def test_claimed_term_fences_the_old_writer(log: Log, target: str) -> None:
+    assert await log.append([hb(0)]) == [1]
+    old_term = log.term
+    leader = await open_log(target)
+    try:
+        new_term = await leader.claim_term()
+        assert new_term == old_term + 1 == leader.term
+        with pytest.raises(
+            StaleTermError, match=rf"holds term {old_term} but the log's head is at term {new_term}"
+        ):
+            await log.append([hb(1), hb(2)])
+        assert await leader.append([hb(3)]) == [2]
+        got = await leader.read()
+        assert [(r.offset, r.rank, r.term) for r in got] == [(1, 0, old_term), (2, 3, new_term)]
+    finally:
+        await leader.close()
+
+
+async def test_a_writer_that_claims_again_appends_again(log: Log, target: str) -> None:
+    other = await open_log(target)
+    try:
+        await other.claim_term()
+        with pytest.raises(StaleTermError):
+            await log.append([hb(0)])
+        await log.claim_term()
+        assert await log.append([hb(1)]) == [1]
+        with pytest.raises(StaleTermError):
+            await other.append([hb(2)])
+    finally:
+        await other.close()
+
+
+async def test_two_writers_under_one_term_stay_gap_free(log: Log, target: str) -> None:
+    other = await open_log(target)
+    try:
+        assert other.term == log.term
+        results = await asyncio.gather(
+            *(w.append([hb(i, j)]) for j in range(30) for i, w in enumerate((log, other)))
+        )
+        assert sorted(o for r in results for o in r) == list(range(1, 61))
+        assert [r.offset for r in await log.read(limit=100)] == list(range(1, 61))
+    finally:
+        await other.close()
+
+
+# -- consumers, projections, snapshots -------------------------------------------------------
+
+
+async def test_consumer_offsets_are_named_and_monotone(log: Log) -> None:
+    assert await log.get_consumer_offset("fold") == 0
+    await log.set_consumer_offset("fold", 5)
+    await log.set_consumer_offset("fold", 5)  # the same value again is fine
+    await log.set_consumer_offset("audit", 2)
+    assert await log.get_consumer_offset("fold") == 5
+    with pytest.raises(
+        ValueError, match="consumer 'fold' .* is at offset 5; refusing to move it back to 4"
+    ):
+        await log.set_consumer_offset("fold", 4)
+    assert await log.get_consumer_offset("fold") == 5
+    assert await log.get_consumer_offset("audit") == 2
+
+
+async def test_projections_upsert_with_their_consumer_offset(log: Log) -> None:
+    v1 = ProjectionRow("view", "train", 1, {"active_ranks": [0, 1]})
+    v2 = ProjectionRow("view", "train", 2, {"active_ranks": [0]})
+    other = ProjectionRow("view", "eval", 1, {"active_ranks": [3]})
+    await log.write_projections([v1, v2, other], consumer="fold", offset=7)
+    assert await log.get_consumer_offset("fold") == 7
+    assert await log.read_projections("view") == [other, v1, v2]  # by (group, seq)
+    assert await log.read_projections("view", "train", after_seq=1) == [v2]
+    assert await log.read_projections("view", limit=1) == [other]
+    assert await log.read_projections("proposal") == []
+    fixed = ProjectionRow("view", "train", 2, {"active_ranks": [0, 1, 2]})
+    await log.write_projections([fixed], consumer="fold", offset=9)
+    assert await log.get_projection("view", "train", 2) == fixed
+    assert await log.get_projection("view", "train", 3) is None
+
+
+async def test_projections_and_offset_are_refused_together(log: Log) -> None:
+    first = ProjectionRow("view", "train", 1, {"v": 1})
+    await log.write_projections([first], consumer="fold", offset=5)
+    late = ProjectionRow("view", "train", 1, {"v": "stale"})
+    with pytest.raises(ValueError, match="refusing to move it back to 3"):
+        await log.write_projections([late], consumer="fold", offset=3)
+    assert await log.get_projection("view", "train", 1) == first
+    with pytest.raises(InvalidRecord, match=r"projection 1: doc is not JSON-serializable"):
+        await log.write_projections(
+            [
+                ProjectionRow("view", "train", 2, {}),
+                ProjectionRow("view", "train", 3, {"x": object()}),
+            ],
+            consumer="fold",
+            offset=8,
+        )
+    assert await log.get_consumer_offset("fold") == 5
+    assert await log.read_projections("view") == [first]
+
+
+async def test_snapshots_keep_the_latest_per_name(log: Log) -> None:
+    assert await log.load_snapshot("fold") is None
+    await log.save_snapshot("fold", 10, b"\x00state-at-10")
+    await log.save_snapshot("fold", 20, b"state-at-20")
+    await log.save_snapshot("other", 3, b"")
+    assert await log.load_snapshot("fold") == (20, b"state-at-20")
+    assert await log.load_snapshot("other") == (3, b"")
+
+
+# -- lifecycle -------------------------------------------------------------------------------
+
+
+async def test_records_survive_reopening(target: str) -> None:
+    log = await open_log(target)
+    await log.append([hb(0, 1), hb(1, 2)])
+    await log.set_consumer_offset("fold", 2)
+    await log.close()
+    log = await open_log(target, create=False)
+    try:
+        assert await log.head() == 2
+        assert [r.payload for r in await log.read()] == [{"i": 1}, {"i": 2}]
+        assert await log.get_consumer_offset("fold") == 2
+        assert await log.append([hb(2)]) == [3]
+    finally:
+        await log.close()
+
+
+async def test_a_closed_log_refuses_calls(target: str) -> None:
+    log = await open_log(target)
+    await log.close()
+    await log.close()  # idempotent
+    with pytest.raises(LogClosed, match="is closed"):
+        await log.append([hb(0)])
+    with pytest.raises(LogClosed):
+        await log.read()
+
+
+async def test_closing_wakes_waiters_with_log_closed(target: str) -> None:
+    log = await open_log(target)
+    waiter = asyncio.create_task(log.wait(0))
+    await asyncio.sleep(0.01)
+    await log.close()
+    with pytest.raises(LogClosed):
+        await asyncio.wait_for(waiter, 10)
+
+
+async def test_create_false_refuses_a_missing_log(target: str) -> None:
+    with pytest.raises(LogError, match="does not exist"):
+        await open_log(target, create=False)
