@@ -1,0 +1,35 @@
+"""The FastAPI application: routes, error handlers, the body size limit and the OpenAPI document.
+
+The app does not own the host: ``serve`` opens the host (log, fold, snapshot) first and hands it
+in, so a test or an embedding program can run the same app around a host it controls.
+"""
+
+from __future__ import annotations
+
+from fastapi import FastAPI
+
+from api import errors, openapi
+from api.limits import DEFAULT_MAX_BODY_BYTES, BodySizeLimit
+from api.routes import agents, audit, operator
+from coordinator.auth import Authenticator
+from coordinator.host import Host
+
+DESCRIPTION = """An event-sourced control plane for elastic torch.distributed process groups.
+
+Every input is appended to a durable log; a pure fold over the log commits group views through
+an ACK barrier. Errors are `{"error": code, "detail": message}`. See docs/protocol.md."""
+
+
+def create_app(
+    host: Host, auth: Authenticator | None = None, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+) -> FastAPI:
+    app = FastAPI(title="foldplane coordinator", version="0.1.0", description=DESCRIPTION)
+    app.state.host = host
+    app.state.auth = auth or Authenticator()
+    errors.install(app)
+    app.include_router(operator.router)
+    app.include_router(agents.router)
+    app.include_router(audit.router)
+    openapi.install(app)
+    app.add_middleware(BodySizeLimit, max_bytes=max_body_bytes)
+    return app

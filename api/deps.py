@@ -1,0 +1,32 @@
+"""What every route needs from the application: the host, and who is calling."""
+
+from __future__ import annotations
+
+from starlette.requests import Request
+
+from api.errors import ApiError
+from coordinator.auth import Authenticator, Principal
+from coordinator.host import Host
+
+
+def host_of(request: Request) -> Host:
+    return request.app.state.host
+
+
+def principal_of(request: Request) -> Principal:
+    auth: Authenticator = request.app.state.auth
+    return auth.authenticate(request.headers.get("authorization"))
+
+
+def require_operator(request: Request, action: str) -> Principal:
+    principal = principal_of(request)
+    if not principal.is_operator:
+        raise ApiError(
+            403, "forbidden", f"{action} needs the operator token, not {principal.describe()}'s"
+        )
+    return principal
+
+
+def require_group(host: Host, group: str) -> None:
+    if host.machine.group_config(group) is None:
+        raise ApiError(404, "unknown_group", f"no group {group!r}")

@@ -1,0 +1,114 @@
+"""Every error the HTTP surface answers has one shape: ``{"error": code, "detail": message}``.
+
+Status codes (docs/protocol.md): 400/422 malformed, 401 missing token, 403 wrong token, 404
+unknown, 409 fenced or conflicting, 413 too large, 503 not the leader or shutting down. Bad input
+never reaches a 500: request bodies are decoded and validated before anything else looks at
+them, and the handlers below turn framework errors into the same shape.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import msgspec
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import Response
+
+from coordinator.auth import AuthError
+from coordinator.host import HostUnavailable
+
+log = logging.getLogger("foldplane.api")
+
+#: The HTTP status for each refusal code the host or the fold gives.
+REFUSAL_STATUS: dict[str, int] = {
+    "unknown_group": 404,
+    "unknown_proposal": 404,
+    "rank_out_of_range": 422,
+    "invalid_event": 422,
+    "invalid_request": 422,
+    "forbidden": 403,
+}
+
+_HTTP_CODES = {
+    400: "bad_request",
+    401: "unauthorized",
+    403: "forbidden",
+    404: "not_found",
+    405: "method_not_allowed",
+    406: "not_acceptable",
+    413: "body_too_large",
+    415: "unsupported_media_type",
+    422: "invalid_request",
+}
+
+
+class ApiError(Exception):
+    """An error answer; raise it from a handler."""
+
+    def __init__(self, status: int, code: str, detail: str, **extra: Any) -> None:
+        super().__init__(detail)
+        self.status = status
+        self.code = code
+        self.detail = detail
+        self.extra = extra
+
+
+class BodyTooLarge(Exception):
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"the request body is over the limit of {limit} bytes")
+        self.limit = limit
+
+
+def refusal_error(code: str, detail: str) -> ApiError:
+    return ApiError(REFUSAL_STATUS.get(code, 409), code, detail)
+
+
+def error_response(status: int, code: str, detail: str, **extra: Any) -> Response:
+    body = {"error": code, "detail": detail, **extra}
+    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+    return Response(msgspec.json.encode(body), status, headers, media_type="application/json")
+
+
+def _loc(loc: tuple[Any, ...] | list[Any]) -> str:
+    return ".".join(str(p) for p in loc)
+
+
+def install(app: FastAPI) -> None:
+    """Register the handlers that give every error the one shape."""
+
+    @app.exception_handler(ApiError)
+    async def _api_error(request: Request, exc: ApiError) -> Response:
+        return error_response(exc.status, exc.code, exc.detail, **exc.extra)
+
+    @app.exception_handler(AuthError)
+    async def _auth_error(request: Request, exc: AuthError) -> Response:
+        return error_response(exc.status, exc.code, exc.detail)
+
+    @app.exception_handler(HostUnavailable)
+    async def _unavailable(request: Request, exc: HostUnavailable) -> Response:
+        return error_response(503, exc.code, exc.detail)
+
+    @app.exception_handler(BodyTooLarge)
+    async def _too_large(request: Request, exc: BodyTooLarge) -> Response:
+        return error_response(413, "body_too_large", str(exc))
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> Response:
+        problems = [f"{_loc(e.get('loc', ()))}: {e.get('msg', 'invalid')}" for e in exc.errors()]
+        return error_response(422, "invalid_request", "; ".join(problems) or "invalid request")
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> Response:
+        code = _HTTP_CODES.get(exc.status_code, "http_error")
+        detail = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
+        if exc.status_code == 404 and detail == "Not Found":
+            detail = f"no endpoint {request.method} {request.url.path}"
+        return error_response(exc.status_code, code, detail)
+
+    @app.exception_handler(Exception)
+    async def _internal(request: Request, exc: Exception) -> Response:
+        log.exception("internal error on %s %s", request.method, request.url.path)
+        return error_response(500, "internal", f"{type(exc).__name__}: {exc}")

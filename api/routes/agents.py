@@ -1,0 +1,160 @@
+"""The agent wire protocol: events in, updates out, deaths reported (docs/protocol.md).
+
+``POST /agents/events`` is the hot path (every heartbeat of every rank), so it decodes with
+msgspec, authenticates per event without a database, and hands the whole batch to the host in
+one call; the host appends it with whatever else is queued (group commit).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+from fastapi import APIRouter, Query, Request
+from starlette.responses import Response
+
+from api.codec import convert, json_response, read_json
+from api.deps import host_of, principal_of, require_group
+from api.errors import ApiError, refusal_error
+from api.models import AgentEvent, DeathReport, LooseEventsRequest
+from api.openapi import answers, body
+from coordinator.auth import Authenticator, AuthError, Principal
+from coordinator.host import Appended, Outcome, Refusal
+from eventlog import NewRecord
+
+router = APIRouter(prefix="/agents", tags=["agents"])
+
+#: The longest long-poll an agent may ask for, in seconds.
+MAX_POLL_S = 60.0
+
+_ENVELOPE = ("type", "group", "rank", "token")
+
+
+@router.post(
+    "/events",
+    summary="A batch of agent events (join, heartbeat, links, ack, exit); one result per event",
+    openapi_extra=body("AgentEventsRequest"),
+    responses=answers({200: "AgentEventsAnswer"}, 401, 403, 413, 422),
+)
+async def post_events(request: Request) -> Response:
+    principal = principal_of(request)
+    auth: Authenticator = request.app.state.auth
+    req = await read_json(request, LooseEventsRequest)
+    host = host_of(request)
+    results: list[dict[str, Any] | None] = []
+    records: list[NewRecord] = []
+    for i, raw in enumerate(req.events):
+        try:
+            event = convert(raw, AgentEvent)
+        except msgspec.ValidationError as exc:
+            results.append({"error": "invalid_event", "detail": f"events[{i}]: {exc}"})
+            continue
+        denied = _denied(auth, principal, event)
+        if denied is not None:
+            results.append({"error": "forbidden", "detail": f"events[{i}]: {denied}"})
+            continue
+        payload = msgspec.to_builtins(event)
+        for name in _ENVELOPE:
+            payload.pop(name, None)
+        records.append(
+            NewRecord(kind=event.type_name, group=event.group, rank=event.rank, payload=payload)
+        )
+        results.append(None)
+    outcomes = iter(await host.submit_many(records)) if records else iter(())
+    answered = [r if r is not None else _result(next(outcomes)) for r in results]
+    return json_response({"term": host.log.term, "results": answered})
+
+
+def _denied(auth: Authenticator, principal: Principal, event: Any) -> str | None:
+    """Why this principal may not send this event, or None. A per-event token, when present,
+    authenticates the event instead of the request's header."""
+    if event.token is not None and auth.enabled:
+        try:
+            principal = auth.principal_for(event.token)
+        except AuthError as exc:
+            return exc.detail
+    if principal.speaks_for(event.group, event.rank):
+        return None
+    return f"{principal.describe()} may not speak for rank {event.rank} of group {event.group!r}"
+
+
+def _result(outcome: Outcome) -> dict[str, Any]:
+    if isinstance(outcome, Appended):
+        return {"offset": outcome.offset}
+    if isinstance(outcome, Refusal):
+        out: dict[str, Any] = {"error": outcome.code, "detail": outcome.detail}
+        if outcome.offset is not None:
+            out["offset"] = outcome.offset
+        return out
+    return {"offset": outcome.id}
+
+
+@router.get(
+    "/updates",
+    summary="Long-poll for the updates that concern one rank",
+    responses=answers({200: "UpdatesAnswerBody"}, 401, 403, 404, 422),
+)
+async def get_updates(
+    request: Request,
+    group: str = Query(..., max_length=64),
+    rank: int = Query(..., ge=0, le=65_535),
+    after: int = Query(0, ge=0, le=2**62, description="the last offset processed (exclusive)"),
+    timeout: float = Query(25.0, ge=0.0, le=MAX_POLL_S, description="seconds to wait"),
+) -> Response:
+    principal = principal_of(request)
+    if not principal.speaks_for(group, rank):
+        raise ApiError(
+            403,
+            "forbidden",
+            f"{principal.describe()} may not read the updates of rank {rank} of {group!r}",
+        )
+    host = host_of(request)
+    require_group(host, group)
+    config = host.machine.group_config(group)
+    if rank >= config.world_size:
+        raise ApiError(
+            422,
+            "rank_out_of_range",
+            f"rank {rank} is not in 0..{config.world_size - 1} of group {group!r}",
+        )
+    answer = await host.updates(group, rank, after, timeout)
+    return json_response(
+        {
+            "term": host.log.term,
+            "updates": answer.updates,
+            "next_after": answer.next_after,
+            "resync": answer.resync,
+            "store": host.store_address,
+        }
+    )
+
+
+@router.post(
+    "/deaths",
+    summary="A supervisor or launcher reports that a rank died",
+    openapi_extra=body("DeathReport"),
+    responses=answers({200: "DeathAnswer"}, 401, 403, 404, 409, 413, 422),
+)
+async def report_death(request: Request) -> Response:
+    principal = principal_of(request)
+    req = await read_json(request, DeathReport)
+    if not principal.speaks_for(req.group, req.rank):
+        raise ApiError(
+            403,
+            "forbidden",
+            f"{principal.describe()} may not report the death of rank {req.rank} of {req.group!r}",
+        )
+    payload: dict[str, Any] = {
+        "reporter": req.reporter
+        or ("operator" if principal.is_operator else f"rank:{principal.rank}")
+    }
+    if req.incarnation is not None:
+        payload["incarnation"] = req.incarnation
+    host = host_of(request)
+    outcome = await host.submit(
+        NewRecord(kind="death_reported", group=req.group, rank=req.rank, payload=payload)
+    )
+    if isinstance(outcome, Refusal):
+        raise refusal_error(outcome.code, outcome.detail)
+    assert isinstance(outcome, Appended)
+    return json_response({"offset": outcome.offset, "term": host.log.term})

@@ -1,0 +1,106 @@
+"""Audit and health endpoints: the raw log, its event stream, ``/healthz`` and ``/metrics``."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Header, Query, Request
+from starlette.responses import Response, StreamingResponse
+
+from api import metrics, sse
+from api.codec import json_response
+from api.deps import host_of
+from api.errors import ApiError
+from api.openapi import answers
+from eventlog import KINDS, LogError
+
+router = APIRouter(tags=["audit"])
+
+
+def _kinds(kind: str | None) -> list[str] | None:
+    if kind is None:
+        return None
+    if kind not in KINDS:
+        raise ApiError(422, "invalid_request", f"kind {kind!r} is not one of {sorted(KINDS)}")
+    return [kind]
+
+
+@router.get(
+    "/events", summary="The raw log, for audits", responses=answers({200: "EventsPage"}, 422)
+)
+async def events(
+    request: Request,
+    after: int = Query(0, ge=0, le=2**62),
+    limit: int = Query(100, ge=1, le=1000),
+    group: str | None = Query(None, max_length=64),
+    kind: str | None = Query(None, max_length=32),
+) -> Response:
+    host = host_of(request)
+    records = await host.log.read(after, limit, group=group, kinds=_kinds(kind))
+    return json_response(
+        {
+            "events": [
+                {
+                    "offset": r.offset,
+                    "ts": r.ts,
+                    "term": r.term,
+                    "kind": r.kind,
+                    "group": r.group,
+                    "rank": r.rank,
+                    "payload": r.payload,
+                }
+                for r in records
+            ],
+            "next_after": records[-1].offset if records else after,
+        }
+    )
+
+
+@router.get(
+    "/events/stream",
+    summary="Server-sent events, one per record; resume with Last-Event-ID or ?after=",
+    response_class=StreamingResponse,
+)
+async def event_stream(
+    request: Request,
+    after: int = Query(0, ge=0, le=2**62),
+    group: str | None = Query(None, max_length=64),
+    kind: str | None = Query(None, max_length=32),
+    last_event_id: str | None = Header(None, max_length=32),
+) -> Response:
+    if last_event_id is not None:
+        if not last_event_id.strip().isdigit():
+            raise ApiError(
+                422, "invalid_request", f"Last-Event-ID {last_event_id!r} is not an offset"
+            )
+        after = int(last_event_id)
+    host = host_of(request)
+    return StreamingResponse(
+        sse.stream(host.log, after, group=group, kinds=_kinds(kind)),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )
+
+
+@router.get("/healthz", summary="Liveness, role and offsets", responses=answers({200: "Health"}))
+async def healthz(request: Request) -> Response:
+    host = host_of(request)
+    down = host.available()
+    try:
+        head = await host.log.head() if not host.log.closed else host.applied_offset
+    except LogError as exc:
+        head, down = host.applied_offset, down or exc
+    body = {
+        "status": "ok" if down is None else "unavailable",
+        "role": "leader",
+        "term": host.log.term,
+        "head": head,
+        "fold_offset": host.machine.offset,
+    }
+    if down is not None:
+        body["detail"] = str(down)
+    return json_response(body, 200 if down is None else 503)
+
+
+@router.get("/metrics", summary="Prometheus metrics", response_class=Response)
+async def prometheus(request: Request) -> Response:
+    text = await metrics.render(host_of(request))
+    return Response(text, media_type=metrics.CONTENT_TYPE)

@@ -1,0 +1,214 @@
+"""Operator endpoints: groups and proposals (docs/protocol.md, "Operator endpoints")."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+from fastapi import APIRouter, Query, Request
+from starlette.responses import Response
+
+from api.codec import json_response, read_json
+from api.deps import host_of, principal_of, require_group, require_operator
+from api.errors import ApiError, refusal_error
+from api.models import CreateGroupRequest, ProposalRequest
+from api.openapi import answers, body
+from coordinator.config import ConfigError, GroupConfig
+from coordinator.effects import Proposal
+from coordinator.host import Appended, Existing, Host, Outcome, Refusal
+from coordinator.machine import Coordinator
+from coordinator.projections import proposal_doc, to_doc, view_doc
+from eventlog import NewRecord
+
+router = APIRouter(tags=["operator"])
+
+#: The longest ``?wait=`` a proposal may ask for, in seconds.
+MAX_WAIT_S = 60.0
+
+
+@router.post(
+    "/groups",
+    summary="Create a group (idempotent for an identical configuration)",
+    openapi_extra=body("CreateGroupRequest"),
+    responses=answers({201: "GroupBody", 200: "GroupBody"}, 401, 403, 409, 413, 422),
+)
+async def create_group(request: Request) -> Response:
+    require_operator(request, "creating a group")
+    req = await read_json(request, CreateGroupRequest)
+    fields = msgspec.to_builtins(req)
+    try:
+        config = GroupConfig.from_request(fields)
+    except ConfigError as exc:
+        raise ApiError(422, "invalid_config", str(exc)) from None
+    host = host_of(request)
+    outcome = await host.submit(
+        NewRecord(
+            kind="group_created",
+            group=req.group,
+            payload={"world_size": config.world_size, "config": config.to_dict()},
+        ),
+        precheck=_same_group(req.group, config),
+    )
+    if isinstance(outcome, Refusal):
+        raise refusal_error(outcome.code, outcome.detail)
+    return json_response(
+        _group_body(host, req.group), 201 if isinstance(outcome, Appended) else 200
+    )
+
+
+def _same_group(group: str, config: GroupConfig):
+    """Creating an identical group again is a no-op; another configuration is a conflict."""
+
+    def check(machine: Coordinator) -> Outcome | None:
+        existing = machine.group_config(group)
+        if existing is None:
+            return None
+        if existing == config:
+            return Existing(0)
+        theirs, ours = existing.to_dict(), config.to_dict()
+        diff = ", ".join(
+            f"{k}: {theirs.get(k)!r} (existing) vs {ours.get(k)!r}"
+            for k in sorted(set(theirs) | set(ours))
+            if theirs.get(k) != ours.get(k)
+        )
+        return Refusal(
+            "group_conflict", f"group {group!r} exists with another configuration ({diff})"
+        )
+
+    return check
+
+
+def _group_body(host: Host, group: str) -> dict[str, Any]:
+    return to_doc(host.machine.group_status(group))
+
+
+@router.get(
+    "/groups/{group}",
+    summary="A group: configuration, current view, rank states, pending proposals",
+    responses=answers({200: "GroupBody"}, 404),
+)
+async def get_group(request: Request, group: str) -> Response:
+    host = host_of(request)
+    require_group(host, group)
+    return json_response(_group_body(host, group))
+
+
+@router.post(
+    "/proposals",
+    summary="Propose to activate or deactivate ranks; wait up to ?wait= seconds for the outcome",
+    openapi_extra=body("ProposalRequest"),
+    responses=answers({200: "ProposalBody", 202: "ProposalBody"}, 401, 403, 404, 409, 413, 422),
+)
+async def create_proposal(
+    request: Request,
+    wait: float = Query(
+        0.0, ge=0.0, le=MAX_WAIT_S, description="seconds to wait for a terminal status"
+    ),
+) -> Response:
+    principal = principal_of(request)
+    req = await read_json(request, ProposalRequest)
+    if not principal.may_propose_in(req.group):
+        raise ApiError(
+            403, "forbidden", f"{principal.describe()} may not propose in group {req.group!r}"
+        )
+    proposer = (
+        f"rank:{principal.rank}" if not principal.is_operator else (req.proposer or "operator")
+    )
+    payload: dict[str, Any] = {"op": req.op, "ranks": req.ranks, "proposer": proposer}
+    if req.idempotency_key is not None:
+        payload["idempotency_key"] = req.idempotency_key
+    host = host_of(request)
+    key = ("idempotency", req.group, req.idempotency_key) if req.idempotency_key else None
+    outcome = await host.submit(
+        NewRecord(kind="proposal", group=req.group, payload=payload),
+        key=key,
+        precheck=_idempotent(req, proposer),
+    )
+    if isinstance(outcome, Refusal):
+        raise refusal_error(outcome.code, outcome.detail)
+    proposal_id = outcome.offset if isinstance(outcome, Appended) else outcome.id
+    proposal = await host.wait_proposal(proposal_id, wait)
+    if proposal is None:  # the fold did not record it: a bug worth a clear answer
+        raise ApiError(
+            500, "internal", f"proposal {proposal_id} was appended but is unknown to the fold"
+        )
+    return json_response(proposal_doc(proposal), 202 if proposal.status == "pending" else 200)
+
+
+def _idempotent(req: ProposalRequest, proposer: str):
+    """A known idempotency key returns the same proposal; with another body it is a conflict."""
+
+    def check(machine: Coordinator) -> Outcome | None:
+        if req.idempotency_key is None:
+            return None
+        existing: Proposal | None = machine.proposal_by_key(req.group, req.idempotency_key)
+        if existing is None:
+            return None
+        same = (
+            existing.op == req.op
+            and sorted(set(existing.ranks)) == sorted(set(req.ranks))
+            and existing.proposer == proposer
+        )
+        if same:
+            return Existing(existing.id)
+        return Refusal(
+            "idempotency_conflict",
+            f"idempotency_key {req.idempotency_key!r} belongs to proposal {existing.id} "
+            f"({existing.op} {list(existing.ranks)} by {existing.proposer}); this request is "
+            f"{req.op} {req.ranks} by {proposer}",
+        )
+
+    return check
+
+
+@router.get(
+    "/proposals/{proposal_id}",
+    summary="A proposal and its status",
+    responses=answers({200: "ProposalBody"}, 404),
+)
+async def get_proposal(request: Request, proposal_id: int) -> Response:
+    proposal = host_of(request).machine.proposal(proposal_id)
+    if proposal is None:
+        raise ApiError(404, "unknown_proposal", f"no proposal with id {proposal_id}")
+    return json_response(proposal_doc(proposal))
+
+
+@router.get(
+    "/views/current",
+    summary="The latest committed view of a group",
+    tags=["views"],
+    responses=answers({200: "ViewBody"}, 404),
+)
+async def current_view(request: Request, group: str = Query(..., max_length=64)) -> Response:
+    host = host_of(request)
+    require_group(host, group)
+    view = host.machine.current_view(group)
+    if view is None:
+        raise ApiError(404, "no_view", f"group {group!r} has not formed yet (no committed view)")
+    return json_response(view_doc(view))
+
+
+@router.get(
+    "/views/history",
+    summary="Committed views in version order, paginated",
+    tags=["views"],
+    responses=answers({200: "ViewHistory"}, 404),
+)
+async def view_history(
+    request: Request,
+    group: str = Query(..., max_length=64),
+    after_version: int = Query(0, ge=0, le=2**62),
+    limit: int = Query(100, ge=1, le=1000),
+) -> Response:
+    host = host_of(request)
+    require_group(host, group)
+    rows = await host.log.read_projections("view", group, after_seq=after_version, limit=limit + 1)
+    views = [row.doc for row in rows[:limit]]
+    more = len(rows) > limit
+    return json_response(
+        {
+            "group": group,
+            "views": views,
+            "next_after_version": views[-1]["version"] if more and views else None,
+        }
+    )

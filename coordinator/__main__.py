@@ -1,0 +1,6 @@
+"""``python -m coordinator`` — see :mod:`coordinator.cli`."""
+
+from coordinator.cli import main
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,147 @@
+"""Who may speak to the coordinator: the operator token and per-(group, rank) agent tokens.
+
+Rules (docs/protocol.md, "Auth"):
+
+- The *operator token* is ``FOLDPLANE_TOKEN``. It is required by the mutating operator
+  endpoints and is accepted everywhere an agent token is.
+- An *agent token* speaks for exactly one ``(group, rank)``:
+  ``fpa1.<group>.<rank>.<hex HMAC-SHA256(FOLDPLANE_SECRET, "<group>\\x00<rank>")>``. The server
+  keeps no list of tokens; it recomputes the MAC, so a token cannot be forged without the secret
+  and cannot be replayed for another rank (the rank is inside the MAC).
+- With neither value configured, auth is off and every caller is the operator. The server then
+  refuses a non-loopback bind unless told ``--insecure`` (see :func:`check_bind`).
+
+Comparisons use :func:`hmac.compare_digest` so that timing does not leak how much of a token
+matched.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import ipaddress
+from dataclasses import dataclass
+from typing import Literal
+
+TOKEN_PREFIX = "fpa1"
+
+
+class AuthError(Exception):
+    """A request that cannot be authenticated: 401 (no token) or 403 (a wrong one)."""
+
+    def __init__(self, status: int, code: str, detail: str) -> None:
+        super().__init__(detail)
+        self.status = status
+        self.code = code
+        self.detail = detail
+
+
+class BindRefused(Exception):
+    """A non-loopback bind without auth, which would expose an open control plane."""
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    """The caller a token speaks for. ``kind`` is ``operator`` or ``agent``."""
+
+    kind: Literal["operator", "agent"]
+    group: str | None = None
+    rank: int | None = None
+
+    @property
+    def is_operator(self) -> bool:
+        return self.kind == "operator"
+
+    def speaks_for(self, group: str, rank: int) -> bool:
+        """True when this principal may send events or read updates for ``(group, rank)``."""
+        return self.is_operator or (self.group == group and self.rank == rank)
+
+    def may_propose_in(self, group: str) -> bool:
+        return self.is_operator or self.group == group
+
+    def describe(self) -> str:
+        return "the operator" if self.is_operator else f"agent {self.group}/{self.rank}"
+
+
+OPERATOR = Principal("operator")
+
+
+def agent_mac(secret: str, group: str, rank: int) -> str:
+    """The hex HMAC-SHA256 over ``"<group>\\x00<rank>"`` keyed by the server secret."""
+    msg = f"{group}\x00{rank}".encode()
+    return hmac.new(secret.encode(), msg, hashlib.sha256).hexdigest()
+
+
+def agent_token(secret: str, group: str, rank: int) -> str:
+    """The agent token for ``(group, rank)``; what ``python -m coordinator token`` prints."""
+    if not secret:
+        raise ValueError("an agent token needs a non-empty secret (FOLDPLANE_SECRET or --secret)")
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
+        raise ValueError(f"rank {rank!r} must be a non-negative integer")
+    return f"{TOKEN_PREFIX}.{group}.{rank}.{agent_mac(secret, group, rank)}"
+
+
+@dataclass(frozen=True, slots=True)
+class Authenticator:
+    """Turns an ``Authorization`` header into a :class:`Principal`, or raises :class:`AuthError`."""
+
+    operator_token: str | None = None
+    secret: str | None = None
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.operator_token or self.secret)
+
+    def authenticate(self, authorization: str | None) -> Principal:
+        if not self.enabled:
+            return OPERATOR
+        if not authorization:
+            raise AuthError(401, "unauthorized", "missing Authorization: Bearer <token>")
+        scheme, _, token = authorization.partition(" ")
+        token = token.strip()
+        if scheme.lower() != "bearer" or not token:
+            raise AuthError(
+                401, "unauthorized", "the Authorization header must be 'Bearer <token>'"
+            )
+        return self.principal_for(token)
+
+    def principal_for(self, token: str) -> Principal:
+        """The principal a bare token speaks for (also used for per-event tokens)."""
+        if self.operator_token and hmac.compare_digest(
+            token.encode(), self.operator_token.encode()
+        ):
+            return OPERATOR
+        if token.startswith(TOKEN_PREFIX + ".") and self.secret:
+            head, _, mac = token.rpartition(".")
+            group, _, rank_text = head[len(TOKEN_PREFIX) + 1 :].rpartition(".")
+            if group and rank_text.isdigit() and rank_text == str(int(rank_text)):
+                rank = int(rank_text)
+                if hmac.compare_digest(mac.encode(), agent_mac(self.secret, group, rank).encode()):
+                    return Principal("agent", group, rank)
+            raise AuthError(403, "forbidden", "the agent token is not valid for this server")
+        raise AuthError(
+            403, "forbidden", "the token is neither the operator token nor an agent token"
+        )
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_bind(host: str, auth: Authenticator, *, insecure: bool) -> None:
+    """Refuse to serve an open control plane beyond this machine.
+
+    Without a token or secret anyone who reaches the port could deactivate ranks, so a bind to
+    anything but a loopback address needs auth, or an explicit ``--insecure``.
+    """
+    if auth.enabled or insecure or is_loopback(host):
+        return
+    raise BindRefused(
+        f"refusing to bind {host!r} without auth: set FOLDPLANE_TOKEN and FOLDPLANE_SECRET, "
+        "bind 127.0.0.1, or pass --insecure"
+    )

@@ -1,0 +1,300 @@
+"""``python -m coordinator``: serve, replay, token, demo.
+
+- ``serve --db log.db [--host 127.0.0.1] [--port 8470]`` runs the coordinator: it opens the log
+  (a path, a ``sqlite:///`` or a ``postgresql://`` URL), restores the latest snapshot, replays
+  the tail, starts the rendezvous store and serves HTTP until SIGINT/SIGTERM.
+- ``replay log.db [--json] [--until OFFSET] [--group G]`` folds the log from scratch, prints the
+  view history and checks it against the stored projections. Exit status: 0 when they agree,
+  1 on any divergence, 2 when the log cannot be read.
+- ``token --group G --rank R`` prints the agent token for that rank (reads ``FOLDPLANE_SECRET``
+  or ``--secret``).
+- ``demo`` shows the whole loop on a local SQLite file with real gloo workers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as dt
+import json
+import logging
+import os
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+DEFAULT_PORT = 8470
+#: Logs at least this long get a progress bar on stderr even when it is not a terminal.
+LONG_LOG = 200_000
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    return args.run(args)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m coordinator", description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+
+    s = sub.add_parser("serve", help="run the coordinator service")
+    s.add_argument(
+        "--db", required=True, help="the log: a SQLite path, sqlite:/// or postgresql:// URL"
+    )
+    s.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
+    s.add_argument(
+        "--port", type=int, default=DEFAULT_PORT, help=f"HTTP port (default {DEFAULT_PORT})"
+    )
+    s.add_argument(
+        "--store-port",
+        type=int,
+        default=0,
+        help="port of the rendezvous TCPStore (0: any free port; -1: do not host a store)",
+    )
+    s.add_argument("--store-host", default=None, help="address to advertise for the store")
+    s.add_argument("--insecure", action="store_true", help="allow a non-loopback bind without auth")
+    s.add_argument(
+        "--max-body-bytes", type=int, default=1 << 20, help="request body limit (default 1 MiB)"
+    )
+    s.add_argument(
+        "--snapshot-every", type=int, default=5000, help="snapshot the fold every N records"
+    )
+    s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    s.set_defaults(run=_serve)
+
+    r = sub.add_parser("replay", help="fold a log from scratch and check the stored projections")
+    r.add_argument("db", help="the log: a SQLite path, sqlite:/// or postgresql:// URL")
+    r.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    r.add_argument("--until", type=int, default=None, metavar="OFFSET", help="stop at this offset")
+    r.add_argument("--group", default=None, help="only this group")
+    r.add_argument("--progress", choices=["auto", "always", "never"], default="auto")
+    r.set_defaults(run=_replay)
+
+    t = sub.add_parser("token", help="print the agent token for one (group, rank)")
+    t.add_argument("--group", required=True)
+    t.add_argument("--rank", type=int, required=True)
+    t.add_argument("--secret", default=None, help="the server secret (default: $FOLDPLANE_SECRET)")
+    t.set_defaults(run=_token)
+
+    d = sub.add_parser("demo", help="show the whole loop with real workers", add_help=False)
+    d.add_argument("rest", nargs=argparse.REMAINDER)
+    d.set_defaults(run=_demo)
+    return p
+
+
+# -- serve ---------------------------------------------------------------------------------------
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from coordinator.auth import Authenticator, BindRefused, check_bind
+
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    logging.getLogger("alembic").setLevel(logging.WARNING)
+    auth = Authenticator(
+        operator_token=os.environ.get("FOLDPLANE_TOKEN") or None,
+        secret=os.environ.get("FOLDPLANE_SECRET") or None,
+    )
+    try:
+        check_bind(args.host, auth, insecure=args.insecure)
+    except BindRefused as exc:
+        print(f"coordinator: {exc}", file=sys.stderr)
+        return 2
+    with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+        return runner.run(_serve_async(args, auth))
+
+
+def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    return uvloop.new_event_loop
+
+
+async def _serve_async(args: argparse.Namespace, auth: Any) -> int:
+    import uvicorn
+
+    from api.app import create_app
+    from coordinator.host import Host
+    from eventlog import LogError
+
+    try:
+        host = await Host.open(args.db, snapshot_every=args.snapshot_every)
+    except (LogError, OSError, ValueError) as exc:
+        print(f"coordinator: cannot open the log {args.db!r}: {exc}", file=sys.stderr)
+        return 2
+    store = None
+    try:
+        if args.store_port >= 0:
+            from coordinator.store_server import start_store
+
+            store, host.store_address = start_store(
+                args.host, args.store_port, advertise=args.store_host
+            )
+        app = create_app(host, auth, max_body_bytes=args.max_body_bytes)
+        config = uvicorn.Config(
+            app,
+            host=args.host,
+            port=args.port,
+            log_level=args.log_level,
+            access_log=False,
+            lifespan="off",
+            timeout_graceful_shutdown=3,
+        )
+        server = uvicorn.Server(config)
+        logging.getLogger("foldplane").info(
+            "serving %s on http://%s:%d (term %d, offset %d, store %s, auth %s)",
+            args.db,
+            args.host,
+            args.port,
+            host.log.term,
+            host.machine.offset,
+            host.store_address,
+            "on" if auth.enabled else "off",
+        )
+        await server.serve()
+        return 0 if server.started else 2
+    finally:
+        await host.close()
+        del store
+
+
+# -- replay --------------------------------------------------------------------------------------
+
+
+def _replay(args: argparse.Namespace) -> int:
+    from coordinator.replay import replay
+    from eventlog import LogError
+
+    bar = _ProgressBar(args.progress)
+    try:
+        report = asyncio.run(
+            replay(args.db, until=args.until, group=args.group, progress=bar.update)
+        )
+    except (LogError, OSError, ValueError) as exc:
+        bar.done()
+        print(f"replay: cannot read {args.db!r}: {exc}", file=sys.stderr)
+        return 2
+    bar.done()
+    if args.json:
+        json.dump(report.as_json(), sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        _print_table(report.views)
+        print(
+            f"\nfolded {report.folded} of {report.head} records; projections at offset "
+            f"{report.projected}; {len(report.views)} views"
+        )
+        for problem in report.divergences:
+            print(f"DIVERGENCE: {problem}")
+        print(
+            "OK: replay matches the stored projections"
+            if report.ok
+            else f"FAILED: {len(report.divergences)} divergence(s)"
+        )
+    return 0 if report.ok else 1
+
+
+class _ProgressBar:
+    """A one-line progress bar on stderr, shown on a terminal or for a long log."""
+
+    def __init__(self, mode: str) -> None:
+        self.mode = mode
+        self.shown = False
+
+    def update(self, position: int, total: int) -> None:
+        show = self.mode == "always" or (
+            self.mode == "auto" and (sys.stderr.isatty() or total >= LONG_LOG)
+        )
+        if not show or total <= 0:
+            return
+        self.shown = True
+        width = 30
+        filled = int(width * position / total)
+        sys.stderr.write(
+            f"\rreplay [{'#' * filled}{'.' * (width - filled)}] {100 * position / total:5.1f}% "
+            f"{position:,}/{total:,} records"
+        )
+        sys.stderr.flush()
+
+    def done(self) -> None:
+        if self.shown:
+            sys.stderr.write("\n")
+            sys.stderr.flush()
+
+
+def _print_table(views: list[dict[str, Any]]) -> None:
+    header = [
+        "group",
+        "version",
+        "active_ranks",
+        "healthy_set",
+        "cause",
+        "acked",
+        "dropped",
+        "offset",
+        "time (UTC)",
+    ]
+    rows = []
+    for v in views:
+        cause = v["cause"]
+        why = cause.get("kind", "?")
+        if cause.get("proposals"):
+            why += " " + ",".join(str(p) for p in cause["proposals"])
+        rows.append(
+            [
+                v["group"],
+                str(v["version"]),
+                _ranks(v["active_ranks"]),
+                _ranks(v["healthy_set"]),
+                why,
+                _ranks(v["acked_ranks"]),
+                _ranks(v["dropped_ranks"]),
+                str(v["offset"]),
+                dt.datetime.fromtimestamp(v["ts"] / 1e9, dt.UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[
+                    :-3
+                ],
+            ]
+        )
+    widths = [max([len(h), *(len(r[i]) for r in rows)]) for i, h in enumerate(header)]
+    print("  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)))
+    print("  ".join("-" * w for w in widths))
+    for r in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)))
+
+
+def _ranks(ranks: list[int]) -> str:
+    return "[" + ",".join(str(r) for r in ranks) + "]"
+
+
+# -- token, demo ---------------------------------------------------------------------------------
+
+
+def _token(args: argparse.Namespace) -> int:
+    from coordinator.auth import agent_token
+
+    secret = args.secret or os.environ.get("FOLDPLANE_SECRET")
+    if not secret:
+        print("token: set FOLDPLANE_SECRET or pass --secret", file=sys.stderr)
+        return 2
+    try:
+        print(agent_token(secret, args.group, args.rank))
+    except ValueError as exc:
+        print(f"token: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _demo(args: argparse.Namespace) -> int:
+    try:
+        from coordinator.demo import main as demo_main
+    except ImportError as exc:
+        print(f"demo: not available ({exc})", file=sys.stderr)
+        return 2
+    return int(demo_main(args.rest) or 0)

@@ -1,0 +1,678 @@
+"""The execution host: the one place where the pure fold meets the log, the clock and the network.
+
+It reads like etcd-raft's application loop. One asyncio task owns the :class:`Coordinator`:
+
+1. take what is queued (one batch; see :meth:`Host._next_batch` for what may share a batch);
+2. pre-check each input against the fold (``check``): a refused input is answered at once and
+   never appended, so fenced reports cost no log space and no fsync;
+3. append the accepted inputs in one batch (a group commit, durable when ``append`` returns);
+4. step the fold over those records in offset order;
+5. carry out the effects: projection rows (written with the consumer offset, before anything
+   that depends on them is answered), agent update journals and long-polls, waiting proposals;
+6. snapshot now and then, so a restart replays only a short tail.
+
+Time enters the fold only as record timestamps: the host stamps each batch with the writer's
+clock, and a ticker appends a ``tick`` once ``next_deadline()`` has passed. Responses are served
+from the fold's in-memory state; the log, not this object, is the source of truth, and a restart
+rebuilds everything here from the latest snapshot plus the tail.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import defaultdict, deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+
+from coordinator.effects import (
+    Effect,
+    GroupCreated,
+    GroupFailed,
+    Proposal,
+    ProposalResolved,
+    RankState,
+    Refused,
+    ShutdownWithSave,
+    ViewCommitted,
+    ViewPrepare,
+)
+from coordinator.host_metrics import HostMetrics
+from coordinator.journal import Update, UpdateJournals
+from coordinator.machine import Coordinator
+from coordinator.projections import (
+    committed_update,
+    prepare_update,
+    rank_state_update,
+    rows_for,
+    shutdown_update,
+)
+from eventlog import (
+    InvalidRecord,
+    Log,
+    LogError,
+    NewRecord,
+    ProjectionRow,
+    Record,
+    StaleTermError,
+    open_log,
+)
+from eventlog.record import checksum, decode_payload, validate
+
+log = logging.getLogger("foldplane.host")
+
+#: The name under which the host keeps its snapshot and its projection consumer offset.
+CONSUMER = "coordinator"
+SNAPSHOT_FORMAT = 1
+TERMINAL = frozenset({"applied", "applied_with_dropped_ranks", "rejected"})
+
+
+# -- what an input gets back ------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Appended:
+    """The input is durable at ``offset`` and the fold accepted it."""
+
+    offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """The input was refused with an error ``code`` (see docs/protocol.md).
+
+    ``offset`` is None when it was refused before the append (the usual case); it is set when the
+    fold fenced it while stepping (another input of the same batch made it stale).
+    """
+
+    code: str
+    detail: str
+    offset: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Existing:
+    """Nothing was appended: an earlier record already answers it (the id of that record)."""
+
+    id: int
+
+
+Outcome = Appended | Refusal | Existing
+Precheck = Callable[[Coordinator], Outcome | None]
+
+
+class HostUnavailable(Exception):
+    """The host cannot take inputs: it is closed, deposed (``not_leader``) or its log failed."""
+
+    def __init__(self, code: str, detail: str) -> None:
+        super().__init__(detail)
+        self.code = code
+        self.detail = detail
+
+
+@dataclass(frozen=True, slots=True)
+class UpdatesAnswer:
+    updates: list[Update]
+    next_after: int
+    resync: bool
+
+
+@dataclass(slots=True)
+class _Input:
+    record: NewRecord
+    payload_bytes: bytes
+    future: asyncio.Future[Outcome]
+    key: tuple[Any, ...] | None
+    precheck: Precheck | None
+    arrived: float
+
+
+@dataclass
+class _Aux:
+    """Host-side state derived from effects, kept in the snapshot so that a resync after a
+    restart can still name the change in flight, each rank's state and a shutdown directive."""
+
+    in_flight: dict[str, Update] = field(default_factory=dict)
+    rank_states: dict[str, dict[str, Update]] = field(default_factory=dict)
+    shutdown: dict[str, Update] = field(default_factory=dict)
+    world_sizes: dict[str, int] = field(default_factory=dict)
+
+
+class Host:
+    """Runs the fold over the log and carries out its effects; see the module docstring."""
+
+    def __init__(
+        self,
+        log_: Log,
+        machine: Coordinator,
+        aux: _Aux,
+        *,
+        projected: int,
+        snapshot_every: int = 5000,
+        snapshot_interval_s: float = 30.0,
+        max_batch: int = 4096,
+    ) -> None:
+        self.log = log_
+        self.machine = machine
+        self.metrics = HostMetrics()
+        self.journals = UpdateJournals(floor=machine.offset)
+        self.store_address: dict[str, Any] | None = None
+        self._aux = aux
+        for group, size in aux.world_sizes.items():
+            self.journals.set_world_size(group, size)
+        self._projected = projected
+        self._applied = machine.offset
+        self._unwritten: dict[tuple[str, str, int], ProjectionRow] = {}
+        self._snapshot_every = snapshot_every
+        self._snapshot_interval_s = snapshot_interval_s
+        self._snapshot_offset = machine.offset
+        self._snapshot_time = time.monotonic()
+        self._max_batch = max_batch
+        self._queue: deque[_Input] = deque()
+        self._has_input = asyncio.Event()
+        self._changed = asyncio.Event()
+        self._proposal_waiters: dict[int, list[asyncio.Future[Proposal]]] = defaultdict(list)
+        self._last_ts = 0
+        self._unavailable: HostUnavailable | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    @classmethod
+    async def open(cls, target: str, **options: Any) -> Host:
+        """Open the log, claim its term, restore the snapshot, replay the tail and start."""
+        log_ = await open_log(target)
+        try:
+            await log_.claim_term()
+            host = await cls.restore(log_, **options)
+        except BaseException:
+            await log_.close()
+            raise
+        host.start()
+        return host
+
+    @classmethod
+    async def restore(cls, log_: Log, **options: Any) -> Host:
+        """Build a host from the latest snapshot (if it can be read) plus the log's tail."""
+        machine, aux = Coordinator(), _Aux()
+        snap = await log_.load_snapshot(CONSUMER)
+        if snap is not None:
+            offset, data = snap
+            try:
+                machine, aux = _decode_snapshot(data)
+            except Exception as exc:  # an older format, or a damaged blob: replay in full
+                log.warning(
+                    "snapshot at offset %d unusable (%s); replaying the whole log", offset, exc
+                )
+                machine, aux = Coordinator(), _Aux()
+        projected = await log_.get_consumer_offset(CONSUMER)
+        host = cls(log_, machine, aux, projected=projected, **options)
+        await host._catch_up()
+        log.info(
+            "restored at offset %d (snapshot at %d, projections at %d, term %d)",
+            host.machine.offset,
+            host._snapshot_offset,
+            projected,
+            log_.term,
+        )
+        return host
+
+    def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._tasks = [loop.create_task(self._run()), loop.create_task(self._ticker())]
+
+    async def close(self) -> None:
+        """Stop taking inputs, answer the queued ones with ``closed``, snapshot, close the log."""
+        if self._unavailable is None:
+            self._unavailable = HostUnavailable("closed", "the coordinator is shutting down")
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._fail_queued(self._unavailable)
+        self.journals.wake_all()
+        with contextlib.suppress(Exception):
+            if self._unavailable.code == "closed" and not self._unwritten:
+                await self._snapshot()
+        await self.log.close()
+
+    # -- inputs ----------------------------------------------------------------------------------
+
+    @property
+    def applied_offset(self) -> int:
+        """The offset up to which every effect has been carried out."""
+        return self._applied
+
+    @property
+    def queue_depth(self) -> int:
+        return len(self._queue)
+
+    def available(self) -> HostUnavailable | None:
+        """None while the host takes inputs; otherwise why it does not."""
+        return self._unavailable
+
+    async def submit(
+        self,
+        record: NewRecord,
+        *,
+        key: tuple[Any, ...] | None = None,
+        precheck: Precheck | None = None,
+    ) -> Outcome:
+        """Append one input through the loop and return what became of it."""
+        return await self._enqueue(record, key, precheck)
+
+    async def submit_many(self, records: Sequence[NewRecord]) -> list[Outcome]:
+        """Several inputs at once (an agent host's batch); one outcome per input, in order."""
+        futures = [self._enqueue(r, None, None) for r in records]
+        return list(await asyncio.gather(*futures))
+
+    def _enqueue(
+        self, record: NewRecord, key: tuple[Any, ...] | None, precheck: Precheck | None
+    ) -> asyncio.Future[Outcome]:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Outcome] = loop.create_future()
+        if self._unavailable is not None:
+            raise self._unavailable
+        try:
+            payload_bytes = validate(record)
+        except InvalidRecord as exc:
+            future.set_result(Refusal("invalid_event", str(exc)))
+            return future
+        # What the fold sees must be exactly what a reader of the log decodes.
+        normalized = msgspec.structs.replace(record, payload=decode_payload(payload_bytes))
+        if key is None and record.rank is not None:
+            key = ("rank", record.group, record.rank)
+        self._queue.append(_Input(normalized, payload_bytes, future, key, precheck, loop.time()))
+        self._has_input.set()
+        return future
+
+    async def wait_proposal(self, proposal_id: int, timeout: float) -> Proposal | None:
+        """The proposal once terminal, or as it stands when ``timeout`` seconds have passed."""
+        proposal = self.machine.proposal(proposal_id)
+        if proposal is None or proposal.status in TERMINAL or timeout <= 0:
+            return proposal
+        future: asyncio.Future[Proposal] = asyncio.get_running_loop().create_future()
+        waiters = self._proposal_waiters[proposal_id]
+        waiters.append(future)
+        try:
+            async with asyncio.timeout(timeout):
+                return await future
+        except TimeoutError:
+            return self.machine.proposal(proposal_id)
+        finally:
+            if future in waiters:
+                waiters.remove(future)
+            if not waiters:
+                self._proposal_waiters.pop(proposal_id, None)
+
+    async def updates(self, group: str, rank: int, after: int, timeout: float) -> UpdatesAnswer:
+        """What concerns ``(group, rank)`` after ``after``: at once if there is any, else at the
+        first publish for the group, else empty at ``timeout``."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            waiter = self.journals.waiter(group)
+            got = self.journals.since(group, rank, after)
+            if got is None:
+                return self._resync(group, rank)
+            if got:
+                next_after = got[-1]["offset"]
+                self.journals.mark_delivered(group, rank, next_after)
+                return UpdatesAnswer(got, next_after, False)
+            remaining = deadline - loop.time()
+            if remaining <= 0 or self._unavailable is not None:
+                return UpdatesAnswer([], max(after, self._applied), False)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(remaining):
+                    await waiter.wait()
+
+    def _resync(self, group: str, rank: int) -> UpdatesAnswer:
+        """The current state instead of the updates the journal no longer holds."""
+        self.metrics.resyncs += 1
+        updates: list[Update] = []
+        view = self.machine.current_view(group)
+        if view is not None:
+            updates.append(committed_update(view, view.offset))
+        prepare = self._aux.in_flight.get(group)
+        if prepare is not None and (view is None or prepare["version"] > view.version):
+            updates.append(prepare)
+        state = self._aux.rank_states.get(group, {}).get(str(rank))
+        if state is not None:
+            updates.append(state)
+        shutdown = self._aux.shutdown.get(group)
+        if shutdown is not None:
+            updates.append(shutdown)
+        updates.sort(key=lambda u: u["offset"])
+        self.journals.mark_delivered(group, rank, self._applied)
+        return UpdatesAnswer(updates, self._applied, True)
+
+    # -- the loop --------------------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        while True:
+            await self._has_input.wait()
+            batch = self._next_batch()
+            if not self._queue:
+                self._has_input.clear()
+            if batch:
+                await self._process(batch)
+
+    def _next_batch(self) -> list[_Input]:
+        """Take queued inputs for one append, in arrival order.
+
+        The fold pre-checks a whole batch against the state *before* it, so two inputs that
+        could change each other's verdict must not share a batch: a second input for the same
+        ``(group, rank)`` (a join then a heartbeat from the old incarnation), a second proposal
+        with the same idempotency key, or anything for a group created in this batch. Such an
+        input starts the next batch instead.
+        """
+        batch: list[_Input] = []
+        keys: set[tuple[Any, ...]] = set()
+        created: set[str | None] = set()
+        while self._queue and len(batch) < self._max_batch:
+            item = self._queue[0]
+            if item.record.group in created or (item.key is not None and item.key in keys):
+                break
+            self._queue.popleft()
+            if item.future.done():  # the caller went away before its turn
+                continue
+            if item.key is not None:
+                keys.add(item.key)
+            if item.record.kind == "group_created":
+                created.add(item.record.group)
+            batch.append(item)
+        return batch
+
+    def _precheck(self, item: _Input) -> Outcome | None:
+        if item.precheck is not None and (outcome := item.precheck(self.machine)) is not None:
+            return outcome
+        rec = item.record
+        if rec.kind == "tick":
+            return None
+        refused = self.machine.check(rec.kind, rec.group, rec.rank, rec.payload)
+        if refused is None:
+            return None
+        self.metrics.fenced[refused.code] += 1
+        return Refusal(refused.code, refused.message)
+
+    async def _process(self, batch: list[_Input]) -> None:
+        accepted: list[_Input] = []
+        for item in batch:
+            outcome = self._precheck(item)
+            if outcome is None:
+                accepted.append(item)
+            else:
+                item.future.set_result(outcome)
+        if not accepted:
+            return
+        ts = self._next_ts()
+        try:
+            offsets = await self.log.append(
+                [msgspec.structs.replace(i.record, ts=ts) for i in accepted]
+            )
+        except StaleTermError as exc:
+            self._stop(HostUnavailable("not_leader", str(exc)), accepted)
+            return
+        except LogError as exc:
+            log.error("append of %d records failed: %s", len(accepted), exc)
+            for item in accepted:
+                item.future.set_exception(HostUnavailable("log_unavailable", str(exc)))
+            await self._recover()
+            return
+        expected = list(range(self.machine.offset + 1, self.machine.offset + 1 + len(accepted)))
+        if offsets == expected:
+            term = self.log.term
+            records = [
+                _record(off, ts, term, i.record, i.payload_bytes)
+                for off, i in zip(offsets, accepted, strict=True)
+            ]
+        else:  # somebody else appended too: fold exactly what the log holds
+            records = await self._read_through(offsets[-1])
+        try:
+            refused = await self._apply(records)
+        except Exception:
+            for item in accepted:
+                if not item.future.done():
+                    item.future.set_exception(
+                        self._unavailable or HostUnavailable("fold_failed", "the fold failed")
+                    )
+            return
+        now = asyncio.get_running_loop().time()
+        for item, offset in zip(accepted, offsets, strict=True):
+            self.metrics.appends[item.record.kind] += 1
+            self.metrics.fold_latency.observe(now - item.arrived)
+            if item.future.done():
+                continue
+            fenced = refused.get(offset)
+            if fenced is None:
+                item.future.set_result(Appended(offset))
+            else:
+                item.future.set_result(Refusal(fenced.code, fenced.message, offset))
+        self.metrics.append_batches += 1
+        await self._maybe_snapshot()
+
+    async def _apply(self, records: Sequence[Record]) -> dict[int, Refused]:
+        """Step the fold over durable records and carry out their effects.
+
+        Order matters: projection rows are written before long-polls wake and proposals are
+        answered, so whoever hears of a view can also read it in ``/views/history``.
+        """
+        refused: dict[int, Refused] = {}
+        resolved: list[Proposal] = []
+        rows = self._unwritten
+        for rec in records:
+            try:
+                effects = self.machine.step(rec)
+            except Exception as exc:  # a bug in the fold: stop before the state diverges further
+                log.exception("the fold failed at offset %d", rec.offset)
+                self._stop(
+                    HostUnavailable(
+                        "fold_failed", f"the fold failed at offset {rec.offset}: {exc}"
+                    ),
+                    [],
+                )
+                raise
+            for effect in effects:
+                self._carry_out(effect, rows, refused, resolved)
+        last = records[-1].offset if records else self._applied
+        if rows:
+            try:
+                await self.log.write_projections(
+                    list(rows.values()), consumer=CONSUMER, offset=last
+                )
+                self._projected = last
+                rows.clear()
+            except LogError as exc:  # kept in _unwritten and retried with the next batch
+                log.error("writing %d projection rows failed: %s", len(rows), exc)
+        self._applied = last
+        self.journals.wake()
+        for proposal in resolved:
+            for future in self._proposal_waiters.pop(proposal.id, []):
+                if not future.done():
+                    future.set_result(proposal)
+        self._changed.set()
+        return refused
+
+    def _carry_out(
+        self,
+        effect: Effect,
+        rows: dict[tuple[str, str, int], ProjectionRow],
+        refused: dict[int, Refused],
+        resolved: list[Proposal],
+    ) -> None:
+        if effect.offset > self._projected:
+            for row in rows_for(effect):
+                rows[(row.kind, row.group, row.seq)] = row
+        aux = self._aux
+        if isinstance(effect, ViewPrepare):
+            update = prepare_update(effect)
+            aux.in_flight[effect.group] = update
+            self.journals.publish_group(effect.group, update)
+        elif isinstance(effect, ViewCommitted):
+            view = effect.view
+            prepare = aux.in_flight.get(view.group)
+            if prepare is not None and prepare["version"] <= view.version:
+                del aux.in_flight[view.group]
+            self.metrics.view_changes[view.group] += 1
+            self.journals.publish_group(view.group, committed_update(view, effect.offset))
+        elif isinstance(effect, RankState):
+            update = rank_state_update(effect)
+            aux.rank_states.setdefault(effect.group, {})[str(effect.rank)] = update
+            self.journals.publish_rank(effect.group, effect.rank, update)
+        elif isinstance(effect, ShutdownWithSave):
+            update = shutdown_update(effect)
+            aux.shutdown[effect.group] = update
+            self.journals.publish_group(effect.group, update)
+        elif isinstance(effect, ProposalResolved):
+            self.metrics.proposals[effect.proposal.status] += 1
+            resolved.append(effect.proposal)
+        elif isinstance(effect, Refused):
+            self.metrics.fenced[effect.code] += 1
+            refused[effect.offset] = effect
+        elif isinstance(effect, GroupCreated):
+            size = int(effect.config.world_size)
+            aux.world_sizes[effect.group] = size
+            self.journals.set_world_size(effect.group, size)
+        elif isinstance(effect, GroupFailed):
+            aux.in_flight.pop(effect.group, None)
+
+    def _next_ts(self) -> int:
+        """The writer clock for a batch, never behind the last record (a clock step back would
+        otherwise move the fold's time backwards)."""
+        self._last_ts = max(time.time_ns(), self._last_ts)
+        return self._last_ts
+
+    async def _read_through(self, until: int) -> list[Record]:
+        out: list[Record] = []
+        while self.machine.offset + len(out) < until:
+            after = out[-1].offset if out else self.machine.offset
+            page = await self.log.read(after=after, limit=1000, until=until)
+            if not page:
+                break
+            out.extend(page)
+        return out
+
+    async def _catch_up(self) -> None:
+        """Fold every record the log holds beyond the fold's offset (start, or after an error)."""
+        while True:
+            page = await self.log.read(after=self.machine.offset, limit=1000)
+            if not page:
+                break
+            self._last_ts = max(self._last_ts, page[-1].ts)
+            await self._apply(page)
+        self._applied = self.machine.offset
+
+    async def _recover(self) -> None:
+        """After a failed append the batch may or may not be durable: read back what is."""
+        try:
+            await self._catch_up()
+        except LogError as exc:
+            log.error("cannot read the log back after a failed append: %s", exc)
+
+    def _stop(self, why: HostUnavailable, inflight: list[_Input]) -> None:
+        log.error("the host stops taking inputs: %s", why.detail)
+        self._unavailable = why
+        for item in inflight:
+            if not item.future.done():
+                item.future.set_exception(why)
+        self._fail_queued(why)
+
+    def _fail_queued(self, why: HostUnavailable) -> None:
+        while self._queue:
+            item = self._queue.popleft()
+            if not item.future.done():
+                item.future.set_exception(why)
+        self.journals.wake_all()
+
+    # -- time ------------------------------------------------------------------------------------
+
+    async def _ticker(self) -> None:
+        """Append a ``tick`` once the fold's next deadline has passed (the fold has no clock)."""
+        last_tick_deadline: int | None = None
+        while True:
+            self._changed.clear()
+            deadline = self.machine.next_deadline()
+            now = time.time_ns()
+            if deadline is not None and now > deadline:
+                if deadline == last_tick_deadline:
+                    # The tick did not move the deadline; do not spin, wait for the next change.
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(0.1):
+                            await self._changed.wait()
+                    last_tick_deadline = None
+                    continue
+                last_tick_deadline = deadline
+                try:
+                    await self.submit(NewRecord(kind="tick", group=None, payload={}))
+                except HostUnavailable:
+                    return
+                continue
+            timeout = None if deadline is None else (deadline - now) / 1e9 + 0.0005
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(timeout):
+                    await self._changed.wait()
+
+    # -- snapshots -------------------------------------------------------------------------------
+
+    async def _maybe_snapshot(self) -> None:
+        due = self.machine.offset - self._snapshot_offset >= self._snapshot_every or (
+            self.machine.offset > self._snapshot_offset
+            and time.monotonic() - self._snapshot_time >= self._snapshot_interval_s
+        )
+        if due and not self._unwritten:
+            try:
+                await self._snapshot()
+            except LogError as exc:
+                log.error("snapshot at offset %d failed: %s", self.machine.offset, exc)
+
+    async def _snapshot(self) -> None:
+        """Save the fold and the host's derived state at the fold's offset.
+
+        Taken only when every projection row up to that offset is written, so a restart from it
+        never misses a row.
+        """
+        offset = self.machine.offset
+        if offset == self._snapshot_offset:
+            return
+        data = _encode_snapshot(self.machine, self._aux)
+        await self.log.save_snapshot(CONSUMER, offset, data)
+        self._snapshot_offset = offset
+        self._snapshot_time = time.monotonic()
+        self.metrics.snapshots += 1
+
+
+def _record(offset: int, ts: int, term: int, rec: NewRecord, payload_bytes: bytes) -> Record:
+    """The record the log now holds, built locally instead of read back (same checksum)."""
+    return Record(
+        offset=offset,
+        ts=ts,
+        term=term,
+        kind=rec.kind,
+        group=rec.group,
+        rank=rec.rank,
+        payload=rec.payload,
+        checksum=checksum(offset, ts, term, rec.kind, rec.group, rec.rank, payload_bytes),
+    )
+
+
+def _encode_snapshot(machine: Coordinator, aux: _Aux) -> bytes:
+    return msgspec.json.encode(
+        {
+            "format": SNAPSHOT_FORMAT,
+            "fold": machine.snapshot(),
+            "host": msgspec.to_builtins(aux),
+        }
+    )
+
+
+def _decode_snapshot(data: bytes) -> tuple[Coordinator, _Aux]:
+    doc = msgspec.json.decode(data)
+    if doc.get("format") != SNAPSHOT_FORMAT:
+        raise ValueError(f"snapshot format {doc.get('format')!r}, expected {SNAPSHOT_FORMAT}")
+    return Coordinator.from_snapshot(doc["fold"]), msgspec.convert(doc["host"], _Aux)

@@ -1,0 +1,141 @@
+"""The in-memory journals behind ``GET /agents/updates``: what concerns each rank, by offset.
+
+Rules:
+
+- ``view_prepare``, ``view_committed`` and ``shutdown_with_save`` concern every rank of a group
+  (a rank must know the view even when it is not a member), so they go to the group's journal;
+  ``rank_state`` goes to the journal of the rank it is about. A rank reads the merge of both.
+- Every update carries the offset of the record whose fold produced it. Several updates may share
+  an offset; a reader always gets all of them together, because it gets everything ``> after``.
+- Journals are bounded. The *floor* of a journal is the highest offset it may have forgotten:
+  entries above the floor are complete. A reader whose ``after`` is below the floor cannot be
+  answered from the journal and must resync from the current state (:meth:`since` says so by
+  returning None). After a restart the floor starts at the snapshot's offset, since the updates
+  folded before it were never replayed into memory.
+- A dropped entry that its rank had not yet read is counted as *undelivered*: the broadcast is
+  best effort, and the metric says how much of it was lost (the rank then resyncs).
+
+This module is plain data plus an asyncio wake-up per group; the host owns it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from typing import Any
+
+Update = dict[str, Any]
+
+
+class _Journal:
+    __slots__ = ("entries", "floor")
+
+    def __init__(self, floor: int) -> None:
+        self.entries: deque[Update] = deque()
+        self.floor = floor
+
+    def since(self, after: int) -> list[Update]:
+        out: list[Update] = []
+        for entry in reversed(self.entries):
+            if entry["offset"] <= after:
+                break
+            out.append(entry)
+        out.reverse()
+        return out
+
+
+class UpdateJournals:
+    """Bounded per-group and per-(group, rank) update journals with long-poll wake-ups."""
+
+    def __init__(self, *, floor: int = 0, group_limit: int = 2048, rank_limit: int = 256) -> None:
+        self._start_floor = floor
+        self._group_limit = group_limit
+        self._rank_limit = rank_limit
+        self._groups: dict[str, _Journal] = {}
+        self._ranks: dict[tuple[str, int], _Journal] = {}
+        self._world: dict[str, int] = {}
+        self._delivered: dict[tuple[str, int], int] = {}
+        self._events: dict[str, asyncio.Event] = {}
+        self._dirty: set[str] = set()
+        self.undelivered = 0
+
+    def set_world_size(self, group: str, world_size: int) -> None:
+        self._world[group] = world_size
+
+    # -- writing (the host loop) ---------------------------------------------------------------
+
+    def publish_group(self, group: str, update: Update) -> None:
+        journal = self._groups.get(group)
+        if journal is None:
+            journal = self._groups[group] = _Journal(self._start_floor)
+        journal.entries.append(update)
+        while len(journal.entries) > self._group_limit:
+            dropped = journal.entries.popleft()
+            journal.floor = dropped["offset"]
+            self.undelivered += sum(
+                1
+                for rank in range(self._world.get(group, 0))
+                if self._delivered.get((group, rank), -1) < dropped["offset"]
+            )
+        self._dirty.add(group)
+
+    def publish_rank(self, group: str, rank: int, update: Update) -> None:
+        key = (group, rank)
+        journal = self._ranks.get(key)
+        if journal is None:
+            journal = self._ranks[key] = _Journal(self._start_floor)
+        journal.entries.append(update)
+        while len(journal.entries) > self._rank_limit:
+            dropped = journal.entries.popleft()
+            journal.floor = dropped["offset"]
+            if self._delivered.get(key, -1) < dropped["offset"]:
+                self.undelivered += 1
+        self._dirty.add(group)
+
+    def wake(self) -> None:
+        """Wake the long-polls of every group that got updates since the last wake."""
+        for group in self._dirty:
+            event = self._events.pop(group, None)
+            if event is not None:
+                event.set()
+        self._dirty.clear()
+
+    def wake_all(self) -> None:
+        for event in self._events.values():
+            event.set()
+        self._events.clear()
+
+    # -- reading (request handlers) ------------------------------------------------------------
+
+    def floor(self, group: str, rank: int) -> int:
+        floors = [self._start_floor]
+        if (journal := self._groups.get(group)) is not None:
+            floors.append(journal.floor)
+        if (journal := self._ranks.get((group, rank))) is not None:
+            floors.append(journal.floor)
+        return max(floors)
+
+    def since(self, group: str, rank: int, after: int) -> list[Update] | None:
+        """Updates for ``(group, rank)`` with offset > ``after`` in offset order, or None when
+        some of them may have been forgotten (the caller must resync)."""
+        if after < self.floor(group, rank):
+            return None
+        merged: list[Update] = []
+        if (journal := self._groups.get(group)) is not None:
+            merged.extend(journal.since(after))
+        if (journal := self._ranks.get((group, rank))) is not None:
+            merged.extend(journal.since(after))
+        merged.sort(key=lambda u: u["offset"])
+        return merged
+
+    def mark_delivered(self, group: str, rank: int, offset: int) -> None:
+        key = (group, rank)
+        if offset > self._delivered.get(key, -1):
+            self._delivered[key] = offset
+
+    def waiter(self, group: str) -> asyncio.Event:
+        """The event the next publish to ``group`` sets; take it *before* checking for updates."""
+        event = self._events.get(group)
+        if event is None:
+            event = self._events[group] = asyncio.Event()
+        return event

@@ -1,0 +1,238 @@
+"""The SPEC's scenarios, end to end: a real server on a SQLite file, simulated agents over HTTP.
+
+Each test uses its own group on one server per module. Waiting is on long-poll answers (the
+simulated agents wake the test), never on a fixed sleep.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+
+from tests.service.conftest import FAST, Server
+from tests.service.sim import SimGroup
+
+
+@pytest.fixture
+async def client(shared_server: Server) -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(base_url=shared_server.url, timeout=30) as c:
+        yield c
+
+
+async def create_group(client: httpx.AsyncClient, world_size: int, **config) -> str:
+    group = f"g-{uuid.uuid4().hex[:10]}"
+    r = await client.post("/groups", json={"group": group, "world_size": world_size, **FAST, **config})
+    assert r.status_code == 201, r.text
+    return group
+
+
+async def formed(client: httpx.AsyncClient, world_size: int, **config) -> SimGroup:
+    sim = SimGroup(client, await create_group(client, world_size, **config), world_size)
+    await sim.start()
+    await sim.wait_version(1)
+    return sim
+
+
+async def propose(client: httpx.AsyncClient, group: str, op: str, ranks: list[int], **kw):
+    return await client.post(
+        "/proposals", params={"wait": 15}, json={"group": group, "op": op, "ranks": ranks, **kw}
+    )
+
+
+async def test_formation_commits_view_1_once_every_rank_is_healthy(client):
+    sim = await formed(client, 4)
+    try:
+        view = (await client.get("/views/current", params={"group": sim.group})).json()
+        assert view["version"] == 1
+        assert view["active_ranks"] == [0, 1, 2, 3]
+        assert view["healthy_set"] == [0, 1, 2, 3]
+        assert view["cause"]["kind"] == "formation"
+        assert sorted(view["acked_ranks"]) == [0, 1, 2, 3]
+        assert sim.committed[1]["active_ranks"] == [0, 1, 2, 3]
+        status = (await client.get(f"/groups/{sim.group}")).json()
+        assert status["config"]["world_size"] == 4
+        again = await client.post("/groups", json={"group": sim.group, "world_size": 4, **FAST})
+        assert again.status_code == 200, again.text
+        conflict = await client.post("/groups", json={"group": sim.group, "world_size": 5, **FAST})
+        assert conflict.status_code == 409
+        assert conflict.json()["error"] == "group_conflict"
+    finally:
+        await sim.stop()
+
+
+async def test_deactivate_goes_through_the_barrier_and_is_applied(client):
+    sim = await formed(client, 4)
+    try:
+        r = await propose(client, sim.group, "deactivate", [3], proposer="scheduler")
+        assert r.status_code == 200, r.text
+        proposal = r.json()
+        assert proposal["status"] == "applied"
+        assert proposal["version"] == 2
+        view = await sim.wait_version(2)
+        assert view["active_ranks"] == [0, 1, 2]
+        history = (await client.get("/views/history", params={"group": sim.group})).json()
+        v2 = history["views"][-1]
+        assert v2["version"] == 2
+        assert v2["cause"]["kind"] == "proposal"
+        assert v2["cause"]["proposals"] == [proposal["id"]]
+        assert sorted(v2["acked_ranks"]) == [0, 1, 2, 3]  # the leaving rank is a participant too
+        again = (await client.get(f"/proposals/{proposal['id']}")).json()
+        assert again == proposal
+    finally:
+        await sim.stop()
+
+
+async def test_activating_an_unhealthy_rank_is_rejected_with_its_state(client):
+    sim = await formed(client, 4)
+    try:
+        assert (await propose(client, sim.group, "deactivate", [3])).json()["status"] == "applied"
+        sim.beating.discard(3)
+        sim.acking.discard(3)
+        await sim.wait_until(lambda: sim.states.get(3) == "OFFLINE")
+        r = await propose(client, sim.group, "activate", [3])
+        assert r.status_code == 200, r.text
+        rejected = r.json()
+        assert rejected["status"] == "rejected"
+        assert "3" in rejected["reason"] and "OFFLINE" in rejected["reason"]
+        view = (await client.get("/views/current", params={"group": sim.group})).json()
+        assert view["version"] == 2 and view["active_ranks"] == [0, 1, 2]
+        # well-formed but invalid proposals are in the log, for audits
+        events = (await client.get("/events", params={"group": sim.group, "kind": "proposal"})).json()
+        assert rejected["id"] in [e["offset"] for e in events["events"]]
+    finally:
+        await sim.stop()
+
+
+async def test_eight_identical_proposals_make_one_view_change(client):
+    sim = await formed(client, 8)
+    try:
+        assert (await propose(client, sim.group, "deactivate", [7])).json()["version"] == 2
+        answers = await asyncio.gather(
+            *(propose(client, sim.group, "activate", [7], proposer=f"rank:{r}") for r in range(8))
+        )
+        outcomes = [a.json() for a in answers]
+        assert [o["status"] for o in outcomes] == ["applied"] * 8
+        assert {o["version"] for o in outcomes} == {3}
+        assert len({o["id"] for o in outcomes}) == 8  # eight proposals, one change
+        history = (await client.get("/views/history", params={"group": sim.group})).json()
+        assert [v["version"] for v in history["views"]] == [1, 2, 3]
+        assert history["views"][-1]["active_ranks"] == list(range(8))
+    finally:
+        await sim.stop()
+
+
+async def test_idempotency_key_returns_the_same_proposal_or_a_conflict(client):
+    sim = await formed(client, 3)
+    try:
+        body = {"idempotency_key": "k-1", "proposer": "scheduler"}
+        first = (await propose(client, sim.group, "deactivate", [2], **body)).json()
+        second = await propose(client, sim.group, "deactivate", [2], **body)
+        assert second.status_code == 200 and second.json() == first
+        conflict = await propose(client, sim.group, "deactivate", [1], **body)
+        assert conflict.status_code == 409
+        assert conflict.json()["error"] == "idempotency_conflict"
+        assert str(first["id"]) in conflict.json()["detail"]
+    finally:
+        await sim.stop()
+
+
+async def test_ack_timeout_drops_the_silent_rank(client):
+    sim = await formed(client, 4)
+    try:
+        sim.acking.discard(3)
+        r = await propose(client, sim.group, "deactivate", [2])
+        assert r.status_code == 200, r.text
+        outcome = r.json()
+        assert outcome["status"] == "applied_with_dropped_ranks"
+        assert outcome["dropped_ranks"] == [3]
+        view = await sim.wait_version(2)
+        assert 2 not in view["active_ranks"] and 3 not in view["active_ranks"]
+        assert view["rank_states"]["3"] == "OFFLINE"
+        history = (await client.get("/views/history", params={"group": sim.group})).json()
+        assert history["views"][-1]["dropped_ranks"] == [3]
+    finally:
+        await sim.stop()
+
+
+async def test_heartbeat_timeout_auto_deactivates_the_rank(client):
+    sim = await formed(client, 4)
+    try:
+        sim.beating.discard(1)
+        view = await sim.wait_version(2)
+        assert view["active_ranks"] == [0, 2, 3]
+        assert view["rank_states"]["1"] == "OFFLINE"
+        current = (await client.get("/views/current", params={"group": sim.group})).json()
+        assert current["cause"]["kind"] == "auto_deactivation"
+        metrics = (await client.get("/metrics")).text
+        assert f'foldplane_view_changes_total{{group="{sim.group}"}} 2' in metrics
+    finally:
+        await sim.stop()
+
+
+async def test_a_stale_incarnation_is_fenced_and_not_logged(client):
+    sim = await formed(client, 2)
+    try:
+        head = (await client.get("/healthz")).json()["head"]
+        stale = {"type": "heartbeat", "group": sim.group, "rank": 1, "incarnation": "not-the-one"}
+        busy = {"type": "join", "group": sim.group, "rank": 1, "incarnation": "a-new-process"}
+        [fenced, refused] = await sim.send([stale, busy])
+        assert fenced["error"] == "stale_incarnation"
+        assert sim.incarnation[1] in fenced["detail"] and "not-the-one" in fenced["detail"]
+        assert "offset" not in fenced
+        assert refused["error"] == "rank_busy"
+        death = await client.post(
+            "/agents/deaths", json={"group": sim.group, "rank": 1, "incarnation": "not-the-one"}
+        )
+        assert death.status_code == 409 and death.json()["error"] == "stale_incarnation"
+        logged = (await client.get("/events", params={"after": head, "group": sim.group, "limit": 1000})).json()
+        incarnations = {e["payload"].get("incarnation") for e in logged["events"]}
+        assert "not-the-one" not in incarnations and "a-new-process" not in incarnations
+        metrics = (await client.get("/metrics")).text
+        assert 'foldplane_fenced_inputs_total{code="stale_incarnation"}' in metrics
+    finally:
+        await sim.stop()
+
+
+async def test_a_reported_death_takes_the_rank_offline_through_the_death_chain(client):
+    sim = await formed(client, 3)
+    try:
+        sim.beating.discard(2)
+        sim.acking.discard(2)
+        r = await client.post(
+            "/agents/deaths",
+            json={"group": sim.group, "rank": 2, "incarnation": sim.incarnation[2], "reporter": "launcher"},
+        )
+        assert r.status_code == 200, r.text
+        assert r.json()["offset"] > 0
+        view = await sim.wait_version(2)
+        assert view["active_ranks"] == [0, 1]
+        assert view["rank_states"]["2"] == "OFFLINE"
+    finally:
+        await sim.stop()
+
+
+async def test_updates_resume_after_an_offset_without_gaps_or_repeats(client):
+    sim = await formed(client, 2)
+    try:
+        fresh = SimGroup(client, sim.group, 2, ranks=[0])
+        first = await fresh.poll(0, timeout=0)
+        offsets = [u["offset"] for u in first["updates"]]
+        assert offsets == sorted(offsets)
+        assert {u["type"] for u in first["updates"]} >= {"view_prepare", "view_committed", "rank_state"}
+        assert first["store"] is not None and first["store"]["port"] > 0
+        again = await client.get(
+            "/agents/updates",
+            params={"group": sim.group, "rank": 0, "after": first["next_after"], "timeout": 0},
+        )
+        assert again.json()["updates"] == []
+        middle = offsets[len(offsets) // 2]
+        tail = await client.get(
+            "/agents/updates", params={"group": sim.group, "rank": 0, "after": middle, "timeout": 0}
+        )
+        assert [u["offset"] for u in tail.json()["updates"]] == [o for o in offsets if o > middle]
+    finally:
+        await sim.stop()
