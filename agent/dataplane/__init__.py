@@ -1,0 +1,12 @@
+"""The torch data plane: one process group per committed view, and ``failed_ranks_hint``.
+
+See ``docs/dataplane.md``. The agent creates a :class:`DataPlane`, installs each committed view,
+and hands :meth:`DataPlane.process_group` to the training loop.
+"""
+
+from agent.dataplane.errors import DataPlaneError
+from agent.dataplane.group import ElasticProcessGroup
+from agent.dataplane.plane import DataPlane
+from agent.dataplane.work import Work
+
+__all__ = ["DataPlane", "DataPlaneError", "ElasticProcessGroup", "Work"]

@@ -1,0 +1,37 @@
+"""The data plane's key layout in the coordinator's TCPStore, declared in one place.
+
+Every key is relative to the data plane's store prefix (empty by default; a coordinator that
+serves several groups from one store hands each group its own prefix).
+
+- ``hb/<rank>/<incarnation>``: the liveness counter a process's heartbeat thread increments.
+  Keyed by incarnation, so a replacement process for a rank never vouches for the dead one.
+- ``incarnation/<rank>``: the latest incarnation that started a data plane for ``rank``.
+- ``members/<version>/<rank>``: the incarnation that took part in view ``version`` as ``rank``.
+- ``fail/<version>/<rank>``: the key ``rank``'s watcher waits on for view ``version``: a poison
+  notice (JSON, see :mod:`agent.dataplane.poison`) or ``retired`` when the rank itself moved on.
+- ``view/<version>/``: the prefix under which the backend of view ``version`` rendezvouses.
+"""
+
+from __future__ import annotations
+
+RETIRED = b"retired"
+
+
+def heartbeat(rank: int, incarnation: str) -> str:
+    return f"hb/{rank}/{incarnation}"
+
+
+def incarnation(rank: int) -> str:
+    return f"incarnation/{rank}"
+
+
+def member(version: int, rank: int) -> str:
+    return f"members/{version}/{rank}"
+
+
+def fail(version: int, rank: int) -> str:
+    return f"fail/{version}/{rank}"
+
+
+def rendezvous_prefix(version: int) -> str:
+    return f"view/{version}/"

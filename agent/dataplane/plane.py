@@ -1,0 +1,302 @@
+"""``DataPlane``: one rank's torch data plane, following the views the coordinator commits.
+
+The agent owns the data plane: it calls ``install_view`` for each committed view and turns
+``on_link_evidence`` calls into ``links`` events. The training loop uses ``process_group()``.
+
+Threads (all daemons), each with its own store client, because a TCPStore client serializes
+its operations and a blocking ``wait`` would stall the others:
+- the heartbeat thread (liveness counter, see :mod:`agent.dataplane.liveness`);
+- the watcher thread, blocked on ``fail/<v>/<rank>`` of the current view: a poison notice there
+  fails the view at once (see :mod:`agent.dataplane.poison`);
+- one builder thread per installed view in which this rank is active;
+- one decider thread per failed view (poisons the other members, reads liveness, reports).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+
+import torch
+from torch.distributed import DistStoreError, PrefixStore, Store, TCPStore
+
+from agent.dataplane import keys
+from agent.dataplane.backend import BackendKind, bury
+from agent.dataplane.errors import DataPlaneError
+from agent.dataplane.group import ElasticProcessGroup
+from agent.dataplane.hint import HintPool
+from agent.dataplane.liveness import Heartbeat
+from agent.dataplane.poison import PoisonNotice
+from agent.dataplane.view import ViewGroup
+
+log = logging.getLogger(__name__)
+
+LinkEvidence = Callable[[int, dict[int, str], list[int]], None]
+
+_LOOPBACK = ("127.0.0.1", "localhost", "::1")
+_WATCH_SLICE = timedelta(seconds=30)
+
+
+class DataPlane:
+    """One rank's data plane. See the module docstring and ``docs/dataplane.md``.
+
+    ``on_link_evidence(version, peers, failed_ranks_hint)`` is called from a data plane thread:
+    with ``{peer: "down"}`` for the ranks a failed view blames (and the same list as the hint),
+    and with ``{peer: "up"}`` for every other member once a view's backend is built (connected).
+    It must not block. ``store_prefix`` namespaces every key when one store serves several
+    groups. ``gloo_hostname`` is the address peers reach this process at (default: loopback when
+    the store is on loopback, else this host's name).
+    """
+
+    def __init__(
+        self,
+        rank: int,
+        world_size: int,
+        store_host: str,
+        store_port: int,
+        *,
+        incarnation: str,
+        backend: str = "gloo",
+        device: torch.device | None = None,
+        collective_timeout_s: float = 30.0,
+        p2p_timeout_s: float = 30.0,
+        on_link_evidence: LinkEvidence | None = None,
+        store_prefix: str = "",
+        gloo_hostname: str | None = None,
+        liveness_period_s: float = 0.1,
+        liveness_window_periods: int = 3,
+        store_timeout_s: float = 30.0,
+        hint_pool_size: int = 8,
+    ) -> None:
+        if not isinstance(world_size, int) or world_size < 1:
+            raise ValueError(f"world_size must be a positive int, got {world_size!r}")
+        if not isinstance(rank, int) or not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank!r} is out of range 0..{world_size - 1}")
+        if not incarnation or "/" in incarnation:
+            raise ValueError(
+                f"incarnation must be a non-empty string without '/', got {incarnation!r}"
+            )
+        for what, value in (
+            ("collective_timeout_s", collective_timeout_s),
+            ("p2p_timeout_s", p2p_timeout_s),
+            ("liveness_period_s", liveness_period_s),
+        ):
+            if not value > 0:
+                raise ValueError(f"{what} must be positive, got {value!r}")
+        if liveness_window_periods < 2:
+            raise ValueError(f"liveness_window_periods must be >= 2, got {liveness_window_periods}")
+        self.rank = rank
+        self.world_size = world_size
+        self.incarnation = incarnation
+        self.collective_timeout_s = float(collective_timeout_s)
+        self.p2p_timeout_s = float(p2p_timeout_s)
+        self.liveness_period_s = float(liveness_period_s)
+        self.liveness_window_periods = int(liveness_window_periods)
+        self._store_address = (store_host, store_port, store_prefix, store_timeout_s)
+        self._on_link_evidence = on_link_evidence
+        if gloo_hostname is None:
+            import socket
+
+            gloo_hostname = "127.0.0.1" if store_host in _LOOPBACK else socket.gethostname()
+        self.kind = BackendKind.resolve(backend, device, gloo_hostname)
+        self.device = self.kind.device
+        self.hint_pool = HintPool(world_size, self.device, hint_pool_size)
+        self.closed = threading.Event()
+
+        self._lock = threading.Condition()
+        self._view: ViewGroup | None = None
+        self._control = self.connect_store()
+        self._watch_store = self.connect_store()
+        self._heartbeat = Heartbeat(self.connect_store(), rank, incarnation, liveness_period_s)
+        self._control.set(keys.incarnation(rank), incarnation)
+        self._group = ElasticProcessGroup(self)
+        self._watcher = threading.Thread(
+            target=self._watch, name=f"dataplane-watch-{rank}", daemon=True
+        )
+        self._watcher.start()
+
+    # -- the surface the agent calls ----------------------------------------------------------
+
+    @property
+    def ready(self) -> bool:
+        """The store is reachable and the local device is set up (the agent's ``self_ready``)."""
+        return not self.closed.is_set() and self._heartbeat.healthy
+
+    def install_view(self, version: int, active_ranks: Sequence[int]) -> None:
+        """Follow committed view ``version``; returns at once (the backend builds in the background).
+
+        A version not newer than the installed one is ignored (a replayed update), unless it
+        names other ranks than the installed view of that version: that is a conflict.
+        """
+        members = self._check_view(version, active_ranks)
+        with self._lock:
+            if self.closed.is_set():
+                raise DataPlaneError(
+                    f"rank {self.rank}: cannot install view {version}: the data plane is closed"
+                )
+            old = self._view
+            if old is not None and version <= old.version:
+                if version == old.version and members != old.members:
+                    raise DataPlaneError(
+                        f"view {version} is already installed with active ranks {list(old.members)}, "
+                        f"not {list(members)}"
+                    )
+                return
+            view = ViewGroup(version, members, self)
+            self._view = view
+            self._lock.notify_all()
+        if old is not None:
+            old.retire()
+        view.start()
+
+    def process_group(self) -> ElasticProcessGroup:
+        """The one process group of this process; it follows the installed views."""
+        return self._group
+
+    def inject_link_failure(self, peer: int) -> None:
+        """Fault injection: fail the current view on this rank as if its link to ``peer`` broke.
+
+        The view fails on every member (this rank poisons it, as with a real broken link); this
+        rank's hint names ``peer``, ``peer``'s hint names this rank, the other members' name
+        ``peer``. The next installed view is not affected.
+        """
+        if not isinstance(peer, int) or not 0 <= peer < self.world_size or peer == self.rank:
+            raise ValueError(f"peer {peer!r} must be another rank in 0..{self.world_size - 1}")
+        view = self.current_view()
+        if view is None or not view.active or peer not in view.members:
+            raise DataPlaneError(
+                f"rank {self.rank} has no link to rank {peer} to break: both must be active in the "
+                f"installed view (view {None if view is None else view.version}, "
+                f"active ranks {None if view is None else list(view.members)})"
+            )
+        view.inject_link_failure(peer)
+
+    def close(self) -> None:
+        """Stop the threads and abandon the backend; operations still running raise in ``wait``."""
+        with self._lock:
+            if self.closed.is_set():
+                return
+            self.closed.set()
+            view, self._view = self._view, None
+            self._lock.notify_all()
+        if view is not None:
+            view.retire(wake=lambda work: work._wake())
+        self._heartbeat.stop()
+        self._watcher.join(timeout=2.0)
+        bury(self._watch_store)  # the watcher may still be blocked on it if the store is gone
+
+    def __enter__(self) -> DataPlane:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- what the group and the views use -----------------------------------------------------
+
+    def current_view(self) -> ViewGroup | None:
+        return self._view
+
+    def view_for_op(self, op: str) -> ViewGroup:
+        """The view an operation runs on; local misuse (closed, no view yet) raises."""
+        view = self._view
+        if self.closed.is_set():
+            raise DataPlaneError(f"{op} on rank {self.rank}: the data plane is closed")
+        if view is None:
+            raise DataPlaneError(f"{op} on rank {self.rank}: no view has been installed yet")
+        return view
+
+    @property
+    def backend_timeout_s(self) -> float:
+        return max(self.collective_timeout_s, self.p2p_timeout_s)
+
+    def set_timeouts(
+        self, *, collective_s: float | None = None, p2p_s: float | None = None
+    ) -> None:
+        if collective_s is not None:
+            self.collective_timeout_s = collective_s
+        if p2p_s is not None:
+            self.p2p_timeout_s = p2p_s
+
+    def control_store(self) -> Store:
+        return self._control
+
+    def connect_store(self) -> Store:
+        """A new client of the coordinator's store, under this data plane's prefix."""
+        host, port, prefix, timeout_s = self._store_address
+        store: Store = TCPStore(
+            host,
+            port,
+            is_master=False,
+            timeout=timedelta(seconds=timeout_s),
+            wait_for_workers=False,
+        )
+        return PrefixStore(prefix, store) if prefix else store
+
+    def report_links(self, version: int, peers: dict[int, str], failed: list[int]) -> None:
+        callback = self._on_link_evidence
+        if callback is None or self.closed.is_set():
+            return
+        try:
+            callback(version, peers, failed)
+        except Exception:  # the agent's bug must not kill a data plane thread
+            log.exception("rank %d: on_link_evidence raised for view %d", self.rank, version)
+
+    # -- the watcher --------------------------------------------------------------------------
+
+    def _watch(self) -> None:
+        """Wait on this rank's poison key of each active view in turn; fail the view it names."""
+        watched: ViewGroup | None = None
+        while True:
+            with self._lock:
+                while not self.closed.is_set() and (
+                    self._view is None or self._view is watched or not self._view.active
+                ):
+                    self._lock.wait()
+                if self.closed.is_set():
+                    return
+                view = watched = self._view
+            assert view is not None
+            notice = self._wait_for_notice(view)
+            if notice is not None:
+                view.fail_from(notice)
+
+    def _wait_for_notice(self, view: ViewGroup) -> PoisonNotice | None:
+        key = keys.fail(view.version, self.rank)
+        while not self.closed.is_set() and self._view is view and view.failure is None:
+            try:
+                self._watch_store.wait([key], _WATCH_SLICE)
+                raw = self._watch_store.get(key)
+            except DistStoreError:  # this slice's wait timed out: check why we watch, then again
+                continue
+            except RuntimeError as e:  # DistNetworkError: the store is down or restarting
+                log.warning(
+                    "rank %d: watching view %d: store unreachable: %s", self.rank, view.version, e
+                )
+                self.closed.wait(1.0)
+                continue
+            if raw == keys.RETIRED:
+                return None
+            try:
+                return PoisonNotice.decode(raw)
+            except ValueError as e:
+                return PoisonNotice(view.version, -1, (), f"unreadable poison notice ({e})")
+        return None
+
+    # -- checks -------------------------------------------------------------------------------
+
+    def _check_view(self, version: int, active_ranks: Sequence[int]) -> tuple[int, ...]:
+        if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+            raise ValueError(f"view version must be an int >= 1, got {version!r}")
+        ranks = list(active_ranks)
+        bad = [r for r in ranks if not isinstance(r, int) or not 0 <= r < self.world_size]
+        if bad:
+            raise ValueError(
+                f"view {version}: active ranks {bad} are out of range 0..{self.world_size - 1}"
+            )
+        if len(set(ranks)) != len(ranks):
+            raise ValueError(f"view {version}: active ranks {ranks} contain duplicates")
+        if not ranks:
+            raise ValueError(f"view {version}: no active ranks")
+        return tuple(sorted(ranks))

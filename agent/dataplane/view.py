@@ -1,0 +1,264 @@
+"""One committed view as this rank sees it: its members, its backend, and its failure.
+
+Rules:
+- The backend is built eagerly, in a thread of its own, as soon as the view is installed; the
+  first operation waits for it. Building never blocks ``install_view``, and a view superseded
+  while its backend is still rendezvousing is abandoned without waiting (the late backend is
+  buried when its constructor returns).
+- A view fails once, and for good: the first failure (an operation's error, a deadline, a
+  failed build, an injected link failure, or a poison notice from another member) wakes every
+  operation in flight, and every later operation on the view fails at once with the same hint.
+  The next committed view brings a new backend; nothing here changes membership.
+- The hint is decided off the caller's thread: a local failure first poisons every member's
+  ``fail/<v>/<rank>`` key (so they fail fast too), then the liveness counters say which peers are
+  dead. The hint is the union of those and the ranks blamed directly; it never names this rank.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+from torch.distributed import Store
+
+from agent.dataplane import keys
+from agent.dataplane.backend import BackendKind
+from agent.dataplane.liveness import find_dead
+from agent.dataplane.poison import PoisonNotice
+
+if TYPE_CHECKING:
+    from agent.dataplane.work import Work
+
+log = logging.getLogger(__name__)
+
+
+class ViewContext(Protocol):
+    """What a view needs from the data plane that owns it."""
+
+    rank: int
+    incarnation: str
+    kind: BackendKind
+    liveness_period_s: float
+    liveness_window_periods: int
+
+    @property
+    def backend_timeout_s(self) -> float: ...
+
+    def control_store(self) -> Store: ...
+
+    def connect_store(self) -> Store: ...
+
+    def report_links(self, version: int, peers: dict[int, str], failed: list[int]) -> None: ...
+
+
+@dataclass(frozen=True)
+class Failure:
+    """Why view ``version`` failed on this rank, and who was blamed before liveness was read."""
+
+    reason: str
+    blamed: tuple[int, ...]
+    notice: PoisonNotice | None  # None: this rank saw the failure first
+
+
+class ViewGroup:
+    """View ``version`` over ``members`` (sorted global ranks), from ``ctx.rank``'s side."""
+
+    def __init__(self, version: int, members: tuple[int, ...], ctx: ViewContext) -> None:
+        self.version = version
+        self.members = members
+        self.active = ctx.rank in members
+        self._ctx = ctx
+        self._index = {rank: i for i, rank in enumerate(members)}
+        self._cond = threading.Condition()
+        self._backend: object | None = None
+        self._built = False
+        self._retired = False
+        self._failure: Failure | None = None
+        self._failed_ranks: tuple[int, ...] | None = None
+        self._decided = threading.Event()
+        self._pending: set[Work] = set()
+
+    # -- queries ------------------------------------------------------------------------------
+
+    def index(self, rank: int) -> int:
+        """``rank``'s position in this view (its rank inside the view's backend)."""
+        return self._index[rank]
+
+    @property
+    def failure(self) -> Failure | None:
+        return self._failure
+
+    def failed_ranks(self, timeout: float | None = None) -> tuple[int, ...]:
+        """The decided hint of a failed view; waits for the liveness decision."""
+        if self._failure is None:
+            raise RuntimeError(f"view {self.version} has not failed")
+        if not self._decided.wait(timeout):
+            raise TimeoutError(
+                f"the hint of view {self.version} was not decided within {timeout} s"
+            )
+        assert self._failed_ranks is not None
+        return self._failed_ranks
+
+    # -- the backend --------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Build this rank's backend for the view in the background (only if this rank is active)."""
+        if self.active:
+            threading.Thread(
+                target=self._build, name=f"dataplane-build-v{self.version}", daemon=True
+            ).start()
+
+    def _build(self) -> None:
+        ctx = self._ctx
+        try:
+            ctx.control_store().set(keys.member(self.version, ctx.rank), ctx.incarnation)
+            store = ctx.connect_store()  # its own client: a stuck rendezvous blocks nobody else
+            from torch.distributed import PrefixStore
+
+            backend = ctx.kind.create(
+                PrefixStore(keys.rendezvous_prefix(self.version), store),
+                self.index(ctx.rank),
+                len(self.members),
+                ctx.backend_timeout_s,
+            )
+        except RuntimeError as e:
+            with self._cond:
+                superseded = self._retired
+            if not superseded:
+                self.fail(f"building the {ctx.kind.name} group of view {self.version} failed: {e}")
+            return
+        with self._cond:
+            keep = not self._retired
+            if keep:
+                self._backend, self._built = backend, True
+                self._cond.notify_all()
+        if not keep:
+            ctx.kind.abandon(backend)
+            return
+        peers = {m: "up" for m in self.members if m != ctx.rank}
+        ctx.report_links(self.version, peers, [])
+
+    def backend(self, deadline: float) -> object | None:
+        """The built backend, or None if the view failed (or was retired) before it was built.
+
+        Past ``deadline`` (a ``time.monotonic()`` value) the view fails: a member never came.
+        """
+        with self._cond:
+            while not self._built and self._failure is None and not self._retired:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                self._cond.wait(remaining)
+            if self._built and self._failure is None:
+                return self._backend
+            timed_out = self._failure is None and not self._retired
+        if timed_out:
+            self.fail(
+                f"the group of view {self.version} was not built before the operation's deadline"
+            )
+        return None
+
+    # -- operations in flight -----------------------------------------------------------------
+
+    def register(self, work: Work) -> bool:
+        """Track ``work`` so that a failure wakes it; False if the view has already failed."""
+        with self._cond:
+            if self._failure is not None:
+                return False
+            self._pending.add(work)
+            return True
+
+    def unregister(self, work: Work) -> None:
+        with self._cond:
+            self._pending.discard(work)
+
+    # -- failure ------------------------------------------------------------------------------
+
+    def fail(
+        self, reason: str, blamed: tuple[int, ...] = (), notice: PoisonNotice | None = None
+    ) -> None:
+        """Fail the view (idempotent): wake every operation in flight, then decide the hint."""
+        with self._cond:
+            if self._failure is not None:
+                return
+            self._failure = Failure(reason, blamed, notice)
+            pending, self._pending = self._pending, set()
+            self._cond.notify_all()
+        log.warning("rank %d: view %d failed: %s", self._ctx.rank, self.version, reason)
+        for work in pending:
+            work._wake()
+        threading.Thread(
+            target=self._decide, name=f"dataplane-hint-v{self.version}", daemon=True
+        ).start()
+
+    def fail_from(self, notice: PoisonNotice) -> None:
+        """Another member poisoned the view: fail fast, blaming whom the notice tells us to."""
+        self.fail(
+            f"rank {notice.by} poisoned view {self.version}: {notice.reason}",
+            notice.blamed_by(self._ctx.rank),
+            notice,
+        )
+
+    def _decide(self) -> None:
+        ctx, failure = self._ctx, self._failure
+        assert failure is not None
+        store = ctx.control_store()
+        others = [m for m in self.members if m != ctx.rank]
+        dead: list[int] = []
+        try:
+            if failure.notice is None:
+                notice = PoisonNotice(
+                    self.version, ctx.rank, failure.blamed, failure.reason
+                ).encode()
+                for member in self.members:  # this rank too: it frees our own watcher
+                    store.set(keys.fail(self.version, member), notice)
+            dead = find_dead(
+                store,
+                self.version,
+                others,
+                period=ctx.liveness_period_s,
+                window_periods=ctx.liveness_window_periods,
+            )
+        except RuntimeError as e:  # the store is unreachable: blame only what we saw ourselves
+            log.error("rank %d: cannot read liveness for view %d: %s", ctx.rank, self.version, e)
+        failed = sorted((set(failure.blamed) | set(dead)) - {ctx.rank})
+        self._failed_ranks = tuple(failed)
+        self._decided.set()
+        ctx.report_links(self.version, {r: "down" for r in failed}, failed)
+
+    def inject_link_failure(self, peer: int) -> None:
+        """Fail the view as if the link to ``peer`` broke (fault injection for tests and drills)."""
+        self.fail(f"injected link failure between rank {self._ctx.rank} and rank {peer}", (peer,))
+
+    def retire(self, wake: Callable[[Work], None] | None = None) -> None:
+        """A newer view superseded this one: abandon its backend, free this rank's watcher.
+
+        Operations still in flight keep running (peers that have not moved on may finish them);
+        ``wake`` is applied to each of them when the data plane is closing.
+        """
+        with self._cond:
+            if self._retired:
+                return
+            self._retired = True
+            backend, self._backend = self._backend, None
+            watched = self.active
+            pending = list(self._pending) if wake else []
+            self._cond.notify_all()
+        if watched:
+            try:
+                self._ctx.control_store().set(keys.fail(self.version, self._ctx.rank), keys.RETIRED)
+            except RuntimeError as e:
+                log.warning(
+                    "rank %d: cannot retire view %d in the store: %s",
+                    self._ctx.rank,
+                    self.version,
+                    e,
+                )
+        self._ctx.kind.abandon(backend)
+        for work in pending:
+            assert wake is not None
+            wake(work)

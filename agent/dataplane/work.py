@@ -1,0 +1,190 @@
+"""``Work``: one operation of the elastic process group, and its ``failed_ranks_hint``.
+
+Rules (Mooncake's contract):
+- ``wait()`` never raises because a peer failed: it returns False, the hint names the failed
+  ranks, and the output tensor's content is unspecified. It raises only for local misuse: the
+  data plane was closed before the operation finished.
+- ``wait(timeout)`` bounds the wait: an operation still running when the earlier of its own
+  deadline (the collective or p2p timeout, counted from issue) and ``timeout`` passes has failed,
+  and fails its view. A hung peer is a failed peer.
+- The hint buffer is leased from the group's pool when the operation is issued and returned when
+  the ``Work`` is dropped, so each outstanding ``Work`` keeps its own answer.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import TYPE_CHECKING
+
+import torch
+
+from agent.dataplane.errors import DataPlaneError
+from agent.dataplane.hint import HintPool, fill
+
+if TYPE_CHECKING:
+    from agent.dataplane.view import ViewGroup
+
+
+class Work:
+    """A handle on one operation; see the module docstring for the rules."""
+
+    __slots__ = (
+        "name",
+        "_view",
+        "_pool",
+        "_hint",
+        "_closed",
+        "_deadline",
+        "_timeout_s",
+        "_event",
+        "_lock",
+        "_backend_work",
+        "_finished",
+        "_error",
+        "_outcome",
+        "_blamed",
+        "__weakref__",
+    )
+
+    def __init__(
+        self,
+        name: str,
+        view: ViewGroup | None,
+        pool: HintPool,
+        closed: threading.Event,
+        timeout_s: float,
+    ) -> None:
+        self.name = name
+        self._view = view
+        self._pool = pool
+        self._hint: torch.Tensor | None = pool.acquire()
+        self._closed = closed
+        self._timeout_s = timeout_s
+        self._deadline = time.monotonic() + timeout_s
+        self._event = threading.Event()
+        self._lock = threading.Lock()
+        self._backend_work: object | None = None
+        self._finished = False
+        self._error: str | None = None
+        self._outcome: bool | None = None
+        self._blamed: tuple[int, ...] | None = None
+
+    # -- how an operation ends ----------------------------------------------------------------
+
+    def _complete_locally(self, ok: bool, blamed: tuple[int, ...] = ()) -> Work:
+        """End at once: a success that needed no peer, or a failure blaming ``blamed``."""
+        self._outcome = ok
+        if not ok:
+            self._blamed = blamed
+        self._event.set()
+        return self
+
+    def _fail_with_view(self) -> Work:
+        """End at once as a failure of the (already failed) view: same hint as the view."""
+        self._outcome = False
+        self._event.set()
+        return self
+
+    def _started(self, backend_work: object) -> None:
+        """The backend accepted the operation; learn of its end from its future, or a thread."""
+        self._backend_work = backend_work
+        try:
+            future = backend_work.get_future()  # type: ignore[attr-defined]
+        except RuntimeError:  # "not implemented": gloo's send/recv and a few others
+            threading.Thread(
+                target=self._wait_backend, name=f"dataplane-{self.name}", daemon=True
+            ).start()
+        else:
+            future.add_done_callback(self._on_future)
+
+    def _on_future(self, fut: torch.futures.Future) -> None:
+        # Not ``work.wait()``: the callback may run before the work itself is marked completed.
+        try:
+            fut.value()
+        except RuntimeError as e:
+            self._error = str(e)
+        self._finish()
+
+    def _wait_backend(self) -> None:
+        try:
+            self._backend_work.wait()  # type: ignore[union-attr]
+        except RuntimeError as e:
+            self._error = str(e)
+        self._finish()
+
+    def _finish(self) -> None:
+        self._finished = True
+        if self._view is not None:
+            self._view.unregister(self)
+        self._event.set()
+
+    def _wake(self) -> None:
+        """The view failed or the plane closed: stop waiting for the backend."""
+        self._event.set()
+
+    # -- the public surface -------------------------------------------------------------------
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """True if the operation succeeded, False if a peer failed (see the module rules)."""
+        if self._outcome is not None:
+            return self._outcome
+        deadline = (
+            self._deadline if timeout is None else min(self._deadline, time.monotonic() + timeout)
+        )
+        if not self._event.wait(max(0.0, deadline - time.monotonic())) and self._view is not None:
+            limit = self._timeout_s if timeout is None else min(self._timeout_s, timeout)
+            self._view.fail(f"{self.name} did not complete within {limit:g} s")
+        return self._resolve()
+
+    def _resolve(self) -> bool:
+        with self._lock:
+            if self._outcome is not None:
+                return self._outcome
+            if self._finished:
+                if self._error is None:
+                    self._outcome = True
+                    return True
+                assert self._view is not None
+                self._view.fail(f"{self.name} failed: {self._error}")
+            elif self._closed.is_set():
+                raise DataPlaneError(
+                    f"{self.name} was still running when the data plane was closed"
+                )
+            self._outcome = False
+            return False
+
+    def is_completed(self) -> bool:
+        """True once the outcome is known (succeeded, or failed: a peer failed or the view did)."""
+        if self._outcome is not None:
+            return True
+        if not self._event.is_set():
+            return False
+        if self._closed.is_set() and not self._finished:
+            return True
+        self._resolve()
+        return True
+
+    def failed_ranks_hint(self) -> torch.Tensor:
+        """This operation's hint (waits for the operation, and for the liveness decision)."""
+        ok = self.wait()
+        hint = self._hint
+        if hint is None:
+            raise DataPlaneError(f"the hint of {self.name} was released")
+        if not ok:
+            if self._blamed is not None:
+                fill(hint, self._blamed)
+            else:
+                assert self._view is not None
+                fill(hint, self._view.failed_ranks())
+        return hint
+
+    def __del__(self) -> None:
+        hint, self._hint = getattr(self, "_hint", None), None
+        if hint is not None:
+            self._pool.release(hint)
+
+    def __repr__(self) -> str:
+        state = "pending" if self._outcome is None else ("ok" if self._outcome else "failed")
+        version = self._view.version if self._view is not None else None
+        return f"<Work {self.name} view={version} {state}>"

@@ -1,0 +1,223 @@
+"""The data plane inside one process: local completion, misuse errors, deadlines, hints.
+
+Real gloo backends and a real TCPStore, but no extra processes: a rank alone in its view, or
+two data planes of one group in this process.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.distributed import ReduceOp
+
+from agent.dataplane import DataPlaneError, Work, keys
+from agent.dataplane.liveness import find_dead
+from agent.dataplane.poison import PoisonNotice
+
+
+def test_an_inactive_rank_completes_every_op_locally_and_leaves_tensors_unchanged(
+    make_plane,
+) -> None:
+    dp = make_plane(rank=1, world_size=3)
+    dp.install_view(1, [0, 2])
+    pg = dp.process_group()
+    t = torch.full((4,), 7.0)
+    outs = [torch.full((4,), -1.0) for _ in range(3)]
+    works = [
+        pg.all_reduce(t),
+        pg.broadcast(t, src=0),
+        pg.all_gather(outs, t),
+        pg.reduce_scatter(t, [torch.ones(4)] * 3),
+        pg.barrier(),
+        pg.send(t, dst=0),
+        pg.recv(t, src=2),
+    ]
+    for work in works:
+        assert work.is_completed() and work.wait() is True
+        assert pg.get_failed_ranks_hint(work).tolist() == [0, 0, 0]
+    assert t.tolist() == [7.0] * 4
+    assert all(o.tolist() == [-1.0] * 4 for o in outs)
+    assert (pg.version, pg.active_ranks) == (1, (0, 2))
+
+
+def test_a_rank_alone_in_its_view_runs_real_collectives_and_leaves_holes_unchanged(
+    make_plane,
+) -> None:
+    evidence = []
+    dp = make_plane(rank=0, world_size=3, on_link_evidence=lambda *a: evidence.append(a))
+    dp.install_view(1, [0])
+    pg = dp.process_group()
+    t = torch.full((2,), 3.0)
+    assert pg.all_reduce(t, op=ReduceOp.MAX).wait() is True
+    outs = [torch.full((2,), -1.0) for _ in range(3)]
+    assert pg.all_gather(outs, t).wait() is True
+    assert [o.tolist() for o in outs] == [[3.0, 3.0], [-1.0, -1.0], [-1.0, -1.0]]
+    out = torch.zeros(2)
+    inputs = [torch.full((2,), float(10 + j)) for j in range(3)]
+    assert pg.reduce_scatter(out, inputs).wait() is True
+    assert out.tolist() == [10.0, 10.0]  # this rank's entry, reduced over the view's one member
+    assert pg.broadcast(t, src=0).wait() is True and pg.barrier().wait() is True
+    assert evidence == [(1, {}, [])]  # built and connected: up evidence for its (no) peers
+
+
+def test_p2p_with_a_rank_outside_the_view_fails_that_op_only_and_names_it(make_plane) -> None:
+    evidence = []
+    dp = make_plane(rank=0, world_size=3, on_link_evidence=lambda *a: evidence.append(a))
+    dp.install_view(1, [0])
+    pg = dp.process_group()
+    work = pg.send(torch.ones(2), dst=2)
+    assert work.wait() is False
+    assert pg.get_failed_ranks_hint(work).tolist() == [0, 0, 1]
+    bcast = pg.broadcast(torch.ones(2), src=1, async_op=True)
+    assert bcast.wait() is False and pg.get_failed_ranks_hint(bcast).tolist() == [0, 1, 0]
+    assert pg.all_reduce(torch.ones(2)).wait() is True  # the view itself did not fail
+    assert all(not failed for _, _, failed in evidence)  # an inactive rank is not a broken link
+
+
+def test_two_planes_in_one_process_form_a_group_and_each_work_keeps_its_own_hint(
+    make_plane,
+) -> None:
+    a, b = make_plane(rank=0, world_size=2), make_plane(rank=1, world_size=2)
+    for dp in (a, b):
+        dp.install_view(1, [0, 1])
+    pa, pb = a.process_group(), b.process_group()
+    ta, tb = torch.full((3,), 1.0), torch.full((3,), 2.0)
+    first_a, first_b = pa.all_reduce(ta, async_op=True), pb.all_reduce(tb, async_op=True)
+    assert first_a.wait() and first_b.wait()
+    assert ta.tolist() == tb.tolist() == [3.0] * 3
+    hint_first = pa.get_failed_ranks_hint(first_a)
+    # A second op that only rank 0 issues, then rank 0's link to rank 1 breaks.
+    second = pa.all_reduce(torch.ones(3), async_op=True)
+    a.inject_link_failure(1)
+    assert second.wait() is False
+    assert pa.get_failed_ranks_hint(second).tolist() == [0, 1]
+    assert hint_first.tolist() == [0, 0]  # the first op's answer was not overwritten
+    assert hint_first.data_ptr() != pa.get_failed_ranks_hint(second).data_ptr()
+    # Rank 1 was poisoned through the store: it fails fast, blaming the other end of the link.
+    third = pb.barrier(async_op=True)
+    assert third.wait() is False and pb.get_failed_ranks_hint(third).tolist() == [1, 0]
+    # The next view brings a new group; the injection is gone.
+    for dp in (a, b):
+        dp.install_view(2, [0, 1])
+    ok_a, ok_b = pa.barrier(async_op=True), pb.barrier(async_op=True)
+    assert ok_a.wait() and ok_b.wait()
+
+
+def test_an_op_whose_peer_never_comes_fails_at_its_deadline_and_names_the_absent_rank(
+    make_plane, store
+) -> None:
+    dp = make_plane(rank=0, world_size=3, liveness_window_periods=2)
+    pg = dp.process_group()
+    pg.set_collective_timeout_us(400_000)
+    dp.install_view(1, [0, 2])  # rank 2 never starts a data plane
+    work = pg.all_reduce(torch.ones(2), async_op=True)
+    assert work.wait() is False
+    assert pg.get_failed_ranks_hint(work).tolist() == [0, 0, 1]
+    notice = PoisonNotice.decode(store.get(keys.fail(1, 2)))  # the absent rank was told too
+    assert (notice.version, notice.by) == (1, 0)
+    later = pg.all_reduce(torch.ones(2), async_op=True)  # fails fast, same hint
+    assert later.is_completed() and later.wait() is False
+    assert pg.get_failed_ranks_hint(later).tolist() == [0, 0, 1]
+
+
+def test_wait_with_a_timeout_fails_a_hung_op(make_plane) -> None:
+    a, b = make_plane(rank=0, world_size=2), make_plane(rank=1, world_size=2)
+    for dp in (a, b):
+        dp.install_view(1, [0, 1])
+    work = a.process_group().all_reduce(torch.ones(2), async_op=True)  # rank 1 never joins it
+    assert work.wait(timeout=0.2) is False
+    assert work.is_completed()
+
+
+def test_find_dead_names_the_ranks_whose_counters_stopped(store) -> None:
+    for rank, inc in ((0, "a"), (1, "b"), (2, "c")):
+        store.set(keys.incarnation(rank), inc)
+        store.add(keys.heartbeat(rank, inc), 1)
+    store.set(keys.member(5, 1), "b-old")  # view 5 had an older incarnation of rank 1
+    store.add(keys.heartbeat(1, "b-old"), 1)
+
+    def one_window_passes(_seconds: float) -> None:
+        store.add(keys.heartbeat(0, "a"), 1)
+        store.add(keys.heartbeat(1, "b"), 1)  # the new incarnation of rank 1 beats, the old one not
+
+    dead = find_dead(store, 5, [0, 1, 2, 3], period=0.1, window_periods=3, sleep=one_window_passes)
+    assert dead == [1, 2, 3]  # 1: its view-5 process stopped; 2: stopped; 3: never registered
+
+
+def test_install_view_refuses_bad_views_and_ignores_replays(make_plane) -> None:
+    dp = make_plane(rank=0, world_size=3)
+    with pytest.raises(ValueError, match=r"out of range 0..2"):
+        dp.install_view(1, [0, 3])
+    with pytest.raises(ValueError, match="duplicates"):
+        dp.install_view(1, [0, 0])
+    with pytest.raises(ValueError, match="no active ranks"):
+        dp.install_view(1, [])
+    with pytest.raises(ValueError, match="version must be an int >= 1"):
+        dp.install_view(0, [0])
+    dp.install_view(2, [1, 2])
+    dp.install_view(1, [0])  # older: a replayed update, ignored
+    dp.install_view(2, [2, 1])  # the same view again
+    assert dp.process_group().version == 2
+    with pytest.raises(
+        DataPlaneError, match=r"view 2 is already installed with active ranks \[1, 2\]"
+    ):
+        dp.install_view(2, [0, 1])
+
+
+def test_local_misuse_raises_and_names_what_is_wrong(make_plane) -> None:
+    dp = make_plane(rank=0, world_size=2)
+    pg = dp.process_group()
+    with pytest.raises(DataPlaneError, match="no view has been installed yet"):
+        pg.all_reduce(torch.ones(1))
+    dp.install_view(1, [0, 1])
+    with pytest.raises(ValueError, match=r"src=5 is out of range 0..1"):
+        pg.broadcast(torch.ones(1), src=5)
+    with pytest.raises(ValueError, match="dst=0 is this rank itself"):
+        pg.send(torch.ones(1), dst=0)
+    with pytest.raises(TypeError, match="must be a torch.Tensor"):
+        pg.all_reduce([1.0])  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="world_size=2 entries"):
+        pg.all_gather([torch.ones(1)], torch.ones(1))
+    with pytest.raises(ValueError, match=r"output_tensors\[1\] has shape \(2,\)"):
+        pg.all_gather([torch.ones(1), torch.ones(2)], torch.ones(1))
+    with pytest.raises(ValueError, match="contiguous"):
+        pg.all_reduce(torch.ones(4, 4).t())
+    with pytest.raises(ValueError, match="gloo does not support"):
+        pg.all_reduce(torch.ones(1), op=ReduceOp.AVG)
+    with pytest.raises(ValueError, match="positive number of microseconds"):
+        pg.set_p2p_timeout_us(0)
+    with pytest.raises(ValueError, match="another rank"):
+        dp.inject_link_failure(0)
+    with pytest.raises(TypeError, match="expected a Work"):
+        pg.get_failed_ranks_hint("work")  # type: ignore[arg-type]
+    with pytest.warns(DeprecationWarning, match="no effect"):
+        pg.extend_group_size_to(8)
+    assert pg.world_size == 2
+
+
+def test_a_closed_plane_refuses_ops_and_an_op_in_flight_raises(make_plane) -> None:
+    a, b = make_plane(rank=0, world_size=2), make_plane(rank=1, world_size=2)
+    for dp in (a, b):
+        dp.install_view(1, [0, 1])
+    assert a.ready
+    work = a.process_group().all_reduce(torch.ones(2), async_op=True)  # rank 1 never joins it
+    a.close()
+    assert not a.ready
+    with pytest.raises(DataPlaneError, match="closed"):
+        work.wait()
+    with pytest.raises(DataPlaneError, match="the data plane is closed"):
+        a.process_group().barrier()
+    with pytest.raises(DataPlaneError, match="closed"):
+        a.install_view(2, [0])
+    assert isinstance(work, Work)
+
+
+def test_constructor_refuses_bad_arguments(store) -> None:
+    from agent.dataplane import DataPlane
+
+    with pytest.raises(ValueError, match=r"rank 4 is out of range 0..3"):
+        DataPlane(4, 4, "127.0.0.1", store.port, incarnation="x")
+    with pytest.raises(ValueError, match="backend must be one of"):
+        DataPlane(0, 4, "127.0.0.1", store.port, incarnation="x", backend="mpi")
+    with pytest.raises(ValueError, match="incarnation"):
+        DataPlane(0, 4, "127.0.0.1", store.port, incarnation="")
