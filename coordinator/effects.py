@@ -1,0 +1,165 @@
+"""The protocol's glossary: the values the fold produces.
+
+Every effect is a small frozen value that carries ``offset``, the offset of the log record whose
+step produced it, and a ``type`` that is its wire name (``msgspec.to_builtins`` includes it).
+Effects are derived, never appended: replaying the log produces them again, byte for byte.
+
+Rank states are the three physical states of the SPEC: ``OFFLINE`` (gone, dead, timed out or
+exited), ``SYNCED`` (talking to the coordinator, data plane not verified), ``HEALTHY`` (SYNCED
+and inside the Healthy Set).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from coordinator.config import GroupConfig
+
+OFFLINE = "OFFLINE"
+SYNCED = "SYNCED"
+HEALTHY = "HEALTHY"
+
+#: Proposal statuses; the last three are terminal and absorbing.
+PENDING = "pending"
+APPLIED = "applied"
+APPLIED_WITH_DROPPED_RANKS = "applied_with_dropped_ranks"
+REJECTED = "rejected"
+TERMINAL = frozenset({APPLIED, APPLIED_WITH_DROPPED_RANKS, REJECTED})
+
+
+class View(msgspec.Struct, frozen=True, kw_only=True):
+    """A committed group view. ``cause`` is ``{"kind", "proposals", "detail"}`` where kind is
+    ``formation``, ``proposal`` or ``auto_deactivation``."""
+
+    group: str
+    version: int
+    active_ranks: tuple[int, ...]
+    rank_states: dict[int, str]
+    healthy_set: tuple[int, ...]
+    cause: dict[str, Any]
+    acked_ranks: tuple[int, ...]
+    dropped_ranks: tuple[int, ...]
+    offset: int
+    ts: int
+
+
+class Proposal(msgspec.Struct, frozen=True, kw_only=True):
+    """A proposal to change ``active_ranks``; ``id`` is the offset of its record."""
+
+    id: int
+    group: str
+    op: str
+    ranks: tuple[int, ...]
+    proposer: str | None
+    idempotency_key: str | None
+    status: str
+    version: int | None
+    reason: str
+    dropped_ranks: tuple[int, ...]
+    offset: int
+    resolved_offset: int | None
+
+
+class Effect(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
+    """Base of every effect. ``type`` is the wire name."""
+
+    @property
+    def type(self) -> str:
+        return self.__struct_config__.tag  # type: ignore[return-value]
+
+
+class GroupCreated(Effect, frozen=True, kw_only=True, tag="group_created"):
+    group: str
+    config: GroupConfig
+    offset: int
+
+
+class GroupFailed(Effect, frozen=True, kw_only=True, tag="group_failed"):
+    """Formation missed its deadline; ``missing_ranks`` were not HEALTHY in time."""
+
+    group: str
+    reason: str
+    missing_ranks: tuple[int, ...]
+    offset: int
+
+
+class ViewPrepare(Effect, frozen=True, kw_only=True, tag="view_prepare"):
+    """Phase one of the barrier: participants must ACK ``(version, incarnation)`` by the deadline."""
+
+    group: str
+    version: int
+    active_ranks: tuple[int, ...]
+    participants: tuple[int, ...]
+    ack_deadline_ts: int
+    cause: dict[str, Any]
+    offset: int
+
+
+class ViewCommitted(Effect, frozen=True, kw_only=True, tag="view_committed"):
+    view: View
+    offset: int
+
+
+class RankState(Effect, frozen=True, kw_only=True, tag="rank_state"):
+    """A rank's physical state changed (or its incarnation did); ``reason`` says why."""
+
+    group: str
+    rank: int
+    state: str
+    incarnation: str | None
+    rank_epoch: int
+    reason: str
+    offset: int
+
+
+class ProposalAccepted(Effect, frozen=True, kw_only=True, tag="proposal_accepted"):
+    """The proposal is logged and pending; a ProposalResolved follows (maybe in the same step)."""
+
+    proposal: Proposal
+    offset: int
+
+
+class ProposalResolved(Effect, frozen=True, kw_only=True, tag="proposal_resolved"):
+    """The proposal reached its terminal status; it never changes again."""
+
+    proposal: Proposal
+    offset: int
+
+
+class ShutdownWithSave(Effect, frozen=True, kw_only=True, tag="shutdown_with_save"):
+    """The group's one and only shutdown directive: save state and stop.
+
+    ``reason`` is ``max_failure_exceeded``, ``single_survivor`` or ``all_ranks_lost``.
+    """
+
+    group: str
+    reason: str
+    detail: str
+    offset: int
+
+
+class Refused(Effect, frozen=True, kw_only=True, tag="refused"):
+    """An input that was fenced or invalid; it changed nothing. ``code`` is the wire error code."""
+
+    group: str | None
+    rank: int | None
+    kind: str
+    code: str
+    message: str
+    offset: int
+
+
+#: Refusal codes (the wire protocol's error codes).
+UNKNOWN_GROUP = "unknown_group"
+RANK_OUT_OF_RANGE = "rank_out_of_range"
+STALE_INCARNATION = "stale_incarnation"
+RANK_BUSY = "rank_busy"
+RANK_OFFLINE = "rank_offline"
+STALE_VERSION = "stale_version"
+INVALID_EVENT = "invalid_event"
+GROUP_CONFLICT = "group_conflict"
+GROUP_FAILED = "group_failed"
+IDEMPOTENCY_CONFLICT = "idempotency_conflict"
+DUPLICATE_PROPOSAL = "duplicate_proposal"

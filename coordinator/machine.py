@@ -1,0 +1,1150 @@
+"""The Coordinator: a pure, deterministic fold over the log.
+
+``Coordinator.step(record) -> effects`` mutates the machine in place (h11-style) and returns
+what the host must carry out. It does no I/O and reads no clock: time is the record's ``ts``
+(clamped so it never runs backwards), and the host appends a ``tick`` once ``next_deadline()``
+has passed. Iteration is always in a fixed order, so replaying a log gives byte-identical
+effects, and ``snapshot()`` + the tail gives exactly what a full replay gives.
+
+A step has two halves:
+
+* a *handler* per record kind records the fact (a rank joined, beat, reported links, ACKed,
+  exited, died; a proposal arrived; time passed) and runs the *death chain* when a rank is lost;
+* :meth:`Coordinator._settle` then makes every decision that the new facts allow, in one fixed
+  order: recompute the Healthy Set (unless a reconciliation window is open), enforce the failure
+  budget, commit the change in flight once its barrier is complete, and otherwise start the next
+  change: formation, then auto-deactivation, then the head of the proposal queue.
+
+Heartbeats take a fast path that changes only liveness, so they never reach ``_settle``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from coordinator.config import ConfigError, GroupConfig
+from coordinator.effects import (
+    APPLIED,
+    APPLIED_WITH_DROPPED_RANKS,
+    DUPLICATE_PROPOSAL,
+    GROUP_CONFLICT,
+    GROUP_FAILED,
+    HEALTHY,
+    IDEMPOTENCY_CONFLICT,
+    INVALID_EVENT,
+    OFFLINE,
+    PENDING,
+    RANK_BUSY,
+    RANK_OFFLINE,
+    RANK_OUT_OF_RANGE,
+    REJECTED,
+    STALE_INCARNATION,
+    STALE_VERSION,
+    SYNCED,
+    UNKNOWN_GROUP,
+    Effect,
+    GroupCreated,
+    GroupFailed,
+    Proposal,
+    ProposalAccepted,
+    ProposalResolved,
+    RankState,
+    Refused,
+    ShutdownWithSave,
+    View,
+    ViewCommitted,
+    ViewPrepare,
+)
+from coordinator.healthy_set import excluded_ranks
+from coordinator.payloads import CHECKS
+from coordinator.state import FAILED, FORMED, FORMING, Change, GroupState, RankInfo
+from eventlog.record import KINDS, Record
+
+SNAPSHOT_FORMAT = 1
+_RANK_KINDS = frozenset({"join", "heartbeat", "links", "ack", "exit", "death_reported"})
+
+
+def ranks_text(ranks: Any, limit: int = 16) -> str:
+    """``[0, 1, 2]``, or ``[0, 1, ... (+98 more)]`` for long lists, so reasons stay readable."""
+    items = sorted(ranks)
+    if len(items) <= limit:
+        return "[" + ", ".join(map(str, items)) + "]"
+    return "[" + ", ".join(map(str, items[:limit])) + f", ... (+{len(items) - limit} more)]"
+
+
+class Coordinator:
+    """The fold. See the module docstring for the shape of a step."""
+
+    def __init__(self) -> None:
+        self._offset = 0
+        self._now = 0
+        self._groups: dict[str, GroupState] = {}
+        self._proposals: dict[int, Proposal] = {}
+        self._handlers = {
+            "group_created": self._on_group_created,
+            "join": self._on_join,
+            "links": self._on_links,
+            "ack": self._on_ack,
+            "exit": self._on_exit,
+            "death_reported": self._on_death_reported,
+            "proposal": self._on_proposal,
+        }
+
+    # ------------------------------------------------------------------ stepping
+
+    @property
+    def offset(self) -> int:
+        """Offset of the last record applied (0 before any)."""
+        return self._offset
+
+    def step(self, record: Record) -> list[Effect]:
+        """Apply one record; return its effects. Records must come in increasing offset order."""
+        if record.offset <= self._offset:
+            raise ValueError(
+                f"record offset {record.offset} is not after the fold's offset {self._offset}; "
+                "records must be stepped in increasing offset order"
+            )
+        self._offset = record.offset
+        if record.ts > self._now:
+            self._now = record.ts
+        kind = record.kind
+        if kind == "heartbeat":
+            # Fast path: a well-formed beat from the current, online incarnation only moves the
+            # rank to the back of the liveness order. Anything else takes the checked path.
+            g = self._groups.get(record.group)  # type: ignore[arg-type]
+            rank = record.rank
+            if g is not None and g.formation != FAILED and type(rank) is int:
+                ranks = g.ranks
+                if 0 <= rank < len(ranks):
+                    info = ranks[rank]
+                    inc = record.payload.get("incarnation")
+                    if inc is not None and inc == info.incarnation and info.state != OFFLINE:
+                        alive = g.alive
+                        alive.move_to_end(rank)
+                        alive[rank] = self._now
+                        info.last_heartbeat_ts = self._now
+                        return []
+            refusal = self._refusal(kind, record.group, rank, record.payload)
+            return [self._refused(record, refusal)] if refusal else []
+        if kind == "tick":
+            return self._on_tick(record)
+        refusal = self._refusal(kind, record.group, record.rank, record.payload)
+        if refusal is not None:
+            return [self._refused(record, refusal)]
+        effects: list[Effect] = []
+        self._handlers[kind](record, effects)
+        g = self._groups.get(record.group)  # type: ignore[arg-type]
+        if g is not None:
+            self._settle(g, record, effects)
+        return effects
+
+    def check(
+        self, kind: str, group: str | None, rank: int | None, payload: dict[str, Any]
+    ) -> Refused | None:
+        """Would ``step`` refuse this input now? The host runs this before appending, so a
+        refused input never reaches the log. The Refused carries offset 0: nothing was logged."""
+        refusal = self._refusal(kind, group, rank, payload)
+        if refusal is None:
+            return None
+        code, message = refusal
+        return Refused(group=group, rank=rank, kind=kind, code=code, message=message, offset=0)
+
+    def next_deadline(self) -> int | None:
+        """The earliest pending deadline (ns), or None. The host appends a tick once now >= it.
+
+        Every deadline reported here is one that a tick at or after it resolves, so the host
+        never spins on a deadline in the past.
+        """
+        best: int | None = None
+        for g in self._groups.values():
+            d = self._group_deadline(g)
+            if d is not None and (best is None or d < best):
+                best = d
+        return best
+
+    # ------------------------------------------------------------------ snapshots
+
+    def snapshot(self) -> dict[str, Any]:
+        """The whole state as JSON-able data, at ``offset``. Restoring it and stepping the tail
+        gives exactly what a full replay gives."""
+        return {
+            "format": SNAPSHOT_FORMAT,
+            "offset": self._offset,
+            "now": self._now,
+            "groups": [self._groups[name].to_dict() for name in self._groups],
+            "proposals": [msgspec.to_builtins(p) for p in self._proposals.values()],
+        }
+
+    @classmethod
+    def from_snapshot(cls, data: dict[str, Any]) -> Coordinator:
+        """Restore a machine from :meth:`snapshot` (also after a JSON round trip)."""
+        if data.get("format") != SNAPSHOT_FORMAT:
+            raise ValueError(
+                f"snapshot format {data.get('format')!r} is not {SNAPSHOT_FORMAT}; "
+                "rebuild the fold by replaying the log"
+            )
+        m = cls()
+        m._offset = data["offset"]
+        m._now = data["now"]
+        for item in data["groups"]:
+            g = GroupState.from_dict(item)
+            m._groups[g.name] = g
+        for item in data["proposals"]:
+            p = msgspec.convert(item, Proposal)
+            m._proposals[p.id] = p
+        return m
+
+    # ------------------------------------------------------------------ queries
+
+    def groups(self) -> list[str]:
+        return sorted(self._groups)
+
+    def group_config(self, group: str) -> GroupConfig | None:
+        g = self._groups.get(group)
+        return None if g is None else g.config
+
+    def current_view(self, group: str) -> View | None:
+        g = self._groups.get(group)
+        return None if g is None else g.view
+
+    def proposal(self, id: int) -> Proposal | None:
+        return self._proposals.get(id)
+
+    def proposal_by_key(self, group: str, idempotency_key: str) -> Proposal | None:
+        g = self._groups.get(group)
+        if g is None or idempotency_key not in g.keys:
+            return None
+        return self._proposals[g.keys[idempotency_key]]
+
+    def group_status(self, group: str) -> dict[str, Any] | None:
+        """Plain data for ``GET /groups/{group}``; None for an unknown group."""
+        g = self._groups.get(group)
+        if g is None:
+            return None
+        active = set(g.active)
+        change = g.change
+        return {
+            "group": g.name,
+            "config": g.config.to_dict(),
+            "formation": {"status": g.formation, "error": g.formation_error},
+            "view": None if g.view is None else _plain(g.view),
+            "healthy_set": sorted(g.healthy),
+            "ranks": [
+                {
+                    "rank": r,
+                    "state": info.state,
+                    "incarnation": info.incarnation,
+                    "rank_epoch": info.rank_epoch,
+                    "last_heartbeat_ts": info.last_heartbeat_ts,
+                    "exited": info.exited,
+                    "active": r in active,
+                    "self_ready": info.self_ready,
+                    "down_peers": sorted(info.down),
+                }
+                for r, info in enumerate(g.ranks)
+            ],
+            "pending_proposals": [pid for pid, _ in g.queue],
+            "change_in_flight": None
+            if change is None
+            else {
+                "version": change.version,
+                "active_ranks": list(change.active),
+                "participants": list(change.participants),
+                "acked": sorted(change.acked),
+                "dropped": sorted(change.dropped),
+                "ack_deadline_ts": change.ack_deadline,
+                "cause": change.cause(),
+            },
+            "failures": g.failures,
+            "shutdown": g.shutdown,
+            "reconcile_window_end_ts": g.window_end,
+        }
+
+    # ------------------------------------------------------------------ validation and fencing
+
+    def _refusal(
+        self, kind: str, group: str | None, rank: int | None, payload: Any
+    ) -> tuple[str, str] | None:
+        """The (code, message) for an input that must not be applied, or None."""
+        if kind not in KINDS:
+            return INVALID_EVENT, f"unknown kind {kind!r}; expected one of {sorted(KINDS)}"
+        if not isinstance(payload, dict):
+            return INVALID_EVENT, f"payload must be an object, got {type(payload).__name__}"
+        if kind == "tick":
+            return None
+        if group is None:
+            return INVALID_EVENT, f"a {kind} record must name a group"
+        if kind == "group_created":
+            return self._group_created_refusal(group, rank, payload)
+        g = self._groups.get(group)
+        if g is None:
+            return UNKNOWN_GROUP, f"no group named {group!r}"
+        ws = g.config.world_size
+        err = CHECKS[kind](payload, ws)
+        if err is not None:
+            return INVALID_EVENT, f"{kind}: {err}"
+        if kind == "proposal":
+            if rank is not None:
+                return INVALID_EVENT, f"a proposal names its ranks in the payload, not rank={rank}"
+            return self._proposal_refusal(g, payload)
+        if kind not in _RANK_KINDS:
+            return None
+        if isinstance(rank, bool) or not isinstance(rank, int):
+            return INVALID_EVENT, f"a {kind} record must name a rank, got {rank!r}"
+        if not 0 <= rank < ws:
+            return RANK_OUT_OF_RANGE, f"rank {rank} is not in 0..{ws - 1} for group {group!r}"
+        if g.formation == FAILED:
+            return GROUP_FAILED, f"group {group!r} failed to form: {g.formation_error}"
+        info = g.ranks[rank]
+        inc = payload.get("incarnation")
+        if kind == "join":
+            return self._join_refusal(g, rank, info, inc)
+        if kind == "death_reported" and inc is None:
+            return None
+        if inc != info.incarnation:
+            return STALE_INCARNATION, self._stale_text(rank, info, inc)
+        if kind in ("exit", "death_reported"):
+            return None
+        if info.state == OFFLINE:
+            return RANK_OFFLINE, (
+                f"rank {rank} incarnation {inc} is OFFLINE; send join to come back"
+            )
+        if kind == "ack":
+            return self._ack_refusal(g, rank, payload["version"])
+        return None
+
+    def _group_created_refusal(
+        self, group: str, rank: int | None, payload: dict[str, Any]
+    ) -> tuple[str, str] | None:
+        try:
+            config = self._parse_group_created(payload)
+        except ConfigError as exc:
+            return INVALID_EVENT, f"group_created: {exc}"
+        if rank is not None:
+            return INVALID_EVENT, f"group_created must not name a rank, got rank={rank}"
+        existing = self._groups.get(group)
+        if existing is not None and existing.config != config:
+            return GROUP_CONFLICT, (
+                f"group {group!r} already exists with another configuration "
+                f"(world_size {existing.config.world_size}); creating it again must repeat it exactly"
+            )
+        return None
+
+    @staticmethod
+    def _parse_group_created(payload: dict[str, Any]) -> GroupConfig:
+        config = payload.get("config", {})
+        if not isinstance(config, dict):
+            raise ConfigError("config", f"must be an object, got {config!r}")
+        if "world_size" not in payload:
+            raise ConfigError("world_size", "is required")
+        if "world_size" in config and config["world_size"] != payload["world_size"]:
+            raise ConfigError(
+                "world_size",
+                f"payload says {payload['world_size']!r} but config says {config['world_size']!r}",
+            )
+        return GroupConfig.from_request({**config, "world_size": payload["world_size"]})
+
+    def _join_refusal(
+        self, g: GroupState, rank: int, info: RankInfo, inc: str
+    ) -> tuple[str, str] | None:
+        """A new incarnation may replace a rank unless the current one is HEALTHY and still
+        heartbeating: two live processes must never speak for one rank."""
+        if inc == info.incarnation or info.state != HEALTHY:
+            return None
+        deadline = g.alive[rank] + g.cfg.heartbeat_timeout_ns
+        if self._now < deadline:
+            return RANK_BUSY, (
+                f"rank {rank} is HEALTHY as incarnation {info.incarnation} (rank_epoch "
+                f"{info.rank_epoch}), last heartbeat at {g.alive[rank]}; a new incarnation can "
+                f"join after that one exits, is reported dead or misses its heartbeat deadline "
+                f"at {deadline}"
+            )
+        return None
+
+    def _ack_refusal(self, g: GroupState, rank: int, version: int) -> tuple[str, str] | None:
+        change = g.change
+        if change is None:
+            return STALE_VERSION, (
+                f"ACK for version {version} from rank {rank}, but no view change is in flight "
+                f"(current version {g.version})"
+            )
+        if version != change.version:
+            return STALE_VERSION, (
+                f"ACK for version {version} from rank {rank}, but version {change.version} "
+                "is being prepared"
+            )
+        if rank not in change.participants:
+            return STALE_VERSION, (
+                f"rank {rank} is not a participant of version {version} "
+                f"(participants {ranks_text(change.participants)})"
+            )
+        if rank in change.dropped:
+            return STALE_VERSION, f"rank {rank} was already dropped from version {version}"
+        return None
+
+    def _proposal_refusal(self, g: GroupState, payload: dict[str, Any]) -> tuple[str, str] | None:
+        key = payload.get("idempotency_key")
+        if key is None or key not in g.keys:
+            return None
+        seen = self._proposals[g.keys[key]]
+        if (seen.op, seen.ranks, seen.proposer) == (
+            payload["op"],
+            tuple(payload["ranks"]),
+            payload.get("proposer"),
+        ):
+            return DUPLICATE_PROPOSAL, (
+                f"idempotency key {key!r} already names proposal {seen.id} (status {seen.status})"
+            )
+        return IDEMPOTENCY_CONFLICT, (
+            f"idempotency key {key!r} already names proposal {seen.id} "
+            f"({seen.op} {list(seen.ranks)}, proposer {seen.proposer!r}) with another body"
+        )
+
+    @staticmethod
+    def _stale_text(rank: int, info: RankInfo, inc: Any) -> str:
+        if info.incarnation is None:
+            return f"rank {rank} has not joined; incarnation {inc} is unknown"
+        return (
+            f"rank {rank} is now incarnation {info.incarnation} (rank_epoch {info.rank_epoch}); "
+            f"{inc} is stale"
+        )
+
+    def _refused(self, record: Record, refusal: tuple[str, str]) -> Refused:
+        code, message = refusal
+        return Refused(
+            group=record.group,
+            rank=record.rank,
+            kind=record.kind,
+            code=code,
+            message=message,
+            offset=record.offset,
+        )
+
+    # ------------------------------------------------------------------ handlers (facts)
+
+    def _on_group_created(self, record: Record, effects: list[Effect]) -> None:
+        """A new group starts FORMING; creating an identical group again changes nothing."""
+        group = record.group
+        assert group is not None
+        if group in self._groups:
+            return
+        config = self._parse_group_created(record.payload)
+        self._groups[group] = GroupState(group, config, self._now, record.offset)
+        effects.append(GroupCreated(group=group, config=config, offset=record.offset))
+
+    def _on_join(self, record: Record, effects: list[Effect]) -> None:
+        """An OFFLINE rank, or a new incarnation, becomes SYNCED (not yet self-ready).
+
+        A new incarnation bumps ``rank_epoch``, replaces the old one through the death chain if
+        it was still online, and clears its own link evidence *and* every other rank's down
+        evidence about it: the replacement is a new process. The same incarnation joining again
+        while online is only a sign of life.
+        """
+        g = self._groups[record.group]  # type: ignore[index]
+        rank = record.rank
+        assert rank is not None
+        info = g.ranks[rank]
+        payload = record.payload
+        inc = payload["incarnation"]
+        info.host = payload.get("host", info.host)
+        info.pid = payload.get("pid", info.pid)
+        if inc == info.incarnation:
+            if info.state != OFFLINE:
+                self._touch(g, rank)
+                return
+            reason = f"rejoined as the same incarnation {inc} (rank_epoch {info.rank_epoch})"
+        else:
+            if info.state != OFFLINE:
+                self._go_offline(
+                    g,
+                    rank,
+                    f"incarnation {info.incarnation} replaced by {inc}",
+                    True,
+                    record,
+                    effects,
+                )
+            info.incarnation = inc
+            info.rank_epoch += 1
+            info.failure_counted = False
+            self._forget_evidence_about(g, rank)
+            reason = f"joined as incarnation {inc} (rank_epoch {info.rank_epoch})"
+        info.state = SYNCED
+        info.exited = False
+        self._set_evidence(g, rank, frozenset(), False)
+        self._touch(g, rank)
+        self._rank_state(g, rank, reason, record, effects)
+
+    def _on_links(self, record: Record, effects: list[Effect]) -> None:
+        """A rank's latest links report replaces its previous one.
+
+        Down evidence (a peer reported down, a failure hint, or the rank saying it is not
+        self-ready) opens the reconciliation window, so hints from several ranks are decided
+        together; up evidence is applied at once unless a window is open.
+        """
+        g = self._groups[record.group]  # type: ignore[index]
+        rank = record.rank
+        assert rank is not None
+        payload = record.payload
+        down = {int(peer) for peer, status in payload.get("peers", {}).items() if status == "down"}
+        down.update(payload.get("failed_ranks_hint") or ())
+        down.discard(rank)
+        self._touch(g, rank)
+        info = g.ranks[rank]
+        new_down = frozenset(down)
+        ready = payload["self_ready"]
+        if new_down == info.down and ready == info.self_ready:
+            return
+        worse = bool(new_down - info.down) or (info.self_ready and not ready)
+        self._set_evidence(g, rank, new_down, ready)
+        if worse and g.window_end is None and g.cfg.reconcile_window_ns > 0:
+            g.window_end = self._now + g.cfg.reconcile_window_ns
+
+    def _on_ack(self, record: Record, effects: list[Effect]) -> None:
+        """A participant ACKs the version being prepared (a repeated ACK changes nothing)."""
+        g = self._groups[record.group]  # type: ignore[index]
+        assert g.change is not None and record.rank is not None
+        g.change.acked.add(record.rank)
+        self._touch(g, record.rank)
+
+    def _on_exit(self, record: Record, effects: list[Effect]) -> None:
+        """A clean exit: OFFLINE and marked exited; it never counts against ``max_failure``."""
+        g = self._groups[record.group]  # type: ignore[index]
+        rank = record.rank
+        assert rank is not None
+        info = g.ranks[rank]
+        if info.state == OFFLINE:
+            info.exited = True
+            return
+        info.exited = True
+        self._go_offline(g, rank, "exited cleanly", False, record, effects)
+
+    def _on_death_reported(self, record: Record, effects: list[Effect]) -> None:
+        """A supervisor's death report takes the same death chain as a heartbeat timeout."""
+        g = self._groups[record.group]  # type: ignore[index]
+        rank = record.rank
+        assert rank is not None
+        if g.ranks[rank].state == OFFLINE:
+            return
+        reporter = record.payload.get("reporter")
+        by = f" by {reporter}" if reporter else ""
+        self._go_offline(g, rank, f"death reported{by}", True, record, effects)
+
+    def _on_proposal(self, record: Record, effects: list[Effect]) -> None:
+        """A proposal is logged and queued (first in, first out); ``_settle`` decides it.
+
+        A group that failed to form or was shut down rejects it at once.
+        """
+        g = self._groups[record.group]  # type: ignore[index]
+        payload = record.payload
+        proposal = Proposal(
+            id=record.offset,
+            group=g.name,
+            op=payload["op"],
+            ranks=tuple(payload["ranks"]),
+            proposer=payload.get("proposer"),
+            idempotency_key=payload.get("idempotency_key"),
+            status=PENDING,
+            version=None,
+            reason="queued",
+            dropped_ranks=(),
+            offset=record.offset,
+            resolved_offset=None,
+        )
+        self._proposals[proposal.id] = proposal
+        if proposal.idempotency_key is not None:
+            g.keys[proposal.idempotency_key] = proposal.id
+        effects.append(ProposalAccepted(proposal=proposal, offset=record.offset))
+        if g.formation == FAILED:
+            self._resolve(
+                g,
+                proposal.id,
+                REJECTED,
+                None,
+                f"group failed to form: {g.formation_error}",
+                record,
+                effects,
+            )
+        elif g.shutdown is not None:
+            self._resolve(
+                g,
+                proposal.id,
+                REJECTED,
+                None,
+                f"group was shut down ({g.shutdown})",
+                record,
+                effects,
+            )
+        else:
+            g.queue.append((proposal.id, self._now + g.cfg.admission_timeout_ns))
+
+    def _on_tick(self, record: Record) -> list[Effect]:
+        """Time passed: fire every deadline that is due, group by group in name order."""
+        effects: list[Effect] = []
+        now = self._now
+        for name in sorted(self._groups):
+            g = self._groups[name]
+            due = self._group_deadline(g)
+            if due is None or due > now:
+                continue
+            self._expire_heartbeats(g, record, effects)
+            if g.window_end is not None and g.window_end <= now:
+                g.window_end = None
+            change = g.change
+            if change is not None and change.ack_deadline <= now:
+                for rank in change.outstanding():
+                    self._go_offline(
+                        g,
+                        rank,
+                        f"did not ACK version {change.version} by its deadline {change.ack_deadline}",
+                        True,
+                        record,
+                        effects,
+                    )
+            if g.formation == FORMING and g.change is None:
+                deadline = g.created_ts + g.cfg.formation_timeout_ns
+                if deadline <= now:
+                    self._fail_formation(g, deadline, record, effects)
+            if g.formation == FORMING:
+                self._expire_unformed_heads(g, record, effects)
+            self._settle(g, record, effects)
+        return effects
+
+    # ------------------------------------------------------------------ the death chain
+
+    def _go_offline(
+        self,
+        g: GroupState,
+        rank: int,
+        reason: str,
+        failure: bool,
+        record: Record,
+        effects: list[Effect],
+    ) -> None:
+        """Every way a rank is lost ends here: heartbeat timeout, death report, a missed ACK,
+        replacement by a new incarnation, and (with ``failure=False``) a clean exit.
+
+        The rank goes OFFLINE, leaves the usable-edge graph and the Healthy Set, stops being
+        awaited by the change in flight (it is dropped at once rather than at the ACK
+        deadline), and a failure of a non-exited incarnation is counted once against
+        ``max_failure``. Budget and auto-deactivation follow in ``_settle``.
+        """
+        info = g.ranks[rank]
+        info.state = OFFLINE
+        g.alive.pop(rank, None)
+        g.candidates.discard(rank)
+        g.healthy.discard(rank)
+        g.dirty = True
+        if failure and not info.exited and not info.failure_counted:
+            info.failure_counted = True
+            g.failures += 1
+            g.failed.append((rank, info.rank_epoch))
+        change = g.change
+        if change is not None and rank in change.participants and rank not in change.acked:
+            change.dropped.add(rank)
+        self._rank_state(g, rank, reason, record, effects)
+
+    def _expire_heartbeats(self, g: GroupState, record: Record, effects: list[Effect]) -> None:
+        timeout = g.cfg.heartbeat_timeout_ns
+        alive = g.alive
+        while alive:
+            rank, last = next(iter(alive.items()))
+            if last + timeout > self._now:
+                break
+            self._go_offline(
+                g,
+                rank,
+                f"heartbeat timeout: last sign of life at {last}, deadline {last + timeout}",
+                True,
+                record,
+                effects,
+            )
+
+    # ------------------------------------------------------------------ evidence
+
+    def _touch(self, g: GroupState, rank: int) -> None:
+        """Any input from the current online incarnation is a sign of life."""
+        g.alive[rank] = self._now
+        g.alive.move_to_end(rank)
+        g.ranks[rank].last_heartbeat_ts = self._now
+
+    def _set_evidence(self, g: GroupState, rank: int, down: frozenset[int], ready: bool) -> None:
+        info = g.ranks[rank]
+        if info.down == down and info.self_ready == ready:
+            return
+        info.down = down
+        info.self_ready = ready
+        if down:
+            g.reporters.add(rank)
+        else:
+            g.reporters.discard(rank)
+        if ready and info.state != OFFLINE:
+            g.candidates.add(rank)
+        else:
+            g.candidates.discard(rank)
+        g.dirty = True
+
+    def _forget_evidence_about(self, g: GroupState, rank: int) -> None:
+        """A replacement process is new: other ranks' down evidence about the old one lapses."""
+        for reporter in sorted(g.reporters):
+            info = g.ranks[reporter]
+            if rank in info.down:
+                info.down = info.down - {rank}
+                if not info.down:
+                    g.reporters.discard(reporter)
+                g.dirty = True
+
+    def _down_graph(self, g: GroupState) -> dict[int, set[int]]:
+        cand = g.candidates
+        down: dict[int, set[int]] = {}
+        for rank in g.reporters:
+            if rank not in cand:
+                continue
+            for peer in g.ranks[rank].down:
+                if peer in cand:
+                    down.setdefault(rank, set()).add(peer)
+                    down.setdefault(peer, set()).add(rank)
+        return down
+
+    def _recompute_healthy_set(self, g: GroupState, record: Record, effects: list[Effect]) -> None:
+        """HEALTHY = inside the Healthy Set; a candidate outside it is SYNCED."""
+        g.dirty = False
+        down = self._down_graph(g)
+        new = g.candidates - excluded_ranks(down, g.healthy) if down else set(g.candidates)
+        left = g.healthy - new
+        joined = new - g.healthy
+        if not left and not joined:
+            return
+        g.healthy = new
+        size = len(new)
+        for rank in sorted(left | joined):
+            info = g.ranks[rank]
+            if rank in joined:
+                info.state = HEALTHY
+                reason = f"in the Healthy Set ({size} ranks)"
+            else:
+                info.state = SYNCED
+                peers = down.get(rank, ())
+                why = f"links down to {ranks_text(peers)}" if peers else "not self-ready"
+                reason = f"left the Healthy Set ({size} ranks): {why}"
+            self._rank_state(g, rank, reason, record, effects)
+
+    # ------------------------------------------------------------------ decisions
+
+    def _settle(self, g: GroupState, record: Record, effects: list[Effect]) -> None:
+        """Make every decision the current facts allow, in a fixed order (see module doc)."""
+        if g.dirty and g.window_end is None:
+            self._recompute_healthy_set(g, record, effects)
+        self._enforce_budget(g, record, effects)
+        while True:
+            change = g.change
+            if change is not None:
+                if not change.outstanding():
+                    self._commit(g, record, effects)
+                    continue
+                self._attach_heads(g, record, effects)
+                return
+            if g.formation == FAILED or g.shutdown is not None or g.window_end is not None:
+                return
+            if g.formation == FORMING:
+                if len(g.healthy) < g.cfg.min_ranks:
+                    return
+                self._prepare(
+                    g,
+                    tuple(sorted(g.healthy)),
+                    "formation",
+                    [],
+                    f"{len(g.healthy)}/{g.cfg.world_size} ranks HEALTHY "
+                    f"(min_ranks {g.cfg.min_ranks})",
+                    record,
+                    effects,
+                )
+                continue
+            if g.cfg.auto_deactivate and self._auto_deactivate(g, record, effects):
+                continue
+            if not self._decide_head(g, record, effects):
+                return
+
+    def _enforce_budget(self, g: GroupState, record: Record, effects: list[Effect]) -> None:
+        """One ``shutdown_with_save`` per group, ever: at ``max_failure`` failed incarnations, or
+        when failures leave fewer live active ranks than the backend needs. Pending proposals
+        are then rejected; a change already in flight may still commit."""
+        if g.shutdown is not None or g.formation == FAILED:
+            return
+        cfg = g.cfg
+        reason = detail = None
+        failed = ", ".join(f"{r}@{e}" for r, e in g.failed[:16])
+        if len(g.failed) > 16:
+            failed += f", ... (+{len(g.failed) - 16} more)"
+        if cfg.max_failure is not None and g.failures >= cfg.max_failure:
+            reason = "max_failure_exceeded"
+            detail = (
+                f"{g.failures} failed incarnations (rank@rank_epoch [{failed}]) "
+                f"reached max_failure {g.config.max_failure!r} = {cfg.max_failure}"
+            )
+        elif g.view is not None:
+            active = g.view.active_ranks
+            lost = [r for r in active if g.ranks[r].state == OFFLINE]
+            if lost and any(not g.ranks[r].exited for r in lost):
+                survivors = len(active) - len(lost)
+                if survivors < cfg.survivor_floor:
+                    reason = "all_ranks_lost" if survivors == 0 else "single_survivor"
+                    detail = (
+                        f"{survivors} of active ranks {ranks_text(active)} left (lost "
+                        f"{ranks_text(lost)}); backend {g.config.backend} needs "
+                        f"{cfg.survivor_floor}"
+                    )
+        if reason is None:
+            return
+        g.shutdown = reason
+        effects.append(
+            ShutdownWithSave(group=g.name, reason=reason, detail=detail or "", offset=record.offset)
+        )
+        while g.queue:
+            pid, _ = g.queue.popleft()
+            self._resolve(
+                g, pid, REJECTED, None, f"group was shut down ({reason})", record, effects
+            )
+
+    def _auto_deactivate(self, g: GroupState, record: Record, effects: list[Effect]) -> bool:
+        """Active ranks outside the Healthy Set are removed through the barrier; this takes
+        precedence over queued proposals but never preempts the change in flight. It never
+        empties the view: with no active rank left healthy, the group waits."""
+        active = g.active
+        leaving = [r for r in active if r not in g.healthy]
+        if not leaving or len(leaving) == len(active):
+            return False
+        states = ", ".join(f"{r} {g.ranks[r].state}" for r in leaving[:16])
+        more = f", ... (+{len(leaving) - 16} more)" if len(leaving) > 16 else ""
+        self._prepare(
+            g,
+            tuple(r for r in active if r in g.healthy),
+            "auto_deactivation",
+            [],
+            f"active ranks left the Healthy Set: {states}{more}",
+            record,
+            effects,
+        )
+        return True
+
+    def _decide_head(self, g: GroupState, record: Record, effects: list[Effect]) -> bool:
+        """Decide the proposal at the head of the queue; True if it was decided.
+
+        Checked in order: ranks in range and distinct (else rejected); the resulting view equal
+        to the current one (then ``applied`` at once with the current version: deduplication);
+        for deactivate, at least ``min_active`` ranks left; for activate, every rank of the
+        result HEALTHY and the result a clique of usable edges. A head that is not admissible
+        yet waits until its admission deadline, then is rejected naming each rank and state.
+        """
+        if not g.queue:
+            return False
+        pid, deadline = g.queue[0]
+        proposal = self._proposals[pid]
+        invalid = self._static_problem(g, proposal)
+        if invalid is not None:
+            g.queue.popleft()
+            self._resolve(g, pid, REJECTED, None, invalid, record, effects)
+            return True
+        active = g.active
+        target = _apply(proposal, active)
+        if target == active:
+            g.queue.popleft()
+            self._resolve(
+                g,
+                pid,
+                APPLIED,
+                g.version,
+                f"no change needed: version {g.version} already has active ranks {ranks_text(active)}",
+                record,
+                effects,
+            )
+            return True
+        if proposal.op == "deactivate":
+            if len(target) < g.cfg.min_active:
+                g.queue.popleft()
+                self._resolve(
+                    g,
+                    pid,
+                    REJECTED,
+                    None,
+                    f"deactivating {ranks_text(proposal.ranks)} would leave {len(target)} active "
+                    f"ranks {ranks_text(target)}; min_active is {g.cfg.min_active}",
+                    record,
+                    effects,
+                )
+                return True
+        else:
+            problem = self._admission_problem(g, target)
+            if problem is not None:
+                if self._now < deadline:
+                    return False
+                g.queue.popleft()
+                self._resolve(
+                    g,
+                    pid,
+                    REJECTED,
+                    None,
+                    f"not admissible by the admission deadline {deadline}: {problem}",
+                    record,
+                    effects,
+                )
+                return True
+        g.queue.popleft()
+        self._prepare(
+            g,
+            target,
+            "proposal",
+            [pid],
+            f"proposal {pid}: {proposal.op} {ranks_text(proposal.ranks)}",
+            record,
+            effects,
+        )
+        return True
+
+    def _attach_heads(self, g: GroupState, record: Record, effects: list[Effect]) -> None:
+        """While a change is in flight, heads it already satisfies ride along with it (and
+        resolve with its version when it commits); malformed heads are rejected at once."""
+        change = g.change
+        assert change is not None
+        while g.queue:
+            pid, _ = g.queue[0]
+            proposal = self._proposals[pid]
+            invalid = self._static_problem(g, proposal)
+            if invalid is not None:
+                g.queue.popleft()
+                self._resolve(g, pid, REJECTED, None, invalid, record, effects)
+                continue
+            if _apply(proposal, change.active) != change.active:
+                return
+            g.queue.popleft()
+            change.proposals.append(pid)
+
+    def _expire_unformed_heads(self, g: GroupState, record: Record, effects: list[Effect]) -> None:
+        """Before formation nothing can be admitted, but admission deadlines still run."""
+        while g.queue and g.queue[0][1] <= self._now:
+            pid, deadline = g.queue.popleft()
+            self._resolve(
+                g,
+                pid,
+                REJECTED,
+                None,
+                f"group {g.name!r} had not formed by the admission deadline {deadline}",
+                record,
+                effects,
+            )
+
+    @staticmethod
+    def _static_problem(g: GroupState, proposal: Proposal) -> str | None:
+        ws = g.cfg.world_size
+        out = sorted({r for r in proposal.ranks if not 0 <= r < ws})
+        if out:
+            return f"ranks {ranks_text(out)} are not in 0..{ws - 1}"
+        seen: set[int] = set()
+        dup: set[int] = set()
+        for r in proposal.ranks:
+            (dup if r in seen else seen).add(r)
+        if dup:
+            return f"ranks {ranks_text(dup)} are named more than once"
+        return None
+
+    def _admission_problem(self, g: GroupState, target: tuple[int, ...]) -> str | None:
+        """Why the view ``target`` cannot be admitted now, naming each rank and its state."""
+        bad = [r for r in target if g.ranks[r].state != HEALTHY]
+        if bad:
+            listed = ", ".join(f"rank {r} is {g.ranks[r].state}" for r in bad[:16])
+            more = f", ... (+{len(bad) - 16} more)" if len(bad) > 16 else ""
+            return listed + more
+        members = set(target)
+        down = sorted(
+            (r, p) for r in g.reporters if r in members for p in g.ranks[r].down if p in members
+        )
+        if down:
+            return "not a clique of usable edges: " + ", ".join(
+                f"{r}->{p} down" for r, p in down[:16]
+            )
+        return None
+
+    # ------------------------------------------------------------------ the barrier
+
+    def _prepare(
+        self,
+        g: GroupState,
+        target: tuple[int, ...],
+        kind: str,
+        proposals: list[int],
+        detail: str,
+        record: Record,
+        effects: list[Effect],
+    ) -> None:
+        """Phase one: send ``view_prepare(version + 1)`` to the participants, the online ranks
+        active in the old view or the new one."""
+        members = set(g.active) | set(target)
+        participants = tuple(r for r in sorted(members) if g.ranks[r].state != OFFLINE)
+        change = Change(
+            g.version + 1,
+            target,
+            participants,
+            self._now + g.cfg.ack_timeout_ns,
+            kind,
+            proposals,
+            detail,
+        )
+        g.change = change
+        effects.append(
+            ViewPrepare(
+                group=g.name,
+                version=change.version,
+                active_ranks=target,
+                participants=participants,
+                ack_deadline_ts=change.ack_deadline,
+                cause=change.cause(),
+                offset=record.offset,
+            )
+        )
+        self._attach_heads(g, record, effects)
+
+    def _commit(self, g: GroupState, record: Record, effects: list[Effect]) -> None:
+        """Phase two: every participant ACKed or was dropped. Dropped ranks leave the view;
+        the proposals it carries resolve ``applied`` (or ``applied_with_dropped_ranks``)."""
+        change = g.change
+        assert change is not None
+        g.change = None
+        dropped = tuple(sorted(change.dropped))
+        view = View(
+            group=g.name,
+            version=change.version,
+            active_ranks=tuple(r for r in change.active if r not in change.dropped),
+            rank_states={r: info.state for r, info in enumerate(g.ranks)},
+            healthy_set=tuple(sorted(g.healthy)),
+            cause=change.cause(),
+            acked_ranks=tuple(sorted(change.acked)),
+            dropped_ranks=dropped,
+            offset=record.offset,
+            ts=self._now,
+        )
+        g.view = view
+        if g.formation == FORMING:
+            g.formation = FORMED
+        effects.append(ViewCommitted(view=view, offset=record.offset))
+        status = APPLIED_WITH_DROPPED_RANKS if dropped else APPLIED
+        for pid in change.proposals:
+            reason = f"committed in version {view.version}"
+            if dropped:
+                reason += f"; dropped ranks {ranks_text(dropped)} (no ACK)"
+            self._resolve(g, pid, status, view.version, reason, record, effects, dropped)
+        self._enforce_budget(g, record, effects)
+
+    def _fail_formation(
+        self, g: GroupState, deadline: int, record: Record, effects: list[Effect]
+    ) -> None:
+        missing = tuple(r for r, info in enumerate(g.ranks) if info.state != HEALTHY)
+        ready = g.cfg.world_size - len(missing)
+        g.formation = FAILED
+        g.alive.clear()  # a failed group tracks no more deadlines; its inputs are refused
+        g.window_end = None
+        g.formation_error = (
+            f"{ready}/{g.cfg.world_size} ranks HEALTHY by the formation deadline {deadline} "
+            f"(min_ranks {g.cfg.min_ranks}); missing {ranks_text(missing)}"
+        )
+        effects.append(
+            GroupFailed(
+                group=g.name, reason=g.formation_error, missing_ranks=missing, offset=record.offset
+            )
+        )
+        while g.queue:
+            pid, _ = g.queue.popleft()
+            self._resolve(
+                g,
+                pid,
+                REJECTED,
+                None,
+                f"group failed to form: {g.formation_error}",
+                record,
+                effects,
+            )
+
+    def _resolve(
+        self,
+        g: GroupState,
+        pid: int,
+        status: str,
+        version: int | None,
+        reason: str,
+        record: Record,
+        effects: list[Effect],
+        dropped: tuple[int, ...] = (),
+    ) -> None:
+        """Give a proposal its one terminal outcome; it never changes afterwards."""
+        proposal = self._proposals[pid]
+        assert proposal.status == PENDING, f"proposal {pid} is already {proposal.status}"
+        resolved = msgspec.structs.replace(
+            proposal,
+            status=status,
+            version=version,
+            reason=reason,
+            dropped_ranks=dropped,
+            resolved_offset=record.offset,
+        )
+        self._proposals[pid] = resolved
+        effects.append(ProposalResolved(proposal=resolved, offset=record.offset))
+
+    def _rank_state(
+        self, g: GroupState, rank: int, reason: str, record: Record, effects: list[Effect]
+    ) -> None:
+        info = g.ranks[rank]
+        effects.append(
+            RankState(
+                group=g.name,
+                rank=rank,
+                state=info.state,
+                incarnation=info.incarnation,
+                rank_epoch=info.rank_epoch,
+                reason=reason,
+                offset=record.offset,
+            )
+        )
+
+    # ------------------------------------------------------------------ deadlines
+
+    def _group_deadline(self, g: GroupState) -> int | None:
+        best: int | None = None
+
+        def consider(t: int) -> None:
+            nonlocal best
+            if best is None or t < best:
+                best = t
+
+        if g.alive:
+            consider(next(iter(g.alive.values())) + g.cfg.heartbeat_timeout_ns)
+        if g.window_end is not None:
+            consider(g.window_end)
+        if g.change is not None:
+            consider(g.change.ack_deadline)
+        if g.formation == FORMING:
+            if g.change is None:
+                consider(g.created_ts + g.cfg.formation_timeout_ns)
+            if g.queue:
+                consider(g.queue[0][1])
+        elif (
+            g.formation == FORMED
+            and g.queue
+            and g.change is None
+            and g.window_end is None
+            and g.shutdown is None
+        ):
+            consider(g.queue[0][1])
+        return best
+
+
+def _apply(proposal: Proposal, active: tuple[int, ...]) -> tuple[int, ...]:
+    """The active ranks that ``proposal`` asks for, starting from ``active`` (sorted)."""
+    if proposal.op == "activate":
+        return tuple(sorted(set(active) | set(proposal.ranks)))
+    leaving = set(proposal.ranks)
+    return tuple(r for r in active if r not in leaving)
+
+
+def _plain(value: Any) -> Any:
+    """JSON-shaped plain data (lists, string keys), as a client would see it."""
+    return msgspec.json.decode(msgspec.json.encode(value))

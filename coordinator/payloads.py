@@ -1,0 +1,121 @@
+"""Shape checks for record payloads: the ``invalid_event`` rules, one function per kind.
+
+Each check returns ``None`` when the payload is well formed, or a message naming the field that
+is missing or has the wrong type. Checks that need the group (ranks in range, current
+incarnation, version in flight) live with the fold; these only need the payload and the group's
+world size.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+MAX_ID_LEN = 256
+OPS = ("activate", "deactivate")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _text(payload: dict[str, Any], name: str, *, required: bool) -> str | None:
+    if name not in payload or (payload[name] is None and not required):
+        return f"{name} is required" if required else None
+    value = payload[name]
+    if not isinstance(value, str) or not value or len(value) > MAX_ID_LEN:
+        return (
+            f"{name} must be a non-empty string of at most {MAX_ID_LEN} characters, got {value!r}"
+        )
+    return None
+
+
+def _optional_int(payload: dict[str, Any], name: str) -> str | None:
+    value = payload.get(name)
+    if value is not None and (not _is_int(value) or value < 0):
+        return f"{name} must be a non-negative integer, got {value!r}"
+    return None
+
+
+def check_join(payload: dict[str, Any], world_size: int) -> str | None:
+    if (err := _text(payload, "incarnation", required=True)) is not None:
+        return err
+    if "host" in payload and payload["host"] is not None and not isinstance(payload["host"], str):
+        return f"host must be a string, got {payload['host']!r}"
+    return _optional_int(payload, "pid")
+
+
+def check_heartbeat(payload: dict[str, Any], world_size: int) -> str | None:
+    return _text(payload, "incarnation", required=True) or _optional_int(payload, "version")
+
+
+def check_ack(payload: dict[str, Any], world_size: int) -> str | None:
+    if (err := _text(payload, "incarnation", required=True)) is not None:
+        return err
+    if "version" not in payload:
+        return "version is required"
+    return _optional_int(payload, "version")
+
+
+def check_exit(payload: dict[str, Any], world_size: int) -> str | None:
+    return _text(payload, "incarnation", required=True)
+
+
+def check_death(payload: dict[str, Any], world_size: int) -> str | None:
+    return _text(payload, "incarnation", required=False) or _text(
+        payload, "reporter", required=False
+    )
+
+
+def check_links(payload: dict[str, Any], world_size: int) -> str | None:
+    if (err := _text(payload, "incarnation", required=True)) is not None:
+        return err
+    ready = payload.get("self_ready")
+    if not isinstance(ready, bool):
+        return f"self_ready must be true or false, got {ready!r}"
+    peers = payload.get("peers", {})
+    if not isinstance(peers, dict):
+        return f"peers must be an object of rank -> 'up'|'down', got {peers!r}"
+    for key, value in peers.items():
+        if not (isinstance(key, str) and key.isdigit() and int(key) < world_size):
+            return f"peers key {key!r} is not a rank in 0..{world_size - 1}"
+        if value not in ("up", "down"):
+            return f"peers[{key!r}] must be 'up' or 'down', got {value!r}"
+    hint = payload.get("failed_ranks_hint")
+    if hint is not None:
+        if not isinstance(hint, list):
+            return f"failed_ranks_hint must be a list of ranks, got {hint!r}"
+        bad = [r for r in hint if not _is_int(r) or not 0 <= r < world_size]
+        if bad:
+            return f"failed_ranks_hint names {bad!r}, not ranks in 0..{world_size - 1}"
+    return _optional_int(payload, "version")
+
+
+def check_proposal(payload: dict[str, Any], world_size: int) -> str | None:
+    """Malformed proposals are refused; well-formed ones naming bad ranks are logged and
+    rejected later (so audits see them), hence ranks are not range-checked here."""
+    op = payload.get("op")
+    if op not in OPS:
+        return f"op must be one of {list(OPS)}, got {op!r}"
+    ranks = payload.get("ranks")
+    if not isinstance(ranks, list) or not ranks:
+        return f"ranks must be a non-empty list of ranks, got {ranks!r}"
+    bad = [r for r in ranks if not _is_int(r)]
+    if bad:
+        return f"ranks must be integers; got {bad!r}"
+    if len(ranks) > 65_536:
+        return f"ranks names {len(ranks)} ranks; at most 65536"
+    return _text(payload, "proposer", required=False) or _text(
+        payload, "idempotency_key", required=False
+    )
+
+
+CHECKS: dict[str, Callable[[dict[str, Any], int], str | None]] = {
+    "join": check_join,
+    "heartbeat": check_heartbeat,
+    "ack": check_ack,
+    "exit": check_exit,
+    "death_reported": check_death,
+    "links": check_links,
+    "proposal": check_proposal,
+}

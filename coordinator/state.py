@@ -1,0 +1,251 @@
+"""The fold's internal state: one :class:`GroupState` per group, and its JSON snapshot.
+
+These are mutable on purpose (the fold mutates in place, h11-style, so a heartbeat costs a few
+dict operations); nothing outside ``coordinator`` sees them — queries return the frozen values
+of :mod:`coordinator.effects` or plain data.
+
+Derived indexes (``candidates``, ``reporters``) are rebuilt on restore rather than stored, so a
+snapshot cannot disagree with itself.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from typing import Any
+
+import msgspec
+
+from coordinator.config import GroupConfig, Resolved
+from coordinator.effects import OFFLINE, View
+
+FORMING = "forming"
+FORMED = "formed"
+FAILED = "failed"
+
+
+class RankInfo:
+    """What the fold knows about one rank and its current incarnation."""
+
+    __slots__ = (
+        "state",
+        "incarnation",
+        "rank_epoch",
+        "last_heartbeat_ts",
+        "exited",
+        "self_ready",
+        "down",
+        "failure_counted",
+        "host",
+        "pid",
+    )
+
+    def __init__(self) -> None:
+        self.state: str = OFFLINE
+        self.incarnation: str | None = None
+        self.rank_epoch = 0
+        self.last_heartbeat_ts: int | None = None
+        self.exited = False
+        #: the latest links report of this incarnation said its data plane is ready
+        self.self_ready = False
+        #: peers this incarnation's latest links report (or failure hint) says are down
+        self.down: frozenset[int] = frozenset()
+        #: this incarnation already counts against max_failure (counted once per incarnation)
+        self.failure_counted = False
+        self.host: str | None = None
+        self.pid: int | None = None
+
+    def to_list(self) -> list[Any]:
+        return [
+            self.state,
+            self.incarnation,
+            self.rank_epoch,
+            self.last_heartbeat_ts,
+            self.exited,
+            self.self_ready,
+            sorted(self.down),
+            self.failure_counted,
+            self.host,
+            self.pid,
+        ]
+
+    @classmethod
+    def from_list(cls, data: list[Any]) -> RankInfo:
+        info = cls()
+        (
+            info.state,
+            info.incarnation,
+            info.rank_epoch,
+            info.last_heartbeat_ts,
+            info.exited,
+            info.self_ready,
+            down,
+            info.failure_counted,
+            info.host,
+            info.pid,
+        ) = data
+        info.down = frozenset(down)
+        return info
+
+
+class Change:
+    """The one view change in flight: prepared, waiting for its participants' ACKs."""
+
+    __slots__ = (
+        "version",
+        "active",
+        "participants",
+        "acked",
+        "dropped",
+        "ack_deadline",
+        "kind",
+        "proposals",
+        "detail",
+    )
+
+    def __init__(
+        self,
+        version: int,
+        active: tuple[int, ...],
+        participants: tuple[int, ...],
+        ack_deadline: int,
+        kind: str,
+        proposals: list[int],
+        detail: str,
+    ) -> None:
+        self.version = version
+        self.active = active
+        self.participants = participants
+        self.acked: set[int] = set()
+        self.dropped: set[int] = set()
+        self.ack_deadline = ack_deadline
+        self.kind = kind
+        self.proposals = proposals
+        self.detail = detail
+
+    def outstanding(self) -> list[int]:
+        """Participants whose ACK is still awaited, in rank order."""
+        return [r for r in self.participants if r not in self.acked and r not in self.dropped]
+
+    def cause(self) -> dict[str, Any]:
+        return {"kind": self.kind, "proposals": list(self.proposals), "detail": self.detail}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "version": self.version,
+            "active": list(self.active),
+            "participants": list(self.participants),
+            "acked": sorted(self.acked),
+            "dropped": sorted(self.dropped),
+            "ack_deadline": self.ack_deadline,
+            "kind": self.kind,
+            "proposals": list(self.proposals),
+            "detail": self.detail,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Change:
+        change = cls(
+            d["version"],
+            tuple(d["active"]),
+            tuple(d["participants"]),
+            d["ack_deadline"],
+            d["kind"],
+            list(d["proposals"]),
+            d["detail"],
+        )
+        change.acked = set(d["acked"])
+        change.dropped = set(d["dropped"])
+        return change
+
+
+class GroupState:
+    """Everything the fold keeps for one group."""
+
+    def __init__(
+        self, name: str, config: GroupConfig, created_ts: int, created_offset: int
+    ) -> None:
+        self.name = name
+        self.config = config
+        self.cfg: Resolved = config.resolve()
+        self.created_ts = created_ts
+        self.created_offset = created_offset
+        self.ranks = [RankInfo() for _ in range(config.world_size)]
+        #: online ranks -> last sign of life, oldest first (time only moves forward, so moving a
+        #: rank to the end on each heartbeat keeps the dict sorted by deadline: O(1) per beat)
+        self.alive: OrderedDict[int, int] = OrderedDict()
+        #: online and self-ready ranks: the vertices of the usable-edge graph
+        self.candidates: set[int] = set()
+        #: ranks whose latest report names at least one peer down
+        self.reporters: set[int] = set()
+        #: the current Healthy Set
+        self.healthy: set[int] = set()
+        #: the usable-edge graph changed since the Healthy Set was last computed
+        self.dirty = False
+        #: end of the open reconciliation window, if any
+        self.window_end: int | None = None
+        self.formation = FORMING
+        self.formation_error: str | None = None
+        self.failures = 0
+        #: (rank, rank_epoch) of every failed incarnation, in order
+        self.failed: list[tuple[int, int]] = []
+        self.shutdown: str | None = None
+        self.view: View | None = None
+        self.change: Change | None = None
+        #: pending proposals: (id, admission deadline), first in first out
+        self.queue: deque[tuple[int, int]] = deque()
+        #: idempotency key -> proposal id
+        self.keys: dict[str, int] = {}
+
+    @property
+    def active(self) -> tuple[int, ...]:
+        return self.view.active_ranks if self.view is not None else ()
+
+    @property
+    def version(self) -> int:
+        return self.view.version if self.view is not None else 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "config": self.config.to_dict(),
+            "created_ts": self.created_ts,
+            "created_offset": self.created_offset,
+            "ranks": [info.to_list() for info in self.ranks],
+            "alive": [[rank, ts] for rank, ts in self.alive.items()],
+            "healthy": sorted(self.healthy),
+            "dirty": self.dirty,
+            "window_end": self.window_end,
+            "formation": self.formation,
+            "formation_error": self.formation_error,
+            "failures": self.failures,
+            "failed": [list(f) for f in self.failed],
+            "shutdown": self.shutdown,
+            "view": None if self.view is None else msgspec.to_builtins(self.view, str_keys=True),
+            "change": None if self.change is None else self.change.to_dict(),
+            "queue": [list(item) for item in self.queue],
+            "keys": dict(sorted(self.keys.items())),
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> GroupState:
+        config = msgspec.convert(d["config"], GroupConfig)
+        g = cls(d["name"], config, d["created_ts"], d["created_offset"])
+        g.ranks = [RankInfo.from_list(item) for item in d["ranks"]]
+        g.alive = OrderedDict((rank, ts) for rank, ts in d["alive"])
+        g.healthy = set(d["healthy"])
+        g.dirty = d["dirty"]
+        g.window_end = d["window_end"]
+        g.formation = d["formation"]
+        g.formation_error = d["formation_error"]
+        g.failures = d["failures"]
+        g.failed = [(rank, epoch) for rank, epoch in d["failed"]]
+        g.shutdown = d["shutdown"]
+        g.view = None if d["view"] is None else msgspec.convert(d["view"], View, strict=False)
+        g.change = None if d["change"] is None else Change.from_dict(d["change"])
+        g.queue = deque((pid, deadline) for pid, deadline in d["queue"])
+        g.keys = dict(d["keys"])
+        g.candidates = {
+            r for r, info in enumerate(g.ranks) if info.state != OFFLINE and info.self_ready
+        }
+        g.reporters = {r for r, info in enumerate(g.ranks) if info.down}
+        return g
