@@ -49,7 +49,8 @@ class SqliteLog(Log):
 
     async def _append_rows(self, rows: list[Row]) -> list[int]:
         fut: asyncio.Future[list[int]] = self._loop.create_future()
-        self._writer.submit(Append(rows, sum(len(r[4]) for r in rows), fut))
+        # size approximates the WAL bytes: the payload plus the other columns and row header
+        self._writer.submit(Append(rows, sum(len(r[4]) for r in rows) + 64 * len(rows), fut))
         return await fut
 
     async def _write(self, fn: Any) -> Any:

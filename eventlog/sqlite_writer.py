@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import queue
 import sqlite3
 import threading
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,11 +58,61 @@ class Call:
 _STOP = object()
 
 
+#: Checkpoint the WAL into the main file after about this many payload bytes were committed.
+CHECKPOINT_BYTES = 2 << 20
+
+
 def connect_writer(path: Path) -> sqlite3.Connection:
     conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=30)
     conn.execute("PRAGMA journal_mode = WAL")
     conn.execute("PRAGMA synchronous = FULL")
+    # Checkpoints run on the Checkpointer's thread, not inside a commit that acks wait for.
+    conn.execute("PRAGMA wal_autocheckpoint = 0")
     return conn
+
+
+class Checkpointer:
+    """Copies the WAL into the database file on its own thread and connection.
+
+    SQLite's automatic checkpoint runs inside the COMMIT that crosses the threshold, so every
+    append waiting on that commit would pay for copying and fsyncing the main file. A PASSIVE
+    checkpoint on another connection runs beside the writer instead and never blocks it.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self._path = path
+        self._pending = 0
+        self._due = threading.Event()
+        self._stopping = False
+        self._thread = threading.Thread(
+            target=self._run, name="eventlog-sqlite-checkpoint", daemon=True
+        )
+        self._thread.start()
+
+    def wrote(self, size: int) -> None:
+        """Called by the writer after each commit with the bytes it committed."""
+        self._pending += size
+        if self._pending >= CHECKPOINT_BYTES:
+            self._pending = 0
+            self._due.set()
+
+    def stop(self) -> None:
+        self._stopping = True
+        self._due.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        conn = sqlite3.connect(self._path, isolation_level=None, timeout=30)
+        try:
+            while True:
+                self._due.wait()
+                self._due.clear()
+                if self._stopping:
+                    return
+                with contextlib.suppress(sqlite3.Error):  # best effort; the next one retries
+                    conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
+        finally:
+            conn.close()
 
 
 class SqliteWriter:
@@ -79,8 +129,8 @@ class SqliteWriter:
         self._where = where
         self._loop = loop
         self._on_commit = on_commit
-        self._jobs: deque[Append | Call | object] = deque()
-        self._cv = threading.Condition()
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._checkpointer = Checkpointer(path)
         self._conn: sqlite3.Connection | None = None
         self._thread = threading.Thread(
             target=self._run, name="eventlog-sqlite-writer", daemon=True
@@ -90,61 +140,62 @@ class SqliteWriter:
     # -- called on the event loop -----------------------------------------------------------
 
     def submit(self, job: Append | Call) -> None:
-        with self._cv:
-            self._jobs.append(job)
-            self._cv.notify()
+        self._queue.put(job)
 
     def stop(self) -> None:
         """Finish the queued jobs, then close the connection (blocks: call it off the loop)."""
-        with self._cv:
-            self._jobs.append(_STOP)
-            self._cv.notify()
+        self._queue.put(_STOP)
         self._thread.join()
 
     # -- the writer thread ------------------------------------------------------------------
 
     def _run(self) -> None:
+        carry: Any = None
         while True:
-            with self._cv:
-                while not self._jobs:
-                    self._cv.wait()
-                first = self._jobs.popleft()
-                if first is _STOP:
-                    break
-                batch: list[Any] = [first]
-                if isinstance(first, Append):
-                    rows, size = len(first.rows), first.size
-                    while self._jobs and isinstance(self._jobs[0], Append):
-                        nxt = self._jobs[0]
-                        if (
-                            rows + len(nxt.rows) > MAX_BATCH_ROWS
-                            or size + nxt.size > MAX_BATCH_BYTES
-                        ):
-                            break
-                        self._jobs.popleft()
-                        batch.append(nxt)
-                        rows += len(nxt.rows)
-                        size += nxt.size
-            if isinstance(first, Append):
-                self._write_appends(batch)
-            else:
+            first = carry if carry is not None else self._queue.get()
+            carry = None
+            if first is _STOP:
+                break
+            if isinstance(first, Call):
                 self._write_call(first)
+                continue
+            batch = [first]
+            rows, size = len(first.rows), first.size
+            while True:
+                try:
+                    nxt = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if (
+                    not isinstance(nxt, Append)
+                    or rows + len(nxt.rows) > MAX_BATCH_ROWS
+                    or size + nxt.size > MAX_BATCH_BYTES
+                ):
+                    carry = nxt
+                    break
+                batch.append(nxt)
+                rows += len(nxt.rows)
+                size += nxt.size
+            self._write_appends(batch, size)
+        self._checkpointer.stop()
         if self._conn is not None:
             self._conn.close()
         # Anything queued after stop() was requested is refused, never silently dropped.
-        with self._cv:
-            rest, self._jobs = list(self._jobs), deque()
         closed = LogClosed(f"{self._where} is closed")
-        for job in rest:
-            if isinstance(job, Append | Call):
-                self._fail([job], closed)
+        rest = [carry] if carry is not None else []
+        while True:
+            try:
+                rest.append(self._queue.get_nowait())
+            except queue.Empty:
+                break
+        self._fail([job for job in rest if isinstance(job, Append | Call)], closed)
 
     def _connection(self) -> sqlite3.Connection:
         if self._conn is None:
             self._conn = connect_writer(self._path)
         return self._conn
 
-    def _write_appends(self, jobs: list[Append]) -> None:
+    def _write_appends(self, jobs: list[Append], size: int) -> None:
         try:
             conn = self._connection()
             conn.execute("BEGIN IMMEDIATE")
@@ -179,6 +230,7 @@ class SqliteWriter:
             self._fail(jobs, LogError(f"append of {n} records to {self._where} failed: {exc}"))
         else:
             self._call_soon(self._resolve, jobs, results, seq - 1)
+            self._checkpointer.wrote(size)
 
     def _write_call(self, job: Call) -> None:
         try:

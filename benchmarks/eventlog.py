@@ -1,0 +1,378 @@
+"""The durable log: group-commit appends, ack latency, replay — SQLite and PostgreSQL.
+
+Every figure is the median over trials on a fresh log. Baselines are measured in the same run:
+
+- appends: a naive writer that commits every record on its own (the same schema and
+  durability: WAL + ``synchronous=FULL`` on SQLite, an autocommitted statement on PostgreSQL),
+  driven by the same 100 concurrent producers;
+- replay: plain sqlite3 rows decoded with the stdlib ``json`` and no checksum check.
+
+PostgreSQL figures need the server on 127.0.0.1:5432 (``FOLDPLANE_BENCH_PG`` overrides the URL);
+each trial uses its own schema, dropped afterwards. Without a server they are left out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sqlite3
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import asyncpg
+
+from benchmarks.harness import (
+    Result,
+    higher_is_better_ratio,
+    median,
+    percentile,
+)
+from eventlog import Log, NewRecord, open_log
+from eventlog.record import checksum, encode_payload
+
+BENCH = "eventlog"
+PG_URL = os.environ.get("FOLDPLANE_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/test")
+PRODUCERS = (1, 10, 100, 1000)
+NAIVE = "naive: one commit per record"
+
+
+def heartbeat(rank: int, step: int) -> NewRecord:
+    """A realistic input: about 150 bytes of payload, like an agent's heartbeat with links."""
+    return NewRecord(
+        kind="heartbeat",
+        group="train",
+        rank=rank,
+        payload={
+            "incarnation": "9f0c3a7e-51d2-4b8e-a0c4-2f6f3c1d9e77",
+            "step": step,
+            "links": {str(p): "up" for p in range(4)},
+            "self_ready": True,
+        },
+    )
+
+
+# -- targets -----------------------------------------------------------------------------------
+
+
+class Targets:
+    """Fresh logs for each trial: SQLite files in a temp dir, PostgreSQL schemas."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.schemas: list[str] = []
+
+    def sqlite(self) -> str:
+        return str(self.tmp / f"{uuid.uuid4().hex}.db")
+
+    def postgres(self) -> str:
+        schema = f"bench_{uuid.uuid4().hex[:12]}"
+        self.schemas.append(schema)
+        return f"{PG_URL}{'&' if '?' in PG_URL else '?'}schema={schema}"
+
+    async def drop(self) -> None:
+        if not self.schemas:
+            return
+        conn = await asyncpg.connect(PG_URL)
+        try:
+            for schema in self.schemas:
+                await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+        finally:
+            await conn.close()
+        self.schemas.clear()
+
+
+async def pg_available() -> bool:
+    try:
+        conn = await asyncpg.connect(PG_URL, timeout=3)
+    except (OSError, asyncpg.PostgresError, TimeoutError):
+        return False
+    await conn.close()
+    return True
+
+
+# -- producers ---------------------------------------------------------------------------------
+
+
+async def drive(
+    append: Callable[[list[NewRecord]], Awaitable[list[int]]], producers: int, total: int
+) -> tuple[float, list[float]]:
+    """``producers`` tasks append one record at a time; returns (acks/s, ack latencies in ms)."""
+    per = max(1, total // producers)
+    latencies: list[float] = []
+
+    async def produce(rank: int) -> None:
+        recs = [heartbeat(rank % 1024, i) for i in range(per)]
+        for rec in recs:
+            t0 = time.perf_counter()
+            await append([rec])
+            latencies.append((time.perf_counter() - t0) * 1e3)
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(produce(p) for p in range(producers)))
+    elapsed = time.perf_counter() - t0
+    return per * producers / elapsed, latencies
+
+
+async def group_commit_trial(target: str, producers: int, total: int) -> tuple[float, list[float]]:
+    log = await open_log(target)
+    try:
+        await log.append([heartbeat(0, -1)])  # warm the connections
+        return await drive(log.append, producers, total)
+    finally:
+        await log.close()
+
+
+async def naive_sqlite_trial(target: str, producers: int, total: int) -> tuple[float, list[float]]:
+    """The same durability without group commit: each record is its own transaction."""
+    log = await open_log(target)  # creates the schema
+    await log.close()
+    conn = sqlite3.connect(target, isolation_level=None, check_same_thread=False)
+    conn.execute("PRAGMA journal_mode = WAL")
+    conn.execute("PRAGMA synchronous = FULL")
+    thread = ThreadPoolExecutor(1)
+    loop = asyncio.get_running_loop()
+    next_seq = conn.execute("SELECT next_seq FROM log_head").fetchone()[0]
+    state = {"seq": next_seq}
+
+    def write_one(rec: NewRecord) -> list[int]:
+        seq = state["seq"]
+        data = encode_payload(rec.payload)
+        ts = time.time_ns()
+        conn.execute("BEGIN IMMEDIATE")
+        conn.execute(
+            "INSERT INTO log (seq, term, ts_ns, kind, grp, rank, payload, crc) "
+            "VALUES (?, 0, ?, ?, ?, ?, ?, ?)",
+            (
+                seq,
+                ts,
+                rec.kind,
+                rec.group,
+                rec.rank,
+                data,
+                checksum(seq, ts, 0, rec.kind, rec.group, rec.rank, data),
+            ),
+        )
+        conn.execute("UPDATE log_head SET next_seq = ?", (seq + 1,))
+        conn.execute("COMMIT")
+        state["seq"] = seq + 1
+        return [seq]
+
+    async def append(recs: list[NewRecord]) -> list[int]:
+        return await loop.run_in_executor(thread, write_one, recs[0])
+
+    try:
+        return await drive(append, producers, total)
+    finally:
+        thread.shutdown()
+        conn.close()
+
+
+async def naive_postgres_trial(
+    target: str, producers: int, total: int
+) -> tuple[float, list[float]]:
+    """One autocommitted INSERT per record, serialized on one connection (gap-free offsets)."""
+    log = await open_log(target)
+    await log.close()
+    schema = target.rsplit("schema=", 1)[1]
+    conn = await asyncpg.connect(PG_URL, server_settings={"search_path": schema})
+    lock = asyncio.Lock()
+    insert = (
+        "WITH h AS (UPDATE log_head SET next_seq = next_seq + 1 WHERE id = 1 "
+        "RETURNING next_seq - 1 AS seq) "
+        "INSERT INTO log (seq, term, ts_ns, kind, grp, rank, payload, crc) "
+        "SELECT h.seq, 0, $1, $2, $3, $4, $5, $6 FROM h RETURNING seq"
+    )
+
+    async def append(recs: list[NewRecord]) -> list[int]:
+        rec = recs[0]
+        data = encode_payload(rec.payload)
+        async with lock:
+            return [
+                await conn.fetchval(insert, time.time_ns(), rec.kind, rec.group, rec.rank, data, 0)
+            ]
+
+    try:
+        return await drive(append, producers, total)
+    finally:
+        await conn.close()
+
+
+async def batch_trial(target: str, batch: int, total: int) -> float:
+    """One producer appending batches of ``batch`` records: durable records/s."""
+    log = await open_log(target)
+    try:
+        batches = [
+            [heartbeat(r % 64, i) for r in range(batch)] for i in range(max(1, total // batch))
+        ]
+        t0 = time.perf_counter()
+        for b in batches:
+            await log.append(b)
+        return len(batches) * batch / (time.perf_counter() - t0)
+    finally:
+        await log.close()
+
+
+# -- replay ------------------------------------------------------------------------------------
+
+
+async def fill(log: Log, n: int) -> None:
+    chunk = 5000
+    for start in range(0, n, chunk):
+        await log.append([heartbeat(i % 64, start + i) for i in range(min(chunk, n - start))])
+
+
+async def replay(log: Log, page: int = 10_000) -> tuple[int, float]:
+    t0 = time.perf_counter()
+    after = count = 0
+    while records := await log.read(after, page):
+        count += len(records)
+        after = records[-1].offset
+    return count, count / (time.perf_counter() - t0)
+
+
+def naive_replay(path: str, page: int = 10_000) -> float:
+    conn = sqlite3.connect(path)
+    t0 = time.perf_counter()
+    after = count = 0
+    while rows := conn.execute(
+        "SELECT seq, ts_ns, term, kind, grp, rank, payload, crc FROM log WHERE seq > ? "
+        "ORDER BY seq LIMIT ?",
+        (after, page),
+    ).fetchall():
+        decoded = [(r[0], json.loads(r[6])) for r in rows]
+        count += len(decoded)
+        after = rows[-1][0]
+    conn.close()
+    return count / (time.perf_counter() - t0)
+
+
+# -- the run -----------------------------------------------------------------------------------
+
+
+def note(msg: str) -> None:
+    print(f"#   {msg}", file=sys.stderr, flush=True)
+
+
+async def measure(quick: bool) -> list[Result]:
+    trials = 1 if quick else 3
+    totals = {1: 1_000, 10: 4_000, 100: 20_000, 1000: 30_000}
+    if not quick:
+        totals = {p: n * 3 for p, n in totals.items()}
+    naive_total = 1_000 if quick else 3_000
+    replay_n = 200_000 if quick else 1_000_000
+    results: list[Result] = []
+    with tempfile.TemporaryDirectory(prefix="bench-eventlog-") as tmp:
+        targets = Targets(Path(tmp))
+        stores = ["sqlite"] + (["postgres"] if await pg_available() else [])
+        if "postgres" not in stores:
+            note(f"PostgreSQL at {PG_URL} is not reachable: its figures are left out")
+        try:
+            for store in stores:
+                fresh = targets.sqlite if store == "sqlite" else targets.postgres
+                naive = naive_sqlite_trial if store == "sqlite" else naive_postgres_trial
+                naive_runs = []
+                for _ in range(trials):
+                    naive_runs.append((await naive(fresh(), 100, naive_total))[0])
+                    await targets.drop()
+                naive_rate = median(naive_runs)
+                note(f"{store} naive writer, 100 producers: {naive_rate:,.0f} appends/s")
+                for producers in PRODUCERS:
+                    rates, p50s, p99s = [], [], []
+                    for _ in range(trials):
+                        rate, lat = await group_commit_trial(fresh(), producers, totals[producers])
+                        await targets.drop()
+                        rates.append(rate)
+                        p50s.append(percentile(lat, 50))
+                        p99s.append(percentile(lat, 99))
+                    note(f"{store} {producers} producers: {median(rates):,.0f} appends/s")
+                    with_baseline = producers == 100
+                    results.append(
+                        Result(
+                            BENCH,
+                            f"{store} durable appends, {producers} producers",
+                            "appends/s",
+                            median(rates),
+                            baseline=NAIVE + ", 100 producers" if with_baseline else None,
+                            baseline_median=naive_rate if with_baseline else None,
+                            ratio=higher_is_better_ratio(median(rates), naive_rate)
+                            if with_baseline
+                            else None,
+                            target=(">=40,000/s and >=20x naive" if store == "sqlite" else None)
+                            if with_baseline
+                            else None,
+                        )
+                    )
+                    results.append(
+                        Result(
+                            BENCH,
+                            f"{store} ack latency p50, {producers} producers",
+                            "ms",
+                            median(p50s),
+                            p99=median(p99s),
+                            target="p99 <= 10 ms" if with_baseline and store == "sqlite" else None,
+                        )
+                    )
+                for batch in (100, 1000):
+                    rates = []
+                    for _ in range(trials):
+                        rates.append(
+                            await batch_trial(fresh(), batch, 20 * batch if quick else 100 * batch)
+                        )
+                        await targets.drop()
+                    note(f"{store} batches of {batch}: {median(rates):,.0f} records/s")
+                    results.append(
+                        Result(
+                            BENCH,
+                            f"{store} durable appends, 1 producer, batches of {batch}",
+                            "records/s",
+                            median(rates),
+                            target=">=30,000/s" if store == "postgres" else None,
+                        )
+                    )
+
+            # Replay: one log of replay_n records, read back page by page (read + verify + decode).
+            for store in stores:
+                n = replay_n if store == "sqlite" else replay_n // 5
+                target = targets.sqlite() if store == "sqlite" else targets.postgres()
+                log = await open_log(target)
+                try:
+                    await fill(log, n)
+                    rates = []
+                    for _ in range(trials):
+                        count, rate = await replay(log)
+                        assert count == n, f"replay read {count} records, expected {n}"
+                        rates.append(rate)
+                finally:
+                    await log.close()
+                baseline = (
+                    median([naive_replay(target) for _ in range(trials)])
+                    if store == "sqlite"
+                    else None
+                )
+                await targets.drop()
+                note(f"{store} replay of {n:,}: {median(rates):,.0f} records/s")
+                results.append(
+                    Result(
+                        BENCH,
+                        f"{store} replay (read + verify + decode), {n:,} records",
+                        "records/s",
+                        median(rates),
+                        baseline="sqlite3 + json.loads, no checksum" if baseline else None,
+                        baseline_median=baseline,
+                        ratio=higher_is_better_ratio(median(rates), baseline) if baseline else None,
+                        target=">=300,000/s" if store == "sqlite" else None,
+                    )
+                )
+        finally:
+            await targets.drop()
+    return results
+
+
+def run(quick: bool) -> list[Result]:
+    return asyncio.run(measure(quick))
