@@ -15,17 +15,20 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import datetime as dt
 import json
 import logging
 import os
+import signal
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 DEFAULT_PORT = 8470
 #: Logs at least this long get a progress bar on stderr even when it is not a terminal.
 LONG_LOG = 200_000
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -147,7 +150,7 @@ async def _serve_async(args: argparse.Namespace, auth: Any) -> int:
             lifespan="off",
             timeout_graceful_shutdown=3,
         )
-        server = uvicorn.Server(config)
+        server = _Server(config)
         logging.getLogger("foldplane").info(
             "serving %s on http://%s:%d (term %d, offset %d, store %s, auth %s)",
             args.db,
@@ -163,6 +166,30 @@ async def _serve_async(args: argparse.Namespace, auth: Any) -> int:
     finally:
         await host.close()
         del store
+
+
+def _server_class() -> type:
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        """uvicorn's server, except that SIGINT/SIGTERM only stop it: uvicorn re-raises the
+        signal once HTTP has drained, which would kill the process before the host closes the
+        log and writes its final snapshot."""
+
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            previous = {sig: signal.signal(sig, self.handle_exit) for sig in _STOP_SIGNALS}
+            try:
+                yield
+            finally:
+                for sig, handler in previous.items():
+                    signal.signal(sig, handler)
+
+    return Server
+
+
+def _Server(config: Any) -> Any:
+    return _server_class()(config)
 
 
 # -- replay --------------------------------------------------------------------------------------

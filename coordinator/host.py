@@ -180,6 +180,8 @@ class Host:
         self._last_ts = 0
         self._unavailable: HostUnavailable | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        #: How many records the last restore folded after the snapshot (the tail).
+        self.replayed_on_start = 0
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -213,6 +215,7 @@ class Host:
         projected = await log_.get_consumer_offset(CONSUMER)
         host = cls(log_, machine, aux, projected=projected, **options)
         await host._catch_up()
+        host.replayed_on_start = host.machine.offset - host._snapshot_offset
         log.info(
             "restored at offset %d (snapshot at %d, projections at %d, term %d)",
             host.machine.offset,
@@ -226,7 +229,7 @@ class Host:
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self._run()), loop.create_task(self._ticker())]
 
-    async def close(self) -> None:
+    async def close(self, *, snapshot: bool = True) -> None:
         """Stop taking inputs, answer the queued ones with ``closed``, snapshot, close the log."""
         if self._unavailable is None:
             self._unavailable = HostUnavailable("closed", "the coordinator is shutting down")
@@ -238,7 +241,7 @@ class Host:
         self._fail_queued(self._unavailable)
         self.journals.wake_all()
         with contextlib.suppress(Exception):
-            if self._unavailable.code == "closed" and not self._unwritten:
+            if snapshot and self._unavailable.code == "closed" and not self._unwritten:
                 await self._snapshot()
         await self.log.close()
 

@@ -123,8 +123,13 @@ def replay(db: Path, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def make_server(tmp: Path, **kw) -> Server:
-    return Server(db=tmp / "log.db", port=free_port(), log_path=tmp / "server.log", **kw)
+def make_server(tmp: Path, *, store: bool = False, **kw) -> Server:
+    """A server on ``tmp/log.db``; without ``store`` it skips the rendezvous store (and the
+    seconds that importing torch takes), which only the data plane needs."""
+    args = kw.pop("args", [])
+    if not store:
+        args = ["--store-port", "-1", *args]
+    return Server(db=tmp / "log.db", port=free_port(), log_path=tmp / "server.log", args=args, **kw)
 
 
 @pytest.fixture
@@ -137,6 +142,6 @@ def server(tmp_path: Path) -> Iterator[Server]:
 @pytest.fixture(scope="module")
 def shared_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """One server for a module whose tests each use their own group (saves start-ups)."""
-    srv = make_server(tmp_path_factory.mktemp("shared")).start()
+    srv = make_server(tmp_path_factory.mktemp("shared"), store=True).start()
     yield srv
     srv.stop()

@@ -62,7 +62,9 @@ class SimGroup:
         return r.json()["results"]
 
     async def join(self, ranks: list[int] | None = None) -> list[dict[str, Any]]:
-        return await self.send([self.event("join", r, host="sim", pid=1000 + r) for r in ranks or self.ranks])
+        return await self.send(
+            [self.event("join", r, host="sim", pid=1000 + r) for r in ranks or self.ranks]
+        )
 
     async def links(
         self, ranks: list[int] | None = None, *, down: dict[int, list[int]] | None = None
@@ -84,7 +86,12 @@ class SimGroup:
     async def poll(self, rank: int, timeout: float = 5.0) -> dict[str, Any]:
         r = await self.client.get(
             "/agents/updates",
-            params={"group": self.group, "rank": rank, "after": self.after[rank], "timeout": timeout},
+            params={
+                "group": self.group,
+                "rank": rank,
+                "after": self.after[rank],
+                "timeout": timeout,
+            },
             headers=self.headers,
             timeout=timeout + 10,
         )

@@ -25,7 +25,9 @@ async def client(shared_server: Server) -> AsyncIterator[httpx.AsyncClient]:
 
 async def create_group(client: httpx.AsyncClient, world_size: int, **config) -> str:
     group = f"g-{uuid.uuid4().hex[:10]}"
-    r = await client.post("/groups", json={"group": group, "world_size": world_size, **FAST, **config})
+    r = await client.post(
+        "/groups", json={"group": group, "world_size": world_size, **FAST, **config}
+    )
     assert r.status_code == 201, r.text
     return group
 
@@ -101,7 +103,9 @@ async def test_activating_an_unhealthy_rank_is_rejected_with_its_state(client):
         view = (await client.get("/views/current", params={"group": sim.group})).json()
         assert view["version"] == 2 and view["active_ranks"] == [0, 1, 2]
         # well-formed but invalid proposals are in the log, for audits
-        events = (await client.get("/events", params={"group": sim.group, "kind": "proposal"})).json()
+        events = (
+            await client.get("/events", params={"group": sim.group, "kind": "proposal"})
+        ).json()
         assert rejected["id"] in [e["offset"] for e in events["events"]]
     finally:
         await sim.stop()
@@ -188,7 +192,9 @@ async def test_a_stale_incarnation_is_fenced_and_not_logged(client):
             "/agents/deaths", json={"group": sim.group, "rank": 1, "incarnation": "not-the-one"}
         )
         assert death.status_code == 409 and death.json()["error"] == "stale_incarnation"
-        logged = (await client.get("/events", params={"after": head, "group": sim.group, "limit": 1000})).json()
+        logged = (
+            await client.get("/events", params={"after": head, "group": sim.group, "limit": 1000})
+        ).json()
         incarnations = {e["payload"].get("incarnation") for e in logged["events"]}
         assert "not-the-one" not in incarnations and "a-new-process" not in incarnations
         metrics = (await client.get("/metrics")).text
@@ -204,7 +210,12 @@ async def test_a_reported_death_takes_the_rank_offline_through_the_death_chain(c
         sim.acking.discard(2)
         r = await client.post(
             "/agents/deaths",
-            json={"group": sim.group, "rank": 2, "incarnation": sim.incarnation[2], "reporter": "launcher"},
+            json={
+                "group": sim.group,
+                "rank": 2,
+                "incarnation": sim.incarnation[2],
+                "reporter": "launcher",
+            },
         )
         assert r.status_code == 200, r.text
         assert r.json()["offset"] > 0
@@ -222,7 +233,11 @@ async def test_updates_resume_after_an_offset_without_gaps_or_repeats(client):
         first = await fresh.poll(0, timeout=0)
         offsets = [u["offset"] for u in first["updates"]]
         assert offsets == sorted(offsets)
-        assert {u["type"] for u in first["updates"]} >= {"view_prepare", "view_committed", "rank_state"}
+        assert {u["type"] for u in first["updates"]} >= {
+            "view_prepare",
+            "view_committed",
+            "rank_state",
+        }
         assert first["store"] is not None and first["store"]["port"] > 0
         again = await client.get(
             "/agents/updates",

@@ -1,0 +1,207 @@
+"""Auth: agent tokens, the bind rule, and 401/403 from a real server with auth on."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import httpx
+import pytest
+
+from coordinator.auth import (
+    Authenticator,
+    AuthError,
+    BindRefused,
+    Principal,
+    agent_token,
+    check_bind,
+)
+from tests.service.conftest import FAST, ROOT, make_server
+
+SECRET = "s3cret-for-tests"
+OPERATOR = "operator-token-for-tests"
+
+
+def test_an_agent_token_speaks_for_exactly_its_rank():
+    auth = Authenticator(operator_token=OPERATOR, secret=SECRET)
+    token = agent_token(SECRET, "train.v2", 3)
+    assert token.startswith("fpa1.train.v2.3.")
+    principal = auth.authenticate(f"Bearer {token}")
+    assert principal == Principal("agent", "train.v2", 3)
+    assert principal.speaks_for("train.v2", 3)
+    assert not principal.speaks_for("train.v2", 2)
+    assert not principal.speaks_for("train", 3)
+    assert principal.may_propose_in("train.v2") and not principal.may_propose_in("train")
+
+
+@pytest.mark.parametrize(
+    ("header", "status"),
+    [
+        (None, 401),
+        ("", 401),
+        ("Basic abc", 401),
+        ("Bearer", 401),
+        ("Bearer wrong", 403),
+        (f"Bearer {agent_token('another-secret', 'train', 3)}", 403),
+        (f"Bearer {agent_token(SECRET, 'train', 3)[:-1]}0", 403),
+        (f"Bearer fpa1.train.03.{agent_token(SECRET, 'train', 3).rsplit('.', 1)[1]}", 403),
+    ],
+)
+def test_missing_or_wrong_tokens_are_refused(header, status):
+    auth = Authenticator(operator_token=OPERATOR, secret=SECRET)
+    with pytest.raises(AuthError) as err:
+        auth.authenticate(header)
+    assert err.value.status == status
+
+
+def test_without_token_or_secret_auth_is_off_and_only_loopback_binds():
+    off = Authenticator()
+    assert off.authenticate(None).is_operator
+    check_bind("127.0.0.1", off, insecure=False)
+    check_bind("::1", off, insecure=False)
+    with pytest.raises(BindRefused, match="0.0.0.0"):
+        check_bind("0.0.0.0", off, insecure=False)
+    check_bind("0.0.0.0", off, insecure=True)
+    check_bind("0.0.0.0", Authenticator(operator_token=OPERATOR), insecure=False)
+
+
+def test_serve_refuses_a_public_bind_without_auth(tmp_path):
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "coordinator",
+            "serve",
+            "--db",
+            str(tmp_path / "x.db"),
+            "--host",
+            "0.0.0.0",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PATH": "/usr/bin:/bin"},
+    )
+    assert done.returncode == 2
+    assert "refusing to bind '0.0.0.0' without auth" in done.stderr
+    assert not (tmp_path / "x.db").exists()
+
+
+def test_the_token_command_prints_what_the_server_accepts():
+    done = subprocess.run(
+        [sys.executable, "-m", "coordinator", "token", "--group", "train", "--rank", "2"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PATH": "/usr/bin:/bin", "FOLDPLANE_SECRET": SECRET},
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == agent_token(SECRET, "train", 2)
+    missing = subprocess.run(
+        [sys.executable, "-m", "coordinator", "token", "--group", "train", "--rank", "2"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PATH": "/usr/bin:/bin"},
+    )
+    assert missing.returncode == 2 and "FOLDPLANE_SECRET" in missing.stderr
+
+
+@pytest.fixture(scope="module")
+def secure_server(tmp_path_factory):
+    srv = make_server(
+        tmp_path_factory.mktemp("auth"),
+        env={"FOLDPLANE_TOKEN": OPERATOR, "FOLDPLANE_SECRET": SECRET},
+    ).start()
+    op = {"Authorization": f"Bearer {OPERATOR}"}
+    r = httpx.post(
+        srv.url + "/groups", json={"group": "train", "world_size": 4, **FAST}, headers=op
+    )
+    assert r.status_code == 201, r.text
+    yield srv
+    srv.stop()
+
+
+def _bearer(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+def test_operator_endpoints_need_the_operator_token(secure_server):
+    url = secure_server.url
+    body = {"group": "other", "world_size": 2}
+    assert httpx.post(url + "/groups", json=body).status_code == 401
+    assert httpx.post(url + "/groups", json=body, headers=_bearer("nope")).status_code == 403
+    agent = _bearer(agent_token(SECRET, "train", 0))
+    denied = httpx.post(url + "/groups", json=body, headers=agent)
+    assert denied.status_code == 403 and "operator token" in denied.json()["detail"]
+    assert httpx.get(url + "/groups/train").status_code == 200  # reads are open
+    r = httpx.post(url + "/groups", json=body, headers=_bearer(OPERATOR))
+    assert r.status_code == 201
+
+
+def test_an_agent_token_used_for_another_rank_is_forbidden(secure_server):
+    url = secure_server.url
+    mine = _bearer(agent_token(SECRET, "train", 1))
+    event = {"type": "join", "group": "train", "rank": 2, "incarnation": "x"}
+    r = httpx.post(url + "/agents/events", json={"events": [event]}, headers=mine)
+    assert r.status_code == 200
+    [result] = r.json()["results"]
+    assert result["error"] == "forbidden" and "rank 2" in result["detail"]
+    polled = httpx.get(
+        url + "/agents/updates", params={"group": "train", "rank": 2, "timeout": 0}, headers=mine
+    )
+    assert polled.status_code == 403
+    death = httpx.post(url + "/agents/deaths", json={"group": "train", "rank": 2}, headers=mine)
+    assert death.status_code == 403
+    other_group = httpx.post(
+        url + "/proposals", json={"group": "other", "op": "deactivate", "ranks": [1]}, headers=mine
+    )
+    assert other_group.status_code == 403
+    assert httpx.post(url + "/agents/events", json={"events": [event]}).status_code == 401
+    head = httpx.get(url + "/healthz").json()["head"]
+    logged = httpx.get(url + "/events", params={"after": head - 5 if head > 5 else 0}).json()[
+        "events"
+    ]
+    assert all(e["payload"].get("incarnation") != "x" for e in logged)
+
+
+def test_agent_tokens_work_for_their_own_rank_and_per_event(secure_server):
+    url = secure_server.url
+    own = _bearer(agent_token(SECRET, "train", 1))
+    join = {"type": "join", "group": "train", "rank": 1, "incarnation": "inc-1"}
+    r = httpx.post(url + "/agents/events", json={"events": [join]}, headers=own)
+    assert "offset" in r.json()["results"][0], r.text
+    # one host batches two ranks, each event carrying its own rank's token
+    batch = [
+        {
+            "type": "join",
+            "group": "train",
+            "rank": 2,
+            "incarnation": "inc-2",
+            "token": agent_token(SECRET, "train", 2),
+        },
+        {
+            "type": "join",
+            "group": "train",
+            "rank": 3,
+            "incarnation": "inc-3",
+            "token": agent_token(SECRET, "train", 2),
+        },
+    ]
+    results = httpx.post(url + "/agents/events", json={"events": batch}, headers=own).json()[
+        "results"
+    ]
+    assert "offset" in results[0]
+    assert results[1]["error"] == "forbidden"
+    polled = httpx.get(
+        url + "/agents/updates", params={"group": "train", "rank": 1, "timeout": 0}, headers=own
+    )
+    assert polled.status_code == 200
+    proposal = httpx.post(
+        url + "/proposals", json={"group": "train", "op": "deactivate", "ranks": [0]}, headers=own
+    )
+    assert proposal.status_code in (200, 202)
+    assert proposal.json()["proposer"] == "rank:1"

@@ -1,0 +1,63 @@
+"""The update journals: complete above their floor, resync below it, losses counted."""
+
+from __future__ import annotations
+
+from coordinator.journal import UpdateJournals
+
+
+def upd(offset: int, type_: str = "view_committed") -> dict:
+    return {"offset": offset, "type": type_}
+
+
+def test_a_rank_reads_its_own_and_its_groups_updates_in_offset_order():
+    j = UpdateJournals()
+    j.publish_group("g", upd(3, "view_prepare"))
+    j.publish_rank("g", 1, upd(4, "rank_state"))
+    j.publish_rank("g", 2, upd(5, "rank_state"))
+    j.publish_group("g", upd(6))
+    j.publish_rank("g", 1, upd(6, "rank_state"))
+    assert [(u["offset"], u["type"]) for u in j.since("g", 1, 0)] == [
+        (3, "view_prepare"),
+        (4, "rank_state"),
+        (6, "view_committed"),
+        (6, "rank_state"),
+    ]
+    assert [u["offset"] for u in j.since("g", 1, 4)] == [6, 6]
+    assert j.since("g", 1, 6) == []
+    assert [u["offset"] for u in j.since("g", 2, 0)] == [3, 5, 6]
+    assert j.since("other", 0, 0) == []
+
+
+def test_below_the_floor_the_reader_must_resync_and_drops_count_as_undelivered():
+    j = UpdateJournals(group_limit=2, rank_limit=1)
+    j.set_world_size("g", 2)
+    j.publish_group("g", upd(1))
+    j.mark_delivered("g", 0, 1)  # rank 0 read offset 1, rank 1 did not
+    j.publish_group("g", upd(2))
+    j.publish_group("g", upd(3))  # drops offset 1: unread by rank 1 only
+    assert j.undelivered == 1
+    assert j.since("g", 0, 0) is None  # offset 1 is gone: resync
+    assert [u["offset"] for u in j.since("g", 0, 1)] == [2, 3]
+    j.publish_rank("g", 0, upd(4, "rank_state"))
+    j.publish_rank("g", 0, upd(5, "rank_state"))  # drops 4, unread by rank 0
+    assert j.undelivered == 2
+    assert j.since("g", 0, 3) is None
+    assert [u["offset"] for u in j.since("g", 0, 4)] == [5]
+
+
+def test_after_a_restart_the_floor_is_the_snapshot_offset():
+    j = UpdateJournals(floor=100)
+    assert j.since("g", 0, 99) is None
+    assert j.since("g", 0, 100) == []
+    j.publish_group("g", upd(101))
+    assert [u["offset"] for u in j.since("g", 0, 100)] == [101]
+
+
+async def test_a_publish_wakes_only_the_waiters_of_its_group():
+    j = UpdateJournals()
+    mine, theirs = j.waiter("g"), j.waiter("h")
+    j.publish_group("g", upd(1))
+    assert not mine.is_set()  # nothing wakes before the host's wake() (after projections)
+    j.wake()
+    assert mine.is_set() and not theirs.is_set()
+    assert j.waiter("g") is not mine  # the next waiter waits for the next publish
