@@ -120,7 +120,11 @@ class Log(ABC):
         kind_list = None if kinds is None else sorted(set(kinds))
         if kind_list == [] or (until is not None and until <= after):
             return []
-        return await self._read(after, limit, group, kind_list, until)
+        try:
+            return await self._read(after, limit, group, kind_list, until)
+        except Exception:
+            self._check_open()  # a query cut short by close() is LogClosed, not a storage error
+            raise
 
     async def tail(
         self,
@@ -161,6 +165,7 @@ class Log(ABC):
         try:
             self._ensure_watch()
             while self._known_head <= after:
+                self._check_open()  # close() may have run while head() was in flight
                 remaining = None if deadline is None else deadline - loop.time()
                 if remaining is not None and remaining <= 0:
                     break
@@ -177,7 +182,12 @@ class Log(ABC):
     async def head(self) -> int:
         """The last durable offset (0 when empty), including appends by other processes."""
         self._check_open()
-        self._advance(await self._read_head())
+        try:
+            head = await self._read_head()
+        except Exception:
+            self._check_open()  # a query cut short by close() is LogClosed, not a storage error
+            raise
+        self._advance(head)
         return self._known_head
 
     async def claim_term(self) -> int:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import deque
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -78,6 +79,7 @@ class PostgresLog(Log):
         term: int,
         next_seq: int,
         channel: str,
+        connect: Callable[[], Awaitable[asyncpg.Connection]],
         writer: asyncpg.Connection,
         listener: asyncpg.Connection,
         pool: asyncpg.Pool,
@@ -85,6 +87,7 @@ class PostgresLog(Log):
         super().__init__(where, term, next_seq - 1)
         self._next_seq = next_seq
         self._channel = channel
+        self._connect = connect
         self._conn = writer
         self._listener = listener
         self._pool = pool
@@ -132,7 +135,14 @@ class PostgresLog(Log):
                         job.future.set_result(offsets)
                 self._committed(results[-1][-1])
 
+    async def _writer(self) -> asyncpg.Connection:
+        """The writer's connection; a lost one is replaced (the next statement re-checks the head)."""
+        if self._conn.is_closed():
+            self._conn = await self._connect()
+        return self._conn
+
     async def _write_batch(self, batch: list[_Append]) -> list[list[int]]:
+        conn = await self._writer()
         rows = [row for job in batch for row in job.rows]
         ts = [r[0] for r in rows]
         kinds = [r[1] for r in rows]
@@ -144,12 +154,12 @@ class PostgresLog(Log):
             crcs = [
                 checksum(first + i, t, term, k, g, r, p) for i, (t, k, g, r, p) in enumerate(rows)
             ]
-            n, _ = await self._conn.fetchrow(
+            n, _ = await conn.fetchrow(
                 _APPEND, term, first, ts, kinds, groups, ranks, payloads, crcs, self._channel
             )
             if n == len(rows):
                 break
-            head_term, next_seq = await self._conn.fetchrow(
+            head_term, next_seq = await conn.fetchrow(
                 "SELECT term, next_seq FROM log_head WHERE id = 1"
             )
             if head_term != term:
@@ -165,7 +175,8 @@ class PostgresLog(Log):
 
     async def _claim_term(self) -> int:
         async with self._write_lock:
-            term, next_seq = await self._conn.fetchrow(
+            conn = await self._writer()
+            term, next_seq = await conn.fetchrow(
                 "UPDATE log_head SET term = term + 1 WHERE id = 1 RETURNING term, next_seq"
             )
             self._next_seq = next_seq
@@ -311,15 +322,19 @@ async def open_postgres(target: PostgresTarget, create: bool) -> PostgresLog:
     """Connect, migrate if needed, and start the writer and the listener."""
     where = target.describe()
     settings = {"search_path": target.schema} if target.schema else {}
+
+    async def connect() -> asyncpg.Connection:
+        return await asyncpg.connect(target.dsn, server_settings=settings)
+
     try:
-        writer = await asyncpg.connect(target.dsn, server_settings=settings)
+        writer = await connect()
     except (OSError, asyncpg.PostgresError) as exc:
         raise LogError(f"cannot connect to {where}: {exc}") from exc
     try:
         if await postgres_revision(writer) != code_head():
             await migrate_postgres(target.dsn, target.schema, where, create)
         row = await writer.fetchrow("SELECT term, next_seq FROM log_head WHERE id = 1")
-        listener = await asyncpg.connect(target.dsn, server_settings=settings)
+        listener = await connect()
         pool = await asyncpg.create_pool(
             target.dsn, min_size=1, max_size=4, server_settings=settings
         )
@@ -327,6 +342,6 @@ async def open_postgres(target: PostgresTarget, create: bool) -> PostgresLog:
         await writer.close()
         raise
     channel = _channel(target.schema)
-    log = PostgresLog(where, row["term"], row["next_seq"], channel, writer, listener, pool)
+    log = PostgresLog(where, row["term"], row["next_seq"], channel, connect, writer, listener, pool)
     await listener.add_listener(channel, log._on_notify)
     return log

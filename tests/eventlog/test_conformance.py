@@ -393,3 +393,28 @@ async def test_closing_wakes_waiters_with_log_closed(target: str) -> None:
 async def test_create_false_refuses_a_missing_log(target: str) -> None:
     with pytest.raises(LogError, match="does not exist"):
         await open_log(target, create=False)
+
+
+@pytest.mark.postgres
+async def test_postgres_writer_recovers_from_a_lost_connection(pg_url: str, pg_schema: str) -> None:
+    import asyncpg
+
+    from tests.eventlog.conftest import schema_url
+
+    log = await open_log(schema_url(pg_url, pg_schema))
+    try:
+        assert await log.append([hb(0)]) == [1]
+        admin = await asyncpg.connect(pg_url)
+        try:
+            pid = log._conn.get_server_pid()  # the writer's backend
+            assert await admin.fetchval("SELECT pg_terminate_backend($1)", pid)
+        finally:
+            await admin.close()
+        try:
+            await log.append([hb(1)])
+        except LogError as exc:  # the batch that met the dead connection fails, by name
+            assert "append of 1 records" in str(exc)
+        assert (await log.append([hb(2)]))[0] in (2, 3)
+        assert [r.offset for r in await log.read()] == list(range(1, await log.head() + 1))
+    finally:
+        await log.close()
