@@ -1,0 +1,243 @@
+"""Bad input: no 5xx, a clear JSON error, and nothing malformed in the log.
+
+Bodies are generated from the server's own OpenAPI document (hypothesis-jsonschema), plus
+arbitrary JSON and a handful of hand-written malformed requests. Afterwards the log is read back
+and folded from scratch: every record decodes, and the fold refuses none of them as malformed.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+import httpx
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from coordinator.machine import Coordinator
+from eventlog import KINDS, open_log
+from tests.service.conftest import FAST, make_server, replay
+from tests.service.schema_strategies import JSON, from_schema, near_misses
+
+FUZZ = settings(
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[
+        HealthCheck.too_slow,
+        HealthCheck.filter_too_much,
+        HealthCheck.data_too_large,
+    ],
+)
+GROUP = "fz"
+
+
+@pytest.fixture(scope="module")
+def fuzz_server(tmp_path_factory):
+    srv = make_server(tmp_path_factory.mktemp("fuzz")).start()
+    r = httpx.post(srv.url + "/groups", json={"group": GROUP, "world_size": 4, **FAST})
+    assert r.status_code == 201
+    with httpx.Client(base_url=srv.url, timeout=30) as client:
+        yield srv, client
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def openapi(fuzz_server) -> dict[str, Any]:
+    _, client = fuzz_server
+    return client.get("/openapi.json").json()
+
+
+def _inline(schema: Any, components: dict[str, Any]) -> Any:
+    """Resolve ``#/components/schemas/X`` references (the schemas here are not recursive)."""
+    if isinstance(schema, dict):
+        if "$ref" in schema:
+            return _inline(components[schema["$ref"].rsplit("/", 1)[1]], components)
+        return {k: _inline(v, components) for k, v in schema.items() if k != "discriminator"}
+    if isinstance(schema, list):
+        return [_inline(v, components) for v in schema]
+    return schema
+
+
+def request_schema(doc: dict[str, Any], path: str) -> dict[str, Any]:
+    body = doc["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    return _inline(body, doc["components"]["schemas"])
+
+
+def check_answer(r: httpx.Response) -> None:
+    assert r.status_code < 500, f"{r.request.method} {r.request.url} -> {r.status_code}: {r.text}"
+    if r.status_code >= 400:
+        body = r.json()
+        assert set(body) >= {"error", "detail"}, body
+        assert isinstance(body["error"], str) and body["detail"]
+
+
+def _retarget(body: dict[str, Any]) -> dict[str, Any]:
+    """Point generated events at the real group, so they get past unknown_group."""
+    for event in body.get("events", []):
+        event["group"] = GROUP
+        event["rank"] = event.get("rank", 0) % 6
+    return body
+
+
+def test_generated_agent_events_never_5xx(fuzz_server, openapi):
+    _, client = fuzz_server
+    schema = request_schema(openapi, "/agents/events")
+    bodies = st.one_of(
+        from_schema(schema), from_schema(schema).map(_retarget), near_misses(schema), JSON
+    )
+
+    @FUZZ
+    @given(bodies)
+    def run(body):
+        r = client.post("/agents/events", json=body)
+        check_answer(r)
+        if r.status_code == 200:
+            results = r.json()["results"]
+            assert isinstance(body, dict) and len(results) == len(body["events"])
+            for res in results:
+                assert ("offset" in res) or (res["error"] and res["detail"])
+
+    run()
+
+
+@pytest.mark.parametrize("path", ["/groups", "/proposals", "/agents/deaths"])
+def test_generated_operator_bodies_never_5xx(fuzz_server, openapi, path):
+    _, client = fuzz_server
+    schema = request_schema(openapi, path)
+    if path == "/groups":  # keep generated groups small: a 65,536-rank group is valid but slow
+        schema["properties"]["world_size"]["maximum"] = 64
+    generated = from_schema(schema)
+    if path != "/groups":
+        generated = st.one_of(generated, generated.map(lambda b: {**b, "group": GROUP}))
+
+    @FUZZ
+    @given(st.one_of(generated, near_misses(schema), JSON))
+    def run(body):
+        r = client.post(path, json=body, params={"wait": 0} if path == "/proposals" else None)
+        check_answer(r)
+
+    run()
+
+
+@FUZZ
+@given(
+    path=st.sampled_from(
+        [
+            "/agents/updates",
+            "/views/history",
+            "/views/current",
+            "/events",
+            "/proposals/1",
+            "/groups/fz",
+        ]
+    ),
+    params=st.dictionaries(
+        st.sampled_from(["group", "rank", "after", "timeout", "limit", "after_version", "kind"]),
+        st.one_of(st.integers(-5, 2**70), st.text(max_size=12), st.just(GROUP), st.floats()),
+        max_size=5,
+    ),
+)
+def test_generated_query_parameters_never_5xx(fuzz_server, path, params):
+    _, client = fuzz_server
+    if path == "/agents/updates" and not isinstance(params.get("timeout"), str):
+        params["timeout"] = 0
+    check_answer(client.get(path, params={k: str(v) for k, v in params.items()}))
+
+
+MALFORMED = [
+    b"",
+    b"not json",
+    b"[1, 2, 3]",
+    b'{"events": "nope"}',
+    b'{"events": [1, "two", null]}',
+    b'{"events": [{"type": "heartbeat"}]}',
+    b'{"events": [{"type": "teleport", "group": "fz", "rank": 0, "incarnation": "x"}]}',
+    b'{"events": [{"type": "heartbeat", "group": "fz", "rank": 1e400, "incarnation": "x"}]}',
+    b'{"events": [{"type": "heartbeat", "group": "fz", "rank": 123456789012345678901234567890, "incarnation": "x"}]}',
+    b'{"events": [{"type": "links", "group": "fz", "rank": 0, "incarnation": "x", "peers": {"zero": "up"}, "self_ready": true}]}',
+    b'{"events": [{"type": "ack", "group": "../etc", "rank": 0, "incarnation": "x", "version": 1}]}',
+    b'{"events": [{"type": "join", "group": "fz", "rank": -1, "incarnation": ""}]}',
+    b'\xff\xfe{"events": []}',
+    b'{"events": [' + b"[" * 5000 + b"]" * 5000 + b"]}",
+]
+
+
+@pytest.mark.parametrize("body", MALFORMED, ids=range(len(MALFORMED)))
+def test_hand_written_malformed_events(fuzz_server, body):
+    _, client = fuzz_server
+    r = client.post("/agents/events", content=body, headers={"content-type": "application/json"})
+    check_answer(r)
+    if r.status_code == 200:
+        assert all(res.get("error") == "invalid_event" for res in r.json()["results"]), r.text
+
+
+def test_too_many_events_and_oversized_bodies(fuzz_server):
+    _, client = fuzz_server
+    event = {"type": "heartbeat", "group": GROUP, "rank": 0, "incarnation": "x"}
+    many = client.post("/agents/events", json={"events": [event] * 4097})
+    assert many.status_code == 422 and "4096" in many.json()["detail"]
+    big = json.dumps({"events": [{**event, "host": "h" * 2_000_000}]}).encode()
+    declared = client.post(
+        "/agents/events", content=big, headers={"content-type": "application/json"}
+    )
+    assert declared.status_code == 413
+    assert declared.json()["error"] == "body_too_large" and "1048576" in declared.json()["detail"]
+
+    def chunks():
+        for i in range(0, len(big), 65536):
+            yield big[i : i + 65536]
+
+    streamed = client.post(
+        "/groups", content=chunks(), headers={"content-type": "application/json"}
+    )
+    assert streamed.status_code == 413
+    assert streamed.json()["error"] == "body_too_large"
+
+
+def test_unknown_things_are_json_404s_and_wrong_methods_405(fuzz_server):
+    _, client = fuzz_server
+    for r in (
+        client.get("/nowhere"),
+        client.get("/groups/nope"),
+        client.get("/proposals/999999"),
+        client.get("/views/current", params={"group": "nope"}),
+        client.get("/agents/updates", params={"group": "nope", "rank": 0, "timeout": 0}),
+    ):
+        assert r.status_code == 404, r.text
+        check_answer(r)
+    assert client.delete("/groups/fz").status_code == 405
+    check_answer(client.delete("/groups/fz"))
+    out_of_range = client.get("/agents/updates", params={"group": GROUP, "rank": 4, "timeout": 0})
+    assert out_of_range.status_code == 422 and out_of_range.json()["error"] == "rank_out_of_range"
+    bad_config = client.post("/groups", json={"group": "cfg", "world_size": 2, "min_ranks": 3})
+    assert bad_config.status_code == 422 and "min_ranks" in bad_config.json()["detail"]
+    typo = client.post("/groups", json={"group": "cfg", "world_size": 2, "heartbeat_timeuot_s": 3})
+    assert typo.status_code == 422 and "heartbeat_timeuot_s" in typo.json()["detail"]
+
+
+async def test_the_log_holds_nothing_malformed_after_the_fuzzing(fuzz_server):
+    """Runs last in this module: fold everything the fuzzing left in the log."""
+    srv, client = fuzz_server
+    probe = client.post(
+        "/agents/events",
+        json={
+            "events": [{"type": "join", "group": GROUP, "rank": 0, "incarnation": uuid.uuid4().hex}]
+        },
+    )
+    assert probe.status_code == 200
+    log = await open_log(str(srv.db))
+    try:
+        records = await log.read(0, 100_000)
+    finally:
+        await log.close()
+    assert records, "the fuzzing appended nothing at all"
+    fold = Coordinator()
+    for rec in records:
+        assert rec.kind in KINDS and isinstance(rec.payload, dict)
+        for effect in fold.step(rec):
+            code = getattr(effect, "code", None)
+            assert code != "invalid_event", f"malformed record at offset {rec.offset}: {effect}"
+    done = replay(srv.db)
+    assert done.returncode == 0, done.stdout
