@@ -390,9 +390,9 @@ async def test_closing_wakes_waiters_with_log_closed(target: str) -> None:
         await asyncio.wait_for(waiter, 10)
 
 
-async def test_create_false_refuses_a_missing_log(target: str) -> None:
+async def test_create_false_refuses_a_missing_log(fresh_target: str) -> None:
     with pytest.raises(LogError, match="does not exist"):
-        await open_log(target, create=False)
+        await open_log(fresh_target, create=False)
 
 
 @pytest.mark.postgres

@@ -70,7 +70,8 @@ async def set_revision(target: str, revision: str) -> None:
     conn.close()
 
 
-async def test_revision_1_log_is_upgraded_with_its_data_intact(target: str) -> None:
+async def test_revision_1_log_is_upgraded_with_its_data_intact(fresh_target: str) -> None:
+    target = fresh_target
     await make_revision_1_log(target)
     log = await open_log(target, create=False)
     try:
@@ -88,7 +89,8 @@ async def test_revision_1_log_is_upgraded_with_its_data_intact(target: str) -> N
         await log.close()
 
 
-async def test_a_newer_schema_is_refused_and_left_alone(target: str) -> None:
+async def test_a_newer_schema_is_refused_and_left_alone(fresh_target: str) -> None:
+    target = fresh_target
     log = await open_log(target)
     await log.append([NewRecord(kind="tick")])
     await log.close()
@@ -107,7 +109,8 @@ async def test_a_newer_schema_is_refused_and_left_alone(target: str) -> None:
         await log.close()
 
 
-async def test_two_openers_of_a_new_log_create_it_once(target: str) -> None:
+async def test_two_openers_of_a_new_log_create_it_once(fresh_target: str) -> None:
+    target = fresh_target
     import asyncio
 
     logs = await asyncio.gather(open_log(target), open_log(target), open_log(target))
