@@ -27,6 +27,7 @@ class SimGroup:
         *,
         headers: dict[str, str] | None = None,
         heartbeat_s: float = 0.25,
+        rejoin: bool = False,
     ) -> None:
         self.client = client
         self.group = group
@@ -34,6 +35,7 @@ class SimGroup:
         self.ranks = list(range(world_size)) if ranks is None else ranks
         self.headers = headers or {}
         self.heartbeat_s = heartbeat_s
+        self.rejoin = rejoin
         self.incarnation = {r: uuid.uuid4().hex for r in self.ranks}
         self.after = {r: 0 for r in self.ranks}
         self.acking = set(self.ranks)
@@ -42,6 +44,8 @@ class SimGroup:
         self.states: dict[int, str] = {}
         self.shutdowns: list[dict[str, Any]] = []
         self.ack_results: list[dict[str, Any]] = []
+        #: Every (event, result) pair the server answered, when a test wants an audit trail.
+        self.sent: list[tuple[dict[str, Any], dict[str, Any]]] | None = None
         self._changed = asyncio.Condition()
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -59,7 +63,10 @@ class SimGroup:
     async def send(self, events: list[dict[str, Any]]) -> list[dict[str, Any]]:
         r = await self.client.post("/agents/events", json={"events": events}, headers=self.headers)
         r.raise_for_status()
-        return r.json()["results"]
+        results = r.json()["results"]
+        if self.sent is not None:
+            self.sent.extend(zip(events, results, strict=True))
+        return results
 
     async def join(self, ranks: list[int] | None = None) -> list[dict[str, Any]]:
         return await self.send(
@@ -117,21 +124,33 @@ class SimGroup:
         self._tasks = []
 
     async def _beat(self) -> None:
+        """Heartbeat; a rank the coordinator holds OFFLINE (say after a coordinator restart
+        took longer than the heartbeat timeout) joins again, as a real agent does."""
         while True:
             await asyncio.sleep(self.heartbeat_s)
-            if self.beating:
-                with contextlib.suppress(httpx.HTTPError):
-                    await self.heartbeat(sorted(self.beating))
+            if not self.beating:
+                continue
+            ranks = sorted(self.beating)
+            with contextlib.suppress(httpx.HTTPError):
+                results = await self.heartbeat(ranks)
+                lost = [
+                    r
+                    for r, res in zip(ranks, results, strict=True)
+                    if res.get("error") == "rank_offline"
+                ]
+                if lost and self.rejoin:
+                    await self.join(lost)
+                    await self.links(lost)
 
     async def _follow(self, rank: int) -> None:
         while True:
             try:
                 answer = await self.poll(rank)
-            except httpx.HTTPError:
+                for update in answer["updates"]:
+                    await self._on_update(rank, update)
+            except httpx.HTTPError:  # the server is down or restarting: try again soon
                 await asyncio.sleep(0.1)
                 continue
-            for update in answer["updates"]:
-                await self._on_update(rank, update)
             self.after[rank] = answer["next_after"]
             async with self._changed:
                 self._changed.notify_all()
