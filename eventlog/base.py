@@ -96,8 +96,7 @@ class Log(ABC):
         rows = prepare(records)
         if not rows:
             return []
-        offsets = await self._append_rows(rows)
-        return offsets
+        return await self._append_rows(rows)
 
     async def read(
         self,
@@ -140,6 +139,8 @@ class Log(ABC):
         knows how far it has looked, and then waits for the head to move past that point.
         """
         position = _check_offset("after", after)
+        if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+            raise ValueError(f"batch must be a positive integer, got {batch!r}")
         while not self._closed:
             try:
                 head = await self.head()
@@ -171,9 +172,12 @@ class Log(ABC):
                     break
                 wakeup: asyncio.Future[None] = loop.create_future()
                 self._wakeups.append(wakeup)
-                with contextlib.suppress(TimeoutError):
+                try:
                     async with asyncio.timeout(remaining):
                         await wakeup
+                except TimeoutError:
+                    with contextlib.suppress(ValueError):  # already taken by _wake_all
+                        self._wakeups.remove(wakeup)
                 self._check_open()
         finally:
             self._waiting -= 1
