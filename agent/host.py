@@ -228,6 +228,11 @@ class Agent:
         return self._state
 
     @property
+    def data_plane(self) -> Any:
+        """The ``DataPlane`` (None until the store's address is known), for fault injection."""
+        return self._data_plane
+
+    @property
     def stopped(self) -> Stopped | None:
         """Why the agent stopped (``closed``, ``fenced``, ``failed``), or None while running."""
         return self._stopped
@@ -384,7 +389,10 @@ class Agent:
             ):
                 actions += machine.step(DataPlaneReady(time.monotonic()))
             for action in actions:
-                self._carry_out(action)
+                try:
+                    self._carry_out(action)
+                except Exception:  # the loop must outlive one bad action
+                    log.exception("rank %d: carrying out %r failed", self.rank, action)
 
     def _carry_out(self, action: Action) -> None:
         if isinstance(action, SendEvents):
@@ -432,6 +440,8 @@ class Agent:
     def _install(self, view: View) -> None:
         if self._data_plane is None:
             self._pending_view = view
+        elif not view.active_ranks:
+            pass  # every rank left: there is no group to build
         else:
             self._pending_view = None
             self._data_plane.install_view(view.version, list(view.active_ranks))

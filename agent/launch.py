@@ -1,0 +1,335 @@
+"""The launcher: start N worker processes, report a child's death at once, replace it if asked.
+
+``python -m agent.launch --coordinator URL --group G --nproc 4 train.py --lr 0.1`` starts ranks
+0..3 of group ``G``, each with the environment ``Agent()`` reads (``FOLDPLANE_COORDINATOR``,
+``FOLDPLANE_GROUP``, ``FOLDPLANE_RANK``, ``FOLDPLANE_INCARNATION`` and, when the launcher knows
+``FOLDPLANE_SECRET``, the rank's own agent token as ``FOLDPLANE_TOKEN``).
+
+The rules:
+
+- **A failure is reported the moment it is seen.** A child that exits by a signal or with a
+  non-zero code is reported with ``POST /agents/deaths`` naming its incarnation, so the
+  coordinator takes it OFFLINE at once instead of after the heartbeat timeout. The incarnation
+  fences the report: a late report can never take down the replacement.
+- **A clean exit is not a death.** Exit code 0 is never reported; the agent said ``exit``.
+- **Replacement is a new incarnation.** ``replace(rank)`` (or ``--replace-failed``) starts the
+  same command for the same rank with a new incarnation; the agent inside joins through the same
+  machine as any process, and the upper layer (or an operator) activates it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from agent.client import (
+    CoordinatorClient,
+    CoordinatorError,
+    CoordinatorUnavailable,
+    parse_addresses,
+)
+from coordinator.auth import agent_token
+
+log = logging.getLogger("foldplane.launch")
+
+
+@dataclass(frozen=True)
+class WorkerExit:
+    """How one worker process ended, and what the launcher did about it."""
+
+    rank: int
+    incarnation: str
+    pid: int
+    returncode: int
+    reported: bool
+    report_error: str | None = None
+
+    @property
+    def failed(self) -> bool:
+        return self.returncode != 0
+
+    def describe(self) -> str:
+        if self.returncode < 0:
+            how = f"killed by {signal.Signals(-self.returncode).name}"
+        else:
+            how = f"exited with code {self.returncode}"
+        return f"rank {self.rank} (pid {self.pid}, incarnation {self.incarnation[:8]}) {how}"
+
+
+@dataclass
+class Worker:
+    rank: int
+    incarnation: str
+    process: subprocess.Popen[bytes]
+
+
+class Launcher:
+    """Starts and watches the worker processes of one group on this machine."""
+
+    def __init__(
+        self,
+        command: Sequence[str],
+        *,
+        coordinator: str | Sequence[str],
+        group: str,
+        ranks: Sequence[int],
+        token: str | None = None,
+        secret: str | None = None,
+        env: Mapping[str, str] | None = None,
+        replace_failed: bool = False,
+        max_replacements: int = 3,
+        on_exit: Callable[[WorkerExit], None] | None = None,
+        stdin: int | None = None,
+        stdout: int | None = None,
+    ) -> None:
+        if not command:
+            raise ValueError("the launcher needs a command to run")
+        self.command = list(command)
+        self.addresses = parse_addresses(coordinator)
+        self.group = group
+        self.ranks = list(ranks)
+        self.replace_failed = replace_failed
+        self.replacements_left = max_replacements
+        self.on_exit = on_exit
+        self.exits: list[WorkerExit] = []
+        self._token = token if token is not None else os.environ.get("FOLDPLANE_TOKEN")
+        self._secret = secret if secret is not None else os.environ.get("FOLDPLANE_SECRET")
+        self._env = dict(os.environ if env is None else env)
+        self._env.pop("FOLDPLANE_SECRET", None)  # workers never hold the server's secret
+        self._stdin = stdin
+        self._stdout = stdout
+        self._workers: dict[int, Worker] = {}
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+        self._stopping = False
+        self._pending_spawns = 0  # replacements decided but not started yet
+        self.client = CoordinatorClient(self.addresses, token=self._token)
+
+    # -- processes -------------------------------------------------------------------------------
+
+    def start(self) -> Launcher:
+        for rank in self.ranks:
+            self.spawn(rank)
+        return self
+
+    def spawn(self, rank: int) -> Worker:
+        """Start the command for ``rank`` with a new incarnation (a first start or a replacement)."""
+        incarnation = uuid.uuid4().hex
+        env = dict(self._env)
+        env.update(
+            FOLDPLANE_COORDINATOR=",".join(self.addresses),
+            FOLDPLANE_GROUP=self.group,
+            FOLDPLANE_RANK=str(rank),
+            FOLDPLANE_INCARNATION=incarnation,
+        )
+        if self._secret:
+            env["FOLDPLANE_TOKEN"] = agent_token(self._secret, self.group, rank)
+        process = subprocess.Popen(self.command, env=env, stdin=self._stdin, stdout=self._stdout)
+        worker = Worker(rank, incarnation, process)
+        with self._changed:
+            self._workers[rank] = worker
+            self._changed.notify_all()
+        threading.Thread(
+            target=self._watch, args=(worker,), name=f"foldplane-launch-{rank}", daemon=True
+        ).start()
+        log.info("rank %d: started pid %d (incarnation %s)", rank, process.pid, incarnation)
+        return worker
+
+    replace = spawn
+
+    def worker(self, rank: int) -> Worker:
+        return self._workers[rank]
+
+    def kill(self, rank: int, sig: int = signal.SIGKILL) -> None:
+        """Send ``sig`` to the current process of ``rank`` (its death is reported as any other)."""
+        self._workers[rank].process.send_signal(sig)
+
+    def running(self) -> list[int]:
+        with self._lock:
+            return sorted(r for r, w in self._workers.items() if w.process.poll() is None)
+
+    def wait(self, timeout: float | None = None) -> int:
+        """Wait until no worker runs; 0 if every rank's last process exited cleanly, else 1."""
+        with self._changed:
+            done = self._changed.wait_for(
+                lambda: (
+                    self._pending_spawns == 0
+                    and all(w.process.returncode is not None for w in self._workers.values())
+                ),
+                timeout,
+            )
+        if not done:
+            raise TimeoutError(f"workers {self.running()} still running after {timeout} s")
+        with self._lock:
+            failed = [w.rank for w in self._workers.values() if w.process.returncode != 0]
+        return 1 if failed else 0
+
+    def stop(self, grace_s: float = 5.0) -> None:
+        """SIGTERM every worker, SIGKILL what is left after ``grace_s``; report no deaths."""
+        with self._lock:
+            self._stopping = True
+            workers = list(self._workers.values())
+        for w in workers:
+            if w.process.poll() is None:
+                w.process.terminate()
+        for w in workers:
+            try:
+                w.process.wait(grace_s)
+            except subprocess.TimeoutExpired:
+                w.process.kill()
+                w.process.wait()
+        self.client.close()
+
+    # -- the watcher -----------------------------------------------------------------------------
+
+    def _watch(self, worker: Worker) -> None:
+        returncode = worker.process.wait()
+        with self._lock:
+            stopping = self._stopping
+        reported, error = False, None
+        if returncode != 0 and not stopping:
+            reported, error = self._report_death(worker)
+        exit_ = WorkerExit(
+            worker.rank, worker.incarnation, worker.process.pid, returncode, reported, error
+        )
+        log.warning("%s%s", exit_.describe(), "; death reported" if reported else "")
+        replace = False
+        with self._changed:
+            self.exits.append(exit_)
+            if (
+                exit_.failed
+                and not self._stopping
+                and self.replace_failed
+                and self.replacements_left > 0
+                and self._workers.get(worker.rank) is worker
+            ):
+                self.replacements_left -= 1
+                self._pending_spawns += 1
+                replace = True
+            self._changed.notify_all()
+        if self.on_exit is not None:
+            self.on_exit(exit_)
+        if replace:
+            try:
+                self.spawn(worker.rank)
+            finally:
+                with self._changed:
+                    self._pending_spawns -= 1
+                    self._changed.notify_all()
+
+    def _report_death(self, worker: Worker) -> tuple[bool, str | None]:
+        try:
+            self.client.report_death(self.group, worker.rank, worker.incarnation)
+        except (CoordinatorError, CoordinatorUnavailable) as exc:
+            # A 409 stale_incarnation means a newer process already speaks for the rank.
+            return False, str(exc)
+        return True, None
+
+
+# -- command line ------------------------------------------------------------------------------
+
+
+def _parse_ranks(text: str) -> list[int]:
+    ranks: list[int] = []
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        ranks.extend(range(int(lo), int(hi or lo) + 1))
+    return ranks
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m agent.launch",
+        description="Start the worker processes of a foldplane group, report deaths at once, "
+        "and optionally replace failed workers.",
+    )
+    p.add_argument(
+        "--coordinator",
+        default=os.environ.get("FOLDPLANE_COORDINATOR"),
+        help="coordinator URL(s), comma-separated (default: $FOLDPLANE_COORDINATOR)",
+    )
+    p.add_argument("--group", default=os.environ.get("FOLDPLANE_GROUP"), help="the group name")
+    p.add_argument("--nproc", type=int, help="start ranks FIRST..FIRST+NPROC-1 on this machine")
+    p.add_argument("--first-rank", type=int, default=0, help="the first rank (default 0)")
+    p.add_argument("--ranks", help="explicit ranks, e.g. 0-3 or 4,5,7 (instead of --nproc)")
+    p.add_argument(
+        "--world-size",
+        type=int,
+        help="create the group with this world size first (an identical group is a no-op)",
+    )
+    p.add_argument(
+        "--replace-failed", action="store_true", help="start a replacement for a failed worker"
+    )
+    p.add_argument(
+        "--max-replacements", type=int, default=3, help="replacements in all (default 3)"
+    )
+    p.add_argument(
+        "-m", "--module", action="store_true", help="run SCRIPT as a module (python -m SCRIPT)"
+    )
+    p.add_argument(
+        "--no-python", action="store_true", help="run SCRIPT as an executable, not with python"
+    )
+    p.add_argument(
+        "script", help="the worker script (or module with -m, executable with --no-python)"
+    )
+    p.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the worker")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = build_parser()
+    a = p.parse_args(argv)
+    if not a.coordinator:
+        p.error("--coordinator (or FOLDPLANE_COORDINATOR) is required")
+    if not a.group:
+        p.error("--group (or FOLDPLANE_GROUP) is required")
+    if a.ranks:
+        try:
+            ranks = _parse_ranks(a.ranks)
+        except ValueError:
+            p.error(f"--ranks {a.ranks!r}: expected a list like 0-3 or 4,5,7")
+    elif a.nproc:
+        ranks = list(range(a.first_rank, a.first_rank + a.nproc))
+    else:
+        p.error("give --nproc N or --ranks LIST")
+    if a.no_python:
+        command = [a.script, *a.args]
+    elif a.module:
+        command = [sys.executable, "-m", a.script, *a.args]
+    else:
+        command = [sys.executable, a.script, *a.args]
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s launch: %(message)s")
+    launcher = Launcher(
+        command,
+        coordinator=a.coordinator,
+        group=a.group,
+        ranks=ranks,
+        replace_failed=a.replace_failed,
+        max_replacements=a.max_replacements,
+    )
+    if a.world_size is not None:
+        try:
+            launcher.client.create_group(a.group, a.world_size)
+        except (CoordinatorError, CoordinatorUnavailable) as exc:
+            print(f"cannot create group {a.group!r}: {exc}", file=sys.stderr)
+            return 2
+
+    def forward(signum: int, frame: object) -> None:
+        threading.Thread(target=launcher.stop, daemon=True).start()
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+    launcher.start()
+    return launcher.wait()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

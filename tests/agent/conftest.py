@@ -1,0 +1,247 @@
+"""Fixtures of the agent suites: a real coordinator server and real worker processes.
+
+``coordinator`` starts ``python -m coordinator serve`` on a SQLite file in the test's temporary
+directory, at a free loopback port, and stops it afterwards. ``Workers`` starts
+``tests/agent/worker.py`` processes through the real launcher and talks to each one over its
+stdin/stdout: the test sends a command and waits for the answering event, with a deadline.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import queue
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agent.client import CoordinatorClient
+from agent.launch import Launcher, WorkerExit
+from tests.conftest import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+WORKER = Path(__file__).with_name("worker.py")
+
+#: Group settings for tests: quick failure detection, deadlines that fail a broken test soon.
+FAST_GROUP = {
+    "heartbeat_timeout_s": 3.0,
+    "ack_timeout_s": 10.0,
+    "admission_timeout_s": 20.0,
+    "formation_timeout_s": 60.0,
+    "reconcile_window_s": 0.2,
+}
+
+
+@dataclass
+class Coordinator:
+    url: str
+    db: Path
+    process: subprocess.Popen[bytes]
+    client: CoordinatorClient
+    log_path: Path
+
+    def create_group(self, group: str, world_size: int, **config: Any) -> dict[str, Any]:
+        return self.client.create_group(group, world_size, **{**FAST_GROUP, **config})
+
+    def view(self, group: str) -> dict[str, Any]:
+        return self.client.current_view(group)
+
+    def history(self, group: str) -> list[dict[str, Any]]:
+        return self.client.view_history(group)
+
+    def status(self, group: str) -> dict[str, Any]:
+        """``GET /groups/{group}``: the view, the change in flight, and each rank's state."""
+        return self.client.group(group)
+
+    def rank(self, group: str, rank: int) -> dict[str, Any]:
+        ranks = self.status(group)["ranks"]
+        return next(r for r in ranks if r["rank"] == rank)
+
+
+def start_coordinator(tmp: Path) -> Coordinator:
+    port = free_port()
+    db = tmp / "log.db"
+    log_path = tmp / "coordinator.log"
+    with open(log_path, "wb") as out:
+        process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "coordinator",
+                "serve",
+                "--db",
+                str(db),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--store-port",
+                "0",
+            ],
+            cwd=ROOT,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    url = f"http://127.0.0.1:{port}"
+    client = CoordinatorClient(url, timeout_s=5.0)
+    deadline = time.monotonic() + 60
+    while True:
+        if process.poll() is not None:
+            raise RuntimeError(
+                f"coordinator exited with {process.returncode}: {log_path.read_text()}"
+            )
+        try:
+            client.healthz()
+            break
+        except Exception as exc:
+            if time.monotonic() > deadline:
+                process.kill()
+                raise RuntimeError(
+                    f"coordinator did not answer /healthz: {log_path.read_text()}"
+                ) from exc
+            time.sleep(0.1)  # the server process is starting; nothing to wait on but the port
+    return Coordinator(url, db, process, client, log_path)
+
+
+def stop_coordinator(c: Coordinator) -> None:
+    c.client.close()
+    c.process.terminate()
+    try:
+        c.process.wait(10)
+    except subprocess.TimeoutExpired:
+        c.process.kill()
+        c.process.wait()
+
+
+@pytest.fixture
+def coordinator(tmp_path: Path) -> Iterator[Coordinator]:
+    c = start_coordinator(tmp_path)
+    yield c
+    stop_coordinator(c)
+
+
+@dataclass
+class Workers:
+    """Worker processes of one group, started by the real launcher, driven over stdin/stdout."""
+
+    coordinator: Coordinator
+    group: str
+    world_size: int
+    collective_timeout_s: float = 5.0
+    launcher: Launcher = field(init=False)
+    events: dict[int, queue.Queue[dict[str, Any]]] = field(default_factory=dict)
+    exits: queue.Queue[WorkerExit] = field(default_factory=queue.Queue)
+
+    def __post_init__(self) -> None:
+        self.launcher = Launcher(
+            [sys.executable, str(WORKER), str(self.collective_timeout_s)],
+            coordinator=self.coordinator.url,
+            group=self.group,
+            ranks=range(self.world_size),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            on_exit=self.exits.put,
+            env={"PYTHONPATH": str(ROOT), **_base_env()},
+        )
+
+    def start(self, ranks: list[int] | None = None) -> None:
+        for rank in range(self.world_size) if ranks is None else ranks:
+            self.spawn(rank)
+
+    def spawn(self, rank: int) -> str:
+        """Start (or replace) ``rank``; returns the new incarnation."""
+        worker = self.launcher.spawn(rank)
+        q: queue.Queue[dict[str, Any]] = queue.Queue()
+        self.events[rank] = q
+        threading.Thread(target=_read_events, args=(worker.process, q), daemon=True).start()
+        return worker.incarnation
+
+    def send(self, targets: int | list[int], cmd: str, **args: Any) -> None:
+        for rank in [targets] if isinstance(targets, int) else targets:
+            stdin = self.launcher.worker(rank).process.stdin
+            assert stdin is not None
+            stdin.write((json.dumps({"cmd": cmd, **args}) + "\n").encode())
+            stdin.flush()
+
+    def expect(self, rank: int, event: str, timeout: float = 60.0) -> dict[str, Any]:
+        """The next event ``event`` from ``rank`` (an ``error`` event fails the test)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise AssertionError(f"rank {rank}: no {event!r} event within {timeout} s")
+            try:
+                got = self.events[rank].get(timeout=left)
+            except queue.Empty:
+                continue
+            if got["event"] == "error":
+                raise AssertionError(
+                    f"rank {rank}: {got['cmd']} failed: {got['error']}\n{got.get('tb', '')}"
+                )
+            if got["event"] == "exited":
+                raise AssertionError(f"rank {rank} exited while waiting for {event!r}")
+            if got["event"] == event:
+                return got
+
+    def ask(
+        self, targets: list[int], cmd: str, event: str, timeout: float = 60.0, **args: Any
+    ) -> dict[int, dict[str, Any]]:
+        """Send ``cmd`` to every rank of ``targets`` at once, then collect each one's ``event``."""
+        self.send(targets, cmd, **args)
+        return {r: self.expect(r, event, timeout) for r in targets}
+
+    def stop(self) -> None:
+        for rank in list(self.events):
+            with contextlib.suppress(OSError, ValueError):
+                self.send(rank, "close")
+        with contextlib.suppress(TimeoutError):
+            self.launcher.wait(timeout=15)
+        self.launcher.stop(grace_s=5)
+
+
+def _base_env() -> dict[str, str]:
+    import os
+
+    return {k: v for k, v in os.environ.items() if not k.startswith("FOLDPLANE_")}
+
+
+def _read_events(process: subprocess.Popen[bytes], q: queue.Queue[dict[str, Any]]) -> None:
+    assert process.stdout is not None
+    for raw in process.stdout:
+        line = raw.decode(errors="replace").strip()
+        if line.startswith("{"):
+            with contextlib.suppress(ValueError):
+                q.put(json.loads(line))
+    q.put({"event": "exited"})
+
+
+@pytest.fixture
+def workers(coordinator: Coordinator) -> Iterator[Any]:
+    """A factory: ``workers("g", 4)`` creates the group and starts its 4 workers."""
+    made: list[Workers] = []
+
+    def make(
+        group: str,
+        world_size: int,
+        *,
+        start: bool = True,
+        collective_timeout_s: float = 5.0,
+        **config: Any,
+    ) -> Workers:
+        coordinator.create_group(group, world_size, **config)
+        w = Workers(coordinator, group, world_size, collective_timeout_s)
+        made.append(w)
+        if start:
+            w.start()
+        return w
+
+    yield make
+    for w in made:
+        w.stop()
