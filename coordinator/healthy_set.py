@@ -84,28 +84,87 @@ def _best_clique_in_component(
     vertices: list[int], down: Mapping[int, Set[int]], healthy: Set[int]
 ) -> set[int]:
     """The tie-break's best clique of the usable graph on one component of the down graph."""
-    index = {rank: i for i, rank in enumerate(vertices)}
-    n = len(vertices)
-    everyone = (1 << n) - 1
-    # conflict[i]: the vertices that cannot share a clique with i (its down neighbours).
-    conflict = [0] * n
-    for i, rank in enumerate(vertices):
-        bits = 0
-        for peer in down[rank]:
-            bits |= 1 << index[peer]
-        conflict[i] = bits
-    adjacent = [everyone & ~conflict[i] & ~(1 << i) for i in range(n)]
-    healthy_bits = 0
-    for i, rank in enumerate(vertices):
-        if rank in healthy:
-            healthy_bits |= 1 << i
+    search = _Search(vertices, down, healthy)
+    chosen = search.connected((1 << len(vertices)) - 1)
+    return {vertices[i] for i in range(len(vertices)) if (chosen >> i) & 1}
 
-    best_size = -1
-    best_healthy = -1
-    best_bits = 0
 
-    def colour_bound(p: int) -> int:
-        """Colours in a greedy colouring of the usable graph on ``p``: an upper bound on a clique."""
+class _Search:
+    """Bitset search over one component; vertex ``i`` is ``vertices[i]`` (ascending ranks), so
+    comparing bit positions compares ranks.
+
+    Two decompositions keep the search small before any branching: vertices with no down edge
+    inside the current set join every maximum clique, and the down graph splits into connected
+    components that are decided independently (``best``); a component whose *usable* graph is
+    disconnected (a partition) has its maximum clique inside one usable component, so each is
+    decided on its own and the best one wins (``connected``). Only what is left is branched on.
+    """
+
+    def __init__(self, vertices: list[int], down: Mapping[int, Set[int]], healthy: Set[int]):
+        index = {rank: i for i, rank in enumerate(vertices)}
+        n = len(vertices)
+        everyone = (1 << n) - 1
+        #: conflict[i]: the vertices that cannot share a clique with i (its down neighbours)
+        self.conflict = [0] * n
+        for i, rank in enumerate(vertices):
+            bits = 0
+            for peer in down[rank]:
+                if peer in index:
+                    bits |= 1 << index[peer]
+            self.conflict[i] = bits
+        self.adjacent = [everyone & ~self.conflict[i] & ~(1 << i) for i in range(n)]
+        self.healthy = sum(1 << i for i, rank in enumerate(vertices) if rank in healthy)
+
+    def better(self, a: int, b: int) -> bool:
+        """Does clique ``a`` beat clique ``b``: larger, then more HEALTHY, then the smallest
+        rank of their symmetric difference is in ``a`` (the lexicographically smaller list)."""
+        ka = (a.bit_count(), (a & self.healthy).bit_count())
+        kb = (b.bit_count(), (b & self.healthy).bit_count())
+        if ka != kb:
+            return ka > kb
+        diff = a ^ b
+        return bool(diff & -diff & a)
+
+    def best(self, p: int) -> int:
+        """The best clique among the vertices of ``p``."""
+        conflict = self.conflict
+        chosen = 0
+        rest = 0
+        q = p
+        while q:
+            low = q & -q
+            q ^= low
+            if conflict[low.bit_length() - 1] & p:
+                rest |= low
+            else:
+                chosen |= low
+        while rest:
+            component = _spread(rest & -rest, rest, conflict)
+            rest &= ~component
+            chosen |= self.connected(component)
+        return chosen
+
+    def connected(self, p: int) -> int:
+        """The best clique of a set that is connected in the down graph."""
+        parts = []
+        rest = p
+        while rest:
+            part = _spread(rest & -rest, rest, self.adjacent)
+            rest &= ~part
+            parts.append(part)
+        if len(parts) == 1:
+            return self.branch_and_bound(p)
+        winner = 0
+        for part in parts:
+            candidate = self.best(part)
+            if not winner or self.better(candidate, winner):
+                winner = candidate
+        return winner
+
+    def colour_bound(self, p: int) -> int:
+        """Colours of a greedy colouring of the usable graph on ``p``: an upper bound on its
+        clique size (each colour class is a clique of the down graph)."""
+        conflict = self.conflict
         colours = 0
         while p:
             colours += 1
@@ -116,23 +175,44 @@ def _best_clique_in_component(
                 q &= ~low & conflict[low.bit_length() - 1]
         return colours
 
-    def search(size: int, n_healthy: int, chosen: int, p: int) -> None:
-        """Include-first on the lowest vertex (recursion), exclude it (the loop), until ``p`` is
-        empty: the clique ``chosen`` is then complete and compared with the best."""
-        nonlocal best_size, best_healthy, best_bits
-        while p:
-            room = colour_bound(p)
+    def branch_and_bound(self, p: int) -> int:
+        """Include-first on the lowest vertex, with an explicit stack (no recursion limit), so
+        complete cliques arrive in the tie-break's lexicographic order; a branch survives only
+        if its bounds could *strictly* beat the best (size, HEALTHY count) found so far."""
+        adjacent, healthy = self.adjacent, self.healthy
+        best_size = best_healthy = -1
+        best = 0
+        stack = [(0, 0, 0, p)]
+        while stack:
+            size, n_healthy, chosen, p = stack.pop()
+            if not p:
+                if size > best_size or (size == best_size and n_healthy > best_healthy):
+                    best_size, best_healthy, best = size, n_healthy, chosen
+                continue
+            room = self.colour_bound(p)
             if size + room < best_size:
-                return
-            healthy_ub = n_healthy + min(room, (p & healthy_bits).bit_count())
-            if size + room == best_size and healthy_ub <= best_healthy:
-                return
+                continue
+            if size + room == best_size and (
+                n_healthy + min(room, (p & healthy).bit_count()) <= best_healthy
+            ):
+                continue
             low = p & -p
             i = low.bit_length() - 1
-            search(size + 1, n_healthy + ((healthy_bits >> i) & 1), chosen | low, p & adjacent[i])
-            p &= ~low
-        if size > best_size or (size == best_size and n_healthy > best_healthy):
-            best_size, best_healthy, best_bits = size, n_healthy, chosen
+            stack.append((size, n_healthy, chosen, p & ~low))
+            stack.append(
+                (size + 1, n_healthy + ((healthy >> i) & 1), chosen | low, p & adjacent[i])
+            )
+        return best
 
-    search(0, 0, 0, everyone)
-    return {vertices[i] for i in range(n) if (best_bits >> i) & 1}
+
+def _spread(seed: int, within: int, neighbours: list[int]) -> int:
+    """The connected component of ``seed`` inside ``within`` (bitsets)."""
+    component = seed
+    frontier = seed
+    while frontier:
+        low = frontier & -frontier
+        frontier ^= low
+        new = neighbours[low.bit_length() - 1] & within & ~component
+        component |= new
+        frontier |= new
+    return component

@@ -101,32 +101,32 @@ class Coordinator:
 
     def step(self, record: Record) -> list[Effect]:
         """Apply one record; return its effects. Records must come in increasing offset order."""
-        if record.offset <= self._offset:
+        offset = record.offset
+        if offset <= self._offset:
             raise ValueError(
-                f"record offset {record.offset} is not after the fold's offset {self._offset}; "
+                f"record offset {offset} is not after the fold's offset {self._offset}; "
                 "records must be stepped in increasing offset order"
             )
-        self._offset = record.offset
-        if record.ts > self._now:
-            self._now = record.ts
+        self._offset = offset
+        now = record.ts
+        if now > self._now:
+            self._now = now
+        else:
+            now = self._now
         kind = record.kind
         if kind == "heartbeat":
-            # Fast path: a well-formed beat from the current, online incarnation only moves the
-            # rank to the back of the liveness order. Anything else takes the checked path.
+            # Fast path: a beat from the current incarnation of an online rank (exactly the
+            # ranks in ``alive``) only moves the rank to the back of the liveness order.
+            # Anything else takes the checked path below and is refused with a reason.
             g = self._groups.get(record.group)  # type: ignore[arg-type]
-            rank = record.rank
-            if g is not None and g.formation != FAILED and type(rank) is int:
-                ranks = g.ranks
-                if 0 <= rank < len(ranks):
-                    info = ranks[rank]
-                    inc = record.payload.get("incarnation")
-                    if inc is not None and inc == info.incarnation and info.state != OFFLINE:
-                        alive = g.alive
-                        alive.move_to_end(rank)
-                        alive[rank] = self._now
-                        info.last_heartbeat_ts = self._now
-                        return []
-            refusal = self._refusal(kind, record.group, rank, record.payload)
+            if g is not None:
+                rank = record.rank
+                alive = g.alive
+                if rank in alive and g.ranks[rank].incarnation == record.payload.get("incarnation"):
+                    alive.move_to_end(rank)  # type: ignore[arg-type]
+                    alive[rank] = now  # type: ignore[index]
+                    return []
+            refusal = self._refusal(kind, record.group, record.rank, record.payload)
             return [self._refused(record, refusal)] if refusal else []
         if kind == "tick":
             return self._on_tick(record)
@@ -237,7 +237,7 @@ class Coordinator:
                     "state": info.state,
                     "incarnation": info.incarnation,
                     "rank_epoch": info.rank_epoch,
-                    "last_heartbeat_ts": info.last_heartbeat_ts,
+                    "last_heartbeat_ts": g.alive.get(r, info.last_heartbeat_ts),
                     "exited": info.exited,
                     "active": r in active,
                     "self_ready": info.self_ready,
@@ -632,7 +632,7 @@ class Coordinator:
         """
         info = g.ranks[rank]
         info.state = OFFLINE
-        g.alive.pop(rank, None)
+        info.last_heartbeat_ts = g.alive.pop(rank, info.last_heartbeat_ts)
         g.candidates.discard(rank)
         g.healthy.discard(rank)
         g.dirty = True
@@ -667,7 +667,6 @@ class Coordinator:
         """Any input from the current online incarnation is a sign of life."""
         g.alive[rank] = self._now
         g.alive.move_to_end(rank)
-        g.ranks[rank].last_heartbeat_ts = self._now
 
     def _set_evidence(self, g: GroupState, rank: int, down: frozenset[int], ready: bool) -> None:
         info = g.ranks[rank]
@@ -1041,6 +1040,8 @@ class Coordinator:
         missing = tuple(r for r, info in enumerate(g.ranks) if info.state != HEALTHY)
         ready = g.cfg.world_size - len(missing)
         g.formation = FAILED
+        for rank, last in g.alive.items():
+            g.ranks[rank].last_heartbeat_ts = last
         g.alive.clear()  # a failed group tracks no more deadlines; its inputs are refused
         g.window_end = None
         g.formation_error = (

@@ -43,6 +43,7 @@ class RankInfo:
         self.state: str = OFFLINE
         self.incarnation: str | None = None
         self.rank_epoch = 0
+        #: last sign of life as of going OFFLINE; while online, ``GroupState.alive`` has it
         self.last_heartbeat_ts: int | None = None
         self.exited = False
         #: the latest links report of this incarnation said its data plane is ready

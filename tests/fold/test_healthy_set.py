@@ -73,3 +73,12 @@ def test_large_sparse_down_graph_is_exact():
     down = [(0, r) for r in range(1, 40)] + [(100, 101), (101, 102), (100, 102)]
     hs = healthy_set(range(n), down, set(range(n)))
     assert len(hs) == n - 3 and 0 not in hs and 100 in hs and {101, 102}.isdisjoint(hs)
+
+
+def test_a_partition_side_deeper_than_the_recursion_limit():
+    """A 1,100-rank side would be 1,100 nested include-branches: the search must not recurse."""
+    n, left = 1200, 1100
+    cross = [(a, b) for a in range(left) for b in range(left, n)]
+    stray = [(3, 5), (5, 7)]  # a flaky NIC inside the big side: drop 5, keep 3 and 7
+    hs = healthy_set(range(n), cross + stray, set(range(n)))
+    assert hs == tuple(r for r in range(left) if r != 5)
