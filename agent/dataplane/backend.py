@@ -6,16 +6,19 @@ GPU), built directly on ``PrefixStore("view/<version>/", store)``: no default gr
 without the dead rank, and a replacement process can join a later view.
 
 An abandoned backend may still have an operation in flight that never ends (a peer died mid-op);
-deleting it would block until the backend's timeout, so it goes to a graveyard that lives as long
-as the process. NCCL backends are aborted first, which unblocks their kernels; gloo cannot be
-unblocked (``abort()`` returns but the op waits out its timeout), which is why gloo operations are
-always issued asynchronously and waited on with an event the failure path can set.
+deleting it blocks until the backend's timeout, so the last reference is dropped in a reaper
+thread. NCCL backends are aborted first, which unblocks their kernels; gloo cannot be unblocked
+(``abort()`` returns but the op waits out its timeout), which is why no wait on a gloo operation
+is ever left to gloo alone: the failure path can always end it (see :mod:`agent.dataplane.work`).
 """
 
 from __future__ import annotations
 
 import logging
+import queue
+import sys
 import threading
+import time
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -36,9 +39,39 @@ def bury(*objects: object) -> None:
         _graveyard.extend(o for o in objects if o is not None)
 
 
-def graveyard_size() -> int:
-    with _graveyard_lock:
-        return len(_graveyard)
+class _Reaper:
+    """A daemon thread that drops the last reference to each abandoned backend.
+
+    A backend's destructor waits for its operations to end, so it must not run in the thread
+    that abandons it. Python runs a destructor wherever the last reference goes, so the reaper
+    first waits (briefly) until it holds the only reference left.
+    """
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def take(self, backend: object) -> None:
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="dataplane-reaper", daemon=True
+                )
+                self._thread.start()
+        self._queue.put(backend)
+
+    def _run(self) -> None:
+        while True:
+            backend = self._queue.get()
+            give_up = time.monotonic() + 10.0
+            # getrefcount counts its own argument: 2 means this local is the only holder.
+            while sys.getrefcount(backend) > 2 and time.monotonic() < give_up:
+                time.sleep(0.005)
+            del backend
+
+
+_reaper = _Reaper()
 
 
 @dataclass(frozen=True)
@@ -84,7 +117,12 @@ class BackendKind:
         return backend
 
     def abandon(self, backend: object | None) -> None:
-        """Stop using ``backend``: abort it where that unblocks its ops (NCCL), then bury it."""
+        """Stop using ``backend``: abort it where that unblocks its ops (NCCL), then release it.
+
+        The release happens in the reaper thread, because the destructor waits for the backend's
+        operations to end (a gloo op stuck on a dead peer ends at its timeout): the caller never
+        blocks, and a long job's old views do not keep their threads and sockets.
+        """
         if backend is None:
             return
         if self.name == "nccl":
@@ -92,4 +130,4 @@ class BackendKind:
                 backend.abort()  # type: ignore[attr-defined]
             except RuntimeError as e:
                 log.warning("aborting an abandoned NCCL backend failed: %s", e)
-        bury(backend)
+        _reaper.take(backend)

@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from agent.dataplane.view import ViewGroup
 
 ReduceOp = dist.ReduceOp
-_GLOO_UNSUPPORTED_OPS = ("AVG", "PREMUL_SUM")
+_GLOO_UNSUPPORTED_OPS = (ReduceOp.AVG, ReduceOp.PREMUL_SUM)
 
 Launch = Callable[[object, "ViewGroup"], object]
 
@@ -174,8 +174,15 @@ class ElasticProcessGroup:
         p2p: bool = False,
     ) -> Work:
         plane = self._plane
-        view = plane.view_for_op(name)
         timeout_s = plane.p2p_timeout_s if p2p else plane.collective_timeout_s
+        deadline = time.monotonic() + timeout_s
+        while True:
+            view = plane.view_for_op(name)
+            runnable = view.active and (peer is None or peer in view.members)
+            backend = view.backend(deadline) if runnable else None
+            if backend is None and runnable and view.failure is None:
+                continue  # superseded while we waited for its backend: run on the newer view
+            break
         work = Work(
             f"{name} (rank {self.rank}, view {view.version})",
             view,
@@ -185,22 +192,25 @@ class ElasticProcessGroup:
         )
         if not view.active:
             return work._complete_locally(True)
-        if view.failure is not None:
-            return work._fail_with_view()
         if peer is not None and peer not in view.members:
             return work._complete_locally(False, (peer,))
-        backend = view.backend(deadline=time.monotonic() + timeout_s)
-        if backend is None or not view.register(work):
+        inline = not async_op and plane.kind.name == "gloo"
+        if backend is None or not (inline or view.register(work)):
             return work._fail_with_view()
+        view.op_started()
         try:
             backend_work = launch(backend, view)
         except RuntimeError as e:  # e.g. gloo's send to a peer whose connection is gone
+            view.op_ended()
             view.unregister(work)
             view.fail(f"{work.name} failed to start: {e}")
             return work._fail_with_view()
-        work._started(backend_work)
-        if not async_op:
-            work.wait()
+        if inline:
+            work._wait_inline(backend_work)
+        else:
+            work._started(backend_work)
+            if not async_op:
+                work.wait()
         return work
 
     # -- argument checks (local misuse raises) ------------------------------------------------
@@ -241,7 +251,7 @@ class ElasticProcessGroup:
             raise ValueError(f"{what}={rank} is this rank itself")
 
     def _check_op(self, op: dist.ReduceOp) -> dist.ReduceOp:
-        if self._plane.kind.name == "gloo" and str(op).rsplit(".", 1)[-1] in _GLOO_UNSUPPORTED_OPS:
+        if op in _GLOO_UNSUPPORTED_OPS and self._plane.kind.name == "gloo":
             raise ValueError(f"gloo does not support {op}")
         return op
 

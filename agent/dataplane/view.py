@@ -81,6 +81,8 @@ class ViewGroup:
         self._failed_ranks: tuple[int, ...] | None = None
         self._decided = threading.Event()
         self._pending: set[Work] = set()
+        self._inflight = 0  # operations the backend has not finished, waited on or not
+        self._orphan: object | None = None  # a retired backend, released once it is idle
 
     # -- queries ------------------------------------------------------------------------------
 
@@ -143,17 +145,20 @@ class ViewGroup:
         ctx.report_links(self.version, peers, [])
 
     def backend(self, deadline: float) -> object | None:
-        """The built backend, or None if the view failed (or was retired) before it was built.
+        """The built backend, or None if the view has failed or was retired (superseded).
 
         Past ``deadline`` (a ``time.monotonic()`` value) the view fails: a member never came.
         """
+        backend = self._backend
+        if backend is not None and self._failure is None:
+            return backend  # the fast path of every operation but a view's first
         with self._cond:
             while not self._built and self._failure is None and not self._retired:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     break
                 self._cond.wait(remaining)
-            if self._built and self._failure is None:
+            if self._backend is not None and self._failure is None:
                 return self._backend
             timed_out = self._failure is None and not self._retired
         if timed_out:
@@ -175,6 +180,24 @@ class ViewGroup:
     def unregister(self, work: Work) -> None:
         with self._cond:
             self._pending.discard(work)
+
+    def op_started(self) -> None:
+        with self._cond:
+            self._inflight += 1
+
+    def op_ended(self) -> None:
+        """An operation ended in the backend; a retired backend is released once none is left.
+
+        Destroying a gloo backend waits for its operations while holding the GIL (the whole
+        process stalls), so a backend is released only when it is idle.
+        """
+        with self._cond:
+            self._inflight -= 1
+            orphan = self._orphan if self._inflight == 0 else None
+            if orphan is not None:
+                self._orphan = None
+        if orphan is not None:
+            self._ctx.kind.abandon(orphan)
 
     # -- failure ------------------------------------------------------------------------------
 
@@ -244,7 +267,9 @@ class ViewGroup:
             if self._retired:
                 return
             self._retired = True
-            backend, self._backend = self._backend, None
+            backend, self._backend = self._backend, None  # the reaper must hold the last reference
+            if backend is not None and self._inflight > 0:
+                self._orphan, backend = backend, None  # released by the last op_ended()
             watched = self.active
             pending = list(self._pending) if wake else []
             self._cond.notify_all()

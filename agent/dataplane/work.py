@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
+from datetime import timedelta
 from typing import TYPE_CHECKING
 
 import torch
@@ -24,6 +26,9 @@ from agent.dataplane.hint import HintPool, fill
 
 if TYPE_CHECKING:
     from agent.dataplane.view import ViewGroup
+
+#: How often a synchronous operation waiting inside gloo looks up from it (poison, close).
+INLINE_SLICE_S = 0.01
 
 
 class Work:
@@ -87,37 +92,66 @@ class Work:
         return self
 
     def _started(self, backend_work: object) -> None:
-        """The backend accepted the operation; learn of its end from its future, or a thread."""
+        """An asynchronous operation: learn of the backend's end from a callback."""
         self._backend_work = backend_work
-        try:
-            future = backend_work.get_future()  # type: ignore[attr-defined]
-        except RuntimeError:  # "not implemented": gloo's send/recv and a few others
-            threading.Thread(
-                target=self._wait_backend, name=f"dataplane-{self.name}", daemon=True
-            ).start()
-        else:
-            future.add_done_callback(self._on_future)
+        when_ended(backend_work, self._ended)
 
-    def _on_future(self, fut: torch.futures.Future) -> None:
-        # Not ``work.wait()``: the callback may run before the work itself is marked completed.
-        try:
-            fut.value()
-        except RuntimeError as e:
-            self._error = str(e)
-        self._finish()
-
-    def _wait_backend(self) -> None:
-        try:
-            self._backend_work.wait()  # type: ignore[union-attr]
-        except RuntimeError as e:
-            self._error = str(e)
-        self._finish()
-
-    def _finish(self) -> None:
+    def _ended(self, error: str | None) -> None:
+        self._error = error
         self._finished = True
-        if self._view is not None:
-            self._view.unregister(self)
+        assert self._view is not None
+        self._view.unregister(self)
+        self._view.op_ended()
         self._event.set()
+
+    def _wait_inline(self, backend_work: object) -> None:
+        """A synchronous operation: wait inside the backend, one slice at a time.
+
+        No thread hop and no callback on the success path (the cheapest wait gloo offers), yet
+        a poisoned view, a closed plane or the deadline still ends the wait within a slice. An
+        operation left running is followed until it ends, so its view knows when its backend is
+        idle (see ``ViewGroup.op_ended``).
+        """
+        self._backend_work = backend_work
+        view = self._view
+        assert view is not None
+        ended = self._wait_slices(backend_work, view)
+        self._finished = ended
+        if ended:
+            view.op_ended()
+        else:
+            when_ended(backend_work, lambda _error: view.op_ended())
+        self._event.set()
+        if self._outcome is None:
+            self._outcome = False
+            if self._closed.is_set() and view.failure is None:
+                raise DataPlaneError(
+                    f"{self.name} was still running when the data plane was closed"
+                )
+
+    def _wait_slices(self, backend_work: object, view: ViewGroup) -> bool:
+        """Wait for ``backend_work``; True if it ended (the outcome is then set), False if given up."""
+        while True:
+            remaining = self._deadline - time.monotonic()
+            if remaining <= 0:
+                view.fail(f"{self.name} did not complete within {self._timeout_s:g} s")
+                return False
+            try:
+                backend_work.wait(timedelta(seconds=min(remaining, INLINE_SLICE_S)))  # type: ignore[attr-defined]
+            except RuntimeError:
+                if not backend_work.is_completed():  # type: ignore[attr-defined]
+                    if view.failure is not None or self._closed.is_set():
+                        return False
+                    continue  # only this slice timed out; the operation is still running
+                # It ended meanwhile: a second wait returns, or raises the operation's own error.
+                try:
+                    backend_work.wait()  # type: ignore[attr-defined]
+                except RuntimeError as e:
+                    view.fail(f"{self.name} failed: {e}")
+                    self._outcome = False
+                    return True
+            self._outcome = True
+            return True
 
     def _wake(self) -> None:
         """The view failed or the plane closed: stop waiting for the backend."""
@@ -188,3 +222,32 @@ class Work:
         state = "pending" if self._outcome is None else ("ok" if self._outcome else "failed")
         version = self._view.version if self._view is not None else None
         return f"<Work {self.name} view={version} {state}>"
+
+
+def when_ended(backend_work: object, callback: Callable[[str | None], None]) -> None:
+    """Call ``callback(error or None)`` once ``backend_work`` has ended, from a backend thread."""
+    try:
+        future = backend_work.get_future()  # type: ignore[attr-defined]
+    except RuntimeError:  # "not implemented": gloo's send/recv and a few others
+
+        def wait_in_thread() -> None:
+            try:
+                backend_work.wait()  # type: ignore[attr-defined]
+            except RuntimeError as e:
+                callback(str(e))
+            else:
+                callback(None)
+
+        threading.Thread(target=wait_in_thread, name="dataplane-p2p-wait", daemon=True).start()
+        return
+
+    def on_done(fut: torch.futures.Future) -> None:
+        # Not ``work.wait()``: the callback may run before the work itself is marked completed.
+        try:
+            fut.value()
+        except RuntimeError as e:
+            callback(str(e))
+        else:
+            callback(None)
+
+    future.add_done_callback(on_done)
