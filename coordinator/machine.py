@@ -375,7 +375,7 @@ class Coordinator:
                 f"ACK for version {version} from rank {rank}, but version {change.version} "
                 "is being prepared"
             )
-        if rank not in change.participants:
+        if rank not in change.members:
             return STALE_VERSION, (
                 f"rank {rank} is not a participant of version {version} "
                 f"(participants {ranks_text(change.participants)})"
@@ -506,6 +506,7 @@ class Coordinator:
         g = self._groups[record.group]  # type: ignore[index]
         assert g.change is not None and record.rank is not None
         g.change.acked.add(record.rank)
+        g.change.waiting.discard(record.rank)
         self._touch(g, record.rank)
 
     def _on_exit(self, record: Record, effects: list[Effect]) -> None:
@@ -640,8 +641,10 @@ class Coordinator:
             info.failure_counted = True
             g.failures += 1
             g.failed.append((rank, info.rank_epoch))
+        g.budget_due = True
         change = g.change
-        if change is not None and rank in change.participants and rank not in change.acked:
+        if change is not None and rank in change.waiting:
+            change.waiting.discard(rank)
             change.dropped.add(rank)
         self._rank_state(g, rank, reason, record, effects)
 
@@ -739,7 +742,7 @@ class Coordinator:
         while True:
             change = g.change
             if change is not None:
-                if not change.outstanding():
+                if not change.waiting:
                     self._commit(g, record, effects)
                     continue
                 self._attach_heads(g, record, effects)
@@ -769,15 +772,18 @@ class Coordinator:
         """One ``shutdown_with_save`` per group, ever: at ``max_failure`` failed incarnations, or
         when failures leave fewer live active ranks than the backend needs. Pending proposals
         are then rejected; a change already in flight may still commit."""
+        if not g.budget_due:
+            return
+        g.budget_due = False
         if g.shutdown is not None or g.formation == FAILED:
             return
         cfg = g.cfg
         reason = detail = None
-        failed = ", ".join(f"{r}@{e}" for r, e in g.failed[:16])
-        if len(g.failed) > 16:
-            failed += f", ... (+{len(g.failed) - 16} more)"
         if cfg.max_failure is not None and g.failures >= cfg.max_failure:
             reason = "max_failure_exceeded"
+            failed = ", ".join(f"{r}@{e}" for r, e in g.failed[:16])
+            if len(g.failed) > 16:
+                failed += f", ... (+{len(g.failed) - 16} more)"
             detail = (
                 f"{g.failures} failed incarnations (rank@rank_epoch [{failed}]) "
                 f"reached max_failure {g.config.max_failure!r} = {cfg.max_failure}"
@@ -1023,6 +1029,7 @@ class Coordinator:
             ts=self._now,
         )
         g.view = view
+        g.budget_due = True
         if g.formation == FORMING:
             g.formation = FORMED
         effects.append(ViewCommitted(view=view, offset=record.offset))

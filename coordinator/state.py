@@ -95,6 +95,8 @@ class Change:
         "version",
         "active",
         "participants",
+        "members",
+        "waiting",
         "acked",
         "dropped",
         "ack_deadline",
@@ -116,6 +118,9 @@ class Change:
         self.version = version
         self.active = active
         self.participants = participants
+        self.members = frozenset(participants)
+        #: participants whose ACK is still awaited (neither ACKed nor dropped)
+        self.waiting: set[int] = set(participants)
         self.acked: set[int] = set()
         self.dropped: set[int] = set()
         self.ack_deadline = ack_deadline
@@ -125,7 +130,7 @@ class Change:
 
     def outstanding(self) -> list[int]:
         """Participants whose ACK is still awaited, in rank order."""
-        return [r for r in self.participants if r not in self.acked and r not in self.dropped]
+        return sorted(self.waiting)
 
     def cause(self) -> dict[str, Any]:
         return {"kind": self.kind, "proposals": list(self.proposals), "detail": self.detail}
@@ -156,6 +161,7 @@ class Change:
         )
         change.acked = set(d["acked"])
         change.dropped = set(d["dropped"])
+        change.waiting -= change.acked | change.dropped
         return change
 
 
@@ -190,6 +196,9 @@ class GroupState:
         #: (rank, rank_epoch) of every failed incarnation, in order
         self.failed: list[tuple[int, int]] = []
         self.shutdown: str | None = None
+        #: a rank went OFFLINE or a view committed since the budget was last enforced (always
+        #: False between steps, so not part of a snapshot)
+        self.budget_due = False
         self.view: View | None = None
         self.change: Change | None = None
         #: pending proposals: (id, admission deadline), first in first out
