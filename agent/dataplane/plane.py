@@ -3,20 +3,24 @@
 The agent owns the data plane: it calls ``install_view`` for each committed view and turns
 ``on_link_evidence`` calls into ``links`` events. The training loop uses ``process_group()``.
 
-Threads (all daemons), each with its own store client, because a TCPStore client serializes
-its operations and a blocking ``wait`` would stall the others:
-- the heartbeat thread (liveness counter, see :mod:`agent.dataplane.liveness`);
-- the watcher thread, blocked on ``fail/<v>/<rank>`` of the current view: a poison notice there
-  fails the view at once (see :mod:`agent.dataplane.poison`);
-- one builder thread per installed view in which this rank is active;
-- one decider thread per failed view (poisons the other members, reads liveness, reports).
+Threads (all daemons) and their store clients. A TCPStore client serializes its operations, so
+whatever may block for long gets a client of its own:
+- the heartbeat thread (liveness counter, see :mod:`agent.dataplane.liveness`) and the decider
+  threads (one per failed view: poison the members, read liveness, report) share the control
+  client: their operations are short;
+- the watcher thread, blocked on ``fail/<v>/<rank>`` of the current view, has its own: a poison
+  notice there fails the view at once (see :mod:`agent.dataplane.poison`);
+- one builder thread per installed view in which this rank is active takes a rendezvous client
+  that no other rendezvous is using (see ``rendezvous_store``);
+- the reaper thread releases retired backends (see :mod:`agent.dataplane.backend`).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from datetime import timedelta
 
 import torch
@@ -108,8 +112,10 @@ class DataPlane:
         self._lock = threading.Condition()
         self._view: ViewGroup | None = None
         self._control = self.connect_store()
+        self._rendezvous_lock = threading.Lock()
+        self._rendezvous_idle: list[Store] = [self.connect_store()]
         self._watch_store = self.connect_store()
-        self._heartbeat = Heartbeat(self.connect_store(), rank, incarnation, liveness_period_s)
+        self._heartbeat = Heartbeat(self._control, rank, incarnation, liveness_period_s)
         self._control.set(keys.incarnation(rank), incarnation)
         self._group = ElasticProcessGroup(self)
         self._watcher = threading.Thread(
@@ -221,6 +227,24 @@ class DataPlane:
 
     def control_store(self) -> Store:
         return self._control
+
+    @contextmanager
+    def rendezvous_store(self) -> Iterator[Store]:
+        """A store client for one backend's rendezvous, not shared with a rendezvous in progress.
+
+        A rendezvous waiting for an absent member holds its client (a client serializes its
+        operations), so a concurrent one takes another. Clients are kept and reused: connecting
+        one can take seconds on a loaded host.
+        """
+        with self._rendezvous_lock:
+            client = self._rendezvous_idle.pop() if self._rendezvous_idle else None
+        if client is None:
+            client = self.connect_store()
+        try:
+            yield client
+        finally:
+            with self._rendezvous_lock:
+                self._rendezvous_idle.append(client)
 
     def connect_store(self) -> Store:
         """A new client of the coordinator's store, under this data plane's prefix."""

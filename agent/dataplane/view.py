@@ -20,10 +20,11 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from torch.distributed import Store
+from torch.distributed import PrefixStore, Store
 
 from agent.dataplane import keys
 from agent.dataplane.backend import BackendKind
@@ -50,7 +51,7 @@ class ViewContext(Protocol):
 
     def control_store(self) -> Store: ...
 
-    def connect_store(self) -> Store: ...
+    def rendezvous_store(self) -> AbstractContextManager[Store]: ...
 
     def report_links(self, version: int, peers: dict[int, str], failed: list[int]) -> None: ...
 
@@ -118,15 +119,13 @@ class ViewGroup:
         ctx = self._ctx
         try:
             ctx.control_store().set(keys.member(self.version, ctx.rank), ctx.incarnation)
-            store = ctx.connect_store()  # its own client: a stuck rendezvous blocks nobody else
-            from torch.distributed import PrefixStore
-
-            backend = ctx.kind.create(
-                PrefixStore(keys.rendezvous_prefix(self.version), store),
-                self.index(ctx.rank),
-                len(self.members),
-                ctx.backend_timeout_s,
-            )
+            with ctx.rendezvous_store() as store:
+                backend = ctx.kind.create(
+                    PrefixStore(keys.rendezvous_prefix(self.version), store),
+                    self.index(ctx.rank),
+                    len(self.members),
+                    ctx.backend_timeout_s,
+                )
         except RuntimeError as e:
             with self._cond:
                 superseded = self._retired

@@ -221,3 +221,26 @@ def test_constructor_refuses_bad_arguments(store) -> None:
         DataPlane(0, 4, "127.0.0.1", store.port, incarnation="x", backend="mpi")
     with pytest.raises(ValueError, match="incarnation"):
         DataPlane(0, 4, "127.0.0.1", store.port, incarnation="")
+
+
+def _os_threads() -> int:
+    import os
+
+    return len(os.listdir("/proc/self/task"))
+
+
+def test_retired_backends_are_released_so_views_do_not_accumulate_threads(make_plane) -> None:
+    import time
+
+    dp = make_plane(rank=0, world_size=2)
+    pg = dp.process_group()
+    dp.install_view(1, [0])
+    assert pg.barrier().wait()
+    baseline = _os_threads()
+    for version in range(2, 32):  # each gloo backend owns threads; 30 views would add dozens
+        dp.install_view(version, [0])
+        assert pg.all_reduce(torch.ones(2)).wait()
+    deadline = time.monotonic() + 10
+    while _os_threads() > baseline + 6 and time.monotonic() < deadline:
+        time.sleep(0.05)  # the reaper releases the old backends in the background
+    assert _os_threads() <= baseline + 6, f"{_os_threads()} OS threads, {baseline} after the first view"
