@@ -133,6 +133,17 @@ async def test_one_append_is_contiguous_among_concurrent_appends(log: Log) -> No
         (NewRecord(kind="join", rank=-2), r"record 1: rank -2 must be a non-negative integer"),
         (NewRecord(kind="join", ts=-5), r"record 1: ts -5 must be non-negative"),
         ({"kind": "join"}, r"record 1: expected a NewRecord, got dict"),
+        # what a column cannot hold is refused up front, never by the store mid-batch
+        (
+            NewRecord(kind="join", rank=2**31),
+            r"record 1: rank 2147483648 must be .* up to 2147483647",
+        ),
+        (NewRecord(kind="join", ts=2**63), r"record 1: ts 9223372036854775808 must be"),
+        (NewRecord(kind=["join"]), r"record 1: unknown kind \['join'\]"),  # type: ignore[arg-type]
+        (
+            NewRecord(kind="join", group="train\n"),
+            r"record 1: group 'train\\n' is not a valid name",
+        ),
     ],
 )
 async def test_bad_record_refuses_the_whole_batch(log: Log, bad: object, message: str) -> None:
