@@ -24,26 +24,16 @@ from typing import Any
 
 import msgspec
 
-from coordinator.config import ConfigError, GroupConfig
+from coordinator.admission import admission_problem, requested, static_problem
+from coordinator.config import GroupConfig
 from coordinator.effects import (
     APPLIED,
     APPLIED_WITH_DROPPED_RANKS,
-    DUPLICATE_PROPOSAL,
-    GROUP_CONFLICT,
-    GROUP_FAILED,
     HEALTHY,
-    IDEMPOTENCY_CONFLICT,
-    INVALID_EVENT,
     OFFLINE,
     PENDING,
-    RANK_BUSY,
-    RANK_OFFLINE,
-    RANK_OUT_OF_RANGE,
     REJECTED,
-    STALE_INCARNATION,
-    STALE_VERSION,
     SYNCED,
-    UNKNOWN_GROUP,
     Effect,
     GroupCreated,
     GroupFailed,
@@ -57,21 +47,14 @@ from coordinator.effects import (
     ViewCommitted,
     ViewPrepare,
 )
+from coordinator.fencing import parse_group_created, refusal
 from coordinator.healthy_set import excluded_ranks
-from coordinator.payloads import CHECKS
-from coordinator.state import FAILED, FORMED, FORMING, Change, GroupState, RankInfo
-from eventlog.record import KINDS, Record
+from coordinator.reasons import ranks_text
+from coordinator.state import FAILED, FORMED, FORMING, Change, GroupState
+from coordinator.status import group_status
+from eventlog.record import Record
 
 SNAPSHOT_FORMAT = 1
-_RANK_KINDS = frozenset({"join", "heartbeat", "links", "ack", "exit", "death_reported"})
-
-
-def ranks_text(ranks: Any, limit: int = 16) -> str:
-    """``[0, 1, 2]``, or ``[0, 1, ... (+98 more)]`` for long lists, so reasons stay readable."""
-    items = sorted(ranks)
-    if len(items) <= limit:
-        return "[" + ", ".join(map(str, items)) + "]"
-    return "[" + ", ".join(map(str, items[:limit])) + f", ... (+{len(items) - limit} more)]"
 
 
 class Coordinator:
@@ -221,195 +204,14 @@ class Coordinator:
     def group_status(self, group: str) -> dict[str, Any] | None:
         """Plain data for ``GET /groups/{group}``; None for an unknown group."""
         g = self._groups.get(group)
-        if g is None:
-            return None
-        active = set(g.active)
-        change = g.change
-        return {
-            "group": g.name,
-            "config": g.config.to_dict(),
-            "formation": {"status": g.formation, "error": g.formation_error},
-            "view": None if g.view is None else _plain(g.view),
-            "healthy_set": sorted(g.healthy),
-            "ranks": [
-                {
-                    "rank": r,
-                    "state": info.state,
-                    "incarnation": info.incarnation,
-                    "rank_epoch": info.rank_epoch,
-                    "last_heartbeat_ts": g.alive.get(r, info.last_heartbeat_ts),
-                    "exited": info.exited,
-                    "active": r in active,
-                    "self_ready": info.self_ready,
-                    "down_peers": sorted(info.down),
-                }
-                for r, info in enumerate(g.ranks)
-            ],
-            "pending_proposals": [pid for pid, _ in g.queue],
-            "change_in_flight": None
-            if change is None
-            else {
-                "version": change.version,
-                "active_ranks": list(change.active),
-                "participants": list(change.participants),
-                "acked": sorted(change.acked),
-                "dropped": sorted(change.dropped),
-                "ack_deadline_ts": change.ack_deadline,
-                "cause": change.cause(),
-            },
-            "failures": g.failures,
-            "shutdown": g.shutdown,
-            "reconcile_window_end_ts": g.window_end,
-        }
+        return None if g is None else group_status(g)
 
     # ------------------------------------------------------------------ validation and fencing
 
     def _refusal(
         self, kind: str, group: str | None, rank: int | None, payload: Any
     ) -> tuple[str, str] | None:
-        """The (code, message) for an input that must not be applied, or None."""
-        if kind not in KINDS:
-            return INVALID_EVENT, f"unknown kind {kind!r}; expected one of {sorted(KINDS)}"
-        if not isinstance(payload, dict):
-            return INVALID_EVENT, f"payload must be an object, got {type(payload).__name__}"
-        if kind == "tick":
-            return None
-        if group is None:
-            return INVALID_EVENT, f"a {kind} record must name a group"
-        if kind == "group_created":
-            return self._group_created_refusal(group, rank, payload)
-        g = self._groups.get(group)
-        if g is None:
-            return UNKNOWN_GROUP, f"no group named {group!r}"
-        ws = g.config.world_size
-        err = CHECKS[kind](payload, ws)
-        if err is not None:
-            return INVALID_EVENT, f"{kind}: {err}"
-        if kind == "proposal":
-            if rank is not None:
-                return INVALID_EVENT, f"a proposal names its ranks in the payload, not rank={rank}"
-            return self._proposal_refusal(g, payload)
-        if kind not in _RANK_KINDS:
-            return None
-        if isinstance(rank, bool) or not isinstance(rank, int):
-            return INVALID_EVENT, f"a {kind} record must name a rank, got {rank!r}"
-        if not 0 <= rank < ws:
-            return RANK_OUT_OF_RANGE, f"rank {rank} is not in 0..{ws - 1} for group {group!r}"
-        if g.formation == FAILED:
-            return GROUP_FAILED, f"group {group!r} failed to form: {g.formation_error}"
-        info = g.ranks[rank]
-        inc = payload.get("incarnation")
-        if kind == "join":
-            return self._join_refusal(g, rank, info, inc)
-        if kind == "death_reported" and inc is None:
-            return None
-        if inc != info.incarnation:
-            return STALE_INCARNATION, self._stale_text(rank, info, inc)
-        if kind in ("exit", "death_reported"):
-            return None
-        if info.state == OFFLINE:
-            return RANK_OFFLINE, (
-                f"rank {rank} incarnation {inc} is OFFLINE; send join to come back"
-            )
-        if kind == "ack":
-            return self._ack_refusal(g, rank, payload["version"])
-        return None
-
-    def _group_created_refusal(
-        self, group: str, rank: int | None, payload: dict[str, Any]
-    ) -> tuple[str, str] | None:
-        try:
-            config = self._parse_group_created(payload)
-        except ConfigError as exc:
-            return INVALID_EVENT, f"group_created: {exc}"
-        if rank is not None:
-            return INVALID_EVENT, f"group_created must not name a rank, got rank={rank}"
-        existing = self._groups.get(group)
-        if existing is not None and existing.config != config:
-            return GROUP_CONFLICT, (
-                f"group {group!r} already exists with another configuration "
-                f"(world_size {existing.config.world_size}); creating it again must repeat it exactly"
-            )
-        return None
-
-    @staticmethod
-    def _parse_group_created(payload: dict[str, Any]) -> GroupConfig:
-        config = payload.get("config", {})
-        if not isinstance(config, dict):
-            raise ConfigError("config", f"must be an object, got {config!r}")
-        if "world_size" not in payload:
-            raise ConfigError("world_size", "is required")
-        if "world_size" in config and config["world_size"] != payload["world_size"]:
-            raise ConfigError(
-                "world_size",
-                f"payload says {payload['world_size']!r} but config says {config['world_size']!r}",
-            )
-        return GroupConfig.from_request({**config, "world_size": payload["world_size"]})
-
-    def _join_refusal(
-        self, g: GroupState, rank: int, info: RankInfo, inc: str
-    ) -> tuple[str, str] | None:
-        """A new incarnation may replace a rank unless the current one is HEALTHY and still
-        heartbeating: two live processes must never speak for one rank."""
-        if inc == info.incarnation or info.state != HEALTHY:
-            return None
-        deadline = g.alive[rank] + g.cfg.heartbeat_timeout_ns
-        if self._now < deadline:
-            return RANK_BUSY, (
-                f"rank {rank} is HEALTHY as incarnation {info.incarnation} (rank_epoch "
-                f"{info.rank_epoch}), last heartbeat at {g.alive[rank]}; a new incarnation can "
-                f"join after that one exits, is reported dead or misses its heartbeat deadline "
-                f"at {deadline}"
-            )
-        return None
-
-    def _ack_refusal(self, g: GroupState, rank: int, version: int) -> tuple[str, str] | None:
-        change = g.change
-        if change is None:
-            return STALE_VERSION, (
-                f"ACK for version {version} from rank {rank}, but no view change is in flight "
-                f"(current version {g.version})"
-            )
-        if version != change.version:
-            return STALE_VERSION, (
-                f"ACK for version {version} from rank {rank}, but version {change.version} "
-                "is being prepared"
-            )
-        if rank not in change.members:
-            return STALE_VERSION, (
-                f"rank {rank} is not a participant of version {version} "
-                f"(participants {ranks_text(change.participants)})"
-            )
-        if rank in change.dropped:
-            return STALE_VERSION, f"rank {rank} was already dropped from version {version}"
-        return None
-
-    def _proposal_refusal(self, g: GroupState, payload: dict[str, Any]) -> tuple[str, str] | None:
-        key = payload.get("idempotency_key")
-        if key is None or key not in g.keys:
-            return None
-        seen = self._proposals[g.keys[key]]
-        if (seen.op, seen.ranks, seen.proposer) == (
-            payload["op"],
-            tuple(payload["ranks"]),
-            payload.get("proposer"),
-        ):
-            return DUPLICATE_PROPOSAL, (
-                f"idempotency key {key!r} already names proposal {seen.id} (status {seen.status})"
-            )
-        return IDEMPOTENCY_CONFLICT, (
-            f"idempotency key {key!r} already names proposal {seen.id} "
-            f"({seen.op} {list(seen.ranks)}, proposer {seen.proposer!r}) with another body"
-        )
-
-    @staticmethod
-    def _stale_text(rank: int, info: RankInfo, inc: Any) -> str:
-        if info.incarnation is None:
-            return f"rank {rank} has not joined; incarnation {inc} is unknown"
-        return (
-            f"rank {rank} is now incarnation {info.incarnation} (rank_epoch {info.rank_epoch}); "
-            f"{inc} is stale"
-        )
+        return refusal(self._groups, self._proposals, self._now, kind, group, rank, payload)
 
     def _refused(self, record: Record, refusal: tuple[str, str]) -> Refused:
         code, message = refusal
@@ -430,7 +232,7 @@ class Coordinator:
         assert group is not None
         if group in self._groups:
             return
-        config = self._parse_group_created(record.payload)
+        config = parse_group_created(record.payload)
         self._groups[group] = GroupState(group, config, self._now, record.offset)
         effects.append(GroupCreated(group=group, config=config, offset=record.offset))
 
@@ -846,13 +648,13 @@ class Coordinator:
             return False
         pid, deadline = g.queue[0]
         proposal = self._proposals[pid]
-        invalid = self._static_problem(g, proposal)
+        invalid = static_problem(g, proposal)
         if invalid is not None:
             g.queue.popleft()
             self._resolve(g, pid, REJECTED, None, invalid, record, effects)
             return True
         active = g.active
-        target = _apply(proposal, active)
+        target = requested(proposal, active)
         if target == active:
             g.queue.popleft()
             self._resolve(
@@ -880,7 +682,7 @@ class Coordinator:
                 )
                 return True
         else:
-            problem = self._admission_problem(g, target)
+            problem = admission_problem(g, target)
             if problem is not None:
                 if self._now < deadline:
                     return False
@@ -915,12 +717,12 @@ class Coordinator:
         while g.queue:
             pid, _ = g.queue[0]
             proposal = self._proposals[pid]
-            invalid = self._static_problem(g, proposal)
+            invalid = static_problem(g, proposal)
             if invalid is not None:
                 g.queue.popleft()
                 self._resolve(g, pid, REJECTED, None, invalid, record, effects)
                 continue
-            if _apply(proposal, change.active) != change.active:
+            if requested(proposal, change.active) != change.active:
                 return
             g.queue.popleft()
             change.proposals.append(pid)
@@ -938,37 +740,6 @@ class Coordinator:
                 record,
                 effects,
             )
-
-    @staticmethod
-    def _static_problem(g: GroupState, proposal: Proposal) -> str | None:
-        ws = g.cfg.world_size
-        out = sorted({r for r in proposal.ranks if not 0 <= r < ws})
-        if out:
-            return f"ranks {ranks_text(out)} are not in 0..{ws - 1}"
-        seen: set[int] = set()
-        dup: set[int] = set()
-        for r in proposal.ranks:
-            (dup if r in seen else seen).add(r)
-        if dup:
-            return f"ranks {ranks_text(dup)} are named more than once"
-        return None
-
-    def _admission_problem(self, g: GroupState, target: tuple[int, ...]) -> str | None:
-        """Why the view ``target`` cannot be admitted now, naming each rank and its state."""
-        bad = [r for r in target if g.ranks[r].state != HEALTHY]
-        if bad:
-            listed = ", ".join(f"rank {r} is {g.ranks[r].state}" for r in bad[:16])
-            more = f", ... (+{len(bad) - 16} more)" if len(bad) > 16 else ""
-            return listed + more
-        members = set(target)
-        down = sorted(
-            (r, p) for r in g.reporters if r in members for p in g.ranks[r].down if p in members
-        )
-        if down:
-            return "not a clique of usable edges: " + ", ".join(
-                f"{r}->{p} down" for r, p in down[:16]
-            )
-        return None
 
     # ------------------------------------------------------------------ the barrier
 
@@ -1143,16 +914,3 @@ class Coordinator:
         ):
             consider(g.queue[0][1])
         return best
-
-
-def _apply(proposal: Proposal, active: tuple[int, ...]) -> tuple[int, ...]:
-    """The active ranks that ``proposal`` asks for, starting from ``active`` (sorted)."""
-    if proposal.op == "activate":
-        return tuple(sorted(set(active) | set(proposal.ranks)))
-    leaving = set(proposal.ranks)
-    return tuple(r for r in active if r not in leaving)
-
-
-def _plain(value: Any) -> Any:
-    """JSON-shaped plain data (lists, string keys), as a client would see it."""
-    return msgspec.json.decode(msgspec.json.encode(value))

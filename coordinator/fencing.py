@@ -1,0 +1,207 @@
+"""Fencing and validation: which inputs the fold refuses, with the wire error code and a message
+that names the ranks, incarnations, versions and deadlines involved.
+
+``refusal`` is the one function behind both ``Coordinator.check`` (the host's pre-check, so a
+refused input is never logged) and ``Coordinator.step`` (a record that fails it changes nothing),
+so the two can never disagree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from coordinator.config import ConfigError, GroupConfig
+from coordinator.effects import (
+    DUPLICATE_PROPOSAL,
+    GROUP_CONFLICT,
+    GROUP_FAILED,
+    HEALTHY,
+    IDEMPOTENCY_CONFLICT,
+    INVALID_EVENT,
+    OFFLINE,
+    RANK_BUSY,
+    RANK_OFFLINE,
+    RANK_OUT_OF_RANGE,
+    STALE_INCARNATION,
+    STALE_VERSION,
+    UNKNOWN_GROUP,
+    Proposal,
+)
+from coordinator.payloads import CHECKS
+from coordinator.reasons import ranks_text
+from coordinator.state import FAILED, GroupState, RankInfo
+from eventlog.record import KINDS
+
+#: (code, message)
+Refusal = tuple[str, str]
+
+_RANK_KINDS = frozenset({"join", "heartbeat", "links", "ack", "exit", "death_reported"})
+
+
+def refusal(
+    groups: Mapping[str, GroupState],
+    proposals: Mapping[int, Proposal],
+    now: int,
+    kind: str,
+    group: str | None,
+    rank: int | None,
+    payload: Any,
+) -> Refusal | None:
+    """Why this input must not be applied at time ``now``, or None.
+
+    Checked in order: a known kind with an object payload; a group (unknown: ``unknown_group``);
+    the payload's shape (``invalid_event``); for rank inputs, the rank in range, the group not
+    failed, then the incarnation (``stale_incarnation``, ``rank_busy``, ``rank_offline``) and,
+    for ACKs, the version in flight (``stale_version``); for proposals, the idempotency key.
+    """
+    if kind not in KINDS:
+        return INVALID_EVENT, f"unknown kind {kind!r}; expected one of {sorted(KINDS)}"
+    if not isinstance(payload, dict):
+        return INVALID_EVENT, f"payload must be an object, got {type(payload).__name__}"
+    if kind == "tick":
+        return None
+    if group is None:
+        return INVALID_EVENT, f"a {kind} record must name a group"
+    if kind == "group_created":
+        return _group_created(groups, group, rank, payload)
+    g = groups.get(group)
+    if g is None:
+        return UNKNOWN_GROUP, f"no group named {group!r}"
+    ws = g.config.world_size
+    err = CHECKS[kind](payload, ws)
+    if err is not None:
+        return INVALID_EVENT, f"{kind}: {err}"
+    if kind == "proposal":
+        if rank is not None:
+            return INVALID_EVENT, f"a proposal names its ranks in the payload, not rank={rank}"
+        return _proposal(g, proposals, payload)
+    if kind not in _RANK_KINDS:
+        return None
+    if isinstance(rank, bool) or not isinstance(rank, int):
+        return INVALID_EVENT, f"a {kind} record must name a rank, got {rank!r}"
+    if not 0 <= rank < ws:
+        return RANK_OUT_OF_RANGE, f"rank {rank} is not in 0..{ws - 1} for group {group!r}"
+    if g.formation == FAILED:
+        return GROUP_FAILED, f"group {group!r} failed to form: {g.formation_error}"
+    info = g.ranks[rank]
+    inc = payload.get("incarnation")
+    if kind == "join":
+        return _join(g, rank, info, inc, now)
+    if kind == "death_reported" and inc is None:
+        return None
+    if inc != info.incarnation:
+        return STALE_INCARNATION, _stale_text(rank, info, inc)
+    if kind in ("exit", "death_reported"):
+        return None
+    if info.state == OFFLINE:
+        return RANK_OFFLINE, f"rank {rank} incarnation {inc} is OFFLINE; send join to come back"
+    if kind == "ack":
+        return _ack(g, rank, payload["version"])
+    return None
+
+
+def parse_group_created(payload: dict[str, Any]) -> GroupConfig:
+    """The config of a ``group_created`` payload ``{"world_size": N, "config": {...}}``."""
+    config = payload.get("config", {})
+    if not isinstance(config, dict):
+        raise ConfigError("config", f"must be an object, got {config!r}")
+    if "world_size" not in payload:
+        raise ConfigError("world_size", "is required")
+    if "world_size" in config and config["world_size"] != payload["world_size"]:
+        raise ConfigError(
+            "world_size",
+            f"payload says {payload['world_size']!r} but config says {config['world_size']!r}",
+        )
+    return GroupConfig.from_request({**config, "world_size": payload["world_size"]})
+
+
+def _group_created(
+    groups: Mapping[str, GroupState], group: str, rank: int | None, payload: dict[str, Any]
+) -> Refusal | None:
+    """Creating an identical group again is accepted (and changes nothing); another
+    configuration under the same name is a conflict."""
+    try:
+        config = parse_group_created(payload)
+    except ConfigError as exc:
+        return INVALID_EVENT, f"group_created: {exc}"
+    if rank is not None:
+        return INVALID_EVENT, f"group_created must not name a rank, got rank={rank}"
+    existing = groups.get(group)
+    if existing is not None and existing.config != config:
+        return GROUP_CONFLICT, (
+            f"group {group!r} already exists with another configuration "
+            f"(world_size {existing.config.world_size}); creating it again must repeat it exactly"
+        )
+    return None
+
+
+def _join(g: GroupState, rank: int, info: RankInfo, inc: str, now: int) -> Refusal | None:
+    """A new incarnation may replace a rank unless the current one is HEALTHY and still
+    heartbeating: two live processes must never speak for one rank."""
+    if inc == info.incarnation or info.state != HEALTHY:
+        return None
+    last = g.alive[rank]
+    deadline = last + g.cfg.heartbeat_timeout_ns
+    if now < deadline:
+        return RANK_BUSY, (
+            f"rank {rank} is HEALTHY as incarnation {info.incarnation} (rank_epoch "
+            f"{info.rank_epoch}), last heartbeat at {last}; a new incarnation can join after "
+            f"that one exits, is reported dead or misses its heartbeat deadline at {deadline}"
+        )
+    return None
+
+
+def _ack(g: GroupState, rank: int, version: int) -> Refusal | None:
+    """Only the version being prepared, only from a participant still awaited or done."""
+    change = g.change
+    if change is None:
+        return STALE_VERSION, (
+            f"ACK for version {version} from rank {rank}, but no view change is in flight "
+            f"(current version {g.version})"
+        )
+    if version != change.version:
+        return STALE_VERSION, (
+            f"ACK for version {version} from rank {rank}, but version {change.version} "
+            "is being prepared"
+        )
+    if rank not in change.members:
+        return STALE_VERSION, (
+            f"rank {rank} is not a participant of version {version} "
+            f"(participants {ranks_text(change.participants)})"
+        )
+    if rank in change.dropped:
+        return STALE_VERSION, f"rank {rank} was already dropped from version {version}"
+    return None
+
+
+def _proposal(
+    g: GroupState, proposals: Mapping[int, Proposal], payload: dict[str, Any]
+) -> Refusal | None:
+    """A known idempotency key: the same body is the same proposal, another body a conflict."""
+    key = payload.get("idempotency_key")
+    if key is None or key not in g.keys:
+        return None
+    seen = proposals[g.keys[key]]
+    # The same body means the same request: same op, same set of ranks, same proposer.
+    if (seen.op, sorted(set(seen.ranks)), seen.proposer) == (
+        payload["op"],
+        sorted(set(payload["ranks"])),
+        payload.get("proposer"),
+    ):
+        return DUPLICATE_PROPOSAL, (
+            f"idempotency key {key!r} already names proposal {seen.id} (status {seen.status})"
+        )
+    return IDEMPOTENCY_CONFLICT, (
+        f"idempotency key {key!r} already names proposal {seen.id} "
+        f"({seen.op} {list(seen.ranks)}, proposer {seen.proposer!r}) with another body"
+    )
+
+
+def _stale_text(rank: int, info: RankInfo, inc: Any) -> str:
+    if info.incarnation is None:
+        return f"rank {rank} has not joined; incarnation {inc} is unknown"
+    return (
+        f"rank {rank} is now incarnation {info.incarnation} (rank_epoch {info.rank_epoch}); "
+        f"{inc} is stale"
+    )

@@ -1,0 +1,60 @@
+"""``group_status``: a group's state as plain JSON data for ``GET /groups/{group}``.
+
+Built from the fold's internal state on demand, so the HTTP surface never holds a reference to
+anything the fold mutates.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from coordinator.state import GroupState
+
+
+def plain(value: Any) -> Any:
+    """JSON-shaped plain data (lists, string keys), as a client would see it."""
+    return msgspec.json.decode(msgspec.json.encode(value))
+
+
+def group_status(g: GroupState) -> dict[str, Any]:
+    """Config, formation status, current view, per-rank state, queue and change in flight."""
+    active = set(g.active)
+    change = g.change
+    return {
+        "group": g.name,
+        "config": g.config.to_dict(),
+        "formation": {"status": g.formation, "error": g.formation_error},
+        "view": None if g.view is None else plain(g.view),
+        "healthy_set": sorted(g.healthy),
+        "ranks": [
+            {
+                "rank": r,
+                "state": info.state,
+                "incarnation": info.incarnation,
+                "rank_epoch": info.rank_epoch,
+                "last_heartbeat_ts": g.alive.get(r, info.last_heartbeat_ts),
+                "exited": info.exited,
+                "active": r in active,
+                "self_ready": info.self_ready,
+                "down_peers": sorted(info.down),
+            }
+            for r, info in enumerate(g.ranks)
+        ],
+        "pending_proposals": [pid for pid, _ in g.queue],
+        "change_in_flight": None
+        if change is None
+        else {
+            "version": change.version,
+            "active_ranks": list(change.active),
+            "participants": list(change.participants),
+            "acked": sorted(change.acked),
+            "dropped": sorted(change.dropped),
+            "ack_deadline_ts": change.ack_deadline,
+            "cause": change.cause(),
+        },
+        "failures": g.failures,
+        "shutdown": g.shutdown,
+        "reconcile_window_end_ts": g.window_end,
+    }
