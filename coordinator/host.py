@@ -122,14 +122,50 @@ class UpdatesAnswer:
     resync: bool
 
 
+class _Reply:
+    """The answer to one submission (one request's batch): an outcome per input, then done."""
+
+    __slots__ = ("future", "results", "remaining")
+
+    def __init__(self, future: asyncio.Future[list[Outcome]], n: int) -> None:
+        self.future = future
+        self.results: list[Any] = [None] * n
+        self.remaining = n
+        if n == 0:
+            future.set_result([])
+
+    def set(self, index: int, outcome: Outcome) -> None:
+        if self.future.done():
+            return
+        self.results[index] = outcome
+        self.remaining -= 1
+        if self.remaining == 0:
+            self.future.set_result(self.results)
+
+    def fail(self, exc: BaseException) -> None:
+        if not self.future.done():
+            self.future.set_exception(exc)
+
+
 @dataclass(slots=True)
 class _Input:
     record: NewRecord
     payload_bytes: bytes
-    future: asyncio.Future[Outcome]
+    reply: _Reply
+    index: int
     key: tuple[Any, ...] | None
     precheck: Precheck | None
     arrived: float
+
+    @property
+    def abandoned(self) -> bool:
+        return self.reply.future.done()
+
+    def answer(self, outcome: Outcome) -> None:
+        self.reply.set(self.index, outcome)
+
+    def fail(self, exc: BaseException) -> None:
+        self.reply.fail(exc)
 
 
 @dataclass
@@ -268,32 +304,37 @@ class Host:
         precheck: Precheck | None = None,
     ) -> Outcome:
         """Append one input through the loop and return what became of it."""
-        return await self._enqueue(record, key, precheck)
+        [outcome] = await self._enqueue([record], key, precheck)
+        return outcome
 
     async def submit_many(self, records: Sequence[NewRecord]) -> list[Outcome]:
         """Several inputs at once (an agent host's batch); one outcome per input, in order."""
-        futures = [self._enqueue(r, None, None) for r in records]
-        return list(await asyncio.gather(*futures))
+        return await self._enqueue(records, None, None)
 
     def _enqueue(
-        self, record: NewRecord, key: tuple[Any, ...] | None, precheck: Precheck | None
-    ) -> asyncio.Future[Outcome]:
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[Outcome] = loop.create_future()
+        self, records: Sequence[NewRecord], key: tuple[Any, ...] | None, precheck: Precheck | None
+    ) -> asyncio.Future[list[Outcome]]:
         if self._unavailable is not None:
             raise self._unavailable
-        try:
-            payload_bytes = validate(record)
-        except InvalidRecord as exc:
-            future.set_result(Refusal("invalid_event", str(exc)))
-            return future
-        # What the fold sees must be exactly what a reader of the log decodes.
-        normalized = msgspec.structs.replace(record, payload=decode_payload(payload_bytes))
-        if key is None and record.rank is not None:
-            key = ("rank", record.group, record.rank)
-        self._queue.append(_Input(normalized, payload_bytes, future, key, precheck, loop.time()))
+        loop = asyncio.get_running_loop()
+        reply = _Reply(loop.create_future(), len(records))
+        now = loop.time()
+        for index, record in enumerate(records):
+            try:
+                payload_bytes = validate(record)
+            except InvalidRecord as exc:
+                reply.set(index, Refusal("invalid_event", str(exc)))
+                continue
+            # What the fold sees must be exactly what a reader of the log decodes.
+            normalized = msgspec.structs.replace(record, payload=decode_payload(payload_bytes))
+            item_key = key
+            if item_key is None and record.rank is not None:
+                item_key = ("rank", record.group, record.rank)
+            self._queue.append(
+                _Input(normalized, payload_bytes, reply, index, item_key, precheck, now)
+            )
         self._has_input.set()
-        return future
+        return reply.future
 
     async def wait_proposal(self, proposal_id: int, timeout: float) -> Proposal | None:
         """The proposal once terminal, or as it stands when ``timeout`` seconds have passed."""
@@ -383,7 +424,7 @@ class Host:
             if item.record.group in created or (item.key is not None and item.key in keys):
                 break
             self._queue.popleft()
-            if item.future.done():  # the caller went away before its turn
+            if item.abandoned:  # the caller went away before its turn
                 continue
             if item.key is not None:
                 keys.add(item.key)
@@ -411,7 +452,7 @@ class Host:
             if outcome is None:
                 accepted.append(item)
             else:
-                item.future.set_result(outcome)
+                item.answer(outcome)
         if not accepted:
             return
         ts = self._next_ts()
@@ -425,7 +466,7 @@ class Host:
         except LogError as exc:
             log.error("append of %d records failed: %s", len(accepted), exc)
             for item in accepted:
-                item.future.set_exception(HostUnavailable("log_unavailable", str(exc)))
+                item.fail(HostUnavailable("log_unavailable", str(exc)))
             await self._recover()
             return
         expected = list(range(self.machine.offset + 1, self.machine.offset + 1 + len(accepted)))
@@ -441,22 +482,19 @@ class Host:
             refused = await self._apply(records)
         except Exception:
             for item in accepted:
-                if not item.future.done():
-                    item.future.set_exception(
-                        self._unavailable or HostUnavailable("fold_failed", "the fold failed")
-                    )
+                item.fail(self._unavailable or HostUnavailable("fold_failed", "the fold failed"))
             return
         now = asyncio.get_running_loop().time()
+        appends = self.metrics.appends
+        latency = self.metrics.fold_latency
         for item, offset in zip(accepted, offsets, strict=True):
-            self.metrics.appends[item.record.kind] += 1
-            self.metrics.fold_latency.observe(now - item.arrived)
-            if item.future.done():
-                continue
-            fenced = refused.get(offset)
+            appends[item.record.kind] += 1
+            latency.observe(now - item.arrived)
+            fenced = refused.get(offset) if refused else None
             if fenced is None:
-                item.future.set_result(Appended(offset))
+                item.answer(Appended(offset))
             else:
-                item.future.set_result(Refusal(fenced.code, fenced.message, offset))
+                item.answer(Refusal(fenced.code, fenced.message, offset))
         self.metrics.append_batches += 1
         await self._maybe_snapshot()
 
@@ -582,15 +620,12 @@ class Host:
         log.error("the host stops taking inputs: %s", why.detail)
         self._unavailable = why
         for item in inflight:
-            if not item.future.done():
-                item.future.set_exception(why)
+            item.fail(why)
         self._fail_queued(why)
 
     def _fail_queued(self, why: HostUnavailable) -> None:
         while self._queue:
-            item = self._queue.popleft()
-            if not item.future.done():
-                item.future.set_exception(why)
+            self._queue.popleft().fail(why)
         self.journals.wake_all()
 
     # -- time ------------------------------------------------------------------------------------

@@ -5,6 +5,7 @@ The host only increments; ``api.metrics`` renders them in the Prometheus text fo
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -22,10 +23,9 @@ class Histogram:
     def observe(self, value: float) -> None:
         self.total += 1
         self.sum += value
-        for i, bound in enumerate(self.buckets):
-            if value <= bound:
-                self.counts[i] += 1
-                break
+        i = bisect_left(self.buckets, value)
+        if i < len(self.counts):
+            self.counts[i] += 1
 
 
 @dataclass

@@ -16,7 +16,7 @@ from starlette.responses import Response
 from api.codec import convert, json_response, read_json
 from api.deps import host_of, principal_of, require_group
 from api.errors import ApiError, refusal_error
-from api.models import AgentEvent, DeathReport, LooseEventsRequest
+from api.models import AgentEvent, AgentEventsRequest, DeathReport, LooseEventsRequest
 from api.openapi import answers, body
 from coordinator.auth import Authenticator, AuthError, Principal
 from coordinator.host import Appended, Outcome, Refusal
@@ -39,15 +39,13 @@ _ENVELOPE = ("type", "group", "rank", "token")
 async def post_events(request: Request) -> Response:
     principal = principal_of(request)
     auth: Authenticator = request.app.state.auth
-    req = await read_json(request, LooseEventsRequest)
+    events = await _decode_events(request)
     host = host_of(request)
     results: list[dict[str, Any] | None] = []
     records: list[NewRecord] = []
-    for i, raw in enumerate(req.events):
-        try:
-            event = convert(raw, AgentEvent)
-        except msgspec.ValidationError as exc:
-            results.append({"error": "invalid_event", "detail": f"events[{i}]: {exc}"})
+    for i, event in enumerate(events):
+        if isinstance(event, str):
+            results.append({"error": "invalid_event", "detail": f"events[{i}]: {event}"})
             continue
         denied = _denied(auth, principal, event)
         if denied is not None:
@@ -60,9 +58,28 @@ async def post_events(request: Request) -> Response:
             NewRecord(kind=event.type_name, group=event.group, rank=event.rank, payload=payload)
         )
         results.append(None)
-    outcomes = iter(await host.submit_many(records)) if records else iter(())
+    outcomes = iter(await host.submit_many(records))
     answered = [r if r is not None else _result(next(outcomes)) for r in results]
     return json_response({"term": host.log.term, "results": answered})
+
+
+async def _decode_events(request: Request) -> list[AgentEvent | str]:
+    """The batch's events, each validated on its own: a bad one becomes its error text (its
+    own ``invalid_event`` result) instead of failing the batch. The common case, a batch that
+    is entirely valid, takes one typed decode."""
+    body = await request.body()
+    try:
+        return list(msgspec.json.decode(body, type=AgentEventsRequest).events)
+    except (msgspec.ValidationError, msgspec.DecodeError):
+        pass
+    loose = await read_json(request, LooseEventsRequest)
+    out: list[AgentEvent | str] = []
+    for raw in loose.events:
+        try:
+            out.append(convert(raw, AgentEvent))
+        except msgspec.ValidationError as exc:
+            out.append(str(exc))
+    return out
 
 
 def _denied(auth: Authenticator, principal: Principal, event: Any) -> str | None:
