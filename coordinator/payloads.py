@@ -52,9 +52,10 @@ def check_heartbeat(payload: dict[str, Any], world_size: int) -> str | None:
 def check_ack(payload: dict[str, Any], world_size: int) -> str | None:
     if (err := _text(payload, "incarnation", required=True)) is not None:
         return err
-    if "version" not in payload:
-        return "version is required"
-    return _optional_int(payload, "version")
+    version = payload.get("version")
+    if not _is_int(version) or version < 1:
+        return f"version must be a positive integer, got {version!r}"
+    return None
 
 
 def check_exit(payload: dict[str, Any], world_size: int) -> str | None:
