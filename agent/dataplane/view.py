@@ -111,9 +111,9 @@ class ViewGroup:
     def start(self) -> None:
         """Build this rank's backend for the view in the background (only if this rank is active)."""
         if self.active:
-            threading.Thread(
-                target=self._build, name=f"dataplane-build-v{self.version}", daemon=True
-            ).start()
+            for target, what in ((self._build, "build"), (self._watch_build, "build-watch")):
+                name = f"dataplane-{what}-v{self.version}"
+                threading.Thread(target=target, name=name, daemon=True).start()
 
     def _build(self) -> None:
         ctx = self._ctx
@@ -137,11 +137,50 @@ class ViewGroup:
             if keep:
                 self._backend, self._built = backend, True
                 self._cond.notify_all()
+            failed = self._failure is not None
         if not keep:
             ctx.kind.abandon(backend)
-            return
-        peers = {m: "up" for m in self.members if m != ctx.rank}
-        ctx.report_links(self.version, peers, [])
+        elif not failed:  # a view that failed meanwhile has already reported its down evidence
+            peers = {m: "up" for m in self.members if m != ctx.rank}
+            ctx.report_links(self.version, peers, [])
+
+    def _watch_build(self) -> None:
+        """While the backend is not built, look for members that died: fail the view early.
+
+        A member that died after the view was committed never arrives at the rendezvous; without
+        this, every member would wait out the backend timeout. Costs nothing when the build is
+        quick: the first look happens one liveness window after the build started.
+        """
+        ctx = self._ctx
+        window = ctx.liveness_period_s * ctx.liveness_window_periods
+        others = [m for m in self.members if m != ctx.rank]
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._built or self._failure or self._retired, window)
+                if self._built or self._failure is not None or self._retired:
+                    return
+            try:
+                dead = find_dead(
+                    ctx.control_store(),
+                    self.version,
+                    others,
+                    period=ctx.liveness_period_s,
+                    window_periods=ctx.liveness_window_periods,
+                )
+            except RuntimeError as e:
+                log.warning(
+                    "rank %d: cannot read liveness for view %d: %s", ctx.rank, self.version, e
+                )
+                continue
+            with self._cond:
+                if self._built or self._retired:
+                    return
+            if dead:
+                self.fail(
+                    f"rank(s) {dead} died before the group of view {self.version} was built",
+                    tuple(dead),
+                )
+                return
 
     def backend(self, deadline: float) -> object | None:
         """The built backend, or None if the view has failed or was retired (superseded).

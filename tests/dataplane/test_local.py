@@ -103,21 +103,38 @@ def test_two_planes_in_one_process_form_a_group_and_each_work_keeps_its_own_hint
     assert ok_a.wait() and ok_b.wait()
 
 
-def test_an_op_whose_peer_never_comes_fails_at_its_deadline_and_names_the_absent_rank(
+def test_a_member_that_is_dead_before_the_build_fails_the_view_early_and_is_named(
     make_plane, store
 ) -> None:
-    dp = make_plane(rank=0, world_size=3, liveness_window_periods=2)
+    dp = make_plane(rank=0, world_size=3, collective_timeout_s=60.0, liveness_window_periods=2)
     pg = dp.process_group()
-    pg.set_collective_timeout_us(400_000)
     dp.install_view(1, [0, 2])  # rank 2 never starts a data plane
     work = pg.all_reduce(torch.ones(2), async_op=True)
     assert work.wait() is False
     assert pg.get_failed_ranks_hint(work).tolist() == [0, 0, 1]
+    # Found by the liveness check during the build, not by the 60 s deadline.
+    assert (
+        "rank(s) [2] died before the group of view 1 was built" in dp.current_view().failure.reason
+    )
     notice = PoisonNotice.decode(store.get(keys.fail(1, 2)))  # the absent rank was told too
-    assert (notice.version, notice.by) == (1, 0)
+    assert (notice.version, notice.by, notice.named) == (1, 0, (2,))
     later = pg.all_reduce(torch.ones(2), async_op=True)  # fails fast, same hint
     assert later.is_completed() and later.wait() is False
     assert pg.get_failed_ranks_hint(later).tolist() == [0, 0, 1]
+
+
+def test_a_live_member_that_never_installs_the_view_fails_it_at_the_deadline_blaming_nobody(
+    make_plane,
+) -> None:
+    a = make_plane(rank=0, world_size=2, liveness_window_periods=2)
+    make_plane(rank=1, world_size=2)  # alive and heartbeating, but it never installs view 1
+    pg = a.process_group()
+    pg.set_collective_timeout_us(500_000)
+    a.install_view(1, [0, 1])
+    work = pg.all_reduce(torch.ones(2), async_op=True)
+    assert work.wait() is False
+    assert "was not built before the operation's deadline" in a.current_view().failure.reason
+    assert pg.get_failed_ranks_hint(work).tolist() == [0, 0]  # no rank is known to have failed
 
 
 def test_wait_with_a_timeout_fails_a_hung_op(make_plane) -> None:
@@ -243,4 +260,6 @@ def test_retired_backends_are_released_so_views_do_not_accumulate_threads(make_p
     deadline = time.monotonic() + 10
     while _os_threads() > baseline + 6 and time.monotonic() < deadline:
         time.sleep(0.05)  # the reaper releases the old backends in the background
-    assert _os_threads() <= baseline + 6, f"{_os_threads()} OS threads, {baseline} after the first view"
+    assert _os_threads() <= baseline + 6, (
+        f"{_os_threads()} OS threads, {baseline} after the first view"
+    )

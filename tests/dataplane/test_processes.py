@@ -142,3 +142,11 @@ def test_send_to_a_dead_rank_reports_failure_naming_it(cluster: Cluster) -> None
     # The view is poisoned for everyone: the others fail fast, naming the dead rank as well.
     others = cluster.op([2, 3], "all_reduce")
     assert all(not r["ok"] and r["hint"] == one_hot(1) for r in others.values())
+
+
+def test_a_rank_dead_before_the_view_is_built_is_named_by_the_members(cluster: Cluster) -> None:
+    cluster.ensure_full_view()
+    cluster.kill(1)
+    cluster.commit(list(range(WORLD)))  # committed before anyone noticed the death
+    res = cluster.op([0, 2, 3], "all_reduce")
+    assert all(not r["ok"] and r["hint"] == one_hot(1) for r in res.values()), res
