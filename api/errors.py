@@ -89,6 +89,8 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(HostUnavailable)
     async def _unavailable(request: Request, exc: HostUnavailable) -> Response:
+        if exc.code == "not_leader":  # docs/protocol.md, "Failover": name the leader
+            return error_response(503, exc.code, exc.detail, leader=getattr(exc, "leader", None))
         return error_response(503, exc.code, exc.detail)
 
     @app.exception_handler(BodyTooLarge)

@@ -67,6 +67,26 @@ def _parser() -> argparse.ArgumentParser:
         "--snapshot-every", type=int, default=5000, help="snapshot the fold every N records"
     )
     s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    ha = s.add_argument_group("several coordinators on one PostgreSQL log (docs/ha.md)")
+    ha.add_argument(
+        "--advertise",
+        default=None,
+        metavar="URL",
+        help="the URL other coordinators send clients to (default http://HOST:PORT)",
+    )
+    ha.add_argument(
+        "--lease-s",
+        type=float,
+        default=1.0,
+        help="leader lease in seconds: a frozen leader is replaced after about this long "
+        "(default 1.0)",
+    )
+    ha.add_argument(
+        "--lease-poll-s",
+        type=float,
+        default=0.1,
+        help="how often a standby looks at the lease, in seconds (default 0.1)",
+    )
     s.set_defaults(run=_serve)
 
     r = sub.add_parser("replay", help="fold a log from scratch and check the stored projections")
@@ -124,11 +144,17 @@ async def _serve_async(args: argparse.Namespace, auth: Any) -> int:
     import uvicorn
 
     from api.app import create_app
-    from coordinator.host import Host
+    from coordinator.leadership import LeaseSettings
+    from coordinator.replica import open_host
     from eventlog import LogError
 
     try:
-        host = await Host.open(args.db, snapshot_every=args.snapshot_every)
+        host = await open_host(
+            args.db,
+            address=args.advertise or f"http://{args.host}:{args.port}",
+            settings=LeaseSettings(lease_s=args.lease_s, poll_s=args.lease_poll_s),
+            snapshot_every=args.snapshot_every,
+        )
     except (LogError, OSError, ValueError) as exc:
         print(f"coordinator: cannot open the log {args.db!r}: {exc}", file=sys.stderr)
         return 2

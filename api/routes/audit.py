@@ -10,6 +10,7 @@ from api.codec import json_response
 from api.deps import host_of
 from api.errors import ApiError
 from api.openapi import answers
+from coordinator.host import HostUnavailable
 from eventlog import KINDS, LogError
 
 router = APIRouter(tags=["audit"])
@@ -84,17 +85,22 @@ async def event_stream(
 async def healthz(request: Request) -> Response:
     host = host_of(request)
     down = host.available()
+    role = getattr(host, "role", "leader")  # a ReplicaHost (coordinator/replica.py) may follow
+    if role == "standby" and isinstance(down, HostUnavailable) and down.code == "not_leader":
+        down = None  # a standby that follows the log is healthy; writes go to the leader
     try:
         head = await host.log.head() if not host.log.closed else host.applied_offset
     except LogError as exc:
         head, down = host.applied_offset, down or exc
     body = {
         "status": "ok" if down is None else "unavailable",
-        "role": "leader",
+        "role": role,
         "term": host.log.term,
         "head": head,
         "fold_offset": host.machine.offset,
     }
+    if role == "standby":
+        body["leader"] = getattr(host, "leader", None)
     if down is not None:
         body["detail"] = str(down)
     return json_response(body, 200 if down is None else 503)

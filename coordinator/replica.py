@@ -1,0 +1,347 @@
+"""Several coordinators on one PostgreSQL log: a standby until the lease is won, then the leader.
+
+::
+
+                       the lease is free: claim it, claim_term(), catch up
+       +-----------+ ---------------------------------------------------> +----------+
+       |  STANDBY  |                                                      |  LEADER  |
+       +-----------+ <--------------------------------------------------- +----------+
+       tails the log and folds it     lease lost or run out, or an append   appends, steps
+       (warm); answers reads;         fenced (StaleTermError): step down    the fold, writes
+       writes get 503 not_leader                                            projections,
+       naming the leader                                                    renews the lease
+
+Rules, and why:
+
+- **Only the leader writes**: records, projections and snapshots. A standby folds exactly what
+  the leader appended, so its fold, journals and answers are the leader's, a little later. The
+  projection rows it derives are kept until the leader's stored consumer offset shows them
+  written, so a leader that died between its append and its projection write leaves no hole.
+- **Promotion order**: win the lease, ``claim_term()`` (it waits for an append of the old term in
+  flight and fences every later one), record the term in the lease, fold the rest of the log,
+  write the pending projections, and only then take inputs. Nothing is answered from a fold
+  that has not seen every record of the previous term.
+- **Stepping down** happens at once when a renewal finds another generation, when the lease ran
+  out by the local monotonic clock (the process was paused past it), or when an append raised
+  StaleTermError. Queued inputs, waiting proposals and long polls get ``503 not_leader``; the
+  batch in flight finishes (its append either commits under a still-current term or is fenced);
+  then the host follows the log again as a standby. It does not exit: a deposed leader is a
+  warm standby.
+- A SQLite log has one coordinator: :func:`open_host` opens it as a plain :class:`Host`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from typing import Any
+
+from coordinator.effects import Effect, Proposal, Refused
+from coordinator.host import CONSUMER, Host, HostUnavailable, UpdatesAnswer
+from coordinator.leadership import Lease, LeaseError, LeaseSettings
+from eventlog import LogError, ProjectionRow, open_log
+from eventlog.target import PostgresTarget, parse_target
+
+log = logging.getLogger("foldplane.replica")
+
+
+class NotLeader(HostUnavailable):
+    """``503 not_leader``: this coordinator does not lead; ``leader`` names the one that does."""
+
+    def __init__(self, leader: str | None, why: str) -> None:
+        where = f"; the leader is {leader}" if leader else "; no leader is known right now"
+        super().__init__("not_leader", f"this coordinator is a standby ({why}){where}")
+        self.leader = leader
+
+
+def not_leader(leader: str | None, why: str) -> NotLeader:
+    return NotLeader(leader, why)
+
+
+async def open_host(
+    target: str, *, address: str, settings: LeaseSettings | None = None, **options: Any
+) -> Host:
+    """Open and start the coordinator for ``target``.
+
+    A PostgreSQL log gets a :class:`ReplicaHost` that starts as a standby and leads once it
+    wins the lease; a SQLite log gets the single-leader :class:`Host` (which claims the term).
+    """
+    where = parse_target(target)
+    if not isinstance(where, PostgresTarget):
+        return await Host.open(target, **options)
+    host = await ReplicaHost.open_replica(
+        target, address=address, settings=settings or LeaseSettings(), **options
+    )
+    host.start()
+    return host
+
+
+class ReplicaHost(Host):
+    """A :class:`Host` that leads only while it holds the lease; see the module docstring."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.role = "standby"
+        #: The leader's address as the lease row last named it (ours while we lead).
+        self.leader: str | None = None
+        #: How often this coordinator became the leader, and stepped down.
+        self.promotions = 0
+        self.demotions = 0
+        self._unavailable = not_leader(None, "starting")
+        self._lease: Lease | None = None
+        self._generation: int | None = None
+        self._roles: asyncio.Task[None] | None = None
+        self._idle = asyncio.Event()
+        self._idle.set()
+        #: Projection rows derived while following, until the leader's are known written.
+        self._followed_rows: dict[tuple[str, str, int], ProjectionRow] = {}
+
+    @classmethod
+    async def open_replica(
+        cls, target: str, *, address: str, settings: LeaseSettings, **options: Any
+    ) -> ReplicaHost:
+        """Open the log (no term claimed), restore the snapshot and fold the tail as a standby."""
+        where = parse_target(target)
+        if not isinstance(where, PostgresTarget):
+            raise ValueError(
+                f"{where.describe()} has one coordinator; standbys need a PostgreSQL log"
+            )
+        log_ = await open_log(target)
+        try:
+            host = await cls.restore(log_, **options)
+        except BaseException:
+            await log_.close()
+            raise
+        assert isinstance(host, ReplicaHost)
+        host._lease = Lease(where, f"{address}#{uuid.uuid4().hex[:12]}", address, settings)
+        return host
+
+    @property
+    def lease(self) -> Lease:
+        assert self._lease is not None, "open the host with ReplicaHost.open_replica"
+        return self._lease
+
+    def start(self) -> None:
+        """Start the role loop; the host's own loop and ticker start on promotion."""
+        self._roles = asyncio.get_running_loop().create_task(self._run_roles())
+
+    async def close(self, *, snapshot: bool = True) -> None:
+        """Stop following or leading; a leader snapshots, then releases the lease at once."""
+        if self._roles is not None:
+            self._roles.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._roles
+        generation = self._generation
+        try:
+            await super().close(snapshot=snapshot)
+        finally:
+            if generation is not None:
+                with contextlib.suppress(LeaseError):
+                    await self.lease.release(generation)
+            await self.lease.close()
+
+    # -- what a standby refuses --------------------------------------------------------------
+
+    async def updates(self, group: str, rank: int, after: int, timeout: float) -> UpdatesAnswer:
+        """Long polls go to the leader: a standby (or a leader that stepped down while the rank
+        waited) answers ``not_leader`` so the agent moves on instead of polling a follower."""
+        if self.role != "leader" or self._unavailable is not None:
+            raise self._unavailable or not_leader(self.leader, "not leading")
+        answer = await super().updates(group, rank, after, timeout)
+        if self.role != "leader" or self._unavailable is not None:
+            raise self._unavailable or not_leader(self.leader, "stepped down")
+        return answer
+
+    def _carry_out(
+        self,
+        effect: Effect,
+        rows: dict[tuple[str, str, int], ProjectionRow],
+        refused: dict[int, Refused],
+        resolved: list[Proposal],
+    ) -> None:
+        # A standby keeps the projection rows it derives aside instead of writing them: only
+        # the leader writes, and a new leader writes what its predecessor may not have.
+        if self.role != "leader":
+            rows = self._followed_rows
+        super()._carry_out(effect, rows, refused, resolved)
+
+    async def _process(self, batch: list[Any]) -> None:
+        # Stepping down waits for the batch in flight, so the fold is never stepped by the host
+        # loop and the follower at once.
+        self._idle.clear()
+        try:
+            await super()._process(batch)
+        finally:
+            self._idle.set()
+
+    # -- the roles -----------------------------------------------------------------------------
+
+    async def _run_roles(self) -> None:
+        try:
+            while True:
+                try:
+                    state = await self.lease.try_claim()
+                except LeaseError as exc:
+                    log.warning("cannot reach the lease: %s", exc)
+                else:
+                    if state.won is not None:
+                        await self._lead(state.won)
+                        continue
+                    self._learn_leader(state.leader)
+                await self._follow_for(self.lease.settings.poll_s)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            # A fold that fails cannot be trusted to lead; stay up so /healthz says why.
+            log.exception("the coordinator stops following the log")
+            if self._unavailable is None or self._unavailable.code == "not_leader":
+                self._unavailable = HostUnavailable("fold_failed", f"following failed: {exc}")
+            self.role = "standby"
+
+    def _learn_leader(self, leader: str | None) -> None:
+        if self.role != "standby":
+            return
+        current = self._unavailable
+        if current is not None and current.code != "not_leader":
+            return  # a worse condition (fold_failed) is not hidden by a leader change
+        if leader != self.leader or getattr(current, "leader", None) != leader:
+            self.leader = leader
+            self._unavailable = not_leader(leader, "following the log")
+
+    async def _follow_for(self, seconds: float) -> None:
+        """Fold what the leader appends, as it appends it, for ``seconds``."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + seconds
+        while (remaining := deadline - loop.time()) > 0:
+            try:
+                await self.log.wait(self.machine.offset, timeout=remaining)
+                await self._follow()
+            except LogError as exc:
+                log.warning("cannot follow the log: %s", exc)
+                await asyncio.sleep(max(0.0, deadline - loop.time()))
+
+    async def _follow(self) -> None:
+        await self._catch_up()
+        if self._followed_rows:
+            projected = await self.log.get_consumer_offset(CONSUMER)
+            if projected >= self.machine.offset:
+                self._followed_rows.clear()  # the leader wrote every row this fold derived
+            self._projected = max(self._projected, projected)
+
+    async def _lead(self, generation: int) -> None:
+        """Won the lease: take the term, catch up, serve; step down when the lease is lost."""
+        loop = asyncio.get_running_loop()
+        settings = self.lease.settings
+        self._generation = generation
+        try:
+            term = await self.log.claim_term()
+            confirmed_at = loop.time()
+            confirmed = await self.lease.renew(generation, term)
+        except (LogError, LeaseError) as exc:
+            log.error("won the lease but could not take the term: %s", exc)
+            await self._release()
+            return
+        if not confirmed:
+            log.warning("the lease was lost while taking term %d", term)
+            self._generation = None
+            return
+        try:
+            await self._promote()
+        except LogError as exc:
+            log.error("cannot catch up with the log at term %d: %s", term, exc)
+            await self._step_down(f"catching up failed: {exc}")
+            return
+        reason = await self._hold(generation, confirmed_at + settings.lease_s)
+        await self._step_down(reason)
+
+    async def _promote(self) -> None:
+        self.role = "leader"
+        self.leader = self.lease.address
+        # Every record of the previous term (nobody else appends now), then every row derived
+        # from them that the previous leader may not have written.
+        self._unwritten.update(self._followed_rows)
+        self._followed_rows.clear()
+        await self._catch_up()
+        if self._unwritten:
+            offset = self.machine.offset
+            await self.log.write_projections(
+                list(self._unwritten.values()), consumer=CONSUMER, offset=offset
+            )
+            self._unwritten.clear()
+            self._projected = offset
+        self._unavailable = None
+        self.promotions += 1
+        Host.start(self)
+        log.warning(
+            "leading at term %d from offset %d (%s)",
+            self.log.term,
+            self.machine.offset,
+            self.lease.address,
+        )
+
+    async def _hold(self, generation: int, valid_until: float) -> str:
+        """Renew the lease every ``renew_s`` until it is lost; return why it was.
+
+        The database decides: a renewal of our generation that succeeds keeps us leading even
+        if it came late (nobody claimed in between), and one that finds another generation ends
+        it. Only when the database cannot be reached does the local clock decide: once a lease
+        has passed since the last renewal was sent, a standby may lead, so stop answering.
+        """
+        loop = asyncio.get_running_loop()
+        settings = self.lease.settings
+        while True:
+            await asyncio.sleep(settings.renew_s)
+            if self._unavailable is not None:
+                return f"the host stopped: {self._unavailable.detail}"
+            sent = loop.time()
+            try:
+                renewed = await self.lease.renew(generation)
+            except LeaseError as exc:
+                if loop.time() >= valid_until:
+                    return (
+                        f"no renewal for {loop.time() - valid_until + settings.lease_s:.3f} s, "
+                        f"longer than the {settings.lease_s} s lease: {exc}"
+                    )
+                log.warning(
+                    "lease renewal failed (lease valid %.3f s more): %s", valid_until - sent, exc
+                )
+                continue
+            if not renewed:
+                return (
+                    f"another coordinator claimed the lease after generation {generation} "
+                    "(this one was paused or slow past its lease)"
+                )
+            valid_until = sent + settings.lease_s
+
+    async def _step_down(self, reason: str) -> None:
+        term = self.log.term
+        log.warning("stepping down from term %d: %s", term, reason)
+        why = not_leader(None, f"stepped down from term {term}: {reason}")
+        self.role = "standby"
+        self.leader = None
+        self._followed_rows.update(self._unwritten)  # a standby writes no projection rows
+        self._unwritten.clear()
+        if self._unavailable is None or self._unavailable.code == "not_leader":
+            self._unavailable = why
+        self._fail_queued(self._unavailable)
+        for waiters in self._proposal_waiters.values():
+            for future in waiters:
+                if not future.done():
+                    future.set_exception(self._unavailable)
+        await self._idle.wait()
+        tasks, self._tasks = self._tasks, []
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self.demotions += 1
+        await self._release()
+
+    async def _release(self) -> None:
+        generation, self._generation = self._generation, None
+        if generation is not None:
+            with contextlib.suppress(LeaseError):
+                await self.lease.release(generation)
