@@ -128,6 +128,13 @@ def _serve(args: argparse.Namespace) -> int:
     except BindRefused as exc:
         print(f"coordinator: {exc}", file=sys.stderr)
         return 2
+    from coordinator.leadership import LeaseSettings
+
+    try:
+        args.lease = LeaseSettings(lease_s=args.lease_s, poll_s=args.lease_poll_s)
+    except ValueError as exc:
+        print(f"coordinator: --lease-s/--lease-poll-s: {exc}", file=sys.stderr)
+        return 2
     with asyncio.Runner(loop_factory=_loop_factory()) as runner:
         return runner.run(_serve_async(args, auth))
 
@@ -144,7 +151,6 @@ async def _serve_async(args: argparse.Namespace, auth: Any) -> int:
     import uvicorn
 
     from api.app import create_app
-    from coordinator.leadership import LeaseSettings
     from coordinator.replica import open_host
     from eventlog import LogError
 
@@ -152,7 +158,7 @@ async def _serve_async(args: argparse.Namespace, auth: Any) -> int:
         host = await open_host(
             args.db,
             address=args.advertise or f"http://{args.host}:{args.port}",
-            settings=LeaseSettings(lease_s=args.lease_s, poll_s=args.lease_poll_s),
+            settings=args.lease,
             snapshot_every=args.snapshot_every,
         )
     except (LogError, OSError, ValueError) as exc:
@@ -175,8 +181,12 @@ async def _serve_async(args: argparse.Namespace, auth: Any) -> int:
             access_log=False,
             lifespan="off",
             timeout_graceful_shutdown=3,
+            proxy_headers=False,  # per-request work the coordinator has no use for
+            server_header=False,
+            date_header=False,
         )
         server = _Server(config)
+        server.before_shutdown = host.stop_waiting
         logging.getLogger("foldplane").info(
             "serving %s on http://%s:%d (term %d, offset %d, store %s, auth %s)",
             args.db,
@@ -201,6 +211,14 @@ def _server_class() -> type:
         """uvicorn's server, except that SIGINT/SIGTERM only stop it: uvicorn re-raises the
         signal once HTTP has drained, which would kill the process before the host closes the
         log and writes its final snapshot."""
+
+        #: Called when shutdown starts, before connections drain: ends the long polls at once.
+        before_shutdown: Callable[[], None] | None = None
+
+        async def shutdown(self, sockets: Any = None) -> None:
+            if self.before_shutdown is not None:
+                self.before_shutdown()
+            await super().shutdown(sockets)
 
         @contextlib.contextmanager
         def capture_signals(self) -> Iterator[None]:

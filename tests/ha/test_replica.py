@@ -1,0 +1,112 @@
+"""ReplicaHost in-process on the real PostgreSQL: standby answers, handover, projection holes."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+
+import pytest
+
+from coordinator.host import CONSUMER, Appended, HostUnavailable
+from coordinator.leadership import LeaseSettings
+from coordinator.replica import NotLeader, ReplicaHost, open_host
+from eventlog import NewRecord, open_log
+from tests.ha.cluster import drop_schema, new_schema, schema_url
+
+pytestmark = pytest.mark.postgres
+
+FAST = LeaseSettings(lease_s=1.0, poll_s=0.05)
+
+
+@pytest.fixture
+async def url() -> AsyncIterator[str]:
+    schema = new_schema()
+    yield schema_url(schema)
+    await drop_schema(schema)
+
+
+async def until(predicate: Callable[[], object], what: str, timeout: float = 20.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not predicate():
+        assert asyncio.get_running_loop().time() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.02)
+
+
+def group_created(group: str) -> NewRecord:
+    return NewRecord(kind="group_created", group=group, payload={"world_size": 2, "config": {}})
+
+
+async def replica(url: str, name: str) -> ReplicaHost:
+    host = await open_host(url, address=f"http://{name}:8470", settings=FAST)
+    assert isinstance(host, ReplicaHost)
+    return host
+
+
+async def test_standby_follows_refuses_writes_and_takes_over_on_release(url: str) -> None:
+    a = await replica(url, "a")
+    await until(lambda: a.role == "leader", "a to lead")
+    b = await replica(url, "b")
+    try:
+        await until(lambda: b.leader == "http://a:8470", "b to learn the leader")
+        assert b.role == "standby"
+        with pytest.raises(NotLeader) as caught:
+            await b.submit(group_created("on-b"))
+        assert caught.value.leader == "http://a:8470"
+        assert "the leader is http://a:8470" in caught.value.detail
+        with pytest.raises(NotLeader):
+            await b.updates("g", 0, 0, timeout=0)
+
+        created = await a.submit(group_created("g"))
+        assert isinstance(created, Appended)
+        await until(lambda: b.machine.group_config("g") is not None, "b to fold the group")
+        assert b.machine.offset == a.machine.offset  # the same fold, warm
+
+        await a.close()  # a graceful stop releases the lease: no wait for it to run out
+        await until(lambda: b.role == "leader", "b to lead")
+        assert isinstance(await b.submit(group_created("h")), Appended)
+        records = await b.log.read(0)
+        assert [(r.group, r.term) for r in records] == [("g", 1), ("h", 2)]
+        assert await b.log.get_projection("group", "h", 0) is not None
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_new_leader_writes_the_projections_its_predecessor_did_not(url: str) -> None:
+    # A leader appended, then died before it wrote the projection rows of what it appended.
+    log = await open_log(url)
+    await log.claim_term()
+    assert await log.append([group_created("g")]) == [1]
+    assert await log.get_projection("group", "g", 0) is None
+    await log.close()
+
+    host = await replica(url, "next")
+    try:
+        await until(lambda: host.role == "leader", "the standby to lead")
+        assert await host.log.get_projection("group", "g", 0) is not None
+        assert await host.log.get_consumer_offset(CONSUMER) == 1
+    finally:
+        await host.close()
+
+
+async def test_leader_fenced_by_a_newer_term_steps_down_and_writes_nothing(url: str) -> None:
+    a = await replica(url, "a")
+    rogue = await open_log(url)
+    try:
+        await until(lambda: a.role == "leader", "a to lead")
+        assert isinstance(await a.submit(group_created("g")), Appended)
+        taken = await rogue.claim_term()  # another writer took the log without the lease
+        with pytest.raises(HostUnavailable) as caught:
+            await a.submit(group_created("lost"))
+        assert caught.value.code == "not_leader"
+        assert f"the log's head is at term {taken}" in caught.value.detail
+        # It steps down, then (the lease being its own and free) leads again at a new term.
+        await until(lambda: a.role == "leader" and a.log.term > taken, "a to lead again")
+        assert isinstance(await a.submit(group_created("h")), Appended)
+        records = await a.log.read(0)
+        assert [r.group for r in records] == ["g", "h"]
+        assert records[1].term > taken
+        assert a.demotions == 1 and a.promotions == 2
+    finally:
+        await rogue.close()
+        await a.close()
