@@ -438,6 +438,7 @@ class Coordinator:
         info.last_heartbeat_ts = g.alive.pop(rank, info.last_heartbeat_ts)
         g.candidates.discard(rank)
         g.healthy.discard(rank)
+        g.touched.add(rank)
         g.dirty = True
         if failure and not info.exited and not info.failure_counted:
             info.failure_counted = True
@@ -487,6 +488,7 @@ class Coordinator:
             g.candidates.add(rank)
         else:
             g.candidates.discard(rank)
+        g.touched.add(rank)
         g.dirty = True
 
     def _forget_evidence_about(self, g: GroupState, rank: int) -> None:
@@ -515,13 +517,23 @@ class Coordinator:
         """HEALTHY = inside the Healthy Set; a candidate outside it is SYNCED."""
         g.dirty = False
         down = self._down_graph(g)
-        new = g.candidates - excluded_ranks(down, g.healthy) if down else set(g.candidates)
-        left = g.healthy - new
-        joined = new - g.healthy
+        if not down and g.healthy_is_all:
+            # Still no down edge: every candidate is in, and only touched ranks can have moved
+            # (a group of thousands forming costs O(1) per ready report, not O(world_size)).
+            left = {r for r in g.touched if r in g.healthy and r not in g.candidates}
+            joined = {r for r in g.touched if r in g.candidates and r not in g.healthy}
+            g.healthy -= left
+            g.healthy |= joined
+        else:
+            new = g.candidates - excluded_ranks(down, g.healthy) if down else set(g.candidates)
+            left = g.healthy - new
+            joined = new - g.healthy
+            g.healthy = new
+        g.healthy_is_all = not down
+        g.touched.clear()
         if not left and not joined:
             return
-        g.healthy = new
-        size = len(new)
+        size = len(g.healthy)
         for rank in sorted(left | joined):
             info = g.ranks[rank]
             if rank in joined:

@@ -188,6 +188,11 @@ class GroupState:
         self.healthy: set[int] = set()
         #: the usable-edge graph changed since the Healthy Set was last computed
         self.dirty = False
+        #: ranks whose candidacy changed since then, and whether the Healthy Set then held every
+        #: candidate (no down edge). Not snapshotted: a restored group recomputes in full once,
+        #: which gives the same set.
+        self.touched: set[int] = set()
+        self.healthy_is_all = False
         #: end of the open reconciliation window, if any
         self.window_end: int | None = None
         self.formation = FORMING
