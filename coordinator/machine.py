@@ -405,7 +405,7 @@ class Coordinator:
                         record,
                         effects,
                     )
-            if g.formation == FORMING and g.change is None:
+            if g.formation == FORMING and g.change is None and g.shutdown is None:
                 deadline = g.created_ts + g.cfg.formation_timeout_ns
                 if deadline <= now:
                     self._fail_formation(g, deadline, record, effects)
@@ -913,7 +913,7 @@ class Coordinator:
         if g.change is not None:
             consider(g.change.ack_deadline)
         if g.formation == FORMING:
-            if g.change is None:
+            if g.change is None and g.shutdown is None:
                 consider(g.created_ts + g.cfg.formation_timeout_ns)
             if g.queue:
                 consider(g.queue[0][1])

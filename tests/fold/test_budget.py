@@ -73,3 +73,13 @@ def test_every_rank_exiting_cleanly_is_not_a_loss():
     effects += s.exit(0)
     effects += s.exit(1)
     assert shutdowns(s, effects) == []
+
+
+def test_a_group_shut_down_before_forming_does_not_also_fail_formation():
+    s = Script()
+    s.create(world_size=3, max_failure=1, formation_timeout_s=60)
+    s.join(0)
+    assert one(s.death(0), ShutdownWithSave).reason == "max_failure_exceeded"
+    assert s.m.next_deadline() is None
+    assert s.at(61).tick() == []
+    assert s.m.group_status("g")["formation"]["status"] == "forming"
