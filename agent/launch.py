@@ -89,6 +89,7 @@ class Launcher:
         on_exit: Callable[[WorkerExit], None] | None = None,
         stdin: int | None = None,
         stdout: int | None = None,
+        stderr: int | None = None,
     ) -> None:
         if not command:
             raise ValueError("the launcher needs a command to run")
@@ -106,6 +107,7 @@ class Launcher:
         self._env.pop("FOLDPLANE_SECRET", None)  # workers never hold the server's secret
         self._stdin = stdin
         self._stdout = stdout
+        self._stderr = stderr
         self._workers: dict[int, Worker] = {}
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
@@ -132,7 +134,9 @@ class Launcher:
         )
         if self._secret:
             env["FOLDPLANE_TOKEN"] = agent_token(self._secret, self.group, rank)
-        process = subprocess.Popen(self.command, env=env, stdin=self._stdin, stdout=self._stdout)
+        process = subprocess.Popen(
+            self.command, env=env, stdin=self._stdin, stdout=self._stdout, stderr=self._stderr
+        )
         worker = Worker(rank, incarnation, process)
         with self._changed:
             self._workers[rank] = worker

@@ -16,7 +16,9 @@ The rules, in one place:
   (the old incarnation is still HEALTHY) or ``unknown_group`` (not created yet) is retried.
 - **In-place rejoin and replacement are one path.** A replacement process is a new machine with
   a new incarnation; an in-place rejoin (``Rejoin``, or the coordinator reporting this
-  incarnation OFFLINE after its join) re-enters the same join path, keeping the offset.
+  incarnation OFFLINE after its join, say after a heartbeat timeout) re-enters the same join
+  path, keeping the offset. A death *reported* by a supervisor is not contested: the agent
+  stops rather than race the replacement for the rank.
 - **Updates are processed once, in offset order.** ``after`` is the offset of the last update
   processed; every poll, including the first after a reconnect, resumes there. A batch is
   folded before acting, so catching up on a long history installs only the latest view.
@@ -24,8 +26,9 @@ The rules, in one place:
   a participant, it has joined, and, if it is in the new ``active_ranks``, its data plane is
   ready (a view that names a rank whose data plane cannot build it would fail on every member).
   ``view_committed`` installs the view in the data plane.
-- **Fencing is the coordinator's.** ``stale_incarnation`` on any event means another process
-  now speaks for this rank: the machine stops (``Stopped("fenced")``) and sends nothing more.
+- **Fencing is the coordinator's.** ``stale_incarnation`` on any event, or a ``rank_state``
+  naming another incarnation after our join, means another process now speaks for this rank:
+  the machine stops (``Stopped("fenced")``) and sends nothing more.
 - **Retry without loss.** A batch that could not be delivered goes back to the front of the
   outbox and is resent after an exponential backoff; only the newest heartbeat is kept.
 - **A clean exit is not a death.** ``Close`` sends ``exit`` (after an in-flight join, if any)
@@ -46,6 +49,8 @@ OFFLINE, SYNCED, HEALTHY = "OFFLINE", "SYNCED", "HEALTHY"
 
 #: Event errors that end the agent: retrying cannot help.
 FATAL_ERRORS = frozenset({"forbidden", "rank_out_of_range", "invalid_event"})
+#: How the coordinator's reason for OFFLINE starts when a supervisor reported the death.
+DEATH_REPORTED = "death reported"
 #: Join errors that are retried after ``join_retry_s``.
 RETRIED_JOIN_ERRORS = frozenset({"rank_busy", "unknown_group"})
 
@@ -267,6 +272,8 @@ class AgentMachine:
     _acked: int = 0
     _join_offset: int | None = None
     _own_offline_offset: int = 0
+    _successor_offset: int = 0
+    _successor: str = ""
     _outbox: list[dict[str, Any]] = field(default_factory=list)
     _in_flight: tuple[dict[str, Any], ...] | None = None
     _send_at: float = 0.0
@@ -350,10 +357,11 @@ class AgentMachine:
             actions.append(InstallView(self.view))
         if self.own_state != old_state:
             actions.append(RankStateChanged(self.own_state, self.own_state_reason))
-        self._maybe_rejoin()
+        actions.extend(self._settle_own_state())
+        if self.phase == _STOPPED:
+            return actions
         self._maybe_ack()
-        if self.phase != _STOPPED:
-            actions.append(PollUpdates(self.after))
+        actions.append(PollUpdates(self.after))
         return actions
 
     def _poll_failed(self, event: PollFailed) -> list[Action]:
@@ -462,22 +470,45 @@ class AgentMachine:
             self._preparing = None
 
     def _on_rank_state(self, update: Mapping[str, Any]) -> None:
-        """Track this incarnation's own state; other incarnations' history is not ours."""
+        """Track this incarnation's own state, and note when another incarnation takes the rank."""
         if update.get("rank") != self.config.rank:
             return
-        if update.get("incarnation") != self.config.incarnation:
+        offset = int(update.get("offset", 0))
+        incarnation = update.get("incarnation")
+        if incarnation != self.config.incarnation:
+            if incarnation is not None and offset > self._successor_offset:
+                self._successor_offset = offset
+                self._successor = (
+                    f"rank {self.config.rank} is now incarnation {incarnation} "
+                    f"(rank_epoch {update.get('rank_epoch')}); {self.config.incarnation} is stale"
+                )
             return
         self.own_state = str(update.get("state", OFFLINE))
         self.own_state_reason = str(update.get("reason", ""))
         if self.own_state == OFFLINE:
-            self._own_offline_offset = int(update.get("offset", 0))
+            self._own_offline_offset = offset
 
-    def _maybe_rejoin(self) -> None:
-        """OFFLINE after our own join (a heartbeat timeout, an ACK timeout): join again."""
-        if self.phase != _JOINED or self._close_requested or self._join_offset is None:
-            return
-        if self._own_offline_offset > self._join_offset:
+    def _settle_own_state(self) -> list[Action]:
+        """What the coordinator said about this rank since our join, acted on once.
+
+        A newer incarnation of the rank fences us. OFFLINE (a heartbeat or ACK timeout) makes
+        us join again in place, unless a supervisor reported this process dead: that verdict
+        stands (a replacement is on its way), so we stop instead of contesting the rank.
+        """
+        joined_at = self._join_offset
+        if joined_at is None or self.phase != _JOINED or self._close_requested:
+            return []
+        if self._successor_offset > joined_at:
+            return self._stop("fenced", self._successor)
+        if self._own_offline_offset > joined_at:
+            if self.own_state_reason.startswith(DEATH_REPORTED):
+                return self._stop(
+                    "fenced",
+                    f"rank {self.config.rank}: {self.own_state_reason}; not rejoining "
+                    "(a replacement takes the rank)",
+                )
             self._begin_join()
+        return []
 
     def _maybe_ack(self) -> None:
         p = self._preparing
@@ -506,7 +537,9 @@ class AgentMachine:
             self._next_heartbeat = now + self.config.heartbeat_interval_s
             if self.data_plane_ready:
                 self._queue_self_ready()
-            self._maybe_rejoin()
+            settled = self._settle_own_state()
+            if settled:
+                return settled
             self._maybe_ack()
         elif kind == "exit":
             return self._stop("closed", f"rank {self.config.rank} left the group")

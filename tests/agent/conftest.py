@@ -65,8 +65,9 @@ class Coordinator:
         return next(r for r in ranks if r["rank"] == rank)
 
 
-def start_coordinator(tmp: Path) -> Coordinator:
-    port = free_port()
+def start_coordinator(tmp: Path, port: int | None = None) -> Coordinator:
+    """A server on ``tmp/log.db``; a given ``port`` restarts one where a previous one served."""
+    port = port or free_port()
     db = tmp / "log.db"
     log_path = tmp / "coordinator.log"
     with open(log_path, "wb") as out:
@@ -90,7 +91,7 @@ def start_coordinator(tmp: Path) -> Coordinator:
             stderr=subprocess.STDOUT,
         )
     url = f"http://127.0.0.1:{port}"
-    client = CoordinatorClient(url, timeout_s=5.0)
+    client = CoordinatorClient(url, timeout_s=30.0)
     deadline = time.monotonic() + 60
     while True:
         if process.poll() is not None:

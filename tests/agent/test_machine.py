@@ -364,6 +364,38 @@ def test_offline_seen_while_the_join_is_in_flight_is_judged_by_the_join_offset()
     assert kinds(actions) == ["join"]
 
 
+def test_a_reported_death_is_not_contested_the_agent_stops():
+    m = joined()
+    death = {**rank_state(40, "OFFLINE"), "reason": "death reported by launcher"}
+    actions = m.step(updates(death))
+    assert kinds(actions) == []
+    assert actions[-1] == Stopped(
+        "fenced", "rank 1: death reported by launcher; not rejoining (a replacement takes the rank)"
+    )
+
+
+def test_another_incarnation_after_our_join_fences_the_agent():
+    m = joined()
+    successor = {**rank_state(40, "SYNCED", incarnation="inc-b"), "rank_epoch": 2}
+    actions = m.step(updates(successor))
+    assert actions[-1] == Stopped(
+        "fenced", "rank 1 is now incarnation inc-b (rank_epoch 2); inc-a is stale"
+    )
+
+
+def test_twin_another_incarnation_before_our_join_is_history():
+    m = machine()
+    m.step(Start(0.0))
+    m.step(
+        updates(
+            rank_state(5, "HEALTHY", incarnation="old"), rank_state(8, "OFFLINE", incarnation="old")
+        )
+    )
+    actions = m.step(ok(1, 20))  # our join comes after the old incarnation's story
+    assert not m.stopped
+    assert not [a for a in actions if isinstance(a, Stopped)]
+
+
 def test_rejoin_request_re_enters_the_join_path_and_drops_queued_evidence():
     m = joined()
     m.step(Tick(1.0))  # heartbeat in flight
