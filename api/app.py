@@ -1,4 +1,4 @@
-"""The FastAPI application: routes, error handlers, the body size limit and the OpenAPI document.
+"""The application: routes, error handlers, the body size limit and the OpenAPI document.
 
 The app does not own the host: ``serve`` opens the host (log, fold, snapshot) first and hands it
 in, so a test or an embedding program can run the same app around a host it controls.
@@ -9,7 +9,8 @@ from __future__ import annotations
 from fastapi import FastAPI
 
 from api import errors, openapi
-from api.limits import DEFAULT_MAX_BODY_BYTES, BodySizeLimit
+from api.fastpath import Service
+from api.limits import DEFAULT_MAX_BODY_BYTES
 from api.routes import agents, audit, operator
 from coordinator.auth import Authenticator
 from coordinator.host import Host
@@ -22,7 +23,9 @@ an ACK barrier. Errors are `{"error": code, "detail": message}`. See docs/protoc
 
 def create_app(
     host: Host, auth: Authenticator | None = None, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
-) -> FastAPI:
+) -> Service:
+    """The ASGI application to serve: the FastAPI app behind the body limit and the fast path
+    for agent events (``Service.app`` is the FastAPI app itself)."""
     app = FastAPI(title="foldplane coordinator", version="0.1.0", description=DESCRIPTION)
     app.state.host = host
     app.state.auth = auth or Authenticator()
@@ -31,5 +34,4 @@ def create_app(
     app.include_router(agents.router)
     app.include_router(audit.router)
     openapi.install(app)
-    app.add_middleware(BodySizeLimit, max_bytes=max_body_bytes)
-    return app
+    return Service(app, max_body_bytes=max_body_bytes)

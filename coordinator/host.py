@@ -216,6 +216,7 @@ class Host:
         self._last_ts = 0
         self._unavailable: HostUnavailable | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        self._draining = False
         #: How many records the last restore folded after the snapshot (the tail).
         self.replayed_on_start = 0
 
@@ -287,6 +288,12 @@ class Host:
     def applied_offset(self) -> int:
         """The offset up to which every effect has been carried out."""
         return self._applied
+
+    def stop_waiting(self) -> None:
+        """Answer every long poll now (empty) and every later one at once: the server is
+        shutting down and its connections should drain without waiting out their timeouts."""
+        self._draining = True
+        self.journals.wake_all()
 
     @property
     def queue_depth(self) -> int:
@@ -370,7 +377,7 @@ class Host:
                 self.journals.mark_delivered(group, rank, next_after)
                 return UpdatesAnswer(got, next_after, False)
             remaining = deadline - loop.time()
-            if remaining <= 0 or self._unavailable is not None:
+            if remaining <= 0 or self._unavailable is not None or self._draining:
                 return UpdatesAnswer([], max(after, self._applied), False)
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(remaining):
