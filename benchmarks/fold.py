@@ -9,6 +9,8 @@ the records are heartbeats.
 
 Metrics:
 - fold throughput (records/s on one core; target >= 300,000), stepping pre-built records;
+- one group of 8,192 ranks: forming it, a heartbeat step, ``next_deadline()``, and a death
+  report up to its ``view_prepare`` (the costs that must not grow with the group);
 - replay of a log of 1,000,000 such records (200,000 with ``--quick``) from a SQLite file:
   read, verify, decode and fold (target <= 5 s for 1M), against reading and decoding alone
   (the baseline, measured in the same run, shows what the fold adds).
@@ -243,8 +245,111 @@ def run(quick: bool) -> list[Result]:
             },
         )
     ]
+    results += _large_group(quick)
     results += _replay_results(quick)
     return results
+
+
+class _Feeder:
+    """Steps hand-made records into a fold (offsets and incarnations kept here)."""
+
+    def __init__(self) -> None:
+        self.m = Coordinator()
+        self.offset = 0
+
+    def step(self, t: int, kind: str, group: Any, rank: Any, payload: dict[str, Any]) -> list[Any]:
+        self.offset += 1
+        rec = Record(
+            offset=self.offset,
+            ts=t,
+            term=1,
+            kind=kind,
+            group=group,
+            rank=rank,
+            payload=payload,
+            checksum=0,
+        )
+        return self.m.step(rec)
+
+
+def _large_group(quick: bool) -> list[Result]:
+    n = 8192
+    f = _Feeder()
+    t0 = time.process_time()
+    f.step(T0, "group_created", "big", None, {"world_size": n, "config": {}})
+    for r in range(n):
+        f.step(T0, "join", "big", r, {"incarnation": f"i{r}"})
+    for r in range(n):
+        f.step(T0, "links", "big", r, {"incarnation": f"i{r}", "peers": {}, "self_ready": True})
+    for r in range(n):
+        f.step(T0, "ack", "big", r, {"incarnation": f"i{r}", "version": 1})
+    formed_s = time.process_time() - t0
+    assert f.m.current_view("big").version == 1
+    beats = [
+        Record(
+            offset=0,
+            ts=0,
+            term=1,
+            kind="heartbeat",
+            group="big",
+            rank=r,
+            payload={"incarnation": f"i{r}"},
+            checksum=0,
+        )
+        for r in range(n)
+    ]
+    beat_us, deadline_us, failure_ms = [], [], []
+    rounds = 3 if quick else 10
+    for i in range(rounds):
+        t = T0 + (i + 1) * S
+        recs = [
+            msgspec.structs.replace(b, offset=f.offset + k + 1, ts=t) for k, b in enumerate(beats)
+        ]
+        f.offset += n
+        t0 = time.process_time()
+        for rec in recs:
+            f.m.step(rec)
+        beat_us.append((time.process_time() - t0) / n * 1e6)
+        t0 = time.process_time()
+        for _ in range(1000):
+            f.m.next_deadline()
+        deadline_us.append((time.process_time() - t0) / 1000 * 1e6)
+        victim = 1 + i
+        t0 = time.process_time()
+        effects = f.step(t, "death_reported", "big", victim, {"reporter": "bench"})
+        failure_ms.append((time.process_time() - t0) * 1e3)
+        prepare = next(e for e in effects if isinstance(e, ViewPrepare))
+        for p in prepare.participants:
+            f.step(t, "ack", "big", p, {"incarnation": f"i{p}", "version": prepare.version})
+    return [
+        Result(
+            bench="fold",
+            metric=f"{n}-rank group: form it (joins, ready reports, ACKs)",
+            unit="s (CPU)",
+            median=formed_s,
+        ),
+        Result(
+            bench="fold",
+            metric=f"{n}-rank group: one heartbeat step",
+            unit="us (CPU)",
+            median=median(beat_us),
+            extra={"rounds": rounds},
+        ),
+        Result(
+            bench="fold",
+            metric=f"{n}-rank group: next_deadline()",
+            unit="us (CPU)",
+            median=median(deadline_us),
+            extra={"rounds": rounds},
+        ),
+        Result(
+            bench="fold",
+            metric=f"{n}-rank group: death report to view_prepare",
+            unit="ms (CPU)",
+            median=median(failure_ms),
+            extra={"rounds": rounds},
+        ),
+    ]
 
 
 def _replay_results(quick: bool) -> list[Result]:
