@@ -4,7 +4,8 @@ The log is the source of truth; views, proposal outcomes and rank states are pro
 host wrote while it ran. Replay rebuilds them with a fresh fold and the same effect-to-row code
 (:mod:`coordinator.projections`) and compares, document by document. Any difference is a
 *divergence*: a non-deterministic fold, a host that lost or invented a write, or a damaged
-store. Replay never writes.
+store. Replay never writes, and it may run beside a live coordinator: if the projections move while
+it reads them, it starts over.
 
 What is compared: the host writes rows together with a consumer offset P (atomically), so the
 stored rows must equal the rows produced by the effects of records ``<= P``. Records after P
@@ -69,7 +70,27 @@ async def replay(
         await log.close()
 
 
+#: How often replay starts over when a live coordinator wrote projections while it read them.
+ATTEMPTS = 3
+
+
 async def _replay(
+    log: Log,
+    *,
+    until: int | None,
+    group: str | None,
+    progress: Callable[[int, int], None] | None,
+) -> ReplayReport:
+    """Replay once; if the stored projections moved meanwhile (a running coordinator wrote
+    more), the comparison mixed two moments, so start over, a few times at most."""
+    for _ in range(ATTEMPTS):
+        report = await _replay_once(log, until=until, group=group, progress=progress)
+        if report.ok or await log.get_consumer_offset(CONSUMER) == report.projected:
+            return report
+    return report
+
+
+async def _replay_once(
     log: Log,
     *,
     until: int | None,
