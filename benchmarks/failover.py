@@ -1,0 +1,339 @@
+"""Failover: from the leader's death to the first acknowledged write and view change after it.
+
+Two real ``python -m coordinator serve`` processes share a PostgreSQL schema with the default
+lease settings (lease 1 s, standby poll 0.1 s). Simulated agents (one thread per rank plus a
+heartbeat thread, all through ``agent.client.CoordinatorClient`` with both addresses) keep a
+steady load of heartbeats and ACK every view change. In each trial the leader is
+
+- **crashed** (SIGKILL): its database session ends, so the standby may claim at its next poll;
+- **frozen** (SIGSTOP): its session stays open, so the standby waits for the lease to run out.
+
+Measured from the signal: the first heartbeat the new leader acknowledges, and the first
+committed view change (a proposal sent at the signal, retried until a leader takes it, and
+committed once every agent ACKed it on the new leader). The baseline, measured in the same run,
+is what a single coordinator gives: SIGKILL it and start a new process on the same log at once
+(as a supervisor would), with the same agents and the same proposal.
+
+``FOLDPLANE_BENCH_PG`` overrides the PostgreSQL URL; each scenario uses its own schema.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import httpx
+
+from agent.client import CoordinatorClient, CoordinatorError, CoordinatorUnavailable
+from benchmarks.harness import Result, lower_is_better_ratio, median, percentile
+
+BENCH = "failover"
+PG_URL = os.environ.get("FOLDPLANE_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/test")
+ROOT = Path(__file__).resolve().parents[1]
+WORLD = 4
+#: Long enough that a cold restart does not time the ranks out (the baseline stays fair).
+GROUP = {"heartbeat_timeout_s": 30.0, "ack_timeout_s": 30.0, "admission_timeout_s": 30.0}
+HEARTBEAT_S = 0.02
+RETRY_S = 0.01
+BASELINE = "cold restart of the only coordinator"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while not (value := predicate()):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.01)
+    return value
+
+
+class Coordinator:
+    """One ``serve`` process; restarting it keeps its port, so clients' address lists hold."""
+
+    def __init__(self, url: str, log_dir: Path) -> None:
+        self.db = url
+        self.port = _free_port()
+        self.log_path = log_dir / f"coordinator-{self.port}.log"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> Coordinator:
+        with open(self.log_path, "ab") as out:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "coordinator", "serve", "--db", self.db]
+                + ["--port", str(self.port), "--store-port", "-1", "--log-level", "warning"],
+                cwd=ROOT,
+                env={**os.environ, "FOLDPLANE_TOKEN": "", "FOLDPLANE_SECRET": ""},
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+        return self
+
+    def role(self) -> str | None:
+        try:
+            return httpx.get(self.url + "/healthz", timeout=1.0).json().get("role")
+        except (httpx.HTTPError, ValueError):
+            return None
+
+    def wait_role(self, role: str, timeout: float = 60.0) -> None:
+        _wait(lambda: self.role() == role, timeout, f"{self.url} to be {role}")
+
+    def signal(self, sig: signal.Signals) -> None:
+        assert self.process is not None
+        self.process.send_signal(sig)
+        if sig == signal.SIGKILL:
+            self.process.wait()
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGCONT)
+            self.process.kill()
+            self.process.wait()
+
+
+class Agents:
+    """Every rank of one group: heartbeats, long polls, ACKs; when each write was acknowledged
+    and when each view was first seen committed."""
+
+    def __init__(self, addresses: list[str], group: str) -> None:
+        self.addresses = addresses
+        self.group = group
+        self.incarnation = {r: uuid.uuid4().hex for r in range(WORLD)}
+        self.acked: list[float] = []
+        self.committed: dict[int, float] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+
+    def _client(self) -> CoordinatorClient:
+        return CoordinatorClient(self.addresses, timeout_s=0.5)
+
+    def _event(self, type_: str, rank: int, **fields: Any) -> dict[str, Any]:
+        inc = self.incarnation[rank]
+        return {"type": type_, "group": self.group, "rank": rank, "incarnation": inc, **fields}
+
+    def _send(self, client: CoordinatorClient, events: list[dict[str, Any]]) -> bool:
+        try:
+            results = client.post_events(events)
+        except (CoordinatorUnavailable, CoordinatorError):
+            return False
+        if any("offset" in r and "error" not in r for r in results):
+            with self._lock:
+                self.acked.append(time.monotonic())
+        return True
+
+    def start(self) -> Agents:
+        client = self._client()
+        joins = [self._event("join", r, host="bench", pid=1) for r in range(WORLD)]
+        links = [
+            self._event("links", r, peers={str(p): "up" for p in range(WORLD) if p != r})
+            | {"self_ready": True}
+            for r in range(WORLD)
+        ]
+        for events in (joins, links):
+            while not self._send(client, events):
+                time.sleep(RETRY_S)
+        client.close()
+        self._threads = [threading.Thread(target=self._beat, daemon=True)]
+        self._threads += [
+            threading.Thread(target=self._follow, args=(r,), daemon=True) for r in range(WORLD)
+        ]
+        for t in self._threads:
+            t.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(timeout=5)
+
+    def _beat(self) -> None:
+        client = self._client()
+        while not self._stop.wait(HEARTBEAT_S):
+            self._send(client, [self._event("heartbeat", r) for r in range(WORLD)])
+
+    def _follow(self, rank: int) -> None:
+        client = self._client()
+        after = 0
+        while not self._stop.is_set():
+            try:
+                answer = client.updates(self.group, rank, after, 2.0)
+            except (CoordinatorUnavailable, CoordinatorError):
+                self._stop.wait(RETRY_S)
+                continue
+            for u in answer.updates:
+                if u["type"] == "view_prepare" and rank in u["participants"]:
+                    while not self._send(client, [self._event("ack", rank, version=u["version"])]):
+                        if self._stop.wait(RETRY_S):
+                            return
+                elif u["type"] == "view_committed":
+                    with self._lock:
+                        self.committed.setdefault(u["version"], time.monotonic())
+            after = answer.next_after
+
+    def first_ack_after(self, t: float, timeout: float = 60.0) -> float:
+        def find() -> float | None:
+            with self._lock:
+                return next((a for a in self.acked if a > t), None)
+
+        return _wait(find, timeout, "a write acknowledged after the failure")
+
+    def version_seen(self, version: int, timeout: float = 60.0) -> float:
+        return _wait(lambda: self.committed.get(version), timeout, f"view {version} committed")
+
+
+def _propose(addresses: list[str], op: str, key: str) -> None:
+    """Send one proposal, retrying while no coordinator takes it (as an operator would)."""
+    client = CoordinatorClient(addresses, timeout_s=0.5)
+    try:
+        while True:
+            try:
+                client.propose("bench", op, [WORLD - 1], idempotency_key=key, wait_s=0.0)
+                return
+            except CoordinatorUnavailable:
+                time.sleep(RETRY_S)
+    finally:
+        client.close()
+
+
+def _trial(
+    fail: Callable[[], None], agents: Agents, addresses: list[str], version: int
+) -> tuple[float, float]:
+    """Fail the leader; return seconds to the first acked write and to view ``version + 1``."""
+    op = "deactivate" if version % 2 == 1 else "activate"
+    t0 = time.monotonic()
+    fail()
+    proposer = threading.Thread(target=_propose, args=(addresses, op, uuid.uuid4().hex))
+    proposer.start()
+    write = agents.first_ack_after(t0) - t0
+    view = agents.version_seen(version + 1) - t0
+    proposer.join()
+    return write, view
+
+
+async def _drop(schemas: list[str]) -> None:
+    conn = await asyncpg.connect(PG_URL)
+    try:
+        for schema in schemas:
+            await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+    finally:
+        await conn.close()
+
+
+def _pair_trials(url: str, tmp: Path, crash: int, freeze: int) -> dict[str, list[float]]:
+    a, b = Coordinator(url, tmp).start(), Coordinator(url, tmp)
+    a.wait_role("leader")
+    b.start().wait_role("standby")
+    addresses = [a.url, b.url]
+    out: dict[str, list[float]] = {k: [] for k in ("crash_w", "crash_v", "freeze_w", "freeze_v")}
+    agents = None
+    try:
+        CoordinatorClient(addresses).create_group("bench", WORLD, **GROUP)
+        agents = Agents(addresses, "bench").start()
+        agents.version_seen(1)
+        version, leader, standby = 1, a, b
+        for kind in ["crash"] * crash + ["freeze"] * freeze:
+            time.sleep(0.5)  # steady load before the failure
+            sig = signal.SIGKILL if kind == "crash" else signal.SIGSTOP
+            w, v = _trial(lambda s=sig, n=leader: n.signal(s), agents, addresses, version)
+            out[f"{kind}_w"].append(w)
+            out[f"{kind}_v"].append(v)
+            version += 1
+            standby.wait_role("leader")
+            if kind == "crash":
+                leader.start()
+            else:
+                leader.signal(signal.SIGCONT)  # it steps down and follows
+            leader.wait_role("standby")
+            leader, standby = standby, leader
+    finally:
+        if agents is not None:
+            agents.stop()
+        a.stop()
+        b.stop()
+    return out
+
+
+def _baseline_trials(url: str, tmp: Path, n: int) -> dict[str, list[float]]:
+    only = Coordinator(url, tmp).start()
+    only.wait_role("leader")
+    out: dict[str, list[float]] = {"w": [], "v": []}
+    agents = None
+    try:
+        CoordinatorClient([only.url]).create_group("bench", WORLD, **GROUP)
+        agents = Agents([only.url], "bench").start()
+        agents.version_seen(1)
+        for version in range(1, n + 1):
+            time.sleep(0.5)
+
+            def restart() -> None:
+                only.signal(signal.SIGKILL)
+                only.start()
+
+            w, v = _trial(restart, agents, [only.url], version)
+            out["w"].append(w)
+            out["v"].append(v)
+            only.wait_role("leader")
+    finally:
+        if agents is not None:
+            agents.stop()
+        only.stop()
+    return out
+
+
+def run(quick: bool) -> list[Result]:
+    crash, freeze, cold = (3, 3, 3) if quick else (10, 5, 5)
+    schemas = [f"bench_ha_{uuid.uuid4().hex[:12]}" for _ in range(2)]
+    urls = [f"{PG_URL}{'&' if '?' in PG_URL else '?'}schema={s}" for s in schemas]
+    try:
+        with tempfile.TemporaryDirectory(prefix="foldplane-failover-") as tmp:
+            pair = _pair_trials(urls[0], Path(tmp), crash, freeze)
+            base = _baseline_trials(urls[1], Path(tmp), cold)
+    finally:
+        with contextlib.suppress(Exception):
+            asyncio.run(_drop(schemas))
+
+    def result(metric: str, xs: list[float], baseline: list[float] | None, target: str) -> Result:
+        ours = median(xs)
+        theirs = median(baseline) if baseline else None
+        return Result(
+            bench=BENCH,
+            metric=metric,
+            unit="s",
+            median=ours,
+            p99=percentile(xs, 99),
+            baseline=BASELINE if baseline else None,
+            baseline_median=theirs,
+            ratio=lower_is_better_ratio(ours, theirs) if theirs else None,
+            target=target,
+            extra={"trials": len(xs), "lease_s": 1.0, "poll_s": 0.1},
+        )
+
+    return [
+        result("SIGKILL -> first acked write", pair["crash_w"], base["w"], "median <= 2 s"),
+        result("SIGKILL -> first committed view", pair["crash_v"], base["v"], "median <= 2 s"),
+        result("SIGSTOP -> first acked write", pair["freeze_w"], None, "about lease + poll"),
+        result("SIGSTOP -> first committed view", pair["freeze_v"], None, "median <= 2 s"),
+    ]
