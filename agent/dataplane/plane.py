@@ -49,8 +49,8 @@ class DataPlane:
     ``on_link_evidence(version, peers, failed_ranks_hint)`` is called from a data plane thread:
     with ``{peer: "down"}`` for the ranks a failed view blames (and the same list as the hint),
     and with ``{peer: "up"}`` for every other member once a view's backend is built (connected).
-    It must not block. ``store_prefix`` namespaces every key when one store serves several
-    groups. ``gloo_hostname`` is the address peers reach this process at (default: loopback when
+    It must not block. ``store_prefix`` (say, the group's name) puts every key under
+    ``<prefix>/`` when one store serves several groups. ``gloo_hostname`` is the address peers reach this process at (default: loopback when
     the store is on loopback, else this host's name).
     """
 

@@ -263,3 +263,31 @@ def test_retired_backends_are_released_so_views_do_not_accumulate_threads(make_p
     assert _os_threads() <= baseline + 6, (
         f"{_os_threads()} OS threads, {baseline} after the first view"
     )
+
+
+def test_store_prefixes_keep_two_groups_on_one_store_apart(make_plane, store) -> None:
+    a = make_plane(rank=0, world_size=2, store_prefix="train")
+    b = make_plane(rank=0, world_size=2, store_prefix="eval")
+    for dp in (a, b):
+        dp.install_view(1, [0, 1])  # same version, same ranks, different groups
+    a.inject_link_failure(1)
+    assert a.process_group().all_reduce(torch.ones(1), async_op=True).wait() is False
+    assert store.check(["train/" + keys.fail(1, 1)]) and not store.check(
+        ["eval/" + keys.fail(1, 1)]
+    )
+    assert b.current_view().failure is None
+
+
+def test_a_raising_evidence_callback_does_not_stop_the_data_plane(make_plane) -> None:
+    calls = []
+
+    def broken(*args: object) -> None:
+        calls.append(args)
+        raise RuntimeError("the agent's bug")
+
+    dp = make_plane(rank=0, world_size=2, on_link_evidence=broken)
+    dp.install_view(1, [0])
+    assert dp.process_group().all_reduce(torch.ones(1)).wait()
+    dp.install_view(2, [0])
+    assert dp.process_group().all_reduce(torch.ones(1)).wait()
+    assert [c[0] for c in calls] == [1, 2]
