@@ -157,7 +157,7 @@ class SqliteWriter:
             if first is _STOP:
                 break
             if isinstance(first, Call):
-                self._write_call(first)
+                self._guarded(self._write_call, [first], first)
                 continue
             batch = [first]
             rows, size = len(first.rows), first.size
@@ -176,7 +176,7 @@ class SqliteWriter:
                 batch.append(nxt)
                 rows += len(nxt.rows)
                 size += nxt.size
-            self._write_appends(batch, size)
+            self._guarded(self._write_appends, batch, batch, size)
         self._checkpointer.stop()
         if self._conn is not None:
             self._conn.close()
@@ -189,6 +189,17 @@ class SqliteWriter:
             except queue.Empty:
                 break
         self._fail([job for job in rest if isinstance(job, Append | Call)], closed)
+
+    def _guarded(self, write: Callable[..., None], jobs: list[Any], *args: Any) -> None:
+        """Run one write; a bug inside it fails these jobs instead of killing the thread.
+
+        A dead writer thread would leave every later ``append`` waiting forever.
+        """
+        try:
+            write(*args)
+        except Exception as exc:
+            self._reset()
+            self._fail(jobs, LogError(f"write to {self._where} failed unexpectedly: {exc!r}"))
 
     def _connection(self) -> sqlite3.Connection:
         if self._conn is None:

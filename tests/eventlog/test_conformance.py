@@ -429,3 +429,27 @@ async def test_postgres_writer_recovers_from_a_lost_connection(pg_url: str, pg_s
         assert [r.offset for r in await log.read()] == list(range(1, await log.head() + 1))
     finally:
         await log.close()
+
+
+async def test_sqlite_writer_survives_a_failing_write(tmp_path, monkeypatch) -> None:
+    """A write that blows up fails its own callers; the writer thread lives on."""
+    from eventlog import sqlite_writer
+
+    log = await open_log(tmp_path / "log.db")
+    try:
+        real = sqlite_writer.checksum
+        calls = {"n": 0}
+
+        def failing_once(*args):
+            calls["n"] += 1
+            if calls["n"] == 1:
+                raise RuntimeError("disk on fire")
+            return real(*args)
+
+        monkeypatch.setattr(sqlite_writer, "checksum", failing_once)
+        with pytest.raises(LogError, match="disk on fire"):
+            await log.append([hb(0)])
+        assert await log.append([hb(1)]) == [1]  # nothing of the failed batch was written
+        assert [r.rank for r in await log.read()] == [1]
+    finally:
+        await log.close()
