@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from agent.dataplane.hint import HintPool, fill
 
@@ -50,3 +52,27 @@ def test_fill_marks_exactly_the_failed_ranks() -> None:
 def test_bad_sizes_are_refused(world_size: int, capacity: int) -> None:
     with pytest.raises(ValueError, match="must be >= 1"):
         HintPool(world_size, torch.device("cpu"), capacity=capacity)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.integers(0, 15)), max_size=60))
+def test_live_leases_never_share_a_buffer_and_the_pool_grows_only_to_the_peak(steps) -> None:
+    """Any interleaving of acquires and releases: live buffers are distinct and keep their contents."""
+    pool = HintPool(4, torch.device("cpu"), capacity=3)
+    live: list[tuple[torch.Tensor, list[int]]] = []
+    peak = 0
+    for acquire, pick in steps:
+        if acquire or not live:
+            buf = pool.acquire()
+            assert buf.tolist() == [0, 0, 0, 0]
+            ranks = [pick % 4]
+            fill(buf, ranks)
+            live.append((buf, ranks))
+        else:
+            buf, _ = live.pop(pick % len(live))
+            pool.release(buf)
+        peak = max(peak, len(live))
+        assert len({b.data_ptr() for b, _ in live}) == len(live)
+        for b, ranks in live:
+            assert b.nonzero().flatten().tolist() == ranks
+    assert pool.allocated == max(3, peak)
