@@ -7,6 +7,7 @@ simulated agents wake the test), never on a fixed sleep.
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 from collections.abc import AsyncIterator
 
@@ -251,3 +252,45 @@ async def test_updates_resume_after_an_offset_without_gaps_or_repeats(client):
         assert [u["offset"] for u in tail.json()["updates"]] == [o for o in offsets if o > middle]
     finally:
         await sim.stop()
+
+
+async def _read_events(client: httpx.AsyncClient, n: int, **kw) -> list[dict]:
+    """The first ``n`` server-sent events of ``/events/stream``."""
+    events: list[dict] = []
+    current: dict = {}
+    async with client.stream("GET", "/events/stream", **kw) as r:
+        assert r.status_code == 200
+        assert r.headers["content-type"].startswith("text/event-stream")
+        async for line in r.aiter_lines():
+            if line.startswith("id: "):
+                current["id"] = int(line[4:])
+            elif line.startswith("event: "):
+                current["event"] = line[7:]
+            elif line.startswith("data: "):
+                current["data"] = json.loads(line[6:])
+            elif line == "" and "data" in current:
+                events.append(current)
+                current = {}
+                if len(events) == n:
+                    return events
+    return events
+
+
+async def test_the_event_stream_follows_the_log_and_resumes_after_an_id(client):
+    group = await create_group(client, 2)
+    events = await asyncio.wait_for(_read_events(client, 1, params={"group": group}), 30)
+    assert [e["event"] for e in events] == ["group_created"]
+    assert events[0]["data"]["group"] == group and events[0]["data"]["offset"] == events[0]["id"]
+    sim = SimGroup(client, group, 2)
+    await sim.join()
+    resumed = await asyncio.wait_for(
+        _read_events(
+            client, 2, params={"group": group}, headers={"Last-Event-ID": str(events[0]["id"])}
+        ),
+        30,
+    )
+    assert [e["event"] for e in resumed] == ["join", "join"]
+    assert resumed[0]["id"] > events[0]["id"]
+    assert {e["data"]["rank"] for e in resumed} == {0, 1}
+    bad = await client.get("/events/stream", headers={"Last-Event-ID": "yesterday"})
+    assert bad.status_code == 422

@@ -1,0 +1,164 @@
+"""View change latency: ``POST /proposals?wait=`` until ``applied``, with 4, 64 and 512 agents.
+
+Each trial is one full barrier on a real coordinator with a SQLite log: the proposal is appended
+(durable), the fold admits it and prepares version v+1, every participant's host long-polls the
+prepare and ACKs (durable), the fold commits, the projections are written, and only then does
+the waiting ``POST`` answer. Trials alternate ``deactivate [last]`` / ``activate [last]`` so each
+one really changes the view. Simulated agents are batched 8 ranks per host (4 agents: one host).
+
+Baseline, measured in the same run: torchft's lighthouse (``torchft==0.2.0``, the ``bench``
+extra) forming a quorum of the same number of replicas, each replica a thread calling
+``LighthouseClient.quorum`` at once; a round is timed from the first call to the last answer.
+The lighthouse keeps its state in memory only (nothing is made durable), and it answers a
+quorum, not a two-phase barrier with ACKs, so it is a floor to compare against, not a twin.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import threading
+import time
+from collections.abc import Iterator
+from datetime import timedelta
+
+from benchmarks._cluster import Coordinator, form_group
+from benchmarks.harness import Result, lower_is_better_ratio, median, percentile
+
+SIZES = (4, 64, 512)
+TARGETS = {4: "p50 <= 10 ms", 64: "p50 <= 50 ms"}
+CONFIG = {
+    "heartbeat_timeout_s": 30.0,
+    "ack_timeout_s": 30.0,
+    "admission_timeout_s": 30.0,
+    "reconcile_window_s": 0.0,
+}
+
+
+async def _measure(coordinator: Coordinator, size: int, trials: int) -> list[float]:
+    group = f"vc{size}"
+    hosts = await form_group(coordinator, group, size, per_host=8, **CONFIG)
+    conn = await coordinator.connect()
+    latencies: list[float] = []
+    try:
+        for i in range(trials + 2):  # the first two warm up
+            op = "deactivate" if i % 2 == 0 else "activate"
+            t0 = time.perf_counter()
+            status, body = await conn.request(
+                "POST", "/proposals?wait=30", {"group": group, "op": op, "ranks": [size - 1]}
+            )
+            elapsed = time.perf_counter() - t0
+            if status != 200 or body["status"] != "applied":
+                raise RuntimeError(f"{op} [{size - 1}] in {group}: {status} {body}")
+            if i >= 2:
+                latencies.append(elapsed * 1000)
+    finally:
+        await conn.close()
+        await asyncio.gather(*(h.stop() for h in hosts))
+    return latencies
+
+
+@contextlib.contextmanager
+def _quiet_stderr() -> Iterator[None]:
+    """The lighthouse logs every quorum at INFO from native code; keep it off the table."""
+    saved = os.dup(2)
+    with open(os.devnull, "wb") as null:
+        os.dup2(null.fileno(), 2)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def _lighthouse(replicas: int, rounds: int) -> tuple[list[float] | None, str]:
+    """Quorum latency of torchft's lighthouse, or None and the reason it could not run."""
+    with _quiet_stderr():
+        return _lighthouse_rounds(replicas, rounds)
+
+
+def _lighthouse_rounds(replicas: int, rounds: int) -> tuple[list[float] | None, str]:
+    try:
+        from torchft._torchft import LighthouseClient, LighthouseServer
+    except ImportError as exc:
+        return None, f"torchft not installed ({exc}); pip install -c constraints-dev.txt '.[bench]'"
+    server = LighthouseServer(
+        bind="[::]:0", min_replicas=replicas, join_timeout_ms=60_000, quorum_tick_ms=1
+    )
+    try:
+        clients = [
+            LighthouseClient(addr=server.address(), connect_timeout=timedelta(seconds=5))
+            for _ in range(replicas)
+        ]
+        times: list[float] = []
+        for step in range(rounds + 2):
+            barrier = threading.Barrier(replicas + 1)
+            done: list[float] = []
+
+            def join(
+                i: int,
+                step: int = step,
+                barrier: threading.Barrier = barrier,
+                done: list[float] = done,
+            ) -> None:
+                barrier.wait()
+                clients[i].quorum(
+                    replica_id=f"replica-{i}",
+                    timeout=timedelta(seconds=30),
+                    step=step,
+                    world_size=1,
+                )
+                done.append(time.perf_counter())
+
+            threads = [threading.Thread(target=join, args=(i,)) for i in range(replicas)]
+            for t in threads:
+                t.start()
+            barrier.wait()
+            t0 = time.perf_counter()
+            for t in threads:
+                t.join()
+            if step >= 2:
+                times.append((max(done) - t0) * 1000)
+        return times, "in-memory quorum, quorum_tick_ms=1"
+    finally:
+        server.shutdown()
+
+
+async def _run_async(quick: bool) -> list[Result]:
+    trials = 15 if quick else 50
+    results: list[Result] = []
+    coordinator = Coordinator().start()
+    try:
+        measured = {
+            size: await _measure(coordinator, size, trials if size < 512 else trials // 2)
+            for size in SIZES
+        }
+    finally:
+        coordinator.stop()
+    for size in SIZES:
+        lat = measured[size]
+        baseline, note = (None, "")
+        if size <= 64:
+            baseline, note = await asyncio.to_thread(_lighthouse, size, trials)
+        ours = median(lat)
+        theirs = median(baseline) if baseline else None
+        results.append(
+            Result(
+                bench="view_change",
+                metric=f"proposal to applied, {size} agents",
+                unit="ms",
+                median=ours,
+                p99=percentile(lat, 99),
+                baseline=f"torchft lighthouse quorum, {size} replicas" if size <= 64 else None,
+                baseline_median=theirs,
+                ratio=lower_is_better_ratio(ours, theirs) if theirs else None,
+                target=TARGETS.get(size),
+                extra={"trials": len(lat), "baseline_note": note} if note else {"trials": len(lat)},
+            )
+        )
+    return results
+
+
+def run(quick: bool) -> list[Result]:
+    return asyncio.run(_run_async(quick))
