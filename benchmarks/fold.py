@@ -197,8 +197,10 @@ async def _build_log(path: Path, records: list[Record]) -> None:
         await log.close()
 
 
-async def _replay(path: Path, fold: bool) -> tuple[float, Coordinator | None, int]:
+async def _replay(path: Path, fold: bool) -> tuple[float, float, Coordinator | None, int]:
+    """Wall seconds and CPU seconds (all threads) to replay the log, the fold, the count."""
     t0 = time.perf_counter()
+    c0 = time.process_time()
     log = await open_log(path, create=False)
     m = Coordinator() if fold else None
     count = 0
@@ -216,7 +218,7 @@ async def _replay(path: Path, fold: bool) -> tuple[float, Coordinator | None, in
             count += len(page)
     finally:
         await log.close()
-    return time.perf_counter() - t0, m, count
+    return time.perf_counter() - t0, time.process_time() - c0, m, count
 
 
 def run(quick: bool) -> list[Result]:
@@ -363,15 +365,17 @@ def _replay_results(quick: bool) -> list[Result]:
         asyncio.run(_build_log(path, records))
         build_s = time.perf_counter() - t0
         asyncio.run(_replay(path, fold=False))  # warm the page cache: time the work, not the disk
-        full, read_only = [], []
+        full, read_only, full_cpu, read_cpu = [], [], [], []
         for _ in range(trials):
-            elapsed, _, count = asyncio.run(_replay(path, fold=False))
+            elapsed, cpu, _, count = asyncio.run(_replay(path, fold=False))
             assert count == n
             read_only.append(elapsed)
-            elapsed, m, count = asyncio.run(_replay(path, fold=True))
+            read_cpu.append(cpu)
+            elapsed, cpu, m, count = asyncio.run(_replay(path, fold=True))
             assert count == n and m is not None
             assert msgspec.json.encode(m.snapshot()) == msgspec.json.encode(expected.snapshot())
             full.append(elapsed)
+            full_cpu.append(cpu)
     ours, base = median(full), median(read_only)
     return [
         Result(
@@ -388,6 +392,8 @@ def _replay_results(quick: bool) -> list[Result]:
                 "trials": trials,
                 "records_per_s": round(n / ours),
                 "fold_share_s": round(ours - base, 2),
+                "cpu_s": round(median(full_cpu), 2),
+                "baseline_cpu_s": round(median(read_cpu), 2),
                 "log_build_s": round(build_s, 1),
             },
         )
