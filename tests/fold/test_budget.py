@@ -31,9 +31,10 @@ def test_reaching_max_failure_emits_exactly_one_shutdown_with_save():
 
 def test_a_percentage_budget_rounds_up():
     s = Script()
-    s.form(world_size=8, max_failure="25%")  # ceil(2.0) = 2
-    assert shutdowns(s, s.death(7)) == []
-    assert one(s.death(6), ShutdownWithSave).reason == "max_failure_exceeded"
+    s.form(world_size=10, max_failure="25%")  # ceil(2.5) = 3 failures
+    assert shutdowns(s, s.death(9) + s.death(8)) == []
+    shutdown = one(s.death(7), ShutdownWithSave)
+    assert shutdown.reason == "max_failure_exceeded" and "max_failure '25%' = 3" in shutdown.detail
 
 
 def test_clean_exits_are_not_counted_against_max_failure():
