@@ -6,6 +6,8 @@ two data planes of one group in this process.
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 import torch
 from torch.distributed import ReduceOp
@@ -271,10 +273,11 @@ def test_store_prefixes_keep_two_groups_on_one_store_apart(make_plane, store) ->
     for dp in (a, b):
         dp.install_view(1, [0, 1])  # same version, same ranks, different groups
     a.inject_link_failure(1)
-    assert a.process_group().all_reduce(torch.ones(1), async_op=True).wait() is False
-    assert store.check(["train/" + keys.fail(1, 1)]) and not store.check(
-        ["eval/" + keys.fail(1, 1)]
-    )
+    work = a.process_group().all_reduce(torch.ones(1), async_op=True)
+    assert work.wait() is False
+    assert a.process_group().get_failed_ranks_hint(work).tolist() == [0, 1]
+    store.wait(["train/" + keys.fail(1, 1)], timedelta(seconds=10))  # a store set has no reply
+    assert not store.check(["eval/" + keys.fail(1, 1)])
     assert b.current_view().failure is None
 
 
