@@ -100,6 +100,7 @@ def test_sigkill_leader_under_load(nodes: Callable[..., Node], schema: str) -> N
     assert sum(e["kind"] == "join" for e in log.values()) == 3
     assert not [r for _, r in agents.refused if r.get("error") == "rank_offline"]
     assert all(seen == [1, 2, 3] for seen in agents.committed.values()), agents.committed
+    assert agents.resyncs == 0  # the standby's journals held every update they resumed after
 
     # The history continues the one the old leader served: no gap, no fork.
     history_after = b.views("train")
