@@ -217,6 +217,8 @@ class Host:
         self._unavailable: HostUnavailable | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._draining = False
+        self._batch_idle = asyncio.Event()
+        self._batch_idle.set()
         #: How many records the last restore folded after the snapshot (the tail).
         self.replayed_on_start = 0
 
@@ -270,6 +272,12 @@ class Host:
         """Stop taking inputs, answer the queued ones with ``closed``, snapshot, close the log."""
         if self._unavailable is None:
             self._unavailable = HostUnavailable("closed", "the coordinator is shutting down")
+        self._fail_queued(self._unavailable)
+        # Let the batch in flight finish: its inputs get their answers, and the fold and the
+        # log agree when the final snapshot is taken.
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(10):
+                await self._batch_idle.wait()
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -412,7 +420,11 @@ class Host:
             if not self._queue:
                 self._has_input.clear()
             if batch:
-                await self._process(batch)
+                self._batch_idle.clear()
+                try:
+                    await self._process(batch)
+                finally:
+                    self._batch_idle.set()
 
     def _next_batch(self) -> list[_Input]:
         """Take queued inputs for one append, in arrival order.
