@@ -130,8 +130,6 @@ class Agent:
         self.world_size: int | None = None
         self.on_shutdown_with_save = on_shutdown_with_save
         token = token or _env("FOLDPLANE_TOKEN")
-        self._addresses = coordinator
-        self._token = token
         self._backend = backend
         self._device = device
         self._collective_timeout_s = collective_timeout_s
@@ -144,7 +142,11 @@ class Agent:
                 heartbeat_interval_s=heartbeat_interval_s,
             )
         )
+        # One client per thread that blocks on the network: operator calls from the user's
+        # thread, event batches, and the long poll (closing its client aborts a poll).
         self._ops = CoordinatorClient(coordinator, token=token)
+        self._sender_client = CoordinatorClient(coordinator, token=token)
+        self._poller_client = CoordinatorClient(coordinator, token=token)
         self._inbox: queue.Queue[Any] = queue.Queue()
         self._to_send: queue.Queue[SendEvents | None] = queue.Queue()
         self._to_poll: queue.Queue[PollUpdates | None] = queue.Queue()
@@ -178,8 +180,6 @@ class Agent:
         if self._backend is None:
             self._backend = default_backend()
         self._started = True
-        self._sender_client = CoordinatorClient(self._addresses, token=self._token)
-        self._poller_client = CoordinatorClient(self._addresses, token=self._token)
         for name, target in (
             ("driver", self._drive),
             ("sender", self._send_loop),
@@ -428,6 +428,8 @@ class Agent:
                 collective_timeout_s=self._collective_timeout_s,
                 p2p_timeout_s=self._p2p_timeout_s,
                 on_link_evidence=self._on_link_evidence,
+                # One store serves every group of the coordinator: keys must not collide.
+                store_prefix=f"{self.group}/",
             )
         except Exception as exc:  # surfaced by process_group()
             log.exception("rank %d: the data plane failed to start", self.rank)
@@ -522,12 +524,11 @@ class Agent:
         self._inbox.put(None)
         self._to_send.put(None)
         self._to_poll.put(None)
-        if self._started:
-            self._poller_client.close()  # aborts a long poll in progress
-            for thread in self._threads:
-                if thread is not threading.current_thread():
-                    thread.join(timeout=2.0)
-            self._sender_client.close()
+        self._poller_client.close()  # aborts a long poll in progress
+        for thread in self._threads:
+            if thread is not threading.current_thread():
+                thread.join(timeout=2.0)
+        self._sender_client.close()
 
     def _lookup_world_size(self, timeout_s: float) -> int:
         deadline = time.monotonic() + timeout_s

@@ -87,6 +87,7 @@ class Launcher:
         replace_failed: bool = False,
         max_replacements: int = 3,
         on_exit: Callable[[WorkerExit], None] | None = None,
+        on_spawn: Callable[[Worker], None] | None = None,
         stdin: int | None = None,
         stdout: int | None = None,
         stderr: int | None = None,
@@ -100,6 +101,7 @@ class Launcher:
         self.replace_failed = replace_failed
         self.replacements_left = max_replacements
         self.on_exit = on_exit
+        self.on_spawn = on_spawn
         self.exits: list[WorkerExit] = []
         self._token = token if token is not None else os.environ.get("FOLDPLANE_TOKEN")
         self._secret = secret if secret is not None else os.environ.get("FOLDPLANE_SECRET")
@@ -141,6 +143,8 @@ class Launcher:
         with self._changed:
             self._workers[rank] = worker
             self._changed.notify_all()
+        if self.on_spawn is not None:
+            self.on_spawn(worker)
         threading.Thread(
             target=self._watch, args=(worker,), name=f"foldplane-launch-{rank}", daemon=True
         ).start()

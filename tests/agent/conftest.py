@@ -66,49 +66,40 @@ class Coordinator:
 
 
 def start_coordinator(tmp: Path, port: int | None = None) -> Coordinator:
-    """A server on ``tmp/log.db``; a given ``port`` restarts one where a previous one served."""
+    """A server on ``tmp/log.db``; a given ``port`` restarts one where a previous one served.
+
+    Waits for uvicorn's "running" line on the server's output (an event, not a poll); the rest
+    of the output goes to ``tmp/coordinator.log``.
+    """
     port = port or free_port()
     db = tmp / "log.db"
     log_path = tmp / "coordinator.log"
-    with open(log_path, "wb") as out:
-        process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "coordinator",
-                "serve",
-                "--db",
-                str(db),
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(port),
-                "--store-port",
-                "0",
-            ],
-            cwd=ROOT,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
+    process = subprocess.Popen(
+        [sys.executable, "-m", "coordinator", "serve", "--db", str(db), "--host", "127.0.0.1",
+         "--port", str(port), "--store-port", "0"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    running = threading.Event()
+    threading.Thread(target=_copy_output, args=(process, log_path, running), daemon=True).start()
+    deadline = time.monotonic() + 90
+    while not running.wait(timeout=1.0):
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            raise RuntimeError(f"the coordinator did not start: {log_path.read_text()}")
     url = f"http://127.0.0.1:{port}"
-    client = CoordinatorClient(url, timeout_s=30.0)
-    deadline = time.monotonic() + 60
-    while True:
-        if process.poll() is not None:
-            raise RuntimeError(
-                f"coordinator exited with {process.returncode}: {log_path.read_text()}"
-            )
-        try:
-            client.healthz()
-            break
-        except Exception as exc:
-            if time.monotonic() > deadline:
-                process.kill()
-                raise RuntimeError(
-                    f"coordinator did not answer /healthz: {log_path.read_text()}"
-                ) from exc
-            time.sleep(0.1)  # the server process is starting; nothing to wait on but the port
-    return Coordinator(url, db, process, client, log_path)
+    return Coordinator(url, db, process, CoordinatorClient(url, timeout_s=30.0), log_path)
+
+
+def _copy_output(process: subprocess.Popen[bytes], path: Path, running: threading.Event) -> None:
+    assert process.stdout is not None
+    with open(path, "wb") as out:
+        for line in process.stdout:
+            out.write(line)
+            out.flush()
+            if b"Uvicorn running on" in line:
+                running.set()
 
 
 def stop_coordinator(c: Coordinator) -> None:
@@ -124,6 +115,14 @@ def stop_coordinator(c: Coordinator) -> None:
 @pytest.fixture
 def coordinator(tmp_path: Path) -> Iterator[Coordinator]:
     c = start_coordinator(tmp_path)
+    yield c
+    stop_coordinator(c)
+
+
+@pytest.fixture(scope="module")
+def module_coordinator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Coordinator]:
+    """One server for a whole module, for tests that each use groups of their own."""
+    c = start_coordinator(tmp_path_factory.mktemp("coordinator"))
     yield c
     stop_coordinator(c)
 

@@ -29,7 +29,8 @@ def all_reduce_everywhere(members: list[Agent]) -> list[tuple[bool, float]]:
     out: list[tuple[bool, float]] = [(False, 0.0)] * len(members)
 
     def one(i: int) -> None:
-        t = torch.full((2,), float(members[i].rank + 1))
+        scale = 10.0 if members[i].group == "right" else 1.0
+        t = torch.full((2,), scale * (members[i].rank + 1))
         ok = members[i].process_group().all_reduce(t, async_op=True).wait()
         out[i] = (ok, t[0].item())
 
@@ -59,6 +60,28 @@ def test_two_agents_form_a_group_run_a_collective_and_leave_cleanly(coordinator:
     assert [a.stopped.reason for a in pair if a.stopped] == ["closed", "closed"]
     ranks = coordinator.status("pair")["ranks"]
     assert [(r["state"], r["exited"]) for r in ranks] == [("OFFLINE", True)] * 2
+
+
+def test_two_groups_share_the_coordinator_store_without_colliding(coordinator: Coordinator):
+    """A failed view 1 of one group leaves poison keys in the store; another group's view 1
+    must not see them (without a per-group prefix it would fail at once)."""
+    coordinator.create_group("left", 2, auto_deactivate_on_failure=False)
+    coordinator.create_group("right", 2)
+    left = agents(coordinator.url, "left", [0, 1])
+    right: list[Agent] = []
+    try:
+        for a in left:
+            assert a.wait_for_view(timeout=60).version == 1
+        assert all_reduce_everywhere(left) == [(True, 3.0)] * 2
+        left[0].data_plane.inject_link_failure(1)
+        assert [ok for ok, _ in all_reduce_everywhere(left)] == [False, False]
+
+        right = agents(coordinator.url, "right", [0, 1])
+        for a in right:
+            assert a.wait_for_view(timeout=60).version == 1
+        assert all_reduce_everywhere(right) == [(True, 30.0)] * 2  # 10 + 20
+    finally:
+        close_all(left + right)
 
 
 def test_agents_resume_after_their_last_offset_when_the_coordinator_restarts(tmp_path: Path):
