@@ -101,8 +101,12 @@ async def pg_available() -> bool:
 
 async def drive(
     append: Callable[[list[NewRecord]], Awaitable[list[int]]], producers: int, total: int
-) -> tuple[float, list[float]]:
-    """``producers`` tasks append one record at a time; returns (acks/s, ack latencies in ms)."""
+) -> tuple[float, list[float], float]:
+    """``producers`` tasks append one record at a time.
+
+    Returns (acks/s, ack latencies in ms, this process's CPU µs per append). The CPU figure
+    tells contention on a shared machine apart from cost: it moves far less than wall time.
+    """
     per = max(1, total // producers)
     latencies: list[float] = []
 
@@ -113,13 +117,16 @@ async def drive(
             await append([rec])
             latencies.append((time.perf_counter() - t0) * 1e3)
 
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     await asyncio.gather(*(produce(p) for p in range(producers)))
-    elapsed = time.perf_counter() - t0
-    return per * producers / elapsed, latencies
+    elapsed, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+    n = per * producers
+    return n / elapsed, latencies, cpu / n * 1e6
 
 
-async def group_commit_trial(target: str, producers: int, total: int) -> tuple[float, list[float]]:
+async def group_commit_trial(
+    target: str, producers: int, total: int
+) -> tuple[float, list[float], float]:
     log = await open_log(target)
     try:
         await log.append([heartbeat(0, -1)])  # warm the connections
@@ -128,7 +135,9 @@ async def group_commit_trial(target: str, producers: int, total: int) -> tuple[f
         await log.close()
 
 
-async def naive_sqlite_trial(target: str, producers: int, total: int) -> tuple[float, list[float]]:
+async def naive_sqlite_trial(
+    target: str, producers: int, total: int
+) -> tuple[float, list[float], float]:
     """The same durability without group commit: each record is its own transaction."""
     log = await open_log(target)  # creates the schema
     await log.close()
@@ -175,7 +184,7 @@ async def naive_sqlite_trial(target: str, producers: int, total: int) -> tuple[f
 
 async def naive_postgres_trial(
     target: str, producers: int, total: int
-) -> tuple[float, list[float]]:
+) -> tuple[float, list[float], float]:
     """One autocommitted INSERT per record, serialized on one connection (gap-free offsets)."""
     log = await open_log(target)
     await log.close()
@@ -227,13 +236,14 @@ async def fill(log: Log, n: int) -> None:
         await log.append([heartbeat(i % 64, start + i) for i in range(min(chunk, n - start))])
 
 
-async def replay(log: Log, page: int = 10_000) -> tuple[int, float]:
-    t0 = time.perf_counter()
+async def replay(log: Log, page: int = 10_000) -> tuple[int, float, float]:
+    """Read the whole log page by page: (records, records/s, records per CPU-second)."""
+    t0, cpu0 = time.perf_counter(), time.process_time()
     after = count = 0
     while records := await log.read(after, page):
         count += len(records)
         after = records[-1].offset
-    return count, count / (time.perf_counter() - t0)
+    return count, count / (time.perf_counter() - t0), count / (time.process_time() - cpu0)
 
 
 def naive_replay(path: str, page: int = 10_000) -> float:
@@ -283,14 +293,20 @@ async def measure(quick: bool) -> list[Result]:
                 naive_rate = median(naive_runs)
                 note(f"{store} naive writer, 100 producers: {naive_rate:,.0f} appends/s")
                 for producers in PRODUCERS:
-                    rates, p50s, p99s = [], [], []
+                    rates, p50s, p99s, cpus = [], [], [], []
                     for _ in range(trials):
-                        rate, lat = await group_commit_trial(fresh(), producers, totals[producers])
+                        rate, lat, cpu = await group_commit_trial(
+                            fresh(), producers, totals[producers]
+                        )
                         await targets.drop()
                         rates.append(rate)
+                        cpus.append(cpu)
                         p50s.append(percentile(lat, 50))
                         p99s.append(percentile(lat, 99))
-                    note(f"{store} {producers} producers: {median(rates):,.0f} appends/s")
+                    note(
+                        f"{store} {producers} producers: {median(rates):,.0f} appends/s, "
+                        f"{median(cpus):.1f} client CPU µs per append"
+                    )
                     with_baseline = producers == 100
                     results.append(
                         Result(
@@ -306,6 +322,7 @@ async def measure(quick: bool) -> list[Result]:
                             target=(">=40,000/s and >=20x naive" if store == "sqlite" else None)
                             if with_baseline
                             else None,
+                            extra={"client_cpu_us_per_append": round(median(cpus), 1)},
                         )
                     )
                     results.append(
@@ -343,11 +360,12 @@ async def measure(quick: bool) -> list[Result]:
                 log = await open_log(target)
                 try:
                     await fill(log, n)
-                    rates = []
+                    rates, cpu_rates = [], []
                     for _ in range(trials):
-                        count, rate = await replay(log)
+                        count, rate, cpu_rate = await replay(log)
                         assert count == n, f"replay read {count} records, expected {n}"
                         rates.append(rate)
+                        cpu_rates.append(cpu_rate)
                 finally:
                     await log.close()
                 baseline = (
@@ -356,7 +374,10 @@ async def measure(quick: bool) -> list[Result]:
                     else None
                 )
                 await targets.drop()
-                note(f"{store} replay of {n:,}: {median(rates):,.0f} records/s")
+                note(
+                    f"{store} replay of {n:,}: {median(rates):,.0f} records/s "
+                    f"({median(cpu_rates):,.0f} per CPU-second)"
+                )
                 results.append(
                     Result(
                         BENCH,
@@ -367,6 +388,7 @@ async def measure(quick: bool) -> list[Result]:
                         baseline_median=baseline,
                         ratio=higher_is_better_ratio(median(rates), baseline) if baseline else None,
                         target=">=300,000/s" if store == "sqlite" else None,
+                        extra={"records_per_cpu_second": round(median(cpu_rates))},
                     )
                 )
         finally:
