@@ -249,7 +249,7 @@ class ReplicaHost(Host):
             return
         try:
             await self._promote()
-        except LogError as exc:
+        except (LogError, ValueError) as exc:  # ValueError: the stored consumer offset moved
             log.error("cannot catch up with the log at term %d: %s", term, exc)
             await self._step_down(f"catching up failed: {exc}")
             return
@@ -257,13 +257,12 @@ class ReplicaHost(Host):
         await self._step_down(reason)
 
     async def _promote(self) -> None:
-        self.role = "leader"
-        self.leader = self.lease.address
-        # Every record of the previous term (nobody else appends now), then every row derived
-        # from them that the previous leader may not have written.
+        # Every record of the previous term first (nobody else appends now), still as a
+        # standby; then every row derived from them that the previous leader may not have
+        # written; only then take inputs, so nothing is answered from a fold that lags.
+        await self._catch_up()
         self._unwritten.update(self._followed_rows)
         self._followed_rows.clear()
-        await self._catch_up()
         if self._unwritten:
             offset = self.machine.offset
             await self.log.write_projections(
@@ -271,6 +270,8 @@ class ReplicaHost(Host):
             )
             self._unwritten.clear()
             self._projected = offset
+        self.role = "leader"
+        self.leader = self.lease.address
         self._unavailable = None
         self.promotions += 1
         Host.start(self)
