@@ -22,7 +22,9 @@ from agent.client import CoordinatorClient
 from tests.ha.agents import AgentHost
 from tests.ha.cluster import Node, fetch, replay, retrying, wait_for
 
-pytestmark = [pytest.mark.postgres, pytest.mark.timeout(240)]
+#: Real processes and real lease periods: about a minute for the three, so they run with the
+#: slow suites (the lease and replica rules run in-process in the default suite).
+pytestmark = [pytest.mark.postgres, pytest.mark.slow, pytest.mark.timeout(240)]
 
 #: Group settings: failures show within seconds, yet a failover (about a second) trips none.
 GROUP = {
