@@ -193,7 +193,7 @@ async def _run_async(quick: bool) -> list[Result]:
                 "heartbeats_per_cpu_second": 1e6 / median(cpu_per_event),
                 "why": "the machine is shared: the rate above depends on how much CPU other jobs "
                 "leave; this says what the coordinator spends per heartbeat (contention raises "
-                "it too, but far less than it lowers the rate)",
+                "it too, but less than it lowers the rate)",
             },
         ),
         Result(
