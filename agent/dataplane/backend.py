@@ -50,16 +50,23 @@ class _Reaper:
     def __init__(self) -> None:
         self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
-        self._lock = threading.Lock()
+        self._cond = threading.Condition()
+        self._outstanding = 0
 
     def take(self, backend: object) -> None:
-        with self._lock:
+        with self._cond:
             if self._thread is None:
                 self._thread = threading.Thread(
                     target=self._run, name="dataplane-reaper", daemon=True
                 )
                 self._thread.start()
+            self._outstanding += 1
         self._queue.put(backend)
+
+    def drain(self, timeout: float) -> bool:
+        """Wait until every backend taken so far is released; False if ``timeout`` passed first."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._outstanding == 0, timeout)
 
     def _run(self) -> None:
         while True:
@@ -69,9 +76,17 @@ class _Reaper:
             while sys.getrefcount(backend) > 2 and time.monotonic() < give_up:
                 time.sleep(0.005)
             del backend
+            with self._cond:
+                self._outstanding -= 1
+                self._cond.notify_all()
 
 
 _reaper = _Reaper()
+
+
+def drain_released(timeout: float) -> bool:
+    """Wait until the backends abandoned so far are released (before the process exits)."""
+    return _reaper.drain(timeout)
 
 
 @dataclass(frozen=True)

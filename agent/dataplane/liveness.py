@@ -72,13 +72,16 @@ def find_dead(
     period: float,
     window_periods: int,
     sleep: Callable[[float], None] = time.sleep,
+    unregistered_are_dead: bool = True,
 ) -> list[int]:
     """The ranks among ``ranks`` whose process did not heartbeat over ``window_periods`` periods.
 
-    A rank that never registered an incarnation is dead too: it never started a data plane.
+    A rank that never registered an incarnation never started a data plane: after a failure it
+    counts as dead; while a view is still being built (``unregistered_are_dead=False``) it may
+    simply not have started yet.
     """
     incarnations = {r: _incarnation_of(store, version, r) for r in ranks}
-    dead = [r for r, inc in incarnations.items() if inc is None]
+    dead = [r for r, inc in incarnations.items() if inc is None and unregistered_are_dead]
     watched = [(r, keys.heartbeat(r, inc)) for r, inc in incarnations.items() if inc is not None]
     if watched:
         before = _counters(store, [k for _, k in watched])

@@ -17,8 +17,10 @@ whatever may block for long gets a client of its own:
 
 from __future__ import annotations
 
+import atexit
 import logging
 import threading
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import timedelta
@@ -27,7 +29,7 @@ import torch
 from torch.distributed import DistStoreError, PrefixStore, Store, TCPStore
 
 from agent.dataplane import keys
-from agent.dataplane.backend import BackendKind, bury
+from agent.dataplane.backend import BackendKind, bury, drain_released
 from agent.dataplane.errors import DataPlaneError
 from agent.dataplane.group import ElasticProcessGroup
 from agent.dataplane.hint import HintPool
@@ -122,6 +124,7 @@ class DataPlane:
             target=self._watch, name=f"dataplane-watch-{rank}", daemon=True
         )
         self._watcher.start()
+        atexit.register(_close_at_exit, weakref.ref(self))
 
     # -- the surface the agent calls ----------------------------------------------------------
 
@@ -191,6 +194,7 @@ class DataPlane:
             view.retire(wake=lambda work: work._wake())
         self._heartbeat.stop()
         self._watcher.join(timeout=2.0)
+        drain_released(timeout=5.0)  # a backend destroyed during interpreter exit aborts it
         bury(self._watch_store)  # the watcher may still be blocked on it if the store is gone
 
     def __enter__(self) -> DataPlane:
@@ -324,3 +328,10 @@ class DataPlane:
         if not ranks:
             raise ValueError(f"view {version}: no active ranks")
         return tuple(sorted(ranks))
+
+
+def _close_at_exit(ref: weakref.ref[DataPlane]) -> None:
+    """Close a data plane the program left open: its backends must go before the interpreter."""
+    plane = ref()
+    if plane is not None:
+        plane.close()

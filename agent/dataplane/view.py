@@ -166,6 +166,7 @@ class ViewGroup:
                     others,
                     period=ctx.liveness_period_s,
                     window_periods=ctx.liveness_window_periods,
+                    unregistered_are_dead=False,  # it may not have started yet
                 )
             except RuntimeError as e:
                 log.warning(

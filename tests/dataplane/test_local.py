@@ -108,9 +108,12 @@ def test_two_planes_in_one_process_form_a_group_and_each_work_keeps_its_own_hint
 def test_a_member_that_is_dead_before_the_build_fails_the_view_early_and_is_named(
     make_plane, store
 ) -> None:
+    # Rank 2's process registered and heartbeat once, then died (its counter never moves again).
+    store.set(keys.incarnation(2), "gone")
+    store.add(keys.heartbeat(2, "gone"), 1)
     dp = make_plane(rank=0, world_size=3, collective_timeout_s=60.0, liveness_window_periods=2)
     pg = dp.process_group()
-    dp.install_view(1, [0, 2])  # rank 2 never starts a data plane
+    dp.install_view(1, [0, 2])
     work = pg.all_reduce(torch.ones(2), async_op=True)
     assert work.wait() is False
     assert pg.get_failed_ranks_hint(work).tolist() == [0, 0, 1]
@@ -161,6 +164,17 @@ def test_find_dead_names_the_ranks_whose_counters_stopped(store) -> None:
 
     dead = find_dead(store, 5, [0, 1, 2, 3], period=0.1, window_periods=3, sleep=one_window_passes)
     assert dead == [1, 2, 3]  # 1: its view-5 process stopped; 2: stopped; 3: never registered
+    # While a view is being built, a rank that has not registered yet may still be starting.
+    building = find_dead(
+        store,
+        5,
+        [0, 3],
+        period=0.1,
+        window_periods=3,
+        sleep=one_window_passes,
+        unregistered_are_dead=False,
+    )
+    assert building == []
 
 
 def test_install_view_refuses_bad_views_and_ignores_replays(make_plane) -> None:
