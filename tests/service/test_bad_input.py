@@ -217,6 +217,46 @@ def test_unknown_things_are_json_404s_and_wrong_methods_405(fuzz_server):
     assert typo.status_code == 422 and "heartbeat_timeuot_s" in typo.json()["detail"]
 
 
+def test_the_openapi_document_is_complete(fuzz_server, openapi):
+    _, client = fuzz_server
+    refs: set[str] = set()
+
+    def walk(node):
+        if isinstance(node, dict):
+            if "$ref" in node:
+                refs.add(node["$ref"].rsplit("/", 1)[1])
+            for v in node.values():
+                walk(v)
+        elif isinstance(node, list):
+            for v in node:
+                walk(v)
+
+    walk(openapi["paths"])
+    assert refs <= set(openapi["components"]["schemas"]), refs - set(
+        openapi["components"]["schemas"]
+    )
+    for path in ["/groups", "/proposals", "/agents/events", "/agents/deaths"]:
+        assert "requestBody" in openapi["paths"][path]["post"], path
+    expected = {
+        "/groups",
+        "/groups/{group}",
+        "/proposals",
+        "/proposals/{proposal_id}",
+        "/views/current",
+        "/views/history",
+        "/events",
+        "/events/stream",
+        "/healthz",
+        "/metrics",
+        "/agents/events",
+        "/agents/updates",
+        "/agents/deaths",
+    }
+    assert expected <= set(openapi["paths"])
+    docs = client.get("/docs")
+    assert docs.status_code == 200 and "openapi.json" in docs.text
+
+
 async def test_the_log_holds_nothing_malformed_after_the_fuzzing(fuzz_server):
     """Runs last in this module: fold everything the fuzzing left in the log."""
     srv, client = fuzz_server
