@@ -21,8 +21,9 @@ Rules, and why:
   flight and fences every later one), record the term in the lease, fold the rest of the log,
   write the pending projections, and only then take inputs. Nothing is answered from a fold
   that has not seen every record of the previous term.
-- **Stepping down** happens at once when a renewal finds another generation, when the lease ran
-  out by the local monotonic clock (the process was paused past it), or when an append raised
+- **Stepping down** happens at once when a renewal finds another generation (this process was
+  paused or slow past its lease and a standby took over), when the database could not be
+  reached for a whole lease (by the local monotonic clock), or when an append raised
   StaleTermError. Queued inputs, waiting proposals and long polls get ``503 not_leader``; the
   batch in flight finishes (its append either commits under a still-current term or is fenced);
   then the host follows the log again as a standby. It does not exit: a deposed leader is a
@@ -56,10 +57,6 @@ class NotLeader(HostUnavailable):
         self.leader = leader
 
 
-def not_leader(leader: str | None, why: str) -> NotLeader:
-    return NotLeader(leader, why)
-
-
 async def open_host(
     target: str, *, address: str, settings: LeaseSettings | None = None, **options: Any
 ) -> Host:
@@ -89,7 +86,7 @@ class ReplicaHost(Host):
         #: How often this coordinator became the leader, and stepped down.
         self.promotions = 0
         self.demotions = 0
-        self._unavailable = not_leader(None, "starting")
+        self._unavailable = NotLeader(None, "starting")
         self._lease: Lease | None = None
         self._generation: int | None = None
         self._roles: asyncio.Task[None] | None = None
@@ -148,10 +145,10 @@ class ReplicaHost(Host):
         """Long polls go to the leader: a standby (or a leader that stepped down while the rank
         waited) answers ``not_leader`` so the agent moves on instead of polling a follower."""
         if self.role != "leader" or self._unavailable is not None:
-            raise self._unavailable or not_leader(self.leader, "not leading")
+            raise self._unavailable or NotLeader(self.leader, "not leading")
         answer = await super().updates(group, rank, after, timeout)
         if self.role != "leader" or self._unavailable is not None:
-            raise self._unavailable or not_leader(self.leader, "stepped down")
+            raise self._unavailable or NotLeader(self.leader, "stepped down")
         return answer
 
     def _carry_out(
@@ -208,7 +205,7 @@ class ReplicaHost(Host):
             return  # a worse condition (fold_failed) is not hidden by a leader change
         if leader != self.leader or getattr(current, "leader", None) != leader:
             self.leader = leader
-            self._unavailable = not_leader(leader, "following the log")
+            self._unavailable = NotLeader(leader, "following the log")
 
     async def _follow_for(self, seconds: float) -> None:
         """Fold what the leader appends, as it appends it, for ``seconds``."""
@@ -319,7 +316,7 @@ class ReplicaHost(Host):
     async def _step_down(self, reason: str) -> None:
         term = self.log.term
         log.warning("stepping down from term %d: %s", term, reason)
-        why = not_leader(None, f"stepped down from term {term}: {reason}")
+        why = NotLeader(None, f"stepped down from term {term}: {reason}")
         self.role = "standby"
         self.leader = None
         self._followed_rows.update(self._unwritten)  # a standby writes no projection rows
