@@ -15,20 +15,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import datetime as dt
 import json
 import logging
 import os
-import signal
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 DEFAULT_PORT = 8470
 #: Logs at least this long get a progress bar on stderr even when it is not a terminal.
 LONG_LOG = 200_000
-_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -148,9 +145,8 @@ def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
 
 
 async def _serve_async(args: argparse.Namespace, auth: Any) -> int:
-    import uvicorn
-
     from api.app import create_app
+    from api.server import Server, config
     from coordinator.replica import open_host
     from eventlog import LogError
 
@@ -173,19 +169,7 @@ async def _serve_async(args: argparse.Namespace, auth: Any) -> int:
                 args.host, args.store_port, advertise=args.store_host
             )
         app = create_app(host, auth, max_body_bytes=args.max_body_bytes)
-        config = uvicorn.Config(
-            app,
-            host=args.host,
-            port=args.port,
-            log_level=args.log_level,
-            access_log=False,
-            lifespan="off",
-            timeout_graceful_shutdown=3,
-            proxy_headers=False,  # per-request work the coordinator has no use for
-            server_header=False,
-            date_header=False,
-        )
-        server = _Server(config)
+        server = Server(config(app, args.host, args.port, args.log_level))
         server.before_shutdown = host.stop_waiting
         logging.getLogger("foldplane").info(
             "serving %s on http://%s:%d (term %d, offset %d, store %s, auth %s)",
@@ -202,38 +186,6 @@ async def _serve_async(args: argparse.Namespace, auth: Any) -> int:
     finally:
         await host.close()
         del store
-
-
-def _server_class() -> type:
-    import uvicorn
-
-    class Server(uvicorn.Server):
-        """uvicorn's server, except that SIGINT/SIGTERM only stop it: uvicorn re-raises the
-        signal once HTTP has drained, which would kill the process before the host closes the
-        log and writes its final snapshot."""
-
-        #: Called when shutdown starts, before connections drain: ends the long polls at once.
-        before_shutdown: Callable[[], None] | None = None
-
-        async def shutdown(self, sockets: Any = None) -> None:
-            if self.before_shutdown is not None:
-                self.before_shutdown()
-            await super().shutdown(sockets)
-
-        @contextlib.contextmanager
-        def capture_signals(self) -> Iterator[None]:
-            previous = {sig: signal.signal(sig, self.handle_exit) for sig in _STOP_SIGNALS}
-            try:
-                yield
-            finally:
-                for sig, handler in previous.items():
-                    signal.signal(sig, handler)
-
-    return Server
-
-
-def _Server(config: Any) -> Any:
-    return _server_class()(config)
 
 
 # -- replay --------------------------------------------------------------------------------------
