@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Callable
 
 import pytest
@@ -11,7 +13,7 @@ from coordinator.host import CONSUMER, Appended, HostUnavailable
 from coordinator.leadership import LeaseSettings
 from coordinator.replica import NotLeader, ReplicaHost, open_host
 from eventlog import NewRecord, open_log
-from tests.ha.cluster import drop_schema, new_schema, schema_url
+from tests.ha.cluster import ROOT, drop_schema, new_schema, schema_url
 
 pytestmark = pytest.mark.postgres
 
@@ -110,3 +112,30 @@ async def test_leader_fenced_by_a_newer_term_steps_down_and_writes_nothing(url: 
     finally:
         await rogue.close()
         await a.close()
+
+
+async def test_a_sqlite_log_has_one_coordinator(tmp_path) -> None:
+    db = str(tmp_path / "log.db")
+    with pytest.raises(ValueError) as caught:
+        await ReplicaHost.open_replica(db, address="http://a:8470", settings=FAST)
+    assert "has one coordinator; standbys need a PostgreSQL log" in str(caught.value)
+    host = await open_host(db, address="http://a:8470", settings=FAST)
+    try:
+        assert not isinstance(host, ReplicaHost)
+        assert isinstance(await host.submit(group_created("g")), Appended)
+    finally:
+        await host.close()
+
+
+def test_serve_refuses_lease_settings_that_cannot_work(tmp_path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "coordinator", "serve", "--db", str(tmp_path / "log.db")]
+        + ["--lease-s", "1", "--lease-poll-s", "2"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert "--lease-s/--lease-poll-s: poll_s (2.0 s) must be shorter than lease_s" in done.stderr
+    assert not (tmp_path / "log.db").exists()  # refused before anything was opened
