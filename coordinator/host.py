@@ -70,6 +70,8 @@ log = logging.getLogger("foldplane.host")
 CONSUMER = "coordinator"
 SNAPSHOT_FORMAT = 1
 TERMINAL = frozenset({"applied", "applied_with_dropped_ranks", "rejected"})
+#: Inputs that change what the fold accepts from their rank (see ``Host._next_batch``).
+_RANK_CHANGING = frozenset({"join", "exit", "death_reported"})
 
 
 # -- what an input gets back ------------------------------------------------------------------
@@ -342,12 +344,7 @@ class Host:
                 continue
             # What the fold sees must be exactly what a reader of the log decodes.
             normalized = msgspec.structs.replace(record, payload=decode_payload(payload_bytes))
-            item_key = key
-            if item_key is None and record.rank is not None:
-                item_key = ("rank", record.group, record.rank)
-            self._queue.append(
-                _Input(normalized, payload_bytes, reply, index, item_key, precheck, now)
-            )
+            self._queue.append(_Input(normalized, payload_bytes, reply, index, key, precheck, now))
         self._has_input.set()
         return reply.future
 
@@ -430,26 +427,62 @@ class Host:
         """Take queued inputs for one append, in arrival order.
 
         The fold pre-checks a whole batch against the state *before* it, so two inputs that
-        could change each other's verdict must not share a batch: a second input for the same
-        ``(group, rank)`` (a join then a heartbeat from the old incarnation), a second proposal
-        with the same idempotency key, or anything for a group created in this batch. Such an
-        input starts the next batch instead.
+        could change each other's verdict must not share a batch. Such an input is deferred to
+        the next batch, and so is every later input it must stay behind:
+
+        - a ``join``, ``exit`` or ``death_reported`` changes what the fold accepts from its
+          rank, so it shares no batch with any other input of that rank (a join of a new
+          incarnation, then a heartbeat from the old one);
+        - a second proposal with the same idempotency key waits for the first;
+        - anything for a group waits for the batch that creates the group.
+
+        Heartbeats, links and ACKs of one rank do not change each other's verdicts, so they
+        share batches; that keeps barriers (an ACK per rank beside its heartbeats) from cutting
+        the group commit into small pieces.
         """
         batch: list[_Input] = []
+        deferred: list[_Input] = []
         keys: set[tuple[Any, ...]] = set()
+        touched: set[tuple[str | None, int]] = set()
+        changed: set[tuple[str | None, int]] = set()
+        blocked: set[tuple[str | None, int]] = set()
         created: set[str | None] = set()
-        while self._queue and len(batch) < self._max_batch:
-            item = self._queue[0]
-            if item.record.group in created or (item.key is not None and item.key in keys):
-                break
-            self._queue.popleft()
+        blocked_groups: set[str | None] = set()
+        queue = self._queue
+        while queue and len(batch) < self._max_batch:
+            item = queue.popleft()
             if item.abandoned:  # the caller went away before its turn
+                continue
+            rec = item.record
+            rank = None if rec.rank is None else (rec.group, rec.rank)
+            changes_rank = rec.kind in _RANK_CHANGING
+            if (
+                rec.group in created
+                or rec.group in blocked_groups
+                or (item.key is not None and item.key in keys)
+                or (
+                    rank is not None
+                    and (rank in blocked or rank in changed or (changes_rank and rank in touched))
+                )
+            ):
+                deferred.append(item)
+                if rank is not None:
+                    blocked.add(rank)
+                if item.key is not None:
+                    keys.add(item.key)
+                if rec.kind == "group_created":
+                    blocked_groups.add(rec.group)
                 continue
             if item.key is not None:
                 keys.add(item.key)
-            if item.record.kind == "group_created":
-                created.add(item.record.group)
+            if rank is not None:
+                touched.add(rank)
+                if changes_rank:
+                    changed.add(rank)
+            if rec.kind == "group_created":
+                created.add(rec.group)
             batch.append(item)
+        queue.extendleft(reversed(deferred))
         return batch
 
     def _precheck(self, item: _Input) -> Outcome | None:
