@@ -1,6 +1,6 @@
 """Bad input: no 5xx, a clear JSON error, and nothing malformed in the log.
 
-Bodies are generated from the server's own OpenAPI document (hypothesis-jsonschema), plus
+Bodies are generated from the server's own OpenAPI document (tests/service/schema_strategies.py), plus
 arbitrary JSON and a handful of hand-written malformed requests. Afterwards the log is read back
 and folded from scratch: every record decodes, and the fold refuses none of them as malformed.
 """
