@@ -239,10 +239,13 @@ def _foldplane_worker() -> int:
     pause = threading.Event()
     while True:
         t.fill_(1.0)
+        # The view the op runs on is the one installed when it is issued: a newer view may be
+        # installed while it runs, and waiting for "the view after the current one" would then
+        # wait for a view that never comes.
+        version, active = pg.version, rank in pg.active_ranks
         work = pg.all_reduce(t, async_op=True)
         ok = work.wait()
-        version = pg.version
-        if ok and version != reported and rank in pg.active_ranks:
+        if ok and version != reported and active:
             reported = version
             _emit(rank=rank, version=version, t=time.time())
         if not ok:

@@ -268,20 +268,22 @@ def worker() -> int:
     t = torch.ones(1024)
     while not stop.is_set():
         t.fill_(1.0)
+        # The op runs on the view installed when it is issued (a newer one may arrive meanwhile).
+        issued_on, active = pg.version, rank in pg.active_ranks
+        if issued_on != version:
+            version = issued_on
+            role = "active" if active else "inactive (waiting to be activated)"
+            say(f"now on view {version}, active_ranks {list(pg.active_ranks)}: {role}")
         work = pg.all_reduce(t, async_op=True)
         ok = work.wait()
         steps += 1
-        if pg.version != version:
-            version = pg.version
-            role = "active" if rank in pg.active_ranks else "inactive (waiting to be activated)"
-            say(f"now on view {version}, active_ranks {list(pg.active_ranks)}: {role}")
         if not ok:
             hint = pg.get_failed_ranks_hint(work).tolist()
-            say(f"all_reduce FAILED in view {version}: failed_ranks_hint {hint}")
-            agent.wait_for_view(version + 1, timeout=60)
+            say(f"all_reduce FAILED in view {issued_on}: failed_ranks_hint {hint}")
+            agent.wait_for_view(issued_on + 1, timeout=60)
             continue
         now = time.monotonic()
-        if now - last_report > 3.0 and rank in pg.active_ranks:
+        if now - last_report > 3.0 and active:
             say(f"step {steps}: all_reduce ok, sum {t[0].item():.0f}")
             last_report = now
         stop.wait(0.05)
