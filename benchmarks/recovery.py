@@ -25,7 +25,6 @@ import json
 import os
 import queue
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -35,18 +34,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from benchmarks._cluster import free_port
 from benchmarks.harness import Result, lower_is_better_ratio, median, percentile
 
 ROOT = Path(__file__).resolve().parents[1]
 WORLD = 4
 STEP_PAUSE_S = 0.005
 TARGET = "<= 0.5 s"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _emit(**fields: Any) -> None:
@@ -99,7 +93,7 @@ def _foldplane(kills: int) -> tuple[list[float], list[str]]:
     from agent.client import CoordinatorClient
 
     tmp = tempfile.TemporaryDirectory(prefix="foldplane-bench-recovery-")
-    port = _free_port()
+    port = free_port()
     server_log = open(f"{tmp.name}/coordinator.log", "wb")  # noqa: SIM115 (closed in finally)
     workers_log = open(f"{tmp.name}/workers.log", "wb")  # noqa: SIM115 (closed in finally)
     server = subprocess.Popen(
@@ -269,7 +263,7 @@ def _torchrun(trials: int) -> list[float]:
             cmd = [
                 sys.executable, "-m", "torch.distributed.run", "--nnodes=1",
                 f"--nproc-per-node={WORLD}", "--max-restarts=1", "--rdzv-backend=c10d",
-                f"--rdzv-endpoint=127.0.0.1:{_free_port()}", __file__, "torchrun-worker",
+                f"--rdzv-endpoint=127.0.0.1:{free_port()}", __file__, "torchrun-worker",
             ]  # fmt: skip
             proc = subprocess.run(
                 cmd, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
@@ -321,7 +315,7 @@ def _torchft(trials: int) -> list[float]:
 
 
 def _torchft_trial() -> float:
-    port = _free_port()
+    port = free_port()
     lighthouse_bin = Path(sys.executable).with_name("torchft_lighthouse")
     # Detection in 1 s (torchft's default heartbeat timeout is 5 s): a generous setting.
     lighthouse = subprocess.Popen(
