@@ -3,9 +3,34 @@
 
 >>> from agent import Agent
 >>> agent = Agent("http://127.0.0.1:8470", group="train", rank=0).start()
+
+The host (threads, HTTP, torch) is imported lazily, on first use of one of its names, so that
+importing the pure :mod:`agent.machine` loads none of them.
 """
 
-from agent.host import Agent, AgentStopped
-from agent.machine import View
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from agent.host import Agent, AgentStopped
+    from agent.machine import View
+
+_LAZY = {
+    "Agent": "agent.host",
+    "AgentStopped": "agent.host",
+    "View": "agent.machine",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'agent' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = ["Agent", "AgentStopped", "View"]

@@ -15,3 +15,35 @@ def test_pure_machines_import_no_io() -> None:
     done = subprocess.run([str(lint)], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "broken" in done.stdout and "0 broken" in done.stdout, done.stdout
+
+
+#: What a process that imports only the pure machines must not have loaded.
+IO_MODULES = (
+    "asyncio",
+    "threading",
+    "sqlite3",
+    "asyncpg",
+    "aiosqlite",
+    "sqlalchemy",
+    "httpx",
+    "fastapi",
+    "torch",
+)
+
+
+def test_importing_the_pure_machines_loads_no_io_module() -> None:
+    """Importing ``coordinator.machine`` and ``agent.machine`` (packages included) loads no I/O.
+
+    import-linter checks the machines' own imports; this checks what the packages'
+    ``__init__`` modules drag in at run time, in a fresh interpreter.
+    """
+    code = (
+        "import coordinator.machine, agent.machine, sys; "
+        f"print(','.join(m for m in {IO_MODULES!r} if m in sys.modules))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    loaded = [m for m in done.stdout.strip().split(",") if m]
+    assert loaded == [], f"importing the pure machines loaded {loaded}"
