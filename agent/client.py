@@ -2,7 +2,8 @@
 
 Several coordinators may serve one log, one leader at a time. The client keeps the address that
 answered last and tries it first. A ``503 not_leader`` answer names the leader: the client goes
-there at once. A connection failure moves on to the next address. When every address failed,
+there at once, and the next call starts there too, even when the leader could not be reached in
+this one (else each call would first wait out its timeout on the old, possibly frozen, leader). A connection failure moves on to the next address. When every address failed,
 the call raises ``CoordinatorUnavailable`` naming each address and what went wrong; the caller
 decides when to try again (the agent machine backs off; operator calls retry until a deadline).
 
@@ -81,7 +82,7 @@ class CoordinatorClient:
 
     @property
     def address(self) -> str:
-        """The address tried first: the last one that answered."""
+        """The address tried first: the last one that answered, or the leader last named."""
         return self.addresses[self._current]
 
     def close(self) -> None:
@@ -226,7 +227,12 @@ class CoordinatorClient:
             if response.status_code == 503 and body.get("error") == "not_leader":
                 failures.append(f"{url}: not the leader")
                 leader = body.get("leader")
-                index = self._index_of(leader) if leader else (index + 1) % len(self.addresses)
+                if leader:
+                    # The coordinators know better than our last success: the next call starts
+                    # at the leader they name, even if it cannot be reached in this one.
+                    index = self._current = self._index_of(str(leader))
+                else:
+                    index = (index + 1) % len(self.addresses)
                 if self.addresses[index] in tried:
                     index = self._next_untried(tried, index)
                 continue
