@@ -51,9 +51,12 @@ class Heartbeat:
                     log.warning("liveness heartbeat %s cannot reach the store: %s", self._key, e)
                 self.healthy = False
 
-    def stop(self) -> None:
+    def stop(self, *, wait: bool = True) -> None:
+        """Stop counting; ``wait=False`` does not wait for an increment in flight (the store may
+        be gone, and the thread leaves after it)."""
         self._stop.set()
-        self._thread.join(timeout=5 * self._period + 1.0)
+        if wait:
+            self._thread.join(timeout=5 * self._period + 1.0)
 
 
 def _incarnation_of(store: Store, version: int, rank: int) -> str | None:

@@ -4,7 +4,9 @@ The agent owns the data plane: it calls ``install_view`` for each committed view
 ``on_link_evidence`` calls into ``links`` events. The training loop uses ``process_group()``.
 
 Threads (all daemons) and their store clients. A TCPStore client serializes its operations, so
-whatever may block for long gets a client of its own:
+whatever may block for long gets a client of its own. The clients, the heartbeat and the watcher
+belong to one *store session*; ``switch_store`` opens a session on another store (the
+coordinator that hosts it restarted or failed over) and every later view rendezvouses there:
 - the heartbeat thread (liveness counter, see :mod:`agent.dataplane.liveness`) and the decider
   threads (one per failed view: poison the members, read liveness, report) share the control
   client: their operations are short;
@@ -23,6 +25,7 @@ import threading
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from datetime import timedelta
 
 import torch
@@ -43,6 +46,19 @@ LinkEvidence = Callable[[int, dict[int, str], list[int]], None]
 
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
 _WATCH_SLICE = timedelta(seconds=30)
+
+
+@dataclass
+class _StoreSession:
+    """The data plane's clients of one store, and the liveness heartbeat it keeps there."""
+
+    host: str
+    port: int
+    control: Store
+    watch: Store
+    heartbeat: Heartbeat
+    rendezvous_idle: list[Store] = field(default_factory=list)
+    watcher: threading.Thread | None = None
 
 
 class DataPlane:
@@ -100,7 +116,8 @@ class DataPlane:
         self.p2p_timeout_s = float(p2p_timeout_s)
         self.liveness_period_s = float(liveness_period_s)
         self.liveness_window_periods = int(liveness_window_periods)
-        self._store_address = (store_host, store_port, store_prefix, store_timeout_s)
+        self._store_prefix = store_prefix
+        self._store_timeout_s = store_timeout_s
         self._on_link_evidence = on_link_evidence
         if gloo_hostname is None:
             import socket
@@ -113,17 +130,10 @@ class DataPlane:
 
         self._lock = threading.Condition()
         self._view: ViewGroup | None = None
-        self._control = self.connect_store()
         self._rendezvous_lock = threading.Lock()
-        self._rendezvous_idle: list[Store] = [self.connect_store()]
-        self._watch_store = self.connect_store()
-        self._heartbeat = Heartbeat(self._control, rank, incarnation, liveness_period_s)
-        self._control.set(keys.incarnation(rank), incarnation)
+        self._session = self._open_session(store_host, store_port)
         self._group = ElasticProcessGroup(self)
-        self._watcher = threading.Thread(
-            target=self._watch, name=f"dataplane-watch-{rank}", daemon=True
-        )
-        self._watcher.start()
+        self._start_watcher(self._session)
         atexit.register(_close_at_exit, weakref.ref(self))
 
     # -- the surface the agent calls ----------------------------------------------------------
@@ -131,7 +141,61 @@ class DataPlane:
     @property
     def ready(self) -> bool:
         """The store is reachable and the local device is set up (the agent's ``self_ready``)."""
-        return not self.closed.is_set() and self._heartbeat.healthy
+        return not self.closed.is_set() and self._session.heartbeat.healthy
+
+    @property
+    def store_address(self) -> tuple[str, int]:
+        """The ``(host, port)`` of the store this data plane uses now."""
+        session = self._session
+        return session.host, session.port
+
+    def switch_store(self, host: str, port: int) -> None:
+        """Use the store at ``host:port`` from now on (the one the coordinator advertises).
+
+        The store lives in the coordinator process, so a coordinator restart or failover brings
+        a new one. Connects new clients there, registers this incarnation and its liveness
+        counter, and restarts the heartbeat and the poison watch on it; every later view
+        rendezvouses there. The installed view keeps its backend (its links do not go through
+        the store), and the ``ElasticProcessGroup`` stays the same object. The same address is
+        a no-op. If the new store cannot be reached, raises ``DataPlaneError`` naming it and
+        keeps the old one.
+        """
+        if self.closed.is_set():
+            raise DataPlaneError(
+                f"rank {self.rank}: cannot switch to the store at {host}:{port}: "
+                "the data plane is closed"
+            )
+        if (host, port) == self.store_address:
+            return
+        session = self._open_session(host, port)
+        with self._lock:
+            closed = self.closed.is_set()
+            if not closed:
+                old, self._session = self._session, session
+                view = self._view
+                self._lock.notify_all()  # the old watcher leaves at its next look
+        if closed:
+            session.heartbeat.stop(wait=False)
+            raise DataPlaneError(
+                f"rank {self.rank}: the data plane closed while switching to {host}:{port}"
+            )
+        if view is not None and view.active:
+            # The liveness check of the installed view reads its members on the new store.
+            try:
+                session.control.set(keys.member(view.version, self.rank), self.incarnation)
+            except RuntimeError as e:
+                log.warning("rank %d: cannot register view %d: %s", self.rank, view.version, e)
+        old.heartbeat.stop(wait=False)  # the old store may be gone: never wait on it
+        bury(old.watch)  # the old watcher may still be blocked on it
+        self._start_watcher(session)
+        log.info(
+            "rank %d: data plane moved from store %s:%d to %s:%d",
+            self.rank,
+            old.host,
+            old.port,
+            host,
+            port,
+        )
 
     def install_view(self, version: int, active_ranks: Sequence[int]) -> None:
         """Follow committed view ``version``; returns at once (the backend builds in the background).
@@ -192,10 +256,12 @@ class DataPlane:
             self._lock.notify_all()
         if view is not None:
             view.retire(wake=lambda work: work._wake())
-        self._heartbeat.stop()
-        self._watcher.join(timeout=2.0)
+        session = self._session
+        session.heartbeat.stop()
+        if session.watcher is not None:
+            session.watcher.join(timeout=2.0)
         drain_released(timeout=5.0)  # a backend destroyed during interpreter exit aborts it
-        bury(self._watch_store)  # the watcher may still be blocked on it if the store is gone
+        bury(session.watch)  # the watcher may still be blocked on it if the store is gone
 
     def __enter__(self) -> DataPlane:
         return self
@@ -230,7 +296,7 @@ class DataPlane:
             self.p2p_timeout_s = p2p_s
 
     def control_store(self) -> Store:
-        return self._control
+        return self._session.control
 
     @contextmanager
     def rendezvous_store(self) -> Iterator[Store]:
@@ -240,27 +306,54 @@ class DataPlane:
         operations), so a concurrent one takes another. Clients are kept and reused: connecting
         one can take seconds on a loaded host.
         """
+        session = self._session  # a client goes back to the session it came from
         with self._rendezvous_lock:
-            client = self._rendezvous_idle.pop() if self._rendezvous_idle else None
+            client = session.rendezvous_idle.pop() if session.rendezvous_idle else None
         if client is None:
-            client = self.connect_store()
+            client = self.connect_store(session.host, session.port)
         try:
             yield client
         finally:
             with self._rendezvous_lock:
-                self._rendezvous_idle.append(client)
+                session.rendezvous_idle.append(client)
 
-    def connect_store(self) -> Store:
-        """A new client of the coordinator's store, under this data plane's prefix."""
-        host, port, prefix, timeout_s = self._store_address
+    def connect_store(self, host: str, port: int) -> Store:
+        """A new client of the store at ``host:port``, under this data plane's prefix."""
         store: Store = TCPStore(
             host,
             port,
             is_master=False,
-            timeout=timedelta(seconds=timeout_s),
+            timeout=timedelta(seconds=self._store_timeout_s),
             wait_for_workers=False,
         )
+        prefix = self._store_prefix
         return PrefixStore(prefix, store) if prefix else store
+
+    def _open_session(self, host: str, port: int) -> _StoreSession:
+        """Connect the clients to the store at ``host:port`` and start the heartbeat there."""
+        try:
+            control = self.connect_store(host, port)
+            rendezvous = self.connect_store(host, port)
+            watch = self.connect_store(host, port)
+            heartbeat = Heartbeat(control, self.rank, self.incarnation, self.liveness_period_s)
+        except RuntimeError as e:  # DistNetworkError, DistStoreError: nobody listens there
+            raise DataPlaneError(
+                f"rank {self.rank}: cannot reach the rendezvous store at {host}:{port}: {e}"
+            ) from e
+        try:
+            control.set(keys.incarnation(self.rank), self.incarnation)
+        except RuntimeError as e:
+            heartbeat.stop(wait=False)
+            raise DataPlaneError(
+                f"rank {self.rank}: cannot register at the rendezvous store {host}:{port}: {e}"
+            ) from e
+        return _StoreSession(host, port, control, watch, heartbeat, [rendezvous])
+
+    def _start_watcher(self, session: _StoreSession) -> None:
+        session.watcher = threading.Thread(
+            target=self._watch, args=(session,), name=f"dataplane-watch-{self.rank}", daemon=True
+        )
+        session.watcher.start()
 
     def report_links(self, version: int, peers: dict[int, str], failed: list[int]) -> None:
         callback = self._on_link_evidence
@@ -273,29 +366,39 @@ class DataPlane:
 
     # -- the watcher --------------------------------------------------------------------------
 
-    def _watch(self) -> None:
-        """Wait on this rank's poison key of each active view in turn; fail the view it names."""
+    def _watch(self, session: _StoreSession) -> None:
+        """Wait on this rank's poison key of each active view in turn; fail the view it names.
+
+        One watcher per store session: it leaves once the data plane moved to another store.
+        """
         watched: ViewGroup | None = None
         while True:
             with self._lock:
-                while not self.closed.is_set() and (
-                    self._view is None or self._view is watched or not self._view.active
+                while (
+                    not self.closed.is_set()
+                    and self._session is session
+                    and (self._view is None or self._view is watched or not self._view.active)
                 ):
                     self._lock.wait()
-                if self.closed.is_set():
+                if self.closed.is_set() or self._session is not session:
                     return
                 view = watched = self._view
             assert view is not None
-            notice = self._wait_for_notice(view)
+            notice = self._wait_for_notice(view, session)
             if notice is not None:
                 view.fail_from(notice)
 
-    def _wait_for_notice(self, view: ViewGroup) -> PoisonNotice | None:
+    def _wait_for_notice(self, view: ViewGroup, session: _StoreSession) -> PoisonNotice | None:
         key = keys.fail(view.version, self.rank)
-        while not self.closed.is_set() and self._view is view and view.failure is None:
+        while (
+            not self.closed.is_set()
+            and self._session is session
+            and self._view is view
+            and view.failure is None
+        ):
             try:
-                self._watch_store.wait([key], _WATCH_SLICE)
-                raw = self._watch_store.get(key)
+                session.watch.wait([key], _WATCH_SLICE)
+                raw = session.watch.get(key)
             except DistStoreError:  # this slice's wait timed out: check why we watch, then again
                 continue
             except RuntimeError as e:  # DistNetworkError: the store is down or restarting
