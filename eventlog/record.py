@@ -56,8 +56,12 @@ class NewRecord(msgspec.Struct, frozen=True, kw_only=True):
     ts: int | None = None
 
 
-class Record(msgspec.Struct, frozen=True, kw_only=True, gc=False):
-    """A durable record as read back from the log."""
+class Record(msgspec.Struct, frozen=True, gc=False):
+    """A durable record as read back from the log.
+
+    Fields may be given by position (the replay path builds millions of these); the struct is
+    not tracked by the garbage collector, which would otherwise rescan every record of a page.
+    """
 
     offset: int
     ts: int
