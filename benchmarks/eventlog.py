@@ -227,6 +227,39 @@ async def batch_trial(target: str, batch: int, total: int) -> float:
         await log.close()
 
 
+# -- many small concurrent appends --------------------------------------------------------------
+
+
+async def small_batches_trial(
+    target: str, callers: int, per: int, rounds: int, openers: int
+) -> tuple[float, int, int]:
+    """``callers`` tasks each append ``rounds`` batches of ``per`` records.
+
+    With ``openers == 1`` every caller shares one Log, so their appends share commits. With
+    ``openers == callers`` each caller has a Log of its own (as separate processes would): every
+    Log has its own writer, so nothing is shared and the writers queue on SQLite's write lock.
+    Returns (records/s, appends, commits).
+    """
+    logs = [await open_log(target) for _ in range(openers)]
+    try:
+        await logs[0].append([heartbeat(0, -1)])  # create the schema and warm up
+        warm = sum(log.commits for log in logs)
+
+        async def caller(c: int) -> None:
+            log = logs[c % openers]
+            for r in range(rounds):
+                await log.append([heartbeat(c, r * per + i) for i in range(per)])
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(caller(c) for c in range(callers)))
+        elapsed = time.perf_counter() - t0
+        commits = sum(log.commits for log in logs) - warm
+        return callers * per * rounds / elapsed, callers * rounds, commits
+    finally:
+        for log in logs:
+            await log.close()
+
+
 # -- replay ------------------------------------------------------------------------------------
 
 
@@ -352,6 +385,27 @@ async def measure(quick: bool) -> list[Result]:
                             target=">=30,000/s" if store == "postgres" else None,
                         )
                     )
+
+            # 64 callers appending 8 records at a time: one shared Log against one Log each.
+            for openers, rounds in ((1, 10 if quick else 40), (64, 1 if quick else 2)):
+                rate, appends, commits = await small_batches_trial(
+                    targets.sqlite(), 64, 8, rounds, openers
+                )
+                await targets.drop()
+                shared = "one shared Log" if openers == 1 else "a Log per caller"
+                note(
+                    f"sqlite 64 callers x 8 records, {shared}: {rate:,.0f} records/s, "
+                    f"{appends} appends in {commits} commits"
+                )
+                results.append(
+                    Result(
+                        BENCH,
+                        f"sqlite durable appends, 64 callers x 8 records, {shared}",
+                        "records/s",
+                        rate,
+                        extra={"appends": appends, "commits": commits},
+                    )
+                )
 
             # Replay: one log of replay_n records, read back page by page (read + verify + decode).
             for store in stores:
