@@ -62,6 +62,20 @@ WHERE consumer_offset.seq <= excluded.seq
 RETURNING seq
 """
 
+#: Moves the consumer's offset and upserts the projection rows in one statement; the rows are
+#: joined to the offset's upsert, so a refused offset writes no row either. Returns how many
+#: offsets moved (0: refused).
+_WRITE_PROJECTIONS = f"""
+WITH o AS ({_STORE_OFFSET.strip()}),
+p AS (
+    INSERT INTO projection (kind, grp, seq, doc)
+    SELECT u.kind, u.grp, u.seq, u.doc
+    FROM o, unnest($3::text[], $4::text[], $5::bigint[], $6::bytea[]) AS u (kind, grp, seq, doc)
+    ON CONFLICT (kind, grp, seq) DO UPDATE SET doc = excluded.doc
+)
+SELECT count(*) FROM o
+"""
+
 
 @dataclass(slots=True)
 class _Append:
@@ -190,25 +204,33 @@ class PostgresLog(Log):
 
     async def _store_offset(self, conn: asyncpg.Connection, name: str, offset: int) -> None:
         if await conn.fetchval(_STORE_OFFSET, name, offset) is None:
-            stored = await conn.fetchval(
-                "SELECT seq FROM consumer_offset WHERE consumer = $1", name
-            )
-            raise ValueError(
-                f"consumer {name!r} of {self.where} is at offset {stored}; "
-                f"refusing to move it back to {offset}"
-            )
+            await self._refuse_offset(conn, name, offset)
+
+    async def _refuse_offset(self, conn: asyncpg.Connection, name: str, offset: int) -> None:
+        stored = await conn.fetchval("SELECT seq FROM consumer_offset WHERE consumer = $1", name)
+        raise ValueError(
+            f"consumer {name!r} of {self.where} is at offset {stored}; "
+            f"refusing to move it back to {offset}"
+        )
 
     async def _write_projections(
         self, rows: list[tuple[str, str, int, bytes]], consumer: str, offset: int
     ) -> None:
-        async with self._pool.acquire() as conn, conn.transaction():
-            await self._store_offset(conn, consumer, offset)
-            if rows:
-                await conn.executemany(
-                    "INSERT INTO projection (kind, grp, seq, doc) VALUES ($1, $2, $3, $4) "
-                    "ON CONFLICT (kind, grp, seq) DO UPDATE SET doc = excluded.doc",
-                    rows,
-                )
+        # One statement, so no transaction stays open between round trips: a writer frozen
+        # there would hold the rows' locks and block the next leader's writes.
+        latest = {(kind, grp, seq): doc for kind, grp, seq, doc in rows}  # the last one wins
+        async with self._pool.acquire() as conn:
+            moved = await conn.fetchval(
+                _WRITE_PROJECTIONS,
+                consumer,
+                offset,
+                [k[0] for k in latest],
+                [k[1] for k in latest],
+                [k[2] for k in latest],
+                list(latest.values()),
+            )
+            if not moved:
+                await self._refuse_offset(conn, consumer, offset)
 
     async def _save_snapshot(self, name: str, offset: int, data: bytes) -> None:
         await self._pool.execute(

@@ -335,6 +335,15 @@ async def test_projections_upsert_with_their_consumer_offset(log: Log) -> None:
     assert await log.get_projection("view", "train", 3) is None
 
 
+async def test_a_projection_given_twice_in_one_write_keeps_the_last(log: Log) -> None:
+    first = ProjectionRow("view", "train", 1, {"v": 1})
+    again = ProjectionRow("view", "train", 1, {"v": 2})
+    await log.write_projections([first, again], consumer="fold", offset=4)
+    assert await log.read_projections("view") == [again]
+    await log.write_projections([], consumer="fold", offset=6)  # no rows: the offset still moves
+    assert await log.get_consumer_offset("fold") == 6
+
+
 async def test_projections_and_offset_are_refused_together(log: Log) -> None:
     first = ProjectionRow("view", "train", 1, {"v": 1})
     await log.write_projections([first], consumer="fold", offset=5)
