@@ -102,6 +102,19 @@ async def test_concurrent_appends_share_commits(log: Log) -> None:
     assert log.commits - before < 200
 
 
+async def test_concurrent_small_batches_share_commits(log: Log) -> None:
+    """64 callers appending 8 records at a time, three times each: 192 appends."""
+    before = log.commits
+
+    async def caller(c: int) -> list[list[int]]:
+        return [await log.append([hb(c, r * 8 + i) for i in range(8)]) for r in range(3)]
+
+    results = await asyncio.gather(*(caller(c) for c in range(64)))
+    offsets = [o for per_caller in results for batch in per_caller for o in batch]
+    assert sorted(offsets) == list(range(1, 64 * 3 * 8 + 1))
+    assert log.commits - before < 96, f"{log.commits - before} commits for 192 appends"
+
+
 async def test_one_append_is_contiguous_among_concurrent_appends(log: Log) -> None:
     batches = [[hb(j, i) for j in range(1 + i % 5)] for i in range(60)]
     results = await asyncio.gather(*(log.append(b) for b in batches))
