@@ -267,7 +267,21 @@ class Host:
         return host
 
     def start(self) -> None:
+        """Start serving: the loop, the ticker, and first a ``tick`` with ``{"resumed": true}``.
+
+        While no coordinator served, no rank could reach one, so deadlines computed before the
+        outage must not fire on the first tick after it (every rank OFFLINE, the group shut
+        down). The resumed tick tells the fold, through the log, to restart them from its
+        ``ts``; it is the first input of this term's loop, so it precedes every deadline tick.
+        Nothing is appended when no deadline waits on the ranks (a fresh log, a group with no
+        rank yet).
+        """
         loop = asyncio.get_running_loop()
+        if self.machine.waits_on_ranks():
+            resumed = self._enqueue(
+                [NewRecord(kind="tick", group=None, payload={"resumed": True})], None, None
+            )
+            resumed.add_done_callback(_ignore_outcome)
         self._tasks = [loop.create_task(self._run()), loop.create_task(self._ticker())]
 
     async def close(self, *, snapshot: bool = True) -> None:
@@ -735,6 +749,13 @@ class Host:
         self._snapshot_offset = offset
         self._snapshot_time = time.monotonic()
         self.metrics.snapshots += 1
+
+
+def _ignore_outcome(future: asyncio.Future[list[Outcome]]) -> None:
+    """The resumed tick has no caller: a host that stops before appending it starts over with
+    another one, so its failure is only retrieved (asyncio would log it as unhandled)."""
+    if not future.cancelled():
+        future.exception()
 
 
 def _record(offset: int, ts: int, term: int, rec: NewRecord, payload_bytes: bytes) -> Record:

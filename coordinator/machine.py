@@ -20,6 +20,7 @@ Heartbeats take a fast path that changes only liveness, so they never reach ``_s
 
 from __future__ import annotations
 
+from collections import deque
 from typing import Any
 
 import msgspec
@@ -146,6 +147,12 @@ class Coordinator:
             if d is not None and (best is None or d < best):
                 best = d
         return best
+
+    def waits_on_ranks(self) -> bool:
+        """Whether a deadline waits on the ranks (an online rank's heartbeat, a change's ACKs,
+        a queued proposal): what a resumed tick restarts, so a host that finds none need not
+        append one."""
+        return any(g.alive or g.change is not None or g.queue for g in self._groups.values())
 
     # ------------------------------------------------------------------ snapshots
 
@@ -383,9 +390,14 @@ class Coordinator:
             g.queue.append((proposal.id, self._now + g.cfg.admission_timeout_ns))
 
     def _on_tick(self, record: Record) -> list[Effect]:
-        """Time passed: fire every deadline that is due, group by group in name order."""
+        """Time passed: fire every deadline that is due, group by group in name order.
+
+        A tick with payload ``{"resumed": true}`` says the coordinator (re)started serving: the
+        deadlines that measure the ranks' silence restart first (see :meth:`_resume`)."""
         effects: list[Effect] = []
         now = self._now
+        if record.payload.get("resumed") is True:
+            self._resume()
         for name in sorted(self._groups):
             g = self._groups[name]
             due = self._group_deadline(g)
@@ -413,6 +425,23 @@ class Coordinator:
                 self._expire_unformed_heads(g, record, effects)
             self._settle(g, record, effects)
         return effects
+
+    def _resume(self) -> None:
+        """The coordinator was not serving for a while (a restart, a failover): nobody could
+        send a heartbeat, an ACK or a ready report to it, so silence during the outage is the
+        coordinator's, not the ranks'. Every deadline that waits for the ranks restarts at the
+        resumed tick's time: each online rank's heartbeat deadline, the ACK deadline of the
+        change in flight, and the admission deadlines of queued proposals. The formation
+        deadline (a bound on the whole start-up) and an open reconciliation window (a delay
+        for more evidence, not a wait on anyone) keep running."""
+        now = self._now
+        for name in sorted(self._groups):
+            g = self._groups[name]
+            for rank in g.alive:
+                g.alive[rank] = now
+            if g.change is not None:
+                g.change.ack_deadline = now + g.cfg.ack_timeout_ns
+            g.queue = deque((pid, now + g.cfg.admission_timeout_ns) for pid, _ in g.queue)
 
     # ------------------------------------------------------------------ the death chain
 

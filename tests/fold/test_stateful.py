@@ -259,6 +259,12 @@ class FoldMachine(RuleBasedStateMachine):
         self.s.now += round(dt * S)
         self.feed("tick", None, None, {})
 
+    @rule(dt=st.sampled_from([0.0, 60.0, 3_600.0]))
+    def resume(self, dt: float) -> None:
+        """The coordinator comes back after an outage of ``dt`` seconds."""
+        self.s.now += round(dt * S)
+        self.feed("tick", None, None, {"resumed": True})
+
     @rule()
     def take_snapshot(self) -> None:
         self.snapshot = (len(self.s.records), msgspec.json.encode(self.s.m.snapshot()))
