@@ -39,6 +39,7 @@ from agent.machine import (
     EventsFailed,
     InstallView,
     LinkEvidence,
+    MoveDataPlane,
     PollFailed,
     PollUpdates,
     RankStateChanged,
@@ -59,6 +60,8 @@ log = logging.getLogger("foldplane.agent")
 POLL_TIMEOUT_S = 10.0
 #: While the data plane is not ready yet, how often the driver looks again.
 READY_POLL_S = 0.01
+#: After a failed move to another store, how long before the driver tries again.
+MOVE_RETRY_S = 1.0
 
 ViewPredicate = Callable[[View], bool]
 
@@ -159,6 +162,7 @@ class Agent:
         self._data_plane: Any = None
         self._data_plane_error: BaseException | None = None
         self._pending_view: View | None = None
+        self._move_retry_at: float | None = None
         self._started = False
 
     # -- lifecycle -------------------------------------------------------------------------------
@@ -371,8 +375,11 @@ class Agent:
         machine = self._machine
         while not self._stop.is_set():
             now = time.monotonic()
+            if self._move_retry_at is not None and now >= self._move_retry_at:
+                assert machine.store is not None
+                self._move_data_plane(machine.store)
             deadline = machine.next_deadline()
-            if self._data_plane is not None and not machine.data_plane_ready:
+            if self._data_plane is not None and machine.awaiting_data_plane:
                 deadline = min(deadline or now + READY_POLL_S, now + READY_POLL_S)
             wait = None if deadline is None else max(0.0, deadline - now)
             try:
@@ -382,11 +389,7 @@ class Agent:
             if event is None:
                 break
             actions = machine.step(event)
-            if (
-                self._data_plane is not None
-                and not machine.data_plane_ready
-                and self._data_plane.ready
-            ):
+            if machine.awaiting_data_plane and self._data_plane_ready():
                 actions += machine.step(DataPlaneReady(time.monotonic()))
             for action in actions:
                 try:
@@ -401,6 +404,8 @@ class Agent:
             self._to_poll.put(action)
         elif isinstance(action, ConnectDataPlane):
             self._connect_data_plane(action.store)
+        elif isinstance(action, MoveDataPlane):
+            self._move_data_plane(action.store)
         elif isinstance(action, InstallView):
             self._install(action.view)
         elif isinstance(action, RankStateChanged):
@@ -435,13 +440,45 @@ class Agent:
             log.exception("rank %d: the data plane failed to start", self.rank)
             self._data_plane_error = exc
         else:
+            self._data_plane_error = None
             if self._pending_view is not None:
                 self._install(self._pending_view)
         self._publish()
 
-    def _install(self, view: View) -> None:
+    def _move_data_plane(self, store: StoreAddress) -> None:
+        """Follow the store the coordinator advertises now (it restarted, or another leads).
+
+        Views wait meanwhile (``_install`` keeps the latest); a failed move is tried again every
+        ``MOVE_RETRY_S`` while the machine holds the ACKs of views this rank is active in.
+        """
+        self._move_retry_at = None
         if self._data_plane is None:
-            self._pending_view = view
+            self._connect_data_plane(store)
+            return
+        try:
+            self._data_plane.switch_store(store.host, store.port)
+        except Exception as exc:
+            log.warning("rank %d: cannot move the data plane: %s", self.rank, exc)
+            self._move_retry_at = time.monotonic() + MOVE_RETRY_S
+            return
+        if self._pending_view is not None:
+            self._install(self._pending_view)
+
+    def _data_plane_ready(self) -> bool:
+        """The data plane is ready, on the store the coordinator advertised last."""
+        plane, store = self._data_plane, self._machine.store
+        return (
+            plane is not None
+            and plane.ready
+            and (store is None or plane.store_address == (store.host, store.port))
+        )
+
+    def _install(self, view: View) -> None:
+        store = self._machine.store
+        if self._data_plane is None or (
+            store is not None and self._data_plane.store_address != (store.host, store.port)
+        ):
+            self._pending_view = view  # installed once the data plane is on the store
         elif not view.active_ranks:
             pass  # every rank left: there is no group to build
         else:

@@ -26,6 +26,11 @@ The rules, in one place:
   a participant, it has joined, and, if it is in the new ``active_ranks``, its data plane is
   ready (a view that names a rank whose data plane cannot build it would fail on every member).
   ``view_committed`` installs the view in the data plane.
+- **The store moves with the coordinator.** Every answer of the updates names the rendezvous
+  store. The first address connects the data plane; another one (the coordinator restarted, or
+  another one leads) moves it there before anything else of that answer is acted on, and no
+  view in which this rank is active is ACKed until the host reports the data plane ready on
+  the new store (``DataPlaneReady``): its group would be built there.
 - **Fencing is the coordinator's.** ``stale_incarnation`` on any event, or a ``rank_state``
   naming another incarnation after our join, means another process now speaks for this rank:
   the machine stops (``Stopped("fenced")``) and sends nothing more.
@@ -204,6 +209,14 @@ class ConnectDataPlane:
 
 
 @dataclass(frozen=True)
+class MoveDataPlane:
+    """The coordinator advertises another store: move the data plane there, then report
+    ``DataPlaneReady``. Carried out before the actions that follow it."""
+
+    store: StoreAddress
+
+
+@dataclass(frozen=True)
 class InstallView:
     """A view committed: the data plane builds its group over ``view.active_ranks``."""
 
@@ -236,6 +249,7 @@ Action = (
     SendEvents
     | PollUpdates
     | ConnectDataPlane
+    | MoveDataPlane
     | InstallView
     | RankStateChanged
     | ShutdownWithSave
@@ -268,6 +282,7 @@ class AgentMachine:
     last_error: str | None = None
     data_plane_ready: bool = False
     store: StoreAddress | None = None
+    moving: bool = False
     _preparing: _Prepare | None = None
     _acked: int = 0
     _join_offset: int | None = None
@@ -293,6 +308,11 @@ class AgentMachine:
     @property
     def joined(self) -> bool:
         return self.phase == _JOINED
+
+    @property
+    def awaiting_data_plane(self) -> bool:
+        """True until the data plane is ready on the store last advertised."""
+        return not self.data_plane_ready or self.moving
 
     def next_deadline(self) -> float | None:
         """The earliest time at which a Tick may produce something; None if nothing is timed."""
@@ -333,9 +353,13 @@ class AgentMachine:
         """Fold a batch of updates in order, then act once on the result."""
         self._poll_backoff_s = 0.0
         actions: list[Action] = []
-        if event.store is not None and self.store is None:
+        if event.store is not None and event.store != self.store:
+            if self.store is None:
+                actions.append(ConnectDataPlane(event.store))
+            else:
+                self.moving = True
+                actions.append(MoveDataPlane(event.store))
             self.store = event.store
-            actions.append(ConnectDataPlane(event.store))
         old_view, old_state = self.view, self.own_state
         for update in event.updates:
             if update.get("offset", 0) <= self.after and not event.resync:
@@ -406,10 +430,15 @@ class AgentMachine:
         return []
 
     def _ready(self, event: DataPlaneReady) -> list[Action]:
+        """The data plane is ready (on the store last advertised, after a move)."""
         if not self.data_plane_ready:
             self.data_plane_ready = True
+            self.moving = False
             if self.phase == _JOINED:
                 self._queue_self_ready()
+            self._maybe_ack()
+        elif self.moving:
+            self.moving = False
             self._maybe_ack()
         return []
 
@@ -516,7 +545,7 @@ class AgentMachine:
             return
         if self.config.rank not in p.participants:
             return
-        if self.config.rank in p.active_ranks and not self.data_plane_ready:
+        if self.config.rank in p.active_ranks and self.awaiting_data_plane:
             return  # ACKed by DataPlaneReady
         self._acked = p.version
         self._queue("ack", version=p.version)

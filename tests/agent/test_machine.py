@@ -18,6 +18,7 @@ from agent.machine import (
     EventsFailed,
     InstallView,
     LinkEvidence,
+    MoveDataPlane,
     PollFailed,
     PollUpdates,
     RankStateChanged,
@@ -218,6 +219,45 @@ def test_store_address_connects_the_data_plane_once():
     assert ConnectDataPlane(STORE) in first
     second = m.step(updates(rank_state(13, "HEALTHY")))
     assert not [a for a in second if isinstance(a, ConnectDataPlane)]
+
+
+MOVED = StoreAddress("127.0.0.1", 29511)
+
+
+def test_a_moved_store_moves_the_data_plane_before_the_view_and_holds_the_ack():
+    """A coordinator restart or failover advertises another store: the data plane moves there
+    first, and a view this rank is active in is ACKed only once it is ready there."""
+    m = joined()
+    m.step(updates(committed(12, 1, [0, 1])))
+    actions = m.step(updates(prepare(20, 2, [1], [0, 1]), committed(21, 2, [1]), store=MOVED))
+    moves = [i for i, a in enumerate(actions) if isinstance(a, MoveDataPlane)]
+    installs = [i for i, a in enumerate(actions) if isinstance(a, InstallView)]
+    assert [actions[i] for i in moves] == [MoveDataPlane(MOVED)]
+    assert moves[0] < installs[0]
+    assert not [a for a in actions if isinstance(a, ConnectDataPlane)]
+    assert m.awaiting_data_plane
+
+    m2 = joined()
+    m2.step(updates(committed(12, 1, [0, 1])))
+    held = m2.step(updates(prepare(20, 2, [1], [0, 1]), store=MOVED))
+    assert MoveDataPlane(MOVED) in held and sent(held) == []
+    assert m2.step(Tick(0.1)) == []
+    ready = m2.step(DataPlaneReady(0.2))
+    assert sent(ready) == [
+        {"type": "ack", "group": "g", "rank": 1, "incarnation": INC, "version": 2}
+    ]  # self_ready was reported once, before the move; only the ACK goes now
+    assert not m2.awaiting_data_plane
+    again = m2.step(updates(rank_state(22, "HEALTHY"), store=MOVED))
+    assert not [a for a in again if isinstance(a, MoveDataPlane | ConnectDataPlane)]
+
+
+def test_a_rank_outside_the_next_view_acks_while_its_data_plane_moves():
+    """The twin: a rank that is not in the new ``active_ranks`` builds nothing there."""
+    m = joined()
+    m.step(updates(committed(12, 1, [0, 1])))
+    actions = m.step(updates(prepare(20, 2, [0], [0, 1]), store=MOVED))
+    assert MoveDataPlane(MOVED) in actions
+    assert kinds(actions) == ["ack"]
 
 
 def test_polls_resume_after_the_last_processed_offset_and_skip_repeats():
