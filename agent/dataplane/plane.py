@@ -169,16 +169,14 @@ class DataPlane:
             return
         session = self._open_session(host, port)
         with self._lock:
-            closed = self.closed.is_set()
-            if not closed:
-                old, self._session = self._session, session
-                view = self._view
-                self._lock.notify_all()  # the old watcher leaves at its next look
-        if closed:
-            session.heartbeat.stop(wait=False)
-            raise DataPlaneError(
-                f"rank {self.rank}: the data plane closed while switching to {host}:{port}"
-            )
+            if self.closed.is_set():
+                session.heartbeat.stop(wait=False)
+                raise DataPlaneError(
+                    f"rank {self.rank}: the data plane closed while switching to {host}:{port}"
+                )
+            old, self._session = self._session, session
+            view = self._view
+            self._lock.notify_all()  # the old watcher leaves at its next look
         if view is not None and view.active:
             # The liveness check of the installed view reads its members on the new store.
             try:
