@@ -315,6 +315,26 @@ async def test_two_writers_under_one_term_stay_gap_free(log: Log, target: str) -
         await other.close()
 
 
+async def test_many_logs_on_one_store_take_turns(log: Log, target: str) -> None:
+    """16 openers appending 8 records twice each, at once: every append lands contiguous."""
+    others = [await open_log(target) for _ in range(15)]
+    try:
+        writers = [log, *others]
+
+        async def caller(i: int, w: Log) -> list[list[int]]:
+            return [await w.append([hb(i, r * 8 + j) for j in range(8)]) for r in range(2)]
+
+        results = await asyncio.gather(*(caller(i, w) for i, w in enumerate(writers)))
+        batches = [batch for per_writer in results for batch in per_writer]
+        assert all(b == list(range(b[0], b[0] + 8)) for b in batches)
+        assert sorted(o for b in batches for o in b) == list(range(1, 16 * 2 * 8 + 1))
+        await log.set_consumer_offset("fold", 256)  # other writes take their turn too
+        assert await others[-1].get_consumer_offset("fold") == 256
+    finally:
+        for w in others:
+            await w.close()
+
+
 # -- consumers, projections, snapshots -------------------------------------------------------
 
 
