@@ -29,8 +29,15 @@ LONG_LOG = 200_000
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command. ``demo`` owns its options (``--db``, ``--port``, ``--help``): they are
+    passed to its own parser untouched, since a subparser's ``REMAINDER`` does not capture an
+    argument that starts with ``-``; every other command rejects what it does not know."""
     parser = _parser()
-    args = parser.parse_args(argv)
+    args, rest = parser.parse_known_args(argv)
+    if args.command == "demo":
+        args.rest = rest
+    elif rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
     if args.command is None:
         parser.print_help()
         return 2
@@ -100,8 +107,8 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--secret", default=None, help="the server secret (default: $FOLDPLANE_SECRET)")
     t.set_defaults(run=_token)
 
+    # The demo's options are its own parser's (see main): this one only names the command.
     d = sub.add_parser("demo", help="show the whole loop with real workers", add_help=False)
-    d.add_argument("rest", nargs=argparse.REMAINDER)
     d.set_defaults(run=_demo)
     return p
 
