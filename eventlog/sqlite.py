@@ -135,11 +135,11 @@ class SqliteLog(Log):
         params.append(limit)
 
         def run(conn: sqlite3.Connection) -> list[Record]:
+            # decode straight off the cursor: no intermediate list of a page's row tuples
             try:
-                rows = conn.execute(sql, params).fetchall()
+                return decode_rows(conn.execute(sql, params))
             except sqlite3.DatabaseError as exc:
                 raise LogError(f"reading {self.where} after offset {after} failed: {exc}") from exc
-            return decode_rows(rows)
 
         return await self._query(run)
 
