@@ -458,8 +458,8 @@ class Coordinator:
         replacement by a new incarnation, and (with ``failure=False``) a clean exit.
 
         The rank goes OFFLINE, leaves the usable-edge graph and the Healthy Set, stops being
-        awaited by the change in flight (it is dropped at once rather than at the ACK
-        deadline), and a failure of a non-exited incarnation is counted once against
+        awaited by the change in flight (dropped at once rather than at the ACK deadline, or,
+        after a clean exit, leaving the view without being dropped), and a failure of a non-exited incarnation is counted once against
         ``max_failure``. Budget and auto-deactivation follow in ``_settle``.
         """
         info = g.ranks[rank]
@@ -477,7 +477,7 @@ class Coordinator:
         change = g.change
         if change is not None and rank in change.waiting:
             change.waiting.discard(rank)
-            change.dropped.add(rank)
+            (change.exited if info.exited else change.dropped).add(rank)
         self._rank_state(g, rank, reason, record, effects)
 
     def _expire_heartbeats(self, g: GroupState, record: Record, effects: list[Effect]) -> None:
@@ -822,16 +822,26 @@ class Coordinator:
         self._attach_heads(g, record, effects)
 
     def _commit(self, g: GroupState, record: Record, effects: list[Effect]) -> None:
-        """Phase two: every participant ACKed or was dropped. Dropped ranks leave the view;
-        the proposals it carries resolve ``applied`` (or ``applied_with_dropped_ranks``)."""
+        """Phase two: every participant ACKed, was dropped or exited. Dropped and exited ranks
+        leave the view (only the dropped ones are reported as dropped); the proposals it
+        carries resolve ``applied`` (or ``applied_with_dropped_ranks``).
+
+        A view never commits with empty ``active_ranks``: if every rank of the new active set
+        left first, see :meth:`_commit_without_target`."""
         change = g.change
         assert change is not None
+        gone = change.dropped | change.exited
+        active = tuple(r for r in change.active if r not in gone)
+        if not active:
+            self._commit_without_target(g, record, effects)
+            return
         g.change = None
         dropped = tuple(sorted(change.dropped))
+        exited = ranks_text(r for r in change.active if r in change.exited)
         view = View(
             group=g.name,
             version=change.version,
-            active_ranks=tuple(r for r in change.active if r not in change.dropped),
+            active_ranks=active,
             rank_states={r: info.state for r, info in enumerate(g.ranks)},
             healthy_set=tuple(sorted(g.healthy)),
             cause=change.cause(),
@@ -850,7 +860,55 @@ class Coordinator:
             reason = f"committed in version {view.version}"
             if dropped:
                 reason += f"; dropped ranks {ranks_text(dropped)} (no ACK)"
+            if exited != "[]":
+                reason += f"; exited cleanly before it committed: {exited}"
             self._resolve(g, pid, status, view.version, reason, record, effects, dropped)
+        self._enforce_budget(g, record, effects)
+
+    def _commit_without_target(self, g: GroupState, record: Record, effects: list[Effect]) -> None:
+        """Every rank of the change's new active set exited or was dropped before the commit.
+
+        An empty view is never committed. If participants of the old view are still online
+        (they ACKed, all of them: the commit waits for that), the version commits for them, so
+        the ranks that are left keep a view to run on and no ACKed version is ever prepared
+        again with other contents. If nobody is left (every worker exited or died), the change
+        is withdrawn: the last committed view stays current, a record of the ranks that ran in
+        it; rank states say who exited and who failed, and the budget has already judged the
+        losses. Either way the change's proposals did not take effect and are rejected."""
+        change = g.change
+        assert change is not None
+        g.change = None
+        left = (
+            f"every rank of version {change.version}'s active ranks {ranks_text(change.active)} "
+            f"left before it committed (exited {ranks_text(change.exited)}, dropped "
+            f"{ranks_text(change.dropped)})"
+        )
+        live = tuple(r for r in sorted(change.acked) if g.ranks[r].state != OFFLINE)
+        if live:
+            cause = change.cause()
+            cause["detail"] += f"; {left}, so it keeps the live ranks {ranks_text(live)}"
+            view = View(
+                group=g.name,
+                version=change.version,
+                active_ranks=live,
+                rank_states={r: info.state for r, info in enumerate(g.ranks)},
+                healthy_set=tuple(sorted(g.healthy)),
+                cause=cause,
+                acked_ranks=tuple(sorted(change.acked)),
+                dropped_ranks=tuple(sorted(change.dropped)),
+                offset=record.offset,
+                ts=self._now,
+            )
+            g.view = view
+            g.budget_due = True
+            if g.formation == FORMING:
+                g.formation = FORMED
+            effects.append(ViewCommitted(view=view, offset=record.offset))
+            outcome = f"{left}; version {view.version} keeps {ranks_text(live)}"
+        else:
+            outcome = f"{left}; version {g.version} stays current"
+        for pid in change.proposals:
+            self._resolve(g, pid, REJECTED, None, outcome, record, effects)
         self._enforce_budget(g, record, effects)
 
     def _fail_formation(

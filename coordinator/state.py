@@ -99,6 +99,7 @@ class Change:
         "waiting",
         "acked",
         "dropped",
+        "exited",
         "ack_deadline",
         "kind",
         "proposals",
@@ -122,7 +123,10 @@ class Change:
         #: participants whose ACK is still awaited (neither ACKed nor dropped)
         self.waiting: set[int] = set(participants)
         self.acked: set[int] = set()
+        #: participants lost while awaited (no ACK): they leave the view as dropped ranks
         self.dropped: set[int] = set()
+        #: participants that exited cleanly while awaited: they leave the view, not dropped
+        self.exited: set[int] = set()
         self.ack_deadline = ack_deadline
         self.kind = kind
         self.proposals = proposals
@@ -142,6 +146,7 @@ class Change:
             "participants": list(self.participants),
             "acked": sorted(self.acked),
             "dropped": sorted(self.dropped),
+            "exited": sorted(self.exited),
             "ack_deadline": self.ack_deadline,
             "kind": self.kind,
             "proposals": list(self.proposals),
@@ -161,7 +166,8 @@ class Change:
         )
         change.acked = set(d["acked"])
         change.dropped = set(d["dropped"])
-        change.waiting -= change.acked | change.dropped
+        change.exited = set(d.get("exited", ()))
+        change.waiting -= change.acked | change.dropped | change.exited
         return change
 
 

@@ -51,6 +51,7 @@ def group_status(g: GroupState) -> dict[str, Any]:
             "participants": list(change.participants),
             "acked": sorted(change.acked),
             "dropped": sorted(change.dropped),
+            "exited": sorted(change.exited),
             "ack_deadline_ts": change.ack_deadline,
             "cause": change.cause(),
         },

@@ -103,7 +103,7 @@ class Script:
         change = status["change_in_flight"]
         out: list[Effect] = []
         for r in change["participants"]:
-            if r not in change["acked"] and r not in change["dropped"]:
+            if r not in change["acked"] + change["dropped"] + change["exited"]:
                 out += self.ack(r, change["version"], group)
         return out
 

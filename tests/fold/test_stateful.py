@@ -82,6 +82,7 @@ class FoldMachine(RuleBasedStateMachine):
                 self.check_admitted(e)
             elif isinstance(e, ViewCommitted):
                 v = e.view
+                assert v.active_ranks, f"version {v.version} committed an empty view"
                 assert self.in_flight.get(v.group) == v.version
                 assert v.version == self.committed.get(v.group, 0) + 1
                 self.committed[v.group] = v.version
@@ -96,6 +97,11 @@ class FoldMachine(RuleBasedStateMachine):
                 self.outcomes[p.id] = p
         for pid, p in self.outcomes.items():
             assert m.proposal(pid) == p, f"proposal {pid} changed after its outcome"
+        for group, version in self.in_flight.items():
+            if version is not None and m.group_status(group)["change_in_flight"] is None:
+                # withdrawn: every rank of it left and nobody was left to commit it for
+                assert all(r["state"] == OFFLINE for r in m.group_status(group)["ranks"])
+                self.in_flight[group] = None
 
     def check_admitted(self, prep: ViewPrepare) -> None:
         status = self.s.m.group_status(prep.group)
