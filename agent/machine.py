@@ -267,6 +267,7 @@ class _Prepare:
     version: int
     active_ranks: tuple[int, ...]
     participants: tuple[int, ...]
+    offset: int = 0
 
 
 @dataclass
@@ -284,7 +285,7 @@ class AgentMachine:
     store: StoreAddress | None = None
     moving: bool = False
     _preparing: _Prepare | None = None
-    _acked: int = 0
+    _acked: tuple[int, int] = (0, 0)  # (version, offset) of the last prepare ACKed
     _join_offset: int | None = None
     _own_offline_offset: int = 0
     _successor_offset: int = 0
@@ -482,6 +483,7 @@ class AgentMachine:
             version,
             tuple(update.get("active_ranks", ())),
             tuple(update.get("participants", ())),
+            int(update.get("offset", 0)),
         )
 
     def _on_committed(self, update: Mapping[str, Any]) -> None:
@@ -541,13 +543,15 @@ class AgentMachine:
 
     def _maybe_ack(self) -> None:
         p = self._preparing
-        if p is None or p.version <= self._acked or self.phase != _JOINED:
+        # Once per prepare, not once per version: a change the coordinator withdrew (everyone in
+        # it left) is followed by a new prepare of the same version at a later offset.
+        if p is None or (p.version, p.offset) <= self._acked or self.phase != _JOINED:
             return
         if self.config.rank not in p.participants:
             return
         if self.config.rank in p.active_ranks and self.awaiting_data_plane:
             return  # ACKed by DataPlaneReady
-        self._acked = p.version
+        self._acked = (p.version, p.offset)
         self._queue("ack", version=p.version)
 
     # -- event answers ---------------------------------------------------------------------------

@@ -323,6 +323,17 @@ def test_each_version_is_acked_once():
     assert kinds(again) == []
 
 
+def test_a_version_prepared_again_after_a_withdrawal_is_acked_again():
+    """The twin of the test above: a later prepare of the same version is a new barrier."""
+    m = joined()
+    m.step(updates(prepare(20, 2, [0, 1], [0, 1])))
+    m.step(ok(1))
+    again = m.step(updates(prepare(30, 2, [0, 1], [0, 1])))
+    assert sent(again) == [
+        {"type": "ack", "group": "g", "rank": 1, "incarnation": INC, "version": 2}
+    ]
+
+
 def test_a_stale_version_answer_to_an_ack_is_ignored():
     m = joined()
     m.step(updates(prepare(20, 2, [0, 1], [0, 1])))
