@@ -25,8 +25,12 @@ def available() -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     names = available()
     p = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
-    p.add_argument("names", nargs="*", metavar="NAME", help=f"benchmarks to run (default: all of {names})")
-    p.add_argument("--quick", action="store_true", help="smaller sizes; about a minute per benchmark")
+    p.add_argument(
+        "names", nargs="*", metavar="NAME", help=f"benchmarks to run (default: all of {names})"
+    )
+    p.add_argument(
+        "--quick", action="store_true", help="smaller sizes; about a minute per benchmark"
+    )
     p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     args = p.parse_args(argv)
     chosen = args.names or names

@@ -63,7 +63,17 @@ def _fmt(x: float | None) -> str:
 
 
 def print_table(results: list[Result]) -> None:
-    cols = ["bench", "metric", "unit", "median", "p99", "baseline", "baseline median", "ratio", "target"]
+    cols = [
+        "bench",
+        "metric",
+        "unit",
+        "median",
+        "p99",
+        "baseline",
+        "baseline median",
+        "ratio",
+        "target",
+    ]
     rows = [
         [
             r.bench,
@@ -78,7 +88,9 @@ def print_table(results: list[Result]) -> None:
         ]
         for r in results
     ]
-    widths = [max(len(c), *(len(row[i]) for row in rows)) if rows else len(c) for i, c in enumerate(cols)]
+    widths = [
+        max(len(c), *(len(row[i]) for row in rows)) if rows else len(c) for i, c in enumerate(cols)
+    ]
     line = "  ".join(c.ljust(w) for c, w in zip(cols, widths, strict=True))
     print(line)
     print("  ".join("-" * w for w in widths))
