@@ -38,42 +38,63 @@ def _labelled(name: str, label: str, values: Mapping[str, int | float]) -> Itera
         yield f'foldplane_{name}{{{label}="{_escape(str(key))}"}} {values[key]}'
 
 
+def _scalar(name: str, kind: str, help_: str, value: int | float) -> list[str]:
+    return [*_family(name, kind, help_), f"foldplane_{name} {value}"]
+
+
+def _by_label(
+    name: str, kind: str, help_: str, label: str, values: Mapping[str, int | float]
+) -> list[str]:
+    return [*_family(name, kind, help_), *_labelled(name, label, values)]
+
+
 async def render(host: Host) -> str:
     m = host.metrics
     head = await host.log.head() if not host.log.closed else host.applied_offset
-    lines: list[str] = []
-    lines += _family("appends_total", "counter", "Records appended to the log, by kind.")
-    lines += _labelled("appends_total", "kind", m.appends)
-    lines += _family("append_batches_total", "counter", "Group commits the host issued.")
-    lines.append(f"foldplane_append_batches_total {m.append_batches}")
-    lines += _family("view_changes_total", "counter", "Committed views, by group.")
-    lines += _labelled("view_changes_total", "group", m.view_changes)
-    lines += _family("proposals_total", "counter", "Proposals resolved, by outcome.")
-    lines += _labelled("proposals_total", "outcome", m.proposals)
-    lines += _family(
-        "fenced_inputs_total", "counter", "Inputs refused (fenced or invalid), by code."
-    )
-    lines += _labelled("fenced_inputs_total", "code", m.fenced)
-    lines += _family(
-        "updates_undelivered_total", "counter", "Agent updates dropped before their rank read them."
-    )
-    lines.append(f"foldplane_updates_undelivered_total {host.journals.undelivered}")
-    lines += _family("updates_resync_total", "counter", "Long-poll answers that had to resync.")
-    lines.append(f"foldplane_updates_resync_total {m.resyncs}")
-    lines += _family("snapshots_total", "counter", "Fold snapshots written.")
-    lines.append(f"foldplane_snapshots_total {m.snapshots}")
-    lines += _family("fold_lag_records", "gauge", "Durable records not yet folded.")
-    lines.append(f"foldplane_fold_lag_records {max(0, head - host.machine.offset)}")
-    lines += _family("log_head", "gauge", "The last durable offset.")
-    lines.append(f"foldplane_log_head {head}")
-    lines += _family("fold_offset", "gauge", "The offset the fold has applied.")
-    lines.append(f"foldplane_fold_offset {host.machine.offset}")
-    lines += _family("term", "gauge", "The leadership term this coordinator appends under.")
-    lines.append(f"foldplane_term {host.log.term}")
-    lines += _family("groups", "gauge", "Groups known to the fold.")
-    lines.append(f"foldplane_groups {len(list(host.machine.groups()))}")
-    lines += _family("queue_depth", "gauge", "Inputs waiting for the host loop.")
-    lines.append(f"foldplane_queue_depth {host.queue_depth}")
+    lines = [
+        *_by_label(
+            "appends_total", "counter", "Records appended to the log, by kind.", "kind", m.appends
+        ),
+        *_scalar(
+            "append_batches_total", "counter", "Group commits the host issued.", m.append_batches
+        ),
+        *_by_label(
+            "view_changes_total", "counter", "Committed views, by group.", "group", m.view_changes
+        ),
+        *_by_label(
+            "proposals_total", "counter", "Proposals resolved, by outcome.", "outcome", m.proposals
+        ),
+        *_by_label(
+            "fenced_inputs_total",
+            "counter",
+            "Inputs refused (fenced or invalid), by code.",
+            "code",
+            m.fenced,
+        ),
+        *_scalar(
+            "updates_undelivered_total",
+            "counter",
+            "Agent updates dropped before their rank read them.",
+            host.journals.undelivered,
+        ),
+        *_scalar(
+            "updates_resync_total", "counter", "Long-poll answers that had to resync.", m.resyncs
+        ),
+        *_scalar("snapshots_total", "counter", "Fold snapshots written.", m.snapshots),
+        *_scalar(
+            "fold_lag_records",
+            "gauge",
+            "Durable records not yet folded.",
+            max(0, head - host.machine.offset),
+        ),
+        *_scalar("log_head", "gauge", "The last durable offset.", head),
+        *_scalar("fold_offset", "gauge", "The offset the fold has applied.", host.machine.offset),
+        *_scalar(
+            "term", "gauge", "The leadership term this coordinator appends under.", host.log.term
+        ),
+        *_scalar("groups", "gauge", "Groups known to the fold.", len(list(host.machine.groups()))),
+        *_scalar("queue_depth", "gauge", "Inputs waiting for the host loop.", host.queue_depth),
+    ]
     hist = m.fold_latency
     lines += _family(
         "fold_latency_seconds", "histogram", "From an input's arrival to its effects carried out."
