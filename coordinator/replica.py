@@ -72,6 +72,8 @@ async def open_host(
         target, address=address, settings=settings or LeaseSettings(), **options
     )
     host.start()
+    # Serve once the first lease round is known, so /healthz names the leader from the start.
+    await host.first_round()
     return host
 
 
@@ -90,6 +92,7 @@ class ReplicaHost(Host):
         self._lease: Lease | None = None
         self._generation: int | None = None
         self._roles: asyncio.Task[None] | None = None
+        self._first_round = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
         #: Projection rows derived while following, until the leader's are known written.
@@ -123,6 +126,16 @@ class ReplicaHost(Host):
     def start(self) -> None:
         """Start the role loop; the host's own loop and ticker start on promotion."""
         self._roles = asyncio.get_running_loop().create_task(self._run_roles())
+
+    async def first_round(self) -> None:
+        """Wait until the first claim of the lease has an answer (won, lost to a named leader,
+        or the lease unreachable), or the role loop ended."""
+        assert self._roles is not None, "start the host first"
+        waiter = asyncio.ensure_future(self._first_round.wait())
+        try:
+            await asyncio.wait({waiter, self._roles}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiter.cancel()
 
     async def close(self, *, snapshot: bool = True) -> None:
         """Stop following or leading; a leader snapshots, then releases the lease at once."""
@@ -184,9 +197,11 @@ class ReplicaHost(Host):
                     log.warning("cannot reach the lease: %s", exc)
                 else:
                     if state.won is not None:
+                        self._first_round.set()
                         await self._lead(state.won)
                         continue
                     self._learn_leader(state.leader)
+                self._first_round.set()
                 await self._follow_for(self.lease.settings.poll_s)
         except asyncio.CancelledError:
             raise
