@@ -17,7 +17,7 @@ import asyncio
 import contextlib
 import time
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Collection, Sequence
+from collections.abc import AsyncIterator, Awaitable, Collection, Sequence
 
 from eventlog.errors import LogClosed
 from eventlog.projection import ProjectionRow, encode_projection
@@ -309,7 +309,8 @@ class Log(ABC):
     # -- what a store provides ---------------------------------------------------------------
 
     @abstractmethod
-    async def _append_rows(self, rows: list[Row]) -> list[int]: ...
+    def _append_rows(self, rows: list[Row]) -> Awaitable[list[int]]:
+        """Make ``rows`` durable in one atomic append; the awaitable gives their offsets."""
 
     @abstractmethod
     async def _read(

@@ -112,11 +112,11 @@ class PostgresLog(Log):
 
     # -- the writer -------------------------------------------------------------------------
 
-    async def _append_rows(self, rows: list[Row]) -> list[int]:
+    def _append_rows(self, rows: list[Row]) -> asyncio.Future[list[int]]:
         fut: asyncio.Future[list[int]] = asyncio.get_running_loop().create_future()
         self._jobs.append(_Append(rows, fut))
         self._has_jobs.set()
-        return await fut
+        return fut
 
     async def _write_loop(self) -> None:
         while True:

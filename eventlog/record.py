@@ -102,31 +102,73 @@ def validate(rec: NewRecord) -> bytes:
 
     Everything a store could refuse is refused here, before the record joins a batch: a bad
     record must fail alone, never the other callers' records committed with it.
+
+    Every append passes through here, so the common case (a known kind, a group name seen
+    before, plain ints) is decided by a few identity and set tests; anything else takes the
+    full checks below, which also word the errors.
     """
-    if not isinstance(rec.kind, str) or rec.kind not in KINDS:
-        raise InvalidRecord(f"unknown kind {rec.kind!r}; expected one of {sorted(KINDS)}")
-    if rec.group is not None and (
-        not isinstance(rec.group, str) or not _GROUP_RE.fullmatch(rec.group)
+    kind, group, rank, ts = rec.kind, rec.group, rec.rank, rec.ts
+    if not (
+        type(kind) is str
+        and kind in KINDS
+        and (group is None or (type(group) is str and group in _good_groups))
+        and (rank is None or (type(rank) is int and 0 <= rank <= MAX_RANK))
+        and (ts is None or (type(ts) is int and 0 <= ts <= MAX_TS))
     ):
-        raise InvalidRecord(
-            f"group {rec.group!r} is not a valid name (1-64 of A-Z a-z 0-9 . _ -, "
-            "starting with a letter or digit)"
-        )
-    if rec.rank is not None and (
-        isinstance(rec.rank, bool) or not isinstance(rec.rank, int) or not 0 <= rec.rank <= MAX_RANK
-    ):
-        raise InvalidRecord(
-            f"rank {rec.rank!r} must be a non-negative integer up to {MAX_RANK}, or null"
-        )
-    if rec.ts is not None and (
-        isinstance(rec.ts, bool) or not isinstance(rec.ts, int) or not 0 <= rec.ts <= MAX_TS
-    ):
-        raise InvalidRecord(f"ts {rec.ts!r} must be non-negative integer nanoseconds below 2**63")
+        _check_fields(kind, group, rank, ts)
     return encode_payload(rec.payload)
+
+
+#: Group names already found valid (the regex runs once per name, not once per record);
+#: emptied when it grows past ``_GOOD_GROUPS_MAX`` so a stream of new names cannot grow it.
+_good_groups: set[str] = set()
+_GOOD_GROUPS_MAX = 4096
+
+
+def _check_fields(kind: Any, group: Any, rank: Any, ts: Any) -> None:
+    if not isinstance(kind, str) or kind not in KINDS:
+        raise InvalidRecord(f"unknown kind {kind!r}; expected one of {sorted(KINDS)}")
+    if group is not None:
+        if not isinstance(group, str) or not _GROUP_RE.fullmatch(group):
+            raise InvalidRecord(
+                f"group {group!r} is not a valid name (1-64 of A-Z a-z 0-9 . _ -, "
+                "starting with a letter or digit)"
+            )
+        if type(group) is str:
+            if len(_good_groups) >= _GOOD_GROUPS_MAX:
+                _good_groups.clear()
+            _good_groups.add(group)
+    if rank is not None and (
+        isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank <= MAX_RANK
+    ):
+        raise InvalidRecord(
+            f"rank {rank!r} must be a non-negative integer up to {MAX_RANK}, or null"
+        )
+    if ts is not None and (
+        isinstance(ts, bool) or not isinstance(ts, int) or not 0 <= ts <= MAX_TS
+    ):
+        raise InvalidRecord(f"ts {ts!r} must be non-negative integer nanoseconds below 2**63")
 
 
 # offset, ts, term, rank (-1: null), byte lengths of kind and group (0xFFFF: null group)
 _HEAD = struct.Struct("<qqqqHH")
+
+
+def head_packer() -> Any:
+    """``pack(offset, ts, term, rank or -1, kind length, group length or 0xFFFF)``: the header
+    of ``checksum``'s layout, for hot paths that compute it inline."""
+    return _HEAD.pack
+
+
+def checksum_tail(kind: str, group: str | None) -> tuple[bytes, int, int]:
+    """The bytes after the header in ``checksum``'s layout (kind, then group) and the two
+    lengths the header carries. Hot paths compute ``crc32(head + tail + payload)`` with it,
+    looking the tail up per ``(kind, group)`` instead of encoding both for every record."""
+    k = kind.encode()
+    if group is None:
+        return k, len(k), 0xFFFF
+    g = group.encode()
+    return k + g, len(k), len(g)
 
 
 def checksum(

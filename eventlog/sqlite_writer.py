@@ -34,17 +34,29 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from zlib import crc32
 
 from eventlog.errors import LogClosed, LogError, StaleTermError
-from eventlog.record import checksum
+from eventlog.record import checksum_tail, head_packer
 
 MAX_BATCH_ROWS = 8192
 MAX_BATCH_BYTES = 8 << 20
 
-_INSERT = (
-    "INSERT INTO log (seq, term, ts_ns, kind, grp, rank, payload, crc) "
-    "VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
-)
+_pack_head = head_packer()
+
+#: Rows per INSERT statement at most. Each statement inserts a power of two of rows (a batch of
+#: 100 goes in as 64 + 32 + 4), so a handful of prepared statements serve every batch size.
+#: One multi-row statement is one ``sqlite3_step``: ``executemany`` would step, and so drop and
+#: retake the GIL, once per row, fighting the event loop thread for it on every record.
+CHUNK_ROWS = 256
+
+
+def _insert_sql(rows: int) -> str:
+    values = ", ".join(["(?, ?, ?, ?, ?, ?, ?, ?)"] * rows)
+    return f"INSERT INTO log (seq, term, ts_ns, kind, grp, rank, payload, crc) VALUES {values}"
+
+
+_INSERTS = {1 << k: _insert_sql(1 << k) for k in range(CHUNK_ROWS.bit_length())}
 
 
 @dataclass(slots=True)
@@ -252,16 +264,22 @@ class SqliteWriter:
             if head_term != self.term:
                 raise StaleTermError(self.term, head_term)
             term = self.term
-            params = []
+            params: list[Any] = []
+            extend = params.extend
             results = []
+            tails: dict[tuple[str, str | None], tuple[bytes, int, int]] = {}
             for job in jobs:
                 start = seq
                 for ts, kind, grp, rank, payload in job.rows:
-                    crc = checksum(seq, ts, term, kind, grp, rank, payload)
-                    params.append((seq, term, ts, kind, grp, rank, payload, crc))
+                    try:
+                        tail, klen, glen = tails[kind, grp]
+                    except KeyError:
+                        tail, klen, glen = tails[kind, grp] = checksum_tail(kind, grp)
+                    head = _pack_head(seq, ts, term, -1 if rank is None else rank, klen, glen)
+                    extend((seq, term, ts, kind, grp, rank, payload, crc32(head + tail + payload)))
                     seq += 1
                 results.append(list(range(start, seq)))
-            conn.executemany(_INSERT, params)
+            _insert_rows(conn, params)
             conn.execute("UPDATE log_head SET next_seq = ? WHERE id = 1", (seq,))
             conn.execute("COMMIT")
         except BaseException:
@@ -314,6 +332,17 @@ class SqliteWriter:
             if not job.future.done():
                 job.future.set_result(offsets)
         self._on_commit(head)
+
+
+def _insert_rows(conn: sqlite3.Connection, params: list[Any]) -> None:
+    """Insert the flattened rows (8 values each) in power-of-two multi-row statements."""
+    left = len(params) // 8
+    at = 0
+    while left:
+        n = min(CHUNK_ROWS, 1 << (left.bit_length() - 1))
+        conn.execute(_INSERTS[n], params[at : at + 8 * n])
+        at += 8 * n
+        left -= n
 
 
 def _set_result(fut: asyncio.Future[Any], value: Any) -> None:

@@ -94,6 +94,19 @@ async def test_read_refuses_bad_arguments(log: Log) -> None:
         await log.read(kinds="join")
 
 
+@pytest.mark.parametrize("size", [255, 256, 257, 1000, 8192])
+async def test_a_large_batch_is_stored_whole_and_in_order(log: Log, size: int) -> None:
+    """Batches cross the store's internal statement sizes; every record lands, checksummed."""
+    await log.append([hb(0)])
+    offsets = await log.append([hb(i % 7, i) for i in range(size)])
+    assert offsets == list(range(2, size + 2))
+    records = await log.read(1, size + 1)
+    assert [r.payload["i"] for r in records] == list(range(size))
+    for r in records:
+        payload = encode_payload(r.payload)
+        assert r.checksum == checksum(r.offset, r.ts, r.term, r.kind, r.group, r.rank, payload)
+
+
 async def test_concurrent_appends_share_commits(log: Log) -> None:
     before = log.commits
     offsets = await asyncio.gather(*(log.append([hb(i % 8, i)]) for i in range(400)))
@@ -157,6 +170,10 @@ async def test_one_append_is_contiguous_among_concurrent_appends(log: Log) -> No
             NewRecord(kind="join", group="train\n"),
             r"record 1: group 'train\\n' is not a valid name",
         ),
+        # refused after the same group was accepted, so a remembered good name lets nothing by
+        (NewRecord(kind="join", group="train", rank=True), r"record 1: rank True must be"),
+        (NewRecord(kind="join", group="train", ts=1.5), r"record 1: ts 1.5 must be"),  # type: ignore[arg-type]
+        (NewRecord(kind="join", group=7), r"record 1: group 7 is not a valid name"),  # type: ignore[arg-type]
     ],
 )
 async def test_bad_record_refuses_the_whole_batch(log: Log, bad: object, message: str) -> None:
@@ -479,7 +496,7 @@ async def test_sqlite_writer_survives_a_failing_write(tmp_path, monkeypatch) -> 
 
     log = await open_log(tmp_path / "log.db")
     try:
-        real = sqlite_writer.checksum
+        real = sqlite_writer._insert_rows
         calls = {"n": 0}
 
         def failing_once(*args):
@@ -488,7 +505,8 @@ async def test_sqlite_writer_survives_a_failing_write(tmp_path, monkeypatch) -> 
                 raise RuntimeError("disk on fire")
             return real(*args)
 
-        monkeypatch.setattr(sqlite_writer, "checksum", failing_once)
+        # fails inside the transaction, after BEGIN and the head read, before any row
+        monkeypatch.setattr(sqlite_writer, "_insert_rows", failing_once)
         with pytest.raises(LogError, match="disk on fire"):
             await log.append([hb(0)])
         assert await log.append([hb(1)]) == [1]  # nothing of the failed batch was written
