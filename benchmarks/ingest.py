@@ -130,7 +130,10 @@ async def _log_alone(seconds: float) -> float:
 
             async def produce() -> None:
                 while time.perf_counter() < deadline:
-                    count[0] += len(await log.append(batch))
+                    # await first: ``count[0] += len(await ...)`` reads the count before the
+                    # await and so loses every other producer's appends made meanwhile
+                    offsets = await log.append(batch)
+                    count[0] += len(offsets)
 
             t0 = time.perf_counter()
             await asyncio.gather(*(produce() for _ in range(HOSTS)))
