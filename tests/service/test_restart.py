@@ -49,7 +49,9 @@ async def test_restart_replays_only_the_tail_after_the_last_snapshot(tmp_path):
     again = await Host.open(db, snapshot_every=500)
     try:
         assert again.machine.offset == head
-        assert 0 < again.replayed_on_start <= 500 + 8  # the tail, not the whole log
+        # the tail, not the whole log: at most snapshot_every, plus the batches that arrived
+        # while the last snapshot was being written
+        assert 0 < again.replayed_on_start <= 2 * 500
         assert again.machine.group_status("big") == status_before
         assert again.journals.since("big", 0, 0) is None  # older updates: resync
         answer = await again.updates("big", 0, 0, timeout=0)
