@@ -118,6 +118,14 @@ async def get_updates(
     after: int = Query(0, ge=0, le=2**62, description="the last offset processed (exclusive)"),
     timeout: float = Query(25.0, ge=0.0, le=MAX_POLL_S, description="seconds to wait"),
 ) -> Response:
+    return await answer_updates(request, group, rank, after, timeout)
+
+
+async def answer_updates(
+    request: Request, group: str, rank: int, after: int, timeout: float
+) -> Response:
+    """The long poll itself, for the route above and for the fast path (``api.fastpath``),
+    which calls it with a query it has parsed to the same bounds."""
     principal = principal_of(request)
     if not principal.speaks_for(group, rank):
         raise ApiError(

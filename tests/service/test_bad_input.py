@@ -217,6 +217,31 @@ def test_unknown_things_are_json_404s_and_wrong_methods_405(fuzz_server):
     assert typo.status_code == 422 and "heartbeat_timeuot_s" in typo.json()["detail"]
 
 
+def test_the_long_poll_fast_path_answers_as_the_documented_route(fuzz_server):
+    """``GET /agents/updates`` is served ahead of the framework when its query is plainly well
+    formed; an extra parameter (which the route ignores) sends the same request through the
+    framework instead, and both must answer alike."""
+    _, client = fuzz_server
+    cases = [
+        {"group": GROUP, "rank": 1, "timeout": 0},
+        {"group": GROUP, "rank": 1, "after": 2, "timeout": "0.0"},
+        {"group": "nope", "rank": 0, "timeout": 0},  # 404
+        {"group": GROUP, "rank": 4, "timeout": 0},  # 422 rank_out_of_range
+    ]
+    for params in cases:
+        fast = client.get("/agents/updates", params=params)
+        framework = client.get("/agents/updates", params={**params, "via": "framework"})
+        assert (fast.status_code, fast.json()) == (framework.status_code, framework.json())
+    # what only the framework words: a missing or malformed parameter
+    for params in (
+        {"group": GROUP},
+        {"group": GROUP, "rank": -1},
+        {"group": GROUP, "rank": 1, "timeout": 61},
+    ):
+        r = client.get("/agents/updates", params=params)
+        assert r.status_code == 422 and r.json()["error"] == "invalid_request", r.text
+
+
 def test_the_openapi_document_is_complete(fuzz_server, openapi):
     _, client = fuzz_server
     refs: set[str] = set()
