@@ -76,17 +76,21 @@ def decode_rows(rows: Iterable[Any]) -> list[Record]:
 def _decode_rows(rows: Iterable[Any]) -> list[Record]:
     out: list[Record] = []
     append = out.append
-    tails: dict[tuple[Any, Any], tuple[bytes, int, int]] = {}
+    # (kind, group) -> checksum tail, its two lengths, and one shared copy of the two strings
+    tails: dict[tuple[Any, Any], tuple[bytes, int, int, Any, Any]] = {}
+    last_kind = last_grp = None
+    tail, klen, glen = b"", 0, 0
     for seq, ts, term, kind, grp, rank, payload, crc in rows:
         try:
-            try:
-                tail, klen, glen = tails[kind, grp]
-            except KeyError:
-                tail, klen, glen = tails[kind, grp] = checksum_tail(kind, grp)
+            if kind != last_kind or grp != last_grp:  # runs of one kind are the common case
+                known = tails.get((kind, grp))
+                if known is None:
+                    known = tails[kind, grp] = (*checksum_tail(kind, grp), kind, grp)
+                tail, klen, glen, last_kind, last_grp = known
             head = _head(seq, ts, term, -1 if rank is None else rank, klen, glen)
             if crc32(head + tail + payload) != crc:
                 _explain(seq, ts, term, kind, grp, rank, payload, crc)
-            append(Record(seq, ts, term, kind, grp, rank, _decode(payload), crc))
+            append(Record(seq, ts, term, last_kind, last_grp, rank, _decode(payload), crc))
         except ChecksumError:
             raise
         except Exception:
