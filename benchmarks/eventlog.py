@@ -5,7 +5,8 @@ Every figure is the median over trials on a fresh log. Baselines are measured in
 - appends: a naive writer that commits every record on its own (the same schema and
   durability: WAL + ``synchronous=FULL`` on SQLite, an autocommitted statement on PostgreSQL),
   driven by the same 100 concurrent producers;
-- replay: plain sqlite3 rows decoded with the stdlib ``json`` and no checksum check.
+- replay: plain sqlite3 rows decoded with the stdlib ``json`` and no checksum check; and the
+  bare minimum, the same with msgspec's decoder (no checksum, no ``Record``).
 
 PostgreSQL figures need the server on 127.0.0.1:5432 (``FOLDPLANE_BENCH_PG`` overrides the URL);
 each trial uses its own schema, dropped afterwards. Without a server they are left out.
@@ -24,8 +25,10 @@ import uuid
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import asyncpg
+import msgspec
 
 from benchmarks.harness import (
     Result,
@@ -280,7 +283,17 @@ async def replay(log: Log, page: int = 10_000) -> tuple[int, float, float]:
     return count, count / (time.perf_counter() - t0), count / (time.process_time() - cpu0)
 
 
-def naive_replay(path: str, page: int = 10_000) -> float:
+_msgspec_dict = msgspec.json.Decoder(dict).decode
+
+
+def msgspec_decode(data: bytes) -> Any:
+    return _msgspec_dict(data)
+
+
+def naive_replay(
+    path: str, decode: Callable[[bytes], Any] = json.loads, page: int = 10_000
+) -> float:
+    """Plain sqlite3 reads page by page, each payload decoded by ``decode``; nothing else."""
     conn = sqlite3.connect(path)
     t0 = time.perf_counter()
     after = count = 0
@@ -289,7 +302,7 @@ def naive_replay(path: str, page: int = 10_000) -> float:
         "ORDER BY seq LIMIT ?",
         (after, page),
     ).fetchall():
-        decoded = [(r[0], json.loads(r[6])) for r in rows]
+        decoded = [(r[0], decode(r[6])) for r in rows]
         count += len(decoded)
         after = rows[-1][0]
     conn.close()
@@ -428,6 +441,11 @@ async def measure(quick: bool) -> list[Result]:
                     if store == "sqlite"
                     else None
                 )
+                floor = (
+                    median([naive_replay(target, msgspec_decode) for _ in range(trials)])
+                    if store == "sqlite"
+                    else None
+                )
                 await targets.drop()
                 note(
                     f"{store} replay of {n:,}: {median(rates):,.0f} records/s "
@@ -446,6 +464,20 @@ async def measure(quick: bool) -> list[Result]:
                         extra={"records_per_cpu_second": round(median(cpu_rates))},
                     )
                 )
+                if floor is not None:
+                    # the same read with the fastest decoder and nothing else: no checksum,
+                    # no Record; how close the log's own read path comes to the bare minimum
+                    results.append(
+                        Result(
+                            BENCH,
+                            f"{store} replay, {n:,} records, against the bare minimum",
+                            "records/s",
+                            median(rates),
+                            baseline="sqlite3 + msgspec decode, no checksum, no Record",
+                            baseline_median=floor,
+                            ratio=higher_is_better_ratio(median(rates), floor),
+                        )
+                    )
         finally:
             await targets.drop()
     return results
