@@ -36,7 +36,7 @@ from benchmarks.harness import (
     median,
     percentile,
 )
-from eventlog import Log, NewRecord, open_log
+from eventlog import READ_PAGE, Log, NewRecord, open_log
 from eventlog.record import checksum, encode_payload
 
 BENCH = "eventlog"
@@ -273,7 +273,7 @@ async def fill(log: Log, n: int) -> None:
         await log.append([heartbeat(i % 64, start + i) for i in range(min(chunk, n - start))])
 
 
-async def replay(log: Log, page: int = 10_000) -> tuple[int, float, float]:
+async def replay(log: Log, page: int = READ_PAGE) -> tuple[int, float, float]:
     """Read the whole log page by page: (records, records/s, records per CPU-second)."""
     t0, cpu0 = time.perf_counter(), time.process_time()
     after = count = 0
@@ -291,7 +291,7 @@ def msgspec_decode(data: bytes) -> Any:
 
 
 def naive_replay(
-    path: str, decode: Callable[[bytes], Any] = json.loads, page: int = 10_000
+    path: str, decode: Callable[[bytes], Any] = json.loads, page: int = READ_PAGE
 ) -> float:
     """Plain sqlite3 reads page by page, each payload decoded by ``decode``; nothing else."""
     conn = sqlite3.connect(path)

@@ -32,7 +32,7 @@ import msgspec
 from benchmarks.harness import Result, lower_is_better_ratio, median
 from coordinator.effects import RankState, ViewPrepare
 from coordinator.machine import Coordinator
-from eventlog import open_log
+from eventlog import READ_PAGE, open_log
 from eventlog.record import NewRecord, Record
 
 S = 1_000_000_000
@@ -207,7 +207,7 @@ async def _replay(path: Path, fold: bool) -> tuple[float, float, Coordinator | N
     after = 0
     try:
         while True:
-            page = await log.read(after, 10_000)
+            page = await log.read(after, READ_PAGE)
             if not page:
                 break
             if m is not None:

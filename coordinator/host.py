@@ -62,7 +62,7 @@ from eventlog import (
     StaleTermError,
     open_log,
 )
-from eventlog.record import checksum, decode_payload, validate
+from eventlog.record import READ_PAGE, checksum, decode_payload, validate
 
 log = logging.getLogger("foldplane.host")
 
@@ -671,7 +671,7 @@ class Host:
     async def _catch_up(self) -> None:
         """Fold every record the log holds beyond the fold's offset (start, or after an error)."""
         while True:
-            page = await self.log.read(after=self.machine.offset, limit=1000)
+            page = await self.log.read(after=self.machine.offset, limit=READ_PAGE)
             if not page:
                 break
             self._last_ts = max(self._last_ts, page[-1].ts)

@@ -24,9 +24,9 @@ from coordinator.effects import ViewCommitted
 from coordinator.host import CONSUMER
 from coordinator.machine import Coordinator
 from coordinator.projections import PROJECTION_KINDS, rows_for, view_doc
-from eventlog import Log, open_log
+from eventlog import READ_PAGE, Log, open_log
 
-PAGE = 5000
+PAGE = READ_PAGE
 Key = tuple[str, str, int]
 
 

@@ -36,6 +36,12 @@ KINDS: frozenset[str] = frozenset(
 #: The largest encoded payload a single record may carry.
 MAX_PAYLOAD_BYTES = 64 * 1024
 
+#: Records per ``Log.read`` for a long scan (a replay, a restart's tail): large enough that a
+#: page's fixed cost (one query, one hop to the reader thread and back) is spread thin, small
+#: enough that a page's rows and records stay in the CPU caches while they are decoded
+#: (10,000 was a few percent slower here).
+READ_PAGE = 5000
+
 _GROUP_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 _encoder = msgspec.json.Encoder(order="sorted")
