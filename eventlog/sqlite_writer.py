@@ -47,8 +47,16 @@ _pack_head = head_packer()
 #: Rows per INSERT statement at most. Each statement inserts a power of two of rows (a batch of
 #: 100 goes in as 64 + 32 + 4), so a handful of prepared statements serve every batch size.
 #: One multi-row statement is one ``sqlite3_step``: ``executemany`` would step, and so drop and
-#: retake the GIL, once per row, fighting the event loop thread for it on every record.
+#: retake the GIL, once per row, fighting the event loop thread for it on every record. SQLite
+#: builds before 3.32 allow only 999 parameters a statement; ``chunk_rows`` honours the limit.
 CHUNK_ROWS = 256
+
+
+def chunk_rows(conn: sqlite3.Connection) -> int:
+    """The largest power of two of rows, at most CHUNK_ROWS, whose 8 parameters each fit in
+    one statement on this SQLite."""
+    fit = min(CHUNK_ROWS, conn.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER) // 8)
+    return 1 << (fit.bit_length() - 1)
 
 
 def _insert_sql(rows: int) -> str:
@@ -151,6 +159,7 @@ class SqliteWriter:
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._checkpointer = Checkpointer(path)
         self._conn: sqlite3.Connection | None = None
+        self._chunk = CHUNK_ROWS
         self._lock_fd: int | None = None
         self._thread = threading.Thread(
             target=self._run, name="eventlog-sqlite-writer", daemon=True
@@ -226,6 +235,7 @@ class SqliteWriter:
     def _connection(self) -> sqlite3.Connection:
         if self._conn is None:
             self._conn = connect_writer(self._path)
+            self._chunk = chunk_rows(self._conn)
         return self._conn
 
     @contextlib.contextmanager
@@ -279,7 +289,7 @@ class SqliteWriter:
                     extend((seq, term, ts, kind, grp, rank, payload, crc32(head + tail + payload)))
                     seq += 1
                 results.append(list(range(start, seq)))
-            _insert_rows(conn, params)
+            _insert_rows(conn, params, self._chunk)
             conn.execute("UPDATE log_head SET next_seq = ? WHERE id = 1", (seq,))
             conn.execute("COMMIT")
         except BaseException:
@@ -334,12 +344,13 @@ class SqliteWriter:
         self._on_commit(head)
 
 
-def _insert_rows(conn: sqlite3.Connection, params: list[Any]) -> None:
-    """Insert the flattened rows (8 values each) in power-of-two multi-row statements."""
+def _insert_rows(conn: sqlite3.Connection, params: list[Any], chunk: int) -> None:
+    """Insert the flattened rows (8 values each) in power-of-two multi-row statements of at
+    most ``chunk`` rows."""
     left = len(params) // 8
     at = 0
     while left:
-        n = min(CHUNK_ROWS, 1 << (left.bit_length() - 1))
+        n = min(chunk, 1 << (left.bit_length() - 1))
         conn.execute(_INSERTS[n], params[at : at + 8 * n])
         at += 8 * n
         left -= n

@@ -513,3 +513,25 @@ async def test_sqlite_writer_survives_a_failing_write(tmp_path, monkeypatch) -> 
         assert [r.rank for r in await log.read()] == [1]
     finally:
         await log.close()
+
+
+async def test_sqlite_inserts_fit_an_old_sqlites_parameter_limit(tmp_path, monkeypatch) -> None:
+    """SQLite before 3.32 allows 999 parameters a statement: batches still go in whole."""
+    import sqlite3
+
+    from eventlog import sqlite_writer
+
+    real = sqlite_writer.connect_writer
+
+    def old_sqlite(path):
+        conn = real(path)
+        conn.setlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, 999)
+        return conn
+
+    monkeypatch.setattr(sqlite_writer, "connect_writer", old_sqlite)
+    log = await open_log(tmp_path / "log.db")
+    try:
+        assert await log.append([hb(i % 7, i) for i in range(1000)]) == list(range(1, 1001))
+        assert [r.payload["i"] for r in await log.read(0, 2000)] == list(range(1000))
+    finally:
+        await log.close()
