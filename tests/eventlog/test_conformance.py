@@ -258,15 +258,15 @@ async def test_tail_ends_when_the_log_is_closed(target: str) -> None:
     log = await open_log(target)
     await log.append([hb(0)])
     seen: list[int] = []
+    got_one = asyncio.Event()
 
     async def follow() -> None:
         async for rec in log.tail():
             seen.append(rec.offset)
+            got_one.set()
 
     task = asyncio.create_task(follow())
-    await log.wait(0)
-    while not seen:
-        await asyncio.sleep(0.01)
+    await asyncio.wait_for(got_one.wait(), 10)
     await log.close()
     await asyncio.wait_for(task, 10)  # returns, no exception
     assert seen == [1]
@@ -454,7 +454,8 @@ async def test_a_closed_log_refuses_calls(target: str) -> None:
 async def test_closing_wakes_waiters_with_log_closed(target: str) -> None:
     log = await open_log(target)
     waiter = asyncio.create_task(log.wait(0))
-    await asyncio.sleep(0.01)
+    while not log._waiting and not waiter.done():  # until it waits (a close before is another case)
+        await asyncio.sleep(0)
     await log.close()
     with pytest.raises(LogClosed):
         await asyncio.wait_for(waiter, 10)
