@@ -15,7 +15,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 import uuid
@@ -23,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks._http import Connection
+from coordinator.cli import serve_argv
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -43,21 +43,9 @@ class Coordinator:
 
     def start(self, timeout: float = 120.0) -> Coordinator:
         self.process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "coordinator",
-                "serve",
-                "--db",
-                str(self.db),
-                "--port",
-                str(self.port),
-                "--store-port",
-                "-1",
-                "--log-level",
-                "warning",
-                *self.args,
-            ],
+            serve_argv(
+                str(self.db), self.port, "--store-port", "-1", "--log-level", "warning", *self.args
+            ),
             cwd=ROOT,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,

@@ -197,6 +197,12 @@ async def _serve_async(args: argparse.Namespace, auth: Any) -> int:
         del store
 
 
+def serve_argv(db: str, port: int, *options: str) -> list[str]:
+    """The command line of ``python -m coordinator serve --db DB --port PORT [options]`` under
+    this interpreter: how the demo, the benchmarks and the tests start a coordinator process."""
+    return [sys.executable, "-m", "coordinator", "serve", "--db", db, "--port", str(port), *options]
+
+
 #: How long a thread may hold the GIL while another waits for it (CPython's default: 5 ms).
 GIL_SWITCH_INTERVAL_S = 0.0005
 

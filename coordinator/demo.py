@@ -25,6 +25,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from coordinator.cli import serve_argv
+
 GROUP = "demo"
 WORLD_SIZE = 4
 VICTIM = 2
@@ -144,22 +146,11 @@ class Demo:
 
     def _start_server(self) -> None:
         self.server = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "coordinator",
-                "serve",
-                "--db",
+            serve_argv(
                 str(self.db),
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(self.port),
-                "--store-port",
-                "0",
-                "--log-level",
-                "warning",
-            ],  # fmt: skip
+                self.port,
+                *("--host", "127.0.0.1", "--store-port", "0", "--log-level", "warning"),
+            ),
         )
         deadline = time.monotonic() + 60
         while True:

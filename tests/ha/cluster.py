@@ -23,6 +23,7 @@ import asyncpg
 import httpx
 
 from agent.client import CoordinatorUnavailable
+from coordinator.cli import serve_argv
 from tests.conftest import PG_URL, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -86,15 +87,9 @@ class Node:
     def start(self) -> Node:
         with open(self.log_path, "ab") as out:
             self.process = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "coordinator",
-                    "serve",
-                    "--db",
+                serve_argv(
                     schema_url(self.schema),
-                    "--port",
-                    str(self.port),
+                    self.port,
                     "--store-port",
                     "-1",
                     "--lease-s",
@@ -104,7 +99,7 @@ class Node:
                     "--log-level",
                     "info",
                     *self.args,
-                ],
+                ),
                 cwd=ROOT,
                 env={**os.environ, "FOLDPLANE_TOKEN": "", "FOLDPLANE_SECRET": ""},
                 stdout=out,

@@ -19,6 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from coordinator.cli import serve_argv
 from tests.conftest import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -51,19 +52,7 @@ class Server:
         env = {**os.environ, **self.env}
         with open(self.log_path, "ab") as out:
             self.process = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "coordinator",
-                    "serve",
-                    "--db",
-                    str(self.db),
-                    "--port",
-                    str(self.port),
-                    "--log-level",
-                    "warning",
-                    *self.args,
-                ],
+                serve_argv(str(self.db), self.port, "--log-level", "warning", *self.args),
                 cwd=ROOT,
                 env=env,
                 stdout=out,
