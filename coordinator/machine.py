@@ -844,23 +844,7 @@ class Coordinator:
         g.change = None
         dropped = tuple(sorted(change.dropped))
         exited = ranks_text(r for r in change.active if r in change.exited)
-        view = View(
-            group=g.name,
-            version=change.version,
-            active_ranks=active,
-            rank_states={r: info.state for r, info in enumerate(g.ranks)},
-            healthy_set=tuple(sorted(g.healthy)),
-            cause=change.cause(),
-            acked_ranks=tuple(sorted(change.acked)),
-            dropped_ranks=dropped,
-            offset=record.offset,
-            ts=self._now,
-        )
-        g.view = view
-        g.budget_due = True
-        if g.formation == FORMING:
-            g.formation = FORMED
-        effects.append(ViewCommitted(view=view, offset=record.offset))
+        view = self._commit_view(g, change, active, change.cause(), record, effects)
         status = APPLIED_WITH_DROPPED_RANKS if dropped else APPLIED
         for pid in change.proposals:
             reason = f"committed in version {view.version}"
@@ -870,6 +854,35 @@ class Coordinator:
                 reason += f"; exited cleanly before it committed: {exited}"
             self._resolve(g, pid, status, view.version, reason, record, effects, dropped)
         self._enforce_budget(g, record, effects)
+
+    def _commit_view(
+        self,
+        g: GroupState,
+        change: Change,
+        active: tuple[int, ...],
+        cause: dict[str, Any],
+        record: Record,
+        effects: list[Effect],
+    ) -> View:
+        """Make ``change``'s version, with ``active`` ranks, the group's committed view."""
+        view = View(
+            group=g.name,
+            version=change.version,
+            active_ranks=active,
+            rank_states={r: info.state for r, info in enumerate(g.ranks)},
+            healthy_set=tuple(sorted(g.healthy)),
+            cause=cause,
+            acked_ranks=tuple(sorted(change.acked)),
+            dropped_ranks=tuple(sorted(change.dropped)),
+            offset=record.offset,
+            ts=self._now,
+        )
+        g.view = view
+        g.budget_due = True
+        if g.formation == FORMING:
+            g.formation = FORMED
+        effects.append(ViewCommitted(view=view, offset=record.offset))
+        return view
 
     def _commit_without_target(self, g: GroupState, record: Record, effects: list[Effect]) -> None:
         """Every rank of the change's new active set exited or was dropped before the commit.
@@ -893,23 +906,7 @@ class Coordinator:
         if live:
             cause = change.cause()
             cause["detail"] += f"; {left}, so it keeps the live ranks {ranks_text(live)}"
-            view = View(
-                group=g.name,
-                version=change.version,
-                active_ranks=live,
-                rank_states={r: info.state for r, info in enumerate(g.ranks)},
-                healthy_set=tuple(sorted(g.healthy)),
-                cause=cause,
-                acked_ranks=tuple(sorted(change.acked)),
-                dropped_ranks=tuple(sorted(change.dropped)),
-                offset=record.offset,
-                ts=self._now,
-            )
-            g.view = view
-            g.budget_due = True
-            if g.formation == FORMING:
-                g.formation = FORMED
-            effects.append(ViewCommitted(view=view, offset=record.offset))
+            view = self._commit_view(g, change, live, cause, record, effects)
             outcome = f"{left}; version {view.version} keeps {ranks_text(live)}"
         else:
             outcome = f"{left}; version {g.version} stays current"
