@@ -62,7 +62,7 @@ from eventlog import (
     StaleTermError,
     open_log,
 )
-from eventlog.record import READ_PAGE, checksum, decode_payload, validate
+from eventlog.record import READ_PAGE, Encoded, checksum, decode_payload, validate
 
 log = logging.getLogger("foldplane.host")
 
@@ -526,8 +526,12 @@ class Host:
             return
         ts = self._next_ts()
         try:
+            # validated and encoded on arrival (_enqueue): the log does not encode them again
             offsets = await self.log.append(
-                [msgspec.structs.replace(i.record, ts=ts) for i in accepted]
+                [
+                    Encoded(msgspec.structs.replace(i.record, ts=ts), i.payload_bytes)
+                    for i in accepted
+                ]
             )
         except StaleTermError as exc:
             self._stop(HostUnavailable("not_leader", str(exc)), accepted)

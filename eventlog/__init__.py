@@ -10,7 +10,15 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from eventlog.record import KINDS, MAX_PAYLOAD_BYTES, READ_PAGE, InvalidRecord, NewRecord, Record
+from eventlog.record import (
+    KINDS,
+    MAX_PAYLOAD_BYTES,
+    READ_PAGE,
+    Encoded,
+    InvalidRecord,
+    NewRecord,
+    Record,
+)
 
 if TYPE_CHECKING:
     from eventlog.base import Log
@@ -46,6 +54,7 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "Encoded",
     "READ_PAGE",
     "KINDS",
     "MAX_PAYLOAD_BYTES",

@@ -21,26 +21,45 @@ from collections.abc import AsyncIterator, Awaitable, Collection, Sequence
 
 from eventlog.errors import LogClosed
 from eventlog.projection import ProjectionRow, encode_projection
-from eventlog.record import InvalidRecord, NewRecord, Record, validate
+from eventlog.record import (
+    MAX_PAYLOAD_BYTES,
+    Encoded,
+    InvalidRecord,
+    NewRecord,
+    Record,
+    validate,
+    validate_fields,
+)
 
 #: One validated record on its way to storage: (ts_ns, kind, group, rank, encoded payload).
 Row = tuple[int, str, str | None, int | None, bytes]
 
 
-def prepare(records: Sequence[NewRecord]) -> list[Row]:
+def prepare(records: Sequence[NewRecord | Encoded]) -> list[Row]:
     """Validate a whole batch before anything is written; stamp ``ts`` where the caller left it out.
 
-    The error names the index of the first bad record, so a caller can find it in its batch.
+    An :class:`Encoded` record brings its payload already encoded; its other fields are checked
+    all the same. The error names the index of the first bad record, so a caller can find it in
+    its batch.
     """
-    if isinstance(records, NewRecord):
+    if isinstance(records, NewRecord | Encoded):
         raise InvalidRecord("append takes a sequence of NewRecord, got a single NewRecord")
     now = time.time_ns()
     rows: list[Row] = []
     for i, rec in enumerate(records):
-        if not isinstance(rec, NewRecord):
-            raise InvalidRecord(f"record {i}: expected a NewRecord, got {type(rec).__name__}")
         try:
-            payload = validate(rec)
+            if type(rec) is Encoded:
+                payload = rec.payload
+                rec = rec.record
+                if type(payload) is not bytes or len(payload) > MAX_PAYLOAD_BYTES:
+                    raise InvalidRecord("an Encoded payload must be validate()'s bytes")
+                if not isinstance(rec, NewRecord):
+                    raise InvalidRecord(f"expected a NewRecord, got {type(rec).__name__}")
+                validate_fields(rec)
+            elif isinstance(rec, NewRecord):
+                payload = validate(rec)
+            else:
+                raise InvalidRecord(f"expected a NewRecord, got {type(rec).__name__}")
         except InvalidRecord as exc:
             raise InvalidRecord(f"record {i}: {exc}") from None
         rows.append((now if rec.ts is None else rec.ts, rec.kind, rec.group, rec.rank, payload))
@@ -85,7 +104,7 @@ class Log(ABC):
         """How many append transactions this Log committed (group commit makes it < appends)."""
         return self._commits
 
-    async def append(self, records: Sequence[NewRecord]) -> list[int]:
+    async def append(self, records: Sequence[NewRecord | Encoded]) -> list[int]:
         """Append a batch atomically; return its offsets once the commit is durable.
 
         Every record is validated first; one bad record refuses the whole batch and nothing is

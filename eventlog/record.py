@@ -103,6 +103,16 @@ MAX_RANK = 2**31 - 1
 MAX_TS = 2**63 - 1
 
 
+class Encoded(msgspec.Struct, frozen=True, gc=False):
+    """A record whose payload a caller already encoded with :func:`validate` (the coordinator
+    validates each input on arrival, to answer a bad one alone). ``Log.append`` takes it
+    without encoding the payload again; its other fields are still checked there. Build it only
+    from ``validate(record)``'s result for that record's payload."""
+
+    record: NewRecord
+    payload: bytes
+
+
 def validate(rec: NewRecord) -> bytes:
     """Check a record before append; return its encoded payload. Raises InvalidRecord.
 
@@ -113,6 +123,12 @@ def validate(rec: NewRecord) -> bytes:
     before, plain ints) is decided by a few identity and set tests; anything else takes the
     full checks below, which also word the errors.
     """
+    validate_fields(rec)
+    return encode_payload(rec.payload)
+
+
+def validate_fields(rec: NewRecord) -> None:
+    """:func:`validate` without the payload: kind, group, rank and ts. Raises InvalidRecord."""
     kind, group, rank, ts = rec.kind, rec.group, rec.rank, rec.ts
     if not (
         type(kind) is str
@@ -122,7 +138,6 @@ def validate(rec: NewRecord) -> bytes:
         and (ts is None or (type(ts) is int and 0 <= ts <= MAX_TS))
     ):
         _check_fields(kind, group, rank, ts)
-    return encode_payload(rec.payload)
 
 
 #: Group names already found valid (the regex runs once per name, not once per record);

@@ -17,7 +17,7 @@ from eventlog import (
     StaleTermError,
     open_log,
 )
-from eventlog.record import checksum, encode_payload
+from eventlog.record import Encoded, checksum, encode_payload, validate
 
 
 def hb(rank: int, i: int = 0, group: str = "train") -> NewRecord:
@@ -183,6 +183,24 @@ async def test_bad_record_refuses_the_whole_batch(log: Log, bad: object, message
     assert await log.head() == 1
     assert [r.rank for r in await log.read()] == [0]
     assert await log.append([hb(3)]) == [2]  # the log goes on, gap-free
+
+
+async def test_an_encoded_record_is_stored_with_its_bytes_and_its_fields_still_checked(
+    log: Log,
+) -> None:
+    rec = hb(0, 7)
+    assert await log.append([Encoded(rec, validate(rec))]) == [1]
+    (back,) = await log.read()
+    assert back.payload == {"i": 7}
+    assert back.checksum == checksum(1, back.ts, back.term, "heartbeat", "train", 0, b'{"i":7}')
+    for bad, message in [
+        (Encoded(NewRecord(kind="jion"), b"{}"), r"record 1: unknown kind 'jion'"),
+        (Encoded(hb(1), "{}"), r"record 1: an Encoded payload must be"),  # type: ignore[arg-type]
+        (Encoded({"kind": "join"}, b"{}"), r"record 1: expected a NewRecord, got dict"),  # type: ignore[arg-type]
+    ]:
+        with pytest.raises(InvalidRecord, match=message):
+            await log.append([hb(2), bad])
+    assert await log.head() == 1  # nothing of the refused batches was written
 
 
 async def test_append_of_a_single_record_not_in_a_list_is_refused(log: Log) -> None:
