@@ -20,7 +20,11 @@ _encoder = msgspec.json.Encoder()
 
 
 async def read_json(request: Request, type_: type[T]) -> T:
-    body = await request.body()
+    return decode_json(await request.body(), type_)
+
+
+def decode_json(body: bytes, type_: type[T]) -> T:
+    """A request body as ``type_``, or ``422 invalid_request`` naming what is wrong."""
     if not body:
         raise ApiError(422, "invalid_request", "the request needs a JSON body")
     try:
@@ -34,6 +38,15 @@ async def read_json(request: Request, type_: type[T]) -> T:
 def convert(value: Any, type_: type[T]) -> T:
     """Validate an already decoded JSON value (strictly: no string-to-number coercion)."""
     return msgspec.convert(value, type_)
+
+
+def encode_json(value: Any) -> bytes:
+    return _encoder.encode(value)
+
+
+def raw_json_response(body: bytes, status: int = 200) -> Response:
+    """An answer whose JSON is already encoded."""
+    return Response(body, status, media_type="application/json")
 
 
 def json_response(value: Any, status: int = 200) -> Response:

@@ -3,39 +3,39 @@
 ``POST /agents/events`` carries the heartbeats, nearly all of the traffic (tens of thousands of
 events a second); ``GET /agents/updates`` is the long poll every agent host keeps open, and a
 view change answers all of them at once (twice: prepare, then commit). The framework's
-per-request machinery (its middleware stack, routing, dependency solving, exception wrapping)
-costs more than the coordinator's own work for either. :class:`Service` is the ASGI application
-the server runs: it answers those paths directly with the same handlers as the documented
-routes (``api.routes.agents``), so the behaviour and the OpenAPI document stay those of the
-routes, and hands everything else to the FastAPI app. A long poll whose query is anything but
-plainly well formed goes to the framework too, which words the ``422``. Errors on the fast path
-are answered here in the same ``{"error", "detail"}`` shape.
+per-request machinery (its middleware stack, routing, dependency solving, exception wrapping,
+request and response objects) costs more than the coordinator's own work for either.
+:class:`Service` is the ASGI application the server runs: it answers those paths itself, with
+plain ASGI messages, by the same functions the documented routes call
+(``api.routes.agents.events_answer`` and ``updates_answer``), so the behaviour and the OpenAPI
+document stay those of the routes; everything else goes to the FastAPI app. A long poll whose
+query is anything but plainly well formed goes to the framework too, which words the ``422``.
+Errors on the fast path are answered here in the same ``{"error", "detail"}`` shape.
 """
 
 from __future__ import annotations
 
 import re
-from functools import partial
 from typing import Any
 from urllib.parse import parse_qsl
 
 from fastapi import FastAPI
-from starlette.requests import Request
-from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from api.errors import ApiError, BodyTooLarge, error_response
 from api.limits import BodySizeLimit
-from api.routes.agents import MAX_POLL_S, answer_updates, post_events
-from coordinator.auth import AuthError
+from api.routes.agents import MAX_POLL_S, events_answer, updates_answer
+from coordinator.auth import Authenticator, AuthError, Principal
 from coordinator.host import HostUnavailable
 
 PATH = "/agents/events"
 UPDATES = "/agents/updates"
 
+_JSON = (b"content-type", b"application/json")
+
 
 class Service:
-    """The coordinator's ASGI application: the body size limit, the events fast path, FastAPI."""
+    """The coordinator's ASGI application: the body size limit, the agents' fast paths, FastAPI."""
 
     def __init__(self, app: FastAPI, *, max_body_bytes: int) -> None:
         self.app = app
@@ -52,20 +52,37 @@ class Service:
         await self._limited(scope, receive, send)
 
     async def _dispatch(self, scope: Scope, receive: Receive, send: Send) -> None:
-        handler: Any = None
         if scope["type"] == "http":
-            if scope["path"] == PATH and scope["method"] == "POST":
-                handler = post_events
-            elif scope["path"] == UPDATES and scope["method"] == "GET":
+            path, method = scope["path"], scope["method"]
+            if path == PATH and method == "POST":
+                await self._answer(scope, receive, send, None)
+                return
+            if path == UPDATES and method == "GET":
                 query = updates_query(scope.get("query_string", b""))
                 if query is not None:
-                    handler = partial(_updates, query=query)
-        if handler is None:
-            await self.app(scope, receive, send)
-            return
-        scope["app"] = self.app
+                    await self._answer(scope, receive, send, query)
+                    return
+        await self.app(scope, receive, send)
+
+    async def _answer(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        query: tuple[str, int, int, float] | None,
+    ) -> None:
+        """Answer one request on a fast path: the events when ``query`` is None, else the long
+        poll it names."""
+        state = self.app.state
         try:
-            response = await handler(Request(scope, receive))
+            principal = _principal(state.auth, scope)
+            if query is None:
+                body = await _read_body(receive)
+                if body is None:  # the client went away before sending it all
+                    return
+                answer = await events_answer(state, principal, body)
+            else:
+                answer = await updates_answer(state, principal, *query)
         except ApiError as exc:
             response = error_response(exc.status, exc.code, exc.detail, **exc.extra)
         except AuthError as exc:
@@ -74,11 +91,40 @@ class Service:
             response = error_response(503, exc.code, exc.detail, **_leader(exc))
         except BodyTooLarge as exc:
             response = error_response(413, "body_too_large", str(exc))
+        else:
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 200,
+                    "headers": [_JSON, (b"content-length", b"%d" % len(answer))],
+                }
+            )
+            await send({"type": "http.response.body", "body": answer})
+            return
         await response(scope, receive, send)
 
 
-async def _updates(request: Request, *, query: tuple[str, int, int, float]) -> Response:
-    return await answer_updates(request, *query)
+def _principal(auth: Authenticator, scope: Scope) -> Principal:
+    """Who the request's ``Authorization`` header speaks for (what ``api.deps.principal_of``
+    does for a framework request)."""
+    if not auth.enabled:
+        return auth.authenticate(None)
+    for name, value in scope["headers"]:
+        if name == b"authorization":
+            return auth.authenticate(value.decode("latin-1"))
+    return auth.authenticate(None)
+
+
+async def _read_body(receive: Receive) -> bytes | None:
+    """The whole request body, or None if the client disconnected first."""
+    chunks: list[bytes] = []
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
 _DIGITS = re.compile(r"[0-9]{1,19}")

@@ -43,7 +43,7 @@ from coordinator.effects import (
     ViewPrepare,
 )
 from coordinator.host_metrics import HostMetrics
-from coordinator.journal import Update, UpdateJournals
+from coordinator.journal import Update, UpdateJournals, encoded
 from coordinator.machine import Coordinator
 from coordinator.projections import (
     committed_update,
@@ -122,6 +122,14 @@ class UpdatesAnswer:
     updates: list[Update]
     next_after: int
     resync: bool
+    #: ``updates`` as JSON, one per update (the journals encode each update once).
+    encoded: list[msgspec.Raw] | None = None
+
+    def json(self) -> list[msgspec.Raw]:
+        """The updates as JSON, for the answer's body."""
+        if self.encoded is not None:
+            return self.encoded
+        return [raw for _, raw in map(encoded, self.updates)]
 
 
 class _Reply:
@@ -341,27 +349,41 @@ class Host:
         [outcome] = await self._enqueue([record], key, precheck)
         return outcome
 
-    async def submit_many(self, records: Sequence[NewRecord]) -> list[Outcome]:
-        """Several inputs at once (an agent host's batch); one outcome per input, in order."""
-        return await self._enqueue(records, None, None)
+    async def submit_many(
+        self, records: Sequence[NewRecord], *, normalized: bool = False
+    ) -> list[Outcome]:
+        """Several inputs at once (an agent host's batch); one outcome per input, in order.
+
+        ``normalized``: each payload is already exactly what decoding its JSON gives back
+        (plain dicts, lists, str, int, bool, None; ``msgspec.to_builtins`` of a validated
+        request does that), so the fold can take it as it is instead of a decoded copy.
+        """
+        return await self._enqueue(records, None, None, normalized=normalized)
 
     def _enqueue(
-        self, records: Sequence[NewRecord], key: tuple[Any, ...] | None, precheck: Precheck | None
+        self,
+        records: Sequence[NewRecord],
+        key: tuple[Any, ...] | None,
+        precheck: Precheck | None,
+        *,
+        normalized: bool = False,
     ) -> asyncio.Future[list[Outcome]]:
         if self._unavailable is not None:
             raise self._unavailable
         loop = asyncio.get_running_loop()
         reply = _Reply(loop.create_future(), len(records))
         now = loop.time()
+        queue = self._queue
         for index, record in enumerate(records):
             try:
                 payload_bytes = validate(record)
             except InvalidRecord as exc:
                 reply.set(index, Refusal("invalid_event", str(exc)))
                 continue
-            # What the fold sees must be exactly what a reader of the log decodes.
-            normalized = msgspec.structs.replace(record, payload=decode_payload(payload_bytes))
-            self._queue.append(_Input(normalized, payload_bytes, reply, index, key, precheck, now))
+            if not normalized:
+                # What the fold sees must be exactly what a reader of the log decodes.
+                record = msgspec.structs.replace(record, payload=decode_payload(payload_bytes))
+            queue.append(_Input(record, payload_bytes, reply, index, key, precheck, now))
         self._has_input.set()
         return reply.future
 
@@ -389,21 +411,27 @@ class Host:
         first publish for the group, else empty at ``timeout``."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
+        journals = self.journals
         while True:
-            waiter = self.journals.waiter(group)
-            got = self.journals.since(group, rank, after)
-            if got is None:
-                return self._resync(group, rank)
-            if got:
-                next_after = got[-1]["offset"]
-                self.journals.mark_delivered(group, rank, next_after)
-                return UpdatesAnswer(got, next_after, False)
-            remaining = deadline - loop.time()
-            if remaining <= 0 or self._unavailable is not None or self._draining:
-                return UpdatesAnswer([], max(after, self._applied), False)
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(remaining):
-                    await waiter.wait()
+            waiter = journals.waiter(group)
+            try:
+                got = journals.entries_since(group, rank, after)
+                if got is None:
+                    return self._resync(group, rank)
+                if got:
+                    next_after = got[-1][0]["offset"]
+                    journals.mark_delivered(group, rank, next_after)
+                    return UpdatesAnswer(
+                        [u for u, _ in got], next_after, False, [raw for _, raw in got]
+                    )
+                remaining = deadline - loop.time()
+                if remaining <= 0 or self._unavailable is not None or self._draining:
+                    return UpdatesAnswer([], max(after, self._applied), False)
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(remaining):
+                        await waiter
+            finally:
+                journals.forget(group, waiter)
 
     def _resync(self, group: str, rank: int) -> UpdatesAnswer:
         """The current state instead of the updates the journal no longer holds."""

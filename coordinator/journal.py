@@ -15,29 +15,55 @@ Rules:
 - A dropped entry that its rank had not yet read is counted as *undelivered*: the broadcast is
   best effort, and the metric says how much of it was lost (the rank then resyncs).
 
-This module is plain data plus an asyncio wake-up per group; the host owns it.
+- Each update is encoded to JSON once, when it is published: a view change's updates go to every
+  agent host's long poll, and a 512-rank ``view_committed`` is about 50 kB of JSON.
+- A publish wakes the group's long polls a few at a time, one batch per turn of the event loop
+  (:meth:`UpdateJournals.wake`). Waking all of them at once would answer every poll of a large
+  group before the loop next reads a socket, and every heartbeat that arrived meanwhile would
+  wait for all those answers; released in turns, they share the loop with the heartbeats.
+
+This module is plain data plus asyncio futures for the long polls; the host owns it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import deque
 from typing import Any
 
+import msgspec
+
 Update = dict[str, Any]
+#: An update beside its JSON encoding.
+Entry = tuple[Update, msgspec.Raw]
+
+#: How many long polls a publish releases per turn of the event loop while the loop keeps up.
+RELEASE_PER_TURN = 2
+#: A turn of the loop longer than this means requests are waiting (heartbeats, mostly): the
+#: release holds back until a turn is shorter again ...
+BUSY_TURN_S = 0.001
+#: ... but never longer than this between two releases, so a view change always progresses.
+MAX_GAP_S = 0.004
+
+_encode = msgspec.json.Encoder().encode
+
+
+def encoded(update: Update) -> Entry:
+    return update, msgspec.Raw(_encode(update))
 
 
 class _Journal:
     __slots__ = ("entries", "floor")
 
     def __init__(self, floor: int) -> None:
-        self.entries: deque[Update] = deque()
+        self.entries: deque[Entry] = deque()
         self.floor = floor
 
-    def since(self, after: int) -> list[Update]:
-        out: list[Update] = []
+    def since(self, after: int) -> list[Entry]:
+        out: list[Entry] = []
         for entry in reversed(self.entries):
-            if entry["offset"] <= after:
+            if entry[0]["offset"] <= after:
                 break
             out.append(entry)
         out.reverse()
@@ -55,7 +81,10 @@ class UpdateJournals:
         self._ranks: dict[tuple[str, int], _Journal] = {}
         self._world: dict[str, int] = {}
         self._delivered: dict[tuple[str, int], int] = {}
-        self._events: dict[str, asyncio.Event] = {}
+        self._waiting: dict[str, dict[asyncio.Future[None], None]] = {}
+        self._releasing: deque[asyncio.Future[None]] = deque()
+        self._turn_started = 0.0
+        self._last_release = 0.0
         self._dirty: set[str] = set()
         self.undelivered = 0
 
@@ -68,9 +97,9 @@ class UpdateJournals:
         journal = self._groups.get(group)
         if journal is None:
             journal = self._groups[group] = _Journal(self._start_floor)
-        journal.entries.append(update)
+        journal.entries.append(encoded(update))
         while len(journal.entries) > self._group_limit:
-            dropped = journal.entries.popleft()
+            dropped, _ = journal.entries.popleft()
             journal.floor = dropped["offset"]
             self.undelivered += sum(
                 1
@@ -84,26 +113,56 @@ class UpdateJournals:
         journal = self._ranks.get(key)
         if journal is None:
             journal = self._ranks[key] = _Journal(self._start_floor)
-        journal.entries.append(update)
+        journal.entries.append(encoded(update))
         while len(journal.entries) > self._rank_limit:
-            dropped = journal.entries.popleft()
+            dropped, _ = journal.entries.popleft()
             journal.floor = dropped["offset"]
             if self._delivered.get(key, -1) < dropped["offset"]:
                 self.undelivered += 1
         self._dirty.add(group)
 
     def wake(self) -> None:
-        """Wake the long-polls of every group that got updates since the last wake."""
+        """Release the long polls of every group that got updates since the last wake, in
+        turns of :data:`RELEASE_PER_TURN` (see the module's rules)."""
+        releasing = self._releasing
+        start = not releasing
         for group in self._dirty:
-            event = self._events.pop(group, None)
-            if event is not None:
-                event.set()
+            waiting = self._waiting.pop(group, None)
+            if waiting:
+                releasing.extend(waiting)
         self._dirty.clear()
+        if start and releasing:
+            self._turn_started = self._last_release = time.perf_counter()
+            asyncio.get_running_loop().call_soon(self._release_some)
+
+    def _release_some(self) -> None:
+        now = time.perf_counter()
+        # how long the loop took to come back to this callback: the length of its last turn
+        busy = now - self._turn_started > BUSY_TURN_S
+        if busy and now - self._last_release < MAX_GAP_S:
+            budget = 0
+        else:
+            budget = 1 if busy else RELEASE_PER_TURN
+        releasing = self._releasing
+        while releasing and budget:
+            future = releasing.popleft()
+            if not future.done():  # not already timed out
+                future.set_result(None)
+                budget -= 1
+                self._last_release = now
+        if releasing:
+            self._turn_started = now
+            asyncio.get_running_loop().call_soon(self._release_some)
 
     def wake_all(self) -> None:
-        for event in self._events.values():
-            event.set()
-        self._events.clear()
+        """Release every long poll at once (the server is stopping or the host failed)."""
+        for waiting in self._waiting.values():
+            self._releasing.extend(waiting)
+        self._waiting.clear()
+        while self._releasing:
+            future = self._releasing.popleft()
+            if not future.done():
+                future.set_result(None)
 
     # -- reading (request handlers) ------------------------------------------------------------
 
@@ -118,14 +177,20 @@ class UpdateJournals:
     def since(self, group: str, rank: int, after: int) -> list[Update] | None:
         """Updates for ``(group, rank)`` with offset > ``after`` in offset order, or None when
         some of them may have been forgotten (the caller must resync)."""
+        entries = self.entries_since(group, rank, after)
+        return None if entries is None else [update for update, _ in entries]
+
+    def entries_since(self, group: str, rank: int, after: int) -> list[Entry] | None:
+        """:meth:`since`, each update beside its JSON."""
         if after < self.floor(group, rank):
             return None
-        merged: list[Update] = []
+        merged: list[Entry] = []
         if (journal := self._groups.get(group)) is not None:
             merged.extend(journal.since(after))
         if (journal := self._ranks.get((group, rank))) is not None:
             merged.extend(journal.since(after))
-        merged.sort(key=lambda u: u["offset"])
+        if len(merged) > 1:
+            merged.sort(key=_offset)
         return merged
 
     def mark_delivered(self, group: str, rank: int, offset: int) -> None:
@@ -133,9 +198,18 @@ class UpdateJournals:
         if offset > self._delivered.get(key, -1):
             self._delivered[key] = offset
 
-    def waiter(self, group: str) -> asyncio.Event:
-        """The event the next publish to ``group`` sets; take it *before* checking for updates."""
-        event = self._events.get(group)
-        if event is None:
-            event = self._events[group] = asyncio.Event()
-        return event
+    def waiter(self, group: str) -> asyncio.Future[None]:
+        """A future that the next publish to ``group`` resolves; take it *before* checking for
+        updates, and hand it to :meth:`forget` when done waiting (answered or timed out)."""
+        future = asyncio.get_running_loop().create_future()
+        self._waiting.setdefault(group, {})[future] = None
+        return future
+
+    def forget(self, group: str, future: asyncio.Future[None]) -> None:
+        waiting = self._waiting.get(group)
+        if waiting is not None:
+            waiting.pop(future, None)
+
+
+def _offset(entry: Entry) -> int:
+    return entry[0]["offset"]

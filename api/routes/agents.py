@@ -3,6 +3,10 @@
 ``POST /agents/events`` is the hot path (every heartbeat of every rank), so it decodes with
 msgspec, authenticates per event without a database, and hands the whole batch to the host in
 one call; the host appends it with whatever else is queued (group commit).
+
+The two agent hot paths are written as functions from the request's parts to the answer's
+JSON bytes (:func:`events_answer`, :func:`updates_answer`): the routes below serve them through
+the framework, and ``api.fastpath`` serves the same functions without it.
 """
 
 from __future__ import annotations
@@ -13,13 +17,13 @@ import msgspec
 from fastapi import APIRouter, Query, Request
 from starlette.responses import Response
 
-from api.codec import convert, json_response, read_json
+from api.codec import convert, decode_json, encode_json, json_response, raw_json_response, read_json
 from api.deps import host_of, principal_of, require_group
 from api.errors import ApiError, refusal_error
 from api.models import AgentEvent, AgentEventsRequest, DeathReport, LooseEventsRequest
 from api.openapi import answers, body
 from coordinator.auth import Authenticator, AuthError, Principal
-from coordinator.host import Appended, Outcome, Refusal
+from coordinator.host import Appended, Host, Outcome, Refusal
 from eventlog import NewRecord
 
 router = APIRouter(prefix="/agents", tags=["agents"])
@@ -28,6 +32,8 @@ router = APIRouter(prefix="/agents", tags=["agents"])
 MAX_POLL_S = 60.0
 
 _ENVELOPE = ("type", "group", "rank", "token")
+#: A Decoder made once: ``msgspec.json.decode(body, type=...)`` looks the type up on every call.
+_decode_batch = msgspec.json.Decoder(AgentEventsRequest).decode
 
 
 @router.post(
@@ -38,9 +44,15 @@ _ENVELOPE = ("type", "group", "rank", "token")
 )
 async def post_events(request: Request) -> Response:
     principal = principal_of(request)
-    auth: Authenticator = request.app.state.auth
-    events = await _decode_events(request)
-    host = host_of(request)
+    body = await request.body()
+    return raw_json_response(await events_answer(request.app.state, principal, body))
+
+
+async def events_answer(state: Any, principal: Principal, body: bytes) -> bytes:
+    """The answer to ``POST /agents/events`` with this body, as JSON bytes."""
+    auth: Authenticator = state.auth
+    host: Host = state.host
+    events = _decode_events(body)
     results: list[dict[str, Any] | None] = []
     records: list[NewRecord] = []
     for i, event in enumerate(events):
@@ -58,21 +70,21 @@ async def post_events(request: Request) -> Response:
             NewRecord(kind=event.type_name, group=event.group, rank=event.rank, payload=payload)
         )
         results.append(None)
-    outcomes = iter(await host.submit_many(records))
+    # to_builtins of a validated Struct is already what a JSON decode gives back
+    outcomes = iter(await host.submit_many(records, normalized=True))
     answered = [r if r is not None else _result(next(outcomes)) for r in results]
-    return json_response({"term": host.log.term, "results": answered})
+    return encode_json({"term": host.log.term, "results": answered})
 
 
-async def _decode_events(request: Request) -> list[AgentEvent | str]:
+def _decode_events(body: bytes) -> list[AgentEvent | str]:
     """The batch's events, each validated on its own: a bad one becomes its error text (its
     own ``invalid_event`` result) instead of failing the batch. The common case, a batch that
     is entirely valid, takes one typed decode."""
-    body = await request.body()
     try:
-        return list(msgspec.json.decode(body, type=AgentEventsRequest).events)
+        return list(_decode_batch(body).events)
     except (msgspec.ValidationError, msgspec.DecodeError):
         pass
-    loose = await read_json(request, LooseEventsRequest)
+    loose = decode_json(body, LooseEventsRequest)
     out: list[AgentEvent | str] = []
     for raw in loose.events:
         try:
@@ -124,16 +136,24 @@ async def get_updates(
 async def answer_updates(
     request: Request, group: str, rank: int, after: int, timeout: float
 ) -> Response:
-    """The long poll itself, for the route above and for the fast path (``api.fastpath``),
-    which calls it with a query it has parsed to the same bounds."""
     principal = principal_of(request)
+    return raw_json_response(
+        await updates_answer(request.app.state, principal, group, rank, after, timeout)
+    )
+
+
+async def updates_answer(
+    state: Any, principal: Principal, group: str, rank: int, after: int, timeout: float
+) -> bytes:
+    """The long poll itself, for the route above and for the fast path (``api.fastpath``),
+    which calls it with a query it has parsed to the same bounds; the answer as JSON bytes."""
     if not principal.speaks_for(group, rank):
         raise ApiError(
             403,
             "forbidden",
             f"{principal.describe()} may not read the updates of rank {rank} of {group!r}",
         )
-    host = host_of(request)
+    host: Host = state.host
     require_group(host, group)
     config = host.machine.group_config(group)
     if rank >= config.world_size:
@@ -143,10 +163,10 @@ async def answer_updates(
             f"rank {rank} is not in 0..{config.world_size - 1} of group {group!r}",
         )
     answer = await host.updates(group, rank, after, timeout)
-    return json_response(
+    return encode_json(
         {
             "term": host.log.term,
-            "updates": answer.updates,
+            "updates": answer.json(),
             "next_after": answer.next_after,
             "resync": answer.resync,
             "store": host.store_address,
