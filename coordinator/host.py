@@ -414,24 +414,21 @@ class Host:
         journals = self.journals
         while True:
             waiter = journals.waiter(group)
-            try:
-                got = journals.entries_since(group, rank, after)
-                if got is None:
-                    return self._resync(group, rank)
-                if got:
-                    next_after = got[-1][0]["offset"]
-                    journals.mark_delivered(group, rank, next_after)
-                    return UpdatesAnswer(
-                        [u for u, _ in got], next_after, False, [raw for _, raw in got]
-                    )
-                remaining = deadline - loop.time()
-                if remaining <= 0 or self._unavailable is not None or self._draining:
-                    return UpdatesAnswer([], max(after, self._applied), False)
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(remaining):
-                        await waiter
-            finally:
-                journals.forget(group, waiter)
+            got = journals.entries_since(group, rank, after)
+            if got is None:
+                return self._resync(group, rank)
+            if got:
+                next_after = got[-1][0]["offset"]
+                journals.mark_delivered(group, rank, next_after)
+                return UpdatesAnswer(
+                    [u for u, _ in got], next_after, False, [raw for _, raw in got]
+                )
+            remaining = deadline - loop.time()
+            if remaining <= 0 or self._unavailable is not None or self._draining:
+                return UpdatesAnswer([], max(after, self._applied), False)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(remaining):
+                    await waiter.wait()
 
     def _resync(self, group: str, rank: int) -> UpdatesAnswer:
         """The current state instead of the updates the journal no longer holds."""

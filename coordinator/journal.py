@@ -17,18 +17,13 @@ Rules:
 
 - Each update is encoded to JSON once, when it is published: a view change's updates go to every
   agent host's long poll, and a 512-rank ``view_committed`` is about 50 kB of JSON.
-- A publish wakes the group's long polls a few at a time, one batch per turn of the event loop
-  (:meth:`UpdateJournals.wake`). Waking all of them at once would answer every poll of a large
-  group before the loop next reads a socket, and every heartbeat that arrived meanwhile would
-  wait for all those answers; released in turns, they share the loop with the heartbeats.
 
-This module is plain data plus asyncio futures for the long polls; the host owns it.
+This module is plain data plus an asyncio wake-up per group; the host owns it.
 """
 
 from __future__ import annotations
 
 import asyncio
-import time
 from collections import deque
 from typing import Any
 
@@ -37,14 +32,6 @@ import msgspec
 Update = dict[str, Any]
 #: An update beside its JSON encoding.
 Entry = tuple[Update, msgspec.Raw]
-
-#: How many long polls a publish releases per turn of the event loop while the loop keeps up.
-RELEASE_PER_TURN = 2
-#: A turn of the loop longer than this means requests are waiting (heartbeats, mostly): the
-#: release holds back until a turn is shorter again ...
-BUSY_TURN_S = 0.001
-#: ... but never longer than this between two releases, so a view change always progresses.
-MAX_GAP_S = 0.004
 
 _encode = msgspec.json.Encoder().encode
 
@@ -81,10 +68,7 @@ class UpdateJournals:
         self._ranks: dict[tuple[str, int], _Journal] = {}
         self._world: dict[str, int] = {}
         self._delivered: dict[tuple[str, int], int] = {}
-        self._waiting: dict[str, dict[asyncio.Future[None], None]] = {}
-        self._releasing: deque[asyncio.Future[None]] = deque()
-        self._turn_started = 0.0
-        self._last_release = 0.0
+        self._events: dict[str, asyncio.Event] = {}
         self._dirty: set[str] = set()
         self.undelivered = 0
 
@@ -122,47 +106,17 @@ class UpdateJournals:
         self._dirty.add(group)
 
     def wake(self) -> None:
-        """Release the long polls of every group that got updates since the last wake, in
-        turns of :data:`RELEASE_PER_TURN` (see the module's rules)."""
-        releasing = self._releasing
-        start = not releasing
+        """Wake the long-polls of every group that got updates since the last wake."""
         for group in self._dirty:
-            waiting = self._waiting.pop(group, None)
-            if waiting:
-                releasing.extend(waiting)
+            event = self._events.pop(group, None)
+            if event is not None:
+                event.set()
         self._dirty.clear()
-        if start and releasing:
-            self._turn_started = self._last_release = time.perf_counter()
-            asyncio.get_running_loop().call_soon(self._release_some)
-
-    def _release_some(self) -> None:
-        now = time.perf_counter()
-        # how long the loop took to come back to this callback: the length of its last turn
-        busy = now - self._turn_started > BUSY_TURN_S
-        if busy and now - self._last_release < MAX_GAP_S:
-            budget = 0
-        else:
-            budget = 1 if busy else RELEASE_PER_TURN
-        releasing = self._releasing
-        while releasing and budget:
-            future = releasing.popleft()
-            if not future.done():  # not already timed out
-                future.set_result(None)
-                budget -= 1
-                self._last_release = now
-        if releasing:
-            self._turn_started = now
-            asyncio.get_running_loop().call_soon(self._release_some)
 
     def wake_all(self) -> None:
-        """Release every long poll at once (the server is stopping or the host failed)."""
-        for waiting in self._waiting.values():
-            self._releasing.extend(waiting)
-        self._waiting.clear()
-        while self._releasing:
-            future = self._releasing.popleft()
-            if not future.done():
-                future.set_result(None)
+        for event in self._events.values():
+            event.set()
+        self._events.clear()
 
     # -- reading (request handlers) ------------------------------------------------------------
 
@@ -198,17 +152,12 @@ class UpdateJournals:
         if offset > self._delivered.get(key, -1):
             self._delivered[key] = offset
 
-    def waiter(self, group: str) -> asyncio.Future[None]:
-        """A future that the next publish to ``group`` resolves; take it *before* checking for
-        updates, and hand it to :meth:`forget` when done waiting (answered or timed out)."""
-        future = asyncio.get_running_loop().create_future()
-        self._waiting.setdefault(group, {})[future] = None
-        return future
-
-    def forget(self, group: str, future: asyncio.Future[None]) -> None:
-        waiting = self._waiting.get(group)
-        if waiting is not None:
-            waiting.pop(future, None)
+    def waiter(self, group: str) -> asyncio.Event:
+        """The event the next publish to ``group`` sets; take it *before* checking for updates."""
+        event = self._events.get(group)
+        if event is None:
+            event = self._events[group] = asyncio.Event()
+        return event
 
 
 def _offset(entry: Entry) -> int:
