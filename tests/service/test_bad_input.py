@@ -189,11 +189,33 @@ def test_too_many_events_and_oversized_bodies(fuzz_server):
         for i in range(0, len(big), 65536):
             yield big[i : i + 65536]
 
-    streamed = client.post(
-        "/groups", content=chunks(), headers={"content-type": "application/json"}
+    # streamed without a Content-Length, through the framework and through the events fast path
+    for path in ("/groups", "/agents/events"):
+        streamed = client.post(path, content=chunks(), headers={"content-type": "application/json"})
+        assert streamed.status_code == 413, path
+        assert streamed.json()["error"] == "body_too_large"
+
+
+def test_the_events_fast_path_reads_a_body_sent_in_pieces(fuzz_server):
+    """The fast path reads the body from the ASGI messages itself: a chunked body whose pieces
+    split events, and even a JSON token, is read whole and answered like a one-piece body."""
+    _, client = fuzz_server
+    # a group of its own, so that nothing here changes what the other tests read from GROUP
+    assert client.post("/groups", json={"group": "pieces", "world_size": 2}).status_code == 201
+    join = {"type": "join", "group": "pieces", "rank": 1, "incarnation": uuid.uuid4().hex}
+    body = json.dumps({"events": [join, {**join, "type": "heartbeat"}]}).encode()
+
+    def pieces():
+        for i in range(0, len(body), 7):
+            yield body[i : i + 7]
+
+    r = client.post(
+        "/agents/events", content=pieces(), headers={"content-type": "application/json"}
     )
-    assert streamed.status_code == 413
-    assert streamed.json()["error"] == "body_too_large"
+    assert r.status_code == 200, r.text
+    results = r.json()["results"]
+    assert len(results) == 2 and all("offset" in x for x in results), results
+    assert results[1]["offset"] > results[0]["offset"]
 
 
 def test_unknown_things_are_json_404s_and_wrong_methods_405(fuzz_server):

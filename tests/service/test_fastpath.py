@@ -1,10 +1,13 @@
-"""Which long-poll queries the fast path takes, and which it leaves to the framework."""
+"""Which long-poll queries the fast path takes, which it leaves to the framework, and what it
+does when the client leaves mid-request."""
 
 from __future__ import annotations
 
 import pytest
 
+from api.app import create_app
 from api.fastpath import updates_query
+from coordinator.host import Host
 
 
 @pytest.mark.parametrize(
@@ -41,3 +44,37 @@ def test_plain_queries_are_parsed_to_the_routes_bounds(raw: bytes, parsed: tuple
 )
 def test_anything_else_goes_to_the_framework(raw: bytes) -> None:
     assert updates_query(raw) is None
+
+
+async def test_a_client_gone_before_its_body_arrived_gets_no_answer_and_nothing_is_appended(
+    tmp_path,
+):
+    host = await Host.open(str(tmp_path / "log.db"))
+    try:
+        app = create_app(host)
+        head = host.machine.offset
+        messages = [
+            {"type": "http.request", "body": b'{"events": [{"type": "hea', "more_body": True},
+            {"type": "http.disconnect"},
+        ]
+        sent: list[dict] = []
+
+        async def receive() -> dict:
+            return messages.pop(0)
+
+        async def send(message: dict) -> None:
+            sent.append(message)
+
+        scope = {
+            "type": "http",
+            "method": "POST",
+            "path": "/agents/events",
+            "headers": [(b"content-type", b"application/json")],
+            "query_string": b"",
+        }
+        await app(scope, receive, send)
+        assert sent == [] and messages == []
+        assert host.machine.offset == head
+        assert await host.log.read(after=head) == []
+    finally:
+        await host.close()
