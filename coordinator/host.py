@@ -43,7 +43,7 @@ from coordinator.effects import (
     ViewPrepare,
 )
 from coordinator.host_metrics import HostMetrics
-from coordinator.journal import Update, UpdateJournals, encoded
+from coordinator.journal import Update, UpdateJournals, decoded, encoded
 from coordinator.machine import Coordinator
 from coordinator.projections import (
     committed_update,
@@ -119,17 +119,14 @@ class HostUnavailable(Exception):
 
 @dataclass(frozen=True, slots=True)
 class UpdatesAnswer:
-    updates: list[Update]
+    #: The updates as JSON, in offset order (the journals keep each update encoded once).
+    encoded: list[msgspec.Raw]
     next_after: int
     resync: bool
-    #: ``updates`` as JSON, one per update (the journals encode each update once).
-    encoded: list[msgspec.Raw] | None = None
 
-    def json(self) -> list[msgspec.Raw]:
-        """The updates as JSON, for the answer's body."""
-        if self.encoded is not None:
-            return self.encoded
-        return [raw for _, raw in map(encoded, self.updates)]
+    @property
+    def updates(self) -> list[Update]:
+        return [decoded(raw) for raw in self.encoded]
 
 
 class _Reply:
@@ -354,9 +351,11 @@ class Host:
     ) -> list[Outcome]:
         """Several inputs at once (an agent host's batch); one outcome per input, in order.
 
-        ``normalized``: each payload is already exactly what decoding its JSON gives back
-        (plain dicts, lists, str, int, bool, None; ``msgspec.to_builtins`` of a validated
-        request does that), so the fold can take it as it is instead of a decoded copy.
+        ``normalized``: each payload already equals what decoding its JSON gives back (plain
+        dicts with str keys, lists, str, int, bool, None; ``msgspec.to_builtins`` of a
+        validated request gives that), so the fold can take it as it is instead of a decoded
+        copy. Only the order of keys may differ (the log stores them sorted), and the fold
+        never depends on it.
         """
         return await self._enqueue(records, None, None, normalized=normalized)
 
@@ -418,11 +417,9 @@ class Host:
             if got is None:
                 return self._resync(group, rank)
             if got:
-                next_after = got[-1][0]["offset"]
+                next_after = got[-1][0]
                 journals.mark_delivered(group, rank, next_after)
-                return UpdatesAnswer(
-                    [u for u, _ in got], next_after, False, [raw for _, raw in got]
-                )
+                return UpdatesAnswer([raw for _, raw in got], next_after, False)
             remaining = deadline - loop.time()
             if remaining <= 0 or self._unavailable is not None or self._draining:
                 return UpdatesAnswer([], max(after, self._applied), False)
@@ -448,7 +445,7 @@ class Host:
             updates.append(shutdown)
         updates.sort(key=lambda u: u["offset"])
         self.journals.mark_delivered(group, rank, self._applied)
-        return UpdatesAnswer(updates, self._applied, True)
+        return UpdatesAnswer([encoded(u) for u in updates], self._applied, True)
 
     # -- the loop --------------------------------------------------------------------------------
 

@@ -14,9 +14,8 @@ Rules:
   folded before it were never replayed into memory.
 - A dropped entry that its rank had not yet read is counted as *undelivered*: the broadcast is
   best effort, and the metric says how much of it was lost (the rank then resyncs).
-
-- Each update is encoded to JSON once, when it is published: a view change's updates go to every
-  agent host's long poll, and a 512-rank ``view_committed`` is about 50 kB of JSON.
+- An update is kept as its JSON, encoded once when it is published: a view change's updates go
+  to every agent host's long poll, and a 512-rank ``view_committed`` is about 50 kB of JSON.
 
 This module is plain data plus an asyncio wake-up per group; the host owns it.
 """
@@ -30,14 +29,20 @@ from typing import Any
 import msgspec
 
 Update = dict[str, Any]
-#: An update beside its JSON encoding.
-Entry = tuple[Update, msgspec.Raw]
+#: An update as the journal keeps it: its offset and its JSON.
+Entry = tuple[int, msgspec.Raw]
 
 _encode = msgspec.json.Encoder().encode
+_decode = msgspec.json.Decoder(dict).decode
 
 
-def encoded(update: Update) -> Entry:
-    return update, msgspec.Raw(_encode(update))
+def encoded(update: Update) -> msgspec.Raw:
+    """An update's JSON, ready to be spliced into an answer."""
+    return msgspec.Raw(_encode(update))
+
+
+def decoded(raw: msgspec.Raw) -> Update:
+    return _decode(raw)
 
 
 class _Journal:
@@ -50,7 +55,7 @@ class _Journal:
     def since(self, after: int) -> list[Entry]:
         out: list[Entry] = []
         for entry in reversed(self.entries):
-            if entry[0]["offset"] <= after:
+            if entry[0] <= after:
                 break
             out.append(entry)
         out.reverse()
@@ -81,14 +86,14 @@ class UpdateJournals:
         journal = self._groups.get(group)
         if journal is None:
             journal = self._groups[group] = _Journal(self._start_floor)
-        journal.entries.append(encoded(update))
+        journal.entries.append((update["offset"], encoded(update)))
         while len(journal.entries) > self._group_limit:
             dropped, _ = journal.entries.popleft()
-            journal.floor = dropped["offset"]
+            journal.floor = dropped
             self.undelivered += sum(
                 1
                 for rank in range(self._world.get(group, 0))
-                if self._delivered.get((group, rank), -1) < dropped["offset"]
+                if self._delivered.get((group, rank), -1) < dropped
             )
         self._dirty.add(group)
 
@@ -97,11 +102,11 @@ class UpdateJournals:
         journal = self._ranks.get(key)
         if journal is None:
             journal = self._ranks[key] = _Journal(self._start_floor)
-        journal.entries.append(encoded(update))
+        journal.entries.append((update["offset"], encoded(update)))
         while len(journal.entries) > self._rank_limit:
             dropped, _ = journal.entries.popleft()
-            journal.floor = dropped["offset"]
-            if self._delivered.get(key, -1) < dropped["offset"]:
+            journal.floor = dropped
+            if self._delivered.get(key, -1) < dropped:
                 self.undelivered += 1
         self._dirty.add(group)
 
@@ -132,10 +137,10 @@ class UpdateJournals:
         """Updates for ``(group, rank)`` with offset > ``after`` in offset order, or None when
         some of them may have been forgotten (the caller must resync)."""
         entries = self.entries_since(group, rank, after)
-        return None if entries is None else [update for update, _ in entries]
+        return None if entries is None else [decoded(raw) for _, raw in entries]
 
     def entries_since(self, group: str, rank: int, after: int) -> list[Entry] | None:
-        """:meth:`since`, each update beside its JSON."""
+        """:meth:`since` as the journal keeps them: ``(offset, JSON)``."""
         if after < self.floor(group, rank):
             return None
         merged: list[Entry] = []
@@ -144,7 +149,7 @@ class UpdateJournals:
         if (journal := self._ranks.get((group, rank))) is not None:
             merged.extend(journal.since(after))
         if len(merged) > 1:
-            merged.sort(key=_offset)
+            merged.sort(key=_offset)  # stable: updates of one offset keep their publish order
         return merged
 
     def mark_delivered(self, group: str, rank: int, offset: int) -> None:
@@ -161,4 +166,4 @@ class UpdateJournals:
 
 
 def _offset(entry: Entry) -> int:
-    return entry[0]["offset"]
+    return entry[0]

@@ -70,7 +70,7 @@ async def events_answer(state: Any, principal: Principal, body: bytes) -> bytes:
             NewRecord(kind=event.type_name, group=event.group, rank=event.rank, payload=payload)
         )
         results.append(None)
-    # to_builtins of a validated Struct is already what a JSON decode gives back
+    # to_builtins of a validated Struct already equals what a JSON decode gives back
     outcomes = iter(await host.submit_many(records, normalized=True))
     answered = [r if r is not None else _result(next(outcomes)) for r in results]
     return encode_json({"term": host.log.term, "results": answered})
@@ -166,7 +166,7 @@ async def updates_answer(
     return encode_json(
         {
             "term": host.log.term,
-            "updates": answer.json(),
+            "updates": answer.encoded,
             "next_after": answer.next_after,
             "resync": answer.resync,
             "store": host.store_address,

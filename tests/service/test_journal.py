@@ -65,10 +65,11 @@ async def test_a_publish_wakes_only_the_waiters_of_its_group():
     assert j.waiter("g") is not mine  # the next waiter waits for the next publish
 
 
-def test_each_update_is_encoded_once_as_its_json():
+def test_each_update_is_kept_as_its_json_with_its_offset():
     j = UpdateJournals()
     j.publish_group("g", upd(1))
     j.publish_rank("g", 0, {"offset": 2, "type": "rank_state", "state": "ACTIVE"})
     entries = j.entries_since("g", 0, 0)
-    assert [msgspec.json.decode(raw) for _, raw in entries] == [u for u, _ in entries]
-    assert [u for u, _ in entries] == j.since("g", 0, 0)
+    assert [offset for offset, _ in entries] == [1, 2]
+    assert [msgspec.json.decode(raw) for _, raw in entries] == j.since("g", 0, 0)
+    assert j.since("g", 0, 0) == [upd(1), {"offset": 2, "type": "rank_state", "state": "ACTIVE"}]
