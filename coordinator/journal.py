@@ -15,7 +15,7 @@ Rules:
 - A dropped entry that its rank had not yet read is counted as *undelivered*: the broadcast is
   best effort, and the metric says how much of it was lost (the rank then resyncs).
 - An update is kept as its JSON, encoded once when it is published: a view change's updates go
-  to every agent host's long poll, and a 512-rank ``view_committed`` is about 50 kB of JSON.
+  to every agent host's long poll, and a 512-rank ``view_committed`` is about 12 kB of JSON.
 
 This module is plain data plus an asyncio wake-up per group; the host owns it.
 """
