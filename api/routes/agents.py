@@ -63,17 +63,25 @@ async def events_answer(state: Any, principal: Principal, body: bytes) -> bytes:
         if denied is not None:
             results.append({"error": "forbidden", "detail": f"events[{i}]: {denied}"})
             continue
-        payload = msgspec.to_builtins(event)
-        for name in _ENVELOPE:
-            payload.pop(name, None)
         records.append(
-            NewRecord(kind=event.type_name, group=event.group, rank=event.rank, payload=payload)
+            NewRecord(
+                kind=event.type_name, group=event.group, rank=event.rank, payload=payload_of(event)
+            )
         )
         results.append(None)
-    # to_builtins of a validated Struct already equals what a JSON decode gives back
     outcomes = iter(await host.submit_many(records, normalized=True))
     answered = [r if r is not None else _result(next(outcomes)) for r in results]
     return encode_json({"term": host.log.term, "results": answered})
+
+
+def payload_of(event: AgentEvent) -> dict[str, Any]:
+    """The record payload of a validated event: its fields but the envelope. ``to_builtins``
+    of a validated Struct already equals what decoding the payload's JSON gives back, so the
+    host may hand it to the fold as it is (``submit_many(normalized=True)``)."""
+    payload = msgspec.to_builtins(event)
+    for name in _ENVELOPE:
+        payload.pop(name, None)
+    return payload
 
 
 def _decode_events(body: bytes) -> list[AgentEvent | str]:
