@@ -26,7 +26,6 @@ from coordinator.machine import Coordinator
 from coordinator.projections import PROJECTION_KINDS, rows_for, view_doc
 from eventlog import READ_PAGE, Log, open_log
 
-PAGE = READ_PAGE
 Key = tuple[str, str, int]
 
 
@@ -105,7 +104,7 @@ async def _replay_once(
     expected: dict[Key, dict[str, Any]] = {}
     position = 0
     while position < stop:
-        page = await log.read(position, PAGE, until=stop)
+        page = await log.read(position, READ_PAGE, until=stop)
         if not page:
             break
         for rec in page:

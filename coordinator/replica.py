@@ -93,8 +93,6 @@ class ReplicaHost(Host):
         self._generation: int | None = None
         self._roles: asyncio.Task[None] | None = None
         self._first_round = asyncio.Event()
-        self._idle = asyncio.Event()
-        self._idle.set()
         #: Projection rows derived while following, until the leader's are known written.
         self._followed_rows: dict[tuple[str, str, int], ProjectionRow] = {}
 
@@ -176,15 +174,6 @@ class ReplicaHost(Host):
         if self.role != "leader":
             rows = self._followed_rows
         super()._carry_out(effect, rows, refused, resolved)
-
-    async def _process(self, batch: list[Any]) -> None:
-        # Stepping down waits for the batch in flight, so the fold is never stepped by the host
-        # loop and the follower at once.
-        self._idle.clear()
-        try:
-            await super()._process(batch)
-        finally:
-            self._idle.set()
 
     # -- the roles -----------------------------------------------------------------------------
 
@@ -343,7 +332,9 @@ class ReplicaHost(Host):
             for future in waiters:
                 if not future.done():
                     future.set_exception(self._unavailable)
-        await self._idle.wait()
+        # the batch in flight finishes first, so the host loop and the follower never both
+        # step the fold
+        await self._batch_idle.wait()
         tasks, self._tasks = self._tasks, []
         for task in tasks:
             task.cancel()
