@@ -30,6 +30,9 @@ from coordinator.cli import serve_argv
 GROUP = "demo"
 WORLD_SIZE = 4
 VICTIM = 2
+#: How long the victim is frozen before the kill: the survivors loop every 50 ms, so by then
+#: each is blocked in an all_reduce that needs the victim.
+STALL_S = 0.3
 #: Quick detection for a demo; real jobs use the defaults in docs/operations.md.
 GROUP_CONFIG = {
     "heartbeat_timeout_s": 3.0,
@@ -107,7 +110,14 @@ class Demo:
         self._pause(2.0)
 
         pid = self.launcher.worker(VICTIM).process.pid
-        self.say(f"3. SIGKILL rank {VICTIM} (pid {pid}) in the middle of its all_reduce loop")
+        self.say(
+            f"3. SIGKILL rank {VICTIM} (pid {pid}) while the others wait on it in an all_reduce"
+        )
+        # Frozen first, the victim cannot finish the step it is in, so the survivors are inside
+        # an all_reduce when it dies (killed between two steps, the survivors might go straight
+        # to the next view and the demo would show no failed operation).
+        os.kill(pid, signal.SIGSTOP)
+        time.sleep(STALL_S)
         killed_ns = time.time_ns()
         self.launcher.kill(VICTIM)
         view = self._wait_view(lambda v: VICTIM not in v["active_ranks"], "the failure", 30)
@@ -252,7 +262,10 @@ def worker() -> int:
     incarnation = agent.incarnation[:8]
 
     def say(text: str) -> None:
-        print(f"          [rank {rank} {incarnation}] {text}", flush=True)
+        # One write per line: the workers share the demo's stdout, and print() writes the line
+        # and its newline separately, so two workers' lines could run together.
+        sys.stdout.write(f"          [rank {rank} {incarnation}] {text}\n")
+        sys.stdout.flush()
 
     agent.wait_for_view(timeout=120)
     pg = agent.process_group()
