@@ -19,7 +19,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Awaitable, Collection, Sequence
 
-from eventlog.errors import LogClosed
+from eventlog.errors import ChecksumError, LogClosed
 from eventlog.projection import ProjectionRow, encode_projection
 from eventlog.record import (
     MAX_PAYLOAD_BYTES,
@@ -70,6 +70,20 @@ def _check_offset(name: str, value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ValueError(f"{name} must be a non-negative integer offset, got {value!r}")
     return value
+
+
+def _check_filtered(records: list[Record], group: str | None, kinds: list[str] | None) -> None:
+    """A filtered read selects rows by their ``grp`` and ``kind`` columns; the record itself
+    comes from the checksummed frame. Refuse a row whose columns and frame disagree."""
+    for rec in records:
+        if (group is not None and rec.group != group) or (
+            kinds is not None and rec.kind not in kinds
+        ):
+            raise ChecksumError(
+                rec.offset,
+                f"its columns place it in group {group!r}, kinds {kinds}, but it holds "
+                f"group {rec.group!r}, kind {rec.kind!r}",
+            )
 
 
 class Log(ABC):
@@ -139,10 +153,13 @@ class Log(ABC):
         if kind_list == [] or (until is not None and until <= after):
             return []
         try:
-            return await self._read(after, limit, group, kind_list, until)
+            records = await self._read(after, limit, group, kind_list, until)
         except Exception:
             self._check_open()  # a query cut short by close() is LogClosed, not a storage error
             raise
+        if group is not None or kind_list is not None:
+            _check_filtered(records, group, kind_list)
+        return records
 
     async def tail(
         self,

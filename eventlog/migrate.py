@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import sqlite3
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -93,6 +94,29 @@ def sqlite_revision(path: Path) -> str | None:
         conn.close()
 
 
+#: How long an opener keeps trying to put a new file in WAL mode while another one holds it.
+WAL_SWITCH_TIMEOUT_S = 30.0
+
+
+def _enter_wal(conn: sqlite3.Connection) -> None:
+    """``PRAGMA journal_mode = WAL``, retried while another opener holds the file.
+
+    SQLite answers a journal mode change that finds the file locked with "database is locked"
+    at once, without calling the busy handler, so two processes opening the same new log (one
+    of them inside its migration transaction) would fail the second. It retries every 10 ms
+    until ``WAL_SWITCH_TIMEOUT_S``, the same patience as the busy timeout.
+    """
+    deadline = time.monotonic() + WAL_SWITCH_TIMEOUT_S
+    while True:
+        try:
+            conn.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() >= deadline:
+                raise
+        time.sleep(0.01)
+
+
 def migrate_sqlite(path: Path, where: str, target: str | None = None) -> None:
     """Bring the SQLite file at ``path`` to ``target`` (default: the code's head)."""
     target = target or code_head()
@@ -108,7 +132,7 @@ def migrate_sqlite(path: Path, where: str, target: str | None = None) -> None:
     def _connect(dbapi_conn: Any, _record: Any) -> None:
         dbapi_conn.isolation_level = None  # let the "begin" hook below issue BEGIN itself
         dbapi_conn.execute("PRAGMA busy_timeout = 30000")
-        dbapi_conn.execute("PRAGMA journal_mode = WAL")
+        _enter_wal(dbapi_conn)
 
     @event.listens_for(engine, "begin")
     def _begin(conn: Any) -> None:

@@ -34,24 +34,23 @@ from eventlog.codec import COLUMNS, decode_rows
 from eventlog.errors import LogClosed, LogError, StaleTermError
 from eventlog.migrate import code_head, migrate_postgres, postgres_revision
 from eventlog.projection import ProjectionRow, decode_projection
-from eventlog.record import Record, checksum
+from eventlog.record import Record, frame_body, seal
 from eventlog.target import PostgresTarget
 
 MAX_BATCH_ROWS = 8192
 
 _APPEND = """
 WITH h AS (
-    UPDATE log_head SET next_seq = next_seq + cardinality($3::bigint[])
+    UPDATE log_head SET next_seq = next_seq + $3::bigint
     WHERE id = 1 AND term = $1 AND next_seq = $2
     RETURNING next_seq
 ), ins AS (
-    INSERT INTO log (seq, term, ts_ns, kind, grp, rank, payload, crc)
-    SELECT $2 + u.ord - 1, $1, u.ts, u.kind, u.grp, u.rank, u.payload, u.crc
-    FROM h, unnest($3::bigint[], $4::text[], $5::text[], $6::int[], $7::bytea[], $8::bigint[])
-        WITH ORDINALITY AS u(ts, kind, grp, rank, payload, crc, ord)
+    INSERT INTO log (seq, term, kind, grp, frame)
+    SELECT $2 + u.ord - 1, $1, u.kind, u.grp, u.frame
+    FROM h, unnest($4::text[], $5::text[], $6::bytea[]) WITH ORDINALITY AS u(kind, grp, frame, ord)
     RETURNING seq
 )
-SELECT i.n, CASE WHEN i.n > 0 THEN pg_notify($9, i.last::text) END
+SELECT i.n, CASE WHEN i.n > 0 THEN pg_notify($7, i.last::text) END
 FROM (SELECT count(*) AS n, max(seq) AS last FROM ins) AS i
 """
 
@@ -158,18 +157,16 @@ class PostgresLog(Log):
     async def _write_batch(self, batch: list[_Append]) -> list[list[int]]:
         conn = await self._writer()
         rows = [row for job in batch for row in job.rows]
-        ts = [r[0] for r in rows]
         kinds = [r[1] for r in rows]
         groups = [r[2] for r in rows]
-        ranks = [r[3] for r in rows]
-        payloads = [r[4] for r in rows]
         while True:
             term, first = self._term, self._next_seq
-            crcs = [
-                checksum(first + i, t, term, k, g, r, p) for i, (t, k, g, r, p) in enumerate(rows)
+            frames = [
+                seal(frame_body(first + i, t, term, k, g, r, p))[0]
+                for i, (t, k, g, r, p) in enumerate(rows)
             ]
             n, _ = await conn.fetchrow(
-                _APPEND, term, first, ts, kinds, groups, ranks, payloads, crcs, self._channel
+                _APPEND, term, first, len(rows), kinds, groups, frames, self._channel
             )
             if n == len(rows):
                 break

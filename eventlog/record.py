@@ -11,7 +11,6 @@ This module is pure (no I/O) so that the fold can import it.
 from __future__ import annotations
 
 import re
-import struct
 from typing import Any
 from zlib import crc32
 
@@ -62,11 +61,15 @@ class NewRecord(msgspec.Struct, frozen=True, kw_only=True):
     ts: int | None = None
 
 
-class Record(msgspec.Struct, frozen=True, gc=False):
+class Record(msgspec.Struct, frozen=True, gc=False, array_like=True):
     """A durable record as read back from the log.
 
     Fields may be given by position (the replay path builds millions of these); the struct is
     not tracked by the garbage collector, which would otherwise rescan every record of a page.
+    It is ``array_like``: msgspec reads and writes it as the JSON array of its fields, the
+    layout of the stored frame (see ``FRAME_TAIL``), so a page of frames decodes into records
+    in one call. Surfaces that show records to people (the HTTP API, the event stream) spell
+    the fields out by name.
     """
 
     offset: int
@@ -171,39 +174,53 @@ def _check_fields(kind: Any, group: Any, rank: Any, ts: Any) -> None:
         raise InvalidRecord(f"ts {ts!r} must be non-negative integer nanoseconds below 2**63")
 
 
-# offset, ts, term, rank (-1: null), byte lengths of kind and group (0xFFFF: null group)
-_HEAD = struct.Struct("<qqqqHH")
+#: The stored form of a record, its *frame*, is the record as a JSON array in field order,
+#: ``[offset,ts,term,"kind","group",rank,{payload},checksum]``, with the checksum written as ten
+#: characters (right-aligned, padded with spaces) so the frame always ends in exactly
+#: ``FRAME_TAIL`` bytes after what the checksum covers. The checksum is CRC-32 over every byte
+#: before that tail: all the other fields, the payload as its canonical bytes. A frame decodes
+#: straight into a :class:`Record` (which is ``array_like``), and a page of frames joined with
+#: commas decodes in one call, which is what makes replay cheap.
+FRAME_TAIL = len(b",%10d]" % 0)
+
+#: ``"kind","group",`` (JSON, with the commas around them) per (kind, group) seen; emptied
+#: when it grows past ``_GOOD_GROUPS_MAX``, like ``_good_groups``.
+_names: dict[tuple[str, str | None], bytes] = {}
 
 
-def head_packer() -> Any:
-    """``pack(offset, ts, term, rank or -1, kind length, group length or 0xFFFF)``: the header
-    of ``checksum``'s layout, for hot paths that compute it inline."""
-    return _HEAD.pack
+def frame_names(kind: str, group: str | None) -> bytes:
+    """The frame's bytes for ``kind`` and ``group`` with the commas after them, looked up."""
+    try:
+        return _names[kind, group]
+    except KeyError:
+        if len(_names) >= _GOOD_GROUPS_MAX:
+            _names.clear()
+        names = _names[kind, group] = b"%s,%s," % (_encoder.encode(kind), _encoder.encode(group))
+        return names
 
 
-def checksum_tail(kind: str, group: str | None) -> tuple[bytes, int, int]:
-    """The bytes after the header in ``checksum``'s layout (kind, then group) and the two
-    lengths the header carries. Hot paths compute ``crc32(head + tail + payload)`` with it,
-    looking the tail up per ``(kind, group)`` instead of encoding both for every record."""
-    k = kind.encode()
-    if group is None:
-        return k, len(k), 0xFFFF
-    g = group.encode()
-    return k + g, len(k), len(g)
+def frame_body(
+    offset: int, ts: int, term: int, kind: str, group: str | None, rank: int | None, payload: bytes
+) -> bytes:
+    """The bytes of a record's frame that its checksum covers (everything but the tail)."""
+    return b"[%d,%d,%d,%s%s,%s" % (
+        offset,
+        ts,
+        term,
+        frame_names(kind, group),
+        b"null" if rank is None else b"%d" % rank,
+        payload,
+    )
+
+
+def seal(body: bytes) -> tuple[bytes, int]:
+    """A whole frame from its body: ``(frame, checksum)``."""
+    crc = crc32(body)
+    return body + b",%10d]" % crc, crc
 
 
 def checksum(
     offset: int, ts: int, term: int, kind: str, group: str | None, rank: int | None, payload: bytes
 ) -> int:
-    """CRC-32 over every field of a record, in a fixed layout.
-
-    The layout is a packed header (offset, ts, term, rank and the lengths of kind and group,
-    so no two records share a byte stream), then kind, group and the payload bytes. Binary
-    packing keeps it cheap: replay verifies every record it reads.
-    """
-    k = kind.encode()
-    g = b"" if group is None else group.encode()
-    head = _HEAD.pack(
-        offset, ts, term, -1 if rank is None else rank, len(k), 0xFFFF if group is None else len(g)
-    )
-    return crc32(payload, crc32(g, crc32(k, crc32(head))))
+    """CRC-32 over every field of a record: over its frame's body (see ``FRAME_TAIL``)."""
+    return crc32(frame_body(offset, ts, term, kind, group, rank, payload))

@@ -37,12 +37,10 @@ from typing import Any
 from zlib import crc32
 
 from eventlog.errors import LogClosed, LogError, StaleTermError
-from eventlog.record import checksum_tail, head_packer
+from eventlog.record import frame_names
 
 MAX_BATCH_ROWS = 8192
 MAX_BATCH_BYTES = 8 << 20
-
-_pack_head = head_packer()
 
 #: Rows per INSERT statement at most. Each statement inserts a power of two of rows (a batch of
 #: 100 goes in as 64 + 32 + 4), so a handful of prepared statements serve every batch size.
@@ -52,16 +50,20 @@ _pack_head = head_packer()
 CHUNK_ROWS = 256
 
 
+#: Values per inserted row: seq, term, kind, grp, frame.
+ROW_VALUES = 5
+
+
 def chunk_rows(conn: sqlite3.Connection) -> int:
-    """The largest power of two of rows, at most CHUNK_ROWS, whose 8 parameters each fit in
-    one statement on this SQLite."""
-    fit = min(CHUNK_ROWS, conn.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER) // 8)
+    """The largest power of two of rows, at most CHUNK_ROWS, whose ``ROW_VALUES`` parameters
+    each fit in one statement on this SQLite."""
+    fit = min(CHUNK_ROWS, conn.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER) // ROW_VALUES)
     return 1 << (fit.bit_length() - 1)
 
 
 def _insert_sql(rows: int) -> str:
-    values = ", ".join(["(?, ?, ?, ?, ?, ?, ?, ?)"] * rows)
-    return f"INSERT INTO log (seq, term, ts_ns, kind, grp, rank, payload, crc) VALUES {values}"
+    values = ", ".join(["(?, ?, ?, ?, ?)"] * rows)
+    return f"INSERT INTO log (seq, term, kind, grp, frame) VALUES {values}"
 
 
 _INSERTS = {1 << k: _insert_sql(1 << k) for k in range(CHUNK_ROWS.bit_length())}
@@ -277,16 +279,19 @@ class SqliteWriter:
             params: list[Any] = []
             extend = params.extend
             results = []
-            tails: dict[tuple[str, str | None], tuple[bytes, int, int]] = {}
             for job in jobs:
                 start = seq
                 for ts, kind, grp, rank, payload in job.rows:
-                    try:
-                        tail, klen, glen = tails[kind, grp]
-                    except KeyError:
-                        tail, klen, glen = tails[kind, grp] = checksum_tail(kind, grp)
-                    head = _pack_head(seq, ts, term, -1 if rank is None else rank, klen, glen)
-                    extend((seq, term, ts, kind, grp, rank, payload, crc32(head + tail + payload)))
+                    # record.frame_body and record.seal, inlined: this runs for every record
+                    body = b"[%d,%d,%d,%s%s,%s" % (
+                        seq,
+                        ts,
+                        term,
+                        frame_names(kind, grp),
+                        b"null" if rank is None else b"%d" % rank,
+                        payload,
+                    )
+                    extend((seq, term, kind, grp, body + b",%10d]" % crc32(body)))
                     seq += 1
                 results.append(list(range(start, seq)))
             _insert_rows(conn, params, self._chunk)
@@ -345,14 +350,14 @@ class SqliteWriter:
 
 
 def _insert_rows(conn: sqlite3.Connection, params: list[Any], chunk: int) -> None:
-    """Insert the flattened rows (8 values each) in power-of-two multi-row statements of at
-    most ``chunk`` rows."""
-    left = len(params) // 8
+    """Insert the flattened rows (``ROW_VALUES`` values each) in power-of-two multi-row
+    statements of at most ``chunk`` rows."""
+    left = len(params) // ROW_VALUES
     at = 0
     while left:
         n = min(chunk, 1 << (left.bit_length() - 1))
-        conn.execute(_INSERTS[n], params[at : at + 8 * n])
-        at += 8 * n
+        conn.execute(_INSERTS[n], params[at : at + ROW_VALUES * n])
+        at += ROW_VALUES * n
         left -= n
 
 

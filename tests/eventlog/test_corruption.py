@@ -35,7 +35,7 @@ def flip_first(path: Path, needle: bytes, at: int) -> None:
 
 @pytest.mark.parametrize(
     ("needle", "at"),
-    [(b"needle-0005", 8), (b"exit", 1)],
+    [(b"needle-0005", 8), (b'"exit"', 2)],
     ids=["payload-byte", "kind-byte"],
 )
 async def test_a_flipped_byte_in_the_file_names_the_offset(
@@ -62,19 +62,47 @@ async def test_a_flipped_byte_in_the_file_names_the_offset(
         await log.close()
 
 
-async def test_damage_in_a_checked_column_is_reported(tmp_path: Path) -> None:
+async def test_a_changed_field_inside_a_frame_is_reported(tmp_path: Path) -> None:
     path = tmp_path / "log.db"
     log = await open_log(path)
     await log.append(records())
     await log.close()
     conn = sqlite3.connect(path)
     with conn:
-        conn.execute("UPDATE log SET rank = rank + 1 WHERE seq = 7")
+        (frame,) = conn.execute("SELECT frame FROM log WHERE seq = 7").fetchone()
+        assert b'"heartbeat","train",3,' in frame
+        frame = frame.replace(b'"heartbeat","train",3,', b'"heartbeat","train",2,')
+        conn.execute("UPDATE log SET frame = ? WHERE seq = 7", (frame,))
     conn.close()
     log = await open_log(path)
     try:
         with pytest.raises(ChecksumError, match="record at offset 7 is damaged: stored checksum"):
             await log.read(6)
+    finally:
+        await log.close()
+
+
+async def test_a_filter_column_that_disagrees_with_its_frame_is_reported(tmp_path: Path) -> None:
+    """``kind`` and ``grp`` are copies of the frame's fields kept for filtering: a filtered read
+    checks each record it returns against the filter."""
+    path = tmp_path / "log.db"
+    log = await open_log(path)
+    await log.append(records())
+    await log.close()
+    conn = sqlite3.connect(path)
+    with conn:
+        conn.execute("UPDATE log SET grp = 'other', kind = 'exit' WHERE seq = 7")
+    conn.close()
+    log = await open_log(path)
+    try:
+        assert [r.offset for r in await log.read(group="train")] == [1, 2, 3, 4, 5, 6, 8, 9, 10]
+        with pytest.raises(
+            ChecksumError, match="offset 7 is damaged: its columns place it in group 'other'"
+        ):
+            await log.read(group="other")
+        with pytest.raises(ChecksumError, match="offset 7 is damaged: .* kind 'heartbeat'"):
+            await log.read(kinds=["exit"])
+        assert (await log.read(6, 1))[0].group == "train"  # the record itself is intact
     finally:
         await log.close()
 
@@ -91,7 +119,7 @@ async def test_damaged_row_on_postgres_names_the_offset(pg_url: str, pg_schema: 
         conn = await asyncpg.connect(where.dsn, server_settings={"search_path": pg_schema})
         try:
             await conn.execute(
-                "UPDATE log SET payload = overlay(payload placing '\\x58'::bytea from 5) WHERE seq = 3"
+                "UPDATE log SET frame = overlay(frame placing '\\x58'::bytea from 60) WHERE seq = 3"
             )
         finally:
             await conn.close()

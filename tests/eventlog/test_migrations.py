@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
+import struct
 from pathlib import Path
+from zlib import crc32
 
 import asyncpg
 import pytest
 
-from eventlog import LogError, NewRecord, SchemaTooNewError, open_log
+from eventlog import ChecksumError, LogError, NewRecord, SchemaTooNewError, open_log
 from eventlog.migrate import code_head, migrate_postgres, migrate_sqlite
-from eventlog.record import checksum, encode_payload
+from eventlog.record import encode_payload
 from eventlog.target import PostgresTarget, parse_target
 
 OLD_ROWS = [
@@ -18,21 +21,44 @@ OLD_ROWS = [
     (1, 2, 1_000, "group_created", "train", None, {"world_size": 2}),
     (2, 2, 2_000, "join", "train", 0, {"incarnation": "a"}),
     (3, 3, 3_000, "join", "train", 1, {"incarnation": "b"}),
+    (4, 3, 4_000, "tick", None, None, {}),
 ]
 
+#: The offset of the row ``old_params(damaged=True)`` damages (after its checksum was taken).
+DAMAGED = 3
 
-def old_params() -> list[tuple]:
+
+def v1_checksum(
+    seq: int, ts: int, term: int, kind: str, grp: str | None, rank: int | None, payload: bytes
+) -> int:
+    """The checksum as revisions 0001-0003 wrote it: CRC-32 over a packed header (offset, ts,
+    term, rank or -1, the lengths of kind and group or 0xFFFF), then kind, group, payload."""
+    k, g = kind.encode(), b"" if grp is None else grp.encode()
+    head = struct.pack(
+        "<qqqqHH",
+        seq,
+        ts,
+        term,
+        -1 if rank is None else rank,
+        len(k),
+        0xFFFF if grp is None else len(g),
+    )
+    return crc32(head + k + g + payload)
+
+
+def old_params(damaged: bool = False) -> list[tuple]:
     out = []
     for seq, term, ts, kind, grp, rank, payload in OLD_ROWS:
         data = encode_payload(payload)
-        out.append(
-            (seq, term, ts, kind, grp, rank, data, checksum(seq, ts, term, kind, grp, rank, data))
-        )
+        crc = v1_checksum(seq, ts, term, kind, grp, rank, data)
+        if damaged and seq == DAMAGED:
+            data = data.replace(b'"b"', b'"c"')
+        out.append((seq, term, ts, kind, grp, rank, data, crc))
     return out
 
 
-async def make_revision_1_log(target: str) -> None:
-    """A log as the first release wrote it: revision 0001, three records, one consumer."""
+async def make_revision_1_log(target: str, damaged: bool = False) -> None:
+    """A log as the first release wrote it: revision 0001, four records, one consumer."""
     where = parse_target(target)
     if isinstance(where, PostgresTarget):
         await migrate_postgres(where.dsn, where.schema, "test log", create=True, target="0001")
@@ -41,7 +67,7 @@ async def make_revision_1_log(target: str) -> None:
             await conn.executemany(
                 "INSERT INTO log (seq, term, ts_ns, kind, grp, rank, payload, crc) "
                 "VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
-                old_params(),
+                old_params(damaged),
             )
             await conn.execute("INSERT INTO consumer_offset VALUES ('fold', 2)")
         finally:
@@ -50,7 +76,7 @@ async def make_revision_1_log(target: str) -> None:
     migrate_sqlite(where.path, "test log", target="0001")
     conn = sqlite3.connect(where.path)
     with conn:
-        conn.executemany("INSERT INTO log VALUES (?, ?, ?, ?, ?, ?, ?, ?)", old_params())
+        conn.executemany("INSERT INTO log VALUES (?, ?, ?, ?, ?, ?, ?, ?)", old_params(damaged))
         conn.execute("INSERT INTO consumer_offset VALUES ('fold', 2)")
     conn.close()
 
@@ -79,14 +105,89 @@ async def test_revision_1_log_is_upgraded_with_its_data_intact(fresh_target: str
         assert [(r.offset, r.term, r.ts, r.kind, r.group, r.rank, r.payload) for r in got] == [
             tuple(row) for row in OLD_ROWS
         ]
+        assert [r.checksum for r in got] == [r.checksum for r in await log.read(group=None)]
         assert log.term == 3  # the head row is seeded with the newest term in the log
-        assert await log.head() == 3
+        assert await log.head() == 4
         assert await log.get_consumer_offset("fold") == 2
-        assert await log.append([NewRecord(kind="tick")]) == [4]
+        assert await log.append([NewRecord(kind="tick")]) == [5]
         await log.save_snapshot("fold", 3, b"x")  # a table revision 0002 added
         assert await log.load_snapshot("fold") == (3, b"x")
+        assert [r.offset for r in await log.read(group="train", kinds=["join"])] == [2, 3]
     finally:
         await log.close()
+
+
+async def test_a_record_damaged_before_the_upgrade_is_still_reported(fresh_target: str) -> None:
+    """Revision 0004 rewrites every record into a frame with a new checksum; a record whose old
+    checksum did not match must not come out of that looking intact."""
+    await make_revision_1_log(fresh_target, damaged=True)
+    log = await open_log(fresh_target, create=False)
+    try:
+        assert [r.offset for r in await log.read(0, until=DAMAGED - 1)] == [1, 2]
+        with pytest.raises(ChecksumError, match=f"record at offset {DAMAGED} is damaged"):
+            await log.read()
+        assert [r.offset for r in await log.read(DAMAGED)] == [4]
+    finally:
+        await log.close()
+
+
+def test_revision_4_downgrades_to_the_old_columns_and_back(tmp_path: Path) -> None:
+    """The frame conversion is reversible: down to 0003 gives the first release's rows back
+    (checksums in the old layout, the damaged one still damaged), and up again reads the same."""
+    from alembic import command
+    from sqlalchemy import create_engine
+
+    from eventlog.migrate import alembic_config
+
+    path = tmp_path / "log.db"
+    asyncio.run(make_revision_1_log(str(path), damaged=True))
+    migrate_sqlite(path, "test log")
+    engine = create_engine(f"sqlite:///{path}")
+    try:
+        with engine.begin() as conn:
+            command.downgrade(alembic_config(conn), "0003")
+    finally:
+        engine.dispose()
+    conn = sqlite3.connect(path)
+    rows = conn.execute(
+        "SELECT seq, term, ts_ns, kind, grp, rank, payload, crc FROM log ORDER BY seq"
+    ).fetchall()
+    conn.close()
+    expected = old_params(damaged=True)
+    assert [r for r in rows if r[0] != DAMAGED] == [r for r in expected if r[0] != DAMAGED]
+    (seq, term, ts, kind, grp, rank, data, crc) = rows[DAMAGED - 1]
+    assert (seq, term, ts, kind, grp, rank, data) == expected[DAMAGED - 1][:7]
+    assert crc != v1_checksum(seq, ts, term, kind, grp, rank, data)  # still reads as damaged
+    migrate_sqlite(path, "test log")
+
+    async def read_back() -> None:
+        log = await open_log(path, create=False)
+        try:
+            assert [r.offset for r in await log.read(0, until=2)] == [1, 2]
+            with pytest.raises(ChecksumError, match=f"offset {DAMAGED} is damaged"):
+                await log.read(2)
+            assert [r.payload for r in await log.read(DAMAGED)] == [{}]
+        finally:
+            await log.close()
+
+    asyncio.run(read_back())
+
+
+async def test_a_record_whose_columns_cannot_be_converted_stops_the_upgrade(tmp_path: Path) -> None:
+    path = tmp_path / "log.db"
+    await make_revision_1_log(str(path))
+    conn = sqlite3.connect(path)
+    with conn:
+        conn.execute("UPDATE log SET ts_ns = 'not a number' WHERE seq = 2")
+    conn.close()
+    with pytest.raises(
+        LogError, match="record at offset 2 cannot be converted .* nothing was changed"
+    ):
+        await open_log(path, create=False)
+    conn = sqlite3.connect(path)
+    assert conn.execute("SELECT version_num FROM alembic_version").fetchone() == ("0001",)
+    assert conn.execute("SELECT count(*) FROM log").fetchone() == (4,)
+    conn.close()
 
 
 async def test_a_newer_schema_is_refused_and_left_alone(fresh_target: str) -> None:
@@ -111,8 +212,6 @@ async def test_a_newer_schema_is_refused_and_left_alone(fresh_target: str) -> No
 
 async def test_two_openers_of_a_new_log_create_it_once(fresh_target: str) -> None:
     target = fresh_target
-    import asyncio
-
     logs = await asyncio.gather(open_log(target), open_log(target), open_log(target))
     try:
         offsets = await asyncio.gather(*(log.append([NewRecord(kind="tick")]) for log in logs))
