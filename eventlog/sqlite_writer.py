@@ -279,18 +279,19 @@ class SqliteWriter:
             params: list[Any] = []
             extend = params.extend
             results = []
+            names: dict[tuple[str, str | None], bytes] = {}
             for job in jobs:
                 start = seq
                 for ts, kind, grp, rank, payload in job.rows:
                     # record.frame_body and record.seal, inlined: this runs for every record
-                    body = b"[%d,%d,%d,%s%s,%s" % (
-                        seq,
-                        ts,
-                        term,
-                        frame_names(kind, grp),
-                        b"null" if rank is None else b"%d" % rank,
-                        payload,
-                    )
+                    try:
+                        kg = names[kind, grp]
+                    except KeyError:
+                        kg = names[kind, grp] = frame_names(kind, grp)
+                    if rank is None:
+                        body = b"[%d,%d,%d,%snull,%s" % (seq, ts, term, kg, payload)
+                    else:
+                        body = b"[%d,%d,%d,%s%d,%s" % (seq, ts, term, kg, rank, payload)
                     extend((seq, term, kind, grp, body + b",%10d]" % crc32(body)))
                     seq += 1
                 results.append(list(range(start, seq)))
