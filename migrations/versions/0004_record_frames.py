@@ -81,6 +81,12 @@ def _text_as_bytes(column: str) -> str:
     return f"CAST({column} AS BLOB)"
 
 
+def _text(column: Any) -> str | None:
+    """A text column read as bytes, back to text (a damaged byte becomes U+FFFD: the frame
+    keeps the stored bytes, and its checksum reports the damage)."""
+    return None if column is None else bytes(column).decode("utf-8", "replace")
+
+
 def _to_frame(row: Any) -> bytes:
     seq, term, ts, kind, grp, rank, payload, crc = row
     try:
@@ -100,22 +106,54 @@ def _to_frame(row: Any) -> bytes:
 
 
 def upgrade() -> None:
+    """Copy the records, as frames, into a new table that then takes the old one's place.
+
+    One pass and one copy: the file (or the PostgreSQL table) needs room for the old and the new
+    table at once, and the old one's pages are free afterwards (``VACUUM`` gives them back).
+    """
     bind = op.get_bind()
-    with op.batch_alter_table("log") as batch:
-        batch.add_column(sa.Column("frame", sa.LargeBinary(), nullable=True))
+    op.create_table(
+        "log_frames",
+        sa.Column(
+            "seq",
+            sa.BigInteger().with_variant(sa.Integer(), "sqlite"),  # SQLite: the rowid
+            primary_key=True,
+            autoincrement=False,
+        ),
+        sa.Column("term", sa.BigInteger(), nullable=False),
+        sa.Column("kind", sa.Text(), nullable=False),
+        sa.Column("grp", sa.Text(), nullable=True),
+        sa.Column("frame", sa.LargeBinary(), nullable=False),
+    )
     select = sa.text(
         f"SELECT seq, term, ts_ns, {_text_as_bytes('kind')}, {_text_as_bytes('grp')}, rank, "
         "payload, crc FROM log WHERE seq > :after ORDER BY seq LIMIT :page"
     )
-    update = sa.text("UPDATE log SET frame = :frame WHERE seq = :seq")
+    insert = sa.text(
+        "INSERT INTO log_frames (seq, term, kind, grp, frame) "
+        "VALUES (:seq, :term, :kind, :grp, :frame)"
+    )
     after = 0
     while rows := bind.execute(select, {"after": after, "page": PAGE}).all():
-        bind.execute(update, [{"seq": row[0], "frame": _to_frame(row)} for row in rows])
+        bind.execute(
+            insert,
+            [
+                {
+                    "seq": r[0],
+                    "term": r[1],
+                    "kind": _text(r[3]),
+                    "grp": _text(r[4]),
+                    "frame": _to_frame(r),
+                }
+                for r in rows
+            ],
+        )
         after = rows[-1][0]
-    with op.batch_alter_table("log") as batch:
-        batch.alter_column("frame", existing_type=sa.LargeBinary(), nullable=False)
-        for column in ("ts_ns", "rank", "payload", "crc"):
-            batch.drop_column(column)
+    op.drop_table("log")  # and its index log_grp_seq
+    op.rename_table("log_frames", "log")
+    if bind.dialect.name == "postgresql":
+        op.execute("ALTER INDEX log_frames_pkey RENAME TO log_pkey")
+    op.create_index("log_grp_seq", "log", ["grp", "seq"])
 
 
 def _from_frame(seq: int, frame: bytes) -> dict[str, Any]:

@@ -232,3 +232,22 @@ async def test_a_file_that_is_not_a_database_is_refused(tmp_path: Path) -> None:
 async def test_a_missing_directory_is_named(tmp_path: Path) -> None:
     with pytest.raises(LogError, match="directory .*nowhere.* does not exist"):
         await open_log(tmp_path / "nowhere" / "log.db")
+
+
+async def test_a_record_with_undecodable_text_is_carried_over_as_damaged(tmp_path: Path) -> None:
+    """A flipped bit can leave a text column that is not UTF-8; the upgrade reads such columns
+    as bytes, so it neither fails on it nor makes the record look intact."""
+    path = tmp_path / "log.db"
+    await make_revision_1_log(str(path))
+    conn = sqlite3.connect(path)
+    with conn:
+        conn.execute("UPDATE log SET kind = CAST(X'6A6F69EE' AS TEXT) WHERE seq = 2")
+    conn.close()
+    log = await open_log(path, create=False)
+    try:
+        assert [r.offset for r in await log.read(0, until=1)] == [1]
+        with pytest.raises(ChecksumError, match="record at offset 2 is damaged"):
+            await log.read(1)
+        assert [r.offset for r in await log.read(2)] == [3, 4]
+    finally:
+        await log.close()
