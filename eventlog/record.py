@@ -183,7 +183,7 @@ def _check_fields(kind: Any, group: Any, rank: Any, ts: Any) -> None:
 #: commas decodes in one call, which is what makes replay cheap.
 FRAME_TAIL = len(b",%10d]" % 0)
 
-#: ``"kind","group",`` (JSON, with the commas around them) per (kind, group) seen; emptied
+#: ``"kind","group",`` (each JSON-encoded and followed by a comma) per (kind, group) seen; emptied
 #: when it grows past ``_GOOD_GROUPS_MAX``, like ``_good_groups``.
 _names: dict[tuple[str, str | None], bytes] = {}
 

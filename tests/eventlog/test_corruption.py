@@ -62,18 +62,25 @@ async def test_a_flipped_byte_in_the_file_names_the_offset(
         await log.close()
 
 
-async def test_a_changed_field_inside_a_frame_is_reported(tmp_path: Path) -> None:
-    path = tmp_path / "log.db"
+async def written_then_changed(path: Path, sql: str) -> None:
+    """A log of ``records()`` at ``path``, closed, then ``sql`` run on the file behind its back
+    (it must change exactly one row)."""
     log = await open_log(path)
     await log.append(records())
     await log.close()
     conn = sqlite3.connect(path)
     with conn:
-        (frame,) = conn.execute("SELECT frame FROM log WHERE seq = 7").fetchone()
-        assert b'"heartbeat","train",3,' in frame
-        frame = frame.replace(b'"heartbeat","train",3,', b'"heartbeat","train",2,')
-        conn.execute("UPDATE log SET frame = ? WHERE seq = 7", (frame,))
+        assert conn.execute(sql).rowcount == 1
     conn.close()
+
+
+async def test_a_changed_field_inside_a_frame_is_reported(tmp_path: Path) -> None:
+    path = tmp_path / "log.db"
+    await written_then_changed(
+        path,
+        "UPDATE log SET frame = CAST(replace(CAST(frame AS TEXT), '\"train\",3,', "
+        "'\"train\",2,') AS BLOB) WHERE seq = 7 AND instr(frame, '\"train\",3,') > 0",
+    )
     log = await open_log(path)
     try:
         with pytest.raises(ChecksumError, match="record at offset 7 is damaged: stored checksum"):
@@ -86,13 +93,7 @@ async def test_a_filter_column_that_disagrees_with_its_frame_is_reported(tmp_pat
     """``kind`` and ``grp`` are copies of the frame's fields kept for filtering: a filtered read
     checks each record it returns against the filter."""
     path = tmp_path / "log.db"
-    log = await open_log(path)
-    await log.append(records())
-    await log.close()
-    conn = sqlite3.connect(path)
-    with conn:
-        conn.execute("UPDATE log SET grp = 'other', kind = 'exit' WHERE seq = 7")
-    conn.close()
+    await written_then_changed(path, "UPDATE log SET grp = 'other', kind = 'exit' WHERE seq = 7")
     log = await open_log(path)
     try:
         assert [r.offset for r in await log.read(group="train")] == [1, 2, 3, 4, 5, 6, 8, 9, 10]

@@ -81,6 +81,15 @@ async def make_revision_1_log(target: str, damaged: bool = False) -> None:
     conn.close()
 
 
+async def revision_1_log_changed(path: Path, sql: str) -> None:
+    """A revision-0001 SQLite log at ``path`` with ``sql`` run on it (changing one row)."""
+    await make_revision_1_log(str(path))
+    conn = sqlite3.connect(path)
+    with conn:
+        assert conn.execute(sql).rowcount == 1
+    conn.close()
+
+
 async def set_revision(target: str, revision: str) -> None:
     where = parse_target(target)
     if isinstance(where, PostgresTarget):
@@ -175,11 +184,7 @@ def test_revision_4_downgrades_to_the_old_columns_and_back(tmp_path: Path) -> No
 
 async def test_a_record_whose_columns_cannot_be_converted_stops_the_upgrade(tmp_path: Path) -> None:
     path = tmp_path / "log.db"
-    await make_revision_1_log(str(path))
-    conn = sqlite3.connect(path)
-    with conn:
-        conn.execute("UPDATE log SET ts_ns = 'not a number' WHERE seq = 2")
-    conn.close()
+    await revision_1_log_changed(path, "UPDATE log SET ts_ns = 'not a number' WHERE seq = 2")
     with pytest.raises(
         LogError, match="record at offset 2 cannot be converted .* nothing was changed"
     ):
@@ -238,11 +243,9 @@ async def test_a_record_with_undecodable_text_is_carried_over_as_damaged(tmp_pat
     """A flipped bit can leave a text column that is not UTF-8; the upgrade reads such columns
     as bytes, so it neither fails on it nor makes the record look intact."""
     path = tmp_path / "log.db"
-    await make_revision_1_log(str(path))
-    conn = sqlite3.connect(path)
-    with conn:
-        conn.execute("UPDATE log SET kind = CAST(X'6A6F69EE' AS TEXT) WHERE seq = 2")
-    conn.close()
+    await revision_1_log_changed(
+        path, "UPDATE log SET kind = CAST(X'6A6F69EE' AS TEXT) WHERE seq = 2"
+    )
     log = await open_log(path, create=False)
     try:
         assert [r.offset for r in await log.read(0, until=1)] == [1]
