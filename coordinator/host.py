@@ -62,7 +62,7 @@ from eventlog import (
     StaleTermError,
     open_log,
 )
-from eventlog.record import READ_PAGE, Encoded, checksum, decode_payload, validate
+from eventlog.record import READ_PAGE, Encoded, decode_payload, validate
 
 log = logging.getLogger("foldplane.host")
 
@@ -549,7 +549,7 @@ class Host:
         ts = self._next_ts()
         try:
             # validated and encoded on arrival (_enqueue): the log does not encode them again
-            offsets = await self.log.append(
+            offsets, checksums = await self.log.append_sealed(
                 [
                     Encoded(msgspec.structs.replace(i.record, ts=ts), i.payload_bytes)
                     for i in accepted
@@ -568,8 +568,8 @@ class Host:
         if offsets == expected:
             term = self.log.term
             records = [
-                _record(off, ts, term, i.record, i.payload_bytes)
-                for off, i in zip(offsets, accepted, strict=True)
+                _record(off, ts, term, i.record, crc)
+                for off, i, crc in zip(offsets, accepted, checksums, strict=True)
             ]
         else:  # somebody else appended too: fold exactly what the log holds
             records = await self._read_through(offsets[-1])
@@ -809,8 +809,9 @@ def _ignore_outcome(future: asyncio.Future[list[Outcome]]) -> None:
         future.exception()
 
 
-def _record(offset: int, ts: int, term: int, rec: NewRecord, payload_bytes: bytes) -> Record:
-    """The record the log now holds, built locally instead of read back (same checksum)."""
+def _record(offset: int, ts: int, term: int, rec: NewRecord, crc: int) -> Record:
+    """The record the log now holds, built locally instead of read back (``crc``: the
+    checksum the writer stored it with)."""
     return Record(
         offset=offset,
         ts=ts,
@@ -819,7 +820,7 @@ def _record(offset: int, ts: int, term: int, rec: NewRecord, payload_bytes: byte
         group=rec.group,
         rank=rec.rank,
         payload=rec.payload,
-        checksum=checksum(offset, ts, term, rec.kind, rec.group, rec.rank, payload_bytes),
+        checksum=crc,
     )
 
 

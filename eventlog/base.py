@@ -34,6 +34,10 @@ from eventlog.record import (
 #: One validated record on its way to storage: (ts_ns, kind, group, rank, encoded payload).
 Row = tuple[int, str, str | None, int | None, bytes]
 
+#: What a store gives back for an append: the offsets the rows got and the checksum each one
+#: was stored with (the writer computes them while building the frames).
+Sealed = tuple[list[int], list[int]]
+
 
 def prepare(records: Sequence[NewRecord | Encoded]) -> list[Row]:
     """Validate a whole batch before anything is written; stamp ``ts`` where the caller left it out.
@@ -125,10 +129,17 @@ class Log(ABC):
         written. Concurrent callers share commits. If the caller is cancelled after the batch
         was handed to the store, the batch may still be committed.
         """
+        offsets, _ = await self.append_sealed(records)
+        return offsets
+
+    async def append_sealed(self, records: Sequence[NewRecord | Encoded]) -> Sealed:
+        """:meth:`append`, also handing back each record's checksum as stored: a caller that
+        builds the durable records itself (the coordinator's host, which folds what it just
+        appended without reading it back) need not compute them again."""
         self._check_open()
         rows = prepare(records)
         if not rows:
-            return []
+            return [], []
         return await self._append_rows(rows)
 
     async def read(
@@ -345,8 +356,9 @@ class Log(ABC):
     # -- what a store provides ---------------------------------------------------------------
 
     @abstractmethod
-    def _append_rows(self, rows: list[Row]) -> Awaitable[list[int]]:
-        """Make ``rows`` durable in one atomic append; the awaitable gives their offsets."""
+    def _append_rows(self, rows: list[Row]) -> Awaitable[Sealed]:
+        """Make ``rows`` durable in one atomic append; the awaitable gives their offsets and
+        checksums."""
 
     @abstractmethod
     async def _read(

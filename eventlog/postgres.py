@@ -29,7 +29,7 @@ from typing import Any
 
 import asyncpg
 
-from eventlog.base import Log, Row
+from eventlog.base import Log, Row, Sealed
 from eventlog.codec import COLUMNS, decode_rows
 from eventlog.errors import LogClosed, LogError, StaleTermError
 from eventlog.migrate import code_head, migrate_postgres, postgres_revision
@@ -79,7 +79,7 @@ SELECT count(*) FROM o
 @dataclass(slots=True)
 class _Append:
     rows: list[Row]
-    future: asyncio.Future[list[int]]
+    future: asyncio.Future[Sealed]
 
 
 class PostgresLog(Log):
@@ -111,8 +111,8 @@ class PostgresLog(Log):
 
     # -- the writer -------------------------------------------------------------------------
 
-    def _append_rows(self, rows: list[Row]) -> asyncio.Future[list[int]]:
-        fut: asyncio.Future[list[int]] = asyncio.get_running_loop().create_future()
+    def _append_rows(self, rows: list[Row]) -> asyncio.Future[Sealed]:
+        fut: asyncio.Future[Sealed] = asyncio.get_running_loop().create_future()
         self._jobs.append(_Append(rows, fut))
         self._has_jobs.set()
         return fut
@@ -143,10 +143,10 @@ class PostgresLog(Log):
                     if not job.future.done():
                         job.future.set_exception(exc)
             else:
-                for job, offsets in zip(batch, results, strict=True):
+                for job, sealed in zip(batch, results, strict=True):
                     if not job.future.done():
-                        job.future.set_result(offsets)
-                self._committed(results[-1][-1])
+                        job.future.set_result(sealed)
+                self._committed(results[-1][0][-1])
 
     async def _writer(self) -> asyncpg.Connection:
         """The writer's connection; a lost one is replaced (the next statement re-checks the head)."""
@@ -154,17 +154,18 @@ class PostgresLog(Log):
             self._conn = await self._connect()
         return self._conn
 
-    async def _write_batch(self, batch: list[_Append]) -> list[list[int]]:
+    async def _write_batch(self, batch: list[_Append]) -> list[Sealed]:
         conn = await self._writer()
         rows = [row for job in batch for row in job.rows]
         kinds = [r[1] for r in rows]
         groups = [r[2] for r in rows]
         while True:
             term, first = self._term, self._next_seq
-            frames = [
-                seal(frame_body(first + i, t, term, k, g, r, p))[0]
+            sealed = [
+                seal(frame_body(first + i, t, term, k, g, r, p))
                 for i, (t, k, g, r, p) in enumerate(rows)
             ]
+            frames = [frame for frame, _ in sealed]
             n, _ = await conn.fetchrow(
                 _APPEND, term, first, len(rows), kinds, groups, frames, self._channel
             )
@@ -177,11 +178,13 @@ class PostgresLog(Log):
                 raise StaleTermError(term, head_term)
             self._next_seq = next_seq  # another writer under our term appended; go after it
         self._next_seq = first + len(rows)
-        results = []
+        results: list[Sealed] = []
         offset = first
         for job in batch:
-            results.append(list(range(offset, offset + len(job.rows))))
-            offset += len(job.rows)
+            n = len(job.rows)
+            crcs = [crc for _, crc in sealed[offset - first : offset - first + n]]
+            results.append((list(range(offset, offset + n)), crcs))
+            offset += n
         return results
 
     async def _claim_term(self) -> int:

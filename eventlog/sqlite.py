@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from eventlog.base import Log, Row
+from eventlog.base import Log, Row, Sealed
 from eventlog.codec import COLUMNS, decode_rows, gc_paused
 from eventlog.errors import LogError
 from eventlog.migrate import migrate_sqlite
@@ -47,9 +47,9 @@ class SqliteLog(Log):
 
     # -- writes -----------------------------------------------------------------------------
 
-    def _append_rows(self, rows: list[Row]) -> asyncio.Future[list[int]]:
+    def _append_rows(self, rows: list[Row]) -> asyncio.Future[Sealed]:
         # A plain function handing back the writer's future: one coroutine less per append.
-        fut: asyncio.Future[list[int]] = self._loop.create_future()
+        fut: asyncio.Future[Sealed] = self._loop.create_future()
         # size approximates the WAL bytes: the payload plus the other columns and row header
         size = 64 * len(rows)
         for row in rows:

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 from zlib import crc32
 
+from eventlog.base import Sealed
 from eventlog.errors import LogClosed, LogError, StaleTermError
 from eventlog.record import frame_names
 
@@ -73,7 +74,7 @@ _INSERTS = {1 << k: _insert_sql(1 << k) for k in range(CHUNK_ROWS.bit_length())}
 class Append:
     rows: list[tuple[int, str, str | None, int | None, bytes]]
     size: int
-    future: asyncio.Future[list[int]]
+    future: asyncio.Future[Sealed]
 
 
 @dataclass(slots=True)
@@ -265,8 +266,9 @@ class SqliteWriter:
             self._call_soon(self._resolve, jobs, results, head)
             self._checkpointer.wrote(size)
 
-    def _insert(self, jobs: list[Append]) -> tuple[list[list[int]], int]:
-        """One transaction holding every job's rows: (each job's offsets, the new head)."""
+    def _insert(self, jobs: list[Append]) -> tuple[list[Sealed], int]:
+        """One transaction holding every job's rows: (each job's offsets and checksums, the
+        new head)."""
         conn = self._connection()
         conn.execute("BEGIN IMMEDIATE")
         try:
@@ -282,6 +284,7 @@ class SqliteWriter:
             names: dict[tuple[str, str | None], bytes] = {}
             for job in jobs:
                 start = seq
+                crcs: list[int] = []
                 for ts, kind, grp, rank, payload in job.rows:
                     # record.frame_body and record.seal, inlined: this runs for every record
                     try:
@@ -292,9 +295,11 @@ class SqliteWriter:
                         body = b"[%d,%d,%d,%snull,%s" % (seq, ts, term, kg, payload)
                     else:
                         body = b"[%d,%d,%d,%s%d,%s" % (seq, ts, term, kg, rank, payload)
-                    extend((seq, term, kind, grp, body + b",%10d]" % crc32(body)))
+                    crc = crc32(body)
+                    crcs.append(crc)
+                    extend((seq, term, kind, grp, body + b",%10d]" % crc))
                     seq += 1
-                results.append(list(range(start, seq)))
+                results.append((list(range(start, seq)), crcs))
             _insert_rows(conn, params, self._chunk)
             conn.execute("UPDATE log_head SET next_seq = ? WHERE id = 1", (seq,))
             conn.execute("COMMIT")
@@ -343,10 +348,10 @@ class SqliteWriter:
 
     # -- back on the event loop -------------------------------------------------------------
 
-    def _resolve(self, jobs: list[Append], results: list[list[int]], head: int) -> None:
-        for job, offsets in zip(jobs, results, strict=True):
+    def _resolve(self, jobs: list[Append], results: list[Sealed], head: int) -> None:
+        for job, sealed in zip(jobs, results, strict=True):
             if not job.future.done():
-                job.future.set_result(offsets)
+                job.future.set_result(sealed)
         self._on_commit(head)
 
 

@@ -55,6 +55,19 @@ async def test_read_returns_what_was_appended(log: Log) -> None:
         )
 
 
+async def test_append_sealed_gives_the_checksums_the_records_are_stored_with(log: Log) -> None:
+    """What the coordinator's host folds without reading it back: offsets and checksums equal
+    what a reader gets, for every caller sharing a commit."""
+    batches = [[hb(r, i) for r in range(3)] for i in range(4)] + [[NewRecord(kind="tick")]]
+    sealed = await asyncio.gather(*(log.append_sealed(b) for b in batches))
+    assert await log.append_sealed([]) == ([], [])
+    stored = {r.offset: r.checksum for r in await log.read()}
+    assert sorted(o for offsets, _ in sealed for o in offsets) == list(range(1, 14))
+    for (offsets, checksums), batch in zip(sealed, batches, strict=True):
+        assert len(offsets) == len(checksums) == len(batch)
+        assert checksums == [stored[o] for o in offsets]
+
+
 async def test_read_after_is_exclusive_until_is_inclusive_and_limit_pages(log: Log) -> None:
     await log.append([hb(r, i) for i in range(5) for r in range(2)])  # offsets 1..10
     assert [r.offset for r in await log.read(3, limit=4)] == [4, 5, 6, 7]
