@@ -199,6 +199,7 @@ class Host:
         snapshot_every: int = 20_000,
         snapshot_interval_s: float = 30.0,
         max_batch: int = 4096,
+        poll_release: int = 8,
     ) -> None:
         self.log = log_
         self.machine = machine
@@ -217,6 +218,7 @@ class Host:
         self._snapshot_time = time.monotonic()
         self._snapshot_writing: asyncio.Task[None] | None = None
         self._max_batch = max_batch
+        self._poll_release = poll_release
         self._queue: deque[_Input] = deque()
         self._has_input = asyncio.Event()
         self._changed = asyncio.Event()
@@ -412,7 +414,6 @@ class Host:
         deadline = loop.time() + timeout
         journals = self.journals
         while True:
-            waiter = journals.waiter(group)
             got = journals.entries_since(group, rank, after)
             if got is None:
                 return self._resync(group, rank)
@@ -423,9 +424,14 @@ class Host:
             remaining = deadline - loop.time()
             if remaining <= 0 or self._unavailable is not None or self._draining:
                 return UpdatesAnswer([], max(after, self._applied), False)
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(remaining):
-                    await waiter.wait()
+            # nothing runs between the check above and registering here, so no publish is missed
+            waiter = journals.waiter(group)
+            expiry = loop.call_later(remaining, _expire, waiter)
+            try:
+                await waiter
+            finally:
+                expiry.cancel()
+                journals.forget(group, waiter)
 
     def _resync(self, group: str, rank: int) -> UpdatesAnswer:
         """The current state instead of the updates the journal no longer holds."""
@@ -451,6 +457,8 @@ class Host:
 
     async def _run(self) -> None:
         while True:
+            if self.journals.releasing:
+                self._release_polls()
             await self._has_input.wait()
             batch = self._next_batch()
             if not self._queue:
@@ -678,6 +686,16 @@ class Host:
         elif isinstance(effect, GroupFailed):
             aux.in_flight.pop(effect.group, None)
 
+    def _release_polls(self) -> None:
+        """Answer the long polls that the updates just published woke.
+
+        A view change wakes every agent host's long poll of its group at once (twice: prepare,
+        then commit), and each answer brings back an ACK request and the next poll. While other
+        inputs are queued, only ``poll_release`` of them are answered per batch, so that burst
+        is spread over the next batches instead of holding up every heartbeat queued behind it;
+        when nothing is queued, all of them are (see ``_run``)."""
+        self.journals.release(self._poll_release if self._queue else None)
+
     def _next_ts(self) -> int:
         """The writer clock for a batch, never behind the last record (a clock step back would
         otherwise move the fold's time backwards)."""
@@ -702,6 +720,7 @@ class Host:
                 break
             self._last_ts = max(self._last_ts, page[-1].ts)
             await self._apply(page)
+            self.journals.release()  # no inputs wait behind these: answer every woken poll
         self._applied = self.machine.offset
 
     async def _recover(self) -> None:
@@ -800,6 +819,11 @@ class Host:
         self._snapshot_offset = offset
         self._snapshot_time = time.monotonic()
         self.metrics.snapshots += 1
+
+
+def _expire(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
 
 
 def _ignore_outcome(future: asyncio.Future[list[Outcome]]) -> None:

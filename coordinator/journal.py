@@ -16,8 +16,13 @@ Rules:
   best effort, and the metric says how much of it was lost (the rank then resyncs).
 - An update is kept as its JSON, encoded once when it is published: a view change's updates go
   to every agent host's long poll, and a 512-rank ``view_committed`` is about 12 kB of JSON.
+- A long poll that finds nothing waits on a future of its group. A publish wakes nobody by
+  itself: the host calls :meth:`UpdateJournals.wake` once the updates' projection rows are
+  written, which queues the group's waiting polls, and then :meth:`UpdateJournals.release`,
+  which answers them oldest first, all at once or a limited number at a time (the host paces a
+  view change's burst of answers while heartbeats are queued, see ``Host._release_polls``).
 
-This module is plain data plus an asyncio wake-up per group; the host owns it.
+This module is plain data plus those futures; the host owns it.
 """
 
 from __future__ import annotations
@@ -73,7 +78,8 @@ class UpdateJournals:
         self._ranks: dict[tuple[str, int], _Journal] = {}
         self._world: dict[str, int] = {}
         self._delivered: dict[tuple[str, int], int] = {}
-        self._events: dict[str, asyncio.Event] = {}
+        self._waiting: dict[str, dict[asyncio.Future[None], None]] = {}
+        self._releasing: deque[asyncio.Future[None]] = deque()
         self._dirty: set[str] = set()
         self.undelivered = 0
 
@@ -111,17 +117,36 @@ class UpdateJournals:
         self._dirty.add(group)
 
     def wake(self) -> None:
-        """Wake the long-polls of every group that got updates since the last wake."""
+        """Queue, for release, the long polls of every group that got updates since the last
+        wake; :meth:`release` answers them."""
         for group in self._dirty:
-            event = self._events.pop(group, None)
-            if event is not None:
-                event.set()
+            waiting = self._waiting.pop(group, None)
+            if waiting:
+                self._releasing.extend(waiting)
         self._dirty.clear()
 
+    def release(self, limit: int | None = None) -> int:
+        """Wake up to ``limit`` queued long polls (all of them when None), oldest first;
+        how many are still queued after."""
+        releasing = self._releasing
+        woken = 0
+        while releasing and (limit is None or woken < limit):
+            future = releasing.popleft()
+            if not future.done():
+                future.set_result(None)
+                woken += 1
+        return len(releasing)
+
+    @property
+    def releasing(self) -> int:
+        """Polls woken and not yet answered (some may have ended meanwhile)."""
+        return len(self._releasing)
+
     def wake_all(self) -> None:
-        for event in self._events.values():
-            event.set()
-        self._events.clear()
+        for waiting in self._waiting.values():
+            self._releasing.extend(waiting)
+        self._waiting.clear()
+        self.release()
 
     # -- reading (request handlers) ------------------------------------------------------------
 
@@ -157,12 +182,22 @@ class UpdateJournals:
         if offset > self._delivered.get(key, -1):
             self._delivered[key] = offset
 
-    def waiter(self, group: str) -> asyncio.Event:
-        """The event the next publish to ``group`` sets; take it *before* checking for updates."""
-        event = self._events.get(group)
-        if event is None:
-            event = self._events[group] = asyncio.Event()
-        return event
+    def waiter(self, group: str) -> asyncio.Future[None]:
+        """A future that the next publish to ``group`` resolves, once :meth:`wake` has queued
+        it and :meth:`release` reaches it. Take it after finding no updates with nothing awaited
+        in between (so no publish falls between the two), and :meth:`forget` it when done."""
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        waiting = self._waiting.get(group)
+        if waiting is None:
+            waiting = self._waiting[group] = {}
+        waiting[future] = None
+        return future
+
+    def forget(self, group: str, future: asyncio.Future[None]) -> None:
+        """Drop a waiter that was not (or no longer) waited on."""
+        waiting = self._waiting.get(group)
+        if waiting is not None:
+            waiting.pop(future, None)
 
 
 def _offset(entry: Entry) -> int:

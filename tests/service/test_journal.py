@@ -59,10 +59,53 @@ async def test_a_publish_wakes_only_the_waiters_of_its_group():
     j = UpdateJournals()
     mine, theirs = j.waiter("g"), j.waiter("h")
     j.publish_group("g", upd(1))
-    assert not mine.is_set()  # nothing wakes before the host's wake() (after projections)
     j.wake()
-    assert mine.is_set() and not theirs.is_set()
+    assert not mine.done()  # woken polls are answered when the host releases them
+    assert j.releasing == 1
+    assert j.release() == 0
+    assert mine.done() and not theirs.done()
     assert j.waiter("g") is not mine  # the next waiter waits for the next publish
+
+
+async def test_before_the_hosts_wake_a_publish_wakes_nobody():
+    j = UpdateJournals()
+    mine = j.waiter("g")
+    j.publish_group("g", upd(1))  # projections are not written yet
+    assert j.releasing == 0
+    assert j.release() == 0 and not mine.done()
+
+
+async def test_woken_polls_are_released_oldest_first_a_limited_number_at_a_time():
+    j = UpdateJournals()
+    waiters = [j.waiter("g") for _ in range(5)]
+    j.publish_group("g", upd(1))
+    j.wake()
+    assert j.release(2) == 3
+    assert [w.done() for w in waiters] == [True, True, False, False, False]
+    assert j.release(2) == 1
+    assert j.release(2) == 0
+    assert all(w.done() for w in waiters)
+
+
+async def test_a_poll_that_ended_meanwhile_takes_no_share_of_a_release():
+    j = UpdateJournals()
+    gone, expired, forgotten, waiting = (j.waiter("g") for _ in range(4))
+    j.forget("g", forgotten)  # answered from the journal instead: never queued
+    j.publish_group("g", upd(1))
+    j.wake()
+    gone.cancel()  # its client went away
+    expired.set_result(None)  # its timeout passed
+    assert j.releasing == 3
+    assert j.release(1) == 0  # the one still waiting is answered by a release of one
+    assert waiting.done() and not forgotten.done()
+
+
+async def test_wake_all_answers_every_poll_of_every_group():
+    j = UpdateJournals()
+    waiters = [j.waiter("g"), j.waiter("h"), j.waiter("g")]
+    j.wake_all()
+    assert all(w.done() for w in waiters)
+    assert j.releasing == 0
 
 
 def test_each_update_is_kept_as_its_json_with_its_offset():

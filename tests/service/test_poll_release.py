@@ -1,0 +1,102 @@
+"""How the host answers the long polls a publish woke, on a real SQLite file.
+
+A view change wakes every agent host's long poll of its group at once. While other inputs are
+queued, the host answers only ``poll_release`` of them per batch, oldest first, so the burst
+that follows (their answers, then their ACKs and next polls) is spread over the next batches
+instead of delaying every heartbeat queued behind it; with nothing queued it answers them all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from coordinator.host import Appended, Host
+from eventlog import NewRecord
+
+GROUP = "p"
+CONFIG = {"heartbeat_timeout_s": 3600.0, "reconcile_window_s": 0.0}
+POLLS = 6
+
+
+def rec(kind: str, rank: int, **payload) -> NewRecord:
+    return NewRecord(
+        kind=kind, group=GROUP, rank=rank, payload={"incarnation": f"i{rank}", **payload}
+    )
+
+
+def links(rank: int) -> NewRecord:
+    return rec("links", rank, peers={str(1 - rank): "up"}, self_ready=True)
+
+
+async def _joined(host: Host) -> int:
+    created = await host.submit(
+        NewRecord(kind="group_created", group=GROUP, payload={"world_size": 2, "config": CONFIG})
+    )
+    assert isinstance(created, Appended)
+    joins = await host.submit_many([rec("join", 0), rec("join", 1)])
+    assert all(isinstance(o, Appended) for o in joins), joins
+    return host.applied_offset
+
+
+async def _polls(host: Host, after: int) -> tuple[list[asyncio.Task], list[int]]:
+    """``POLLS`` long polls (ranks 0 and 1 in turn), waiting; each notes the host's batch
+    count when it is answered."""
+    answered_at: list[int] = []
+
+    async def poll(rank: int) -> list[str]:
+        answer = await host.updates(GROUP, rank, after, timeout=30)
+        answered_at.append(host.metrics.append_batches)
+        return [u["type"] for u in answer.updates]
+
+    tasks = [asyncio.create_task(poll(i % 2)) for i in range(POLLS)]
+    await asyncio.sleep(0)  # every poll finds nothing yet and waits
+    assert not any(t.done() for t in tasks)
+    return tasks, answered_at
+
+
+async def test_with_inputs_queued_a_batch_answers_only_poll_release_woken_polls(tmp_path):
+    host = await Host.open(str(tmp_path / "log.db"), max_batch=2, poll_release=2)
+    try:
+        after = await _joined(host)
+        tasks, answered_at = await _polls(host, after)
+        # the links form the group (a view_prepare for every rank); the heartbeats queued
+        # behind them come in batches of two
+        beats = [rec("heartbeat", r % 2) for r in range(6)]
+        outcomes = await host.submit_many([links(0), links(1), *beats])
+        assert all(isinstance(o, Appended) for o in outcomes), outcomes
+        for types in await asyncio.gather(*tasks):
+            assert "view_prepare" in types
+        first = min(answered_at)
+        assert sorted(answered_at) == [first, first, first + 1, first + 1, first + 2, first + 2]
+    finally:
+        await host.close()
+
+
+async def test_with_nothing_queued_every_woken_poll_is_answered_at_once(tmp_path):
+    host = await Host.open(str(tmp_path / "log.db"), max_batch=2, poll_release=2)
+    try:
+        after = await _joined(host)
+        tasks, answered_at = await _polls(host, after)
+        outcomes = await host.submit_many([links(0), links(1)])
+        assert all(isinstance(o, Appended) for o in outcomes), outcomes
+        for types in await asyncio.gather(*tasks):
+            assert "view_prepare" in types
+        assert len(set(answered_at)) == 1
+    finally:
+        await host.close()
+
+
+async def test_a_poll_times_out_empty_and_leaves_no_waiter_behind(tmp_path):
+    host = await Host.open(str(tmp_path / "log.db"))
+    try:
+        after = await _joined(host)
+        answer = await host.updates(GROUP, 0, after, timeout=0.01)
+        assert answer.updates == [] and not answer.resync
+        assert answer.next_after == after
+        outcomes = await host.submit_many([links(0), links(1)])
+        assert all(isinstance(o, Appended) for o in outcomes), outcomes
+        assert host.journals.releasing == 0  # the expired poll was not queued for a release
+        answer = await host.updates(GROUP, 0, after, timeout=0)
+        assert "view_prepare" in [u["type"] for u in answer.updates]
+    finally:
+        await host.close()
