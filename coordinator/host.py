@@ -200,6 +200,7 @@ class Host:
         snapshot_interval_s: float = 30.0,
         max_batch: int = 4096,
         poll_release: int = 8,
+        poll_spread: int = 8,
     ) -> None:
         self.log = log_
         self.machine = machine
@@ -219,6 +220,9 @@ class Host:
         self._snapshot_writing: asyncio.Task[None] | None = None
         self._max_batch = max_batch
         self._poll_release = poll_release
+        self._poll_spread = poll_spread
+        self._poll_quota = poll_release
+        self._polls_left = 0
         self._queue: deque[_Input] = deque()
         self._has_input = asyncio.Event()
         self._changed = asyncio.Event()
@@ -687,14 +691,21 @@ class Host:
             aux.in_flight.pop(effect.group, None)
 
     def _release_polls(self) -> None:
-        """Answer the long polls that the updates just published woke.
+        """Answer the long polls that published updates woke.
 
         A view change wakes every agent host's long poll of its group at once (twice: prepare,
         then commit), and each answer brings back an ACK request and the next poll. While other
-        inputs are queued, only ``poll_release`` of them are answered per batch, so that burst
-        is spread over the next batches instead of holding up every heartbeat queued behind it;
-        when nothing is queued, all of them are (see ``_run``)."""
-        self.journals.release(self._poll_release if self._queue else None)
+        inputs are queued, that burst is spread over the next ``poll_spread`` batches, at least
+        ``poll_release`` polls a batch, oldest first, so the heartbeats queued meanwhile are
+        served between its parts instead of behind all of it; with nothing queued, every woken
+        poll is answered at once (see ``_run``)."""
+        journals = self.journals
+        if not self._queue:
+            self._polls_left = journals.release()
+            return
+        if journals.releasing > self._polls_left:  # a publish woke more since the last release
+            self._poll_quota = max(self._poll_release, -(-journals.releasing // self._poll_spread))
+        self._polls_left = journals.release(self._poll_quota)
 
     def _next_ts(self) -> int:
         """The writer clock for a batch, never behind the last record (a clock step back would
@@ -720,7 +731,7 @@ class Host:
                 break
             self._last_ts = max(self._last_ts, page[-1].ts)
             await self._apply(page)
-            self.journals.release()  # no inputs wait behind these: answer every woken poll
+            self._polls_left = self.journals.release()  # nothing waits behind these: answer all
         self._applied = self.machine.offset
 
     async def _recover(self) -> None:

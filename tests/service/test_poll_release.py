@@ -1,9 +1,10 @@
 """How the host answers the long polls a publish woke, on a real SQLite file.
 
 A view change wakes every agent host's long poll of its group at once. While other inputs are
-queued, the host answers only ``poll_release`` of them per batch, oldest first, so the burst
-that follows (their answers, then their ACKs and next polls) is spread over the next batches
-instead of delaying every heartbeat queued behind it; with nothing queued it answers them all.
+queued, the host spreads their answers over the next ``poll_spread`` batches, at least
+``poll_release`` a batch, oldest first, so the burst that follows (the answers, then the ACKs
+and next polls they bring) does not delay every heartbeat queued behind it; with nothing
+queued it answers them all.
 """
 
 from __future__ import annotations
@@ -68,6 +69,21 @@ async def test_with_inputs_queued_a_batch_answers_only_poll_release_woken_polls(
             assert "view_prepare" in types
         first = min(answered_at)
         assert sorted(answered_at) == [first, first, first + 1, first + 1, first + 2, first + 2]
+    finally:
+        await host.close()
+
+
+async def test_a_larger_burst_is_spread_over_poll_spread_batches(tmp_path):
+    host = await Host.open(str(tmp_path / "log.db"), max_batch=2, poll_release=1, poll_spread=2)
+    try:
+        after = await _joined(host)
+        tasks, answered_at = await _polls(host, after)
+        beats = [rec("heartbeat", r % 2) for r in range(6)]
+        outcomes = await host.submit_many([links(0), links(1), *beats])
+        assert all(isinstance(o, Appended) for o in outcomes), outcomes
+        await asyncio.gather(*tasks)
+        first = min(answered_at)
+        assert sorted(answered_at) == [first] * 3 + [first + 1] * 3  # 6 polls over 2 batches
     finally:
         await host.close()
 
