@@ -21,6 +21,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from benchmarks._http import Connection
 from coordinator.cli import serve_argv
 
@@ -90,12 +92,15 @@ class SimHost:
         self._poll: Connection | None = None
         self._ack: Connection | None = None
         self._task: asyncio.Task[None] | None = None
-        self.heartbeat_body = {
-            "events": [
-                {"type": "heartbeat", "group": group, "rank": r, "incarnation": self.incarnation[r]}
-                for r in ranks
-            ]
-        }
+        # encoded once: the same batch is sent thousands of times
+        self.heartbeat_body = msgspec.json.encode(
+            {
+                "events": [
+                    {"type": "heartbeat", "group": group, "rank": r, "incarnation": inc}
+                    for r, inc in self.incarnation.items()
+                ]
+            }
+        )
 
     async def start(self) -> None:
         self.conn = await self.coordinator.connect()

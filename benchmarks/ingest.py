@@ -31,6 +31,7 @@ from pathlib import Path
 
 from benchmarks._cluster import Coordinator, SimHost, form_group
 from benchmarks.harness import Result, higher_is_better_ratio, median, percentile
+from coordinator.cli import loop_factory
 from eventlog import NewRecord, open_log
 
 HOSTS, PER_HOST = 64, 8
@@ -272,4 +273,5 @@ async def _run_async(quick: bool) -> list[Result]:
 
 
 def run(quick: bool) -> list[Result]:
-    return asyncio.run(_run_async(quick))
+    with asyncio.Runner(loop_factory=loop_factory()) as runner:
+        return runner.run(_run_async(quick))

@@ -25,6 +25,7 @@ from datetime import timedelta
 
 from benchmarks._cluster import Coordinator, form_group
 from benchmarks.harness import Result, lower_is_better_ratio, median, percentile
+from coordinator.cli import loop_factory
 
 SIZES = (4, 64, 512)
 TARGETS = {4: "p50 <= 10 ms", 64: "p50 <= 50 ms"}
@@ -161,4 +162,5 @@ async def _run_async(quick: bool) -> list[Result]:
 
 
 def run(quick: bool) -> list[Result]:
-    return asyncio.run(_run_async(quick))
+    with asyncio.Runner(loop_factory=loop_factory()) as runner:
+        return runner.run(_run_async(quick))

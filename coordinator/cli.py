@@ -140,11 +140,13 @@ def _serve(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"coordinator: --lease-s/--lease-poll-s: {exc}", file=sys.stderr)
         return 2
-    with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+    with asyncio.Runner(loop_factory=loop_factory()) as runner:
         return runner.run(_serve_async(args, auth))
 
 
-def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+def loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """uvloop's event loop where it is installed (a dependency everywhere but Windows), else
+    asyncio's default; the benchmarks' load generators run on it too."""
     try:
         import uvloop
     except ImportError:
