@@ -219,6 +219,11 @@ class Host:
         self._snapshot_time = time.monotonic()
         self._snapshot_writing: asyncio.Task[None] | None = None
         self._max_batch = max_batch
+        if poll_release < 1 or poll_spread < 1:
+            raise ValueError(
+                f"poll_release and poll_spread must be at least 1, got {poll_release} and "
+                f"{poll_spread}"
+            )
         self._poll_release = poll_release
         self._poll_spread = poll_spread
         self._poll_quota = poll_release

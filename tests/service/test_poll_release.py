@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from coordinator.host import Appended, Host
 from eventlog import NewRecord
 
@@ -116,3 +118,9 @@ async def test_a_poll_times_out_empty_and_leaves_no_waiter_behind(tmp_path):
         assert "view_prepare" in [u["type"] for u in answer.updates]
     finally:
         await host.close()
+
+
+@pytest.mark.parametrize("options", [{"poll_release": 0}, {"poll_spread": 0}])
+async def test_a_share_that_could_never_answer_a_poll_is_refused(tmp_path, options):
+    with pytest.raises(ValueError, match="must be at least 1"):
+        await Host.open(str(tmp_path / "log.db"), **options)
