@@ -226,8 +226,6 @@ class Host:
             )
         self._poll_release = poll_release
         self._poll_spread = poll_spread
-        self._poll_quota = poll_release
-        self._polls_left = 0
         self._queue: deque[_Input] = deque()
         self._has_input = asyncio.Event()
         self._changed = asyncio.Event()
@@ -704,13 +702,10 @@ class Host:
         ``poll_release`` polls a batch, oldest first, so the heartbeats queued meanwhile are
         served between its parts instead of behind all of it; with nothing queued, every woken
         poll is answered at once (see ``_run``)."""
-        journals = self.journals
-        if not self._queue:
-            self._polls_left = journals.release()
-            return
-        if journals.releasing > self._polls_left:  # a publish woke more since the last release
-            self._poll_quota = max(self._poll_release, -(-journals.releasing // self._poll_spread))
-        self._polls_left = journals.release(self._poll_quota)
+        if self._queue:
+            self.journals.release_share(self._poll_release, self._poll_spread)
+        else:
+            self.journals.release()
 
     def _next_ts(self) -> int:
         """The writer clock for a batch, never behind the last record (a clock step back would
@@ -736,7 +731,7 @@ class Host:
                 break
             self._last_ts = max(self._last_ts, page[-1].ts)
             await self._apply(page)
-            self._polls_left = self.journals.release()  # nothing waits behind these: answer all
+            self.journals.release()  # nothing waits behind these: answer every woken poll
         self._applied = self.machine.offset
 
     async def _recover(self) -> None:

@@ -80,6 +80,7 @@ class UpdateJournals:
         self._delivered: dict[tuple[str, int], int] = {}
         self._waiting: dict[str, dict[asyncio.Future[None], None]] = {}
         self._releasing: deque[asyncio.Future[None]] = deque()
+        self._share = 0
         self._dirty: set[str] = set()
         self.undelivered = 0
 
@@ -123,6 +124,7 @@ class UpdateJournals:
             waiting = self._waiting.pop(group, None)
             if waiting:
                 self._releasing.extend(waiting)
+                self._share = 0  # a new burst: :meth:`release_share` sizes its share afresh
         self._dirty.clear()
 
     def release(self, limit: int | None = None) -> int:
@@ -136,6 +138,14 @@ class UpdateJournals:
                 future.set_result(None)
                 woken += 1
         return len(releasing)
+
+    def release_share(self, least: int, spread: int) -> int:
+        """Answer one share of the queued polls: the queue as it stood when its last burst
+        arrived, spread over ``spread`` shares, at least ``least`` polls a share; how many are
+        still queued after."""
+        if not self._share:
+            self._share = max(least, -(-len(self._releasing) // spread))
+        return self.release(self._share)
 
     @property
     def releasing(self) -> int:

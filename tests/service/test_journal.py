@@ -87,6 +87,21 @@ async def test_woken_polls_are_released_oldest_first_a_limited_number_at_a_time(
     assert all(w.done() for w in waiters)
 
 
+async def test_a_burst_is_answered_in_shares_sized_when_it_arrives():
+    j = UpdateJournals()
+    first = [j.waiter("g") for _ in range(6)]
+    j.publish_group("g", upd(1))
+    j.wake()
+    assert j.release_share(1, 2) == 3  # 6 spread over 2 shares
+    assert [w.done() for w in first] == [True] * 3 + [False] * 3
+    assert j.release_share(1, 2) == 0  # the share stays 3, not half of what is left
+    second = [j.waiter("g") for _ in range(2)]
+    j.publish_group("g", upd(2))
+    j.wake()
+    assert j.release_share(4, 8) == 0  # a new burst: sized afresh, at least 4
+    assert all(w.done() for w in second)
+
+
 async def test_a_poll_that_ended_meanwhile_takes_no_share_of_a_release():
     j = UpdateJournals()
     gone, expired, forgotten, waiting = (j.waiter("g") for _ in range(4))
