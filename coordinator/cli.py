@@ -364,7 +364,15 @@ def _compact(args: argparse.Namespace) -> int:
         return 2
     bar = _ProgressBar(args.progress, "compact")
     try:
-        report = asyncio.run(compact(args.db, policy, step_records=step, progress=bar.update))
+        report = asyncio.run(
+            compact(
+                args.db,
+                policy,
+                step_records=step,
+                progress=bar.update,
+                on_step=None if args.json else _print_step,
+            )
+        )
     except CompactedLog as exc:
         bar.done()
         print(f"compact: cannot fold {args.db!r}: {exc}", file=sys.stderr)
@@ -383,6 +391,14 @@ def _compact(args: argparse.Namespace) -> int:
             print(f"DIVERGENCE: {problem}")
         print(report.describe())
     return 0 if report.ok else 1
+
+
+def _print_step(at: int, removed: Any) -> None:
+    print(
+        f"step: removed {removed.removed:,} records of offsets {removed.first}-{removed.last}, "
+        f"snapshot kept at {at}",
+        flush=True,
+    )
 
 
 class _ProgressBar:

@@ -11,8 +11,9 @@ How a run goes, and why:
    offset 1) to the head with replay's own code and compare with the stored projections; the
    host's latest snapshot, if it lies in the range, must equal the fold's state there. Any
    divergence: nothing is removed, the run fails.
-2. **Plan.** The *region* is the prefix of that range the policy allows (behind the stored
-   projections' offset, and older than ``--keep-last`` records or ``--keep-for`` time). Its
+2. **Plan.** The *region* is the prefix of that range the policy allows: behind the stored
+   projections (their offset, or the host's snapshot, taken only once every row before it was
+   written), and older than the last ``--retain`` records or time. Its
    removable records are cut into steps of at most ``step_records``.
 3. **Remove, step by step.** Fold the region again; at each step's last offset S, encode the
    host's snapshot at S (fold and host state, plus a digest of the views committed since the
@@ -114,12 +115,18 @@ async def compact(
     step_records: int = STEP_RECORDS,
     now_ns: int | None = None,
     progress: Callable[[int, int], None] | None = None,
+    on_step: Callable[[int, RemovedRange], None] | None = None,
 ) -> CompactionReport:
     """Open ``target`` (it must exist) and compact it; see the module docstring."""
     log_ = await open_log(target, create=False)
     try:
         return await compact_log(
-            log_, policy, step_records=step_records, now_ns=now_ns, progress=progress
+            log_,
+            policy,
+            step_records=step_records,
+            now_ns=now_ns,
+            progress=progress,
+            on_step=on_step,
         )
     finally:
         await log_.close()
@@ -132,13 +139,20 @@ async def compact_log(
     step_records: int = STEP_RECORDS,
     now_ns: int | None = None,
     progress: Callable[[int, int], None] | None = None,
+    on_step: Callable[[int, RemovedRange], None] | None = None,
 ) -> CompactionReport:
+    """Compact an open log: verify, plan, remove (see the module docstring). ``on_step`` is
+    called after each step committed, with the kept snapshot's offset and the range."""
     if step_records < 1:
         raise ValueError(f"step_records must be at least 1, got {step_records}")
     report = CompactionReport(bytes_before=await log_.stored_bytes())
     report.head = await log_.head()
     report.projected = await log_.get_consumer_offset(CONSUMER)
-    limit = report.projected
+    host_snapshot = await log_.load_snapshot(CONSUMER)
+    # Every row the effects up to the host's snapshot produce was written before it was taken
+    # (records that produce none do not move the projections' offset), so a kept snapshot
+    # there never lets a restarted host skip a row it still owes.
+    limit = max(report.projected, host_snapshot[0] if host_snapshot else 0)
     if policy.keep_records is not None:
         limit = min(limit, report.head - policy.keep_records)
     ts_limit = None
@@ -146,7 +160,6 @@ async def compact_log(
         ts_limit = (time.time_ns() if now_ns is None else now_ns) - policy.keep_ns
 
     # 1 and 2: verify the whole retained log, and plan the steps on the way
-    host_snapshot = await log_.load_snapshot(CONSUMER)
     planners: list[_Planner] = []
 
     def fresh() -> OnRecord:
@@ -172,7 +185,7 @@ async def compact_log(
         )
     aux = _decode_snapshot(data)[1] if data is not None else _Aux()
     shell = Host(log_, machine, aux, projected=report.projected)
-    await _remove(log_, shell, start.offset, plan, report)
+    await _remove(log_, shell, start.offset, plan, report, on_step)
     report.bytes_after = await log_.stored_bytes()
     return report
 
@@ -237,7 +250,12 @@ def _state(machine: Coordinator) -> bytes:
 
 
 async def _remove(
-    log_: Log, shell: Host, after: int, plan: _Planner, report: CompactionReport
+    log_: Log,
+    shell: Host,
+    after: int,
+    plan: _Planner,
+    report: CompactionReport,
+    on_step: Callable[[int, RemovedRange], None] | None,
 ) -> None:
     """Fold the region again from ``after`` and write each planned step."""
     boundaries = set(plan.boundaries)
@@ -269,13 +287,8 @@ async def _remove(
                 removed = await log_.compact(CONSUMER, rec.offset, data, pending)
                 assert removed is not None
                 report.steps.append((rec.offset, removed))
-                log.info(
-                    "compaction step: removed %d records in %d-%d, snapshot kept at %d",
-                    removed.removed,
-                    removed.first,
-                    removed.last,
-                    rec.offset,
-                )
+                if on_step is not None:
+                    on_step(rec.offset, removed)
                 after, pending, views = rec.offset, [], []
         position = page[-1].offset
 
