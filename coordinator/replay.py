@@ -175,8 +175,9 @@ async def find_start(
     if not kept or kept[0] > stop:
         at = f"; the earliest offset a replay can stop at is {kept[0]}" if kept else ""
         raise CompactedLog(
-            f"records up to offset {need} were removed by compaction ({ranges}) and no kept "
-            f"snapshot between {need} and offset {stop} covers them{at}"
+            f"records up to offset {need} were removed by compaction ({ranges}); a fold to "
+            f"offset {stop} needs a kept snapshot from offset {need} to {stop} and there is "
+            f"none{at}"
         )
     offset = kept[0]
     data = await log.load_kept_snapshot(CONSUMER, offset)

@@ -116,6 +116,13 @@ async def test_compaction_keeps_every_decision_and_replay_after_it_equals_the_pr
         assert again.views == replayed.views  # the whole life, not only the tail
         with pytest.raises(CompactedLog, match=rf"{ranges[0].first}-{ranges[0].last}"):
             await replay_log(log, from_start=True)
+        # a stop inside the compacted part cannot be folded to; the message says where one can
+        with pytest.raises(CompactedLog, match=r"earliest offset a replay can stop at is \d+"):
+            await replay_log(log, until=ranges[0].last - 1)
+        first_kept = (await log.kept_snapshots(CONSUMER))[0]
+        early = await replay_log(log, until=first_kept)
+        assert early.ok and early.start.offset == first_kept
+        assert early.views == [v for v in replayed.views if v["offset"] <= first_kept]
 
         # a second run has nothing left to remove and changes nothing
         second = await compact_log(log, RetainPolicy(keep_records=0), step_records=50)
