@@ -1,8 +1,9 @@
-"""``python -m coordinator``: serve, replay, token, demo.
+"""``python -m coordinator``: serve, replay, compact, token, demo.
 
 - ``serve --db log.db [--host 127.0.0.1] [--port 8470]`` runs the coordinator: it opens the log
   (a path, a ``sqlite:///`` or a ``postgresql://`` URL), restores the latest snapshot, replays
-  the tail, starts the rendezvous store and serves HTTP until SIGINT/SIGTERM.
+  the tail, starts the rendezvous store and serves HTTP until SIGINT/SIGTERM; with
+  ``--retain POLICY`` it runs ``compact`` as a child process every ``--retain-every`` seconds.
 - ``replay log.db [--json] [--until OFFSET] [--group G] [--from-start]`` folds the log (from
   offset 1, or on a compacted log from the oldest kept snapshot it needs, verified; it says
   which on stderr), prints the view history and checks it against the stored projections.
