@@ -18,8 +18,9 @@ How a run goes, and why:
 3. **Remove, step by step.** Fold the region again; at each step's last offset S, encode the
    host's snapshot at S (fold and host state, plus a digest of the views committed since the
    previous step, which replay checks later), check it decodes to the fold's state, and call
-   ``Log.compact``: the snapshot kept at S, the step's records deleted and its removed range
-   recorded, in one transaction. A crash leaves whole steps only; the next run starts from the
+   ``Log.compact``: the snapshot kept at S, the step's records deleted, its removed range
+   recorded and the previous kept snapshot shrunk to a summary of what its step verified (so
+   the log holds one whole kept state, not one per step), in one transaction. A crash leaves whole steps only; the next run starts from the
    last kept snapshot and finishes the job.
 
 A run never writes records and never claims the log's term, so it may run beside the serving
@@ -43,7 +44,16 @@ from coordinator.effects import Effect, ViewCommitted
 from coordinator.host import CONSUMER, Host, _Aux, _decode_snapshot, _encode_snapshot
 from coordinator.machine import Coordinator
 from coordinator.projections import view_doc
-from coordinator.replay import CompactedLog, OnRecord, Start, find_start, replay_log, views_digest
+from coordinator.replay import (
+    CompactedLog,
+    OnRecord,
+    Start,
+    compaction_meta,
+    find_start,
+    replay_log,
+    summary,
+    views_digest,
+)
 from coordinator.retention import RetainPolicy, removable
 from eventlog import READ_PAGE, Log, Record, RemovedRange, open_log
 
@@ -185,7 +195,8 @@ async def compact_log(
         )
     aux = _decode_snapshot(data)[1] if data is not None else _Aux()
     shell = Host(log_, machine, aux, projected=report.projected)
-    await _remove(log_, shell, start.offset, plan, report, on_step)
+    meta = compaction_meta(data) if data is not None else None
+    await _remove(log_, shell, start.offset, meta, plan, report, on_step)
     report.bytes_after = await log_.stored_bytes()
     return report
 
@@ -253,11 +264,13 @@ async def _remove(
     log_: Log,
     shell: Host,
     after: int,
+    after_meta: dict[str, Any] | None,
     plan: _Planner,
     report: CompactionReport,
     on_step: Callable[[int, RemovedRange], None] | None,
 ) -> None:
-    """Fold the region again from ``after`` and write each planned step."""
+    """Fold the region again from ``after`` (the kept snapshot there carries ``after_meta``)
+    and write each planned step; each step shrinks the snapshot it supersedes to a summary."""
     boundaries = set(plan.boundaries)
     machine = shell.machine
     pending: list[int] = []
@@ -283,21 +296,23 @@ async def _remove(
             if removable(rec, effects):
                 pending.append(rec.offset)
             if rec.offset in boundaries and pending:
-                data = _kept_snapshot(shell, after, views)
-                removed = await log_.compact(CONSUMER, rec.offset, data, pending)
+                meta = {"after": after, "views": len(views), "views_sha256": views_digest(views)}
+                previous = summary(after, after_meta) if after else None
+                data = _kept_snapshot(shell, meta)
+                removed = await log_.compact(CONSUMER, rec.offset, data, pending, previous=previous)
                 assert removed is not None
                 report.steps.append((rec.offset, removed))
                 if on_step is not None:
                     on_step(rec.offset, removed)
-                after, pending, views = rec.offset, [], []
+                after, after_meta, pending, views = rec.offset, meta, [], []
         position = page[-1].offset
 
 
-def _kept_snapshot(shell: Host, after: int, views: list[dict[str, Any]]) -> bytes:
+def _kept_snapshot(shell: Host, meta: dict[str, Any]) -> bytes:
     """The host's snapshot at the fold's offset, with what this step verified; checked to
     decode back to exactly the fold's state before it is kept."""
     doc = msgspec.json.decode(_encode_snapshot(shell.machine, shell._aux))
-    doc["compaction"] = {"after": after, "views": len(views), "views_sha256": views_digest(views)}
+    doc["compaction"] = meta
     data = msgspec.json.encode(doc)
     restored, _ = _decode_snapshot(data)
     if _state(restored) != _state(shell.machine):

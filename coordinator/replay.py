@@ -15,8 +15,9 @@ compared (later rows are the latest state, not history).
 
 Where it starts: from offset 1 on a log nothing was removed from. On a compacted log (see
 ``coordinator/compaction.py``) a fold from offset 1 is impossible, so it starts from the oldest
-kept snapshot the retained log needs (the one the last removed range before the stop lies
-behind), after verifying it: it decodes at its offset, its views and proposals equal the
+kept snapshot the retained log needs (the first whole one at or after the last removed range
+before the stop; a kept snapshot a newer step superseded is shrunk to a summary of what that
+step verified), after verifying it: it decodes at its offset, its views and proposals equal the
 stored rows, and every view committed before it equals what the compaction that removed
 records there verified (a digest kept in the snapshot). Rows from before the start that the
 fold cannot reproduce are covered by that check, not reported.
@@ -171,16 +172,21 @@ async def find_start(
             "replay without --from-start starts from the kept snapshot they lie behind"
         )
     need = removed[-1].last
-    kept = [k for k in await log.kept_snapshots(CONSUMER) if k >= need]
-    if not kept or kept[0] > stop:
-        at = f"; the earliest offset a replay can stop at is {kept[0]}" if kept else ""
+    offset, data = 0, None
+    for kept in await log.kept_snapshots(CONSUMER):
+        if kept < need:
+            continue
+        data = await log.load_kept_snapshot(CONSUMER, kept)
+        if data is not None and not is_summary(data):
+            offset = kept
+            break
+    if not offset or offset > stop:
+        at = f"; the earliest offset a replay can stop at is {offset}" if offset else ""
         raise CompactedLog(
             f"records up to offset {need} were removed by compaction ({ranges}); a fold to "
-            f"offset {stop} needs a kept snapshot from offset {need} to {stop} and there is "
-            f"none{at}"
+            f"offset {stop} needs a whole kept snapshot from offset {need} to {stop} and there "
+            f"is none{at}"
         )
-    offset = kept[0]
-    data = await log.load_kept_snapshot(CONSUMER, offset)
     assert data is not None
     start = Start(offset=offset, removed=await log.removed_ranges(0, offset))
     machine = await _verify_start(log, start, data)
@@ -231,6 +237,21 @@ async def _verify_start(log: Log, start: Start, data: bytes) -> Coordinator:
     return machine
 
 
+def summary(offset: int, compaction: dict[str, Any] | None) -> bytes:
+    """What a kept snapshot becomes once a newer one supersedes it: what its compaction step
+    verified (the views digest), without the state."""
+    return msgspec.json.encode({"summary": True, "offset": offset, "compaction": compaction})
+
+
+def is_summary(data: bytes) -> bool:
+    return msgspec.json.decode(data).get("summary") is True
+
+
+def compaction_meta(data: bytes) -> dict[str, Any] | None:
+    """What the compaction step that kept a snapshot (whole or summary) verified."""
+    return msgspec.json.decode(data).get("compaction")
+
+
 def views_digest(docs: Iterable[dict[str, Any]]) -> str:
     """SHA-256 over the views' canonical documents in (group, version) order."""
     h = hashlib.sha256()
@@ -255,7 +276,7 @@ async def _check_digests(
         if kept > offset:
             break
         data = await log.load_kept_snapshot(CONSUMER, kept)
-        meta = msgspec.json.decode(data or b"{}").get("compaction") if data else None
+        meta = compaction_meta(data) if data else None
         if meta is not None:
             span = [d for d in views if after < d["offset"] <= kept]
             if len(span) != meta["views"] or views_digest(span) != meta["views_sha256"]:

@@ -362,12 +362,20 @@ class Log(ABC):
     # -- retention (docs/eventlog.md, "Retention") --------------------------------------------
 
     async def compact(
-        self, name: str, offset: int, data: bytes, remove: Sequence[int]
+        self,
+        name: str,
+        offset: int,
+        data: bytes,
+        remove: Sequence[int],
+        *,
+        previous: bytes | None = None,
     ) -> RemovedRange | None:
         """One compaction step, in ONE transaction: keep ``data`` as snapshot ``name`` at
         ``offset`` for the life of the log, delete the records at the offsets in ``remove``
         (strictly increasing), and record what was removed as a :class:`RemovedRange` (None
-        when ``remove`` is empty).
+        when ``remove`` is empty). With ``previous``, the data of the snapshot ``name`` kept
+        before this one becomes ``previous``: a caller keeps a short summary of a snapshot the
+        new one supersedes, so kept snapshots do not add a whole state to the log per step.
 
         Refused with ValueError, nothing changed, unless: ``offset`` is at most the head and
         after every snapshot ``name`` kept before; every offset removed lies after that
@@ -384,7 +392,11 @@ class Log(ABC):
         if not isinstance(data, bytes | bytearray | memoryview):
             raise TypeError(f"snapshot data must be bytes, got {type(data).__name__}")
         offsets = _check_removal(offset, remove)
-        return await self._compact(name, offset, bytes(data), offsets)
+        if previous is not None and not isinstance(previous, bytes | bytearray | memoryview):
+            raise TypeError(f"previous must be bytes, got {type(previous).__name__}")
+        return await self._compact(
+            name, offset, bytes(data), offsets, None if previous is None else bytes(previous)
+        )
 
     async def removed_ranges(self, after: int = 0, until: int | None = None) -> list[RemovedRange]:
         """The removed ranges that reach past ``after`` and start at or before ``until``, by
@@ -524,7 +536,7 @@ class Log(ABC):
 
     @abstractmethod
     async def _compact(
-        self, name: str, offset: int, data: bytes, remove: list[int]
+        self, name: str, offset: int, data: bytes, remove: list[int], previous: bytes | None
     ) -> RemovedRange | None: ...
 
     @abstractmethod

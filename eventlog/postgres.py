@@ -242,7 +242,7 @@ class PostgresLog(Log):
         )
 
     async def _compact(
-        self, name: str, offset: int, data: bytes, remove: list[int]
+        self, name: str, offset: int, data: bytes, remove: list[int], previous: bytes | None
     ) -> RemovedRange | None:
         # One transaction; an advisory lock keeps two compactors of this schema in turn. It
         # locks no row an append needs: appends only insert after the head.
@@ -260,6 +260,13 @@ class PostgresLog(Log):
                 offset,
                 data,
             )
+            if previous is not None and kept is not None:
+                await conn.execute(
+                    "UPDATE kept_snapshot SET data = $1 WHERE name = $2 AND seq = $3",
+                    previous,
+                    name,
+                    kept,
+                )
             if not remove:
                 return None
             gone = await conn.fetchval(

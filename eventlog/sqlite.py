@@ -101,7 +101,7 @@ class SqliteLog(Log):
         )
 
     async def _compact(
-        self, name: str, offset: int, data: bytes, remove: list[int]
+        self, name: str, offset: int, data: bytes, remove: list[int], previous: bytes | None
     ) -> RemovedRange | None:
         where = self.where
 
@@ -116,6 +116,11 @@ class SqliteLog(Log):
             conn.execute(
                 "INSERT INTO kept_snapshot (name, seq, data) VALUES (?, ?, ?)", (name, offset, data)
             )
+            if previous is not None and kept is not None:
+                conn.execute(
+                    "UPDATE kept_snapshot SET data = ? WHERE name = ? AND seq = ?",
+                    (previous, name, kept),
+                )
             if not remove:
                 return None
             # one statement for the whole set: no per-row trip through the GIL

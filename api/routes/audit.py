@@ -54,9 +54,7 @@ async def events(
                 for r in records
             ],
             "next_after": records[-1].offset if records else after,
-            "removed": [
-                {"first": r.first, "last": r.last, "removed": r.removed} for r in removed
-            ],
+            "removed": [{"first": r.first, "last": r.last, "removed": r.removed} for r in removed],
         }
     )
 

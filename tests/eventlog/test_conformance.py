@@ -590,6 +590,11 @@ async def test_a_compaction_step_removes_records_behind_a_kept_snapshot(log: Log
     assert await log.compact("fold", 10, b"state at 10", []) is None
     assert await log.kept_snapshots("fold") == [8, 10]
     assert await log.removed_ranges() == [removed]
+    # a newer step may shrink the snapshot it supersedes to a summary, in its transaction
+    await log.compact("fold", 11, b"state at 11", [], previous=b"summary of 10")
+    assert await log.load_kept_snapshot("fold", 10) == b"summary of 10"
+    assert await log.load_kept_snapshot("fold", 8) == b"state at 8"
+    assert await log.load_kept_snapshot("fold", 11) == b"state at 11"
 
 
 async def test_removed_ranges_are_found_by_the_span_a_reader_reads(log: Log) -> None:

@@ -12,7 +12,7 @@ import pytest
 from coordinator.compaction import compact_log
 from coordinator.host import CONSUMER, Host
 from coordinator.machine import Coordinator
-from coordinator.replay import CompactedLog, replay_log
+from coordinator.replay import CompactedLog, is_summary, replay_log
 from coordinator.retention import HEARTBEAT_CLASS, RetainPolicy, has_down_evidence
 from eventlog import Log, NewRecord, Record, open_log
 from tests.retention.history import Life
@@ -119,10 +119,17 @@ async def test_compaction_keeps_every_decision_and_replay_after_it_equals_the_pr
         # a stop inside the compacted part cannot be folded to; the message says where one can
         with pytest.raises(CompactedLog, match=r"earliest offset a replay can stop at is \d+"):
             await replay_log(log, until=ranges[0].last - 1)
-        first_kept = (await log.kept_snapshots(CONSUMER))[0]
-        early = await replay_log(log, until=first_kept)
-        assert early.ok and early.start.offset == first_kept
-        assert early.views == [v for v in replayed.views if v["offset"] <= first_kept]
+        # one whole kept state: each step shrank the one it superseded to a summary
+        kept_offsets = await log.kept_snapshots(CONSUMER)
+        assert kept_offsets == [at for at, _ in report.steps]
+        blobs = [await log.load_kept_snapshot(CONSUMER, k) for k in kept_offsets]
+        assert [is_summary(b) for b in blobs] == [True] * (len(blobs) - 1) + [False]
+        assert all(len(b) < 300 for b in blobs[:-1]) and len(blobs[-1]) > 1000
+        with pytest.raises(CompactedLog, match=rf"can stop at is {kept_offsets[-1]}"):
+            await replay_log(log, until=kept_offsets[0])
+        early = await replay_log(log, until=kept_offsets[-1])
+        assert early.ok and early.start.offset == kept_offsets[-1]
+        assert early.views == [v for v in replayed.views if v["offset"] <= kept_offsets[-1]]
 
         # a second run has nothing left to remove and changes nothing
         second = await compact_log(log, RetainPolicy(keep_records=0), step_records=50)

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.host import CONSUMER, Host
+from coordinator.host import CONSUMER, Host, _decode_snapshot
 from coordinator.machine import Coordinator
 from coordinator.replay import replay_log
 from coordinator.retention import removable
@@ -76,6 +76,8 @@ async def check(db: Path, before: dict[int, Record], must_stay: set[int]) -> int
         present = {r.offset: r for r in await everything(log)}
         ranges = await log.removed_ranges()
         kept = await log.kept_snapshots(CONSUMER)
+        if kept:  # the newest kept snapshot is always a whole state a fold can start from
+            _decode_snapshot(await log.load_kept_snapshot(CONSUMER, kept[-1]) or b"")
         assert await log.head() >= max(before)
     finally:
         await log.close()
