@@ -55,6 +55,8 @@ class Start:
     offset: int = 0
     removed: list[RemovedRange] = field(default_factory=list)
     verified: list[str] = field(default_factory=list)
+    #: What the start's checks found wrong: divergences of the stored projections.
+    problems: list[str] = field(default_factory=list)
     #: The views committed at or before ``offset``, from the store (verified, not folded).
     views: list[dict[str, Any]] = field(default_factory=list)
 
@@ -224,16 +226,15 @@ async def _verify_start(log: Log, start: Start, data: bytes) -> Coordinator:
                 f"view {g}/{later[0].seq}: committed at offset {later[0].doc.get('offset')}, "
                 f"before the snapshot at {offset}, which knows only version {view.version}"
             )
-    if problems:
-        raise CompactedLog(
-            f"the kept snapshot at offset {offset} disagrees: " + "; ".join(problems)
+    if not problems:
+        start.verified.append("its current views equal the stored ones")
+    start.views, checked, wrong = await _check_digests(log, offset, machine.groups())
+    if not wrong:
+        start.verified.append(
+            f"the {len(start.views)} views committed up to it equal what compaction verified "
+            f"({checked} compaction step(s))"
         )
-    start.verified.append("its current views equal the stored ones")
-    start.views, checked = await _check_digests(log, offset, machine.groups())
-    start.verified.append(
-        f"the {len(start.views)} views committed up to it equal what compaction verified "
-        f"({checked} compaction step(s))"
-    )
+    start.problems = problems + wrong
     return machine
 
 
@@ -266,29 +267,32 @@ _canonical = msgspec.json.Encoder(order="sorted")
 
 async def _check_digests(
     log: Log, offset: int, groups: list[str]
-) -> tuple[list[dict[str, Any]], int]:
+) -> tuple[list[dict[str, Any]], int, list[str]]:
     """Every view of ``groups`` committed at or before ``offset`` (by commit offset), checked
-    against the digests the compaction steps recorded in their kept snapshots."""
+    against the digests the compaction steps recorded in their kept snapshots: ``(the views,
+    how many steps were checked, what differs)``."""
     views = [d for d in await stored_views(log, groups) if d["offset"] <= offset]
     checked = 0
-    after = 0
+    wrong: list[str] = []
     for kept in await log.kept_snapshots(CONSUMER):
         if kept > offset:
             break
         data = await log.load_kept_snapshot(CONSUMER, kept)
         meta = compaction_meta(data) if data else None
-        if meta is not None:
-            span = [d for d in views if after < d["offset"] <= kept]
-            if len(span) != meta["views"] or views_digest(span) != meta["views_sha256"]:
-                raise CompactedLog(
-                    f"the views committed in offsets {after + 1}-{kept} are not the "
-                    f"{meta['views']} views the compaction step ending at {kept} verified "
-                    f"(the store holds {len(span)} there now)"
-                )
-            checked += 1
-        after = kept
+        if meta is None:
+            continue
+        after = meta["after"]
+        span = [d for d in views if after < d["offset"] <= kept]
+        if len(span) != meta["views"] or views_digest(span) != meta["views_sha256"]:
+            names = ", ".join(f"{d['group']}/{d['version']}" for d in span[:20])
+            wrong.append(
+                f"views committed in offsets {after + 1}-{kept} ({names or 'none'}): the store "
+                f"holds {len(span)} that are not the {meta['views']} the compaction step "
+                f"ending at {kept} verified"
+            )
+        checked += 1
     views.sort(key=lambda d: (d["offset"], d["group"]))
-    return views, checked
+    return views, checked, wrong
 
 
 async def stored_views(log: Log, groups: Iterable[str]) -> list[dict[str, Any]]:
@@ -359,7 +363,7 @@ async def _replay_once(
         stored = {
             k: d for k, d in stored.items() if k in expected or _row_offset(k, d) > start.offset
         }
-    report.divergences = _compare(expected, stored)
+    report.divergences = start.problems + _compare(expected, stored)
     return report
 
 

@@ -14,7 +14,7 @@ from coordinator.host import CONSUMER, Host
 from coordinator.machine import Coordinator
 from coordinator.replay import CompactedLog, is_summary, replay_log
 from coordinator.retention import HEARTBEAT_CLASS, RetainPolicy, has_down_evidence
-from eventlog import Log, NewRecord, Record, open_log
+from eventlog import Log, NewRecord, ProjectionRow, Record, open_log
 from tests.retention.history import Life
 
 
@@ -130,6 +130,23 @@ async def test_compaction_keeps_every_decision_and_replay_after_it_equals_the_pr
         early = await replay_log(log, until=kept_offsets[-1])
         assert early.ok and early.start.offset == kept_offsets[-1]
         assert early.views == [v for v in replayed.views if v["offset"] <= kept_offsets[-1]]
+
+        # a view tampered with before the start is a divergence too, named, and stops
+        # a compaction before it removes anything
+        true_view = (await log.get_projection("view", "train", 1)).doc
+        forged = {**true_view, "active_ranks": [0, 1]}
+        projected = await log.get_consumer_offset(CONSUMER)
+        await log.write_projections(
+            [ProjectionRow("view", "train", 1, forged)], consumer=CONSUMER, offset=projected
+        )
+        tampered = await replay_log(log)
+        assert not tampered.ok
+        assert any("train/1" in d and "compaction step" in d for d in tampered.divergences)
+        refused = await compact_log(log, RetainPolicy(keep_records=0), step_records=50)
+        assert not refused.ok and refused.steps == []
+        await log.write_projections(
+            [ProjectionRow("view", "train", 1, true_view)], consumer=CONSUMER, offset=projected
+        )
 
         # a second run has nothing left to remove and changes nothing
         second = await compact_log(log, RetainPolicy(keep_records=0), step_records=50)
