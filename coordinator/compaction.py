@@ -60,7 +60,7 @@ from eventlog import READ_PAGE, Log, Record, RemovedRange, open_log
 log = logging.getLogger("foldplane.compaction")
 
 #: Records removed per compaction step (one transaction, one kept snapshot) by default.
-STEP_RECORDS = 100_000
+STEP_RECORDS = 20_000
 
 _canonical = msgspec.json.Encoder(order="sorted")
 
