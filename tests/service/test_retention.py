@@ -148,3 +148,17 @@ async def test_compact_refuses_to_remove_anything_from_a_log_whose_fold_diverges
     assert report["ok"] and report["removed"] >= 40 and report["steps"]
     assert report["bytes_after"] <= report["bytes_before"]
     assert replay(srv.db).returncode == 0
+
+
+def test_serve_refuses_a_retention_policy_it_does_not_understand(tmp_path):
+    done = subprocess.run(
+        [sys.executable, "-m", "coordinator", "serve", "--db", str(tmp_path / "log.db")]
+        + ["--retain", "a week"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert "--retain: retention policy 'a week' is neither a record count" in done.stderr
+    assert not (tmp_path / "log.db").exists()  # refused before anything was opened
