@@ -10,11 +10,11 @@ from __future__ import annotations
 import pytest
 
 from coordinator.compaction import compact_log
-from coordinator.host import CONSUMER, Host
+from coordinator.host import CONSUMER, Host, _Aux
 from coordinator.machine import Coordinator
 from coordinator.replay import CompactedLog, is_summary, replay_log
 from coordinator.retention import HEARTBEAT_CLASS, RetainPolicy, has_down_evidence
-from eventlog import Log, NewRecord, ProjectionRow, Record, open_log
+from eventlog import Log, LogError, NewRecord, ProjectionRow, Record, open_log
 from tests.retention.history import Life
 
 
@@ -164,5 +164,10 @@ async def test_compaction_keeps_every_decision_and_replay_after_it_equals_the_pr
         assert host.machine.snapshot() == fold.snapshot()
         offsets = await log.append([NewRecord(kind="tick", payload={})])
         assert offsets == [before[-1].offset + 1]  # offsets are never reused
+        # a fold that lags behind the compaction point (a standby left behind) stops with a
+        # reason instead of folding across the removed records
+        behind = Host(log, Coordinator(), _Aux(), projected=0)
+        with pytest.raises(LogError, match="removed by compaction before this coordinator"):
+            await behind._catch_up()
     finally:
         await log.close()
