@@ -1,0 +1,234 @@
+"""The operator's console (``GET /ui``) in a real headless browser, against a real coordinator
+and a real group of simulated agents.
+
+The browser is the system's Chromium (``/usr/bin/chromium``, from Debian's packages; ``.ci/run``
+installs it when it is missing), driven by Playwright's Python package, which never downloads a
+browser here: it is pointed at the system binary. The tests read the heat map's pixels, so "the
+grid shows the right states" means what a person would see.
+
+Set ``FOLDPLANE_SCREENSHOT=docs/console.png`` to keep the screenshot the README shows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.service.conftest import FAST, ROOT, Server, make_server
+from tests.service.sim import SimGroup
+
+CHROMIUM = next(
+    (p for p in ("/usr/bin/chromium", "/usr/bin/chromium-browser") if os.access(p, os.X_OK)),
+    shutil.which("chromium"),
+)
+pytestmark = pytest.mark.skipif(
+    CHROMIUM is None,
+    reason="no Chromium at /usr/bin/chromium: apt-get install chromium (.ci/run does)",
+)
+ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+OPERATOR = "console-operator-token"
+#: The heat map's colours for (state code, active), as a person sees them (see console.html).
+HEALTHY, SYNCED, OFFLINE = "H", "S", "O"
+#: A long heartbeat timeout: only the death report takes a rank out, however loaded the machine.
+CALM = {**FAST, "heartbeat_timeout_s": 60.0}
+
+
+@pytest.fixture
+async def browser() -> AsyncIterator[Any]:
+    from playwright.async_api import async_playwright
+
+    async with async_playwright() as pw:
+        b = await pw.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
+        try:
+            yield b
+        finally:
+            await b.close()
+
+
+@pytest.fixture
+def console_server(tmp_path: Path):
+    srv = make_server(tmp_path).start()
+    yield srv
+    srv.stop()
+
+
+async def _pixel(page: Any, rank: int) -> list[int]:
+    return await page.evaluate(
+        """(rank) => {
+            const c = document.getElementById('grid');
+            const p = window.fpConsole.cellCentre(rank);
+            return Array.from(c.getContext('2d').getImageData(p.x, p.y, 1, 1).data.slice(0, 3));
+        }""",
+        rank,
+    )
+
+
+async def _colour(page: Any, code: str, active: bool) -> list[int]:
+    return await page.evaluate("([c, a]) => window.fpConsole.colour(c, a)", [code, active])
+
+
+async def _until(page: Any, expression: str, timeout: float = 20) -> None:
+    """Poll a JS expression until it is true (the page's CSP forbids the eval behind
+    Playwright's wait_for_function, and it should: the test runs the page as served)."""
+    async with asyncio.timeout(timeout):
+        while not await page.evaluate(f"() => Boolean({expression})"):
+            await page.wait_for_timeout(50)
+
+
+async def _wait_pixel(page: Any, rank: int, code: str, active: bool, timeout: float = 20) -> None:
+    want = await _colour(page, code, active)
+    async with asyncio.timeout(timeout):
+        while (got := await _pixel(page, rank)) != want:
+            await page.wait_for_timeout(50)
+    assert got == want
+
+
+async def test_the_console_shows_the_group_and_a_kill_live(console_server: Server, browser):
+    srv = console_server
+    async with httpx.AsyncClient(base_url=srv.url, timeout=30) as client:
+        r = await client.post("/groups", json={"group": "train", "world_size": 4, **CALM})
+        assert r.status_code == 201, r.text
+        sim = SimGroup(client, "train", 4)
+        await sim.start()
+        try:
+            await sim.wait_version(1)
+            page = await browser.new_page(viewport={"width": 1400, "height": 1000})
+            await page.goto(srv.url + "/ui")
+            await _until(page, "document.getElementById('g-version').textContent === '1'")
+            # the colours of the states differ, so a pixel tells them apart
+            colours = {
+                (c, a): tuple(await _colour(page, c, a))
+                for c in (HEALTHY, SYNCED, OFFLINE)
+                for a in (True, False)
+            }
+            assert len(set(colours.values())) == 6
+            for rank in range(4):
+                assert await _pixel(page, rank) == list(colours[(HEALTHY, True)])
+            assert await page.text_content("#n-HEALTHY") == "4"
+            await page.evaluate("window.__same_page = 'not reloaded'")
+
+            # rank 2 dies: the launcher reports it, and the page follows the stream
+            sim.beating.discard(2)
+            sim.acking.discard(2)
+            died = await client.post(
+                "/agents/deaths",
+                json={"group": "train", "rank": 2, "reporter": "launcher@node3"},
+            )
+            assert died.status_code == 200, died.text
+            await sim.wait_version(2)
+            await _wait_pixel(page, 2, OFFLINE, False)
+            await _until(page, "document.getElementById('g-version').textContent === '2'")
+            for rank in (0, 1, 3):
+                assert await _pixel(page, rank) == list(colours[(HEALTHY, True)])
+            assert await page.evaluate("window.__same_page") == "not reloaded"
+            navigations = await page.evaluate("performance.getEntriesByType('navigation').length")
+            assert navigations == 1
+            assert await page.text_content("#n-OFFLINE") == "1"
+            assert await page.text_content("#g-budget") == (
+                "1 failed (no max_failure) · backend gloo needs 1"
+            )
+
+            # the timeline names what left and why
+            first = page.locator("#timeline tbody tr").first
+            cells = await first.locator("td").all_text_contents()
+            assert cells[0] == "v2" and cells[2] == "auto_deactivation" and cells[4] == "[2]"
+            assert "2 OFFLINE" in cells[6]
+
+            # click rank 2's cell: the story names the death report and the view that removed it
+            box = await page.locator("#grid").bounding_box()
+            centre = await page.evaluate("window.fpConsole.cellCentre(2)")
+            dpr = await page.evaluate("window.devicePixelRatio")
+            await page.mouse.click(box["x"] + centre["x"] / dpr, box["y"] + centre["y"] / dpr)
+            await _until(page, "document.querySelectorAll('#story-table tbody tr').length > 0")
+            summary = await page.text_content("#story-summary")
+            assert summary.startswith("rank 2 of 'train' is OFFLINE, outside active_ranks")
+            rows = [
+                await row.locator("td").all_text_contents()
+                for row in await page.locator("#story-table tbody tr").all()
+            ]
+            events = [(r[2], r[3]) for r in rows]
+            death = events.index(("death_reported", "rank_state"))
+            assert rows[death][4] == "death reported by launcher@node3"
+            removed = next(
+                r for r in rows if r[3] == "view_committed" and r[4].startswith("version 2 ")
+            )
+            assert "outside active_ranks (auto_deactivation" in removed[4]
+            assert rows.index(removed) > death
+
+            shot = Path(os.environ.get("FOLDPLANE_SCREENSHOT") or srv.db.parent / "console.png")
+            if not shot.is_absolute():
+                shot = ROOT / shot
+            await page.screenshot(path=str(shot), full_page=True)
+            assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        finally:
+            await sim.stop()
+
+
+@pytest.fixture
+def secure_console(tmp_path: Path):
+    srv = make_server(tmp_path, env={"FOLDPLANE_TOKEN": OPERATOR, "FOLDPLANE_SECRET": ""})
+    srv.start()
+    yield srv
+    srv.stop()
+
+
+async def test_with_auth_on_the_page_shows_nothing_of_a_group_without_the_token(
+    secure_console: Server, browser
+):
+    srv = secure_console
+    op = {"Authorization": f"Bearer {OPERATOR}"}
+    r = httpx.post(
+        srv.url + "/groups",
+        json={"group": "secret-train", "world_size": 2, **CALM},
+        headers=op,
+    )
+    assert r.status_code == 201, r.text
+    # every read the page makes needs the operator token
+    for path in (
+        "/ui/api/overview",
+        "/ui/api/groups/secret-train",
+        "/ui/api/groups/secret-train/timeline",
+        "/groups/secret-train/ranks/0/story",
+        "/events",
+        "/events/stream",
+    ):
+        assert httpx.get(srv.url + path).status_code == 401, path
+        wrong = httpx.get(srv.url + path, headers={"Authorization": "Bearer nope"})
+        assert wrong.status_code == 403, path
+    assert httpx.get(srv.url + "/ui/api/overview", headers=op).status_code == 200
+
+    page = await browser.new_page()
+    urls: list[str] = []
+    page.on("request", lambda req: urls.append(req.url))
+    await page.goto(srv.url + "/ui")
+    await page.wait_for_selector("#login:not(.hidden)", timeout=20_000)
+    assert await page.is_hidden("#app")
+    assert "secret-train" not in await page.content()
+    assert "secret-train" not in (await page.inner_text("body"))
+
+    await page.fill("#token", "a-wrong-token")
+    await page.click("#login-form button")
+    await _until(page, "document.getElementById('login-error').textContent.includes('refused')")
+    assert "secret-train" not in await page.content()
+
+    await page.fill("#token", OPERATOR)
+    await page.click("#login-form button")
+    await page.wait_for_selector("#app:not(.hidden)", timeout=20_000)
+    await _until(page, "document.getElementById('g-title').textContent.includes('secret-train')")
+    await _until(page, "document.getElementById('live').textContent === 'live'")
+    assert urls and all(OPERATOR not in u and "a-wrong-token" not in u for u in urls)
