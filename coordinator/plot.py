@@ -44,6 +44,7 @@ def plot_views(views: list[dict[str, Any]], path: str) -> None:
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        import matplotlib.ticker
     except ImportError as exc:
         raise PlotError(
             f"matplotlib is not installed ({exc}); pip install 'foldplane[plot]'"
@@ -70,7 +71,10 @@ def plot_views(views: list[dict[str, Any]], path: str) -> None:
         ]
         lines = [h for h in ax.get_lines() if not h.get_label().startswith("_")]
         ax.legend(handles=[*lines, *handles], loc="best", fontsize="small")
-        ax.set_ylim(bottom=0)
+        top = max((len(v["active_ranks"]) for v in views), default=1)
+        ax.set_ylim(0, top * 1.15 + 0.5)
+        ax.yaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+        ax.margins(x=0.08)
         fig.tight_layout()
         fig.savefig(path, format=fmt)
     finally:
@@ -81,7 +85,9 @@ def _draw_group(ax: Any, group: str, views: list[dict[str, Any]]) -> None:
     t0 = views[0]["ts"]
     xs = [(v["ts"] - t0) / 1e9 for v in views]
     ys = [len(v["active_ranks"]) for v in views]
-    ax.step(xs, ys, where="post", label=f"group {group}", linewidth=1.5)
+    # the last version holds until the end of the history: draw it as a segment, not a point
+    tail = xs[-1] + ((xs[-1] - xs[0]) * 0.1 or 1.0)
+    ax.step([*xs, tail], [*ys, ys[-1]], where="post", label=f"group {group}", linewidth=1.5)
     previous: set[int] = set()
     for i, (x, y, view) in enumerate(zip(xs, ys, views, strict=True)):
         active = set(view["active_ranks"])

@@ -445,7 +445,7 @@ def format_story(story: dict[str, Any]) -> str:
     lines = [story["summary"], ""]
     header = ("offset", "time (UTC)", "record", "event", "reason")
     rows = [
-        (str(e["offset"]), _time(e["ts"]), e["record"], e["event"], e["reason"])
+        (str(e["offset"]), _time(e["ts"]), e["record"], _event_label(e), e["reason"])
         for e in story["entries"]
     ]
     widths = [max([len(h), *(len(r[i]) for r in rows)]) for i, h in enumerate(header[:-1])]
@@ -458,6 +458,15 @@ def format_story(story: dict[str, Any]) -> str:
         f"({omitted['heartbeats']} not listed), {omitted['evidence']} older evidence items not listed"
     )
     return "\n".join(lines)
+
+
+def _event_label(entry: dict[str, Any]) -> str:
+    """``rank_state OFFLINE``, ``view_committed v2``: the event with what it set."""
+    if "state" in entry:
+        return f"{entry['event']} {entry['state']}"
+    if entry["event"] in ("view_prepare", "view_committed"):
+        return f"{entry['event']} v{entry['version']}"
+    return entry["event"]
 
 
 def _time(ts: int) -> str:

@@ -179,6 +179,33 @@ async def test_the_console_shows_the_group_and_a_kill_live(console_server: Serve
             await sim.stop()
 
 
+async def test_the_grid_stays_readable_at_16384_ranks(console_server: Server, browser):
+    srv = console_server
+    async with httpx.AsyncClient(base_url=srv.url, timeout=60) as client:
+        r = await client.post("/groups", json={"group": "wide", "world_size": 16_384, **CALM})
+        assert r.status_code == 201, r.text
+        joins = [
+            {"type": "join", "group": "wide", "rank": rank, "incarnation": f"w-{rank}"}
+            for rank in (5, 16_383)
+        ]
+        results = (await client.post("/agents/events", json={"events": joins})).json()["results"]
+        assert all("offset" in res for res in results), results
+    page = await browser.new_page(viewport={"width": 1400, "height": 1000})
+    await page.goto(srv.url + "/ui#wide")
+    await _until(page, "document.getElementById('g-title').textContent.includes('16384')")
+    layout = await page.evaluate("window.fpConsole.layout")
+    assert layout["n"] == 16_384 and layout["cell"] >= 4  # a cell a person can point at
+    size = await page.locator("#grid").bounding_box()
+    assert size["width"] <= 900 and size["height"] <= 900  # the whole group on one screen
+    # one canvas, not an element per rank
+    assert await page.evaluate("document.getElementsByTagName('*').length") < 1000
+    synced = await _colour(page, SYNCED, False)
+    offline = await _colour(page, OFFLINE, False)
+    assert await _pixel(page, 5) == synced and await _pixel(page, 16_383) == synced
+    assert await _pixel(page, 0) == offline and await _pixel(page, 16_382) == offline
+    assert await page.text_content("#n-SYNCED") == "2"
+
+
 @pytest.fixture
 def secure_console(tmp_path: Path):
     srv = make_server(tmp_path, env={"FOLDPLANE_TOKEN": OPERATOR, "FOLDPLANE_SECRET": ""})
