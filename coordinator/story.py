@@ -133,7 +133,7 @@ class StoryBuilder:
         if g is None or rank >= len(g.ranks):
             return
         if record.kind == "heartbeat":
-            if rank in _beat_ranks(record) and rank in g.alive:
+            if rank in _beat_ranks(record) and rank in g.alive and not _refused(effects, rank):
                 self._beat(record)
         elif record.kind == "links" and before is not None:
             self._links(record, g, before)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from coordinator.story import EVIDENCE_LIMIT, StoryBuilder, StoryError, format_story
-from tests.fold.script import S, T0, Script
+from tests.fold.script import T0, S, Script
 
 
 def story(s: Script, group: str, rank: int, until: int | None = None) -> dict:

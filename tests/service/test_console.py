@@ -161,13 +161,11 @@ async def test_the_console_shows_the_group_and_a_kill_live(console_server: Serve
                 await row.locator("td").all_text_contents()
                 for row in await page.locator("#story-table tbody tr").all()
             ]
-            events = [(r[2], r[3]) for r in rows]
-            death = events.index(("death_reported", "rank_state"))
-            assert rows[death][4] == "death reported by launcher@node3"
-            removed = next(
-                r for r in rows if r[3] == "view_committed" and r[4].startswith("version 2 ")
-            )
-            assert "outside active_ranks (auto_deactivation" in removed[4]
+            events = [r[2] for r in rows]
+            death = events.index("death_reported → rank_state OFFLINE")
+            assert rows[death][3] == "death reported by launcher@node3"
+            removed = next(r for r in rows if r[2].endswith("→ view_committed v2"))
+            assert "outside active_ranks (auto_deactivation" in removed[3]
             assert rows.index(removed) > death
 
             shot = Path(os.environ.get("FOLDPLANE_SCREENSHOT") or srv.db.parent / "console.png")
