@@ -99,64 +99,106 @@ async def _wait_pixel(page: Any, rank: int, code: str, active: bool, timeout: fl
 
 
 async def test_the_console_shows_the_group_and_a_kill_live(console_server: Server, browser):
+    """32 ranks: 31 form the group, rank 31 joins but never reports its links (SYNCED, left
+    out); a proposal deactivates rank 30, a malformed one is rejected, then rank 5 is killed.
+    The page shows each step as it happens, without a reload."""
     srv = console_server
+    world = 32
     async with httpx.AsyncClient(base_url=srv.url, timeout=30) as client:
-        r = await client.post("/groups", json={"group": "train", "world_size": 4, **CALM})
+        r = await client.post(
+            "/groups", json={"group": "train", "world_size": world, "min_ranks": 31, **CALM}
+        )
         assert r.status_code == 201, r.text
-        sim = SimGroup(client, "train", 4)
+        sim = SimGroup(client, "train", world, ranks=list(range(31)))
+        laggard = SimGroup(client, "train", world, ranks=[31])
         await sim.start()
         try:
+            await laggard.join()
             await sim.wait_version(1)
             page = await browser.new_page(viewport={"width": 1400, "height": 1000})
             await page.goto(srv.url + "/ui")
             await _until(page, "document.getElementById('g-version').textContent === '1'")
             # the colours of the states differ, so a pixel tells them apart
             colours = {
-                (c, a): tuple(await _colour(page, c, a))
+                (c, a): await _colour(page, c, a)
                 for c in (HEALTHY, SYNCED, OFFLINE)
                 for a in (True, False)
             }
-            assert len(set(colours.values())) == 6
-            for rank in range(4):
-                assert await _pixel(page, rank) == list(colours[(HEALTHY, True)])
-            assert await page.text_content("#n-HEALTHY") == "4"
+            assert len({tuple(c) for c in colours.values()}) == 6
+            for rank in range(31):
+                assert await _pixel(page, rank) == colours[(HEALTHY, True)], rank
+            assert await _pixel(page, 31) == colours[(SYNCED, False)]
+            assert await page.text_content("#n-HEALTHY") == "31"
+            assert await page.text_content("#n-SYNCED") == "1"
             await page.evaluate("window.__same_page = 'not reloaded'")
 
-            # rank 2 dies: the launcher reports it, and the page follows the stream
-            sim.beating.discard(2)
-            sim.acking.discard(2)
+            # a scheduler takes rank 30 out; a malformed proposal is logged and rejected
+            out = await client.post(
+                "/proposals",
+                params={"wait": 15},
+                json={"group": "train", "op": "deactivate", "ranks": [30], "proposer": "scheduler"},
+            )
+            assert out.json()["status"] == "applied", out.text
+            bad = await client.post(
+                "/proposals",
+                params={"wait": 15},
+                json={"group": "train", "op": "activate", "ranks": [99], "proposer": "typo"},
+            )
+            assert bad.json()["status"] == "rejected", bad.text
+            await _wait_pixel(page, 30, HEALTHY, False)
+            await _until(page, "document.querySelectorAll('#proposals tbody tr').length === 2")
+            proposals = [
+                await row.locator("td").all_text_contents()
+                for row in await page.locator("#proposals tbody tr").all()
+            ]
+            assert [(p[1], p[2], p[3], p[4]) for p in proposals] == [
+                ("activate", "[99]", "typo", "rejected"),
+                ("deactivate", "[30]", "scheduler", "applied"),
+            ]
+            assert "99" in proposals[0][6] and proposals[1][5] == "2"
+
+            # rank 5 dies: the launcher reports it, and the page follows the stream
+            sim.beating.discard(5)
+            sim.acking.discard(5)
             died = await client.post(
                 "/agents/deaths",
-                json={"group": "train", "rank": 2, "reporter": "launcher@node3"},
+                json={"group": "train", "rank": 5, "reporter": "launcher@node3"},
             )
             assert died.status_code == 200, died.text
-            await sim.wait_version(2)
-            await _wait_pixel(page, 2, OFFLINE, False)
-            await _until(page, "document.getElementById('g-version').textContent === '2'")
-            for rank in (0, 1, 3):
-                assert await _pixel(page, rank) == list(colours[(HEALTHY, True)])
+            await sim.wait_version(3)
+            await _wait_pixel(page, 5, OFFLINE, False)
+            await _until(page, "document.getElementById('g-version').textContent === '3'")
+            for rank in (*range(5), *range(6, 30)):
+                assert await _pixel(page, rank) == colours[(HEALTHY, True)], rank
             assert await page.evaluate("window.__same_page") == "not reloaded"
             navigations = await page.evaluate("performance.getEntriesByType('navigation').length")
             assert navigations == 1
             assert await page.text_content("#n-OFFLINE") == "1"
+            assert await page.text_content("#g-active") == "29"
             assert await page.text_content("#g-budget") == (
                 "1 failed (no max_failure) · backend gloo needs 1"
             )
 
-            # the timeline names what left and why
-            first = page.locator("#timeline tbody tr").first
-            cells = await first.locator("td").all_text_contents()
-            assert cells[0] == "v2" and cells[2] == "auto_deactivation" and cells[4] == "[2]"
-            assert "2 OFFLINE" in cells[6]
+            # the timeline names what left and why, newest first
+            rows = [
+                await row.locator("td").all_text_contents()
+                for row in await page.locator("#timeline tbody tr").all()
+            ]
+            assert [(r[0], r[2], r[3], r[4]) for r in rows] == [
+                ("v3", "auto_deactivation", "29", "[5]"),
+                ("v2", f"proposal {out.json()['id']}", "30", "[30]"),
+                ("v1", "formation", "31", "–"),
+            ]
+            assert "5 OFFLINE" in rows[0][6]
 
-            # click rank 2's cell: the story names the death report and the view that removed it
+            # click rank 5's cell: the story names the death report and the view that removed it
             box = await page.locator("#grid").bounding_box()
-            centre = await page.evaluate("window.fpConsole.cellCentre(2)")
+            centre = await page.evaluate("window.fpConsole.cellCentre(5)")
             dpr = await page.evaluate("window.devicePixelRatio")
             await page.mouse.click(box["x"] + centre["x"] / dpr, box["y"] + centre["y"] / dpr)
             await _until(page, "document.querySelectorAll('#story-table tbody tr').length > 0")
             summary = await page.text_content("#story-summary")
-            assert summary.startswith("rank 2 of 'train' is OFFLINE, outside active_ranks")
+            assert summary.startswith("rank 5 of 'train' is OFFLINE, outside active_ranks")
             rows = [
                 await row.locator("td").all_text_contents()
                 for row in await page.locator("#story-table tbody tr").all()
@@ -164,7 +206,7 @@ async def test_the_console_shows_the_group_and_a_kill_live(console_server: Serve
             events = [r[2] for r in rows]
             death = events.index("death_reported → rank_state OFFLINE")
             assert rows[death][3] == "death reported by launcher@node3"
-            removed = next(r for r in rows if r[2].endswith("→ view_committed v2"))
+            removed = next(r for r in rows if r[2].endswith("→ view_committed v3"))
             assert "outside active_ranks (auto_deactivation" in removed[3]
             assert rows.index(removed) > death
 
@@ -202,6 +244,7 @@ async def test_the_grid_stays_readable_at_16384_ranks(console_server: Server, br
     assert await _pixel(page, 5) == synced and await _pixel(page, 16_383) == synced
     assert await _pixel(page, 0) == offline and await _pixel(page, 16_382) == offline
     assert await page.text_content("#n-SYNCED") == "2"
+    await page.screenshot(path=str(srv.db.parent / "console-16384.png"))
 
 
 @pytest.fixture
