@@ -388,9 +388,7 @@ def _refused(effects: list[Any], rank: int) -> bool:
 
 def _view_reason(version: int, active: bool, cause: dict[str, Any]) -> str:
     where = "in" if active else "outside"
-    proposals = cause.get("proposals") or []
-    by = f" {', '.join(map(str, proposals))}" if proposals else ""
-    return f"version {version} committed with it {where} active_ranks ({cause['kind']}{by}: {cause['detail']})"
+    return f"version {version} committed with it {where} active_ranks ({cause['kind']}: {cause['detail']})"
 
 
 # -- from a log ----------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ import httpx
 import pytest
 from PIL import Image
 
+from tests.conftest import free_port
 from tests.service.conftest import FAST, ROOT, Server, make_server, replay
 from tests.service.sim import SimGroup
 
@@ -168,3 +169,38 @@ def test_replay_plot_refuses_an_unknown_format(demo_log, tmp_path):
     assert done.returncode == 2
     assert "must end in .png or .svg" in done.stderr
     assert not (tmp_path / "timeline.jpg").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_explain_on_the_real_demo_log_names_the_hints_and_the_death(tmp_path):
+    """The log of ``python -m coordinator demo`` (real gloo workers, a SIGKILL, real failure
+    hints): ``explain`` and the endpoint, served from that log, tell the victim's story alike."""
+    db = tmp_path / "demo.db"
+    demo = subprocess.run(
+        [sys.executable, "-m", "coordinator", "demo", "--db", str(db)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert demo.returncode == 0, demo.stdout + demo.stderr
+    srv = Server(db=db, port=free_port(), log_path=tmp_path / "server.log")
+    srv.args = ["--store-port", "-1"]
+    srv.start()
+    try:
+        head = httpx.get(srv.url + "/healthz").json()["head"]
+        story = httpx.get(
+            srv.url + "/groups/demo/ranks/2/story", params={"until": head}, timeout=120
+        ).json()
+    finally:
+        srv.stop()
+    done = explain(db, "--group", "demo", "--rank", "2", "--until", str(head), "--json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == story
+    entries = story["entries"]
+    death = next(e for e in entries if e["record"] == "death_reported")
+    assert death["reason"].startswith("death reported")
+    removed = next(e for e in entries if e["event"] == "view_committed" and not e["active"])
+    assert removed["version"] == 2 and removed["cause"] == "auto_deactivation"
+    # the survivors' failed collectives named rank 2 in their hints
+    hints = [e for e in entries if e["event"] == "down_report"]
+    assert hints and all("failed_ranks_hint" in e["reason"] for e in hints), entries
+    assert story["rank_epoch"] == 2 and story["active"]  # the replacement was activated
