@@ -35,7 +35,7 @@ async def _step_page(builder: StoryBuilder, page: list[Record]) -> None:
     "/groups/{group}/ranks/{rank}/story",
     summary="The chain of records that brought a rank to its state and its place in or out of "
     "active_ranks, each with offset, time and the fold's reason",
-    responses=answers({}, 401, 403, 404, 422),
+    responses=answers({200: "StoryBody"}, 401, 403, 404, 422),
 )
 async def rank_story(
     request: Request,

@@ -16,9 +16,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import msgspec
 import pytest
 from PIL import Image
 
+from api.models import StoryBody
 from tests.conftest import free_port
 from tests.service.conftest import FAST, ROOT, Server, make_server, replay
 from tests.service.sim import SimGroup
@@ -85,6 +87,7 @@ def test_explain_prints_the_story_the_endpoint_serves(demo_log):
     assert served.status_code == 200, served.text
     story = served.json()
     assert story["until"] == head
+    msgspec.convert(story, StoryBody)  # the shape the OpenAPI document states
 
     done = explain(srv.db, "--group", "demo", "--rank", "1", "--until", str(head), "--json")
     assert done.returncode == 0, done.stderr
