@@ -43,7 +43,7 @@ async def console_page() -> Response:
             "Cache-Control": "no-cache",
             # everything the page needs is inline or on this origin
             "Content-Security-Policy": "default-src 'none'; script-src 'unsafe-inline'; "
-            "style-src 'unsafe-inline'; img-src data:; connect-src 'self'",
+            "style-src 'unsafe-inline'; img-src data:; connect-src 'self'; frame-ancestors 'none'",
             "Referrer-Policy": "no-referrer",
         },
     )

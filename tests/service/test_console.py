@@ -116,8 +116,12 @@ async def test_the_console_shows_the_group_and_a_kill_live(console_server: Serve
             await laggard.join()
             await sim.wait_version(1)
             page = await browser.new_page(viewport={"width": 1400, "height": 1000})
+            requested: list[str] = []
+            page.on("request", lambda req: requested.append(req.url))
             await page.goto(srv.url + "/ui")
             await _until(page, "document.getElementById('g-version').textContent === '1'")
+            # self-contained: everything it loads comes from the coordinator itself
+            assert requested and all(u.startswith(srv.url + "/") for u in requested), requested
             # the colours of the states differ, so a pixel tells them apart
             colours = {
                 (c, a): await _colour(page, c, a)
