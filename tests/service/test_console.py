@@ -161,6 +161,17 @@ async def test_the_console_shows_the_group_and_a_kill_live(console_server: Serve
             ]
             assert "99" in proposals[0][6] and proposals[1][5] == "2"
 
+            # click rank 5's cell: its story so far
+            box = await page.locator("#grid").bounding_box()
+            centre = await page.evaluate("window.fpConsole.cellCentre(5)")
+            dpr = await page.evaluate("window.devicePixelRatio")
+            await page.mouse.click(box["x"] + centre["x"] / dpr, box["y"] + centre["y"] / dpr)
+            await _until(
+                page,
+                "document.getElementById('story-summary').textContent"
+                ".startsWith(\"rank 5 of 'train' is HEALTHY, in active_ranks of version 2\")",
+            )
+
             # rank 5 dies: the launcher reports it, and the page follows the stream
             sim.beating.discard(5)
             sim.acking.discard(5)
@@ -179,6 +190,8 @@ async def test_the_console_shows_the_group_and_a_kill_live(console_server: Serve
             assert navigations == 1
             assert await page.text_content("#n-OFFLINE") == "1"
             assert await page.text_content("#g-active") == "29"
+            # the mouse still rests on rank 5's cell: its caption followed too
+            assert await page.text_content("#hover") == "rank 5: OFFLINE, not in active_ranks"
             assert await page.text_content("#g-budget") == (
                 "1 failed (no max_failure) · backend gloo needs 1"
             )
@@ -195,14 +208,13 @@ async def test_the_console_shows_the_group_and_a_kill_live(console_server: Serve
             ]
             assert "5 OFFLINE" in rows[0][6]
 
-            # click rank 5's cell: the story names the death report and the view that removed it
-            box = await page.locator("#grid").bounding_box()
-            centre = await page.evaluate("window.fpConsole.cellCentre(5)")
-            dpr = await page.evaluate("window.devicePixelRatio")
-            await page.mouse.click(box["x"] + centre["x"] / dpr, box["y"] + centre["y"] / dpr)
-            await _until(page, "document.querySelectorAll('#story-table tbody tr').length > 0")
-            summary = await page.text_content("#story-summary")
-            assert summary.startswith("rank 5 of 'train' is OFFLINE, outside active_ranks")
+            # the story on show followed the kill: it names the death report and the view that
+            # removed the rank
+            await _until(
+                page,
+                "document.getElementById('story-summary').textContent"
+                ".startsWith(\"rank 5 of 'train' is OFFLINE, outside active_ranks of version 3\")",
+            )
             rows = [
                 await row.locator("td").all_text_contents()
                 for row in await page.locator("#story-table tbody tr").all()
