@@ -81,8 +81,11 @@ class SimulatedHost:
         heartbeat_interval_s: float = 1.0,
         tokens: Mapping[int, str] | None = None,
         on_change: Callable[[], None] | None = None,
+        data_plane_ready: bool = True,
     ) -> None:
         self.address = address
+        #: False: the simulated data plane never becomes ready (its rank stays SYNCED)
+        self.data_plane_ready = data_plane_ready
         self.group = group
         self.world_size = world_size
         self.heartbeat_interval_s = heartbeat_interval_s
@@ -157,7 +160,8 @@ class SimulatedHost:
     def _start(self, rank: int, now: float) -> None:
         # the simulated data plane needs no store: it is ready from the start
         self._step(rank, Start(now))
-        self._step(rank, DataPlaneReady(now))
+        if self.data_plane_ready:
+            self._step(rank, DataPlaneReady(now))
 
     async def close(self, timeout: float = 10.0) -> None:
         """Every live rank leaves cleanly (``exit``), then the host stops."""
@@ -249,7 +253,7 @@ class SimulatedHost:
             self._polls[rank] = action
             self._poll_ready.set()
         elif isinstance(action, ConnectDataPlane | MoveDataPlane):
-            return machine.step(DataPlaneReady(now))
+            return machine.step(DataPlaneReady(now)) if self.data_plane_ready else []
         elif isinstance(action, InstallView):
             self._changed()
             if action.view.is_active(rank):
@@ -472,6 +476,7 @@ class SimulatedCluster:
         ranks: Sequence[int] | None = None,
         heartbeat_interval_s: float = 1.0,
         tokens: Mapping[int, str] | None = None,
+        data_plane_ready: bool = True,
     ) -> None:
         ranks = list(range(world_size)) if ranks is None else list(ranks)
         self._changed = asyncio.Condition()
@@ -485,6 +490,7 @@ class SimulatedCluster:
                 heartbeat_interval_s=heartbeat_interval_s,
                 tokens={r: tokens[r] for r in ranks[i : i + ranks_per_host]} if tokens else None,
                 on_change=self._note_change,
+                data_plane_ready=data_plane_ready,
             )
             for i in range(0, len(ranks), ranks_per_host)
         ]

@@ -11,7 +11,7 @@ from fastapi import FastAPI
 from api import errors, openapi
 from api.fastpath import Service
 from api.limits import DEFAULT_MAX_BODY_BYTES
-from api.routes import agents, audit, operator
+from api.routes import agents, audit, console, operator, story
 from coordinator.auth import Authenticator
 from coordinator.host import Host
 
@@ -33,5 +33,7 @@ def create_app(
     app.include_router(operator.router)
     app.include_router(agents.router)
     app.include_router(audit.router)
+    app.include_router(story.router)
+    app.include_router(console.router)
     openapi.install(app)
     return Service(app, max_body_bytes=max_body_bytes)

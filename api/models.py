@@ -217,6 +217,37 @@ class Health(Struct, kw_only=True):
     detail: str | None = None
 
 
+class StoryEntry(Struct, kw_only=True):
+    """One step of a rank's story; events carry more fields (``state``, ``version``,
+    ``active``, ``cause``, ``proposal``, ``reporter``, ...; see docs/console.md)."""
+
+    offset: int
+    ts: int
+    record: str
+    event: str
+    reason: str
+
+
+class StoryBody(Struct, kw_only=True):
+    """``GET /groups/{group}/ranks/{rank}/story``: why a rank is where it is."""
+
+    group: str
+    rank: int
+    until: int
+    state: Literal["OFFLINE", "SYNCED", "HEALTHY"]
+    incarnation: str | None
+    rank_epoch: int
+    exited: bool
+    active: bool
+    version: int
+    heartbeats: int
+    state_since: int | None
+    membership_since: int | None
+    summary: str
+    entries: list[StoryEntry]
+    omitted: dict[str, int]
+
+
 #: Every Struct that appears in the OpenAPI document's components.
 SCHEMA_TYPES: tuple[Any, ...] = (
     CreateGroupRequest,
@@ -233,6 +264,7 @@ SCHEMA_TYPES: tuple[Any, ...] = (
     GroupBody,
     EventsPage,
     Health,
+    StoryBody,
 )
 
 

@@ -1,4 +1,4 @@
-"""``python -m coordinator``: serve, replay, compact, token, demo.
+"""``python -m coordinator``: serve, replay, compact, explain, token, demo.
 
 - ``serve --db log.db [--host 127.0.0.1] [--port 8470]`` runs the coordinator: it opens the log
   (a path, a ``sqlite:///`` or a ``postgresql://`` URL), restores the latest snapshot, replays
@@ -8,11 +8,14 @@
   offset 1, or on a compacted log from the oldest kept snapshot it needs, verified; it says
   which on stderr), prints the view history and checks it against the stored projections.
   Exit status: 0 when they agree, 1 on any divergence, 2 when the log cannot be read or
-  folded as asked.
+  folded as asked. ``--plot timeline.png`` (or ``.svg``) also draws the view history.
 - ``compact log.db [--retain POLICY] [--step N] [--json]`` removes heartbeat-class records
   behind a kept snapshot (docs/operations.md, "Retention"). Exit status: 0 done (also when
   nothing was removable), 1 when the verifying fold diverges (nothing removed), 2 when the log
   cannot be read.
+- ``explain log.db --group G --rank R [--until OFFSET] [--json]`` tells the rank's story: the
+  records that brought it to its state and its place in or out of ``active_ranks``
+  (:mod:`coordinator.story`, the same story as ``GET /groups/{group}/ranks/{rank}/story``).
 - ``token --group G --rank R`` prints the agent token for that rank (reads ``FOLDPLANE_SECRET``
   or ``--secret``).
 - ``demo`` shows the whole loop on a local SQLite file with real gloo workers.
@@ -133,6 +136,12 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="fold from offset 1 even if kept snapshots exist (refused on a compacted log)",
     )
+    r.add_argument(
+        "--plot",
+        default=None,
+        metavar="FILE",
+        help="also draw the view history to FILE (.png or .svg; needs matplotlib: the [plot] extra)",
+    )
     r.set_defaults(run=_replay)
 
     c = sub.add_parser("compact", help="remove heartbeat-class records behind a kept snapshot")
@@ -154,6 +163,14 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--json", action="store_true", help="print JSON instead of a summary")
     c.add_argument("--progress", choices=["auto", "always", "never"], default="auto")
     c.set_defaults(run=_compact)
+
+    e = sub.add_parser("explain", help="why a rank is where it is: its story from the log")
+    e.add_argument("db", help="the log: a SQLite path, sqlite:/// or postgresql:// URL")
+    e.add_argument("--group", required=True)
+    e.add_argument("--rank", type=int, required=True)
+    e.add_argument("--until", type=int, default=None, metavar="OFFSET", help="stop at this offset")
+    e.add_argument("--json", action="store_true", help="print the story as JSON")
+    e.set_defaults(run=_explain)
 
     t = sub.add_parser("token", help="print the agent token for one (group, rank)")
     t.add_argument("--group", required=True)
@@ -321,6 +338,14 @@ def _replay(args: argparse.Namespace) -> int:
     from coordinator.replay import CompactedLog, replay
     from eventlog import LogError
 
+    if args.plot is not None:
+        from coordinator.plot import PlotError, check_target
+
+        try:
+            check_target(args.plot)
+        except PlotError as exc:
+            print(f"replay: --plot: {exc}", file=sys.stderr)
+            return 2
     bar = _ProgressBar(args.progress)
     try:
         report = asyncio.run(
@@ -358,6 +383,15 @@ def _replay(args: argparse.Namespace) -> int:
             if report.ok
             else f"FAILED: {len(report.divergences)} divergence(s)"
         )
+    if args.plot is not None:
+        from coordinator.plot import PlotError, plot_views
+
+        try:
+            plot_views(report.views, args.plot)
+        except PlotError as exc:
+            print(f"replay: --plot: {exc}", file=sys.stderr)
+            return 2
+        print(f"wrote {args.plot}", file=sys.stderr if args.json else sys.stdout)
     return 0 if report.ok else 1
 
 
@@ -413,6 +447,29 @@ def _print_step(at: int, removed: Any) -> None:
         f"snapshot kept at {at}",
         flush=True,
     )
+
+
+# -- explain -------------------------------------------------------------------------------------
+
+
+def _explain(args: argparse.Namespace) -> int:
+    from coordinator.story import StoryError, format_story, story_from
+    from eventlog import LogError
+
+    try:
+        story = asyncio.run(story_from(args.db, args.group, args.rank, until=args.until))
+    except StoryError as exc:
+        print(f"explain: {exc.detail}", file=sys.stderr)
+        return 2
+    except (LogError, OSError, ValueError) as exc:
+        print(f"explain: cannot read {args.db!r}: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        json.dump(story, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        print(format_story(story))
+    return 0
 
 
 class _ProgressBar:

@@ -7,7 +7,7 @@ from starlette.responses import Response, StreamingResponse
 
 from api import metrics, sse
 from api.codec import json_response
-from api.deps import host_of
+from api.deps import host_of, require_operator
 from api.errors import ApiError
 from api.openapi import answers
 from coordinator.host import HostUnavailable
@@ -25,7 +25,9 @@ def _kinds(kind: str | None) -> list[str] | None:
 
 
 @router.get(
-    "/events", summary="The raw log, for audits", responses=answers({200: "EventsPage"}, 422)
+    "/events",
+    summary="The raw log, for audits (the operator token when auth is on)",
+    responses=answers({200: "EventsPage"}, 401, 403, 422),
 )
 async def events(
     request: Request,
@@ -34,6 +36,7 @@ async def events(
     group: str | None = Query(None, max_length=64),
     kind: str | None = Query(None, max_length=32),
 ) -> Response:
+    require_operator(request, "reading the log")
     host = host_of(request)
     records = await host.log.read(after, limit, group=group, kinds=_kinds(kind))
     # a full page covers the offsets up to its last record; a short one, the rest of the log
@@ -61,8 +64,10 @@ async def events(
 
 @router.get(
     "/events/stream",
-    summary="Server-sent events, one per record; resume with Last-Event-ID or ?after=",
+    summary="Server-sent events, one per record; resume with Last-Event-ID or ?after= "
+    "(the operator token when auth is on)",
     response_class=StreamingResponse,
+    responses=answers({}, 401, 403, 422),
 )
 async def event_stream(
     request: Request,
@@ -71,6 +76,7 @@ async def event_stream(
     kind: str | None = Query(None, max_length=32),
     last_event_id: str | None = Header(None, max_length=32),
 ) -> Response:
+    require_operator(request, "reading the log")
     if last_event_id is not None:
         if not last_event_id.strip().isdigit():
             raise ApiError(

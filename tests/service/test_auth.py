@@ -138,6 +138,9 @@ def test_operator_endpoints_need_the_operator_token(secure_server):
     denied = httpx.post(url + "/groups", json=body, headers=agent)
     assert denied.status_code == 403 and "operator token" in denied.json()["detail"]
     assert httpx.get(url + "/groups/train").status_code == 200  # reads are open
+    # ... but the raw log (and the console's reads) are the operator's
+    assert httpx.get(url + "/events").status_code == 401
+    assert httpx.get(url + "/events", headers=agent).status_code == 403
     r = httpx.post(url + "/groups", json=body, headers=_bearer(OPERATOR))
     assert r.status_code == 201
 
@@ -164,9 +167,11 @@ def test_an_agent_token_used_for_another_rank_is_forbidden(secure_server):
     assert other_group.status_code == 403
     assert httpx.post(url + "/agents/events", json={"events": [event]}).status_code == 401
     head = httpx.get(url + "/healthz").json()["head"]
-    logged = httpx.get(url + "/events", params={"after": head - 5 if head > 5 else 0}).json()[
-        "events"
-    ]
+    logged = httpx.get(
+        url + "/events",
+        params={"after": head - 5 if head > 5 else 0},
+        headers=_bearer(OPERATOR),  # the raw log is the operator's when auth is on
+    ).json()["events"]
     assert all(e["payload"].get("incarnation") != "x" for e in logged)
 
 

@@ -1,0 +1,64 @@
+"""``GET /groups/{group}/ranks/{rank}/story``: why a rank is where it is.
+
+The story is folded from the log by :mod:`coordinator.story`, the same code ``python -m
+coordinator explain`` runs, up to the offset the coordinator has applied (or ``?until=``). The
+fold of a long log is CPU work, so each page of records is stepped in a worker thread, and at
+most :data:`CONCURRENT` stories are folded at once. With auth on it needs the operator token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from fastapi import APIRouter, Path, Query, Request
+from starlette.responses import Response
+
+from api.codec import json_response
+from api.deps import host_of, require_group, require_operator
+from api.errors import ApiError
+from api.openapi import answers
+from coordinator.story import StoryBuilder, StoryError, story_of
+from eventlog import Record
+
+router = APIRouter(tags=["console"])
+
+#: Stories folded at the same time; later requests wait their turn.
+CONCURRENT = 2
+_folding: asyncio.Semaphore | None = None
+
+
+async def _step_page(builder: StoryBuilder, page: list[Record]) -> None:
+    await asyncio.to_thread(builder.feed, page)
+
+
+@router.get(
+    "/groups/{group}/ranks/{rank}/story",
+    summary="The chain of records that brought a rank to its state and its place in or out of "
+    "active_ranks, each with offset, time and the fold's reason",
+    responses=answers({200: "StoryBody"}, 401, 403, 404, 422),
+)
+async def rank_story(
+    request: Request,
+    group: str = Path(..., max_length=64),
+    rank: int = Path(..., ge=0, le=2**31),
+    until: int | None = Query(None, ge=1, le=2**62, description="fold only up to this offset"),
+) -> Response:
+    global _folding
+    require_operator(request, "reading a rank's story")
+    host = host_of(request)
+    require_group(host, group)
+    world_size = host.machine.group_config(group).world_size  # type: ignore[union-attr]
+    if rank >= world_size:
+        raise ApiError(
+            422, "rank_out_of_range", f"rank {rank} is not in 0..{world_size - 1} of {group!r}"
+        )
+    stop = host.applied_offset if until is None else min(until, host.applied_offset)
+    if _folding is None:
+        _folding = asyncio.Semaphore(CONCURRENT)
+    async with _folding:
+        try:
+            story = await story_of(host.log, group, rank, until=stop, fold_page=_step_page)
+        except StoryError as exc:
+            status = 404 if exc.code == "unknown_group" else 422
+            raise ApiError(status, exc.code, exc.detail) from None
+    return json_response(story)

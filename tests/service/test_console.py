@@ -1,0 +1,321 @@
+"""The operator's console (``GET /ui``) in a real headless browser, against a real coordinator
+and a real group of simulated agents.
+
+The browser is the system's Chromium (``/usr/bin/chromium``, from Debian's packages; ``.ci/run``
+installs it when it is missing), driven by Playwright's Python package, which never downloads a
+browser here: it is pointed at the system binary. The tests read the heat map's pixels, so "the
+grid shows the right states" means what a person would see.
+
+Set ``FOLDPLANE_SCREENSHOT=docs/console.png`` to keep the screenshot the README shows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from agent.simhost import SimulatedCluster
+from tests.service.conftest import FAST, ROOT, Server, make_server
+
+CHROMIUM = next(
+    (p for p in ("/usr/bin/chromium", "/usr/bin/chromium-browser") if os.access(p, os.X_OK)),
+    shutil.which("chromium"),
+)
+pytestmark = pytest.mark.skipif(
+    CHROMIUM is None,
+    reason="no Chromium at /usr/bin/chromium: apt-get install chromium (.ci/run does)",
+)
+ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+OPERATOR = "console-operator-token"
+#: The heat map's colours for (state code, active), as a person sees them (see console.html).
+HEALTHY, SYNCED, OFFLINE = "H", "S", "O"
+#: A long heartbeat timeout: only the death report takes a rank out, however loaded the machine.
+CALM = {**FAST, "heartbeat_timeout_s": 60.0}
+
+
+@pytest.fixture
+async def browser() -> AsyncIterator[Any]:
+    from playwright.async_api import async_playwright
+
+    async with async_playwright() as pw:
+        b = await pw.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
+        try:
+            yield b
+        finally:
+            await b.close()
+
+
+@pytest.fixture
+def console_server(tmp_path: Path):
+    srv = make_server(tmp_path).start()
+    yield srv
+    srv.stop()
+
+
+async def _pixel(page: Any, rank: int) -> list[int]:
+    return await page.evaluate(
+        """(rank) => {
+            const c = document.getElementById('grid');
+            const p = window.fpConsole.cellCentre(rank);
+            return Array.from(c.getContext('2d').getImageData(p.x, p.y, 1, 1).data.slice(0, 3));
+        }""",
+        rank,
+    )
+
+
+async def _colour(page: Any, code: str, active: bool) -> list[int]:
+    return await page.evaluate("([c, a]) => window.fpConsole.colour(c, a)", [code, active])
+
+
+async def _until(page: Any, expression: str, timeout: float = 20) -> None:
+    """Poll a JS expression until it is true (the page's CSP forbids the eval behind
+    Playwright's wait_for_function, and it should: the test runs the page as served)."""
+    async with asyncio.timeout(timeout):
+        while not await page.evaluate(f"() => Boolean({expression})"):
+            await page.wait_for_timeout(50)
+
+
+async def _wait_pixel(page: Any, rank: int, code: str, active: bool, timeout: float = 20) -> None:
+    want = await _colour(page, code, active)
+    async with asyncio.timeout(timeout):
+        while (got := await _pixel(page, rank)) != want:
+            await page.wait_for_timeout(50)
+    assert got == want
+
+
+async def test_the_console_shows_the_group_and_a_kill_live(console_server: Server, browser):
+    """32 ranks: 31 form the group, rank 31 joins but never reports its links (SYNCED, left
+    out); a proposal deactivates rank 30, a malformed one is rejected, then rank 5 is killed.
+    The page shows each step as it happens, without a reload."""
+    srv = console_server
+    world = 32
+    async with httpx.AsyncClient(base_url=srv.url, timeout=30) as client:
+        r = await client.post(
+            "/groups", json={"group": "train", "world_size": world, "min_ranks": 31, **CALM}
+        )
+        assert r.status_code == 201, r.text
+        address = ("127.0.0.1", srv.port)
+        sim = SimulatedCluster(address, "train", world, ranks=list(range(31)))
+        # rank 31 joins, but its data plane never becomes ready: it stays SYNCED, left out
+        laggard = SimulatedCluster(address, "train", world, ranks=[31], data_plane_ready=False)
+        await sim.start()
+        await laggard.start()
+        try:
+            await sim.wait_until(lambda: sim.all_on(1), timeout=30)
+            page = await browser.new_page(viewport={"width": 1400, "height": 1000})
+            requested: list[str] = []
+            page.on("request", lambda req: requested.append(req.url))
+            await page.goto(srv.url + "/ui")
+            await _until(page, "document.getElementById('g-version').textContent === '1'")
+            # self-contained: everything it loads comes from the coordinator itself
+            assert requested and all(u.startswith(srv.url + "/") for u in requested), requested
+            # the colours of the states differ, so a pixel tells them apart
+            colours = {
+                (c, a): await _colour(page, c, a)
+                for c in (HEALTHY, SYNCED, OFFLINE)
+                for a in (True, False)
+            }
+            assert len({tuple(c) for c in colours.values()}) == 6
+            for rank in range(31):
+                assert await _pixel(page, rank) == colours[(HEALTHY, True)], rank
+            assert await _pixel(page, 31) == colours[(SYNCED, False)]
+            assert await page.text_content("#n-HEALTHY") == "31"
+            assert await page.text_content("#n-SYNCED") == "1"
+            await page.evaluate("window.__same_page = 'not reloaded'")
+
+            # a scheduler takes rank 30 out; a malformed proposal is logged and rejected
+            out = await client.post(
+                "/proposals",
+                params={"wait": 15},
+                json={"group": "train", "op": "deactivate", "ranks": [30], "proposer": "scheduler"},
+            )
+            assert out.json()["status"] == "applied", out.text
+            bad = await client.post(
+                "/proposals",
+                params={"wait": 15},
+                json={"group": "train", "op": "activate", "ranks": [99], "proposer": "typo"},
+            )
+            assert bad.json()["status"] == "rejected", bad.text
+            await _wait_pixel(page, 30, HEALTHY, False)
+            await _until(page, "document.querySelectorAll('#proposals tbody tr').length === 2")
+            proposals = [
+                await row.locator("td").all_text_contents()
+                for row in await page.locator("#proposals tbody tr").all()
+            ]
+            assert [(p[1], p[2], p[3], p[4]) for p in proposals] == [
+                ("activate", "[99]", "typo", "rejected"),
+                ("deactivate", "[30]", "scheduler", "applied"),
+            ]
+            assert "99" in proposals[0][6] and proposals[1][5] == "2"
+
+            # click rank 5's cell: its story so far
+            box = await page.locator("#grid").bounding_box()
+            centre = await page.evaluate("window.fpConsole.cellCentre(5)")
+            dpr = await page.evaluate("window.devicePixelRatio")
+            await page.mouse.click(box["x"] + centre["x"] / dpr, box["y"] + centre["y"] / dpr)
+            await _until(
+                page,
+                "document.getElementById('story-summary').textContent"
+                ".startsWith(\"rank 5 of 'train' is HEALTHY, in active_ranks of version 2\")",
+            )
+
+            # rank 5 dies: the launcher reports it, and the page follows the stream
+            sim.kill(5)
+            died = await client.post(
+                "/agents/deaths",
+                json={"group": "train", "rank": 5, "reporter": "launcher@node3"},
+            )
+            assert died.status_code == 200, died.text
+            await sim.wait_until(lambda: sim.all_on(3), timeout=30)
+            await _wait_pixel(page, 5, OFFLINE, False)
+            await _until(page, "document.getElementById('g-version').textContent === '3'")
+            for rank in (*range(5), *range(6, 30)):
+                assert await _pixel(page, rank) == colours[(HEALTHY, True)], rank
+            assert await page.evaluate("window.__same_page") == "not reloaded"
+            navigations = await page.evaluate("performance.getEntriesByType('navigation').length")
+            assert navigations == 1
+            assert await page.text_content("#n-OFFLINE") == "1"
+            assert await page.text_content("#g-active") == "29"
+            # the mouse still rests on rank 5's cell: its caption followed too
+            assert await page.text_content("#hover") == "rank 5: OFFLINE, not in active_ranks"
+            assert await page.text_content("#g-budget") == (
+                "1 failed (no max_failure) · backend gloo needs 1"
+            )
+
+            # the timeline names what left and why, newest first
+            rows = [
+                await row.locator("td").all_text_contents()
+                for row in await page.locator("#timeline tbody tr").all()
+            ]
+            assert [(r[0], r[2], r[3], r[4]) for r in rows] == [
+                ("v3", "auto_deactivation", "29", "[5]"),
+                ("v2", f"proposal {out.json()['id']}", "30", "[30]"),
+                ("v1", "formation", "31", "–"),
+            ]
+            assert "5 OFFLINE" in rows[0][6]
+
+            # the story on show followed the kill: it names the death report and the view that
+            # removed the rank
+            await _until(
+                page,
+                "document.getElementById('story-summary').textContent"
+                ".startsWith(\"rank 5 of 'train' is OFFLINE, outside active_ranks of version 3\")",
+            )
+            rows = [
+                await row.locator("td").all_text_contents()
+                for row in await page.locator("#story-table tbody tr").all()
+            ]
+            events = [r[2] for r in rows]
+            death = events.index("death_reported → rank_state OFFLINE")
+            assert rows[death][3] == "death reported by launcher@node3"
+            removed = next(r for r in rows if r[2].endswith("→ view_committed v3"))
+            assert "outside active_ranks (auto_deactivation" in removed[3]
+            assert rows.index(removed) > death
+
+            shot = Path(os.environ.get("FOLDPLANE_SCREENSHOT") or srv.db.parent / "console.png")
+            if not shot.is_absolute():
+                shot = ROOT / shot
+            await page.screenshot(path=str(shot), full_page=True)
+            assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        finally:
+            await sim.stop()
+            await laggard.stop()
+
+
+async def test_the_grid_stays_readable_at_16384_ranks(console_server: Server, browser):
+    srv = console_server
+    async with httpx.AsyncClient(base_url=srv.url, timeout=60) as client:
+        r = await client.post("/groups", json={"group": "wide", "world_size": 16_384, **CALM})
+        assert r.status_code == 201, r.text
+        joins = [
+            {"type": "join", "group": "wide", "rank": rank, "incarnation": f"w-{rank}"}
+            for rank in (5, 16_383)
+        ]
+        results = (await client.post("/agents/events", json={"events": joins})).json()["results"]
+        assert all("offset" in res for res in results), results
+    page = await browser.new_page(viewport={"width": 1400, "height": 1000})
+    await page.goto(srv.url + "/ui#wide")
+    await _until(page, "document.getElementById('g-title').textContent.includes('16384')")
+    layout = await page.evaluate("window.fpConsole.layout")
+    # cells a person can point at (docs/console.md: cells 5 px apart in this window)
+    assert layout["n"] == 16_384 and layout["cell"] >= 5
+    size = await page.locator("#grid").bounding_box()
+    assert size["width"] <= 900 and size["height"] <= 900  # the whole group on one screen
+    # one canvas, not an element per rank
+    assert await page.evaluate("document.getElementsByTagName('*').length") < 1000
+    synced = await _colour(page, SYNCED, False)
+    offline = await _colour(page, OFFLINE, False)
+    assert await _pixel(page, 5) == synced and await _pixel(page, 16_383) == synced
+    assert await _pixel(page, 0) == offline and await _pixel(page, 16_382) == offline
+    assert await page.text_content("#n-SYNCED") == "2"
+    await page.screenshot(path=str(srv.db.parent / "console-16384.png"))
+
+
+@pytest.fixture
+def secure_console(tmp_path: Path):
+    srv = make_server(tmp_path, env={"FOLDPLANE_TOKEN": OPERATOR, "FOLDPLANE_SECRET": ""})
+    srv.start()
+    yield srv
+    srv.stop()
+
+
+async def test_with_auth_on_the_page_shows_nothing_of_a_group_without_the_token(
+    secure_console: Server, browser
+):
+    srv = secure_console
+    op = {"Authorization": f"Bearer {OPERATOR}"}
+    r = httpx.post(
+        srv.url + "/groups",
+        json={"group": "secret-train", "world_size": 2, **CALM},
+        headers=op,
+    )
+    assert r.status_code == 201, r.text
+    # every read the page makes needs the operator token
+    for path in (
+        "/ui/api/overview",
+        "/ui/api/groups/secret-train",
+        "/ui/api/groups/secret-train/timeline",
+        "/groups/secret-train/ranks/0/story",
+        "/events",
+        "/events/stream",
+    ):
+        assert httpx.get(srv.url + path).status_code == 401, path
+        wrong = httpx.get(srv.url + path, headers={"Authorization": "Bearer nope"})
+        assert wrong.status_code == 403, path
+    assert httpx.get(srv.url + "/ui/api/overview", headers=op).status_code == 200
+
+    page = await browser.new_page()
+    urls: list[str] = []
+    page.on("request", lambda req: urls.append(req.url))
+    await page.goto(srv.url + "/ui")
+    await page.wait_for_selector("#login:not(.hidden)", timeout=20_000)
+    assert await page.is_hidden("#app")
+    assert "secret-train" not in await page.content()
+    assert "secret-train" not in (await page.inner_text("body"))
+
+    await page.fill("#token", "a-wrong-token")
+    await page.click("#login-form button")
+    await _until(page, "document.getElementById('login-error').textContent.includes('refused')")
+    assert "secret-train" not in await page.content()
+
+    await page.fill("#token", OPERATOR)
+    await page.click("#login-form button")
+    await page.wait_for_selector("#app:not(.hidden)", timeout=20_000)
+    await _until(page, "document.getElementById('g-title').textContent.includes('secret-train')")
+    await _until(page, "document.getElementById('live').textContent === 'live'")
+    assert urls and all(OPERATOR not in u and "a-wrong-token" not in u for u in urls)

@@ -1,0 +1,203 @@
+"""``python -m coordinator explain`` and ``GET /groups/{group}/ranks/{rank}/story`` tell the same
+story from the same log, and ``replay --plot`` draws the view history to a real image file.
+
+The log is a demo's: a real server, a group of simulated agents, a rank killed (a death report),
+replaced by a new process and activated again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import msgspec
+import pytest
+from PIL import Image
+
+from agent.simhost import SimulatedCluster
+from api.models import StoryBody
+from tests.conftest import free_port
+from tests.service.conftest import FAST, ROOT, Server, make_server, replay
+
+CALM = {**FAST, "heartbeat_timeout_s": 600.0}
+
+
+def explain(db: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "coordinator", "explain", str(db), *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+@pytest.fixture(scope="module")
+def demo_log(tmp_path_factory) -> Iterator[tuple[Server, int]]:
+    """A server whose group ``demo`` formed, lost rank 1 and took a replacement back in; and the
+    log's head once that story was over."""
+    srv = make_server(tmp_path_factory.mktemp("demo")).start()
+    try:
+        head = asyncio.run(_demo(srv))
+        yield srv, head
+    finally:
+        srv.stop()
+
+
+async def _demo(srv: Server) -> int:
+    async with httpx.AsyncClient(base_url=srv.url, timeout=30) as client:
+        r = await client.post("/groups", json={"group": "demo", "world_size": 3, **CALM})
+        assert r.status_code == 201, r.text
+        sim = SimulatedCluster(("127.0.0.1", srv.port), "demo", 3, ranks_per_host=3)
+        await sim.start()
+        try:
+            await sim.wait_until(lambda: sim.all_on(1), timeout=20)
+            sim.kill(1)  # the process dies; its launcher reports it
+            died = await client.post(
+                "/agents/deaths", json={"group": "demo", "rank": 1, "reporter": "launcher"}
+            )
+            assert died.status_code == 200, died.text
+            await sim.wait_until(lambda: sim.all_on(2), timeout=20)
+            sim.replace(1)  # the replacement process: a new incarnation joins
+            r = await client.post(
+                "/proposals",
+                params={"wait": 15},
+                json={"group": "demo", "op": "activate", "ranks": [1], "proposer": "scheduler"},
+            )
+            assert r.json()["status"] == "applied", r.text
+        finally:
+            await sim.stop()
+        return (await client.get("/healthz")).json()["head"]
+
+
+def test_explain_prints_the_story_the_endpoint_serves(demo_log):
+    srv, head = demo_log
+    served = httpx.get(srv.url + "/groups/demo/ranks/1/story", params={"until": head}, timeout=30)
+    assert served.status_code == 200, served.text
+    story = served.json()
+    assert story["until"] == head
+    msgspec.convert(story, StoryBody)  # the shape the OpenAPI document states
+
+    done = explain(srv.db, "--group", "demo", "--rank", "1", "--until", str(head), "--json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == story
+
+    # what the story says: the death report, the view that removed it, the new incarnation
+    # and the proposal and view that brought it back
+    entries = story["entries"]
+    death = next(e for e in entries if e["record"] == "death_reported")
+    assert death["reason"] == "death reported by launcher" and death["state"] == "OFFLINE"
+    views = [
+        (e["version"], e["active"], e["cause"]) for e in entries if e["event"] == "view_committed"
+    ]
+    assert views == [(1, True, "formation"), (2, False, "auto_deactivation"), (3, True, "proposal")]
+    assert any(e["reason"].endswith("(rank_epoch 2)") for e in entries if e["record"] == "join")
+    resolved = next(e for e in entries if e["event"] == "proposal_resolved")
+    assert resolved["status"] == "applied" and "by scheduler" in resolved["reason"]
+    assert story["active"] and story["state"] == "HEALTHY" and story["rank_epoch"] == 2
+
+    text = explain(srv.db, "--group", "demo", "--rank", "1", "--until", str(head))
+    assert text.returncode == 0, text.stderr
+    lines = text.stdout.splitlines()
+    assert lines[0] == story["summary"]
+    for e in entries:
+        assert any(line.startswith(str(e["offset"])) and e["reason"] in line for line in lines), e
+
+    # an earlier offset tells the story as it stood then, on both sides
+    removed = next(e for e in entries if e["event"] == "view_committed" and e["version"] == 2)
+    then = httpx.get(
+        srv.url + "/groups/demo/ranks/1/story", params={"until": removed["offset"]}
+    ).json()
+    assert then["active"] is False and then["version"] == 2
+    cut = explain(
+        srv.db, "--group", "demo", "--rank", "1", "--until", str(removed["offset"]), "--json"
+    )
+    assert json.loads(cut.stdout) == then
+
+
+def test_a_story_names_what_is_wrong_with_the_question(demo_log):
+    srv, _ = demo_log
+    unknown = httpx.get(srv.url + "/groups/nope/ranks/0/story")
+    assert unknown.status_code == 404 and unknown.json()["error"] == "unknown_group"
+    outside = httpx.get(srv.url + "/groups/demo/ranks/7/story")
+    assert outside.status_code == 422 and outside.json()["error"] == "rank_out_of_range"
+    assert "0..2" in outside.json()["detail"]
+    bad = httpx.get(srv.url + "/groups/demo/ranks/x/story")
+    assert bad.status_code == 422 and bad.json()["error"] == "invalid_request"
+    before = httpx.get(srv.url + "/groups/demo/ranks/0/story", params={"until": 0})
+    assert before.status_code == 422
+
+    cli = explain(srv.db, "--group", "nope", "--rank", "0")
+    assert cli.returncode == 2 and "no group 'nope'" in cli.stderr
+    cli = explain(srv.db, "--group", "demo", "--rank", "9")
+    assert cli.returncode == 2 and "rank 9 is not in 0..2" in cli.stderr
+
+
+@pytest.mark.parametrize("name", ["timeline.png", "timeline.svg"])
+def test_replay_plots_the_view_history(demo_log, tmp_path, name):
+    srv, _ = demo_log
+    out = tmp_path / name
+    done = replay(srv.db, "--group", "demo", "--plot", str(out))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "OK: replay matches" in done.stdout and f"wrote {out}" in done.stdout
+    data = out.read_bytes()
+    if name.endswith(".png"):
+        assert data[:8] == b"\x89PNG\r\n\x1a\n"
+        with Image.open(out) as img:
+            img.verify()
+        with Image.open(out) as img:
+            assert img.format == "PNG" and img.size == (1000, 450)
+            # not a blank canvas: the drawing has many colours
+            assert len(img.convert("RGB").getcolors(maxcolors=1 << 16) or []) > 10
+    else:
+        text = data.decode()
+        assert text.lstrip().startswith("<?xml") and "<svg" in text
+        assert "v2 -[1]" in text and "v3 +[1]" in text  # versions labelled with what changed
+
+
+def test_replay_plot_refuses_an_unknown_format(demo_log, tmp_path):
+    srv, _ = demo_log
+    done = replay(srv.db, "--plot", str(tmp_path / "timeline.jpg"))
+    assert done.returncode == 2
+    assert "must end in .png or .svg" in done.stderr
+    assert not (tmp_path / "timeline.jpg").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_explain_on_the_real_demo_log_names_the_hints_and_the_death(tmp_path):
+    """The log of ``python -m coordinator demo`` (real gloo workers, a SIGKILL, real failure
+    hints): ``explain`` and the endpoint, served from that log, tell the victim's story alike."""
+    db = tmp_path / "demo.db"
+    demo = subprocess.run(
+        [sys.executable, "-m", "coordinator", "demo", "--db", str(db)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert demo.returncode == 0, demo.stdout + demo.stderr
+    srv = Server(db=db, port=free_port(), log_path=tmp_path / "server.log")
+    srv.args = ["--store-port", "-1"]
+    srv.start()
+    try:
+        head = httpx.get(srv.url + "/healthz").json()["head"]
+        story = httpx.get(
+            srv.url + "/groups/demo/ranks/2/story", params={"until": head}, timeout=120
+        ).json()
+    finally:
+        srv.stop()
+    done = explain(db, "--group", "demo", "--rank", "2", "--until", str(head), "--json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == story
+    entries = story["entries"]
+    death = next(e for e in entries if e["record"] == "death_reported")
+    assert death["reason"].startswith("death reported")
+    removed = next(e for e in entries if e["event"] == "view_committed" and not e["active"])
+    assert removed["version"] == 2 and removed["cause"] == "auto_deactivation"
+    # the survivors' failed collectives named rank 2 in their hints
+    hints = [e for e in entries if e["event"] == "down_report"]
+    assert hints and all("failed_ranks_hint" in e["reason"] for e in hints), entries
+    assert story["rank_epoch"] == 2 and story["active"]  # the replacement was activated
