@@ -147,9 +147,11 @@ class Agent:
         )
         # One client per thread that blocks on the network: operator calls from the user's
         # thread, event batches, and the long poll (closing its client aborts a poll).
+        # Events and updates go through the launcher's per-host relay when it runs one.
+        channel = _env("FOLDPLANE_RELAY") or coordinator
         self._ops = CoordinatorClient(coordinator, token=token)
-        self._sender_client = CoordinatorClient(coordinator, token=token)
-        self._poller_client = CoordinatorClient(coordinator, token=token)
+        self._sender_client = CoordinatorClient(channel, token=token)
+        self._poller_client = CoordinatorClient(channel, token=token)
         self._inbox: queue.Queue[Any] = queue.Queue()
         self._to_send: queue.Queue[SendEvents | None] = queue.Queue()
         self._to_poll: queue.Queue[PollUpdates | None] = queue.Queue()
