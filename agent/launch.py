@@ -120,14 +120,13 @@ class Launcher:
         self._stopping = False
         self._pending_spawns = 0  # replacements decided but not started yet
         self.client = CoordinatorClient(self.addresses, token=self._token)
-        #: the per-host relay the workers talk through (started by ``start``), or None
-        self.relay: Relay | None = Relay(self.addresses) if relay else None
-        self._relay_started = False
+        #: the per-host relay the workers talk through (from the first spawn on), or None
+        self.relay: Relay | None = None
+        self._use_relay = relay
 
     # -- processes -------------------------------------------------------------------------------
 
     def start(self) -> Launcher:
-        self._start_relay()
         for rank in self.ranks:
             self.spawn(rank)
         return self
@@ -212,11 +211,8 @@ class Launcher:
 
     def _start_relay(self) -> None:
         with self._lock:
-            start = self.relay is not None and not self._relay_started
-            self._relay_started = True
-        if start:
-            assert self.relay is not None
-            self.relay.start()
+            if self._use_relay and self.relay is None and not self._stopping:
+                self.relay = Relay(self.addresses).start()
 
     # -- the watcher -----------------------------------------------------------------------------
 

@@ -74,7 +74,7 @@ CACHE_BYTES = 4 * 1024 * 1024
 BACKOFF_S = 0.05
 BACKOFF_MAX_S = 2.0
 #: Statuses of a request refused as a whole: a merged one is retried piece by piece.
-REFUSED = frozenset({401, 403, 404, 413, 422})
+REFUSED = frozenset({400, 401, 403, 404, 413, 422})
 #: The code of the error a worker gets when no coordinator answered the relay.
 UNAVAILABLE = "coordinator_unavailable"
 
@@ -172,6 +172,8 @@ class Served:
     updates: tuple[Body, ...]
     next_after: int
     resync: bool = False
+    #: the resync says the coordinator's log is behind the reader (restored from a copy)
+    restored: bool = False
 
 
 def update_rank(update: Mapping[str, Any]) -> int | None:
@@ -204,6 +206,7 @@ class UpdateCache:
         # a resync answer, until each rank it named has polled past it
         self._resync_at = 0
         self._resync_group: tuple[Body, ...] = ()
+        self._resync_restored = False
         self._resync: dict[int, tuple[Body, ...]] = {}
 
     def __len__(self) -> int:
@@ -220,6 +223,7 @@ class UpdateCache:
         updates: Sequence[Mapping[str, Any]],
         next_after: int,
         resync: bool = False,
+        restored: bool = False,
     ) -> None:
         """Record the answer of an upstream poll for ``ranks`` after ``after``."""
         ranks = list(ranks)
@@ -228,6 +232,7 @@ class UpdateCache:
             self.group = Span(next_after, next_after)
             shared = tuple(dict(u) for u in updates if update_rank(u) is None)
             self._resync_at, self._resync_group = next_after, shared
+            self._resync_restored = restored
             self.nbytes += sum(_size(u) for u in shared)
             for rank in ranks:
                 own = tuple(dict(u) for u in updates if update_rank(u) == rank)
@@ -262,7 +267,7 @@ class UpdateCache:
             at = self._resync_at
             if after < at:
                 merged = sorted(self._resync_group + own, key=lambda u: int(u["offset"]))
-                return Served(tuple(merged), at, resync=True)
+                return Served(tuple(merged), at, resync=True, restored=self._resync_restored)
             self._drop_resync(rank)
         span, group = self.ranks.get(rank), self.group
         if span is None or group is None or after < span.lo or after < group.lo:
@@ -579,13 +584,16 @@ class UpdatesLane:
         return reply
 
     def _body(self, served: Served) -> Body:
-        return {
+        body = {
             "term": self._term,
             "updates": list(served.updates),
             "next_after": served.next_after,
             "resync": served.resync,
             "store": self._store,
         }
+        if served.restored:
+            body["restored"] = True
+        return body
 
     def trim(self) -> None:
         """Drop what every rank of the lane has read past (called with the lock held)."""
@@ -658,6 +666,7 @@ class UpdatesLane:
                     body.get("updates") or (),
                     int(body.get("next_after") or after),
                     bool(body.get("resync")),
+                    bool(body.get("restored")),
                 )
                 self.trim()
                 self._cond.notify_all()

@@ -141,6 +141,10 @@ def test_a_resync_goes_to_each_rank_it_names_until_that_rank_polls_past_it():
     assert after is not None and not after.resync and after.updates == ()
     got1 = cache.serve(1, 0)
     assert got1 is not None and got1.resync and got1.updates == (view(40, 3), state(42, 1))
+    assert not got1.restored
+    cache.add([0], 50, [view(60, 4)], 61, resync=True, restored=True)
+    restored = cache.serve(0, 55)
+    assert restored is not None and restored.resync and restored.restored
 
 
 def test_the_cache_stays_within_its_bytes_and_what_it_dropped_is_no_longer_served():
