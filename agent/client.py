@@ -20,6 +20,9 @@ from typing import Any
 
 import httpx
 
+from wire import ranks as rank_sets
+from wire.protocol import PROTOCOL
+
 #: How long one plain request may take; long polls add their own timeout on top.
 DEFAULT_TIMEOUT_S = 10.0
 #: Terminal proposal statuses: nothing overwrites them.
@@ -50,6 +53,8 @@ class UpdatesAnswer:
     resync: bool
     store: tuple[str, int] | None
     term: int | None
+    #: the coordinator's log is behind this reader: it was restored from an older copy
+    restored: bool = False
 
 
 def parse_addresses(addresses: str | Sequence[str]) -> list[str]:
@@ -98,19 +103,38 @@ class CoordinatorClient:
             raise CoordinatorError(200, "bad_answer", f"no results list in {body!r}", self.address)
         return results
 
-    def updates(self, group: str, rank: int, after: int, timeout_s: float) -> UpdatesAnswer:
-        """``GET /agents/updates``: a long poll for what concerns ``rank`` after ``after``."""
+    def updates(
+        self,
+        group: str,
+        rank: int | Sequence[int],
+        after: int,
+        timeout_s: float,
+        *,
+        view: int | None = None,
+    ) -> UpdatesAnswer:
+        """``GET /agents/updates``: a long poll for what concerns ``rank`` (one rank, or
+        several ranks of one host) after ``after``; ``view``: the version held."""
+        params: dict[str, Any] = {
+            "group": group,
+            "after": after,
+            "timeout": timeout_s,
+            "protocol": PROTOCOL,
+        }
+        if isinstance(rank, int):
+            params["rank"] = rank
+        else:
+            params["ranks"] = rank_sets.format_query(rank)
+        if view is not None:
+            params["view"] = view
         body = self.request(
-            "GET",
-            "/agents/updates",
-            params={"group": group, "rank": rank, "after": after, "timeout": timeout_s},
-            timeout_s=timeout_s + self._timeout_s,
+            "GET", "/agents/updates", params=params, timeout_s=timeout_s + self._timeout_s
         )
         store = body.get("store")
         return UpdatesAnswer(
             updates=tuple(body.get("updates", ())),
             next_after=int(body.get("next_after") or after),
             resync=bool(body.get("resync", False)),
+            restored=bool(body.get("restored", False)),
             store=(str(store["host"]), int(store["port"])) if store else None,
             term=body.get("term"),
         )

@@ -17,6 +17,7 @@ condition variable, so ``wait_for_view`` wakes on change instead of polling.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import queue
@@ -28,6 +29,8 @@ from typing import Any
 
 from agent.client import CoordinatorClient, CoordinatorError, CoordinatorUnavailable
 from agent.machine import (
+    BEATS,
+    EVENTS,
     OFFLINE,
     Action,
     AgentConfig,
@@ -151,9 +154,11 @@ class Agent:
         channel = _env("FOLDPLANE_RELAY") or coordinator
         self._ops = CoordinatorClient(coordinator, token=token)
         self._sender_client = CoordinatorClient(channel, token=token)
+        self._beater_client = CoordinatorClient(channel, token=token)
         self._poller_client = CoordinatorClient(channel, token=token)
         self._inbox: queue.Queue[Any] = queue.Queue()
         self._to_send: queue.Queue[SendEvents | None] = queue.Queue()
+        self._to_beat: queue.Queue[SendEvents | None] = queue.Queue()
         self._to_poll: queue.Queue[PollUpdates | None] = queue.Queue()
         self._changed = threading.Condition()
         self._view: View | None = None
@@ -185,14 +190,16 @@ class Agent:
             )
         if self._backend is None:
             self._backend = default_backend()
+        self._machine.config = dataclasses.replace(self._machine.config, world_size=self.world_size)
         self._started = True
-        for name, target in (
-            ("driver", self._drive),
-            ("sender", self._send_loop),
-            ("poller", self._poll_loop),
+        for name, target, args in (
+            ("driver", self._drive, ()),
+            ("sender", self._send_loop, (self._to_send, self._sender_client, EVENTS)),
+            ("beater", self._send_loop, (self._to_beat, self._beater_client, BEATS)),
+            ("poller", self._poll_loop, ()),
         ):
             thread = threading.Thread(
-                target=target, name=f"foldplane-agent-{self.rank}-{name}", daemon=True
+                target=target, args=args, name=f"foldplane-agent-{self.rank}-{name}", daemon=True
             )
             self._threads.append(thread)
         self._inbox.put(Start(time.monotonic()))
@@ -401,7 +408,7 @@ class Agent:
 
     def _carry_out(self, action: Action) -> None:
         if isinstance(action, SendEvents):
-            self._to_send.put(action)
+            (self._to_beat if action.lane == BEATS else self._to_send).put(action)
         elif isinstance(action, PollUpdates):
             self._to_poll.put(action)
         elif isinstance(action, ConnectDataPlane):
@@ -516,26 +523,29 @@ class Agent:
 
     # -- the blocking helpers --------------------------------------------------------------------
 
-    def _send_loop(self) -> None:
+    def _send_loop(
+        self, to_send: queue.Queue[SendEvents | None], client: CoordinatorClient, lane: str
+    ) -> None:
+        """POST the batches of one lane (events, or heartbeats), one at a time."""
         while True:
-            action = self._to_send.get()
+            action = to_send.get()
             if action is None or self._stop.is_set():
                 return
             try:
-                results = self._sender_client.post_events(action.events)
+                results = client.post_events(action.events)
             except CoordinatorError as exc:
                 if exc.status in (401, 403, 413, 422):
                     code = "forbidden" if exc.status in (401, 403) else "invalid_event"
                     refused = {"error": code, "detail": str(exc)}
                     self._inbox.put(
-                        EventsAnswered(time.monotonic(), (refused,) * len(action.events))
+                        EventsAnswered(time.monotonic(), (refused,) * len(action.events), lane)
                     )
                 else:
-                    self._inbox.put(EventsFailed(time.monotonic(), str(exc)))
+                    self._inbox.put(EventsFailed(time.monotonic(), str(exc), lane))
             except (CoordinatorUnavailable, OSError) as exc:
-                self._inbox.put(EventsFailed(time.monotonic(), str(exc)))
+                self._inbox.put(EventsFailed(time.monotonic(), str(exc), lane))
             else:
-                self._inbox.put(EventsAnswered(time.monotonic(), tuple(results)))
+                self._inbox.put(EventsAnswered(time.monotonic(), tuple(results), lane))
 
     def _poll_loop(self) -> None:
         while True:
@@ -544,7 +554,7 @@ class Agent:
                 return
             try:
                 answer = self._poller_client.updates(
-                    self.group, self.rank, action.after, POLL_TIMEOUT_S
+                    self.group, self.rank, action.after, POLL_TIMEOUT_S, view=action.view
                 )
             except (CoordinatorError, CoordinatorUnavailable, OSError, RuntimeError) as exc:
                 if self._stop.is_set():
@@ -562,12 +572,14 @@ class Agent:
         self._stop.set()
         self._inbox.put(None)
         self._to_send.put(None)
+        self._to_beat.put(None)
         self._to_poll.put(None)
         self._poller_client.close()  # aborts a long poll in progress
         for thread in self._threads:
             if thread is not threading.current_thread():
                 thread.join(timeout=2.0)
         self._sender_client.close()
+        self._beater_client.close()
 
     def _lookup_world_size(self, timeout_s: float) -> int:
         deadline = time.monotonic() + timeout_s

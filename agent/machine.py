@@ -34,8 +34,21 @@ The rules, in one place:
 - **Fencing is the coordinator's.** ``stale_incarnation`` on any event, or a ``rank_state``
   naming another incarnation after our join, means another process now speaks for this rank:
   the machine stops (``Stopped("fenced")``) and sends nothing more.
+- **Heartbeats have a lane of their own.** The coordinator appends the beats that arrive
+  together as one shared record, so a beat's answer may wait for that record (up to half a
+  second); joins, links, ACKs and exits never wait behind it. One beat is in flight at a time;
+  a beat that falls due meanwhile replaces the one waiting to be sent.
+- **Link evidence names what is down.** A ``links`` report carries the peers found down and the
+  failure hint (rank sets, ``wire.ranks``); every peer it does not name is up. A report equal
+  to the last one this incarnation sent since its join is not sent again: it would change
+  nothing, and after every view every rank would otherwise report it.
+- **Views arrive as deltas.** ``view_committed`` and ``view_prepare`` say what changed since the
+  version before (``wire.protocol``); the machine folds them into the full view. A delta that
+  does not fit the view held (which only a coordinator restored from an older copy could cause)
+  makes the machine drop its view and read the updates again from the start, where the first
+  answer is a resync with the full view.
 - **Retry without loss.** A batch that could not be delivered goes back to the front of the
-  outbox and is resent after an exponential backoff; only the newest heartbeat is kept.
+  outbox and is resent after an exponential backoff.
 - **A clean exit is not a death.** ``Close`` sends ``exit`` (after an in-flight join, if any)
   and stops when it is appended.
 """
@@ -46,32 +59,29 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from wire.protocol import (
+    CAUSE_DEATH_REPORTED,
+    FATAL_ERRORS,
+    HEALTHY,
+    OFFLINE,
+    RETRIED_JOIN_ERRORS,
+    STALE_INCARNATION,
+    SYNCED,
+    StaleBase,
+    View,
+    apply_prepare,
+    apply_view_update,
+    links_event,
+)
+from wire.ranks import RankSetError
+
+__all__ = ["HEALTHY", "OFFLINE", "SYNCED", "View"]
+
 # ---------------------------------------------------------------------------------------------
 # Values
 
-#: Physical states, as the coordinator names them.
-OFFLINE, SYNCED, HEALTHY = "OFFLINE", "SYNCED", "HEALTHY"
-
-#: Event errors that end the agent: retrying cannot help.
-FATAL_ERRORS = frozenset({"forbidden", "rank_out_of_range", "invalid_event"})
-#: How the coordinator's reason for OFFLINE starts when a supervisor reported the death.
-DEATH_REPORTED = "death reported"
-#: Join errors that are retried after ``join_retry_s``.
-RETRIED_JOIN_ERRORS = frozenset({"rank_busy", "unknown_group"})
-
-
-@dataclass(frozen=True)
-class View:
-    """A committed view of the group, as the coordinator announced it."""
-
-    group: str
-    version: int
-    active_ranks: tuple[int, ...]
-    rank_states: Mapping[int, str]
-    healthy_set: tuple[int, ...]
-
-    def is_active(self, rank: int) -> bool:
-        return rank in self.active_ranks
+#: The two lanes events travel in: heartbeats, and everything else.
+EVENTS, BEATS = "events", "beats"
 
 
 @dataclass(frozen=True)
@@ -89,6 +99,8 @@ class AgentConfig:
     group: str
     rank: int
     incarnation: str
+    #: the group's size: the bound every rank set received is checked against
+    world_size: int = 65_536
     heartbeat_interval_s: float = 1.0
     join_retry_s: float = 0.5
     retry_initial_s: float = 0.05
@@ -128,18 +140,21 @@ class PollFailed:
 
 @dataclass(frozen=True)
 class EventsAnswered:
-    """The coordinator answered the batch in flight: one result per event, in order."""
+    """The coordinator answered the batch in flight in ``lane``: one result per event."""
 
     now: float
     results: tuple[Mapping[str, Any], ...]
+    lane: str = EVENTS
 
 
 @dataclass(frozen=True)
 class EventsFailed:
-    """The batch in flight was not delivered (no coordinator reachable, or a refused request)."""
+    """The batch in flight in ``lane`` was not delivered (no coordinator reachable, or a
+    refused request)."""
 
     now: float
     detail: str
+    lane: str = EVENTS
 
 
 @dataclass(frozen=True)
@@ -188,17 +203,21 @@ Input = (
 
 @dataclass(frozen=True)
 class SendEvents:
-    """POST these wire events as one batch, then feed back EventsAnswered or EventsFailed."""
+    """POST these wire events as one batch, then feed back EventsAnswered or EventsFailed of
+    the same ``lane``. The two lanes are independent: one batch may be in flight in each."""
 
     events: tuple[Mapping[str, Any], ...]
+    lane: str = EVENTS
 
 
 @dataclass(frozen=True)
 class PollUpdates:
-    """Long-poll ``/agents/updates`` after ``after``, once ``delay_s`` has passed."""
+    """Long-poll ``/agents/updates`` after ``after``, once ``delay_s`` has passed; ``view`` is
+    the version held (so a resync need not send it again)."""
 
     after: int
     delay_s: float = 0.0
+    view: int | None = None
 
 
 @dataclass(frozen=True)
@@ -290,8 +309,16 @@ class AgentMachine:
     _own_offline_offset: int = 0
     _successor_offset: int = 0
     _successor: str = ""
+    _own_state_cause: str | None = None
     _outbox: list[dict[str, Any]] = field(default_factory=list)
     _in_flight: tuple[dict[str, Any], ...] | None = None
+    #: the heartbeat lane: the beat waiting to be sent, whether one is in flight, its backoff
+    _beat: dict[str, Any] | None = None
+    _beat_in_flight: bool = False
+    _beat_send_at: float = 0.0
+    _beat_backoff_s: float = 0.0
+    #: the last links report sent since the join: (down, hint, self_ready)
+    _last_links: tuple[tuple[int, ...], tuple[int, ...], bool] | None = None
     _send_at: float = 0.0
     _backoff_s: float = 0.0
     _poll_backoff_s: float = 0.0
@@ -326,6 +353,8 @@ class AgentMachine:
             self.phase != _JOINING or e["type"] == "join" for e in self._outbox
         ):
             times.append(self._send_at)
+        if self._beat is not None and not self._beat_in_flight:
+            times.append(self._beat_send_at)
         return min(times) if times else None
 
     def step(self, event: Input) -> list[Action]:
@@ -345,7 +374,7 @@ class AgentMachine:
         if self.phase != "new":
             return []
         self._begin_join()
-        return [PollUpdates(self.after)]
+        return [self._poll()]
 
     def _tick(self, event: Tick) -> list[Action]:
         return []
@@ -366,11 +395,20 @@ class AgentMachine:
             if update.get("offset", 0) <= self.after and not event.resync:
                 continue  # already processed before a reconnect
             kind = update.get("type")
-            if kind == "view_prepare":
-                self._on_prepare(update)
-            elif kind == "view_committed":
-                self._on_committed(update)
-            elif kind == "rank_state":
+            try:
+                if kind == "view_prepare":
+                    self._on_prepare(update)
+                elif kind == "view_committed":
+                    self._on_committed(update)
+            except (StaleBase, RankSetError) as exc:
+                # Only a coordinator restored from an older copy can send a delta that does not
+                # fit: start over from its current state.
+                self.last_error = f"{kind}: {exc}; reading the updates again from the start"
+                self.view, self._preparing, self.after = None, None, 0
+                return [*actions, PollUpdates(0)]
+            if kind in ("view_prepare", "view_committed"):
+                continue
+            if kind == "rank_state":
                 self._on_rank_state(update)
             elif kind == "shutdown_with_save" and not self._shutdown_seen:
                 self._shutdown_seen = True
@@ -386,16 +424,21 @@ class AgentMachine:
         if self.phase == _STOPPED:
             return actions
         self._maybe_ack()
-        actions.append(PollUpdates(self.after))
+        actions.append(self._poll())
         return actions
+
+    def _poll(self, delay_s: float = 0.0) -> PollUpdates:
+        return PollUpdates(self.after, delay_s, self.view.version if self.view else None)
 
     def _poll_failed(self, event: PollFailed) -> list[Action]:
         """The long-poll failed: resume after the same offset once the backoff has passed."""
         self._poll_backoff_s = self._grow(self._poll_backoff_s)
         self.last_error = event.detail
-        return [PollUpdates(self.after, self._poll_backoff_s)]
+        return [self._poll(self._poll_backoff_s)]
 
     def _answered(self, event: EventsAnswered) -> list[Action]:
+        if event.lane == BEATS:
+            return self._beat_answered(event)
         sent, self._in_flight = self._in_flight or (), None
         self._backoff_s = 0.0
         actions: list[Action] = []
@@ -414,16 +457,30 @@ class AgentMachine:
             self._outbox[:0] = list(sent[len(event.results) :])
         return actions
 
+    def _beat_answered(self, event: EventsAnswered) -> list[Action]:
+        """A beat's answer: nothing to do unless it was refused (a beat refused as stale or
+        invalid ends the agent like any other event; an OFFLINE rank rejoins on its update)."""
+        self._beat_in_flight = False
+        self._beat_backoff_s = 0.0
+        for result in event.results:
+            error = result.get("error")
+            if error is not None and error != "rank_offline":
+                return self._refused(
+                    {"type": "heartbeat"}, str(error), str(result.get("detail", "")), event.now
+                )
+        return []
+
     def _send_failed(self, event: EventsFailed) -> list[Action]:
-        """Nothing was delivered: the batch goes back to the front, resent after a backoff."""
+        """Nothing was delivered: the batch goes back to the front, resent after a backoff (a
+        beat is not resent: a newer one falls due anyway)."""
+        if event.lane == BEATS:
+            self._beat_in_flight = False
+            self._beat_backoff_s = self._grow(self._beat_backoff_s)
+            self._beat_send_at = event.now + self._beat_backoff_s
+            self.last_error = event.detail
+            return []
         sent, self._in_flight = self._in_flight or (), None
-        newer_heartbeat = any(e["type"] == "heartbeat" for e in self._outbox)
-        keep = [
-            e
-            for e in sent
-            if not (newer_heartbeat and e["type"] == "heartbeat")
-            and (self.phase != _JOINING or e["type"] == "join")
-        ]
+        keep = [e for e in sent if self.phase != _JOINING or e["type"] == "join"]
         self._outbox[:0] = keep
         self._backoff_s = self._grow(self._backoff_s)
         self._send_at = event.now + self._backoff_s
@@ -446,14 +503,17 @@ class AgentMachine:
     def _evidence(self, event: LinkEvidence) -> list[Action]:
         """Report the data plane's evidence; before the join it describes nothing current."""
         if self.phase == _JOINED:
-            self._queue(
-                "links",
-                peers={str(r): s for r, s in sorted(event.peers.items())},
-                self_ready=self.data_plane_ready,
-                failed_ranks_hint=sorted(event.failed_ranks_hint),
-                version=event.version,
-            )
+            down = (r for r, status in event.peers.items() if status == "down")
+            self._report_links(down, event.failed_ranks_hint, self.data_plane_ready, event.version)
         return []
+
+    def _report_links(self, down: Any, hint: Any, ready: bool, version: int | None) -> None:
+        """Queue a links report unless it says what the last one since the join said."""
+        key = (tuple(sorted(set(down))), tuple(sorted(set(hint))), ready)
+        if key == self._last_links:
+            return
+        self._last_links = key
+        self._queue("links", **links_event(key[0], key[1], ready, version))
 
     def _rejoin(self, event: Rejoin) -> list[Action]:
         if self.phase == _JOINED:
@@ -479,24 +539,22 @@ class AgentMachine:
         version = int(update["version"])
         if self.view is not None and version <= self.view.version:
             return
+        prepared = apply_prepare(self.view, update, self.config.world_size)
         self._preparing = _Prepare(
-            version,
-            tuple(update.get("active_ranks", ())),
-            tuple(update.get("participants", ())),
-            int(update.get("offset", 0)),
+            version, prepared.active_ranks, prepared.participants, int(update.get("offset", 0))
         )
 
     def _on_committed(self, update: Mapping[str, Any]) -> None:
         version = int(update["version"])
-        if self.view is not None and version <= self.view.version:
+        if update.get("base") == 0:
+            base = None  # the full view (a resync, or the group's first view)
+        elif self.view is not None and version <= self.view.version:
             return
-        self.view = View(
-            group=str(update.get("group", self.config.group)),
-            version=version,
-            active_ranks=tuple(update.get("active_ranks", ())),
-            rank_states={int(r): s for r, s in update.get("rank_states", {}).items()},
-            healthy_set=tuple(update.get("healthy_set", ())),
-        )
+        else:
+            base = self.view
+        if base is None and self.view is not None and version < self.view.version:
+            return
+        self.view = apply_view_update(base, update, self.config.world_size)
         if self._preparing is not None and self._preparing.version <= version:
             self._preparing = None
 
@@ -516,6 +574,7 @@ class AgentMachine:
             return
         self.own_state = str(update.get("state", OFFLINE))
         self.own_state_reason = str(update.get("reason", ""))
+        self._own_state_cause = update.get("cause")
         if self.own_state == OFFLINE:
             self._own_offline_offset = offset
 
@@ -532,7 +591,7 @@ class AgentMachine:
         if self._successor_offset > joined_at:
             return self._stop("fenced", self._successor)
         if self._own_offline_offset > joined_at:
-            if self.own_state_reason.startswith(DEATH_REPORTED):
+            if self._own_state_cause == CAUSE_DEATH_REPORTED:
                 return self._stop(
                     "fenced",
                     f"rank {self.config.rank}: {self.own_state_reason}; not rejoining "
@@ -581,7 +640,7 @@ class AgentMachine:
     def _refused(self, ev: Mapping[str, Any], error: str, detail: str, now: float) -> list[Action]:
         kind = ev["type"]
         self.last_error = f"{kind} refused: {error}: {detail}"
-        if error == "stale_incarnation":
+        if error == STALE_INCARNATION:
             return self._stop("fenced", self.last_error)
         if error in FATAL_ERRORS:
             return self._stop("failed", self.last_error)
@@ -603,21 +662,22 @@ class AgentMachine:
         self._outbox = [e for e in self._outbox if e["type"] == "join"]
         self._join_retry_at = None
         self._next_heartbeat = None
+        self._beat = None
+        self._last_links = None  # the join clears this rank's evidence at the coordinator
         if not self._outbox:
             self._outbox.append(self._event("join"))
 
     def _queue_self_ready(self) -> None:
         version = self.view.version if self.view is not None else 0
-        self._queue("links", peers={}, self_ready=True, version=version)
+        self._report_links((), (), True, version)
 
     def _send_exit(self) -> None:
         self.phase = _CLOSING
         self._next_heartbeat = None
+        self._beat = None
         self._outbox = [self._event("exit")]
 
     def _queue(self, kind: str, **fields: Any) -> None:
-        if kind == "heartbeat":
-            self._outbox = [e for e in self._outbox if e["type"] != "heartbeat"]
         self._outbox.append(self._event(kind, **fields))
 
     def _event(self, kind: str, **fields: Any) -> dict[str, Any]:
@@ -641,11 +701,24 @@ class AgentMachine:
             and now >= self._next_heartbeat
         ):
             version = self.view.version if self.view is not None else 0
-            self._queue("heartbeat", version=version)
+            self._beat = self._event("heartbeat", version=version)  # the newest replaces it
             self._next_heartbeat = now + self.config.heartbeat_interval_s
 
     def _flush(self, now: float) -> list[Action]:
-        """Send the outbox as one batch when nothing is in flight and no backoff is pending."""
+        """Send the outbox as one batch when nothing is in flight and no backoff is pending;
+        and the waiting beat in its own lane, likewise."""
+        actions: list[Action] = []
+        if (
+            self._beat is not None
+            and not self._beat_in_flight
+            and self.phase == _JOINED
+            and now >= self._beat_send_at
+        ):
+            actions.append(SendEvents((self._beat,), BEATS))
+            self._beat, self._beat_in_flight = None, True
+        return [*self._flush_events(now), *actions]
+
+    def _flush_events(self, now: float) -> list[Action]:
         if self._in_flight is not None or not self._outbox or now < self._send_at:
             return []
         if self.phase == _JOINING:
@@ -666,6 +739,7 @@ class AgentMachine:
     def _stop(self, reason: str, detail: str) -> list[Action]:
         self.phase = _STOPPED
         self._outbox.clear()
+        self._beat = None
         self._next_heartbeat = None
         self._join_retry_at = None
         return [Stopped(reason, detail)]

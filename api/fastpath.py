@@ -24,7 +24,7 @@ from starlette.types import Receive, Scope, Send
 
 from api.errors import ApiError, BodyTooLarge, error_response
 from api.limits import BodySizeLimit
-from api.routes.agents import MAX_POLL_S, events_answer, updates_answer
+from api.routes.agents import MAX_POLL_S, UpdatesQuery, events_answer, poll_ranks, updates_answer
 from coordinator.auth import Authenticator, AuthError, Principal
 from coordinator.host import HostUnavailable
 
@@ -69,7 +69,7 @@ class Service:
         scope: Scope,
         receive: Receive,
         send: Send,
-        query: tuple[str, int, int, float] | None,
+        query: UpdatesQuery | None,
     ) -> None:
         """Answer one request on a fast path: the events when ``query`` is None, else the long
         poll it names."""
@@ -82,7 +82,7 @@ class Service:
                     return
                 answer = await events_answer(state, principal, body)
             else:
-                answer = await updates_answer(state, principal, *query)
+                answer = await updates_answer(state, principal, query)
         except ApiError as exc:
             response = error_response(exc.status, exc.code, exc.detail, **exc.extra)
         except AuthError as exc:
@@ -131,8 +131,8 @@ _DIGITS = re.compile(r"[0-9]{1,19}")
 _SECONDS = re.compile(r"[0-9]{1,6}(\.[0-9]{1,9})?")
 
 
-def updates_query(raw: bytes) -> tuple[str, int, int, float] | None:
-    """``(group, rank, after, timeout)`` when the query is plainly within the route's bounds
+def updates_query(raw: bytes) -> UpdatesQuery | None:
+    """The long poll's query when it is plainly within the route's bounds
     (``api.routes.agents.get_updates``); None for anything else, which the framework answers."""
     try:
         pairs = parse_qsl(raw.decode("ascii"), keep_blank_values=True, strict_parsing=True)
@@ -142,23 +142,36 @@ def updates_query(raw: bytes) -> tuple[str, int, int, float] | None:
     if len(fields) != len(pairs) or not fields.keys() <= _UPDATE_FIELDS or "group" not in fields:
         return None
     group = fields["group"]
-    rank = fields.get("rank", "")
     after = fields.get("after", "0")
     timeout = fields.get("timeout", "25")
+    protocol = fields.get("protocol", "")
+    view = fields.get("view")
     if not (
         0 < len(group) <= 64
-        and _DIGITS.fullmatch(rank)
         and _DIGITS.fullmatch(after)
         and _SECONDS.fullmatch(timeout)
+        and _DIGITS.fullmatch(protocol)
+        and (view is None or _DIGITS.fullmatch(view))
     ):
         return None
-    query = (group, int(rank), int(after), float(timeout))
-    if query[1] > 65_535 or query[2] > 2**62 or query[3] > MAX_POLL_S:
+    try:
+        ranks = poll_ranks(
+            int(fields["rank"]) if _DIGITS.fullmatch(fields.get("rank", "")) else None,
+            fields.get("ranks"),
+        )
+    except ApiError:
+        return None
+    if "rank" in fields and not _DIGITS.fullmatch(fields["rank"]):
+        return None
+    query = UpdatesQuery(
+        group, ranks, int(after), float(timeout), int(protocol), None if view is None else int(view)
+    )
+    if ranks[-1] > 65_535 or query.after > 2**62 or query.timeout > MAX_POLL_S:
         return None
     return query
 
 
-_UPDATE_FIELDS = frozenset({"group", "rank", "after", "timeout"})
+_UPDATE_FIELDS = frozenset({"group", "rank", "ranks", "after", "timeout", "protocol", "view"})
 
 
 def _leader(exc: HostUnavailable) -> dict[str, str | None]:

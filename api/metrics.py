@@ -6,6 +6,7 @@ and the host's counters are plain numbers that only the host loop writes.
 Series (all prefixed ``foldplane_``):
 
 - ``appends_total{kind}`` records appended; ``append_batches_total`` group commits issued;
+  ``heartbeats_total`` beats written into shared heartbeat records;
 - ``view_changes_total{group}`` committed views;
 - ``proposals_total{outcome}`` proposals resolved (applied, applied_with_dropped_ranks, rejected);
 - ``fenced_inputs_total{code}`` inputs refused (stale_incarnation, stale_version, rank_busy, ...);
@@ -57,6 +58,12 @@ async def render(host: Host) -> str:
         ),
         *_scalar(
             "append_batches_total", "counter", "Group commits the host issued.", m.append_batches
+        ),
+        *_scalar(
+            "heartbeats_total",
+            "counter",
+            "Heartbeats written into shared heartbeat records.",
+            m.heartbeats,
         ),
         *_by_label(
             "view_changes_total", "counter", "Committed views, by group.", "group", m.view_changes

@@ -16,21 +16,41 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import UNSET, Meta, Struct, UnsetType
 
-GroupName = Annotated[
-    str,
-    Meta(
-        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$",
-        description="1-64 of A-Z a-z 0-9 . _ -, starting with a letter or digit",
-    ),
-]
-Rank = Annotated[int, Meta(ge=0, le=65_535)]
-Incarnation = Annotated[str, Meta(min_length=1, max_length=128)]
-Version = Annotated[int, Meta(ge=0)]
-Seconds = Annotated[float, Meta(ge=0, le=604_800)]
-ShortText = Annotated[str, Meta(max_length=256)]
+from wire.protocol import (
+    MAX_EVENTS,
+    AckEvent,
+    AgentEvent,
+    AgentEventsRequest,
+    ExitEvent,
+    GroupName,
+    HeartbeatEvent,
+    Incarnation,
+    JoinEvent,
+    LinksEvent,
+    LooseEventsRequest,
+    Rank,
+    ShortText,
+    Version,
+)
 
-#: The most events one ``POST /agents/events`` may carry.
-MAX_EVENTS = 4096
+__all__ = [
+    "MAX_EVENTS",
+    "AckEvent",
+    "AgentEvent",
+    "AgentEventsRequest",
+    "ExitEvent",
+    "GroupName",
+    "HeartbeatEvent",
+    "Incarnation",
+    "JoinEvent",
+    "LinksEvent",
+    "LooseEventsRequest",
+    "Rank",
+    "ShortText",
+    "Version",
+]
+
+Seconds = Annotated[float, Meta(ge=0, le=604_800)]
 
 
 # -- operator requests -------------------------------------------------------------------------
@@ -71,61 +91,7 @@ class DeathReport(Struct, kw_only=True):
     reporter: ShortText | None = None
 
 
-# -- the agent wire protocol -------------------------------------------------------------------
-
-
-class _AgentEvent(Struct, kw_only=True, tag_field="type", omit_defaults=True):
-    group: GroupName
-    rank: Rank
-    incarnation: Incarnation
-    #: Optional per-event agent token, so that one host can batch the events of all its ranks
-    #: while each event is still authenticated for its own rank.
-    token: Annotated[str, Meta(max_length=512)] | None = None
-
-    @property
-    def type_name(self) -> str:
-        """The wire ``type`` (the record kind it becomes)."""
-        return self.__struct_config__.tag  # type: ignore[return-value]
-
-
-class JoinEvent(_AgentEvent, tag="join", kw_only=True, omit_defaults=True):
-    host: ShortText | None = None
-    pid: Annotated[int, Meta(ge=0)] | None = None
-
-
-class HeartbeatEvent(_AgentEvent, tag="heartbeat", kw_only=True, omit_defaults=True):
-    version: Version | None = None
-
-
-class LinksEvent(_AgentEvent, tag="links", kw_only=True, omit_defaults=True):
-    peers: dict[Annotated[str, Meta(pattern=r"^(0|[1-9][0-9]{0,4})$")], Literal["up", "down"]]
-    self_ready: bool
-    failed_ranks_hint: Annotated[list[Rank], Meta(max_length=65_536)] | None = None
-    version: Version | None = None
-
-
-class AckEvent(_AgentEvent, tag="ack", kw_only=True, omit_defaults=True):
-    version: Version
-
-
-class ExitEvent(_AgentEvent, tag="exit", kw_only=True, omit_defaults=True):
-    pass
-
-
-AgentEvent = JoinEvent | HeartbeatEvent | LinksEvent | AckEvent | ExitEvent
-
-
-class AgentEventsRequest(Struct, kw_only=True):
-    """What the OpenAPI document advertises for ``POST /agents/events``."""
-
-    events: Annotated[list[AgentEvent], Meta(max_length=MAX_EVENTS)]
-
-
-class LooseEventsRequest(Struct, kw_only=True):
-    """What the server decodes first: a list of objects, each then validated on its own, so
-    that one bad event gets its own ``invalid_event`` result instead of failing the batch."""
-
-    events: Annotated[list[dict[str, Any]], Meta(max_length=MAX_EVENTS)]
+# The agent wire protocol's events are declared once, in ``wire.protocol``.
 
 
 # -- responses ---------------------------------------------------------------------------------
@@ -158,6 +124,8 @@ class UpdatesAnswerBody(Struct, kw_only=True):
     next_after: int
     resync: bool
     store: StoreAddress | None = None
+    #: the reader was past this log's head: the log was restored from an older copy
+    restored: bool = False
 
 
 class DeathAnswer(Struct, kw_only=True):

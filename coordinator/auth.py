@@ -47,6 +47,9 @@ class Principal:
     kind: Literal["operator", "agent"]
     group: str | None = None
     rank: int | None = None
+    #: further ranks of ``group`` this caller speaks for (a per-host channel presents one agent
+    #: token per rank it carries)
+    more_ranks: frozenset[int] = frozenset()
 
     @property
     def is_operator(self) -> bool:
@@ -54,13 +57,19 @@ class Principal:
 
     def speaks_for(self, group: str, rank: int) -> bool:
         """True when this principal may send events or read updates for ``(group, rank)``."""
-        return self.is_operator or (self.group == group and self.rank == rank)
+        return self.is_operator or (
+            self.group == group and (self.rank == rank or rank in self.more_ranks)
+        )
 
     def may_propose_in(self, group: str) -> bool:
         return self.is_operator or self.group == group
 
     def describe(self) -> str:
-        return "the operator" if self.is_operator else f"agent {self.group}/{self.rank}"
+        if self.is_operator:
+            return "the operator"
+        if self.more_ranks:
+            return f"agents {self.group}/{sorted({self.rank, *self.more_ranks})}"
+        return f"agent {self.group}/{self.rank}"
 
 
 OPERATOR = Principal("operator")
@@ -103,7 +112,28 @@ class Authenticator:
             raise AuthError(
                 401, "unauthorized", "the Authorization header must be 'Bearer <token>'"
             )
+        if "," in token:
+            return self._several(token.split(","))
         return self.principal_for(token)
+
+    def _several(self, tokens: list[str]) -> Principal:
+        """``Bearer t1,t2,...``: one agent token per rank a per-host channel carries, all of
+        one group (or the operator token)."""
+        if len(tokens) > 1024:
+            raise AuthError(
+                401, "unauthorized", f"{len(tokens)} tokens; at most 1024 in one header"
+            )
+        principals = [self.principal_for(t.strip()) for t in tokens]
+        if any(p.is_operator for p in principals):
+            return OPERATOR
+        groups = {p.group for p in principals}
+        if len(groups) != 1:
+            raise AuthError(
+                403, "forbidden", f"the tokens speak for several groups {sorted(map(str, groups))}"
+            )
+        first = principals[0]
+        rest = frozenset(p.rank for p in principals[1:] if p.rank is not None)
+        return Principal("agent", first.group, first.rank, rest - {first.rank})
 
     def principal_for(self, token: str) -> Principal:
         """The principal a bare token speaks for (also used for per-event tokens)."""

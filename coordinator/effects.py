@@ -16,10 +16,43 @@ from typing import Any
 import msgspec
 
 from coordinator.config import GroupConfig
+from wire.protocol import (
+    DUPLICATE_PROPOSAL,
+    GROUP_CONFLICT,
+    GROUP_FAILED,
+    HEALTHY,
+    IDEMPOTENCY_CONFLICT,
+    INVALID_EVENT,
+    OFFLINE,
+    RANK_BUSY,
+    RANK_OFFLINE,
+    RANK_OUT_OF_RANGE,
+    STALE_INCARNATION,
+    STALE_VERSION,
+    SYNCED,
+    UNKNOWN_GROUP,
+    View,
+)
 
-OFFLINE = "OFFLINE"
-SYNCED = "SYNCED"
-HEALTHY = "HEALTHY"
+# Physical states, the committed view and the refusal codes are the wire protocol's, declared
+# once in ``wire.protocol`` and re-exported here for the fold.
+__all__ = [
+    "DUPLICATE_PROPOSAL",
+    "GROUP_CONFLICT",
+    "GROUP_FAILED",
+    "HEALTHY",
+    "IDEMPOTENCY_CONFLICT",
+    "INVALID_EVENT",
+    "OFFLINE",
+    "RANK_BUSY",
+    "RANK_OFFLINE",
+    "RANK_OUT_OF_RANGE",
+    "STALE_INCARNATION",
+    "STALE_VERSION",
+    "SYNCED",
+    "UNKNOWN_GROUP",
+    "View",
+]
 
 #: Proposal statuses; the last three are terminal and absorbing.
 PENDING = "pending"
@@ -27,22 +60,6 @@ APPLIED = "applied"
 APPLIED_WITH_DROPPED_RANKS = "applied_with_dropped_ranks"
 REJECTED = "rejected"
 TERMINAL = frozenset({APPLIED, APPLIED_WITH_DROPPED_RANKS, REJECTED})
-
-
-class View(msgspec.Struct, frozen=True, kw_only=True):
-    """A committed group view. ``cause`` is ``{"kind", "proposals", "detail"}`` where kind is
-    ``formation``, ``proposal`` or ``auto_deactivation``."""
-
-    group: str
-    version: int
-    active_ranks: tuple[int, ...]
-    rank_states: dict[int, str]
-    healthy_set: tuple[int, ...]
-    cause: dict[str, Any]
-    acked_ranks: tuple[int, ...]
-    dropped_ranks: tuple[int, ...]
-    offset: int
-    ts: int
 
 
 class Proposal(msgspec.Struct, frozen=True, kw_only=True):
@@ -103,7 +120,9 @@ class ViewCommitted(Effect, frozen=True, kw_only=True, tag="view_committed"):
 
 
 class RankState(Effect, frozen=True, kw_only=True, tag="rank_state"):
-    """A rank's physical state changed (or its incarnation did); ``reason`` says why."""
+    """A rank's physical state changed (or its incarnation did); ``reason`` says why, for a
+    person. ``cause`` is a code for programs where one is needed (``death_reported``: a
+    supervisor reported this incarnation dead, so its agent must not rejoin)."""
 
     group: str
     rank: int
@@ -112,6 +131,7 @@ class RankState(Effect, frozen=True, kw_only=True, tag="rank_state"):
     rank_epoch: int
     reason: str
     offset: int
+    cause: str | None = None
 
 
 class ProposalAccepted(Effect, frozen=True, kw_only=True, tag="proposal_accepted"):
@@ -149,17 +169,3 @@ class Refused(Effect, frozen=True, kw_only=True, tag="refused"):
     code: str
     message: str
     offset: int
-
-
-#: Refusal codes (the wire protocol's error codes).
-UNKNOWN_GROUP = "unknown_group"
-RANK_OUT_OF_RANGE = "rank_out_of_range"
-STALE_INCARNATION = "stale_incarnation"
-RANK_BUSY = "rank_busy"
-RANK_OFFLINE = "rank_offline"
-STALE_VERSION = "stale_version"
-INVALID_EVENT = "invalid_event"
-GROUP_CONFLICT = "group_conflict"
-GROUP_FAILED = "group_failed"
-IDEMPOTENCY_CONFLICT = "idempotency_conflict"
-DUPLICATE_PROPOSAL = "duplicate_proposal"

@@ -78,6 +78,10 @@ def refusal(
         return _proposal(g, proposals, payload)
     if kind not in _RANK_KINDS:
         return None
+    if kind == "heartbeat" and rank is None and "ranks" in payload:
+        # Beats that share a record: the host checked each one against the fold right before
+        # appending it (coordinator.heartbeats), so the record only names the ranks.
+        return None
     if isinstance(rank, bool) or not isinstance(rank, int):
         return INVALID_EVENT, f"a {kind} record must name a rank, got {rank!r}"
     if not 0 <= rank < ws:

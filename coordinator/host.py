@@ -42,16 +42,11 @@ from coordinator.effects import (
     ViewCommitted,
     ViewPrepare,
 )
+from coordinator.heartbeats import HeartbeatBuffer
 from coordinator.host_metrics import HostMetrics
 from coordinator.journal import Update, UpdateJournals, decoded, encoded
 from coordinator.machine import Coordinator
-from coordinator.projections import (
-    committed_update,
-    prepare_update,
-    rank_state_update,
-    rows_for,
-    shutdown_update,
-)
+from coordinator.projections import rank_state_update, rows_for, shutdown_update
 from eventlog import (
     InvalidRecord,
     Log,
@@ -63,6 +58,8 @@ from eventlog import (
     open_log,
 )
 from eventlog.record import READ_PAGE, Encoded, decode_payload, validate
+from wire import ranks as rank_sets
+from wire.protocol import View, prepare_update, view_update
 
 log = logging.getLogger("foldplane.host")
 
@@ -123,6 +120,8 @@ class UpdatesAnswer:
     encoded: list[msgspec.Raw]
     next_after: int
     resync: bool
+    #: the reader was past the log's head: the log was restored from an older copy
+    restored: bool = False
 
     @property
     def updates(self) -> list[Update]:
@@ -153,12 +152,35 @@ class _Reply:
         if not self.future.done():
             self.future.set_exception(exc)
 
+    def done(self) -> bool:
+        return self.future.done()
+
+
+class _Shared:
+    """The reply of a shared heartbeat record: every beat in it gets the record's outcome."""
+
+    __slots__ = ("beats",)
+
+    def __init__(self, beats: list[_Input]) -> None:
+        self.beats = beats
+
+    def set(self, index: int, outcome: Outcome) -> None:
+        for beat in self.beats:
+            beat.answer(outcome)
+
+    def fail(self, exc: BaseException) -> None:
+        for beat in self.beats:
+            beat.fail(exc)
+
+    def done(self) -> bool:
+        return all(beat.abandoned for beat in self.beats)
+
 
 @dataclass(slots=True)
 class _Input:
     record: NewRecord
     payload_bytes: bytes
-    reply: _Reply
+    reply: _Reply | _Shared
     index: int
     key: tuple[Any, ...] | None
     precheck: Precheck | None
@@ -166,7 +188,7 @@ class _Input:
 
     @property
     def abandoned(self) -> bool:
-        return self.reply.future.done()
+        return self.reply.done()
 
     def answer(self, outcome: Outcome) -> None:
         self.reply.set(self.index, outcome)
@@ -201,6 +223,7 @@ class Host:
         max_batch: int = 4096,
         poll_release: int = 8,
         poll_spread: int = 8,
+        heartbeat_flush_s: float = 0.5,
     ) -> None:
         self.log = log_
         self.machine = machine
@@ -208,6 +231,12 @@ class Host:
         self.journals = UpdateJournals(floor=machine.offset)
         self.store_address: dict[str, Any] | None = None
         self._aux = aux
+        #: each group's last committed view: the base of the next view update (a delta)
+        self._views: dict[str, View] = {
+            group: view
+            for group in machine.groups()
+            if (view := machine.current_view(group)) is not None
+        }
         for group, size in aux.world_sizes.items():
             self.journals.set_world_size(group, size)
         self._projected = projected
@@ -227,6 +256,7 @@ class Host:
         self._poll_release = poll_release
         self._poll_spread = poll_spread
         self._queue: deque[_Input] = deque()
+        self._beats: HeartbeatBuffer[_Input] = HeartbeatBuffer(heartbeat_flush_s)
         self._has_input = asyncio.Event()
         self._changed = asyncio.Event()
         self._proposal_waiters: dict[int, list[asyncio.Future[Proposal]]] = defaultdict(list)
@@ -414,19 +444,40 @@ class Host:
             if not waiters:
                 self._proposal_waiters.pop(proposal_id, None)
 
-    async def updates(self, group: str, rank: int, after: int, timeout: float) -> UpdatesAnswer:
-        """What concerns ``(group, rank)`` after ``after``: at once if there is any, else at the
-        first publish for the group, else empty at ``timeout``."""
+    async def updates(
+        self,
+        group: str,
+        ranks: Sequence[int],
+        after: int,
+        timeout: float,
+        *,
+        view: int | None = None,
+    ) -> UpdatesAnswer:
+        """What concerns ``ranks`` of ``group`` after ``after`` (the group's updates once, and
+        each rank's own): at once if there is any, else at the first publish for the group,
+        else empty at ``timeout``. ``view`` is the version the reader holds, so a resync can
+        leave out a full view it already has."""
+        if after > self._applied:
+            # The reader has seen offsets this log never reached: the log was restored from an
+            # older copy. Nothing after ``after`` will ever come; start the reader afresh.
+            log.warning(
+                "an agent of group %r resumes after offset %d, past this log's head %d: "
+                "the log was restored from an older copy; the agent resyncs",
+                group,
+                after,
+                self._applied,
+            )
+            return self._resync(group, ranks, None, restored=True)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         journals = self.journals
         while True:
-            got = journals.entries_since(group, rank, after)
+            got = journals.entries_since(group, ranks, after)
             if got is None:
-                return self._resync(group, rank)
+                return self._resync(group, ranks, view)
             if got:
                 next_after = got[-1][0]
-                journals.mark_delivered(group, rank, next_after)
+                journals.mark_delivered(group, ranks, next_after)
                 return UpdatesAnswer([raw for _, raw in got], next_after, False)
             remaining = deadline - loop.time()
             if remaining <= 0 or self._unavailable is not None or self._draining:
@@ -440,37 +491,50 @@ class Host:
                 expiry.cancel()
                 journals.forget(group, waiter)
 
-    def _resync(self, group: str, rank: int) -> UpdatesAnswer:
-        """The current state instead of the updates the journal no longer holds."""
+    def _resync(
+        self, group: str, ranks: Sequence[int], view: int | None, *, restored: bool = False
+    ) -> UpdatesAnswer:
+        """The current state instead of the updates the journal no longer holds: the view (in
+        full, as a delta from nothing, unless the reader already holds its version), the
+        change in flight, each rank's state and the shutdown directive."""
         self.metrics.resyncs += 1
         updates: list[Update] = []
-        view = self.machine.current_view(group)
-        if view is not None:
-            updates.append(committed_update(view, view.offset))
+        current = self.machine.current_view(group)
+        if current is not None and current.version != view:
+            updates.append(view_update(None, current))
         prepare = self._aux.in_flight.get(group)
-        if prepare is not None and (view is None or prepare["version"] > view.version):
+        if prepare is not None and (current is None or prepare["version"] > current.version):
             updates.append(prepare)
-        state = self._aux.rank_states.get(group, {}).get(str(rank))
-        if state is not None:
-            updates.append(state)
+        states = self._aux.rank_states.get(group, {})
+        for rank in ranks:
+            state = states.get(str(rank))
+            if state is not None:
+                updates.append(state)
         shutdown = self._aux.shutdown.get(group)
         if shutdown is not None:
             updates.append(shutdown)
         updates.sort(key=lambda u: u["offset"])
-        self.journals.mark_delivered(group, rank, self._applied)
-        return UpdatesAnswer([encoded(u) for u in updates], self._applied, True)
+        self.journals.mark_delivered(group, ranks, self._applied)
+        return UpdatesAnswer([encoded(u) for u in updates], self._applied, True, restored)
 
     # -- the loop --------------------------------------------------------------------------------
 
     async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
         while True:
             if self.journals.releasing:
                 self._release_polls()
-            await self._has_input.wait()
+            beats_due = self._beats.deadline()
+            if beats_due is None:
+                await self._has_input.wait()
+            else:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout_at(beats_due):
+                        await self._has_input.wait()
             batch = self._next_batch()
             if not self._queue:
                 self._has_input.clear()
-            if batch:
+            if batch or (beats_due is not None and loop.time() >= beats_due):
                 self._batch_idle.clear()
                 try:
                     await self._process(batch)
@@ -551,14 +615,53 @@ class Host:
         self.metrics.fenced[refused.code] += 1
         return Refusal(refused.code, refused.message)
 
+    def _shared_beats(self, group: str, beats: dict[int, list[_Input]]) -> _Input | None:
+        """One ``heartbeat`` record for the beats of ``group`` that waited together, each
+        checked again against the state the record will be folded on (see
+        ``coordinator.heartbeats``); None when none of them is still current."""
+        ranks: list[int] = []
+        kept: list[_Input] = []
+        for rank, items in beats.items():
+            current = False
+            for item in items:
+                if item.abandoned:
+                    continue
+                if (outcome := self._precheck(item)) is not None:
+                    item.answer(outcome)
+                    continue
+                kept.append(item)
+                current = True
+            if current:
+                ranks.append(rank)
+        if not ranks:
+            return None
+        record = NewRecord(
+            kind="heartbeat", group=group, rank=None, payload={"ranks": rank_sets.encode(ranks)}
+        )
+        payload_bytes = validate(record)
+        record = msgspec.structs.replace(record, payload=decode_payload(payload_bytes))
+        self.metrics.heartbeats += len(kept)
+        return _Input(record, payload_bytes, _Shared(kept), 0, None, None, kept[0].arrived)
+
     async def _process(self, batch: list[_Input]) -> None:
         accepted: list[_Input] = []
+        now = asyncio.get_running_loop().time()
         for item in batch:
             outcome = self._precheck(item)
-            if outcome is None:
-                accepted.append(item)
-            else:
+            if outcome is not None:
                 item.answer(outcome)
+            elif item.record.kind == "heartbeat" and item.record.rank is not None:
+                self._beats.add(item.record.group, item.record.rank, item, now)  # type: ignore[arg-type]
+            else:
+                accepted.append(item)
+        # A tick flushes every waiting beat ahead of it: no rank times out while its beat waits.
+        ticking = any(item.record.kind == "tick" for item in accepted)
+        shared = [
+            item
+            for group, beats in self._beats.take(now, everything=ticking)
+            if (item := self._shared_beats(group, beats)) is not None
+        ]
+        accepted[:0] = shared
         if not accepted:
             return
         ts = self._next_ts()
@@ -662,7 +765,15 @@ class Host:
                 rows[(row.kind, row.group, row.seq)] = row
         aux = self._aux
         if isinstance(effect, ViewPrepare):
-            update = prepare_update(effect)
+            update = prepare_update(
+                group=effect.group,
+                version=effect.version,
+                base=self._views.get(effect.group),
+                active_ranks=effect.active_ranks,
+                participants=effect.participants,
+                ack_deadline_ts=effect.ack_deadline_ts,
+                offset=effect.offset,
+            )
             aux.in_flight[effect.group] = update
             self.journals.publish_group(effect.group, update)
         elif isinstance(effect, ViewCommitted):
@@ -671,7 +782,10 @@ class Host:
             if prepare is not None and prepare["version"] <= view.version:
                 del aux.in_flight[view.group]
             self.metrics.view_changes[view.group] += 1
-            self.journals.publish_group(view.group, committed_update(view, effect.offset))
+            # what a rank receives is what changed since the version before (wire.protocol)
+            update = view_update(self._views.get(view.group), view)
+            self._views[view.group] = view
+            self.journals.publish_group(view.group, update)
         elif isinstance(effect, RankState):
             update = rank_state_update(effect)
             aux.rank_states.setdefault(effect.group, {})[str(effect.rank)] = update
@@ -751,6 +865,7 @@ class Host:
     def _fail_queued(self, why: HostUnavailable) -> None:
         while self._queue:
             self._queue.popleft().fail(why)
+        self._beats.drain(lambda beat: beat.fail(why))
         self.journals.wake_all()
 
     # -- time ------------------------------------------------------------------------------------

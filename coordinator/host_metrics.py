@@ -34,6 +34,8 @@ class HostMetrics:
     appends: Counter[str] = field(default_factory=Counter)
     #: Append batches (group commits the host issued).
     append_batches: int = 0
+    #: Heartbeats written into shared records (one ``heartbeat`` record names many beats).
+    heartbeats: int = 0
     #: Committed views, by group.
     view_changes: Counter[str] = field(default_factory=Counter)
     #: Proposals resolved, by outcome (applied, applied_with_dropped_ranks, rejected).

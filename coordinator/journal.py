@@ -7,7 +7,9 @@ Rules:
   ``rank_state`` goes to the journal of the rank it is about. A rank reads the merge of both.
 - Every update carries the offset of the record whose fold produced it. Several updates may share
   an offset; a reader always gets all of them together, because it gets everything ``> after``.
-- Journals are bounded. The *floor* of a journal is the highest offset it may have forgotten:
+- Journals are bounded in bytes (the JSON they hold), not in entries: a view change's update is
+  a delta whose size is what changed, so a byte bound holds many small ones and few large ones
+  alike. The *floor* of a journal is the highest offset it may have forgotten:
   entries above the floor are complete. A reader whose ``after`` is below the floor cannot be
   answered from the journal and must resync from the current state (:meth:`since` says so by
   returning None). After a restart the floor starts at the snapshot's offset, since the updates
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
+from collections.abc import Sequence
 from typing import Any
 
 import msgspec
@@ -51,11 +54,25 @@ def decoded(raw: msgspec.Raw) -> Update:
 
 
 class _Journal:
-    __slots__ = ("entries", "floor")
+    __slots__ = ("entries", "floor", "bytes")
 
     def __init__(self, floor: int) -> None:
         self.entries: deque[Entry] = deque()
         self.floor = floor
+        self.bytes = 0
+
+    def append(self, offset: int, raw: msgspec.Raw, limit: int) -> list[int]:
+        """Keep an update; forget the oldest while over ``limit`` bytes (the newest is always
+        kept); the offsets forgotten."""
+        self.entries.append((offset, raw))
+        self.bytes += len(raw)
+        dropped: list[int] = []
+        while self.bytes > limit and len(self.entries) > 1:
+            old, old_raw = self.entries.popleft()
+            self.bytes -= len(old_raw)
+            self.floor = old
+            dropped.append(old)
+        return dropped
 
     def since(self, after: int) -> list[Entry]:
         out: list[Entry] = []
@@ -70,10 +87,16 @@ class _Journal:
 class UpdateJournals:
     """Bounded per-group and per-(group, rank) update journals with long-poll wake-ups."""
 
-    def __init__(self, *, floor: int = 0, group_limit: int = 2048, rank_limit: int = 256) -> None:
+    def __init__(
+        self,
+        *,
+        floor: int = 0,
+        group_limit_bytes: int = 8 << 20,
+        rank_limit_bytes: int = 16 << 10,
+    ) -> None:
         self._start_floor = floor
-        self._group_limit = group_limit
-        self._rank_limit = rank_limit
+        self._group_limit = group_limit_bytes
+        self._rank_limit = rank_limit_bytes
         self._groups: dict[str, _Journal] = {}
         self._ranks: dict[tuple[str, int], _Journal] = {}
         self._world: dict[str, int] = {}
@@ -87,20 +110,25 @@ class UpdateJournals:
     def set_world_size(self, group: str, world_size: int) -> None:
         self._world[group] = world_size
 
+    @property
+    def bytes(self) -> int:
+        """The JSON every journal holds, in bytes."""
+        return sum(j.bytes for j in self._groups.values()) + sum(
+            j.bytes for j in self._ranks.values()
+        )
+
     # -- writing (the host loop) ---------------------------------------------------------------
 
     def publish_group(self, group: str, update: Update) -> None:
         journal = self._groups.get(group)
         if journal is None:
             journal = self._groups[group] = _Journal(self._start_floor)
-        journal.entries.append((update["offset"], encoded(update)))
-        while len(journal.entries) > self._group_limit:
-            dropped, _ = journal.entries.popleft()
-            journal.floor = dropped
+        for dropped in journal.append(update["offset"], encoded(update), self._group_limit):
+            delivered = self._delivered
             self.undelivered += sum(
                 1
                 for rank in range(self._world.get(group, 0))
-                if self._delivered.get((group, rank), -1) < dropped
+                if delivered.get((group, rank), -1) < dropped
             )
         self._dirty.add(group)
 
@@ -109,10 +137,7 @@ class UpdateJournals:
         journal = self._ranks.get(key)
         if journal is None:
             journal = self._ranks[key] = _Journal(self._start_floor)
-        journal.entries.append((update["offset"], encoded(update)))
-        while len(journal.entries) > self._rank_limit:
-            dropped, _ = journal.entries.popleft()
-            journal.floor = dropped
+        for dropped in journal.append(update["offset"], encoded(update), self._rank_limit):
             if self._delivered.get(key, -1) < dropped:
                 self.undelivered += 1
         self._dirty.add(group)
@@ -160,37 +185,42 @@ class UpdateJournals:
 
     # -- reading (request handlers) ------------------------------------------------------------
 
-    def floor(self, group: str, rank: int) -> int:
+    def floor(self, group: str, ranks: Sequence[int]) -> int:
         floors = [self._start_floor]
         if (journal := self._groups.get(group)) is not None:
             floors.append(journal.floor)
-        if (journal := self._ranks.get((group, rank))) is not None:
-            floors.append(journal.floor)
+        for rank in ranks:
+            if (journal := self._ranks.get((group, rank))) is not None:
+                floors.append(journal.floor)
         return max(floors)
 
-    def since(self, group: str, rank: int, after: int) -> list[Update] | None:
-        """Updates for ``(group, rank)`` with offset > ``after`` in offset order, or None when
-        some of them may have been forgotten (the caller must resync)."""
-        entries = self.entries_since(group, rank, after)
+    def since(self, group: str, ranks: Sequence[int], after: int) -> list[Update] | None:
+        """Updates for ``ranks`` of ``group`` with offset > ``after`` in offset order (the
+        group's once, and each rank's own), or None when some of them may have been forgotten
+        (the caller must resync)."""
+        entries = self.entries_since(group, ranks, after)
         return None if entries is None else [decoded(raw) for _, raw in entries]
 
-    def entries_since(self, group: str, rank: int, after: int) -> list[Entry] | None:
+    def entries_since(self, group: str, ranks: Sequence[int], after: int) -> list[Entry] | None:
         """:meth:`since` as the journal keeps them: ``(offset, JSON)``."""
-        if after < self.floor(group, rank):
+        if after < self.floor(group, ranks):
             return None
         merged: list[Entry] = []
         if (journal := self._groups.get(group)) is not None:
             merged.extend(journal.since(after))
-        if (journal := self._ranks.get((group, rank))) is not None:
-            merged.extend(journal.since(after))
+        for rank in ranks:
+            if (journal := self._ranks.get((group, rank))) is not None:
+                merged.extend(journal.since(after))
         if len(merged) > 1:
             merged.sort(key=_offset)  # stable: updates of one offset keep their publish order
         return merged
 
-    def mark_delivered(self, group: str, rank: int, offset: int) -> None:
-        key = (group, rank)
-        if offset > self._delivered.get(key, -1):
-            self._delivered[key] = offset
+    def mark_delivered(self, group: str, ranks: Sequence[int], offset: int) -> None:
+        delivered = self._delivered
+        for rank in ranks:
+            key = (group, rank)
+            if offset > delivered.get(key, -1):
+                delivered[key] = offset
 
     def waiter(self, group: str) -> asyncio.Future[None]:
         """A future that the next publish to ``group`` resolves, once :meth:`wake` has queued

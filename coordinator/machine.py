@@ -54,6 +54,8 @@ from coordinator.reasons import ranks_text
 from coordinator.state import FAILED, FORMED, FORMING, Change, GroupState
 from coordinator.status import group_status
 from eventlog.record import Record
+from wire import ranks as rank_sets
+from wire.protocol import CAUSE_DEATH_REPORTED, links_down
 
 SNAPSHOT_FORMAT = 1
 
@@ -105,6 +107,8 @@ class Coordinator:
             g = self._groups.get(record.group)  # type: ignore[arg-type]
             if g is not None:
                 rank = record.rank
+                if rank is None and "ranks" in record.payload:
+                    return self._on_shared_heartbeat(g, record, now)
                 alive = g.alive
                 if rank in alive and g.ranks[rank].incarnation == record.payload.get("incarnation"):
                     alive.move_to_end(rank)  # type: ignore[arg-type]
@@ -285,6 +289,21 @@ class Coordinator:
         self._touch(g, rank)
         self._rank_state(g, rank, reason, record, effects)
 
+    def _on_shared_heartbeat(self, g: GroupState, record: Record, now: int) -> list[Effect]:
+        """The beats of many ranks that arrived together, in one record: each listed rank that
+        is online is alive as of the record's time. The host checked every beat against this
+        very state before appending (a stale incarnation never gets into the record); a rank
+        that is not online here (a malformed or hand-written record) is passed over."""
+        refusal = self._refusal("heartbeat", record.group, None, record.payload)
+        if refusal is not None:
+            return [self._refused(record, refusal)]
+        alive = g.alive
+        for rank in rank_sets.decode(record.payload["ranks"], g.cfg.world_size):
+            if rank in alive:
+                alive.move_to_end(rank)
+                alive[rank] = now
+        return []
+
     def _on_links(self, record: Record, effects: list[Effect]) -> None:
         """A rank's latest links report replaces its previous one.
 
@@ -296,14 +315,12 @@ class Coordinator:
         rank = record.rank
         assert rank is not None
         payload = record.payload
-        peers = payload.get("peers", {})
-        # most reports say every peer is up: one scan in C instead of a loop over all of them
-        down = (
-            {int(p) for p, status in peers.items() if status == "down"}
-            if "down" in peers.values()
-            else set()
-        )
-        down.update(payload.get("failed_ranks_hint") or ())
+        if "peers" in payload or "failed_ranks_hint" in payload:  # a protocol-1 record
+            peers = payload.get("peers", {})
+            down = {int(p) for p, status in peers.items() if status == "down"}
+            down.update(payload.get("failed_ranks_hint") or ())
+        else:
+            down = set(links_down(payload, g.cfg.world_size))
         down.discard(rank)
         self._touch(g, rank)
         info = g.ranks[rank]
@@ -345,7 +362,9 @@ class Coordinator:
             return
         reporter = record.payload.get("reporter")
         by = f" by {reporter}" if reporter else ""
-        self._go_offline(g, rank, f"death reported{by}", True, record, effects)
+        self._go_offline(
+            g, rank, f"death reported{by}", True, record, effects, cause=CAUSE_DEATH_REPORTED
+        )
 
     def _on_proposal(self, record: Record, effects: list[Effect]) -> None:
         """A proposal is logged and queued (first in, first out); ``_settle`` decides it.
@@ -459,6 +478,8 @@ class Coordinator:
         failure: bool,
         record: Record,
         effects: list[Effect],
+        *,
+        cause: str | None = None,
     ) -> None:
         """Every way a rank is lost ends here: heartbeat timeout, death report, a missed ACK,
         replacement by a new incarnation, and (with ``failure=False``) a clean exit.
@@ -484,7 +505,7 @@ class Coordinator:
         if change is not None and rank in change.waiting:
             change.waiting.discard(rank)
             (change.exited if info.exited else change.dropped).add(rank)
-        self._rank_state(g, rank, reason, record, effects)
+        self._rank_state(g, rank, reason, record, effects, cause=cause)
 
     def _expire_heartbeats(self, g: GroupState, record: Record, effects: list[Effect]) -> None:
         timeout = g.cfg.heartbeat_timeout_ns
@@ -971,7 +992,14 @@ class Coordinator:
         effects.append(ProposalResolved(proposal=resolved, offset=record.offset))
 
     def _rank_state(
-        self, g: GroupState, rank: int, reason: str, record: Record, effects: list[Effect]
+        self,
+        g: GroupState,
+        rank: int,
+        reason: str,
+        record: Record,
+        effects: list[Effect],
+        *,
+        cause: str | None = None,
     ) -> None:
         info = g.ranks[rank]
         effects.append(
@@ -982,6 +1010,7 @@ class Coordinator:
                 incarnation=info.incarnation,
                 rank_epoch=info.rank_epoch,
                 reason=reason,
+                cause=cause,
                 offset=record.offset,
             )
         )

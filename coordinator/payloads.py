@@ -11,6 +11,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from wire import ranks as rank_sets
+from wire.ranks import RankSetError
+
 MAX_ID_LEN = 256
 OPS = ("activate", "deactivate")
 
@@ -46,7 +49,21 @@ def check_join(payload: dict[str, Any], world_size: int) -> str | None:
 
 
 def check_heartbeat(payload: dict[str, Any], world_size: int) -> str | None:
+    """One rank's beat (``incarnation``, from an older log), or the beats of many ranks that
+    arrived together, sharing one record: ``ranks``, a rank set (``wire.ranks``)."""
+    if "ranks" in payload:
+        if "incarnation" in payload:
+            return "a shared heartbeat record names ranks, not an incarnation"
+        return _rank_set(payload, "ranks", world_size)
     return _text(payload, "incarnation", required=True) or _optional_int(payload, "version")
+
+
+def _rank_set(payload: dict[str, Any], name: str, world_size: int) -> str | None:
+    try:
+        rank_sets.decode(payload[name], world_size, name=name)
+    except RankSetError as exc:
+        return str(exc)
+    return None
 
 
 def check_ack(payload: dict[str, Any], world_size: int) -> str | None:
@@ -69,11 +86,31 @@ def check_death(payload: dict[str, Any], world_size: int) -> str | None:
 
 
 def check_links(payload: dict[str, Any], world_size: int) -> str | None:
+    """A links report: ``down`` and ``hint`` rank sets (protocol 2), or, in records of an
+    older log, ``peers`` {rank: "up"|"down"} and a ``failed_ranks_hint`` list."""
     if (err := _text(payload, "incarnation", required=True)) is not None:
         return err
     ready = payload.get("self_ready")
     if not isinstance(ready, bool):
         return f"self_ready must be true or false, got {ready!r}"
+    legacy = "peers" in payload or "failed_ranks_hint" in payload
+    if legacy and ("down" in payload or "hint" in payload):
+        return "a links report carries down/hint or (protocol 1) peers/failed_ranks_hint, not both"
+    if legacy:
+        err = _check_legacy_links(payload, world_size)
+    else:
+        err = next(
+            (
+                e
+                for n in ("down", "hint")
+                if n in payload and (e := _rank_set(payload, n, world_size))
+            ),
+            None,
+        )
+    return err or _optional_int(payload, "version") or _optional_int(payload, "reached")
+
+
+def _check_legacy_links(payload: dict[str, Any], world_size: int) -> str | None:
     peers = payload.get("peers", {})
     if not isinstance(peers, dict):
         return f"peers must be an object of rank -> 'up'|'down', got {peers!r}"
@@ -86,7 +123,7 @@ def check_links(payload: dict[str, Any], world_size: int) -> str | None:
         bad = [r for r in hint if not _is_int(r) or not 0 <= r < world_size]
         if bad:
             return f"failed_ranks_hint names {bad!r}, not ranks in 0..{world_size - 1}"
-    return _optional_int(payload, "version")
+    return None
 
 
 _STATUSES = frozenset({"up", "down"})
@@ -113,7 +150,7 @@ def _plainly_good_peers(peers: dict[Any, Any], world_size: int) -> bool:
 
 def _check_each_peer(peers: dict[Any, Any], world_size: int) -> str | None:
     for key, value in peers.items():
-        if not (isinstance(key, str) and key.isdigit() and int(key) < world_size):
+        if not (isinstance(key, str) and key.isascii() and key.isdigit() and int(key) < world_size):
             return f"peers key {key!r} is not a rank in 0..{world_size - 1}"
         if value not in ("up", "down"):
             return f"peers[{key!r}] must be 'up' or 'down', got {value!r}"

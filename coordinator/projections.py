@@ -35,7 +35,6 @@ from coordinator.effects import (
     ShutdownWithSave,
     View,
     ViewCommitted,
-    ViewPrepare,
 )
 from eventlog import ProjectionRow
 
@@ -70,7 +69,9 @@ def rows_for(effect: Effect) -> list[ProjectionRow]:
         p = effect.proposal
         return [ProjectionRow("proposal", p.group, p.id, proposal_doc(p))]
     if isinstance(effect, RankState):
-        return [ProjectionRow("rank_state", effect.group, effect.rank, to_doc(effect))]
+        doc = to_doc(effect)
+        del doc["cause"]  # a code for the agents' updates; the row keeps the reason
+        return [ProjectionRow("rank_state", effect.group, effect.rank, doc)]
     if isinstance(effect, GroupCreated):
         return [ProjectionRow("group", effect.group, 0, to_doc(effect))]
     if isinstance(effect, GroupFailed):
@@ -81,35 +82,12 @@ def rows_for(effect: Effect) -> list[ProjectionRow]:
 
 
 # -- agent updates (docs/protocol.md, GET /agents/updates) ------------------------------------
-
-
-def prepare_update(effect: ViewPrepare) -> dict[str, Any]:
-    return {
-        "offset": effect.offset,
-        "type": "view_prepare",
-        "group": effect.group,
-        "version": effect.version,
-        "active_ranks": list(effect.active_ranks),
-        "participants": list(effect.participants),
-        "ack_deadline_ts": effect.ack_deadline_ts,
-    }
-
-
-def committed_update(view: View, offset: int) -> dict[str, Any]:
-    doc = view_doc(view)
-    return {
-        "offset": offset,
-        "type": "view_committed",
-        "group": view.group,
-        "version": view.version,
-        "active_ranks": doc["active_ranks"],
-        "rank_states": doc["rank_states"],
-        "healthy_set": doc["healthy_set"],
-    }
+# The view updates (deltas) are the wire protocol's: ``wire.protocol.view_update`` and
+# ``prepare_update``. The two below are per rank or per group and small.
 
 
 def rank_state_update(effect: RankState) -> dict[str, Any]:
-    return {
+    update = {
         "offset": effect.offset,
         "type": "rank_state",
         "group": effect.group,
@@ -119,6 +97,9 @@ def rank_state_update(effect: RankState) -> dict[str, Any]:
         "rank_epoch": effect.rank_epoch,
         "reason": effect.reason,
     }
+    if effect.cause is not None:
+        update["cause"] = effect.cause
+    return update
 
 
 def shutdown_update(effect: ShutdownWithSave) -> dict[str, Any]:

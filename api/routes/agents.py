@@ -11,7 +11,7 @@ the framework, and ``api.fastpath`` serves the same functions without it.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 from fastapi import APIRouter, Query, Request
@@ -25,6 +25,9 @@ from api.openapi import answers, body
 from coordinator.auth import Authenticator, AuthError, Principal
 from coordinator.host import Appended, Host, Outcome, Refusal
 from eventlog import NewRecord
+from wire import ranks as rank_sets
+from wire.protocol import PROTOCOL, PROTOCOL_MISMATCH, legacy_problem
+from wire.ranks import RankSetError
 
 router = APIRouter(prefix="/agents", tags=["agents"])
 
@@ -95,6 +98,9 @@ def _decode_events(body: bytes) -> list[AgentEvent | str]:
     loose = decode_json(body, LooseEventsRequest)
     out: list[AgentEvent | str] = []
     for raw in loose.events:
+        if (legacy := legacy_problem(raw)) is not None:
+            out.append(legacy)
+            continue
         try:
             out.append(convert(raw, AgentEvent))
         except msgspec.ValidationError as exc:
@@ -128,58 +134,98 @@ def _result(outcome: Outcome) -> dict[str, Any]:
 
 @router.get(
     "/updates",
-    summary="Long-poll for the updates that concern one rank",
-    responses=answers({200: "UpdatesAnswerBody"}, 401, 403, 404, 422),
+    summary="Long-poll for the updates that concern one rank, or several ranks of one host",
+    responses=answers({200: "UpdatesAnswerBody"}, 400, 401, 403, 404, 422),
 )
 async def get_updates(
     request: Request,
     group: str = Query(..., max_length=64),
-    rank: int = Query(..., ge=0, le=65_535),
+    rank: int | None = Query(None, ge=0, le=65_535, description="one rank (or use ranks)"),
+    ranks: str | None = Query(
+        None,
+        max_length=8192,
+        pattern=r"^[0-9,-]+$",
+        description="several ranks of this group, as 0-7,12 (at most 1024): one poll per host",
+    ),
     after: int = Query(0, ge=0, le=2**62, description="the last offset processed (exclusive)"),
     timeout: float = Query(25.0, ge=0.0, le=MAX_POLL_S, description="seconds to wait"),
-) -> Response:
-    return await answer_updates(request, group, rank, after, timeout)
-
-
-async def answer_updates(
-    request: Request, group: str, rank: int, after: int, timeout: float
+    protocol: int | None = Query(
+        None, description=f"the wire protocol the agent speaks; must be {PROTOCOL}"
+    ),
+    view: int | None = Query(
+        None, ge=0, description="the view version the agent holds (a resync then omits it)"
+    ),
 ) -> Response:
     principal = principal_of(request)
     return raw_json_response(
-        await updates_answer(request.app.state, principal, group, rank, after, timeout)
+        await updates_answer(
+            request.app.state,
+            principal,
+            UpdatesQuery(group, poll_ranks(rank, ranks), after, timeout, protocol, view),
+        )
     )
 
 
-async def updates_answer(
-    state: Any, principal: Principal, group: str, rank: int, after: int, timeout: float
-) -> bytes:
+class UpdatesQuery(NamedTuple):
+    group: str
+    ranks: tuple[int, ...]
+    after: int
+    timeout: float
+    protocol: int | None
+    view: int | None
+
+
+def poll_ranks(rank: int | None, ranks: str | None) -> tuple[int, ...]:
+    """The ranks a long poll names: ``rank=R`` or ``ranks=0-7,12``, not both."""
+    if (rank is None) == (ranks is None):
+        raise ApiError(422, "invalid_query", "name the ranks with exactly one of rank= or ranks=")
+    if rank is not None:
+        return (rank,)
+    try:
+        return rank_sets.parse_query(ranks or "")
+    except RankSetError as exc:
+        raise ApiError(422, "invalid_query", str(exc)) from None
+
+
+async def updates_answer(state: Any, principal: Principal, query: UpdatesQuery) -> bytes:
     """The long poll itself, for the route above and for the fast path (``api.fastpath``),
     which calls it with a query it has parsed to the same bounds; the answer as JSON bytes."""
-    if not principal.speaks_for(group, rank):
+    group, ranks = query.group, query.ranks
+    denied = [r for r in ranks if not principal.speaks_for(group, r)]
+    if denied:
         raise ApiError(
             403,
             "forbidden",
-            f"{principal.describe()} may not read the updates of rank {rank} of {group!r}",
+            f"{principal.describe()} may not read the updates of ranks {denied[:8]} of {group!r}",
+        )
+    if query.protocol != PROTOCOL:
+        raise ApiError(
+            400,
+            PROTOCOL_MISMATCH,
+            f"this coordinator speaks agent protocol {PROTOCOL}; the poll says "
+            f"{'none (protocol 1)' if query.protocol is None else query.protocol}: "
+            "upgrade the agent (docs/protocol.md)",
         )
     host: Host = state.host
     require_group(host, group)
     config = host.machine.group_config(group)
-    if rank >= config.world_size:
+    if ranks[-1] >= config.world_size:
         raise ApiError(
             422,
             "rank_out_of_range",
-            f"rank {rank} is not in 0..{config.world_size - 1} of group {group!r}",
+            f"rank {ranks[-1]} is not in 0..{config.world_size - 1} of group {group!r}",
         )
-    answer = await host.updates(group, rank, after, timeout)
-    return encode_json(
-        {
-            "term": host.log.term,
-            "updates": answer.encoded,
-            "next_after": answer.next_after,
-            "resync": answer.resync,
-            "store": host.store_address,
-        }
-    )
+    answer = await host.updates(group, ranks, query.after, query.timeout, view=query.view)
+    body: dict[str, Any] = {
+        "term": host.log.term,
+        "updates": answer.encoded,
+        "next_after": answer.next_after,
+        "resync": answer.resync,
+        "store": host.store_address,
+    }
+    if answer.restored:
+        body["restored"] = True
+    return encode_json(body)
 
 
 @router.post(

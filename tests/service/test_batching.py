@@ -38,7 +38,8 @@ async def test_a_new_incarnation_fences_the_old_one_before_the_append(tmp_path):
 
 
 async def test_reports_of_one_rank_share_a_group_commit(tmp_path):
-    host = await Host.open(str(tmp_path / "log.db"))
+    # heartbeat_flush_s=0: beats share the record of the batch they arrive in, not a later one
+    host = await Host.open(str(tmp_path / "log.db"), heartbeat_flush_s=0)
     try:
         await host.submit(
             NewRecord(kind="group_created", group="b", payload={"world_size": 2, "config": CALM})
@@ -48,14 +49,17 @@ async def test_reports_of_one_rank_share_a_group_commit(tmp_path):
         outcomes = await host.submit_many(
             [
                 rec("heartbeat", 0, incarnation="a"),
-                rec("links", 0, incarnation="a", peers={"1": "up"}, self_ready=True),
+                rec("links", 0, incarnation="a", down=[1], self_ready=True),
                 rec("heartbeat", 0, incarnation="a"),
                 rec("heartbeat", 1, incarnation="c"),
             ]
         )
         assert all(isinstance(o, Appended) for o in outcomes), outcomes
         assert host.metrics.append_batches == before + 1
-        offsets = [o.offset for o in outcomes]
-        assert offsets == sorted(offsets)  # arrival order is log order
+        beat0, links, beat0_again, beat1 = (o.offset for o in outcomes)
+        # the three beats share one record, appended ahead of the batch's other inputs
+        assert beat0 == beat0_again == beat1 == links - 1
+        [shared] = await host.log.read(after=beat0 - 1, limit=1)
+        assert (shared.kind, shared.rank, shared.payload) == ("heartbeat", None, {"ranks": [[0, 1]]})
     finally:
         await host.close()

@@ -1,0 +1,81 @@
+"""Heartbeats that share a record: the host's buffer of beats waiting to be appended together.
+
+Every heartbeat is in the log, but a record per beat would make the log grow by records: an
+8,192-rank job beating once a second would append 708 M records a day. So the host keeps the
+beats that arrive within ``flush_s`` of each other and appends them as **one** ``heartbeat``
+record per group, ``{"ranks": <rank set>}`` (``wire.ranks``: a bitmap of the group at most), and
+answers each beat with that record's offset once it is durable. The fold sees each beat: the
+record names every rank that beat, and each is alive as of the record's time.
+
+The rules:
+
+- A beat is checked against the fold when it arrives (a stale incarnation is answered at
+  once), and **again right before its record is appended**, against the state that record
+  will be folded on: a join, exit or death appended while the beat waited makes it stale, and
+  it is answered as such instead of being written.
+- Beats wait at most ``flush_s``. A ``tick`` flushes every waiting beat first, in the same
+  append, so no rank times out while its beat waits here.
+- One rank beating twice within a window is one fact at the record's time: the rank is named
+  once, and both beats get the record's offset.
+
+This module is plain data; the host owns it and its timing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar
+
+T = TypeVar("T")
+
+
+class _Waiting(Generic[T]):
+    __slots__ = ("since", "beats")
+
+    def __init__(self, since: float) -> None:
+        self.since = since
+        #: rank -> the beats of that rank waiting (usually one)
+        self.beats: dict[int, list[T]] = {}
+
+
+class HeartbeatBuffer(Generic[T]):
+    """Beats per group, waiting for their shared record."""
+
+    def __init__(self, flush_s: float) -> None:
+        if flush_s < 0:
+            raise ValueError(f"heartbeat flush interval must be >= 0 seconds, got {flush_s}")
+        self.flush_s = flush_s
+        self._groups: dict[str, _Waiting[T]] = {}
+        self.waiting = 0
+
+    def add(self, group: str, rank: int, beat: T, now: float) -> None:
+        waiting = self._groups.get(group)
+        if waiting is None:
+            waiting = self._groups[group] = _Waiting(now)
+        waiting.beats.setdefault(rank, []).append(beat)
+        self.waiting += 1
+
+    def deadline(self) -> float | None:
+        """When the oldest waiting group falls due, or None when nothing waits."""
+        if not self._groups:
+            return None
+        return min(w.since for w in self._groups.values()) + self.flush_s
+
+    def take(self, now: float, *, everything: bool = False) -> list[tuple[str, dict[int, list[T]]]]:
+        """The groups whose beats are due (all of them with ``everything``), in group order,
+        removed from the buffer."""
+        due = sorted(
+            g for g, w in self._groups.items() if everything or now >= w.since + self.flush_s
+        )
+        out = [(g, self._groups.pop(g).beats) for g in due]
+        self.waiting -= sum(len(b) for _, beats in out for b in beats.values())
+        return out
+
+    def drain(self, fail: Callable[[T], Any]) -> None:
+        """Give up every waiting beat (the host is stopping)."""
+        for waiting in self._groups.values():
+            for beats in waiting.beats.values():
+                for beat in beats:
+                    fail(beat)
+        self._groups.clear()
+        self.waiting = 0

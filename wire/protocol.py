@@ -1,0 +1,374 @@
+"""The agent wire protocol, version 2: the one module both sides speak (docs/protocol.md).
+
+Everything an agent sends (events), everything it receives (updates, views) and every error
+code is declared here once. The coordinator, the HTTP surface, the in-process agent and the
+simulated agent host all import it, so a change to the protocol is a change to this file.
+
+Costs that do not grow with the group, by construction:
+
+- **Rank sets** (``wire.ranks``) are runs or a bitmap, so no set of a 65,536-rank group takes
+  more than about 11 kB.
+- **Link evidence** names only what is down. A ``links`` event carries ``down`` (the peers this
+  rank now finds down), ``hint`` (the failed ranks of an operation) and ``self_ready``; every
+  peer it does not name is up. ``reached: v`` says so explicitly: "I built view v and reached
+  every member". A report therefore has the size of what is wrong, not of the group.
+- **View updates are deltas.** ``view_committed`` says what changed since the previous version
+  (``base``): ranks that entered or left each of the view's rank sets, the ranks whose state
+  changed, grouped by state, and the cause. ``view_prepare`` says how the next active set
+  differs from the current one and which of its members are absent. A rank folds them into
+  the full view with :func:`apply_view_update`; the full view is there on request (a resync,
+  ``GET /views/current``). A delta whose ``base`` is not the view the reader holds cannot be
+  applied (:class:`StaleBase`): the reader resyncs.
+- **Heartbeats share records**: the coordinator appends the beats that arrive together as one
+  ``heartbeat`` record naming the ranks (see ``coordinator.heartbeats``).
+
+This module is pure: no I/O, clock, threads or randomness.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Annotated, Any
+
+from msgspec import Meta, Struct
+
+from wire import ranks as rank_sets
+from wire.ranks import RankSetError
+
+#: The protocol version this module speaks. Agents send it as ``protocol`` on the updates long
+#: poll; a poll without it (protocol 1) is refused with ``protocol_mismatch``.
+PROTOCOL = 2
+
+# -- error codes (the ``error`` of an event result or an error body) ---------------------------
+
+UNKNOWN_GROUP = "unknown_group"
+RANK_OUT_OF_RANGE = "rank_out_of_range"
+STALE_INCARNATION = "stale_incarnation"
+RANK_BUSY = "rank_busy"
+RANK_OFFLINE = "rank_offline"
+STALE_VERSION = "stale_version"
+INVALID_EVENT = "invalid_event"
+GROUP_CONFLICT = "group_conflict"
+GROUP_FAILED = "group_failed"
+IDEMPOTENCY_CONFLICT = "idempotency_conflict"
+DUPLICATE_PROPOSAL = "duplicate_proposal"
+FORBIDDEN = "forbidden"
+PROTOCOL_MISMATCH = "protocol_mismatch"
+
+#: Event errors that end an agent: retrying cannot help.
+FATAL_ERRORS = frozenset({FORBIDDEN, RANK_OUT_OF_RANGE, INVALID_EVENT, PROTOCOL_MISMATCH})
+#: Join errors an agent retries after a short wait.
+RETRIED_JOIN_ERRORS = frozenset({RANK_BUSY, UNKNOWN_GROUP})
+
+# -- physical states ---------------------------------------------------------------------------
+
+OFFLINE = "OFFLINE"
+SYNCED = "SYNCED"
+HEALTHY = "HEALTHY"
+STATES = (OFFLINE, SYNCED, HEALTHY)
+
+#: How a ``rank_state`` update's ``cause`` names a death reported by a supervisor.
+CAUSE_DEATH_REPORTED = "death_reported"
+
+# -- events (POST /agents/events) --------------------------------------------------------------
+
+GroupName = Annotated[
+    str,
+    Meta(
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$",
+        description="1-64 of A-Z a-z 0-9 . _ -, starting with a letter or digit",
+    ),
+]
+Rank = Annotated[int, Meta(ge=0, le=65_535)]
+Incarnation = Annotated[str, Meta(min_length=1, max_length=128)]
+Version = Annotated[int, Meta(ge=0)]
+ShortText = Annotated[str, Meta(max_length=256)]
+#: A rank set (``wire.ranks``): a sorted list of ranks and ``[first, last]`` runs, or a
+#: ``"b64:"`` bitmap. The longest, a bitmap of 65,536 ranks, is 10,928 characters.
+RankSetField = Annotated[
+    list[int | Annotated[list[int], Meta(min_length=2, max_length=2)]]
+    | Annotated[str, Meta(pattern=r"^b64:[A-Za-z0-9+/=]*$", max_length=10_932)],
+    Meta(description="a rank set: sorted ranks and [first, last] runs, or a b64: bitmap"),
+]
+
+#: The most events one ``POST /agents/events`` may carry.
+MAX_EVENTS = 4096
+
+
+class _AgentEvent(Struct, kw_only=True, tag_field="type", omit_defaults=True):
+    group: GroupName
+    rank: Rank
+    incarnation: Incarnation
+    #: Optional per-event agent token, so that one host can batch the events of all its ranks
+    #: while each event is still authenticated for its own rank.
+    token: Annotated[str, Meta(max_length=512)] | None = None
+
+    @property
+    def type_name(self) -> str:
+        """The wire ``type`` (the record kind it becomes)."""
+        return self.__struct_config__.tag  # type: ignore[return-value]
+
+
+class JoinEvent(_AgentEvent, tag="join", kw_only=True, omit_defaults=True):
+    host: ShortText | None = None
+    pid: Annotated[int, Meta(ge=0)] | None = None
+
+
+class HeartbeatEvent(_AgentEvent, tag="heartbeat", kw_only=True, omit_defaults=True):
+    version: Version | None = None
+
+
+class LinksEvent(
+    _AgentEvent, tag="links", kw_only=True, omit_defaults=True, forbid_unknown_fields=True
+):
+    """A rank's evidence about its data-plane links; it replaces its previous report. Every
+    peer not named in ``down`` or ``hint`` is up."""
+
+    self_ready: bool
+    down: RankSetField = []
+    hint: RankSetField = []
+    #: the view this evidence is about
+    version: Version | None = None
+    #: "I built view ``reached`` and reached every member" (the claim behind the empty ``down``)
+    reached: Version | None = None
+
+
+class AckEvent(_AgentEvent, tag="ack", kw_only=True, omit_defaults=True):
+    version: Version
+
+
+class ExitEvent(_AgentEvent, tag="exit", kw_only=True, omit_defaults=True):
+    pass
+
+
+AgentEvent = JoinEvent | HeartbeatEvent | LinksEvent | AckEvent | ExitEvent
+
+
+class AgentEventsRequest(Struct, kw_only=True):
+    """``POST /agents/events``: a batch, so one host can carry all its local ranks."""
+
+    events: Annotated[list[AgentEvent], Meta(max_length=MAX_EVENTS)]
+
+
+class LooseEventsRequest(Struct, kw_only=True):
+    """What the server decodes first: a list of objects, each then validated on its own, so
+    that one bad event gets its own ``invalid_event`` result instead of failing the batch."""
+
+    events: Annotated[list[dict[str, Any]], Meta(max_length=MAX_EVENTS)]
+
+
+def legacy_problem(event: Mapping[str, Any]) -> str | None:
+    """Why an event is in the shape of an older protocol, or None: an old agent must get a
+    clear error, never a silent misreading."""
+    if event.get("type") == "links" and ("peers" in event or "failed_ranks_hint" in event):
+        return (
+            f"links with 'peers'/'failed_ranks_hint' is protocol 1; protocol {PROTOCOL} reports "
+            "'down' and 'hint' as rank sets (docs/protocol.md): upgrade the agent"
+        )
+    return None
+
+
+def links_event(
+    down: Iterable[int], hint: Iterable[int], self_ready: bool, version: int | None
+) -> dict[str, Any]:
+    """The fields of a ``links`` event (without the envelope)."""
+    down, hint = sorted(set(down)), sorted(set(hint))
+    fields: dict[str, Any] = {"self_ready": self_ready}
+    if down:
+        fields["down"] = rank_sets.encode(down)
+    if hint:
+        fields["hint"] = rank_sets.encode(hint)
+    if version is not None:
+        fields["version"] = version
+        if version > 0 and not down and not hint and self_ready:
+            fields["reached"] = version
+    return fields
+
+
+def links_down(payload: Mapping[str, Any], world_size: int) -> frozenset[int]:
+    """The down evidence of a ``links`` payload: its ``down`` and its ``hint``."""
+    down = payload.get("down")
+    hint = payload.get("hint")
+    out: set[int] = set()
+    if down:
+        out.update(rank_sets.decode(down, world_size, name="down"))
+    if hint:
+        out.update(rank_sets.decode(hint, world_size, name="hint"))
+    return frozenset(out)
+
+
+# -- views -------------------------------------------------------------------------------------
+
+
+class View(Struct, frozen=True, kw_only=True):
+    """A committed group view. ``cause`` is ``{"kind", "proposals", "detail"}`` where kind is
+    ``formation``, ``proposal`` or ``auto_deactivation``."""
+
+    group: str
+    version: int
+    active_ranks: tuple[int, ...]
+    rank_states: dict[int, str]
+    healthy_set: tuple[int, ...]
+    cause: dict[str, Any]
+    acked_ranks: tuple[int, ...]
+    dropped_ranks: tuple[int, ...]
+    offset: int
+    ts: int
+
+    def is_active(self, rank: int) -> bool:
+        return rank in self.active_ranks
+
+
+#: The rank-set fields of a view, each sent as a delta {"add": set, "remove": set}.
+_SET_FIELDS = ("active_ranks", "healthy_set", "acked_ranks", "dropped_ranks")
+
+
+class StaleBase(ValueError):
+    """A delta made against another view than the one the reader holds: resync."""
+
+
+def _set_delta(old: Iterable[int], new: Iterable[int]) -> dict[str, Any]:
+    old_s, new_s = set(old), set(new)
+    delta: dict[str, Any] = {}
+    if add := new_s - old_s:
+        delta["add"] = rank_sets.encode(add)
+    if remove := old_s - new_s:
+        delta["remove"] = rank_sets.encode(remove)
+    return delta
+
+
+def _apply_set(old: Iterable[int], delta: Mapping[str, Any], ws: int, name: str) -> tuple[int, ...]:
+    out = set(old)
+    if "remove" in delta:
+        out.difference_update(rank_sets.decode(delta["remove"], ws, name=f"{name}.remove"))
+    if "add" in delta:
+        out.update(rank_sets.decode(delta["add"], ws, name=f"{name}.add"))
+    return tuple(sorted(out))
+
+
+def view_update(base: View | None, view: View) -> dict[str, Any]:
+    """The ``view_committed`` update for ``view``: what changed since ``base`` (None: since
+    nothing, which makes it the full view)."""
+    old_states: Mapping[int, str] = base.rank_states if base is not None else {}
+    changed: dict[str, list[int]] = {}
+    for rank, state in view.rank_states.items():
+        if old_states.get(rank) != state:
+            changed.setdefault(state, []).append(rank)
+    update: dict[str, Any] = {
+        "offset": view.offset,
+        "type": "view_committed",
+        "group": view.group,
+        "version": view.version,
+        "base": base.version if base is not None else 0,
+        "states": {state: rank_sets.encode(rs) for state, rs in sorted(changed.items())},
+        "cause": view.cause,
+        "ts": view.ts,
+    }
+    for name in _SET_FIELDS:
+        update[name] = _set_delta(
+            getattr(base, name) if base is not None else (), getattr(view, name)
+        )
+    return update
+
+
+def apply_view_update(base: View | None, update: Mapping[str, Any], world_size: int) -> View:
+    """The view a ``view_committed`` update makes of ``base`` (raises :class:`StaleBase` when
+    it was made against another version, :class:`RankSetError` when it is malformed)."""
+    have = base.version if base is not None else 0
+    if update.get("base") != have:
+        raise StaleBase(
+            f"version {update.get('version')} is a delta from version {update.get('base')}, "
+            f"but this rank holds version {have}"
+        )
+    states = dict(base.rank_states) if base is not None else {}
+    for state, encoded in update.get("states", {}).items():
+        for rank in rank_sets.decode(encoded, world_size, name=f"states.{state}"):
+            states[rank] = state
+    sets = {
+        name: _apply_set(
+            getattr(base, name) if base is not None else (), update.get(name, {}), world_size, name
+        )
+        for name in _SET_FIELDS
+    }
+    return View(
+        group=str(update["group"]),
+        version=int(update["version"]),
+        rank_states=dict(sorted(states.items())),
+        cause=dict(update.get("cause", {})),
+        offset=int(update["offset"]),
+        ts=int(update.get("ts", 0)),
+        **sets,
+    )
+
+
+# -- the barrier's prepare ---------------------------------------------------------------------
+
+
+def prepare_update(
+    *,
+    group: str,
+    version: int,
+    base: View | None,
+    active_ranks: Iterable[int],
+    participants: Iterable[int],
+    ack_deadline_ts: int,
+    offset: int,
+) -> dict[str, Any]:
+    """The ``view_prepare`` update: the next active set as a delta from the current view
+    (``base``), and ``absent``: the members of the old or new view that are not participants
+    (they are OFFLINE and need not ACK)."""
+    old = base.active_ranks if base is not None else ()
+    members = set(old) | set(active_ranks)
+    absent = members - set(participants)
+    return {
+        "offset": offset,
+        "type": "view_prepare",
+        "group": group,
+        "version": version,
+        "base": base.version if base is not None else 0,
+        "active_ranks": _set_delta(old, active_ranks),
+        "absent": rank_sets.encode(absent),
+        "ack_deadline_ts": ack_deadline_ts,
+    }
+
+
+class Prepared(Struct, frozen=True, kw_only=True):
+    """What a ``view_prepare`` means for the view a rank holds."""
+
+    version: int
+    active_ranks: tuple[int, ...]
+    participants: tuple[int, ...]
+
+
+def apply_prepare(base: View | None, update: Mapping[str, Any], world_size: int) -> Prepared:
+    """The active ranks and participants a ``view_prepare`` names, given the current view."""
+    have = base.version if base is not None else 0
+    if update.get("base") != have:
+        raise StaleBase(
+            f"prepare of version {update.get('version')} is a delta from version "
+            f"{update.get('base')}, but this rank holds version {have}"
+        )
+    old = base.active_ranks if base is not None else ()
+    active = _apply_set(old, update.get("active_ranks", {}), world_size, "active_ranks")
+    absent = rank_sets.decode_set(update.get("absent", []), world_size, name="absent")
+    members = sorted(set(old) | set(active))
+    return Prepared(
+        version=int(update["version"]),
+        active_ranks=active,
+        participants=tuple(r for r in members if r not in absent),
+    )
+
+
+__all__ = [
+    "PROTOCOL",
+    "AgentEvent",
+    "RankSetError",
+    "StaleBase",
+    "View",
+    "apply_prepare",
+    "apply_view_update",
+    "links_down",
+    "links_event",
+    "prepare_update",
+    "view_update",
+]
