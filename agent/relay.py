@@ -47,11 +47,11 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from agent.client import CoordinatorClient, CoordinatorError, CoordinatorUnavailable
+from wire.protocol import MAX_EVENTS
+from wire.ranks import MAX_QUERY_RANKS, format_query
 
 log = logging.getLogger("foldplane.relay")
 
-#: The most events one upstream ``POST /agents/events`` carries (the coordinator's limit).
-MAX_EVENTS = 4096
 #: The most bytes of events merged into one upstream batch (the coordinator takes 1 MiB).
 MAX_BATCH_BYTES = 512 * 1024
 #: The largest request body a worker may send (the coordinator's default limit).
@@ -64,8 +64,6 @@ EVENTS_WAIT_S = 60.0
 LANE_POLL_S = 10.0
 #: The longest long poll a worker may ask for (the coordinator's limit).
 MAX_POLL_S = 60.0
-#: The most ranks one upstream poll may name (the coordinator's limit).
-MAX_LANE_RANKS = 1024
 #: A rank whose worker has not polled for this long leaves its lane.
 RANK_IDLE_S = 3 * LANE_POLL_S
 #: The bytes of updates a lane keeps, at most.
@@ -96,6 +94,8 @@ class EventsRequest:
     events: list[Body]
     nbytes: int
     reply: Reply | None = None
+    #: every event carries a token of its own (else the request travels with no token at all)
+    tokened: bool = False
     done: threading.Event = field(default_factory=threading.Event)
 
     def answer(self, reply: Reply) -> None:
@@ -123,13 +123,19 @@ def take_batch(
     """The requests at the head of ``queue`` that fit one upstream batch, removed from it.
 
     Whole requests only, in arrival order; the first is always taken, even when it alone is
-    over a limit (the coordinator then answers it as it would have answered the worker).
+    over a limit (the coordinator then answers it as it would have answered the worker). A
+    batch is all of requests whose every event carries a token, or all of requests that do
+    not: an event without a token must never travel with another worker's credentials.
     """
     batch: list[EventsRequest] = []
     events = nbytes = 0
     while queue:
         head = queue[0]
-        if batch and (events + len(head.events) > max_events or nbytes + head.nbytes > max_bytes):
+        if batch and (
+            events + len(head.events) > max_events
+            or nbytes + head.nbytes > max_bytes
+            or head.tokened != batch[0].tokened
+        ):
             break
         batch.append(queue.popleft())
         events += len(head.events)
@@ -397,7 +403,8 @@ class EventsLane:
 
     def submit(self, events: list[Body], token: str | None, nbytes: int) -> Reply:
         """Queue one worker's events; block until its share of an upstream answer is back."""
-        request = EventsRequest(with_token(events, token), nbytes)
+        events = with_token(events, token)
+        request = EventsRequest(events, nbytes, tokened=all("token" in e for e in events))
         with self._cond:
             if self._closed:
                 return error(503, UNAVAILABLE, "the relay is shutting down")
@@ -427,8 +434,13 @@ class EventsLane:
         self._stats["events_sent"] += len(events)
         if len(batch) > 1:
             self._stats["events_merged"] += 1
+        # Each event's own token decides for it; the header only gets the request through
+        # the coordinator's door, so it is a token of the batch's first request.
+        headers = {"authorization": f"Bearer {events[0]['token']}"} if batch[0].tokened else None
         try:
-            body = self._client.request("POST", "/agents/events", json={"events": events})
+            body = self._client.request(
+                "POST", "/agents/events", json={"events": events}, headers=headers
+            )
         except CoordinatorError as exc:
             if len(batch) > 1 and exc.status in REFUSED:
                 # refused as a whole: let each worker's request meet its own fate
@@ -529,18 +541,18 @@ class UpdatesLane:
             try:
                 while True:
                     served = self.cache.serve(args.rank, args.after)
-                    if served is None:  # trimmed away meanwhile
-                        break
-                    if served.updates or served.resync:
+                    if served is not None and (served.updates or served.resync):
                         self.trim()
                         return 200, self._body(served)
                     if self._failure is not None and self._failure[0] > answers:
                         if self._failure[1][0] in REFUSED:
                             break  # the ranks were refused together: ask for this one alone
                         return self._failure[1]
+                    if not self._lane_serves(args.rank, args.after):
+                        break  # trimmed away meanwhile
                     left = deadline - time.monotonic()
                     if left <= 0 or self._closed:
-                        return 200, self._body(served)
+                        return 200, self._body(served or Served((), args.after))
                     self._cond.wait(left)
             finally:
                 self._waiting -= 1
@@ -551,10 +563,12 @@ class UpdatesLane:
         """The cache holds ``rank``'s updates since ``after``, or the lane's poll in flight
         (or the next one, when none is in flight) fetches them."""
         served = self.cache.serve(rank, after)
-        if served is not None and (served.updates or served.resync):
-            return True
-        if served is not None and (self._in_flight is None or rank in self._in_flight[0]):
-            return True
+        if served is not None:
+            return bool(served.updates or served.resync) or (
+                self._in_flight is None or rank in self._in_flight[0]
+            )
+        if rank in self.cache.ranks:
+            return False  # from further back than the cache holds: the lane goes on from its end
         if self._in_flight is None:
             return self._eligible(rank)
         ranks, lane_after = self._in_flight
@@ -618,7 +632,7 @@ class UpdatesLane:
                 self._in_flight = (frozenset(ranks), after)
             params: dict[str, Any] = {
                 "group": self.group,
-                "ranks": ranks_param(ranks),
+                "ranks": format_query(ranks),
                 "after": after,
                 "timeout": LANE_POLL_S,
             }
@@ -678,7 +692,7 @@ class UpdatesLane:
         for rank in [r for r, m in self.members.items() if now - m.seen > RANK_IDLE_S]:
             del self.members[rank]
             self.cache.forget(rank)
-        ranks = sorted(r for r in self.members if self._eligible(r))[:MAX_LANE_RANKS]
+        ranks = sorted(r for r in self.members if self._eligible(r))[:MAX_QUERY_RANKS]
         spans = self.cache.ranks
         after = min(
             (spans[r].hi if r in spans else self.members[r].after for r in ranks), default=0
@@ -688,20 +702,6 @@ class UpdatesLane:
         views = {self.members[r].view for r in ranks}
         view = views.pop() if len(views) == 1 else None
         return ranks, after, headers, view
-
-
-def ranks_param(ranks: Iterable[int]) -> str:
-    """``ranks=`` of a multi-rank poll: ranks and ``a-b`` runs, e.g. ``0-7,12``."""
-    ordered = sorted(set(ranks))
-    parts: list[str] = []
-    i = 0
-    while i < len(ordered):
-        j = i
-        while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
-            j += 1
-        parts.append(str(ordered[i]) if i == j else f"{ordered[i]}-{ordered[j]}")
-        i = j + 1
-    return ",".join(parts)
 
 
 def _upstream_error(exc: Exception) -> Reply:

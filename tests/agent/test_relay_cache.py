@@ -11,7 +11,6 @@ from typing import Any
 from agent.relay import (
     EventsRequest,
     UpdateCache,
-    ranks_param,
     split_results,
     take_batch,
     with_token,
@@ -77,9 +76,12 @@ def test_twin_an_answer_with_the_wrong_number_of_results_is_an_error_for_every_r
     assert replies[0][1]["error"] == "bad_answer" and "1 results for 3" in replies[0][1]["detail"]
 
 
-def test_ranks_param_writes_runs():
-    assert ranks_param([12, 0, 1, 2, 3, 5]) == "0-3,5,12"
-    assert ranks_param([7]) == "7"
+def test_requests_without_tokens_never_share_a_batch_with_requests_that_have_them():
+    plain = [request(1, 0), request(1, 1)]
+    tokened = [EventsRequest(with_token([{"rank": 2}], "t2"), 10, tokened=True) for _ in range(2)]
+    queue = deque([plain[0], tokened[0], tokened[1], plain[1]])
+    assert [len(take_batch(queue)) for _ in range(3)] == [1, 2, 1]
+    assert not queue
 
 
 # -- the update cache ------------------------------------------------------------------------
