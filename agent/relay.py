@@ -499,6 +499,7 @@ class UpdatesLane:
         self.group = group
         self.protocol = protocol
         self.cache = UpdateCache(cache_bytes)
+        self._dropped = 0  # cache.dropped already counted in the relay's stats
         self.members: dict[int, Member] = {}
         self._relay = relay
         self._stats = relay.stats
@@ -615,6 +616,8 @@ class UpdatesLane:
         if listed:
             self.cache.trim_below(min(listed))
         self._stats["cache_bytes"] = max(self._stats["cache_bytes"], self.cache.nbytes)
+        self._stats["cache_dropped"] += self.cache.dropped - self._dropped
+        self._dropped = self.cache.dropped
 
     # -- the upstream poll -----------------------------------------------------------------------
 
@@ -719,8 +722,9 @@ class Relay:
     ``stats`` counts what it did: worker polls served by a lane (``polls_lane``) or forwarded
     on their own (``polls_solo``), upstream lane polls (``lane_polls``), worker event requests
     (``events_requests``), upstream event batches (``events_upstream``; ``events_merged`` of
-    them carried several workers' requests), and the largest a lane's cache grew
-    (``cache_bytes``).
+    them carried several workers' requests), the largest a lane's cache grew (``cache_bytes``)
+    and the updates dropped to keep it within its bound before every rank had read them
+    (``cache_dropped``).
     """
 
     def __init__(
@@ -745,6 +749,7 @@ class Relay:
                 "events_sent",
                 "events_merged",
                 "cache_bytes",
+                "cache_dropped",
                 "upstream_polls_max",
             ),
             0,

@@ -302,7 +302,20 @@ def test_the_cache_stays_within_its_bound_and_every_rank_still_gets_everything(
                 assert r.send(r.event("join")).status_code == 200
                 r.wait_for(own_state(r.rank, "SYNCED"))
         assert 0 < relay.stats["cache_bytes"] <= 600, relay.stats
-        body = ranks[0].follow(timeout=1.0)
+        assert relay.stats["cache_dropped"] > 0, relay.stats
+        # rank 0 asks from further back than the relay still holds: it gets what the
+        # coordinator says (its own death), through a poll of its own
+        coordinator.client.report_death("small", 0, ranks[0].incarnation)
+        solo, since = relay.stats["polls_solo"], ranks[0].after
+        body = ranks[0].follow(timeout=5.0)
+        assert relay.stats["polls_solo"] == solo + 1
+        direct = CoordinatorClient(coordinator.url).request(
+            "GET",
+            "/agents/updates",
+            params={"group": "small", "rank": 0, "after": since, "timeout": 0, "protocol": 2},
+        )
+        assert body["updates"] == direct["updates"], (body, direct)
+        assert any(own_state(0, "OFFLINE")(u) for u in body["updates"]), body
         assert all(u.get("rank") in (None, 0) for u in body["updates"])
         for r in ranks:
             r.close()
