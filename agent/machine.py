@@ -67,6 +67,7 @@ from wire.protocol import (
     RETRIED_JOIN_ERRORS,
     STALE_INCARNATION,
     SYNCED,
+    Prepared,
     StaleBase,
     View,
     apply_prepare,
@@ -283,10 +284,12 @@ _JOINING, _JOINED, _CLOSING, _STOPPED = "joining", "joined", "closing", "stopped
 
 @dataclass
 class _Prepare:
-    version: int
-    active_ranks: tuple[int, ...]
-    participants: tuple[int, ...]
+    prepared: Prepared
     offset: int = 0
+
+    @property
+    def version(self) -> int:
+        return self.prepared.version
 
 
 @dataclass
@@ -540,9 +543,7 @@ class AgentMachine:
         if self.view is not None and version <= self.view.version:
             return
         prepared = apply_prepare(self.view, update, self.config.world_size)
-        self._preparing = _Prepare(
-            version, prepared.active_ranks, prepared.participants, int(update.get("offset", 0))
-        )
+        self._preparing = _Prepare(prepared, int(update.get("offset", 0)))
 
     def _on_committed(self, update: Mapping[str, Any]) -> None:
         version = int(update["version"])
@@ -606,9 +607,9 @@ class AgentMachine:
         # it left) is followed by a new prepare of the same version at a later offset.
         if p is None or (p.version, p.offset) <= self._acked or self.phase != _JOINED:
             return
-        if self.config.rank not in p.participants:
+        if not p.prepared.is_participant(self.config.rank):
             return
-        if self.config.rank in p.active_ranks and self.awaiting_data_plane:
+        if p.prepared.is_active(self.config.rank) and self.awaiting_data_plane:
             return  # ACKed by DataPlaneReady
         self._acked = (p.version, p.offset)
         self._queue("ack", version=p.version)

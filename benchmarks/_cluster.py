@@ -23,7 +23,7 @@ from typing import Any
 
 import msgspec
 
-from benchmarks._http import Connection
+from agent.httplite import Connection
 from coordinator.cli import serve_argv
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -9,6 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agent.machine import (
+    BEATS,
+    EVENTS,
     AgentConfig,
     AgentMachine,
     Close,
@@ -31,6 +33,7 @@ from agent.machine import (
     Tick,
     UpdatesReceived,
 )
+from wire.protocol import CAUSE_DEATH_REPORTED, View, prepare_update, view_update
 
 INC = "inc-a"
 STORE = StoreAddress("127.0.0.1", 29500)
@@ -40,44 +43,75 @@ def machine(rank: int = 1, **kw: Any) -> AgentMachine:
     return AgentMachine(AgentConfig(group="g", rank=rank, incarnation=INC, **kw))
 
 
-def sent(actions: list) -> list[dict]:
-    """The events of the SendEvents actions among ``actions``."""
-    return [e for a in actions if isinstance(a, SendEvents) for e in a.events]
+def sent(actions: list, lane: str | None = None) -> list[dict]:
+    """The events of the SendEvents actions among ``actions`` (of ``lane``, or of both)."""
+    return [
+        e
+        for a in actions
+        if isinstance(a, SendEvents) and (lane is None or a.lane == lane)
+        for e in a.events
+    ]
 
 
-def kinds(actions: list) -> list[str]:
-    return [e["type"] for e in sent(actions)]
+def kinds(actions: list, lane: str | None = None) -> list[str]:
+    return [e["type"] for e in sent(actions, lane)]
 
 
-def ok(n: int, first_offset: int = 10) -> EventsAnswered:
-    return EventsAnswered(0.0, tuple({"offset": first_offset + i} for i in range(n)))
+def ok(n: int, first_offset: int = 10, lane: str = EVENTS, now: float = 0.0) -> EventsAnswered:
+    return EventsAnswered(now, tuple({"offset": first_offset + i} for i in range(n)), lane)
 
 
-def prepare(offset: int, version: int, active: list[int], participants: list[int]) -> dict:
-    return {
-        "offset": offset,
-        "type": "view_prepare",
-        "group": "g",
-        "version": version,
-        "active_ranks": active,
-        "participants": participants,
-        "ack_deadline_ts": 0,
-    }
+def beat_ok(now: float = 0.0) -> EventsAnswered:
+    return ok(1, 0, BEATS, now)
 
 
-def committed(offset: int, version: int, active: list[int]) -> dict:
-    return {
-        "offset": offset,
-        "type": "view_committed",
-        "group": "g",
-        "version": version,
-        "active_ranks": active,
-        "rank_states": {str(r): "HEALTHY" for r in active},
-        "healthy_set": active,
-    }
+def beat(version: int) -> dict:
+    return {"type": "heartbeat", "group": "g", "rank": 1, "incarnation": INC, "version": version}
 
 
-def rank_state(offset: int, state: str, rank: int = 1, incarnation: str = INC) -> dict:
+#: the ranks of group ``g`` (a view names the state of every one)
+WORLD = 4
+
+
+def view(version: int, active: list[int], offset: int = 0) -> View:
+    """A committed view of group ``g``: every active rank HEALTHY, the others OFFLINE."""
+    return View(
+        group="g",
+        version=version,
+        active_ranks=tuple(sorted(active)),
+        rank_states={r: "HEALTHY" if r in active else "OFFLINE" for r in range(WORLD)},
+        healthy_set=tuple(sorted(active)),
+        cause={"kind": "proposal", "proposals": [], "detail": ""},
+        acked_ranks=(),
+        dropped_ranks=(),
+        offset=offset,
+        ts=0,
+    )
+
+
+def committed(offset: int, version: int, active: list[int], base: View | None = None) -> dict:
+    """The ``view_committed`` update of ``view(version, active)``: a delta from ``base``, or
+    the full view (``base: 0``) when there is none."""
+    return view_update(base, view(version, active, offset))
+
+
+def prepare(
+    offset: int, version: int, active: list[int], participants: list[int], base: View | None = None
+) -> dict:
+    """The ``view_prepare`` of ``version``, a delta from ``base``; ``participants`` must be
+    members of the old or the new view (the others are absent)."""
+    return prepare_update(
+        group="g",
+        version=version,
+        base=base,
+        active_ranks=active,
+        participants=participants,
+        ack_deadline_ts=0,
+        offset=offset,
+    )
+
+
+def rank_state(offset: int, state: str, rank: int = 1, incarnation: str = INC, **kw: Any) -> dict:
     return {
         "offset": offset,
         "type": "rank_state",
@@ -87,6 +121,7 @@ def rank_state(offset: int, state: str, rank: int = 1, incarnation: str = INC) -
         "incarnation": incarnation,
         "rank_epoch": 1,
         "reason": f"rank {rank} is {state}",
+        **kw,
     }
 
 
@@ -104,6 +139,17 @@ def joined(rank: int = 1, ready: bool = True, **kw: Any) -> AgentMachine:
         m.step(DataPlaneReady(0.0))
         m.step(ok(1, 11))
     return m
+
+
+V1 = view(1, [0, 1])
+
+
+def links(**fields: Any) -> dict:
+    return {"type": "links", "group": "g", "rank": 1, "incarnation": INC, **fields}
+
+
+def ack(version: int) -> dict:
+    return {"type": "ack", "group": "g", "rank": 1, "incarnation": INC, "version": version}
 
 
 # -- join --------------------------------------------------------------------------------------
@@ -130,17 +176,7 @@ def test_self_ready_is_reported_once_the_data_plane_is_ready_after_the_join():
     m = joined(ready=False)
     assert m.step(Tick(0.5)) == []
     actions = m.step(DataPlaneReady(0.5))
-    assert sent(actions) == [
-        {
-            "type": "links",
-            "group": "g",
-            "rank": 1,
-            "incarnation": INC,
-            "peers": {},
-            "self_ready": True,
-            "version": 0,
-        }
-    ]
+    assert actions == [SendEvents((links(self_ready=True, version=0),), EVENTS)]
 
 
 @pytest.mark.parametrize("error", ["rank_busy", "unknown_group"])
@@ -164,27 +200,27 @@ def test_a_join_refused_for_good_stops_the_agent_naming_the_error(error):
     assert m.step(Tick(10.0)) == []
 
 
-# -- heartbeats and retries ---------------------------------------------------------------------
+# -- heartbeats, their lane and retries ---------------------------------------------------------
 
 
-def test_heartbeats_every_interval_once_joined_with_the_committed_version():
+def test_heartbeats_every_interval_once_joined_with_the_committed_version_in_their_lane():
     m = joined(heartbeat_interval_s=1.0)
     m.step(updates(committed(20, 1, [0, 1])))
     assert m.next_deadline() == 1.0
     assert m.step(Tick(0.99)) == []
     actions = m.step(Tick(1.0))
-    assert sent(actions) == [
-        {"type": "heartbeat", "group": "g", "rank": 1, "incarnation": INC, "version": 1}
-    ]
-    m.step(ok(1))
+    assert actions == [SendEvents((beat(1),), BEATS)]
+    assert m.step(beat_ok(1.0)) == []
     assert m.next_deadline() == 2.0
 
 
 def test_an_undelivered_batch_is_resent_after_a_growing_backoff():
-    m = joined(retry_initial_s=0.1, retry_max_s=0.3)
-    batch = sent(m.step(Tick(1.0)))
+    m = joined(retry_initial_s=0.1, retry_max_s=0.3, heartbeat_interval_s=100.0)
+    batch = sent(m.step(LinkEvidence(1.0, 1, {0: "down"}, (0,))))
+    assert [e["type"] for e in batch] == ["links"]
     assert m.step(EventsFailed(1.0, "connection refused")) == []
     assert m.next_deadline() == pytest.approx(1.1)
+    assert m.step(Tick(1.09)) == []
     assert sent(m.step(Tick(1.1))) == batch
     m.step(EventsFailed(1.1, "connection refused"))
     assert m.next_deadline() == pytest.approx(1.3)
@@ -194,20 +230,99 @@ def test_an_undelivered_batch_is_resent_after_a_growing_backoff():
     assert "connection refused" in (m.last_error or "")
 
 
+def test_a_failed_beat_backs_off_growing_and_capped_and_an_answer_resets_it():
+    m = joined(retry_initial_s=2.0, retry_max_s=3.0, heartbeat_interval_s=1.0)
+    assert kinds(m.step(Tick(1.0)), BEATS) == ["heartbeat"]
+    assert m.step(EventsFailed(1.0, "coordinator away", BEATS)) == []
+    assert "coordinator away" in (m.last_error or "")
+    assert m.step(Tick(2.0)) == []  # due, but backing off until 3.0
+    assert kinds(m.step(Tick(3.0)), BEATS) == ["heartbeat"]
+    m.step(EventsFailed(3.0, "coordinator away", BEATS))  # backoff 4.0 capped at 3.0
+    assert m.step(Tick(4.0)) == []
+    assert m.step(Tick(5.99)) == []
+    assert kinds(m.step(Tick(6.0)), BEATS) == ["heartbeat"]
+    m.step(beat_ok(6.0))
+    assert kinds(m.step(Tick(7.0)), BEATS) == ["heartbeat"]  # no backoff after an answer
+
+
+def test_twin_a_failed_beat_does_not_hold_back_the_events_lane():
+    m = joined(retry_initial_s=5.0, retry_max_s=5.0, heartbeat_interval_s=1.0)
+    m.step(Tick(1.0))
+    m.step(EventsFailed(1.0, "coordinator away", BEATS))
+    actions = m.step(LinkEvidence(1.5, 1, {0: "down"}))
+    assert actions == [SendEvents((links(self_ready=True, down=[0], version=1),), EVENTS)]
+
+
 def test_only_the_newest_heartbeat_is_kept_while_the_coordinator_is_away():
     m = joined(retry_initial_s=5.0, retry_max_s=5.0)
     m.step(Tick(1.0))
-    m.step(EventsFailed(1.0, "down"))
-    for t in (2.0, 3.0, 4.0):
-        assert m.step(Tick(t)) == []  # backoff until 6.0
-    assert kinds(m.step(Tick(6.0))) == ["heartbeat"]
+    m.step(EventsFailed(1.0, "down", BEATS))
+    assert m.step(Tick(2.0)) == []  # backoff until 6.0
+    m.step(updates(committed(20, 1, [0, 1]), now=2.5))
+    for t in (3.0, 4.0):
+        assert m.step(Tick(t)) == []
+    m.step(updates(committed(30, 2, [1], base=V1), now=4.5))
+    assert m.step(Tick(6.0)) == [SendEvents((beat(2),), BEATS)]
 
 
-def test_nothing_is_sent_while_a_batch_is_in_flight():
-    m = joined()
-    m.step(Tick(1.0))  # heartbeat in flight
+def test_one_beat_in_flight_and_a_newer_beat_replaces_the_waiting_one():
+    m = joined(heartbeat_interval_s=1.0)
+    assert m.step(Tick(1.0)) == [SendEvents((beat(0),), BEATS)]
+    m.step(updates(committed(20, 1, [0, 1]), now=1.5))
+    assert m.step(Tick(2.0)) == []  # a beat is in flight: this one waits
+    m.step(updates(committed(30, 2, [1], base=V1), now=2.5))
+    assert m.step(Tick(3.0)) == []  # ...and is replaced by this one
+    assert m.step(beat_ok(3.1)) == [SendEvents((beat(2),), BEATS)]
+    assert m.step(Tick(3.5)) == []
+    assert m.next_deadline() == 4.0
+
+
+def test_an_ack_is_sent_while_a_beat_is_in_flight():
+    m = joined(heartbeat_interval_s=1.0)
+    m.step(Tick(1.0))  # a beat in flight
+    actions = m.step(updates(prepare(20, 1, [0, 1], [0, 1]), now=1.1))
+    assert sent(actions, EVENTS) == [ack(1)]
+    assert sent(actions, BEATS) == []
+
+
+def test_a_beat_is_sent_while_an_events_batch_is_in_flight_and_each_lane_keeps_its_own():
+    m = joined(heartbeat_interval_s=1.0)
+    assert kinds(m.step(LinkEvidence(0.5, 1, {0: "down"}))) == ["links"]
+    assert m.step(Tick(1.0)) == [SendEvents((beat(0),), BEATS)]
+    # the beat's answer does not free the events lane, nor the events' answer the beat lane
+    assert m.step(beat_ok(1.1)) == []
+    assert m.step(LinkEvidence(1.2, 1, {0: "down", 2: "down"})) == []
+    assert m.step(Tick(2.0)) == [SendEvents((beat(0),), BEATS)]
+    assert m.step(ok(1, 30, now=2.1)) == [
+        SendEvents((links(self_ready=True, down=[0, 2], version=1),), EVENTS)
+    ]
+    assert m.step(Tick(3.0)) == []  # the beat sent at 2.0 is still unanswered
+
+
+def test_nothing_more_is_sent_in_the_events_lane_while_a_batch_is_in_flight():
+    m = joined(heartbeat_interval_s=100.0)
+    assert kinds(m.step(LinkEvidence(1.0, 1, {0: "down"}))) == ["links"]
     assert m.step(LinkEvidence(1.1, 1, {0: "down"}, (0,))) == []
-    assert kinds(m.step(ok(1))) == ["links"]
+    assert sent(m.step(ok(1))) == [links(self_ready=True, down=[0], hint=[0], version=1)]
+
+
+@pytest.mark.parametrize("error", ["stale_incarnation", "forbidden"])
+def test_a_beat_refused_for_good_stops_the_agent(error):
+    m = joined(heartbeat_interval_s=1.0)
+    m.step(Tick(1.0))
+    actions = m.step(EventsAnswered(1.1, ({"error": error, "detail": "no"},), BEATS))
+    reason = "fenced" if error == "stale_incarnation" else "failed"
+    assert actions == [Stopped(reason, f"heartbeat refused: {error}: no")]
+    assert m.step(Tick(5.0)) == []
+
+
+def test_twin_a_beat_refused_as_rank_offline_does_not_stop_the_agent():
+    """An OFFLINE rank learns so from its updates and rejoins there."""
+    m = joined(heartbeat_interval_s=1.0)
+    m.step(Tick(1.0))
+    assert m.step(EventsAnswered(1.1, ({"error": "rank_offline", "detail": "x"},), BEATS)) == []
+    assert not m.stopped
+    assert kinds(m.step(Tick(2.0)), BEATS) == ["heartbeat"]
 
 
 # -- updates, offsets and the barrier ----------------------------------------------------------
@@ -229,7 +344,9 @@ def test_a_moved_store_moves_the_data_plane_before_the_view_and_holds_the_ack():
     first, and a view this rank is active in is ACKed only once it is ready there."""
     m = joined()
     m.step(updates(committed(12, 1, [0, 1])))
-    actions = m.step(updates(prepare(20, 2, [1], [0, 1]), committed(21, 2, [1]), store=MOVED))
+    actions = m.step(
+        updates(prepare(20, 2, [1], [0, 1], base=V1), committed(21, 2, [1], base=V1), store=MOVED)
+    )
     moves = [i for i, a in enumerate(actions) if isinstance(a, MoveDataPlane)]
     installs = [i for i, a in enumerate(actions) if isinstance(a, InstallView)]
     assert [actions[i] for i in moves] == [MoveDataPlane(MOVED)]
@@ -239,13 +356,11 @@ def test_a_moved_store_moves_the_data_plane_before_the_view_and_holds_the_ack():
 
     m2 = joined()
     m2.step(updates(committed(12, 1, [0, 1])))
-    held = m2.step(updates(prepare(20, 2, [1], [0, 1]), store=MOVED))
+    held = m2.step(updates(prepare(20, 2, [1], [0, 1], base=V1), store=MOVED))
     assert MoveDataPlane(MOVED) in held and sent(held) == []
     assert m2.step(Tick(0.1)) == []
     ready = m2.step(DataPlaneReady(0.2))
-    assert sent(ready) == [
-        {"type": "ack", "group": "g", "rank": 1, "incarnation": INC, "version": 2}
-    ]  # self_ready was reported once, before the move; only the ACK goes now
+    assert sent(ready) == [ack(2)]  # self_ready was reported once, before the move
     assert not m2.awaiting_data_plane
     again = m2.step(updates(rank_state(22, "HEALTHY"), store=MOVED))
     assert not [a for a in again if isinstance(a, MoveDataPlane | ConnectDataPlane)]
@@ -255,7 +370,7 @@ def test_a_rank_outside_the_next_view_acks_while_its_data_plane_moves():
     """The twin: a rank that is not in the new ``active_ranks`` builds nothing there."""
     m = joined()
     m.step(updates(committed(12, 1, [0, 1])))
-    actions = m.step(updates(prepare(20, 2, [0], [0, 1]), store=MOVED))
+    actions = m.step(updates(prepare(20, 2, [0], [0, 1], base=V1), store=MOVED))
     assert MoveDataPlane(MOVED) in actions
     assert kinds(actions) == ["ack"]
 
@@ -263,26 +378,44 @@ def test_a_rank_outside_the_next_view_acks_while_its_data_plane_moves():
 def test_polls_resume_after_the_last_processed_offset_and_skip_repeats():
     m = joined()
     actions = m.step(updates(committed(20, 1, [0, 1])))
-    assert actions[-1] == PollUpdates(20)
+    assert actions[-1] == PollUpdates(20, view=1)
     # after a reconnect the coordinator may send the same update again: it is not re-applied
     again = m.step(UpdatesReceived(0.5, (committed(20, 1, [0, 1]),), 20, STORE))
     assert not [a for a in again if isinstance(a, InstallView)]
-    assert again[-1] == PollUpdates(20)
+    assert again[-1] == PollUpdates(20, view=1)
     failed = m.step(PollFailed(0.6, "reset"))
-    assert failed == [PollUpdates(20, m.config.retry_initial_s)]
+    assert failed == [PollUpdates(20, m.config.retry_initial_s, 1)]
+
+
+def test_polls_carry_the_version_held():
+    m = machine(heartbeat_interval_s=100.0)
+    join = {"type": "join", "group": "g", "rank": 1, "incarnation": INC}
+    assert m.step(Start(0.0)) == [PollUpdates(0, 0.0, None), SendEvents((join,), EVENTS)]
+    m.step(ok(1, 10))
+    assert m.step(updates(committed(12, 1, [0, 1])))[-1] == PollUpdates(12, 0.0, 1)
+    assert m.step(updates(committed(15, 2, [1], base=V1)))[-1] == PollUpdates(15, 0.0, 2)
+    assert m.step(PollFailed(1.0, "reset")) == [PollUpdates(15, m.config.retry_initial_s, 2)]
 
 
 def test_a_participant_acks_the_prepared_version_and_installs_the_committed_view():
     m = joined()
     actions = m.step(updates(prepare(20, 1, [0, 1], [0, 1])))
-    assert sent(actions) == [
-        {"type": "ack", "group": "g", "rank": 1, "incarnation": INC, "version": 1}
-    ]
+    assert sent(actions) == [ack(1)]
     m.step(ok(1))
     actions = m.step(updates(committed(25, 1, [0, 1])))
     installs = [a for a in actions if isinstance(a, InstallView)]
     assert [(a.view.version, a.view.active_ranks) for a in installs] == [(1, (0, 1))]
-    assert m.view is not None and m.view.rank_states == {0: "HEALTHY", 1: "HEALTHY"}
+    assert m.view is not None
+    assert m.view.rank_states == {0: "HEALTHY", 1: "HEALTHY", 2: "OFFLINE", 3: "OFFLINE"}
+
+
+def test_a_delta_is_folded_into_the_view_held():
+    m = joined()
+    m.step(updates(committed(12, 1, [0, 1, 2])))
+    base = m.view
+    assert base == view(1, [0, 1, 2], 12)
+    actions = m.step(updates(committed(20, 2, [0, 2], base=base)))
+    assert [a.view for a in actions if isinstance(a, InstallView)] == [view(2, [0, 2], 20)]
 
 
 def test_a_non_participant_does_not_ack_but_still_learns_the_view():
@@ -303,7 +436,8 @@ def test_an_ack_into_active_ranks_waits_for_the_data_plane():
 
 def test_twin_an_ack_out_of_active_ranks_does_not_wait_for_the_data_plane():
     m = joined(ready=False)
-    actions = m.step(updates(prepare(20, 2, [0], [0, 1])))
+    m.step(updates(committed(12, 1, [0, 1])))
+    actions = m.step(updates(prepare(20, 2, [0], [0, 1], base=V1)))
     assert kinds(actions) == ["ack"]
 
 
@@ -329,9 +463,7 @@ def test_a_version_prepared_again_after_a_withdrawal_is_acked_again():
     m.step(updates(prepare(20, 2, [0, 1], [0, 1])))
     m.step(ok(1))
     again = m.step(updates(prepare(30, 2, [0, 1], [0, 1])))
-    assert sent(again) == [
-        {"type": "ack", "group": "g", "rank": 1, "incarnation": INC, "version": 2}
-    ]
+    assert sent(again) == [ack(2)]
 
 
 def test_a_stale_version_answer_to_an_ack_is_ignored():
@@ -347,11 +479,11 @@ def test_catching_up_on_history_installs_only_the_latest_view_and_acks_no_old_pr
     history = [
         prepare(20, 1, [0, 1], [0, 1]),
         committed(22, 1, [0, 1]),
-        prepare(30, 2, [0], [0, 1]),
-        committed(33, 2, [0]),
+        prepare(30, 2, [0], [0, 1], base=V1),
+        committed(33, 2, [0], base=V1),
     ]
     actions = m.step(updates(*history))
-    assert [a.view.version for a in actions if isinstance(a, InstallView)] == [2]
+    assert [a.view for a in actions if isinstance(a, InstallView)] == [view(2, [0], 33)]
     assert kinds(actions) == []
 
 
@@ -360,6 +492,55 @@ def test_a_resync_answer_is_applied_even_below_the_offset():
     m.step(updates(committed(50, 3, [0, 1])))
     actions = m.step(UpdatesReceived(1.0, (committed(40, 4, [1]),), 50, STORE, resync=True))
     assert [a.view.version for a in actions if isinstance(a, InstallView)] == [4]
+
+
+def test_a_full_view_in_a_resync_replaces_the_view_held():
+    """``base: 0`` is the whole view: what the old view had and it lacks is gone."""
+    m = joined()
+    m.step(updates(committed(50, 3, [0, 1, 2])))
+    actions = m.step(UpdatesReceived(1.0, (committed(60, 5, [1]),), 60, STORE, resync=True))
+    assert [a.view for a in actions if isinstance(a, InstallView)] == [view(5, [1], 60)]
+    assert m.view == view(5, [1], 60)
+
+
+def test_twin_an_older_full_view_in_a_resync_does_not_replace_a_newer_one():
+    m = joined()
+    m.step(updates(committed(50, 3, [0, 1, 2])))
+    actions = m.step(UpdatesReceived(1.0, (committed(40, 2, [1]),), 50, STORE, resync=True))
+    assert not [a for a in actions if isinstance(a, InstallView)]
+    assert m.view == view(3, [0, 1, 2], 50)
+
+
+@pytest.mark.parametrize("kind", ["view_committed", "view_prepare"])
+def test_a_delta_from_another_base_drops_the_view_and_polls_from_zero(kind):
+    """Only a coordinator restored from an older copy sends one: start over from the log."""
+    m = joined(heartbeat_interval_s=100.0)
+    m.step(updates(committed(12, 1, [0, 1])))
+    v2 = view(2, [0, 1, 2])
+    stale = (
+        committed(30, 3, [1, 2], base=v2)
+        if kind == "view_committed"
+        else prepare(30, 3, [1, 2], [1, 2], base=v2)
+    )
+    actions = m.step(updates(stale, committed(31, 4, [1], base=view(3, [1, 2])), now=1.0))
+    assert actions == [PollUpdates(0)]
+    assert m.view is None and m.after == 0
+    assert kind in (m.last_error or "") and "holds version 1" in (m.last_error or "")
+    # the coordinator answers a poll from 0 with a resync carrying the full view
+    resync = m.step(UpdatesReceived(1.1, (committed(33, 3, [1, 2]),), 33, STORE, resync=True))
+    assert [a.view for a in resync if isinstance(a, InstallView)] == [view(3, [1, 2], 33)]
+    assert resync[-1] == PollUpdates(33, 0.0, 3)
+    # and deltas from it apply again
+    nxt = m.step(updates(committed(40, 4, [1], base=view(3, [1, 2])), now=1.2))
+    assert [a.view for a in nxt if isinstance(a, InstallView)] == [view(4, [1], 40)]
+
+
+def test_twin_a_delta_from_the_view_held_is_not_stale():
+    m = joined(heartbeat_interval_s=100.0)
+    m.step(updates(committed(12, 1, [0, 1])))
+    actions = m.step(updates(committed(30, 2, [1], base=V1), now=1.0))
+    assert actions[-1] == PollUpdates(30, 0.0, 2)
+    assert m.view == view(2, [1], 30)
 
 
 def test_shutdown_with_save_is_reported_once():
@@ -417,12 +598,20 @@ def test_offline_seen_while_the_join_is_in_flight_is_judged_by_the_join_offset()
 
 def test_a_reported_death_is_not_contested_the_agent_stops():
     m = joined()
-    death = {**rank_state(40, "OFFLINE"), "reason": "death reported by launcher"}
+    death = rank_state(40, "OFFLINE", reason="reported by launcher", cause=CAUSE_DEATH_REPORTED)
     actions = m.step(updates(death))
     assert kinds(actions) == []
     assert actions[-1] == Stopped(
-        "fenced", "rank 1: death reported by launcher; not rejoining (a replacement takes the rank)"
+        "fenced", "rank 1: reported by launcher; not rejoining (a replacement takes the rank)"
     )
+
+
+def test_twin_a_reason_that_reads_like_a_reported_death_without_the_cause_rejoins():
+    """The agent reads the cause code, not the reason text meant for people."""
+    m = joined()
+    actions = m.step(updates(rank_state(40, "OFFLINE", reason="death reported by launcher")))
+    assert kinds(actions) == ["join"]
+    assert not m.stopped
 
 
 def test_another_incarnation_after_our_join_fences_the_agent():
@@ -448,47 +637,80 @@ def test_twin_another_incarnation_before_our_join_is_history():
 
 
 def test_rejoin_request_re_enters_the_join_path_and_drops_queued_evidence():
-    m = joined()
-    m.step(Tick(1.0))  # heartbeat in flight
-    m.step(LinkEvidence(1.0, 1, {0: "down"}, (0,)))
+    m = joined(heartbeat_interval_s=100.0)
+    assert kinds(m.step(LinkEvidence(1.0, 1, {2: "down"}))) == ["links"]  # in flight
+    m.step(LinkEvidence(1.0, 1, {0: "down"}, (0,)))  # queued behind it
     m.step(Rejoin(1.1))
     actions = m.step(ok(1))
     assert kinds(actions) == ["join"]
-    assert kinds(m.step(ok(1))) == ["links"]
+    assert sent(m.step(ok(1))) == [links(self_ready=True, version=0)]
 
 
 @pytest.mark.parametrize("refused_index", [0, 1])
 def test_a_stale_incarnation_answer_fences_the_agent(refused_index):
     m = joined()
-    m.step(Tick(1.0))  # a heartbeat in flight; links queued behind it
+    m.step(updates(committed(12, 1, [0, 1])))
+    m.step(LinkEvidence(1.0, 1, {0: "down"}))  # links in flight; links and ack queued behind it
     m.step(LinkEvidence(1.1, 1, {0: "up"}))
-    m.step(Tick(2.0))
-    assert kinds(m.step(ok(1))) == ["links", "heartbeat"]
+    m.step(updates(prepare(20, 2, [0, 1], [0, 1], base=V1), now=1.2))
+    assert kinds(m.step(ok(1, 15, now=1.3))) == ["links", "ack"]
     detail = "rank 1 is now incarnation inc-b (rank_epoch 3); inc-a is stale"
     results = [{"offset": 30}, {"offset": 31}]
     results[refused_index] = {"error": "stale_incarnation", "detail": detail}
-    kind = ["links", "heartbeat"][refused_index]
+    kind = ["links", "ack"][refused_index]
     actions = m.step(EventsAnswered(2.1, tuple(results)))
     assert actions == [Stopped("fenced", f"{kind} refused: stale_incarnation: {detail}")]
     assert m.step(Tick(5.0)) == []
     assert m.next_deadline() is None
 
 
-def test_link_evidence_becomes_a_links_event_with_the_hint():
+# -- link evidence ------------------------------------------------------------------------------
+
+
+def test_link_evidence_becomes_a_links_event_naming_what_is_down_and_the_hint():
     m = joined()
     actions = m.step(LinkEvidence(0.5, 3, {2: "down", 0: "up"}, (2,)))
-    assert sent(actions) == [
-        {
-            "type": "links",
-            "group": "g",
-            "rank": 1,
-            "incarnation": INC,
-            "peers": {"0": "up", "2": "down"},
-            "self_ready": True,
-            "failed_ranks_hint": [2],
-            "version": 3,
-        }
+    assert actions == [SendEvents((links(self_ready=True, down=[2], hint=[2], version=3),))]
+
+
+def test_evidence_that_everything_is_up_says_which_view_it_reached():
+    m = joined()
+    m.step(LinkEvidence(0.5, 3, {2: "down", 0: "up"}))
+    m.step(ok(1, 20))
+    actions = m.step(LinkEvidence(0.6, 3, {2: "up", 0: "up"}))
+    assert sent(actions) == [links(self_ready=True, version=3, reached=3)]
+
+
+def test_a_links_report_equal_to_the_last_since_the_join_is_not_sent_again():
+    m = joined()  # reported self_ready: nothing down, no hint
+    assert m.step(LinkEvidence(0.5, 3, {0: "up", 2: "up"})) == []  # says the same
+    assert kinds(m.step(LinkEvidence(0.6, 3, {0: "up", 2: "down"}))) == ["links"]
+    m.step(ok(1, 20))
+    assert m.step(LinkEvidence(0.7, 4, {0: "up", 2: "down"})) == []  # the same, another view
+    assert sent(m.step(LinkEvidence(0.8, 4, {0: "up", 2: "down"}, (0,)))) == [
+        links(self_ready=True, down=[2], hint=[0], version=4)
+    ]  # the hint changed
+
+
+def test_twin_the_same_report_is_sent_again_after_a_rejoin():
+    """The join clears this rank's evidence at the coordinator."""
+    m = joined()
+    assert kinds(m.step(LinkEvidence(0.5, 3, {2: "down"}))) == ["links"]
+    m.step(ok(1, 20))
+    assert m.step(LinkEvidence(0.6, 3, {2: "down"})) == []
+    assert kinds(m.step(Rejoin(0.7))) == ["join"]
+    assert sent(m.step(ok(1, 30))) == [links(self_ready=True, version=0)]
+    m.step(ok(1, 31))
+    assert sent(m.step(LinkEvidence(0.8, 3, {2: "down"}))) == [
+        links(self_ready=True, down=[2], version=3)
     ]
+
+
+def test_twin_readiness_is_part_of_the_report():
+    m = joined(ready=False)
+    assert sent(m.step(LinkEvidence(0.5, 0, {0: "up"}))) == [links(self_ready=False, version=0)]
+    m.step(ok(1, 20))
+    assert sent(m.step(DataPlaneReady(0.6))) == [links(self_ready=True, version=0)]
 
 
 def test_twin_link_evidence_before_the_join_is_dropped():
@@ -502,13 +724,21 @@ def test_twin_link_evidence_before_the_join_is_dropped():
 
 
 def test_close_sends_exit_and_stops_when_it_is_appended():
-    m = joined()
-    m.step(Tick(1.0))  # a heartbeat in flight
+    m = joined(heartbeat_interval_s=1.0)
+    m.step(LinkEvidence(0.5, 1, {0: "down"}))  # a batch in flight
     assert m.step(Close(1.0)) == []
     assert kinds(m.step(ok(1))) == ["exit"]
     assert m.step(Tick(5.0)) == []  # no heartbeats while closing
     actions = m.step(ok(1, 90))
     assert actions == [Stopped("closed", "rank 1 left the group")]
+
+
+def test_close_with_a_beat_in_flight_sends_exit_at_once_and_no_more_beats():
+    m = joined(heartbeat_interval_s=1.0)
+    m.step(Tick(1.0))  # a beat in flight
+    assert kinds(m.step(Close(1.1))) == ["exit"]
+    assert m.step(beat_ok(1.2)) == []
+    assert m.step(Tick(5.0)) == []
 
 
 def test_close_during_the_join_exits_after_it():
@@ -532,28 +762,58 @@ def test_close_while_join_is_being_retried_stops_at_once():
 
 # -- properties ---------------------------------------------------------------------------------
 
+
+class _Views:
+    """A prepare and its commit, built at the time they are fed against the view the machine
+    holds (as a coordinator would: a delta from the version before), or as full views."""
+
+    def __init__(self, now: float, offset: int, version: int, active: list[int], full: bool):
+        self.now, self.offset, self.version, self.active, self.full = (
+            now,
+            offset,
+            version,
+            active,
+            full,
+        )
+
+    def build(self, held: View | None) -> UpdatesReceived:
+        participants = sorted(set(self.active) | set(held.active_ranks if held else ()))
+        return updates(
+            prepare(self.offset, self.version, self.active, participants, base=held),
+            committed(self.offset + 1, self.version, self.active, base=None if self.full else held),
+            now=self.now,
+        )
+
+
+_lanes = st.sampled_from([EVENTS, BEATS])
 _inputs = st.one_of(
     st.builds(Tick, st.floats(0, 100)),
     st.builds(DataPlaneReady, st.floats(0, 100)),
-    st.builds(EventsFailed, st.floats(0, 100), st.just("down")),
+    st.builds(EventsFailed, st.floats(0, 100), st.just("down"), _lanes),
     st.builds(PollFailed, st.floats(0, 100), st.just("down")),
     st.builds(Rejoin, st.floats(0, 100)),
     st.builds(
-        lambda now, n, err: EventsAnswered(
-            now, tuple({"error": err} if err else {"offset": 100 + i} for i in range(n))
+        LinkEvidence,
+        st.floats(0, 100),
+        st.integers(0, 6),
+        st.dictionaries(st.integers(0, 2), st.sampled_from(["up", "down"]), max_size=3),
+    ),
+    st.builds(
+        lambda now, n, err, lane: EventsAnswered(
+            now, tuple({"error": err} if err else {"offset": 100 + i} for i in range(n)), lane
         ),
         st.floats(0, 100),
         st.integers(0, 4),
-        st.sampled_from([None, None, "rank_busy", "stale_version"]),
+        st.sampled_from([None, None, "rank_busy", "stale_version", "rank_offline"]),
+        _lanes,
     ),
     st.builds(
-        lambda now, off, v, act: updates(
-            prepare(off, v, act, [0, 1, 2]), committed(off + 1, v, act), now=now
-        ),
+        _Views,
         st.floats(0, 100),
         st.integers(1, 200),
         st.integers(1, 6),
         st.lists(st.integers(0, 2), unique=True, max_size=3),
+        st.booleans(),
     ),
 )
 
@@ -561,25 +821,35 @@ _inputs = st.one_of(
 @settings(max_examples=200, deadline=None)
 @given(st.lists(_inputs, max_size=30))
 def test_invariants_hold_for_any_input_sequence(inputs):
-    """One batch in flight at most; nothing but a join before joining; offsets never go back;
-    committed versions never go back; each version ACKed at most once."""
+    """One batch in flight at most in each lane, and only beats in the beat lane; nothing but
+    a join before joining; offsets never go back; committed versions never go back; each
+    version ACKed at most once."""
     m = machine()
     m.step(Start(0.0))
-    in_flight = True
+    in_flight = {EVENTS: True, BEATS: False}
     after, version, acked = 0, 0, []
-    for event in inputs:
+    for item in inputs:
+        event = item.build(m.view) if isinstance(item, _Views) else item
         was_joined = m.joined
         actions = m.step(event)
         if isinstance(event, EventsAnswered | EventsFailed):
-            in_flight = False
-        batches = [a for a in actions if isinstance(a, SendEvents)]
-        assert len(batches) <= 1
-        if batches:
-            assert not in_flight, "a second batch while one is in flight"
-            in_flight = True
-            if not was_joined and not m.joined:
-                assert {e["type"] for e in batches[0].events} <= {"join"}
-            acked += [e["version"] for e in batches[0].events if e["type"] == "ack"]
+            in_flight[event.lane] = False
+        for lane in (EVENTS, BEATS):
+            batches = [a for a in actions if isinstance(a, SendEvents) and a.lane == lane]
+            assert len(batches) <= 1
+            if not batches:
+                continue
+            assert not in_flight[lane], f"a second batch in {lane} while one is in flight"
+            in_flight[lane] = True
+            types = {e["type"] for e in batches[0].events}
+            if lane == BEATS:
+                assert types == {"heartbeat"} and len(batches[0].events) == 1
+                assert m.joined and was_joined
+            else:
+                assert "heartbeat" not in types
+                if not was_joined and not m.joined:
+                    assert types <= {"join"}
+                acked += [e["version"] for e in batches[0].events if e["type"] == "ack"]
         assert m.after >= after
         after = m.after
         current = m.view.version if m.view else 0

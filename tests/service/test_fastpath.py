@@ -7,19 +7,33 @@ import pytest
 
 from api.app import create_app
 from api.fastpath import updates_query
+from api.routes.agents import UpdatesQuery
 from coordinator.host import Host
 
 
 @pytest.mark.parametrize(
     ("raw", "parsed"),
     [
-        (b"group=g&rank=3&after=10&timeout=30", ("g", 3, 10, 30.0)),
-        (b"group=g&rank=3", ("g", 3, 0, 25.0)),  # the route's defaults
-        (b"group=g&rank=3&timeout=1.5", ("g", 3, 0, 1.5)),
-        (b"group=g%2Ex&rank=65535&after=4611686018427387904", ("g.x", 65535, 2**62, 25.0)),
+        (
+            b"group=g&rank=3&after=10&timeout=30&protocol=2",
+            UpdatesQuery("g", (3,), 10, 30.0, 2, None),
+        ),
+        (b"group=g&rank=3&protocol=2", UpdatesQuery("g", (3,), 0, 25.0, 2, None)),  # defaults
+        (b"group=g&rank=3&timeout=1.5&protocol=2", UpdatesQuery("g", (3,), 0, 1.5, 2, None)),
+        (
+            b"group=g%2Ex&rank=65535&after=4611686018427387904&protocol=2",
+            UpdatesQuery("g.x", (65535,), 2**62, 25.0, 2, None),
+        ),
+        (
+            b"group=g&ranks=0-3,7,9-10&after=5&protocol=2&view=4",
+            UpdatesQuery("g", (0, 1, 2, 3, 7, 9, 10), 5, 25.0, 2, 4),
+        ),
+        (b"group=g&ranks=65535&protocol=2", UpdatesQuery("g", (65535,), 0, 25.0, 2, None)),
+        # another protocol is parsed as such; the route refuses it with protocol_mismatch
+        (b"group=g&rank=3&protocol=1", UpdatesQuery("g", (3,), 0, 25.0, 1, None)),
     ],
 )
-def test_plain_queries_are_parsed_to_the_routes_bounds(raw: bytes, parsed: tuple) -> None:
+def test_plain_queries_are_parsed_to_the_routes_bounds(raw: bytes, parsed: UpdatesQuery) -> None:
     assert updates_query(raw) == parsed
 
 
@@ -27,19 +41,27 @@ def test_plain_queries_are_parsed_to_the_routes_bounds(raw: bytes, parsed: tuple
     "raw",
     [
         b"",
-        b"group=g",  # rank is required
-        b"group=&rank=1",
-        b"group=g&rank=-1",
-        b"group=g&rank=65536",
-        b"group=g&rank=1&after=4611686018427387905",
-        b"group=g&rank=1&timeout=61",
-        b"group=g&rank=1&timeout=inf",
-        b"group=g&rank=1&timeout=1e1",
-        b"group=g&group=h&rank=1",  # repeated
-        b"group=g&rank=1&extra=2",  # unknown
-        b"group=" + b"a" * 65 + b"&rank=1",
-        b"group=g&rank=%FF",
-        b"group=g&rank=1&&",
+        b"group=g&protocol=2",  # rank or ranks is required
+        b"group=g&rank=1",  # no protocol: protocol 1, refused by the route
+        b"group=&rank=1&protocol=2",
+        b"group=g&rank=-1&protocol=2",
+        b"group=g&rank=65536&protocol=2",
+        b"group=g&rank=1&after=4611686018427387905&protocol=2",
+        b"group=g&rank=1&timeout=61&protocol=2",
+        b"group=g&rank=1&timeout=inf&protocol=2",
+        b"group=g&rank=1&timeout=1e1&protocol=2",
+        b"group=g&group=h&rank=1&protocol=2",  # repeated
+        b"group=g&rank=1&extra=2&protocol=2",  # unknown
+        b"group=" + b"a" * 65 + b"&rank=1&protocol=2",
+        b"group=g&rank=%FF&protocol=2",
+        b"group=g&rank=1&&protocol=2",
+        b"group=g&rank=1&ranks=1-2&protocol=2",  # both
+        b"group=g&ranks=&protocol=2",
+        b"group=g&ranks=3-1&protocol=2",  # not increasing
+        b"group=g&ranks=1,1&protocol=2",  # repeated rank
+        b"group=g&ranks=65536&protocol=2",
+        b"group=g&rank=1&protocol=two",
+        b"group=g&rank=1&protocol=2&view=-1",
     ],
 )
 def test_anything_else_goes_to_the_framework(raw: bytes) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import msgspec
 
-from coordinator.journal import UpdateJournals
+from coordinator.journal import UpdateJournals, encoded
 
 
 def upd(offset: int, type_: str = "view_committed") -> dict:
@@ -18,41 +18,85 @@ def test_a_rank_reads_its_own_and_its_groups_updates_in_offset_order():
     j.publish_rank("g", 2, upd(5, "rank_state"))
     j.publish_group("g", upd(6))
     j.publish_rank("g", 1, upd(6, "rank_state"))
-    assert [(u["offset"], u["type"]) for u in j.since("g", 1, 0)] == [
+    assert [(u["offset"], u["type"]) for u in j.since("g", [1], 0)] == [
         (3, "view_prepare"),
         (4, "rank_state"),
         (6, "view_committed"),
         (6, "rank_state"),
     ]
-    assert [u["offset"] for u in j.since("g", 1, 4)] == [6, 6]
-    assert j.since("g", 1, 6) == []
-    assert [u["offset"] for u in j.since("g", 2, 0)] == [3, 5, 6]
-    assert j.since("other", 0, 0) == []
+    assert [u["offset"] for u in j.since("g", [1], 4)] == [6, 6]
+    assert j.since("g", [1], 6) == []
+    assert [u["offset"] for u in j.since("g", [2], 0)] == [3, 5, 6]
+    assert j.since("other", [0], 0) == []
+
+
+def test_several_ranks_read_their_groups_updates_once_and_each_ranks_own():
+    """One poll per host: the group's updates are not repeated per rank."""
+    j = UpdateJournals()
+    j.publish_group("g", upd(3, "view_prepare"))
+    j.publish_rank("g", 1, {**upd(4, "rank_state"), "rank": 1})
+    j.publish_rank("g", 2, {**upd(5, "rank_state"), "rank": 2})
+    j.publish_rank("g", 3, {**upd(5, "rank_state"), "rank": 3})
+    j.publish_group("g", upd(6))
+    j.publish_rank("g", 2, {**upd(6, "rank_state"), "rank": 2})
+    assert [(u["offset"], u["type"], u.get("rank")) for u in j.since("g", [1, 2], 0)] == [
+        (3, "view_prepare", None),
+        (4, "rank_state", 1),
+        (5, "rank_state", 2),
+        (6, "view_committed", None),
+        (6, "rank_state", 2),
+    ]
+    assert [u["offset"] for u in j.since("g", [1, 2], 4)] == [5, 6, 6]
+    assert [u["offset"] for u in j.since("g", [0, 3], 0)] == [3, 5, 6]
 
 
 def test_below_the_floor_the_reader_must_resync_and_drops_count_as_undelivered():
-    j = UpdateJournals(group_limit=2, rank_limit=1)
+    size = len(encoded(upd(1)))  # every update below is this long
+    state_size = len(encoded(upd(4, "rank_state")))
+    j = UpdateJournals(group_limit_bytes=2 * size, rank_limit_bytes=state_size)
     j.set_world_size("g", 2)
     j.publish_group("g", upd(1))
-    j.mark_delivered("g", 0, 1)  # rank 0 read offset 1, rank 1 did not
+    j.mark_delivered("g", [0], 1)  # rank 0 read offset 1, rank 1 did not
     j.publish_group("g", upd(2))
+    assert j.since("g", [0], 0) == [upd(1), upd(2)]  # two fit
     j.publish_group("g", upd(3))  # drops offset 1: unread by rank 1 only
     assert j.undelivered == 1
-    assert j.since("g", 0, 0) is None  # offset 1 is gone: resync
-    assert [u["offset"] for u in j.since("g", 0, 1)] == [2, 3]
+    assert j.since("g", [0], 0) is None  # offset 1 is gone: resync
+    assert [u["offset"] for u in j.since("g", [0], 1)] == [2, 3]
     j.publish_rank("g", 0, upd(4, "rank_state"))
     j.publish_rank("g", 0, upd(5, "rank_state"))  # drops 4, unread by rank 0
     assert j.undelivered == 2
-    assert j.since("g", 0, 3) is None
-    assert [u["offset"] for u in j.since("g", 0, 4)] == [5]
+    assert j.since("g", [0], 3) is None
+    assert j.since("g", [1], 3) == []  # rank 1's own journal lost nothing
+    assert j.since("g", [0, 1], 3) is None  # a poll for both must resync
+    assert [u["offset"] for u in j.since("g", [0], 4)] == [5]
+
+
+def test_a_journal_is_bounded_in_bytes_not_in_entries():
+    small = len(encoded(upd(1)))
+    j = UpdateJournals(group_limit_bytes=4 * small)
+    for offset in (1, 2, 3, 4):
+        j.publish_group("g", upd(offset))
+    assert [u["offset"] for u in j.since("g", [0], 0)] == [1, 2, 3, 4]  # four small ones fit
+    assert j.bytes == 4 * small
+    large = {**upd(5), "pad": "x" * (small - len(',"pad":""'))}
+    assert len(encoded(large)) == 2 * small
+    j.publish_group("g", large)  # a large one takes the room of two small ones
+    assert j.since("g", [0], 1) is None
+    assert j.since("g", [0], 2) == [upd(3), upd(4), large]
+    assert j.bytes == 4 * small
+    huge = {**upd(6), "pad": "x" * (10 * small)}
+    j.publish_group("g", huge)  # over the bound on its own: still kept, alone
+    assert j.since("g", [0], 5) == [huge]
+    assert j.since("g", [0], 4) is None
 
 
 def test_after_a_restart_the_floor_is_the_snapshot_offset():
     j = UpdateJournals(floor=100)
-    assert j.since("g", 0, 99) is None
-    assert j.since("g", 0, 100) == []
+    assert j.since("g", [0], 99) is None
+    assert j.since("g", [0], 100) == []
     j.publish_group("g", upd(101))
-    assert [u["offset"] for u in j.since("g", 0, 100)] == [101]
+    assert [u["offset"] for u in j.since("g", [0], 100)] == [101]
 
 
 async def test_a_publish_wakes_only_the_waiters_of_its_group():
@@ -127,7 +171,10 @@ def test_each_update_is_kept_as_its_json_with_its_offset():
     j = UpdateJournals()
     j.publish_group("g", upd(1))
     j.publish_rank("g", 0, {"offset": 2, "type": "rank_state", "state": "ACTIVE"})
-    entries = j.entries_since("g", 0, 0)
+    entries = j.entries_since("g", [0], 0)
     assert [offset for offset, _ in entries] == [1, 2]
-    assert [msgspec.json.decode(raw) for _, raw in entries] == j.since("g", 0, 0)
-    assert j.since("g", 0, 0) == [upd(1), {"offset": 2, "type": "rank_state", "state": "ACTIVE"}]
+    assert [msgspec.json.decode(raw) for _, raw in entries] == j.since("g", [0], 0)
+    assert j.since("g", [0], 0) == [
+        upd(1),
+        {"offset": 2, "type": "rank_state", "state": "ACTIVE"},
+    ]

@@ -1,4 +1,4 @@
-"""A minimal HTTP/1.1 keep-alive client on an asyncio protocol, for load generation.
+"""A minimal HTTP/1.1 keep-alive client on an asyncio protocol, for simulated agents and load.
 
 General-purpose clients (httpx, aiohttp) spend more CPU per request than the coordinator does
 to serve it, and the load generator shares the machine with the server, so the benchmarks
@@ -32,6 +32,7 @@ class _Answers(asyncio.Protocol):
         self.buffer = bytearray()
         self.waiter: asyncio.Future[tuple[int, bytes]] | None = None
         self.lost: BaseException | None = None
+        self.received = 0
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -42,6 +43,7 @@ class _Answers(asyncio.Protocol):
             self.waiter.set_exception(self.lost)
 
     def data_received(self, data: bytes) -> None:
+        self.received += len(data)
         self.buffer += data
         if self.waiter is None or self.waiter.done():
             return
@@ -66,10 +68,15 @@ class _Answers(asyncio.Protocol):
 
 
 class Connection:
-    def __init__(self, host: str, port: int) -> None:
+    """One keep-alive connection, one request at a time. ``bytes_received`` counts every byte
+    the server sent on it (headers included): what a simulated agent host costs the network."""
+
+    def __init__(self, host: str, port: int, *, authorization: str | None = None) -> None:
         self.host = host
         self.port = port
+        self._auth = b"authorization: %s\r\n" % authorization.encode() if authorization else b""
         self._protocol: _Answers | None = None
+        self.bytes_received = 0
 
     async def open(self) -> Connection:
         loop = asyncio.get_running_loop()
@@ -99,8 +106,19 @@ class Connection:
         protocol.waiter = asyncio.get_running_loop().create_future()
         protocol.transport.write(
             b"%s %s HTTP/1.1\r\nhost: %s\r\ncontent-type: application/json\r\n"
-            b"content-length: %d\r\n\r\n%s"
-            % (method.encode(), path.encode(), self.host.encode(), len(payload), payload)
+            b"%scontent-length: %d\r\n\r\n%s"
+            % (
+                method.encode(),
+                path.encode(),
+                self.host.encode(),
+                self._auth,
+                len(payload),
+                payload,
+            )
         )
-        status, data = await protocol.waiter
+        before = protocol.received - len(protocol.buffer)
+        try:
+            status, data = await protocol.waiter
+        finally:
+            self.bytes_received += protocol.received - len(protocol.buffer) - before
         return status, (_decode(data) if data else None)

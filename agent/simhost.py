@@ -1,0 +1,573 @@
+"""Simulated agent hosts: the real agent state machine for many ranks, over the real wire.
+
+A :class:`SimulatedHost` is one node of a job, carrying several ranks the way a node's agents
+behind the launcher's relay do: one :class:`agent.machine.AgentMachine` per rank (the same
+machine every real agent runs), their events batched per lane into one ``POST /agents/events``
+(each event with its rank's own token when auth is on), and one long poll
+``GET /agents/updates?ranks=...`` for all of them, whose answer each machine folds as its own.
+Only the data plane is simulated: it is ready as soon as the store is known, and a committed
+view is "built" at once (the evidence a real data plane reports after connecting every member:
+nothing down).
+
+A :class:`SimulatedCluster` is many hosts in one event loop: a whole group of thousands of
+ranks in one process, for the tests and benchmarks that must run the protocol at the scale the
+product claims. Faults are the ones a real job sees: a process killed (its machine says nothing
+more), a death reported by a supervisor, a replacement with a new incarnation, a clean exit.
+
+Nothing here is a second implementation of the protocol: what each rank sends and how it reads
+an update is decided by ``AgentMachine``; this module only carries bytes and time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import heapq
+import time
+import uuid
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+from urllib.parse import urlsplit
+
+import msgspec
+
+from agent.httplite import Connection, HttpError
+from agent.machine import (
+    BEATS,
+    EVENTS,
+    Action,
+    AgentConfig,
+    AgentMachine,
+    Close,
+    ConnectDataPlane,
+    DataPlaneReady,
+    EventsAnswered,
+    EventsFailed,
+    InstallView,
+    LinkEvidence,
+    MoveDataPlane,
+    PollFailed,
+    PollUpdates,
+    RankStateChanged,
+    SendEvents,
+    ShutdownWithSave,
+    Start,
+    Stopped,
+    StoreAddress,
+    Tick,
+    UpdatesReceived,
+)
+from wire import ranks as rank_sets
+from wire.protocol import MAX_EVENTS, PROTOCOL, View
+
+#: How long one long poll waits on the coordinator before answering empty.
+POLL_TIMEOUT_S = 10.0
+#: The direction of the updates, for :meth:`SimulatedHost.mute`.
+UPDATES = "updates"
+
+_encode = msgspec.json.encode
+
+
+class SimulatedHost:
+    """Several ranks of one group behind one node's channel; see the module docstring."""
+
+    def __init__(
+        self,
+        address: tuple[str, int] | Sequence[tuple[str, int]],
+        group: str,
+        ranks: Iterable[int],
+        world_size: int,
+        *,
+        heartbeat_interval_s: float = 1.0,
+        tokens: Mapping[int, str] | None = None,
+        on_change: Callable[[], None] | None = None,
+    ) -> None:
+        self.address = address
+        self.group = group
+        self.world_size = world_size
+        self.heartbeat_interval_s = heartbeat_interval_s
+        self.tokens = dict(tokens or {})
+        self.on_change = on_change
+        self.machines: dict[int, AgentMachine] = {}
+        for rank in ranks:
+            self.machines[rank] = self._machine(rank)
+        #: ranks whose process is gone (killed or stopped): their machines get no more input
+        self.dead: set[int] = set()
+        #: rank -> the directions it is cut off in (see :meth:`mute`)
+        self.muted: dict[int, set[str]] = {}
+        self.stopped: dict[int, Stopped] = {}
+        self.states: dict[int, str] = {}
+        self.shutdowns: list[ShutdownWithSave] = []
+        #: every (event, result) the coordinator answered, when a test wants an audit trail
+        self.sent: list[tuple[Mapping[str, Any], Mapping[str, Any]]] | None = None
+        self.requests = 0
+        self._outbox: dict[str, list[tuple[int, tuple[Mapping[str, Any], ...]]]] = {
+            EVENTS: [],
+            BEATS: [],
+        }
+        self._lane_ready = {EVENTS: asyncio.Event(), BEATS: asyncio.Event()}
+        self._polls: dict[int, PollUpdates] = {}
+        self._poll_ready = asyncio.Event()
+        self._timers: list[tuple[float, int]] = []
+        self._timer_changed = asyncio.Event()
+        auth = f"Bearer {','.join(self.tokens[r] for r in sorted(self.tokens))}" if tokens else None
+        addresses = [address] if isinstance(address, tuple) else list(address)
+        self._conns = {name: Channel(addresses, auth) for name in (EVENTS, BEATS, "poll")}
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def _machine(self, rank: int, incarnation: str | None = None) -> AgentMachine:
+        return AgentMachine(
+            AgentConfig(
+                group=self.group,
+                rank=rank,
+                incarnation=incarnation or uuid.uuid4().hex,
+                world_size=self.world_size,
+                heartbeat_interval_s=self.heartbeat_interval_s,
+            )
+        )
+
+    # -- what a test or benchmark reads ------------------------------------------------------------
+
+    @property
+    def live_ranks(self) -> list[int]:
+        return sorted(r for r in self.machines if r not in self.dead)
+
+    def view(self, rank: int) -> View | None:
+        return self.machines[rank].view
+
+    @property
+    def bytes_received(self) -> int:
+        """Every byte the coordinator sent this host (headers included)."""
+        return sum(c.bytes_received for c in self._conns.values())
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._tasks = [
+            loop.create_task(self._send_loop(EVENTS)),
+            loop.create_task(self._send_loop(BEATS)),
+            loop.create_task(self._poll_loop()),
+            loop.create_task(self._timer_loop()),
+        ]
+        now = time.monotonic()
+        for rank in list(self.machines):
+            self._start(rank, now)
+
+    def _start(self, rank: int, now: float) -> None:
+        # the simulated data plane needs no store: it is ready from the start
+        self._step(rank, Start(now))
+        self._step(rank, DataPlaneReady(now))
+
+    async def close(self, timeout: float = 10.0) -> None:
+        """Every live rank leaves cleanly (``exit``), then the host stops."""
+        now = time.monotonic()
+        for rank in self.live_ranks:
+            self._step(rank, Close(now))
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout):
+                while any(r not in self.stopped for r in self.live_ranks):
+                    await asyncio.sleep(0.01)
+        await self.stop()
+
+    async def stop(self) -> None:
+        """Stop at once, like the node losing power: nothing more is sent."""
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, HttpError, OSError):
+                await task
+        self._tasks = []
+        for conn in self._conns.values():
+            await conn.close()
+
+    # -- faults ------------------------------------------------------------------------------------
+
+    def kill(self, rank: int) -> None:
+        """The rank's process dies (SIGKILL): its machine gets no more input, sends nothing."""
+        self.dead.add(rank)
+        self._polls.pop(rank, None)
+        for lane in self._outbox.values():
+            lane[:] = [(r, evs) for r, evs in lane if r != rank]
+
+    def mute(self, rank: int, *lanes: str) -> None:
+        """Cut the rank off in some directions, as a partial network failure would:
+        ``"events"`` and ``"beats"`` (what it sends fails to arrive; the machine retries),
+        ``"updates"`` (it hears nothing: a hung rank that keeps beating never ACKs)."""
+        self.muted.setdefault(rank, set()).update(lanes or (EVENTS, BEATS, UPDATES))
+
+    def unmute(self, rank: int) -> None:
+        self.muted.pop(rank, None)
+        self._poll_ready.set()
+        for lane in (EVENTS, BEATS):
+            self._lane_ready[lane].set()
+
+    def replace(self, rank: int) -> str:
+        """A new process for ``rank`` (a new incarnation) starts and joins; its incarnation."""
+        incarnation = uuid.uuid4().hex
+        self.machines[rank] = self._machine(rank, incarnation)
+        self.dead.discard(rank)
+        self.stopped.pop(rank, None)
+        self._start(rank, time.monotonic())
+        return incarnation
+
+    async def report_death(self, rank: int) -> tuple[int, Any]:
+        """What a supervisor does when it sees the process die: ``POST /agents/deaths``."""
+        machine = self.machines[rank]
+        body = {"group": self.group, "rank": rank, "incarnation": machine.config.incarnation}
+        token = self.tokens.get(rank)
+        channel = Channel(self._conns[EVENTS].addresses, f"Bearer {token}" if token else None)
+        try:
+            return await channel.request("POST", "/agents/deaths", body)
+        finally:
+            await channel.close()
+
+    # -- the machines ------------------------------------------------------------------------------
+
+    def _step(self, rank: int, event: Any) -> None:
+        if rank in self.dead:
+            return
+        machine = self.machines[rank]
+        actions = machine.step(event)
+        while actions:
+            follow: list[Action] = []
+            for action in actions:
+                follow.extend(self._carry_out(rank, machine, action))
+            actions = follow
+        deadline = machine.next_deadline()
+        if deadline is not None:
+            heapq.heappush(self._timers, (deadline, rank))
+            self._timer_changed.set()
+
+    def _carry_out(self, rank: int, machine: AgentMachine, action: Action) -> list[Action]:
+        """Carry out one action; what the simulated data plane answers at once comes back."""
+        now = time.monotonic()
+        if isinstance(action, SendEvents):
+            self._outbox[action.lane].append((rank, action.events))
+            self._lane_ready[action.lane].set()
+        elif isinstance(action, PollUpdates):
+            self._polls[rank] = action
+            self._poll_ready.set()
+        elif isinstance(action, ConnectDataPlane | MoveDataPlane):
+            return machine.step(DataPlaneReady(now))
+        elif isinstance(action, InstallView):
+            self._changed()
+            if action.view.is_active(rank):
+                # a built view: every member reached, nothing down
+                return machine.step(LinkEvidence(now, action.view.version, {}))
+        elif isinstance(action, RankStateChanged):
+            self.states[rank] = action.state
+            self._changed()
+        elif isinstance(action, ShutdownWithSave):
+            self.shutdowns.append(action)
+        elif isinstance(action, Stopped):
+            self.stopped[rank] = action
+            self.dead.add(rank)
+            self._polls.pop(rank, None)
+            self._changed()
+        return []
+
+    def _changed(self) -> None:
+        if self.on_change is not None:
+            self.on_change()
+
+    # -- the wire ----------------------------------------------------------------------------------
+
+    async def _send_loop(self, lane: str) -> None:
+        """One batch in flight per lane: what every rank queued meanwhile, in one request."""
+        outbox, ready, conn = self._outbox[lane], self._lane_ready[lane], self._conns[lane]
+        while True:
+            await ready.wait()
+            ready.clear()
+            while outbox:
+                batch: list[tuple[int, tuple[Mapping[str, Any], ...]]] = []
+                count = 0
+                while outbox and count + len(outbox[0][1]) <= MAX_EVENTS:
+                    item = outbox.pop(0)
+                    batch.append(item)
+                    count += len(item[1])
+                lost = [(r, evs) for r, evs in batch if lane in self.muted.get(r, ())]
+                if lost:
+                    now = time.monotonic()
+                    for rank, _ in lost:
+                        self._step(rank, EventsFailed(now, "the network lost it (muted)", lane))
+                    batch = [(r, evs) for r, evs in batch if lane not in self.muted.get(r, ())]
+                    if not batch:
+                        continue
+                events = [
+                    {**e, "token": self.tokens[rank]} if self.tokens else e
+                    for rank, evs in batch
+                    for e in evs
+                ]
+                self.requests += 1
+                try:
+                    status, body = await conn.request(
+                        "POST", "/agents/events", _encode({"events": events})
+                    )
+                except (HttpError, OSError) as exc:
+                    now = time.monotonic()
+                    for rank, _ in batch:
+                        self._step(rank, EventsFailed(now, str(exc), lane))
+                    continue
+                now = time.monotonic()
+                if status != 200:
+                    detail = f"{status}: {body}"
+                    for rank, _ in batch:
+                        self._step(rank, EventsFailed(now, detail, lane))
+                    continue
+                results = body["results"]
+                if self.sent is not None:
+                    self.sent.extend(zip(events, results, strict=True))
+                at = 0
+                for rank, evs in batch:
+                    self._step(rank, EventsAnswered(now, tuple(results[at : at + len(evs)]), lane))
+                    at += len(evs)
+
+    async def _poll_loop(self) -> None:
+        """One long poll for every rank of the host that asked for one."""
+        conn = self._conns["poll"]
+        while True:
+            await self._poll_ready.wait()
+            self._poll_ready.clear()
+            polls = {
+                r: p
+                for r, p in self._polls.items()
+                if r not in self.dead and UPDATES not in self.muted.get(r, ())
+            }
+            if not polls:
+                continue
+            delay = min(p.delay_s for p in polls.values())
+            if delay > 0:
+                await asyncio.sleep(delay)
+            for rank in polls:
+                del self._polls[rank]
+            after = min(p.after for p in polls.values())
+            views = {p.view for p in polls.values()}
+            query = (
+                f"/agents/updates?group={self.group}&ranks={rank_sets.format_query(polls)}"
+                f"&after={after}&timeout={POLL_TIMEOUT_S}&protocol={PROTOCOL}"
+            )
+            if len(views) == 1 and (view := views.pop()) is not None:
+                query += f"&view={view}"
+            self.requests += 1
+            try:
+                status, body = await conn.request("GET", query)
+            except (HttpError, OSError) as exc:
+                status, body = 0, str(exc)
+            now = time.monotonic()
+            if status != 200:
+                for rank in polls:
+                    self._step(rank, PollFailed(now, f"{status}: {body}"))
+                continue
+            store = body.get("store")
+            address = StoreAddress(store["host"], store["port"]) if store else None
+            shared = [u for u in body["updates"] if u.get("type") != "rank_state"]
+            own: dict[int, list[Mapping[str, Any]]] = {}
+            for u in body["updates"]:
+                if u.get("type") == "rank_state":
+                    own.setdefault(u["rank"], []).append(u)
+            for rank in polls:
+                updates = shared if rank not in own else sorted([*shared, *own[rank]], key=_offset)
+                self._step(
+                    rank,
+                    UpdatesReceived(
+                        now, tuple(updates), body["next_after"], address, body["resync"]
+                    ),
+                )
+
+    async def _timer_loop(self) -> None:
+        """Tick each machine when its deadline passes (a heap of deadlines, checked lazily)."""
+        timers = self._timers
+        while True:
+            now = time.monotonic()
+            while timers and timers[0][0] <= now:
+                _, rank = heapq.heappop(timers)
+                machine = self.machines.get(rank)
+                if machine is None or rank in self.dead:
+                    continue
+                due = machine.next_deadline()
+                if due is not None and due <= now:
+                    self._step(rank, Tick(now))
+                elif due is not None:
+                    heapq.heappush(timers, (due, rank))
+            self._timer_changed.clear()
+            timeout = None if not timers else max(0.0, timers[0][0] - time.monotonic())
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(timeout):
+                    await self._timer_changed.wait()
+
+
+class Channel:
+    """One keep-alive connection to whichever coordinator of a list leads: a refused
+    connection moves on to the next address, a ``503 not_leader`` to the leader it names (the
+    rules of ``agent.client.CoordinatorClient``, for the simulated hosts' light client)."""
+
+    def __init__(self, addresses: Sequence[tuple[str, int]], authorization: str | None) -> None:
+        self.addresses = list(addresses)
+        self.authorization = authorization
+        self._at = 0
+        self._conn: Connection | None = None
+        self.bytes_received = 0
+
+    async def request(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
+        tries = 0
+        while True:
+            if self._conn is None:
+                self._conn = Connection(*self.addresses[self._at], authorization=self.authorization)
+            conn = self._conn
+            before = conn.bytes_received
+            try:
+                status, data = await conn.request(method, path, body)
+            except (HttpError, OSError):
+                await self.close()
+                self._at = (self._at + 1) % len(self.addresses)
+                tries += 1
+                if tries >= len(self.addresses):
+                    raise
+                continue
+            finally:
+                self.bytes_received += conn.bytes_received - before
+            leader = data.get("leader") if status == 503 and isinstance(data, dict) else None
+            if leader and tries < 2 * len(self.addresses):
+                address = _address(str(leader))
+                if address != self.addresses[self._at]:
+                    if address not in self.addresses:
+                        self.addresses.append(address)
+                    await self.close()
+                    self._at = self.addresses.index(address)
+                    tries += 1
+                    continue
+            return status, data
+
+    async def close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            await conn.close()
+
+
+def _address(url: str) -> tuple[str, int]:
+    parts = urlsplit(url if "://" in url else f"http://{url}")
+    return parts.hostname or "127.0.0.1", parts.port or 80
+
+
+def _offset(update: Mapping[str, Any]) -> int:
+    return int(update.get("offset", 0))
+
+
+class SimulatedCluster:
+    """Every rank of one group, ``ranks_per_host`` to a simulated host, in one event loop."""
+
+    def __init__(
+        self,
+        address: tuple[str, int] | Sequence[tuple[str, int]],
+        group: str,
+        world_size: int,
+        *,
+        ranks_per_host: int = 8,
+        ranks: Sequence[int] | None = None,
+        heartbeat_interval_s: float = 1.0,
+        tokens: Mapping[int, str] | None = None,
+    ) -> None:
+        ranks = list(range(world_size)) if ranks is None else list(ranks)
+        self._changed = asyncio.Condition()
+        self._dirty = False
+        self.hosts = [
+            SimulatedHost(
+                address,
+                group,
+                ranks[i : i + ranks_per_host],
+                world_size,
+                heartbeat_interval_s=heartbeat_interval_s,
+                tokens={r: tokens[r] for r in ranks[i : i + ranks_per_host]} if tokens else None,
+                on_change=self._note_change,
+            )
+            for i in range(0, len(ranks), ranks_per_host)
+        ]
+        self.host_of = {r: h for h in self.hosts for r in h.machines}
+
+    def _note_change(self) -> None:
+        if not self._dirty:
+            self._dirty = True
+            asyncio.get_running_loop().call_soon(self._notify)
+
+    def _notify(self) -> None:
+        self._dirty = False
+
+        async def notify() -> None:
+            async with self._changed:
+                self._changed.notify_all()
+
+        asyncio.get_running_loop().create_task(notify())
+
+    async def start(self) -> None:
+        for host in self.hosts:
+            await host.start()
+
+    async def stop(self) -> None:
+        await asyncio.gather(*(h.stop() for h in self.hosts))
+
+    async def close(self) -> None:
+        await asyncio.gather(*(h.close() for h in self.hosts))
+
+    def kill(self, rank: int) -> None:
+        self.host_of[rank].kill(rank)
+
+    async def report_death(self, rank: int) -> tuple[int, Any]:
+        return await self.host_of[rank].report_death(rank)
+
+    def replace(self, rank: int) -> str:
+        return self.host_of[rank].replace(rank)
+
+    def mute(self, rank: int, *lanes: str) -> None:
+        self.host_of[rank].mute(rank, *lanes)
+
+    def unmute(self, rank: int) -> None:
+        self.host_of[rank].unmute(rank)
+
+    def machine(self, rank: int) -> AgentMachine:
+        return self.host_of[rank].machines[rank]
+
+    def view(self, rank: int) -> View | None:
+        return self.host_of[rank].view(rank)
+
+    @property
+    def live_ranks(self) -> list[int]:
+        return sorted(r for h in self.hosts for r in h.live_ranks)
+
+    @property
+    def stopped(self) -> dict[int, Stopped]:
+        return {r: s for h in self.hosts for r, s in h.stopped.items()}
+
+    @property
+    def bytes_received(self) -> int:
+        return sum(h.bytes_received for h in self.hosts)
+
+    @property
+    def requests(self) -> int:
+        return sum(h.requests for h in self.hosts)
+
+    def all_on(self, version: int, ranks: Iterable[int] | None = None) -> bool:
+        """Every rank named (every live rank by default) holds ``version`` or later."""
+        for rank in self.live_ranks if ranks is None else ranks:
+            view = self.view(rank)
+            if view is None or view.version < version:
+                return False
+        return True
+
+    async def wait_until(self, predicate: Callable[[], bool], timeout: float) -> None:
+        """Wait (woken by each installed view or state change, never by sleeping) until
+        ``predicate()`` holds; raises TimeoutError with what the ranks hold."""
+        try:
+            async with asyncio.timeout(timeout):
+                async with self._changed:
+                    await self._changed.wait_for(predicate)
+        except TimeoutError:
+            versions: dict[int | None, int] = {}
+            for rank in self.live_ranks:
+                view = self.view(rank)
+                key = None if view is None else view.version
+                versions[key] = versions.get(key, 0) + 1
+            raise TimeoutError(
+                f"not reached in {timeout} s; live ranks by view version: {versions}; "
+                f"stopped: {len(self.stopped)}"
+            ) from None

@@ -1,0 +1,45 @@
+"""An in-process coordinator for the scale suites: the real ``Host`` on a real SQLite file,
+served by the real HTTP app (uvicorn on 127.0.0.1, a free port) in the test's event loop, so a
+group of thousands of simulated agents (``agent.simhost``) runs in one process."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from api.app import create_app
+from api.server import Server, config
+from coordinator.host import Host
+from eventlog import NewRecord
+from tests.conftest import free_port
+
+
+@contextlib.asynccontextmanager
+async def serving(db: Path, **host_options: Any) -> AsyncIterator[tuple[Host, tuple[str, int]]]:
+    host = await Host.open(str(db), **host_options)
+    port = free_port()
+    server = Server(config(create_app(host), "127.0.0.1", port, "warning"))
+    server.before_shutdown = host.stop_waiting
+    task = asyncio.get_running_loop().create_task(server.serve())
+    try:
+        while not server.started:
+            await asyncio.sleep(0.01)
+        yield host, ("127.0.0.1", port)
+    finally:
+        server.should_exit = True
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await host.close()
+
+
+async def create_group(host: Host, group: str, world_size: int, **config: Any) -> None:
+    await host.submit(
+        NewRecord(
+            kind="group_created",
+            group=group,
+            payload={"world_size": world_size, "config": config},
+        )
+    )
