@@ -892,6 +892,10 @@ class _Server(ThreadingHTTPServer):
     daemon_threads = True
     relay: Relay
 
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # a worker that died mid-request (the launcher reports it): not the relay's failure
+        log.debug("relay: a request from %s ended early", client_address, exc_info=True)
+
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
