@@ -425,10 +425,11 @@ class EventsLane:
                 if self._closed:
                     return
                 batch = take_batch(self._queue)
-            for request, reply in zip(batch, self._post(batch), strict=True):
+            for request, reply in zip(batch, self.send_batch(batch), strict=True):
                 request.answer(reply)
 
-    def _post(self, batch: list[EventsRequest]) -> list[Reply]:
+    def send_batch(self, batch: list[EventsRequest]) -> list[Reply]:
+        """POST one batch upstream; each request's reply, in order."""
         events = [event for request in batch for event in request.events]
         self._stats["events_upstream"] += 1
         self._stats["events_sent"] += len(events)
@@ -444,7 +445,7 @@ class EventsLane:
         except CoordinatorError as exc:
             if len(batch) > 1 and exc.status in REFUSED:
                 # refused as a whole: let each worker's request meet its own fate
-                return [self._post([request])[0] for request in batch]
+                return [self.send_batch([request])[0] for request in batch]
             return [error(exc.status, exc.code, exc.detail)] * len(batch)
         except (CoordinatorUnavailable, RuntimeError) as exc:  # RuntimeError: closed
             return [error(503, UNAVAILABLE, str(exc))] * len(batch)
@@ -757,7 +758,8 @@ class Relay:
         self._polls_now = 0
         self._events_client = CoordinatorClient(addresses, timeout_s=timeout_s)
         self._solo_client = CoordinatorClient(addresses, timeout_s=timeout_s)
-        self._events = EventsLane(self._events_client, self.stats)
+        #: the lane that merges the workers' event requests
+        self.events = EventsLane(self._events_client, self.stats)
         self._lanes: dict[tuple[str, str | None], UpdatesLane] = {}
         self._lock = threading.Lock()
         self._closed = False
@@ -774,7 +776,7 @@ class Relay:
         return f"http://{host}:{port}"
 
     def start(self) -> Relay:
-        self._events.start()
+        self.events.start()
         self._thread.start()
         self._started = True
         log.info("relay on %s for %s", self.url, self.addresses)
@@ -792,7 +794,7 @@ class Relay:
         self._server.server_close()
         for lane in lanes:
             lane.close()
-        self._events.close()
+        self.events.close()
         self._solo_client.close()
 
     def __enter__(self) -> Relay:
@@ -822,7 +824,7 @@ class Relay:
             return error(422, "invalid_request", f"{len(events)} events; at most {MAX_EVENTS}")
         if not events:
             return 200, {"term": None, "results": []}
-        return self._events.submit(events, token, nbytes)
+        return self.events.submit(events, token, nbytes)
 
     def get_updates(self, query: Mapping[str, list[str]], token: str | None) -> Reply:
         args = _poll_args(query)

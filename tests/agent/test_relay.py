@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from agent.client import CoordinatorClient
-from agent.relay import Relay
+from agent.relay import EventsRequest, Relay, with_token
 from coordinator.auth import agent_token
 from tests.agent.conftest import Coordinator, start_coordinator, stop_coordinator
 
@@ -58,6 +58,7 @@ class Rank:
 
     def __init__(self, url: str, group: str, rank: int, token: str | None = None) -> None:
         self.group, self.rank, self.incarnation = group, rank, f"inc-{group}-{rank}"
+        self.token = token
         headers = {"authorization": f"Bearer {token}"} if token else {}
         self.http = httpx.Client(base_url=url, headers=headers, timeout=70.0)
         self.after = 0
@@ -338,20 +339,36 @@ def test_with_auth_on_a_worker_cannot_speak_for_another_rank_through_the_relay(
         )
         assert "offset" in answers[0].json()["results"][0], answers[0].text
         assert answers[1].json()["results"][0]["error"] == "forbidden", answers[1].text
-        # no token at all, beside rank 0's heartbeats: refused, and rank 0 is not
+        # no token at all, or a forged one, beside rank 0's heartbeats: refused (as a whole
+        # request or event by event, depending on where it lands in a batch), and rank 0 is not
         anonymous = Rank(relay.url, "auth", 1)
+        forged = Rank(relay.url, "auth", 1, "fpa1.auth.1." + "0" * 64)
         for _ in range(5):
-            beat, refused = in_parallel(
+            beat, *refused = in_parallel(
                 [
                     lambda: zero.send(zero.event("heartbeat")),
                     lambda: anonymous.send(anonymous.event("join")),
+                    lambda: forged.send(forged.event("join")),
                 ]
             )
             assert "offset" in beat.json()["results"][0], beat.text
-            assert refused.status_code in (200, 401), refused.text
-            body = refused.json()
-            code = body["results"][0]["error"] if refused.status_code == 200 else body["error"]
-            assert code in ("forbidden", "unauthorized"), refused.text
+            for answer in refused:
+                assert answer.status_code in (200, 401, 403), answer.text
+                body = answer.json()
+                code = body["results"][0]["error"] if answer.status_code == 200 else body["error"]
+                assert code in ("forbidden", "unauthorized"), answer.text
+
+        # a merged batch whose first request has a forged token is refused as a whole: each
+        # request is then sent on its own, and rank 0's heartbeat still lands
+        batch = [
+            EventsRequest(with_token([forged.event("join")], forged.token), 100, tokened=True),
+            EventsRequest(with_token([zero.event("heartbeat")], zero.token), 100, tokened=True),
+        ]
+        split = relay.stats["events_upstream"]
+        (bad_status, bad), (good_status, good) = relay.events.send_batch(batch)
+        assert relay.stats["events_upstream"] == split + 3  # the batch, then each on its own
+        assert (bad_status, bad["error"]) == (403, "forbidden"), bad
+        assert good_status == 200 and "offset" in good["results"][0], good
 
         # polls: rank 0's token cannot read rank 1's updates, before and after rank 1 is
         # carried by the relay's upstream poll with its own token
@@ -371,5 +388,5 @@ def test_with_auth_on_a_worker_cannot_speak_for_another_rank_through_the_relay(
         one.wait_for(own_state(1, "OFFLINE"))
         assert relay.stats["polls_solo"] == before["polls_solo"], (before, relay.stats)
         assert relay.stats["polls_lane"] > before["polls_lane"], (before, relay.stats)
-        for r in (zero, one, impostor, anonymous):
+        for r in (zero, one, impostor, anonymous, forged):
             r.close()
