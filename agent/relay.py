@@ -245,22 +245,25 @@ class UpdateCache:
                 self._resync[rank] = own
                 self.nbytes += sum(_size(u) for u in own)
                 self.ranks[rank] = Span(next_after, next_after)
+            if self.nbytes > self.max_bytes:  # too big to keep: each rank asks on its own
+                self.dropped += len(shared) + len(ranks)
+                self._clear()
             return
         next_after = max(next_after, after)
         if self.group is None or after > self.group.hi:
             # nothing held joins this answer: start again from it
             self._clear()
             self.group = Span(after, next_after)
+        elif next_after < self.group.lo:
+            return  # wholly older than what is held (and may have been dropped): nothing new
         else:
-            self.group.lo = min(self.group.lo, after)
-            self.group.hi = max(self.group.hi, next_after)
+            _join(self.group, after, next_after)
         for rank in ranks:
             span = self.ranks.get(rank)
             if span is None or after > span.hi:
                 self.ranks[rank] = Span(after, next_after)
-            else:
-                span.lo = min(span.lo, after)
-                span.hi = max(span.hi, next_after)
+            elif next_after >= span.lo:
+                _join(span, after, next_after)
         for update in updates:
             self._insert(update)
         self._trim_to_bytes()
@@ -362,6 +365,12 @@ class UpdateCache:
         self._resync_group = ()
         self.ranks.clear()
         self.nbytes = 0
+
+
+def _join(span: Span, lo: int, hi: int) -> None:
+    """Widen ``span`` by ``(lo, hi]``, which overlaps or touches it."""
+    span.lo = min(span.lo, lo)
+    span.hi = max(span.hi, hi)
 
 
 def _key(update: Mapping[str, Any]) -> tuple[int, int | None, str]:

@@ -8,6 +8,9 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from agent.relay import (
     EventsRequest,
     UpdateCache,
@@ -182,3 +185,59 @@ def test_forget_drops_a_ranks_own_updates():
     cache.forget(1)
     assert cache.serve(1, 0) is None
     assert len(cache) == 2 and cache.nbytes < before
+
+
+# -- a property: whatever the cache serves is exactly what the coordinator would say --------
+
+LOG = [
+    view(o, o) if o % 3 == 0 else state(o, o % 4) for o in range(1, 41)
+]  # a group of 4 ranks: every third offset is the group's, the rest one rank's
+
+
+def truth(rank: int, after: int, upto: int) -> tuple[dict[str, Any], ...]:
+    return tuple(u for u in LOG if after < u["offset"] <= upto and u.get("rank") in (None, rank))
+
+
+facts = st.tuples(
+    st.frozensets(st.integers(0, 3), min_size=1),
+    st.integers(0, 40),
+    st.integers(0, 40),
+)
+steps = st.lists(
+    st.one_of(
+        st.tuples(st.just("answer"), facts),
+        st.tuples(st.just("trim"), st.integers(0, 40)),
+        st.tuples(st.just("forget"), st.integers(0, 3)),
+        st.tuples(st.just("resync"), facts),
+    ),
+    max_size=30,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(steps=steps, max_bytes=st.sampled_from([150, 400, 2_000, 1_000_000]))
+def test_what_the_cache_serves_is_exactly_the_coordinators_answer(steps, max_bytes):
+    cache = UpdateCache(max_bytes=max_bytes)
+    for kind, arg in steps:
+        if kind == "answer":
+            ranks, after, upto = arg
+            after, upto = min(after, upto), max(after, upto)
+            answer = [u for u in LOG if after < u["offset"] <= upto]
+            cache.add(
+                sorted(ranks), after, [u for u in answer if u.get("rank") in (None, *ranks)], upto
+            )
+        elif kind == "resync":  # the current state at ``upto`` instead of the updates
+            ranks, _, upto = arg
+            current = [u for u in LOG if u["offset"] <= upto][-4:]
+            cache.add(sorted(ranks), 0, current, upto, resync=True)
+        elif kind == "trim":
+            cache.trim_below(arg)
+        else:
+            cache.forget(arg)
+        assert cache.nbytes <= max_bytes
+        for rank in range(4):
+            for after in range(41):
+                served = cache.serve(rank, after)
+                if served is not None and not served.resync:
+                    assert served.next_after >= after
+                    assert served.updates == truth(rank, after, served.next_after), (rank, after)
