@@ -8,7 +8,7 @@ endpoints (docs/protocol.md, "The per-host relay"):
 
 - ``POST /agents/events``: each worker request's events are queued; while one upstream batch is
   in flight, what arrives goes into the next one (up to ``MAX_EVENTS`` events and
-  ``MAX_BATCH_BYTES``). The relay attaches each worker's agent token (its ``Authorization``
+  ``MAX_BATCH_BYTES``); requests of nothing but heartbeats have such a lane of their own. The relay attaches each worker's agent token (its ``Authorization``
   header) to that worker's events as ``"token"``, so the coordinator still checks every event
   against its own rank; the answer's results are split back to each worker in order. A merged
   batch that the coordinator refuses as a whole (401/403/413/422) is sent again request by
@@ -82,6 +82,27 @@ Reply = tuple[int, Body]
 
 def error(status: int, code: str, detail: str) -> Reply:
     return status, {"error": code, "detail": detail}
+
+
+class Counters(dict[str, int]):
+    """What the relay did, by name; written by many threads, so under a lock."""
+
+    def __init__(self, *names: str) -> None:
+        super().__init__(dict.fromkeys(names, 0))
+        self._lock = threading.Lock()
+
+    def add(self, name: str, n: int = 1) -> None:
+        with self._lock:
+            self[name] += n
+
+    def peak(self, name: str, value: int) -> None:
+        """Keep the largest ``value`` seen."""
+        with self._lock:
+            self[name] = max(self[name], value)
+
+    def reset(self, name: str) -> None:
+        with self._lock:
+            self[name] = 0
 
 
 # -- events: merge and split (pure) ----------------------------------------------------------
@@ -387,14 +408,14 @@ def _size(update: Mapping[str, Any]) -> int:
 class EventsLane:
     """Merges the workers' event requests into upstream batches, one in flight at a time."""
 
-    def __init__(self, client: CoordinatorClient, stats: dict[str, int]) -> None:
+    def __init__(self, client: CoordinatorClient, stats: Counters, name: str) -> None:
         self._client = client
         self._stats = stats
         self._queue: deque[EventsRequest] = deque()
         self._cond = threading.Condition()
         self._closed = False
         self._thread = threading.Thread(
-            target=self._run, name="foldplane-relay-events", daemon=True
+            target=self._run, name=f"foldplane-relay-{name}", daemon=True
         )
 
     def start(self) -> None:
@@ -420,7 +441,7 @@ class EventsLane:
             if len(self._queue) >= MAX_QUEUED_REQUESTS:
                 return error(503, UNAVAILABLE, f"{len(self._queue)} event requests queued")
             self._queue.append(request)
-            self._stats["events_requests"] += 1
+            self._stats.add("events_requests")
             self._cond.notify_all()
         if not request.done.wait(EVENTS_WAIT_S):
             return error(503, UNAVAILABLE, f"no upstream answer within {EVENTS_WAIT_S} s")
@@ -440,10 +461,10 @@ class EventsLane:
     def send_batch(self, batch: list[EventsRequest]) -> list[Reply]:
         """POST one batch upstream; each request's reply, in order."""
         events = [event for request in batch for event in request.events]
-        self._stats["events_upstream"] += 1
-        self._stats["events_sent"] += len(events)
+        self._stats.add("events_upstream")
+        self._stats.add("events_sent", len(events))
         if len(batch) > 1:
-            self._stats["events_merged"] += 1
+            self._stats.add("events_merged")
         # Each event's own token decides for it; the header only gets the request through
         # the coordinator's door, so it is a token of the batch's first request.
         headers = {"authorization": f"Bearer {events[0]['token']}"} if batch[0].tokened else None
@@ -545,7 +566,7 @@ class UpdatesLane:
             member.after, member.seen, member.view = args.after, time.monotonic(), args.view
             if not self._lane_serves(args.rank, args.after):
                 return self._solo(args, token)
-            self._stats["polls_lane"] += 1
+            self._stats.add("polls_lane")
             self._waiting += 1
             self._cond.notify_all()  # the lane's thread may be waiting for a poll to serve
             answers = self._answers
@@ -593,7 +614,7 @@ class UpdatesLane:
 
     def _solo(self, args: PollArgs, token: str | None, *, verify: bool = False) -> Reply:
         """Forward this poll upstream on its own (the lock is released meanwhile)."""
-        self._stats["polls_solo"] += 1
+        self._stats.add("polls_solo")
         self._cond.release()
         try:
             reply = self._relay.forward_poll(args.params(), token)
@@ -625,8 +646,8 @@ class UpdatesLane:
         listed = [m.after for r, m in self.members.items() if r in self.cache.ranks]
         if listed:
             self.cache.trim_below(min(listed))
-        self._stats["cache_bytes"] = max(self._stats["cache_bytes"], self.cache.nbytes)
-        self._stats["cache_dropped"] += self.cache.dropped - self._dropped
+        self._stats.peak("cache_bytes", self.cache.nbytes)
+        self._stats.add("cache_dropped", self.cache.dropped - self._dropped)
         self._dropped = self.cache.dropped
 
     # -- the upstream poll -----------------------------------------------------------------------
@@ -653,7 +674,7 @@ class UpdatesLane:
                 params["protocol"] = self.protocol
             if view is not None:
                 params["view"] = view
-            self._stats["lane_polls"] += 1
+            self._stats.add("lane_polls")
             try:
                 with self._relay.upstream_poll():
                     body = self._client.request(
@@ -749,26 +770,28 @@ class Relay:
         self.addresses = addresses
         self.timeout_s = timeout_s
         self.cache_bytes = cache_bytes
-        self.stats: dict[str, int] = dict.fromkeys(
-            (
-                "polls_lane",
-                "polls_solo",
-                "lane_polls",
-                "events_requests",
-                "events_upstream",
-                "events_sent",
-                "events_merged",
-                "cache_bytes",
-                "cache_dropped",
-                "upstream_polls_max",
-            ),
-            0,
+        self.stats = Counters(
+            "polls_lane",
+            "polls_solo",
+            "lane_polls",
+            "events_requests",
+            "events_upstream",
+            "events_sent",
+            "events_merged",
+            "cache_bytes",
+            "cache_dropped",
+            "upstream_polls_max",
         )
         self._polls_now = 0
-        self._events_client = CoordinatorClient(addresses, timeout_s=timeout_s)
         self._solo_client = CoordinatorClient(addresses, timeout_s=timeout_s)
-        #: the lane that merges the workers' event requests
-        self.events = EventsLane(self._events_client, self.stats)
+        #: the lanes that merge the workers' event requests: heartbeats, as the agent sends
+        #: them, in a lane of their own, so a beat never waits behind a slow batch of events
+        self.events = EventsLane(
+            CoordinatorClient(addresses, timeout_s=timeout_s), self.stats, "events"
+        )
+        self.beats = EventsLane(
+            CoordinatorClient(addresses, timeout_s=timeout_s), self.stats, "beats"
+        )
         self._lanes: dict[tuple[str, str | None], UpdatesLane] = {}
         self._lock = threading.Lock()
         self._closed = False
@@ -786,6 +809,7 @@ class Relay:
 
     def start(self) -> Relay:
         self.events.start()
+        self.beats.start()
         self._thread.start()
         self._started = True
         log.info("relay on %s for %s", self.url, self.addresses)
@@ -804,6 +828,7 @@ class Relay:
         for lane in lanes:
             lane.close()
         self.events.close()
+        self.beats.close()
         self._solo_client.close()
 
     def __enter__(self) -> Relay:
@@ -833,7 +858,8 @@ class Relay:
             return error(422, "invalid_request", f"{len(events)} events; at most {MAX_EVENTS}")
         if not events:
             return 200, {"term": None, "results": []}
-        return self.events.submit(events, token, nbytes)
+        beats = all(e.get("type") == "heartbeat" for e in events)
+        return (self.beats if beats else self.events).submit(events, token, nbytes)
 
     def get_updates(self, query: Mapping[str, list[str]], token: str | None) -> Reply:
         args = _poll_args(query)
@@ -852,9 +878,7 @@ class Relay:
         """Count an upstream updates poll while it is in flight (``upstream_polls_max``)."""
         with self._lock:
             self._polls_now += 1
-            self.stats["upstream_polls_max"] = max(
-                self.stats["upstream_polls_max"], self._polls_now
-            )
+            self.stats.peak("upstream_polls_max", self._polls_now)
         try:
             yield
         finally:

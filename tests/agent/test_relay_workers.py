@@ -30,7 +30,7 @@ def test_workers_under_the_relay_form_and_survivors_of_a_sigkill_reach_the_next_
     # Every rank is carried by the relay's one upstream poll now: from here on, no poll of a
     # worker goes upstream on its own, and never is more than one upstream poll in flight.
     formed = dict(relay.stats)
-    relay.stats["upstream_polls_max"] = 0
+    relay.stats.reset("upstream_polls_max")
     w.launcher.kill(3)
     death = w.exits.get(timeout=30)
     assert (death.rank, death.returncode, death.reported) == (3, -9, True), death
