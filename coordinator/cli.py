@@ -71,6 +71,12 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--snapshot-every", type=int, default=20_000, help="snapshot the fold every N records"
     )
+    s.add_argument(
+        "--heartbeat-flush-s",
+        type=float,
+        default=0.5,
+        help="how long heartbeats wait to share one record, in seconds (default 0.5)",
+    )
     s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     ha = s.add_argument_group("several coordinators on one PostgreSQL log (docs/ha.md)")
     ha.add_argument(
@@ -140,6 +146,12 @@ def _serve(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"coordinator: --lease-s/--lease-poll-s: {exc}", file=sys.stderr)
         return 2
+    if not args.heartbeat_flush_s >= 0:
+        print(
+            f"coordinator: --heartbeat-flush-s must be >= 0 seconds, got {args.heartbeat_flush_s}",
+            file=sys.stderr,
+        )
+        return 2
     with asyncio.Runner(loop_factory=loop_factory()) as runner:
         return runner.run(_serve_async(args, auth))
 
@@ -166,6 +178,7 @@ async def _serve_async(args: argparse.Namespace, auth: Any) -> int:
             address=args.advertise or f"http://{args.host}:{args.port}",
             settings=args.lease,
             snapshot_every=args.snapshot_every,
+            heartbeat_flush_s=args.heartbeat_flush_s,
         )
     except (LogError, OSError, ValueError) as exc:
         print(f"coordinator: cannot open the log {args.db!r}: {exc}", file=sys.stderr)

@@ -94,6 +94,12 @@ RankSetField = Annotated[
 
 #: The most events one ``POST /agents/events`` may carry.
 MAX_EVENTS = 4096
+#: The largest group the protocol's bounds are stated for.
+MAX_WORLD_SIZE = 65_536
+#: No update is larger: a view change that changes k ranks sends O(k) bytes, and the extreme,
+#: every rank set of a 65,536-rank view changing in a worst-case pattern, is about 120 kB
+#: (each set a bitmap of at most 10,928 characters). ``tests/scale/test_limits.py`` checks it.
+MAX_UPDATE_BYTES = 128 * 1024
 
 
 class _AgentEvent(Struct, kw_only=True, tag_field="type", omit_defaults=True):

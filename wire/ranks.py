@@ -68,10 +68,10 @@ def decode(value: Any, world_size: int, *, name: str = "ranks") -> tuple[int, ..
                 raise RankSetError(f"{name}: run {item!r} ends before it starts")
         else:
             raise RankSetError(f"{name}: {item!r} is neither a rank nor a [first, last] run")
-        if first <= last:
-            raise RankSetError(f"{name} must be in increasing order without repeats; {item!r}")
         if first < 0 or end >= world_size:
             raise RankSetError(f"{name} names {item!r}, not ranks in 0..{world_size - 1}")
+        if first <= last:
+            raise RankSetError(f"{name} must be in increasing order without repeats; {item!r}")
         if first == end:
             out.append(first)
         else:

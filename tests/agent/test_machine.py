@@ -543,6 +543,31 @@ def test_twin_a_delta_from_the_view_held_is_not_stale():
     assert m.view == view(2, [1], 30)
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "agent/machine.py:421 keeps after = max(after, next_after) on a resync, so a rank "
+        "whose coordinator was restored behind it polls after an offset past that log's "
+        "head again, and coordinator/host.py:460 answers that at once with another resync: "
+        "a busy loop until the log grows past it (agent/host.py:564 drops 'restored' too)"
+    ),
+)
+def test_a_resync_from_a_coordinator_behind_this_rank_resumes_at_its_head():
+    m = joined(heartbeat_interval_s=100.0)
+    m.step(updates(committed(500, 3, [0, 1])))
+    assert m.after == 500
+    # the coordinator was restored from an older copy whose log ends at offset 400
+    answer = UpdatesReceived(1.0, (committed(390, 2, [0, 1]),), 400, STORE, resync=True)
+    assert m.step(answer)[-1].after == 400
+
+
+def test_twin_a_resync_ahead_of_this_rank_resumes_at_its_next_after():
+    m = joined(heartbeat_interval_s=100.0)
+    m.step(updates(committed(50, 3, [0, 1])))
+    answer = UpdatesReceived(1.0, (committed(90, 4, [1]),), 120, STORE, resync=True)
+    assert m.step(answer)[-1] == PollUpdates(120, 0.0, 4)
+
+
 def test_shutdown_with_save_is_reported_once():
     m = joined()
     u = {

@@ -1,8 +1,8 @@
 """Fixtures of the service suites: a real ``python -m coordinator serve`` on a SQLite file.
 
 ``Server`` is a real uvicorn process on 127.0.0.1 at a free port. Tests talk to it with httpx
-and the simulated agents of ``tests/service/sim.py``, which speak the wire protocol exactly as
-docs/protocol.md describes it.
+and the simulated agent hosts of ``agent.simhost``, which run the real ``AgentMachine`` for each
+rank over the real wire.
 """
 
 from __future__ import annotations

@@ -151,9 +151,11 @@ def test_an_agent_token_used_for_another_rank_is_forbidden(secure_server):
     [result] = r.json()["results"]
     assert result["error"] == "forbidden" and "rank 2" in result["detail"]
     polled = httpx.get(
-        url + "/agents/updates", params={"group": "train", "rank": 2, "timeout": 0}, headers=mine
+        url + "/agents/updates",
+        params={"group": "train", "rank": 2, "timeout": 0, "protocol": 2},
+        headers=mine,
     )
-    assert polled.status_code == 403
+    assert polled.status_code == 403 and polled.json()["error"] == "forbidden"
     death = httpx.post(url + "/agents/deaths", json={"group": "train", "rank": 2}, headers=mine)
     assert death.status_code == 403
     other_group = httpx.post(
@@ -197,11 +199,58 @@ def test_agent_tokens_work_for_their_own_rank_and_per_event(secure_server):
     assert "offset" in results[0]
     assert results[1]["error"] == "forbidden"
     polled = httpx.get(
-        url + "/agents/updates", params={"group": "train", "rank": 1, "timeout": 0}, headers=own
+        url + "/agents/updates",
+        params={"group": "train", "rank": 1, "timeout": 0, "protocol": 2},
+        headers=own,
     )
-    assert polled.status_code == 200
+    assert polled.status_code == 200, polled.text
     proposal = httpx.post(
         url + "/proposals", json={"group": "train", "op": "deactivate", "ranks": [0]}, headers=own
     )
     assert proposal.status_code in (200, 202)
     assert proposal.json()["proposer"] == "rank:1"
+
+
+def test_several_agent_tokens_in_one_header_speak_for_all_their_ranks():
+    auth = Authenticator(operator_token=OPERATOR, secret=SECRET)
+    t1, t2, t3 = (agent_token(SECRET, "train", r) for r in (1, 2, 3))
+    host = auth.authenticate(f"Bearer {t1},{t2}")
+    assert host == Principal("agent", "train", 1, frozenset({2}))
+    assert host.speaks_for("train", 1) and host.speaks_for("train", 2)
+    assert not host.speaks_for("train", 3) and not host.speaks_for("other", 1)
+    assert host.describe() == "agents train/[1, 2]"
+    assert auth.authenticate(f"Bearer {t1}, {t2} ,{t3}").more_ranks == {2, 3}
+    with pytest.raises(AuthError) as groups:
+        auth.authenticate(f"Bearer {t1},{agent_token(SECRET, 'other', 2)}")
+    assert groups.value.status == 403 and "several groups" in groups.value.detail
+    with pytest.raises(AuthError) as forged:
+        auth.authenticate(f"Bearer {t1},{t2[:-1]}{'0' if t2[-1] != '0' else '1'}")
+    assert forged.value.status == 403
+    assert auth.authenticate(f"Bearer {t1},{OPERATOR}").is_operator
+
+
+def test_a_rank_token_cannot_poll_for_its_hosts_other_ranks_but_the_hosts_tokens_can(
+    secure_server,
+):
+    url = secure_server.url
+    params = {"group": "train", "ranks": "1-2", "timeout": 0, "protocol": 2}
+    t1, t2 = agent_token(SECRET, "train", 1), agent_token(SECRET, "train", 2)
+    alone = httpx.get(url + "/agents/updates", params=params, headers=_bearer(t1))
+    assert alone.status_code == 403, alone.text
+    assert alone.json()["error"] == "forbidden"
+    assert "agent train/1" in alone.json()["detail"] and "[2]" in alone.json()["detail"]
+    both = httpx.get(url + "/agents/updates", params=params, headers=_bearer(f"{t1},{t2}"))
+    assert both.status_code == 200, both.text
+    assert set(both.json()) >= {"updates", "next_after", "resync", "store"}
+    # the host's header also carries the events of each of its ranks
+    event = {"type": "join", "group": "train", "rank": 2, "incarnation": "inc-host-2"}
+    wrong = httpx.post(
+        url + "/agents/events",
+        json={"events": [{**event, "rank": 3}]},
+        headers=_bearer(f"{t1},{t2}"),
+    )
+    assert wrong.json()["results"][0]["error"] == "forbidden"
+    right = httpx.post(
+        url + "/agents/events", json={"events": [event]}, headers=_bearer(f"{t1},{t2}")
+    )
+    assert right.status_code == 200 and "offset" in right.json()["results"][0], right.text

@@ -134,15 +134,30 @@ def test_generated_operator_bodies_never_5xx(fuzz_server, openapi, path):
         ]
     ),
     params=st.dictionaries(
-        st.sampled_from(["group", "rank", "after", "timeout", "limit", "after_version", "kind"]),
+        st.sampled_from(
+            [
+                "group",
+                "rank",
+                "ranks",
+                "after",
+                "timeout",
+                "protocol",
+                "view",
+                "limit",
+                "after_version",
+                "kind",
+            ]
+        ),
         st.one_of(st.integers(-5, 2**70), st.text(max_size=12), st.just(GROUP), st.floats()),
         max_size=5,
     ),
 )
 def test_generated_query_parameters_never_5xx(fuzz_server, path, params):
     _, client = fuzz_server
-    if path == "/agents/updates" and not isinstance(params.get("timeout"), str):
-        params["timeout"] = 0
+    if path == "/agents/updates":
+        if not isinstance(params.get("timeout"), str):
+            params["timeout"] = 0
+        params.setdefault("protocol", 2)  # past the protocol check, unless drawn
     check_answer(client.get(path, params={k: str(v) for k, v in params.items()}))
 
 
@@ -157,6 +172,12 @@ MALFORMED = [
     b'{"events": [{"type": "heartbeat", "group": "fz", "rank": 1e400, "incarnation": "x"}]}',
     b'{"events": [{"type": "heartbeat", "group": "fz", "rank": 123456789012345678901234567890, "incarnation": "x"}]}',
     b'{"events": [{"type": "links", "group": "fz", "rank": 0, "incarnation": "x", "peers": {"zero": "up"}, "self_ready": true}]}',
+    b'{"events": [{"type": "links", "group": "fz", "rank": 0, "incarnation": "x", "self_ready": true, "down": [3, 1]}]}',
+    b'{"events": [{"type": "links", "group": "fz", "rank": 0, "incarnation": "x", "self_ready": true, "down": [9]}]}',
+    b'{"events": [{"type": "links", "group": "fz", "rank": 0, "incarnation": "x", "self_ready": true, "hint": [[2, 1]]}]}',
+    b'{"events": [{"type": "links", "group": "fz", "rank": 0, "incarnation": "x", "self_ready": true, "down": "b64:/w=="}]}',
+    b'{"events": [{"type": "links", "group": "fz", "rank": 0, "incarnation": "x", "self_ready": true, "down": "b64:!"}]}',
+    b'{"events": [{"type": "links", "group": "fz", "rank": 0, "incarnation": "x", "self_ready": true, "down": {"0": "down"}}]}',
     b'{"events": [{"type": "ack", "group": "../etc", "rank": 0, "incarnation": "x", "version": 1}]}',
     b'{"events": [{"type": "join", "group": "fz", "rank": -1, "incarnation": ""}]}',
     b'\xff\xfe{"events": []}',
@@ -225,14 +246,21 @@ def test_unknown_things_are_json_404s_and_wrong_methods_405(fuzz_server):
         client.get("/groups/nope"),
         client.get("/proposals/999999"),
         client.get("/views/current", params={"group": "nope"}),
-        client.get("/agents/updates", params={"group": "nope", "rank": 0, "timeout": 0}),
+        client.get(
+            "/agents/updates", params={"group": "nope", "rank": 0, "timeout": 0, "protocol": 2}
+        ),
     ):
         assert r.status_code == 404, r.text
         check_answer(r)
     assert client.delete("/groups/fz").status_code == 405
     check_answer(client.delete("/groups/fz"))
-    out_of_range = client.get("/agents/updates", params={"group": GROUP, "rank": 4, "timeout": 0})
-    assert out_of_range.status_code == 422 and out_of_range.json()["error"] == "rank_out_of_range"
+    for params in ({"rank": 4}, {"ranks": "2-4"}):
+        out_of_range = client.get(
+            "/agents/updates", params={"group": GROUP, "timeout": 0, "protocol": 2, **params}
+        )
+        assert out_of_range.status_code == 422, out_of_range.text
+        assert out_of_range.json()["error"] == "rank_out_of_range"
+        assert "rank 4 is not in 0..3" in out_of_range.json()["detail"]
     bad_config = client.post("/groups", json={"group": "cfg", "world_size": 2, "min_ranks": 3})
     assert bad_config.status_code == 422 and "min_ranks" in bad_config.json()["detail"]
     typo = client.post("/groups", json={"group": "cfg", "world_size": 2, "heartbeat_timeuot_s": 3})
@@ -245,23 +273,87 @@ def test_the_long_poll_fast_path_answers_as_the_documented_route(fuzz_server):
     framework instead, and both must answer alike."""
     _, client = fuzz_server
     cases = [
-        {"group": GROUP, "rank": 1, "timeout": 0},
-        {"group": GROUP, "rank": 1, "after": 2, "timeout": "0.0"},
-        {"group": "nope", "rank": 0, "timeout": 0},  # 404
-        {"group": GROUP, "rank": 4, "timeout": 0},  # 422 rank_out_of_range
+        {"group": GROUP, "rank": 1, "timeout": 0, "protocol": 2},
+        {"group": GROUP, "rank": 1, "after": 2, "timeout": "0.0", "protocol": 2},
+        {"group": GROUP, "ranks": "0-1,3", "timeout": 0, "protocol": 2, "view": 0},
+        {"group": "nope", "rank": 0, "timeout": 0, "protocol": 2},  # 404
+        {"group": GROUP, "rank": 4, "timeout": 0, "protocol": 2},  # 422 rank_out_of_range
+        {"group": GROUP, "rank": 1, "timeout": 0, "protocol": 1},  # 400 protocol_mismatch
     ]
+    statuses = []
     for params in cases:
         fast = client.get("/agents/updates", params=params)
         framework = client.get("/agents/updates", params={**params, "via": "framework"})
         assert (fast.status_code, fast.json()) == (framework.status_code, framework.json())
+        statuses.append(fast.status_code)
+    assert statuses == [200, 200, 200, 404, 422, 400]
     # what only the framework words: a missing or malformed parameter
     for params in (
-        {"group": GROUP},
-        {"group": GROUP, "rank": -1},
-        {"group": GROUP, "rank": 1, "timeout": 61},
+        {"group": GROUP, "rank": -1, "protocol": 2},
+        {"group": GROUP, "rank": 1, "timeout": 61, "protocol": 2},
+        {"group": GROUP, "ranks": "1;2", "protocol": 2},
+        {"group": GROUP, "rank": 1, "protocol": "two"},
     ):
         r = client.get("/agents/updates", params=params)
         assert r.status_code == 422 and r.json()["error"] == "invalid_request", r.text
+    # ...and the rule between two parameters: exactly one of rank= and ranks=
+    for params in (
+        {"group": GROUP, "timeout": 0, "protocol": 2},
+        {"group": GROUP, "rank": 1, "ranks": "1-2", "timeout": 0, "protocol": 2},
+    ):
+        r = client.get("/agents/updates", params=params)
+        assert r.status_code == 422 and r.json()["error"] == "invalid_query", r.text
+        assert "exactly one of rank= or ranks=" in r.json()["detail"]
+    bad_set = client.get(
+        "/agents/updates", params={"group": GROUP, "ranks": "3-1", "timeout": 0, "protocol": 2}
+    )
+    assert bad_set.status_code == 422 and bad_set.json()["error"] == "invalid_query"
+    assert "increasing order" in bad_set.json()["detail"]
+
+
+@pytest.mark.parametrize("protocol", [None, 1, 3])
+def test_a_poll_in_another_protocol_is_refused_naming_protocol_2(fuzz_server, protocol):
+    _, client = fuzz_server
+    params: dict[str, Any] = {"group": GROUP, "rank": 1, "timeout": 0}
+    if protocol is not None:
+        params["protocol"] = protocol
+    r = client.get("/agents/updates", params=params)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"] == "protocol_mismatch"
+    assert "agent protocol 2" in r.json()["detail"]
+    said = "none (protocol 1)" if protocol is None else str(protocol)
+    assert f"the poll says {said}" in r.json()["detail"]
+
+
+def test_twin_a_protocol_2_poll_is_answered(fuzz_server):
+    _, client = fuzz_server
+    r = client.get(
+        "/agents/updates", params={"group": GROUP, "rank": 1, "timeout": 0, "protocol": 2}
+    )
+    assert r.status_code == 200, r.text
+    assert set(r.json()) >= {"updates", "next_after", "resync", "store", "term"}
+
+
+def test_a_protocol_1_links_event_gets_its_own_error_and_a_protocol_2_one_is_accepted(
+    fuzz_server,
+):
+    """An old agent's links report is refused saying why; the rest of its batch is not."""
+    _, client = fuzz_server
+    assert client.post("/groups", json={"group": "legacy", "world_size": 4}).status_code == 201
+    inc = uuid.uuid4().hex
+    envelope = {"group": "legacy", "rank": 1, "incarnation": inc}
+    join = client.post("/agents/events", json={"events": [{"type": "join", **envelope}]})
+    assert join.status_code == 200 and "offset" in join.json()["results"][0], join.text
+    old = {"type": "links", **envelope, "peers": {"0": "up", "2": "down"}, "self_ready": True}
+    hint_only = {"type": "links", **envelope, "failed_ranks_hint": [2], "self_ready": True}
+    new = {"type": "links", **envelope, "down": [2], "self_ready": True, "version": 0}
+    r = client.post("/agents/events", json={"events": [old, new, hint_only]})
+    assert r.status_code == 200, r.text
+    first, second, third = r.json()["results"]
+    for legacy in (first, third):
+        assert legacy["error"] == "invalid_event" and "offset" not in legacy
+        assert "is protocol 1" in legacy["detail"] and "'down' and 'hint'" in legacy["detail"]
+    assert "error" not in second and second["offset"] > join.json()["results"][0]["offset"]
 
 
 def test_the_openapi_document_is_complete(fuzz_server, openapi):

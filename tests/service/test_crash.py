@@ -1,10 +1,12 @@
 """SIGKILL the server under load, again and again, and check what survived.
 
-Simulated agents heartbeat, rejoin and ACK; a proposer keeps deactivating and activating a rank
+Simulated agent hosts (``agent.simhost``: the real ``AgentMachine`` per rank) heartbeat, join
+again when the coordinator says they are OFFLINE, and ACK; a proposer keeps deactivating and activating a rank
 with idempotency keys. At random moments the server is SIGKILLed (no shutdown path runs) and
 restarted on the same SQLite file. Then:
 
-- every request that got a success answer is in ``GET /events`` at the offset it was given;
+- every event that got a success answer is in ``GET /events`` at the offset it was given (a
+  heartbeat in the shared ``heartbeat`` record there, which names its rank);
 - ``python -m coordinator replay`` finds the stored projections equal to a fold from scratch,
   after every kill (projections are written atomically with their consumer offset);
 - every proposal that was answered reaches a terminal outcome (the fold's deadlines resolve the
@@ -22,8 +24,9 @@ from typing import Any
 import httpx
 import pytest
 
+from agent.simhost import SimulatedCluster
 from tests.service.conftest import Server, make_server, replay
-from tests.service.sim import SimGroup
+from wire import ranks as rank_sets
 
 KILLS = 10
 CONFIG = {
@@ -79,15 +82,18 @@ async def test_sigkill_under_load_loses_nothing_acknowledged(tmp_path):
     seed = int(os.environ.get("FOLDPLANE_CRASH_SEED", random.randrange(2**32)))
     print(f"crash seed {seed}")
     rng = random.Random(seed)
-    srv = make_server(tmp_path, args=["--snapshot-every", "200"]).start()
+    # beats share a record for at most 50 ms: many records, and many beats acknowledged
+    args = ["--snapshot-every", "200", "--heartbeat-flush-s", "0.05"]
+    srv = make_server(tmp_path, args=args).start()
     try:
         async with httpx.AsyncClient(base_url=srv.url, timeout=10) as client:
             r = await client.post("/groups", json={"group": "crash", "world_size": 4, **CONFIG})
             assert r.status_code == 201
-            sim = SimGroup(client, "crash", 4, heartbeat_s=0.1, rejoin=True)
-            sim.sent = []
+            sim = SimulatedCluster(("127.0.0.1", srv.port), "crash", 4, heartbeat_interval_s=0.1)
+            for host in sim.hosts:
+                host.sent = []
             await sim.start()
-            await sim.wait_version(1, timeout=60)
+            await sim.wait_until(lambda: sim.all_on(1), 60)
             proposer = Proposer(client, "crash")
             load = asyncio.get_running_loop().create_task(proposer.run())
             failures: list[str] = []
@@ -118,20 +124,26 @@ async def test_sigkill_under_load_loses_nothing_acknowledged(tmp_path):
                 if not page["events"]:
                     break
                 after = page["next_after"]
-            acknowledged = [
-                (ev, res) for ev, res in sim.sent if "offset" in res and "error" not in res
-            ]
+            assert not sim.stopped, sim.stopped  # no agent gave up
+            sent = [pair for host in sim.hosts for pair in host.sent or []]
+            acknowledged = [(ev, res) for ev, res in sent if "offset" in res and "error" not in res]
             assert len(acknowledged) > 100
+            kinds = {ev["type"] for ev, _ in acknowledged}
+            assert {"join", "links", "ack", "heartbeat"} <= kinds, kinds
             for event, result in acknowledged:
                 rec = logged.get(result["offset"])
                 assert rec is not None, (
                     f"acknowledged {event} at {result['offset']} is not in the log"
                 )
-                assert (rec["kind"], rec["rank"], rec["payload"]["incarnation"]) == (
-                    event["type"],
-                    event["rank"],
-                    event["incarnation"],
-                )
+                assert rec["kind"] == event["type"], (event, rec)
+                if event["type"] == "heartbeat":  # a shared record naming every rank in it
+                    assert rec["rank"] is None, rec
+                    assert event["rank"] in rank_sets.decode(rec["payload"]["ranks"], 4), rec
+                else:
+                    assert (rec["rank"], rec["payload"]["incarnation"]) == (
+                        event["rank"],
+                        event["incarnation"],
+                    ), (event, rec)
             for _, answer in proposer.answered.values():
                 assert logged[answer["id"]]["kind"] == "proposal"
             assert len(proposer.answered) >= KILLS

@@ -11,8 +11,16 @@ from hypothesis import strategies as st
 from api.models import AgentEvent
 from api.routes.agents import payload_of
 from eventlog.record import decode_payload, encode_payload
+from wire import ranks as wire_ranks
 
 ranks = st.integers(0, 65_535)
+versions = st.integers(0, 2**40)
+#: rank sets in both wire forms: runs (a few ranks or runs) and b64 bitmaps (many scattered)
+rank_sets = st.one_of(
+    st.lists(ranks, max_size=10),
+    st.lists(st.integers(0, 300), min_size=40, max_size=120),
+    st.builds(lambda a, n: range(a, a + n), st.integers(0, 60_000), st.integers(1, 5000)),
+).map(wire_ranks.encode)
 common = {
     "group": st.from_regex(r"\A[A-Za-z0-9][A-Za-z0-9._-]{0,20}\Z"),
     "rank": ranks,
@@ -28,16 +36,8 @@ events = st.one_of(
         {"type": st.just("heartbeat"), **common}, optional={"version": st.integers(0, 2**40)}
     ),
     st.fixed_dictionaries(
-        {
-            "type": st.just("links"),
-            **common,
-            "peers": st.dictionaries(ranks.map(str), st.sampled_from(["up", "down"]), max_size=20),
-            "self_ready": st.booleans(),
-        },
-        optional={
-            "failed_ranks_hint": st.none() | st.lists(ranks, max_size=10),
-            "version": st.integers(0, 2**40),
-        },
+        {"type": st.just("links"), **common, "self_ready": st.booleans()},
+        optional={"down": rank_sets, "hint": rank_sets, "version": versions, "reached": versions},
     ),
     st.fixed_dictionaries({"type": st.just("ack"), **common, "version": st.integers(0, 2**40)}),
     st.fixed_dictionaries({"type": st.just("exit"), **common}),
@@ -54,3 +54,10 @@ def test_a_payload_equals_what_the_log_gives_back(raw):
     assert {type(v) for v in payload.values()} <= {str, int, bool, dict, list, type(None)}
     assert "type" not in payload and "group" not in payload and "rank" not in payload
     assert "token" not in payload
+    assert "peers" not in payload and "failed_ranks_hint" not in payload
+
+
+def test_the_rank_sets_drawn_take_both_wire_forms():
+    """The strategy above is only a test of both forms if it draws both."""
+    assert isinstance(wire_ranks.encode(range(0, 300, 3)), str)
+    assert wire_ranks.encode(range(4, 5000)) == [[4, 4999]]

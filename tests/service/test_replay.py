@@ -13,9 +13,9 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
+from agent.simhost import SimulatedCluster
 from eventlog import ProjectionRow, open_log
 from tests.service.conftest import FAST, Server, make_server, replay
-from tests.service.sim import SimGroup
 
 
 @pytest.fixture(scope="module")
@@ -39,17 +39,18 @@ async def _make_history(srv: Server) -> list[dict]:
         assert r.status_code == 201
         other = await client.post("/groups", json={"group": "other", "world_size": 1, **FAST})
         assert other.status_code == 201
-        sim = SimGroup(client, "train", 3)
+        sim = SimulatedCluster(("127.0.0.1", srv.port), "train", 3, heartbeat_interval_s=0.25)
         await sim.start()
         try:
-            await sim.wait_version(1)
-            for op in ("deactivate", "activate"):
+            await sim.wait_until(lambda: sim.all_on(1), 20)
+            for version, op in ((2, "deactivate"), (3, "activate")):
                 r = await client.post(
                     "/proposals",
                     params={"wait": 15},
                     json={"group": "train", "op": op, "ranks": [2]},
                 )
                 assert r.json()["status"] == "applied", r.text
+                await sim.wait_until(lambda v=version: sim.all_on(v), 20)
         finally:
             await sim.stop()
         return (await client.get("/views/history", params={"group": "train"})).json()["views"]
