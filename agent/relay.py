@@ -552,8 +552,9 @@ class UpdatesLane:
         with self._cond:
             self._closed = True
             self._cond.notify_all()
-        self._client.close()  # aborts the poll in flight
-        self._thread.join(timeout=5.0)
+        # The poll in flight, if any, ends by its timeout at the latest; its answer is
+        # dropped. (Closing the client refuses anything further.)
+        self._client.close()
 
     # -- a worker's poll -------------------------------------------------------------------------
 
