@@ -8,11 +8,12 @@ endpoints (docs/protocol.md, "The per-host relay"):
 
 - ``POST /agents/events``: each worker request's events are queued; while one upstream batch is
   in flight, what arrives goes into the next one (up to ``MAX_EVENTS`` events and
-  ``MAX_BATCH_BYTES``); requests of nothing but heartbeats have such a lane of their own. The relay attaches each worker's agent token (its ``Authorization``
-  header) to that worker's events as ``"token"``, so the coordinator still checks every event
-  against its own rank; the answer's results are split back to each worker in order. A merged
-  batch that the coordinator refuses as a whole (401/403/413/422) is sent again request by
-  request, so that each worker gets the answer it alone would have got.
+  ``MAX_BATCH_BYTES``); requests of nothing but heartbeats have such a lane of their own. The
+  relay attaches each worker's agent token (its ``Authorization`` header) to that worker's
+  events as ``"token"``, so the coordinator still checks every event against its own rank; the
+  answer's results are split back to each worker in order. A merged batch that the coordinator
+  refuses as a whole (``REFUSED``: a forged token first in the batch, say) is sent again
+  request by request, so that each worker gets the answer it alone would have got.
 - ``GET /agents/updates``: per ``(group, protocol)`` a *lane* keeps ONE upstream multi-rank long
   poll for the local ranks (``ranks=...``, one agent token per rank in the header), starting
   after the lowest offset they need. What it receives is cached per rank by offset
