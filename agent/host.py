@@ -564,7 +564,12 @@ class Agent:
             store = StoreAddress(*answer.store) if answer.store else None
             self._inbox.put(
                 UpdatesReceived(
-                    time.monotonic(), answer.updates, answer.next_after, store, answer.resync
+                    time.monotonic(),
+                    answer.updates,
+                    answer.next_after,
+                    store,
+                    answer.resync,
+                    answer.restored,
                 )
             )
 

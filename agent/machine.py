@@ -20,7 +20,10 @@ The rules, in one place:
   path, keeping the offset. A death *reported* by a supervisor is not contested: the agent
   stops rather than race the replacement for the rank.
 - **Updates are processed once, in offset order.** ``after`` is the offset of the last update
-  processed; every poll, including the first after a reconnect, resumes there. A batch is
+  processed; every poll, including the first after a reconnect, resumes there. A resync
+  answer says where the log stands and the machine resumes there; one that says the log was
+  *restored* from an older copy (it is behind this rank) also drops what the newer log told
+  it (view, offsets) and joins again, since the restored log may not know this incarnation. A batch is
   folded before acting, so catching up on a long history installs only the latest view.
 - **The barrier.** A ``view_prepare`` is ACKed with ``(version, incarnation)`` when this rank is
   a participant, it has joined, and, if it is in the new ``active_ranks``, its data plane is
@@ -131,6 +134,8 @@ class UpdatesReceived:
     next_after: int
     store: StoreAddress | None = None
     resync: bool = False
+    #: the coordinator's log is behind this rank: it was restored from an older copy
+    restored: bool = False
 
 
 @dataclass(frozen=True)
@@ -394,6 +399,8 @@ class AgentMachine:
                 actions.append(MoveDataPlane(event.store))
             self.store = event.store
         old_view, old_state = self.view, self.own_state
+        if event.restored:
+            self._forget_newer_log()
         for update in event.updates:
             if update.get("offset", 0) <= self.after and not event.resync:
                 continue  # already processed before a reconnect
@@ -418,7 +425,8 @@ class AgentMachine:
                 actions.append(
                     ShutdownWithSave(str(update.get("reason", "")), str(update.get("detail", "")))
                 )
-        self.after = max(self.after, event.next_after)
+        # A resync names where the log now stands, which is behind us after a restore.
+        self.after = event.next_after if event.resync else max(self.after, event.next_after)
         if self.view is not None and self.view is not old_view:
             actions.append(InstallView(self.view))
         if self.own_state != old_state:
@@ -426,9 +434,19 @@ class AgentMachine:
         actions.extend(self._settle_own_state())
         if self.phase == _STOPPED:
             return actions
+        if event.restored and self.phase == _JOINED and not self._close_requested:
+            self._begin_join()  # the restored log may not know this incarnation
         self._maybe_ack()
         actions.append(self._poll())
         return actions
+
+    def _forget_newer_log(self) -> None:
+        """The coordinator's log was restored from an older copy: the view, the prepare and
+        every offset this rank learned from the newer log are not the log's any more."""
+        self.view, self._preparing = None, None
+        self._acked = (0, 0)
+        self._join_offset = None if self.phase != _JOINED else 0
+        self._own_offline_offset = self._successor_offset = 0
 
     def _poll(self, delay_s: float = 0.0) -> PollUpdates:
         return PollUpdates(self.after, delay_s, self.view.version if self.view else None)

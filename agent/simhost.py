@@ -371,7 +371,12 @@ class SimulatedHost:
                 self._step(
                     rank,
                     UpdatesReceived(
-                        now, tuple(updates), body["next_after"], address, body["resync"]
+                        now,
+                        tuple(updates),
+                        body["next_after"],
+                        address,
+                        body["resync"],
+                        bool(body.get("restored")),
                     ),
                 )
 

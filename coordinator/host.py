@@ -661,7 +661,13 @@ class Host:
             for group, beats in self._beats.take(now, everything=ticking)
             if (item := self._shared_beats(group, beats)) is not None
         ]
-        accepted[:0] = shared
+        # Ahead of the batch (they were checked against the state before it), but never ahead
+        # of the resumed tick, the first input of a term (see ``start``).
+        first = accepted[0].record if accepted else None
+        at = int(
+            first is not None and first.kind == "tick" and first.payload.get("resumed") is True
+        )
+        accepted[at:at] = shared
         if not accepted:
             return
         ts = self._next_ts()

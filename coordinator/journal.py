@@ -18,6 +18,10 @@ Rules:
   best effort, and the metric says how much of it was lost (the rank then resyncs).
 - An update is kept as its JSON, encoded once when it is published: a view change's updates go
   to every agent host's long poll, and a 512-rank ``view_committed`` is about 12 kB of JSON.
+- **Nothing is read before it is projected.** A published update becomes visible to readers
+  only at the next :meth:`UpdateJournals.wake`, which the host calls once the batch's
+  projection rows are written: whoever hears of a view can read it in ``/views/history``, and
+  no reader is handed an offset the host has not finished carrying out.
 - A long poll that finds nothing waits on a future of its group. A publish wakes nobody by
   itself: the host calls :meth:`UpdateJournals.wake` once the updates' projection rows are
   written, which queues the group's waiting polls, and then :meth:`UpdateJournals.release`,
@@ -105,6 +109,9 @@ class UpdateJournals:
         self._releasing: deque[asyncio.Future[None]] = deque()
         self._share = 0
         self._dirty: set[str] = set()
+        #: the newest offset published, and the newest readers may see (up to the last wake)
+        self._published = floor
+        self._visible = floor
         self.undelivered = 0
 
     def set_world_size(self, group: str, world_size: int) -> None:
@@ -123,6 +130,7 @@ class UpdateJournals:
         journal = self._groups.get(group)
         if journal is None:
             journal = self._groups[group] = _Journal(self._start_floor)
+        self._published = max(self._published, update["offset"])
         for dropped in journal.append(update["offset"], encoded(update), self._group_limit):
             delivered = self._delivered
             self.undelivered += sum(
@@ -137,6 +145,7 @@ class UpdateJournals:
         journal = self._ranks.get(key)
         if journal is None:
             journal = self._ranks[key] = _Journal(self._start_floor)
+        self._published = max(self._published, update["offset"])
         for dropped in journal.append(update["offset"], encoded(update), self._rank_limit):
             if self._delivered.get(key, -1) < dropped:
                 self.undelivered += 1
@@ -144,7 +153,8 @@ class UpdateJournals:
 
     def wake(self) -> None:
         """Queue, for release, the long polls of every group that got updates since the last
-        wake; :meth:`release` answers them."""
+        wake, and make what was published visible; :meth:`release` answers them."""
+        self._visible = self._published
         for group in self._dirty:
             waiting = self._waiting.pop(group, None)
             if waiting:
@@ -178,6 +188,7 @@ class UpdateJournals:
         return len(self._releasing)
 
     def wake_all(self) -> None:
+        self._visible = self._published
         for waiting in self._waiting.values():
             self._releasing.extend(waiting)
         self._waiting.clear()
@@ -213,6 +224,9 @@ class UpdateJournals:
                 merged.extend(journal.since(after))
         if len(merged) > 1:
             merged.sort(key=_offset)  # stable: updates of one offset keep their publish order
+        visible = self._visible
+        if merged and merged[-1][0] > visible:
+            merged = [entry for entry in merged if entry[0] <= visible]
         return merged
 
     def mark_delivered(self, group: str, ranks: Sequence[int], offset: int) -> None:

@@ -543,15 +543,6 @@ def test_twin_a_delta_from_the_view_held_is_not_stale():
     assert m.view == view(2, [1], 30)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "agent/machine.py:421 keeps after = max(after, next_after) on a resync, so a rank "
-        "whose coordinator was restored behind it polls after an offset past that log's "
-        "head again, and coordinator/host.py:460 answers that at once with another resync: "
-        "a busy loop until the log grows past it (agent/host.py:564 drops 'restored' too)"
-    ),
-)
 def test_a_resync_from_a_coordinator_behind_this_rank_resumes_at_its_head():
     m = joined(heartbeat_interval_s=100.0)
     m.step(updates(committed(500, 3, [0, 1])))
@@ -559,6 +550,18 @@ def test_a_resync_from_a_coordinator_behind_this_rank_resumes_at_its_head():
     # the coordinator was restored from an older copy whose log ends at offset 400
     answer = UpdatesReceived(1.0, (committed(390, 2, [0, 1]),), 400, STORE, resync=True)
     assert m.step(answer)[-1].after == 400
+
+
+def test_a_restored_coordinator_makes_the_rank_forget_the_newer_log_and_join_again():
+    m = joined(heartbeat_interval_s=100.0)
+    m.step(updates(committed(500, 3, [0, 1])))
+    answer = UpdatesReceived(
+        1.0, (committed(390, 2, [0, 1]),), 400, STORE, resync=True, restored=True
+    )
+    actions = m.step(answer)
+    assert m.view is not None and m.view.version == 2  # the restored log's view, not v3
+    assert [a.after for a in actions if isinstance(a, PollUpdates)] == [400]
+    assert [e["type"] for e in sent(actions)] == ["join"]  # it may not know this incarnation
 
 
 def test_twin_a_resync_ahead_of_this_rank_resumes_at_its_next_after():

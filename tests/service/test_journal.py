@@ -14,10 +14,15 @@ def upd(offset: int, type_: str = "view_committed") -> dict:
 def test_a_rank_reads_its_own_and_its_groups_updates_in_offset_order():
     j = UpdateJournals()
     j.publish_group("g", upd(3, "view_prepare"))
+    j.wake()
     j.publish_rank("g", 1, upd(4, "rank_state"))
+    j.wake()
     j.publish_rank("g", 2, upd(5, "rank_state"))
+    j.wake()
     j.publish_group("g", upd(6))
+    j.wake()
     j.publish_rank("g", 1, upd(6, "rank_state"))
+    j.wake()
     assert [(u["offset"], u["type"]) for u in j.since("g", [1], 0)] == [
         (3, "view_prepare"),
         (4, "rank_state"),
@@ -34,11 +39,17 @@ def test_several_ranks_read_their_groups_updates_once_and_each_ranks_own():
     """One poll per host: the group's updates are not repeated per rank."""
     j = UpdateJournals()
     j.publish_group("g", upd(3, "view_prepare"))
+    j.wake()
     j.publish_rank("g", 1, {**upd(4, "rank_state"), "rank": 1})
+    j.wake()
     j.publish_rank("g", 2, {**upd(5, "rank_state"), "rank": 2})
+    j.wake()
     j.publish_rank("g", 3, {**upd(5, "rank_state"), "rank": 3})
+    j.wake()
     j.publish_group("g", upd(6))
+    j.wake()
     j.publish_rank("g", 2, {**upd(6, "rank_state"), "rank": 2})
+    j.wake()
     assert [(u["offset"], u["type"], u.get("rank")) for u in j.since("g", [1, 2], 0)] == [
         (3, "view_prepare", None),
         (4, "rank_state", 1),
@@ -56,15 +67,20 @@ def test_below_the_floor_the_reader_must_resync_and_drops_count_as_undelivered()
     j = UpdateJournals(group_limit_bytes=2 * size, rank_limit_bytes=state_size)
     j.set_world_size("g", 2)
     j.publish_group("g", upd(1))
+    j.wake()
     j.mark_delivered("g", [0], 1)  # rank 0 read offset 1, rank 1 did not
     j.publish_group("g", upd(2))
+    j.wake()
     assert j.since("g", [0], 0) == [upd(1), upd(2)]  # two fit
     j.publish_group("g", upd(3))  # drops offset 1: unread by rank 1 only
+    j.wake()
     assert j.undelivered == 1
     assert j.since("g", [0], 0) is None  # offset 1 is gone: resync
     assert [u["offset"] for u in j.since("g", [0], 1)] == [2, 3]
     j.publish_rank("g", 0, upd(4, "rank_state"))
+    j.wake()
     j.publish_rank("g", 0, upd(5, "rank_state"))  # drops 4, unread by rank 0
+    j.wake()
     assert j.undelivered == 2
     assert j.since("g", [0], 3) is None
     assert j.since("g", [1], 3) == []  # rank 1's own journal lost nothing
@@ -77,16 +93,19 @@ def test_a_journal_is_bounded_in_bytes_not_in_entries():
     j = UpdateJournals(group_limit_bytes=4 * small)
     for offset in (1, 2, 3, 4):
         j.publish_group("g", upd(offset))
+        j.wake()
     assert [u["offset"] for u in j.since("g", [0], 0)] == [1, 2, 3, 4]  # four small ones fit
     assert j.bytes == 4 * small
     large = {**upd(5), "pad": "x" * (small - len(',"pad":""'))}
     assert len(encoded(large)) == 2 * small
     j.publish_group("g", large)  # a large one takes the room of two small ones
+    j.wake()
     assert j.since("g", [0], 1) is None
     assert j.since("g", [0], 2) == [upd(3), upd(4), large]
     assert j.bytes == 4 * small
     huge = {**upd(6), "pad": "x" * (10 * small)}
     j.publish_group("g", huge)  # over the bound on its own: still kept, alone
+    j.wake()
     assert j.since("g", [0], 5) == [huge]
     assert j.since("g", [0], 4) is None
 
@@ -96,6 +115,7 @@ def test_after_a_restart_the_floor_is_the_snapshot_offset():
     assert j.since("g", [0], 99) is None
     assert j.since("g", [0], 100) == []
     j.publish_group("g", upd(101))
+    j.wake()
     assert [u["offset"] for u in j.since("g", [0], 100)] == [101]
 
 
@@ -167,10 +187,23 @@ async def test_wake_all_answers_every_poll_of_every_group():
     assert j.releasing == 0
 
 
+def test_a_published_update_is_read_only_once_the_host_has_woken_the_journals():
+    """The host wakes the journals after the batch's projection rows are written: nothing is
+    handed to a reader before that, so no reader holds an offset the host has not finished."""
+    j = UpdateJournals()
+    j.publish_group("g", upd(1))
+    j.publish_rank("g", 0, upd(2, "rank_state"))
+    assert j.since("g", [0], 0) == []
+    j.wake()
+    assert [u["offset"] for u in j.since("g", [0], 0)] == [1, 2]
+
+
 def test_each_update_is_kept_as_its_json_with_its_offset():
     j = UpdateJournals()
     j.publish_group("g", upd(1))
+    j.wake()
     j.publish_rank("g", 0, {"offset": 2, "type": "rank_state", "state": "ACTIVE"})
+    j.wake()
     entries = j.entries_since("g", [0], 0)
     assert [offset for offset, _ in entries] == [1, 2]
     assert [msgspec.json.decode(raw) for _, raw in entries] == j.since("g", [0], 0)
