@@ -296,7 +296,9 @@ class UpdateCache:
         own = self._resync.get(rank)
         if own is not None:
             at = self._resync_at
-            if after < at:
+            # A restored log is behind its readers: an ``after`` past its head is no offset of
+            # it, and only the reader that resumed at the head has taken the resync in.
+            if after < at or (self._resync_restored and after > at):
                 merged = sorted(self._resync_group + own, key=lambda u: int(u["offset"]))
                 return Served(tuple(merged), at, resync=True, restored=self._resync_restored)
             self._drop_resync(rank)
@@ -646,8 +648,10 @@ class UpdatesLane:
     def trim(self) -> None:
         """Drop what every rank of the lane has read past (called with the lock held)."""
         listed = [m.after for r, m in self.members.items() if r in self.cache.ranks]
-        if listed:
-            self.cache.trim_below(min(listed))
+        group = self.cache.group
+        if listed and group is not None:
+            # an ``after`` past what the lane holds (from before a restored log) counts as its end
+            self.cache.trim_below(min(*listed, group.hi))
         self._stats.peak("cache_bytes", self.cache.nbytes)
         self._stats.add("cache_dropped", self.cache.dropped - self._dropped)
         self._dropped = self.cache.dropped

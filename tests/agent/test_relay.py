@@ -7,9 +7,11 @@ processes under the launcher's relay.
 
 from __future__ import annotations
 
+import shutil
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -390,3 +392,49 @@ def test_with_auth_on_a_worker_cannot_speak_for_another_rank_through_the_relay(
         assert relay.stats["polls_lane"] > before["polls_lane"], (before, relay.stats)
         for r in (zero, one, impostor, anonymous, forged):
             r.close()
+
+
+def test_a_log_restored_behind_the_workers_resyncs_each_of_them_through_the_relay(tmp_path: Path):
+    live, copy = tmp_path / "live", tmp_path / "copy"
+    live.mkdir()
+    copy.mkdir()
+    c = start_coordinator(live)
+    port = int(c.url.rsplit(":", 1)[1])
+    try:
+        c.create_group("restored", 2, heartbeat_timeout_s=600.0)
+        with Relay(c.url) as relay:
+            ranks = [Rank(relay.url, "restored", r) for r in range(2)]
+            for r in ranks:
+                assert r.send(r.event("join")).status_code == 200
+                r.wait_for(own_state(r.rank, "SYNCED"))
+            stop_coordinator(c)
+            for f in live.glob("log.db*"):
+                shutil.copy(f, copy / f.name)  # the older copy the log is restored from later
+            c = start_coordinator(live, port)
+            for r in ranks:  # the log moves on past the copy, and the workers with it
+                c.client.report_death("restored", r.rank, r.incarnation)
+                until_answered(lambda r=r: r.wait_for(own_state(r.rank, "OFFLINE")))
+            stop_coordinator(c)
+            c = start_coordinator(copy, port)
+            for r in ranks:
+                held = r.after
+                body = until_answered(lambda r=r: r.follow(timeout=2.0))
+                assert body["resync"] and body.get("restored"), body
+                assert body["next_after"] < held, (body, held)
+                again = r.follow(timeout=0.5)  # resumed at the restored log's head
+                assert not again.get("restored") and again["next_after"] >= body["next_after"]
+            for r in ranks:
+                r.close()
+    finally:
+        stop_coordinator(c)
+
+
+def until_answered(call: Any, timeout: float = 60.0) -> Any:
+    """``call()`` again while the coordinator behind the relay is restarting (a 503)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return call()
+        except AssertionError as exc:
+            if "coordinator_unavailable" not in str(exc) or time.monotonic() > deadline:
+                raise

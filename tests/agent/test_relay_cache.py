@@ -147,9 +147,13 @@ def test_a_resync_goes_to_each_rank_it_names_until_that_rank_polls_past_it():
     got1 = cache.serve(1, 0)
     assert got1 is not None and got1.resync and got1.updates == (view(40, 3), state(42, 1))
     assert not got1.restored
-    cache.add([0], 50, [view(60, 4)], 61, resync=True, restored=True)
-    restored = cache.serve(0, 55)
+    # a log restored from an older copy is behind the reader: after > its head gets the resync
+    cache.add([0], 50, [view(30, 2)], 35, resync=True, restored=True)
+    restored = cache.serve(0, 50)
     assert restored is not None and restored.resync and restored.restored
+    assert restored.next_after == 35 and restored.updates == (view(30, 2),)
+    resumed = cache.serve(0, 35)  # the reader resumed at the restored log's head
+    assert resumed is not None and not resumed.resync and resumed.updates == ()
 
 
 def test_the_cache_stays_within_its_bytes_and_what_it_dropped_is_no_longer_served():
