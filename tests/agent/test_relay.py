@@ -394,6 +394,7 @@ def test_with_auth_on_a_worker_cannot_speak_for_another_rank_through_the_relay(
             r.close()
 
 
+@pytest.mark.slow  # three coordinator starts
 def test_a_log_restored_behind_the_workers_resyncs_each_of_them_through_the_relay(tmp_path: Path):
     live, copy = tmp_path / "live", tmp_path / "copy"
     live.mkdir()
