@@ -190,9 +190,22 @@ class EventRecord(Struct, kw_only=True):
     payload: dict[str, Any]
 
 
+class RemovedRangeBody(Struct, kw_only=True):
+    """Records retention removed: ``removed`` of the offsets ``first``..``last`` (both removed);
+    the other offsets of that span are still in the log."""
+
+    first: int
+    last: int
+    removed: int
+
+
 class EventsPage(Struct, kw_only=True):
     events: list[EventRecord]
     next_after: int
+    #: The removed ranges that overlap the offsets this page covers (after ``after``, up to
+    #: ``next_after``, or to the head when the page is not full), so no missing offset is a
+    #: silent hole.
+    removed: list[RemovedRangeBody]
 
 
 class Health(Struct, kw_only=True):

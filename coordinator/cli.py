@@ -1,11 +1,18 @@
-"""``python -m coordinator``: serve, replay, token, demo.
+"""``python -m coordinator``: serve, replay, compact, token, demo.
 
 - ``serve --db log.db [--host 127.0.0.1] [--port 8470]`` runs the coordinator: it opens the log
   (a path, a ``sqlite:///`` or a ``postgresql://`` URL), restores the latest snapshot, replays
-  the tail, starts the rendezvous store and serves HTTP until SIGINT/SIGTERM.
-- ``replay log.db [--json] [--until OFFSET] [--group G]`` folds the log from scratch, prints the
-  view history and checks it against the stored projections. Exit status: 0 when they agree,
-  1 on any divergence, 2 when the log cannot be read.
+  the tail, starts the rendezvous store and serves HTTP until SIGINT/SIGTERM; with
+  ``--retain POLICY`` it runs ``compact`` as a child process every ``--retain-every`` seconds.
+- ``replay log.db [--json] [--until OFFSET] [--group G] [--from-start]`` folds the log (from
+  offset 1, or on a compacted log from the oldest kept snapshot it needs, verified; it says
+  which on stderr), prints the view history and checks it against the stored projections.
+  Exit status: 0 when they agree, 1 on any divergence, 2 when the log cannot be read or
+  folded as asked.
+- ``compact log.db [--retain POLICY] [--step N] [--json]`` removes heartbeat-class records
+  behind a kept snapshot (docs/operations.md, "Retention"). Exit status: 0 done (also when
+  nothing was removable), 1 when the verifying fold diverges (nothing removed), 2 when the log
+  cannot be read.
 - ``token --group G --rank R`` prints the agent token for that rank (reads ``FOLDPLANE_SECRET``
   or ``--secret``).
 - ``demo`` shows the whole loop on a local SQLite file with real gloo workers.
@@ -15,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import datetime as dt
 import gc
 import json
@@ -78,6 +86,20 @@ def _parser() -> argparse.ArgumentParser:
         help="how long heartbeats wait to share one record, in seconds (default 0.5)",
     )
     s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    s.add_argument(
+        "--retain",
+        default=None,
+        metavar="POLICY",
+        help="remove heartbeat-class records behind a kept snapshot now and then, keeping the "
+        "last N records (1000000) or a duration of them (1h, 30m, 7d); default: keep all",
+    )
+    s.add_argument(
+        "--retain-every",
+        type=float,
+        default=300.0,
+        metavar="SECONDS",
+        help="how often --retain runs a compaction (default 300)",
+    )
     ha = s.add_argument_group("several coordinators on one PostgreSQL log (docs/ha.md)")
     ha.add_argument(
         "--advertise",
@@ -106,7 +128,32 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--until", type=int, default=None, metavar="OFFSET", help="stop at this offset")
     r.add_argument("--group", default=None, help="only this group")
     r.add_argument("--progress", choices=["auto", "always", "never"], default="auto")
+    r.add_argument(
+        "--from-start",
+        action="store_true",
+        help="fold from offset 1 even if kept snapshots exist (refused on a compacted log)",
+    )
     r.set_defaults(run=_replay)
+
+    c = sub.add_parser("compact", help="remove heartbeat-class records behind a kept snapshot")
+    c.add_argument("db", help="the log: a SQLite path, sqlite:/// or postgresql:// URL")
+    c.add_argument(
+        "--retain",
+        default="0",
+        metavar="POLICY",
+        help="what to keep of the heartbeat class: the last N records (1000000) or a duration "
+        "(90s, 30m, 1h, 7d); default 0: remove everything removable behind the projections",
+    )
+    c.add_argument(
+        "--step",
+        type=int,
+        default=None,
+        metavar="N",
+        help="records removed per step, each one transaction behind its own kept snapshot",
+    )
+    c.add_argument("--json", action="store_true", help="print JSON instead of a summary")
+    c.add_argument("--progress", choices=["auto", "always", "never"], default="auto")
+    c.set_defaults(run=_compact)
 
     t = sub.add_parser("token", help="print the agent token for one (group, rank)")
     t.add_argument("--group", required=True)
@@ -152,6 +199,19 @@ def _serve(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    if args.retain is not None:
+        from coordinator.retention import parse_policy
+
+        try:
+            parse_policy(args.retain)
+        except ValueError as exc:
+            print(f"coordinator: --retain: {exc}", file=sys.stderr)
+            return 2
+        if not args.retain_every > 0:
+            print(
+                "coordinator: --retain-every must be a positive number of seconds", file=sys.stderr
+            )
+            return 2
     with asyncio.Runner(loop_factory=loop_factory()) as runner:
         return runner.run(_serve_async(args, auth))
 
@@ -184,6 +244,18 @@ async def _serve_async(args: argparse.Namespace, auth: Any) -> int:
         print(f"coordinator: cannot open the log {args.db!r}: {exc}", file=sys.stderr)
         return 2
     store = None
+    retention = None
+    if args.retain is not None:
+        from coordinator.compaction import retain_periodically
+
+        retention = asyncio.get_running_loop().create_task(
+            retain_periodically(
+                args.db,
+                args.retain,
+                args.retain_every,
+                is_leader=lambda: getattr(host, "role", "leader") == "leader",
+            )
+        )
     try:
         if args.store_port >= 0:
             from coordinator.store_server import start_store
@@ -208,6 +280,10 @@ async def _serve_async(args: argparse.Namespace, auth: Any) -> int:
         await server.serve()
         return 0 if server.started else 2
     finally:
+        if retention is not None:
+            retention.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await retention
         await host.close()
         del store
 
@@ -242,19 +318,30 @@ def _tune_for_latency() -> None:
 
 
 def _replay(args: argparse.Namespace) -> int:
-    from coordinator.replay import replay
+    from coordinator.replay import CompactedLog, replay
     from eventlog import LogError
 
     bar = _ProgressBar(args.progress)
     try:
         report = asyncio.run(
-            replay(args.db, until=args.until, group=args.group, progress=bar.update)
+            replay(
+                args.db,
+                until=args.until,
+                group=args.group,
+                progress=bar.update,
+                from_start=args.from_start,
+            )
         )
+    except CompactedLog as exc:
+        bar.done()
+        print(f"replay: cannot fold {args.db!r} as asked: {exc}", file=sys.stderr)
+        return 2
     except (LogError, OSError, ValueError) as exc:
         bar.done()
         print(f"replay: cannot read {args.db!r}: {exc}", file=sys.stderr)
         return 2
     bar.done()
+    print(report.start.describe(), file=sys.stderr)
     if args.json:
         json.dump(report.as_json(), sys.stdout, indent=2)
         sys.stdout.write("\n")
@@ -274,11 +361,66 @@ def _replay(args: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
+def _compact(args: argparse.Namespace) -> int:
+    from coordinator.compaction import STEP_RECORDS, compact
+    from coordinator.replay import CompactedLog
+    from coordinator.retention import parse_policy
+    from eventlog import LogError
+
+    try:
+        policy = parse_policy(args.retain)
+    except ValueError as exc:
+        print(f"compact: --retain: {exc}", file=sys.stderr)
+        return 2
+    step = STEP_RECORDS if args.step is None else args.step
+    if step < 1:
+        print(f"compact: --step must be at least 1, got {step}", file=sys.stderr)
+        return 2
+    bar = _ProgressBar(args.progress, "compact")
+    try:
+        report = asyncio.run(
+            compact(
+                args.db,
+                policy,
+                step_records=step,
+                progress=bar.update,
+                on_step=None if args.json else _print_step,
+            )
+        )
+    except CompactedLog as exc:
+        bar.done()
+        print(f"compact: cannot fold {args.db!r}: {exc}", file=sys.stderr)
+        return 2
+    except (LogError, OSError, ValueError) as exc:
+        bar.done()
+        print(f"compact: cannot read {args.db!r}: {exc}", file=sys.stderr)
+        return 2
+    bar.done()
+    print(report.start.describe().replace("replay:", "compact:", 1), file=sys.stderr)
+    if args.json:
+        json.dump(report.as_json(), sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        for problem in report.divergences:
+            print(f"DIVERGENCE: {problem}")
+        print(report.describe())
+    return 0 if report.ok else 1
+
+
+def _print_step(at: int, removed: Any) -> None:
+    print(
+        f"step: removed {removed.removed:,} records of offsets {removed.first}-{removed.last}, "
+        f"snapshot kept at {at}",
+        flush=True,
+    )
+
+
 class _ProgressBar:
     """A one-line progress bar on stderr, shown on a terminal or for a long log."""
 
-    def __init__(self, mode: str) -> None:
+    def __init__(self, mode: str, what: str = "replay") -> None:
         self.mode = mode
+        self.what = what
         self.shown = False
 
     def update(self, position: int, total: int) -> None:
@@ -291,7 +433,7 @@ class _ProgressBar:
         width = 30
         filled = int(width * position / total)
         sys.stderr.write(
-            f"\rreplay [{'#' * filled}{'.' * (width - filled)}] {100 * position / total:5.1f}% "
+            f"\r{self.what} [{'#' * filled}{'.' * (width - filled)}] {100 * position / total:5.1f}% "
             f"{position:,}/{total:,} records"
         )
         sys.stderr.flush()

@@ -287,17 +287,7 @@ class Host:
     @classmethod
     async def restore(cls, log_: Log, **options: Any) -> Host:
         """Build a host from the latest snapshot (if it can be read) plus the log's tail."""
-        machine, aux = Coordinator(), _Aux()
-        snap = await log_.load_snapshot(CONSUMER)
-        if snap is not None:
-            offset, data = snap
-            try:
-                machine, aux = _decode_snapshot(data)
-            except Exception as exc:  # an older format, or a damaged blob: replay in full
-                log.warning(
-                    "snapshot at offset %d unusable (%s); replaying the whole log", offset, exc
-                )
-                machine, aux = Coordinator(), _Aux()
+        machine, aux = await _restore_state(log_)
         projected = await log_.get_consumer_offset(CONSUMER)
         host = cls(log_, machine, aux, projected=projected, **options)
         await host._catch_up()
@@ -849,6 +839,14 @@ class Host:
             page = await self.log.read(after=self.machine.offset, limit=READ_PAGE)
             if not page:
                 break
+            if page[-1].offset - self.machine.offset != len(page):
+                # offsets are gap-free but where compaction removed records: folding across
+                # them would silently give another state, so stop and say why
+                raise LogError(
+                    f"records after offset {self.machine.offset} of {self.log.where} were "
+                    "removed by compaction before this coordinator folded them; restart it "
+                    "to restore from the kept snapshot"
+                )
             self._last_ts = max(self._last_ts, page[-1].ts)
             await self._apply(page)
             self.journals.release()  # nothing waits behind these: answer every woken poll
@@ -978,6 +976,35 @@ def _record(offset: int, ts: int, term: int, rec: NewRecord, crc: int) -> Record
         payload=rec.payload,
         checksum=crc,
     )
+
+
+async def _restore_state(log_: Log) -> tuple[Coordinator, _Aux]:
+    """The latest usable snapshot: the host's own, or the latest one compaction kept when that
+    is newer (records may have been removed behind it, so an older start cannot be folded).
+    With neither, a fold from scratch; on a compacted log that is impossible, so it fails."""
+    candidates: list[tuple[int, str, bytes | None]] = []
+    snap = await log_.load_snapshot(CONSUMER)
+    if snap is not None:
+        candidates.append((snap[0], "snapshot", snap[1]))
+    kept = await log_.kept_snapshots(CONSUMER)
+    if kept:
+        candidates.append((kept[-1], "kept snapshot", None))
+    for offset, what, data in sorted(candidates, key=lambda c: c[0], reverse=True):
+        if data is None:
+            data = await log_.load_kept_snapshot(CONSUMER, offset)
+        try:
+            return _decode_snapshot(data or b"")
+        except Exception as exc:  # an older format, or a damaged blob: try the next one
+            log.warning("%s at offset %d unusable (%s)", what, offset, exc)
+    removed = await log_.removed_ranges()
+    if removed:
+        raise LogError(
+            f"{log_.where} was compacted up to offset {removed[-1].last} and no snapshot "
+            "behind which its records were removed can be read; it cannot be folded"
+        )
+    if candidates:
+        log.warning("no usable snapshot; replaying the whole log")
+    return Coordinator(), _Aux()
 
 
 def _encode_snapshot(machine: Coordinator, aux: _Aux) -> bytes:

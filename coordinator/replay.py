@@ -1,4 +1,4 @@
-"""``python -m coordinator replay``: fold a log from scratch and check the stored projections.
+"""``python -m coordinator replay``: fold a log and check the stored projections.
 
 The log is the source of truth; views, proposal outcomes and rank states are projections the
 host wrote while it ran. Replay rebuilds them with a fresh fold and the same effect-to-row code
@@ -12,21 +12,72 @@ stored rows must equal the rows produced by the effects of records ``<= P``. Rec
 (the host was stopped before it projected them) are folded and reported, not compared; the host
 projects them when it restarts. With ``until``, only the views committed up to that offset are
 compared (later rows are the latest state, not history).
+
+Where it starts: from offset 1 on a log nothing was removed from. On a compacted log (see
+``coordinator/compaction.py``) a fold from offset 1 is impossible, so it starts from the oldest
+kept snapshot the retained log needs (the first whole one at or after the last removed range
+before the stop; a kept snapshot a newer step superseded is shrunk to a summary of what that
+step verified), after verifying it: it decodes at its offset, its views and proposals equal the
+stored rows, and every view committed before it equals what the compaction that removed
+records there verified (a digest kept in the snapshot). Rows from before the start that the
+fold cannot reproduce are covered by that check, not reported.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import hashlib
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from coordinator.effects import ViewCommitted
-from coordinator.host import CONSUMER
+import msgspec
+
+from coordinator.effects import Effect, ViewCommitted
+from coordinator.host import CONSUMER, _decode_snapshot
 from coordinator.machine import Coordinator
-from coordinator.projections import PROJECTION_KINDS, rows_for, view_doc
-from eventlog import READ_PAGE, Log, open_log
+from coordinator.projections import PROJECTION_KINDS, proposal_doc, rows_for, view_doc
+from eventlog import READ_PAGE, Log, Record, RemovedRange, open_log
 
 Key = tuple[str, str, int]
+
+#: Called with every record folded and its effects (the compactor's hook).
+OnRecord = Callable[[Record, list[Effect], Coordinator], None]
+
+
+class CompactedLog(ValueError):
+    """The fold asked for needs records that retention removed; the message names them."""
+
+
+@dataclass
+class Start:
+    """Where a fold begins: offset 0 (the whole log) or a kept snapshot, and what was checked."""
+
+    offset: int = 0
+    removed: list[RemovedRange] = field(default_factory=list)
+    verified: list[str] = field(default_factory=list)
+    #: What the start's checks found wrong: divergences of the stored projections.
+    problems: list[str] = field(default_factory=list)
+    #: The views committed at or before ``offset``, from the store (verified, not folded).
+    views: list[dict[str, Any]] = field(default_factory=list)
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "snapshot": self.offset or None,
+            "removed_ranges": [[r.first, r.last, r.removed] for r in self.removed],
+            "removed": sum(r.removed for r in self.removed),
+            "verified": self.verified,
+        }
+
+    def describe(self) -> str:
+        """One line for stderr: where the fold starts and why."""
+        if not self.offset:
+            return "replay: folding the whole log from offset 1 (nothing was removed from it)"
+        n = sum(r.removed for r in self.removed)
+        return (
+            f"replay: the log is compacted ({n:,} records removed in {len(self.removed)} "
+            f"range(s), up to offset {self.removed[-1].last if self.removed else 0}); starting "
+            f"from the kept snapshot at offset {self.offset}, verified: " + "; ".join(self.verified)
+        )
 
 
 @dataclass
@@ -37,6 +88,7 @@ class ReplayReport:
     head: int = 0
     projected: int = 0
     until: int | None = None
+    start: Start = field(default_factory=Start)
 
     @property
     def ok(self) -> bool:
@@ -46,6 +98,7 @@ class ReplayReport:
         return {
             "ok": self.ok,
             "head": self.head,
+            "start": self.start.as_json(),
             "folded_to": self.folded,
             "projected_to": self.projected,
             "until": self.until,
@@ -60,11 +113,16 @@ async def replay(
     until: int | None = None,
     group: str | None = None,
     progress: Callable[[int, int], None] | None = None,
+    from_start: bool = False,
 ) -> ReplayReport:
-    """Fold ``target``'s log from offset 1 (to ``until``) and compare with its projections."""
-    log = await open_log(target)
+    """Fold ``target``'s log (to ``until``) and compare with its projections; see the module
+    docstring for where the fold starts. ``from_start`` insists on offset 1 and raises
+    CompactedLog on a log that records were removed from."""
+    log = await open_log(target, create=False)
     try:
-        return await _replay(log, until=until, group=group, progress=progress)
+        return await replay_log(
+            log, until=until, group=group, progress=progress, from_start=from_start
+        )
     finally:
         await log.close()
 
@@ -73,20 +131,179 @@ async def replay(
 ATTEMPTS = 3
 
 
-async def _replay(
+async def replay_log(
     log: Log,
     *,
-    until: int | None,
-    group: str | None,
-    progress: Callable[[int, int], None] | None,
+    until: int | None = None,
+    group: str | None = None,
+    progress: Callable[[int, int], None] | None = None,
+    from_start: bool = False,
+    on_record: Callable[[], OnRecord] | None = None,
 ) -> ReplayReport:
     """Replay once; if the stored projections moved meanwhile (a running coordinator wrote
-    more), the comparison mixed two moments, so start over, a few times at most."""
+    more), the comparison mixed two moments, so start over, a few times at most.
+    ``on_record`` makes a fresh hook for each attempt."""
     for _ in range(ATTEMPTS):
-        report = await _replay_once(log, until=until, group=group, progress=progress)
+        report = await _replay_once(
+            log,
+            until=until,
+            group=group,
+            progress=progress,
+            from_start=from_start,
+            on_record=None if on_record is None else on_record(),
+        )
         if report.ok or await log.get_consumer_offset(CONSUMER) == report.projected:
             return report
     return report
+
+
+async def find_start(
+    log: Log, stop: int, *, from_start: bool = False
+) -> tuple[Start, Coordinator, bytes | None]:
+    """The oldest kept snapshot a fold to ``stop`` needs (or offset 0 when no record up to
+    ``stop`` was removed), verified against the stored projections: ``(start, the fold
+    restored from it, its bytes)``. CompactedLog when no fold to ``stop`` is possible."""
+    removed = await log.removed_ranges(0, stop)
+    if not removed:
+        return Start(), Coordinator(), None
+    ranges = ", ".join(f"{r.first}-{r.last} ({r.removed:,} removed)" for r in removed[:10])
+    if from_start:
+        raise CompactedLog(
+            f"records were removed from this log by compaction ({ranges}"
+            f"{', ...' if len(removed) > 10 else ''}), so it cannot be folded from offset 1; "
+            "replay without --from-start starts from the kept snapshot they lie behind"
+        )
+    need = removed[-1].last
+    offset, data = 0, None
+    for kept in await log.kept_snapshots(CONSUMER):
+        if kept < need:
+            continue
+        data = await log.load_kept_snapshot(CONSUMER, kept)
+        if data is not None and not is_summary(data):
+            offset = kept
+            break
+    if not offset or offset > stop:
+        at = f"; the earliest offset a replay can stop at is {offset}" if offset else ""
+        raise CompactedLog(
+            f"records up to offset {need} were removed by compaction ({ranges}); a fold to "
+            f"offset {stop} needs a whole kept snapshot from offset {need} to {stop} and there "
+            f"is none{at}"
+        )
+    assert data is not None
+    start = Start(offset=offset, removed=await log.removed_ranges(0, offset))
+    machine = await _verify_start(log, start, data)
+    return start, machine, data
+
+
+async def _verify_start(log: Log, start: Start, data: bytes) -> Coordinator:
+    """Check a kept snapshot before folding from it; a failed check is a CompactedLog."""
+    offset = start.offset
+    try:
+        machine, _ = _decode_snapshot(data)
+    except Exception as exc:
+        raise CompactedLog(
+            f"the kept snapshot at offset {offset} cannot be read ({exc}); the records removed "
+            "behind it make a fold from an earlier point impossible"
+        ) from None
+    if machine.offset != offset:
+        raise CompactedLog(
+            f"the kept snapshot stored at offset {offset} holds the fold at offset {machine.offset}"
+        )
+    start.verified.append(f"it decodes and holds the fold at offset {offset}")
+    problems: list[str] = []
+    for g in machine.groups():
+        view = machine.current_view(g)
+        if view is None:
+            continue
+        stored = await log.get_projection("view", g, view.version)
+        if stored is None or stored.doc != view_doc(view):
+            problems.append(
+                f"view {g}/{view.version}: the snapshot's current view is not the stored one"
+            )
+        later = await log.read_projections("view", g, after_seq=view.version, limit=1)
+        if later and later[0].doc.get("offset", 0) <= offset:
+            problems.append(
+                f"view {g}/{later[0].seq}: committed at offset {later[0].doc.get('offset')}, "
+                f"before the snapshot at {offset}, which knows only version {view.version}"
+            )
+    if not problems:
+        start.verified.append("its current views equal the stored ones")
+    start.views, checked, wrong = await _check_digests(log, offset, machine.groups())
+    if not wrong:
+        start.verified.append(
+            f"the {len(start.views)} views committed up to it equal what compaction verified "
+            f"({checked} compaction step(s))"
+        )
+    start.problems = problems + wrong
+    return machine
+
+
+def summary(offset: int, compaction: dict[str, Any] | None) -> bytes:
+    """What a kept snapshot becomes once a newer one supersedes it: what its compaction step
+    verified (the views digest), without the state."""
+    return msgspec.json.encode({"summary": True, "offset": offset, "compaction": compaction})
+
+
+def is_summary(data: bytes) -> bool:
+    return msgspec.json.decode(data).get("summary") is True
+
+
+def compaction_meta(data: bytes) -> dict[str, Any] | None:
+    """What the compaction step that kept a snapshot (whole or summary) verified."""
+    return msgspec.json.decode(data).get("compaction")
+
+
+def views_digest(docs: Iterable[dict[str, Any]]) -> str:
+    """SHA-256 over the views' canonical documents in (group, version) order."""
+    h = hashlib.sha256()
+    for doc in sorted(docs, key=lambda d: (d["group"], d["version"])):
+        h.update(_canonical.encode(doc))
+        h.update(b"\n")
+    return h.hexdigest()
+
+
+_canonical = msgspec.json.Encoder(order="sorted")
+
+
+async def _check_digests(
+    log: Log, offset: int, groups: list[str]
+) -> tuple[list[dict[str, Any]], int, list[str]]:
+    """Every view of ``groups`` committed at or before ``offset`` (by commit offset), checked
+    against the digests the compaction steps recorded in their kept snapshots: ``(the views,
+    how many steps were checked, what differs)``."""
+    views = [d for d in await stored_views(log, groups) if d["offset"] <= offset]
+    checked = 0
+    wrong: list[str] = []
+    for kept in await log.kept_snapshots(CONSUMER):
+        if kept > offset:
+            break
+        data = await log.load_kept_snapshot(CONSUMER, kept)
+        meta = compaction_meta(data) if data else None
+        if meta is None:
+            continue
+        after = meta["after"]
+        span = [d for d in views if after < d["offset"] <= kept]
+        if len(span) != meta["views"] or views_digest(span) != meta["views_sha256"]:
+            names = ", ".join(f"{d['group']}/{d['version']}" for d in span[:20])
+            wrong.append(
+                f"views committed in offsets {after + 1}-{kept} ({names or 'none'}): the store "
+                f"holds {len(span)} that are not the {meta['views']} the compaction step "
+                f"ending at {kept} verified"
+            )
+        checked += 1
+    views.sort(key=lambda d: (d["offset"], d["group"]))
+    return views, checked, wrong
+
+
+async def stored_views(log: Log, groups: Iterable[str]) -> list[dict[str, Any]]:
+    """Every stored view row of ``groups``."""
+    out: list[dict[str, Any]] = []
+    for g in groups:
+        after = 0
+        while rows := await log.read_projections("view", g, after_seq=after, limit=1000):
+            out.extend(r.doc for r in rows)
+            after = rows[-1].seq
+    return out
 
 
 async def _replay_once(
@@ -95,20 +312,34 @@ async def _replay_once(
     until: int | None,
     group: str | None,
     progress: Callable[[int, int], None] | None,
+    from_start: bool,
+    on_record: OnRecord | None,
 ) -> ReplayReport:
     report = ReplayReport(until=until)
     report.head = await log.head()
     report.projected = await log.get_consumer_offset(CONSUMER)
     stop = report.head if until is None else min(until, report.head)
-    machine = Coordinator()
+    start, machine, _ = await find_start(log, stop, from_start=from_start)
+    report.start = start
     expected: dict[Key, dict[str, Any]] = {}
-    position = 0
+    if start.offset:
+        report.views = [v for v in start.views if group in (None, v["group"])]
+        for g in machine.groups():
+            view = machine.current_view(g)
+            if view is not None:
+                expected[("view", g, view.version)] = view_doc(view)
+        for p in _proposals(machine):
+            expected[("proposal", p["group"], p["id"])] = p
+    position = start.offset
     while position < stop:
         page = await log.read(position, READ_PAGE, until=stop)
         if not page:
             break
         for rec in page:
-            for effect in machine.step(rec):
+            effects = machine.step(rec)
+            if on_record is not None:
+                on_record(rec, effects, machine)
+            for effect in effects:
                 if isinstance(effect, ViewCommitted) and group in (None, effect.view.group):
                     report.views.append(view_doc(effect.view))
                 if effect.offset <= report.projected:
@@ -117,7 +348,7 @@ async def _replay_once(
         position = page[-1].offset
         if progress is not None:
             progress(position, stop)
-    report.folded = position
+    report.folded = max(position, start.offset)
     groups = sorted({g for _, g, _ in expected} | set(machine.groups()))
     if group is not None:
         groups = [g for g in groups if g == group]
@@ -126,8 +357,30 @@ async def _replay_once(
         stored = {k: d for k, d in stored.items() if d.get("offset", 0) <= until}
         expected = {k: d for k, d in expected.items() if k[0] == "view"}
     expected = {k: d for k, d in expected.items() if k[1] in groups}
-    report.divergences = _compare(expected, stored)
+    if start.offset:
+        # rows written before the start that the fold cannot reproduce are covered by the
+        # start's verification (views) or were the latest state then; only later ones count
+        stored = {
+            k: d for k, d in stored.items() if k in expected or _row_offset(k, d) > start.offset
+        }
+    report.divergences = start.problems + _compare(expected, stored)
     return report
+
+
+def _proposals(machine: Coordinator) -> list[dict[str, Any]]:
+    out = []
+    for item in machine.snapshot()["proposals"]:
+        proposal = machine.proposal(item["id"])
+        if proposal is not None:
+            out.append(proposal_doc(proposal))
+    return out
+
+
+def _row_offset(key: Key, doc: dict[str, Any]) -> int:
+    """The offset of the record that produced a stored row (a proposal's id is its offset)."""
+    if key[0] == "proposal":
+        return int(doc.get("id", key[2]))
+    return int(doc.get("offset", 0))
 
 
 async def _stored(log: Log, groups: list[str], kinds: list[str]) -> dict[Key, dict[str, Any]]:

@@ -21,7 +21,7 @@ from eventlog.record import (
 )
 
 if TYPE_CHECKING:
-    from eventlog.base import Log
+    from eventlog.base import Log, RemovedRange
     from eventlog.errors import (
         ChecksumError,
         LogClosed,
@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 
 _LAZY = {
     "Log": "eventlog.base",
+    "RemovedRange": "eventlog.base",
     "ChecksumError": "eventlog.errors",
     "LogClosed": "eventlog.errors",
     "LogError": "eventlog.errors",
@@ -66,6 +67,7 @@ __all__ = [
     "NewRecord",
     "ProjectionRow",
     "Record",
+    "RemovedRange",
     "SchemaTooNewError",
     "StaleTermError",
     "open_log",

@@ -19,6 +19,8 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Awaitable, Collection, Sequence
 
+import msgspec
+
 from eventlog.errors import ChecksumError, LogClosed
 from eventlog.projection import ProjectionRow, encode_projection
 from eventlog.record import (
@@ -88,6 +90,64 @@ def _check_filtered(records: list[Record], group: str | None, kinds: list[str] |
                 f"its columns place it in group {group!r}, kinds {kinds}, but it holds "
                 f"group {rec.group!r}, kind {rec.kind!r}",
             )
+
+
+class RemovedRange(msgspec.Struct, frozen=True):
+    """Records removed by one compaction step: ``removed`` records with offsets from ``first``
+    to ``last`` (both removed). The records of that span that were kept are still in the log;
+    every offset in it that a reader does not find is one of the ``removed``."""
+
+    first: int
+    last: int
+    removed: int
+
+
+def _check_removal(offset: int, remove: Sequence[int]) -> list[int]:
+    """The offsets a compaction step removes: strictly increasing, each in ``1..offset``."""
+    out: list[int] = []
+    prev = 0
+    for i, o in enumerate(remove):
+        if isinstance(o, bool) or not isinstance(o, int) or o <= prev:
+            raise ValueError(
+                f"offsets to remove must be strictly increasing positive integers; item {i} is "
+                f"{o!r} after {prev}"
+            )
+        prev = o
+        out.append(o)
+    if out and out[-1] > offset:
+        raise ValueError(
+            f"offset {out[-1]} lies after the kept snapshot at offset {offset}: only records "
+            "behind a kept snapshot may be removed"
+        )
+    return out
+
+
+def check_compaction(
+    where: str, name: str, offset: int, remove: list[int], head: int, kept: int, removed_to: int
+) -> None:
+    """The store-side rules of :meth:`Log.compact`, checked inside its transaction."""
+    if offset > head:
+        raise ValueError(
+            f"cannot keep a snapshot at offset {offset} of {where}: its head is {head}"
+        )
+    if offset <= kept:
+        raise ValueError(
+            f"{where} already keeps snapshot {name!r} at offset {kept}; a compaction step must "
+            f"end after it, not at {offset}"
+        )
+    floor = max(kept, removed_to)
+    if remove and remove[0] <= floor:
+        raise ValueError(
+            f"offset {remove[0]} of {where} lies at or before offset {floor} (the last kept "
+            f"snapshot {name!r} or removed range): a step removes only records after both"
+        )
+
+
+def missing_offsets(where: str, remove: list[int], gone: int) -> str:
+    return (
+        f"{len(remove) - gone} of the {len(remove)} offsets to remove from {where} "
+        f"({remove[0]}..{remove[-1]}) are not in the log; nothing was removed"
+    )
 
 
 class Log(ABC):
@@ -299,6 +359,75 @@ class Log(ABC):
         self._check_open()
         return await self._load_snapshot(name)
 
+    # -- retention (docs/eventlog.md, "Retention") --------------------------------------------
+
+    async def compact(
+        self,
+        name: str,
+        offset: int,
+        data: bytes,
+        remove: Sequence[int],
+        *,
+        previous: bytes | None = None,
+    ) -> RemovedRange | None:
+        """One compaction step, in ONE transaction: keep ``data`` as snapshot ``name`` at
+        ``offset`` for the life of the log, delete the records at the offsets in ``remove``
+        (strictly increasing), and record what was removed as a :class:`RemovedRange` (None
+        when ``remove`` is empty). With ``previous``, the data of the snapshot ``name`` kept
+        before this one becomes ``previous``: a caller keeps a short summary of a snapshot the
+        new one supersedes, so kept snapshots do not add a whole state to the log per step.
+
+        Refused with ValueError, nothing changed, unless: ``offset`` is at most the head and
+        after every snapshot ``name`` kept before; every offset removed lies after that
+        previous kept snapshot and after every range removed before, at most at ``offset``,
+        and is in the log. So records are only ever removed behind a kept snapshot, from
+        which a fold of what remains can start, and a crash leaves either the whole step or
+        none of it.
+        """
+        self._check_open()
+        name = _check_consumer(name)
+        _check_offset("offset", offset)
+        if offset < 1:
+            raise ValueError("a kept snapshot's offset must be at least 1")
+        if not isinstance(data, bytes | bytearray | memoryview):
+            raise TypeError(f"snapshot data must be bytes, got {type(data).__name__}")
+        offsets = _check_removal(offset, remove)
+        if previous is not None and not isinstance(previous, bytes | bytearray | memoryview):
+            raise TypeError(f"previous must be bytes, got {type(previous).__name__}")
+        return await self._compact(
+            name, offset, bytes(data), offsets, None if previous is None else bytes(previous)
+        )
+
+    async def removed_ranges(self, after: int = 0, until: int | None = None) -> list[RemovedRange]:
+        """The removed ranges that reach past ``after`` and start at or before ``until``, by
+        offset: what a reader of ``read(after, until=until)`` should know is missing."""
+        self._check_open()
+        _check_offset("after", after)
+        if until is not None:
+            _check_offset("until", until)
+            if until <= after:
+                return []
+        return await self._removed_ranges(after, until)
+
+    async def kept_snapshots(self, name: str) -> list[int]:
+        """The offsets of the snapshots called ``name`` that compaction keeps, ascending."""
+        self._check_open()
+        return await self._kept_snapshots(_check_consumer(name))
+
+    async def load_kept_snapshot(self, name: str, offset: int) -> bytes | None:
+        """The kept snapshot ``name`` at ``offset``, or None."""
+        self._check_open()
+        return await self._load_kept_snapshot(
+            _check_consumer(name), _check_offset("offset", offset)
+        )
+
+    async def stored_bytes(self) -> int:
+        """How many bytes the store holds in use: a SQLite file's pages less its free list
+        (removed records' pages are reused by later appends), PostgreSQL's tables and indexes
+        of the log's schema."""
+        self._check_open()
+        return await self._stored_bytes()
+
     async def close(self) -> None:
         """Stop the store; waiters and tails end, later calls raise LogClosed. Idempotent."""
         if self._closed:
@@ -404,6 +533,23 @@ class Log(ABC):
 
     @abstractmethod
     async def _load_snapshot(self, name: str) -> tuple[int, bytes] | None: ...
+
+    @abstractmethod
+    async def _compact(
+        self, name: str, offset: int, data: bytes, remove: list[int], previous: bytes | None
+    ) -> RemovedRange | None: ...
+
+    @abstractmethod
+    async def _removed_ranges(self, after: int, until: int | None) -> list[RemovedRange]: ...
+
+    @abstractmethod
+    async def _kept_snapshots(self, name: str) -> list[int]: ...
+
+    @abstractmethod
+    async def _load_kept_snapshot(self, name: str, offset: int) -> bytes | None: ...
+
+    @abstractmethod
+    async def _stored_bytes(self) -> int: ...
 
     @abstractmethod
     async def _close(self) -> None: ...

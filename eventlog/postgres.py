@@ -29,7 +29,7 @@ from typing import Any
 
 import asyncpg
 
-from eventlog.base import Log, Row, Sealed
+from eventlog.base import Log, RemovedRange, Row, Sealed, check_compaction, missing_offsets
 from eventlog.codec import COLUMNS, decode_rows
 from eventlog.errors import LogClosed, LogError, StaleTermError
 from eventlog.migrate import code_head, migrate_postgres, postgres_revision
@@ -241,6 +241,50 @@ class PostgresLog(Log):
             data,
         )
 
+    async def _compact(
+        self, name: str, offset: int, data: bytes, remove: list[int], previous: bytes | None
+    ) -> RemovedRange | None:
+        # One transaction; an advisory lock keeps two compactors of this schema in turn. It
+        # locks no row an append needs: appends only insert after the head.
+        async with self._pool.acquire() as conn, conn.transaction():
+            await conn.execute(
+                "SELECT pg_advisory_xact_lock(hashtext($1))", f"foldplane-compact:{self._channel}"
+            )
+            head = await conn.fetchval("SELECT next_seq - 1 FROM log_head WHERE id = 1")
+            kept = await conn.fetchval("SELECT max(seq) FROM kept_snapshot WHERE name = $1", name)
+            removed_to = await conn.fetchval("SELECT max(last_seq) FROM removed_range")
+            check_compaction(self.where, name, offset, remove, head, kept or 0, removed_to or 0)
+            await conn.execute(
+                "INSERT INTO kept_snapshot (name, seq, data) VALUES ($1, $2, $3)",
+                name,
+                offset,
+                data,
+            )
+            if previous is not None and kept is not None:
+                await conn.execute(
+                    "UPDATE kept_snapshot SET data = $1 WHERE name = $2 AND seq = $3",
+                    previous,
+                    name,
+                    kept,
+                )
+            if not remove:
+                return None
+            gone = await conn.fetchval(
+                "WITH d AS (DELETE FROM log WHERE seq = ANY($1::bigint[]) RETURNING 1) "
+                "SELECT count(*) FROM d",
+                remove,
+            )
+            if gone != len(remove):
+                raise ValueError(missing_offsets(self.where, remove, gone))  # rolls back
+            removed = RemovedRange(remove[0], remove[-1], gone)
+            await conn.execute(
+                "INSERT INTO removed_range (first_seq, last_seq, removed) VALUES ($1, $2, $3)",
+                removed.first,
+                removed.last,
+                removed.removed,
+            )
+            return removed
+
     # -- reads ------------------------------------------------------------------------------
 
     async def _read(
@@ -317,6 +361,41 @@ class PostgresLog(Log):
     async def _load_snapshot(self, name: str) -> tuple[int, bytes] | None:
         row = await self._pool.fetchrow("SELECT seq, data FROM snapshot WHERE name = $1", name)
         return None if row is None else (row[0], bytes(row[1]))
+
+    async def _removed_ranges(self, after: int, until: int | None) -> list[RemovedRange]:
+        if until is None:
+            rows = await self._pool.fetch(
+                "SELECT first_seq, last_seq, removed FROM removed_range WHERE last_seq > $1 "
+                "ORDER BY first_seq",
+                after,
+            )
+        else:
+            rows = await self._pool.fetch(
+                "SELECT first_seq, last_seq, removed FROM removed_range WHERE last_seq > $1 "
+                "AND first_seq <= $2 ORDER BY first_seq",
+                after,
+                until,
+            )
+        return [RemovedRange(*r) for r in rows]
+
+    async def _kept_snapshots(self, name: str) -> list[int]:
+        rows = await self._pool.fetch(
+            "SELECT seq FROM kept_snapshot WHERE name = $1 ORDER BY seq", name
+        )
+        return [r[0] for r in rows]
+
+    async def _load_kept_snapshot(self, name: str, offset: int) -> bytes | None:
+        data = await self._pool.fetchval(
+            "SELECT data FROM kept_snapshot WHERE name = $1 AND seq = $2", name, offset
+        )
+        return None if data is None else bytes(data)
+
+    async def _stored_bytes(self) -> int:
+        return await self._pool.fetchval(
+            "SELECT coalesce(sum(pg_total_relation_size(c.oid)), 0)::bigint FROM pg_class c "
+            "JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "WHERE n.nspname = current_schema() AND c.relkind = 'r'"
+        )
 
     # -- closing ----------------------------------------------------------------------------
 

@@ -13,13 +13,14 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import sqlite3
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from eventlog.base import Log, Row, Sealed
+from eventlog.base import Log, RemovedRange, Row, Sealed, check_compaction, missing_offsets
 from eventlog.codec import COLUMNS, decode_rows, gc_paused
 from eventlog.errors import LogError
 from eventlog.migrate import migrate_sqlite
@@ -98,6 +99,45 @@ class SqliteLog(Log):
                 (name, offset, data),
             )
         )
+
+    async def _compact(
+        self, name: str, offset: int, data: bytes, remove: list[int], previous: bytes | None
+    ) -> RemovedRange | None:
+        where = self.where
+
+        def step(conn: sqlite3.Connection) -> RemovedRange | None:
+            # inside the writer's BEGIN IMMEDIATE: these checks and the deletes see one state
+            head = conn.execute("SELECT next_seq - 1 FROM log_head WHERE id = 1").fetchone()[0]
+            kept = conn.execute(
+                "SELECT max(seq) FROM kept_snapshot WHERE name = ?", (name,)
+            ).fetchone()[0]
+            removed_to = conn.execute("SELECT max(last_seq) FROM removed_range").fetchone()[0]
+            check_compaction(where, name, offset, remove, head, kept or 0, removed_to or 0)
+            conn.execute(
+                "INSERT INTO kept_snapshot (name, seq, data) VALUES (?, ?, ?)", (name, offset, data)
+            )
+            if previous is not None and kept is not None:
+                conn.execute(
+                    "UPDATE kept_snapshot SET data = ? WHERE name = ? AND seq = ?",
+                    (previous, name, kept),
+                )
+            if not remove:
+                return None
+            # one statement for the whole set: no per-row trip through the GIL
+            gone = conn.execute(
+                "DELETE FROM log WHERE seq IN (SELECT value FROM json_each(?))",
+                (json.dumps(remove),),
+            ).rowcount
+            if gone != len(remove):
+                raise ValueError(missing_offsets(where, remove, gone))
+            removed = RemovedRange(remove[0], remove[-1], gone)
+            conn.execute(
+                "INSERT INTO removed_range (first_seq, last_seq, removed) VALUES (?, ?, ?)",
+                (removed.first, removed.last, removed.removed),
+            )
+            return removed
+
+        return await self._write(step)
 
     # -- reads ------------------------------------------------------------------------------
 
@@ -197,6 +237,44 @@ class SqliteLog(Log):
         def run(conn: sqlite3.Connection) -> tuple[int, bytes] | None:
             row = conn.execute("SELECT seq, data FROM snapshot WHERE name = ?", (name,)).fetchone()
             return None if row is None else (row[0], bytes(row[1]))
+
+        return await self._query(run)
+
+    async def _removed_ranges(self, after: int, until: int | None) -> list[RemovedRange]:
+        sql = "SELECT first_seq, last_seq, removed FROM removed_range WHERE last_seq > ?"
+        params: list[Any] = [after]
+        if until is not None:
+            sql += " AND first_seq <= ?"
+            params.append(until)
+        sql += " ORDER BY first_seq"
+        return await self._query(
+            lambda conn: [RemovedRange(*r) for r in conn.execute(sql, params).fetchall()]
+        )
+
+    async def _kept_snapshots(self, name: str) -> list[int]:
+        return await self._query(
+            lambda conn: [
+                r[0]
+                for r in conn.execute(
+                    "SELECT seq FROM kept_snapshot WHERE name = ? ORDER BY seq", (name,)
+                ).fetchall()
+            ]
+        )
+
+    async def _load_kept_snapshot(self, name: str, offset: int) -> bytes | None:
+        def run(conn: sqlite3.Connection) -> bytes | None:
+            row = conn.execute(
+                "SELECT data FROM kept_snapshot WHERE name = ? AND seq = ?", (name, offset)
+            ).fetchone()
+            return None if row is None else bytes(row[0])
+
+        return await self._query(run)
+
+    async def _stored_bytes(self) -> int:
+        def run(conn: sqlite3.Connection) -> int:
+            pages = conn.execute("PRAGMA page_count").fetchone()[0]
+            free = conn.execute("PRAGMA freelist_count").fetchone()[0]
+            return (pages - free) * conn.execute("PRAGMA page_size").fetchone()[0]
 
         return await self._query(run)
 

@@ -36,6 +36,9 @@ async def events(
 ) -> Response:
     host = host_of(request)
     records = await host.log.read(after, limit, group=group, kinds=_kinds(kind))
+    # a full page covers the offsets up to its last record; a short one, the rest of the log
+    covered = records[-1].offset if len(records) == limit else None
+    removed = await host.log.removed_ranges(after, covered)
     return json_response(
         {
             "events": [
@@ -51,6 +54,7 @@ async def events(
                 for r in records
             ],
             "next_after": records[-1].offset if records else after,
+            "removed": [{"first": r.first, "last": r.last, "removed": r.removed} for r in removed],
         }
     )
 

@@ -75,7 +75,7 @@ async def empty_schema(pg_url: str, schema: str) -> None:
     conn = await asyncpg.connect(pg_url, server_settings={"search_path": schema})
     try:
         await conn.execute(
-            "TRUNCATE log, consumer_offset, projection, snapshot;"
+            "TRUNCATE log, consumer_offset, projection, snapshot, removed_range, kept_snapshot;"
             "UPDATE log_head SET term = 0, next_seq = 1"
         )
     finally:

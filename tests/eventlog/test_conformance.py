@@ -14,6 +14,7 @@ from eventlog import (
     LogError,
     NewRecord,
     ProjectionRow,
+    RemovedRange,
     StaleTermError,
     open_log,
 )
@@ -567,3 +568,74 @@ async def test_sqlite_inserts_fit_an_old_sqlites_parameter_limit(tmp_path, monke
         assert [r.payload["i"] for r in await log.read(0, 2000)] == list(range(1000))
     finally:
         await log.close()
+
+
+# -- retention: compaction steps behind a kept snapshot --------------------------------------
+
+
+async def test_a_compaction_step_removes_records_behind_a_kept_snapshot(log: Log) -> None:
+    """The removed offsets are gone, the kept ones stay, the range says what went, and offsets
+    are never reused: the next append continues after the head."""
+    await log.append([hb(r % 2, r) for r in range(10)])  # offsets 1..10
+    removed = await log.compact("fold", 8, b"state at 8", [2, 3, 5, 7])
+    assert removed == RemovedRange(2, 7, 4)
+    assert [r.offset for r in await log.read()] == [1, 4, 6, 8, 9, 10]
+    assert await log.removed_ranges() == [removed]
+    assert await log.kept_snapshots("fold") == [8]
+    assert await log.load_kept_snapshot("fold", 8) == b"state at 8"
+    assert await log.load_kept_snapshot("fold", 7) is None
+    assert await log.head() == 10
+    assert await log.append([hb(0)]) == [11]
+    # a step with nothing to remove still keeps its snapshot, and records no range
+    assert await log.compact("fold", 10, b"state at 10", []) is None
+    assert await log.kept_snapshots("fold") == [8, 10]
+    assert await log.removed_ranges() == [removed]
+    # a newer step may shrink the snapshot it supersedes to a summary, in its transaction
+    await log.compact("fold", 11, b"state at 11", [], previous=b"summary of 10")
+    assert await log.load_kept_snapshot("fold", 10) == b"summary of 10"
+    assert await log.load_kept_snapshot("fold", 8) == b"state at 8"
+    assert await log.load_kept_snapshot("fold", 11) == b"state at 11"
+
+
+async def test_removed_ranges_are_found_by_the_span_a_reader_reads(log: Log) -> None:
+    await log.append([hb(0, i) for i in range(30)])
+    first = await log.compact("fold", 10, b"a", [2, 3, 4])
+    second = await log.compact("fold", 20, b"b", [12, 15, 19])
+    assert await log.removed_ranges() == [first, second]
+    assert await log.removed_ranges(after=4) == [second]  # 2..4 lies at or before 4
+    assert await log.removed_ranges(after=3) == [first, second]
+    assert await log.removed_ranges(after=0, until=11) == [first]
+    assert await log.removed_ranges(after=0, until=12) == [first, second]
+    assert await log.removed_ranges(after=19) == []
+    assert await log.removed_ranges(after=5, until=5) == []
+
+
+async def test_compaction_refuses_what_would_leave_an_unfoldable_log(log: Log) -> None:
+    """Each refusal names the rule and changes nothing."""
+    await log.append([hb(0, i) for i in range(20)])
+    await log.compact("fold", 10, b"a", [3, 4])
+    refusals = [
+        (("fold", 25, b"x", []), "its head is 20"),
+        (("fold", 10, b"x", []), "already keeps snapshot 'fold' at offset 10"),
+        (("fold", 9, b"x", []), "already keeps snapshot 'fold' at offset 10"),
+        (("fold", 15, b"x", [9, 12]), "lies at or before offset 10"),
+        (("fold", 15, b"x", [12, 16]), "lies after the kept snapshot at offset 15"),
+        (("fold", 15, b"x", [13, 12]), "strictly increasing"),
+        (("other", 15, b"x", [4, 12]), "lies at or before offset 4"),  # a removed range
+        (("fold", 15, b"x", [12, 3]), "strictly increasing"),
+    ]
+    for args, why in refusals:
+        with pytest.raises(ValueError, match=why):
+            await log.compact(*args)
+    await log.compact("fold", 15, b"b", [12, 13])
+    assert [r.offset for r in await log.read(after=10)] == [11, 14, 15, 16, 17, 18, 19, 20]
+    assert await log.load_kept_snapshot("fold", 15) == b"b"
+    assert await log.removed_ranges() == [RemovedRange(3, 4, 2), RemovedRange(12, 13, 2)]
+    assert await log.kept_snapshots("fold") == [10, 15]
+
+
+async def test_stored_bytes_counts_what_the_store_holds(log: Log) -> None:
+    empty = await log.stored_bytes()
+    assert empty > 0
+    await log.append([hb(0, i) for i in range(2000)])
+    assert await log.stored_bytes() > empty
