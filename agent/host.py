@@ -92,6 +92,7 @@ class Agent:
     ``FOLDPLANE_COORDINATOR`` (comma-separated URLs), ``FOLDPLANE_GROUP``, ``FOLDPLANE_RANK``,
     ``FOLDPLANE_TOKEN`` (this rank's agent token) and ``FOLDPLANE_INCARNATION`` (otherwise a
     new uuid: a restarted process is a new incarnation). The world size comes from the group.
+    With ``FOLDPLANE_RELAY`` set, events and updates go through that per-host relay.
     """
 
     def __init__(
