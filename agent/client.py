@@ -227,8 +227,12 @@ class CoordinatorClient:
         params: Mapping[str, Any] | None = None,
         json: Any = None,
         timeout_s: float | None = None,
+        headers: Mapping[str, str] | None = None,
     ) -> dict[str, Any]:
-        """One call, tried at each address in turn, following ``not_leader`` to the leader."""
+        """One call, tried at each address in turn, following ``not_leader`` to the leader.
+
+        ``headers`` are added to (and override) the client's own, e.g. another ``authorization``.
+        """
         failures: list[str] = []
         tried: set[str] = set()
         index = self._current
@@ -241,6 +245,7 @@ class CoordinatorClient:
                     url + path,
                     params=params,
                     json=json,
+                    headers=headers,
                     timeout=self._timeout_s if timeout_s is None else timeout_s,
                 )
             except httpx.HTTPError as exc:

@@ -92,6 +92,7 @@ class Agent:
     ``FOLDPLANE_COORDINATOR`` (comma-separated URLs), ``FOLDPLANE_GROUP``, ``FOLDPLANE_RANK``,
     ``FOLDPLANE_TOKEN`` (this rank's agent token) and ``FOLDPLANE_INCARNATION`` (otherwise a
     new uuid: a restarted process is a new incarnation). The world size comes from the group.
+    With ``FOLDPLANE_RELAY`` set, events and updates go through that per-host relay.
     """
 
     def __init__(
@@ -150,10 +151,12 @@ class Agent:
         )
         # One client per thread that blocks on the network: operator calls from the user's
         # thread, event batches, and the long poll (closing its client aborts a poll).
+        # Events and updates go through the launcher's per-host relay when it runs one.
+        channel = _env("FOLDPLANE_RELAY") or coordinator
         self._ops = CoordinatorClient(coordinator, token=token)
-        self._sender_client = CoordinatorClient(coordinator, token=token)
-        self._beater_client = CoordinatorClient(coordinator, token=token)
-        self._poller_client = CoordinatorClient(coordinator, token=token)
+        self._sender_client = CoordinatorClient(channel, token=token)
+        self._beater_client = CoordinatorClient(channel, token=token)
+        self._poller_client = CoordinatorClient(channel, token=token)
         self._inbox: queue.Queue[Any] = queue.Queue()
         self._to_send: queue.Queue[SendEvents | None] = queue.Queue()
         self._to_beat: queue.Queue[SendEvents | None] = queue.Queue()

@@ -3,7 +3,9 @@
 ``python -m agent.launch --coordinator URL --group G --nproc 4 train.py --lr 0.1`` starts ranks
 0..3 of group ``G``, each with the environment ``Agent()`` reads (``FOLDPLANE_COORDINATOR``,
 ``FOLDPLANE_GROUP``, ``FOLDPLANE_RANK``, ``FOLDPLANE_INCARNATION`` and, when the launcher knows
-``FOLDPLANE_SECRET``, the rank's own agent token as ``FOLDPLANE_TOKEN``).
+``FOLDPLANE_SECRET``, the rank's own agent token as ``FOLDPLANE_TOKEN``), and, unless started
+with ``--no-relay``, ``FOLDPLANE_RELAY``: the address of the per-host relay (``agent/relay.py``)
+the launcher runs, through which every worker's agent sends its events and polls its updates.
 
 The rules:
 
@@ -36,6 +38,7 @@ from agent.client import (
     CoordinatorUnavailable,
     parse_addresses,
 )
+from agent.relay import Relay
 from coordinator.auth import agent_token
 
 log = logging.getLogger("foldplane.launch")
@@ -91,6 +94,7 @@ class Launcher:
         stdin: int | None = None,
         stdout: int | None = None,
         stderr: int | None = None,
+        relay: bool = True,
     ) -> None:
         if not command:
             raise ValueError("the launcher needs a command to run")
@@ -116,6 +120,9 @@ class Launcher:
         self._stopping = False
         self._pending_spawns = 0  # replacements decided but not started yet
         self.client = CoordinatorClient(self.addresses, token=self._token)
+        #: the per-host relay the workers talk through (from the first spawn on), or None
+        self.relay: Relay | None = None
+        self._use_relay = relay
 
     # -- processes -------------------------------------------------------------------------------
 
@@ -127,7 +134,9 @@ class Launcher:
     def spawn(self, rank: int) -> Worker:
         """Start the command for ``rank`` with a new incarnation (a first start or a replacement)."""
         incarnation = uuid.uuid4().hex
+        self._start_relay()
         env = dict(self._env)
+        env.pop("FOLDPLANE_RELAY", None)  # only this launcher's relay, if any
         env.update(
             FOLDPLANE_COORDINATOR=",".join(self.addresses),
             FOLDPLANE_GROUP=self.group,
@@ -136,6 +145,8 @@ class Launcher:
         )
         if self._secret:
             env["FOLDPLANE_TOKEN"] = agent_token(self._secret, self.group, rank)
+        if self.relay is not None:
+            env["FOLDPLANE_RELAY"] = self.relay.url
         process = subprocess.Popen(
             self.command, env=env, stdin=self._stdin, stdout=self._stdout, stderr=self._stderr
         )
@@ -194,7 +205,14 @@ class Launcher:
             except subprocess.TimeoutExpired:
                 w.process.kill()
                 w.process.wait()
+        if self.relay is not None:
+            self.relay.close()
         self.client.close()
+
+    def _start_relay(self) -> None:
+        with self._lock:
+            if self._use_relay and self.relay is None and not self._stopping:
+                self.relay = Relay(self.addresses).start()
 
     # -- the watcher -----------------------------------------------------------------------------
 
@@ -280,6 +298,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-replacements", type=int, default=3, help="replacements in all (default 3)"
     )
     p.add_argument(
+        "--no-relay",
+        action="store_true",
+        help="let every worker talk to the coordinator itself instead of through this "
+        "launcher's per-host relay",
+    )
+    p.add_argument(
         "-m", "--module", action="store_true", help="run SCRIPT as a module (python -m SCRIPT)"
     )
     p.add_argument(
@@ -322,6 +346,7 @@ def main(argv: list[str] | None = None) -> int:
         ranks=ranks,
         replace_failed=a.replace_failed,
         max_replacements=a.max_replacements,
+        relay=not a.no_relay,
     )
     if a.world_size is not None:
         try:
@@ -336,7 +361,11 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
     launcher.start()
-    return launcher.wait()
+    try:
+        return launcher.wait()
+    finally:
+        if launcher.relay is not None:
+            launcher.relay.close()
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.launch import Launcher, Worker, WorkerExit, main
+from agent.launch import Launcher, Worker, WorkerExit, build_parser, main
 from tests.agent.conftest import ROOT, Coordinator
 
 pytestmark = pytest.mark.timeout(120)
@@ -139,6 +139,33 @@ def test_a_late_report_for_a_stale_incarnation_is_refused(coordinator: Coordinat
     assert "stale_incarnation" in (exit_.report_error or ""), exit_
     assert coordinator.rank("stale", 0)["incarnation"] == "newer"
     assert deaths(coordinator, "stale") == []
+
+
+def environ(pid: int) -> dict[str, str]:
+    raw = Path(f"/proc/{pid}/environ").read_bytes()
+    return dict(item.split("=", 1) for item in raw.decode().split("\0") if "=" in item)
+
+
+def test_workers_get_the_launchers_relay_unless_it_is_turned_off(coordinator: Coordinator):
+    coordinator.create_group("relayed", 1, heartbeat_timeout_s=600.0)
+    for relay in (True, False):
+        launch = launcher(coordinator, "relayed", ["0", "wait"], stdin=subprocess.PIPE, relay=relay)
+        launch.start()
+        joined(launch, 0)
+        env = environ(launch.worker(0).process.pid)
+        if relay:
+            assert launch.relay is not None and env["FOLDPLANE_RELAY"] == launch.relay.url
+            assert env["FOLDPLANE_RELAY"].startswith("http://127.0.0.1:")
+        else:
+            assert launch.relay is None and "FOLDPLANE_RELAY" not in env
+        stdin = launch.worker(0).process.stdin
+        assert stdin is not None
+        stdin.write(b"go\n")
+        stdin.flush()
+        assert launch.wait(timeout=30) == 0
+        launch.stop()
+    assert build_parser().parse_args(["--no-relay", "--nproc", "1", "x.py"]).no_relay is True
+    assert build_parser().parse_args(["--nproc", "1", "x.py"]).no_relay is False
 
 
 def test_the_command_line_creates_the_group_and_runs_the_workers(coordinator: Coordinator):

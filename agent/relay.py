@@ -1,0 +1,988 @@
+"""The per-host relay: one channel to the coordinator for every worker process on this host.
+
+The launcher runs it (``python -m agent.launch`` does by default) as a small HTTP server on
+``127.0.0.1`` at a free port, and gives its workers ``FOLDPLANE_RELAY``; each worker's agent then
+sends its events and long-polls its updates through the relay, and the coordinator holds one
+updates connection per host instead of one per rank. The relay serves exactly the two agent
+endpoints (docs/protocol.md, "The per-host relay"):
+
+- ``POST /agents/events``: each worker request's events are queued; while one upstream batch is
+  in flight, what arrives goes into the next one (up to ``MAX_EVENTS`` events and
+  ``MAX_BATCH_BYTES``); requests of nothing but heartbeats have such a lane of their own. The
+  relay attaches each worker's agent token (its ``Authorization`` header) to that worker's
+  events as ``"token"``, so the coordinator still checks every event against its own rank; the
+  answer's results are split back to each worker in order. A merged batch that the coordinator
+  refuses as a whole (``REFUSED``: a forged token first in the batch, say) is sent again
+  request by request, so that each worker gets the answer it alone would have got.
+- ``GET /agents/updates``: per ``(group, protocol)`` a *lane* keeps ONE upstream multi-rank long
+  poll for the local ranks (``ranks=...``, one agent token per rank in the header), starting
+  after the lowest offset they need. What it receives is cached per rank by offset
+  (:class:`UpdateCache`), and each worker's poll is answered from the cache: the group's updates
+  and its own rank's, after its own ``after``. A rank joins the lane only once a poll of its own,
+  forwarded upstream with its own token, succeeded: the coordinator, not the relay, decides who
+  speaks for a rank, and a wrong token never breaks the lane's poll for the others. A poll the
+  cache cannot answer (an ``after`` below what the relay still holds, a token other than the
+  one the coordinator accepted, a rank the lane's poll in flight does not carry yet) is
+  forwarded upstream on its own.
+
+An upstream failure reaches the worker as the error it would have got: the coordinator's status
+and error body, or ``503 coordinator_unavailable`` when no coordinator answered. The upstream
+side is :class:`~agent.client.CoordinatorClient`, so the relay follows leader redirects over the
+launcher's list of coordinator addresses. Everything else an agent does (looking its group up,
+proposals) and the launcher's death reports still go to the coordinator directly.
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import json
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+from agent.client import CoordinatorClient, CoordinatorError, CoordinatorUnavailable
+from wire.protocol import MAX_EVENTS
+from wire.ranks import MAX_QUERY_RANKS, format_query
+
+log = logging.getLogger("foldplane.relay")
+
+#: The most bytes of events merged into one upstream batch (the coordinator takes 1 MiB).
+MAX_BATCH_BYTES = 512 * 1024
+#: The largest request body a worker may send (the coordinator's default limit).
+MAX_BODY_BYTES = 1024 * 1024
+#: The most worker event requests waiting for an upstream batch; beyond, ``503``.
+MAX_QUEUED_REQUESTS = 1024
+#: How long a worker's event request waits for its upstream answer before ``503``.
+EVENTS_WAIT_S = 60.0
+#: How long the lane's upstream long poll waits on the coordinator.
+LANE_POLL_S = 10.0
+#: The longest long poll a worker may ask for (the coordinator's limit).
+MAX_POLL_S = 60.0
+#: A rank whose worker has not polled for this long leaves its lane.
+RANK_IDLE_S = 3 * LANE_POLL_S
+#: The bytes of updates a lane keeps, at most.
+CACHE_BYTES = 4 * 1024 * 1024
+#: After a failed upstream poll, the lane waits this long (doubling up to ``BACKOFF_MAX_S``).
+BACKOFF_S = 0.05
+BACKOFF_MAX_S = 2.0
+#: Statuses of a request refused as a whole: a merged one is retried piece by piece.
+REFUSED = frozenset({400, 401, 403, 404, 413, 422})
+#: The code of the error a worker gets when no coordinator answered the relay.
+UNAVAILABLE = "coordinator_unavailable"
+
+Body = dict[str, Any]
+Reply = tuple[int, Body]
+
+
+def error(status: int, code: str, detail: str) -> Reply:
+    return status, {"error": code, "detail": detail}
+
+
+class Counters(dict[str, int]):
+    """What the relay did, by name; written by many threads, so under a lock."""
+
+    def __init__(self, *names: str) -> None:
+        super().__init__(dict.fromkeys(names, 0))
+        self._lock = threading.Lock()
+
+    def add(self, name: str, n: int = 1) -> None:
+        with self._lock:
+            self[name] += n
+
+    def peak(self, name: str, value: int) -> None:
+        """Keep the largest ``value`` seen."""
+        with self._lock:
+            self[name] = max(self[name], value)
+
+    def reset(self, name: str) -> None:
+        with self._lock:
+            self[name] = 0
+
+
+# -- events: merge and split (pure) ----------------------------------------------------------
+
+
+@dataclass
+class EventsRequest:
+    """One worker's ``POST /agents/events``, waiting for its share of an upstream answer."""
+
+    events: list[Body]
+    nbytes: int
+    reply: Reply | None = None
+    #: every event carries a token of its own (else the request travels with no token at all)
+    tokened: bool = False
+    done: threading.Event = field(default_factory=threading.Event)
+
+    def answer(self, reply: Reply) -> None:
+        self.reply = reply
+        self.done.set()
+
+
+def with_token(events: Iterable[Mapping[str, Any]], token: str | None) -> list[Body]:
+    """The events with the worker's agent token as each one's ``token`` (an event that names
+    a token of its own keeps it: the coordinator checks whichever the event carries)."""
+    out = []
+    for event in events:
+        event = dict(event)
+        if token is not None and "token" not in event:
+            event["token"] = token
+        out.append(event)
+    return out
+
+
+def take_batch(
+    queue: deque[EventsRequest],
+    max_events: int = MAX_EVENTS,
+    max_bytes: int = MAX_BATCH_BYTES,
+) -> list[EventsRequest]:
+    """The requests at the head of ``queue`` that fit one upstream batch, removed from it.
+
+    Whole requests only, in arrival order; the first is always taken, even when it alone is
+    over a limit (the coordinator then answers it as it would have answered the worker). A
+    batch is all of requests whose every event carries a token, or all of requests that do
+    not: an event without a token must never travel with another worker's credentials.
+    """
+    batch: list[EventsRequest] = []
+    events = nbytes = 0
+    while queue:
+        head = queue[0]
+        if batch and (
+            events + len(head.events) > max_events
+            or nbytes + head.nbytes > max_bytes
+            or head.tokened != batch[0].tokened
+        ):
+            break
+        batch.append(queue.popleft())
+        events += len(head.events)
+        nbytes += head.nbytes
+    return batch
+
+
+def split_results(batch: Sequence[EventsRequest], body: Mapping[str, Any]) -> list[Reply]:
+    """Each request's share of the upstream answer ``{"term", "results"}``, in order."""
+    results = body.get("results")
+    wanted = sum(len(r.events) for r in batch)
+    if not isinstance(results, list) or len(results) != wanted:
+        got = len(results) if isinstance(results, list) else "no"
+        reply = error(502, "bad_answer", f"the coordinator answered {got} results for {wanted}")
+        return [reply] * len(batch)
+    replies: list[Reply] = []
+    start = 0
+    for request in batch:
+        end = start + len(request.events)
+        replies.append((200, {"term": body.get("term"), "results": results[start:end]}))
+        start = end
+    return replies
+
+
+# -- updates: the cache (pure) ---------------------------------------------------------------
+
+
+@dataclass
+class Span:
+    """``(lo, hi]``: the offsets over which the cache holds every update of its owner."""
+
+    lo: int
+    hi: int
+
+
+@dataclass(frozen=True)
+class Served:
+    """What the cache answers one rank's poll: updates after its ``after``, and where to resume."""
+
+    updates: tuple[Body, ...]
+    next_after: int
+    resync: bool = False
+    #: the resync says the coordinator's log is behind the reader (restored from a copy)
+    restored: bool = False
+
+
+def update_rank(update: Mapping[str, Any]) -> int | None:
+    """The rank an update is about (``rank_state``), or None for the group's own updates."""
+    rank = update.get("rank")
+    return rank if isinstance(rank, int) else None
+
+
+class UpdateCache:
+    """What one lane's upstream polls answered, by offset, bounded in bytes.
+
+    Every upstream answer for ranks ``R`` after ``A`` up to ``next_after`` N is a fact: for
+    each rank of ``R``, its updates and the group's in ``(A, N]`` are exactly those in the
+    answer. The cache keeps a :class:`Span` for the group and one per rank over which it
+    holds every update, and answers a rank's poll after ``a`` only when both spans reach down
+    to ``a``; otherwise :meth:`serve` says None and the poll must go upstream on its own.
+    A ``resync`` answer replaces everything: each rank it names gets that answer (its own part
+    of it) once for any ``after`` below N.
+    """
+
+    def __init__(self, max_bytes: int = CACHE_BYTES) -> None:
+        self.max_bytes = max_bytes
+        self.nbytes = 0
+        self.dropped = 0  # updates dropped to stay within max_bytes
+        self.group: Span | None = None
+        self.ranks: dict[int, Span] = {}
+        self._entries: list[tuple[int, int, int | None, Body, int]] = []  # offset, seq, rank, ...
+        self._keys: set[tuple[int, int | None, str]] = set()
+        self._seq = 0
+        # a resync answer, until each rank it named has polled past it
+        self._resync_at = 0
+        self._resync_group: tuple[Body, ...] = ()
+        self._resync_restored = False
+        self._resync: dict[int, tuple[Body, ...]] = {}
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def oldest(self) -> int | None:
+        """The lowest offset of an update held, or None."""
+        return self._entries[0][0] if self._entries else None
+
+    def add(
+        self,
+        ranks: Iterable[int],
+        after: int,
+        updates: Sequence[Mapping[str, Any]],
+        next_after: int,
+        resync: bool = False,
+        restored: bool = False,
+    ) -> None:
+        """Record the answer of an upstream poll for ``ranks`` after ``after``."""
+        ranks = list(ranks)
+        if resync:
+            self._clear()
+            self.group = Span(next_after, next_after)
+            shared = tuple(dict(u) for u in updates if update_rank(u) is None)
+            self._resync_at, self._resync_group = next_after, shared
+            self._resync_restored = restored
+            self.nbytes += sum(_size(u) for u in shared)
+            for rank in ranks:
+                own = tuple(dict(u) for u in updates if update_rank(u) == rank)
+                self._resync[rank] = own
+                self.nbytes += sum(_size(u) for u in own)
+                self.ranks[rank] = Span(next_after, next_after)
+            if self.nbytes > self.max_bytes:  # too big to keep: each rank asks on its own
+                self.dropped += len(shared) + len(ranks)
+                self._clear()
+            return
+        next_after = max(next_after, after)
+        if self.group is None or after > self.group.hi:
+            # nothing held joins this answer: start again from it
+            self._clear()
+            self.group = Span(after, next_after)
+        elif next_after < self.group.lo:
+            return  # wholly older than what is held (and may have been dropped): nothing new
+        else:
+            _join(self.group, after, next_after)
+        for rank in ranks:
+            span = self.ranks.get(rank)
+            if span is None or after > span.hi:
+                self.ranks[rank] = Span(after, next_after)
+            elif next_after >= span.lo:
+                _join(span, after, next_after)
+        for update in updates:
+            self._insert(update)
+        self._trim_to_bytes()
+
+    def serve(self, rank: int, after: int) -> Served | None:
+        """The answer for ``rank`` after ``after`` (its updates may be none yet: then wait), or
+        None when the cache does not hold everything since ``after`` for that rank."""
+        own = self._resync.get(rank)
+        if own is not None:
+            at = self._resync_at
+            # A restored log is behind its readers: an ``after`` past its head is no offset of
+            # it, and only the reader that resumed at the head has taken the resync in.
+            if after < at or (self._resync_restored and after > at):
+                merged = sorted(self._resync_group + own, key=lambda u: int(u["offset"]))
+                return Served(tuple(merged), at, resync=True, restored=self._resync_restored)
+            self._drop_resync(rank)
+        span, group = self.ranks.get(rank), self.group
+        if span is None or group is None or after < span.lo or after < group.lo:
+            return None
+        hi = min(span.hi, group.hi)
+        start = bisect.bisect_right(self._entries, (after, float("inf")))
+        out = tuple(
+            update
+            for offset, _, owner, update, _ in self._entries[start:]
+            if offset <= hi and (owner is None or owner == rank)
+        )
+        return Served(out, max(after, hi))
+
+    def forget(self, rank: int) -> None:
+        """``rank`` left the lane: drop what only it needed."""
+        self.ranks.pop(rank, None)
+        self._drop_resync(rank)
+        kept = [e for e in self._entries if e[2] != rank]
+        for entry in self._entries:
+            if entry[2] == rank:
+                self._keys.discard(_key(entry[3]))
+                self.nbytes -= entry[4]
+        self._entries = kept
+
+    def trim_below(self, offset: int) -> None:
+        """Drop the updates at or below ``offset``: every rank of the lane has read past it."""
+        cut = bisect.bisect_right(self._entries, (offset, float("inf")))
+        if cut:
+            self._drop(cut)
+        self._raise_floor(offset)
+
+    def _insert(self, update: Mapping[str, Any]) -> None:
+        key = _key(update)
+        if key in self._keys:
+            return
+        self._keys.add(key)
+        self._seq += 1
+        size = _size(update)
+        bisect.insort(
+            self._entries,
+            (int(update["offset"]), self._seq, update_rank(update), dict(update), size),
+        )
+        self.nbytes += size
+
+    def _trim_to_bytes(self) -> None:
+        if self.nbytes <= self.max_bytes:
+            return
+        cut, total = 0, self.nbytes
+        while cut < len(self._entries) and total > self.max_bytes:
+            total -= self._entries[cut][4]
+            cut += 1
+        floor = self._entries[cut - 1][0] if cut else None
+        self.dropped += cut
+        self._drop(cut)
+        if floor is not None:
+            # an update of that offset may remain (several share one): keep none of the offset
+            while self._entries and self._entries[0][0] == floor:
+                self.dropped += 1
+                self._drop(1)
+            self._raise_floor(floor)
+
+    def _drop(self, count: int) -> None:
+        for entry in self._entries[:count]:
+            self._keys.discard(_key(entry[3]))
+            self.nbytes -= entry[4]
+        del self._entries[:count]
+
+    def _raise_floor(self, offset: int) -> None:
+        if self.group is not None:
+            self.group.lo = max(self.group.lo, offset)
+        for span in self.ranks.values():
+            span.lo = max(span.lo, offset)
+
+    def _drop_resync(self, rank: int) -> None:
+        own = self._resync.pop(rank, None)
+        if own is not None:
+            self.nbytes -= sum(_size(u) for u in own)
+            if not self._resync:
+                self.nbytes -= sum(_size(u) for u in self._resync_group)
+                self._resync_group = ()
+
+    def _clear(self) -> None:
+        self._entries.clear()
+        self._keys.clear()
+        self._resync.clear()
+        self._resync_group = ()
+        self.ranks.clear()
+        self.nbytes = 0
+
+
+def _join(span: Span, lo: int, hi: int) -> None:
+    """Widen ``span`` by ``(lo, hi]``, which overlaps or touches it."""
+    span.lo = min(span.lo, lo)
+    span.hi = max(span.hi, hi)
+
+
+def _key(update: Mapping[str, Any]) -> tuple[int, int | None, str]:
+    return int(update["offset"]), update_rank(update), str(update.get("type"))
+
+
+def _size(update: Mapping[str, Any]) -> int:
+    return len(json.dumps(update, separators=(",", ":")))
+
+
+# -- the lanes (threads and HTTP) ------------------------------------------------------------
+
+
+class EventsLane:
+    """Merges the workers' event requests into upstream batches, one in flight at a time."""
+
+    def __init__(self, client: CoordinatorClient, stats: Counters, name: str) -> None:
+        self._client = client
+        self._stats = stats
+        self._queue: deque[EventsRequest] = deque()
+        self._cond = threading.Condition()
+        self._closed = False
+        self._thread = threading.Thread(
+            target=self._run, name=f"foldplane-relay-{name}", daemon=True
+        )
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        self._client.close()  # aborts the batch in flight
+        if self._thread.is_alive():
+            self._thread.join(timeout=5.0)
+        for request in self._queue:
+            request.answer(error(503, UNAVAILABLE, "the relay is shutting down"))
+
+    def submit(self, events: list[Body], token: str | None, nbytes: int) -> Reply:
+        """Queue one worker's events; block until its share of an upstream answer is back."""
+        events = with_token(events, token)
+        request = EventsRequest(events, nbytes, tokened=all("token" in e for e in events))
+        with self._cond:
+            if self._closed:
+                return error(503, UNAVAILABLE, "the relay is shutting down")
+            if len(self._queue) >= MAX_QUEUED_REQUESTS:
+                return error(503, UNAVAILABLE, f"{len(self._queue)} event requests queued")
+            self._queue.append(request)
+            self._stats.add("events_requests")
+            self._cond.notify_all()
+        if not request.done.wait(EVENTS_WAIT_S):
+            return error(503, UNAVAILABLE, f"no upstream answer within {EVENTS_WAIT_S} s")
+        assert request.reply is not None
+        return request.reply
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._queue or self._closed)
+                if self._closed:
+                    return
+                batch = take_batch(self._queue)
+            for request, reply in zip(batch, self.send_batch(batch), strict=True):
+                request.answer(reply)
+
+    def send_batch(self, batch: list[EventsRequest]) -> list[Reply]:
+        """POST one batch upstream; each request's reply, in order."""
+        events = [event for request in batch for event in request.events]
+        self._stats.add("events_upstream")
+        self._stats.add("events_sent", len(events))
+        if len(batch) > 1:
+            self._stats.add("events_merged")
+        # Each event's own token decides for it; the header only gets the request through
+        # the coordinator's door, so it is a token of the batch's first request.
+        headers = {"authorization": f"Bearer {events[0]['token']}"} if batch[0].tokened else None
+        try:
+            body = self._client.request(
+                "POST", "/agents/events", json={"events": events}, headers=headers
+            )
+        except CoordinatorError as exc:
+            if len(batch) > 1 and exc.status in REFUSED:
+                # refused as a whole: let each worker's request meet its own fate
+                return [self.send_batch([request])[0] for request in batch]
+            return [error(exc.status, exc.code, exc.detail)] * len(batch)
+        except (CoordinatorUnavailable, RuntimeError) as exc:  # RuntimeError: closed
+            return [error(503, UNAVAILABLE, str(exc))] * len(batch)
+        return split_results(batch, body)
+
+
+@dataclass
+class Member:
+    """A rank of a lane: the token the coordinator accepted for it, and its worker's last poll."""
+
+    token: str | None
+    after: int
+    seen: float
+    view: str | None
+
+
+@dataclass
+class PollArgs:
+    """One worker's ``GET /agents/updates`` in the one-rank form."""
+
+    group: str
+    rank: int
+    after: int
+    timeout: float
+    protocol: str | None
+    view: str | None
+
+    def params(self) -> dict[str, Any]:
+        params: dict[str, Any] = {
+            "group": self.group,
+            "rank": self.rank,
+            "after": self.after,
+            "timeout": self.timeout,
+        }
+        if self.protocol is not None:
+            params["protocol"] = self.protocol
+        if self.view is not None:
+            params["view"] = self.view
+        return params
+
+
+class UpdatesLane:
+    """One upstream long poll for the local ranks of one group, and the cache it fills."""
+
+    def __init__(
+        self,
+        group: str,
+        protocol: str | None,
+        relay: Relay,
+        cache_bytes: int,
+    ) -> None:
+        self.group = group
+        self.protocol = protocol
+        self.cache = UpdateCache(cache_bytes)
+        self._dropped = 0  # cache.dropped already counted in the relay's stats
+        self.members: dict[int, Member] = {}
+        self._relay = relay
+        self._stats = relay.stats
+        self._client = CoordinatorClient(relay.addresses, timeout_s=relay.timeout_s)
+        self._cond = threading.Condition()
+        self._waiting = 0
+        self._in_flight: tuple[frozenset[int], int] | None = None
+        self._answers = 0  # upstream answers and failures so far, so a waiter sees news
+        self._failure: tuple[int, Reply] | None = None  # (answer number, the error)
+        self._store: Any = None
+        self._term: Any = None
+        self._closed = False
+        self._thread = threading.Thread(
+            target=self._run, name=f"foldplane-relay-updates-{group}", daemon=True
+        )
+        self._thread.start()
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        # The poll in flight, if any, ends by its timeout at the latest; its answer is
+        # dropped. (Closing the client refuses anything further.)
+        self._client.close()
+
+    # -- a worker's poll -------------------------------------------------------------------------
+
+    def poll(self, args: PollArgs, token: str | None) -> Reply:
+        deadline = time.monotonic() + args.timeout
+        with self._cond:
+            member = self.members.get(args.rank)
+            if member is None or member.token != token:
+                return self._solo(args, token, verify=member is None)
+            member.after, member.seen, member.view = args.after, time.monotonic(), args.view
+            if not self._lane_serves(args.rank, args.after):
+                return self._solo(args, token)
+            self._stats.add("polls_lane")
+            self._waiting += 1
+            self._cond.notify_all()  # the lane's thread may be waiting for a poll to serve
+            answers = self._answers
+            try:
+                while True:
+                    served = self.cache.serve(args.rank, args.after)
+                    if served is not None and (served.updates or served.resync):
+                        self.trim()
+                        return 200, self._body(served)
+                    if self._failure is not None and self._failure[0] > answers:
+                        if self._failure[1][0] in REFUSED:
+                            break  # the ranks were refused together: ask for this one alone
+                        return self._failure[1]
+                    if not self._lane_serves(args.rank, args.after):
+                        break  # trimmed away meanwhile
+                    left = deadline - time.monotonic()
+                    if left <= 0 or self._closed:
+                        return 200, self._body(served or Served((), args.after))
+                    self._cond.wait(left)
+            finally:
+                self._waiting -= 1
+            args.timeout = max(0.0, deadline - time.monotonic())
+            return self._solo(args, token)  # trimmed away, or refused together with others
+
+    def _lane_serves(self, rank: int, after: int) -> bool:
+        """The cache holds ``rank``'s updates since ``after``, or the lane's poll in flight
+        (or the next one, when none is in flight) fetches them."""
+        served = self.cache.serve(rank, after)
+        if served is not None:
+            return bool(served.updates or served.resync) or (
+                self._in_flight is None or rank in self._in_flight[0]
+            )
+        if rank in self.cache.ranks:
+            return False  # from further back than the cache holds: the lane goes on from its end
+        if self._in_flight is None:
+            return self._eligible(rank)
+        ranks, lane_after = self._in_flight
+        return rank in ranks and lane_after <= after
+
+    def _eligible(self, rank: int) -> bool:
+        """The lane's next poll may carry ``rank`` without reaching below what it holds."""
+        group = self.cache.group
+        member = self.members[rank]
+        return rank in self.cache.ranks or group is None or member.after >= group.lo
+
+    def _solo(self, args: PollArgs, token: str | None, *, verify: bool = False) -> Reply:
+        """Forward this poll upstream on its own (the lock is released meanwhile)."""
+        self._stats.add("polls_solo")
+        self._cond.release()
+        try:
+            reply = self._relay.forward_poll(args.params(), token)
+        finally:
+            self._cond.acquire()
+        status, body = reply
+        if status == 200 and verify and args.rank not in self.members:
+            # the coordinator accepted this token for this rank: the lane may carry it
+            self.members[args.rank] = Member(
+                token, int(body.get("next_after") or args.after), time.monotonic(), args.view
+            )
+            self._cond.notify_all()
+        return reply
+
+    def _body(self, served: Served) -> Body:
+        body = {
+            "term": self._term,
+            "updates": list(served.updates),
+            "next_after": served.next_after,
+            "resync": served.resync,
+            "store": self._store,
+        }
+        if served.restored:
+            body["restored"] = True
+        return body
+
+    def trim(self) -> None:
+        """Drop what every rank of the lane has read past (called with the lock held)."""
+        listed = [m.after for r, m in self.members.items() if r in self.cache.ranks]
+        group = self.cache.group
+        if listed and group is not None:
+            # an ``after`` past what the lane holds (from before a restored log) counts as its end
+            self.cache.trim_below(min(*listed, group.hi))
+        self._stats.peak("cache_bytes", self.cache.nbytes)
+        self._stats.add("cache_dropped", self.cache.dropped - self._dropped)
+        self._dropped = self.cache.dropped
+
+    # -- the upstream poll -----------------------------------------------------------------------
+
+    def _run(self) -> None:
+        backoff = BACKOFF_S
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._waiting > 0 or self._closed)
+                if self._closed:
+                    return
+                ranks, after, headers, view = self._next_poll()
+                if not ranks:  # the waiting polls' ranks just left: nothing to ask for
+                    self._cond.wait(LANE_POLL_S)
+                    continue
+                self._in_flight = (frozenset(ranks), after)
+            params: dict[str, Any] = {
+                "group": self.group,
+                "ranks": format_query(ranks),
+                "after": after,
+                "timeout": LANE_POLL_S,
+            }
+            if self.protocol is not None:
+                params["protocol"] = self.protocol
+            if view is not None:
+                params["view"] = view
+            self._stats.add("lane_polls")
+            try:
+                with self._relay.upstream_poll():
+                    body = self._client.request(
+                        "GET",
+                        "/agents/updates",
+                        params=params,
+                        headers=headers,
+                        timeout_s=LANE_POLL_S + self._relay.timeout_s,
+                    )
+            except (CoordinatorError, CoordinatorUnavailable, RuntimeError) as exc:
+                reply = _upstream_error(exc)
+                with self._cond:
+                    self._in_flight = None
+                    if self._closed:
+                        return
+                    log.warning("relay: the updates poll of %s failed: %s", self.group, exc)
+                    self._answers += 1
+                    self._failure = (self._answers, reply)
+                    if reply[0] in REFUSED:
+                        # the coordinator no longer takes these ranks together: each proves
+                        # itself with a poll of its own again
+                        self.members.clear()
+                        self.cache.ranks.clear()
+                    self._cond.notify_all()
+                    self._cond.wait_for(lambda: self._closed, backoff)
+                backoff = min(backoff * 2, BACKOFF_MAX_S)
+                continue
+            backoff = BACKOFF_S
+            with self._cond:
+                self._in_flight = None
+                self._answers += 1
+                self._failure = None
+                self._store, self._term = body.get("store"), body.get("term")
+                self.cache.add(
+                    ranks,
+                    after,
+                    body.get("updates") or (),
+                    int(body.get("next_after") or after),
+                    bool(body.get("resync")),
+                    bool(body.get("restored")),
+                )
+                self.trim()
+                self._cond.notify_all()
+
+    def _next_poll(self) -> tuple[list[int], int, dict[str, str] | None, str | None]:
+        """The ranks, ``after``, auth header and ``view`` of the next upstream poll (the lock
+        is held). Ranks idle for ``RANK_IDLE_S`` leave the lane first."""
+        now = time.monotonic()
+        for rank in [r for r, m in self.members.items() if now - m.seen > RANK_IDLE_S]:
+            del self.members[rank]
+            self.cache.forget(rank)
+        ranks = sorted(r for r in self.members if self._eligible(r))[:MAX_QUERY_RANKS]
+        spans = self.cache.ranks
+        after = min(
+            (spans[r].hi if r in spans else self.members[r].after for r in ranks), default=0
+        )
+        tokens = [t for t in (self.members[r].token for r in ranks) if t is not None]
+        headers = {"authorization": "Bearer " + ",".join(tokens)} if tokens else None
+        views = {self.members[r].view for r in ranks}
+        view = views.pop() if len(views) == 1 else None
+        return ranks, after, headers, view
+
+
+def _upstream_error(exc: Exception) -> Reply:
+    if isinstance(exc, CoordinatorError):
+        return error(exc.status, exc.code, exc.detail)
+    return error(503, UNAVAILABLE, str(exc))
+
+
+# -- the relay -------------------------------------------------------------------------------
+
+
+class Relay:
+    """The relay's HTTP server and its lanes; ``url`` is what the workers get as FOLDPLANE_RELAY.
+
+    ``stats`` counts what it did: worker polls served by a lane (``polls_lane``) or forwarded
+    on their own (``polls_solo``), upstream lane polls (``lane_polls``), worker event requests
+    (``events_requests``), upstream event batches (``events_upstream``; ``events_merged`` of
+    them carried several workers' requests), the largest a lane's cache grew (``cache_bytes``)
+    and the updates dropped to keep it within its bound before every rank had read them
+    (``cache_dropped``).
+    """
+
+    def __init__(
+        self,
+        addresses: str | Sequence[str],
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        timeout_s: float = 10.0,
+        cache_bytes: int = CACHE_BYTES,
+    ) -> None:
+        self.addresses = addresses
+        self.timeout_s = timeout_s
+        self.cache_bytes = cache_bytes
+        self.stats = Counters(
+            "polls_lane",
+            "polls_solo",
+            "lane_polls",
+            "events_requests",
+            "events_upstream",
+            "events_sent",
+            "events_merged",
+            "cache_bytes",
+            "cache_dropped",
+            "upstream_polls_max",
+        )
+        self._polls_now = 0
+        self._solo_client = CoordinatorClient(addresses, timeout_s=timeout_s)
+        #: the lanes that merge the workers' event requests: heartbeats, as the agent sends
+        #: them, in a lane of their own, so a beat never waits behind a slow batch of events
+        self.events = EventsLane(
+            CoordinatorClient(addresses, timeout_s=timeout_s), self.stats, "events"
+        )
+        self.beats = EventsLane(
+            CoordinatorClient(addresses, timeout_s=timeout_s), self.stats, "beats"
+        )
+        self._lanes: dict[tuple[str, str | None], UpdatesLane] = {}
+        self._lock = threading.Lock()
+        self._closed = False
+        self._started = False
+        self._server = _Server((host, port), _Handler)
+        self._server.relay = self
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, name="foldplane-relay", daemon=True
+        )
+
+    @property
+    def url(self) -> str:
+        host, port = self._server.server_address[:2]
+        return f"http://{host}:{port}"
+
+    def start(self) -> Relay:
+        self.events.start()
+        self.beats.start()
+        self._thread.start()
+        self._started = True
+        log.info("relay on %s for %s", self.url, self.addresses)
+        return self
+
+    def close(self) -> None:
+        """Stop serving, abort the upstream requests in flight (idempotent)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            lanes = list(self._lanes.values())
+        if self._started:
+            self._server.shutdown()
+        self._server.server_close()
+        for lane in lanes:
+            lane.close()
+        self.events.close()
+        self.beats.close()
+        self._solo_client.close()
+
+    def __enter__(self) -> Relay:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def lane(self, group: str, protocol: str | None) -> UpdatesLane | None:
+        with self._lock:
+            if self._closed:
+                return None
+            lane = self._lanes.get((group, protocol))
+            if lane is None:
+                lane = self._lanes[(group, protocol)] = UpdatesLane(
+                    group, protocol, self, self.cache_bytes
+                )
+            return lane
+
+    # -- what the handler calls ------------------------------------------------------------------
+
+    def post_events(self, body: Any, token: str | None, nbytes: int) -> Reply:
+        events = body.get("events") if isinstance(body, dict) else None
+        if not isinstance(events, list) or not all(isinstance(e, dict) for e in events):
+            return error(422, "invalid_request", 'the body must be {"events": [objects]}')
+        if len(events) > MAX_EVENTS:
+            return error(422, "invalid_request", f"{len(events)} events; at most {MAX_EVENTS}")
+        if not events:
+            return 200, {"term": None, "results": []}
+        beats = all(e.get("type") == "heartbeat" for e in events)
+        return (self.beats if beats else self.events).submit(events, token, nbytes)
+
+    def get_updates(self, query: Mapping[str, list[str]], token: str | None) -> Reply:
+        args = _poll_args(query)
+        if isinstance(args, str):
+            return error(422, "invalid_request", args)
+        if args is None:  # not the one-rank form: the coordinator answers it
+            params = {k: v[-1] for k, v in query.items()}
+            return self.forward_poll(params, token)
+        lane = self.lane(args.group, args.protocol)
+        if lane is None:
+            return error(503, UNAVAILABLE, "the relay is shutting down")
+        return lane.poll(args, token)
+
+    @contextlib.contextmanager
+    def upstream_poll(self) -> Iterator[None]:
+        """Count an upstream updates poll while it is in flight (``upstream_polls_max``)."""
+        with self._lock:
+            self._polls_now += 1
+            self.stats.peak("upstream_polls_max", self._polls_now)
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._polls_now -= 1
+
+    def forward_poll(self, params: Mapping[str, Any], token: str | None) -> Reply:
+        """One worker's poll, upstream as it came (with its own token)."""
+        headers = {"authorization": f"Bearer {token}"} if token else None
+        try:
+            timeout = min(float(params.get("timeout", 25.0)), MAX_POLL_S)
+        except (TypeError, ValueError):
+            timeout = MAX_POLL_S
+        try:
+            with self.upstream_poll():
+                return 200, self._solo_client.request(
+                    "GET",
+                    "/agents/updates",
+                    params=params,
+                    headers=headers,
+                    timeout_s=timeout + self.timeout_s,
+                )
+        except (CoordinatorError, CoordinatorUnavailable, RuntimeError) as exc:
+            return _upstream_error(exc)
+
+
+def _poll_args(query: Mapping[str, list[str]]) -> PollArgs | str | None:
+    """The one-rank poll a query asks for, None for another form, or what is wrong with it."""
+    one = {k: v[-1] for k, v in query.items()}
+    if "ranks" in one or "rank" not in one or "group" not in one:
+        return None
+    try:
+        rank = int(one["rank"])
+        after = int(one.get("after", 0))
+        timeout = float(one.get("timeout", 25.0))
+    except ValueError as exc:
+        return f"rank, after and timeout must be numbers: {exc}"
+    if rank < 0 or after < 0 or not timeout >= 0:
+        return "rank, after and timeout must not be negative"
+    return PollArgs(
+        one["group"], rank, after, min(timeout, MAX_POLL_S), one.get("protocol"), one.get("view")
+    )
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    relay: Relay
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # a worker that died mid-request (the launcher reports it): not the relay's failure
+        log.debug("relay: a request from %s ended early", client_address, exc_info=True)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: _Server
+    #: an idle worker connection is closed after this many seconds
+    timeout = 2 * MAX_POLL_S
+
+    def do_GET(self) -> None:
+        url = urlsplit(self.path)
+        if url.path != "/agents/updates":
+            self._reply(error(404, "not_found", f"the relay serves no GET {url.path}"))
+            return
+        self._reply(self.server.relay.get_updates(parse_qs(url.query), self._token()))
+
+    def do_POST(self) -> None:
+        url = urlsplit(self.path)
+        length = int(self.headers.get("content-length") or 0)
+        if length > MAX_BODY_BYTES:
+            self.close_connection = True
+            self._reply(error(413, "body_too_large", f"{length} bytes; at most {MAX_BODY_BYTES}"))
+            return
+        raw = self.rfile.read(length)
+        if url.path != "/agents/events":
+            self._reply(error(404, "not_found", f"the relay serves no POST {url.path}"))
+            return
+        try:
+            body = json.loads(raw)
+        except ValueError as exc:
+            self._reply(error(422, "invalid_request", f"the body is not JSON: {exc}"))
+            return
+        self._reply(self.server.relay.post_events(body, self._token(), length))
+
+    def _token(self) -> str | None:
+        scheme, _, token = (self.headers.get("authorization") or "").partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            return None
+        return token.strip()
+
+    def _reply(self, reply: Reply) -> None:
+        status, body = reply
+        data = json.dumps(body, separators=(",", ":")).encode()
+        self.send_response(status)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        log.debug("relay: " + format, *args)
