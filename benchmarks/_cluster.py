@@ -1,29 +1,27 @@
 """A real coordinator process and simulated agent hosts for the service benchmarks.
 
 ``Coordinator`` runs ``python -m coordinator serve`` on a SQLite file in a temporary directory.
-A ``SimHost`` carries several ranks of one group the way a real agent host would: it joins them,
-reports all links up, heartbeats them in one batch, long-polls the group's updates for its first
-rank (``view_prepare`` and ``view_committed`` go to every rank), and ACKs a prepare for all its
-participating ranks in one request.
+The agents are ``agent.simhost``'s: the real ``AgentMachine`` for every rank, 8 ranks to a host
+by default, their events batched per lane and one long poll per host. ``TimedHost`` adds a
+record of what each rank waits for each kind of event.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import os
 import signal
 import socket
 import subprocess
 import tempfile
 import time
-import uuid
+from collections import defaultdict
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import msgspec
-
 from agent.httplite import Connection
+from agent.machine import Action, AgentMachine, EventsAnswered, EventsFailed, SendEvents
+from agent.simhost import SimulatedCluster, SimulatedHost
 from coordinator.cli import serve_argv
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -77,106 +75,101 @@ class Coordinator:
         return await Connection("127.0.0.1", self.port).open()
 
 
-class SimHost:
+class TimedHost(SimulatedHost):
+    """A simulated host that also times what each of its ranks waits for its events.
+
+    A rank's wait for an event runs from the moment its machine hands the event's batch to the
+    lane (``SendEvents``) to the answer that says it is durable: queueing behind the host's
+    request in flight on that lane, the request, the coordinator's work and, for a heartbeat,
+    the wait for its shared record. Each acknowledged event counts under its kind while
+    ``recording`` is set; ``acked_at`` keeps when (``time.monotonic()``) every answer that
+    acknowledged at least one event arrived, recording or not."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.recording = False
+        #: kind -> every wait recorded (ms)
+        self.waits: dict[str, list[float]] = defaultdict(list)
+        self.acked_at: list[float] = []
+        self._handed: dict[tuple[int, str], tuple[float, tuple[str, ...]]] = {}
+
+    def _carry_out(self, rank: int, machine: AgentMachine, action: Action) -> list[Action]:
+        if isinstance(action, SendEvents):
+            kinds = tuple(str(e["type"]) for e in action.events)
+            self._handed[(rank, action.lane)] = (time.perf_counter(), kinds)
+        return super()._carry_out(rank, machine, action)
+
+    def _step(self, rank: int, event: Any) -> None:
+        if isinstance(event, EventsAnswered | EventsFailed):
+            if isinstance(event, EventsAnswered) and any(
+                "offset" in r and "error" not in r for r in event.results
+            ):
+                self.acked_at.append(time.monotonic())
+            handed = self._handed.pop((rank, event.lane), None)
+            if handed is not None and self.recording and isinstance(event, EventsAnswered):
+                ms = (time.perf_counter() - handed[0]) * 1000
+                for kind, result in zip(handed[1], event.results, strict=False):
+                    if "offset" in result and "error" not in result:
+                        self.waits[kind].append(ms)
+        super()._step(rank, event)
+
+
+class TimedCluster(SimulatedCluster):
+    """A :class:`SimulatedCluster` of :class:`TimedHost` s."""
+
     def __init__(
-        self, coordinator: Coordinator, group: str, ranks: list[int], world_size: int
+        self,
+        address: tuple[str, int] | Sequence[tuple[str, int]],
+        group: str,
+        world_size: int,
+        *,
+        ranks_per_host: int = 8,
+        heartbeat_interval_s: float = 1.0,
     ) -> None:
-        self.coordinator = coordinator
-        self.group = group
-        self.ranks = ranks
-        self.world_size = world_size
-        self.incarnation = {r: uuid.uuid4().hex for r in ranks}
-        self.committed: dict[int, asyncio.Event] = {}
-        self.version = 0
-        self.conn: Connection | None = None
-        self._poll: Connection | None = None
-        self._ack: Connection | None = None
-        self._task: asyncio.Task[None] | None = None
-        # encoded once: the same batch is sent thousands of times
-        self.heartbeat_body = msgspec.json.encode(
-            {
-                "events": [
-                    {"type": "heartbeat", "group": group, "rank": r, "incarnation": inc}
-                    for r, inc in self.incarnation.items()
-                ]
-            }
+        super().__init__(
+            address,
+            group,
+            world_size,
+            ranks_per_host=ranks_per_host,
+            heartbeat_interval_s=heartbeat_interval_s,
         )
-
-    async def start(self) -> None:
-        self.conn = await self.coordinator.connect()
-        self._poll = await self.coordinator.connect()
-        self._ack = await self.coordinator.connect()
-        await self.events([self._event("join", r) for r in self.ranks])
-        peers = {r: {str(p): "up" for p in range(self.world_size) if p != r} for r in self.ranks}
-        await self.events(
-            [self._event("links", r, peers=peers[r], self_ready=True) for r in self.ranks]
-        )
-        self._task = asyncio.get_running_loop().create_task(self._follow())
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
-        for conn in (self.conn, self._poll, self._ack):
-            if conn is not None:
-                await conn.close()
-
-    def _event(self, type_: str, rank: int, **fields: Any) -> dict[str, Any]:
-        return {
-            "type": type_,
-            "group": self.group,
-            "rank": rank,
-            "incarnation": self.incarnation[rank],
-            **fields,
-        }
-
-    async def events(
-        self, events: list[dict[str, Any]], conn: Connection | None = None
-    ) -> list[dict]:
-        status, body = await (conn or self.conn).request(
-            "POST", "/agents/events", {"events": events}
-        )
-        if status != 200:
-            raise RuntimeError(f"POST /agents/events answered {status}: {body}")
-        return body["results"]
-
-    async def heartbeat(self) -> list[dict]:
-        status, body = await self.conn.request("POST", "/agents/events", self.heartbeat_body)
-        if status != 200:
-            raise RuntimeError(f"heartbeat answered {status}: {body}")
-        return body["results"]
-
-    def wait_version(self, version: int) -> asyncio.Event:
-        return self.committed.setdefault(version, asyncio.Event())
-
-    async def _follow(self) -> None:
-        after = 0
-        rank = self.ranks[0]
-        while True:
-            status, body = await self._poll.request(
-                "GET", f"/agents/updates?group={self.group}&rank={rank}&after={after}&timeout=30"
+        self.hosts = [
+            TimedHost(
+                address,
+                group,
+                list(host.machines),
+                world_size,
+                heartbeat_interval_s=heartbeat_interval_s,
+                on_change=self._note_change,
             )
-            if status != 200:
-                raise RuntimeError(f"updates answered {status}: {body}")
-            for update in body["updates"]:
-                if update["type"] == "view_prepare":
-                    mine = [r for r in self.ranks if r in set(update["participants"])]
-                    if mine:
-                        await self.events(
-                            [self._event("ack", r, version=update["version"]) for r in mine],
-                            self._ack,
-                        )
-                elif update["type"] == "view_committed":
-                    self.version = max(self.version, update["version"])
-                    self.wait_version(update["version"]).set()
-            after = body["next_after"]
+            for host in self.hosts
+        ]
+        self.host_of = {r: h for h in self.hosts for r in h.machines}
+
+    def record(self, on: bool) -> None:
+        for host in self.hosts:
+            host.recording = on
+
+    def take_waits(self) -> dict[str, list[float]]:
+        """Every wait recorded since the last call, by kind (ms)."""
+        out: dict[str, list[float]] = defaultdict(list)
+        for host in self.hosts:
+            for kind, waits in host.waits.items():
+                out[kind].extend(waits)
+            host.waits = defaultdict(list)
+        return dict(out)
 
 
 async def form_group(
-    coordinator: Coordinator, group: str, world_size: int, *, per_host: int = 8, **config: Any
-) -> list[SimHost]:
-    """Create ``group``, start its simulated hosts and wait for view 1."""
+    coordinator: Coordinator,
+    group: str,
+    world_size: int,
+    *,
+    per_host: int = 8,
+    heartbeat_interval_s: float = 1.0,
+    **config: Any,
+) -> TimedCluster:
+    """Create ``group``, start its simulated hosts and wait until every rank holds view 1."""
     conn = await coordinator.connect()
     try:
         status, body = await conn.request(
@@ -186,11 +179,13 @@ async def form_group(
             raise RuntimeError(f"POST /groups answered {status}: {body}")
     finally:
         await conn.close()
-    hosts = [
-        SimHost(coordinator, group, list(range(i, min(i + per_host, world_size))), world_size)
-        for i in range(0, world_size, per_host)
-    ]
-    formed = [h.wait_version(1) for h in hosts]
-    await asyncio.gather(*(h.start() for h in hosts))
-    await asyncio.wait_for(asyncio.gather(*(e.wait() for e in formed)), 120)
-    return hosts
+    cluster = TimedCluster(
+        ("127.0.0.1", coordinator.port),
+        group,
+        world_size,
+        ranks_per_host=per_host,
+        heartbeat_interval_s=heartbeat_interval_s,
+    )
+    await cluster.start()
+    await cluster.wait_until(lambda: cluster.all_on(1), 120)
+    return cluster

@@ -1,9 +1,10 @@
 """Failover: from the leader's death to the first acknowledged write and view change after it.
 
 Two real ``python -m coordinator serve`` processes share a PostgreSQL schema with the default
-lease settings (lease 1 s, standby poll 0.1 s). Simulated agents (one thread per rank plus a
-heartbeat thread, all through ``agent.client.CoordinatorClient`` with both addresses) keep a
-steady load of heartbeats and ACK every view change. In each trial the leader is
+lease settings (lease 1 s, standby poll 0.1 s). One simulated agent host (``agent.simhost``:
+the real ``AgentMachine`` for each of the 4 ranks, following ``503 not_leader`` over both
+addresses as the real client does; its event loop in a thread of its own) keeps a steady load
+of heartbeats and ACKs every view change. In each trial the leader is
 
 - **crashed** (SIGKILL): its database session ends, so the standby may claim at its next poll;
 - **frozen** (SIGSTOP): its session stays open, so the standby waits for the lease to run out.
@@ -30,14 +31,17 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from bisect import bisect_right
+from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 import asyncpg
 import httpx
 
-from agent.client import CoordinatorClient, CoordinatorError, CoordinatorUnavailable
+from agent.client import CoordinatorClient, CoordinatorUnavailable
+from benchmarks._cluster import TimedCluster
 from benchmarks.harness import Result, lower_is_better_ratio, median, percentile
 
 BENCH = "failover"
@@ -48,6 +52,8 @@ WORLD = 4
 GROUP = {"heartbeat_timeout_s": 30.0, "ack_timeout_s": 30.0, "admission_timeout_s": 30.0}
 HEARTBEAT_S = 0.02
 RETRY_S = 0.01
+#: Beats share a record for at most this long, so acknowledged writes stay frequent.
+FLUSH = ("--heartbeat-flush-s", "0.02")
 BASELINE = "cold restart of the only coordinator"
 
 
@@ -83,7 +89,8 @@ class Coordinator:
         with open(self.log_path, "ab") as out:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "coordinator", "serve", "--db", self.db]
-                + ["--port", str(self.port), "--store-port", "-1", "--log-level", "warning"],
+                + ["--port", str(self.port), "--store-port", "-1", "--log-level", "warning"]
+                + list(FLUSH),
                 cwd=ROOT,
                 env={**os.environ, "FOLDPLANE_TOKEN": "", "FOLDPLANE_SECRET": ""},
                 stdout=out,
@@ -113,90 +120,56 @@ class Coordinator:
             self.process.wait()
 
 
+T = TypeVar("T")
+
+
 class Agents:
-    """Every rank of one group: heartbeats, long polls, ACKs; when each write was acknowledged
-    and when each view was first seen committed."""
+    """Every rank of one group, in a simulated host whose event loop runs in a thread of its
+    own: when each write was acknowledged and when each view was first installed."""
 
     def __init__(self, addresses: list[str], group: str) -> None:
-        self.addresses = addresses
-        self.group = group
-        self.incarnation = {r: uuid.uuid4().hex for r in range(WORLD)}
-        self.acked: list[float] = []
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self._thread.start()
         self.committed: dict[int, float] = {}
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._threads: list[threading.Thread] = []
+        where = [(u.hostname or "127.0.0.1", u.port or 80) for u in map(urlsplit, addresses)]
+        self.cluster: TimedCluster = self._run(self._start(where, group))
 
-    def _client(self) -> CoordinatorClient:
-        return CoordinatorClient(self.addresses, timeout_s=0.5)
+    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(60)
 
-    def _event(self, type_: str, rank: int, **fields: Any) -> dict[str, Any]:
-        inc = self.incarnation[rank]
-        return {"type": type_, "group": self.group, "rank": rank, "incarnation": inc, **fields}
+    async def _start(self, where: list[tuple[str, int]], group: str) -> TimedCluster:
+        cluster = TimedCluster(where, group, WORLD, heartbeat_interval_s=HEARTBEAT_S)
+        await cluster.start()
+        self._recorder = self.loop.create_task(self._record(cluster))
+        return cluster
 
-    def _send(self, client: CoordinatorClient, events: list[dict[str, Any]]) -> bool:
-        try:
-            results = client.post_events(events)
-        except (CoordinatorUnavailable, CoordinatorError):
+    async def _record(self, cluster: TimedCluster) -> None:
+        def note() -> bool:  # called on every view installed
+            for rank in range(WORLD):
+                view = cluster.view(rank)
+                if view is not None:
+                    self.committed.setdefault(view.version, time.monotonic())
             return False
-        if any("offset" in r and "error" not in r for r in results):
-            with self._lock:
-                self.acked.append(time.monotonic())
-        return True
 
-    def start(self) -> Agents:
-        client = self._client()
-        joins = [self._event("join", r, host="bench", pid=1) for r in range(WORLD)]
-        links = [
-            self._event("links", r, peers={str(p): "up" for p in range(WORLD) if p != r})
-            | {"self_ready": True}
-            for r in range(WORLD)
-        ]
-        for events in (joins, links):
-            while not self._send(client, events):
-                time.sleep(RETRY_S)
-        client.close()
-        self._threads = [threading.Thread(target=self._beat, daemon=True)]
-        self._threads += [
-            threading.Thread(target=self._follow, args=(r,), daemon=True) for r in range(WORLD)
-        ]
-        for t in self._threads:
-            t.start()
-        return self
+        await cluster.wait_until(note, timeout=24 * 3600)
 
     def stop(self) -> None:
-        self._stop.set()
-        for t in self._threads:
-            t.join(timeout=5)
-
-    def _beat(self) -> None:
-        client = self._client()
-        while not self._stop.wait(HEARTBEAT_S):
-            self._send(client, [self._event("heartbeat", r) for r in range(WORLD)])
-
-    def _follow(self, rank: int) -> None:
-        client = self._client()
-        after = 0
-        while not self._stop.is_set():
-            try:
-                answer = client.updates(self.group, rank, after, 2.0)
-            except (CoordinatorUnavailable, CoordinatorError):
-                self._stop.wait(RETRY_S)
-                continue
-            for u in answer.updates:
-                if u["type"] == "view_prepare" and rank in u["participants"]:
-                    while not self._send(client, [self._event("ack", rank, version=u["version"])]):
-                        if self._stop.wait(RETRY_S):
-                            return
-                elif u["type"] == "view_committed":
-                    with self._lock:
-                        self.committed.setdefault(u["version"], time.monotonic())
-            after = answer.next_after
+        try:
+            self._recorder.cancel()
+            self._run(self.cluster.stop())
+        finally:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join(timeout=10)
 
     def first_ack_after(self, t: float, timeout: float = 60.0) -> float:
         def find() -> float | None:
-            with self._lock:
-                return next((a for a in self.acked if a > t), None)
+            after = [
+                h.acked_at[i]
+                for h in self.cluster.hosts
+                if (i := bisect_right(h.acked_at, t)) < len(h.acked_at)
+            ]
+            return min(after, default=None)
 
         return _wait(find, timeout, "a write acknowledged after the failure")
 
@@ -251,7 +224,7 @@ def _pair_trials(url: str, tmp: Path, crash: int, freeze: int) -> dict[str, list
     agents = None
     try:
         CoordinatorClient(addresses).create_group("bench", WORLD, **GROUP)
-        agents = Agents(addresses, "bench").start()
+        agents = Agents(addresses, "bench")
         agents.version_seen(1)
         version, leader, standby = 1, a, b
         for kind in ["crash"] * crash + ["freeze"] * freeze:
@@ -283,7 +256,7 @@ def _baseline_trials(url: str, tmp: Path, n: int) -> dict[str, list[float]]:
     agents = None
     try:
         CoordinatorClient([only.url]).create_group("bench", WORLD, **GROUP)
-        agents = Agents([only.url], "bench").start()
+        agents = Agents([only.url], "bench")
         agents.version_seen(1)
         for version in range(1, n + 1):
             time.sleep(0.5)

@@ -4,7 +4,9 @@ Each trial is one full barrier on a real coordinator with a SQLite log: the prop
 (durable), the fold admits it and prepares version v+1, every participant's host long-polls the
 prepare and ACKs (durable), the fold commits, the projections are written, and only then does
 the waiting ``POST`` answer. Trials alternate ``deactivate [last]`` / ``activate [last]`` so each
-one really changes the view. Simulated agents are batched 8 ranks per host (4 agents: one host).
+one really changes the view. The agents are simulated hosts (``agent.simhost``: the real
+``AgentMachine`` per rank), 8 ranks to a host (4 agents: one host), each host's ACKs batched in
+one request and its ranks' updates in one long poll.
 
 Baseline, measured in the same run: torchft's lighthouse (``torchft==0.2.0``, the ``bench``
 extra) forming a quorum of the same number of replicas, each replica a thread calling
@@ -39,7 +41,7 @@ CONFIG = {
 
 async def _measure(coordinator: Coordinator, size: int, trials: int) -> list[float]:
     group = f"vc{size}"
-    hosts = await form_group(coordinator, group, size, per_host=8, **CONFIG)
+    cluster = await form_group(coordinator, group, size, per_host=8, **CONFIG)
     conn = await coordinator.connect()
     latencies: list[float] = []
     try:
@@ -56,7 +58,7 @@ async def _measure(coordinator: Coordinator, size: int, trials: int) -> list[flo
                 latencies.append(elapsed * 1000)
     finally:
         await conn.close()
-        await asyncio.gather(*(h.stop() for h in hosts))
+        await cluster.stop()
     return latencies
 
 
