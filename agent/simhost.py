@@ -112,6 +112,7 @@ class SimulatedHost:
         self._polls: dict[int, PollUpdates] = {}
         self._poll_ready = asyncio.Event()
         self._timers: list[tuple[float, int]] = []
+        self._scheduled: dict[int, float] = {}
         self._timer_changed = asyncio.Event()
         auth = f"Bearer {','.join(self.tokens[r] for r in sorted(self.tokens))}" if tokens else None
         addresses = [address] if isinstance(address, tuple) else list(address)
@@ -240,6 +241,13 @@ class SimulatedHost:
             actions = follow
         deadline = machine.next_deadline()
         if deadline is not None:
+            self._schedule(rank, deadline)
+
+    def _schedule(self, rank: int, deadline: float) -> None:
+        """One timer per rank, the earliest it needs (a later one is re-read when it fires)."""
+        scheduled = self._scheduled.get(rank)
+        if scheduled is None or deadline < scheduled:
+            self._scheduled[rank] = deadline
             heapq.heappush(self._timers, (deadline, rank))
             self._timer_changed.set()
 
@@ -390,7 +398,10 @@ class SimulatedHost:
         while True:
             now = time.monotonic()
             while timers and timers[0][0] <= now:
-                _, rank = heapq.heappop(timers)
+                deadline, rank = heapq.heappop(timers)
+                if self._scheduled.get(rank) != deadline:
+                    continue  # superseded by an earlier one
+                del self._scheduled[rank]
                 machine = self.machines.get(rank)
                 if machine is None or rank in self.dead:
                     continue
@@ -398,7 +409,7 @@ class SimulatedHost:
                 if due is not None and due <= now:
                     self._step(rank, Tick(now))
                 elif due is not None:
-                    heapq.heappush(timers, (due, rank))
+                    self._schedule(rank, due)
             self._timer_changed.clear()
             timeout = None if not timers else max(0.0, timers[0][0] - time.monotonic())
             with contextlib.suppress(TimeoutError):
