@@ -64,6 +64,9 @@ from wire.protocol import MAX_EVENTS, PROTOCOL, View
 POLL_TIMEOUT_S = 10.0
 #: The direction of the updates, for :meth:`SimulatedHost.mute`.
 UPDATES = "updates"
+#: How long a call may take before its coordinator counts as unreachable (a long poll gets
+#: its own wait on top).
+REQUEST_TIMEOUT_S = 5.0
 
 _encode = msgspec.json.encode
 
@@ -316,7 +319,7 @@ class SimulatedHost:
                     status, body = await conn.request(
                         "POST", "/agents/events", _encode({"events": events})
                     )
-                except (HttpError, OSError) as exc:
+                except (HttpError, OSError, TimeoutError) as exc:
                     now = time.monotonic()
                     for rank, _ in batch:
                         self._step(rank, EventsFailed(now, str(exc), lane))
@@ -363,8 +366,10 @@ class SimulatedHost:
                 query += f"&view={view}"
             self.requests += 1
             try:
-                status, body = await conn.request("GET", query)
-            except (HttpError, OSError) as exc:
+                status, body = await conn.request(
+                    "GET", query, timeout=POLL_TIMEOUT_S + REQUEST_TIMEOUT_S
+                )
+            except (HttpError, OSError, TimeoutError) as exc:
                 status, body = 0, str(exc)
             now = time.monotonic()
             if status != 200:
@@ -379,6 +384,8 @@ class SimulatedHost:
                 if u.get("type") == "rank_state":
                     own.setdefault(u["rank"], []).append(u)
             for rank in polls:
+                if UPDATES in self.muted.get(rank, ()):
+                    continue  # cut off while this poll was in flight: it never hears it
                 updates = shared if rank not in own else sorted([*shared, *own[rank]], key=_offset)
                 self._step(
                     rank,
@@ -429,7 +436,12 @@ class Channel:
         self._conn: Connection | None = None
         self.bytes_received = 0
 
-    async def request(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
+    async def request(
+        self, method: str, path: str, body: Any = None, *, timeout: float = REQUEST_TIMEOUT_S
+    ) -> tuple[int, Any]:
+        """One call, tried at each address in turn; a coordinator that does not answer in
+        ``timeout`` seconds (frozen, say) counts as unreachable. A body that is not JSON is
+        answered as ``(status, its text)``."""
         tries = 0
         while True:
             if self._conn is None:
@@ -437,8 +449,12 @@ class Channel:
             conn = self._conn
             before = conn.bytes_received
             try:
-                status, data = await conn.request(method, path, body)
-            except (HttpError, OSError):
+                async with asyncio.timeout(timeout):
+                    status, data = await conn.request(method, path, body)
+            except msgspec.DecodeError as exc:
+                await self.close()  # the rest of that answer is not ours to read
+                return 500, f"an answer that is not JSON: {exc}"
+            except (HttpError, OSError, TimeoutError):
                 await self.close()
                 self._at = (self._at + 1) % len(self.addresses)
                 tries += 1
@@ -490,6 +506,8 @@ class SimulatedCluster:
         data_plane_ready: bool = True,
     ) -> None:
         ranks = list(range(world_size)) if ranks is None else list(ranks)
+        self.group = group
+        self.world_size = world_size
         self._changed = asyncio.Condition()
         self._dirty = False
         self.hosts = [

@@ -37,6 +37,7 @@ import asyncio
 import contextlib
 import logging
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
 from coordinator.effects import Effect, Proposal, Refused
@@ -152,12 +153,20 @@ class ReplicaHost(Host):
 
     # -- what a standby refuses --------------------------------------------------------------
 
-    async def updates(self, group: str, rank: int, after: int, timeout: float) -> UpdatesAnswer:
+    async def updates(
+        self,
+        group: str,
+        ranks: Sequence[int],
+        after: int,
+        timeout: float,
+        *,
+        view: int | None = None,
+    ) -> UpdatesAnswer:
         """Long polls go to the leader: a standby (or a leader that stepped down while the rank
         waited) answers ``not_leader`` so the agent moves on instead of polling a follower."""
         if self.role != "leader" or self._unavailable is not None:
             raise self._unavailable or NotLeader(self.leader, "not leading")
-        answer = await super().updates(group, rank, after, timeout)
+        answer = await super().updates(group, ranks, after, timeout, view=view)
         if self.role != "leader" or self._unavailable is not None:
             raise self._unavailable or NotLeader(self.leader, "stepped down")
         return answer

@@ -123,13 +123,6 @@ def _versions(views: list[dict[str, Any]]) -> list[int]:
     return [v["version"] for v in views]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="ReplicaHost.updates (coordinator/replica.py:155) still has the protocol-1 signature "
-    "(group, rank, after, timeout): GET /agents/updates passes ranks and view=, so every long "
-    "poll on a PostgreSQL coordinator answers 500 (TypeError: unexpected keyword argument "
-    "'view') and no group ever forms",
-)
 def test_sigkill_leader_under_load(nodes: Callable[..., Node], schema: str) -> None:
     a, b = _leader_and_standby(nodes, *FLUSH)
     operator = CoordinatorClient([a.url, b.url], timeout_s=2.0)

@@ -46,10 +46,7 @@ async def create_group(client: httpx.AsyncClient, world_size: int, **config) -> 
     return group
 
 
-class Cluster(SimulatedCluster):
-    @property
-    def group(self) -> str:
-        return self.hosts[0].group
+Cluster = SimulatedCluster
 
 
 def cluster(address: tuple[str, int], group: str, world_size: int) -> Cluster:
