@@ -51,7 +51,7 @@ class UpdatesAnswer:
     updates: tuple[Mapping[str, Any], ...]
     next_after: int
     resync: bool
-    store: tuple[str, int] | None
+    store: tuple[str, int, str] | None
     term: int | None
     #: the coordinator's log is behind this reader: it was restored from an older copy
     restored: bool = False
@@ -135,7 +135,9 @@ class CoordinatorClient:
             next_after=int(body.get("next_after") or after),
             resync=bool(body.get("resync", False)),
             restored=bool(body.get("restored", False)),
-            store=(str(store["host"]), int(store["port"])) if store else None,
+            store=(str(store["host"]), int(store["port"]), str(store.get("id", "")))
+            if store
+            else None,
             term=body.get("term"),
         )
 

@@ -170,6 +170,8 @@ class Agent:
         self._data_plane: Any = None
         self._data_plane_error: BaseException | None = None
         self._pending_view: View | None = None
+        #: the store the data plane is on (address and id)
+        self._plane_store: StoreAddress | None = None
         self._move_retry_at: float | None = None
         self._started = False
 
@@ -451,6 +453,7 @@ class Agent:
             self._data_plane_error = exc
         else:
             self._data_plane_error = None
+            self._plane_store = store
             if self._pending_view is not None:
                 self._install(self._pending_view)
         self._publish()
@@ -466,28 +469,24 @@ class Agent:
             self._connect_data_plane(store)
             return
         try:
-            self._data_plane.switch_store(store.host, store.port)
+            # the same address with another id is another store (a restart on a fixed port)
+            self._data_plane.switch_store(store.host, store.port, force=True)
         except Exception as exc:
             log.warning("rank %d: cannot move the data plane: %s", self.rank, exc)
             self._move_retry_at = time.monotonic() + MOVE_RETRY_S
             return
+        self._plane_store = store
         if self._pending_view is not None:
             self._install(self._pending_view)
 
     def _data_plane_ready(self) -> bool:
         """The data plane is ready, on the store the coordinator advertised last."""
         plane, store = self._data_plane, self._machine.store
-        return (
-            plane is not None
-            and plane.ready
-            and (store is None or plane.store_address == (store.host, store.port))
-        )
+        return plane is not None and plane.ready and (store is None or self._plane_store == store)
 
     def _install(self, view: View) -> None:
         store = self._machine.store
-        if self._data_plane is None or (
-            store is not None and self._data_plane.store_address != (store.host, store.port)
-        ):
+        if self._data_plane is None or (store is not None and self._plane_store != store):
             self._pending_view = view  # installed once the data plane is on the store
         elif not view.active_ranks:
             pass  # every rank left: there is no group to build

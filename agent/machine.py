@@ -94,6 +94,9 @@ class StoreAddress:
 
     host: str
     port: int
+    #: new at every start of the store: the same address after a coordinator restart on a
+    #: fixed port is another store (it lost its keys), and the data plane must move to it
+    id: str = ""
 
 
 @dataclass(frozen=True)

@@ -377,7 +377,9 @@ class SimulatedHost:
                     self._step(rank, PollFailed(now, f"{status}: {body}"))
                 continue
             store = body.get("store")
-            address = StoreAddress(store["host"], store["port"]) if store else None
+            address = (
+                StoreAddress(store["host"], store["port"], store.get("id", "")) if store else None
+            )
             shared = [u for u in body["updates"] if u.get("type") != "rank_state"]
             own: dict[int, list[Mapping[str, Any]]] = {}
             for u in body["updates"]:

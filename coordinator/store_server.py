@@ -9,6 +9,7 @@ the coordinator (and ``replay``) never pays for importing it.
 from __future__ import annotations
 
 import socket
+import uuid
 from typing import Any
 
 _ANY = {"", "0.0.0.0", "::"}
@@ -26,9 +27,15 @@ def start_store(
     """Start a master ``TCPStore`` on ``bind_host:port`` (0: any free port).
 
     Returns the store (keep a reference: the store stops when it is collected) and the address
-    to advertise, ``{"host", "port"}``.
+    to advertise, ``{"host", "port", "id"}``. ``id`` is new at every start: a coordinator that
+    restarts on the same fixed port brings a store that lost its keys, and agents must see
+    that it is another store even though the address is the same.
     """
     from torch.distributed import TCPStore
 
     store = TCPStore(bind_host or "0.0.0.0", port, is_master=True, wait_for_workers=False)
-    return store, {"host": advertise or advertised_host(bind_host), "port": int(store.port)}
+    return store, {
+        "host": advertise or advertised_host(bind_host),
+        "port": int(store.port),
+        "id": uuid.uuid4().hex,
+    }

@@ -149,7 +149,7 @@ class DataPlane:
         session = self._session
         return session.host, session.port
 
-    def switch_store(self, host: str, port: int) -> None:
+    def switch_store(self, host: str, port: int, *, force: bool = False) -> None:
         """Use the store at ``host:port`` from now on (the one the coordinator advertises).
 
         The store lives in the coordinator process, so a coordinator restart or failover brings
@@ -157,15 +157,16 @@ class DataPlane:
         counter, and restarts the heartbeat and the poison watch on it; every later view
         rendezvouses there. The installed view keeps its backend (its links do not go through
         the store), and the ``ElasticProcessGroup`` stays the same object. The same address is
-        a no-op. If the new store cannot be reached, raises ``DataPlaneError`` naming it and
-        keeps the old one.
+        a no-op, unless ``force``: a coordinator restarted on the same fixed port serves another
+        store there, which lost every key. If the new store cannot be reached, raises
+        ``DataPlaneError`` naming it and keeps the old one.
         """
         if self.closed.is_set():
             raise DataPlaneError(
                 f"rank {self.rank}: cannot switch to the store at {host}:{port}: "
                 "the data plane is closed"
             )
-        if (host, port) == self.store_address:
+        if (host, port) == self.store_address and not force:
             return
         session = self._open_session(host, port)
         with self._lock:

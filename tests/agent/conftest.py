@@ -65,8 +65,9 @@ class Coordinator:
         return next(r for r in ranks if r["rank"] == rank)
 
 
-def start_coordinator(tmp: Path, port: int | None = None) -> Coordinator:
-    """A server on ``tmp/log.db``; a given ``port`` restarts one where a previous one served.
+def start_coordinator(tmp: Path, port: int | None = None, store_port: int = 0) -> Coordinator:
+    """A server on ``tmp/log.db``; a given ``port`` restarts one where a previous one served
+    (``store_port``: its rendezvous store's, 0 for any free one).
 
     Waits for uvicorn's "running" line on the server's output (an event, not a poll); the rest
     of the output goes to ``tmp/coordinator.log``.
@@ -76,7 +77,7 @@ def start_coordinator(tmp: Path, port: int | None = None) -> Coordinator:
     log_path = tmp / "coordinator.log"
     process = subprocess.Popen(
         [sys.executable, "-m", "coordinator", "serve", "--db", str(db), "--host", "127.0.0.1",
-         "--port", str(port), "--store-port", "0"],
+         "--port", str(port), "--store-port", str(store_port)],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,

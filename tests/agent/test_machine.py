@@ -884,3 +884,17 @@ def test_invariants_hold_for_any_input_sequence(inputs):
         assert current >= version
         version = current
     assert len(acked) == len(set(acked))
+
+
+def test_the_same_store_address_with_a_new_id_is_another_store_and_the_data_plane_moves():
+    """A coordinator restarted on a fixed --store-port advertises the same address, but a store
+    that lost its keys: its id tells them apart."""
+    m = joined()
+    before = StoreAddress("127.0.0.1", 29500, "first")
+    m.step(updates(store=before))
+    actions = m.step(updates(store=StoreAddress("127.0.0.1", 29500, "second")))
+    assert MoveDataPlane(StoreAddress("127.0.0.1", 29500, "second")) in actions
+    assert m.awaiting_data_plane
+    # twin: the same store (same id) again moves nothing
+    again = m.step(updates(store=StoreAddress("127.0.0.1", 29500, "second")))
+    assert not any(isinstance(a, MoveDataPlane) for a in again)
