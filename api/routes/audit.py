@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from fastapi import APIRouter, Header, Query, Request
 from starlette.responses import Response, StreamingResponse
 
@@ -14,6 +16,9 @@ from coordinator.host import HostUnavailable
 from eventlog import KINDS, LogError
 
 router = APIRouter(tags=["audit"])
+
+#: An offset as text: ASCII digits only (``str.isdigit`` also accepts ``"\u00b2"``).
+_OFFSET = re.compile(r"[0-9]{1,19}")
 
 
 def _kinds(kind: str | None) -> list[str] | None:
@@ -68,7 +73,7 @@ async def event_stream(
     last_event_id: str | None = Header(None, max_length=32),
 ) -> Response:
     if last_event_id is not None:
-        if not last_event_id.strip().isdigit():
+        if not _OFFSET.fullmatch(last_event_id.strip()):
             raise ApiError(
                 422, "invalid_request", f"Last-Event-ID {last_event_id!r} is not an offset"
             )
