@@ -2,10 +2,18 @@
 
 A body that is not JSON, or not of the expected shape, is ``422 invalid_request`` with a detail
 that names the path of the offending field (``$.events[3].rank``), as msgspec reports it.
+
+A body nested deeper than the server's limit (``api.limits.Limits.max_json_depth``) is
+``400 nesting_too_deep`` before it is decoded: the decoder recurses once per level, also
+inside fields it ignores, so about a thousand levels (a 2 kB body) would otherwise reach the
+interpreter's recursion limit. :func:`check_depth` measures the depth without a Python loop
+over the bytes: strings are cut out, then the innermost ``[]`` and ``{}`` pairs are removed
+level by level, at most ``limit`` times, so the cost is the body's length times its depth.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any, TypeVar
 
 import msgspec
@@ -19,12 +27,54 @@ T = TypeVar("T")
 _encoder = msgspec.json.Encoder()
 
 
+#: An escape inside a JSON string; read from the left, what remains holds no escaped quote.
+_ESCAPE = re.compile(rb"\\.", re.DOTALL)
+#: Keep only the brackets and the quotes, and count an object's as an array's.
+_NOT_BRACKETS_OR_QUOTES = bytes(set(range(256)) - set(b'[]{}"'))
+_ONE_KIND = bytes.maketrans(b"{}", b"[]")
+
+
+def check_depth(body: bytes, limit: int) -> None:
+    """``400 nesting_too_deep`` when the body's arrays and objects may nest more than ``limit``
+    levels. A body with no more than ``limit`` brackets cannot, and costs two counts.
+
+    Each pass removes the innermost pairs; pairs nested in each other go in successive passes,
+    so after ``p`` passes the deepest point a decoder reaches is at most ``p`` plus the opening
+    brackets left unmatched (a body cut short, which the decoder would still descend into)."""
+    if body.count(b"[") + body.count(b"{") <= limit:
+        return
+    if b"\\" in body:
+        body = _ESCAPE.sub(b"", body)
+    # Without escapes a quote always opens or closes a string. Dropping two adjacent quotes keeps
+    # every other bracket on its side of the quotes and leaves only the strings that hold
+    # brackets; what lies outside them is every other piece between the quotes left.
+    kept = body.translate(_ONE_KIND, _NOT_BRACKETS_OR_QUOTES).replace(b'""', b"")
+    brackets = b"".join(kept.split(b'"')[::2]) if b'"' in kept else kept
+    too_deep = b"[" * (limit + 1)
+    passes = 0
+    while brackets and passes <= limit and too_deep not in brackets:
+        inner = brackets.replace(b"[]", b"")
+        if len(inner) == len(brackets):
+            break
+        brackets, passes = inner, passes + 1
+    if passes + brackets.count(b"[") > limit:
+        raise ApiError(
+            400,
+            "nesting_too_deep",
+            f"the body nests arrays and objects more than {limit} levels deep, the limit "
+            "(--max-json-depth)",
+        )
+
+
 async def read_json(request: Request, type_: type[T]) -> T:
-    return decode_json(await request.body(), type_)
+    body = await request.body()
+    check_depth(body, request.app.state.limits.max_json_depth)
+    return decode_json(body, type_)
 
 
 def decode_json(body: bytes, type_: type[T]) -> T:
-    """A request body as ``type_``, or ``422 invalid_request`` naming what is wrong."""
+    """A request body as ``type_``, or ``422 invalid_request`` naming what is wrong. The caller
+    has checked its depth (:func:`check_depth`)."""
     if not body:
         raise ApiError(422, "invalid_request", "the request needs a JSON body")
     try:
@@ -33,6 +83,8 @@ def decode_json(body: bytes, type_: type[T]) -> T:
         raise ApiError(422, "invalid_request", str(exc)) from None
     except msgspec.DecodeError as exc:
         raise ApiError(422, "invalid_request", f"the body is not valid JSON: {exc}") from None
+    except RecursionError:  # only reachable with a depth limit near the interpreter's own
+        raise ApiError(400, "nesting_too_deep", "the body nests too deeply to decode") from None
 
 
 def convert(value: Any, type_: type[T]) -> T:

@@ -17,7 +17,15 @@ import msgspec
 from fastapi import APIRouter, Query, Request
 from starlette.responses import Response
 
-from api.codec import convert, decode_json, encode_json, json_response, raw_json_response, read_json
+from api.codec import (
+    check_depth,
+    convert,
+    decode_json,
+    encode_json,
+    json_response,
+    raw_json_response,
+    read_json,
+)
 from api.deps import host_of, principal_of, require_group
 from api.errors import ApiError, refusal_error
 from api.models import AgentEvent, AgentEventsRequest, DeathReport, LooseEventsRequest
@@ -52,6 +60,7 @@ async def events_answer(state: Any, principal: Principal, body: bytes) -> bytes:
     """The answer to ``POST /agents/events`` with this body, as JSON bytes."""
     auth: Authenticator = state.auth
     host: Host = state.host
+    check_depth(body, state.limits.max_json_depth)
     events = _decode_events(body)
     results: list[dict[str, Any] | None] = []
     records: list[NewRecord] = []
