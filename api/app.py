@@ -10,7 +10,7 @@ from fastapi import FastAPI
 
 from api import errors, openapi
 from api.fastpath import Service
-from api.limits import DEFAULT_MAX_BODY_BYTES
+from api.limits import Limits
 from api.routes import agents, audit, operator
 from coordinator.auth import Authenticator
 from coordinator.host import Host
@@ -22,16 +22,18 @@ an ACK barrier. Errors are `{"error": code, "detail": message}`. See docs/protoc
 
 
 def create_app(
-    host: Host, auth: Authenticator | None = None, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    host: Host, auth: Authenticator | None = None, *, limits: Limits | None = None
 ) -> Service:
-    """The ASGI application to serve: the FastAPI app behind the body limit and the fast path
+    """The ASGI application to serve: the FastAPI app behind the body guards and the fast path
     for agent events (``Service.app`` is the FastAPI app itself)."""
+    limits = limits or Limits()
     app = FastAPI(title="foldplane coordinator", version="0.1.0", description=DESCRIPTION)
     app.state.host = host
     app.state.auth = auth or Authenticator()
+    app.state.limits = limits
     errors.install(app)
     app.include_router(operator.router)
     app.include_router(agents.router)
     app.include_router(audit.router)
     openapi.install(app)
-    return Service(app, max_body_bytes=max_body_bytes)
+    return Service(app, max_body_bytes=limits.max_body_bytes)

@@ -30,6 +30,8 @@ REFUSAL_STATUS: dict[str, int] = {
     "invalid_event": 422,
     "invalid_request": 422,
     "forbidden": 403,
+    "too_many_groups": 429,
+    "too_many_ranks": 429,
 }
 
 _HTTP_CODES = {
@@ -42,6 +44,7 @@ _HTTP_CODES = {
     413: "body_too_large",
     415: "unsupported_media_type",
     422: "invalid_request",
+    429: "too_many_requests",
 }
 
 
@@ -58,7 +61,7 @@ class ApiError(Exception):
 
 class BodyTooLarge(Exception):
     def __init__(self, limit: int) -> None:
-        super().__init__(f"the request body is over the limit of {limit} bytes")
+        super().__init__(f"the request body is over the limit of {limit} bytes (--max-body-bytes)")
         self.limit = limit
 
 

@@ -210,6 +210,8 @@ class GroupBody(Struct, kw_only=True):
     ranks: list[dict[str, Any]]
     pending_proposals: list[int]
     change_in_flight: dict[str, Any] | None
+    #: The last rank of this page when more follow (``?ranks_after=`` it); None on the last.
+    next_ranks_after: int | None
 
 
 class EventRecord(Struct, kw_only=True):

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Path, Query, Request
 from starlette.responses import Response
 
 from api.codec import json_response, read_json
 from api.deps import host_of, principal_of, require_group, require_operator
 from api.errors import ApiError, refusal_error
+from api.limits import Limits
 from api.models import CreateGroupRequest, ProposalRequest
 from api.openapi import answers, body
 from coordinator.config import ConfigError, GroupConfig
@@ -41,28 +42,32 @@ async def create_group(request: Request) -> Response:
     except ConfigError as exc:
         raise ApiError(422, "invalid_config", str(exc)) from None
     host = host_of(request)
+    limits: Limits = request.app.state.limits
     outcome = await host.submit(
         NewRecord(
             kind="group_created",
             group=req.group,
             payload={"world_size": config.world_size, "config": config.to_dict()},
         ),
-        precheck=_same_group(req.group, config),
+        precheck=_same_group(req.group, config, limits),
     )
     if isinstance(outcome, Refusal):
         raise refusal_error(outcome.code, outcome.detail)
     return json_response(
-        _group_body(host, req.group), 201 if isinstance(outcome, Appended) else 200
+        _group_body(host, req.group, None, limits.ranks_page),
+        201 if isinstance(outcome, Appended) else 200,
     )
 
 
-def _same_group(group: str, config: GroupConfig):
-    """Creating an identical group again is a no-op; another configuration is a conflict."""
+def _same_group(group: str, config: GroupConfig, limits: Limits):
+    """Creating an identical group again is a no-op; another configuration is a conflict; a new
+    group must fit the server's limits on groups and on ranks (checked against the fold, in
+    the host's loop, so two creations at once cannot both take the last room)."""
 
     def check(machine: Coordinator) -> Outcome | None:
         existing = machine.group_config(group)
         if existing is None:
-            return None
+            return _room_for(machine, config.world_size, limits)
         if existing == config:
             return Existing(0)
         theirs, ours = existing.to_dict(), config.to_dict()
@@ -78,19 +83,56 @@ def _same_group(group: str, config: GroupConfig):
     return check
 
 
-def _group_body(host: Host, group: str) -> dict[str, Any]:
-    return to_doc(host.machine.group_status(group))
+def _room_for(machine: Coordinator, world_size: int, limits: Limits) -> Refusal | None:
+    groups = machine.groups()
+    if len(groups) >= limits.max_groups:
+        return Refusal(
+            "too_many_groups",
+            f"the server holds {len(groups)} groups, its limit (--max-groups {limits.max_groups})",
+        )
+    ranks = sum(machine.group_config(g).world_size for g in groups)
+    if ranks + world_size > limits.max_ranks:
+        return Refusal(
+            "too_many_ranks",
+            f"a group of {world_size} ranks would bring the server to {ranks + world_size} ranks; "
+            f"its limit is {limits.max_ranks} (--max-ranks), {limits.max_ranks - ranks} are left",
+        )
+    return None
+
+
+def _group_body(host: Host, group: str, after: int | None, limit: int) -> dict[str, Any]:
+    """The group's document with one page of its ``ranks``: those after rank ``after`` (from
+    rank 0 when None), at most ``limit``; ``next_ranks_after`` says where the next page starts
+    (None on the last). The per-rank part is what grows with the group; the rest is whole."""
+    status = host.machine.group_status(group)
+    assert status is not None
+    start = 0 if after is None else after + 1
+    ranks = status["ranks"]
+    status["ranks"] = ranks[start : start + limit]
+    more = start + limit < len(ranks)
+    status["next_ranks_after"] = start + limit - 1 if more else None
+    return to_doc(status)
 
 
 @router.get(
     "/groups/{group}",
-    summary="A group: configuration, current view, rank states, pending proposals",
-    responses=answers({200: "GroupBody"}, 404),
+    summary="A group: configuration, current view, one page of rank states, pending proposals",
+    responses=answers({200: "GroupBody"}, 404, 422),
 )
-async def get_group(request: Request, group: str) -> Response:
+async def get_group(
+    request: Request,
+    group: Annotated[str, Path(max_length=64)],
+    ranks_after: int | None = Query(
+        None, ge=0, le=65_535, description="the last rank of the previous page (exclusive)"
+    ),
+    ranks_limit: int | None = Query(
+        None, ge=1, le=65_536, description="ranks in the page (default: the server's --ranks-page)"
+    ),
+) -> Response:
     host = host_of(request)
     require_group(host, group)
-    return json_response(_group_body(host, group))
+    limit = ranks_limit or request.app.state.limits.ranks_page
+    return json_response(_group_body(host, group, ranks_after, limit))
 
 
 @router.post(
