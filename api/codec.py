@@ -2,6 +2,8 @@
 
 A body that is not JSON, or not of the expected shape, is ``422 invalid_request`` with a detail
 that names the path of the offending field (``$.events[3].rank``), as msgspec reports it.
+Validation is strict (no string-to-number coercion), with one exception that JSON Schema makes:
+an integral float such as ``3.0`` is an integer (:func:`_integral`).
 
 A body nested deeper than the server's limit (``api.limits.Limits.max_json_depth``) is
 ``400 nesting_too_deep`` before it is decoded: the decoder recurses once per level, also
@@ -78,8 +80,15 @@ def decode_json(body: bytes, type_: type[T]) -> T:
     if not body:
         raise ApiError(422, "invalid_request", "the request needs a JSON body")
     try:
-        return msgspec.json.decode(body, type=type_)
-    except msgspec.ValidationError as exc:
+        try:
+            return msgspec.json.decode(body, type=type_)
+        except msgspec.ValidationError as exc:
+            if _FLOAT_FOR_INT not in str(exc):
+                raise
+        # an integral float where an integer belongs: decode, make it an int, validate again
+        # (the strict decode may have stopped before a part that is not JSON at all)
+        return msgspec.convert(_integral(msgspec.json.decode(body)), type_)
+    except msgspec.ValidationError as exc:  # a subclass of DecodeError: first
         raise ApiError(422, "invalid_request", str(exc)) from None
     except msgspec.DecodeError as exc:
         raise ApiError(422, "invalid_request", f"the body is not valid JSON: {exc}") from None
@@ -88,8 +97,31 @@ def decode_json(body: bytes, type_: type[T]) -> T:
 
 
 def convert(value: Any, type_: type[T]) -> T:
-    """Validate an already decoded JSON value (strictly: no string-to-number coercion)."""
-    return msgspec.convert(value, type_)
+    """Validate an already decoded JSON value (strictly: no string-to-number coercion, but an
+    integral float is an integer)."""
+    try:
+        return msgspec.convert(value, type_)
+    except msgspec.ValidationError as exc:
+        if _FLOAT_FOR_INT not in str(exc):
+            raise
+    return msgspec.convert(_integral(value), type_)
+
+
+#: How msgspec words a float where an integer was expected (``3.0`` or ``3.5``).
+_FLOAT_FOR_INT = "Expected `int"
+
+
+def _integral(value: Any) -> Any:
+    """``value`` with every integral float made an int. JSON Schema's ``integer`` admits
+    ``3.0``; msgspec, strict, does not; a field declared ``float`` takes the int as well. Only
+    bodies that failed the strict decode come here, so valid ones pay nothing."""
+    if isinstance(value, float):
+        return int(value) if value.is_integer() else value  # inf and nan are not integers
+    if isinstance(value, list):
+        return [_integral(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _integral(v) for k, v in value.items()}
+    return value
 
 
 def encode_json(value: Any) -> bytes:

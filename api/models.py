@@ -16,10 +16,13 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import UNSET, Meta, Struct, UnsetType
 
+# Patterns are read by Python (msgspec validates with them) and by JSON Schema tools (ECMA-262)
+# alike, so they keep to what both read the same way: ASCII classes, not \d or \s, and
+# ``$(?!\n)``, since Python's ``$`` also matches before a final newline.
 GroupName = Annotated[
     str,
     Meta(
-        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$",
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$(?!\n)",
         description="1-64 of A-Z a-z 0-9 . _ -, starting with a letter or digit",
     ),
 ]
@@ -27,7 +30,12 @@ Rank = Annotated[int, Meta(ge=0, le=65_535)]
 Incarnation = Annotated[str, Meta(min_length=1, max_length=128)]
 Version = Annotated[int, Meta(ge=0)]
 Seconds = Annotated[float, Meta(ge=0, le=604_800)]
+#: A timeout: more than zero seconds, at most a week.
+Timeout = Annotated[float, Meta(gt=0, le=604_800)]
 ShortText = Annotated[str, Meta(max_length=256)]
+
+#: A failure budget as a percentage of the group, more than 0 and at most 100: ``"25%"``.
+PERCENT = r"^ *(0*[1-9][0-9]?(\.[0-9]+)?|0*100(\.0+)?|0+\.[0-9]*[1-9][0-9]*) *% *$(?!\n)"
 
 #: The most events one ``POST /agents/events`` may carry.
 MAX_EVENTS = 4096
@@ -39,18 +47,15 @@ MAX_EVENTS = 4096
 class CreateGroupRequest(Struct, kw_only=True, forbid_unknown_fields=True):
     group: GroupName
     world_size: Annotated[int, Meta(ge=1, le=65_536)]
-    heartbeat_timeout_s: Seconds | UnsetType = UNSET
-    ack_timeout_s: Seconds | UnsetType = UNSET
-    admission_timeout_s: Seconds | UnsetType = UNSET
-    formation_timeout_s: Seconds | UnsetType = UNSET
+    heartbeat_timeout_s: Timeout | UnsetType = UNSET
+    ack_timeout_s: Timeout | UnsetType = UNSET
+    admission_timeout_s: Timeout | UnsetType = UNSET
+    formation_timeout_s: Timeout | UnsetType = UNSET
     reconcile_window_s: Seconds | UnsetType = UNSET
     min_ranks: Annotated[int, Meta(ge=1)] | None | UnsetType = UNSET
     min_active: Annotated[int, Meta(ge=1)] | UnsetType = UNSET
     max_failure: (
-        Annotated[int, Meta(ge=1)]
-        | Annotated[str, Meta(pattern=r"^\s*\d+(\.\d+)?\s*%\s*$")]
-        | None
-        | UnsetType
+        Annotated[int, Meta(ge=1)] | Annotated[str, Meta(pattern=PERCENT)] | None | UnsetType
     ) = UNSET
     auto_deactivate_on_failure: bool | UnsetType = UNSET
     backend: Literal["gloo", "nccl"] | UnsetType = UNSET
@@ -98,7 +103,7 @@ class HeartbeatEvent(_AgentEvent, tag="heartbeat", kw_only=True, omit_defaults=T
 
 
 class LinksEvent(_AgentEvent, tag="links", kw_only=True, omit_defaults=True):
-    peers: dict[Annotated[str, Meta(pattern=r"^(0|[1-9][0-9]{0,4})$")], Literal["up", "down"]]
+    peers: dict[Annotated[str, Meta(pattern=r"^(0|[1-9][0-9]{0,4})$(?!\n)")], Literal["up", "down"]]
     self_ready: bool
     failed_ranks_hint: Annotated[list[Rank], Meta(max_length=65_536)] | None = None
     version: Version | None = None

@@ -175,7 +175,7 @@ async def updates_answer(
     config = host.machine.group_config(group)
     if rank >= config.world_size:
         raise ApiError(
-            422,
+            404,
             "rank_out_of_range",
             f"rank {rank} is not in 0..{config.world_size - 1} of group {group!r}",
         )

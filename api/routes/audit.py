@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from typing import Literal
 
 from fastapi import APIRouter, Header, Query, Request
 from starlette.responses import Response, StreamingResponse
@@ -21,6 +22,20 @@ router = APIRouter(tags=["audit"])
 _OFFSET = re.compile(r"[0-9]{1,19}")
 
 
+#: One server-sent event as an SSE reader parses it (``api.sse.format_event``).
+_SSE_EVENT = {
+    "type": "object",
+    "properties": {
+        "id": {"type": "string", "pattern": "^[0-9]+$"},
+        "event": {"type": "string", "enum": sorted(KINDS)},
+        "data": {"type": "string", "description": "the record, as in GET /events"},
+    },
+}
+
+#: The record kinds a reader may filter on (declared in the OpenAPI document).
+Kind = Literal[tuple(sorted(KINDS))]  # type: ignore[valid-type]
+
+
 def _kinds(kind: str | None) -> list[str] | None:
     if kind is None:
         return None
@@ -37,7 +52,7 @@ async def events(
     after: int = Query(0, ge=0, le=2**62),
     limit: int = Query(100, ge=1, le=1000),
     group: str | None = Query(None, max_length=64),
-    kind: str | None = Query(None, max_length=32),
+    kind: Kind | None = Query(None),
 ) -> Response:
     host = host_of(request)
     records = await host.log.read(after, limit, group=group, kinds=_kinds(kind))
@@ -64,13 +79,20 @@ async def events(
     "/events/stream",
     summary="Server-sent events, one per record; resume with Last-Event-ID or ?after=",
     response_class=StreamingResponse,
+    responses={
+        200: {
+            "description": "One server-sent event per record (and comment lines)",
+            "content": {"text/event-stream": {"schema": _SSE_EVENT}},
+        },
+        **answers({}, 422),
+    },
 )
 async def event_stream(
     request: Request,
     after: int = Query(0, ge=0, le=2**62),
     group: str | None = Query(None, max_length=64),
-    kind: str | None = Query(None, max_length=32),
-    last_event_id: str | None = Header(None, max_length=32),
+    kind: Kind | None = Query(None),
+    last_event_id: str | None = Header(None, pattern=r"^[0-9]{1,19}$"),
 ) -> Response:
     if last_event_id is not None:
         if not _OFFSET.fullmatch(last_event_id.strip()):
@@ -111,7 +133,12 @@ async def healthz(request: Request) -> Response:
     return json_response(body, 200 if down is None else 503)
 
 
-@router.get("/metrics", summary="Prometheus metrics", response_class=Response)
+@router.get(
+    "/metrics",
+    summary="Prometheus metrics",
+    response_class=Response,
+    responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}},
+)
 async def prometheus(request: Request) -> Response:
     text = await metrics.render(host_of(request))
     return Response(text, media_type=metrics.CONTENT_TYPE)

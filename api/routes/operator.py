@@ -31,7 +31,7 @@ MAX_WAIT_S = 60.0
     "/groups",
     summary="Create a group (idempotent for an identical configuration)",
     openapi_extra=body("CreateGroupRequest"),
-    responses=answers({201: "GroupBody", 200: "GroupBody"}, 401, 403, 409, 413, 422),
+    responses=answers({201: "GroupBody", 200: "GroupBody"}, 401, 403, 409, 413, 422, 429),
 )
 async def create_group(request: Request) -> Response:
     require_operator(request, "creating a group")
