@@ -136,6 +136,22 @@ def _limit_options(group: Any) -> None:
         )
 
 
+def _check_open_files(max_connections: int) -> None:
+    """Warn when the process may run out of file descriptors before the connection cap."""
+    try:
+        import resource
+    except ImportError:  # not on this platform
+        return
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < max_connections + 64:
+        logging.getLogger("foldplane").warning(
+            "--max-connections %d is above what the open-file limit (ulimit -n %d) leaves for "
+            "connections; raise the limit or lower --max-connections",
+            max_connections,
+            soft,
+        )
+
+
 def _limits(args: argparse.Namespace) -> Any:
     from api.limits import LIMITS, Limits
 
@@ -165,6 +181,7 @@ def _serve(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"coordinator: {exc}", file=sys.stderr)
         return 2
+    _check_open_files(args.limits.max_connections)
     if not auth.enabled:
         logging.getLogger("foldplane").warning(
             "auth is off (neither FOLDPLANE_TOKEN nor FOLDPLANE_SECRET is set): any process "
