@@ -38,6 +38,7 @@ class Limits:
     max_groups: int = 1024
     max_ranks: int = 65_536
     ranks_page: int = 1000
+    max_page_bytes: int = 4 << 20
     request_timeout_s: float = 10.0
     keep_alive_s: float = 5.0
     max_connections: int = 4096
@@ -117,6 +118,15 @@ LIMITS: tuple[LimitDoc, ...] = (
         "the next page from ranks_after",
         1,
         65_536,
+    ),
+    LimitDoc(
+        "max_page_bytes",
+        "--max-page-bytes",
+        "FOLDPLANE_MAX_PAGE_BYTES",
+        "bytes of one page of GET /views/history or GET /events (at least one item a page)",
+        "a shorter page",
+        1024,
+        1 << 30,
     ),
     LimitDoc(
         "request_timeout_s",

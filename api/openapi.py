@@ -107,6 +107,8 @@ _BODY_ERRORS = (400, 413, 415, 422)
 def _state_errors(doc: dict[str, Any]) -> None:
     for operations in doc["paths"].values():
         for operation in operations.values():
+            for parameter in operation.get("parameters", []):
+                parameter["schema"] = _not_null(parameter["schema"])
             responses = operation.setdefault("responses", {})
             extra: tuple[int, ...] = ()
             if "requestBody" in operation:
@@ -122,3 +124,14 @@ def _state_errors(doc: dict[str, Any]) -> None:
     schemas = doc["components"]["schemas"]
     for name in _FRAMEWORK_ERRORS:
         schemas.pop(name, None)
+
+
+def _not_null(schema: dict[str, Any]) -> dict[str, Any]:
+    """A query or header parameter is absent or text, never null: FastAPI documents an optional
+    one as ``anyOf [X, null]``, and a client that believed it would send the text ``null``."""
+    branches = schema.get("anyOf")
+    if not branches or {"type": "null"} not in branches:
+        return schema
+    rest = [b for b in branches if b != {"type": "null"}]
+    others = {k: v for k, v in schema.items() if k != "anyOf"}
+    return {**others, **rest[0]} if len(rest) == 1 else {**others, "anyOf": rest}

@@ -9,12 +9,13 @@ from fastapi import APIRouter, Header, Query, Request
 from starlette.responses import Response, StreamingResponse
 
 from api import metrics, sse
-from api.codec import json_response
+from api.codec import encode_json, json_response, raw_json_response
 from api.deps import host_of
 from api.errors import ApiError
 from api.openapi import answers
+from api.paging import read_page
 from coordinator.host import HostUnavailable
-from eventlog import KINDS, LogError
+from eventlog import KINDS, LogError, Record
 
 router = APIRouter(tags=["audit"])
 
@@ -55,22 +56,34 @@ async def events(
     kind: Kind | None = Query(None),
 ) -> Response:
     host = host_of(request)
-    records = await host.log.read(after, limit, group=group, kinds=_kinds(kind))
-    return json_response(
+    kinds = _kinds(kind)
+
+    async def fetch(start: int, n: int) -> list[Record]:
+        return await host.log.read(start, n, group=group, kinds=kinds)
+
+    page = await read_page(
+        fetch,
+        lambda r: r.offset,
+        _encode_record,
+        after=after,
+        limit=limit,
+        budget=request.app.state.limits.max_page_bytes,
+    )
+    return raw_json_response(
+        b'{"events":[%s],"next_after":%d}' % (b",".join(page.items), page.last)
+    )
+
+
+def _encode_record(r: Record) -> bytes:
+    return encode_json(
         {
-            "events": [
-                {
-                    "offset": r.offset,
-                    "ts": r.ts,
-                    "term": r.term,
-                    "kind": r.kind,
-                    "group": r.group,
-                    "rank": r.rank,
-                    "payload": r.payload,
-                }
-                for r in records
-            ],
-            "next_after": records[-1].offset if records else after,
+            "offset": r.offset,
+            "ts": r.ts,
+            "term": r.term,
+            "kind": r.kind,
+            "group": r.group,
+            "rank": r.rank,
+            "payload": r.payload,
         }
     )
 

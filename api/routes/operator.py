@@ -8,18 +8,19 @@ import msgspec
 from fastapi import APIRouter, Path, Query, Request
 from starlette.responses import Response
 
-from api.codec import json_response, read_json
+from api.codec import encode_json, json_response, raw_json_response, read_json
 from api.deps import host_of, principal_of, require_group, require_operator
 from api.errors import ApiError, refusal_error
 from api.limits import Limits
 from api.models import CreateGroupRequest, ProposalRequest
 from api.openapi import answers, body
+from api.paging import read_page
 from coordinator.config import ConfigError, GroupConfig
 from coordinator.effects import Proposal
 from coordinator.host import Appended, Existing, Host, Outcome, Refusal
 from coordinator.machine import Coordinator
 from coordinator.projections import proposal_doc, to_doc, view_doc
-from eventlog import NewRecord
+from eventlog import NewRecord, ProjectionRow
 
 router = APIRouter(tags=["operator"])
 
@@ -244,13 +245,19 @@ async def view_history(
 ) -> Response:
     host = host_of(request)
     require_group(host, group)
-    rows = await host.log.read_projections("view", group, after_seq=after_version, limit=limit + 1)
-    views = [row.doc for row in rows[:limit]]
-    more = len(rows) > limit
-    return json_response(
-        {
-            "group": group,
-            "views": views,
-            "next_after_version": views[-1]["version"] if more and views else None,
-        }
+
+    async def fetch(after: int, n: int) -> list[ProjectionRow]:
+        return await host.log.read_projections("view", group, after_seq=after, limit=n)
+
+    page = await read_page(
+        fetch,
+        lambda row: row.seq,
+        lambda row: encode_json(row.doc),
+        after=after_version,
+        limit=limit,
+        budget=request.app.state.limits.max_page_bytes,
+    )
+    return raw_json_response(
+        b'{"group":%s,"views":[%s],"next_after_version":%s}'
+        % (encode_json(group), b",".join(page.items), encode_json(page.last if page.more else None))
     )

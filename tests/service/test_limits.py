@@ -18,7 +18,8 @@ from hypothesis import strategies as st
 
 from api.codec import check_depth
 from api.errors import ApiError
-from tests.service.conftest import make_server
+from tests.service.conftest import FAST, make_server
+from tests.service.sim import SimGroup
 
 BODY_PATHS = ["/agents/events", "/proposals", "/agents/deaths", "/groups"]
 
@@ -391,3 +392,59 @@ def test_limits_out_of_their_bounds_stop_the_server_at_start(tmp_path):
     srv = make_server(tmp_path, args=["--max-json-depth", "1000"])
     with pytest.raises(RuntimeError, match="--max-json-depth is 1000; it must be within 4..256"):
         srv.start()
+
+
+# -- pages of the log and of the view history within a byte budget ----------------------------
+
+
+async def test_history_and_log_pages_stop_at_the_byte_budget_and_miss_nothing(tmp_path):
+    srv = make_server(tmp_path, args=["--max-page-bytes", "1024"]).start()
+    try:
+        async with httpx.AsyncClient(base_url=srv.url, timeout=30) as client:
+            r = await client.post("/groups", json={"group": "pg", "world_size": 2, **FAST})
+            assert r.status_code == 201
+            sim = SimGroup(client, "pg", 2, heartbeat_s=0.2)
+            await sim.start()
+            try:
+                await sim.wait_version(1, timeout=60)
+                for op in ("deactivate", "activate", "deactivate", "activate"):
+                    body = {"group": "pg", "op": op, "ranks": [1]}
+                    done = await client.post("/proposals", params={"wait": 20}, json=body)
+                    assert done.json()["status"] == "applied", done.text
+            finally:
+                await sim.stop()
+            versions, pages, after = [], 0, 0
+            while True:
+                page = await client.get(
+                    "/views/history", params={"group": "pg", "after_version": after}
+                )
+                doc = page.json()
+                views = doc["views"]
+                assert views, doc
+                # at least one view a page; past the budget by at most the last view
+                assert len(_compact(views[:-1])) < 1024
+                versions += [v["version"] for v in views]
+                pages += 1
+                if doc["next_after_version"] is None:
+                    break
+                after = doc["next_after_version"]
+            assert versions == list(range(1, 6)) and pages > 1
+            offsets, after = [], 0
+            head = (await client.get("/healthz")).json()["head"]
+            while True:
+                doc = (await client.get("/events", params={"after": after, "limit": 1000})).json()
+                if not doc["events"]:
+                    assert doc["next_after"] == after
+                    break
+                assert len(_compact(doc["events"][:-1])) < 1024
+                offsets += [e["offset"] for e in doc["events"]]
+                after = doc["next_after"]
+            assert offsets[:head] == list(range(1, head + 1))
+            joins = (await client.get("/events", params={"kind": "join"})).json()["events"]
+            assert [(e["kind"], e["rank"]) for e in joins] == [("join", 0), ("join", 1)]
+    finally:
+        srv.stop()
+
+
+def _compact(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"))
