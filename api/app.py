@@ -31,6 +31,7 @@ def create_app(
     app.state.host = host
     app.state.auth = auth or Authenticator()
     app.state.limits = limits
+    app.state.admitted_groups = {}  # POST /groups admitted, not yet answered (api.routes.operator)
     errors.install(app)
     app.include_router(operator.router)
     app.include_router(agents.router)

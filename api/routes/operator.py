@@ -44,14 +44,19 @@ async def create_group(request: Request) -> Response:
         raise ApiError(422, "invalid_config", str(exc)) from None
     host = host_of(request)
     limits: Limits = request.app.state.limits
-    outcome = await host.submit(
-        NewRecord(
-            kind="group_created",
-            group=req.group,
-            payload={"world_size": config.world_size, "config": config.to_dict()},
-        ),
-        precheck=_same_group(req.group, config, limits),
-    )
+    admitted: dict[object, tuple[str, int]] = request.app.state.admitted_groups
+    me = object()
+    try:
+        outcome = await host.submit(
+            NewRecord(
+                kind="group_created",
+                group=req.group,
+                payload={"world_size": config.world_size, "config": config.to_dict()},
+            ),
+            precheck=_same_group(req.group, config, limits, admitted, me),
+        )
+    finally:
+        admitted.pop(me, None)
     if isinstance(outcome, Refusal):
         raise refusal_error(outcome.code, outcome.detail)
     return json_response(
@@ -60,15 +65,31 @@ async def create_group(request: Request) -> Response:
     )
 
 
-def _same_group(group: str, config: GroupConfig, limits: Limits):
+def _same_group(
+    group: str,
+    config: GroupConfig,
+    limits: Limits,
+    admitted: dict[object, tuple[str, int]],
+    me: object,
+):
     """Creating an identical group again is a no-op; another configuration is a conflict; a new
-    group must fit the server's limits on groups and on ranks (checked against the fold, in
-    the host's loop, so two creations at once cannot both take the last room)."""
+    group must fit the server's limits on groups and on ranks.
+
+    The host prechecks a whole batch against one state of the fold, so the limits count the
+    fold's groups and also the creations already admitted that the fold does not hold yet
+    (``admitted``, which the route empties of its own entry when it has its answer): two
+    creations in one batch cannot both take the last room."""
 
     def check(machine: Coordinator) -> Outcome | None:
         existing = machine.group_config(group)
         if existing is None:
-            return _room_for(machine, config.world_size, limits)
+            pending = {
+                g: n for g, n in admitted.values() if g != group and machine.group_config(g) is None
+            }
+            refused = _room_for(machine, config.world_size, limits, pending)
+            if refused is None:
+                admitted[me] = (group, config.world_size)
+            return refused
         if existing == config:
             return Existing(0)
         theirs, ours = existing.to_dict(), config.to_dict()
@@ -84,14 +105,18 @@ def _same_group(group: str, config: GroupConfig, limits: Limits):
     return check
 
 
-def _room_for(machine: Coordinator, world_size: int, limits: Limits) -> Refusal | None:
+def _room_for(
+    machine: Coordinator, world_size: int, limits: Limits, pending: dict[str, int]
+) -> Refusal | None:
     groups = machine.groups()
-    if len(groups) >= limits.max_groups:
+    held = len(groups) + len(pending)
+    if held >= limits.max_groups:
         return Refusal(
             "too_many_groups",
-            f"the server holds {len(groups)} groups, its limit (--max-groups {limits.max_groups})",
+            f"the server holds {held} groups (counting those being created), its limit "
+            f"(--max-groups {limits.max_groups})",
         )
-    ranks = sum(machine.group_config(g).world_size for g in groups)
+    ranks = sum(machine.group_config(g).world_size for g in groups) + sum(pending.values())
     if ranks + world_size > limits.max_ranks:
         return Refusal(
             "too_many_ranks",

@@ -9,6 +9,10 @@ restarted on the same SQLite file. Then:
   after every kill (projections are written atomically with their consumer offset);
 - every proposal that was answered reaches a terminal outcome (the fold's deadlines resolve the
   ones a crash left pending), and asking again with its key returns the same proposal.
+
+The default run kills the server a few times; the slow mark kills it ``FOLDPLANE_CRASH_KILLS``
+times (default 100), so that kills land inside view changes, proposal resolutions and
+snapshot writes, not only between them.
 """
 
 from __future__ import annotations
@@ -25,7 +29,9 @@ import pytest
 from tests.service.conftest import Server, make_server, replay
 from tests.service.sim import SimGroup
 
-KILLS = 10
+#: Kills in the default run, and in the slow one.
+SHORT_KILLS = 3
+FULL_KILLS = int(os.environ.get("FOLDPLANE_CRASH_KILLS", "100"))
 CONFIG = {
     "heartbeat_timeout_s": 3.0,
     "ack_timeout_s": 1.0,
@@ -64,8 +70,8 @@ class Proposer:
             await asyncio.sleep(0.05)
 
 
-async def _kill_loop(srv: Server, rng: random.Random, failures: list[str]) -> None:
-    for i in range(KILLS):
+async def _kill_loop(srv: Server, rng: random.Random, failures: list[str], kills: int) -> None:
+    for i in range(kills):
         await asyncio.sleep(rng.uniform(0.3, 1.5))
         srv.kill()
         done = await asyncio.to_thread(replay, srv.db)
@@ -74,8 +80,18 @@ async def _kill_loop(srv: Server, rng: random.Random, failures: list[str]) -> No
         await asyncio.to_thread(srv.start)
 
 
-@pytest.mark.slow
-async def test_sigkill_under_load_loses_nothing_acknowledged(tmp_path):
+@pytest.mark.parametrize(
+    "kills",
+    [
+        pytest.param(SHORT_KILLS, id="short"),
+        pytest.param(
+            FULL_KILLS,
+            id="full",
+            marks=[pytest.mark.slow, pytest.mark.timeout(60 + 15 * FULL_KILLS)],
+        ),
+    ],
+)
+async def test_sigkill_under_load_loses_nothing_acknowledged(tmp_path, kills):
     seed = int(os.environ.get("FOLDPLANE_CRASH_SEED", random.randrange(2**32)))
     print(f"crash seed {seed}")
     rng = random.Random(seed)
@@ -92,7 +108,7 @@ async def test_sigkill_under_load_loses_nothing_acknowledged(tmp_path):
             load = asyncio.get_running_loop().create_task(proposer.run())
             failures: list[str] = []
             try:
-                await _kill_loop(srv, rng, failures)
+                await _kill_loop(srv, rng, failures, kills)
             finally:
                 load.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -134,7 +150,9 @@ async def test_sigkill_under_load_loses_nothing_acknowledged(tmp_path):
                 )
             for _, answer in proposer.answered.values():
                 assert logged[answer["id"]]["kind"] == "proposal"
-            assert len(proposer.answered) >= KILLS
+            assert len(proposer.answered) >= kills
+            views = (await client.get("/views/history", params={"group": "crash"})).json()
+            assert len(views["views"]) > 1 + kills // 4, "too few view changes under the kills"
     finally:
         srv.stop()
     done = replay(srv.db)

@@ -7,6 +7,7 @@ names the limit, and an honest request of the same kind is still served. The ser
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 from typing import Any
@@ -448,3 +449,26 @@ async def test_history_and_log_pages_stop_at_the_byte_budget_and_miss_nothing(tm
 
 def _compact(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"))
+
+
+async def test_creations_at_once_cannot_pass_the_group_limit_together(tmp_path):
+    """The host prechecks a whole batch against one state of the fold: creations in flight
+    count against the limit too."""
+    srv = make_server(tmp_path, args=["--max-groups", "3"]).start()
+    try:
+        async with httpx.AsyncClient(base_url=srv.url, timeout=30) as client:
+            answers = await asyncio.gather(
+                *(
+                    client.post("/groups", json={"group": f"at-once-{i}", "world_size": 1})
+                    for i in range(12)
+                )
+            )
+            statuses = sorted(r.status_code for r in answers)
+            assert statuses.count(201) == 3 and statuses.count(429) == 9, statuses
+            created = [r.json()["group"] for r in answers if r.status_code == 201]
+            for name in created:  # the ones that got in are served
+                assert (await client.get(f"/groups/{name}")).status_code == 200
+            refused = [i for i, r in enumerate(answers) if r.status_code == 429]
+            assert (await client.get(f"/groups/at-once-{refused[0]}")).status_code == 404
+    finally:
+        srv.stop()

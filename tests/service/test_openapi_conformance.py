@@ -8,8 +8,8 @@ valid requests accepted and invalid ones refused, ``Allow`` on 405. The few stat
 document cannot state as a bound are named, per operation, in ``schemathesis.toml`` beside
 this file.
 
-Bounded: a fixed seed, ``FOLDPLANE_SCHEMATHESIS_EXAMPLES`` examples per operation (default 25)
-and ``FOLDPLANE_SCHEMATHESIS_MAX_S`` seconds in all (default 300).
+Bounded: a fixed seed, ``FOLDPLANE_SCHEMATHESIS_EXAMPLES`` examples per operation (default 20)
+and ``FOLDPLANE_SCHEMATHESIS_MAX_S`` seconds in all (default 150).
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ import pytest
 from tests.service.conftest import make_server
 
 HERE = Path(__file__).resolve().parent
-EXAMPLES = int(os.environ.get("FOLDPLANE_SCHEMATHESIS_EXAMPLES", "25"))
-MAX_S = int(os.environ.get("FOLDPLANE_SCHEMATHESIS_MAX_S", "300"))
+EXAMPLES = int(os.environ.get("FOLDPLANE_SCHEMATHESIS_EXAMPLES", "20"))
+MAX_S = int(os.environ.get("FOLDPLANE_SCHEMATHESIS_MAX_S", "150"))
 #: The longest answer the API documents: a long poll or a proposal's ?wait= of 60 s.
 LONGEST_ANSWER_S = 65
 
