@@ -27,6 +27,10 @@ from api.errors import BodyTooLarge, error_response
 DEFAULT_MAX_BODY_BYTES = 1 << 20
 
 
+#: The most ranks one page of ``GET /groups/{group}`` may hold, whatever ``ranks_limit`` asks:
+#: a page is encoded in the event loop, so one reader cannot hold it for long.
+MAX_RANKS_PAGE = 4096
+
 @dataclass(frozen=True, slots=True)
 class Limits:
     """What one coordinator accepts (each field is described in :data:`LIMITS`). The defaults
@@ -114,10 +118,10 @@ LIMITS: tuple[LimitDoc, ...] = (
         "--ranks-page",
         "FOLDPLANE_RANKS_PAGE",
         "ranks in one page of GET /groups/{group} (and the group in POST /groups' answer) "
-        "when ranks_limit is not given; ranks_limit may ask for up to 65,536",
+        "when ranks_limit is not given (ranks_limit may ask for up to 4,096)",
         "the next page from ranks_after",
         1,
-        65_536,
+        MAX_RANKS_PAGE,
     ),
     LimitDoc(
         "max_page_bytes",

@@ -11,7 +11,7 @@ from starlette.responses import Response
 from api.codec import encode_json, json_response, raw_json_response, read_json
 from api.deps import host_of, principal_of, require_group, require_operator
 from api.errors import ApiError, refusal_error
-from api.limits import Limits
+from api.limits import MAX_RANKS_PAGE, Limits
 from api.models import CreateGroupRequest, ProposalRequest
 from api.openapi import answers, body
 from api.paging import read_page
@@ -152,7 +152,10 @@ async def get_group(
         None, ge=0, le=65_535, description="the last rank of the previous page (exclusive)"
     ),
     ranks_limit: int | None = Query(
-        None, ge=1, le=65_536, description="ranks in the page (default: the server's --ranks-page)"
+        None,
+        ge=1,
+        le=MAX_RANKS_PAGE,
+        description="ranks in the page (default: the server's --ranks-page)",
     ),
 ) -> Response:
     host = host_of(request)
