@@ -474,3 +474,19 @@ async def test_creations_at_once_cannot_pass_the_group_limit_together(tmp_path):
             assert (await client.get(f"/groups/at-once-{refused[0]}")).status_code == 404
     finally:
         srv.stop()
+
+
+def test_every_limit_is_in_the_operations_table_with_its_default():
+    from api.limits import LIMITS, Limits
+    from tests.service.conftest import ROOT
+
+    table = (ROOT / "docs" / "operations.md").read_text()
+    defaults = Limits()
+    for doc in LIMITS:
+        row = next(
+            (line for line in table.splitlines() if line.startswith(f"| `{doc.field}` |")), ""
+        )
+        assert f"`{doc.flag}` / `{doc.env}`" in row, doc.field
+        assert f"| `{getattr(defaults, doc.field)}` |" in row, (doc.field, row)
+        if doc.answer[0].isdigit():  # a status and its code: "413 body_too_large"
+            assert " ".join(doc.answer.split()[:2]) in row, (doc.field, row)
