@@ -3,7 +3,11 @@ ones about a request's body (they cost nothing per request).
 
 :data:`LIMITS` names every limit with its default, its ``serve`` flag and environment
 variable, and the answer a request over it gets; ``coordinator.cli`` builds its options from
-it and docs/operations.md ("Limits") lists the same table.
+it and docs/operations.md ("Limits") lists the same table. Where each is enforced: the request
+time, header size and connection limits by the HTTP protocol (``api.server.GuardedHttp``), the
+nesting depth by the decoder (``api.codec.check_depth``), groups and ranks by the precheck of
+``POST /groups`` (``api.routes.operator``), page sizes by the readers (``api.paging``), the
+body's type and size here:
 
 - :class:`JsonBodies`: a ``POST`` to an endpoint that takes a body must say
   ``Content-Type: application/json``, else ``415``. The form and text types a web page may send
@@ -30,6 +34,7 @@ DEFAULT_MAX_BODY_BYTES = 1 << 20
 #: The most ranks one page of ``GET /groups/{group}`` may hold, whatever ``ranks_limit`` asks:
 #: a page is encoded in the event loop, so one reader cannot hold it for long.
 MAX_RANKS_PAGE = 4096
+
 
 @dataclass(frozen=True, slots=True)
 class Limits:
