@@ -446,6 +446,7 @@ class Channel:
         answered as ``(status, its text)``."""
         tries = 0
         while True:
+            reused = self._conn is not None
             if self._conn is None:
                 self._conn = Connection(*self.addresses[self._at], authorization=self.authorization)
             conn = self._conn
@@ -456,8 +457,10 @@ class Channel:
             except msgspec.DecodeError as exc:
                 await self.close()  # the rest of that answer is not ours to read
                 return 500, f"an answer that is not JSON: {exc}"
-            except (HttpError, OSError, TimeoutError):
+            except (HttpError, OSError, TimeoutError) as exc:
                 await self.close()
+                if reused and not isinstance(exc, TimeoutError):
+                    continue  # the server closed an idle keep-alive connection: a new one
                 self._at = (self._at + 1) % len(self.addresses)
                 tries += 1
                 if tries >= len(self.addresses):

@@ -10,7 +10,7 @@ from fastapi import FastAPI
 
 from api import errors, openapi
 from api.fastpath import Service
-from api.limits import DEFAULT_MAX_BODY_BYTES
+from api.limits import Limits
 from api.routes import agents, audit, console, operator, story
 from coordinator.auth import Authenticator
 from coordinator.host import Host
@@ -22,13 +22,16 @@ an ACK barrier. Errors are `{"error": code, "detail": message}`. See docs/protoc
 
 
 def create_app(
-    host: Host, auth: Authenticator | None = None, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    host: Host, auth: Authenticator | None = None, *, limits: Limits | None = None
 ) -> Service:
-    """The ASGI application to serve: the FastAPI app behind the body limit and the fast path
+    """The ASGI application to serve: the FastAPI app behind the body guards and the fast path
     for agent events (``Service.app`` is the FastAPI app itself)."""
+    limits = limits or Limits()
     app = FastAPI(title="foldplane coordinator", version="0.1.0", description=DESCRIPTION)
     app.state.host = host
     app.state.auth = auth or Authenticator()
+    app.state.limits = limits
+    app.state.admitted_groups = {}  # POST /groups admitted, not yet answered (api.routes.operator)
     errors.install(app)
     app.include_router(operator.router)
     app.include_router(agents.router)
@@ -36,4 +39,4 @@ def create_app(
     app.include_router(story.router)
     app.include_router(console.router)
     openapi.install(app)
-    return Service(app, max_body_bytes=max_body_bytes)
+    return Service(app, max_body_bytes=limits.max_body_bytes)

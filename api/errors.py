@@ -1,7 +1,8 @@
 """Every error the HTTP surface answers has one shape: ``{"error": code, "detail": message}``.
 
-Status codes (docs/protocol.md): 400/422 malformed, 401 missing token, 403 wrong token, 404
-unknown, 409 fenced or conflicting, 413 too large, 503 not the leader or shutting down. Bad input
+Status codes (docs/protocol.md): 400/422 malformed, 401 missing or malformed token, 403 wrong
+token, 404 unknown, 405 wrong method (with ``Allow``), 409 fenced or conflicting, 413 too
+large, 415 not JSON, 429 over a server limit, 503 not the leader or shutting down. Bad input
 never reaches a 500: request bodies are decoded and validated before anything else looks at
 them, and the handlers below turn framework errors into the same shape.
 """
@@ -26,10 +27,12 @@ log = logging.getLogger("foldplane.api")
 REFUSAL_STATUS: dict[str, int] = {
     "unknown_group": 404,
     "unknown_proposal": 404,
-    "rank_out_of_range": 422,
+    "rank_out_of_range": 404,
     "invalid_event": 422,
     "invalid_request": 422,
     "forbidden": 403,
+    "too_many_groups": 429,
+    "too_many_ranks": 429,
 }
 
 _HTTP_CODES = {
@@ -42,6 +45,7 @@ _HTTP_CODES = {
     413: "body_too_large",
     415: "unsupported_media_type",
     422: "invalid_request",
+    429: "too_many_requests",
 }
 
 
@@ -58,7 +62,7 @@ class ApiError(Exception):
 
 class BodyTooLarge(Exception):
     def __init__(self, limit: int) -> None:
-        super().__init__(f"the request body is over the limit of {limit} bytes")
+        super().__init__(f"the request body is over the limit of {limit} bytes (--max-body-bytes)")
         self.limit = limit
 
 
@@ -66,9 +70,12 @@ def refusal_error(code: str, detail: str) -> ApiError:
     return ApiError(REFUSAL_STATUS.get(code, 409), code, detail)
 
 
-def error_response(status: int, code: str, detail: str, **extra: Any) -> Response:
+def error_response(
+    status: int, code: str, detail: str, *, headers: dict[str, str] | None = None, **extra: Any
+) -> Response:
     body = {"error": code, "detail": detail, **extra}
-    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+    if status == 401:
+        headers = {**(headers or {}), "WWW-Authenticate": "Bearer"}
     return Response(msgspec.json.encode(body), status, headers, media_type="application/json")
 
 
@@ -108,7 +115,10 @@ def install(app: FastAPI) -> None:
         detail = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
         if exc.status_code == 404 and detail == "Not Found":
             detail = f"no endpoint {request.method} {request.url.path}"
-        return error_response(exc.status_code, code, detail)
+        headers = dict(exc.headers or {})
+        if exc.status_code == 405 and "Allow" in headers:
+            detail = f"{request.method} is not allowed on {request.url.path}; allowed: {headers['Allow']}"
+        return error_response(exc.status_code, code, detail, headers=headers)
 
     @app.exception_handler(Exception)
     async def _internal(request: Request, exc: Exception) -> Response:

@@ -15,6 +15,7 @@ Errors on the fast path are answered here in the same ``{"error", "detail"}`` sh
 
 from __future__ import annotations
 
+import logging
 import re
 from typing import Any
 from urllib.parse import parse_qsl
@@ -23,7 +24,7 @@ from fastapi import FastAPI
 from starlette.types import Receive, Scope, Send
 
 from api.errors import ApiError, BodyTooLarge, error_response
-from api.limits import BodySizeLimit
+from api.limits import BodySizeLimit, JsonBodies
 from api.routes.agents import MAX_POLL_S, UpdatesQuery, events_answer, poll_ranks, updates_answer
 from coordinator.auth import Authenticator, AuthError, Principal
 from coordinator.host import HostUnavailable
@@ -33,13 +34,15 @@ UPDATES = "/agents/updates"
 
 _JSON = (b"content-type", b"application/json")
 
+log = logging.getLogger("foldplane.api")
+
 
 class Service:
     """The coordinator's ASGI application: the body size limit, the agents' fast paths, FastAPI."""
 
     def __init__(self, app: FastAPI, *, max_body_bytes: int) -> None:
         self.app = app
-        self._limited = BodySizeLimit(self._dispatch, max_body_bytes)
+        self._limited = JsonBodies(BodySizeLimit(self._dispatch, max_body_bytes))
 
     @property
     def state(self) -> Any:
@@ -91,6 +94,9 @@ class Service:
             response = error_response(503, exc.code, exc.detail, **_leader(exc))
         except BodyTooLarge as exc:
             response = error_response(413, "body_too_large", str(exc))
+        except Exception as exc:  # a bug: still answered in the one shape, and logged
+            log.exception("internal error on %s %s", scope["method"], scope["path"])
+            response = error_response(500, "internal", f"{type(exc).__name__}: {exc}")
         else:
             await send(
                 {

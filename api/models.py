@@ -51,6 +51,11 @@ __all__ = [
 ]
 
 Seconds = Annotated[float, Meta(ge=0, le=604_800)]
+#: A timeout: more than zero seconds, at most a week.
+Timeout = Annotated[float, Meta(gt=0, le=604_800)]
+
+#: A failure budget as a percentage of the group, more than 0 and at most 100: ``"25%"``.
+PERCENT = r"^ *(0*[1-9][0-9]?(\.[0-9]+)?|0*100(\.0+)?|0+\.[0-9]*[1-9][0-9]*) *% *$(?!\n)"
 
 
 # -- operator requests -------------------------------------------------------------------------
@@ -59,18 +64,15 @@ Seconds = Annotated[float, Meta(ge=0, le=604_800)]
 class CreateGroupRequest(Struct, kw_only=True, forbid_unknown_fields=True):
     group: GroupName
     world_size: Annotated[int, Meta(ge=1, le=65_536)]
-    heartbeat_timeout_s: Seconds | UnsetType = UNSET
-    ack_timeout_s: Seconds | UnsetType = UNSET
-    admission_timeout_s: Seconds | UnsetType = UNSET
-    formation_timeout_s: Seconds | UnsetType = UNSET
+    heartbeat_timeout_s: Timeout | UnsetType = UNSET
+    ack_timeout_s: Timeout | UnsetType = UNSET
+    admission_timeout_s: Timeout | UnsetType = UNSET
+    formation_timeout_s: Timeout | UnsetType = UNSET
     reconcile_window_s: Seconds | UnsetType = UNSET
     min_ranks: Annotated[int, Meta(ge=1)] | None | UnsetType = UNSET
     min_active: Annotated[int, Meta(ge=1)] | UnsetType = UNSET
     max_failure: (
-        Annotated[int, Meta(ge=1)]
-        | Annotated[str, Meta(pattern=r"^\s*\d+(\.\d+)?\s*%\s*$")]
-        | None
-        | UnsetType
+        Annotated[int, Meta(ge=1)] | Annotated[str, Meta(pattern=PERCENT)] | None | UnsetType
     ) = UNSET
     auto_deactivate_on_failure: bool | UnsetType = UNSET
     backend: Literal["gloo", "nccl"] | UnsetType = UNSET
@@ -178,6 +180,8 @@ class GroupBody(Struct, kw_only=True):
     ranks: list[dict[str, Any]]
     pending_proposals: list[int]
     change_in_flight: dict[str, Any] | None
+    #: The last rank of this page when more follow (``?ranks_after=`` it); None on the last.
+    next_ranks_after: int | None
 
 
 class EventRecord(Struct, kw_only=True):

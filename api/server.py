@@ -1,13 +1,34 @@
-"""The HTTP server: uvicorn, adjusted so that stopping it lets the host close cleanly."""
+"""The HTTP server: uvicorn, adjusted so that stopping it lets the host close cleanly, and so
+that a client cannot hold the server's connections without sending requests.
+
+uvicorn times out only idle keep-alive connections. A connection that sends part of a request
+and then nothing (a "slowloris" client, or a half-open connection whose peer vanished) would be
+held forever, and enough of them exhaust the process's file descriptors. :class:`GuardedHttp`
+is uvicorn's httptools protocol with three limits of ``api.limits.Limits``:
+
+- ``request_timeout_s``: from connecting, or from a request's first byte, the whole request
+  (line, headers, body) must arrive within this many seconds. A connection that has not sent
+  its headers by then is answered ``408 request_timeout`` and closed; one stuck in its body is
+  closed (the handler waiting for the body sees the client disconnect). Time the handler
+  spends answering (a long poll) does not count.
+- ``max_header_bytes``: a request line and headers longer than this are ``431`` and closed.
+- ``max_connections``: a connection beyond this many open ones is answered
+  ``503 too_many_connections`` at once and closed, before it can take more from the server.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import signal
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import msgspec
 import uvicorn
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from api.limits import Limits
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -38,14 +59,162 @@ class Server(uvicorn.Server):
                 signal.signal(sig, handler)
 
 
-def config(app: Any, host: str, port: int, log_level: str) -> uvicorn.Config:
-    """The server settings: no access log, no per-request work the coordinator has no use for
-    (proxy headers, Server/Date headers), three seconds to drain on shutdown."""
+_REASONS = {
+    408: b"Request Timeout",
+    431: b"Request Header Fields Too Large",
+    503: b"Service Unavailable",
+}
+
+
+def _raw_error(status: int, code: str, detail: str) -> bytes:
+    """A whole HTTP response in the one error shape, written before any request was read."""
+    body = msgspec.json.encode({"error": code, "detail": detail})
+    extra = b"retry-after: 1\r\n" if status == 503 else b""
+    return b"".join(
+        [
+            b"HTTP/1.1 %d %s\r\n" % (status, _REASONS[status]),
+            b"content-type: application/json\r\n",
+            b"content-length: %d\r\n" % len(body),
+            extra,
+            b"connection: close\r\n\r\n",
+            body,
+        ]
+    )
+
+
+#: Seconds a refused connection waits for its client to close before closing it.
+LINGER_S = 1.0
+
+
+class GuardedHttp(HttpToolsProtocol):
+    """uvicorn's httptools protocol with a request deadline, a header size limit and a
+    connection cap (see the module's docstring); :func:`guarded_http` sets the limits."""
+
+    limits: Limits = Limits()
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._deadline: asyncio.TimerHandle | None = None
+        self._head_bytes = 0
+        self._refused = False
+        cap = self.limits.max_connections
+        if len(self.connections) > cap:
+            self._refuse(
+                503,
+                "too_many_connections",
+                f"the server has {cap} connections open, its limit (--max-connections)",
+            )
+            return
+        self._arm()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    # Once a connection is refused, whatever else its client sends is dropped unread.
+
+    def data_received(self, data: bytes) -> None:
+        if not self._refused:
+            super().data_received(data)
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._head_bytes = 0
+        if not self._refused:
+            self._arm()
+
+    def on_url(self, url: bytes) -> None:
+        if self._counted(len(url)):
+            super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if self._counted(len(name) + len(value) + 4):
+            super().on_header(name, value)
+
+    def on_headers_complete(self) -> None:
+        if not self._refused:
+            super().on_headers_complete()
+
+    def on_body(self, body: bytes) -> None:
+        if not self._refused:
+            super().on_body(body)
+
+    def on_message_complete(self) -> None:
+        if not self._refused:
+            self._disarm()
+            super().on_message_complete()
+
+    def _counted(self, n: int) -> bool:
+        """Count ``n`` more bytes of the request's head; False once the connection is refused."""
+        if self._refused or self.transport.is_closing():
+            return False
+        self._head_bytes += n
+        if self._head_bytes <= self.limits.max_header_bytes:
+            return True
+        self._refuse(
+            431,
+            "headers_too_large",
+            f"the request line and headers are over {self.limits.max_header_bytes} bytes, the "
+            "limit (--max-header-bytes)",
+        )
+        return False
+
+    def _arm(self) -> None:
+        self._disarm()
+        self._deadline = self.loop.call_later(self.limits.request_timeout_s, self._timed_out)
+
+    def _disarm(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+
+    def _timed_out(self) -> None:
+        self._deadline = None
+        if self._refused or self.transport.is_closing():
+            return
+        if self.cycle is None or self.cycle.response_complete:  # no request is being answered
+            self._refuse(
+                408,
+                "request_timeout",
+                f"no complete request within {self.limits.request_timeout_s:g} s "
+                "(--request-timeout-s)",
+            )
+        else:  # its handler waits for the rest of the body, and now sees a disconnect
+            self.transport.close()
+
+    def _refuse(self, status: int, code: str, detail: str) -> None:
+        """Answer and close. Closing a socket with unread input resets the connection, and the
+        client may then lose the answer; so the server half-closes, drops what still comes,
+        and closes when the client does or after :data:`LINGER_S`."""
+        self._disarm()
+        self._refused = True
+        self.transport.write(_raw_error(status, code, detail))
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+            self._deadline = self.loop.call_later(LINGER_S, self.transport.close)
+        else:
+            self.transport.close()
+
+
+def guarded_http(limits: Limits) -> type[GuardedHttp]:
+    """The protocol class for these limits (uvicorn makes one protocol per connection)."""
+    return type("GuardedHttp", (GuardedHttp,), {"limits": limits})
+
+
+def config(
+    app: Any, host: str, port: int, log_level: str, limits: Limits | None = None
+) -> uvicorn.Config:
+    """The server settings: the connection limits above, no access log, no per-request work the
+    coordinator has no use for (proxy headers, Server/Date headers), three seconds to drain on
+    shutdown."""
+    limits = limits or Limits()
     return uvicorn.Config(
         app,
         host=host,
         port=port,
         log_level=log_level,
+        http=guarded_http(limits),
+        timeout_keep_alive=limits.keep_alive_s,
         access_log=False,
         lifespan="off",
         timeout_graceful_shutdown=3,

@@ -11,6 +11,10 @@ Rules (docs/protocol.md, "Auth"):
 - With neither value configured, auth is off and every caller is the operator. The server then
   refuses a non-loopback bind unless told ``--insecure`` (see :func:`check_bind`).
 
+Tokens are parsed strictly: a bearer token is RFC 6750's ``b64token`` (ASCII letters, digits and
+``-._~+/``, then ``=`` padding), and an agent token's rank is plain ASCII digits without a
+leading zero, at most 65535. Anything else is a malformed token, ``401``, decided before any
+number is parsed (``str.isdigit`` accepts ``"\u00b2"``, which ``int`` then refuses).
 Comparisons use :func:`hmac.compare_digest` so that timing does not leak how much of a token
 matched.
 """
@@ -20,10 +24,16 @@ from __future__ import annotations
 import hashlib
 import hmac
 import ipaddress
+import re
 from dataclasses import dataclass
 from typing import Literal
 
 TOKEN_PREFIX = "fpa1"
+#: RFC 6750, section 2.1: the syntax of a bearer token.
+B64TOKEN = re.compile(r"[A-Za-z0-9\-._~+/]+=*")
+#: An agent token's rank: ASCII digits, no leading zero, within the ranks a group may have.
+RANK_TEXT = re.compile(r"0|[1-9][0-9]{0,4}")
+MAX_RANK = 65_535
 
 
 class AuthError(Exception):
@@ -141,10 +151,16 @@ class Authenticator:
             token.encode(), self.operator_token.encode()
         ):
             return OPERATOR
+        if not B64TOKEN.fullmatch(token):
+            raise AuthError(
+                401,
+                "unauthorized",
+                "the token is malformed: a bearer token is ASCII letters, digits and -._~+/",
+            )
         if token.startswith(TOKEN_PREFIX + ".") and self.secret:
             head, _, mac = token.rpartition(".")
             group, _, rank_text = head[len(TOKEN_PREFIX) + 1 :].rpartition(".")
-            if group and rank_text.isdigit() and rank_text == str(int(rank_text)):
+            if group and RANK_TEXT.fullmatch(rank_text) and int(rank_text) <= MAX_RANK:
                 rank = int(rank_text)
                 if hmac.compare_digest(mac.encode(), agent_mac(self.secret, group, rank).encode()):
                     return Principal("agent", group, rank)

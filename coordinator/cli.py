@@ -77,9 +77,6 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--store-host", default=None, help="address to advertise for the store")
     s.add_argument("--insecure", action="store_true", help="allow a non-loopback bind without auth")
     s.add_argument(
-        "--max-body-bytes", type=int, default=1 << 20, help="request body limit (default 1 MiB)"
-    )
-    s.add_argument(
         "--snapshot-every", type=int, default=20_000, help="snapshot the fold every N records"
     )
     s.add_argument(
@@ -103,6 +100,7 @@ def _parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="how often --retain runs a compaction (default 300)",
     )
+    _limit_options(s.add_argument_group("limits (docs/operations.md, Limits)"))
     ha = s.add_argument_group("several coordinators on one PostgreSQL log (docs/ha.md)")
     ha.add_argument(
         "--advertise",
@@ -187,6 +185,49 @@ def _parser() -> argparse.ArgumentParser:
 # -- serve ---------------------------------------------------------------------------------------
 
 
+def _limit_options(group: Any) -> None:
+    """One option per limit of ``api.limits.LIMITS``; each defaults to its environment variable,
+    else to the built-in default."""
+    from api.limits import LIMITS, Limits
+
+    defaults = Limits()
+    for doc in LIMITS:
+        default = getattr(defaults, doc.field)
+        kind = type(default)
+        raw = os.environ.get(doc.env)
+        group.add_argument(
+            doc.flag,
+            dest=doc.field,
+            type=kind,
+            default=raw if raw else default,  # argparse converts a string default with `type`
+            metavar="N" if kind is int else "S",
+            help=f"{Limits.describe(doc.field)} (default {default}; ${doc.env}); over it: "
+            f"{doc.answer}",
+        )
+
+
+def _check_open_files(max_connections: int) -> None:
+    """Warn when the process may run out of file descriptors before the connection cap."""
+    try:
+        import resource
+    except ImportError:  # not on this platform
+        return
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < max_connections + 64:
+        logging.getLogger("foldplane").warning(
+            "--max-connections %d is above what the open-file limit (ulimit -n %d) leaves for "
+            "connections; raise the limit or lower --max-connections",
+            max_connections,
+            soft,
+        )
+
+
+def _limits(args: argparse.Namespace) -> Any:
+    from api.limits import LIMITS, Limits
+
+    return Limits(**{doc.field: getattr(args, doc.field) for doc in LIMITS})
+
+
 def _serve(args: argparse.Namespace) -> int:
     from coordinator.auth import Authenticator, BindRefused, check_bind
 
@@ -205,6 +246,19 @@ def _serve(args: argparse.Namespace) -> int:
         return 2
     from coordinator.leadership import LeaseSettings
 
+    try:
+        args.limits = _limits(args)
+    except ValueError as exc:
+        print(f"coordinator: {exc}", file=sys.stderr)
+        return 2
+    _check_open_files(args.limits.max_connections)
+    if not auth.enabled:
+        logging.getLogger("foldplane").warning(
+            "auth is off (neither FOLDPLANE_TOKEN nor FOLDPLANE_SECRET is set): any process "
+            "that reaches %s:%d may create groups, propose and speak for every rank",
+            args.host,
+            args.port,
+        )
     try:
         args.lease = LeaseSettings(lease_s=args.lease_s, poll_s=args.lease_poll_s)
     except ValueError as exc:
@@ -280,8 +334,8 @@ async def _serve_async(args: argparse.Namespace, auth: Any) -> int:
             store, host.store_address = start_store(
                 args.host, args.store_port, advertise=args.store_host
             )
-        app = create_app(host, auth, max_body_bytes=args.max_body_bytes)
-        server = Server(config(app, args.host, args.port, args.log_level))
+        app = create_app(host, auth, limits=args.limits)
+        server = Server(config(app, args.host, args.port, args.log_level, args.limits))
         _tune_for_latency()
         server.before_shutdown = host.stop_waiting
         logging.getLogger("foldplane").info(

@@ -17,7 +17,15 @@ import msgspec
 from fastapi import APIRouter, Query, Request
 from starlette.responses import Response
 
-from api.codec import convert, decode_json, encode_json, json_response, raw_json_response, read_json
+from api.codec import (
+    check_depth,
+    convert,
+    decode_json,
+    encode_json,
+    json_response,
+    raw_json_response,
+    read_json,
+)
 from api.deps import host_of, principal_of, require_group
 from api.errors import ApiError, refusal_error
 from api.models import AgentEvent, AgentEventsRequest, DeathReport, LooseEventsRequest
@@ -55,6 +63,7 @@ async def events_answer(state: Any, principal: Principal, body: bytes) -> bytes:
     """The answer to ``POST /agents/events`` with this body, as JSON bytes."""
     auth: Authenticator = state.auth
     host: Host = state.host
+    check_depth(body, state.limits.max_json_depth)
     events = _decode_events(body)
     results: list[dict[str, Any] | None] = []
     records: list[NewRecord] = []
@@ -211,7 +220,7 @@ async def updates_answer(state: Any, principal: Principal, query: UpdatesQuery) 
     config = host.machine.group_config(group)
     if ranks[-1] >= config.world_size:
         raise ApiError(
-            422,
+            404,
             "rank_out_of_range",
             f"rank {ranks[-1]} is not in 0..{config.world_size - 1} of group {group!r}",
         )

@@ -2,18 +2,39 @@
 
 from __future__ import annotations
 
+import re
+from typing import Literal
+
 from fastapi import APIRouter, Header, Query, Request
 from starlette.responses import Response, StreamingResponse
 
 from api import metrics, sse
-from api.codec import json_response
+from api.codec import encode_json, json_response, raw_json_response
 from api.deps import host_of, require_operator
 from api.errors import ApiError
 from api.openapi import answers
+from api.paging import read_page
 from coordinator.host import HostUnavailable
-from eventlog import KINDS, LogError
+from eventlog import KINDS, LogError, Record
 
 router = APIRouter(tags=["audit"])
+
+#: An offset as text: ASCII digits only (``str.isdigit`` also accepts ``"\u00b2"``).
+_OFFSET = re.compile(r"[0-9]{1,19}")
+
+
+#: One server-sent event as an SSE reader parses it (``api.sse.format_event``).
+_SSE_EVENT = {
+    "type": "object",
+    "properties": {
+        "id": {"type": "string", "pattern": "^[0-9]+$"},
+        "event": {"type": "string", "enum": sorted(KINDS)},
+        "data": {"type": "string", "description": "the record, as in GET /events"},
+    },
+}
+
+#: The record kinds a reader may filter on (declared in the OpenAPI document).
+Kind = Literal[tuple(sorted(KINDS))]  # type: ignore[valid-type]
 
 
 def _kinds(kind: str | None) -> list[str] | None:
@@ -34,30 +55,44 @@ async def events(
     after: int = Query(0, ge=0, le=2**62),
     limit: int = Query(100, ge=1, le=1000),
     group: str | None = Query(None, max_length=64),
-    kind: str | None = Query(None, max_length=32),
+    kind: Kind | None = Query(None),
 ) -> Response:
     require_operator(request, "reading the log")
     host = host_of(request)
-    records = await host.log.read(after, limit, group=group, kinds=_kinds(kind))
-    # a full page covers the offsets up to its last record; a short one, the rest of the log
-    covered = records[-1].offset if len(records) == limit else None
-    removed = await host.log.removed_ranges(after, covered)
-    return json_response(
+    kinds = _kinds(kind)
+
+    async def fetch(start: int, n: int) -> list[Record]:
+        return await host.log.read(start, n, group=group, kinds=kinds)
+
+    page = await read_page(
+        fetch,
+        lambda r: r.offset,
+        _encode_record,
+        after=after,
+        limit=limit,
+        budget=request.app.state.limits.max_page_bytes,
+    )
+    # a page with more after it covers the offsets up to its last record; the last page, the
+    # rest of the log: the removed ranges among them are named, so no hole is silent
+    removed = await host.log.removed_ranges(after, page.last if page.more else None)
+    ranges = encode_json(
+        [{"first": r.first, "last": r.last, "removed": r.removed} for r in removed]
+    )
+    return raw_json_response(
+        b'{"events":[%s],"next_after":%d,"removed":%s}' % (b",".join(page.items), page.last, ranges)
+    )
+
+
+def _encode_record(r: Record) -> bytes:
+    return encode_json(
         {
-            "events": [
-                {
-                    "offset": r.offset,
-                    "ts": r.ts,
-                    "term": r.term,
-                    "kind": r.kind,
-                    "group": r.group,
-                    "rank": r.rank,
-                    "payload": r.payload,
-                }
-                for r in records
-            ],
-            "next_after": records[-1].offset if records else after,
-            "removed": [{"first": r.first, "last": r.last, "removed": r.removed} for r in removed],
+            "offset": r.offset,
+            "ts": r.ts,
+            "term": r.term,
+            "kind": r.kind,
+            "group": r.group,
+            "rank": r.rank,
+            "payload": r.payload,
         }
     )
 
@@ -67,18 +102,24 @@ async def events(
     summary="Server-sent events, one per record; resume with Last-Event-ID or ?after= "
     "(the operator token when auth is on)",
     response_class=StreamingResponse,
-    responses=answers({}, 401, 403, 422),
+    responses={
+        200: {
+            "description": "One server-sent event per record (and comment lines)",
+            "content": {"text/event-stream": {"schema": _SSE_EVENT}},
+        },
+        **answers({}, 401, 403, 422),
+    },
 )
 async def event_stream(
     request: Request,
     after: int = Query(0, ge=0, le=2**62),
     group: str | None = Query(None, max_length=64),
-    kind: str | None = Query(None, max_length=32),
-    last_event_id: str | None = Header(None, max_length=32),
+    kind: Kind | None = Query(None),
+    last_event_id: str | None = Header(None, pattern=r"^[0-9]{1,19}$"),
 ) -> Response:
     require_operator(request, "reading the log")
     if last_event_id is not None:
-        if not last_event_id.strip().isdigit():
+        if not _OFFSET.fullmatch(last_event_id.strip()):
             raise ApiError(
                 422, "invalid_request", f"Last-Event-ID {last_event_id!r} is not an offset"
             )
@@ -116,7 +157,12 @@ async def healthz(request: Request) -> Response:
     return json_response(body, 200 if down is None else 503)
 
 
-@router.get("/metrics", summary="Prometheus metrics", response_class=Response)
+@router.get(
+    "/metrics",
+    summary="Prometheus metrics",
+    response_class=Response,
+    responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}},
+)
 async def prometheus(request: Request) -> Response:
     text = await metrics.render(host_of(request))
     return Response(text, media_type=metrics.CONTENT_TYPE)

@@ -2,23 +2,25 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Path, Query, Request
 from starlette.responses import Response
 
-from api.codec import json_response, read_json
+from api.codec import encode_json, json_response, raw_json_response, read_json
 from api.deps import host_of, principal_of, require_group, require_operator
 from api.errors import ApiError, refusal_error
+from api.limits import MAX_RANKS_PAGE, Limits
 from api.models import CreateGroupRequest, ProposalRequest
 from api.openapi import answers, body
+from api.paging import read_page
 from coordinator.config import ConfigError, GroupConfig
 from coordinator.effects import Proposal
 from coordinator.host import Appended, Existing, Host, Outcome, Refusal
 from coordinator.machine import Coordinator
 from coordinator.projections import proposal_doc, to_doc, view_doc
-from eventlog import NewRecord
+from eventlog import NewRecord, ProjectionRow
 
 router = APIRouter(tags=["operator"])
 
@@ -30,7 +32,7 @@ MAX_WAIT_S = 60.0
     "/groups",
     summary="Create a group (idempotent for an identical configuration)",
     openapi_extra=body("CreateGroupRequest"),
-    responses=answers({201: "GroupBody", 200: "GroupBody"}, 401, 403, 409, 413, 422),
+    responses=answers({201: "GroupBody", 200: "GroupBody"}, 401, 403, 409, 413, 422, 429),
 )
 async def create_group(request: Request) -> Response:
     require_operator(request, "creating a group")
@@ -41,28 +43,53 @@ async def create_group(request: Request) -> Response:
     except ConfigError as exc:
         raise ApiError(422, "invalid_config", str(exc)) from None
     host = host_of(request)
-    outcome = await host.submit(
-        NewRecord(
-            kind="group_created",
-            group=req.group,
-            payload={"world_size": config.world_size, "config": config.to_dict()},
-        ),
-        precheck=_same_group(req.group, config),
-    )
+    limits: Limits = request.app.state.limits
+    admitted: dict[object, tuple[str, int]] = request.app.state.admitted_groups
+    me = object()
+    try:
+        outcome = await host.submit(
+            NewRecord(
+                kind="group_created",
+                group=req.group,
+                payload={"world_size": config.world_size, "config": config.to_dict()},
+            ),
+            precheck=_same_group(req.group, config, limits, admitted, me),
+        )
+    finally:
+        admitted.pop(me, None)
     if isinstance(outcome, Refusal):
         raise refusal_error(outcome.code, outcome.detail)
     return json_response(
-        _group_body(host, req.group), 201 if isinstance(outcome, Appended) else 200
+        _group_body(host, req.group, None, limits.ranks_page),
+        201 if isinstance(outcome, Appended) else 200,
     )
 
 
-def _same_group(group: str, config: GroupConfig):
-    """Creating an identical group again is a no-op; another configuration is a conflict."""
+def _same_group(
+    group: str,
+    config: GroupConfig,
+    limits: Limits,
+    admitted: dict[object, tuple[str, int]],
+    me: object,
+):
+    """Creating an identical group again is a no-op; another configuration is a conflict; a new
+    group must fit the server's limits on groups and on ranks.
+
+    The host prechecks a whole batch against one state of the fold, so the limits count the
+    fold's groups and also the creations already admitted that the fold does not hold yet
+    (``admitted``, which the route empties of its own entry when it has its answer): two
+    creations in one batch cannot both take the last room."""
 
     def check(machine: Coordinator) -> Outcome | None:
         existing = machine.group_config(group)
         if existing is None:
-            return None
+            pending = {
+                g: n for g, n in admitted.values() if g != group and machine.group_config(g) is None
+            }
+            refused = _room_for(machine, config.world_size, limits, pending)
+            if refused is None:
+                admitted[me] = (group, config.world_size)
+            return refused
         if existing == config:
             return Existing(0)
         theirs, ours = existing.to_dict(), config.to_dict()
@@ -78,19 +105,63 @@ def _same_group(group: str, config: GroupConfig):
     return check
 
 
-def _group_body(host: Host, group: str) -> dict[str, Any]:
-    return to_doc(host.machine.group_status(group))
+def _room_for(
+    machine: Coordinator, world_size: int, limits: Limits, pending: dict[str, int]
+) -> Refusal | None:
+    groups = machine.groups()
+    held = len(groups) + len(pending)
+    if held >= limits.max_groups:
+        return Refusal(
+            "too_many_groups",
+            f"the server holds {held} groups (counting those being created), its limit "
+            f"(--max-groups {limits.max_groups})",
+        )
+    ranks = sum(machine.group_config(g).world_size for g in groups) + sum(pending.values())
+    if ranks + world_size > limits.max_ranks:
+        return Refusal(
+            "too_many_ranks",
+            f"a group of {world_size} ranks would bring the server to {ranks + world_size} ranks; "
+            f"its limit is {limits.max_ranks} (--max-ranks), {limits.max_ranks - ranks} are left",
+        )
+    return None
+
+
+def _group_body(host: Host, group: str, after: int | None, limit: int) -> dict[str, Any]:
+    """The group's document with one page of its ``ranks``: those after rank ``after`` (from
+    rank 0 when None), at most ``limit``; ``next_ranks_after`` says where the next page starts
+    (None on the last). The per-rank part is what grows with the group; the rest is whole."""
+    status = host.machine.group_status(group)
+    assert status is not None
+    start = 0 if after is None else after + 1
+    ranks = status["ranks"]
+    status["ranks"] = ranks[start : start + limit]
+    more = start + limit < len(ranks)
+    status["next_ranks_after"] = start + limit - 1 if more else None
+    return to_doc(status)
 
 
 @router.get(
     "/groups/{group}",
-    summary="A group: configuration, current view, rank states, pending proposals",
-    responses=answers({200: "GroupBody"}, 404),
+    summary="A group: configuration, current view, one page of rank states, pending proposals",
+    responses=answers({200: "GroupBody"}, 404, 422),
 )
-async def get_group(request: Request, group: str) -> Response:
+async def get_group(
+    request: Request,
+    group: Annotated[str, Path(max_length=64)],
+    ranks_after: int | None = Query(
+        None, ge=0, le=65_535, description="the last rank of the previous page (exclusive)"
+    ),
+    ranks_limit: int | None = Query(
+        None,
+        ge=1,
+        le=MAX_RANKS_PAGE,
+        description="ranks in the page (default: the server's --ranks-page)",
+    ),
+) -> Response:
     host = host_of(request)
     require_group(host, group)
-    return json_response(_group_body(host, group))
+    limit = ranks_limit or request.app.state.limits.ranks_page
+    return json_response(_group_body(host, group, ranks_after, limit))
 
 
 @router.post(
@@ -202,13 +273,19 @@ async def view_history(
 ) -> Response:
     host = host_of(request)
     require_group(host, group)
-    rows = await host.log.read_projections("view", group, after_seq=after_version, limit=limit + 1)
-    views = [row.doc for row in rows[:limit]]
-    more = len(rows) > limit
-    return json_response(
-        {
-            "group": group,
-            "views": views,
-            "next_after_version": views[-1]["version"] if more and views else None,
-        }
+
+    async def fetch(after: int, n: int) -> list[ProjectionRow]:
+        return await host.log.read_projections("view", group, after_seq=after, limit=n)
+
+    page = await read_page(
+        fetch,
+        lambda row: row.seq,
+        lambda row: encode_json(row.doc),
+        after=after_version,
+        limit=limit,
+        budget=request.app.state.limits.max_page_bytes,
+    )
+    return raw_json_response(
+        b'{"group":%s,"views":[%s],"next_after_version":%s}'
+        % (encode_json(group), b",".join(page.items), encode_json(page.last if page.more else None))
     )

@@ -259,3 +259,93 @@ def test_a_rank_token_cannot_poll_for_its_hosts_other_ranks_but_the_hosts_tokens
         url + "/agents/events", json={"events": [event]}, headers=_bearer(f"{t1},{t2}")
     )
     assert right.status_code == 200 and "offset" in right.json()["results"][0], right.text
+
+
+# -- tokens parsed strictly: a malformed token is a 401 everywhere, never a 500 -----------------
+
+#: ``"\u00b2".isdigit()`` is true and ``int("\u00b2")`` raises: the rank field must be ASCII.
+SUPERSCRIPT = "fpa1.train.\u00b2.00"
+MALFORMED_TOKENS = [
+    SUPERSCRIPT,
+    "fpa1.train.\u0663.00",  # an Arabic-Indic digit three
+    "fpa1.tr\u00e4in.3.00",
+    "operator-token-for-tests\u200b",  # the operator token with a zero-width space
+    "fpa1.train.3.00 extra",
+]
+
+
+@pytest.mark.parametrize("token", MALFORMED_TOKENS)
+def test_a_token_that_is_not_a_plain_bearer_token_is_a_401(token):
+    auth = Authenticator(operator_token=OPERATOR, secret=SECRET)
+    with pytest.raises(AuthError) as err:
+        auth.authenticate(f"Bearer {token}")
+    assert err.value.status == 401 and "malformed" in err.value.detail
+
+
+@pytest.mark.parametrize(
+    "token",
+    [
+        "fpa1.train.65536." + "0" * 64,  # beyond the ranks a group may have
+        "fpa1.train." + "9" * 5000 + ".00",  # more digits than int() takes
+        "fpa1.train.-1.00",
+        "fpa1.train.1e3.00",
+    ],
+)
+def test_a_well_formed_token_with_an_impossible_rank_is_a_403(token):
+    auth = Authenticator(operator_token=OPERATOR, secret=SECRET)
+    with pytest.raises(AuthError) as err:
+        auth.authenticate(f"Bearer {token}")
+    assert err.value.status == 403
+
+
+def _raw_bearer(token: str) -> dict[str, bytes]:
+    """The header as a client sends it on the wire, one byte per latin-1 character."""
+    return {"Authorization": b"Bearer " + token.encode("latin-1", errors="replace")}
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body"),
+    [
+        ("POST", "/agents/events", {"events": []}),
+        ("GET", "/agents/updates?group=train&rank=0&timeout=0&protocol=2", None),
+        ("POST", "/agents/deaths", {"group": "train", "rank": 0}),
+        ("POST", "/proposals", {"group": "train", "op": "deactivate", "ranks": [0]}),
+        ("POST", "/groups", {"group": "other2", "world_size": 2}),
+    ],
+)
+def test_the_superscript_token_is_a_401_on_every_authenticated_endpoint(
+    secure_server, method, path, body
+):
+    r = httpx.request(method, secure_server.url + path, json=body, headers=_raw_bearer(SUPERSCRIPT))
+    assert r.status_code == 401, r.text
+    assert r.json()["error"] == "unauthorized" and r.headers["www-authenticate"] == "Bearer"
+    # the twin: the operator token on the same request is served
+    ok = httpx.request(method, secure_server.url + path, json=body, headers=_bearer(OPERATOR))
+    assert ok.status_code < 400, ok.text
+
+
+def test_a_malformed_per_event_token_fails_only_its_own_event(secure_server):
+    url = secure_server.url
+    own = _bearer(agent_token(SECRET, "train", 1))
+    batch = [
+        {"type": "join", "group": "train", "rank": 1, "incarnation": "strict-1"},
+        {
+            "type": "join",
+            "group": "train",
+            "rank": 2,
+            "incarnation": "strict-2",
+            "token": SUPERSCRIPT,
+        },
+        {
+            "type": "join",
+            "group": "train",
+            "rank": 3,
+            "incarnation": "strict-3",
+            "token": agent_token(SECRET, "train", 3),
+        },
+    ]
+    r = httpx.post(url + "/agents/events", json={"events": batch}, headers=own)
+    assert r.status_code == 200, r.text
+    first, second, third = r.json()["results"]
+    assert "offset" in first and "offset" in third, r.text
+    assert second["error"] == "forbidden" and "malformed" in second["detail"], second

@@ -252,13 +252,14 @@ def test_unknown_things_are_json_404s_and_wrong_methods_405(fuzz_server):
     ):
         assert r.status_code == 404, r.text
         check_answer(r)
-    assert client.delete("/groups/fz").status_code == 405
-    check_answer(client.delete("/groups/fz"))
+    wrong_method = client.delete("/groups/fz")
+    assert wrong_method.status_code == 405 and wrong_method.headers["allow"] == "GET"
+    check_answer(wrong_method)
     for params in ({"rank": 4}, {"ranks": "2-4"}):
         out_of_range = client.get(
             "/agents/updates", params={"group": GROUP, "timeout": 0, "protocol": 2, **params}
         )
-        assert out_of_range.status_code == 422, out_of_range.text
+        assert out_of_range.status_code == 404, out_of_range.text
         assert out_of_range.json()["error"] == "rank_out_of_range"
         assert "rank 4 is not in 0..3" in out_of_range.json()["detail"]
     bad_config = client.post("/groups", json={"group": "cfg", "world_size": 2, "min_ranks": 3})
@@ -277,7 +278,7 @@ def test_the_long_poll_fast_path_answers_as_the_documented_route(fuzz_server):
         {"group": GROUP, "rank": 1, "after": 2, "timeout": "0.0", "protocol": 2},
         {"group": GROUP, "ranks": "0-1,3", "timeout": 0, "protocol": 2, "view": 0},
         {"group": "nope", "rank": 0, "timeout": 0, "protocol": 2},  # 404
-        {"group": GROUP, "rank": 4, "timeout": 0, "protocol": 2},  # 422 rank_out_of_range
+        {"group": GROUP, "rank": 4, "timeout": 0, "protocol": 2},  # 404 rank_out_of_range
         {"group": GROUP, "rank": 1, "timeout": 0, "protocol": 1},  # 400 protocol_mismatch
     ]
     statuses = []
@@ -286,7 +287,7 @@ def test_the_long_poll_fast_path_answers_as_the_documented_route(fuzz_server):
         framework = client.get("/agents/updates", params={**params, "via": "framework"})
         assert (fast.status_code, fast.json()) == (framework.status_code, framework.json())
         statuses.append(fast.status_code)
-    assert statuses == [200, 200, 200, 404, 422, 400]
+    assert statuses == [200, 200, 200, 404, 404, 400]
     # what only the framework words: a missing or malformed parameter
     for params in (
         {"group": GROUP, "rank": -1, "protocol": 2},
@@ -394,6 +395,52 @@ def test_the_openapi_document_is_complete(fuzz_server, openapi):
     assert expected <= set(openapi["paths"])
     docs = client.get("/docs")
     assert docs.status_code == 200 and "openapi.json" in docs.text
+
+
+def test_the_openapi_document_states_the_real_error_shape_and_bounds(openapi):
+    """What the server answers, not what FastAPI would: every error is an ErrorBody."""
+    assert "HTTPValidationError" not in openapi["components"]["schemas"]
+    for path, operations in openapi["paths"].items():
+        for operation in operations.values():
+            for status, response in operation["responses"].items():
+                if status[0] in "45":
+                    schema = response["content"]["application/json"]["schema"]
+                    assert schema == {"$ref": "#/components/schemas/ErrorBody"}, (path, status)
+            if "requestBody" in operation:
+                assert {"400", "413", "415", "422"} <= set(operation["responses"]), path
+    kind = next(p for p in openapi["paths"]["/events"]["get"]["parameters"] if p["name"] == "kind")
+    assert sorted(kind["schema"]["enum"]) == sorted(KINDS)
+    rank = next(
+        p for p in openapi["paths"]["/agents/updates"]["get"]["parameters"] if p["name"] == "rank"
+    )
+    assert (rank["schema"]["minimum"], rank["schema"]["maximum"]) == (0, 65_535)
+    assert "429" in openapi["paths"]["/groups"]["post"]["responses"]
+
+
+def test_integral_floats_are_integers_and_other_floats_are_not(fuzz_server):
+    """JSON Schema's integer admits 3.0, so the server does; 3.5 and "3" stay refused."""
+    _, client = fuzz_server
+    join = {"type": "join", "group": GROUP, "rank": 2.0, "incarnation": uuid.uuid4().hex}
+    r = client.post("/agents/events", json={"events": [join]})
+    [result] = r.json()["results"]
+    assert "offset" in result, result
+    logged = client.get("/events", params={"after": result["offset"] - 1, "limit": 1}).json()
+    assert logged["events"][0]["rank"] == 2
+    ok = client.post("/agents/deaths", json={"group": GROUP, "rank": 3.0})
+    assert ok.status_code == 200, ok.text
+    for rank in (3.5, "3"):
+        r = client.post("/agents/deaths", json={"group": GROUP, "rank": rank})
+        assert r.status_code == 422 and "$.rank" in r.json()["detail"], r.text
+        [bad] = client.post("/agents/events", json={"events": [{**join, "rank": rank}]}).json()[
+            "results"
+        ]
+        assert bad["error"] == "invalid_event", bad
+
+
+def test_an_offset_header_of_unicode_digits_is_a_422(fuzz_server):
+    _, client = fuzz_server
+    r = client.get("/events/stream", headers={"last-event-id": b"\xb2"})
+    assert r.status_code == 422 and r.json()["error"] == "invalid_request", r.text
 
 
 async def test_the_log_holds_nothing_malformed_after_the_fuzzing(fuzz_server):

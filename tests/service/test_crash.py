@@ -11,6 +11,10 @@ restarted on the same SQLite file. Then:
   after every kill (projections are written atomically with their consumer offset);
 - every proposal that was answered reaches a terminal outcome (the fold's deadlines resolve the
   ones a crash left pending), and asking again with its key returns the same proposal.
+
+The default run kills the server a few times; the slow mark kills it ``FOLDPLANE_CRASH_KILLS``
+times (default 100), so that kills land inside view changes, proposal resolutions and
+snapshot writes, not only between them.
 """
 
 from __future__ import annotations
@@ -25,10 +29,13 @@ import httpx
 import pytest
 
 from agent.simhost import SimulatedCluster
+from coordinator.replay import replay as replay_log
 from tests.service.conftest import Server, make_server, replay
 from wire import ranks as rank_sets
 
-KILLS = 10
+#: Kills in the default run, and in the slow one.
+SHORT_KILLS = 3
+FULL_KILLS = int(os.environ.get("FOLDPLANE_CRASH_KILLS", "100"))
 CONFIG = {
     "heartbeat_timeout_s": 3.0,
     "ack_timeout_s": 1.0,
@@ -67,18 +74,30 @@ class Proposer:
             await asyncio.sleep(0.05)
 
 
-async def _kill_loop(srv: Server, rng: random.Random, failures: list[str]) -> None:
-    for i in range(KILLS):
-        await asyncio.sleep(rng.uniform(0.3, 1.5))
+async def _kill_loop(srv: Server, rng: random.Random, failures: list[str], kills: int) -> None:
+    """Kill, check the file with the replay the CLI runs (in this process: a hundred starts of
+    the CLI would cost more than the kills), restart; the test's end runs the CLI itself."""
+    for i in range(kills):
+        await asyncio.sleep(rng.uniform(0.2, 1.2))
         srv.kill()
-        done = await asyncio.to_thread(replay, srv.db)
-        if done.returncode != 0:
-            failures.append(f"after kill {i + 1}: {done.stdout[-2000:]}{done.stderr[-2000:]}")
+        report = await replay_log(str(srv.db))
+        if not report.ok:
+            failures.append(f"after kill {i + 1}: {report.divergences[:5]}")
         await asyncio.to_thread(srv.start)
 
 
-@pytest.mark.slow
-async def test_sigkill_under_load_loses_nothing_acknowledged(tmp_path):
+@pytest.mark.parametrize(
+    "kills",
+    [
+        pytest.param(SHORT_KILLS, id="short"),
+        pytest.param(
+            FULL_KILLS,
+            id="full",
+            marks=[pytest.mark.slow, pytest.mark.timeout(60 + 15 * FULL_KILLS)],
+        ),
+    ],
+)
+async def test_sigkill_under_load_loses_nothing_acknowledged(tmp_path, kills):
     seed = int(os.environ.get("FOLDPLANE_CRASH_SEED", random.randrange(2**32)))
     print(f"crash seed {seed}")
     rng = random.Random(seed)
@@ -98,7 +117,7 @@ async def test_sigkill_under_load_loses_nothing_acknowledged(tmp_path):
             load = asyncio.get_running_loop().create_task(proposer.run())
             failures: list[str] = []
             try:
-                await _kill_loop(srv, rng, failures)
+                await _kill_loop(srv, rng, failures, kills)
             finally:
                 load.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -146,7 +165,9 @@ async def test_sigkill_under_load_loses_nothing_acknowledged(tmp_path):
                     ), (event, rec)
             for _, answer in proposer.answered.values():
                 assert logged[answer["id"]]["kind"] == "proposal"
-            assert len(proposer.answered) >= KILLS
+            assert len(proposer.answered) >= kills
+            views = (await client.get("/views/history", params={"group": "crash"})).json()
+            assert len(views["views"]) > 1 + kills // 4, "too few view changes under the kills"
     finally:
         srv.stop()
     done = replay(srv.db)
