@@ -1,0 +1,295 @@
+"""One group at the sizes the product claims: 1,024, 4,096 and 16,384 ranks (``--quick``: 1,024
+and 4,096), through the real HTTP server and the simulated agent hosts of ``agent.simhost``.
+
+The coordinator is a real ``python -m coordinator serve`` process on a SQLite file; the ranks
+are real ``AgentMachine``s, 8 to a simulated host (a GPU node), speaking the wire exactly as
+real agents behind the launcher's per-host relay do: one batch of events per lane per host,
+one long poll per host. Simulator and coordinator share this machine's two cores.
+
+Rows, for each size N:
+
+- ``formation N ranks`` (s): the cluster starts → every rank holds view 1.
+- ``view change N ranks`` (s): a rank is killed and its death reported → every survivor holds
+  the next view (median of the trials).
+- ``coordinator cpu per heartbeat N ranks`` (µs): the coordinator process's CPU time over a
+  window with nothing but heartbeats, divided by the heartbeats it wrote (``heartbeats_total``).
+- ``bytes to agents per view change N ranks``: what the coordinator sent the hosts' long polls
+  and event answers during one view change (headers included; heartbeat answers excluded);
+  ``extra.per_rank`` is that divided by N. The target is at most 200 × N.
+- ``log bytes per rank-hour N ranks``: the growth of the log's records on disk (the ``log``
+  table and its indexes, bytes used in their pages after a WAL checkpoint) over at least 10^6
+  heartbeats, per heartbeat, times 3,600 (1 s heartbeats). To
+  reach 10^6 heartbeats in a short run the clock is compressed to about 20,000 beats a second:
+  agents beat every N / 20,000 s (at most 1 s) and the coordinator shares records over half
+  that, the same 2 beats per rank per record as the defaults (1 s beats, 0.5 s flush), so the
+  record structure, and the bytes per heartbeat, are those of the defaults.
+- ``coordinator rss N ranks`` (MB): the coordinator's peak resident memory (VmHWM) at the end.
+
+How each cost grows with N is in ``extra.growth`` of the largest size: the ratio of the figure
+at N to the figure at the smallest N, against N's own ratio.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sqlite3
+import time
+from pathlib import Path
+
+from agent.httplite import Connection
+from agent.simhost import SimulatedCluster
+from benchmarks._cluster import Coordinator
+from benchmarks.harness import Result, median
+from coordinator.cli import loop_factory
+
+SIZES = (1024, 4096, 16384)
+QUICK_SIZES = (1024, 4096)
+RANKS_PER_HOST = 8
+GROUP_CONFIG = {
+    "heartbeat_timeout_s": 30.0,
+    "ack_timeout_s": 30.0,
+    "admission_timeout_s": 60.0,
+    "formation_timeout_s": 300.0,
+    "reconcile_window_s": 0.05,
+}
+TARGETS = {
+    "formation": {16384: "<= 10 s"},
+    "view change": {4096: "<= 0.3 s", 16384: "<= 2 s"},
+    "cpu": "<= 20 us",
+    "log": "<= 4000 B",
+    "rss": {16384: "<= 1536 MB"},
+}
+#: The clock compression of the log-bytes run (see the module docstring).
+LOG_BEATS_PER_S = 20_000
+LOG_HEARTBEATS = 1_000_000
+
+
+def _cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _peak_rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def _log_bytes(db: Path) -> int:
+    """Bytes of the log's records on disk: the pages of the ``log`` table and its indexes,
+    after folding the WAL in (projections and the snapshot are bounded; they do not grow with
+    the heartbeats)."""
+    with sqlite3.connect(db, timeout=30) as conn:
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        names = [
+            row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE tbl_name = 'log'")
+        ]
+        marks = ",".join("?" * len(names))
+        (used,) = conn.execute(
+            f"SELECT SUM(pgsize - unused) FROM dbstat WHERE name IN ({marks})", names
+        ).fetchone()
+    return int(used or 0)
+
+
+async def _heartbeats_total(port: int) -> int:
+    """``foldplane_heartbeats_total`` from the coordinator's /metrics (text, not JSON)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(b"GET /metrics HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+    data = await reader.read()
+    writer.close()
+    for line in data.split(b"\r\n\r\n", 1)[1].decode().splitlines():
+        if line.startswith("foldplane_heartbeats_total "):
+            return int(float(line.split()[1]))
+    return 0
+
+
+async def _create(port: int, group: str, n: int) -> None:
+    conn = await Connection("127.0.0.1", port).open()
+    try:
+        status, body = await conn.request(
+            "POST", "/groups", {"group": group, "world_size": n, **GROUP_CONFIG}
+        )
+        if status not in (200, 201):
+            raise RuntimeError(f"POST /groups answered {status}: {body}")
+    finally:
+        await conn.close()
+
+
+def _update_bytes(cluster: SimulatedCluster) -> int:
+    return sum(
+        h._conns["poll"].bytes_received + h._conns["events"].bytes_received for h in cluster.hosts
+    )
+
+
+async def _one_size(n: int, trials: int) -> dict[str, object]:
+    coordinator = Coordinator("--heartbeat-flush-s", "0.5").start()
+    pid = coordinator.process.pid
+    address = ("127.0.0.1", coordinator.port)
+    try:
+        await _create(coordinator.port, "scale", n)
+        cluster = SimulatedCluster(address, "scale", n, ranks_per_host=RANKS_PER_HOST)
+        t0 = time.monotonic()
+        await cluster.start()
+        await cluster.wait_until(lambda: cluster.all_on(1), timeout=600)
+        formation = time.monotonic() - t0
+
+        # steady state: heartbeats only
+        await asyncio.sleep(3.0)
+        beats0, cpu0 = await _heartbeats_total(coordinator.port), _cpu_s(pid)
+        await asyncio.sleep(10.0)
+        beats1, cpu1 = await _heartbeats_total(coordinator.port), _cpu_s(pid)
+        cpu_per_beat_us = (cpu1 - cpu0) / max(beats1 - beats0, 1) * 1e6
+
+        changes: list[float] = []
+        sent: list[int] = []
+        for k in range(trials):
+            version = max(cluster.view(r).version for r in cluster.live_ranks)
+            victim = cluster.live_ranks[(k * 7919 + 13) % len(cluster.live_ranks)]
+            before = _update_bytes(cluster)
+            t = time.monotonic()
+            cluster.kill(victim)
+            status, answer = await cluster.report_death(victim)
+            if status != 200:
+                raise RuntimeError(f"death report answered {status}: {answer}")
+            await cluster.wait_until(lambda v=version: cluster.all_on(v + 1), timeout=600)
+            changes.append(time.monotonic() - t)
+            sent.append(_update_bytes(cluster) - before)
+            await asyncio.sleep(1.0)
+        if cluster.stopped:
+            raise RuntimeError(f"{len(cluster.stopped)} agents stopped: {cluster.stopped}")
+        rss = _peak_rss_mb(pid)
+        await cluster.stop()
+    finally:
+        coordinator.stop()
+    return {
+        "formation": formation,
+        "view change": changes,
+        "bytes": sent,
+        "cpu": cpu_per_beat_us,
+        "cpu_beats": beats1 - beats0,
+        "rss": rss,
+    }
+
+
+async def _log_rate(n: int) -> dict[str, float]:
+    """Log bytes per heartbeat over at least LOG_HEARTBEATS beats, clock compressed."""
+    beat_s = min(1.0, n / LOG_BEATS_PER_S)
+    coordinator = Coordinator("--heartbeat-flush-s", str(beat_s / 2)).start()
+    address = ("127.0.0.1", coordinator.port)
+    try:
+        await _create(coordinator.port, "log", n)
+        cluster = SimulatedCluster(
+            address, "log", n, ranks_per_host=RANKS_PER_HOST, heartbeat_interval_s=beat_s
+        )
+        await cluster.start()
+        await cluster.wait_until(lambda: cluster.all_on(1), timeout=600)
+        await asyncio.sleep(1.0)
+        size0, beats0 = _log_bytes(coordinator.db), await _heartbeats_total(coordinator.port)
+        t0 = time.monotonic()
+        beats1 = beats0
+        while beats1 - beats0 < LOG_HEARTBEATS and time.monotonic() - t0 < 900:
+            await asyncio.sleep(5.0)
+            beats1 = await _heartbeats_total(coordinator.port)
+        size1 = _log_bytes(coordinator.db)
+        await cluster.stop()
+    finally:
+        coordinator.stop()
+    beats = beats1 - beats0
+    per_beat = (size1 - size0) / max(beats, 1)
+    return {"per_beat": per_beat, "beats": beats, "beat_s": beat_s}
+
+
+def _growth(values: dict[int, float]) -> str:
+    sizes = sorted(values)
+    small, large = sizes[0], sizes[-1]
+    if not values[small]:
+        return ""
+    return (
+        f"x{values[large] / values[small]:.2f} from {small} to {large} ranks "
+        f"(N x{large / small:.0f})"
+    )
+
+
+async def _run_async(quick: bool) -> list[Result]:
+    sizes = QUICK_SIZES if quick else SIZES
+    trials = 3 if quick else 5
+    measured = {n: await _one_size(n, trials) for n in sizes}
+    logs = {n: await _log_rate(n) for n in sizes}
+    results: list[Result] = []
+    series: dict[str, dict[int, float]] = {k: {} for k in ("f", "v", "c", "b", "l", "r")}
+    for n in sizes:
+        m = measured[n]
+        series["f"][n] = m["formation"]
+        series["v"][n] = median(m["view change"])
+        series["c"][n] = m["cpu"]
+        series["b"][n] = median(m["bytes"])
+        series["l"][n] = logs[n]["per_beat"] * 3600
+        series["r"][n] = m["rss"]
+    last = sizes[-1]
+    for n in sizes:
+        m = measured[n]
+        grow = (lambda key: {"growth": _growth(series[key])}) if n == last else (lambda key: {})
+        results += [
+            Result(
+                "scale",
+                f"formation {n} ranks",
+                "s",
+                series["f"][n],
+                target=TARGETS["formation"].get(n),
+                extra=grow("f"),
+            ),
+            Result(
+                "scale",
+                f"view change {n} ranks",
+                "s",
+                series["v"][n],
+                p99=max(m["view change"]),
+                target=TARGETS["view change"].get(n),
+                extra={"trials": len(m["view change"]), **grow("v")},
+            ),
+            Result(
+                "scale",
+                f"coordinator cpu per heartbeat {n} ranks",
+                "us",
+                series["c"][n],
+                target=TARGETS["cpu"],
+                extra={"heartbeats": m["cpu_beats"], **grow("c")},
+            ),
+            Result(
+                "scale",
+                f"bytes to agents per view change {n} ranks",
+                "B",
+                series["b"][n],
+                target=f"<= {200 * n:,} B (200 x N)",
+                extra={"per_rank": round(series["b"][n] / n, 1), **grow("b")},
+            ),
+            Result(
+                "scale",
+                f"log bytes per rank-hour {n} ranks",
+                "B",
+                series["l"][n],
+                target=TARGETS["log"],
+                extra={
+                    "bytes_per_heartbeat": round(logs[n]["per_beat"], 3),
+                    "heartbeats": logs[n]["beats"],
+                    "beat_interval_s": logs[n]["beat_s"],
+                    **grow("l"),
+                },
+            ),
+            Result(
+                "scale",
+                f"coordinator rss {n} ranks",
+                "MB",
+                series["r"][n],
+                target=TARGETS["rss"].get(n),
+                extra=grow("r"),
+            ),
+        ]
+    return results
+
+
+def run(quick: bool) -> list[Result]:
+    with asyncio.Runner(loop_factory=loop_factory()) as runner:
+        return runner.run(_run_async(quick))
