@@ -1,0 +1,1 @@
+"""The deterministic simulator of the whole system (``tests/sim/world.py``)."""
