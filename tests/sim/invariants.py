@@ -51,6 +51,7 @@ NAMES = (
     "shutdown_once",
     "clean_exit_not_failure",
     "replay_identical",
+    "converged",
 )
 
 
@@ -441,3 +442,15 @@ class Invariants:
                 or [k for k in derived if written.get(k) != derived[k]][:5]
             )
             raise Violation("replay_identical", f"projections differ at {keys}")
+
+    # -- 11 ------------------------------------------------------------------------------------
+
+    def check_converged(self, version: int, held: Iterable[tuple[int, str, int | None]]) -> None:
+        """Liveness: once the faults stop and the group has settled, every running agent holds
+        the group's current view, ``version`` (no agent is stranded on an older one)."""
+        behind = [(rank, inc, v) for rank, inc, v in held if v != version]
+        if behind:
+            raise Violation(
+                "converged",
+                f"current version {version}; agents (rank, incarnation, version) {behind}",
+            )

@@ -3,6 +3,9 @@
 - ``test_seeds`` runs 10,000 seeds of ``HORIZON_STEPS`` steps each (split over two worker
   processes); a failing seed is reported with its one-line reproduction and a shrunk schedule.
   ``test_more_seeds`` (slow) runs the next 40,000.
+- ``test_the_cluster_converges_once_the_faults_stop``: 100 seeds (2,000 more in the slow
+  suite) run a minute of simulated quiet after their faults; every running agent must then
+  hold the current view.
 - ``test_a_seed_replays_exactly``: the same seed gives the same log, byte for byte.
 - ``test_the_seeds_reach_the_faults``: the runs really contain what they claim (views beyond
   formation, coordinator restores, replacements, shutdowns, every proposal outcome...).
@@ -42,6 +45,10 @@ from wire.protocol import View
 
 SEEDS = 10_000
 SLOW_SEEDS = 40_000
+#: Seeds run with a quiet phase after their faults, and how long it lasts (simulated seconds).
+CONVERGE_SEEDS = 100
+SLOW_CONVERGE_SEEDS = 2_000
+QUIET_S = 60.0
 
 
 def _run_range(bounds: tuple[int, int]) -> list[tuple[int, int, str]]:
@@ -77,6 +84,30 @@ def test_seeds() -> None:
 @pytest.mark.slow
 def test_more_seeds() -> None:
     _run_seeds(SEEDS, SLOW_SEEDS)
+
+
+def _converge(seeds: range) -> None:
+    settled = 0
+    for seed in seeds:
+        w = World(seed, HORIZON_STEPS)
+        try:
+            w.run(quiet_s=QUIET_S)
+        except Violation as v:
+            failure = sim.Failure(seed, w.step, None, v)
+            pytest.fail(
+                f"{describe(failure)}\n(with the quiet phase: World(seed).run(quiet_s={QUIET_S}))"
+            )
+        settled += w.settled
+    assert settled >= len(seeds) // 3, f"only {settled} of {len(seeds)} seeds settled"
+
+
+def test_the_cluster_converges_once_the_faults_stop() -> None:
+    _converge(range(CONVERGE_SEEDS))
+
+
+@pytest.mark.slow
+def test_more_seeds_converge() -> None:
+    _converge(range(CONVERGE_SEEDS, CONVERGE_SEEDS + SLOW_CONVERGE_SEEDS))
 
 
 def test_a_seed_replays_exactly() -> None:
@@ -343,6 +374,7 @@ def test_an_honest_history_passes_every_check() -> None:
         "shutdown_once",
         "clean_exit_not_failure",
         "replay_identical",
+        "converged",
     }
 
 
@@ -493,3 +525,12 @@ def test_twin_replay_identical() -> None:
         h.inv.on_record(rec, [h.state(0, "SYNCED")])
     with _raises("replay_identical"):
         h.inv.check_projections({("view", "g", 1): {"version": 1}}, {})
+
+
+def test_twin_converged() -> None:
+    h = History()
+    h.inv.check_converged(2, [(0, "i0", 2), (1, "i1", 2)])
+    with _raises("converged"):  # rank 1 stranded on version 1
+        h.inv.check_converged(2, [(0, "i0", 2), (1, "i1", 1)])
+    with _raises("converged"):  # rank 0 holds no view at all
+        h.inv.check_converged(2, [(0, "i0", None)])

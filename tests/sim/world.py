@@ -102,6 +102,9 @@ COORD, SUPERVISOR, OPERATOR = "coord", "supervisor", "operator"
 POLL_WAIT_NS = 10 * S
 EVENTS_TIMEOUT_NS = 2 * S
 POLL_TIMEOUT_NS = POLL_WAIT_NS + 2 * S
+#: How long after its current view committed a quiet cluster must have converged on it: a lost
+#: long poll is noticed at POLL_TIMEOUT_NS, and retried after at most the agent's backoff.
+SETTLE_NS = 25 * S
 _ENVELOPE = ("type", "group", "rank", "token")
 _OUTSIDE = (SUPERVISOR, OPERATOR)
 #: What a timer returns when it found nothing to do: it does not count as a step.
@@ -676,6 +679,7 @@ class World:
         self.procs: dict[int, Process] = {}
         self.zombies: list[Process] = []
         self.resyncs = 0
+        self.settled = False  # the convergence check ran
         self.incarnations = 0
         self.cuts: list[frozenset[Any]] = []
         self.stopped: list[tuple[int, str, str]] = []
@@ -934,8 +938,10 @@ class World:
 
     # -- running and checking --------------------------------------------------------------------
 
-    def run(self) -> World:
-        """Run ``steps`` events, checking the invariants after each; then the final replay."""
+    def run(self, quiet_s: float = 0.0) -> World:
+        """Run ``steps`` events, checking the invariants after each; then, with ``quiet_s``,
+        stop the faults and run that much more simulated time and check that the cluster
+        converged; then the final replay."""
         self.down_for = S
         self.start_coordinator()
         self.at(0, self.create_group)
@@ -944,16 +950,53 @@ class World:
             self.at(start.randrange(0, S // 2), self.start_process, rank)
         for f in self.faults:
             self.at(f.t, self.fault, f)
+        self._advance(lambda: self.step < self.steps)
+        if quiet_s:
+            # no fault starts any more; those under way end as scheduled
+            self._queue = [e for e in self._queue if e[2] != self.fault]
+            heapq.heapify(self._queue)
+            end = self.now + round(quiet_s * S)
+            self._advance(lambda: self._queue[0][0] <= end)
+            self.now = max(self.now, end)
+            self.converged()
+        self.finish()
+        return self
+
+    def _advance(self, more: Any) -> None:
         queue = self._queue
-        while self.step < self.steps and queue:
+        while queue and more():
             t, _, fn, args = heapq.heappop(queue)
             self.now = t
             if fn(*args) is _STALE:
                 continue  # a timer that found nothing to do (an answered request's timeout)
             self.step += 1
             self.check()
-        self.finish()
-        return self
+
+    def converged(self) -> None:
+        """Once the faults have stopped long enough, every running agent holds the current
+        view (checked when the group formed, was not shut down, has no change in flight and
+        committed its current view at least ``SETTLE_NS`` before the end)."""
+        coord = self.coord
+        if coord is None:
+            return
+        status = coord.machine.group_status(GROUP)
+        view = coord.machine.current_view(GROUP)
+        if (
+            status is None
+            or view is None
+            or status["formation"]["status"] != "formed"
+            or status["shutdown"] is not None
+            or status["change_in_flight"] is not None
+            or self.wall() - view.ts < SETTLE_NS
+        ):
+            return
+        held = [
+            (p.rank, p.incarnation, None if p.machine.view is None else p.machine.view.version)
+            for p in self.procs.values()
+            if p.running
+        ]
+        self.inv.check_converged(view.version, held)
+        self.settled = True
 
     def check(self) -> None:
         """The invariants that concern the step just taken."""
