@@ -10,7 +10,10 @@
 - ``test_the_seeds_reach_the_faults``: the runs really contain what they claim (views beyond
   formation, coordinator restores, replacements, shutdowns, every proposal outcome...).
 - ``test_a_broken_host_is_caught``: a host whose log forgets the last record on a crash, and
-  one that restores without the log's tail, are caught, and their failure shrinks.
+  one that restores without the log's tail, are caught, and their failure shrinks;
+  ``test_a_broken_fold_is_caught``: four broken folds (a clean exit counted as a failure, no
+  admission check, dropped ranks forgotten at the commit, a snapshot that loses a rank's exit)
+  are each caught by the invariant that states what they break.
 - ``test_twin_*``: each invariant fed a deliberately broken history raises its Violation, so
   none of the checks is vacuous.
 """
@@ -25,6 +28,7 @@ from typing import Any
 import msgspec
 import pytest
 
+from coordinator import machine as machine_module
 from coordinator.config import GroupConfig
 from coordinator.effects import (
     Effect,
@@ -37,6 +41,7 @@ from coordinator.effects import (
     ViewCommitted,
     ViewPrepare,
 )
+from coordinator.state import RankInfo
 from eventlog.record import Record
 from tests.sim import world as sim
 from tests.sim.invariants import NAMES, Invariants, Violation
@@ -231,6 +236,61 @@ def test_a_broken_host_is_caught(
     assert small.reproduction().startswith(f"python -m tests.sim --seed {found.seed} --steps ")
     again = run_seed(found.seed, small.steps, set(small.keep))
     assert again is not None and again.violation.name == found.violation.name
+
+
+# -- the simulator catches a broken fold -------------------------------------------------------
+
+
+def _exit_counted(self: Any, record: Any, effects: Any) -> None:
+    """A clean exit taken down the death chain as a failure."""
+    g = self._groups[record.group]
+    info = g.ranks[record.rank]
+    if info.state != "OFFLINE":
+        self._go_offline(g, record.rank, "exited cleanly", True, record, effects)
+    info.exited = True
+
+
+_commit = machine_module.Coordinator._commit
+
+
+def _drops_forgotten(self: Any, g: Any, record: Any, effects: Any) -> None:
+    """A commit that forgets which participants were dropped."""
+    g.change.dropped.clear()
+    _commit(self, g, record, effects)
+
+
+_to_list = RankInfo.to_list
+
+
+def _snapshot_loses_exited(self: Any) -> list[Any]:
+    """A snapshot that does not keep whether a rank exited."""
+    data = _to_list(self)
+    data[4] = False
+    return data
+
+
+@pytest.mark.parametrize(
+    ("target", "attr", "broken", "expected"),
+    [
+        (machine_module.Coordinator, "_on_exit", _exit_counted, "clean_exit_not_failure"),
+        (machine_module, "admission_problem", lambda g, t: None, "activation_healthy_clique"),
+        (machine_module.Coordinator, "_commit", _drops_forgotten, "members_acked_or_dropped"),
+        (RankInfo, "to_list", _snapshot_loses_exited, "replay_identical"),
+    ],
+    ids=["exit-counted", "no-admission", "drops-forgotten", "snapshot-loses-exited"],
+)
+def test_a_broken_fold_is_caught(
+    monkeypatch: pytest.MonkeyPatch, target: Any, attr: str, broken: Any, expected: str
+) -> None:
+    monkeypatch.setattr(target, attr, broken)
+    for seed in range(300):
+        w = World(seed, HORIZON_STEPS)
+        try:
+            w.run()
+        except Violation as v:
+            assert v.name == expected, v
+            return
+    pytest.fail(f"the broken {attr} went unnoticed for 300 seeds")
 
 
 # -- twins: every invariant can fail -----------------------------------------------------------

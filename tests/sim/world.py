@@ -1030,8 +1030,12 @@ class World:
         assert self.coord is not None
         written = {k: v for k, v in self.projections.items()}
         self.inv.check_projections(written, rows)
-        run = msgspec.json.encode(self.coord.machine.snapshot())
-        if run != msgspec.json.encode(fresh.snapshot()):
+        machine = self.coord.machine
+        run = msgspec.json.encode(
+            [machine.snapshot(), *map(machine.group_status, machine.groups())]
+        )
+        again = msgspec.json.encode([fresh.snapshot(), *map(fresh.group_status, fresh.groups())])
+        if run != again:
             raise Violation("replay_identical", "the run's fold and a fresh replay differ")
 
 
