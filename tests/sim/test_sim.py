@@ -82,11 +82,13 @@ def _run_seeds(first: int, count: int) -> None:
         pytest.fail("\n".join(lines))
 
 
+@pytest.mark.timeout(900)
 def test_seeds() -> None:
     _run_seeds(0, SEEDS)
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(3600)
 def test_more_seeds() -> None:
     _run_seeds(SEEDS, SLOW_SEEDS)
 
@@ -111,6 +113,7 @@ def test_the_cluster_converges_once_the_faults_stop() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)
 def test_more_seeds_converge() -> None:
     _converge(range(CONVERGE_SEEDS, CONVERGE_SEEDS + SLOW_CONVERGE_SEEDS))
 
