@@ -403,6 +403,11 @@ class Host:
         now = loop.time()
         queue = self._queue
         for index, record in enumerate(records):
+            if normalized and record.kind == "heartbeat" and record.rank is not None:
+                # A beat is never appended as it is: it waits for a shared record, which is
+                # validated when it is built. Only the fold's check applies to the beat itself.
+                queue.append(_Input(record, b"", reply, index, key, precheck, now))
+                continue
             try:
                 payload_bytes = validate(record)
             except InvalidRecord as exc:
