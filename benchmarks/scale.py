@@ -10,7 +10,9 @@ Rows, for each size N:
 
 - ``formation N ranks`` (s): the cluster starts → every rank holds view 1.
 - ``view change N ranks`` (s): a rank is killed and its death reported → every survivor holds
-  the next view (median of the trials).
+  the next view (median of the trials). ``extra.coordinator_cpu_s`` is the coordinator
+  process's CPU time over the same span: the rest of the wall time is the simulated agents'
+  own work (N real agent machines in this one process) and waiting for the cores.
 - ``coordinator cpu per heartbeat N ranks`` (µs): the coordinator process's CPU time over a
   window with nothing but heartbeats, divided by the heartbeats it wrote (``heartbeats_total``).
 - ``bytes to agents per view change N ranks``: what the coordinator sent the hosts' long polls
@@ -144,10 +146,12 @@ async def _one_size(n: int, trials: int) -> dict[str, object]:
 
         changes: list[float] = []
         sent: list[int] = []
+        change_cpu: list[float] = []
         for k in range(trials):
             version = max(cluster.view(r).version for r in cluster.live_ranks)
             victim = cluster.live_ranks[(k * 7919 + 13) % len(cluster.live_ranks)]
             before = _update_bytes(cluster)
+            cpu_before = _cpu_s(pid)
             t = time.monotonic()
             cluster.kill(victim)
             status, answer = await cluster.report_death(victim)
@@ -155,6 +159,7 @@ async def _one_size(n: int, trials: int) -> dict[str, object]:
                 raise RuntimeError(f"death report answered {status}: {answer}")
             await cluster.wait_until(lambda v=version: cluster.all_on(v + 1), timeout=600)
             changes.append(time.monotonic() - t)
+            change_cpu.append(_cpu_s(pid) - cpu_before)
             sent.append(_update_bytes(cluster) - before)
             await asyncio.sleep(1.0)
         if cluster.stopped:
@@ -166,6 +171,7 @@ async def _one_size(n: int, trials: int) -> dict[str, object]:
     return {
         "formation": formation,
         "view change": changes,
+        "change cpu": change_cpu,
         "bytes": sent,
         "cpu": cpu_per_beat_us,
         "cpu_beats": beats1 - beats0,
@@ -247,7 +253,11 @@ async def _run_async(quick: bool) -> list[Result]:
                 series["v"][n],
                 p99=max(m["view change"]),
                 target=TARGETS["view change"].get(n),
-                extra={"trials": len(m["view change"]), **grow("v")},
+                extra={
+                    "trials": len(m["view change"]),
+                    "coordinator_cpu_s": round(median(m["change cpu"]), 3),
+                    **grow("v"),
+                },
             ),
             Result(
                 "scale",
