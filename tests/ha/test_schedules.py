@@ -112,10 +112,11 @@ def draw(seed: int, count: int) -> Plan:
     coordinators = rng.choice((2, 2, 3))
     world_size = rng.randint(8, 16)
     faults: list[Fault] = []
-    now, killed, thaws = 0.0, 0, [0.0]
+    now, killed, thaws, after = 0.0, 0, [0.0], 0.0
     while len(faults) < count:
-        after = rng.uniform(0.1, 2.5)
-        now += after
+        wait = rng.uniform(0.1, 2.5)
+        now += wait
+        after += wait
         frozen = sum(t > now for t in thaws)
         answering = coordinators - killed - frozen
         choices: list[tuple[str, str]] = []
@@ -138,6 +139,7 @@ def draw(seed: int, count: int) -> Plan:
             thaws.append(now + hold)
         killed += {"kill": 1, "restart": -1}.get(action, 0)
         faults.append(Fault(round(after, 2), action, role, round(hold, 2)))
+        after = 0.0
     return Plan(seed, coordinators, world_size, tuple(faults))
 
 
@@ -178,7 +180,8 @@ class Faults:
         return [i for i in range(len(self.nodes)) if i not in self.killed | set(self.frozen)]
 
     def _find(self, role: str) -> tuple[int, dict[str, Any]] | None:
-        """The running, unfrozen node in ``role`` (waiting out a takeover), or None."""
+        """The running, unfrozen node in ``role``, waiting out a takeover or a start (a
+        liveness check: one emerges within the deadline); None when no node runs."""
 
         def look() -> tuple[int, dict[str, Any]] | None:
             for i in self._answering():
@@ -187,13 +190,15 @@ class Faults:
                     return i, health
             return None
 
-        try:
-            return wait_for(look, DEADLINE_S, f"a {role}", step=0.05)
-        except AssertionError:
-            return None
+        if not self._answering():
+            return None  # the plan's model and the run parted (a restart still starting)
+        return wait_for(look, DEADLINE_S, f"a {role} among the running nodes", step=0.05)
 
     def _apply(self, fault: Fault) -> None:
         if fault.action == "restart":
+            if not self.killed:  # the kill before it found no node in its role
+                self.done.append("restart: none killed")
+                return
             i = min(self.killed)
             self.nodes[i].start()  # on its port: the agents and the operator know it there
             self.killed.discard(i)
@@ -261,6 +266,7 @@ class Proposer:
         self.group, self.rank = group, rank
         self.bodies: dict[str, dict[str, Any]] = {}
         self.answers: dict[str, list[dict[str, Any]]] = {}
+        self.errors: list[str] = []
         self.stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -275,8 +281,12 @@ class Proposer:
     def _call(self, call: Callable[[], dict[str, Any]]) -> dict[str, Any] | None:
         try:
             return call()
-        except (CoordinatorUnavailable, CoordinatorError):
+        except CoordinatorUnavailable:
             return None  # a leadership change: resend under the same key
+        except CoordinatorError as exc:
+            if exc.status != 503:  # a node starting or stepping down says 503; nothing else may
+                self.errors.append(str(exc))
+            return None
 
     def _run(self) -> None:
         n = 0
@@ -341,6 +351,7 @@ def _check_acknowledged(
 
 
 def _check_proposals(proposer: Proposer, leader: Node, log: dict[int, dict[str, Any]]) -> None:
+    assert not proposer.errors, proposer.errors
     answered = {k: a for k, a in proposer.answers.items() if a}
     assert len(answered) >= 2, "too few proposals answered under the faults"
     for key, answers in answered.items():
@@ -419,6 +430,7 @@ def run_schedule(plan: Plan, nodes: Callable[..., Node], schema: str) -> None:
         )
         proposer.stop()
         current = _converge(agents, leader, group)
+        history = leader.views(group)  # before the agents stop beating and time out
         stopped = agents.cluster.stopped
     finally:
         print(f"carried out: {'; '.join(faults.done)}")
@@ -436,7 +448,6 @@ def run_schedule(plan: Plan, nodes: Callable[..., Node], schema: str) -> None:
 
     # One history: versions once each and in order, served alike by every node, installed
     # by every agent only as committed.
-    history = leader.views(group)
     assert [v["version"] for v in history] == list(range(1, len(history) + 1)), history
     assert history[-1]["version"] == current["version"]
     head = leader.health()["head"]
