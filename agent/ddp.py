@@ -98,9 +98,15 @@ class DistributedDataParallel(_TorchDDP):
                 "process_group=agent.process_group(), or call "
                 f'dist.init_process_group("foldplane") first (got {type(group).__name__})'
             )
-        for bad in ("device_ids", "output_device", "process_group"):
-            if ddp_kwargs.get(bad) is not None:
+        for bad in ("device_ids", "output_device", "process_group", "static_graph"):
+            if ddp_kwargs.get(bad):
                 raise ValueError(f"{bad} is not supported by the elastic DDP")
+        if ddp_kwargs.get("find_unused_parameters") is False:
+            raise ValueError(_FIXED_BUCKETS)
+        # find_unused_parameters: torch then never rebuilds the buckets after the first step,
+        # so a joiner's first step lays its buckets out exactly as the members' (the bucket
+        # all-reduce is element by element).
+        ddp_kwargs["find_unused_parameters"] = True
         super().__init__(module, process_group=_local_group(), **ddp_kwargs)
         self.elastic_group = group
         self.ddp_name = name
@@ -213,6 +219,11 @@ class DistributedDataParallel(_TorchDDP):
     def view_version(self) -> int | None:
         """The version of the view the last step ran on (None if that step was local)."""
         return None if self._step_view is None else self._step_view.version
+
+    @property
+    def step_index(self) -> int:
+        """The last step's number within its view (steps are numbered from 0 in each view)."""
+        return self._index - 1
 
     @property
     def members(self) -> tuple[int, ...]:
@@ -357,6 +368,12 @@ class DistributedDataParallel(_TorchDDP):
             raw = ctypes.string_at(payload.data_ptr(), payload.numel())
             self.load_healed_state(torch.load(io.BytesIO(raw), weights_only=True))
         return True
+
+
+_FIXED_BUCKETS = (
+    "the elastic DDP needs find_unused_parameters=True: torch rebuilds the buckets after the "
+    "first step otherwise, and a joiner's first step would not line up with the members'"
+)
 
 
 def _comm_hook(model, bucket):  # annotated below: DDP checks real classes, not strings

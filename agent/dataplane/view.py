@@ -261,7 +261,8 @@ class ViewGroup:
             self._failure = Failure(reason, blamed, notice, report)
             pending, self._pending = self._pending, set()
             self._cond.notify_all()
-        log.warning("rank %d: view %d failed: %s", self._ctx.rank, self.version, reason)
+        level = logging.WARNING if report else logging.INFO
+        log.log(level, "rank %d: view %d failed: %s", self._ctx.rank, self.version, reason)
         for work in pending:
             work._wake()
         threading.Thread(

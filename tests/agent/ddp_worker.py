@@ -1,7 +1,8 @@
 """A worker for the elastic DDP tests: a small float64 model, Adam, deterministic batches.
 
 Driven by one JSON command per line on stdin, one JSON event per line on stdout. Commands:
-``steps {n}`` (n training steps, one ``step`` event each), ``activate_self`` (wait until
+``steps {n | until}`` (n training steps, or steps until ``until`` are committed; one ``step``
+event each), ``activate_self`` (wait until
 HEALTHY, then propose this rank's activation), ``wait_view {active}``, ``close``.
 
 Each ``step`` event carries what a test needs to check the step from outside: the batch's seed,
@@ -85,7 +86,12 @@ def main() -> int:
         name = cmd["cmd"]
         try:
             if name == "steps":
-                for _ in range(int(cmd["n"])):
+                n, until = cmd.get("n"), cmd.get("until")
+                done = 0
+                while (n is not None and done < n) or (
+                    until is not None and model.committed_steps < until
+                ):
+                    done += 1
                     iteration += 1
                     seed = 100_000 * rank + iteration
                     opt.zero_grad()
@@ -102,6 +108,8 @@ def main() -> int:
                         version=model.view_version,
                         members=list(model.members),
                         steps=model.committed_steps,
+                        index=model.step_index,
+                        iteration=iteration,
                         seed=seed,
                         loss=loss.item(),
                         before=before,
