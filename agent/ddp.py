@@ -37,6 +37,8 @@ from __future__ import annotations
 import ctypes
 import io
 import logging
+import queue
+import threading
 import time
 from collections.abc import Callable
 from datetime import timedelta
@@ -101,12 +103,6 @@ class DistributedDataParallel(_TorchDDP):
         for bad in ("device_ids", "output_device", "process_group", "static_graph"):
             if ddp_kwargs.get(bad):
                 raise ValueError(f"{bad} is not supported by the elastic DDP")
-        if ddp_kwargs.get("find_unused_parameters") is False:
-            raise ValueError(_FIXED_BUCKETS)
-        # find_unused_parameters: torch then never rebuilds the buckets after the first step,
-        # so a joiner's first step lays its buckets out exactly as the members' (the bucket
-        # all-reduce is element by element).
-        ddp_kwargs["find_unused_parameters"] = True
         super().__init__(module, process_group=_local_group(), **ddp_kwargs)
         self.elastic_group = group
         self.ddp_name = name
@@ -137,6 +133,18 @@ class DistributedDataParallel(_TorchDDP):
         if not self._in_step:
             self.begin_step()
         return super().forward(*inputs, **kwargs)
+
+    def _pre_forward(self, *inputs: Any, **kwargs: Any) -> Any:
+        # torch rebuilds the buckets once, after a process's first step, in the order its
+        # gradients arrived: a joiner's first step would then be laid out differently from the
+        # members' (the bucket all-reduce goes element by element). Keep the buckets torch built
+        # at construction, the same in every process of the same model.
+        reducer = self.reducer
+        self.reducer = _KeepBuckets(reducer)
+        try:
+            return super()._pre_forward(*inputs, **kwargs)
+        finally:
+            self.reducer = reducer
 
     def begin_step(self) -> None:
         """Pin the view of the next step: move to a newer view (healing joiners) if there is one.
@@ -269,9 +277,7 @@ class DistributedDataParallel(_TorchDDP):
             if store.add(f"{base}/ok", 1) == len(view.members):
                 answer = store.compare_set(decision, "", COMMIT)
                 if answer == COMMIT and index > 0:  # every member is past step index - 1
-                    previous = f"ddp/{self.ddp_name}/{view.version}/{index - 1}"
-                    store.delete_key(f"{previous}/ok")
-                    store.delete_key(f"{previous}/decision")
+                    self._janitor.forget(f"ddp/{self.ddp_name}/{view.version}/{index - 1}")
                 return answer == COMMIT
             return self._await_decision(store, view, decision)
         except RuntimeError as e:  # the store is unreachable: the step cannot be agreed
@@ -305,6 +311,7 @@ class DistributedDataParallel(_TorchDDP):
         if self._store is None or self._store_address != address:
             self._store = plane.connect_store(*address)
             self._store_address = address
+            self._janitor = _Janitor(plane.connect_store(*address))
         return self._store
 
     # -- entering a view: agree on the state ---------------------------------------------------
@@ -370,10 +377,39 @@ class DistributedDataParallel(_TorchDDP):
         return True
 
 
-_FIXED_BUCKETS = (
-    "the elastic DDP needs find_unused_parameters=True: torch rebuilds the buckets after the "
-    "first step otherwise, and a joiner's first step would not line up with the members'"
-)
+class _Janitor:
+    """Deletes the keys of decided steps on a thread of its own (off the step's critical path)."""
+
+    def __init__(self, store: Any) -> None:
+        self._store = store
+        self._queue: queue.SimpleQueue[str] = queue.SimpleQueue()
+        threading.Thread(target=self._run, name="foldplane-ddp-janitor", daemon=True).start()
+
+    def forget(self, step_prefix: str) -> None:
+        self._queue.put(step_prefix)
+
+    def _run(self) -> None:
+        while True:
+            prefix = self._queue.get()
+            try:
+                self._store.delete_key(f"{prefix}/ok")
+                self._store.delete_key(f"{prefix}/decision")
+            except RuntimeError as e:  # the store moved or is down: the keys are only clutter
+                log.info("cannot delete the keys of %s: %s", prefix, e)
+                return
+
+
+class _KeepBuckets:
+    """The reducer, as ``_pre_forward`` sees it: everything but the bucket rebuild."""
+
+    def __init__(self, reducer: Any) -> None:
+        self._reducer = reducer
+
+    def _rebuild_buckets(self) -> bool:
+        return False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._reducer, name)
 
 
 def _comm_hook(model, bucket):  # annotated below: DDP checks real classes, not strings

@@ -63,6 +63,13 @@ def collectives(rank: int, world: int) -> dict[str, Any]:
     out["rank"], out["world_size"] = dist.get_rank(), dist.get_world_size()
     out["backend"] = dist.get_backend()
     out["group_name_set"] = bool(dist.group.WORLD.group_name)
+    import torch.distributed._functional_collectives as funcol
+    from torch.distributed.device_mesh import DeviceMesh
+
+    mesh = DeviceMesh.from_group(dist.group.WORLD, "cpu")
+    out["mesh"] = [mesh.size(), mesh.get_rank()]
+    reduced = funcol.all_reduce(torch.full((2,), float(rank + 1)), "sum", mesh)
+    out["funcol_all_reduce"] = funcol.wait_tensor(reduced).tolist()
     return out
 
 

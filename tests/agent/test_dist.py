@@ -36,6 +36,8 @@ def test_init_process_group_foldplane_and_every_dist_collective(workers):
         assert got["reduce_scatter"] == [float(3 * r + 3)]
         assert got["async_type"] == "Work" and got["async_ok"] is True
         assert got["group_name_set"] is True
+        # A one-dimensional DeviceMesh over the group, and functional collectives on it.
+        assert got["mesh"] == [3, r] and got["funcol_all_reduce"] == [6.0, 6.0], got
     assert res[1]["recv"] == [42.0, 42.0]
 
 
