@@ -37,6 +37,7 @@ from __future__ import annotations
 import ctypes
 import io
 import logging
+import math
 import queue
 import threading
 import time
@@ -161,6 +162,8 @@ class DistributedDataParallel(_TorchDDP):
             if self._view is not None and current is not self._view:
                 self._view.leave(f"rank {plane.rank} moved on to view {current.version}")
                 self._view = None
+            elif self._view is not None and current.failure is not None:
+                self._view = None  # it failed: wait for the next view instead of failing again
             if self._view is not None:
                 break
             if current.failure is not None:
@@ -357,24 +360,80 @@ class DistributedDataParallel(_TorchDDP):
             optimizer.load_state_dict(saved)
 
     def _broadcast_state(self, view: ViewGroup, source: int) -> bool:
+        """``source`` broadcasts the state over ``view``; the others load it. False: it failed.
+
+        Three broadcasts: a header's length, the header (the state's structure, with every
+        tensor replaced by its number, and each tensor's dtype and shape, saved by
+        ``torch.save``), then one flat buffer per dtype holding every tensor of that dtype.
+        """
         group = self.elastic_group
         sender = group.plane.rank == source
-        payload = torch.empty(0, dtype=torch.uint8)
+        flats: list[torch.Tensor] = []
+        header = torch.empty(0, dtype=torch.uint8)
         if sender:
+            skeleton, tensors = _split_tensors(self.state_for_healing())
+            layout = [(str(t.dtype).removeprefix("torch."), list(t.shape)) for t in tensors]
+            dtypes = sorted({d for d, _ in layout})
+            for dtype in dtypes:
+                parts = [
+                    t.reshape(-1) for t, (d, _) in zip(tensors, layout, strict=True) if d == dtype
+                ]
+                flats.append(torch.cat(parts) if parts else torch.empty(0))
             buf = io.BytesIO()
-            torch.save(self.state_for_healing(), buf)
-            payload = torch.frombuffer(bytearray(buf.getbuffer()), dtype=torch.uint8)
-        size = torch.tensor([payload.numel()], dtype=torch.int64)
+            torch.save({"skeleton": skeleton, "layout": layout, "dtypes": dtypes}, buf)
+            header = torch.frombuffer(bytearray(buf.getbuffer()), dtype=torch.uint8)
+        size = torch.tensor([header.numel()], dtype=torch.int64)
         if not group.broadcast(size, source, async_op=True, view=view).wait():
             return False
         if not sender:
-            payload = torch.empty(int(size.item()), dtype=torch.uint8)
-        if not group.broadcast(payload, source, async_op=True, view=view).wait():
+            header = torch.empty(int(size.item()), dtype=torch.uint8)
+        if not group.broadcast(header, source, async_op=True, view=view).wait():
             return False
-        if not sender:
-            raw = ctypes.string_at(payload.data_ptr(), payload.numel())
-            self.load_healed_state(torch.load(io.BytesIO(raw), weights_only=True))
+        if sender:
+            return all(group.broadcast(f, source, async_op=True, view=view).wait() for f in flats)
+        raw = ctypes.string_at(header.data_ptr(), header.numel())
+        meta = torch.load(io.BytesIO(raw), weights_only=True)
+        tensors: list[torch.Tensor | None] = [None] * len(meta["layout"])
+        for dtype in meta["dtypes"]:
+            mine = [(i, shape) for i, (d, shape) in enumerate(meta["layout"]) if d == dtype]
+            numel = [math.prod(shape) for _, shape in mine]
+            flat = torch.empty(sum(numel), dtype=getattr(torch, dtype))
+            if not group.broadcast(flat, source, async_op=True, view=view).wait():
+                return False
+            for (i, shape), piece in zip(mine, flat.split(numel), strict=True):
+                tensors[i] = piece.view(shape)
+        self.load_healed_state(_join_tensors(meta["skeleton"], tensors))
         return True
+
+
+_SLOT = "__foldplane_tensor__"
+
+
+def _split_tensors(obj: Any) -> tuple[Any, list[torch.Tensor]]:
+    """``obj`` with each tensor replaced by ``(_SLOT, index)``, and the tensors in that order."""
+    tensors: list[torch.Tensor] = []
+
+    def walk(x: Any) -> Any:
+        if isinstance(x, torch.Tensor):
+            tensors.append(x.detach())
+            return (_SLOT, len(tensors) - 1)
+        if isinstance(x, dict):
+            return {k: walk(v) for k, v in x.items()}
+        if isinstance(x, (list, tuple)):
+            return type(x)(walk(v) for v in x)
+        return x
+
+    return walk(obj), tensors
+
+
+def _join_tensors(obj: Any, tensors: list[Any]) -> Any:
+    if isinstance(obj, tuple) and len(obj) == 2 and obj[0] == _SLOT:
+        return tensors[obj[1]]
+    if isinstance(obj, dict):
+        return {k: _join_tensors(v, tensors) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_join_tensors(v, tensors) for v in obj)
+    return obj
 
 
 class _Janitor:

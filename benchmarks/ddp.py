@@ -2,14 +2,15 @@
 
 Measured in one run, on one machine, with the same model and step everywhere (an MLP of two
 square ``Linear`` layers trained by SGD with momentum, so its state, parameters plus momentum,
-is the size named; 4 MB unless said otherwise; batch 32 of synthetic data):
+is the size named; 4 MB unless said otherwise; batches of 32 synthetic samples):
 
 - **ddp step overhead**: 4 gloo processes hold both a plain ``torch.nn.parallel.
   DistributedDataParallel`` on ``init_process_group("gloo")`` and foldplane's
   ``agent.ddp.DistributedDataParallel`` on the agent's group, over two copies of the model; they
   alternate blocks of steps (ABBA) and rank 0 times each step (zero_grad, forward, backward,
   optimizer step; foldplane's includes the commit agreement). The row is the ratio of the
-  medians, foldplane / plain.
+  medians, foldplane / plain, with batches of 256 (and a second row with batches of 32: the
+  same communication, less compute).
 - **ddp recovery**: 4 workers train; one is SIGKILLed; the time from the kill until every
   survivor has committed a step without it. foldplane: the launcher reports the death, the
   coordinator commits a view of 3, the survivors skip the failed step and carry on. torchft
