@@ -244,20 +244,28 @@ def _fp_trial(fp: _Foldplane, state_mb: int, victim: int) -> tuple[float, float 
         def warmed(line: dict[str, Any]) -> bool:
             if "steps" in line:
                 steps[line["rank"]] = line["steps"]
-            return len(steps) == WORLD and min(steps.values()) >= 3
+            return len(steps) == WORLD and min(steps.values()) >= (3 if state_mb <= 4 else 1)
 
         lines.until(warmed, 300, "formation")
         killed_at = time.time()
         launcher.kill(victim)
         first: dict[int, float] = {}
 
+        where: dict[int, str] = {}
+
         def recovered(line: dict[str, Any]) -> bool:
             if line.get("members") == WORLD - 1 and line["rank"] in survivors:
+                if line["rank"] not in first and "skipped" in line:
+                    where[line["rank"]] = (
+                        f"skip +{line['skipped'] - killed_at:.3f} s, step in view "
+                        f"{line['view']} began +{line['step_began'] - killed_at:.3f} s"
+                    )
                 first.setdefault(line["rank"], line["t"])
             return set(first) == survivors
 
         lines.until(recovered, 300, f"recovery from the kill of rank {victim}")
         recovery = max(first.values()) - killed_at
+        _log(f"foldplane {state_mb} MB: {where}")
         launcher.replace(victim)
         heal: list[float] = []
 
@@ -287,10 +295,18 @@ def _fp_train_worker(state_mb: int) -> int:
         model.begin_step()
         _emit(rank=rank, heal_s=time.time() - t0, steps=model.committed_steps)
     step = 0
+    skipped_at: float | None = None
     while True:
         step += 1
+        t0 = time.time()
         if _train_step(model, opt, state_mb, step, rank):
-            _emit(rank=rank, t=time.time(), steps=model.committed_steps, members=len(model.members))
+            line = {"rank": rank, "t": time.time(), "steps": model.committed_steps}
+            if skipped_at is not None:  # where a recovery's time went
+                line.update(skipped=skipped_at, step_began=t0)
+                skipped_at = None
+            _emit(**line, members=len(model.members), view=model.view_version)
+        elif skipped_at is None:
+            skipped_at = time.time()
 
 
 # -- torchft -------------------------------------------------------------------------------------
@@ -325,9 +341,9 @@ def _torchft_trial(state_mb: int) -> tuple[float, float]:
         def formed(line: dict[str, Any]) -> bool:
             if line.get("participants") == WORLD:
                 seen[line["replica"]] = seen.get(line["replica"], 0) + 1
-            return len(seen) == WORLD and min(seen.values()) >= 3
+            return len(seen) == WORLD and min(seen.values()) >= (3 if state_mb <= 4 else 1)
 
-        lines.until(formed, 300, "torchft formation")
+        lines.until(formed, 600, "torchft formation")
         victim = WORLD - 1
         killed_at = time.time()
         procs[victim].kill()
