@@ -15,8 +15,10 @@ is the size named; 4 MB unless said otherwise; batches of 32 synthetic samples):
   survivor has committed a step without it. foldplane: the launcher reports the death, the
   coordinator commits a view of 3, the survivors skip the failed step and carry on. torchft
   0.2.0: 4 replica groups of one process with torchft's ``DistributedDataParallel`` and
-  ``OptimizerWrapper`` (synchronous quorum, lighthouse heartbeat timeout 1 s instead of its 5 s
-  default). torchrun ``--max-restarts=1``: every worker is restarted, until each has finished a
+  ``OptimizerWrapper``'s protocol (synchronous quorum, lighthouse heartbeat timeout 1 s instead
+  of its 5 s default); its DDP comm hook raises an ``AssertionError`` from ``backward()`` when a
+  peer died during the allreduce, which the worker reports to the manager
+  (``report_error``) so that the step is skipped instead of the survivor dying. torchrun ``--max-restarts=1``: every worker is restarted, until each has finished a
   DDP step (the state would have to come from a checkpoint on top).
 - **heal**: after a kill, a replacement process starts and is activated; the time from its
   activation (foldplane: the view that activates it is installed; torchft: its first quorum
@@ -324,13 +326,15 @@ def _torchft_trial(state_mb: int) -> tuple[float, float]:
     address = f"http://127.0.0.1:{port}"
     lines = _Lines()
     procs: dict[int, subprocess.Popen[bytes]] = {}
+    logs = tempfile.TemporaryDirectory(prefix="foldplane-bench-torchft-")
 
     def start(r: int) -> None:
-        procs[r] = subprocess.Popen(
-            [sys.executable, __file__, "ft-train", str(r), address, str(state_mb)],
-            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-            env={**os.environ, "OMP_NUM_THREADS": "1"},
-        )  # fmt: skip
+        with open(f"{logs.name}/replica{r}.log", "ab") as err:
+            procs[r] = subprocess.Popen(
+                [sys.executable, __file__, "ft-train", str(r), address, str(state_mb)],
+                cwd=ROOT, stdout=subprocess.PIPE, stderr=err,
+                env={**os.environ, "OMP_NUM_THREADS": "1"},
+            )  # fmt: skip
         lines.follow(procs[r])
 
     try:
@@ -367,7 +371,13 @@ def _torchft_trial(state_mb: int) -> tuple[float, float]:
 
         lines.until(healed, 300, "torchft heal")
         return recovery, heal[0]
+    except Exception:
+        for r in range(WORLD):
+            tail = Path(logs.name, f"replica{r}.log").read_bytes()[-1500:].decode(errors="replace")
+            _log(f"torchft replica {r} log ends with:\n{tail}")
+        raise
     finally:
+        logs.cleanup()
         for p in procs.values():
             if p.poll() is None:
                 p.kill()
@@ -420,7 +430,12 @@ def _ft_train_worker(replica: int, lighthouse: str, state_mb: int) -> int:
         import torch
 
         x, y = _batch(state_mb, step, replica)
-        torch.nn.functional.mse_loss(model(x), y).backward()
+        try:
+            torch.nn.functional.mse_loss(model(x), y).backward()
+        except (AssertionError, RuntimeError) as exc:
+            # torchft 0.2.0's DDP comm hook asserts when the allreduce failed (a peer died):
+            # report it and let the step be skipped rather than let the survivor die.
+            manager.report_error(exc)
         committed = manager.should_commit()
         if committed:
             inner.step()

@@ -20,6 +20,7 @@ def started(w) -> None:
         assert got["world_size"] == 3 and got["group_type"] == "ElasticProcessGroup", got
 
 
+@pytest.mark.slow
 def test_init_process_group_foldplane_and_every_dist_collective(workers):
     w = workers("dist", 3, script=DIST_WORKER)
     started(w)
