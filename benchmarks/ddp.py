@@ -7,7 +7,8 @@ is the size named; 4 MB unless said otherwise; batches of 32 synthetic samples):
 - **ddp step overhead**: 4 gloo processes hold both a plain ``torch.nn.parallel.
   DistributedDataParallel`` on ``init_process_group("gloo")`` and foldplane's
   ``agent.ddp.DistributedDataParallel`` on the agent's group, over two copies of the model; they
-  alternate blocks of steps (ABBA) and rank 0 times each step (zero_grad, forward, backward,
+  alternate short blocks of steps (ABBA; 2 steps a block with --quick, the first 3 blocks of
+  each a warm-up) and rank 0 times each step (zero_grad, forward, backward,
   optimizer step; foldplane's includes the commit agreement). The row is the ratio of the
   medians, foldplane / plain, with batches of 256 (and a second row with batches of 32: the
   same communication, less compute).
@@ -225,7 +226,7 @@ def _fp_overhead_worker(blocks: int, steps: int, batch: int) -> int:
                 t0 = time.perf_counter()
                 _train_step(model, opt, 4, step, rank, batch)
                 times.append(time.perf_counter() - t0)
-            if rank == 0 and b > 0:  # the first block of each warms up
+            if rank == 0 and b > 2:  # the first blocks of each warm up
                 _emit(system=name, times=times)
     if rank == 0:
         _emit(finished=True)
@@ -509,7 +510,7 @@ def _measure(what: str, fn: Callable[[], Any]) -> Any:
 
 
 def run(quick: bool) -> list[Result]:
-    blocks, steps = (4, 10) if quick else (8, 25)
+    blocks, steps = (30, 2) if quick else (80, 4)
     kills, trials = (1, 1) if quick else (3, 2)
     sizes = [4, 256]
     results: list[Result] = []
