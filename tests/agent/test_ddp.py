@@ -160,7 +160,8 @@ def test_ddp_survives_a_sigkill_and_a_replacement_heals_to_identical_state(worke
     # Survivors were never restarted, and a skipped step blames only the dead rank.
     assert {r: w.launcher.worker(r).process.pid for r in range(3)} == pids
     assert all(e["failed"] in ([], [3]) for r in survivors for e in survivors[r])
-    assert any(not e["committed"] for e in survivors[0]), "the kill skipped no step"
+    # (Whether a step was skipped depends on where the kill lands: a view change that arrives
+    # between two steps moves the survivors on without a failed step.)
     # The replacement's first committed step started from the survivors' state, bit for bit.
     first = next(e for e in healed[3] if e["committed"])
     same_step = next(
