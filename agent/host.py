@@ -352,7 +352,9 @@ class Agent:
         """The elastic process group over the committed views (one object per process).
 
         Blocks until the data plane is connected: the store's address comes with the first
-        update after the join.
+        update after the join. The group is a ``torch.distributed.ProcessGroup`` registered
+        with torch (the default group when there is none yet), so ``dist.*(..., group=pg)``
+        works on it.
         """
         if not self._started:
             raise RuntimeError("call agent.start() before agent.process_group()")
@@ -379,7 +381,9 @@ class Agent:
                 f"rank {self.rank}: no data plane after {timeout_s} s (the store address comes "
                 f"with the first update; last error: {self._machine.last_error or 'none'})"
             )
-        return self._data_plane.process_group()
+        from agent.dataplane.c10d import adopt
+
+        return adopt(self._data_plane.process_group(), self)
 
     # -- the driver ------------------------------------------------------------------------------
 

@@ -9,3 +9,19 @@ class DataPlaneError(RuntimeError):
     A peer's failure is never raised; it is reported by ``Work.wait() == False`` and the hint.
     Bad arguments (a rank out of range, a wrong tensor list) raise ``ValueError``/``TypeError``.
     """
+
+
+class PeerFailure(RuntimeError):
+    """A synchronous ``dist.*`` call on the foldplane group failed because peers failed.
+
+    Raised only where torch would otherwise ignore the failure (a synchronous c10d call);
+    ``failed_ranks`` is the operation's hint as a list (possibly empty: an operation that timed
+    out with every member alive blames nobody), ``hint`` the int32 tensor itself.
+    """
+
+    def __init__(self, op: str, failed_ranks: list[int], hint: object) -> None:
+        self.op = op
+        self.failed_ranks = failed_ranks
+        self.hint = hint
+        who = f"rank(s) {failed_ranks} failed" if failed_ranks else "a peer failed or timed out"
+        super().__init__(f"{op}: {who}; the output is unspecified until the next view")

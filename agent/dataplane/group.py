@@ -13,10 +13,22 @@ view's backend. One object serves the whole life of the process and follows the 
   rank; the entries of ranks outside the view are neither sent nor written (left unchanged).
 - A ``src``/``dst`` outside ``0..world_size-1`` (or this rank itself) is a ``ValueError``; one
   that is not active in the view fails that operation only, with the hint naming it.
+
+The group **is** a ``torch.distributed.ProcessGroup`` (``rank()``, ``size()`` = world size) and
+its operations return :class:`Work`, a ``dist.Work``: ``dist.all_reduce(t, group=pg)`` and the
+other ``dist.*`` collectives reach the c10d-style overrides below (``allreduce(tensors, opts)``,
+...), and so do C++ callers such as DDP's reducer. Two methods serve both styles
+(``broadcast``, ``reduce_scatter``, ``barrier``, ``send``, ``recv``): a list of tensors or an
+options object as first argument is the c10d call, a tensor is the elastic one. A c10d call that
+is synchronous (``opts.asyncOp`` False, or ``dist.send``/``dist.recv``) raises
+:class:`PeerFailure` naming the failed ranks when a peer failed; an asynchronous one returns the
+``Work`` as always (``wait()`` False, the hint). Nothing is ever raised into C++ for a peer's
+failure, and no ``Work`` future ever completes with an exception.
 """
 
 from __future__ import annotations
 
+import sys
 import time
 import warnings
 from collections.abc import Callable, Sequence
@@ -32,6 +44,7 @@ from torch._C._distributed_c10d import (
     ReduceScatterOptions,
 )
 
+from agent.dataplane.errors import PeerFailure
 from agent.dataplane.work import Work
 
 if TYPE_CHECKING:
@@ -44,13 +57,49 @@ _GLOO_UNSUPPORTED_OPS = (ReduceOp.AVG, ReduceOp.PREMUL_SUM)
 Launch = Callable[[object, "ViewGroup"], object]
 
 
-class ElasticProcessGroup:
+BACKEND_NAME = "foldplane"
+
+
+class ElasticProcessGroup(dist.ProcessGroup):
     """The process group of one rank, following the committed views of its data plane."""
 
     def __init__(self, plane: DataPlane) -> None:
+        super().__init__(plane.rank, plane.world_size)
         self._plane = plane
-        self.rank = plane.rank
+        self._rank = plane.rank
         self.world_size = plane.world_size
+        self._group_name = ""
+        #: The ``Agent`` whose data plane this is (None for a data plane used on its own).
+        self.agent: object | None = None
+
+    # -- what c10d asks of every process group ------------------------------------------------
+
+    def getRank(self) -> int:  # noqa: N802 (c10d's name)
+        return self._rank
+
+    def getSize(self) -> int:  # noqa: N802
+        """The world size: ranks are global. The view's members are ``active_ranks``."""
+        return self.world_size
+
+    def getBackendName(self) -> str:  # noqa: N802
+        return BACKEND_NAME
+
+    def getGroupName(self) -> str:  # noqa: N802
+        return self._group_name
+
+    def setGroupName(self, name: str) -> None:  # noqa: N802
+        self._group_name = name
+
+    @property
+    def group_name(self) -> str:  # type: ignore[override]
+        return self._group_name
+
+    def name(self) -> str:  # type: ignore[override]
+        return BACKEND_NAME
+
+    @property
+    def plane(self) -> DataPlane:
+        return self._plane
 
     # -- the current view ---------------------------------------------------------------------
 
@@ -65,49 +114,82 @@ class ElasticProcessGroup:
         view = self._plane.current_view()
         return () if view is None else view.members
 
-    # -- collectives --------------------------------------------------------------------------
+    # -- collectives (the elastic API: one tensor, global ranks, ``async_op``) ----------------
 
     def all_reduce(
-        self, tensor: torch.Tensor, op: dist.ReduceOp = ReduceOp.SUM, async_op: bool = False
+        self,
+        tensor: torch.Tensor,
+        op: dist.ReduceOp = ReduceOp.SUM,
+        async_op: bool = False,
+        *,
+        view: ViewGroup | None = None,
     ) -> Work:
         self._check_tensor("tensor", tensor)
         opts = AllreduceOptions()
         opts.reduceOp = self._check_op(op)
-        return self._run("all_reduce", lambda be, _v: be.allreduce([tensor], opts), async_op)
+        launch: Launch = lambda be, _v: be.allreduce([tensor], opts)  # noqa: E731
+        return self._run("all_reduce", launch, async_op, result=[tensor], pinned=view)
 
-    def broadcast(self, tensor: torch.Tensor, src: int, async_op: bool = False) -> Work:
+    def broadcast(  # type: ignore[override]
+        self,
+        tensor: torch.Tensor | list[torch.Tensor],
+        src: int | BroadcastOptions | None = None,
+        async_op: bool = False,
+        *,
+        view: ViewGroup | None = None,
+    ) -> Work:
+        if isinstance(tensor, list):  # c10d: broadcast(tensors, opts)
+            opts = src if isinstance(src, BroadcastOptions) else BroadcastOptions()
+            one = _single("broadcast", tensor)
+            work = self.broadcast(one, int(opts.rootRank), async_op=True)
+            return self._c10d_outcome(work, opts)
+        if src is None or isinstance(src, BroadcastOptions):
+            raise TypeError("broadcast(tensor, src) needs src, a global rank")
         self._check_tensor("tensor", tensor)
         self._check_rank("src", src, allow_self=True)
+        root = src
 
-        def launch(be: object, view: ViewGroup) -> object:
+        def launch(be: object, v: ViewGroup) -> object:
             opts = BroadcastOptions()
-            opts.rootRank = view.index(src)
+            opts.rootRank = v.index(root)
             return be.broadcast([tensor], opts)  # type: ignore[attr-defined]
 
-        return self._run("broadcast", launch, async_op, peer=src)
+        return self._run("broadcast", launch, async_op, peer=src, result=[tensor], pinned=view)
 
     def all_gather(
-        self, output_tensors: Sequence[torch.Tensor], tensor: torch.Tensor, async_op: bool = False
+        self,
+        output_tensors: Sequence[torch.Tensor],
+        tensor: torch.Tensor,
+        async_op: bool = False,
+        *,
+        view: ViewGroup | None = None,
     ) -> Work:
         self._check_tensor("tensor", tensor)
         self._check_list("output_tensors", output_tensors, like=tensor)
         opts = AllgatherOptions()
 
-        def launch(be: object, view: ViewGroup) -> object:
-            outputs = [output_tensors[m] for m in view.members]
+        def launch(be: object, v: ViewGroup) -> object:
+            outputs = [output_tensors[m] for m in v.members]
             return be.allgather([outputs], [tensor], opts)  # type: ignore[attr-defined]
 
-        return self._run("all_gather", launch, async_op)
+        return self._run("all_gather", launch, async_op, result=list(output_tensors), pinned=view)
 
-    def reduce_scatter(
+    def reduce_scatter(  # type: ignore[override]
         self,
-        output: torch.Tensor,
-        input_list: Sequence[torch.Tensor],
-        op: dist.ReduceOp = ReduceOp.SUM,
+        output: torch.Tensor | list[torch.Tensor],
+        input_list: Sequence[torch.Tensor] | list[list[torch.Tensor]],
+        op: dist.ReduceOp | ReduceScatterOptions = ReduceOp.SUM,
         async_op: bool = False,
     ) -> Work:
+        if isinstance(output, list):  # c10d: reduce_scatter(outputs, input_lists, opts)
+            opts = op if isinstance(op, ReduceScatterOptions) else ReduceScatterOptions()
+            one = _single("reduce_scatter", output)
+            inputs = _single("reduce_scatter", input_list)  # type: ignore[arg-type]
+            work = self.reduce_scatter(one, inputs, opts.reduceOp, async_op=True)
+            return self._c10d_outcome(work, opts)
+        assert not isinstance(op, ReduceScatterOptions)
         self._check_tensor("output", output)
-        self._check_list("input_list", input_list, like=output)
+        self._check_list("input_list", input_list, like=output)  # type: ignore[arg-type]
         opts = ReduceScatterOptions()
         opts.reduceOp = self._check_op(op)
 
@@ -115,22 +197,115 @@ class ElasticProcessGroup:
             inputs = [input_list[m] for m in view.members]
             return be.reduce_scatter([output], [inputs], opts)  # type: ignore[attr-defined]
 
-        return self._run("reduce_scatter", launch, async_op)
+        return self._run("reduce_scatter", launch, async_op, result=[output])
 
-    def barrier(self, async_op: bool = False) -> Work:
-        return self._run("barrier", lambda be, _v: be.barrier(BarrierOptions()), async_op)
+    def barrier(  # type: ignore[override]
+        self, async_op: bool | BarrierOptions = False, *, opts: BarrierOptions | None = None
+    ) -> Work:
+        if isinstance(async_op, BarrierOptions):
+            opts = async_op
+        if opts is not None:  # c10d: barrier(opts)
+            return self._c10d_outcome(self.barrier(async_op=True), opts)
+        launch: Launch = lambda be, _v: be.barrier(BarrierOptions())  # noqa: E731
+        return self._run("barrier", launch, async_op)
 
-    def send(self, tensor: torch.Tensor, dst: int, async_op: bool = False) -> Work:
+    def send(  # type: ignore[override]
+        self, tensor: torch.Tensor | list[torch.Tensor], dst: int, async_op: bool | int = False
+    ) -> Work:
+        if isinstance(tensor, list):  # c10d: send(tensors, dstRank, tag)
+            work = self._p2p("send", _single("send", tensor), dst, int(async_op))
+            return self._p2p_outcome(work, "send")
         self._check_tensor("tensor", tensor)
         self._check_rank("dst", dst, allow_self=False)
-        launch: Launch = lambda be, view: be.send([tensor], view.index(dst), 0)  # noqa: E731
-        return self._run("send", launch, async_op, peer=dst, p2p=True)
+        return self._p2p("send", tensor, dst, 0, async_op=bool(async_op))
 
-    def recv(self, tensor: torch.Tensor, src: int, async_op: bool = False) -> Work:
+    def recv(  # type: ignore[override]
+        self, tensor: torch.Tensor | list[torch.Tensor], src: int, async_op: bool | int = False
+    ) -> Work:
+        if isinstance(tensor, list):  # c10d: recv(tensors, srcRank, tag)
+            work = self._p2p("recv", _single("recv", tensor), src, int(async_op))
+            return self._p2p_outcome(work, "recv")
         self._check_tensor("tensor", tensor)
         self._check_rank("src", src, allow_self=False)
-        launch: Launch = lambda be, view: be.recv([tensor], view.index(src), 0)  # noqa: E731
-        return self._run("recv", launch, async_op, peer=src, p2p=True)
+        return self._p2p("recv", tensor, src, 0, async_op=bool(async_op))
+
+    def _p2p(
+        self, name: str, tensor: torch.Tensor, peer: int, tag: int, *, async_op: bool = True
+    ) -> Work:
+        self._check_tensor("tensor", tensor)
+        self._check_rank("dst" if name == "send" else "src", peer, allow_self=False)
+        if name == "send":
+            launch: Launch = lambda be, v: be.send([tensor], v.index(peer), tag)  # noqa: E731
+        else:
+            launch = lambda be, v: be.recv([tensor], v.index(peer), tag)  # noqa: E731
+        return self._run(name, launch, async_op, peer=peer, p2p=True, result=[tensor])
+
+    # -- the c10d entry points that have no elastic twin ---------------------------------------
+
+    def allreduce(self, tensors: list[torch.Tensor], opts: AllreduceOptions | None = None) -> Work:
+        opts = opts if opts is not None else AllreduceOptions()
+        work = self.all_reduce(_single("allreduce", tensors), opts.reduceOp, async_op=True)
+        return self._c10d_outcome(work, opts)
+
+    def allgather(
+        self,
+        output_tensors: list[list[torch.Tensor]],
+        input_tensors: list[torch.Tensor],
+        opts: AllgatherOptions | None = None,
+    ) -> Work:
+        opts = opts if opts is not None else AllgatherOptions()
+        outputs = _single("allgather", output_tensors)
+        work = self.all_gather(outputs, _single("allgather", input_tensors), async_op=True)
+        return self._c10d_outcome(work, opts)
+
+    def all_gather_single(
+        self, output: torch.Tensor, input: torch.Tensor, opts: AllgatherOptions | None = None
+    ) -> Work:
+        """``dist.all_gather_into_tensor``: ``output`` holds ``world_size`` slots of ``input``."""
+        opts = opts if opts is not None else AllgatherOptions()
+        slots = self._slots("output", output, input)
+        return self._c10d_outcome(self.all_gather(slots, input, async_op=True), opts)
+
+    _allgather_base = all_gather_single
+
+    def reduce_scatter_single(
+        self, output: torch.Tensor, input: torch.Tensor, opts: ReduceScatterOptions | None = None
+    ) -> Work:
+        """``dist.reduce_scatter_tensor``: ``input`` holds ``world_size`` slots of ``output``."""
+        opts = opts if opts is not None else ReduceScatterOptions()
+        slots = self._slots("input", input, output)
+        work = self.reduce_scatter(output, slots, opts.reduceOp, async_op=True)
+        return self._c10d_outcome(work, opts)
+
+    _reduce_scatter_base = reduce_scatter_single
+
+    def _slots(self, what: str, flat: torch.Tensor, like: torch.Tensor) -> list[torch.Tensor]:
+        self._check_tensor(what, flat)
+        if flat.numel() != self.world_size * like.numel() or flat.dtype != like.dtype:
+            raise ValueError(
+                f"{what} must hold world_size={self.world_size} slots of {tuple(like.shape)} "
+                f"{like.dtype}, got {tuple(flat.shape)} {flat.dtype}"
+            )
+        return [row.view(like.shape) for row in flat.view(self.world_size, -1).unbind(0)]
+
+    def _c10d_outcome(self, work: Work, opts: object) -> Work:
+        """A synchronous c10d call raises for a peer's failure (else torch would ignore it)."""
+        if getattr(opts, "asyncOp", True):
+            return work
+        return self._raise_if_failed(work)
+
+    def _p2p_outcome(self, work: Work, name: str) -> Work:
+        """``dist.send``/``dist.recv`` are synchronous but pass no option: look at the caller."""
+        if not _called_by_sync(name):
+            return work
+        return self._raise_if_failed(work)
+
+    def _raise_if_failed(self, work: Work) -> Work:
+        if work.wait():
+            return work
+        hint = work.failed_ranks_hint()
+        failed = [r for r, bad in enumerate(hint.tolist()) if bad]
+        raise PeerFailure(work.name, failed, hint.clone())
 
     # -- hints and knobs ----------------------------------------------------------------------
 
@@ -172,23 +347,38 @@ class ElasticProcessGroup:
         *,
         peer: int | None = None,
         p2p: bool = False,
+        result: list[torch.Tensor] | None = None,
+        pinned: ViewGroup | None = None,
     ) -> Work:
+        """Run one operation on the current view (or on ``pinned``, which must still be current).
+
+        An operation pinned to a view that is no longer the installed one fails at once, and
+        this rank leaves that view (its members are poisoned, so they fail fast too): the caller
+        ran a step on that view and must not mix views within it.
+        """
         plane = self._plane
         timeout_s = plane.p2p_timeout_s if p2p else plane.collective_timeout_s
         deadline = time.monotonic() + timeout_s
         while True:
             view = plane.view_for_op(name)
+            if pinned is not None and view is not pinned:
+                view, newer = pinned, view
+                pinned.leave(f"rank {self._rank} moved on to view {newer.version}")
             runnable = view.active and (peer is None or peer in view.members)
             backend = view.backend(deadline) if runnable else None
             if backend is None and runnable and view.failure is None:
+                if pinned is not None:
+                    pinned.leave(f"rank {self._rank} moved on from view {pinned.version}")
+                    break
                 continue  # superseded while we waited for its backend: run on the newer view
             break
         work = Work(
-            f"{name} (rank {self.rank}, view {view.version})",
+            f"{name} (rank {self._rank}, view {view.version})",
             view,
             plane.hint_pool,
             plane.closed,
             timeout_s,
+            result,
         )
         if not view.active:
             return work._complete_locally(True)
@@ -247,13 +437,36 @@ class ElasticProcessGroup:
             raise TypeError(f"{what} must be an int rank, got {type(rank).__name__}")
         if not 0 <= rank < self.world_size:
             raise ValueError(f"{what}={rank} is out of range 0..{self.world_size - 1}")
-        if not allow_self and rank == self.rank:
+        if not allow_self and rank == self._rank:
             raise ValueError(f"{what}={rank} is this rank itself")
 
     def _check_op(self, op: dist.ReduceOp) -> dist.ReduceOp:
         if op in _GLOO_UNSUPPORTED_OPS and self._plane.kind.name == "gloo":
             raise ValueError(f"gloo does not support {op}")
         return op
+
+
+def _single(op: str, tensors: list) -> object:
+    if not isinstance(tensors, list) or len(tensors) != 1:
+        got = len(tensors) if isinstance(tensors, list) else type(tensors).__name__
+        raise ValueError(f"{op}: the foldplane group takes exactly one tensor (list), got {got}")
+    return tensors[0]
+
+
+_C10D = "torch.distributed.distributed_c10d"
+
+
+def _called_by_sync(name: str) -> bool:
+    """True if ``dist.send``/``dist.recv`` (synchronous) called us, not ``dist.isend``/``irecv``."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        module = frame.f_globals.get("__name__", "")
+        if module == _C10D and frame.f_code.co_name == name:
+            return True
+        if not module.startswith("torch.") and module != __name__:
+            return False  # reached the caller's code: no synchronous dist.* call above us
+        frame = frame.f_back
+    return False
 
 
 def _positive_us(what: str, us: int) -> int:

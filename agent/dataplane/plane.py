@@ -273,6 +273,20 @@ class DataPlane:
     def current_view(self) -> ViewGroup | None:
         return self._view
 
+    def wait_for_view(
+        self, predicate: Callable[[ViewGroup], bool], timeout: float | None
+    ) -> ViewGroup | None:
+        """Block until the installed view passes ``predicate`` (or the plane closes); return it.
+
+        Returns the installed view (None before the first one) at the deadline either way.
+        """
+        with self._lock:
+            self._lock.wait_for(
+                lambda: self.closed.is_set() or (self._view is not None and predicate(self._view)),
+                timeout,
+            )
+            return self._view
+
     def view_for_op(self, op: str) -> ViewGroup:
         """The view an operation runs on; local misuse (closed, no view yet) raises."""
         view = self._view

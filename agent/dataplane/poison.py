@@ -21,6 +21,8 @@ class PoisonNotice:
     by: int
     named: tuple[int, ...]
     reason: str
+    #: The sender gave the view up (it moved to a newer one): no link broke, nothing to report.
+    left: bool = False
 
     def encode(self) -> bytes:
         body = {
@@ -29,6 +31,8 @@ class PoisonNotice:
             "named": list(self.named),
             "reason": self.reason,
         }
+        if self.left:
+            body["left"] = True
         return json.dumps(body, sort_keys=True).encode()
 
     @classmethod
@@ -41,6 +45,7 @@ class PoisonNotice:
                 by=int(body["by"]),
                 named=tuple(int(r) for r in body["named"]),
                 reason=str(body["reason"]),
+                left=bool(body.get("left", False)),
             )
         except (ValueError, KeyError, TypeError) as e:
             raise ValueError(f"malformed poison notice {raw[:200]!r}: {e}") from e

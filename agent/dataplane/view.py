@@ -63,6 +63,7 @@ class Failure:
     reason: str
     blamed: tuple[int, ...]
     notice: PoisonNotice | None  # None: this rank saw the failure first
+    report: bool = True  # False: not a link failure (this rank left the view), no evidence
 
 
 class ViewGroup:
@@ -241,16 +242,27 @@ class ViewGroup:
     # -- failure ------------------------------------------------------------------------------
 
     def fail(
-        self, reason: str, blamed: tuple[int, ...] = (), notice: PoisonNotice | None = None
+        self,
+        reason: str,
+        blamed: tuple[int, ...] = (),
+        notice: PoisonNotice | None = None,
+        *,
+        report: bool = True,
     ) -> None:
-        """Fail the view (idempotent): wake every operation in flight, then decide the hint."""
+        """Fail the view (idempotent): wake every operation in flight, then decide the hint.
+
+        ``report=False``: this rank gave the view up (it moved to a newer one while members may
+        still run on this one); the members are poisoned as for any failure, but no link
+        evidence goes to the agent (no link broke).
+        """
         with self._cond:
             if self._failure is not None:
                 return
-            self._failure = Failure(reason, blamed, notice)
+            self._failure = Failure(reason, blamed, notice, report)
             pending, self._pending = self._pending, set()
             self._cond.notify_all()
-        log.warning("rank %d: view %d failed: %s", self._ctx.rank, self.version, reason)
+        level = logging.WARNING if report else logging.INFO
+        log.log(level, "rank %d: view %d failed: %s", self._ctx.rank, self.version, reason)
         for work in pending:
             work._wake()
         threading.Thread(
@@ -263,6 +275,7 @@ class ViewGroup:
             f"rank {notice.by} poisoned view {self.version}: {notice.reason}",
             notice.blamed_by(self._ctx.rank),
             notice,
+            report=not notice.left,
         )
 
     def _decide(self) -> None:
@@ -274,7 +287,7 @@ class ViewGroup:
         try:
             if failure.notice is None:
                 notice = PoisonNotice(
-                    self.version, ctx.rank, failure.blamed, failure.reason
+                    self.version, ctx.rank, failure.blamed, failure.reason, not failure.report
                 ).encode()
                 for member in self.members:  # this rank too: it frees our own watcher
                     store.set(keys.fail(self.version, member), notice)
@@ -290,7 +303,15 @@ class ViewGroup:
         failed = sorted((set(failure.blamed) | set(dead)) - {ctx.rank})
         self._failed_ranks = tuple(failed)
         self._decided.set()
-        ctx.report_links(self.version, {r: "down" for r in failed}, failed)
+        if failure.report:
+            ctx.report_links(self.version, {r: "down" for r in failed}, failed)
+
+    def leave(self, reason: str) -> None:
+        """This rank gives the view up while members may still run on it: poison it, no evidence.
+
+        Idempotent, and a no-op on a view that already failed.
+        """
+        self.fail(reason, report=False)
 
     def inject_link_failure(self, peer: int) -> None:
         """Fail the view as if the link to ``peer`` broke (fault injection for tests and drills)."""

@@ -1,5 +1,8 @@
 """``Work``: one operation of the elastic process group, and its ``failed_ranks_hint``.
 
+``Work`` is a ``torch.distributed.Work``, so ``dist.all_reduce(t, group=pg, async_op=True)``
+hands back this very object, and C++ callers (DDP's reducer) reach the overrides below.
+
 Rules (Mooncake's contract):
 - ``wait()`` never raises because a peer failed: it returns False, the hint names the failed
   ranks, and the output tensor's content is unspecified. It raises only for local misuse: the
@@ -7,6 +10,10 @@ Rules (Mooncake's contract):
 - ``wait(timeout)`` bounds the wait: an operation still running when the earlier of its own
   deadline (the collective or p2p timeout, counted from issue) and ``timeout`` passes has failed,
   and fails its view. A hung peer is a failed peer.
+- ``get_future()`` completes when the operation ends, **always with a result** (the operation's
+  tensors), never with an exception, even when a peer failed: a future completed with an
+  exception on DDP's built-in bucket path brings the process down. ``wait()`` and the hint say
+  whether it succeeded.
 - The hint buffer is leased from the group's pool when the operation is issued and returned when
   the ``Work`` is dropped, so each outstanding ``Work`` keeps its own answer.
 """
@@ -20,6 +27,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING
 
 import torch
+import torch.distributed as dist
 
 from agent.dataplane.errors import DataPlaneError
 from agent.dataplane.hint import HintPool, fill
@@ -31,26 +39,8 @@ if TYPE_CHECKING:
 INLINE_SLICE_S = 0.01
 
 
-class Work:
+class Work(dist.Work):
     """A handle on one operation; see the module docstring for the rules."""
-
-    __slots__ = (
-        "name",
-        "_view",
-        "_pool",
-        "_hint",
-        "_closed",
-        "_deadline",
-        "_timeout_s",
-        "_event",
-        "_lock",
-        "_backend_work",
-        "_finished",
-        "_error",
-        "_outcome",
-        "_blamed",
-        "__weakref__",
-    )
 
     def __init__(
         self,
@@ -59,7 +49,9 @@ class Work:
         pool: HintPool,
         closed: threading.Event,
         timeout_s: float,
+        result: list[torch.Tensor] | None = None,
     ) -> None:
+        super().__init__()
         self.name = name
         self._view = view
         self._pool = pool
@@ -74,6 +66,10 @@ class Work:
         self._error: str | None = None
         self._outcome: bool | None = None
         self._blamed: tuple[int, ...] | None = None
+        self._result = result if result is not None else []
+        self._future: torch.futures.Future | None = None
+        self._future_lock = threading.Lock()
+        self._future_done = False
 
     # -- how an operation ends ----------------------------------------------------------------
 
@@ -82,13 +78,13 @@ class Work:
         self._outcome = ok
         if not ok:
             self._blamed = blamed
-        self._event.set()
+        self._signal()
         return self
 
     def _fail_with_view(self) -> Work:
         """End at once as a failure of the (already failed) view: same hint as the view."""
         self._outcome = False
-        self._event.set()
+        self._signal()
         return self
 
     def _started(self, backend_work: object) -> None:
@@ -102,7 +98,7 @@ class Work:
         assert self._view is not None
         self._view.unregister(self)
         self._view.op_ended()
-        self._event.set()
+        self._signal()
 
     def _wait_inline(self, backend_work: object) -> None:
         """A synchronous operation: wait inside the backend, one slice at a time.
@@ -121,7 +117,7 @@ class Work:
             view.op_ended()
         else:
             when_ended(backend_work, lambda _error: view.op_ended())
-        self._event.set()
+        self._signal()
         if self._outcome is None:
             self._outcome = False
             if self._closed.is_set() and view.failure is None:
@@ -155,12 +151,36 @@ class Work:
 
     def _wake(self) -> None:
         """The view failed or the plane closed: stop waiting for the backend."""
+        self._signal()
+
+    def _signal(self) -> None:
+        """The outcome can be decided now: wake waiters and complete the future, if any."""
         self._event.set()
+        future = self._future
+        if future is not None:
+            self._complete_future(future)
+
+    def _complete_future(self, future: torch.futures.Future) -> None:
+        with self._future_lock:
+            if self._future_done:
+                return
+            self._future_done = True
+        try:
+            self._resolve()
+        except DataPlaneError:  # closed meanwhile: still a result, never an exception
+            self._outcome = False
+        future.set_result(self._result)
 
     # -- the public surface -------------------------------------------------------------------
 
-    def wait(self, timeout: float | None = None) -> bool:
-        """True if the operation succeeded, False if a peer failed (see the module rules)."""
+    def wait(self, timeout: float | timedelta | None = None) -> bool:
+        """True if the operation succeeded, False if a peer failed (see the module rules).
+
+        ``timeout`` is in seconds, or a ``timedelta`` as ``dist.Work.wait`` takes it (zero, its
+        default, means no bound).
+        """
+        if isinstance(timeout, timedelta):
+            timeout = timeout.total_seconds() or None
         if self._outcome is not None:
             return self._outcome
         deadline = (
@@ -198,6 +218,35 @@ class Work:
             return True
         self._resolve()
         return True
+
+    def is_success(self) -> bool:
+        """True once the operation has succeeded (False while running, or after a failure)."""
+        return self.is_completed() and bool(self._outcome)
+
+    def exception(self) -> None:
+        """Always None: a peer's failure is an outcome (``wait()`` False), not an exception."""
+        return None
+
+    def result(self) -> list[torch.Tensor]:
+        """The operation's tensors (their content is unspecified after a failure)."""
+        self.wait()
+        return self._result
+
+    def synchronize(self) -> None:
+        self.wait()
+
+    def source_rank(self) -> int:
+        raise ValueError(f"{self.name}: source_rank is only known for a recv from any source")
+
+    def get_future(self) -> torch.futures.Future:
+        """A future that completes with the operation's tensors when it ends, failed or not."""
+        with self._future_lock:
+            if self._future is None:
+                self._future = torch.futures.Future()
+            future = self._future
+        if self._event.is_set():
+            self._complete_future(future)
+        return future
 
     def failed_ranks_hint(self) -> torch.Tensor:
         """This operation's hint (waits for the operation, and for the liveness decision)."""

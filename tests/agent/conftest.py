@@ -136,13 +136,14 @@ class Workers:
     group: str
     world_size: int
     collective_timeout_s: float = 5.0
+    script: Path = WORKER
     launcher: Launcher = field(init=False)
     events: dict[int, queue.Queue[dict[str, Any]]] = field(default_factory=dict)
     exits: queue.Queue[WorkerExit] = field(default_factory=queue.Queue)
 
     def __post_init__(self) -> None:
         self.launcher = Launcher(
-            [sys.executable, str(WORKER), str(self.collective_timeout_s)],
+            [sys.executable, str(self.script), str(self.collective_timeout_s)],
             coordinator=self.coordinator.url,
             group=self.group,
             ranks=range(self.world_size),
@@ -234,10 +235,11 @@ def workers(coordinator: Coordinator) -> Iterator[Any]:
         *,
         start: bool = True,
         collective_timeout_s: float = 5.0,
+        script: Path = WORKER,
         **config: Any,
     ) -> Workers:
         coordinator.create_group(group, world_size, **config)
-        w = Workers(coordinator, group, world_size, collective_timeout_s)
+        w = Workers(coordinator, group, world_size, collective_timeout_s, script)
         made.append(w)
         if start:
             w.start()

@@ -1,0 +1,510 @@
+"""Elastic data parallelism on the foldplane group: DDP that survives failures and heals joiners.
+
+>>> from agent.ddp import DistributedDataParallel, ElasticOptimizer
+>>> model = DistributedDataParallel(model)                 # the foldplane default group
+>>> opt = ElasticOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.1))
+>>> for x, y in data:
+...     opt.zero_grad()
+...     loss_fn(model(x), y).backward()
+...     opt.step()                                        # True: committed on every member
+
+The rules (see ``docs/ddp.md``):
+
+- **A step runs on one view.** The first ``forward`` of a step (or ``begin_step()``) pins the
+  installed view; every bucket of that step is all-reduced on it. A rank that finds a newer view
+  installed leaves the old one (poisoning it, so members still on it fail fast) and enters the
+  new one at its next step.
+- **Gradients are the mean over the view's members**: each bucket is summed over the members
+  and divided by their number (DDP is built on a local group of one, with a comm hook, so
+  torch's own division by the world size never happens).
+- **Every member commits or skips the same steps.** After the backward pass each member votes
+  in the coordinator's store: the last of the view's members to vote "ok" writes ``commit``;
+  a member whose collectives failed, or that sees the view fail or a member leave while it
+  waits, writes ``skip`` instead. The first write wins (``compare_set``) and everybody adopts
+  it, so the members' parameters stay bit-identical after every step.
+- **An inactive rank does not step**: it waits (``inactive_wait_s`` at a time) for a view that
+  activates it; meanwhile its steps run locally and are never committed.
+- **Healing.** Entering a view, the members all-gather how many steps each has committed; if
+  they differ (a replacement has 0) or nobody has stepped yet, the member with the most (the
+  lowest rank among equals) broadcasts the model's and every attached optimizer's state, and
+  the others load it before their first step: every member then holds identical state.
+- Nothing here raises for a peer's failure: ``should_commit()`` / ``ElasticOptimizer.step()``
+  return False and ``last_failed_ranks`` says whom the failed step's hints named.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import io
+import logging
+import math
+import queue
+import threading
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed import DistStoreError
+from torch.nn.parallel import DistributedDataParallel as _TorchDDP
+
+from agent.dataplane.group import ElasticProcessGroup
+from agent.dataplane.view import ViewGroup
+from agent.dataplane.work import Work
+
+log = logging.getLogger("foldplane.ddp")
+
+#: How often a member waiting for the step's decision looks at its view's health.
+DECISION_SLICE_S = 0.02
+COMMIT, SKIP = b"commit", b"skip"
+
+
+def _local_group() -> dist.ProcessGroup:
+    """A process group of one (this process), for the DDP machinery that needs a group."""
+    from torch.distributed import ProcessGroupGloo
+
+    store = dist.HashStore()
+    opts = ProcessGroupGloo._Options()
+    opts._devices = [ProcessGroupGloo.create_device(hostname="127.0.0.1")]
+    backend = ProcessGroupGloo(store, 0, 1, opts)
+    group = dist.ProcessGroup(store, 0, 1)
+    group._set_default_backend(dist.ProcessGroup.BackendType.GLOO)
+    group._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.GLOO, backend)
+    return group
+
+
+class DistributedDataParallel(_TorchDDP):
+    """``torch.nn.parallel.DistributedDataParallel`` over the foldplane group's current view.
+
+    ``process_group`` is an ``ElasticProcessGroup`` (default: the default group, which
+    ``dist.init_process_group("foldplane")`` or ``agent.process_group()`` set). Other keyword
+    arguments go to torch's DDP (``bucket_cap_mb``, ``gradient_as_bucket_view``, ...).
+    ``name`` keeps the store keys of two wrapped models of one group apart.
+    """
+
+    def __init__(
+        self,
+        module: torch.nn.Module,
+        process_group: ElasticProcessGroup | None = None,
+        *,
+        name: str = "ddp",
+        inactive_wait_s: float = 1.0,
+        view_wait_s: float | None = None,
+        **ddp_kwargs: Any,
+    ) -> None:
+        group = process_group if process_group is not None else dist.group.WORLD
+        if not isinstance(group, ElasticProcessGroup):
+            raise TypeError(
+                "agent.ddp.DistributedDataParallel runs on the foldplane group: pass "
+                "process_group=agent.process_group(), or call "
+                f'dist.init_process_group("foldplane") first (got {type(group).__name__})'
+            )
+        for bad in ("device_ids", "output_device", "process_group", "static_graph"):
+            if ddp_kwargs.get(bad):
+                raise ValueError(f"{bad} is not supported by the elastic DDP")
+        super().__init__(module, process_group=_local_group(), **ddp_kwargs)
+        self.elastic_group = group
+        self.ddp_name = name
+        self.inactive_wait_s = inactive_wait_s
+        self.view_wait_s = view_wait_s
+        #: Steps this rank has committed (the same on every member of a view after it entered).
+        self.committed_steps = 0
+        self._optimizers: list[torch.optim.Optimizer] = []
+        self._view: ViewGroup | None = None  # the view this rank entered (synced state on)
+        self._index = 0  # the next step's number within ``_view``
+        self._step_view: ViewGroup | None = None  # the view of the step in progress
+        self._in_step = False
+        self._step_ok = True
+        self._works: list[Work] = []
+        self._failed_works: list[Work] = []
+        self._store: Any = None
+        self._store_address: tuple[str, int] | None = None
+        self.register_comm_hook(self, _comm_hook)
+
+    # -- the user's surface ---------------------------------------------------------------------
+
+    def attach_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
+        """Heal ``optimizer``'s state together with the model's (``ElasticOptimizer`` calls it)."""
+        if optimizer not in self._optimizers:
+            self._optimizers.append(optimizer)
+
+    def forward(self, *inputs: Any, **kwargs: Any) -> Any:
+        if not self._in_step:
+            self.begin_step()
+        return super().forward(*inputs, **kwargs)
+
+    def _pre_forward(self, *inputs: Any, **kwargs: Any) -> Any:
+        # torch rebuilds the buckets once, after a process's first step, in the order its
+        # gradients arrived: a joiner's first step would then be laid out differently from the
+        # members' (the bucket all-reduce goes element by element). Keep the buckets torch built
+        # at construction, the same in every process of the same model.
+        reducer = self.reducer
+        self.reducer = _KeepBuckets(reducer)
+        try:
+            return super()._pre_forward(*inputs, **kwargs)
+        finally:
+            self.reducer = reducer
+
+    def begin_step(self) -> None:
+        """Pin the view of the next step: move to a newer view (healing joiners) if there is one.
+
+        Called by the first ``forward`` of a step. An inactive rank waits up to
+        ``inactive_wait_s`` to be activated; after a failed view, up to ``view_wait_s`` (the
+        collective timeout by default) for the next one.
+        """
+        if self._in_step:
+            return
+        plane = self.elastic_group.plane
+        while True:
+            current = plane.view_for_op("begin_step")
+            if self._view is not None and current is not self._view:
+                self._view.leave(f"rank {plane.rank} moved on to view {current.version}")
+                self._view = None
+            elif self._view is not None and current.failure is not None:
+                self._view = None  # it failed: wait for the next view instead of failing again
+            if self._view is not None:
+                break
+            if current.failure is not None:
+                wait = (
+                    self.view_wait_s if self.view_wait_s is not None else plane.collective_timeout_s
+                )
+                newer = plane.wait_for_view(lambda v, c=current: v.version > c.version, wait)
+                if newer is current:
+                    break  # no next view yet: this step runs on the failed one and is skipped
+                continue
+            if not current.active:
+                rank = plane.rank
+                activated = plane.wait_for_view(
+                    lambda v, r=rank: r in v.members, self.inactive_wait_s
+                )
+                if activated is None or not activated.active:
+                    self._start(None)  # still inactive: a local step, never committed
+                    return
+                continue
+            if self._enter(current):
+                break
+        self._start(self._view if self._view is not None else current)
+
+    def should_commit(self) -> bool:
+        """End the step: True if every member of its view succeeded (then the caller steps).
+
+        All members of the view get the same answer. Idempotent per step: a second call
+        without a new step returns False.
+        """
+        if not self._in_step:
+            return False
+        self._in_step = False
+        view = self._step_view
+        if view is None:
+            return False  # inactive: never steps
+        ok = self._step_ok and all(w.wait() for w in self._works)
+        works, self._works = self._works, []
+        index = self._index
+        self._index += 1
+        committed = self._agree(view, index, ok)
+        if committed:
+            self.committed_steps += 1
+            self._failed_works = []
+        else:
+            self._failed_works = [w for w in works if not w.wait()]
+            log.warning(
+                "rank %d: step %d of view %d skipped on every member",
+                self.elastic_group.plane.rank,
+                index,
+                view.version,
+            )
+        return committed
+
+    @property
+    def last_failed_ranks(self) -> list[int]:
+        """The ranks the failed operations of the last skipped step blamed (their hints)."""
+        failed: set[int] = set()
+        for work in self._failed_works:
+            hint = self.elastic_group.get_failed_ranks_hint(work)
+            failed.update(r for r, bad in enumerate(hint.tolist()) if bad)
+        return sorted(failed)
+
+    @property
+    def view_version(self) -> int | None:
+        """The version of the view the last step ran on (None if that step was local)."""
+        return None if self._step_view is None else self._step_view.version
+
+    @property
+    def step_index(self) -> int:
+        """The last step's number within its view (steps are numbered from 0 in each view)."""
+        return self._index - 1
+
+    @property
+    def members(self) -> tuple[int, ...]:
+        """The members the last step's gradients were averaged over."""
+        return () if self._step_view is None else self._step_view.members
+
+    # -- one step --------------------------------------------------------------------------------
+
+    def _start(self, view: ViewGroup | None) -> None:
+        self._step_view = view
+        self._in_step = True
+        self._step_ok = view is not None
+        self._works = []
+
+    def _hook(self, bucket: dist.GradBucket) -> torch.futures.Future:
+        buffer = bucket.buffer()
+        view = self._step_view
+        if view is None or not self._step_ok:  # inactive, or the step failed already
+            future: torch.futures.Future = torch.futures.Future()
+            future.set_result(buffer)
+            return future
+        work = self.elastic_group.all_reduce(buffer, async_op=True, view=view)
+        self._works.append(work)
+        members = len(view.members)
+
+        def mean(_fut: torch.futures.Future) -> torch.Tensor:
+            if work.wait():
+                buffer.div_(members)
+            else:
+                self._step_ok = False
+            return buffer
+
+        return work.get_future().then(mean)
+
+    def _agree(self, view: ViewGroup, index: int, ok: bool) -> bool:
+        """Every member's vote on step ``index`` of ``view``; the first decision written wins."""
+        store = self._decision_store()
+        base = f"ddp/{self.ddp_name}/{view.version}/{index}"
+        decision = f"{base}/decision"
+        try:
+            if not ok:
+                return store.compare_set(decision, "", SKIP) == COMMIT
+            if store.add(f"{base}/ok", 1) == len(view.members):
+                answer = store.compare_set(decision, "", COMMIT)
+                if answer == COMMIT and index > 0:  # every member is past step index - 1
+                    self._janitor.forget(f"ddp/{self.ddp_name}/{view.version}/{index - 1}")
+                return answer == COMMIT
+            return self._await_decision(store, view, decision)
+        except RuntimeError as e:  # the store is unreachable: the step cannot be agreed
+            rank = self.elastic_group.plane.rank
+            log.error(
+                "rank %d: cannot agree on step %d of view %d: %s", rank, index, view.version, e
+            )
+            self._store = None
+            return False
+
+    def _await_decision(self, store: Any, view: ViewGroup, decision: str) -> bool:
+        plane = self.elastic_group.plane
+        deadline = time.monotonic() + plane.collective_timeout_s
+        slice_ = timedelta(seconds=DECISION_SLICE_S)
+        while True:
+            try:
+                store.wait([decision], slice_)
+            except DistStoreError:
+                current = plane.current_view()
+                gone = current is not None and not set(view.members) <= set(current.members)
+                if view.failure is not None or gone or time.monotonic() > deadline:
+                    return store.compare_set(decision, "", SKIP) == COMMIT
+                continue
+            # Present now: compare_set answers its value in one round trip (get takes two).
+            return store.compare_set(decision, "", SKIP) == COMMIT
+
+    def _decision_store(self) -> Any:
+        """A store client of our own (a wait here must not hold up the heartbeat's client)."""
+        plane = self.elastic_group.plane
+        address = plane.store_address
+        if self._store is None or self._store_address != address:
+            self._store = plane.connect_store(*address)
+            self._store_address = address
+            self._janitor = _Janitor(plane.connect_store(*address))
+        return self._store
+
+    # -- entering a view: agree on the state ---------------------------------------------------
+
+    def _enter(self, view: ViewGroup) -> bool:
+        """Sync the state over ``view`` (heal members behind); False if the view failed."""
+        group = self.elastic_group
+        counts = [torch.zeros(1, dtype=torch.int64) for _ in range(group.world_size)]
+        mine = torch.tensor([self.committed_steps], dtype=torch.int64)
+        if not group.all_gather(counts, mine, async_op=True, view=view).wait():
+            return False
+        steps = {m: int(counts[m].item()) for m in view.members}
+        top = max(steps.values())
+        if top == 0 or len(set(steps.values())) > 1:
+            source = min(m for m, s in steps.items() if s == top)
+            if not self._broadcast_state(view, source):
+                return False
+            self.committed_steps = top
+            log.info(
+                "rank %d: view %d: state of rank %d (%d steps) on every member",
+                group.plane.rank,
+                view.version,
+                source,
+                top,
+            )
+        self._view, self._index = view, 0
+        return True
+
+    def state_for_healing(self) -> dict[str, Any]:
+        return {
+            "model": self.module.state_dict(),
+            "optimizers": [o.state_dict() for o in self._optimizers],
+        }
+
+    def load_healed_state(self, state: dict[str, Any]) -> None:
+        self.module.load_state_dict(state["model"])
+        if len(state["optimizers"]) != len(self._optimizers):
+            raise ValueError(
+                f"the healing member has {len(state['optimizers'])} optimizer(s) attached, "
+                f"this rank {len(self._optimizers)}"
+            )
+        for optimizer, saved in zip(self._optimizers, state["optimizers"], strict=True):
+            optimizer.load_state_dict(saved)
+
+    def _broadcast_state(self, view: ViewGroup, source: int) -> bool:
+        """``source`` broadcasts the state over ``view``; the others load it. False: it failed.
+
+        Three broadcasts: a header's length, the header (the state's structure, with every
+        tensor replaced by its number, and each tensor's dtype and shape, saved by
+        ``torch.save``), then one flat buffer per dtype holding every tensor of that dtype.
+        """
+        group = self.elastic_group
+        sender = group.plane.rank == source
+        flats: list[torch.Tensor] = []
+        header = torch.empty(0, dtype=torch.uint8)
+        if sender:
+            skeleton, tensors = _split_tensors(self.state_for_healing())
+            layout = [(str(t.dtype).removeprefix("torch."), list(t.shape)) for t in tensors]
+            dtypes = sorted({d for d, _ in layout})
+            for dtype in dtypes:
+                parts = [
+                    t.reshape(-1) for t, (d, _) in zip(tensors, layout, strict=True) if d == dtype
+                ]
+                flats.append(torch.cat(parts) if parts else torch.empty(0))
+            buf = io.BytesIO()
+            torch.save({"skeleton": skeleton, "layout": layout, "dtypes": dtypes}, buf)
+            header = torch.frombuffer(bytearray(buf.getbuffer()), dtype=torch.uint8)
+        size = torch.tensor([header.numel()], dtype=torch.int64)
+        if not group.broadcast(size, source, async_op=True, view=view).wait():
+            return False
+        if not sender:
+            header = torch.empty(int(size.item()), dtype=torch.uint8)
+        if not group.broadcast(header, source, async_op=True, view=view).wait():
+            return False
+        if sender:
+            return all(group.broadcast(f, source, async_op=True, view=view).wait() for f in flats)
+        raw = ctypes.string_at(header.data_ptr(), header.numel())
+        meta = torch.load(io.BytesIO(raw), weights_only=True)
+        tensors: list[torch.Tensor | None] = [None] * len(meta["layout"])
+        for dtype in meta["dtypes"]:
+            mine = [(i, shape) for i, (d, shape) in enumerate(meta["layout"]) if d == dtype]
+            numel = [math.prod(shape) for _, shape in mine]
+            flat = torch.empty(sum(numel), dtype=getattr(torch, dtype))
+            if not group.broadcast(flat, source, async_op=True, view=view).wait():
+                return False
+            for (i, shape), piece in zip(mine, flat.split(numel), strict=True):
+                tensors[i] = piece.view(shape)
+        self.load_healed_state(_join_tensors(meta["skeleton"], tensors))
+        return True
+
+
+_SLOT = "__foldplane_tensor__"
+
+
+def _split_tensors(obj: Any) -> tuple[Any, list[torch.Tensor]]:
+    """``obj`` with each tensor replaced by ``(_SLOT, index)``, and the tensors in that order."""
+    tensors: list[torch.Tensor] = []
+
+    def walk(x: Any) -> Any:
+        if isinstance(x, torch.Tensor):
+            tensors.append(x.detach())
+            return (_SLOT, len(tensors) - 1)
+        if isinstance(x, dict):
+            return {k: walk(v) for k, v in x.items()}
+        if isinstance(x, (list, tuple)):
+            return type(x)(walk(v) for v in x)
+        return x
+
+    return walk(obj), tensors
+
+
+def _join_tensors(obj: Any, tensors: list[Any]) -> Any:
+    if isinstance(obj, tuple) and len(obj) == 2 and obj[0] == _SLOT:
+        return tensors[obj[1]]
+    if isinstance(obj, dict):
+        return {k: _join_tensors(v, tensors) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_join_tensors(v, tensors) for v in obj)
+    return obj
+
+
+class _Janitor:
+    """Deletes the keys of decided steps on a thread of its own (off the step's critical path)."""
+
+    def __init__(self, store: Any) -> None:
+        self._store = store
+        self._queue: queue.SimpleQueue[str] = queue.SimpleQueue()
+        threading.Thread(target=self._run, name="foldplane-ddp-janitor", daemon=True).start()
+
+    def forget(self, step_prefix: str) -> None:
+        self._queue.put(step_prefix)
+
+    def _run(self) -> None:
+        while True:
+            prefix = self._queue.get()
+            try:
+                self._store.delete_key(f"{prefix}/ok")
+                self._store.delete_key(f"{prefix}/decision")
+            except RuntimeError as e:  # the store moved or is down: the keys are only clutter
+                log.info("cannot delete the keys of %s: %s", prefix, e)
+                return
+
+
+class _KeepBuckets:
+    """The reducer, as ``_pre_forward`` sees it: everything but the bucket rebuild."""
+
+    def __init__(self, reducer: Any) -> None:
+        self._reducer = reducer
+
+    def _rebuild_buckets(self) -> bool:
+        return False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._reducer, name)
+
+
+def _comm_hook(model, bucket):  # annotated below: DDP checks real classes, not strings
+    return model._hook(bucket)
+
+
+_comm_hook.__annotations__ = {
+    "model": DistributedDataParallel,
+    "bucket": dist.GradBucket,
+    "return": torch.futures.Future[torch.Tensor],
+}
+
+
+class ElasticOptimizer:
+    """An optimizer whose ``step()`` runs only when every member of the step's view agreed.
+
+    ``step()`` returns True if it stepped. ``zero_grad``, ``param_groups``, ``state``,
+    ``state_dict`` ... are the wrapped optimizer's. Its state heals together with the model's.
+    """
+
+    def __init__(self, model: DistributedDataParallel, optimizer: torch.optim.Optimizer) -> None:
+        self.model = model
+        self.optimizer = optimizer
+        model.attach_optimizer(optimizer)
+
+    def step(self, closure: Callable[[], float] | None = None) -> bool:
+        if not self.model.should_commit():
+            return False
+        self.optimizer.step(closure)
+        return True
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.optimizer.zero_grad(set_to_none=set_to_none)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.optimizer, name)
+
+
+__all__ = ["DistributedDataParallel", "ElasticOptimizer"]

@@ -1,0 +1,142 @@
+"""A worker for the elastic DDP tests: a small float64 model, Adam, deterministic batches.
+
+Driven by one JSON command per line on stdin, one JSON event per line on stdout. Commands:
+``steps {n | until}`` (n training steps, or steps until ``until`` are committed; one ``step``
+event each), ``activate_self`` (wait until
+HEALTHY, then propose this rank's activation), ``wait_view {active}``, ``close``.
+
+Each ``step`` event carries what a test needs to check the step from outside: the batch's seed,
+the parameters the step started from, the gradients it used (the mean over the members, as DDP
+left them in ``.grad``), and a digest of the parameters and the optimizer state afterwards.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import json
+import sys
+import traceback
+from typing import Any
+
+import torch
+
+from agent import Agent
+from agent.ddp import DistributedDataParallel, ElasticOptimizer
+
+IN, HIDDEN, OUT, BATCH = 4, 3, 1, 8
+
+
+def make_model(seed: int) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(
+        torch.nn.Linear(IN, HIDDEN), torch.nn.Tanh(), torch.nn.Linear(HIDDEN, OUT)
+    ).double()
+
+
+def batch(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(BATCH, IN, generator=g, dtype=torch.float64)
+    return x, x.sum(dim=1, keepdim=True).sin()
+
+
+def loss_of(model: torch.nn.Module, seed: int) -> torch.Tensor:
+    x, y = batch(seed)
+    return torch.nn.functional.mse_loss(model(x), y)
+
+
+def flat(tensors: list[torch.Tensor]) -> list[float]:
+    return torch.cat([t.detach().reshape(-1) for t in tensors]).tolist()
+
+
+def digest(tensors: list[torch.Tensor]) -> str:
+    h = hashlib.sha256()
+    for t in tensors:
+        c = t.detach().contiguous()
+        h.update(ctypes.string_at(c.data_ptr(), c.numel() * c.element_size()))
+    return h.hexdigest()
+
+
+def optimizer_tensors(opt: torch.optim.Optimizer) -> list[torch.Tensor]:
+    out = []
+    for group in opt.param_groups:
+        for p in group["params"]:
+            for _key, value in sorted(opt.state.get(p, {}).items()):
+                out.append(value if torch.is_tensor(value) else torch.tensor(float(value)))
+    return out
+
+
+def emit(event: str, **fields: Any) -> None:
+    print(json.dumps({"event": event, **fields}), flush=True)
+
+
+def main() -> int:
+    timeout_s = float(sys.argv[1]) if len(sys.argv) > 1 else 5.0
+    agent = Agent(
+        heartbeat_interval_s=0.25, collective_timeout_s=timeout_s, p2p_timeout_s=timeout_s
+    ).start()
+    rank = agent.rank
+    pg = agent.process_group()
+    model = DistributedDataParallel(make_model(1000 + rank), pg)  # different on every rank
+    opt = ElasticOptimizer(model, torch.optim.Adam(model.parameters(), lr=0.05))
+    emit("started", rank=rank, incarnation=agent.incarnation)
+    iteration = 0
+    for line in sys.stdin:
+        cmd = json.loads(line)
+        name = cmd["cmd"]
+        try:
+            if name == "steps":
+                n, until = cmd.get("n"), cmd.get("until")
+                done = 0
+                while (n is not None and done < n) or (
+                    until is not None and model.committed_steps < until
+                ):
+                    done += 1
+                    iteration += 1
+                    seed = 100_000 * rank + iteration
+                    opt.zero_grad()
+                    model.begin_step()  # pins the view (and heals) before we read the params
+                    before = flat(list(model.parameters()))
+                    loss = loss_of(model, seed)
+                    loss.backward()
+                    grads = flat([p.grad for p in model.parameters()])
+                    committed = opt.step()
+                    params = list(model.parameters())
+                    emit(
+                        "step",
+                        committed=committed,
+                        version=model.view_version,
+                        members=list(model.members),
+                        steps=model.committed_steps,
+                        index=model.step_index,
+                        iteration=iteration,
+                        seed=seed,
+                        loss=loss.item(),
+                        before=before,
+                        grads=grads,
+                        params=digest(params),
+                        optim=digest(optimizer_tensors(opt.optimizer)),
+                        failed=[] if committed else model.last_failed_ranks,
+                    )
+                emit("steps_done", steps=model.committed_steps)
+            elif name == "activate_self":
+                agent.wait_for_state("HEALTHY", timeout=60)
+                proposal = agent.activate_ranks([rank])
+                emit("proposal", status=proposal.get("status"), version=proposal.get("version"))
+            elif name == "wait_view":
+                view = agent.wait_for_view(
+                    lambda v, c=cmd: list(v.active_ranks) == c["active"], timeout=60
+                )
+                emit("view", version=view.version, active=list(view.active_ranks))
+            elif name == "close":
+                agent.close()
+                emit("closed")
+                return 0
+        except Exception as exc:
+            emit("error", cmd=name, error=f"{type(exc).__name__}: {exc}", tb=traceback.format_exc())
+    agent.close()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
