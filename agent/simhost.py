@@ -219,14 +219,14 @@ class SimulatedHost:
         self._start(rank, time.monotonic())
         return incarnation
 
-    async def report_death(self, rank: int) -> tuple[int, Any]:
+    async def report_death(self, rank: int, timeout: float = 30.0) -> tuple[int, Any]:
         """What a supervisor does when it sees the process die: ``POST /agents/deaths``."""
         machine = self.machines[rank]
         body = {"group": self.group, "rank": rank, "incarnation": machine.config.incarnation}
         token = self.tokens.get(rank)
         channel = Channel(self._conns[EVENTS].addresses, f"Bearer {token}" if token else None)
         try:
-            return await channel.request("POST", "/agents/deaths", body)
+            return await channel.request("POST", "/agents/deaths", body, timeout=timeout)
         finally:
             await channel.close()
 
