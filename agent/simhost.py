@@ -85,6 +85,7 @@ class SimulatedHost:
         tokens: Mapping[int, str] | None = None,
         on_change: Callable[[], None] | None = None,
         data_plane_ready: bool = True,
+        request_timeout_s: float = REQUEST_TIMEOUT_S,
     ) -> None:
         self.address = address
         #: False: the simulated data plane never becomes ready (its rank stays SYNCED)
@@ -119,7 +120,10 @@ class SimulatedHost:
         self._timer_changed = asyncio.Event()
         auth = f"Bearer {','.join(self.tokens[r] for r in sorted(self.tokens))}" if tokens else None
         addresses = [address] if isinstance(address, tuple) else list(address)
-        self._conns = {name: Channel(addresses, auth) for name in (EVENTS, BEATS, "poll")}
+        self._conns = {
+            name: Channel(addresses, auth, request_timeout_s) for name in (EVENTS, BEATS, "poll")
+        }
+        self.request_timeout_s = request_timeout_s
         self._tasks: list[asyncio.Task[None]] = []
 
     def _machine(self, rank: int, incarnation: str | None = None) -> AgentMachine:
@@ -367,7 +371,7 @@ class SimulatedHost:
             self.requests += 1
             try:
                 status, body = await conn.request(
-                    "GET", query, timeout=POLL_TIMEOUT_S + REQUEST_TIMEOUT_S
+                    "GET", query, timeout=POLL_TIMEOUT_S + self.request_timeout_s
                 )
             except (HttpError, OSError, TimeoutError) as exc:
                 status, body = 0, str(exc)
@@ -431,7 +435,13 @@ class Channel:
     connection moves on to the next address, a ``503 not_leader`` to the leader it names (the
     rules of ``agent.client.CoordinatorClient``, for the simulated hosts' light client)."""
 
-    def __init__(self, addresses: Sequence[tuple[str, int]], authorization: str | None) -> None:
+    def __init__(
+        self,
+        addresses: Sequence[tuple[str, int]],
+        authorization: str | None,
+        request_timeout_s: float = REQUEST_TIMEOUT_S,
+    ) -> None:
+        self.request_timeout_s = request_timeout_s
         self.addresses = list(addresses)
         self.authorization = authorization
         self._at = 0
@@ -439,11 +449,12 @@ class Channel:
         self.bytes_received = 0
 
     async def request(
-        self, method: str, path: str, body: Any = None, *, timeout: float = REQUEST_TIMEOUT_S
+        self, method: str, path: str, body: Any = None, *, timeout: float | None = None
     ) -> tuple[int, Any]:
         """One call, tried at each address in turn; a coordinator that does not answer in
         ``timeout`` seconds (frozen, say) counts as unreachable. A body that is not JSON is
         answered as ``(status, its text)``."""
+        timeout = self.request_timeout_s if timeout is None else timeout
         tries = 0
         while True:
             reused = self._conn is not None
@@ -509,6 +520,7 @@ class SimulatedCluster:
         heartbeat_interval_s: float = 1.0,
         tokens: Mapping[int, str] | None = None,
         data_plane_ready: bool = True,
+        request_timeout_s: float = REQUEST_TIMEOUT_S,
     ) -> None:
         ranks = list(range(world_size)) if ranks is None else list(ranks)
         self.group = group
@@ -525,6 +537,7 @@ class SimulatedCluster:
                 tokens={r: tokens[r] for r in ranks[i : i + ranks_per_host]} if tokens else None,
                 on_change=self._note_change,
                 data_plane_ready=data_plane_ready,
+                request_timeout_s=request_timeout_s,
             )
             for i in range(0, len(ranks), ranks_per_host)
         ]
