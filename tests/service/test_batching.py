@@ -60,6 +60,10 @@ async def test_reports_of_one_rank_share_a_group_commit(tmp_path):
         # the three beats share one record, appended ahead of the batch's other inputs
         assert beat0 == beat0_again == beat1 == links - 1
         [shared] = await host.log.read(after=beat0 - 1, limit=1)
-        assert (shared.kind, shared.rank, shared.payload) == ("heartbeat", None, {"ranks": [[0, 1]]})
+        assert (shared.kind, shared.rank, shared.payload) == (
+            "heartbeat",
+            None,
+            {"ranks": [[0, 1]]},
+        )
     finally:
         await host.close()
