@@ -638,9 +638,12 @@ class Host:
         self.metrics.heartbeats += len(kept)
         return _Input(record, payload_bytes, _Shared(kept), 0, None, None, kept[0].arrived)
 
-    async def _process(self, batch: list[_Input]) -> None:
+    def _admit(self, batch: list[_Input], now: float) -> list[_Input]:
+        """What of a batch goes into this append: each input pre-checked against the fold (a
+        refused one is answered at once), beats set aside to share a record, and the shared
+        records of the beats now due put in front (see ``coordinator.heartbeats``). ``now`` is
+        the loop's clock, the heartbeat buffer's. Pure decisions: no I/O, no await."""
         accepted: list[_Input] = []
-        now = asyncio.get_running_loop().time()
         for item in batch:
             outcome = self._precheck(item)
             if outcome is not None:
@@ -663,6 +666,10 @@ class Host:
             first is not None and first.kind == "tick" and first.payload.get("resumed") is True
         )
         accepted[at:at] = shared
+        return accepted
+
+    async def _process(self, batch: list[_Input]) -> None:
+        accepted = self._admit(batch, asyncio.get_running_loop().time())
         if not accepted:
             return
         ts = self._next_ts()

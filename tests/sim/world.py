@@ -350,29 +350,9 @@ class SimHost:
         self.ticker()
 
     def process(self, batch: list[_Input]) -> None:
-        """``Host._process``: pre-check, buffer beats, flush the due beats, append, step."""
-        host = self.host
-        accepted: list[_Input] = []
-        now = self.world.now / S
-        for item in batch:
-            outcome = host._precheck(item)
-            if outcome is not None:
-                item.answer(outcome)
-            elif item.record.kind == "heartbeat" and item.record.rank is not None:
-                host._beats.add(item.record.group, item.record.rank, item, now)  # type: ignore[arg-type]
-            else:
-                accepted.append(item)
-        ticking = any(item.record.kind == "tick" for item in accepted)
-        shared = [
-            item
-            for group, beats in host._beats.take(now, everything=ticking)
-            if (item := host._shared_beats(group, beats)) is not None
-        ]
-        first = accepted[0].record if accepted else None
-        at = int(
-            first is not None and first.kind == "tick" and first.payload.get("resumed") is True
-        )
-        accepted[at:at] = shared
+        """``Host._process``: the host's own admission (``Host._admit``: pre-check, buffer
+        beats, the due beats' shared records in front), then append and step."""
+        accepted = self.host._admit(batch, self.world.now / S)
         if not accepted:
             return
         self.last_ts = max(self.world.wall(), self.last_ts)  # Host._next_ts
@@ -404,7 +384,7 @@ class SimHost:
                 else Refusal(fenced.code, fenced.message, rec.offset)
             )
         if self.machine.offset - self.snapshot_offset >= self.world.setup.snapshot_every:
-            self.world.snapshot = _encode_snapshot(self.machine, host._aux)
+            self.world.snapshot = _encode_snapshot(self.machine, self.host._aux)
             self.snapshot_offset = self.machine.offset
 
     def _apply(self, records: list[Record]) -> dict[int, Any]:
