@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks._cluster import free_port
+from benchmarks._torchrun import restart_all
 from benchmarks.harness import Result, lower_is_better_ratio, median, percentile
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -251,32 +252,7 @@ def _foldplane_worker() -> int:
 
 
 def _torchrun(trials: int) -> list[float]:
-    samples = []
-    for k in range(trials):
-        with tempfile.TemporaryDirectory(prefix="foldplane-bench-torchrun-") as out:
-            env = {
-                **os.environ,
-                "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
-                "RECOVERY_OUT": out,
-                "OMP_NUM_THREADS": "1",
-            }
-            cmd = [
-                sys.executable, "-m", "torch.distributed.run", "--nnodes=1",
-                f"--nproc-per-node={WORLD}", "--max-restarts=1", "--rdzv-backend=c10d",
-                f"--rdzv-endpoint=127.0.0.1:{free_port()}", __file__, "torchrun-worker",
-            ]  # fmt: skip
-            proc = subprocess.run(
-                cmd, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                timeout=600,
-            )  # fmt: skip
-            files = {p.name: float(p.read_text()) for p in Path(out).iterdir()}
-            restarted = [v for name, v in files.items() if name.startswith("restarted-")]
-            if proc.returncode != 0 or "killed" not in files or len(restarted) != WORLD:
-                tail = proc.stderr.decode(errors="replace")[-2000:]
-                raise RuntimeError(f"torchrun trial {k + 1} failed ({proc.returncode}): {tail}")
-            samples.append(max(restarted) - files["killed"])
-            _log(f"torchrun trial {k + 1}/{trials}: {samples[-1]:.3f} s")
-    return samples
+    return restart_all(__file__, "torchrun-worker", "RECOVERY_OUT", WORLD, trials, _log)
 
 
 def _torchrun_worker() -> int:
