@@ -99,6 +99,7 @@ async def check(db: Path, before: dict[int, Record], must_stay: set[int]) -> int
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # ten kills at random moments, each followed by a reopen and a check
 async def test_kill_9_during_compaction_loses_nothing_and_the_next_run_finishes(tmp_path):
     db = tmp_path / "log.db"
     host = await Host.open(str(db), snapshot_every=1000)
