@@ -1,8 +1,9 @@
 """A worker for the elastic DDP tests: a small float64 model, Adam, deterministic batches.
 
 Driven by one JSON command per line on stdin, one JSON event per line on stdout. Commands:
-``steps {n | until}`` (n training steps, or steps until ``until`` are committed; one ``step``
-event each), ``activate_self`` (wait until
+``steps {n | until} [with_rank]`` (n training steps, or steps until ``until`` are committed, and
+in either case on until a committed step had ``with_rank`` among its members; one ``step`` event
+each), ``activate_self`` (wait until
 HEALTHY, then propose this rank's activation), ``wait_view {active}``, ``close``.
 
 Each ``step`` event carries what a test needs to check the step from outside: the batch's seed,
@@ -86,10 +87,13 @@ def main() -> int:
         name = cmd["cmd"]
         try:
             if name == "steps":
-                n, until = cmd.get("n"), cmd.get("until")
+                n, until, with_rank = cmd.get("n"), cmd.get("until"), cmd.get("with_rank")
                 done = 0
-                while (n is not None and done < n) or (
-                    until is not None and model.committed_steps < until
+                joined = with_rank is None
+                while (
+                    (n is not None and done < n)
+                    or (until is not None and model.committed_steps < until)
+                    or not joined
                 ):
                     done += 1
                     iteration += 1
@@ -101,6 +105,7 @@ def main() -> int:
                     loss.backward()
                     grads = flat([p.grad for p in model.parameters()])
                     committed = opt.step()
+                    joined = joined or (committed and with_rank in model.members)
                     params = list(model.parameters())
                     emit(
                         "step",
