@@ -39,7 +39,7 @@ from agent.client import (
     parse_addresses,
 )
 from agent.relay import Relay
-from coordinator.auth import agent_token
+from wire.auth import agent_token
 
 log = logging.getLogger("foldplane.launch")
 

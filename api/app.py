@@ -13,7 +13,7 @@ from api.fastpath import Service
 from api.limits import Limits
 from api.routes import agents, audit, console, operator, story
 from coordinator.auth import Authenticator
-from coordinator.host import Host
+from coordinator.host.loop import Host
 
 DESCRIPTION = """An event-sourced control plane for elastic torch.distributed process groups.
 

@@ -6,7 +6,7 @@ from starlette.requests import Request
 
 from api.errors import ApiError
 from coordinator.auth import Authenticator, Principal
-from coordinator.host import Host
+from coordinator.host.loop import Host
 
 
 def host_of(request: Request) -> Host:

@@ -19,7 +19,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
 from coordinator.auth import AuthError
-from coordinator.host import HostUnavailable
+from coordinator.host.loop import HostUnavailable
 
 log = logging.getLogger("foldplane.api")
 

@@ -27,7 +27,7 @@ from api.errors import ApiError, BodyTooLarge, error_response
 from api.limits import BodySizeLimit, JsonBodies
 from api.routes.agents import MAX_POLL_S, UpdatesQuery, events_answer, poll_ranks, updates_answer
 from coordinator.auth import Authenticator, AuthError, Principal
-from coordinator.host import HostUnavailable
+from coordinator.host.loop import HostUnavailable
 
 PATH = "/agents/events"
 UPDATES = "/agents/updates"

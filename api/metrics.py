@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from coordinator.host import Host
+from coordinator.host.loop import Host
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 

@@ -22,7 +22,7 @@ from typing import Any
 from agent.httplite import Connection
 from agent.machine import Action, AgentMachine, EventsAnswered, EventsFailed, SendEvents
 from agent.simhost import SimulatedCluster, SimulatedHost
-from coordinator.cli import serve_argv
+from coordinator.commands import serve_argv
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -30,8 +30,8 @@ from typing import Any
 import msgspec
 
 from benchmarks.harness import Result, lower_is_better_ratio, median
-from coordinator.effects import RankState, ViewPrepare
-from coordinator.machine import Coordinator
+from coordinator.fold.effects import RankState, ViewPrepare
+from coordinator.fold.machine import Coordinator
 from eventlog import READ_PAGE, open_log
 from eventlog.record import NewRecord, Record
 

@@ -17,7 +17,7 @@ import random
 import time
 
 from benchmarks.harness import Result, lower_is_better_ratio, median, percentile
-from coordinator.healthy_set import healthy_set
+from coordinator.fold.healthy_set import healthy_set
 
 
 def greedy_peel(n: int, down_edges: list[tuple[int, int]]) -> tuple[int, ...]:

@@ -21,14 +21,14 @@ matched.
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import ipaddress
 import re
 from dataclasses import dataclass
 from typing import Literal
 
-TOKEN_PREFIX = "fpa1"
+from wire.auth import TOKEN_PREFIX, agent_mac
+
 #: RFC 6750, section 2.1: the syntax of a bearer token.
 B64TOKEN = re.compile(r"[A-Za-z0-9\-._~+/]+=*")
 #: An agent token's rank: ASCII digits, no leading zero, within the ranks a group may have.
@@ -83,21 +83,6 @@ class Principal:
 
 
 OPERATOR = Principal("operator")
-
-
-def agent_mac(secret: str, group: str, rank: int) -> str:
-    """The hex HMAC-SHA256 over ``"<group>\\x00<rank>"`` keyed by the server secret."""
-    msg = f"{group}\x00{rank}".encode()
-    return hmac.new(secret.encode(), msg, hashlib.sha256).hexdigest()
-
-
-def agent_token(secret: str, group: str, rank: int) -> str:
-    """The agent token for ``(group, rank)``; what ``python -m coordinator token`` prints."""
-    if not secret:
-        raise ValueError("an agent token needs a non-empty secret (FOLDPLANE_SECRET or --secret)")
-    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
-        raise ValueError(f"rank {rank!r} must be a non-negative integer")
-    return f"{TOKEN_PREFIX}.{group}.{rank}.{agent_mac(secret, group, rank)}"
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,7 +15,7 @@
   cannot be read.
 - ``explain log.db --group G --rank R [--until OFFSET] [--json]`` tells the rank's story: the
   records that brought it to its state and its place in or out of ``active_ranks``
-  (:mod:`coordinator.story`, the same story as ``GET /groups/{group}/ranks/{rank}/story``).
+  (:mod:`coordinator.host.story`, the same story as ``GET /groups/{group}/ranks/{rank}/story``).
 - ``token --group G --rank R`` prints the agent token for that rank (reads ``FOLDPLANE_SECRET``
   or ``--secret``).
 - ``demo`` shows the whole loop on a local SQLite file with real gloo workers.
@@ -244,7 +244,7 @@ def _serve(args: argparse.Namespace) -> int:
     except BindRefused as exc:
         print(f"coordinator: {exc}", file=sys.stderr)
         return 2
-    from coordinator.leadership import LeaseSettings
+    from coordinator.host.leadership import LeaseSettings
 
     try:
         args.limits = _limits(args)
@@ -271,7 +271,7 @@ def _serve(args: argparse.Namespace) -> int:
         )
         return 2
     if args.retain is not None:
-        from coordinator.retention import parse_policy
+        from coordinator.host.retention import parse_policy
 
         try:
             parse_policy(args.retain)
@@ -300,7 +300,7 @@ def loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
 async def _serve_async(args: argparse.Namespace, auth: Any) -> int:
     from api.app import create_app
     from api.server import Server, config
-    from coordinator.replica import open_host
+    from coordinator.host.replica import open_host
     from eventlog import LogError
 
     try:
@@ -317,7 +317,7 @@ async def _serve_async(args: argparse.Namespace, auth: Any) -> int:
     store = None
     retention = None
     if args.retain is not None:
-        from coordinator.compaction import retain_periodically
+        from coordinator.host.compaction import retain_periodically
 
         retention = asyncio.get_running_loop().create_task(
             retain_periodically(
@@ -329,7 +329,7 @@ async def _serve_async(args: argparse.Namespace, auth: Any) -> int:
         )
     try:
         if args.store_port >= 0:
-            from coordinator.store_server import start_store
+            from coordinator.host.store_server import start_store
 
             store, host.store_address = start_store(
                 args.host, args.store_port, advertise=args.store_host
@@ -359,12 +359,6 @@ async def _serve_async(args: argparse.Namespace, auth: Any) -> int:
         del store
 
 
-def serve_argv(db: str, port: int, *options: str) -> list[str]:
-    """The command line of ``python -m coordinator serve --db DB --port PORT [options]`` under
-    this interpreter: how the demo, the benchmarks and the tests start a coordinator process."""
-    return [sys.executable, "-m", "coordinator", "serve", "--db", db, "--port", str(port), *options]
-
-
 #: How long a thread may hold the GIL while another waits for it (CPython's default: 5 ms).
 GIL_SWITCH_INTERVAL_S = 0.0005
 
@@ -389,7 +383,7 @@ def _tune_for_latency() -> None:
 
 
 def _replay(args: argparse.Namespace) -> int:
-    from coordinator.replay import CompactedLog, replay
+    from coordinator.host.replay import CompactedLog, replay
     from eventlog import LogError
 
     if args.plot is not None:
@@ -450,9 +444,9 @@ def _replay(args: argparse.Namespace) -> int:
 
 
 def _compact(args: argparse.Namespace) -> int:
-    from coordinator.compaction import STEP_RECORDS, compact
-    from coordinator.replay import CompactedLog
-    from coordinator.retention import parse_policy
+    from coordinator.host.compaction import STEP_RECORDS, compact
+    from coordinator.host.replay import CompactedLog
+    from coordinator.host.retention import parse_policy
     from eventlog import LogError
 
     try:
@@ -507,7 +501,7 @@ def _print_step(at: int, removed: Any) -> None:
 
 
 def _explain(args: argparse.Namespace) -> int:
-    from coordinator.story import StoryError, format_story, story_from
+    from coordinator.host.story import StoryError, format_story, story_from
     from eventlog import LogError
 
     try:
@@ -603,7 +597,7 @@ def _ranks(ranks: list[int]) -> str:
 
 
 def _token(args: argparse.Namespace) -> int:
-    from coordinator.auth import agent_token
+    from wire.auth import agent_token
 
     secret = args.secret or os.environ.get("FOLDPLANE_SECRET")
     if not secret:

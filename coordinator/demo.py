@@ -25,7 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from coordinator.cli import serve_argv
+from coordinator.commands import serve_argv
 
 GROUP = "demo"
 WORLD_SIZE = 4

@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from coordinator.reasons import ranks_text
+from coordinator.fold.reasons import ranks_text
 
 FORMATS = {".png": "png", ".svg": "svg"}
 CAUSE_COLOURS = {

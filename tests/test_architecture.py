@@ -32,13 +32,13 @@ IO_MODULES = (
 
 
 def test_importing_the_pure_machines_loads_no_io_module() -> None:
-    """Importing ``coordinator.machine`` and ``agent.machine`` (packages included) loads no I/O.
+    """Importing ``coordinator.fold.machine`` and ``agent.machine`` (packages included) loads no I/O.
 
     import-linter checks the machines' own imports; this checks what the packages'
     ``__init__`` modules drag in at run time, in a fresh interpreter.
     """
     code = (
-        "import coordinator.machine, agent.machine, sys; "
+        "import coordinator.fold.machine, agent.machine, sys; "
         f"print(','.join(m for m in {IO_MODULES!r} if m in sys.modules))"
     )
     done = subprocess.run(

@@ -20,7 +20,7 @@ Costs that do not grow with the group, by construction:
   ``GET /views/current``). A delta whose ``base`` is not the view the reader holds cannot be
   applied (:class:`StaleBase`): the reader resyncs.
 - **Heartbeats share records**: the coordinator appends the beats that arrive together as one
-  ``heartbeat`` record naming the ranks (see ``coordinator.heartbeats``).
+  ``heartbeat`` record naming the ranks (see ``coordinator.fold.heartbeats``).
 
 This module is pure: no I/O, clock, threads or randomness.
 """

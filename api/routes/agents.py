@@ -37,7 +37,7 @@ from api.models import (
 )
 from api.openapi import answers, body
 from coordinator.auth import Authenticator, AuthError, Principal
-from coordinator.host import Appended, Host, Outcome, Refusal
+from coordinator.host.loop import Appended, Host, Outcome, Refusal
 from eventlog import NewRecord
 from wire import ranks as rank_sets
 from wire.protocol import PROTOCOL, PROTOCOL_MISMATCH, legacy_problem

@@ -14,7 +14,7 @@ from api.deps import host_of, require_operator
 from api.errors import ApiError
 from api.openapi import answers
 from api.paging import read_page
-from coordinator.host import HostUnavailable
+from coordinator.host.loop import HostUnavailable
 from eventlog import KINDS, LogError, Record
 
 router = APIRouter(tags=["audit"])
@@ -136,7 +136,7 @@ async def event_stream(
 async def healthz(request: Request) -> Response:
     host = host_of(request)
     down = host.available()
-    role = getattr(host, "role", "leader")  # a ReplicaHost (coordinator/replica.py) may follow
+    role = getattr(host, "role", "leader")  # a ReplicaHost (coordinator/host/replica.py) may follow
     if role == "standby" and isinstance(down, HostUnavailable) and down.code == "not_leader":
         down = None  # a standby that follows the log is healthy; writes go to the leader
     try:

@@ -18,8 +18,8 @@ from starlette.responses import Response
 from api.codec import json_response
 from api.deps import host_of, require_group, require_operator
 from api.openapi import answers
-from coordinator.host import HostUnavailable
-from coordinator.overview import group_list, group_overview, ranks_brief
+from coordinator.fold.overview import group_list, group_overview, ranks_brief
+from coordinator.host.loop import HostUnavailable
 from eventlog import LogError
 
 router = APIRouter(tags=["console"])

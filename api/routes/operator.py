@@ -15,11 +15,11 @@ from api.limits import MAX_RANKS_PAGE, Limits
 from api.models import CreateGroupRequest, ProposalRequest
 from api.openapi import answers, body
 from api.paging import read_page
-from coordinator.config import ConfigError, GroupConfig
-from coordinator.effects import Proposal
-from coordinator.host import Appended, Existing, Host, Outcome, Refusal
-from coordinator.machine import Coordinator
-from coordinator.projections import proposal_doc, to_doc, view_doc
+from coordinator.fold.config import ConfigError, GroupConfig
+from coordinator.fold.effects import Proposal
+from coordinator.fold.machine import Coordinator
+from coordinator.fold.projections import proposal_doc, to_doc, view_doc
+from coordinator.host.loop import Appended, Existing, Host, Outcome, Refusal
 from eventlog import NewRecord, ProjectionRow
 
 router = APIRouter(tags=["operator"])

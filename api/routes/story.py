@@ -1,6 +1,6 @@
 """``GET /groups/{group}/ranks/{rank}/story``: why a rank is where it is.
 
-The story is folded from the log by :mod:`coordinator.story`, the same code ``python -m
+The story is folded from the log by :mod:`coordinator.host.story`, the same code ``python -m
 coordinator explain`` runs, up to the offset the coordinator has applied (or ``?until=``). The
 fold of a long log is CPU work, so each page of records is stepped in a worker thread, and at
 most :data:`CONCURRENT` stories are folded at once. With auth on it needs the operator token.
@@ -17,7 +17,7 @@ from api.codec import json_response
 from api.deps import host_of, require_group, require_operator
 from api.errors import ApiError
 from api.openapi import answers
-from coordinator.story import StoryBuilder, StoryError, story_of
+from coordinator.host.story import StoryBuilder, StoryError, story_of
 from eventlog import Record
 
 router = APIRouter(tags=["console"])

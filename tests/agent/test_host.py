@@ -58,7 +58,7 @@ def test_two_agents_form_a_group_run_a_collective_and_leave_cleanly(coordinator:
     finally:
         close_all(pair)
     assert [a.stopped.reason for a in pair if a.stopped] == ["closed", "closed"]
-    ranks = coordinator.status("pair")["ranks"]
+    ranks = coordinator.fold.status("pair")["ranks"]
     assert [(r["state"], r["exited"]) for r in ranks] == [("OFFLINE", True)] * 2
 
 
@@ -189,7 +189,7 @@ def test_a_wrong_agent_token_stops_the_agent_with_forbidden(tmp_path: Path, monk
     try:
         operator = CoordinatorClient(secured.url, token="operator-token")
         operator.create_group("auth", 1)
-        from coordinator.auth import agent_token
+        from wire.auth import agent_token
 
         wrong = agent_token("other-secret", "auth", 0)
         agent = Agent(secured.url, group="auth", rank=0, token=wrong).start()

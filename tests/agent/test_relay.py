@@ -19,8 +19,8 @@ import pytest
 
 from agent.client import CoordinatorClient
 from agent.relay import EventsRequest, Relay, with_token
-from coordinator.auth import agent_token
 from tests.agent.conftest import Coordinator, start_coordinator, stop_coordinator
+from wire.auth import agent_token
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -6,8 +6,8 @@ from typing import Any
 
 import msgspec
 
-from coordinator.effects import Effect, ViewCommitted, ViewPrepare
-from coordinator.machine import Coordinator
+from coordinator.fold.effects import Effect, ViewCommitted, ViewPrepare
+from coordinator.fold.machine import Coordinator
 from eventlog.record import Record
 
 S = 1_000_000_000

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from coordinator.effects import ShutdownWithSave
+from coordinator.fold.effects import ShutdownWithSave
 from tests.fold.script import Script, of, one
 
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from coordinator.config import GroupConfig
-from coordinator.effects import (
+from coordinator.fold.config import GroupConfig
+from coordinator.fold.effects import (
     GroupCreated,
     GroupFailed,
     ProposalResolved,

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from coordinator.effects import HEALTHY, OFFLINE, SYNCED, RankState, ViewCommitted, ViewPrepare
+from coordinator.fold.effects import HEALTHY, OFFLINE, SYNCED, RankState, ViewCommitted, ViewPrepare
 from tests.fold.script import T0, S, Script, of, one
 
 

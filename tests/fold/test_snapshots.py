@@ -7,8 +7,8 @@ import json
 import msgspec
 import pytest
 
-from coordinator.effects import Refused, ViewCommitted
-from coordinator.machine import Coordinator
+from coordinator.fold.effects import Refused, ViewCommitted
+from coordinator.fold.machine import Coordinator
 from eventlog.record import Record
 from tests.fold.script import T0, S, Script, one
 

@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from coordinator.effects import (
+from coordinator.fold.effects import (
     HEALTHY,
     OFFLINE,
     TERMINAL,
@@ -29,7 +29,7 @@ from coordinator.effects import (
     ViewCommitted,
     ViewPrepare,
 )
-from coordinator.machine import Coordinator
+from coordinator.fold.machine import Coordinator
 from tests.fold.script import S, Script
 
 GROUPS = ("g", "h")

@@ -1,4 +1,4 @@
-"""A rank's story (coordinator/story.py), told from records fed at chosen times: no clock, no
+"""A rank's story (coordinator/host/story.py), told from records fed at chosen times: no clock, no
 server. The story is read from what the fold itself did, so each test checks that the fold's
 own reasons, offsets and times come through, in order, and that memory stays bounded."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from coordinator.story import EVIDENCE_LIMIT, StoryBuilder, StoryError, format_story
+from coordinator.host.story import EVIDENCE_LIMIT, StoryBuilder, StoryError, format_story
 from tests.fold.script import T0, S, Script
 
 

@@ -23,7 +23,7 @@ import asyncpg
 import httpx
 
 from agent.client import CoordinatorUnavailable
-from coordinator.cli import serve_argv
+from coordinator.commands import serve_argv
 from tests.conftest import PG_URL, free_port
 
 ROOT = Path(__file__).resolve().parents[2]

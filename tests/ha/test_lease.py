@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 import asyncpg
 import pytest
 
-from coordinator.leadership import Lease, LeaseError, LeaseSettings
+from coordinator.host.leadership import Lease, LeaseError, LeaseSettings
 from eventlog import open_log
 from eventlog.target import PostgresTarget, parse_target
 from tests.conftest import PG_URL

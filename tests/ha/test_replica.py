@@ -9,9 +9,9 @@ from collections.abc import AsyncIterator, Callable
 
 import pytest
 
-from coordinator.host import CONSUMER, Appended, HostUnavailable
-from coordinator.leadership import LeaseSettings
-from coordinator.replica import NotLeader, ReplicaHost, open_host
+from coordinator.host.leadership import LeaseSettings
+from coordinator.host.loop import CONSUMER, Appended, HostUnavailable
+from coordinator.host.replica import NotLeader, ReplicaHost, open_host
 from eventlog import NewRecord, open_log
 from tests.ha.cluster import ROOT, drop_schema, new_schema, schema_url
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import uuid
 
-from coordinator.host import Appended, Host
+from coordinator.host.loop import Appended, Host
 from eventlog import NewRecord
 
 

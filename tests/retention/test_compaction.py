@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import pytest
 
-from coordinator.compaction import compact_log
-from coordinator.host import CONSUMER, Host, _Aux
-from coordinator.machine import Coordinator
-from coordinator.replay import CompactedLog, is_summary, replay_log
-from coordinator.retention import HEARTBEAT_CLASS, RetainPolicy, has_down_evidence
+from coordinator.fold.machine import Coordinator
+from coordinator.host.compaction import compact_log
+from coordinator.host.loop import CONSUMER, Host, _Aux
+from coordinator.host.replay import CompactedLog, is_summary, replay_log
+from coordinator.host.retention import HEARTBEAT_CLASS, RetainPolicy, has_down_evidence
 from eventlog import Log, LogError, NewRecord, ProjectionRow, Record, open_log
 from tests.retention.history import Life
 

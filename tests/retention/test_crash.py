@@ -23,10 +23,10 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.host import CONSUMER, Host, _decode_snapshot
-from coordinator.machine import Coordinator
-from coordinator.replay import replay_log
-from coordinator.retention import removable
+from coordinator.fold.machine import Coordinator
+from coordinator.host.loop import CONSUMER, Host, _decode_snapshot
+from coordinator.host.replay import replay_log
+from coordinator.host.retention import removable
 from eventlog import Record, open_log
 from tests.retention.history import Life
 from tests.retention.test_compaction import everything

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from coordinator.effects import RankState, Refused
-from coordinator.retention import (
+from coordinator.fold.effects import RankState, Refused
+from coordinator.host.retention import (
     HEARTBEAT_CLASS,
     RetainPolicy,
     has_down_evidence,

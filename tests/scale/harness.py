@@ -12,7 +12,7 @@ from typing import Any
 
 from api.app import create_app
 from api.server import Server, config
-from coordinator.host import Host
+from coordinator.host.loop import Host
 from eventlog import NewRecord
 from tests.conftest import free_port
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from coordinator.cli import serve_argv
+from coordinator.commands import serve_argv
 from tests.conftest import free_port
 
 ROOT = Path(__file__).resolve().parents[2]

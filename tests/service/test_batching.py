@@ -7,7 +7,7 @@ other inputs; plain reports of one rank may.
 
 from __future__ import annotations
 
-from coordinator.host import Appended, Host, Refusal
+from coordinator.host.loop import Appended, Host, Refusal
 from eventlog import NewRecord
 
 CALM = {"heartbeat_timeout_s": 3600.0}

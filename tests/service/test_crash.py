@@ -29,7 +29,7 @@ import httpx
 import pytest
 
 from agent.simhost import SimulatedCluster
-from coordinator.replay import replay as replay_log
+from coordinator.host.replay import replay as replay_log
 from tests.service.conftest import Server, make_server, replay
 from wire import ranks as rank_sets
 

@@ -8,7 +8,7 @@ import pytest
 from api.app import create_app
 from api.fastpath import updates_query
 from api.routes.agents import UpdatesQuery
-from coordinator.host import Host
+from coordinator.host.loop import Host
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""Heartbeats share records (coordinator/heartbeats.py), on a real SQLite file and the real
+"""Heartbeats share records (coordinator/fold/heartbeats.py), on a real SQLite file and the real
 Host: every beat is in the log, each beat is checked again right before its record is
 appended, and a tick never overtakes a waiting beat."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 
-from coordinator.host import Appended, Host, Refusal
+from coordinator.host.loop import Appended, Host, Refusal
 from eventlog import NewRecord
 
 CALM = {"heartbeat_timeout_s": 3600.0}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import msgspec
 
-from coordinator.journal import UpdateJournals, encoded
+from coordinator.host.journal import UpdateJournals, encoded
 
 
 def upd(offset: int, type_: str = "view_committed") -> dict:

@@ -13,7 +13,7 @@ import asyncio
 
 import pytest
 
-from coordinator.host import Appended, Host
+from coordinator.host.loop import Appended, Host
 from eventlog import NewRecord
 
 GROUP = "p"

@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from api.app import create_app
-from coordinator.host import Appended, Host
+from coordinator.host.loop import Appended, Host
 from eventlog import NewRecord
 from wire.protocol import apply_view_update, view_update
 

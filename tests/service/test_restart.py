@@ -10,7 +10,7 @@ import uuid
 
 import pytest
 
-from coordinator.host import Appended, Host, HostUnavailable
+from coordinator.host.loop import Appended, Host, HostUnavailable
 from eventlog import NewRecord
 
 

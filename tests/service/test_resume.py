@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import time
 
-from coordinator.effects import HEALTHY
-from coordinator.host import Appended, Host
+from coordinator.fold.effects import HEALTHY
+from coordinator.host.loop import Appended, Host
 from eventlog import NewRecord, open_log
 
 HOUR_NS = 3_600 * 1_000_000_000

@@ -18,7 +18,7 @@ from typing import Any
 
 import msgspec
 
-from coordinator.effects import (
+from coordinator.fold.effects import (
     HEALTHY,
     OFFLINE,
     TERMINAL,

@@ -28,9 +28,9 @@ from typing import Any
 import msgspec
 import pytest
 
-from coordinator import machine as machine_module
-from coordinator.config import GroupConfig
-from coordinator.effects import (
+from coordinator.fold import machine as machine_module
+from coordinator.fold.config import GroupConfig
+from coordinator.fold.effects import (
     Effect,
     GroupCreated,
     Proposal,
@@ -41,7 +41,7 @@ from coordinator.effects import (
     ViewCommitted,
     ViewPrepare,
 )
-from coordinator.state import RankInfo
+from coordinator.fold.state import RankInfo
 from eventlog.record import Record
 from tests.sim import world as sim
 from tests.sim.invariants import NAMES, Invariants, Violation

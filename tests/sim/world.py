@@ -4,15 +4,15 @@ crashes and the clock, in one process, from a seed.
 Everything random comes from ``random.Random`` seeded by the seed; time is simulated
 nanoseconds on an event queue (no threads, no asyncio, no clock), so a seed replays exactly.
 
-**What is real.** The fold is the real :class:`coordinator.machine.Coordinator`; each rank is a
+**What is real.** The fold is the real :class:`coordinator.fold.machine.Coordinator`; each rank is a
 real :class:`agent.machine.AgentMachine`. The coordinator's host is the real
-:class:`coordinator.host.Host` object, used for every decision it makes without I/O: the
+:class:`coordinator.host.loop.Host` object, used for every decision it makes without I/O: the
 batching rule (``Host._next_batch``), the pre-check of each input (``Host._precheck``, which is
-``Coordinator.check``), the heartbeat buffer (``coordinator.heartbeats.HeartbeatBuffer``) and its
+``Coordinator.check``), the heartbeat buffer (``coordinator.fold.heartbeats.HeartbeatBuffer``) and its
 re-check of each beat before its shared record is appended (``Host._shared_beats``), the
 effects carried out into projection rows and agent updates (``Host._carry_out``, with
 ``wire.protocol.view_update``/``prepare_update``), the per-rank update journals
-(``coordinator.journal.UpdateJournals``: what each rank may read, and when it must resync), the
+(``coordinator.host.journal.UpdateJournals``: what each rank may read, and when it must resync), the
 resync answer (``Host._resync``), and the snapshot format (``_encode_snapshot``).
 
 **What is simulated, and how it differs.** The host's loop, its ``_process`` and ``_apply`` and
@@ -75,7 +75,10 @@ from agent.machine import (
     Tick,
     UpdatesReceived,
 )
-from coordinator.host import (
+from coordinator.fold.machine import Coordinator
+from coordinator.fold.projections import rows_for
+from coordinator.host.journal import UpdateJournals, decoded
+from coordinator.host.loop import (
     Appended,
     Existing,
     Host,
@@ -86,9 +89,6 @@ from coordinator.host import (
     _encode_snapshot,
     _Input,
 )
-from coordinator.journal import UpdateJournals, decoded
-from coordinator.machine import Coordinator
-from coordinator.projections import rows_for
 from eventlog.record import NewRecord, Record, decode_payload, validate
 from tests.sim.invariants import Invariants, Violation
 

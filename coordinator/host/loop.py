@@ -30,7 +30,7 @@ from typing import Any
 
 import msgspec
 
-from coordinator.effects import (
+from coordinator.fold.effects import (
     Effect,
     GroupCreated,
     GroupFailed,
@@ -42,11 +42,11 @@ from coordinator.effects import (
     ViewCommitted,
     ViewPrepare,
 )
-from coordinator.heartbeats import HeartbeatBuffer
-from coordinator.host_metrics import HostMetrics
-from coordinator.journal import Update, UpdateJournals, decoded, encoded
-from coordinator.machine import Coordinator
-from coordinator.projections import rank_state_update, rows_for, shutdown_update
+from coordinator.fold.heartbeats import HeartbeatBuffer
+from coordinator.fold.machine import Coordinator
+from coordinator.fold.projections import rank_state_update, rows_for, shutdown_update
+from coordinator.host.journal import Update, UpdateJournals, decoded, encoded
+from coordinator.host.metrics import HostMetrics
 from eventlog import (
     InvalidRecord,
     Log,
@@ -613,7 +613,7 @@ class Host:
     def _shared_beats(self, group: str, beats: dict[int, list[_Input]]) -> _Input | None:
         """One ``heartbeat`` record for the beats of ``group`` that waited together, each
         checked again against the state the record will be folded on (see
-        ``coordinator.heartbeats``); None when none of them is still current."""
+        ``coordinator.fold.heartbeats``); None when none of them is still current."""
         ranks: list[int] = []
         kept: list[_Input] = []
         for rank, items in beats.items():
@@ -641,7 +641,7 @@ class Host:
     def _admit(self, batch: list[_Input], now: float) -> list[_Input]:
         """What of a batch goes into this append: each input pre-checked against the fold (a
         refused one is answered at once), beats set aside to share a record, and the shared
-        records of the beats now due put in front (see ``coordinator.heartbeats``). ``now`` is
+        records of the beats now due put in front (see ``coordinator.fold.heartbeats``). ``now`` is
         the loop's clock, the heartbeat buffer's. Pure decisions: no I/O, no await."""
         accepted: list[_Input] = []
         for item in batch:

@@ -2,7 +2,7 @@
 
 The log is the source of truth; views, proposal outcomes and rank states are projections the
 host wrote while it ran. Replay rebuilds them with a fresh fold and the same effect-to-row code
-(:mod:`coordinator.projections`) and compares, document by document. Any difference is a
+(:mod:`coordinator.fold.projections`) and compares, document by document. Any difference is a
 *divergence*: a non-deterministic fold, a host that lost or invented a write, or a damaged
 store. Replay never writes, and it may run beside a live coordinator: if the projections move while
 it reads them, it starts over.
@@ -14,7 +14,7 @@ projects them when it restarts. With ``until``, only the views committed up to t
 compared (later rows are the latest state, not history).
 
 Where it starts: from offset 1 on a log nothing was removed from. On a compacted log (see
-``coordinator/compaction.py``) a fold from offset 1 is impossible, so it starts from the oldest
+``coordinator/host/compaction.py``) a fold from offset 1 is impossible, so it starts from the oldest
 kept snapshot the retained log needs (the first whole one at or after the last removed range
 before the stop; a kept snapshot a newer step superseded is shrunk to a summary of what that
 step verified), after verifying it: it decodes at its offset, its views and proposals equal the
@@ -32,10 +32,10 @@ from typing import Any
 
 import msgspec
 
-from coordinator.effects import Effect, ViewCommitted
-from coordinator.host import CONSUMER, _decode_snapshot
-from coordinator.machine import Coordinator
-from coordinator.projections import PROJECTION_KINDS, proposal_doc, rows_for, view_doc
+from coordinator.fold.effects import Effect, ViewCommitted
+from coordinator.fold.machine import Coordinator
+from coordinator.fold.projections import PROJECTION_KINDS, proposal_doc, rows_for, view_doc
+from coordinator.host.loop import CONSUMER, _decode_snapshot
 from eventlog import READ_PAGE, Log, Record, RemovedRange, open_log
 
 Key = tuple[str, str, int]

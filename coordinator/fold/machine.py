@@ -25,9 +25,9 @@ from typing import Any
 
 import msgspec
 
-from coordinator.admission import admission_problem, requested, static_problem
-from coordinator.config import GroupConfig
-from coordinator.effects import (
+from coordinator.fold.admission import admission_problem, requested, static_problem
+from coordinator.fold.config import GroupConfig
+from coordinator.fold.effects import (
     APPLIED,
     APPLIED_WITH_DROPPED_RANKS,
     HEALTHY,
@@ -48,11 +48,11 @@ from coordinator.effects import (
     ViewCommitted,
     ViewPrepare,
 )
-from coordinator.fencing import parse_group_created, refusal
-from coordinator.healthy_set import excluded_ranks
-from coordinator.reasons import ranks_text
-from coordinator.state import FAILED, FORMED, FORMING, Change, GroupState
-from coordinator.status import group_status
+from coordinator.fold.fencing import parse_group_created, refusal
+from coordinator.fold.healthy_set import excluded_ranks
+from coordinator.fold.reasons import ranks_text
+from coordinator.fold.state import FAILED, FORMED, FORMING, Change, GroupState
+from coordinator.fold.status import group_status
 from eventlog.record import Record
 from wire import ranks as rank_sets
 from wire.protocol import CAUSE_DEATH_REPORTED, links_down

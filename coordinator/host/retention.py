@@ -1,6 +1,6 @@
 """Which records retention may remove, and the ``--retain`` policy.
 
-A record may go once it lies behind a kept snapshot (the compactor, ``coordinator/compaction.py``,
+A record may go once it lies behind a kept snapshot (the compactor, ``coordinator/host/compaction.py``,
 guarantees that part) and :func:`removable` says so. The rule is decided with the fold's own
 output, not a copy of its logic: the compactor steps the real ``Coordinator`` over the record
 and hands the effects here. Everything that decided something stays for the life of the log:
@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from coordinator.effects import Effect, Refused
+from coordinator.fold.effects import Effect, Refused
 from eventlog.record import Record
 
 #: The kinds retention may remove: liveness and evidence that, once folded into a snapshot,

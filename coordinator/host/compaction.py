@@ -1,7 +1,7 @@
 """``python -m coordinator compact``: remove heartbeat-class records behind a kept snapshot.
 
 The log grows by every heartbeat, tick and links report; once folded into a snapshot, most of
-them decided nothing. Compaction removes those (:func:`coordinator.retention.removable` is the
+them decided nothing. Compaction removes those (:func:`coordinator.host.retention.removable` is the
 rule) the way raft compacts its log behind a snapshot, and keeps every decision-bearing record
 and every projection (views, proposals) for the life of the log.
 
@@ -40,11 +40,11 @@ from typing import Any
 
 import msgspec
 
-from coordinator.effects import Effect, ViewCommitted
-from coordinator.host import CONSUMER, Host, _Aux, _decode_snapshot, _encode_snapshot
-from coordinator.machine import Coordinator
-from coordinator.projections import view_doc
-from coordinator.replay import (
+from coordinator.fold.effects import Effect, ViewCommitted
+from coordinator.fold.machine import Coordinator
+from coordinator.fold.projections import view_doc
+from coordinator.host.loop import CONSUMER, Host, _Aux, _decode_snapshot, _encode_snapshot
+from coordinator.host.replay import (
     CompactedLog,
     OnRecord,
     Start,
@@ -54,7 +54,7 @@ from coordinator.replay import (
     summary,
     views_digest,
 )
-from coordinator.retention import RetainPolicy, removable
+from coordinator.host.retention import RetainPolicy, removable
 from eventlog import READ_PAGE, Log, Record, RemovedRange, open_log
 
 log = logging.getLogger("foldplane.compaction")

@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from coordinator.config import ConfigError, GroupConfig
-from coordinator.effects import (
+from coordinator.fold.config import ConfigError, GroupConfig
+from coordinator.fold.effects import (
     DUPLICATE_PROPOSAL,
     GROUP_CONFLICT,
     GROUP_FAILED,
@@ -28,9 +28,9 @@ from coordinator.effects import (
     UNKNOWN_GROUP,
     Proposal,
 )
-from coordinator.payloads import CHECKS
-from coordinator.reasons import ranks_text
-from coordinator.state import FAILED, GroupState, RankInfo
+from coordinator.fold.payloads import CHECKS
+from coordinator.fold.reasons import ranks_text
+from coordinator.fold.state import FAILED, GroupState, RankInfo
 from eventlog.record import KINDS
 
 #: (code, message)
@@ -80,7 +80,7 @@ def refusal(
         return None
     if kind == "heartbeat" and rank is None and "ranks" in payload:
         # Beats that share a record: the host checked each one against the fold right before
-        # appending it (coordinator.heartbeats), so the record only names the ranks.
+        # appending it (coordinator.fold.heartbeats), so the record only names the ranks.
         return None
     if isinstance(rank, bool) or not isinstance(rank, int):
         return INVALID_EVENT, f"a {kind} record must name a rank, got {rank!r}"

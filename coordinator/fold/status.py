@@ -10,7 +10,7 @@ from typing import Any
 
 import msgspec
 
-from coordinator.state import GroupState
+from coordinator.fold.state import GroupState
 
 
 def plain(value: Any) -> Any:

@@ -2,7 +2,7 @@
 ``active_ranks``, each with its offset, time and the fold's own reason.
 
 The story is not reconstructed by rules of its own: it folds the log from offset 1 with the
-fold itself (:class:`coordinator.machine.Coordinator`) and reads what the fold did, record by
+fold itself (:class:`coordinator.fold.machine.Coordinator`) and reads what the fold did, record by
 record: the effects it produced (``RankState.reason``, ``View.cause``, ``Proposal.reason``,
 ``Refused.message``) and, for evidence that leaves no effect of its own (a heartbeat, a links
 report), the fold's state for that rank just before and just after the step. So the story is as
@@ -30,7 +30,7 @@ from collections import deque
 from collections.abc import Callable, Container, Iterable
 from typing import Any
 
-from coordinator.effects import (
+from coordinator.fold.effects import (
     OFFLINE,
     GroupCreated,
     GroupFailed,
@@ -42,10 +42,10 @@ from coordinator.effects import (
     ViewCommitted,
     ViewPrepare,
 )
-from coordinator.machine import Coordinator
-from coordinator.reasons import ranks_text
-from coordinator.replay import CompactedLog, find_start
-from coordinator.state import GroupState
+from coordinator.fold.machine import Coordinator
+from coordinator.fold.reasons import ranks_text
+from coordinator.fold.state import GroupState
+from coordinator.host.replay import CompactedLog, find_start
 from eventlog import READ_PAGE, Log, Record, open_log
 from wire import ranks as rank_sets
 from wire.ranks import RankSetError

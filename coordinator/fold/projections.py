@@ -24,7 +24,7 @@ from typing import Any
 
 import msgspec
 
-from coordinator.effects import (
+from coordinator.fold.effects import (
     Effect,
     GroupCreated,
     GroupFailed,

@@ -2,7 +2,7 @@
 
 These are mutable on purpose (the fold mutates in place, h11-style, so a heartbeat costs a few
 dict operations); nothing outside ``coordinator`` sees them — queries return the frozen values
-of :mod:`coordinator.effects` or plain data.
+of :mod:`coordinator.fold.effects` or plain data.
 
 Derived indexes (``candidates``, ``reporters``) are rebuilt on restore rather than stored, so a
 snapshot cannot disagree with itself.
@@ -15,8 +15,8 @@ from typing import Any
 
 import msgspec
 
-from coordinator.config import GroupConfig, Resolved
-from coordinator.effects import OFFLINE, View
+from coordinator.fold.config import GroupConfig, Resolved
+from coordinator.fold.effects import OFFLINE, View
 
 FORMING = "forming"
 FORMED = "formed"

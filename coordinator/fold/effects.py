@@ -15,7 +15,7 @@ from typing import Any
 
 import msgspec
 
-from coordinator.config import GroupConfig
+from coordinator.fold.config import GroupConfig
 from wire.protocol import (
     DUPLICATE_PROPOSAL,
     GROUP_CONFLICT,

@@ -5,17 +5,17 @@ character each (``states``: ``H`` HEALTHY, ``S`` SYNCED, ``O`` OFFLINE, ``X`` OF
 clean exit; ``active``: ``1`` in ``active_ranks``, ``0`` not), and lists of ranks that can be
 long are abridged to their first :data:`RANKS_SHOWN` with a count.
 
-Read-only: like :mod:`coordinator.status`, nothing returned here refers to what the fold mutates.
+Read-only: like :mod:`coordinator.fold.status`, nothing returned here refers to what the fold mutates.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from coordinator.effects import HEALTHY, OFFLINE, SYNCED
-from coordinator.machine import Coordinator
-from coordinator.projections import proposal_doc
-from coordinator.state import GroupState
+from coordinator.fold.effects import HEALTHY, OFFLINE, SYNCED
+from coordinator.fold.machine import Coordinator
+from coordinator.fold.projections import proposal_doc
+from coordinator.fold.state import GroupState
 
 #: How many ranks a list in the overview names before it only counts.
 RANKS_SHOWN = 64

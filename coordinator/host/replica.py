@@ -40,9 +40,9 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from coordinator.effects import Effect, Proposal, Refused
-from coordinator.host import CONSUMER, Host, HostUnavailable, UpdatesAnswer
-from coordinator.leadership import Lease, LeaseError, LeaseSettings
+from coordinator.fold.effects import Effect, Proposal, Refused
+from coordinator.host.leadership import Lease, LeaseError, LeaseSettings
+from coordinator.host.loop import CONSUMER, Host, HostUnavailable, UpdatesAnswer
 from eventlog import LogError, ProjectionRow, open_log
 from eventlog.target import PostgresTarget, parse_target
 

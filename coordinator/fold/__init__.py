@@ -1,0 +1,1 @@
+"""The pure fold: the Coordinator state machine and its parts (no I/O, clock, threads)."""
