@@ -164,5 +164,5 @@ async def healthz(request: Request) -> Response:
     responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}},
 )
 async def prometheus(request: Request) -> Response:
-    text = await metrics.render(host_of(request))
-    return Response(text, media_type=metrics.CONTENT_TYPE)
+    exposition: metrics.Exposition = request.app.state.metrics
+    return Response(await exposition.render(), media_type=metrics.CONTENT_TYPE)
