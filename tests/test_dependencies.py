@@ -68,6 +68,7 @@ def test_the_base_install_covers_the_worker_side_and_nothing_of_the_server() -> 
     assert {"torch", "httpx", "msgspec"} <= set(worker), worker  # the walk sees the imports
     assert _uncovered(worker, base) == {}
     assert base & SERVER_ONLY == set(), base & SERVER_ONLY
+    assert "numpy" in base  # torch warns on import without it
 
 
 def test_the_server_extra_covers_the_coordinator_and_dev_includes_it() -> None:
@@ -112,3 +113,15 @@ def test_the_server_commands_name_the_extra_when_it_is_not_installed(tmp_path) -
     assert not (tmp_path / "log.db").exists()
     token = _cli_without_server("token", "--group", "g", "--rank", "0", "--secret", "s")
     assert token.returncode == 0 and token.stdout.startswith("fpa1.g.0."), token
+
+
+def test_importing_torch_does_not_warn_about_numpy() -> None:
+    done = subprocess.run(
+        [sys.executable, "-W", "always", "-c", "import torch; torch.zeros(1).numpy()"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "NumPy" not in done.stderr, done.stderr
