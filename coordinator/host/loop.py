@@ -42,6 +42,7 @@ from coordinator.fold.effects import (
     ViewCommitted,
     ViewPrepare,
 )
+from coordinator.fold.fencing import REPEATABLE
 from coordinator.fold.heartbeats import HeartbeatBuffer
 from coordinator.fold.machine import Coordinator
 from coordinator.fold.projections import rank_state_update, rows_for, shutdown_update
@@ -604,6 +605,12 @@ class Host:
         rec = item.record
         if rec.kind == "tick":
             return None
+        if (
+            rec.kind in REPEATABLE
+            and (earlier := self.machine.repeat_of(rec.kind, rec.group, rec.rank, rec.payload))
+            is not None
+        ):
+            return Existing(earlier)
         refused = self.machine.check(rec.kind, rec.group, rec.rank, rec.payload)
         if refused is None:
             return None
