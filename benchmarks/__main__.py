@@ -41,8 +41,9 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"unknown benchmark(s) {unknown}; available: {names}")
     run = {
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%MZ"),
+        # what was run, not where it was saved: the JSON file's own path stays out of it
         "command": " ".join(
-            ["python -m benchmarks", *(argv if argv is not None else sys.argv[1:])]
+            ["python -m benchmarks", *args.names, *(["--quick"] if args.quick else [])]
         ),
         "quick": args.quick,
         "load_average": round(os.getloadavg()[0], 1),
