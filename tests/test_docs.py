@@ -150,3 +150,25 @@ def test_every_relative_link_resolves(page: Path) -> None:
         elif anchor and dest.suffix == ".md" and anchor not in _anchors(dest):
             broken.append(f"{target} (no heading #{anchor} in {dest.relative_to(ROOT)})")
     assert broken == [], f"{page.relative_to(ROOT)}: {broken}"
+
+
+# -- figures live in docs/benchmarks.md only -------------------------------------------------------
+
+#: How a run's figures read when they creep into code: a machine named, a time that something took.
+RUN_FIGURE = re.compile(
+    r"reference (?:machine|VM)|\b2-core\b|this VM|\btook \d|\d ?(?:ms|µs|us) on the\b", re.I
+)
+
+
+def test_code_states_rules_not_a_runs_figures() -> None:
+    """Docstrings and comments say what a rule is and why; measured figures are in benchmarks.md."""
+    found = [
+        f"{path.relative_to(ROOT)}:{n}: {line.strip()}"
+        for pkg in ("coordinator", "api", "agent", "eventlog", "wire")
+        for path in sorted((ROOT / pkg).rglob("*.py"))
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if RUN_FIGURE.search(line)
+    ]
+    assert found == [], "a run's figures in code (put them in docs/benchmarks.md):\n" + "\n".join(
+        found
+    )
