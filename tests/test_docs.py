@@ -172,3 +172,19 @@ def test_code_states_rules_not_a_runs_figures() -> None:
     assert found == [], "a run's figures in code (put them in docs/benchmarks.md):\n" + "\n".join(
         found
     )
+
+
+# -- the architecture picture ----------------------------------------------------------------------
+
+
+def test_architecture_picture_is_what_its_source_draws() -> None:
+    """docs/architecture.svg is exactly what ``python docs/architecture_svg.py`` writes."""
+    import runpy
+
+    drawn = runpy.run_path(str(DOCS / "architecture_svg.py"))["draw"]()
+    assert (DOCS / "architecture.svg").read_text() == drawn, (
+        "docs/architecture.svg is stale; run: python docs/architecture_svg.py"
+    )
+    assert "](architecture.svg)" in (DOCS / "architecture.md").read_text()
+    for layer in ("agent/", "wire/", "api/", "coordinator/host/", "coordinator/fold/", "eventlog/"):
+        assert layer in drawn, layer
