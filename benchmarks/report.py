@@ -161,6 +161,47 @@ def notes(extra: dict) -> str:
     return "; ".join(parts)
 
 
+_SCALE = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6}
+_BOUND = re.compile(
+    r"^(?P<field>p50 |p99 |median )?(?P<op><=|>=) ?(?P<value>[\d,]*\.?\d+)"
+    r" ?(?P<unit>x(?: (?P<peer>\w+))?|/s|s|ms|us|µs|B|MB|%)?(?: \([^)]*\))?$"
+)
+
+
+def _meets(row: dict, part: str) -> bool | None:
+    """Whether ``row`` meets one bound like ``p99 <= 10 ms``; None when the text says more."""
+    m = _BOUND.match(part.strip())
+    if m is None:
+        return None
+    field = "p99" if m["field"] == "p99 " else "median"
+    value = float(m["value"].replace(",", ""))
+    unit = m["unit"]
+    if unit is not None and unit.startswith("x") and row.get("unit") != "x":
+        if m["peer"] and m["peer"] not in (row.get("baseline") or ""):
+            return None  # a ratio against another peer than this row's baseline
+        have = row.get("ratio")
+    else:
+        have, row_unit = row.get(field), str(row.get("unit", ""))
+        if unit in _SCALE and row_unit in _SCALE:
+            value *= _SCALE[unit] / _SCALE[row_unit]
+        elif not (unit in (None, "x", row_unit) or (unit == "/s" and row_unit.endswith("/s"))):
+            return None  # a bound in another unit than the row's
+    if have is None:
+        return None
+    return have <= value if m["op"] == "<=" else have >= value
+
+
+def verdict(row: dict) -> str:
+    """ "met", "not met", or "" where the target is prose this page cannot check."""
+    target = row.get("target")
+    if not target:
+        return ""
+    got = [_meets(row, part) for part in target.split(" and ")]
+    if None in got:
+        return ""
+    return "met" if all(got) else "**not met**"
+
+
 def cell(s: str) -> str:
     return s.replace("|", "\\|")
 
@@ -223,10 +264,12 @@ def render(runs: list[dict]) -> str:
         "",
         "## Against the targets",
         "",
-        "Every row with a target, from the tables below.",
+        "Every row with a target, from the tables below; the last column is worked out from the",
+        "target's text where it is a plain bound (`<=`/`>=` a value, on the median, the p99 or",
+        "the same-run ratio), and left empty where the target says more than that.",
         "",
-        "| benchmark | metric | median | p99 | ratio (same run) | target |",
-        "|---|---|---|---|---|---|",
+        "| benchmark | metric | median | p99 | ratio (same run) | target | |",
+        "|---|---|---|---|---|---|---|",
     ]
     for name in names:
         if name not in chosen:
@@ -237,7 +280,7 @@ def render(runs: list[dict]) -> str:
                 out.append(
                     f"| [`{name}`](#{name}) | {cell(r['metric'])} | "
                     f"{num(r['median'])} {cell(r['unit'])} | {num(r.get('p99'))} | {ratio} | "
-                    f"{cell(r['target'])} |"
+                    f"{cell(r['target'])} | {verdict(r) or '–'} |"
                 )
     for name in names:
         out += ["", f"## `{name}`", "", describe(name), ""]

@@ -188,3 +188,25 @@ def test_architecture_picture_is_what_its_source_draws() -> None:
     assert "](architecture.svg)" in (DOCS / "architecture.md").read_text()
     for layer in ("agent/", "wire/", "api/", "coordinator/host/", "coordinator/fold/", "eventlog/"):
         assert layer in drawn, layer
+
+
+@pytest.mark.parametrize(
+    ("row", "expected"),
+    [
+        ({"unit": "ms", "median": 4.0, "p99": 12.0, "target": "p50 <= 10 ms"}, "met"),
+        ({"unit": "ms", "median": 4.0, "p99": 12.0, "target": "p99 <= 10 ms"}, "**not met**"),
+        ({"unit": "s", "median": 0.004, "target": "<= 10 ms"}, "met"),
+        ({"unit": "ms", "median": 600.0, "target": "<= 0.5 s"}, "**not met**"),
+        ({"unit": "appends/s", "median": 5e4, "ratio": 21.0, "baseline": "naive writer",
+          "target": ">=40,000/s and >=20x naive"}, "met"),
+        ({"unit": "appends/s", "median": 5e4, "ratio": 19.0, "baseline": "naive writer",
+          "target": ">=40,000/s and >=20x naive"}, "**not met**"),
+        ({"unit": "s", "median": 0.1, "ratio": 100.0, "baseline": "torchrun",
+          "target": ">= 10x torchft"}, ""),  # a ratio against another peer says nothing
+        ({"unit": "s", "median": 0.7, "target": "<= 5 s for 1,000,000 records"}, ""),
+        ({"unit": "ms", "median": 15.0, "target": "tens of ms"}, ""),
+        ({"unit": "B", "median": 100.0, "target": "<= 204,800 B (200 x N)"}, "met"),
+    ],
+)  # fmt: skip
+def test_the_targets_column_checks_plain_bounds_only(row: dict, expected: str) -> None:
+    assert report.verdict(row) == expected
