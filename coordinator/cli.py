@@ -411,12 +411,16 @@ def _tune_for_latency() -> None:
     """Two process-wide settings for the server, both about requests waiting behind a stall.
 
     - ``gc.freeze`` after startup keeps what startup built (modules, the app, the restored
-      fold) out of every later collection: with it in, one full collection took 60-80 ms on
-      the 2-core reference machine and every request queued behind it waited that long.
+      fold) out of every later collection: with it in, each full collection walks all of it
+      while the event loop stands still, and every request queued behind it waits as long.
     - A shorter GIL switch interval: the log's writer thread needs the GIL for a moment
       after each SQLite call of a commit (begin, insert, commit, hand back the offsets);
-      while the event loop is busy serving requests, each of those moments waited up to the
-      default 5 ms, so a commit that took 10 ms of work took 30-40 ms to be acknowledged.
+      while the event loop is busy serving requests, each of those moments can wait a whole
+      switch interval, so at the default a commit is acknowledged several times later than
+      its own work takes.
+
+    What either setting is worth on a given machine is measured by the ``ingest`` benchmark
+    (figures in docs/benchmarks.md); code comments state the rule, not a run's numbers.
     """
     gc.collect()
     gc.freeze()

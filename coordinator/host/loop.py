@@ -925,9 +925,9 @@ class Host:
         """Start a snapshot when one is due and none is being written.
 
         The state is encoded here, between two batches, so it is exactly the fold at its
-        offset; the write runs beside the next batches instead of holding them up (a 512-rank
-        group's snapshot is about 170 kB, and its commit would otherwise stall every input
-        queued behind it). A restart therefore folds at most ``snapshot_every`` records plus
+        offset; the write runs beside the next batches instead of holding them up (a snapshot
+        grows with the group, and its commit would otherwise stall every input queued behind
+        it). A restart therefore folds at most ``snapshot_every`` records plus
         what arrived while one snapshot was being written.
         """
         if self._snapshot_writing is not None and not self._snapshot_writing.done():
