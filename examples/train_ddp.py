@@ -11,8 +11,8 @@ Rank 2 SIGKILLs itself at step 20. The survivors skip the step that failed, carr
 without it, and keep training; the launcher reports the death and starts a replacement, which
 asks to be activated and, entering the view, receives the model and the optimizer state from a
 survivor. Training goes on past step 60 until a step has been committed by all 4 ranks together
-(at most ``--max-steps``); then every rank stops at that same step and prints the digest of its
-parameters: the same on all.
+(waiting at most ``--wait-s`` seconds for that); then every rank stops at that same step and
+prints the digest of its parameters: the same on all.
 
 Compared with a torch DDP script, the lines that change are marked ``# foldplane``.
 """
@@ -24,6 +24,7 @@ import ctypes
 import hashlib
 import os
 import signal
+import time
 
 import torch
 import torch.distributed as dist
@@ -54,10 +55,10 @@ def main() -> int:
     p.add_argument("--kill-rank", type=int, default=None, help="this rank SIGKILLs itself...")
     p.add_argument("--kill-at", type=int, default=20, help="...once this many steps committed")
     p.add_argument(
-        "--max-steps",
-        type=int,
-        default=None,
-        help="stop here even if not all ranks are back (default 3 x --steps)",
+        "--wait-s",
+        type=float,
+        default=120.0,
+        help="past --steps, how long to train on for every rank to be back, then stop anyway",
     )
     p.add_argument("--lr", type=float, default=0.01)
     args = p.parse_args()
@@ -67,18 +68,24 @@ def main() -> int:
     fp_agent = dist.group.WORLD.agent  # foldplane: the coordinator's view of this rank
     if rank not in fp_agent.view.active_ranks:  # foldplane: a replacement asks to be activated
         fp_agent.wait_for_state("HEALTHY", timeout=120)
-        fp_agent.activate_ranks([rank])
+        proposal = fp_agent.activate_ranks([rank])
+        if proposal.get("status") not in ("applied", "applied_with_dropped_ranks"):
+            print(f"rank {rank}: not activated ({proposal}); leaving", flush=True)
+            fp_agent.close()
+            return 0
 
     torch.manual_seed(rank)  # deliberately different: the first step shares rank 0's weights
     model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
     model = DistributedDataParallel(model)  # foldplane: agent.ddp's, on the default group
     opt = ElasticOptimizer(model, torch.optim.AdamW(model.parameters(), lr=args.lr))  # foldplane
 
-    world, limit = dist.get_world_size(), args.max_steps or 3 * args.steps
+    world, give_up_at = dist.get_world_size(), None
     first, losses, skipped = None, [], 0
-    while model.committed_steps < limit and (
-        model.committed_steps < args.steps or len(model.members) < world
-    ):
+    while model.committed_steps < args.steps or len(model.members) < world:
+        if model.committed_steps >= args.steps:  # done, but not every rank is back yet
+            give_up_at = give_up_at or time.monotonic() + args.wait_s
+            if time.monotonic() > give_up_at:
+                break
         opt.zero_grad()
         model.begin_step()  # foldplane (optional): move to a newer view and heal before reading
         first = model.committed_steps if first is None else first
