@@ -120,7 +120,8 @@ class Replica:
     def of(host: Host) -> Replica:
         """The replica role of ``host`` (a host opened with :func:`open_replica`)."""
         role = host.role
-        assert isinstance(role, Replica), "open the host with open_replica"
+        if not isinstance(role, Replica):
+            raise TypeError(f"the host's role is {type(role).__name__}; open it with open_replica")
         return role
 
     @property
