@@ -435,6 +435,7 @@ class Host:
                 self._batch_idle.set()
 
     async def _cycle(self, batch: list[Input]) -> None:
+        """One turn: admit, append, step, carry out the Ready, answer each input."""
         accepted = self.admission.admit(batch, asyncio.get_running_loop().time())
         if not accepted:
             return
@@ -443,7 +444,8 @@ class Host:
             return  # the inputs were answered with why
         offsets, records = appended
         try:
-            ready = await self._advance(records)
+            ready = self._step(records)
+            await self._carry_out(ready)
         except Exception:
             for item in accepted:
                 item.fail(self._unavailable or HostUnavailable("fold_failed", "the fold failed"))
@@ -503,13 +505,8 @@ class Host:
             records = await self._read_through(offsets[-1])
         return offsets, records
 
-    async def _advance(self, records: Sequence[Record]) -> Ready:
-        """Step the fold over durable records and carry out their Ready."""
-        ready = self._step(records)
-        await self._carry_out(ready)
-        return ready
-
     def _step(self, records: Sequence[Record]) -> Ready:
+        """Step the fold over durable records, in offset order: their effects as one Ready."""
         effects: list[Effect] = []
         step = self.machine.step
         for rec in records:
@@ -605,7 +602,7 @@ class Host:
                     "to restore from the kept snapshot"
                 )
             self._last_ts = max(self._last_ts, page[-1].ts)
-            await self._advance(page)
+            await self._carry_out(self._step(page))
             self.journals.release()  # nothing waits behind these: answer every woken poll
         self._applied = self.machine.offset
 

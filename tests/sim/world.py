@@ -17,7 +17,7 @@ shared record is appended), the Ready value of each batch's effects (``host.read
 the resync answer (``coordinator.host.polls.resync_answer``), and the snapshot format
 (``coordinator.host.snapshots.encode_snapshot``).
 
-**What is simulated, and how it differs.** The host's loop, its append and ``_advance`` and
+**What is simulated, and how it differs.** The host's loop, its append, step and carry-out and
 its ticker are ``async`` around those decisions; :class:`SimHost` repeats them synchronously and
 minimally, in the same order: pre-check, buffer beats, flush beats that are due (all of them
 when a tick is appended, after the resumed tick), append (a list of records: the log survives
@@ -387,7 +387,7 @@ class SimHost:
             self.snapshot_offset = self.machine.offset
 
     def _apply(self, records: list[Record]) -> dict[int, Any]:
-        """``Host._advance``: step, build the Ready, carry it out (publish the updates, write the
+        """``Host._step`` and ``Host._carry_out``: step, build the Ready, carry it out (publish the updates, write the
         projection rows with their consumer offset, make the updates visible)."""
         host = self.host
         effects: list[Any] = []
