@@ -106,7 +106,7 @@ class Host:
         self.store_address: dict[str, Any] | None = None
         #: the host's own derived state (in the snapshot) and the builder of Ready values
         self.state = state
-        self.ready = ReadyBuilder.for_machine(machine, state)
+        self.ready_builder = ReadyBuilder.for_machine(machine, state)
         for group, size in state.world_sizes.items():
             self.journals.set_world_size(group, size)
         self.projections = ProjectionRows(log_, projected=projected)
@@ -522,7 +522,7 @@ class Host:
                 )
                 raise
         last = records[-1].offset if records else self._applied
-        return self.ready.ready(last, effects, projected=self.projections.projected)
+        return self.ready_builder.ready(last, effects, projected=self.projections.projected)
 
     async def _carry_out(self, ready: Ready) -> None:
         """Carry out one Ready, in its order: the updates published (readers see them only at

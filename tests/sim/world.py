@@ -10,7 +10,7 @@ real :class:`agent.machine.AgentMachine`. The coordinator's host is the real
 without I/O: the batching rule (``coordinator.host.batching.take_batch``), the admission of a
 batch (``Admission``: the pre-check of each input, which is ``Coordinator.check``, the heartbeat
 buffer ``coordinator.fold.heartbeats.HeartbeatBuffer`` and its re-check of each beat before its
-shared record is appended), the Ready value of each batch's effects (``host.ready``, a
+shared record is appended), the Ready value of each batch's effects (``host.ready_builder``, a
 ``coordinator.host.ready.ReadyBuilder``: projection rows and agent updates, with
 ``wire.protocol.view_update``/``prepare_update``) and its publishing, the per-rank update journals
 (``coordinator.host.journal.UpdateJournals``: what each rank may read, and when it must resync),
@@ -396,7 +396,7 @@ class SimHost:
             self.world.inv.on_record(rec, stepped)
             effects.extend(stepped)
         last = records[-1].offset
-        ready = host.ready.ready(last, effects, projected=self.world.projected)
+        ready = host.ready_builder.ready(last, effects, projected=self.world.projected)
         publish(host.journals, ready)
         if ready.rows:
             for row in ready.rows.values():
