@@ -43,7 +43,7 @@ import threading
 import time
 from collections.abc import Callable
 from datetime import timedelta
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -51,6 +51,7 @@ from torch.distributed import DistStoreError
 from torch.nn.parallel import DistributedDataParallel as _TorchDDP
 
 from agent.dataplane.group import ElasticProcessGroup
+from agent.dataplane.plane import DataPlane
 from agent.dataplane.view import ViewGroup
 from agent.dataplane.work import Work
 
@@ -123,6 +124,12 @@ class DistributedDataParallel(_TorchDDP):
         self._store_address: tuple[str, int] | None = None
         self.register_comm_hook(self, _comm_hook)
 
+    @property
+    def _plane(self) -> DataPlane:
+        """The group's data plane: the ``DataPlane`` that owns it (the group itself needs only
+        its ``GroupPlane`` part)."""
+        return cast(DataPlane, self.elastic_group.plane)
+
     # -- the user's surface ---------------------------------------------------------------------
 
     def attach_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
@@ -156,7 +163,7 @@ class DistributedDataParallel(_TorchDDP):
         """
         if self._in_step:
             return
-        plane = self.elastic_group.plane
+        plane = self._plane
         while True:
             current = plane.view_for_op("begin_step")
             if self._view is not None and current is not self._view:
@@ -211,7 +218,7 @@ class DistributedDataParallel(_TorchDDP):
             self._failed_works = [w for w in works if not w.wait()]
             log.warning(
                 "rank %d: step %d of view %d skipped on every member",
-                self.elastic_group.plane.rank,
+                self._plane.rank,
                 index,
                 view.version,
             )
@@ -284,7 +291,7 @@ class DistributedDataParallel(_TorchDDP):
                 return answer == COMMIT
             return self._await_decision(store, view, decision)
         except RuntimeError as e:  # the store is unreachable: the step cannot be agreed
-            rank = self.elastic_group.plane.rank
+            rank = self._plane.rank
             log.error(
                 "rank %d: cannot agree on step %d of view %d: %s", rank, index, view.version, e
             )
@@ -292,7 +299,7 @@ class DistributedDataParallel(_TorchDDP):
             return False
 
     def _await_decision(self, store: Any, view: ViewGroup, decision: str) -> bool:
-        plane = self.elastic_group.plane
+        plane = self._plane
         deadline = time.monotonic() + plane.collective_timeout_s
         slice_ = timedelta(seconds=DECISION_SLICE_S)
         while True:
@@ -309,7 +316,7 @@ class DistributedDataParallel(_TorchDDP):
 
     def _decision_store(self) -> Any:
         """A store client of our own (a wait here must not hold up the heartbeat's client)."""
-        plane = self.elastic_group.plane
+        plane = self._plane
         address = plane.store_address
         if self._store is None or self._store_address != address:
             self._store = plane.connect_store(*address)

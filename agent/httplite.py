@@ -5,7 +5,7 @@ to serve it, and the load generator shares the machine with the server, so the b
 speak plain HTTP/1.1 themselves: one persistent connection, one request at a time on it,
 pre-encoded JSON, Content-Length framing (which is all the coordinator's answers use). An
 answer is parsed once it is whole, straight from the bytes received, instead of line by line
-through a stream reader: every microsecond the generator spends is taken from the same two
+through a stream reader: every microsecond the generator spends is taken from the same
 cores the coordinator runs on, and a late generator sends late (which counts in the latency).
 """
 

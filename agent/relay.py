@@ -48,7 +48,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from agent.client import CoordinatorClient, CoordinatorError, CoordinatorUnavailable
-from wire.protocol import MAX_EVENTS
+from wire.protocol import MAX_EVENTS, QUERY
 from wire.ranks import MAX_QUERY_RANKS, format_query
 
 log = logging.getLogger("foldplane.relay")
@@ -64,7 +64,7 @@ EVENTS_WAIT_S = 60.0
 #: How long the lane's upstream long poll waits on the coordinator.
 LANE_POLL_S = 10.0
 #: The longest long poll a worker may ask for (the coordinator's limit).
-MAX_POLL_S = 60.0
+MAX_POLL_S = QUERY.max_poll_s
 #: A rank whose worker has not polled for this long leaves its lane.
 RANK_IDLE_S = 3 * LANE_POLL_S
 #: The bytes of updates a lane keeps, at most.
@@ -895,7 +895,7 @@ class Relay:
         """One worker's poll, upstream as it came (with its own token)."""
         headers = {"authorization": f"Bearer {token}"} if token else None
         try:
-            timeout = min(float(params.get("timeout", 25.0)), MAX_POLL_S)
+            timeout = min(float(params.get("timeout", QUERY.poll_timeout_s)), MAX_POLL_S)
         except (TypeError, ValueError):
             timeout = MAX_POLL_S
         try:
@@ -919,7 +919,7 @@ def _poll_args(query: Mapping[str, list[str]]) -> PollArgs | str | None:
     try:
         rank = int(one["rank"])
         after = int(one.get("after", 0))
-        timeout = float(one.get("timeout", 25.0))
+        timeout = float(one.get("timeout", QUERY.poll_timeout_s))
     except ValueError as exc:
         return f"rank, after and timeout must be numbers: {exc}"
     if rank < 0 or after < 0 or not timeout >= 0:

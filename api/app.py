@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from fastapi import FastAPI
 
-from api import errors, openapi
+from api import errors, metrics, openapi
 from api.fastpath import Service
 from api.limits import Limits
 from api.routes import agents, audit, console, operator, story
@@ -31,6 +31,7 @@ def create_app(
     app.state.host = host
     app.state.auth = auth or Authenticator()
     app.state.limits = limits
+    app.state.metrics = metrics.Exposition(host)  # the app's own registry, not the global one
     app.state.admitted_groups = {}  # POST /groups admitted, not yet answered (api.routes.operator)
     errors.install(app)
     app.include_router(operator.router)

@@ -25,9 +25,10 @@ from starlette.types import Receive, Scope, Send
 
 from api.errors import ApiError, BodyTooLarge, error_response
 from api.limits import BodySizeLimit, JsonBodies
-from api.routes.agents import MAX_POLL_S, UpdatesQuery, events_answer, poll_ranks, updates_answer
+from api.routes.agents import UpdatesQuery, events_answer, poll_ranks, updates_answer
 from coordinator.auth import Authenticator, AuthError, Principal
 from coordinator.host.loop import HostUnavailable
+from wire.protocol import QUERY
 
 PATH = "/agents/events"
 UPDATES = "/agents/updates"
@@ -138,8 +139,9 @@ _SECONDS = re.compile(r"[0-9]{1,6}(\.[0-9]{1,9})?")
 
 
 def updates_query(raw: bytes) -> UpdatesQuery | None:
-    """The long poll's query when it is plainly within the route's bounds
-    (``api.routes.agents.get_updates``); None for anything else, which the framework answers."""
+    """The long poll's query when it is plainly within the bounds the route declares
+    (``api.routes.agents.get_updates``, both from ``wire.protocol.QUERY``); None for anything
+    else, which the framework answers."""
     try:
         pairs = parse_qsl(raw.decode("ascii"), keep_blank_values=True, strict_parsing=True)
     except (UnicodeDecodeError, ValueError):
@@ -149,13 +151,13 @@ def updates_query(raw: bytes) -> UpdatesQuery | None:
         return None
     group = fields["group"]
     after = fields.get("after", "0")
-    timeout = fields.get("timeout", "25")
+    timeout = fields.get("timeout")
     protocol = fields.get("protocol", "")
     view = fields.get("view")
     if not (
-        0 < len(group) <= 64
+        0 < len(group) <= QUERY.group_chars
         and _DIGITS.fullmatch(after)
-        and _SECONDS.fullmatch(timeout)
+        and (timeout is None or _SECONDS.fullmatch(timeout))
         and _DIGITS.fullmatch(protocol)
         and (view is None or _DIGITS.fullmatch(view))
     ):
@@ -170,9 +172,18 @@ def updates_query(raw: bytes) -> UpdatesQuery | None:
     if "rank" in fields and not _DIGITS.fullmatch(fields["rank"]):
         return None
     query = UpdatesQuery(
-        group, ranks, int(after), float(timeout), int(protocol), None if view is None else int(view)
+        group,
+        ranks,
+        int(after),
+        QUERY.poll_timeout_s if timeout is None else float(timeout),
+        int(protocol),
+        None if view is None else int(view),
     )
-    if ranks[-1] > 65_535 or query.after > 2**62 or query.timeout > MAX_POLL_S:
+    if (
+        ranks[-1] > QUERY.max_rank
+        or query.after > QUERY.max_offset
+        or query.timeout > QUERY.max_poll_s
+    ):
         return None
     return query
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import datetime
 import importlib
+import os
 import pkgutil
 import sys
 import time
@@ -11,7 +13,7 @@ import time
 import benchmarks
 from benchmarks.harness import Result, print_table, write_json
 
-_NOT_BENCHES = {"harness", "__main__"}
+_NOT_BENCHES = {"harness", "report", "__main__"}
 
 
 def available() -> list[str]:
@@ -37,6 +39,15 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [n for n in chosen if n not in names]
     if unknown:
         p.error(f"unknown benchmark(s) {unknown}; available: {names}")
+    run = {
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%MZ"),
+        # what was run, not where it was saved: the JSON file's own path stays out of it
+        "command": " ".join(
+            ["python -m benchmarks", *args.names, *(["--quick"] if args.quick else [])]
+        ),
+        "quick": args.quick,
+        "load_average": round(os.getloadavg()[0], 1),
+    }
     results: list[Result] = []
     for name in chosen:
         mod = importlib.import_module(f"benchmarks.{name}")
@@ -47,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
         results.extend(got)
     print_table(results)
     if args.json:
-        write_json(args.json, results)
+        write_json(args.json, results, run)
     return 0
 
 

@@ -98,7 +98,10 @@ def print_table(results: list[Result]) -> None:
         print("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)), flush=True)
 
 
-def write_json(path: str, results: list[Result]) -> None:
+def write_json(path: str, results: list[Result], run: dict | None = None) -> None:
+    """Save a run: ``run`` says when and how it was made (``benchmarks.report`` reads it)."""
+    data = {"run": run} if run else {}
+    data["results"] = [r.as_json() for r in results]
     with open(path, "w") as f:
-        json.dump({"results": [r.as_json() for r in results]}, f, indent=2)
+        json.dump(data, f, indent=2)
         f.write("\n")

@@ -4,7 +4,7 @@ and 4,096), through the real HTTP server and the simulated agent hosts of ``agen
 The coordinator is a real ``python -m coordinator serve`` process on a SQLite file; the ranks
 are real ``AgentMachine``s, 8 to a simulated host (a GPU node), speaking the wire exactly as
 real agents behind the launcher's per-host relay do: one batch of events per lane per host,
-one long poll per host. Simulator and coordinator share this machine's two cores.
+one long poll per host. Simulator and coordinator share the machine's cores.
 
 Rows, for each size N:
 

@@ -28,12 +28,13 @@ from dataclasses import dataclass
 from typing import Literal
 
 from wire.auth import TOKEN_PREFIX, agent_mac
+from wire.protocol import QUERY
 
 #: RFC 6750, section 2.1: the syntax of a bearer token.
 B64TOKEN = re.compile(r"[A-Za-z0-9\-._~+/]+=*")
 #: An agent token's rank: ASCII digits, no leading zero, within the ranks a group may have.
 RANK_TEXT = re.compile(r"0|[1-9][0-9]{0,4}")
-MAX_RANK = 65_535
+MAX_RANK = QUERY.max_rank
 
 
 class AuthError(Exception):

@@ -19,6 +19,9 @@
 - ``token --group G --rank R`` prints the agent token for that rank (reads ``FOLDPLANE_SECRET``
   or ``--secret``).
 - ``demo`` shows the whole loop on a local SQLite file with real gloo workers.
+
+Every command but ``token`` needs the server's packages (``pip install 'foldplane[server]'``);
+without them it says so and exits with status 2.
 """
 
 from __future__ import annotations
@@ -38,6 +41,21 @@ from typing import Any
 DEFAULT_PORT = 8470
 #: Logs at least this long get a progress bar on stderr even when it is not a terminal.
 LONG_LOG = 200_000
+#: The modules ``foldplane[server]`` adds to the worker's install (pyproject.toml).
+SERVER_MODULES = frozenset(
+    {
+        "fastapi",
+        "starlette",
+        "uvicorn",
+        "httptools",
+        "uvloop",
+        "sqlalchemy",
+        "asyncpg",
+        "alembic",
+        "prometheus_client",
+    }
+)
+INSTALL_SERVER = "pip install 'foldplane[server]'"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -46,6 +64,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     argument that starts with ``-``; every other command rejects what it does not know."""
     parser = _parser()
     args, rest = parser.parse_known_args(argv)
+    missing = getattr(args, "server_missing", None)
+    if missing is not None and args.command not in (None, "token"):
+        return _without_server(args.command, missing)
     if args.command == "demo":
         args.rest = rest
     elif rest:
@@ -53,7 +74,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
-    return args.run(args)
+    try:
+        return args.run(args)
+    except ImportError as exc:
+        if not _is_server_module(exc):
+            raise
+        return _without_server(args.command, exc)
+
+
+def _is_server_module(exc: ImportError) -> bool:
+    return (exc.name or "").split(".")[0] in SERVER_MODULES
+
+
+def _without_server(command: str, exc: ImportError) -> int:
+    print(
+        f"{command}: the coordinator's packages are not installed ({exc}); "
+        f"install them with: {INSTALL_SERVER}",
+        file=sys.stderr,
+    )
+    return 2
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -100,7 +139,12 @@ def _parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="how often --retain runs a compaction (default 300)",
     )
-    _limit_options(s.add_argument_group("limits (docs/operations.md, Limits)"))
+    try:
+        _limit_options(s.add_argument_group("limits (docs/operations.md, Limits)"))
+    except ImportError as exc:  # a worker's install: only ``token`` can run (see main)
+        if not _is_server_module(exc):
+            raise
+        p.set_defaults(server_missing=exc)
     ha = s.add_argument_group("several coordinators on one PostgreSQL log (docs/ha.md)")
     ha.add_argument(
         "--advertise",
@@ -367,12 +411,16 @@ def _tune_for_latency() -> None:
     """Two process-wide settings for the server, both about requests waiting behind a stall.
 
     - ``gc.freeze`` after startup keeps what startup built (modules, the app, the restored
-      fold) out of every later collection: with it in, one full collection took 60-80 ms on
-      the 2-core reference machine and every request queued behind it waited that long.
+      fold) out of every later collection: with it in, each full collection walks all of it
+      while the event loop stands still, and every request queued behind it waits as long.
     - A shorter GIL switch interval: the log's writer thread needs the GIL for a moment
       after each SQLite call of a commit (begin, insert, commit, hand back the offsets);
-      while the event loop is busy serving requests, each of those moments waited up to the
-      default 5 ms, so a commit that took 10 ms of work took 30-40 ms to be acknowledged.
+      while the event loop is busy serving requests, each of those moments can wait a whole
+      switch interval, so at the default a commit is acknowledged several times later than
+      its own work takes.
+
+    What either setting is worth on a given machine is measured by the ``ingest`` benchmark
+    (figures in docs/benchmarks.md); code comments state the rule, not a run's numbers.
     """
     gc.collect()
     gc.freeze()
@@ -615,6 +663,8 @@ def _demo(args: argparse.Namespace) -> int:
     try:
         from coordinator.demo import main as demo_main
     except ImportError as exc:
+        if _is_server_module(exc):
+            raise  # main names the extra to install
         print(f"demo: not available ({exc})", file=sys.stderr)
         return 2
     return int(demo_main(args.rest) or 0)

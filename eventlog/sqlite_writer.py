@@ -17,8 +17,9 @@ Rules, and why:
 - Several Logs on one file (other processes, or other openers in this one) take turns through
   an exclusive ``flock`` on ``<file>-writer.lock`` held around each write transaction. SQLite's
   own lock has no queue: a writer that finds it taken sleeps and retries with a backoff of up to
-  100 ms, so 64 contending Logs committed about 200 records/s. A blocked ``flock`` wakes as soon
-  as the holder releases it, and the kernel drops it when a holder dies.
+  100 ms, so contending Logs spend most of their time asleep with the lock free (the
+  ``eventlog`` benchmark's "a Log per caller" row; figures in docs/benchmarks.md). A blocked
+  ``flock`` wakes as soon as the holder releases it, and the kernel drops it when a holder dies.
 """
 
 from __future__ import annotations

@@ -23,7 +23,6 @@ IO_MODULES = (
     "threading",
     "sqlite3",
     "asyncpg",
-    "aiosqlite",
     "sqlalchemy",
     "httpx",
     "fastapi",

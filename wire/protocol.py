@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Annotated, Any
 
 from msgspec import Meta, Struct
@@ -71,16 +72,48 @@ STATES = (OFFLINE, SYNCED, HEALTHY)
 #: How a ``rank_state`` update's ``cause`` names a death reported by a supervisor.
 CAUSE_DEATH_REPORTED = "death_reported"
 
+# -- bounds ------------------------------------------------------------------------------------
+
+#: The largest group the protocol's bounds are stated for.
+MAX_WORLD_SIZE = 65_536
+
+
+@dataclass(frozen=True, slots=True)
+class QueryBounds:
+    """The bounds of names and numbers in the HTTP API's queries, in one table: the routes
+    declare them to the framework (so its ``422`` and the OpenAPI document say them), the long
+    poll's fast path (``api.fastpath``) serves only a query within them, and the agent's relay
+    clamps a worker's poll to them. Request bodies take theirs from the same fields
+    (:data:`GroupName`, :data:`Rank`)."""
+
+    #: characters of a group name
+    group_chars: int = 64
+    #: the highest rank
+    max_rank: int = MAX_WORLD_SIZE - 1
+    #: the highest log offset or view version a query may name (``after=``, ``until=``, ...)
+    max_offset: int = 2**62
+    #: characters of a long poll's ``ranks=`` (``wire.ranks.parse_query``)
+    ranks_chars: int = rank_sets.MAX_QUERY_CHARS
+    #: seconds a long poll waits when its ``timeout=`` names none
+    poll_timeout_s: float = 25.0
+    #: the longest ``timeout=`` a long poll may ask for, in seconds
+    max_poll_s: float = 60.0
+    #: the longest ``POST /proposals?wait=`` may ask for, in seconds
+    max_wait_s: float = 60.0
+
+
+QUERY = QueryBounds()
+
 # -- events (POST /agents/events) --------------------------------------------------------------
 
 GroupName = Annotated[
     str,
     Meta(
-        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$",
-        description="1-64 of A-Z a-z 0-9 . _ -, starting with a letter or digit",
+        pattern=rf"^[A-Za-z0-9][A-Za-z0-9._-]{{0,{QUERY.group_chars - 1}}}$",
+        description=f"1-{QUERY.group_chars} of A-Z a-z 0-9 . _ -, starting with a letter or digit",
     ),
 ]
-Rank = Annotated[int, Meta(ge=0, le=65_535)]
+Rank = Annotated[int, Meta(ge=0, le=QUERY.max_rank)]
 Incarnation = Annotated[str, Meta(min_length=1, max_length=128)]
 Version = Annotated[int, Meta(ge=0)]
 ShortText = Annotated[str, Meta(max_length=256)]
@@ -94,8 +127,6 @@ RankSetField = Annotated[
 
 #: The most events one ``POST /agents/events`` may carry.
 MAX_EVENTS = 4096
-#: The largest group the protocol's bounds are stated for.
-MAX_WORLD_SIZE = 65_536
 #: No update is larger: a view change that changes k ranks sends O(k) bytes, and the extreme,
 #: every rank set of a 65,536-rank view changing in a worst-case pattern, is about 120 kB
 #: (each set a bitmap of at most 10,928 characters). ``tests/scale/test_limits.py`` checks it.

@@ -138,6 +138,8 @@ def _decode_bitmap(value: str, world_size: int, name: str) -> tuple[int, ...]:
 
 #: The most ranks one long poll may name (``GET /agents/updates?ranks=``).
 MAX_QUERY_RANKS = 1024
+#: The most characters of a ``ranks=`` query.
+MAX_QUERY_CHARS = 8 * MAX_QUERY_RANKS
 _QUERY_CHARS = frozenset("0123456789,-")
 
 
@@ -152,7 +154,7 @@ def format_query(ranks: Iterable[int]) -> str:
 def parse_query(text: str, world_size: int = 65_536) -> tuple[int, ...]:
     """The ranks of a ``ranks=`` query (:func:`format_query`), in increasing order; at most
     :data:`MAX_QUERY_RANKS`. Raises :class:`RankSetError` saying what is wrong."""
-    if not text or not _QUERY_CHARS.issuperset(text) or len(text) > 8 * MAX_QUERY_RANKS:
+    if not text or not _QUERY_CHARS.issuperset(text) or len(text) > MAX_QUERY_CHARS:
         raise RankSetError(
             f"ranks must look like 0-7,12 (ASCII digits, ',' and '-'), got {text[:40]!r}"
         )

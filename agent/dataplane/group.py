@@ -29,10 +29,11 @@ failure, and no ``Work`` future ever completes with an exception.
 from __future__ import annotations
 
 import sys
+import threading
 import time
 import warnings
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 import torch.distributed as dist
@@ -44,11 +45,12 @@ from torch._C._distributed_c10d import (
     ReduceScatterOptions,
 )
 
+from agent.dataplane.backend import BackendKind
 from agent.dataplane.errors import PeerFailure
+from agent.dataplane.hint import HintPool
 from agent.dataplane.work import Work
 
 if TYPE_CHECKING:
-    from agent.dataplane.plane import DataPlane
     from agent.dataplane.view import ViewGroup
 
 ReduceOp = dist.ReduceOp
@@ -60,10 +62,32 @@ Launch = Callable[[object, "ViewGroup"], object]
 BACKEND_NAME = "foldplane"
 
 
+class GroupPlane(Protocol):
+    """What the group needs from the data plane that owns it (``agent.dataplane.plane.DataPlane``,
+    which constructs the group): this rank, the views, the timeouts, the hint buffers."""
+
+    rank: int
+    world_size: int
+    device: torch.device
+    kind: BackendKind
+    hint_pool: HintPool
+    closed: threading.Event
+    collective_timeout_s: float
+    p2p_timeout_s: float
+
+    def current_view(self) -> ViewGroup | None: ...
+
+    def view_for_op(self, op: str) -> ViewGroup: ...
+
+    def set_timeouts(
+        self, *, collective_s: float | None = None, p2p_s: float | None = None
+    ) -> None: ...
+
+
 class ElasticProcessGroup(dist.ProcessGroup):
     """The process group of one rank, following the committed views of its data plane."""
 
-    def __init__(self, plane: DataPlane) -> None:
+    def __init__(self, plane: GroupPlane) -> None:
         super().__init__(plane.rank, plane.world_size)
         self._plane = plane
         self._rank = plane.rank
@@ -98,7 +122,8 @@ class ElasticProcessGroup(dist.ProcessGroup):
         return BACKEND_NAME
 
     @property
-    def plane(self) -> DataPlane:
+    def plane(self) -> GroupPlane:
+        """The data plane that owns this group (a ``DataPlane``)."""
         return self._plane
 
     # -- the current view ---------------------------------------------------------------------

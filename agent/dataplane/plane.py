@@ -254,7 +254,7 @@ class DataPlane:
             view, self._view = self._view, None
             self._lock.notify_all()
         if view is not None:
-            view.retire(wake=lambda work: work._wake())
+            view.retire(wake=True)
         session = self._session
         session.heartbeat.stop()
         if session.watcher is not None:

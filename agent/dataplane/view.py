@@ -19,10 +19,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from torch.distributed import PrefixStore, Store
 
@@ -30,9 +29,6 @@ from agent.dataplane import keys
 from agent.dataplane.backend import BackendKind
 from agent.dataplane.liveness import find_dead
 from agent.dataplane.poison import PoisonNotice
-
-if TYPE_CHECKING:
-    from agent.dataplane.work import Work
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +50,13 @@ class ViewContext(Protocol):
     def rendezvous_store(self) -> AbstractContextManager[Store]: ...
 
     def report_links(self, version: int, peers: dict[int, str], failed: list[int]) -> None: ...
+
+
+class Waiter(Protocol):
+    """What a view needs of an operation in flight on it (``agent.dataplane.work.Work``): a way
+    to wake it when the view fails or the data plane closes."""
+
+    def wake(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -82,7 +85,7 @@ class ViewGroup:
         self._failure: Failure | None = None
         self._failed_ranks: tuple[int, ...] | None = None
         self._decided = threading.Event()
-        self._pending: set[Work] = set()
+        self._pending: set[Waiter] = set()
         self._inflight = 0  # operations the backend has not finished, waited on or not
         self._orphan: object | None = None  # a retired backend, released once it is idle
 
@@ -209,7 +212,7 @@ class ViewGroup:
 
     # -- operations in flight -----------------------------------------------------------------
 
-    def register(self, work: Work) -> bool:
+    def register(self, work: Waiter) -> bool:
         """Track ``work`` so that a failure wakes it; False if the view has already failed."""
         with self._cond:
             if self._failure is not None:
@@ -217,7 +220,7 @@ class ViewGroup:
             self._pending.add(work)
             return True
 
-    def unregister(self, work: Work) -> None:
+    def unregister(self, work: Waiter) -> None:
         with self._cond:
             self._pending.discard(work)
 
@@ -264,7 +267,7 @@ class ViewGroup:
         level = logging.WARNING if report else logging.INFO
         log.log(level, "rank %d: view %d failed: %s", self._ctx.rank, self.version, reason)
         for work in pending:
-            work._wake()
+            work.wake()
         threading.Thread(
             target=self._decide, name=f"dataplane-hint-v{self.version}", daemon=True
         ).start()
@@ -317,11 +320,11 @@ class ViewGroup:
         """Fail the view as if the link to ``peer`` broke (fault injection for tests and drills)."""
         self.fail(f"injected link failure between rank {self._ctx.rank} and rank {peer}", (peer,))
 
-    def retire(self, wake: Callable[[Work], None] | None = None) -> None:
+    def retire(self, *, wake: bool = False) -> None:
         """A newer view superseded this one: abandon its backend, free this rank's watcher.
 
         Operations still in flight keep running (peers that have not moved on may finish them);
-        ``wake`` is applied to each of them when the data plane is closing.
+        ``wake``: wake each of them, the data plane is closing.
         """
         with self._cond:
             if self._retired:
@@ -345,5 +348,4 @@ class ViewGroup:
                 )
         self._ctx.kind.abandon(backend)
         for work in pending:
-            assert wake is not None
-            wake(work)
+            work.wake()

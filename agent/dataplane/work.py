@@ -24,7 +24,7 @@ import threading
 import time
 from collections.abc import Callable
 from datetime import timedelta
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 import torch.distributed as dist
@@ -32,11 +32,26 @@ import torch.distributed as dist
 from agent.dataplane.errors import DataPlaneError
 from agent.dataplane.hint import HintPool, fill
 
-if TYPE_CHECKING:
-    from agent.dataplane.view import ViewGroup
-
 #: How often a synchronous operation waiting inside gloo looks up from it (poison, close).
 INLINE_SLICE_S = 0.01
+
+
+class WorkView(Protocol):
+    """What an operation needs from the view it runs on (``agent.dataplane.view.ViewGroup``):
+    to leave it when it ends, to fail it, and the view's failure and decided hint."""
+
+    version: int
+
+    @property
+    def failure(self) -> object | None: ...
+
+    def fail(self, reason: str) -> None: ...
+
+    def failed_ranks(self) -> tuple[int, ...]: ...
+
+    def unregister(self, work: Work) -> None: ...
+
+    def op_ended(self) -> None: ...
 
 
 class Work(dist.Work):
@@ -45,7 +60,7 @@ class Work(dist.Work):
     def __init__(
         self,
         name: str,
-        view: ViewGroup | None,
+        view: WorkView | None,
         pool: HintPool,
         closed: threading.Event,
         timeout_s: float,
@@ -125,7 +140,7 @@ class Work(dist.Work):
                     f"{self.name} was still running when the data plane was closed"
                 )
 
-    def _wait_slices(self, backend_work: object, view: ViewGroup) -> bool:
+    def _wait_slices(self, backend_work: object, view: WorkView) -> bool:
         """Wait for ``backend_work``; True if it ended (the outcome is then set), False if given up."""
         while True:
             remaining = self._deadline - time.monotonic()
@@ -149,8 +164,9 @@ class Work(dist.Work):
             self._outcome = True
             return True
 
-    def _wake(self) -> None:
-        """The view failed or the plane closed: stop waiting for the backend."""
+    def wake(self) -> None:
+        """The view failed or the plane closed: stop waiting for the backend (the view calls
+        it, ``agent.dataplane.view.Waiter``)."""
         self._signal()
 
     def _signal(self) -> None:

@@ -40,13 +40,10 @@ from coordinator.auth import Authenticator, AuthError, Principal
 from coordinator.host.loop import Appended, Host, Outcome, Refusal
 from eventlog import NewRecord
 from wire import ranks as rank_sets
-from wire.protocol import PROTOCOL, PROTOCOL_MISMATCH, legacy_problem
-from wire.ranks import RankSetError
+from wire.protocol import PROTOCOL, PROTOCOL_MISMATCH, QUERY, legacy_problem
+from wire.ranks import MAX_QUERY_RANKS, RankSetError
 
 router = APIRouter(prefix="/agents", tags=["agents"])
-
-#: The longest long-poll an agent may ask for, in seconds.
-MAX_POLL_S = 60.0
 
 _ENVELOPE = ("type", "group", "rank", "token")
 #: A Decoder made once: ``msgspec.json.decode(body, type=...)`` looks the type up on every call.
@@ -158,16 +155,21 @@ def _result(outcome: Outcome) -> dict[str, Any]:
 )
 async def get_updates(
     request: Request,
-    group: str = Query(..., max_length=64),
-    rank: int | None = Query(None, ge=0, le=65_535, description="one rank (or use ranks)"),
+    group: str = Query(..., max_length=QUERY.group_chars),
+    rank: int | None = Query(None, ge=0, le=QUERY.max_rank, description="one rank (or use ranks)"),
     ranks: str | None = Query(
         None,
-        max_length=8192,
+        max_length=QUERY.ranks_chars,
         pattern=r"^[0-9,-]+$",
-        description="several ranks of this group, as 0-7,12 (at most 1024): one poll per host",
+        description=f"several ranks of this group, as 0-7,12 (at most {MAX_QUERY_RANKS}): "
+        "one poll per host",
     ),
-    after: int = Query(0, ge=0, le=2**62, description="the last offset processed (exclusive)"),
-    timeout: float = Query(25.0, ge=0.0, le=MAX_POLL_S, description="seconds to wait"),
+    after: int = Query(
+        0, ge=0, le=QUERY.max_offset, description="the last offset processed (exclusive)"
+    ),
+    timeout: float = Query(
+        QUERY.poll_timeout_s, ge=0.0, le=QUERY.max_poll_s, description="seconds to wait"
+    ),
     protocol: int | None = Query(
         None, description=f"the wire protocol the agent speaks; must be {PROTOCOL}"
     ),

@@ -16,6 +16,7 @@ from api.openapi import answers
 from api.paging import read_page
 from coordinator.host.loop import HostUnavailable
 from eventlog import KINDS, LogError, Record
+from wire.protocol import QUERY
 
 router = APIRouter(tags=["audit"])
 
@@ -52,9 +53,9 @@ def _kinds(kind: str | None) -> list[str] | None:
 )
 async def events(
     request: Request,
-    after: int = Query(0, ge=0, le=2**62),
+    after: int = Query(0, ge=0, le=QUERY.max_offset),
     limit: int = Query(100, ge=1, le=1000),
-    group: str | None = Query(None, max_length=64),
+    group: str | None = Query(None, max_length=QUERY.group_chars),
     kind: Kind | None = Query(None),
 ) -> Response:
     require_operator(request, "reading the log")
@@ -112,8 +113,8 @@ def _encode_record(r: Record) -> bytes:
 )
 async def event_stream(
     request: Request,
-    after: int = Query(0, ge=0, le=2**62),
-    group: str | None = Query(None, max_length=64),
+    after: int = Query(0, ge=0, le=QUERY.max_offset),
+    group: str | None = Query(None, max_length=QUERY.group_chars),
     kind: Kind | None = Query(None),
     last_event_id: str | None = Header(None, pattern=r"^[0-9]{1,19}$"),
 ) -> Response:
@@ -164,5 +165,5 @@ async def healthz(request: Request) -> Response:
     responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}},
 )
 async def prometheus(request: Request) -> Response:
-    text = await metrics.render(host_of(request))
-    return Response(text, media_type=metrics.CONTENT_TYPE)
+    exposition: metrics.Exposition = request.app.state.metrics
+    return Response(await exposition.render(), media_type=metrics.CONTENT_TYPE)

@@ -16,16 +16,13 @@ from api.models import CreateGroupRequest, ProposalRequest
 from api.openapi import answers, body
 from api.paging import read_page
 from coordinator.fold.config import ConfigError, GroupConfig
-from coordinator.fold.effects import Proposal
 from coordinator.fold.machine import Coordinator
 from coordinator.fold.projections import proposal_doc, to_doc, view_doc
-from coordinator.host.loop import Appended, Existing, Host, Outcome, Refusal
+from coordinator.host.loop import Appended, Host, Outcome, Refusal
 from eventlog import NewRecord, ProjectionRow
+from wire.protocol import QUERY
 
 router = APIRouter(tags=["operator"])
-
-#: The longest ``?wait=`` a proposal may ask for, in seconds.
-MAX_WAIT_S = 60.0
 
 
 @router.post(
@@ -53,7 +50,7 @@ async def create_group(request: Request) -> Response:
                 group=req.group,
                 payload={"world_size": config.world_size, "config": config.to_dict()},
             ),
-            precheck=_same_group(req.group, config, limits, admitted, me),
+            precheck=_room(req.group, config, limits, admitted, me),
         )
     finally:
         admitted.pop(me, None)
@@ -65,15 +62,16 @@ async def create_group(request: Request) -> Response:
     )
 
 
-def _same_group(
+def _room(
     group: str,
     config: GroupConfig,
     limits: Limits,
     admitted: dict[object, tuple[str, int]],
     me: object,
 ):
-    """Creating an identical group again is a no-op; another configuration is a conflict; a new
-    group must fit the server's limits on groups and on ranks.
+    """A new group must fit the server's limits on groups and on ranks. Whether a group of that
+    name is the same creation again or a conflict is the fold's to say (the host asks
+    ``Coordinator.repeat_of`` and ``check`` after this), so an existing name passes here.
 
     The host prechecks a whole batch against one state of the fold, so the limits count the
     fold's groups and also the creations already admitted that the fold does not hold yet
@@ -81,26 +79,15 @@ def _same_group(
     creations in one batch cannot both take the last room."""
 
     def check(machine: Coordinator) -> Outcome | None:
-        existing = machine.group_config(group)
-        if existing is None:
-            pending = {
-                g: n for g, n in admitted.values() if g != group and machine.group_config(g) is None
-            }
-            refused = _room_for(machine, config.world_size, limits, pending)
-            if refused is None:
-                admitted[me] = (group, config.world_size)
-            return refused
-        if existing == config:
-            return Existing(0)
-        theirs, ours = existing.to_dict(), config.to_dict()
-        diff = ", ".join(
-            f"{k}: {theirs.get(k)!r} (existing) vs {ours.get(k)!r}"
-            for k in sorted(set(theirs) | set(ours))
-            if theirs.get(k) != ours.get(k)
-        )
-        return Refusal(
-            "group_conflict", f"group {group!r} exists with another configuration ({diff})"
-        )
+        if machine.group_config(group) is not None:
+            return None
+        pending = {
+            g: n for g, n in admitted.values() if g != group and machine.group_config(g) is None
+        }
+        refused = _room_for(machine, config.world_size, limits, pending)
+        if refused is None:
+            admitted[me] = (group, config.world_size)
+        return refused
 
     return check
 
@@ -147,9 +134,9 @@ def _group_body(host: Host, group: str, after: int | None, limit: int) -> dict[s
 )
 async def get_group(
     request: Request,
-    group: Annotated[str, Path(max_length=64)],
+    group: Annotated[str, Path(max_length=QUERY.group_chars)],
     ranks_after: int | None = Query(
-        None, ge=0, le=65_535, description="the last rank of the previous page (exclusive)"
+        None, ge=0, le=QUERY.max_rank, description="the last rank of the previous page (exclusive)"
     ),
     ranks_limit: int | None = Query(
         None,
@@ -173,7 +160,7 @@ async def get_group(
 async def create_proposal(
     request: Request,
     wait: float = Query(
-        0.0, ge=0.0, le=MAX_WAIT_S, description="seconds to wait for a terminal status"
+        0.0, ge=0.0, le=QUERY.max_wait_s, description="seconds to wait for a terminal status"
     ),
 ) -> Response:
     principal = principal_of(request)
@@ -190,10 +177,10 @@ async def create_proposal(
         payload["idempotency_key"] = req.idempotency_key
     host = host_of(request)
     key = ("idempotency", req.group, req.idempotency_key) if req.idempotency_key else None
+    # A known idempotency key: the fold answers the same body with its proposal (Existing),
+    # another body with idempotency_conflict.
     outcome = await host.submit(
-        NewRecord(kind="proposal", group=req.group, payload=payload),
-        key=key,
-        precheck=_idempotent(req, proposer),
+        NewRecord(kind="proposal", group=req.group, payload=payload), key=key
     )
     if isinstance(outcome, Refusal):
         raise refusal_error(outcome.code, outcome.detail)
@@ -204,32 +191,6 @@ async def create_proposal(
             500, "internal", f"proposal {proposal_id} was appended but is unknown to the fold"
         )
     return json_response(proposal_doc(proposal), 202 if proposal.status == "pending" else 200)
-
-
-def _idempotent(req: ProposalRequest, proposer: str):
-    """A known idempotency key returns the same proposal; with another body it is a conflict."""
-
-    def check(machine: Coordinator) -> Outcome | None:
-        if req.idempotency_key is None:
-            return None
-        existing: Proposal | None = machine.proposal_by_key(req.group, req.idempotency_key)
-        if existing is None:
-            return None
-        same = (
-            existing.op == req.op
-            and sorted(set(existing.ranks)) == sorted(set(req.ranks))
-            and existing.proposer == proposer
-        )
-        if same:
-            return Existing(existing.id)
-        return Refusal(
-            "idempotency_conflict",
-            f"idempotency_key {req.idempotency_key!r} belongs to proposal {existing.id} "
-            f"({existing.op} {list(existing.ranks)} by {existing.proposer}); this request is "
-            f"{req.op} {req.ranks} by {proposer}",
-        )
-
-    return check
 
 
 @router.get(
@@ -250,7 +211,9 @@ async def get_proposal(request: Request, proposal_id: int) -> Response:
     tags=["views"],
     responses=answers({200: "ViewBody"}, 404),
 )
-async def current_view(request: Request, group: str = Query(..., max_length=64)) -> Response:
+async def current_view(
+    request: Request, group: str = Query(..., max_length=QUERY.group_chars)
+) -> Response:
     host = host_of(request)
     require_group(host, group)
     view = host.machine.current_view(group)
@@ -267,8 +230,8 @@ async def current_view(request: Request, group: str = Query(..., max_length=64))
 )
 async def view_history(
     request: Request,
-    group: str = Query(..., max_length=64),
-    after_version: int = Query(0, ge=0, le=2**62),
+    group: str = Query(..., max_length=QUERY.group_chars),
+    after_version: int = Query(0, ge=0, le=QUERY.max_offset),
     limit: int = Query(100, ge=1, le=1000),
 ) -> Response:
     host = host_of(request)

@@ -19,6 +19,7 @@ from api.errors import ApiError
 from api.openapi import answers
 from coordinator.host.story import StoryBuilder, StoryError, story_of
 from eventlog import Record
+from wire.protocol import QUERY
 
 router = APIRouter(tags=["console"])
 
@@ -39,9 +40,11 @@ async def _step_page(builder: StoryBuilder, page: list[Record]) -> None:
 )
 async def rank_story(
     request: Request,
-    group: str = Path(..., max_length=64),
+    group: str = Path(..., max_length=QUERY.group_chars),
     rank: int = Path(..., ge=0, le=2**31),
-    until: int | None = Query(None, ge=1, le=2**62, description="fold only up to this offset"),
+    until: int | None = Query(
+        None, ge=1, le=QUERY.max_offset, description="fold only up to this offset"
+    ),
 ) -> Response:
     global _folding
     require_operator(request, "reading a rank's story")

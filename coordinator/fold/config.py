@@ -20,11 +20,12 @@ from typing import Any
 
 import msgspec
 
+# The largest group the fold accepts is the protocol's MAX_WORLD_SIZE; larger values are almost
+# certainly a typo.
+from wire.protocol import MAX_WORLD_SIZE
+
 #: Survivor floor per backend: NCCL cannot run a communicator of one rank, gloo can.
 BACKEND_FLOOR: dict[str, int] = {"gloo": 1, "nccl": 2}
-
-#: The largest group the fold accepts; larger values are almost certainly a typo.
-MAX_WORLD_SIZE = 65_536
 
 _PERCENT = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*%\s*$")
 _NS_PER_S = 1_000_000_000

@@ -3,7 +3,10 @@ that names the ranks, incarnations, versions and deadlines involved.
 
 ``refusal`` is the one function behind both ``Coordinator.check`` (the host's pre-check, so a
 refused input is never logged) and ``Coordinator.step`` (a record that fails it changes nothing),
-so the two can never disagree.
+so the two can never disagree. ``repeat_of`` is its other half for the two inputs that have a
+name of their own (a group's, an idempotency key): the earlier input an identical one repeats, so
+the host answers with it and appends nothing. Both decide sameness by the same two rules
+(``_same_config``, ``_same_body``): the API only maps their answers to HTTP.
 """
 
 from __future__ import annotations
@@ -35,6 +38,9 @@ from eventlog.record import KINDS
 
 #: (code, message)
 Refusal = tuple[str, str]
+
+#: The kinds ``repeat_of`` may find an earlier input for.
+REPEATABLE = frozenset({"group_created", "proposal"})
 
 _RANK_KINDS = frozenset({"join", "heartbeat", "links", "ack", "exit", "death_reported"})
 
@@ -105,6 +111,35 @@ def refusal(
     return None
 
 
+def repeat_of(
+    groups: Mapping[str, GroupState],
+    proposals: Mapping[int, Proposal],
+    kind: str,
+    group: str | None,
+    rank: int | None,
+    payload: Any,
+) -> int | None:
+    """The offset of the earlier input this one repeats, so that nothing need be appended: for
+    a ``group_created`` identical to the group's, the group's creation; for a proposal whose
+    idempotency key names one with the same body, that proposal (its id). None for anything
+    else: a new input, a conflict or a malformed one, which ``refusal`` words."""
+    if kind not in REPEATABLE or group is None or rank is not None or not isinstance(payload, dict):
+        return None
+    g = groups.get(group)
+    if g is None:
+        return None
+    if kind == "group_created":
+        try:
+            config = parse_group_created(payload)
+        except ConfigError:
+            return None
+        return g.created_offset if _same_config(g.config, config) else None
+    if CHECKS[kind](payload, g.config.world_size) is not None:
+        return None
+    seen = _keyed(g, proposals, payload)
+    return seen.id if seen is not None and _same_body(seen, payload) else None
+
+
 def parse_group_created(payload: dict[str, Any]) -> GroupConfig:
     """The config of a ``group_created`` payload ``{"world_size": N, "config": {...}}``."""
     config = payload.get("config", {})
@@ -132,12 +167,27 @@ def _group_created(
     if rank is not None:
         return INVALID_EVENT, f"group_created must not name a rank, got rank={rank}"
     existing = groups.get(group)
-    if existing is not None and existing.config != config:
+    if existing is not None and not _same_config(existing.config, config):
         return GROUP_CONFLICT, (
-            f"group {group!r} already exists with another configuration "
-            f"(world_size {existing.config.world_size}); creating it again must repeat it exactly"
+            f"group {group!r} exists with another configuration "
+            f"({_config_diff(existing.config, config)}); creating it again must repeat it exactly"
         )
     return None
+
+
+def _same_config(existing: GroupConfig, config: GroupConfig) -> bool:
+    """Creating a group again is the same creation when it repeats the configuration exactly."""
+    return existing == config
+
+
+def _config_diff(existing: GroupConfig, config: GroupConfig) -> str:
+    """Each field that differs, as ``field: old (existing) vs new``."""
+    theirs, ours = existing.to_dict(), config.to_dict()
+    return ", ".join(
+        f"{k}: {theirs.get(k)!r} (existing) vs {ours.get(k)!r}"
+        for k in sorted(set(theirs) | set(ours))
+        if theirs.get(k) != ours.get(k)
+    )
 
 
 def _join(g: GroupState, rank: int, info: RankInfo, inc: str, now: int) -> Refusal | None:
@@ -183,22 +233,37 @@ def _proposal(
     g: GroupState, proposals: Mapping[int, Proposal], payload: dict[str, Any]
 ) -> Refusal | None:
     """A known idempotency key: the same body is the same proposal, another body a conflict."""
-    key = payload.get("idempotency_key")
-    if key is None or key not in g.keys:
+    seen = _keyed(g, proposals, payload)
+    if seen is None:
         return None
-    seen = proposals[g.keys[key]]
-    # The same body means the same request: same op, same set of ranks, same proposer.
-    if (seen.op, sorted(set(seen.ranks)), seen.proposer) == (
-        payload["op"],
-        sorted(set(payload["ranks"])),
-        payload.get("proposer"),
-    ):
+    key = payload["idempotency_key"]
+    if _same_body(seen, payload):
         return DUPLICATE_PROPOSAL, (
             f"idempotency key {key!r} already names proposal {seen.id} (status {seen.status})"
         )
     return IDEMPOTENCY_CONFLICT, (
         f"idempotency key {key!r} already names proposal {seen.id} "
-        f"({seen.op} {list(seen.ranks)}, proposer {seen.proposer!r}) with another body"
+        f"({seen.op} {list(seen.ranks)}, proposer {seen.proposer!r}); this one is "
+        f"{payload['op']} {list(payload['ranks'])}, proposer {payload.get('proposer')!r}"
+    )
+
+
+def _keyed(
+    g: GroupState, proposals: Mapping[int, Proposal], payload: dict[str, Any]
+) -> Proposal | None:
+    """The proposal of the group that the payload's idempotency key already names, if any."""
+    key = payload.get("idempotency_key")
+    if key is None or key not in g.keys:
+        return None
+    return proposals[g.keys[key]]
+
+
+def _same_body(seen: Proposal, payload: dict[str, Any]) -> bool:
+    """The same body is the same request: the same op, set of ranks and proposer."""
+    return (seen.op, sorted(set(seen.ranks)), seen.proposer) == (
+        payload["op"],
+        sorted(set(payload["ranks"])),
+        payload.get("proposer"),
     )
 
 

@@ -48,7 +48,7 @@ from coordinator.fold.effects import (
     ViewCommitted,
     ViewPrepare,
 )
-from coordinator.fold.fencing import parse_group_created, refusal
+from coordinator.fold.fencing import parse_group_created, refusal, repeat_of
 from coordinator.fold.healthy_set import excluded_ranks
 from coordinator.fold.reasons import ranks_text
 from coordinator.fold.state import FAILED, FORMED, FORMING, Change, GroupState
@@ -138,6 +138,15 @@ class Coordinator:
             return None
         code, message = refusal
         return Refused(group=group, rank=rank, kind=kind, code=code, message=message, offset=0)
+
+    def repeat_of(
+        self, kind: str, group: str | None, rank: int | None, payload: dict[str, Any]
+    ) -> int | None:
+        """The offset of the earlier input that this one repeats (an identical
+        ``group_created``: the group's creation; a proposal with a known idempotency key and the
+        same body: that proposal's id), or None. The host answers such an input with the earlier
+        one and appends nothing; a conflict under the same name is ``check``'s refusal."""
+        return repeat_of(self._groups, self._proposals, kind, group, rank, payload)
 
     def next_deadline(self) -> int | None:
         """The earliest pending deadline (ns), or None. The host appends a tick once now >= it.

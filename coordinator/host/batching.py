@@ -12,9 +12,10 @@ from typing import Any
 
 import msgspec
 
+from coordinator.fold.fencing import REPEATABLE
 from coordinator.fold.heartbeats import HeartbeatBuffer
 from coordinator.fold.machine import Coordinator
-from coordinator.host.inputs import Input, Outcome, Refusal, SharedReply
+from coordinator.host.inputs import Existing, Input, Outcome, Refusal, SharedReply
 from coordinator.host.metrics import HostMetrics
 from eventlog import NewRecord
 from eventlog.record import decode_payload, validate
@@ -105,12 +106,19 @@ class Admission:
         self.metrics = metrics
 
     def precheck(self, item: Input) -> Outcome | None:
-        """The caller's own check, then the fold's ``check``: None when the input may go in."""
+        """The caller's own check, then the fold's: a repeat of an earlier record is that record
+        (``Existing``), a refused input its ``Refusal``; None when the input may go in."""
         if item.precheck is not None and (outcome := item.precheck(self.machine)) is not None:
             return outcome
         rec = item.record
         if rec.kind == "tick":
             return None
+        if (
+            rec.kind in REPEATABLE
+            and (earlier := self.machine.repeat_of(rec.kind, rec.group, rec.rank, rec.payload))
+            is not None
+        ):
+            return Existing(earlier)
         refused = self.machine.check(rec.kind, rec.group, rec.rank, rec.payload)
         if refused is None:
             return None

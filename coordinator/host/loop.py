@@ -20,7 +20,7 @@ Responses are served from the fold's in-memory state; the log, not this object, 
 of truth, and a restart rebuilds everything here from the latest snapshot plus the tail.
 
 Whether the host leads at once or only while it holds a lease is its :class:`Role`
-(``roles.SoleLeader``, ``replica.Replica``).
+(:class:`SoleLeader`, ``replica.Replica``).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import logging
 import time
 from collections import defaultdict, deque
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
 
@@ -54,7 +54,6 @@ from coordinator.host.metrics import HostMetrics
 from coordinator.host.pacing import PollPacing
 from coordinator.host.polls import UpdatesAnswer, resync_answer
 from coordinator.host.ready import HostState, Ready, ReadyBuilder, publish
-from coordinator.host.roles import Role, SoleLeader
 from coordinator.host.rows import ProjectionRows
 from coordinator.host.snapshots import CONSUMER, SNAPSHOT_FORMAT, Snapshots, restore_state
 from coordinator.host.ticks import Ticker
@@ -73,12 +72,66 @@ __all__ = [
     "Precheck",
     "Refusal",
     "Role",
+    "SoleLeader",
     "UpdatesAnswer",
 ]
 
 log = logging.getLogger("foldplane.host")
 
 TERMINAL = frozenset({"applied", "applied_with_dropped_ranks", "rejected"})
+
+
+class Role(Protocol):
+    """What differs between a coordinator that leads for good and one that leads only while it
+    holds a lease. The host calls its role when it starts, before and after each long poll, and
+    when it closes; the role drives the host only through its public methods (``serve``,
+    ``stop_serving``, ``catch_up``, ``set_unavailable``, ``projections``)."""
+
+    #: "leader" or "standby"
+    name: str
+    #: the leader's address when this coordinator knows it and does not lead
+    leader: str | None
+
+    def attach(self, host: Host) -> None:
+        """The host this role drives (called once, when the host is built)."""
+
+    def start(self) -> None:
+        """Start: serve at once, or follow until leading."""
+
+    def check_polls(self, why: str) -> None:
+        """Raise the reason long polls cannot be answered here (``why`` names the moment)."""
+
+    async def stop(self) -> None:
+        """The host is closing: stop whatever the role runs."""
+
+    async def closed(self) -> None:
+        """The host is closed: release what the role holds."""
+
+
+class SoleLeader:
+    """The only coordinator of its log: it claimed the term on open and serves at once."""
+
+    name = "leader"
+    leader: str | None = None
+
+    def __init__(self) -> None:
+        self.host: Host | None = None
+
+    def attach(self, host: Host) -> None:
+        self.host = host
+
+    def start(self) -> None:
+        assert self.host is not None
+        self.host.serve()
+
+    def check_polls(self, why: str) -> None:
+        return None
+
+    async def stop(self) -> None:
+        return None
+
+    async def closed(self) -> None:
+        return None
 
 
 class Host:

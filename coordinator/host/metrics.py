@@ -1,6 +1,7 @@
-"""Counters the execution host keeps for ``/metrics``: plain numbers, no exporter dependency.
+"""Counters the execution host keeps for ``/metrics``: plain numbers, no exporter in the host.
 
-The host only increments; ``api.metrics`` renders them in the Prometheus text format.
+The host only increments; ``api.metrics`` reads them at scrape time (a ``prometheus_client``
+collector) and renders them in the Prometheus text format.
 """
 
 from __future__ import annotations

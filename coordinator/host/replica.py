@@ -31,7 +31,7 @@ Rules, and why:
 - A SQLite log has one coordinator: :func:`open_host` opens it as a :class:`Host` whose role is
   ``SoleLeader``.
 
-The standby's differences are the host's :class:`Replica` role (``coordinator.host.roles``): it
+The standby's differences are the host's :class:`Replica` role (``coordinator.host.loop.Role``): it
 starts the host's loop on promotion and stops it on stepping down, through the host's public
 methods.
 """
@@ -129,7 +129,7 @@ class Replica:
         assert self._host is not None, "the role is attached to its host when the host is built"
         return self._host
 
-    # -- the role's interface (coordinator.host.roles.Role) ------------------------------------
+    # -- the role's interface (coordinator.host.loop.Role) -------------------------------------
 
     def attach(self, host: Host) -> None:
         # A standby writes no projection rows: it holds the ones it derives (see the rules).

@@ -133,7 +133,7 @@ def test_manual_mode_reports_hints_and_leaves_active_ranks_to_the_upper_layer(wo
 
     # Rank 1 leaves the Healthy Set, but nothing changes active_ranks on its own.
     w.ask([1], "wait_state", "state", state="SYNCED")
-    info = coordinator.fold.status("manual")
+    info = coordinator.status("manual")
     assert info["view"]["version"] == 1 and info["view"]["active_ranks"] == ALL, info
     assert info["change_in_flight"] is None, info
     assert w.ask([1], "all_reduce", "all_reduce")[1]["ok"] is False  # fails fast until a new view

@@ -58,7 +58,7 @@ def test_two_agents_form_a_group_run_a_collective_and_leave_cleanly(coordinator:
     finally:
         close_all(pair)
     assert [a.stopped.reason for a in pair if a.stopped] == ["closed", "closed"]
-    ranks = coordinator.fold.status("pair")["ranks"]
+    ranks = coordinator.status("pair")["ranks"]
     assert [(r["state"], r["exited"]) for r in ranks] == [("OFFLINE", True)] * 2
 
 

@@ -39,6 +39,23 @@ def test_a_different_config_under_the_same_name_is_a_conflict():
     assert s.m.check("group_created", "g", None, {"world_size": 4, "config": {}}) is None
 
 
+def test_creating_a_group_again_repeats_its_creation_only_with_the_same_config():
+    s = Script()
+    s.create(world_size=4, ack_timeout_s=5)
+    created = s.offset
+    s.create(group="h", world_size=2)
+    same = {"world_size": 4, "config": {"ack_timeout_s": 5.0}}
+    assert s.m.repeat_of("group_created", "g", None, same) == created
+    other = {"world_size": 4, "config": {"ack_timeout_s": 6}}
+    assert s.m.repeat_of("group_created", "g", None, other) is None
+    refused = s.m.check("group_created", "g", None, other)
+    assert refused.code == "group_conflict"
+    assert "ack_timeout_s: 5.0 (existing) vs 6.0" in refused.message
+    assert s.m.repeat_of("group_created", "new", None, same) is None
+    assert s.m.repeat_of("group_created", "g", 0, same) is None  # malformed: check words it
+    assert s.m.repeat_of("group_created", "g", None, {"config": {}}) is None
+
+
 def test_an_invalid_config_is_refused_naming_the_field():
     s = Script()
     refused = one(s.create(world_size=4, min_ranks=9), Refused)

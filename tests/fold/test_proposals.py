@@ -155,6 +155,14 @@ def test_an_idempotency_key_returns_the_same_proposal_and_another_body_conflicts
     other = dict(same, ranks=[2])
     refused = s.m.check("proposal", "g", None, other)
     assert refused.code == "idempotency_conflict" and "k-17" in refused.message
+    assert "this one is deactivate [2]" in refused.message
+    # the host answers the same body with the proposal and appends nothing; never another body
+    assert s.m.repeat_of("proposal", "g", None, same) == pid
+    assert s.m.repeat_of("proposal", "g", None, dict(same, ranks=[3, 3])) == pid
+    assert s.m.repeat_of("proposal", "g", None, other) is None
+    assert s.m.repeat_of("proposal", "g", None, dict(same, proposer="other")) is None
+    assert s.m.repeat_of("proposal", "g", None, dict(same, idempotency_key="k-18")) is None
+    assert s.m.repeat_of("proposal", "g", None, dict(same, ranks=[])) is None  # malformed
     # a duplicate that reached the log anyway creates nothing new
     assert one(s.record("proposal", "g", None, same), Refused).code == "duplicate_proposal"
     assert s.m.proposal(s.offset) is None

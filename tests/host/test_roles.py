@@ -1,13 +1,12 @@
-"""A host's role (coordinator/host/roles.py): a SQLite log's coordinator is its sole leader."""
+"""A host's role (coordinator/host/loop.py): a SQLite log's coordinator is its sole leader."""
 
 from __future__ import annotations
 
 import pytest
 
 from coordinator.host.leadership import LeaseSettings
-from coordinator.host.loop import Appended, Host
+from coordinator.host.loop import Appended, Host, SoleLeader
 from coordinator.host.replica import Replica, open_host, open_replica
-from coordinator.host.roles import SoleLeader
 from eventlog import NewRecord
 
 

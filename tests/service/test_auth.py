@@ -13,10 +13,10 @@ from coordinator.auth import (
     AuthError,
     BindRefused,
     Principal,
-    agent_token,
     check_bind,
 )
 from tests.service.conftest import FAST, ROOT, make_server
+from wire.auth import agent_token
 
 SECRET = "s3cret-for-tests"
 OPERATOR = "operator-token-for-tests"

@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import os
 import random
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -74,16 +75,45 @@ class Proposer:
             await asyncio.sleep(0.05)
 
 
-async def _kill_loop(srv: Server, rng: random.Random, failures: list[str], kills: int) -> None:
+#: Acknowledged events each start of the server must see before it is killed again: the load is
+#: counted, not timed (a loaded machine acknowledges fewer events in the same time).
+ACKED_PER_START = 30
+
+
+async def _kill_loop(
+    srv: Server,
+    rng: random.Random,
+    failures: list[str],
+    kills: int,
+    acknowledged: Callable[[], int],
+) -> None:
     """Kill, check the file with the replay the CLI runs (in this process: a hundred starts of
-    the CLI would cost more than the kills), restart; the test's end runs the CLI itself."""
+    the CLI would cost more than the kills), restart; the test's end runs the CLI itself.
+
+    Each start serves at least ``ACKED_PER_START`` acknowledged events (at most 60 s), then lives
+    on a random 0.2-1.2 s so that the kills land anywhere in the cycle."""
     for i in range(kills):
+        floor = acknowledged() + ACKED_PER_START
+        deadline = asyncio.get_running_loop().time() + 60
+        while acknowledged() < floor:
+            if asyncio.get_running_loop().time() > deadline:
+                failures.append(
+                    f"before kill {i + 1}: fewer than {ACKED_PER_START} events acknowledged in 60 s"
+                )
+                return
+            await asyncio.sleep(0.05)
         await asyncio.sleep(rng.uniform(0.2, 1.2))
         srv.kill()
         report = await replay_log(str(srv.db))
         if not report.ok:
             failures.append(f"after kill {i + 1}: {report.divergences[:5]}")
         await asyncio.to_thread(srv.start)
+
+
+def _acknowledged(sim: SimulatedCluster) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """The events the server acknowledged (an offset, no error), with their answers."""
+    sent = [pair for host in sim.hosts for pair in host.sent or []]
+    return [(ev, res) for ev, res in sent if "offset" in res and "error" not in res]
 
 
 @pytest.mark.parametrize(
@@ -117,7 +147,7 @@ async def test_sigkill_under_load_loses_nothing_acknowledged(tmp_path, kills):
             load = asyncio.get_running_loop().create_task(proposer.run())
             failures: list[str] = []
             try:
-                await _kill_loop(srv, rng, failures, kills)
+                await _kill_loop(srv, rng, failures, kills, lambda: len(_acknowledged(sim)))
             finally:
                 load.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -144,9 +174,8 @@ async def test_sigkill_under_load_loses_nothing_acknowledged(tmp_path, kills):
                     break
                 after = page["next_after"]
             assert not sim.stopped, sim.stopped  # no agent gave up
-            sent = [pair for host in sim.hosts for pair in host.sent or []]
-            acknowledged = [(ev, res) for ev, res in sent if "offset" in res and "error" not in res]
-            assert len(acknowledged) > 100
+            acknowledged = _acknowledged(sim)
+            assert len(acknowledged) > ACKED_PER_START * kills
             kinds = {ev["type"] for ev, _ in acknowledged}
             assert {"join", "links", "ack", "heartbeat"} <= kinds, kinds
             for event, result in acknowledged:

@@ -9,6 +9,7 @@ from api.app import create_app
 from api.fastpath import updates_query
 from api.routes.agents import UpdatesQuery
 from coordinator.host.loop import Host
+from wire.protocol import QUERY
 
 
 @pytest.mark.parametrize(
@@ -100,3 +101,41 @@ async def test_a_client_gone_before_its_body_arrived_gets_no_answer_and_nothing_
         assert await host.log.read(after=head) == []
     finally:
         await host.close()
+
+
+async def test_the_route_and_the_fast_path_read_one_table_of_bounds(tmp_path) -> None:
+    """What the route declares (its OpenAPI parameters) is what the fast path serves, at each
+    edge of ``wire.protocol.QUERY``: one past it goes to the framework."""
+    host = await Host.open(str(tmp_path / "log.db"))
+    try:
+        document = create_app(host).openapi()
+    finally:
+        await host.close()
+    schemas = {
+        p["name"]: p["schema"] for p in document["paths"]["/agents/updates"]["get"]["parameters"]
+    }
+    params = {name: schema.get("anyOf", [schema])[0] for name, schema in schemas.items()}
+    assert params["group"]["maxLength"] == QUERY.group_chars
+    assert params["rank"]["maximum"] == QUERY.max_rank
+    assert params["ranks"]["maxLength"] == QUERY.ranks_chars
+    assert params["after"]["maximum"] == QUERY.max_offset
+    assert params["timeout"]["maximum"] == QUERY.max_poll_s
+    assert schemas["timeout"]["default"] == QUERY.poll_timeout_s
+
+    def query(**fields: object) -> bytes:
+        return "&".join(f"{k}={v}" for k, v in {"protocol": 2, **fields}.items()).encode()
+
+    edge = "g" * QUERY.group_chars
+    served = updates_query(query(group=edge, rank=QUERY.max_rank, after=QUERY.max_offset))
+    assert served == UpdatesQuery(
+        edge, (QUERY.max_rank,), QUERY.max_offset, QUERY.poll_timeout_s, 2, None
+    )
+    assert updates_query(query(group="g", rank=0, timeout=QUERY.max_poll_s)) is not None
+    for past in (
+        query(group=edge + "g", rank=0),
+        query(group="g", rank=QUERY.max_rank + 1),
+        query(group="g", ranks=QUERY.max_rank + 1),
+        query(group="g", rank=0, after=QUERY.max_offset + 1),
+        query(group="g", rank=0, timeout=QUERY.max_poll_s + 1),
+    ):
+        assert updates_query(past) is None, past

@@ -225,7 +225,7 @@ async def test_heartbeat_timeout_auto_deactivates_the_rank(client, address):
         current = (await client.get("/views/current", params={"group": sim.group})).json()
         assert current["cause"]["kind"] == "auto_deactivation"
         metrics = (await client.get("/metrics")).text
-        assert f'foldplane_view_changes_total{{group="{sim.group}"}} 2' in metrics
+        assert f'foldplane_view_changes_total{{group="{sim.group}"}} 2.0\n' in metrics
     finally:
         await sim.stop()
 

@@ -8,13 +8,14 @@ nanoseconds on an event queue (no threads, no asyncio, no clock), so a seed repl
 real :class:`agent.machine.AgentMachine`. The coordinator's host is the real
 :class:`coordinator.host.loop.Host` object, and its parts are used for every decision it makes
 without I/O: the batching rule (``coordinator.host.batching.take_batch``), the admission of a
-batch (``Admission``: the pre-check of each input, which is ``Coordinator.check``, the heartbeat
-buffer ``coordinator.fold.heartbeats.HeartbeatBuffer`` and its re-check of each beat before its
-shared record is appended), the Ready value of each batch's effects (``host.ready_builder``, a
-``coordinator.host.ready.ReadyBuilder``: projection rows and agent updates, with
-``wire.protocol.view_update``/``prepare_update``) and its publishing, the per-rank update journals
-(``coordinator.host.journal.UpdateJournals``: what each rank may read, and when it must resync),
-the resync answer (``coordinator.host.polls.resync_answer``), and the snapshot format
+batch (``Admission``: the pre-check of each input, which is ``Coordinator.repeat_of`` and
+``Coordinator.check``, the heartbeat buffer ``coordinator.fold.heartbeats.HeartbeatBuffer`` and
+its re-check of each beat before its shared record is appended), the Ready value of each
+batch's effects (``host.ready_builder``, a ``coordinator.host.ready.ReadyBuilder``: projection
+rows and agent updates, with ``wire.protocol.view_update``/``prepare_update``) and its
+publishing, the per-rank update journals (``coordinator.host.journal.UpdateJournals``: what each
+rank may read, and when it must resync), the resync answer
+(``coordinator.host.polls.resync_answer``), and the snapshot format
 (``coordinator.host.snapshots.encode_snapshot``).
 
 **What is simulated, and how it differs.** The host's loop, its append, step and carry-out and
@@ -27,9 +28,10 @@ appends a ``tick`` once the coordinator's clock passes ``next_deadline()``, with
 rule against spinning on a deadline a tick did not move. The long-poll pacing of a burst
 (``release_share``) is left out: every woken poll is answered at once. The HTTP layer is a
 message per request: events become records as ``POST /agents/events`` makes them, proposals
-carry the operator route's idempotency pre-check, death reports are ``POST /agents/deaths``.
-The data plane is simulated: it is ready a little after the store is known, and after a view is
-installed (or the network changes) it reports as down exactly the peers it cannot reach.
+carry their idempotency key (the host answers a repeat with its proposal), death reports are
+``POST /agents/deaths``. The data plane is simulated: it is ready a little after the store is
+known, and after a view is installed (or the network changes) it reports as down exactly the
+peers it cannot reach.
 
 **Faults**, drawn up front from the seed as a schedule (so a failing run shrinks by dropping
 them): partitions that cut an arbitrary set of nodes (ranks and the coordinator) from the rest;
@@ -756,7 +758,6 @@ class World:
                 [rec],
                 _Request(self, src, rid, [rec], EVENTS),
                 ("idempotency", GROUP, key) if key else None,
-                _idempotent(payload),
             )
         else:  # "death" or "create"
             _, rid, rec = msg
@@ -1027,29 +1028,6 @@ class World:
         again = msgspec.json.encode([fresh.snapshot(), *map(fresh.group_status, fresh.groups())])
         if run != again:
             raise Violation("replay_identical", "the run's fold and a fresh replay differ")
-
-
-def _idempotent(payload: dict[str, Any]) -> Any:
-    """The operator route's pre-check: a known idempotency key with the same body is that
-    proposal (nothing appended); with another body, a conflict."""
-    key = payload.get("idempotency_key")
-
-    def check(machine: Coordinator) -> Any:
-        if key is None:
-            return None
-        existing = machine.proposal_by_key(GROUP, key)
-        if existing is None:
-            return None
-        same = (
-            existing.op == payload["op"]
-            and sorted(set(existing.ranks)) == sorted(set(payload["ranks"]))
-            and existing.proposer == payload["proposer"]
-        )
-        if same:
-            return Existing(existing.id)
-        return Refusal("idempotency_conflict", f"idempotency_key {key!r} is proposal {existing.id}")
-
-    return check
 
 
 # -- running seeds, shrinking ------------------------------------------------------------------
