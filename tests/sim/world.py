@@ -351,7 +351,7 @@ class SimHost:
         self.ticker()
 
     def process(self, batch: list[Input]) -> None:
-        """``Host._process``: the host's own admission (``Host._admit``: pre-check, buffer
+        """``Host._cycle``: the host's own admission (``Admission.admit``: pre-check, buffer
         beats, the due beats' shared records in front), then append and step."""
         accepted = self.host.admission.admit(batch, self.world.now / S)
         if not accepted:
@@ -389,8 +389,9 @@ class SimHost:
             self.snapshot_offset = self.machine.offset
 
     def _apply(self, records: list[Record]) -> dict[int, Any]:
-        """``Host._step`` and ``Host._carry_out``: step, build the Ready, carry it out (publish the updates, write the
-        projection rows with their consumer offset, make the updates visible)."""
+        """``Host._step`` and ``Host._carry_out``: step, build the Ready, carry it out (publish
+        the updates, write the projection rows with their consumer offset, make the updates
+        visible)."""
         host = self.host
         effects: list[Any] = []
         for rec in records:
