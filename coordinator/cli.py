@@ -368,7 +368,7 @@ async def _serve_async(args: argparse.Namespace, auth: Any) -> int:
                 args.db,
                 args.retain,
                 args.retain_every,
-                is_leader=lambda: getattr(host, "role", "leader") == "leader",
+                is_leader=lambda: host.role.name == "leader",
             )
         )
     try:

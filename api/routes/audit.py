@@ -137,7 +137,7 @@ async def event_stream(
 async def healthz(request: Request) -> Response:
     host = host_of(request)
     down = host.available()
-    role = getattr(host, "role", "leader")  # a ReplicaHost (coordinator/host/replica.py) may follow
+    role = host.role.name  # a Replica (coordinator/host/replica.py) may follow
     if role == "standby" and isinstance(down, HostUnavailable) and down.code == "not_leader":
         down = None  # a standby that follows the log is healthy; writes go to the leader
     try:
@@ -152,7 +152,7 @@ async def healthz(request: Request) -> Response:
         "fold_offset": host.machine.offset,
     }
     if role == "standby":
-        body["leader"] = getattr(host, "leader", None)
+        body["leader"] = host.role.leader
     if down is not None:
         body["detail"] = str(down)
     return json_response(body, 200 if down is None else 503)

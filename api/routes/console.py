@@ -53,7 +53,7 @@ async def _coordinator(request: Request) -> dict[str, Any]:
     """Term, role, leader and fold lag, as ``/healthz`` and ``/metrics`` report them."""
     host = host_of(request)
     down = host.available()
-    role = getattr(host, "role", "leader")
+    role = host.role.name
     if role == "standby" and isinstance(down, HostUnavailable) and down.code == "not_leader":
         down = None
     try:
@@ -66,7 +66,7 @@ async def _coordinator(request: Request) -> dict[str, Any]:
         "detail": None if down is None else str(down),
         "role": role,
         "term": host.log.term,
-        "leader": getattr(host, "leader", None) if role == "standby" else "this coordinator",
+        "leader": host.role.leader if role == "standby" else "this coordinator",
         "head": head,
         "fold_offset": fold,
         "fold_lag": max(0, head - fold),

@@ -43,7 +43,7 @@ import msgspec
 from coordinator.fold.effects import Effect, ViewCommitted
 from coordinator.fold.machine import Coordinator
 from coordinator.fold.projections import view_doc
-from coordinator.host.loop import CONSUMER, Host, _Aux, _decode_snapshot, _encode_snapshot
+from coordinator.host.ready import HostState, ReadyBuilder
 from coordinator.host.replay import (
     CompactedLog,
     OnRecord,
@@ -55,6 +55,7 @@ from coordinator.host.replay import (
     views_digest,
 )
 from coordinator.host.retention import RetainPolicy, removable
+from coordinator.host.snapshots import CONSUMER, decode_snapshot, encode_snapshot
 from eventlog import READ_PAGE, Log, Record, RemovedRange, open_log
 
 log = logging.getLogger("foldplane.compaction")
@@ -193,10 +194,10 @@ async def compact_log(
             f"another compaction moved the log's start from offset {report.start.offset} to "
             f"{start.offset} during this run; run it again"
         )
-    aux = _decode_snapshot(data)[1] if data is not None else _Aux()
-    shell = Host(log_, machine, aux, projected=report.projected)
+    state = decode_snapshot(data)[1] if data is not None else HostState()
+    builder = ReadyBuilder.for_machine(machine, state)
     meta = compaction_meta(data) if data is not None else None
-    await _remove(log_, shell, start.offset, meta, plan, report, on_step)
+    await _remove(log_, builder, machine, start.offset, meta, plan, report, on_step)
     report.bytes_after = await log_.stored_bytes()
     return report
 
@@ -246,7 +247,7 @@ class _Planner:
     def _check_host_snapshot(self, machine: Coordinator) -> None:
         offset, data = self.host_snapshot  # type: ignore[misc]
         try:
-            stored, _ = _decode_snapshot(data)
+            stored, _ = decode_snapshot(data)
         except Exception as exc:
             self.problems.append(f"the host's snapshot at offset {offset} cannot be read: {exc}")
             return
@@ -262,7 +263,8 @@ def _state(machine: Coordinator) -> bytes:
 
 async def _remove(
     log_: Log,
-    shell: Host,
+    builder: ReadyBuilder,
+    machine: Coordinator,
     after: int,
     after_meta: dict[str, Any] | None,
     plan: _Planner,
@@ -272,12 +274,8 @@ async def _remove(
     """Fold the region again from ``after`` (the kept snapshot there carries ``after_meta``)
     and write each planned step; each step shrinks the snapshot it supersedes to a summary."""
     boundaries = set(plan.boundaries)
-    machine = shell.machine
     pending: list[int] = []
     views: list[dict[str, Any]] = []
-    rows: dict[Any, Any] = {}
-    refused: dict[int, Any] = {}
-    resolved: list[Any] = []
     position = after
     while position < plan.region_end:
         page = await log_.read(position, READ_PAGE, until=plan.region_end)
@@ -285,20 +283,18 @@ async def _remove(
             break
         for rec in page:
             effects = machine.step(rec)
+            # the host's own bookkeeping, so the kept snapshot restores a host exactly (the
+            # Ready itself, and its projection rows, are the serving host's business)
+            builder.ready(rec.offset, effects, projected=rec.offset)
             for effect in effects:
-                # the host's own bookkeeping, so the kept snapshot restores a host exactly
-                shell._carry_out(effect, rows, refused, resolved)
                 if isinstance(effect, ViewCommitted):
                     views.append(view_doc(effect.view))
-            rows.clear()
-            refused.clear()
-            resolved.clear()
             if removable(rec, effects):
                 pending.append(rec.offset)
             if rec.offset in boundaries and pending:
                 meta = {"after": after, "views": len(views), "views_sha256": views_digest(views)}
                 previous = summary(after, after_meta) if after else None
-                data = _kept_snapshot(shell, meta)
+                data = _kept_snapshot(machine, builder.state, meta)
                 removed = await log_.compact(CONSUMER, rec.offset, data, pending, previous=previous)
                 assert removed is not None
                 report.steps.append((rec.offset, removed))
@@ -308,16 +304,16 @@ async def _remove(
         position = page[-1].offset
 
 
-def _kept_snapshot(shell: Host, meta: dict[str, Any]) -> bytes:
+def _kept_snapshot(machine: Coordinator, state: HostState, meta: dict[str, Any]) -> bytes:
     """The host's snapshot at the fold's offset, with what this step verified; checked to
     decode back to exactly the fold's state before it is kept."""
-    doc = msgspec.json.decode(_encode_snapshot(shell.machine, shell._aux))
+    doc = msgspec.json.decode(encode_snapshot(machine, state))
     doc["compaction"] = meta
     data = msgspec.json.encode(doc)
-    restored, _ = _decode_snapshot(data)
-    if _state(restored) != _state(shell.machine):
+    restored, _ = decode_snapshot(data)
+    if _state(restored) != _state(machine):
         raise RuntimeError(
-            f"the snapshot at offset {shell.machine.offset} does not decode to the fold's state"
+            f"the snapshot at offset {machine.offset} does not decode to the fold's state"
         )
     return data
 

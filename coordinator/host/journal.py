@@ -26,7 +26,7 @@ Rules:
   itself: the host calls :meth:`UpdateJournals.wake` once the updates' projection rows are
   written, which queues the group's waiting polls, and then :meth:`UpdateJournals.release`,
   which answers them oldest first, all at once or a limited number at a time (the host paces a
-  view change's burst of answers while heartbeats are queued, see ``Host._release_polls``).
+  view change's burst of answers while heartbeats are queued, see ``coordinator.host.pacing``).
 
 This module is plain data plus those futures; the host owns it.
 """

@@ -35,7 +35,7 @@ import msgspec
 from coordinator.fold.effects import Effect, ViewCommitted
 from coordinator.fold.machine import Coordinator
 from coordinator.fold.projections import PROJECTION_KINDS, proposal_doc, rows_for, view_doc
-from coordinator.host.loop import CONSUMER, _decode_snapshot
+from coordinator.host.snapshots import CONSUMER, decode_snapshot
 from eventlog import READ_PAGE, Log, Record, RemovedRange, open_log
 
 Key = tuple[str, str, int]
@@ -199,7 +199,7 @@ async def _verify_start(log: Log, start: Start, data: bytes) -> Coordinator:
     """Check a kept snapshot before folding from it; a failed check is a CompactedLog."""
     offset = start.offset
     try:
-        machine, _ = _decode_snapshot(data)
+        machine, _ = decode_snapshot(data)
     except Exception as exc:
         raise CompactedLog(
             f"the kept snapshot at offset {offset} cannot be read ({exc}); the records removed "

@@ -28,7 +28,12 @@ Rules, and why:
   batch in flight finishes (its append either commits under a still-current term or is fenced);
   then the host follows the log again as a standby. It does not exit: a deposed leader is a
   warm standby.
-- A SQLite log has one coordinator: :func:`open_host` opens it as a plain :class:`Host`.
+- A SQLite log has one coordinator: :func:`open_host` opens it as a :class:`Host` whose role is
+  ``SoleLeader``.
+
+The standby's differences are the host's :class:`Replica` role (``coordinator.host.loop.Role``): it
+starts the host's loop on promotion and stops it on stepping down, through the host's public
+methods.
 """
 
 from __future__ import annotations
@@ -37,13 +42,12 @@ import asyncio
 import contextlib
 import logging
 import uuid
-from collections.abc import Sequence
 from typing import Any
 
-from coordinator.fold.effects import Effect, Proposal, Refused
+from coordinator.host.inputs import HostUnavailable
 from coordinator.host.leadership import Lease, LeaseError, LeaseSettings
-from coordinator.host.loop import CONSUMER, Host, HostUnavailable, UpdatesAnswer
-from eventlog import LogError, ProjectionRow, open_log
+from coordinator.host.loop import Host
+from eventlog import LogError, open_log
 from eventlog.target import PostgresTarget, parse_target
 
 log = logging.getLogger("foldplane.replica")
@@ -63,68 +67,98 @@ async def open_host(
 ) -> Host:
     """Open and start the coordinator for ``target``.
 
-    A PostgreSQL log gets a :class:`ReplicaHost` that starts as a standby and leads once it
-    wins the lease; a SQLite log gets the single-leader :class:`Host` (which claims the term).
+    A PostgreSQL log gets a host with the :class:`Replica` role, which starts as a standby and
+    leads once it wins the lease; a SQLite log gets the sole leader (which claims the term).
     """
     where = parse_target(target)
     if not isinstance(where, PostgresTarget):
         return await Host.open(target, **options)
-    host = await ReplicaHost.open_replica(
+    host = await open_replica(
         target, address=address, settings=settings or LeaseSettings(), **options
     )
     host.start()
     # Serve once the first lease round is known, so /healthz names the leader from the start.
-    await host.first_round()
+    replica = Replica.of(host)
+    await replica.first_round()
     return host
 
 
-class ReplicaHost(Host):
-    """A :class:`Host` that leads only while it holds the lease; see the module docstring."""
+async def open_replica(
+    target: str, *, address: str, settings: LeaseSettings, **options: Any
+) -> Host:
+    """Open the log (no term claimed), restore the snapshot and fold the tail as a standby."""
+    where = parse_target(target)
+    if not isinstance(where, PostgresTarget):
+        raise ValueError(f"{where.describe()} has one coordinator; standbys need a PostgreSQL log")
+    log_ = await open_log(target)
+    try:
+        lease = Lease(where, f"{address}#{uuid.uuid4().hex[:12]}", address, settings)
+        return await Host.restore(log_, role=Replica(lease), **options)
+    except BaseException:
+        await log_.close()
+        raise
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.role = "standby"
+
+class Replica:
+    """The role of a coordinator that leads only while it holds the lease; see the module
+    docstring."""
+
+    def __init__(self, lease: Lease) -> None:
+        self.lease = lease
+        self.name = "standby"
         #: The leader's address as the lease row last named it (ours while we lead).
         self.leader: str | None = None
         #: How often this coordinator became the leader, and stepped down.
         self.promotions = 0
         self.demotions = 0
-        self._unavailable = NotLeader(None, "starting")
-        self._lease: Lease | None = None
+        self._host: Host | None = None
         self._generation: int | None = None
         self._roles: asyncio.Task[None] | None = None
         self._first_round = asyncio.Event()
-        #: Projection rows derived while following, until the leader's are known written.
-        self._followed_rows: dict[tuple[str, str, int], ProjectionRow] = {}
 
-    @classmethod
-    async def open_replica(
-        cls, target: str, *, address: str, settings: LeaseSettings, **options: Any
-    ) -> ReplicaHost:
-        """Open the log (no term claimed), restore the snapshot and fold the tail as a standby."""
-        where = parse_target(target)
-        if not isinstance(where, PostgresTarget):
-            raise ValueError(
-                f"{where.describe()} has one coordinator; standbys need a PostgreSQL log"
-            )
-        log_ = await open_log(target)
-        try:
-            host = await cls.restore(log_, **options)
-        except BaseException:
-            await log_.close()
-            raise
-        assert isinstance(host, ReplicaHost)
-        host._lease = Lease(where, f"{address}#{uuid.uuid4().hex[:12]}", address, settings)
-        return host
+    @staticmethod
+    def of(host: Host) -> Replica:
+        """The replica role of ``host`` (a host opened with :func:`open_replica`)."""
+        role = host.role
+        if not isinstance(role, Replica):
+            raise TypeError(f"the host's role is {type(role).__name__}; open it with open_replica")
+        return role
 
     @property
-    def lease(self) -> Lease:
-        assert self._lease is not None, "open the host with ReplicaHost.open_replica"
-        return self._lease
+    def host(self) -> Host:
+        assert self._host is not None, "the role is attached to its host when the host is built"
+        return self._host
+
+    # -- the role's interface (coordinator.host.loop.Role) -------------------------------------
+
+    def attach(self, host: Host) -> None:
+        # A standby writes no projection rows: it holds the ones it derives (see the rules).
+        self._host = host
+        host.projections.hold()
+        host.set_unavailable(NotLeader(None, "starting"))
 
     def start(self) -> None:
         """Start the role loop; the host's own loop and ticker start on promotion."""
         self._roles = asyncio.get_running_loop().create_task(self._run_roles())
+
+    def check_polls(self, why: str) -> None:
+        """Long polls go to the leader: a standby (or a leader that stepped down while the rank
+        waited) answers ``not_leader`` so the agent moves on instead of polling a follower."""
+        down = self.host.available()
+        if self.name != "leader" or down is not None:
+            raise down or NotLeader(self.leader, why)
+
+    async def stop(self) -> None:
+        """Stop following or leading (a leader snapshots as the host closes)."""
+        if self._roles is not None:
+            self._roles.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._roles
+
+    async def closed(self) -> None:
+        """Release the lease at once, so a standby need not wait for it to run out."""
+        await self._release()
+        await self.lease.close()
 
     async def first_round(self) -> None:
         """Wait until the first claim of the lease has an answer (won, lost to a named leader,
@@ -135,54 +169,6 @@ class ReplicaHost(Host):
             await asyncio.wait({waiter, self._roles}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             waiter.cancel()
-
-    async def close(self, *, snapshot: bool = True) -> None:
-        """Stop following or leading; a leader snapshots, then releases the lease at once."""
-        if self._roles is not None:
-            self._roles.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._roles
-        generation = self._generation
-        try:
-            await super().close(snapshot=snapshot)
-        finally:
-            if generation is not None:
-                with contextlib.suppress(LeaseError):
-                    await self.lease.release(generation)
-            await self.lease.close()
-
-    # -- what a standby refuses --------------------------------------------------------------
-
-    async def updates(
-        self,
-        group: str,
-        ranks: Sequence[int],
-        after: int,
-        timeout: float,
-        *,
-        view: int | None = None,
-    ) -> UpdatesAnswer:
-        """Long polls go to the leader: a standby (or a leader that stepped down while the rank
-        waited) answers ``not_leader`` so the agent moves on instead of polling a follower."""
-        if self.role != "leader" or self._unavailable is not None:
-            raise self._unavailable or NotLeader(self.leader, "not leading")
-        answer = await super().updates(group, ranks, after, timeout, view=view)
-        if self.role != "leader" or self._unavailable is not None:
-            raise self._unavailable or NotLeader(self.leader, "stepped down")
-        return answer
-
-    def _carry_out(
-        self,
-        effect: Effect,
-        rows: dict[tuple[str, str, int], ProjectionRow],
-        refused: dict[int, Refused],
-        resolved: list[Proposal],
-    ) -> None:
-        # A standby keeps the projection rows it derives aside instead of writing them: only
-        # the leader writes, and a new leader writes what its predecessor may not have.
-        if self.role != "leader":
-            rows = self._followed_rows
-        super()._carry_out(effect, rows, refused, resolved)
 
     # -- the roles -----------------------------------------------------------------------------
 
@@ -206,39 +192,36 @@ class ReplicaHost(Host):
         except Exception as exc:
             # A fold that fails cannot be trusted to lead; stay up so /healthz says why.
             log.exception("the coordinator stops following the log")
-            if self._unavailable is None or self._unavailable.code == "not_leader":
-                self._unavailable = HostUnavailable("fold_failed", f"following failed: {exc}")
-            self.role = "standby"
+            down = self.host.available()
+            if down is None or down.code == "not_leader":
+                self.host.set_unavailable(
+                    HostUnavailable("fold_failed", f"following failed: {exc}")
+                )
+            self.name = "standby"
 
     def _learn_leader(self, leader: str | None) -> None:
-        if self.role != "standby":
+        if self.name != "standby":
             return
-        current = self._unavailable
+        current = self.host.available()
         if current is not None and current.code != "not_leader":
             return  # a worse condition (fold_failed) is not hidden by a leader change
         if leader != self.leader or getattr(current, "leader", None) != leader:
             self.leader = leader
-            self._unavailable = NotLeader(leader, "following the log")
+            self.host.set_unavailable(NotLeader(leader, "following the log"))
 
     async def _follow_for(self, seconds: float) -> None:
         """Fold what the leader appends, as it appends it, for ``seconds``."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + seconds
+        host = self.host
         while (remaining := deadline - loop.time()) > 0:
             try:
-                await self.log.wait(self.machine.offset, timeout=remaining)
-                await self._follow()
+                await host.log.wait(host.machine.offset, timeout=remaining)
+                await host.catch_up()
+                await host.projections.settle(host.machine.offset)
             except LogError as exc:
                 log.warning("cannot follow the log: %s", exc)
                 await asyncio.sleep(max(0.0, deadline - loop.time()))
-
-    async def _follow(self) -> None:
-        await self._catch_up()
-        if self._followed_rows:
-            projected = await self.log.get_consumer_offset(CONSUMER)
-            if projected >= self.machine.offset:
-                self._followed_rows.clear()  # the leader wrote every row this fold derived
-            self._projected = max(self._projected, projected)
 
     async def _lead(self, generation: int) -> None:
         """Won the lease: take the term, catch up, serve; step down when the lease is lost."""
@@ -246,7 +229,7 @@ class ReplicaHost(Host):
         settings = self.lease.settings
         self._generation = generation
         try:
-            term = await self.log.claim_term()
+            term = await self.host.log.claim_term()
             confirmed_at = loop.time()
             confirmed = await self.lease.renew(generation, term)
         except (LogError, LeaseError) as exc:
@@ -270,25 +253,18 @@ class ReplicaHost(Host):
         # Every record of the previous term first (nobody else appends now), still as a
         # standby; then every row derived from them that the previous leader may not have
         # written; only then take inputs, so nothing is answered from a fold that lags.
-        await self._catch_up()
-        self._unwritten.update(self._followed_rows)
-        self._followed_rows.clear()
-        if self._unwritten:
-            offset = self.machine.offset
-            await self.log.write_projections(
-                list(self._unwritten.values()), consumer=CONSUMER, offset=offset
-            )
-            self._unwritten.clear()
-            self._projected = offset
-        self.role = "leader"
+        host = self.host
+        await host.catch_up()
+        await host.projections.write_held(host.machine.offset)
+        self.name = "leader"
         self.leader = self.lease.address
-        self._unavailable = None
+        host.set_unavailable(None)
         self.promotions += 1
-        Host.start(self)
+        host.serve()
         log.warning(
             "leading at term %d from offset %d (%s)",
-            self.log.term,
-            self.machine.offset,
+            host.log.term,
+            host.machine.offset,
             self.lease.address,
         )
 
@@ -304,8 +280,9 @@ class ReplicaHost(Host):
         settings = self.lease.settings
         while True:
             await asyncio.sleep(settings.renew_s)
-            if self._unavailable is not None:
-                return f"the host stopped: {self._unavailable.detail}"
+            down = self.host.available()
+            if down is not None:
+                return f"the host stopped: {down.detail}"
             sent = loop.time()
             try:
                 renewed = await self.lease.renew(generation)
@@ -327,29 +304,13 @@ class ReplicaHost(Host):
             valid_until = sent + settings.lease_s
 
     async def _step_down(self, reason: str) -> None:
-        term = self.log.term
+        host = self.host
+        term = host.log.term
         log.warning("stepping down from term %d: %s", term, reason)
-        why = NotLeader(None, f"stepped down from term {term}: {reason}")
-        self.role = "standby"
+        self.name = "standby"
         self.leader = None
-        self._followed_rows.update(self._unwritten)  # a standby writes no projection rows
-        self._unwritten.clear()
-        if self._unavailable is None or self._unavailable.code == "not_leader":
-            self._unavailable = why
-        self._fail_queued(self._unavailable)
-        for waiters in self._proposal_waiters.values():
-            for future in waiters:
-                if not future.done():
-                    future.set_exception(self._unavailable)
-        # the batch in flight finishes first, so the host loop and the follower never both
-        # step the fold
-        await self._batch_idle.wait()
-        tasks, self._tasks = self._tasks, []
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        host.projections.hold()  # a standby writes no projection rows
+        await host.stop_serving(NotLeader(None, f"stepped down from term {term}: {reason}"))
         self.demotions += 1
         await self._release()
 

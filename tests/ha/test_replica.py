@@ -1,4 +1,4 @@
-"""ReplicaHost in-process on the real PostgreSQL: standby answers, handover, projection holes."""
+"""The replica role in-process on the real PostgreSQL: standby answers, handover, projection holes."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 
 from coordinator.host.leadership import LeaseSettings
-from coordinator.host.loop import CONSUMER, Appended, HostUnavailable
-from coordinator.host.replica import NotLeader, ReplicaHost, open_host
+from coordinator.host.loop import CONSUMER, Appended, Host, HostUnavailable
+from coordinator.host.replica import NotLeader, Replica, open_host, open_replica
 from eventlog import NewRecord, open_log
 from tests.ha.cluster import ROOT, drop_schema, new_schema, schema_url
 
@@ -38,19 +38,19 @@ def group_created(group: str) -> NewRecord:
     return NewRecord(kind="group_created", group=group, payload={"world_size": 2, "config": {}})
 
 
-async def replica(url: str, name: str) -> ReplicaHost:
+async def replica(url: str, name: str) -> Host:
     host = await open_host(url, address=f"http://{name}:8470", settings=FAST)
-    assert isinstance(host, ReplicaHost)
+    assert isinstance(host.role, Replica)
     return host
 
 
 async def test_standby_follows_refuses_writes_and_takes_over_on_release(url: str) -> None:
     a = await replica(url, "a")
-    await until(lambda: a.role == "leader", "a to lead")
+    await until(lambda: a.role.name == "leader", "a to lead")
     b = await replica(url, "b")
     try:
-        await until(lambda: b.leader == "http://a:8470", "b to learn the leader")
-        assert b.role == "standby"
+        await until(lambda: b.role.leader == "http://a:8470", "b to learn the leader")
+        assert b.role.name == "standby"
         with pytest.raises(NotLeader) as caught:
             await b.submit(group_created("on-b"))
         assert caught.value.leader == "http://a:8470"
@@ -64,7 +64,7 @@ async def test_standby_follows_refuses_writes_and_takes_over_on_release(url: str
         assert b.machine.offset == a.machine.offset  # the same fold, warm
 
         await a.close()  # a graceful stop releases the lease: no wait for it to run out
-        await until(lambda: b.role == "leader", "b to lead")
+        await until(lambda: b.role.name == "leader", "b to lead")
         assert isinstance(await b.submit(group_created("h")), Appended)
         records = await b.log.read(0)
         assert [(r.group, r.term) for r in records] == [("g", 1), ("h", 2)]
@@ -84,7 +84,7 @@ async def test_new_leader_writes_the_projections_its_predecessor_did_not(url: st
 
     host = await replica(url, "next")
     try:
-        await until(lambda: host.role == "leader", "the standby to lead")
+        await until(lambda: host.role.name == "leader", "the standby to lead")
         assert await host.log.get_projection("group", "g", 0) is not None
         assert await host.log.get_consumer_offset(CONSUMER) == 1
     finally:
@@ -95,7 +95,7 @@ async def test_leader_fenced_by_a_newer_term_steps_down_and_writes_nothing(url: 
     a = await replica(url, "a")
     rogue = await open_log(url)
     try:
-        await until(lambda: a.role == "leader", "a to lead")
+        await until(lambda: a.role.name == "leader", "a to lead")
         assert isinstance(await a.submit(group_created("g")), Appended)
         taken = await rogue.claim_term()  # another writer took the log without the lease
         with pytest.raises(HostUnavailable) as caught:
@@ -103,12 +103,12 @@ async def test_leader_fenced_by_a_newer_term_steps_down_and_writes_nothing(url: 
         assert caught.value.code == "not_leader"
         assert f"the log's head is at term {taken}" in caught.value.detail
         # It steps down, then (the lease being its own and free) leads again at a new term.
-        await until(lambda: a.role == "leader" and a.log.term > taken, "a to lead again")
+        await until(lambda: a.role.name == "leader" and a.log.term > taken, "a to lead again")
         assert isinstance(await a.submit(group_created("h")), Appended)
         records = await a.log.read(0)
         assert [r.group for r in records] == ["g", "h"]
         assert records[1].term > taken
-        assert a.demotions == 1 and a.promotions == 2
+        assert Replica.of(a).demotions == 1 and Replica.of(a).promotions == 2
     finally:
         await rogue.close()
         await a.close()
@@ -117,11 +117,11 @@ async def test_leader_fenced_by_a_newer_term_steps_down_and_writes_nothing(url: 
 async def test_a_sqlite_log_has_one_coordinator(tmp_path) -> None:
     db = str(tmp_path / "log.db")
     with pytest.raises(ValueError) as caught:
-        await ReplicaHost.open_replica(db, address="http://a:8470", settings=FAST)
+        await open_replica(db, address="http://a:8470", settings=FAST)
     assert "has one coordinator; standbys need a PostgreSQL log" in str(caught.value)
     host = await open_host(db, address="http://a:8470", settings=FAST)
     try:
-        assert not isinstance(host, ReplicaHost)
+        assert not isinstance(host.role, Replica)
         assert isinstance(await host.submit(group_created("g")), Appended)
     finally:
         await host.close()

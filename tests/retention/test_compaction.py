@@ -11,7 +11,8 @@ import pytest
 
 from coordinator.fold.machine import Coordinator
 from coordinator.host.compaction import compact_log
-from coordinator.host.loop import CONSUMER, Host, _Aux
+from coordinator.host.loop import CONSUMER, Host
+from coordinator.host.ready import HostState
 from coordinator.host.replay import CompactedLog, is_summary, replay_log
 from coordinator.host.retention import HEARTBEAT_CLASS, RetainPolicy, has_down_evidence
 from eventlog import Log, LogError, NewRecord, ProjectionRow, Record, open_log
@@ -166,8 +167,8 @@ async def test_compaction_keeps_every_decision_and_replay_after_it_equals_the_pr
         assert offsets == [before[-1].offset + 1]  # offsets are never reused
         # a fold that lags behind the compaction point (a standby left behind) stops with a
         # reason instead of folding across the removed records
-        behind = Host(log, Coordinator(), _Aux(), projected=0)
+        behind = Host(log, Coordinator(), HostState(), projected=0)
         with pytest.raises(LogError, match="removed by compaction before this coordinator"):
-            await behind._catch_up()
+            await behind.catch_up()
     finally:
         await log.close()

@@ -24,9 +24,10 @@ from pathlib import Path
 import pytest
 
 from coordinator.fold.machine import Coordinator
-from coordinator.host.loop import CONSUMER, Host, _decode_snapshot
+from coordinator.host.loop import CONSUMER, Host
 from coordinator.host.replay import replay_log
 from coordinator.host.retention import removable
+from coordinator.host.snapshots import decode_snapshot
 from eventlog import Record, open_log
 from tests.retention.history import Life
 from tests.retention.test_compaction import everything
@@ -77,7 +78,7 @@ async def check(db: Path, before: dict[int, Record], must_stay: set[int]) -> int
         ranges = await log.removed_ranges()
         kept = await log.kept_snapshots(CONSUMER)
         if kept:  # the newest kept snapshot is always a whole state a fold can start from
-            _decode_snapshot(await log.load_kept_snapshot(CONSUMER, kept[-1]) or b"")
+            decode_snapshot(await log.load_kept_snapshot(CONSUMER, kept[-1]) or b"")
         assert await log.head() >= max(before)
     finally:
         await log.close()

@@ -209,7 +209,7 @@ class _ForgetsTheTail(World):
             super().start_coordinator()
             self.log = kept
             assert self.coord is not None
-            self.coord.host._applied = len(kept)
+            self.coord.applied = len(kept)
         else:
             super().start_coordinator()
 

@@ -6,28 +6,32 @@ nanoseconds on an event queue (no threads, no asyncio, no clock), so a seed repl
 
 **What is real.** The fold is the real :class:`coordinator.fold.machine.Coordinator`; each rank is a
 real :class:`agent.machine.AgentMachine`. The coordinator's host is the real
-:class:`coordinator.host.loop.Host` object, used for every decision it makes without I/O: the
-batching rule (``Host._next_batch``), the pre-check of each input (``Host._precheck``, which is
-``Coordinator.repeat_of`` and ``Coordinator.check``), the heartbeat buffer
-(``coordinator.fold.heartbeats.HeartbeatBuffer``) and its re-check of each beat before its shared
-record is appended (``Host._shared_beats``), the effects carried out into projection rows and agent
-updates (``Host._carry_out``, with ``wire.protocol.view_update``/``prepare_update``), the per-rank
-update journals (``coordinator.host.journal.UpdateJournals``: what each rank may read, and when it
-must resync), the resync answer (``Host._resync``), and the snapshot format (``_encode_snapshot``).
+:class:`coordinator.host.loop.Host` object, and its parts are used for every decision it makes
+without I/O: the batching rule (``coordinator.host.batching.take_batch``), the admission of a
+batch (``Admission``: the pre-check of each input, which is ``Coordinator.repeat_of`` and
+``Coordinator.check``, the heartbeat buffer ``coordinator.fold.heartbeats.HeartbeatBuffer`` and
+its re-check of each beat before its shared record is appended), the Ready value of each
+batch's effects (``host.ready_builder``, a ``coordinator.host.ready.ReadyBuilder``: projection
+rows and agent updates, with ``wire.protocol.view_update``/``prepare_update``) and its
+publishing, the per-rank update journals (``coordinator.host.journal.UpdateJournals``: what each
+rank may read, and when it must resync), the resync answer
+(``coordinator.host.polls.resync_answer``), and the snapshot format
+(``coordinator.host.snapshots.encode_snapshot``).
 
-**What is simulated, and how it differs.** The host's loop, its ``_process`` and ``_apply`` and its
-ticker are ``async`` around those decisions; :class:`SimHost` repeats them synchronously and
-minimally, in the same order: pre-check, buffer beats, flush beats that are due (all of them when a
-tick is appended, after the resumed tick), append (a list of records: the log survives every crash),
-step, carry out, write projection rows with their consumer offset, make the updates visible, answer
-long polls, snapshot every ``snapshot_every`` records. The ticker appends a ``tick`` once the
-coordinator's clock passes ``next_deadline()``, with the real one's rule against spinning on a
-deadline a tick did not move. The long-poll pacing of a burst (``release_share``) is left out: every
-woken poll is answered at once. The HTTP layer is a message per request: events become records as
-``POST /agents/events`` makes them, proposals carry their idempotency key (the host answers a repeat
-with its proposal), death reports are ``POST /agents/deaths``. The data plane is simulated: it is
-ready a little after the store is known, and after a view is installed (or the network changes) it
-reports as down exactly the peers it cannot reach.
+**What is simulated, and how it differs.** The host's loop, its append, step and carry-out and
+its ticker are ``async`` around those decisions; :class:`SimHost` repeats them synchronously and
+minimally, in the same order: pre-check, buffer beats, flush beats that are due (all of them
+when a tick is appended, after the resumed tick), append (a list of records: the log survives
+every crash), step, carry out, write projection rows with their consumer offset, make the
+updates visible, answer long polls, snapshot every ``snapshot_every`` records. The ticker
+appends a ``tick`` once the coordinator's clock passes ``next_deadline()``, with the real one's
+rule against spinning on a deadline a tick did not move. The long-poll pacing of a burst
+(``release_share``) is left out: every woken poll is answered at once. The HTTP layer is a
+message per request: events become records as ``POST /agents/events`` makes them, proposals
+carry their idempotency key (the host answers a repeat with its proposal), death reports are
+``POST /agents/deaths``. The data plane is simulated: it is ready a little after the store is
+known, and after a view is installed (or the network changes) it reports as down exactly the
+peers it cannot reach.
 
 **Faults**, drawn up front from the seed as a schedule (so a failing run shrinks by dropping
 them): partitions that cut an arbitrary set of nodes (ranks and the coordinator) from the rest;
@@ -77,18 +81,13 @@ from agent.machine import (
 )
 from coordinator.fold.machine import Coordinator
 from coordinator.fold.projections import rows_for
+from coordinator.host.batching import MAX_BATCH, take_batch
+from coordinator.host.inputs import Input
 from coordinator.host.journal import UpdateJournals, decoded
-from coordinator.host.loop import (
-    Appended,
-    Existing,
-    Host,
-    Refusal,
-    UpdatesAnswer,
-    _Aux,
-    _decode_snapshot,
-    _encode_snapshot,
-    _Input,
-)
+from coordinator.host.loop import Appended, Existing, Host, Refusal, UpdatesAnswer
+from coordinator.host.polls import resync_answer
+from coordinator.host.ready import HostState, publish
+from coordinator.host.snapshots import decode_snapshot, encode_snapshot
 from eventlog.record import NewRecord, Record, decode_payload, validate
 from tests.sim.invariants import Invariants, Violation
 
@@ -264,9 +263,9 @@ class SimHost:
         self.world = world
         self.epoch = epoch
         if world.snapshot is not None:
-            machine, aux = _decode_snapshot(world.snapshot)
+            machine, aux = decode_snapshot(world.snapshot)
         else:
-            machine, aux = Coordinator(), _Aux()
+            machine, aux = Coordinator(), HostState()
         self.machine = machine
         self.host = Host(
             None,  # type: ignore[arg-type]  # the log is world.log, appended here
@@ -291,12 +290,14 @@ class SimHost:
         self.process_at: int | None = None
         self.ticker_gen = 0
         self.crash_after_append = False
-        # _catch_up: fold every record the log holds beyond the snapshot
+        #: the offset up to which every effect is carried out (``Host.applied_offset``)
+        self.applied = machine.offset
+        # catch_up: fold every record the log holds beyond the snapshot
         tail = world.log[machine.offset :]
         if tail:
             self.last_ts = max(self.last_ts, tail[-1].ts)
             self._apply(tail)
-        self.host._applied = machine.offset
+        self.applied = machine.offset
         # start(): the resumed tick first, when a deadline waits on the ranks
         if machine.waits_on_ranks():
             self.submit([NewRecord(kind="tick", group=None, payload={"resumed": True})], None, None)
@@ -317,8 +318,8 @@ class SimHost:
         for index, rec in enumerate(records):
             payload_bytes = validate(rec)
             rec = msgspec.structs.replace(rec, payload=decode_payload(payload_bytes))
-            self.host._queue.append(
-                _Input(rec, payload_bytes, req, index, key, precheck, self.world.now / S)
+            self.host.queue.append(
+                Input(rec, payload_bytes, req, index, key, precheck, self.world.now / S)
             )
         self.wake(self.world.now + MS)
 
@@ -336,23 +337,23 @@ class SimHost:
             return _STALE
         self.process_at = None
         host = self.host
-        batch = host._next_batch()
-        beats_due = host._beats.deadline()
+        batch = take_batch(host.queue, MAX_BATCH)
+        beats_due = host.admission.beats.deadline()
         if batch or (beats_due is not None and now / S >= beats_due):
             self.process(batch)
         if self.world.coord is not self:
             return
-        if host._queue:
+        if host.queue:
             self.wake(now + MS)
-        beats_due = host._beats.deadline()
+        beats_due = host.admission.beats.deadline()
         if beats_due is not None:
             self.wake(max(now + 1, round(beats_due * S)))
         self.ticker()
 
-    def process(self, batch: list[_Input]) -> None:
-        """``Host._process``: the host's own admission (``Host._admit``: pre-check, buffer
+    def process(self, batch: list[Input]) -> None:
+        """``Host._cycle``: the host's own admission (``Admission.admit``: pre-check, buffer
         beats, the due beats' shared records in front), then append and step."""
-        accepted = self.host._admit(batch, self.world.now / S)
+        accepted = self.host.admission.admit(batch, self.world.now / S)
         if not accepted:
             return
         self.last_ts = max(self.world.wall(), self.last_ts)  # Host._next_ts
@@ -384,37 +385,36 @@ class SimHost:
                 else Refusal(fenced.code, fenced.message, rec.offset)
             )
         if self.machine.offset - self.snapshot_offset >= self.world.setup.snapshot_every:
-            self.world.snapshot = _encode_snapshot(self.machine, self.host._aux)
+            self.world.snapshot = encode_snapshot(self.machine, self.host.state)
             self.snapshot_offset = self.machine.offset
 
     def _apply(self, records: list[Record]) -> dict[int, Any]:
-        """``Host._apply``: step, carry out, write projection rows, make updates visible."""
+        """``Host._step`` and ``Host._carry_out``: step, build the Ready, carry it out (publish
+        the updates, write the projection rows with their consumer offset, make the updates
+        visible)."""
         host = self.host
-        refused: dict[int, Any] = {}
-        resolved: list[Any] = []
-        rows = host._unwritten
+        effects: list[Any] = []
         for rec in records:
-            effects = self.machine.step(rec)
-            self.world.inv.on_record(rec, effects)
-            for effect in effects:
-                host._carry_out(effect, rows, refused, resolved)
+            stepped = self.machine.step(rec)
+            self.world.inv.on_record(rec, stepped)
+            effects.extend(stepped)
         last = records[-1].offset
-        if rows:
-            for row in rows.values():
+        ready = host.ready_builder.ready(last, effects, projected=self.world.projected)
+        publish(host.journals, ready)
+        if ready.rows:
+            for row in ready.rows.values():
                 self.world.projections[(row.kind, row.group, row.seq)] = row.doc
             self.world.projected = last
-            host._projected = last
-            rows.clear()
-        host._applied = last
+        self.applied = last
         host.journals.wake()
         for rid in list(self.parked):
             self.poll_again(rid)
-        return refused
+        return ready.refused
 
     # -- the ticker --------------------------------------------------------------------------------
 
     def ticker(self, gen: int | None = None) -> Any:
-        """``Host._ticker``: a tick once the clock passes the fold's next deadline."""
+        """``coordinator.host.ticks``: a tick once the clock passes the fold's next deadline."""
         if gen is not None and (gen != self.ticker_gen or self.world.coord is not self):
             return _STALE
         self.ticker_gen += 1
@@ -437,10 +437,9 @@ class SimHost:
 
     def poll(self, src: Process, rid: int, after: int, view: int | None) -> None:
         """``Host.updates`` for one rank: at once if there is anything, else parked."""
-        host = self.host
-        if after > host._applied:
+        if after > self.applied:
             self.world.resyncs += 1
-            self.answer_poll(src, rid, host._resync(GROUP, (src.rank,), None, restored=True))
+            self.answer_poll(src, rid, self.resync((src.rank,), None, restored=True))
             return
         self.parked[rid] = (src, rid, after, view, self.world.now + POLL_WAIT_NS)
         self.world.at(self.world.now + POLL_WAIT_NS, self.poll_expired, rid)
@@ -453,7 +452,7 @@ class SimHost:
         if got is None:
             del self.parked[rid]
             self.world.resyncs += 1
-            self.answer_poll(src, rid, self.host._resync(GROUP, (src.rank,), view))
+            self.answer_poll(src, rid, self.resync((src.rank,), view))
         elif got:
             del self.parked[rid]
             journals.mark_delivered(GROUP, (src.rank,), got[-1][0])
@@ -463,7 +462,21 @@ class SimHost:
         if self.world.coord is not self or rid not in self.parked:
             return _STALE
         src, _, after, _, _ = self.parked.pop(rid)
-        self.answer_poll(src, rid, UpdatesAnswer([], max(after, self.host._applied), False))
+        self.answer_poll(src, rid, UpdatesAnswer([], max(after, self.applied), False))
+
+    def resync(self, ranks: tuple[int, ...], view: int | None, *, restored: bool = False) -> Any:
+        """``Host._resync``: the current state instead of what the journal no longer holds."""
+        host = self.host
+        return resync_answer(
+            self.machine,
+            host.state,
+            host.journals,
+            GROUP,
+            ranks,
+            view,
+            applied=self.applied,
+            restored=restored,
+        )
 
     def answer_poll(self, src: Process, rid: int, ans: UpdatesAnswer) -> None:
         updates = tuple(decoded(raw) for raw in ans.encoded)
@@ -805,7 +818,7 @@ class World:
         coord = self.coord
         if coord is None:
             return
-        for item in coord.host._queue:
+        for item in coord.host.queue:
             item.fail(RuntimeError("crashed"))
         self.coord = None
         self.at(self.now + self.down_for, self.start_coordinator)

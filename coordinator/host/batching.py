@@ -1,0 +1,183 @@
+"""What goes into one append: which queued inputs may share a batch, and what of a batch is
+appended (each input pre-checked, heartbeats gathered into shared records).
+
+Both are decisions without I/O: :func:`take_batch` reads the queue, :class:`Admission` reads the
+fold's state before the batch.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+import msgspec
+
+from coordinator.fold.fencing import REPEATABLE
+from coordinator.fold.heartbeats import HeartbeatBuffer
+from coordinator.fold.machine import Coordinator
+from coordinator.host.inputs import Existing, Input, Outcome, Refusal, SharedReply
+from coordinator.host.metrics import HostMetrics
+from eventlog import NewRecord
+from eventlog.record import decode_payload, validate
+from wire import ranks as rank_sets
+
+#: How many inputs one append takes at most, by default.
+MAX_BATCH = 4096
+#: Inputs that change what the fold accepts from their rank (see :func:`take_batch`).
+RANK_CHANGING = frozenset({"join", "exit", "death_reported"})
+
+
+def take_batch(queue: deque[Input], max_batch: int) -> list[Input]:
+    """Take queued inputs for one append, in arrival order (at most ``max_batch``).
+
+    The fold pre-checks a whole batch against the state *before* it, so two inputs that
+    could change each other's verdict must not share a batch. Such an input is deferred to
+    the next batch (it stays at the front of ``queue``), and so is every later input it must
+    stay behind:
+
+    - a ``join``, ``exit`` or ``death_reported`` changes what the fold accepts from its
+      rank, so it shares no batch with any other input of that rank (a join of a new
+      incarnation, then a heartbeat from the old one);
+    - a second proposal with the same idempotency key waits for the first;
+    - anything for a group waits for the batch that creates the group.
+
+    Heartbeats, links and ACKs of one rank do not change each other's verdicts, so they
+    share batches; that keeps barriers (an ACK per rank beside its heartbeats) from cutting
+    the group commit into small pieces. Abandoned inputs (the caller went away) are dropped.
+    """
+    batch: list[Input] = []
+    deferred: list[Input] = []
+    keys: set[tuple[Any, ...]] = set()
+    touched: set[tuple[str | None, int]] = set()
+    changed: set[tuple[str | None, int]] = set()
+    blocked: set[tuple[str | None, int]] = set()
+    created: set[str | None] = set()
+    blocked_groups: set[str | None] = set()
+    while queue and len(batch) < max_batch:
+        item = queue.popleft()
+        if item.abandoned:
+            continue
+        rec = item.record
+        rank = None if rec.rank is None else (rec.group, rec.rank)
+        changes_rank = rec.kind in RANK_CHANGING
+        if (
+            rec.group in created
+            or rec.group in blocked_groups
+            or (item.key is not None and item.key in keys)
+            or (
+                rank is not None
+                and (rank in blocked or rank in changed or (changes_rank and rank in touched))
+            )
+        ):
+            deferred.append(item)
+            if rank is not None:
+                blocked.add(rank)
+            if item.key is not None:
+                keys.add(item.key)
+            if rec.kind == "group_created":
+                blocked_groups.add(rec.group)
+            continue
+        if item.key is not None:
+            keys.add(item.key)
+        if rank is not None:
+            touched.add(rank)
+            if changes_rank:
+                changed.add(rank)
+        if rec.kind == "group_created":
+            created.add(rec.group)
+        batch.append(item)
+    queue.extendleft(reversed(deferred))
+    return batch
+
+
+class Admission:
+    """Decides what of a batch is appended, against the fold's state before the batch.
+
+    A refused input is answered at once and never appended, so fenced reports cost no log
+    space and no fsync. A heartbeat waits in the :class:`HeartbeatBuffer` for a shared record
+    (see ``coordinator.fold.heartbeats``).
+    """
+
+    def __init__(
+        self, machine: Coordinator, beats: HeartbeatBuffer[Input], metrics: HostMetrics
+    ) -> None:
+        self.machine = machine
+        self.beats = beats
+        self.metrics = metrics
+
+    def precheck(self, item: Input) -> Outcome | None:
+        """The caller's own check, then the fold's: a repeat of an earlier record is that record
+        (``Existing``), a refused input its ``Refusal``; None when the input may go in."""
+        if item.precheck is not None and (outcome := item.precheck(self.machine)) is not None:
+            return outcome
+        rec = item.record
+        if rec.kind == "tick":
+            return None
+        if (
+            rec.kind in REPEATABLE
+            and (earlier := self.machine.repeat_of(rec.kind, rec.group, rec.rank, rec.payload))
+            is not None
+        ):
+            return Existing(earlier)
+        refused = self.machine.check(rec.kind, rec.group, rec.rank, rec.payload)
+        if refused is None:
+            return None
+        self.metrics.fenced[refused.code] += 1
+        return Refusal(refused.code, refused.message)
+
+    def admit(self, batch: list[Input], now: float) -> list[Input]:
+        """What of ``batch`` goes into this append: each input pre-checked (a refused one is
+        answered at once), beats set aside to share a record, and the shared records of the
+        beats now due put in front. ``now`` is the loop's clock, the heartbeat buffer's."""
+        accepted: list[Input] = []
+        for item in batch:
+            outcome = self.precheck(item)
+            if outcome is not None:
+                item.answer(outcome)
+            elif item.record.kind == "heartbeat" and item.record.rank is not None:
+                self.beats.add(item.record.group, item.record.rank, item, now)  # type: ignore[arg-type]
+            else:
+                accepted.append(item)
+        # A tick flushes every waiting beat ahead of it: no rank times out while its beat waits.
+        ticking = any(item.record.kind == "tick" for item in accepted)
+        shared = [
+            item
+            for group, beats in self.beats.take(now, everything=ticking)
+            if (item := self.shared_beats(group, beats)) is not None
+        ]
+        # Ahead of the batch (they were checked against the state before it), but never ahead
+        # of the resumed tick, the first input of a term (see ``Host.start``).
+        first = accepted[0].record if accepted else None
+        at = int(
+            first is not None and first.kind == "tick" and first.payload.get("resumed") is True
+        )
+        accepted[at:at] = shared
+        return accepted
+
+    def shared_beats(self, group: str, beats: dict[int, list[Input]]) -> Input | None:
+        """One ``heartbeat`` record for the beats of ``group`` that waited together, each
+        checked again against the state the record will be folded on; None when none of them
+        is still current."""
+        ranks: list[int] = []
+        kept: list[Input] = []
+        for rank, items in beats.items():
+            current = False
+            for item in items:
+                if item.abandoned:
+                    continue
+                if (outcome := self.precheck(item)) is not None:
+                    item.answer(outcome)
+                    continue
+                kept.append(item)
+                current = True
+            if current:
+                ranks.append(rank)
+        if not ranks:
+            return None
+        record = NewRecord(
+            kind="heartbeat", group=group, rank=None, payload={"ranks": rank_sets.encode(ranks)}
+        )
+        payload_bytes = validate(record)
+        record = msgspec.structs.replace(record, payload=decode_payload(payload_bytes))
+        self.metrics.heartbeats += len(kept)
+        return Input(record, payload_bytes, SharedReply(kept), 0, None, None, kept[0].arrived)

@@ -1,0 +1,151 @@
+"""The host's snapshots: their format, when one is taken, and where a restart starts from.
+
+A snapshot is the fold's state plus the host's own (:class:`HostState`) at one offset, saved
+under :data:`CONSUMER`; a restart folds only the records after it. Compaction keeps snapshots
+too (``Log.kept_snapshots``); :func:`restore_state` starts from the newest usable one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+
+import msgspec
+
+from coordinator.fold.machine import Coordinator
+from coordinator.host.metrics import HostMetrics
+from coordinator.host.ready import HostState
+from eventlog import Log, LogError
+
+log = logging.getLogger("foldplane.host")
+
+#: The name under which the host keeps its snapshot and its projection consumer offset.
+CONSUMER = "coordinator"
+SNAPSHOT_FORMAT = 1
+
+
+def encode_snapshot(machine: Coordinator, state: HostState) -> bytes:
+    """The snapshot of ``machine`` and ``state`` at the fold's offset."""
+    return msgspec.json.encode(
+        {
+            "format": SNAPSHOT_FORMAT,
+            "fold": machine.snapshot(),
+            "host": msgspec.to_builtins(state),
+        }
+    )
+
+
+def decode_snapshot(data: bytes) -> tuple[Coordinator, HostState]:
+    """The fold and host state a snapshot holds; ValueError for another format."""
+    doc = msgspec.json.decode(data)
+    if doc.get("format") != SNAPSHOT_FORMAT:
+        raise ValueError(f"snapshot format {doc.get('format')!r}, expected {SNAPSHOT_FORMAT}")
+    return Coordinator.from_snapshot(doc["fold"]), msgspec.convert(doc["host"], HostState)
+
+
+async def restore_state(log_: Log) -> tuple[Coordinator, HostState]:
+    """The latest usable snapshot: the host's own, or the latest one compaction kept when that
+    is newer (records may have been removed behind it, so an older start cannot be folded).
+    With neither, a fold from scratch; on a compacted log that is impossible, so it fails."""
+    candidates: list[tuple[int, str, bytes | None]] = []
+    snap = await log_.load_snapshot(CONSUMER)
+    if snap is not None:
+        candidates.append((snap[0], "snapshot", snap[1]))
+    kept = await log_.kept_snapshots(CONSUMER)
+    if kept:
+        candidates.append((kept[-1], "kept snapshot", None))
+    for offset, what, data in sorted(candidates, key=lambda c: c[0], reverse=True):
+        if data is None:
+            data = await log_.load_kept_snapshot(CONSUMER, offset)
+        try:
+            return decode_snapshot(data or b"")
+        except Exception as exc:  # an older format, or a damaged blob: try the next one
+            log.warning("%s at offset %d unusable (%s)", what, offset, exc)
+    removed = await log_.removed_ranges()
+    if removed:
+        raise LogError(
+            f"{log_.where} was compacted up to offset {removed[-1].last} and no snapshot "
+            "behind which its records were removed can be read; it cannot be folded"
+        )
+    if candidates:
+        log.warning("no usable snapshot; replaying the whole log")
+    return Coordinator(), HostState()
+
+
+class Snapshots:
+    """Takes the host's snapshots: every ``every`` records, or ``interval_s`` seconds after the
+    last one when records arrived since, one at a time.
+
+    ``offset`` is the offset of the last snapshot saved (or restored from); ``clock`` is a
+    monotonic clock in seconds.
+    """
+
+    def __init__(
+        self,
+        log_: Log,
+        metrics: HostMetrics,
+        *,
+        offset: int,
+        every: int = 20_000,
+        interval_s: float = 30.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.log = log_
+        self.metrics = metrics
+        self.offset = offset
+        self.every = every
+        self.interval_s = interval_s
+        self.clock = clock
+        self.taken_at = clock()
+        self.writing: asyncio.Task[None] | None = None
+
+    def due(self, offset: int) -> bool:
+        """Whether the fold at ``offset`` should be saved now."""
+        return offset - self.offset >= self.every or (
+            offset > self.offset and self.clock() - self.taken_at >= self.interval_s
+        )
+
+    def maybe_start(self, machine: Coordinator, state: HostState) -> None:
+        """Start a snapshot when one is due and none is being written.
+
+        The state is encoded here, between two batches, so it is exactly the fold at its
+        offset; the write runs beside the next batches instead of holding them up (a large
+        group's snapshot would otherwise stall every input queued behind its commit). A
+        restart therefore folds at most ``every`` records plus what arrived while one
+        snapshot was being written. The caller starts one only once every projection row up
+        to the fold's offset is written, so a restart from it never misses a row.
+        """
+        if self.writing is not None and not self.writing.done():
+            return
+        if self.due(machine.offset):
+            data = encode_snapshot(machine, state)
+            self.writing = asyncio.get_running_loop().create_task(self._save(machine.offset, data))
+
+    async def take(self, machine: Coordinator, state: HostState) -> None:
+        """Save the fold and ``state`` at the fold's offset now, and wait for it (after the
+        one being written, if any); a failed save raises."""
+        await self.settle()
+        offset = machine.offset
+        if offset == self.offset:
+            return
+        await self._save(offset, encode_snapshot(machine, state), quiet=False)
+
+    async def settle(self) -> None:
+        """Wait for the snapshot being written, if any, to land."""
+        if self.writing is not None:
+            await self.writing
+
+    async def _save(self, offset: int, data: bytes, *, quiet: bool = True) -> None:
+        try:
+            await self.log.save_snapshot(CONSUMER, offset, data)
+        except LogError as exc:  # StaleTermError too: a deposed leader writes no snapshot
+            if not quiet:
+                raise
+            # the next one retries; until then a restart folds a longer tail
+            log.error("snapshot at offset %d failed: %s", offset, exc)
+            return
+        self.offset = offset
+        self.taken_at = self.clock()
+        self.metrics.snapshots += 1

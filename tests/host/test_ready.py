@@ -1,0 +1,104 @@
+"""The Ready value of a batch's effects (coordinator/host/ready.py), from the real fold's effects."""
+
+from __future__ import annotations
+
+from coordinator.fold.effects import ProposalResolved, Refused, ViewCommitted, ViewPrepare
+from coordinator.host.journal import UpdateJournals, decoded
+from coordinator.host.ready import HostState, ReadyBuilder, publish
+from tests.fold.script import Script, of
+
+
+def formed(world_size: int = 2) -> tuple[Script, list]:
+    script = Script()
+    effects = script.form("g", world_size)
+    return script, effects
+
+
+def test_a_formed_group_asks_for_its_rows_size_updates_and_one_commit() -> None:
+    script, effects = formed()
+    builder = ReadyBuilder(HostState(), {})
+    ready = builder.ready(script.offset, effects, projected=0)
+    assert ready.offset == script.offset
+    assert ready.world_sizes == {"g": 2}
+    assert ready.committed == ["g"]
+    assert ("group", "g", 0) in ready.rows and ("view", "g", 1) in ready.rows
+    assert {("rank_state", "g", 0), ("rank_state", "g", 1)} <= set(ready.rows)
+    # the prepare, then the commit, on the group's journal, in offset order
+    group_updates = [u for g, rank, u in ready.updates if rank is None]
+    assert [u["offset"] for u in group_updates] == sorted(u["offset"] for u in group_updates)
+    assert len(group_updates) == 2
+    prepare = one_of(effects, ViewPrepare)
+    commit = one_of(effects, ViewCommitted)
+    assert [u["offset"] for u in group_updates] == [prepare.offset, commit.offset]
+    # each rank's own state on its own journal
+    assert {rank for _, rank, _ in ready.updates if rank is not None} == {0, 1}
+    assert ready.resolved == [] and ready.refused == {}
+    # the state the next updates are built on: view 1 is the base, nothing is in flight
+    assert builder.views["g"].version == 1
+    assert builder.state.in_flight == {}
+    assert builder.state.world_sizes == {"g": 2}
+    assert set(builder.state.rank_states["g"]) == {"0", "1"}
+
+
+def test_no_rows_for_what_the_log_already_holds() -> None:
+    script, effects = formed()
+    ready = ReadyBuilder(HostState(), {}).ready(script.offset, effects, projected=script.offset)
+    assert ready.rows == {}
+    assert ready.updates  # the updates do not depend on the rows
+
+
+def test_a_change_in_flight_is_named_until_it_commits() -> None:
+    script, effects = formed(world_size=3)
+    builder = ReadyBuilder.for_machine(script.m, HostState())
+    assert builder.views["g"].version == 1  # a restored builder starts from the fold's view
+    proposed = script.propose("deactivate", [2])
+    prepared = builder.ready(script.offset, proposed, projected=0)
+    [prepare] = of(proposed, ViewPrepare)
+    assert builder.state.in_flight["g"]["version"] == prepare.version == 2
+    # a resync names the view and the change in flight, in offset order
+    resync = builder.state.resync(script.m, "g", [0], view=None)
+    assert [u["offset"] for u in resync] == sorted(u["offset"] for u in resync)
+    assert builder.state.in_flight["g"] in resync
+    # ... and leaves out the full view a reader already holds
+    held = builder.state.resync(script.m, "g", [0], view=1)
+    assert [u for u in resync if u not in held] == [resync[0]]  # the view, first by offset
+    assert len(held) == len(resync) - 1
+    assert prepared.resolved == []
+    acked = script.ack_all("g")
+    done = builder.ready(script.offset, acked, projected=0)
+    assert builder.state.in_flight == {}
+    assert done.committed == ["g"]
+    [resolved] = of(acked, ProposalResolved)
+    assert done.resolved == [resolved.proposal]
+    assert resolved.proposal.status in {"applied", "applied_with_dropped_ranks"}
+
+
+def test_an_input_fenced_while_stepping_is_refused_at_its_offset() -> None:
+    script, _ = formed()
+    # a new incarnation of rank 0 while the current one is healthy
+    fenced = script.join(0, incarnation="g-0-b")
+    [refused] = of(fenced, Refused)
+    ready = ReadyBuilder.for_machine(script.m, HostState()).ready(
+        script.offset, fenced, projected=0
+    )
+    assert ready.refused == {script.offset: refused}
+    assert refused.code == "rank_busy"
+    assert ready.updates == [] and ready.rows == {}
+
+
+def test_publish_hands_the_updates_to_the_journals_visible_at_the_wake() -> None:
+    script, effects = formed()
+    ready = ReadyBuilder(HostState(), {}).ready(script.offset, effects, projected=0)
+    journals = UpdateJournals()
+    publish(journals, ready)
+    assert journals.entries_since("g", [0], 0) == []  # nothing visible before the wake
+    journals.wake()
+    got = journals.entries_since("g", [0], 0)
+    assert got
+    mine = [(g, u) for g, rank, u in ready.updates if rank in (None, 0)]
+    assert [decoded(raw) for _, raw in got] == [u for _, u in mine]
+
+
+def one_of(effects: list, cls: type):
+    [found] = of(effects, cls)
+    return found
