@@ -12,14 +12,16 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 import pytest
 
+from api.app import create_app
 from coordinator.commands import serve_argv
+from coordinator.host.loop import Host
 from tests.conftest import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -134,3 +136,20 @@ def shared_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     srv = make_server(tmp_path_factory.mktemp("shared"), store=True).start()
     yield srv
     srv.stop()
+
+
+@pytest.fixture
+async def host(tmp_path: Path) -> AsyncIterator[Host]:
+    """A real Host on a SQLite file in ``tmp_path``, beats appended at once (no flush wait)."""
+    h = await Host.open(str(tmp_path / "log.db"), heartbeat_flush_s=0)
+    try:
+        yield h
+    finally:
+        await h.close()
+
+
+def asgi_client(host: Host) -> httpx.AsyncClient:
+    """An HTTP client of the real app over ``host``, in process (no socket)."""
+    return httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=create_app(host)), base_url="http://t"
+    )

@@ -6,16 +6,14 @@ The host runs in-process; the scrape goes through the ASGI application itself.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from api.app import create_app
 from coordinator.host.loop import Appended, Host
 from coordinator.host.metrics import LATENCY_BUCKETS
 from eventlog import NewRecord
+from tests.service.conftest import asgi_client
 
 #: Every host series the exposition has carried, by type, with its label (docs/operations.md).
 COUNTERS = {
@@ -38,21 +36,6 @@ GAUGES = (
     "foldplane_queue_depth",
 )
 HISTOGRAM = "foldplane_fold_latency_seconds"
-
-
-@pytest.fixture
-async def host(tmp_path) -> AsyncIterator[Host]:
-    h = await Host.open(str(tmp_path / "log.db"), heartbeat_flush_s=0)
-    try:
-        yield h
-    finally:
-        await h.close()
-
-
-def _client(host: Host) -> httpx.AsyncClient:
-    return httpx.AsyncClient(
-        transport=httpx.ASGITransport(app=create_app(host)), base_url="http://t"
-    )
 
 
 def _declared(text: str) -> dict[str, str]:
@@ -82,7 +65,7 @@ async def test_every_host_series_keeps_its_name_type_and_labels(host: Host) -> N
         NewRecord(kind="group_created", group="w", payload={"world_size": 2, "config": {}})
     )
     assert isinstance(created, Appended)
-    async with _client(host) as client:
+    async with asgi_client(host) as client:
         stale = {"type": "heartbeat", "group": "w", "rank": 0, "incarnation": "nobody"}
         answer = await client.post("/agents/events", json={"events": [stale]})
         assert answer.status_code == 200, answer.text
@@ -125,7 +108,7 @@ async def test_every_host_series_keeps_its_name_type_and_labels(host: Host) -> N
 
 
 async def test_the_process_and_gc_series_come_with_it(host: Host) -> None:
-    async with _client(host) as client:
+    async with asgi_client(host) as client:
         text = await _scrape(client)
     declared = _declared(text)
     assert declared.get("process_resident_memory_bytes") == "gauge"
@@ -147,7 +130,7 @@ async def test_two_apps_in_one_process_each_report_their_own_host(tmp_path) -> N
         await a.submit(
             NewRecord(kind="group_created", group="x", payload={"world_size": 1, "config": {}})
         )
-        async with _client(a) as ca, _client(b) as cb:
+        async with asgi_client(a) as ca, asgi_client(b) as cb:
             sa, sb = _samples(await _scrape(ca)), _samples(await _scrape(cb))
         assert sa[("foldplane_groups", ())] == 1 and sb[("foldplane_groups", ())] == 0
         assert ("foldplane_appends_total", (("kind", "group_created"),)) not in sb

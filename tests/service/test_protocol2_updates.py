@@ -8,14 +8,10 @@ long-poll fast path and the framework route), so the JSON an agent reads is chec
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 
-import httpx
-import pytest
-
-from api.app import create_app
 from coordinator.host.loop import Appended, Host
 from eventlog import NewRecord
+from tests.service.conftest import asgi_client
 from wire.protocol import apply_view_update, view_update
 
 GROUP = "w"
@@ -48,21 +44,6 @@ async def _formed(host: Host) -> int:
     return host.applied_offset
 
 
-@pytest.fixture
-async def host(tmp_path) -> AsyncIterator[Host]:
-    h = await Host.open(str(tmp_path / "log.db"), heartbeat_flush_s=0)
-    try:
-        yield h
-    finally:
-        await h.close()
-
-
-def _client(host: Host) -> httpx.AsyncClient:
-    return httpx.AsyncClient(
-        transport=httpx.ASGITransport(app=create_app(host)), base_url="http://t"
-    )
-
-
 def _group_updates(updates: list[dict]) -> list[dict]:
     return [u for u in updates if u["type"] != "rank_state"]
 
@@ -92,7 +73,7 @@ async def test_a_poll_for_several_ranks_gets_the_groups_updates_once_and_each_ra
     assert commit["base"] == 0
     assert apply_view_update(None, commit, WORLD) == host.machine.current_view(GROUP)
 
-    async with _client(host) as client:
+    async with asgi_client(host) as client:
         for via in ({}, {"via": "framework"}):  # the fast path, and the documented route
             r = await client.get(
                 "/agents/updates",
@@ -119,7 +100,7 @@ async def test_a_reader_past_the_logs_head_is_resynced_and_told_restored(host):
         (0, "HEALTHY"),
         (3, "HEALTHY"),
     ]
-    async with _client(host) as client:
+    async with asgi_client(host) as client:
         r = await client.get(
             "/agents/updates",
             params={"group": GROUP, "rank": 0, "after": head + 1, "timeout": 0, "protocol": 2},
@@ -134,7 +115,7 @@ async def test_twin_a_reader_at_the_head_is_neither_resynced_nor_restored(host):
     answer = await host.updates(GROUP, (0, 3), head, timeout=0, view=1)
     assert not answer.resync and not answer.restored
     assert answer.updates == [] and answer.next_after == head
-    async with _client(host) as client:
+    async with asgi_client(host) as client:
         r = await client.get(
             "/agents/updates",
             params={"group": GROUP, "rank": 0, "after": head, "timeout": 0, "protocol": 2},
@@ -163,7 +144,7 @@ async def test_a_resync_leaves_out_the_view_its_reader_holds_and_sends_any_other
             assert answer.resync
             assert [u for u in answer.updates if u["type"] == "view_committed"] == [full]
             assert [u for u in answer.updates if u["type"] != "view_committed"] == holding.updates
-        async with _client(host) as client:
+        async with asgi_client(host) as client:
             params = {"group": GROUP, "rank": 2, "timeout": 0, "protocol": 2}
             held = (await client.get("/agents/updates", params={**params, "view": 1})).json()
             fresh = (await client.get("/agents/updates", params=params)).json()
