@@ -34,6 +34,7 @@ at N to the figure at the smallest N, against N's own ratio.
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import sqlite3
 import time
@@ -43,7 +44,7 @@ from agent.httplite import Connection
 from agent.simhost import SimulatedCluster
 from benchmarks._cluster import Coordinator
 from benchmarks.harness import Result, median
-from coordinator.cli import loop_factory
+from coordinator.cli import GC_THRESHOLDS, loop_factory
 
 SIZES = (1024, 4096, 16384)
 QUICK_SIZES = (1024, 4096)
@@ -313,5 +314,14 @@ async def _run_async(quick: bool) -> list[Result]:
 
 
 def run(quick: bool) -> list[Result]:
-    with asyncio.Runner(loop_factory=loop_factory()) as runner:
-        return runner.run(_run_async(quick))
+    # The simulator holds N agent machines in this one process; at CPython's default GC
+    # thresholds their in-flight events reach the old generation and full collections of all
+    # N machines take the shared cores from the coordinator. The server runs with the same
+    # thresholds (``coordinator.cli.GC_THRESHOLDS``).
+    previous = gc.get_threshold()
+    gc.set_threshold(*GC_THRESHOLDS)
+    try:
+        with asyncio.Runner(loop_factory=loop_factory()) as runner:
+            return runner.run(_run_async(quick))
+    finally:
+        gc.set_threshold(*previous)
