@@ -24,7 +24,7 @@ from fastapi import FastAPI
 from starlette.types import Receive, Scope, Send
 
 from api.errors import ApiError, BodyTooLarge, error_response
-from api.limits import BodySizeLimit, JsonBodies
+from api.limits import BodySizeLimit, JsonBodies, length_problem, media_problem
 from api.routes.agents import UpdatesQuery, events_answer, poll_ranks, updates_answer
 from coordinator.auth import Authenticator, AuthError, Principal
 from coordinator.host.loop import HostUnavailable
@@ -43,7 +43,8 @@ class Service:
 
     def __init__(self, app: FastAPI, *, max_body_bytes: int) -> None:
         self.app = app
-        self._limited = JsonBodies(BodySizeLimit(self._dispatch, max_body_bytes))
+        self.max_body_bytes = max_body_bytes
+        self._limited = JsonBodies(BodySizeLimit(app, max_body_bytes))
 
     @property
     def state(self) -> Any:
@@ -53,9 +54,6 @@ class Service:
         return self.app.openapi()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await self._limited(scope, receive, send)
-
-    async def _dispatch(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
             path, method = scope["path"], scope["method"]
             if path == PATH and method == "POST":
@@ -66,7 +64,7 @@ class Service:
                 if query is not None:
                     await self._answer(scope, receive, send, query)
                     return
-        await self.app(scope, receive, send)
+        await self._limited(scope, receive, send)
 
     async def _answer(
         self,
@@ -76,12 +74,21 @@ class Service:
         query: UpdatesQuery | None,
     ) -> None:
         """Answer one request on a fast path: the events when ``query`` is None, else the long
-        poll it names."""
+        poll it names. The body's guards are those of ``api.limits`` (type, then size), checked
+        here from one pass over the headers instead of by the middleware."""
         state = self.app.state
         try:
-            principal = _principal(state.auth, scope)
+            authorization, content_type, length = _head(scope["headers"])
+            if query is None and (problem := media_problem(PATH, content_type)) is not None:
+                raise problem
+            if (
+                length is not None
+                and (problem := length_problem(length, self.max_body_bytes)) is not None
+            ):
+                raise problem
+            principal = _principal(state.auth, authorization)
             if query is None:
-                body = await _read_body(receive)
+                body = await _read_body(receive, self.max_body_bytes)
                 if body is None:  # the client went away before sending it all
                     return
                 answer = await events_answer(state, principal, body)
@@ -111,25 +118,46 @@ class Service:
         await response(scope, receive, send)
 
 
-def _principal(auth: Authenticator, scope: Scope) -> Principal:
+def _head(headers: list[tuple[bytes, bytes]]) -> tuple[bytes | None, bytes, bytes | None]:
+    """The ``Authorization``, ``Content-Type`` (``b""`` when absent) and ``Content-Length``
+    headers: the first of each, as the framework and the middleware read them."""
+    authorization: bytes | None = None
+    content_type: bytes | None = None
+    length: bytes | None = None
+    for name, value in headers:
+        if name == b"authorization":
+            if authorization is None:
+                authorization = value
+        elif name == b"content-type":
+            if content_type is None:
+                content_type = value
+        elif name == b"content-length" and length is None:
+            length = value
+    return authorization, content_type or b"", length
+
+
+def _principal(auth: Authenticator, authorization: bytes | None) -> Principal:
     """Who the request's ``Authorization`` header speaks for (what ``api.deps.principal_of``
     does for a framework request)."""
-    if not auth.enabled:
+    if not auth.enabled or authorization is None:
         return auth.authenticate(None)
-    for name, value in scope["headers"]:
-        if name == b"authorization":
-            return auth.authenticate(value.decode("latin-1"))
-    return auth.authenticate(None)
+    return auth.authenticate(authorization.decode("latin-1"))
 
 
-async def _read_body(receive: Receive) -> bytes | None:
-    """The whole request body, or None if the client disconnected first."""
+async def _read_body(receive: Receive, limit: int) -> bytes | None:
+    """The whole request body, or None if the client disconnected first; a body over
+    ``limit`` bytes raises :class:`BodyTooLarge` (one sent without a ``Content-Length``)."""
     chunks: list[bytes] = []
+    seen = 0
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
             return None
-        chunks.append(message.get("body", b""))
+        chunk = message.get("body", b"")
+        seen += len(chunk)
+        if seen > limit:
+            raise BodyTooLarge(limit)
+        chunks.append(chunk)
         if not message.get("more_body", False):
             return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 

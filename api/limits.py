@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from api.errors import BodyTooLarge, error_response
+from api.errors import ApiError, BodyTooLarge, error_response
 
 #: The default body limit: 1 MiB, room for a full batch of 4,096 heartbeats.
 DEFAULT_MAX_BODY_BYTES = 1 << 20
@@ -188,6 +188,40 @@ def is_json(content_type: bytes) -> bool:
     return media == b"application/json"
 
 
+def media_problem(path: str, declared: bytes) -> ApiError | None:
+    """The ``415`` for a ``POST`` to ``path`` whose ``Content-Type`` is ``declared`` (``b""``:
+    none), or None when the body may be read."""
+    if path not in JSON_ENDPOINTS or is_json(declared):
+        return None
+    said = repr(declared.decode("latin-1")) if declared else "none"
+    return ApiError(
+        415,
+        "unsupported_media_type",
+        f"POST {path} takes Content-Type: application/json; the request declared {said}",
+    )
+
+
+def length_problem(value: bytes, max_bytes: int) -> ApiError | None:
+    """The ``400`` or ``413`` for a declared ``Content-Length`` of ``value``, or None."""
+    if not _LENGTH.fullmatch(value):
+        return ApiError(
+            400, "bad_request", f"Content-Length {value.decode(errors='replace')!r} is not a number"
+        )
+    declared = int(value)
+    if declared > max_bytes:
+        return ApiError(
+            413,
+            "body_too_large",
+            f"the request body is {declared} bytes; the limit is {max_bytes} bytes "
+            "(--max-body-bytes)",
+        )
+    return None
+
+
+async def _refuse(problem: ApiError, scope: Scope, receive: Receive, send: Send) -> None:
+    await error_response(problem.status, problem.code, problem.detail)(scope, receive, send)
+
+
 class JsonBodies:
     """``415 unsupported_media_type`` for a ``POST`` whose body is not declared JSON."""
 
@@ -205,14 +239,8 @@ class JsonBodies:
                 if name == b"content-type":
                     declared = value
                     break
-            if not is_json(declared):
-                said = repr(declared.decode("latin-1")) if declared else "none"
-                await error_response(
-                    415,
-                    "unsupported_media_type",
-                    f"POST {scope['path']} takes Content-Type: application/json; the request "
-                    f"declared {said}",
-                )(scope, receive, send)
+            if (problem := media_problem(scope["path"], declared)) is not None:
+                await _refuse(problem, scope, receive, send)
                 return
         await self.app(scope, receive, send)
 
@@ -228,21 +256,8 @@ class BodySizeLimit:
             return
         for name, value in scope["headers"]:
             if name == b"content-length":
-                if not _LENGTH.fullmatch(value):
-                    await error_response(
-                        400,
-                        "bad_request",
-                        f"Content-Length {value.decode(errors='replace')!r} is not a number",
-                    )(scope, receive, send)
-                    return
-                declared = int(value)
-                if declared > self.max_bytes:
-                    await error_response(
-                        413,
-                        "body_too_large",
-                        f"the request body is {declared} bytes; the limit is {self.max_bytes} "
-                        "bytes (--max-body-bytes)",
-                    )(scope, receive, send)
+                if (problem := length_problem(value, self.max_bytes)) is not None:
+                    await _refuse(problem, scope, receive, send)
                     return
                 break
         limit = self.max_bytes

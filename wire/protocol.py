@@ -141,11 +141,6 @@ class _AgentEvent(Struct, kw_only=True, tag_field="type", omit_defaults=True):
     #: while each event is still authenticated for its own rank.
     token: Annotated[str, Meta(max_length=512)] | None = None
 
-    @property
-    def type_name(self) -> str:
-        """The wire ``type`` (the record kind it becomes)."""
-        return self.__struct_config__.tag  # type: ignore[return-value]
-
 
 class JoinEvent(_AgentEvent, tag="join", kw_only=True, omit_defaults=True):
     host: ShortText | None = None
@@ -180,6 +175,11 @@ class ExitEvent(_AgentEvent, tag="exit", kw_only=True, omit_defaults=True):
 
 
 AgentEvent = JoinEvent | HeartbeatEvent | LinksEvent | AckEvent | ExitEvent
+#: Each event type's wire ``type``, the kind of the record it becomes.
+EVENT_KINDS: dict[type, str] = {
+    cls: cls.__struct_config__.tag  # type: ignore[misc]
+    for cls in (JoinEvent, HeartbeatEvent, LinksEvent, AckEvent, ExitEvent)
+}
 
 
 class AgentEventsRequest(Struct, kw_only=True):

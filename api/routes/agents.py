@@ -40,7 +40,7 @@ from coordinator.auth import Authenticator, AuthError, Principal
 from coordinator.host.loop import Appended, Host, Outcome, Refusal
 from eventlog import NewRecord
 from wire import ranks as rank_sets
-from wire.protocol import PROTOCOL, PROTOCOL_MISMATCH, QUERY, legacy_problem
+from wire.protocol import EVENT_KINDS, PROTOCOL, PROTOCOL_MISMATCH, QUERY, legacy_problem
 from wire.ranks import MAX_QUERY_RANKS, RankSetError
 
 router = APIRouter(prefix="/agents", tags=["agents"])
@@ -80,7 +80,10 @@ async def events_answer(state: Any, principal: Principal, body: bytes) -> bytes:
             continue
         records.append(
             NewRecord(
-                kind=event.type_name, group=event.group, rank=event.rank, payload=payload_of(event)
+                kind=EVENT_KINDS[type(event)],
+                group=event.group,
+                rank=event.rank,
+                payload=payload_of(event),
             )
         )
         results.append(None)
