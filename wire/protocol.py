@@ -344,7 +344,14 @@ def _memo(fold: Callable[[Any, Mapping[str, Any], int], Any]) -> Callable[..., A
 @_memo
 def apply_view_update(base: View | None, update: Mapping[str, Any], world_size: int) -> View:
     """The view a ``view_committed`` update makes of ``base`` (raises :class:`StaleBase` when
-    it was made against another version, :class:`RankSetError` when it is malformed)."""
+    it was made against another version, :class:`RankSetError` when it is malformed).
+    Memoized for the many ranks of one process that fold the same update onto one view."""
+    return fold_view_update(base, update, world_size)
+
+
+def fold_view_update(base: View | None, update: Mapping[str, Any], world_size: int) -> View:
+    """:func:`apply_view_update` without the memo, for a fold done once (the coordinator's
+    stored view rows): nothing of it is kept."""
     have = base.version if base is not None else 0
     if update.get("base") != have:
         raise StaleBase(
@@ -445,6 +452,7 @@ __all__ = [
     "View",
     "apply_prepare",
     "apply_view_update",
+    "fold_view_update",
     "links_down",
     "links_event",
     "prepare_update",

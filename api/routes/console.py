@@ -20,6 +20,7 @@ from api.deps import host_of, require_group, require_operator
 from api.openapi import answers
 from coordinator.fold.overview import group_list, group_overview, ranks_brief
 from coordinator.host.loop import HostUnavailable
+from coordinator.host.views import read_views
 from eventlog import LogError
 
 router = APIRouter(tags=["console"])
@@ -113,10 +114,10 @@ async def timeline(request: Request, group: str, limit: int = Query(30, ge=1, le
     view = host.machine.current_view(group)
     latest = 0 if view is None else view.version
     first = max(1, latest - limit + 1)
-    rows = await host.log.read_projections(
-        "view", group, after_seq=max(0, first - 2), limit=latest - first + 2
+    stored = await read_views(
+        host.log, group, after_version=max(0, first - 2), limit=latest - first + 2
     )
-    docs = [row.doc for row in rows if row.seq <= latest]
+    docs = [view.doc for view in stored if view.version <= latest]
     out = []
     previous: set[int] | None = set() if docs and docs[0]["version"] == 1 else None
     for doc in docs:

@@ -19,7 +19,8 @@ from coordinator.fold.config import ConfigError, GroupConfig
 from coordinator.fold.machine import Coordinator
 from coordinator.fold.projections import proposal_doc, to_doc, view_doc
 from coordinator.host.loop import Appended, Host, Outcome, Refusal
-from eventlog import NewRecord, ProjectionRow
+from coordinator.host.views import ViewReader
+from eventlog import NewRecord
 from wire.protocol import QUERY
 
 router = APIRouter(tags=["operator"])
@@ -237,13 +238,11 @@ async def view_history(
     host = host_of(request)
     require_group(host, group)
 
-    async def fetch(after: int, n: int) -> list[ProjectionRow]:
-        return await host.log.read_projections("view", group, after_seq=after, limit=n)
-
+    views = ViewReader(host.log, group)
     page = await read_page(
-        fetch,
-        lambda row: row.seq,
-        lambda row: encode_json(row.doc),
+        views.page,
+        lambda view: view.version,
+        lambda view: encode_json(view.doc),
         after=after_version,
         limit=limit,
         budget=request.app.state.limits.max_page_bytes,

@@ -115,8 +115,12 @@ class ViewPrepare(Effect, frozen=True, kw_only=True, tag="view_prepare"):
 
 
 class ViewCommitted(Effect, frozen=True, kw_only=True, tag="view_committed"):
+    """``view`` is the group's committed view now; ``base`` the one it replaced (None for the
+    first), which the view's projection row may be stored as a delta from."""
+
     view: View
     offset: int
+    base: View | None = None
 
 
 class RankState(Effect, frozen=True, kw_only=True, tag="rank_state"):

@@ -895,6 +895,7 @@ class Coordinator:
         effects: list[Effect],
     ) -> View:
         """Make ``change``'s version, with ``active`` ranks, the group's committed view."""
+        base = g.view
         view = View(
             group=g.name,
             version=change.version,
@@ -911,7 +912,7 @@ class Coordinator:
         g.budget_due = True
         if g.formation == FORMING:
             g.formation = FORMED
-        effects.append(ViewCommitted(view=view, offset=record.offset))
+        effects.append(ViewCommitted(view=view, offset=record.offset, base=base))
         return view
 
     def _commit_without_target(self, g: GroupState, record: Record, effects: list[Effect]) -> None:

@@ -2,10 +2,12 @@
 
 The log is the source of truth; views, proposal outcomes and rank states are projections the
 host wrote while it ran. Replay rebuilds them with a fresh fold and the same effect-to-row code
-(:mod:`coordinator.fold.projections`) and compares, document by document. Any difference is a
-*divergence*: a non-deterministic fold, a host that lost or invented a write, or a damaged
-store. Replay never writes, and it may run beside a live coordinator: if the projections move while
-it reads them, it starts over.
+(:mod:`coordinator.fold.projections`) and compares, document by document. A view row must be
+the row the fold derives (full or delta) or the full view (every row of a log from before delta
+rows is one); stored views are read in full through :mod:`coordinator.host.views`. Any
+difference is a *divergence*: a non-deterministic fold, a host that lost or invented a write,
+or a damaged store. Replay never writes, and it may run beside a live coordinator: if the
+projections move while it reads them, it starts over.
 
 What is compared: the host writes rows together with a consumer offset P (atomically), so the
 stored rows must equal the rows produced by the effects of records ``<= P``. Records after P
@@ -32,10 +34,19 @@ from typing import Any
 
 import msgspec
 
-from coordinator.fold.effects import Effect, ViewCommitted
+from coordinator.fold.effects import Effect, View, ViewCommitted
 from coordinator.fold.machine import Coordinator
-from coordinator.fold.projections import PROJECTION_KINDS, proposal_doc, rows_for, view_doc
+from coordinator.fold.projections import (
+    DELTA_FROM,
+    PROJECTION_KINDS,
+    ViewRowError,
+    is_delta,
+    proposal_doc,
+    rows_for,
+    view_doc,
+)
 from coordinator.host.snapshots import CONSUMER, decode_snapshot
+from coordinator.host.views import every_view, get_view, read_views
 from eventlog import READ_PAGE, Log, Record, RemovedRange, open_log
 
 Key = tuple[str, str, int]
@@ -215,20 +226,28 @@ async def _verify_start(log: Log, start: Start, data: bytes) -> Coordinator:
         view = machine.current_view(g)
         if view is None:
             continue
-        stored = await log.get_projection("view", g, view.version)
-        if stored is None or stored.doc != view_doc(view):
+        try:
+            stored = await get_view(log, g, view.version)
+            later = await read_views(log, g, after_version=view.version, limit=1)
+        except ViewRowError as exc:
+            problems.append(str(exc))
+            continue
+        if stored is None or stored != view_doc(view):
             problems.append(
                 f"view {g}/{view.version}: the snapshot's current view is not the stored one"
             )
-        later = await log.read_projections("view", g, after_seq=view.version, limit=1)
         if later and later[0].doc.get("offset", 0) <= offset:
             problems.append(
-                f"view {g}/{later[0].seq}: committed at offset {later[0].doc.get('offset')}, "
-                f"before the snapshot at {offset}, which knows only version {view.version}"
+                f"view {g}/{later[0].version}: committed at offset "
+                f"{later[0].doc.get('offset')}, before the snapshot at {offset}, which knows "
+                f"only version {view.version}"
             )
     if not problems:
         start.verified.append("its current views equal the stored ones")
-    start.views, checked, wrong = await _check_digests(log, offset, machine.groups())
+    try:
+        start.views, checked, wrong = await _check_digests(log, offset, machine.groups())
+    except ViewRowError as exc:
+        start.views, checked, wrong = [], 0, [f"the stored views do not fold: {exc}"]
     if not wrong:
         start.verified.append(
             f"the {len(start.views)} views committed up to it equal what compaction verified "
@@ -296,13 +315,10 @@ async def _check_digests(
 
 
 async def stored_views(log: Log, groups: Iterable[str]) -> list[dict[str, Any]]:
-    """Every stored view row of ``groups``."""
+    """Every stored view of ``groups``, in full (ViewRowError when the rows do not fold)."""
     out: list[dict[str, Any]] = []
     for g in groups:
-        after = 0
-        while rows := await log.read_projections("view", g, after_seq=after, limit=1000):
-            out.extend(r.doc for r in rows)
-            after = rows[-1].seq
+        out.extend([stored.doc async for stored in every_view(log, g)])
     return out
 
 
@@ -321,13 +337,17 @@ async def _replay_once(
     stop = report.head if until is None else min(until, report.head)
     start, machine, _ = await find_start(log, stop, from_start=from_start)
     report.start = start
-    expected: dict[Key, dict[str, Any]] = {}
+    # the rows the fold derives; a view's None: only its meaning is known (a start's current
+    # view, whose row may be a delta from a version before the start)
+    expected: dict[Key, dict[str, Any] | None] = {}
+    views: dict[Key, View] = {}
     if start.offset:
         report.views = [v for v in start.views if group in (None, v["group"])]
         for g in machine.groups():
             view = machine.current_view(g)
             if view is not None:
-                expected[("view", g, view.version)] = view_doc(view)
+                expected[("view", g, view.version)] = None
+                views[("view", g, view.version)] = view
         for p in _proposals(machine):
             expected[("proposal", p["group"], p["id"])] = p
     position = start.offset
@@ -345,6 +365,8 @@ async def _replay_once(
                 if effect.offset <= report.projected:
                     for row in rows_for(effect):
                         expected[(row.kind, row.group, row.seq)] = row.doc
+                    if isinstance(effect, ViewCommitted):
+                        views[("view", effect.view.group, effect.view.version)] = effect.view
         position = page[-1].offset
         if progress is not None:
             progress(position, stop)
@@ -352,7 +374,9 @@ async def _replay_once(
     groups = sorted({g for _, g, _ in expected} | set(machine.groups()))
     if group is not None:
         groups = [g for g in groups if g == group]
-    stored = await _stored(log, groups, ["view"] if until is not None else list(PROJECTION_KINDS))
+    stored, full, unfolded = await _stored(
+        log, groups, ["view"] if until is not None else list(PROJECTION_KINDS)
+    )
     if until is not None:
         stored = {k: d for k, d in stored.items() if d.get("offset", 0) <= until}
         expected = {k: d for k, d in expected.items() if k[0] == "view"}
@@ -363,7 +387,7 @@ async def _replay_once(
         stored = {
             k: d for k, d in stored.items() if k in expected or _row_offset(k, d) > start.offset
         }
-    report.divergences = start.problems + _compare(expected, stored)
+    report.divergences = start.problems + unfolded + _compare(expected, stored, views, full)
     return report
 
 
@@ -383,10 +407,24 @@ def _row_offset(key: Key, doc: dict[str, Any]) -> int:
     return int(doc.get("offset", 0))
 
 
-async def _stored(log: Log, groups: list[str], kinds: list[str]) -> dict[Key, dict[str, Any]]:
+async def _stored(
+    log: Log, groups: list[str], kinds: list[str]
+) -> tuple[dict[Key, dict[str, Any]], dict[Key, dict[str, Any]], list[str]]:
+    """The stored rows of ``groups`` as they are, the views they mean in full, and what does
+    not fold (a group's view rows that do not: every row is still compared as stored)."""
     out: dict[Key, dict[str, Any]] = {}
+    full: dict[Key, dict[str, Any]] = {}
+    unfolded: list[str] = []
     for kind in kinds:
         for g in groups:
+            if kind == "view":
+                try:
+                    async for view in every_view(log, g):
+                        out[("view", g, view.version)] = view.row.doc
+                        full[("view", g, view.version)] = view.doc
+                    continue
+                except ViewRowError as exc:
+                    unfolded.append(f"the view rows of {g} do not fold: {exc}")
             after = 0
             while True:
                 rows = await log.read_projections(kind, g, after_seq=after, limit=1000)
@@ -400,10 +438,15 @@ async def _stored(log: Log, groups: list[str], kinds: list[str]) -> dict[Key, di
                 row0 = await log.get_projection(kind, g, 0)
                 if row0 is not None:
                     out[(kind, g, 0)] = row0.doc
-    return out
+    return out, full, unfolded
 
 
-def _compare(expected: dict[Key, dict[str, Any]], stored: dict[Key, dict[str, Any]]) -> list[str]:
+def _compare(
+    expected: dict[Key, dict[str, Any] | None],
+    stored: dict[Key, dict[str, Any]],
+    views: dict[Key, View],
+    full: dict[Key, dict[str, Any]],
+) -> list[str]:
     problems: list[str] = []
     for key in sorted(set(expected) | set(stored)):
         kind, g, seq = key
@@ -412,9 +455,43 @@ def _compare(expected: dict[Key, dict[str, Any]], stored: dict[Key, dict[str, An
             problems.append(f"{name}: replay produces it but the store has no such row")
         elif key not in expected:
             problems.append(f"{name}: the store has it but replay does not produce it")
+        elif kind == "view":
+            problem = _compare_view(stored[key], full.get(key), expected[key], views[key])
+            if problem is not None:
+                problems.append(f"{name} {problem}")
         elif stored[key] != expected[key]:
-            a, b = stored[key], expected[key]
-            fields = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
-            diffs = "; ".join(f"{f}: stored {a.get(f)!r}, replayed {b.get(f)!r}" for f in fields)
-            problems.append(f"{name} differs: {diffs}")
+            problems.append(f"{name} differs: {_diffs(stored[key], expected[key])}")
     return problems
+
+
+def _compare_view(
+    row: dict[str, Any],
+    meant: dict[str, Any] | None,
+    expected: dict[str, Any] | None,
+    view: View,
+) -> str | None:
+    """What is wrong with a stored view row (None: nothing). ``meant`` is the full view the
+    stored rows fold to (None where they do not), ``expected`` the row replay derives (None
+    where only ``view`` is known). A row must be the one replay derives, or the full view: a
+    full row is always a faithful encoding (every row of a log from before delta rows is one)."""
+    if expected is not None and row == expected:
+        return None
+    if not is_delta(row):
+        want = view_doc(view)
+        return None if row == want else f"differs: {_diffs(row, want)}"
+    if expected is None:
+        if meant is None:
+            return "is a delta that does not fold"
+        want = view_doc(view)
+        return None if meant == want else f"differs: {_diffs(meant, want)}"
+    if not is_delta(expected):
+        return (
+            f"is stored as a delta from version {row.get(DELTA_FROM)!r} where replay derives "
+            "a full row"
+        )
+    return f"differs: {_diffs(row, expected)}"
+
+
+def _diffs(a: dict[str, Any], b: dict[str, Any]) -> str:
+    fields = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+    return "; ".join(f"{f}: stored {a.get(f)!r}, replayed {b.get(f)!r}" for f in fields)

@@ -3,7 +3,7 @@
 The life: formation of 4 ranks, heartbeats and all-up links reports, a tick, a deactivation
 and an activation through the barrier, a links report with down evidence (auto-deactivation
 through the barrier), then more heartbeats. The deadlines are an hour long, so no timer fires
-on its own.
+on its own. ``form`` and ``view_changes`` are its parts for a life of many view changes.
 """
 
 from __future__ import annotations
@@ -64,8 +64,8 @@ class Life:
         view = self.host.machine.current_view(self.group)
         return 0 if view is None else view.version
 
-    async def live(self) -> None:
-        """The whole life; every step asserts that it did what the script says."""
+    async def form(self) -> None:
+        """Create the group, join and ready every rank, ACK view 1."""
         g, host = self.group, self.host
         config = {"heartbeat_timeout_s": 3600.0, "ack_timeout_s": 3600.0, "reconcile_window_s": 0}
         created = await host.submit(
@@ -85,6 +85,26 @@ class Life:
         )
         await self.ack_in_flight()
         assert self.version() == 1
+
+    async def view_changes(self, n: int) -> None:
+        """``n`` view changes through the barrier: rank ``1 + i % (world_size - 1)``
+        deactivated, then activated again, and so on; a heartbeat round after each."""
+        for i in range(n):
+            rank = 1 + (i // 2) % (self.n - 1)
+            op = "deactivate" if i % 2 == 0 else "activate"
+            before = self.version()
+            proposed = await self.host.submit(
+                NewRecord(kind="proposal", group=self.group, payload={"op": op, "ranks": [rank]})
+            )
+            assert isinstance(proposed, Appended)
+            await self.ack_in_flight()
+            assert self.version() == before + 1
+            await self.beats(1)
+
+    async def live(self) -> None:
+        """The whole life; every step asserts that it did what the script says."""
+        g, host = self.group, self.host
+        await self.form()
         await self.beats(40)
         # all-up reports again: they change nothing (removable)
         await host.submit_many([self.links(r) for r in range(self.n)])
