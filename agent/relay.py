@@ -941,6 +941,10 @@ class _Server(ThreadingHTTPServer):
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server: _Server
+    #: TCP_NODELAY on every worker connection. With Nagle's algorithm on, a reply's second
+    #: segment waits for the worker to acknowledge the first, and the worker's TCP delays that
+    #: acknowledgement by up to 40 ms: every update a worker receives would come that much late.
+    disable_nagle_algorithm = True
     #: an idle worker connection is closed after this many seconds
     timeout = 2 * MAX_POLL_S
 
