@@ -139,6 +139,16 @@ class Coordinator:
         code, message = refusal
         return Refused(group=group, rank=rank, kind=kind, code=code, message=message, offset=0)
 
+    def fence_epoch(self, group: str | None) -> int:
+        """A number that changes whenever an input for a rank of ``group`` that :meth:`check`
+        accepted may be refused now: a rank joined (a new incarnation, or back from OFFLINE),
+        went OFFLINE, or the group failed to form. Those are all a rank input's refusal reads
+        besides the input itself (``coordinator.fold.fencing.refusal``). -1 for no such group.
+        The host checks a heartbeat waiting for its shared record again only when this changed
+        since its first check."""
+        g = self._groups.get(group) if group is not None else None
+        return -1 if g is None else g.fence_epoch
+
     def repeat_of(
         self, kind: str, group: str | None, rank: int | None, payload: dict[str, Any]
     ) -> int | None:
@@ -293,6 +303,7 @@ class Coordinator:
             self._forget_evidence_about(g, rank)
             reason = f"joined as incarnation {inc} (rank_epoch {info.rank_epoch})"
         info.state = SYNCED
+        g.fence_epoch += 1
         info.exited = False
         self._set_evidence(g, rank, frozenset(), False)
         self._touch(g, rank)
@@ -500,6 +511,7 @@ class Coordinator:
         """
         info = g.ranks[rank]
         info.state = OFFLINE
+        g.fence_epoch += 1
         info.last_heartbeat_ts = g.alive.pop(rank, info.last_heartbeat_ts)
         g.candidates.discard(rank)
         g.healthy.discard(rank)
@@ -951,6 +963,7 @@ class Coordinator:
         missing = tuple(r for r, info in enumerate(g.ranks) if info.state != HEALTHY)
         ready = g.cfg.world_size - len(missing)
         g.formation = FAILED
+        g.fence_epoch += 1
         for rank, last in g.alive.items():
             g.ranks[rank].last_heartbeat_ts = last
         g.alive.clear()  # a failed group tracks no more deadlines; its inputs are refused

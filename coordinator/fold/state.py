@@ -201,6 +201,10 @@ class GroupState:
         self.healthy_is_all = False
         #: end of the open reconciliation window, if any
         self.window_end: int | None = None
+        #: bumped whenever a rank input this group's state accepted may be refused now (see
+        #: ``Coordinator.fence_epoch``). Not snapshotted: only the host's buffer compares it,
+        #: and a restored host starts with an empty one.
+        self.fence_epoch = 0
         self.formation = FORMING
         self.formation_error: str | None = None
         self.failures = 0

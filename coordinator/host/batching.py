@@ -135,6 +135,7 @@ class Admission:
             if outcome is not None:
                 item.answer(outcome)
             elif item.record.kind == "heartbeat" and item.record.rank is not None:
+                item.checked = self.machine.fence_epoch(item.record.group)
                 self.beats.add(item.record.group, item.record.rank, item, now)  # type: ignore[arg-type]
             else:
                 accepted.append(item)
@@ -156,18 +157,22 @@ class Admission:
 
     def shared_beats(self, group: str, beats: dict[int, list[Input]]) -> Input | None:
         """One ``heartbeat`` record for the beats of ``group`` that waited together, each
-        checked again against the state the record will be folded on; None when none of them
-        is still current."""
+        checked again against the state the record will be folded on (unless nothing that a
+        beat's check reads has changed since its first: ``Coordinator.fence_epoch``); None
+        when none of them is still current."""
         ranks: list[int] = []
         kept: list[Input] = []
+        epoch = self.machine.fence_epoch(group)
         for rank, items in beats.items():
             current = False
             for item in items:
                 if item.abandoned:
                     continue
-                if (outcome := self.precheck(item)) is not None:
-                    item.answer(outcome)
-                    continue
+                if item.checked != epoch or item.precheck is not None:
+                    if (outcome := self.precheck(item)) is not None:
+                        item.answer(outcome)
+                        continue
+                    item.checked = epoch
                 kept.append(item)
                 current = True
             if current:

@@ -114,8 +114,8 @@ class SharedReply:
 @dataclass(slots=True)
 class Input:
     """One queued input: the record (validated; ``payload_bytes`` is its encoded payload), where
-    its outcome goes, its idempotency ``key`` and ``precheck``, and when it arrived (loop
-    clock)."""
+    its outcome goes, its idempotency ``key`` and ``precheck``, when it arrived (loop clock),
+    and when the fold last accepted it."""
 
     record: NewRecord
     payload_bytes: bytes
@@ -124,6 +124,9 @@ class Input:
     key: tuple[Any, ...] | None
     precheck: Precheck | None
     arrived: float
+    #: the group's ``fence_epoch`` when the fold last accepted it (a heartbeat waiting for
+    #: its shared record); -1: never checked
+    checked: int = -1
 
     @property
     def abandoned(self) -> bool:

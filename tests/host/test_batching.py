@@ -13,6 +13,7 @@ from coordinator.host.metrics import HostMetrics
 from eventlog import NewRecord
 from eventlog.record import validate
 from tests.fold.script import Script
+from wire import ranks as rank_sets
 
 
 def queued(*records: NewRecord, key: tuple[Any, ...] | None = None) -> list[Input]:
@@ -137,3 +138,32 @@ async def test_a_beat_stale_by_the_time_its_record_is_built_is_refused() -> None
     outcome = (await beat.reply.future)[0]
     assert isinstance(outcome, Refusal) and outcome.code == "rank_offline"
     assert admit.beats.deadline() is None  # nothing left waiting
+
+
+async def test_a_waiting_beat_is_checked_again_only_if_its_group_changed_meanwhile() -> None:
+    script = Script()
+    script.form("g", 3)
+    admit = admission(script)
+    checks: list[int | None] = []
+    check = script.m.check
+
+    def counted(kind: str, group: str | None, rank: int | None, payload: Any) -> Any:
+        checks.append(rank)
+        return check(kind, group, rank, payload)
+
+    script.m.check = counted  # type: ignore[method-assign]
+    beats = queued(rec("heartbeat", 0, incarnation="g-0-a")) + queued(
+        rec("heartbeat", 1, incarnation="g-1-a")
+    )
+    admit.admit(beats, now=0.0)
+    assert checks == [0, 1]  # the first check of each
+    [shared] = admit.admit([], now=1.0)  # nothing any check reads changed: not checked again
+    assert checks == [0, 1] and shared.record.payload["ranks"] == rank_sets.encode([0, 1])
+    later = queued(rec("heartbeat", 0, incarnation="g-0-a")) + queued(
+        rec("heartbeat", 1, incarnation="g-1-a")
+    )
+    admit.admit(later, now=2.0)
+    script.exit(2)  # rank 2 left: the group's fence epoch moved on
+    [shared] = admit.admit([], now=3.0)
+    assert checks == [0, 1, 0, 1, 0, 1]  # both checked again before the record is built
+    assert shared.record.payload["ranks"] == rank_sets.encode([0, 1])
