@@ -21,8 +21,9 @@ is the size named; 4 MB unless said otherwise; batches of 32 synthetic samples):
   allreduce failed because a peer died, after its manager has recorded the error; DDP's reducer
   then refuses every later step ("Expected to have finished reduction in the prior
   iteration"), so no survivor ever commits again. The benchmark's torchft workers run
-  torchft's DDP with that one hook fixed: on a failed allreduce it hands DDP the bucket as it
-  is, and the manager's ``should_commit()`` skips the step as torchft intends. torchrun
+  torchft's DDP with that one hook fixed: on a failed allreduce, and on the no-op works the
+  manager hands out for the rest of a failed step, it hands DDP the bucket as it is, and the
+  manager's ``should_commit()`` skips the step as torchft intends. torchrun
   ``--max-restarts=1``: every worker is restarted, until each has finished a DDP step (the
   state would have to come from a checkpoint on top).
 - **heal**: after a kill, a replacement process starts and is activated; the time from its
@@ -429,8 +430,13 @@ def _ft_train_worker(replica: int, lighthouse: str, state_mb: int) -> int:
 
     def fixed_hook(state, bucket):  # noqa: ANN001, ANN202 (annotated below: DDP checks classes)
         work = state.allreduce(bucket.buffer())
-        if work.wait():  # torchft's own hook from here on
-            return work.get_future()._fut
+        ok = work.wait()
+        future = work.get_future()
+        # a managed work's future wraps torch's (torchft's own hook returns that); once the
+        # step has failed, the manager hands out no-op works whose future is torch's own
+        inner = getattr(future, "_fut", future)
+        if ok and inner is not None:
+            return inner
         # the manager holds the error, so should_commit() skips the step; 0.2.0's hook
         # asserts here instead, and the reducer then refuses every later step
         done: torch.futures.Future[Any] = torch.futures.Future()
