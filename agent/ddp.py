@@ -337,7 +337,10 @@ class DistributedDataParallel(_TorchDDP):
         top = max(steps.values())
         if top == 0 or len(set(steps.values())) > 1:
             source = min(m for m, s in steps.items() if s == top)
-            if not self._broadcast_state(view, source):
+            # Members with as many committed steps as the source hold its state already (every
+            # member commits the same steps); before the first step nobody is known to.
+            behind = [m for m in view.members if m != source and (top == 0 or steps[m] < top)]
+            if not self._send_state(view, source, behind):
                 return False
             self.committed_steps = top
             log.info(
@@ -366,15 +369,31 @@ class DistributedDataParallel(_TorchDDP):
         for optimizer, saved in zip(self._optimizers, state["optimizers"], strict=True):
             optimizer.load_state_dict(saved)
 
-    def _broadcast_state(self, view: ViewGroup, source: int) -> bool:
-        """``source`` broadcasts the state over ``view``; the others load it. False: it failed.
+    def _send_state(self, view: ViewGroup, source: int, receivers: list[int]) -> bool:
+        """``source`` hands its state to ``receivers`` over ``view``; they load it. False: it
+        failed.
 
-        Three broadcasts: a header's length, the header (the state's structure, with every
+        In three parts: a header's length, the header (the state's structure, with every
         tensor replaced by its number, and each tensor's dtype and shape, saved by
         ``torch.save``), then one flat buffer per dtype holding every tensor of that dtype.
+        Broadcast when every other member receives it; sent to each receiver in turn when only
+        some do (a replacement joining members that hold the state), so that the state crosses
+        the network once per receiver and not once per member.
         """
         group = self.elastic_group
-        sender = group.plane.rank == source
+        rank = group.plane.rank
+        if rank != source and rank not in receivers:
+            return True
+        everyone = len(receivers) == len(view.members) - 1
+
+        def move(tensor: torch.Tensor) -> bool:
+            if everyone:
+                return group.broadcast(tensor, source, async_op=True, view=view).wait()
+            if rank != source:
+                return group.recv(tensor, source, async_op=True, view=view).wait()
+            return all(group.send(tensor, r, async_op=True, view=view).wait() for r in receivers)
+
+        sender = rank == source
         flats: list[torch.Tensor] = []
         header = torch.empty(0, dtype=torch.uint8)
         if sender:
@@ -390,14 +409,14 @@ class DistributedDataParallel(_TorchDDP):
             torch.save({"skeleton": skeleton, "layout": layout, "dtypes": dtypes}, buf)
             header = torch.frombuffer(bytearray(buf.getbuffer()), dtype=torch.uint8)
         size = torch.tensor([header.numel()], dtype=torch.int64)
-        if not group.broadcast(size, source, async_op=True, view=view).wait():
+        if not move(size):
             return False
         if not sender:
             header = torch.empty(int(size.item()), dtype=torch.uint8)
-        if not group.broadcast(header, source, async_op=True, view=view).wait():
+        if not move(header):
             return False
         if sender:
-            return all(group.broadcast(f, source, async_op=True, view=view).wait() for f in flats)
+            return all(move(f) for f in flats)
         raw = ctypes.string_at(header.data_ptr(), header.numel())
         meta = torch.load(io.BytesIO(raw), weights_only=True)
         tensors: list[torch.Tensor | None] = [None] * len(meta["layout"])
@@ -405,7 +424,7 @@ class DistributedDataParallel(_TorchDDP):
             mine = [(i, shape) for i, (d, shape) in enumerate(meta["layout"]) if d == dtype]
             numel = [math.prod(shape) for _, shape in mine]
             flat = torch.empty(sum(numel), dtype=getattr(torch, dtype))
-            if not group.broadcast(flat, source, async_op=True, view=view).wait():
+            if not move(flat):
                 return False
             for (i, shape), piece in zip(mine, flat.split(numel), strict=True):
                 tensors[i] = piece.view(shape)

@@ -235,27 +235,44 @@ class ElasticProcessGroup(dist.ProcessGroup):
         return self._run("barrier", launch, async_op)
 
     def send(  # type: ignore[override]
-        self, tensor: torch.Tensor | list[torch.Tensor], dst: int, async_op: bool | int = False
+        self,
+        tensor: torch.Tensor | list[torch.Tensor],
+        dst: int,
+        async_op: bool | int = False,
+        *,
+        view: ViewGroup | None = None,
     ) -> Work:
         if isinstance(tensor, list):  # c10d: send(tensors, dstRank, tag)
             work = self._p2p("send", _single("send", tensor), dst, int(async_op))
             return self._p2p_outcome(work, "send")
         self._check_tensor("tensor", tensor)
         self._check_rank("dst", dst, allow_self=False)
-        return self._p2p("send", tensor, dst, 0, async_op=bool(async_op))
+        return self._p2p("send", tensor, dst, 0, async_op=bool(async_op), view=view)
 
     def recv(  # type: ignore[override]
-        self, tensor: torch.Tensor | list[torch.Tensor], src: int, async_op: bool | int = False
+        self,
+        tensor: torch.Tensor | list[torch.Tensor],
+        src: int,
+        async_op: bool | int = False,
+        *,
+        view: ViewGroup | None = None,
     ) -> Work:
         if isinstance(tensor, list):  # c10d: recv(tensors, srcRank, tag)
             work = self._p2p("recv", _single("recv", tensor), src, int(async_op))
             return self._p2p_outcome(work, "recv")
         self._check_tensor("tensor", tensor)
         self._check_rank("src", src, allow_self=False)
-        return self._p2p("recv", tensor, src, 0, async_op=bool(async_op))
+        return self._p2p("recv", tensor, src, 0, async_op=bool(async_op), view=view)
 
     def _p2p(
-        self, name: str, tensor: torch.Tensor, peer: int, tag: int, *, async_op: bool = True
+        self,
+        name: str,
+        tensor: torch.Tensor,
+        peer: int,
+        tag: int,
+        *,
+        async_op: bool = True,
+        view: ViewGroup | None = None,
     ) -> Work:
         self._check_tensor("tensor", tensor)
         self._check_rank("dst" if name == "send" else "src", peer, allow_self=False)
@@ -263,7 +280,7 @@ class ElasticProcessGroup(dist.ProcessGroup):
             launch: Launch = lambda be, v: be.send([tensor], v.index(peer), tag)  # noqa: E731
         else:
             launch = lambda be, v: be.recv([tensor], v.index(peer), tag)  # noqa: E731
-        return self._run(name, launch, async_op, peer=peer, p2p=True, result=[tensor])
+        return self._run(name, launch, async_op, peer=peer, p2p=True, result=[tensor], pinned=view)
 
     # -- the c10d entry points that have no elastic twin ---------------------------------------
 
