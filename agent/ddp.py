@@ -26,8 +26,9 @@ The rules (see ``docs/ddp.md``):
   activates it; meanwhile its steps run locally and are never committed.
 - **Healing.** Entering a view, the members all-gather how many steps each has committed; if
   they differ (a replacement has 0) or nobody has stepped yet, the member with the most (the
-  lowest rank among equals) broadcasts the model's and every attached optimizer's state, and
-  the others load it before their first step: every member then holds identical state.
+  lowest rank among equals) sends the model's and every attached optimizer's state to the
+  members with fewer steps (all of them before the first step), which load it before their
+  first step: every member then holds identical state.
 - Nothing here raises for a peer's failure: ``should_commit()`` / ``ElasticOptimizer.step()``
   return False and ``last_failed_ranks`` says whom the failed step's hints named.
 """

@@ -28,8 +28,10 @@ is the size named; 4 MB unless said otherwise; batches of 32 synthetic samples):
   state would have to come from a checkpoint on top).
 - **heal**: after a kill, a replacement process starts and is activated; the time from its
   activation (foldplane: the view that activates it is installed; torchft: its first quorum
-  starts) until it holds the members' model and optimizer state (foldplane: a broadcast over the
-  new view; torchft: its checkpoint transfer over HTTP), for 4 MB and 256 MB of state.
+  starts) until it holds the members' model and optimizer state (foldplane: sent to it over the
+  new view, point to point, by the member with the most committed steps, once every member has
+  reached the step boundary; torchft: its checkpoint transfer over HTTP), for 4 MB and 256 MB of
+  state.
 
 Workers are this module, run as ``python benchmarks/ddp.py MODE``; they print one JSON line per
 event with wall-clock times (``time.time()``), the clock of the kill.
