@@ -15,19 +15,27 @@ Errors on the fast path are answered here in the same ``{"error", "detail"}`` sh
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import parse_qsl
 
 from fastapi import FastAPI
+from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from api.errors import ApiError, BodyTooLarge, error_response
 from api.limits import BodySizeLimit, JsonBodies, length_problem, media_problem
-from api.routes.agents import UpdatesQuery, events_answer, poll_ranks, updates_answer
+from api.routes.agents import (
+    EventsBatch,
+    UpdatesQuery,
+    events_answer,
+    poll_ranks,
+    updates_answer,
+)
 from coordinator.auth import Authenticator, AuthError, Principal
-from coordinator.host.loop import HostUnavailable
+from coordinator.host.loop import HostUnavailable, Outcome
 from wire.protocol import QUERY
 
 PATH = "/agents/events"
@@ -94,17 +102,8 @@ class Service:
                 answer = await events_answer(state, principal, body)
             else:
                 answer = await updates_answer(state, principal, query)
-        except ApiError as exc:
-            response = error_response(exc.status, exc.code, exc.detail, **exc.extra)
-        except AuthError as exc:
-            response = error_response(exc.status, exc.code, exc.detail)
-        except HostUnavailable as exc:
-            response = error_response(503, exc.code, exc.detail, **_leader(exc))
-        except BodyTooLarge as exc:
-            response = error_response(413, "body_too_large", str(exc))
-        except Exception as exc:  # a bug: still answered in the one shape, and logged
-            log.exception("internal error on %s %s", scope["method"], scope["path"])
-            response = error_response(500, "internal", f"{type(exc).__name__}: {exc}")
+        except Exception as exc:  # noqa: BLE001 - every failure is answered in the one shape
+            response = failure_response(exc, scope)
         else:
             await send(
                 {
@@ -116,6 +115,103 @@ class Service:
             await send({"type": "http.response.body", "body": answer})
             return
         await response(scope, receive, send)
+
+    def connection_events(self) -> ConnectionEvents:
+        """The events path for ``api.server``'s connections (see :class:`ConnectionEvents`)."""
+        return ConnectionEvents(self)
+
+
+def failure_response(exc: Exception, scope: Scope) -> Response:
+    """A fast path's answer to what its request raised, in the one error shape; anything the
+    API does not raise on purpose is a bug, logged and answered ``500``."""
+    if isinstance(exc, ApiError):
+        return error_response(exc.status, exc.code, exc.detail, **exc.extra)
+    if isinstance(exc, AuthError):
+        return error_response(exc.status, exc.code, exc.detail)
+    if isinstance(exc, HostUnavailable):
+        return error_response(503, exc.code, exc.detail, **_leader(exc))
+    if isinstance(exc, BodyTooLarge):
+        return error_response(413, "body_too_large", str(exc))
+    log.error("internal error on %s %s", scope["method"], scope["path"], exc_info=exc)
+    return error_response(500, "internal", f"{type(exc).__name__}: {exc}")
+
+
+class ConnectionEvents:
+    """``POST /agents/events`` answered by the connection itself, without an ASGI request.
+
+    Nearly every request a coordinator serves is an agent host's batch of heartbeats, and the
+    ASGI cycle (a task per request, its messages, the response's header checks, two socket
+    writes) costs as much as the coordinator's own work for it. ``api.server.GuardedHttp``
+    hands a request here when its head is plain (:meth:`takes`: a JSON body of a declared
+    length that fits one read); :meth:`submit` reads the body and queues its records by the
+    same ``EventsBatch`` the route uses, and the connection writes :meth:`answer` when the
+    host's future is done. A request this path does not serve plainly (any error before the
+    records are queued: bad JSON, a bad token, the host unavailable) is handed back to the
+    ASGI application, which answers it exactly as for any other request; nothing has been
+    queued by then, so nothing is submitted twice.
+    """
+
+    def __init__(self, service: Service) -> None:
+        self.state = service.app.state
+        self.max_body_bytes = service.max_body_bytes
+
+    def takes(self, scope: Scope, most: int) -> bool:
+        """Whether this request is plain enough to serve here: ``POST`` to the path with a
+        JSON ``Content-Type`` and a ``Content-Length`` of at most ``most`` bytes (within the
+        body limit), not chunked, no ``Expect``."""
+        if scope["path"] != PATH or scope["method"] != "POST":
+            return False
+        length: bytes | None = None
+        content_type = b""
+        for name, value in scope["headers"]:
+            if name == b"content-length":
+                if length is not None:
+                    return False
+                length = value
+            elif name == b"content-type":
+                if content_type:
+                    return False
+                content_type = value
+            elif name in (b"transfer-encoding", b"expect"):
+                return False
+        return (
+            length is not None
+            and length.isdigit()
+            and len(length) < 10
+            and int(length) <= min(most, self.max_body_bytes)
+            and media_problem(PATH, content_type) is None
+        )
+
+    def submit(self, scope: Scope, body: bytes) -> Submitted | None:
+        """Queue the body's records; None if the request is left to the ASGI application."""
+        state = self.state
+        try:
+            authorization, _, _ = _head(scope["headers"])
+            batch = EventsBatch.read(state, _principal(state.auth, authorization), body)
+            return Submitted(batch, state.host.enqueue_many(batch.records, normalized=True))
+        except Exception:  # noqa: BLE001 - the ASGI path reads it again and answers (or logs)
+            return None
+
+    def answer(
+        self, scope: Scope, submitted: Submitted
+    ) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+        """The response (status, headers, body) once the submitted batch's future is done."""
+        try:
+            body = submitted.batch.answer(submitted.outcomes.result(), self.state.host.log.term)
+        except (Exception, asyncio.CancelledError) as exc:  # noqa: BLE001
+            failure = (
+                HostUnavailable("closed", "the coordinator is shutting down")
+                if isinstance(exc, asyncio.CancelledError)
+                else exc
+            )
+            response = failure_response(failure, scope)
+            return response.status_code, response.raw_headers, bytes(response.body)
+        return 200, [_JSON, (b"content-length", b"%d" % len(body))], body
+
+
+class Submitted(NamedTuple):
+    batch: EventsBatch
+    outcomes: asyncio.Future[list[Outcome]]
 
 
 def _head(headers: list[tuple[bytes, bytes]]) -> tuple[bytes | None, bytes, bytes | None]:

@@ -14,6 +14,11 @@ is uvicorn's httptools protocol with three limits of ``api.limits.Limits``:
 - ``max_header_bytes``: a request line and headers longer than this are ``431`` and closed.
 - ``max_connections``: a connection beyond this many open ones is answered
   ``503 too_many_connections`` at once and closed, before it can take more from the server.
+
+It also answers the agents' event batches itself (``api.fastpath.ConnectionEvents``): a plain
+``POST /agents/events`` gets no ASGI task; its answer is written in one write when the host's
+future is done, and the connection then goes on as uvicorn's own cycle would (keep-alive or
+close, the next pipelined request).
 """
 
 from __future__ import annotations
@@ -26,8 +31,14 @@ from typing import Any
 
 import msgspec
 import uvicorn
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.flow_control import HIGH_WATER_LIMIT
+from uvicorn.protocols.http.httptools_impl import (
+    STATUS_LINE,
+    HttpToolsProtocol,
+    RequestResponseCycle,
+)
 
+from api.fastpath import ConnectionEvents
 from api.limits import Limits
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -94,6 +105,10 @@ class GuardedHttp(HttpToolsProtocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        connection_events = getattr(self.app, "connection_events", None)
+        self._events: ConnectionEvents | None = connection_events() if connection_events else None
+        #: a request for ``_events`` whose body is still arriving
+        self._waiting: RequestResponseCycle | None = None
         self._deadline: asyncio.TimerHandle | None = None
         self._head_bytes = 0
         self._refused = False
@@ -143,6 +158,59 @@ class GuardedHttp(HttpToolsProtocol):
         if not self._refused:
             self._disarm()
             super().on_message_complete()
+            waiting = self._waiting
+            if waiting is not None and not waiting.more_body:
+                self._waiting = None
+                self._serve_events(waiting)
+
+    # Agent events on the connection itself (``api.fastpath.ConnectionEvents``): a plain
+    # request is not given an ASGI task; its body is read here and the answer written when
+    # the host's future is done. Pipelined requests queue behind it as behind any other.
+
+    def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
+        events = self._events
+        if events is not None and events.takes(cycle.scope, HIGH_WATER_LIMIT):
+            if cycle.more_body:
+                self._waiting = cycle
+            else:  # a pipelined request, read whole while the one before it was answered
+                self._serve_events(cycle)
+            return
+        super()._start_asgi_task(cycle, app)
+
+    def _serve_events(self, cycle: RequestResponseCycle) -> None:
+        if cycle.disconnected:
+            return
+        events = self._events
+        assert events is not None
+        submitted = events.submit(cycle.scope, bytes(cycle.body))
+        if submitted is None:
+            super()._start_asgi_task(cycle, self.app)
+            return
+        cycle.body = bytearray()
+        submitted.outcomes.add_done_callback(
+            lambda _: self._answer_events(cycle, events.answer(cycle.scope, submitted))
+        )
+
+    def _answer_events(
+        self, cycle: RequestResponseCycle, response: tuple[int, list[tuple[bytes, bytes]], bytes]
+    ) -> None:
+        """Write the whole response in one write, then finish the cycle as uvicorn's own
+        ``send`` does (keep-alive or close, the next pipelined request)."""
+        if cycle.disconnected or cycle.response_complete:
+            return
+        status, headers, body = response
+        head = [STATUS_LINE[status]]
+        for name, value in [*self.server_state.default_headers, *headers]:
+            head += [name, b": ", value, b"\r\n"]
+        if not cycle.keep_alive:
+            head.append(b"connection: close\r\n")
+        head += [b"\r\n", body]
+        cycle.response_started = cycle.response_complete = True
+        self.transport.write(b"".join(head))
+        cycle.message_event.set()
+        if not cycle.keep_alive:
+            self.transport.close()
+        cycle.on_response()
 
     def _counted(self, n: int) -> bool:
         """Count ``n`` more bytes of the request's head; False once the connection is refused."""

@@ -11,6 +11,7 @@ the framework, and ``api.fastpath`` serves the same functions without it.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import msgspec
@@ -64,32 +65,55 @@ async def post_events(request: Request) -> Response:
 
 async def events_answer(state: Any, principal: Principal, body: bytes) -> bytes:
     """The answer to ``POST /agents/events`` with this body, as JSON bytes."""
-    auth: Authenticator = state.auth
+    batch = EventsBatch.read(state, principal, body)
     host: Host = state.host
-    check_depth(body, state.limits.max_json_depth)
-    events = _decode_events(body)
-    results: list[dict[str, Any] | None] = []
-    records: list[NewRecord] = []
-    for i, event in enumerate(events):
-        if isinstance(event, str):
-            results.append({"error": "invalid_event", "detail": f"events[{i}]: {event}"})
-            continue
-        denied = _denied(auth, principal, event)
-        if denied is not None:
-            results.append({"error": "forbidden", "detail": f"events[{i}]: {denied}"})
-            continue
-        records.append(
-            NewRecord(
-                kind=EVENT_KINDS[type(event)],
-                group=event.group,
-                rank=event.rank,
-                payload=payload_of(event),
+    return batch.answer(await host.submit_many(batch.records, normalized=True), host.log.term)
+
+
+class EventsBatch:
+    """A ``POST /agents/events`` body read and checked: the records to append and, for each
+    event the host never sees (malformed, forbidden), its error in place. Reading raises the
+    request's own errors (``ApiError``) before anything is submitted, so a caller may submit
+    the records however it waits for them (``events_answer`` awaits; the connection-level
+    path of ``api.server`` takes the host's future) and answers with :meth:`answer`."""
+
+    __slots__ = ("records", "results")
+
+    def __init__(self, records: list[NewRecord], results: list[dict[str, Any] | None]) -> None:
+        self.records = records
+        self.results = results
+
+    @classmethod
+    def read(cls, state: Any, principal: Principal, body: bytes) -> EventsBatch:
+        auth: Authenticator = state.auth
+        check_depth(body, state.limits.max_json_depth)
+        events = _decode_events(body)
+        results: list[dict[str, Any] | None] = []
+        records: list[NewRecord] = []
+        for i, event in enumerate(events):
+            if isinstance(event, str):
+                results.append({"error": "invalid_event", "detail": f"events[{i}]: {event}"})
+                continue
+            denied = _denied(auth, principal, event)
+            if denied is not None:
+                results.append({"error": "forbidden", "detail": f"events[{i}]: {denied}"})
+                continue
+            records.append(
+                NewRecord(
+                    kind=EVENT_KINDS[type(event)],
+                    group=event.group,
+                    rank=event.rank,
+                    payload=payload_of(event),
+                )
             )
-        )
-        results.append(None)
-    outcomes = iter(await host.submit_many(records, normalized=True))
-    answered = [r if r is not None else _result(next(outcomes)) for r in results]
-    return encode_json({"term": host.log.term, "results": answered})
+            results.append(None)
+        return cls(records, results)
+
+    def answer(self, outcomes: Sequence[Outcome], term: int) -> bytes:
+        """The answer's JSON once the host has decided every record (one outcome each)."""
+        decided = iter(outcomes)
+        answered = [r if r is not None else _result(next(decided)) for r in self.results]
+        return encode_json({"term": term, "results": answered})
 
 
 def payload_of(event: AgentEvent) -> dict[str, Any]:

@@ -346,6 +346,15 @@ class Host:
         """
         return await self._enqueue(records, None, None, normalized=normalized)
 
+    def enqueue_many(
+        self, records: Sequence[NewRecord], *, normalized: bool = False
+    ) -> asyncio.Future[list[Outcome]]:
+        """:meth:`submit_many` without the coroutine: the future of its outcomes, for a caller
+        that answers from a callback (``api.server``'s path for agent events). Raises
+        :class:`HostUnavailable` at once, before anything is queued, if the host takes no
+        inputs."""
+        return self._enqueue(records, None, None, normalized=normalized)
+
     def _enqueue(
         self,
         records: Sequence[NewRecord],

@@ -1,0 +1,274 @@
+"""``POST /agents/events`` answered by the connection itself (``api.server.GuardedHttp`` and
+``api.fastpath.ConnectionEvents``): the same answers as the ASGI application gives, for plain
+requests without an ASGI request at all, and everything else handed to the application.
+
+The server is the real one (``api.server.config`` under uvicorn, in this test's event loop, on
+a free port of 127.0.0.1) over a real ``Host`` on a SQLite file; the client writes raw HTTP, so
+that pipelining, ``Connection: close``, chunked bodies and a client leaving mid-answer are
+exactly what is sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import msgspec
+import pytest
+
+from api.app import create_app
+from api.server import Server, config
+from coordinator.host.loop import Host
+from tests.conftest import free_port
+
+GROUP = "g"
+WORLD = 4
+
+
+class Running:
+    """A real server in this loop, and a count of the requests its ASGI application saw."""
+
+    def __init__(self, host: Host, port: int) -> None:
+        self.host = host
+        self.port = port
+        self.asgi_requests: list[tuple[str, str]] = []
+
+    async def raw(self, data: bytes, answers: int = 1, *, close: bool = True) -> list[Any]:
+        """Write ``data`` on a new connection and read ``answers`` responses off it."""
+        reader, writer = await asyncio.open_connection("127.0.0.1", self.port)
+        try:
+            writer.write(data)
+            await writer.drain()
+            return [await _response(reader) for _ in range(answers)]
+        finally:
+            if close:
+                writer.close()
+                with contextlib.suppress(ConnectionError):
+                    await writer.wait_closed()
+
+    async def asgi(self, body: bytes, headers: dict[str, str] | None = None) -> httpx.Response:
+        """The same request through the ASGI application, without a connection."""
+        transport = httpx.ASGITransport(app=self.app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://x") as client:
+            return await client.post(
+                "/agents/events",
+                content=body,
+                headers={"content-type": "application/json", **(headers or {})},
+            )
+
+
+async def _response(reader: asyncio.StreamReader) -> tuple[int, dict[str, str], Any]:
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+    lines = head.decode("latin-1").split("\r\n")
+    status = int(lines[0].split()[1])
+    headers = {k.lower(): v.strip() for k, v in (line.split(":", 1) for line in lines[1:] if line)}
+    body = await asyncio.wait_for(reader.readexactly(int(headers["content-length"])), 10)
+    return status, headers, msgspec.json.decode(body)
+
+
+def post(body: bytes, *extra: str, length: int | None = None) -> bytes:
+    lines = [
+        "POST /agents/events HTTP/1.1",
+        "host: x",
+        "content-type: application/json",
+        f"content-length: {len(body) if length is None else length}",
+        *extra,
+    ]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
+
+
+def events(*evs: dict[str, Any]) -> bytes:
+    return msgspec.json.encode({"events": list(evs)})
+
+
+def beat(rank: int) -> dict[str, Any]:
+    return {"type": "heartbeat", "group": GROUP, "rank": rank, "incarnation": f"i{rank}"}
+
+
+@pytest.fixture
+async def server(tmp_path) -> AsyncIterator[Running]:
+    host = await Host.open(str(tmp_path / "log.db"), heartbeat_flush_s=0.05)
+    app = create_app(host)
+    port = free_port()
+    running = Running(host, port)
+    running.app = app  # type: ignore[attr-defined]
+
+    class Counting:
+        """The application as uvicorn sees it, counting what reaches it."""
+
+        def __init__(self) -> None:
+            self.connection_events = app.connection_events
+
+        async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+            if scope["type"] == "http":
+                running.asgi_requests.append((scope["method"], scope["path"]))
+            await app(scope, receive, send)
+
+    server = Server(config(Counting(), "127.0.0.1", port, "warning"))
+    task = asyncio.create_task(server.serve())
+    while not server.started:
+        await asyncio.sleep(0.01)
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
+        created = await client.post("/groups", json={"group": GROUP, "world_size": WORLD})
+        assert created.status_code in (200, 201), created.text
+        joins = [
+            {"type": "join", "group": GROUP, "rank": r, "incarnation": f"i{r}"}
+            for r in range(WORLD)
+        ]
+        joined = await client.post("/agents/events", json={"events": joins})
+        assert all("offset" in r for r in joined.json()["results"]), joined.text
+    running.asgi_requests.clear()
+    try:
+        yield running
+    finally:
+        server.should_exit = True
+        await task
+        await host.close()
+
+
+async def test_a_plain_batch_is_answered_without_the_asgi_application(server: Running):
+    [(status, headers, body)] = await server.raw(post(events(beat(0), beat(1))))
+    assert status == 200 and headers["content-type"] == "application/json"
+    assert body["term"] == server.host.log.term
+    assert [set(r) for r in body["results"]] == [{"offset"}, {"offset"}]
+    assert server.asgi_requests == []
+    # and the beats are in the log, as through the application
+    records = await server.host.log.read(after=0)
+    assert any(r.kind == "heartbeat" and r.payload.get("ranks") for r in records)
+
+
+async def test_answers_are_the_applications_own(server: Running):
+    """Each answer, plain or not, has the status and body the ASGI application gives the same
+    request (offsets aside: every beat is a new one)."""
+    cases = [
+        events(beat(0), {"type": "heartbeat", "group": GROUP, "rank": 1}),  # one bad event
+        events(beat(0), {**beat(9)}),  # rank out of range: refused by the fold
+        events({**beat(2), "incarnation": "old"}),  # stale incarnation
+        b'{"events": [',  # malformed JSON: the application words the error
+        events(*[beat(0)] * 4097),  # over MAX_EVENTS
+        b'{"events": []}',
+    ]
+    for body in cases:
+        [(status, _, answer)] = await server.raw(post(body))
+        expected = await server.asgi(body)
+        assert status == expected.status_code, body[:60]
+        assert _without_offsets(answer) == _without_offsets(expected.json()), body[:60]
+
+
+def _without_offsets(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _without_offsets(v) for k, v in value.items() if k != "offset"}
+    if isinstance(value, list):
+        return [_without_offsets(v) for v in value]
+    return value
+
+
+async def test_what_is_not_plain_goes_to_the_application_and_is_served(server: Running):
+    body = events(beat(0))
+    chunked = (
+        b"POST /agents/events HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+        b"transfer-encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n" % (len(body), body)
+    )
+    expect = post(body, "expect: 100-continue")
+    [(status, _, answer)] = await server.raw(chunked)
+    assert status == 200 and "offset" in answer["results"][0]
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    try:
+        writer.write(expect)
+        assert (await reader.readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 100")
+        status, _, answer = await _response(reader)
+        assert status == 200 and "offset" in answer["results"][0]
+    finally:
+        writer.close()
+    assert server.asgi_requests == [("POST", "/agents/events")] * 2
+
+
+async def test_a_bad_content_type_or_a_body_over_the_limit_is_the_applications_error(
+    server: Running,
+):
+    body = events(beat(0))
+    wrong = post(body).replace(b"application/json", b"text/plain")
+    [(status, _, answer)] = await server.raw(wrong)
+    assert (status, answer["error"]) == (415, "unsupported_media_type")
+    huge = server.app.max_body_bytes + 1  # type: ignore[attr-defined]
+    [(status, _, answer)] = await server.raw(post(b"", length=huge))
+    assert (status, answer["error"]) == (413, "body_too_large")
+    assert len(server.asgi_requests) == 2
+
+
+async def test_pipelined_requests_are_answered_in_order(server: Running):
+    """Three requests in one write: a batch on this path, one the application serves (a GET),
+    another batch; the answers come back in that order on the one connection."""
+    first, last = events(beat(0)), events(beat(1), beat(2))
+    data = post(first) + b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n" + post(last)
+    answers = await server.raw(data, answers=3)
+    assert [status for status, _, _ in answers] == [200, 200, 200]
+    assert len(answers[0][2]["results"]) == 1
+    assert "results" not in answers[1][2]
+    assert len(answers[2][2]["results"]) == 2
+    assert server.asgi_requests == [("GET", "/healthz")]
+
+
+async def test_connection_close_is_honoured(server: Running):
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    try:
+        writer.write(post(events(beat(0)), "connection: close"))
+        status, headers, _ = await _response(reader)
+        assert status == 200 and headers.get("connection") == "close"
+        assert await asyncio.wait_for(reader.read(), 10) == b""  # the server closed it
+    finally:
+        writer.close()
+
+
+async def test_a_client_gone_while_its_beats_wait_loses_nothing(server: Running):
+    """The client leaves before its answer (the beats wait for their shared record): the
+    server writes nothing to the closed connection, the beats still reach the log, and the
+    next connection is served."""
+    before = server.host.metrics.heartbeats
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    writer.write(post(events(beat(0), beat(1), beat(3))))
+    await writer.drain()
+    writer.close()
+    for _ in range(500):
+        if server.host.metrics.heartbeats >= before + 3:
+            break
+        await asyncio.sleep(0.01)
+    assert server.host.metrics.heartbeats == before + 3
+    [(status, _, _)] = await server.raw(post(events(beat(0))))
+    assert status == 200
+
+
+async def test_an_answer_the_host_cannot_give_is_a_503_in_the_one_shape(tmp_path):
+    """The host closes while a batch waits for its shared record: the batch is answered
+    ``503 closed``, not dropped and not a 500."""
+    host = await Host.open(str(tmp_path / "log.db"), heartbeat_flush_s=60.0)
+    app = create_app(host)
+    port = free_port()
+    server = Server(config(app, "127.0.0.1", port, "warning"))
+    task = asyncio.create_task(server.serve())
+    try:
+        while not server.started:
+            await asyncio.sleep(0.01)
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
+            await client.post("/groups", json={"group": GROUP, "world_size": 1})
+            join = {"type": "join", "group": GROUP, "rank": 0, "incarnation": "i0"}
+            await client.post("/agents/events", json={"events": [join]})
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(post(events(beat(0))))
+        await writer.drain()
+        for _ in range(500):  # the beat is queued, waiting for a record 60 s away
+            if host.admission.beats.deadline() is not None:
+                break
+            await asyncio.sleep(0.01)
+        assert host.admission.beats.deadline() is not None
+        await host.close()
+        status, _, answer = await _response(reader)
+        assert (status, answer["error"]) == (503, "closed")
+        writer.close()
+    finally:
+        server.should_exit = True
+        await task
+        await host.close()
