@@ -542,6 +542,8 @@ class SimulatedCluster:
             for i in range(0, len(ranks), ranks_per_host)
         ]
         self.host_of = {r: h for h in self.hosts for r in h.machines}
+        #: where ``all_on`` found a rank behind last time
+        self._behind = 0
 
     def _note_change(self) -> None:
         if not self._dirty:
@@ -605,11 +607,28 @@ class SimulatedCluster:
         return sum(h.requests for h in self.hosts)
 
     def all_on(self, version: int, ranks: Iterable[int] | None = None) -> bool:
-        """Every rank named (every live rank by default) holds ``version`` or later."""
-        for rank in self.live_ranks if ranks is None else ranks:
-            view = self.view(rank)
-            if view is None or view.version < version:
-                return False
+        """Every rank named (every live rank by default) holds ``version`` or later. Checked
+        after every change while a test or benchmark waits (``wait_until``), so it stops at the
+        first rank behind, starting with the host that was behind last time, and lists or sorts
+        nothing."""
+        if ranks is not None:
+            for rank in ranks:
+                view = self.view(rank)
+                if view is None or view.version < version:
+                    return False
+            return True
+        hosts = self.hosts
+        start = self._behind
+        for i in range(len(hosts)):
+            host = hosts[(start + i) % len(hosts)]
+            dead = host.dead
+            for rank, machine in host.machines.items():
+                if rank in dead:
+                    continue
+                view = machine.view
+                if view is None or view.version < version:
+                    self._behind = (start + i) % len(hosts)
+                    return False
         return True
 
     async def wait_until(self, predicate: Callable[[], bool], timeout: float) -> None:

@@ -116,9 +116,9 @@ class Service:
             return
         await response(scope, receive, send)
 
-    def connection_events(self) -> ConnectionEvents:
-        """The events path for ``api.server``'s connections (see :class:`ConnectionEvents`)."""
-        return ConnectionEvents(self)
+    def on_connection(self) -> OnConnection:
+        """The hot paths for ``api.server``'s connections (see :class:`OnConnection`)."""
+        return OnConnection(self)
 
 
 def failure_response(exc: Exception, scope: Scope) -> Response:
@@ -136,51 +136,73 @@ def failure_response(exc: Exception, scope: Scope) -> Response:
     return error_response(500, "internal", f"{type(exc).__name__}: {exc}")
 
 
-class ConnectionEvents:
-    """``POST /agents/events`` answered by the connection itself, without an ASGI request.
+#: What :meth:`OnConnection.plan` answers for an events batch it serves.
+EVENTS = "events"
 
-    Nearly every request a coordinator serves is an agent host's batch of heartbeats, and the
-    ASGI cycle (a task per request, its messages, the response's header checks, two socket
-    writes) costs as much as the coordinator's own work for it. ``api.server.GuardedHttp``
-    hands a request here when its head is plain (:meth:`takes`: a JSON body of a declared
-    length that fits one read); :meth:`submit` reads the body and queues its records by the
-    same ``EventsBatch`` the route uses, and the connection writes :meth:`answer` when the
-    host's future is done. A request this path does not serve plainly (any error before the
-    records are queued: bad JSON, a bad token, the host unavailable) is handed back to the
-    ASGI application, which answers it exactly as for any other request; nothing has been
-    queued by then, so nothing is submitted twice.
+#: A response as the connection writes it: status, headers, body.
+Answer = tuple[int, list[tuple[bytes, bytes]], bytes]
+
+
+class OnConnection:
+    """The agents' two hot paths answered by the connection itself, without an ASGI request.
+
+    Nearly every request a coordinator serves is an agent host's batch of heartbeats or its
+    long poll, and the ASGI cycle (its messages, the response's header checks, two socket
+    writes; for a batch, a task too) costs as much as the coordinator's own work for either.
+    ``api.server.GuardedHttp`` asks :meth:`plan` about each request's head and serves the plain
+    ones here:
+
+    - ``POST /agents/events`` with a JSON body of a declared length that fits one read:
+      :meth:`submit` queues its records by the same ``EventsBatch`` the route uses, without a
+      task, and :meth:`answer` is written when the host's future is done. A batch that fails
+      before its records are queued (bad JSON, a bad token, the host unavailable) is handed
+      back to the ASGI application, which answers it as it does any request; nothing has been
+      queued by then, so nothing is submitted twice.
+    - ``GET /agents/updates`` without a body (none, or a ``Content-Length`` of 0), whose
+      query :func:`updates_query` parses:
+      :meth:`poll` is the answer of ``updates_answer``, errors in the one shape.
+
+    Everything else goes to the ASGI application.
     """
 
     def __init__(self, service: Service) -> None:
         self.state = service.app.state
         self.max_body_bytes = service.max_body_bytes
 
-    def takes(self, scope: Scope, most: int) -> bool:
-        """Whether this request is plain enough to serve here: ``POST`` to the path with a
-        JSON ``Content-Type`` and a ``Content-Length`` of at most ``most`` bytes (within the
-        body limit), not chunked, no ``Expect``."""
-        if scope["path"] != PATH or scope["method"] != "POST":
-            return False
+    def plan(self, scope: Scope, most: int) -> str | UpdatesQuery | None:
+        """:data:`EVENTS` for a plain batch (a JSON ``Content-Type`` and a ``Content-Length``
+        of at most ``most`` bytes, within the body limit; not chunked, no ``Expect``), the
+        query of a plain long poll, or None."""
+        path, method = scope["path"], scope["method"]
+        if path == UPDATES and method == "GET":
+            for name, value in scope["headers"]:  # no body (some clients say so: length 0)
+                if name == b"transfer-encoding" or (name == b"content-length" and value != b"0"):
+                    return None
+            return updates_query(scope["query_string"])
+        if path != PATH or method != "POST":
+            return None
         length: bytes | None = None
         content_type = b""
         for name, value in scope["headers"]:
             if name == b"content-length":
                 if length is not None:
-                    return False
+                    return None
                 length = value
             elif name == b"content-type":
                 if content_type:
-                    return False
+                    return None
                 content_type = value
             elif name in (b"transfer-encoding", b"expect"):
-                return False
-        return (
+                return None
+        if (
             length is not None
             and length.isdigit()
             and len(length) < 10
             and int(length) <= min(most, self.max_body_bytes)
             and media_problem(PATH, content_type) is None
-        )
+        ):
+            return EVENTS
+        return None
 
     def submit(self, scope: Scope, body: bytes) -> Submitted | None:
         """Queue the body's records; None if the request is left to the ASGI application."""
@@ -192,10 +214,8 @@ class ConnectionEvents:
         except Exception:  # noqa: BLE001 - the ASGI path reads it again and answers (or logs)
             return None
 
-    def answer(
-        self, scope: Scope, submitted: Submitted
-    ) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
-        """The response (status, headers, body) once the submitted batch's future is done."""
+    def answer(self, scope: Scope, submitted: Submitted) -> Answer:
+        """The response once the submitted batch's future is done."""
         try:
             body = submitted.batch.answer(submitted.outcomes.result(), self.state.host.log.term)
         except (Exception, asyncio.CancelledError) as exc:  # noqa: BLE001
@@ -204,9 +224,23 @@ class ConnectionEvents:
                 if isinstance(exc, asyncio.CancelledError)
                 else exc
             )
-            response = failure_response(failure, scope)
-            return response.status_code, response.raw_headers, bytes(response.body)
+            return _failure(failure, scope)
         return 200, [_JSON, (b"content-length", b"%d" % len(body))], body
+
+    async def poll(self, scope: Scope, query: UpdatesQuery) -> Answer:
+        """The long poll's response."""
+        state = self.state
+        try:
+            authorization, _, _ = _head(scope["headers"])
+            body = await updates_answer(state, _principal(state.auth, authorization), query)
+        except Exception as exc:  # noqa: BLE001 - every failure is answered in the one shape
+            return _failure(exc, scope)
+        return 200, [_JSON, (b"content-length", b"%d" % len(body))], body
+
+
+def _failure(exc: Exception, scope: Scope) -> Answer:
+    response = failure_response(exc, scope)
+    return response.status_code, response.raw_headers, bytes(response.body)
 
 
 class Submitted(NamedTuple):
@@ -267,7 +301,11 @@ def updates_query(raw: bytes) -> UpdatesQuery | None:
     (``api.routes.agents.get_updates``, both from ``wire.protocol.QUERY``); None for anything
     else, which the framework answers."""
     try:
-        pairs = parse_qsl(raw.decode("ascii"), keep_blank_values=True, strict_parsing=True)
+        text = raw.decode("ascii")
+        if "%" in text or "+" in text:  # escapes: the standard parser decodes them
+            pairs = parse_qsl(text, keep_blank_values=True, strict_parsing=True)
+        else:  # what it gives for a query without any (each field must have its "=")
+            pairs = [_pair(field) for field in text.split("&")]
     except (UnicodeDecodeError, ValueError):
         return None
     fields = dict(pairs)
@@ -310,6 +348,13 @@ def updates_query(raw: bytes) -> UpdatesQuery | None:
     ):
         return None
     return query
+
+
+def _pair(field: str) -> tuple[str, str]:
+    name, eq, value = field.partition("=")
+    if not eq:
+        raise ValueError(f"bad query field: {field!r}")
+    return name, value
 
 
 _UPDATE_FIELDS = frozenset({"group", "rank", "ranks", "after", "timeout", "protocol", "view"})

@@ -15,10 +15,10 @@ is uvicorn's httptools protocol with three limits of ``api.limits.Limits``:
 - ``max_connections``: a connection beyond this many open ones is answered
   ``503 too_many_connections`` at once and closed, before it can take more from the server.
 
-It also answers the agents' event batches itself (``api.fastpath.ConnectionEvents``): a plain
-``POST /agents/events`` gets no ASGI task; its answer is written in one write when the host's
-future is done, and the connection then goes on as uvicorn's own cycle would (keep-alive or
-close, the next pipelined request).
+It also answers the agents' two hot paths itself (``api.fastpath.OnConnection``): a plain
+``POST /agents/events`` or ``GET /agents/updates`` does not go through the ASGI application; its
+answer is written in one write, and the connection then goes on as uvicorn's own cycle would
+(keep-alive or close, the next pipelined request).
 """
 
 from __future__ import annotations
@@ -38,8 +38,9 @@ from uvicorn.protocols.http.httptools_impl import (
     RequestResponseCycle,
 )
 
-from api.fastpath import ConnectionEvents
+from api.fastpath import Answer, OnConnection
 from api.limits import Limits
+from api.routes.agents import UpdatesQuery
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -105,10 +106,10 @@ class GuardedHttp(HttpToolsProtocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
-        connection_events = getattr(self.app, "connection_events", None)
-        self._events: ConnectionEvents | None = connection_events() if connection_events else None
-        #: a request for ``_events`` whose body is still arriving
-        self._waiting: RequestResponseCycle | None = None
+        on_connection = getattr(self.app, "on_connection", None)
+        self._paths: OnConnection | None = on_connection() if on_connection else None
+        #: a request ``_paths`` serves, whose body is still arriving
+        self._waiting: tuple[RequestResponseCycle, str | UpdatesQuery] | None = None
         self._deadline: asyncio.TimerHandle | None = None
         self._head_bytes = 0
         self._refused = False
@@ -159,41 +160,49 @@ class GuardedHttp(HttpToolsProtocol):
             self._disarm()
             super().on_message_complete()
             waiting = self._waiting
-            if waiting is not None and not waiting.more_body:
+            if waiting is not None and not waiting[0].more_body:
                 self._waiting = None
-                self._serve_events(waiting)
+                self._serve(*waiting)
 
-    # Agent events on the connection itself (``api.fastpath.ConnectionEvents``): a plain
-    # request is not given an ASGI task; its body is read here and the answer written when
-    # the host's future is done. Pipelined requests queue behind it as behind any other.
+    # The agents' hot paths on the connection itself (``api.fastpath.OnConnection``): a plain
+    # request is not given to the ASGI application; its body is read here and the answer
+    # written in one write. Pipelined requests queue behind it as behind any other.
 
     def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
-        events = self._events
-        if events is not None and events.takes(cycle.scope, HIGH_WATER_LIMIT):
+        paths = self._paths
+        if paths is not None and (plan := paths.plan(cycle.scope, HIGH_WATER_LIMIT)) is not None:
             if cycle.more_body:
-                self._waiting = cycle
+                self._waiting = (cycle, plan)
             else:  # a pipelined request, read whole while the one before it was answered
-                self._serve_events(cycle)
+                self._serve(cycle, plan)
             return
         super()._start_asgi_task(cycle, app)
 
-    def _serve_events(self, cycle: RequestResponseCycle) -> None:
+    def _serve(self, cycle: RequestResponseCycle, plan: str | UpdatesQuery) -> None:
+        paths = self._paths
+        assert paths is not None
         if cycle.disconnected:
             return
-        events = self._events
-        assert events is not None
-        submitted = events.submit(cycle.scope, bytes(cycle.body))
+        if isinstance(plan, UpdatesQuery):
+            task = self.loop.create_task(self._poll(paths, cycle, plan))
+            task.add_done_callback(self.tasks.discard)
+            self.tasks.add(task)  # uvicorn's shutdown waits for it, as for its own
+            return
+        submitted = paths.submit(cycle.scope, bytes(cycle.body))
         if submitted is None:
             super()._start_asgi_task(cycle, self.app)
             return
         cycle.body = bytearray()
         submitted.outcomes.add_done_callback(
-            lambda _: self._answer_events(cycle, events.answer(cycle.scope, submitted))
+            lambda _: self._write(cycle, paths.answer(cycle.scope, submitted))
         )
 
-    def _answer_events(
-        self, cycle: RequestResponseCycle, response: tuple[int, list[tuple[bytes, bytes]], bytes]
+    async def _poll(
+        self, paths: OnConnection, cycle: RequestResponseCycle, query: UpdatesQuery
     ) -> None:
+        self._write(cycle, await paths.poll(cycle.scope, query))
+
+    def _write(self, cycle: RequestResponseCycle, response: Answer) -> None:
         """Write the whole response in one write, then finish the cycle as uvicorn's own
         ``send`` does (keep-alive or close, the next pipelined request)."""
         if cycle.disconnected or cycle.response_complete:

@@ -1,6 +1,7 @@
-"""``POST /agents/events`` answered by the connection itself (``api.server.GuardedHttp`` and
-``api.fastpath.ConnectionEvents``): the same answers as the ASGI application gives, for plain
-requests without an ASGI request at all, and everything else handed to the application.
+"""The agents' hot paths answered by the connection itself (``api.server.GuardedHttp`` and
+``api.fastpath.OnConnection``): ``POST /agents/events`` and the ``GET /agents/updates`` long
+poll get the same answers as the ASGI application gives, for plain requests without an ASGI
+request at all, and everything else is handed to the application.
 
 The server is the real one (``api.server.config`` under uvicorn, in this test's event loop, on
 a free port of 127.0.0.1) over a real ``Host`` on a SQLite file; the client writes raw HTTP, so
@@ -59,6 +60,11 @@ class Running:
                 headers={"content-type": "application/json", **(headers or {})},
             )
 
+    async def asgi_get(self, target: str) -> httpx.Response:
+        transport = httpx.ASGITransport(app=self.app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://x") as client:
+            return await client.get(target)
+
 
 async def _response(reader: asyncio.StreamReader) -> tuple[int, dict[str, str], Any]:
     head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
@@ -100,7 +106,7 @@ async def server(tmp_path) -> AsyncIterator[Running]:
         """The application as uvicorn sees it, counting what reaches it."""
 
         def __init__(self) -> None:
-            self.connection_events = app.connection_events
+            self.on_connection = app.on_connection
 
         async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
             if scope["type"] == "http":
@@ -272,3 +278,70 @@ async def test_an_answer_the_host_cannot_give_is_a_503_in_the_one_shape(tmp_path
         server.should_exit = True
         await task
         await host.close()
+
+
+def get(target: str, *extra: str) -> bytes:
+    return ("\r\n".join([f"GET {target} HTTP/1.1", "host: x", *extra]) + "\r\n\r\n").encode()
+
+
+@pytest.mark.parametrize("extra", [(), ("content-length: 0",)])
+async def test_a_plain_long_poll_is_answered_without_the_asgi_application(
+    server: Running, extra: tuple[str, ...]
+):
+    target = f"/agents/updates?group={GROUP}&ranks=0-3&after=0&timeout=5&protocol=2"
+    [(status, headers, body)] = await server.raw(get(target, *extra))
+    assert status == 200 and headers["content-type"] == "application/json"
+    assert body["next_after"] > 0 and body["updates"]  # the joins' rank states at least
+    assert server.asgi_requests == []
+    expected = await server.asgi_get(target)
+    assert body == expected.json()
+
+
+async def test_long_poll_answers_are_the_applications_own(server: Running):
+    """Each query on this path, and each one it leaves to the application, is answered with
+    the status and body the application gives it."""
+    targets = [
+        "/agents/updates?group=nope&rank=0&protocol=2",  # unknown group
+        f"/agents/updates?group={GROUP}&rank=0&protocol=1",  # another protocol
+        f"/agents/updates?group={GROUP}&rank=9&protocol=2&timeout=0",  # rank out of range
+        f"/agents/updates?group={GROUP}&rank=0&protocol=2&timeout=0&view=1",
+        f"/agents/updates?group={GROUP}&rank=%30&protocol=2&timeout=0",  # an escape: rank 0
+        f"/agents/updates?group={GROUP}&rank=x&protocol=2",  # the framework's 422
+        f"/agents/updates?group={GROUP}&rank=0&&protocol=2",
+    ]
+    for target in targets:
+        [(status, _, body)] = await server.raw(get(target))
+        expected = await server.asgi_get(target)
+        assert (status, body) == (expected.status_code, expected.json()), target
+    # the last two are not plain queries: the application served them
+    assert server.asgi_requests == [("GET", "/agents/updates")] * 2
+
+
+async def test_a_long_poll_with_a_body_goes_to_the_application(server: Running):
+    target = f"/agents/updates?group={GROUP}&rank=0&protocol=2&timeout=0"
+    [(status, _, body)] = await server.raw(get(target, "content-length: 2") + b"{}")
+    assert status == 200 and "updates" in body
+    assert server.asgi_requests == [("GET", "/agents/updates")]
+
+
+async def test_a_waiting_long_poll_is_answered_by_the_next_update(server: Running):
+    """A poll after everything there is waits; a beat is no update, a link report that
+    changes nothing neither, but an exit is: the poll is answered with it, on time."""
+    first = await server.raw(
+        get(f"/agents/updates?group={GROUP}&rank=3&after=0&timeout=0&protocol=2")
+    )
+    after = first[0][2]["next_after"]
+    target = f"/agents/updates?group={GROUP}&rank=3&after={after}&timeout=30&protocol=2"
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    try:
+        writer.write(get(target))
+        await writer.drain()
+        exit_ = {"type": "exit", "group": GROUP, "rank": 3, "incarnation": "i3"}
+        [(status, _, _)] = await server.raw(post(events(exit_)))
+        assert status == 200
+        status, _, body = await _response(reader)
+        assert status == 200 and body["next_after"] > after
+        assert any(u.get("rank") == 3 for u in body["updates"]), body
+    finally:
+        writer.close()
+    assert server.asgi_requests == []
