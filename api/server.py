@@ -170,7 +170,11 @@ class GuardedHttp(HttpToolsProtocol):
 
     def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
         paths = self._paths
-        if paths is not None and (plan := paths.plan(cycle.scope, HIGH_WATER_LIMIT)) is not None:
+        if (
+            paths is not None
+            and not self.flow.write_paused  # the client is not reading: uvicorn's send waits
+            and (plan := paths.plan(cycle.scope, HIGH_WATER_LIMIT)) is not None
+        ):
             if cycle.more_body:
                 self._waiting = (cycle, plan)
             else:  # a pipelined request, read whole while the one before it was answered
@@ -205,7 +209,7 @@ class GuardedHttp(HttpToolsProtocol):
     def _write(self, cycle: RequestResponseCycle, response: Answer) -> None:
         """Write the whole response in one write, then finish the cycle as uvicorn's own
         ``send`` does (keep-alive or close, the next pipelined request)."""
-        if cycle.disconnected or cycle.response_complete:
+        if cycle.disconnected or cycle.response_complete or self.transport.is_closing():
             return
         status, headers, body = response
         head = [STATUS_LINE[status]]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -59,6 +60,10 @@ class Running:
                 content=body,
                 headers={"content-type": "application/json", **(headers or {})},
             )
+
+    def connections(self) -> list[Any]:
+        """The server's open connections (its protocols)."""
+        return list(self.uvicorn.server_state.connections)  # type: ignore[attr-defined]
 
     async def asgi_get(self, target: str) -> httpx.Response:
         transport = httpx.ASGITransport(app=self.app)
@@ -114,6 +119,7 @@ async def server(tmp_path) -> AsyncIterator[Running]:
             await app(scope, receive, send)
 
     server = Server(config(Counting(), "127.0.0.1", port, "warning"))
+    running.uvicorn = server  # type: ignore[attr-defined]
     task = asyncio.create_task(server.serve())
     while not server.started:
         await asyncio.sleep(0.01)
@@ -345,3 +351,35 @@ async def test_a_waiting_long_poll_is_answered_by_the_next_update(server: Runnin
     finally:
         writer.close()
     assert server.asgi_requests == []
+
+
+async def test_a_client_that_does_not_read_its_answers_is_held_back(server: Running):
+    """Pipelined long polls from a client that never reads: once the connection's write
+    buffer is over its high-water mark the requests go to the ASGI application, whose answer
+    waits for the client to drain, and reading stops; the server's buffer for the client
+    stays bounded instead of growing with every request it is sent."""
+    target = f"/agents/updates?group={GROUP}&ranks=0-3&after=0&timeout=0&protocol=2"
+    request = get(target)
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    sock = writer.get_extra_info("socket")
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sent = 0
+    try:
+        for _ in range(20_000):  # bounded: the server stops reading long before
+            writer.write(request * 50)
+            sent += 50
+            try:
+                await asyncio.wait_for(writer.drain(), 0.2)
+            except TimeoutError:
+                break  # the server no longer reads: held back
+        buffered = [c.transport.get_write_buffer_size() for c in server.connections()]
+        answer_size = len(_raw_answer(await server.raw(request)))
+        assert sent < 20_000 * 50, "the server kept reading a client that never reads"
+        assert max(buffered) < 64 * 1024 + 2 * answer_size, buffered
+    finally:
+        writer.transport.abort()
+
+
+def _raw_answer(answers: list[Any]) -> bytes:
+    [(_, _, body)] = answers
+    return msgspec.json.encode(body)
