@@ -60,7 +60,26 @@ def refusal(
     the payload's shape (``invalid_event``); for rank inputs, the rank in range, the group not
     failed, then the incarnation (``stale_incarnation``, ``rank_busy``, ``rank_offline``) and,
     for ACKs, the version in flight (``stale_version``); for proposals, the idempotency key.
+
+    Nearly every input is a current rank's heartbeat; :func:`current_beat` accepts one at
+    once, and only when every check below would (``tests/fold/test_fencing.py`` holds it to
+    that), so everything else, refused or not, is decided and worded by the checks below.
     """
+    if kind == "heartbeat" and current_beat(groups, group, rank, payload):
+        return None
+    return checked_refusal(groups, proposals, now, kind, group, rank, payload)
+
+
+def checked_refusal(
+    groups: Mapping[str, GroupState],
+    proposals: Mapping[int, Proposal],
+    now: int,
+    kind: str,
+    group: str | None,
+    rank: int | None,
+    payload: Any,
+) -> Refusal | None:
+    """:func:`refusal` by its checks alone, in the order it documents."""
     if kind not in KINDS:
         return INVALID_EVENT, f"unknown kind {kind!r}; expected one of {sorted(KINDS)}"
     if not isinstance(payload, dict):
@@ -109,6 +128,29 @@ def refusal(
     if kind == "ack":
         return _ack(g, rank, payload["version"])
     return None
+
+
+def current_beat(
+    groups: Mapping[str, GroupState], group: str | None, rank: int | None, payload: Any
+) -> bool:
+    """Whether this is the heartbeat of a rank's current, not OFFLINE, incarnation in a group
+    that has not failed, with a well-formed payload: one that :func:`refusal` accepts. False
+    says nothing (the full checks decide)."""
+    if type(payload) is not dict or type(rank) is not int or group is None:
+        return False
+    g = groups.get(group)
+    if g is None or not 0 <= rank < g.config.world_size or g.formation == FAILED:
+        return False
+    info = g.ranks[rank]
+    incarnation = payload.get("incarnation")
+    version = payload.get("version")
+    return (
+        incarnation is not None
+        and incarnation == info.incarnation  # a joined incarnation: a valid one
+        and info.state != OFFLINE
+        and "ranks" not in payload
+        and (version is None or (type(version) is int and version >= 0))
+    )
 
 
 def repeat_of(
