@@ -218,13 +218,8 @@ class OnConnection:
         """The response once the submitted batch's future is done."""
         try:
             body = submitted.batch.answer(submitted.outcomes.result(), self.state.host.log.term)
-        except (Exception, asyncio.CancelledError) as exc:  # noqa: BLE001
-            failure = (
-                HostUnavailable("closed", "the coordinator is shutting down")
-                if isinstance(exc, asyncio.CancelledError)
-                else exc
-            )
-            return _failure(failure, scope)
+        except Exception as exc:  # noqa: BLE001 - the host failed it (closed, deposed, ...)
+            return _failure(exc, scope)
         return 200, [_JSON, (b"content-length", b"%d" % len(body))], body
 
     async def poll(self, scope: Scope, query: UpdatesQuery) -> Answer:
