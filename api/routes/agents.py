@@ -41,7 +41,14 @@ from coordinator.auth import Authenticator, AuthError, Principal
 from coordinator.host.loop import Appended, Host, Outcome, Refusal
 from eventlog import NewRecord
 from wire import ranks as rank_sets
-from wire.protocol import EVENT_KINDS, PROTOCOL, PROTOCOL_MISMATCH, QUERY, legacy_problem
+from wire.protocol import (
+    EVENT_KINDS,
+    PROTOCOL,
+    PROTOCOL_MISMATCH,
+    QUERY,
+    group_problem,
+    legacy_problem,
+)
 from wire.ranks import MAX_QUERY_RANKS, RankSetError
 
 router = APIRouter(prefix="/agents", tags=["agents"])
@@ -135,9 +142,14 @@ def _decode_events(body: bytes) -> list[AgentEvent | str]:
     own ``invalid_event`` result) instead of failing the batch. The common case, a batch that
     is entirely valid, takes one typed decode."""
     try:
-        return list(_decode_batch(body).events)
+        events: list[AgentEvent | str] = list(_decode_batch(body).events)
     except (msgspec.ValidationError, msgspec.DecodeError):
         pass
+    else:
+        for i, event in enumerate(events):  # the group's pattern (``wire.protocol.EventGroupName``)
+            if (problem := group_problem(event.group)) is not None:  # type: ignore[union-attr]
+                events[i] = problem
+        return events
     loose = decode_json(body, LooseEventsRequest)
     out: list[AgentEvent | str] = []
     for raw in loose.events:
@@ -145,9 +157,11 @@ def _decode_events(body: bytes) -> list[AgentEvent | str]:
             out.append(legacy)
             continue
         try:
-            out.append(convert(raw, AgentEvent))
+            event = convert(raw, AgentEvent)
         except msgspec.ValidationError as exc:
             out.append(str(exc))
+            continue
+        out.append(problem if (problem := group_problem(event.group)) is not None else event)
     return out
 
 
