@@ -110,7 +110,16 @@ class GuardedHttp(HttpToolsProtocol):
         self._paths: OnConnection | None = on_connection() if on_connection else None
         #: a request ``_paths`` serves, whose body is still arriving
         self._waiting: tuple[RequestResponseCycle, str | UpdatesQuery] | None = None
+        # One timer per connection for both deadlines, a request's (answered 408) and an idle
+        # keep-alive's (closed): moving the deadline later only moves ``_deadline_at``, and the
+        # timer, when it fires early, sets itself again for the rest (moving it earlier than
+        # the timer sets the timer again). Arming and cancelling a timer per
+        # request (two of them: uvicorn's keep-alive and the request's) cost more than parsing
+        # the request's head.
         self._deadline: asyncio.TimerHandle | None = None
+        self._deadline_at: float | None = None
+        self._idle = False
+        self._linger: asyncio.TimerHandle | None = None
         self._head_bytes = 0
         self._refused = False
         cap = self.limits.max_connections
@@ -125,7 +134,24 @@ class GuardedHttp(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        for timer in (self._deadline, self._linger):
+            if timer is not None:
+                timer.cancel()
+        self._deadline = self._linger = None
         super().connection_lost(exc)
+
+    def on_response_complete(self) -> None:
+        """uvicorn's own (the next pipelined request, or the keep-alive deadline), with the
+        keep-alive deadline on this connection's one timer."""
+        self.server_state.total_requests += 1
+        if self.transport.is_closing():
+            return
+        self.flow.resume_reading()
+        if self.pipeline:
+            cycle, app = self.pipeline.pop()
+            self._start_asgi_task(cycle, app)
+        else:
+            self._set_deadline(self.timeout_keep_alive, idle=True)
 
     # Once a connection is refused, whatever else its client sends is dropped unread.
 
@@ -241,17 +267,38 @@ class GuardedHttp(HttpToolsProtocol):
         return False
 
     def _arm(self) -> None:
-        self._disarm()
-        self._deadline = self.loop.call_later(self.limits.request_timeout_s, self._timed_out)
+        """The request deadline, from now."""
+        self._set_deadline(self.limits.request_timeout_s, idle=False)
 
     def _disarm(self) -> None:
-        if self._deadline is not None:
-            self._deadline.cancel()
-            self._deadline = None
+        self._deadline_at = None  # the timer, if set, finds nothing due and stops
+
+    def _set_deadline(self, seconds: float, *, idle: bool) -> None:
+        self._idle = idle
+        self._deadline_at = at = self.loop.time() + seconds
+        timer = self._deadline
+        if timer is not None and timer.when() > at:  # set for a later deadline: too late now
+            timer.cancel()
+            timer = None
+        if timer is None:
+            self._deadline = self.loop.call_at(at, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._deadline = None
+        at = self._deadline_at
+        if at is None:
+            return
+        if self.loop.time() < at:  # the deadline moved later since the timer was set
+            self._deadline = self.loop.call_at(at, self._on_timer)
+            return
+        self._deadline_at = None
+        self._timed_out()
 
     def _timed_out(self) -> None:
-        self._deadline = None
         if self._refused or self.transport.is_closing():
+            return
+        if self._idle:  # a keep-alive connection with no request: closed, as uvicorn does
+            self.transport.close()
             return
         if self.cycle is None or self.cycle.response_complete:  # no request is being answered
             self._refuse(
@@ -272,7 +319,7 @@ class GuardedHttp(HttpToolsProtocol):
         self.transport.write(_raw_error(status, code, detail))
         if self.transport.can_write_eof():
             self.transport.write_eof()
-            self._deadline = self.loop.call_later(LINGER_S, self.transport.close)
+            self._linger = self.loop.call_later(LINGER_S, self.transport.close)
         else:
             self.transport.close()
 
