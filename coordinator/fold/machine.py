@@ -48,7 +48,7 @@ from coordinator.fold.effects import (
     ViewCommitted,
     ViewPrepare,
 )
-from coordinator.fold.fencing import parse_group_created, refusal, repeat_of
+from coordinator.fold.fencing import current_beat, parse_group_created, refusal, repeat_of
 from coordinator.fold.healthy_set import excluded_ranks
 from coordinator.fold.reasons import ranks_text
 from coordinator.fold.state import FAILED, FORMED, FORMING, Change, GroupState
@@ -138,6 +138,11 @@ class Coordinator:
             return None
         code, message = refusal
         return Refused(group=group, rank=rank, kind=kind, code=code, message=message, offset=0)
+
+    def current_beat(self, group: str | None, rank: int | None, payload: Any) -> bool:
+        """Whether :meth:`check` accepts this heartbeat by its first test alone (a current
+        rank's beat: ``coordinator.fold.fencing.current_beat``); False says nothing."""
+        return current_beat(self._groups, group, rank, payload)
 
     def fence_epoch(self, group: str | None) -> int:
         """A number that changes whenever an input for a rank of ``group`` that :meth:`check`

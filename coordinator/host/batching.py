@@ -48,7 +48,11 @@ def take_batch(queue: deque[Input], max_batch: int) -> list[Input]:
     batch: list[Input] = []
     deferred: list[Input] = []
     keys: set[tuple[Any, ...]] = set()
-    touched: set[tuple[str | None, int]] = set()
+    # The ranks of the batch so far; only a rank-changing input reads it, so it is built at the
+    # first input that is not a plain one (no key, not rank-changing, not a creation). Until
+    # then every set here is empty, and a plain input simply joins the batch: nearly every
+    # batch is beats only.
+    touched: set[tuple[str | None, int]] | None = None
     changed: set[tuple[str | None, int]] = set()
     blocked: set[tuple[str | None, int]] = set()
     created: set[str | None] = set()
@@ -58,8 +62,13 @@ def take_batch(queue: deque[Input], max_batch: int) -> list[Input]:
         if item.abandoned:
             continue
         rec = item.record
-        rank = None if rec.rank is None else (rec.group, rec.rank)
         changes_rank = rec.kind in RANK_CHANGING
+        if touched is None:
+            if not changes_rank and item.key is None and rec.kind != "group_created":
+                batch.append(item)
+                continue
+            touched = {(i.record.group, i.record.rank) for i in batch if i.record.rank is not None}
+        rank = None if rec.rank is None else (rec.group, rec.rank)
         if (
             rec.group in created
             or rec.group in blocked_groups
@@ -130,15 +139,23 @@ class Admission:
         answered at once), beats set aside to share a record, and the shared records of the
         beats now due put in front. ``now`` is the loop's clock, the heartbeat buffer's."""
         accepted: list[Input] = []
+        machine = self.machine
         for item in batch:
-            outcome = self.precheck(item)
-            if outcome is not None:
-                item.answer(outcome)
-            elif item.record.kind == "heartbeat" and item.record.rank is not None:
-                item.checked = self.machine.fence_epoch(item.record.group)
-                self.beats.add(item.record.group, item.record.rank, item, now)  # type: ignore[arg-type]
-            else:
-                accepted.append(item)
+            rec = item.record
+            if not (  # nearly every input: a current rank's beat, accepted by one test
+                rec.kind == "heartbeat"
+                and item.precheck is None
+                and machine.current_beat(rec.group, rec.rank, rec.payload)
+            ):
+                outcome = self.precheck(item)
+                if outcome is not None:
+                    item.answer(outcome)
+                    continue
+                if rec.kind != "heartbeat" or rec.rank is None:
+                    accepted.append(item)
+                    continue
+            item.checked = machine.fence_epoch(rec.group)
+            self.beats.add(rec.group, rec.rank, item, now)  # type: ignore[arg-type]
         # A tick flushes every waiting beat ahead of it: no rank times out while its beat waits.
         ticking = any(item.record.kind == "tick" for item in accepted)
         shared = [
