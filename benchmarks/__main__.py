@@ -11,7 +11,7 @@ import sys
 import time
 
 import benchmarks
-from benchmarks.harness import Result, print_table, write_json
+from benchmarks.harness import Result, machine_reference_ms, print_table, write_json
 
 _NOT_BENCHES = {"harness", "report", "__main__"}
 
@@ -47,6 +47,7 @@ def main(argv: list[str] | None = None) -> int:
         ),
         "quick": args.quick,
         "load_average": round(os.getloadavg()[0], 1),
+        "reference_ms": [round(machine_reference_ms(), 2)],
     }
     results: list[Result] = []
     for name in chosen:
@@ -56,7 +57,13 @@ def main(argv: list[str] | None = None) -> int:
         got = mod.run(quick=args.quick)
         print(f"# {name} took {time.monotonic() - t0:.1f} s", file=sys.stderr, flush=True)
         results.extend(got)
+    run["reference_ms"].append(round(machine_reference_ms(), 2))
     print_table(results)
+    print(
+        f"# machine reference (benchmarks.harness.machine_reference_ms): "
+        f"{run['reference_ms'][0]} ms at the start, {run['reference_ms'][1]} ms at the end",
+        file=sys.stderr,
+    )
     if args.json:
         write_json(args.json, results, run)
     return 0

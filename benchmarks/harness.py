@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import statistics
+import time
 from dataclasses import asdict, dataclass, field
 
 
@@ -30,6 +31,27 @@ class Result:
     def as_json(self) -> dict:
         d = {k: v for k, v in asdict(self).items() if v is not None and v != {}}
         return d
+
+
+def _reference_work() -> int:
+    table: dict[str, tuple[int, list[int]]] = {}
+    for i in range(20_000):
+        table[f"k{i % 512}"] = (i, [i, i + 1])
+    return len(table)
+
+
+def machine_reference_ms(repeats: int = 7) -> float:
+    """CPU milliseconds of a fixed piece of plain Python (dicts, tuples, lists, formatting: what
+    an interpreter-bound service does), the median of ``repeats``. The machine is shared and
+    its speed drifts by several times between sessions; a run records this at its start and
+    end, so runs on different days can be compared, and a target missed on a slow day is told
+    apart from a slower program."""
+    times = []
+    for _ in range(repeats):
+        t0 = time.process_time()
+        _reference_work()
+        times.append((time.process_time() - t0) * 1e3)
+    return median(times)
 
 
 def median(xs) -> float:

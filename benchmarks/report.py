@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 #: What a run file's ``run`` object may say; ``date`` (ISO 8601, as precise as known) is required.
-RUN_FIELDS = ("date", "command", "quick", "load_average", "note")
+RUN_FIELDS = ("date", "command", "quick", "load_average", "reference_ms", "note")
 
 HERE = Path(__file__).resolve().parent
 NOT_BENCHES = {"harness", "report", "__main__", "__init__"}
@@ -57,10 +57,13 @@ REPRODUCE = """\
 ```
 
 `--quick` uses smaller sizes (e.g. replay over 200,000 records instead of 1,000,000; 3 kills
-instead of 8). `--json FILE` writes `{{"run": {{"date", "command", "quick", "load_average"}},
-"results": [{{"bench", "metric", "unit", "median", "p99"?, "baseline"?, "baseline_median"?,
-"ratio"?, "target"?, "extra"?}}]}}`; the notes column below shows each row's scalar `extra`
-values, the run file holds them all."""
+instead of 8). `--json FILE` writes `{{"run": {{"date", "command", "quick", "load_average",
+"reference_ms"}}, "results": [{{"bench", "metric", "unit", "median", "p99"?, "baseline"?,
+"baseline_median"?, "ratio"?, "target"?, "extra"?}}]}}`; the notes column below shows each
+row's scalar `extra` values, the run file holds them all. `reference_ms` is the CPU time of a
+fixed piece of plain Python (`benchmarks.harness.machine_reference_ms`) at the run's start and
+end: the shared machine's speed drifts by several times between days, and this tells a slow
+day from a slower program (runs recorded before it was added do not have it)."""
 
 #: Reference notes under a benchmark's table: how to read it, what its limits are.
 NOTES = {
@@ -215,6 +218,9 @@ def run_line(run: dict) -> str:
     bits = [f"{meta['date']}", kind]
     if "load_average" in meta:
         bits.append(f"load average {meta['load_average']} at the start")
+    if "reference_ms" in meta:
+        start, end = meta["reference_ms"]
+        bits.append(f"machine reference {start} ms at the start and {end} ms at the end")
     line = f"Recorded run: {', '.join(bits)}"
     if "command" in meta:
         line += f", `{meta['command']}`"
