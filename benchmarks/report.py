@@ -91,12 +91,16 @@ How the costs grow with N: bytes to agents per view change are constant per rank
 one rank lost, one long poll per host; the largest report and update at 65,536 ranks are bounded
 by `tests/scale/test_limits.py`); log bytes per rank-hour fall with N, since a shared heartbeat
 record costs its fixed overhead plus a rank set (a bitmap of the group at most); coordinator
-memory grows linearly; coordinator CPU per heartbeat is constant. Of it, about a quarter is the
-HTTP request (8 beats a request, about 40 us of parsing and answering one on this machine), about
-a third the API's, host's and fold's work for each beat (about 7 us, measured in process without
-HTTP), and the rest the steady state's periodic work (every host's long poll timing out each
-10 s, a snapshot each 30 s) and sharing the two cores with the simulator. At 16,384 ranks the
-heartbeats that arrive during a view change take about 40% of the coordinator's CPU over it.""",
+memory grows linearly; coordinator CPU per heartbeat is constant. It is the HTTP request (8
+beats a request: uvicorn's parsing and the connection's own answer), the API's, host's and
+fold's work for each beat (reading the batch, queueing, the pre-check, the shared record, the
+answer), the log's writer thread, and the steady state's periodic work (every host's long poll
+timing out each 10 s, a snapshot each 30 s); the simulator, on the same two cores, spends about
+as much CPU per beat as the coordinator. The view change at 16,384 ranks grows faster than N:
+the heartbeats alone keep the coordinator's core busy for most of each second (16,384 beats a
+second at the row above), and the change's own work gets what is left; in the recorded run the
+coordinator's CPU over a change (its `coordinator_cpu_s`) is most of the change's wall time.
+How fast the machine ran is in the run line (`reference_ms`).""",
 }
 
 
