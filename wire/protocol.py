@@ -113,8 +113,8 @@ _GROUP_DESCRIPTION = f"1-{QUERY.group_chars} of A-Z a-z 0-9 . _ -, starting with
 GroupName = Annotated[str, Meta(pattern=GROUP_PATTERN, description=_GROUP_DESCRIPTION)]
 #: :data:`GroupName` as an agent event carries it: the same schema, but decoding does not match
 #: the pattern; :func:`group_problem` does, once per name, for the API
-#: (``api.routes.agents``). Every heartbeat names its group, and one regular expression per
-#: event was a tenth of the coordinator's work per beat.
+#: (``api.routes.agents``). Every heartbeat names its group, and matching the pattern for
+#: each event was most of the time of decoding a batch of heartbeats.
 EventGroupName = Annotated[
     str, Meta(extra_json_schema={"pattern": GROUP_PATTERN}, description=_GROUP_DESCRIPTION)
 ]
