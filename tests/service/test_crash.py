@@ -23,7 +23,7 @@ import asyncio
 import contextlib
 import os
 import random
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import httpx
@@ -39,7 +39,11 @@ SHORT_KILLS = 3
 FULL_KILLS = int(os.environ.get("FOLDPLANE_CRASH_KILLS", "100"))
 CONFIG = {
     "heartbeat_timeout_s": 3.0,
-    "ack_timeout_s": 1.0,
+    # Longer than an agent's longest retry backoff (agent.machine.AgentConfig.retry_max_s, 2 s):
+    # a restart restarts the ACK deadline of the change in flight, and with a shorter one every
+    # rank of the change could miss it while still backing off, and the group end for good
+    # (all_ranks_lost), which would end the view changes this test counts.
+    "ack_timeout_s": 3.0,
     "admission_timeout_s": 2.0,
     "formation_timeout_s": 120.0,
     "reconcile_window_s": 0.05,
@@ -78,6 +82,9 @@ class Proposer:
 #: Acknowledged events each start of the server must see before it is killed again: the load is
 #: counted, not timed (a loaded machine acknowledges fewer events in the same time).
 ACKED_PER_START = 30
+#: Every this many starts, the start also commits a new view before it is killed: the group's
+#: progress under the kills is counted too, not left to how fast the machine is that day.
+VIEW_EVERY = 4
 
 
 async def _kill_loop(
@@ -86,14 +93,18 @@ async def _kill_loop(
     failures: list[str],
     kills: int,
     acknowledged: Callable[[], int],
+    committed: Callable[[], Awaitable[int]],
 ) -> None:
     """Kill, check the file with the replay the CLI runs (in this process: a hundred starts of
     the CLI would cost more than the kills), restart; the test's end runs the CLI itself.
 
-    Each start serves at least ``ACKED_PER_START`` acknowledged events (at most 60 s), then lives
-    on a random 0.2-1.2 s so that the kills land anywhere in the cycle."""
+    Each start serves at least ``ACKED_PER_START`` acknowledged events, and every
+    ``VIEW_EVERY``-th start commits a view (``committed``: the current view's version), each
+    within 60 s; then it lives on a random 0.2-1.2 s so that the kills land anywhere in the
+    cycle."""
     for i in range(kills):
         floor = acknowledged() + ACKED_PER_START
+        version = await committed() if i % VIEW_EVERY == 0 else None
         deadline = asyncio.get_running_loop().time() + 60
         while acknowledged() < floor:
             if asyncio.get_running_loop().time() > deadline:
@@ -102,12 +113,32 @@ async def _kill_loop(
                 )
                 return
             await asyncio.sleep(0.05)
+        while version is not None and await committed() <= version:
+            if asyncio.get_running_loop().time() > deadline:
+                failures.append(f"before kill {i + 1}: no view committed after {version} in 60 s")
+                return
+            await asyncio.sleep(0.05)
         await asyncio.sleep(rng.uniform(0.2, 1.2))
         srv.kill()
         report = await replay_log(str(srv.db))
         if not report.ok:
             failures.append(f"after kill {i + 1}: {report.divergences[:5]}")
         await asyncio.to_thread(srv.start)
+
+
+async def _current_version(client: httpx.AsyncClient, group: str) -> int:
+    """The version of the group's current view (the server may be restarting: asked again, for
+    at most 60 s)."""
+    async with asyncio.timeout(60):
+        while True:
+            try:
+                r = await client.get("/views/current", params={"group": group})
+            except httpx.HTTPError:
+                await asyncio.sleep(0.05)
+                continue
+            if r.status_code == 200:
+                return int(r.json()["version"])
+            await asyncio.sleep(0.05)
 
 
 def _acknowledged(sim: SimulatedCluster) -> list[tuple[dict[str, Any], dict[str, Any]]]:
@@ -147,7 +178,14 @@ async def test_sigkill_under_load_loses_nothing_acknowledged(tmp_path, kills):
             load = asyncio.get_running_loop().create_task(proposer.run())
             failures: list[str] = []
             try:
-                await _kill_loop(srv, rng, failures, kills, lambda: len(_acknowledged(sim)))
+                await _kill_loop(
+                    srv,
+                    rng,
+                    failures,
+                    kills,
+                    lambda: len(_acknowledged(sim)),
+                    lambda: _current_version(client, "crash"),
+                )
             finally:
                 load.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
