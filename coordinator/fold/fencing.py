@@ -11,7 +11,7 @@ the host answers with it and appends nothing. Both decide sameness by the same t
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from coordinator.fold.config import ConfigError, GroupConfig
@@ -31,7 +31,7 @@ from coordinator.fold.effects import (
     UNKNOWN_GROUP,
     Proposal,
 )
-from coordinator.fold.payloads import CHECKS
+from coordinator.fold.payloads import CHECKS, MAX_ID_LEN
 from coordinator.fold.reasons import ranks_text
 from coordinator.fold.state import FAILED, GroupState, RankInfo
 from eventlog.record import KINDS
@@ -61,11 +61,15 @@ def refusal(
     failed, then the incarnation (``stale_incarnation``, ``rank_busy``, ``rank_offline``) and,
     for ACKs, the version in flight (``stale_version``); for proposals, the idempotency key.
 
-    Nearly every input is a current rank's heartbeat; :func:`current_beat` accepts one at
-    once, and only when every check below would (``tests/fold/test_fencing.py`` holds it to
-    that), so everything else, refused or not, is decided and worded by the checks below.
+    Nearly every input is a current rank's heartbeat, and a view change brings an ACK from
+    every participant; :func:`current_beat` and :func:`current_ack` accept one of those at
+    once, and only when every check below would (``tests/fold/test_fencing.py`` holds them
+    to that), so everything else, refused or not, is decided and worded by the checks below.
     """
-    if kind == "heartbeat" and current_beat(groups, group, rank, payload):
+    if kind == "heartbeat":
+        if current_beat(groups, group, rank, payload):
+            return None
+    elif kind == "ack" and current_ack(groups, group, rank, payload):
         return None
     return checked_refusal(groups, proposals, now, kind, group, rank, payload)
 
@@ -151,6 +155,67 @@ def current_beat(
         and "ranks" not in payload
         and (version is None or (type(version) is int and version >= 0))
     )
+
+
+def current_ack(
+    groups: Mapping[str, GroupState], group: str | None, rank: int | None, payload: Any
+) -> bool:
+    """Whether this is the ACK of the version being prepared by a participant that the change
+    still counts (not dropped), from its current, not OFFLINE, incarnation, with a well-formed
+    payload: one that :func:`refusal` accepts. False says nothing (the full checks decide)."""
+    if type(payload) is not dict or type(rank) is not int or group is None:
+        return False
+    g = groups.get(group)
+    if g is None or not 0 <= rank < g.config.world_size or g.formation == FAILED:
+        return False
+    change = g.change
+    if change is None:
+        return False
+    info = g.ranks[rank]
+    incarnation = payload.get("incarnation")
+    version = payload.get("version")
+    return (
+        type(incarnation) is str
+        and 0 < len(incarnation) <= MAX_ID_LEN
+        and incarnation == info.incarnation
+        and info.state != OFFLINE
+        and type(version) is int
+        and version >= 1
+        and version == change.version
+        and rank in change.members
+        and rank not in change.dropped
+    )
+
+
+def beats_not_current(
+    groups: Mapping[str, GroupState], group: str, ranks: Sequence[int], payloads: Sequence[Any]
+) -> list[int]:
+    """The positions of the beats ``(ranks[i], payloads[i])`` of ``group`` that
+    :func:`current_beat` does not accept: the others are current. One call for an agent host's
+    beats (the group is looked up once): the same verdict as :func:`current_beat` for each."""
+    g = groups.get(group)
+    if g is None or g.formation == FAILED:
+        return list(range(len(ranks)))
+    world_size = g.config.world_size
+    infos = g.ranks
+    out: list[int] = []
+    for i, rank in enumerate(ranks):
+        payload = payloads[i]
+        if type(payload) is not dict or type(rank) is not int or not 0 <= rank < world_size:
+            out.append(i)
+            continue
+        info = infos[rank]
+        incarnation = payload.get("incarnation")
+        version = payload.get("version")
+        if not (
+            incarnation is not None
+            and incarnation == info.incarnation
+            and info.state != OFFLINE
+            and "ranks" not in payload
+            and (version is None or (type(version) is int and version >= 0))
+        ):
+            out.append(i)
+    return out
 
 
 def repeat_of(

@@ -18,7 +18,9 @@ The rules:
 - One rank beating twice within a window is one fact at the record's time: the rank is named
   once, and both beats get the record's offset.
 
-This module is plain data; the host owns it and its timing.
+This module is plain data; the host owns it and its timing. It keeps what the host hands it,
+per group, in arrival order: the host's bundles of the beats each submission brought
+(``coordinator.host.inputs.Beats``), counted by the beats they carry.
 """
 
 from __future__ import annotations
@@ -30,12 +32,13 @@ T = TypeVar("T")
 
 
 class _Waiting(Generic[T]):
-    __slots__ = ("since", "beats")
+    __slots__ = ("since", "beats", "count")
 
     def __init__(self, since: float) -> None:
         self.since = since
-        #: rank -> the beats of that rank waiting (usually one)
-        self.beats: dict[int, list[T]] = {}
+        #: what waits, in arrival order, and how many beats that is
+        self.beats: list[T] = []
+        self.count = 0
 
 
 class HeartbeatBuffer(Generic[T]):
@@ -48,12 +51,14 @@ class HeartbeatBuffer(Generic[T]):
         self._groups: dict[str, _Waiting[T]] = {}
         self.waiting = 0
 
-    def add(self, group: str, rank: int, beat: T, now: float) -> None:
+    def add(self, group: str, beats: T, count: int, now: float) -> None:
+        """``beats`` of ``group`` (``count`` of them) wait from ``now``."""
         waiting = self._groups.get(group)
         if waiting is None:
             waiting = self._groups[group] = _Waiting(now)
-        waiting.beats.setdefault(rank, []).append(beat)
-        self.waiting += 1
+        waiting.beats.append(beats)
+        waiting.count += count
+        self.waiting += count
 
     def deadline(self) -> float | None:
         """When the oldest waiting group falls due, or None when nothing waits."""
@@ -61,21 +66,23 @@ class HeartbeatBuffer(Generic[T]):
             return None
         return min(w.since for w in self._groups.values()) + self.flush_s
 
-    def take(self, now: float, *, everything: bool = False) -> list[tuple[str, dict[int, list[T]]]]:
+    def take(self, now: float, *, everything: bool = False) -> list[tuple[str, list[T]]]:
         """The groups whose beats are due (all of them with ``everything``), in group order,
         removed from the buffer."""
         due = sorted(
             g for g, w in self._groups.items() if everything or now >= w.since + self.flush_s
         )
-        out = [(g, self._groups.pop(g).beats) for g in due]
-        self.waiting -= sum(len(b) for _, beats in out for b in beats.values())
+        out = []
+        for g in due:
+            waiting = self._groups.pop(g)
+            self.waiting -= waiting.count
+            out.append((g, waiting.beats))
         return out
 
     def drain(self, fail: Callable[[T], Any]) -> None:
-        """Give up every waiting beat (the host is stopping)."""
+        """Give up everything waiting (the host is stopping)."""
         for waiting in self._groups.values():
-            for beats in waiting.beats.values():
-                for beat in beats:
-                    fail(beat)
+            for beats in waiting.beats:
+                fail(beats)
         self._groups.clear()
         self.waiting = 0

@@ -21,6 +21,7 @@ Heartbeats take a fast path that changes only liveness, so they never reach ``_s
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
 from typing import Any
 
 import msgspec
@@ -48,7 +49,13 @@ from coordinator.fold.effects import (
     ViewCommitted,
     ViewPrepare,
 )
-from coordinator.fold.fencing import current_beat, parse_group_created, refusal, repeat_of
+from coordinator.fold.fencing import (
+    beats_not_current,
+    current_beat,
+    parse_group_created,
+    refusal,
+    repeat_of,
+)
 from coordinator.fold.healthy_set import excluded_ranks
 from coordinator.fold.reasons import ranks_text
 from coordinator.fold.state import FAILED, FORMED, FORMING, Change, GroupState
@@ -143,6 +150,13 @@ class Coordinator:
         """Whether :meth:`check` accepts this heartbeat by its first test alone (a current
         rank's beat: ``coordinator.fold.fencing.current_beat``); False says nothing."""
         return current_beat(self._groups, group, rank, payload)
+
+    def beats_not_current(
+        self, group: str, ranks: Sequence[int], payloads: Sequence[Any]
+    ) -> list[int]:
+        """The positions of the beats of ``group`` that :meth:`current_beat` does not accept,
+        for many at once (``coordinator.fold.fencing.beats_not_current``)."""
+        return beats_not_current(self._groups, group, ranks, payloads)
 
     def fence_epoch(self, group: str | None) -> int:
         """A number that changes whenever an input for a rank of ``group`` that :meth:`check`

@@ -8,6 +8,7 @@ fold's state before the batch.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterable
 from typing import Any
 
 import msgspec
@@ -15,7 +16,7 @@ import msgspec
 from coordinator.fold.fencing import REPEATABLE
 from coordinator.fold.heartbeats import HeartbeatBuffer
 from coordinator.fold.machine import Coordinator
-from coordinator.host.inputs import Existing, Input, Outcome, Refusal, SharedReply
+from coordinator.host.inputs import Beats, Existing, Input, Outcome, Refusal, SharedReply
 from coordinator.host.metrics import HostMetrics
 from eventlog import NewRecord
 from eventlog.record import decode_payload, validate
@@ -67,20 +68,19 @@ def take_batch(queue: deque[Input], max_batch: int) -> list[Input]:
             if not changes_rank and item.key is None and rec.kind != "group_created":
                 batch.append(item)
                 continue
-            touched = {(i.record.group, i.record.rank) for i in batch if i.record.rank is not None}
-        rank = None if rec.rank is None else (rec.group, rec.rank)
+            touched = {rank for i in batch for rank in _ranks_of(i)}
+        ranks = _ranks_of(item)
         if (
             rec.group in created
             or rec.group in blocked_groups
             or (item.key is not None and item.key in keys)
-            or (
-                rank is not None
-                and (rank in blocked or rank in changed or (changes_rank and rank in touched))
+            or any(
+                rank in blocked or rank in changed or (changes_rank and rank in touched)
+                for rank in ranks
             )
         ):
             deferred.append(item)
-            if rank is not None:
-                blocked.add(rank)
+            blocked.update(ranks)
             if item.key is not None:
                 keys.add(item.key)
             if rec.kind == "group_created":
@@ -88,15 +88,22 @@ def take_batch(queue: deque[Input], max_batch: int) -> list[Input]:
             continue
         if item.key is not None:
             keys.add(item.key)
-        if rank is not None:
-            touched.add(rank)
-            if changes_rank:
-                changed.add(rank)
+        touched.update(ranks)
+        if changes_rank:
+            changed.update(ranks)
         if rec.kind == "group_created":
             created.add(rec.group)
         batch.append(item)
     queue.extendleft(reversed(deferred))
     return batch
+
+
+def _ranks_of(item: Input) -> list[tuple[str | None, int]]:
+    """The ranks an input is about (a bundle of beats: each beat's)."""
+    group = item.record.group
+    if item.beats is not None:
+        return [(group, rank) for rank in item.beats.ranks]
+    return [] if item.record.rank is None else [(group, item.record.rank)]
 
 
 class Admission:
@@ -139,29 +146,27 @@ class Admission:
         answered at once), beats set aside to share a record, and the shared records of the
         beats now due put in front. ``now`` is the loop's clock, the heartbeat buffer's."""
         accepted: list[Input] = []
-        machine = self.machine
         for item in batch:
-            rec = item.record
-            if not (  # nearly every input: a current rank's beat, accepted by one test
-                rec.kind == "heartbeat"
-                and item.precheck is None
-                and machine.current_beat(rec.group, rec.rank, rec.payload)
-            ):
-                outcome = self.precheck(item)
-                if outcome is not None:
-                    item.answer(outcome)
+            beats = item.beats
+            if beats is None:
+                rec = item.record
+                if rec.kind != "heartbeat" or rec.rank is None or rec.group is None:
+                    outcome = self.precheck(item)
+                    if outcome is not None:
+                        item.answer(outcome)
+                    else:
+                        accepted.append(item)
                     continue
-                if rec.kind != "heartbeat" or rec.rank is None:
-                    accepted.append(item)
-                    continue
-            item.checked = machine.fence_epoch(rec.group)
-            self.beats.add(rec.group, rec.rank, item, now)  # type: ignore[arg-type]
+                beats = _alone(item)  # a beat submitted on its own: a bundle of one
+            self.check_beats(beats)
+            if beats.ranks:
+                self.beats.add(beats.group, beats, len(beats), now)
         # A tick flushes every waiting beat ahead of it: no rank times out while its beat waits.
         ticking = any(item.record.kind == "tick" for item in accepted)
         shared = [
             item
-            for group, beats in self.beats.take(now, everything=ticking)
-            if (item := self.shared_beats(group, beats)) is not None
+            for group, waiting in self.beats.take(now, everything=ticking)
+            if (item := self.shared_beats(group, waiting)) is not None
         ]
         # Ahead of the batch (they were checked against the state before it), but never ahead
         # of the resumed tick, the first input of a term (see ``Host.start``).
@@ -172,34 +177,63 @@ class Admission:
         accepted[at:at] = shared
         return accepted
 
-    def shared_beats(self, group: str, beats: dict[int, list[Input]]) -> Input | None:
+    def check_beats(self, beats: Beats) -> None:
+        """Check each beat of a bundle against the fold as it stands: the current ones (nearly
+        all) by one test each (``Coordinator.beats_not_current``), the others by the full
+        checks; a refused beat is answered at once and leaves the bundle."""
+        machine = self.machine
+        group = beats.group
+        if beats.precheck is None:
+            suspects: Iterable[int] = machine.beats_not_current(group, beats.ranks, beats.payloads)
+        else:
+            suspects = range(len(beats))
+        refused: dict[int, Outcome] = {}
+        for i in suspects:
+            record = NewRecord(
+                kind="heartbeat", group=group, rank=beats.ranks[i], payload=beats.payloads[i]
+            )
+            outcome = self.precheck(Input(record, b"", beats.reply, -1, None, beats.precheck, 0.0))
+            if outcome is not None:
+                refused[i] = outcome
+        if refused:
+            beats.refuse(refused)
+        beats.checked = machine.fence_epoch(group)
+
+    def shared_beats(self, group: str, waiting: list[Beats]) -> Input | None:
         """One ``heartbeat`` record for the beats of ``group`` that waited together, each
         checked again against the state the record will be folded on (unless nothing that a
         beat's check reads has changed since its first: ``Coordinator.fence_epoch``); None
         when none of them is still current."""
-        ranks: list[int] = []
-        kept: list[Input] = []
+        ranks: set[int] = set()
+        kept: list[Beats] = []
+        count = 0
         epoch = self.machine.fence_epoch(group)
-        for rank, items in beats.items():
-            current = False
-            for item in items:
-                if item.abandoned:
-                    continue
-                if item.checked != epoch or item.precheck is not None:
-                    if (outcome := self.precheck(item)) is not None:
-                        item.answer(outcome)
-                        continue
-                    item.checked = epoch
-                kept.append(item)
-                current = True
-            if current:
-                ranks.append(rank)
-        if not ranks:
+        for beats in waiting:
+            if beats.abandoned:
+                continue
+            if beats.checked != epoch or beats.precheck is not None:
+                self.check_beats(beats)
+            if not beats.ranks:
+                continue
+            kept.append(beats)
+            ranks.update(beats.ranks)
+            count += len(beats)
+        if not kept:
             return None
         record = NewRecord(
             kind="heartbeat", group=group, rank=None, payload={"ranks": rank_sets.encode(ranks)}
         )
         payload_bytes = validate(record)
         record = msgspec.structs.replace(record, payload=decode_payload(payload_bytes))
-        self.metrics.heartbeats += len(kept)
-        return Input(record, payload_bytes, SharedReply(kept), 0, None, None, kept[0].arrived)
+        self.metrics.heartbeats += count
+        arrived = min(beats.arrived for beats in kept)
+        return Input(record, payload_bytes, SharedReply(kept), 0, None, None, arrived)
+
+
+def _alone(item: Input) -> Beats:
+    """A heartbeat input as a bundle of its one beat."""
+    rec = item.record
+    assert rec.group is not None and rec.rank is not None
+    beats = Beats(rec.group, item.reply, item.arrived, item.precheck)  # type: ignore[arg-type]
+    beats.add(rec.rank, rec.payload, item.index)
+    return beats

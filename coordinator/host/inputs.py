@@ -1,19 +1,24 @@
 """An input's way through the host: what it gets back, and how it waits in the queue for it.
 
-A request hands the host one or more records; each becomes an :class:`Input` queued for the loop,
-and each gets one :data:`Outcome` once its batch is carried out (or an exception when the host
-cannot take it: :class:`HostUnavailable`).
+A request hands the host one or more records; they are queued for the loop as :class:`Input` s
+(:func:`queue_submission`: a run of heartbeats is one), and each record gets one :data:`Outcome`
+once its batch is carried out (or an exception when the host cannot take it:
+:class:`HostUnavailable`).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
+
 from coordinator.fold.machine import Coordinator
-from eventlog import NewRecord
+from eventlog import InvalidRecord, NewRecord
+from eventlog.record import decode_payload, validate
 
 # -- what an input gets back ------------------------------------------------------------------
 
@@ -83,6 +88,17 @@ class Reply:
         if self.remaining == 0:
             self.future.set_result(self.results)
 
+    def set_many(self, indices: list[int], outcome: Outcome) -> None:
+        """The same outcome at several places (the beats of one shared record)."""
+        if self.future.done():
+            return
+        results = self.results
+        for index in indices:
+            results[index] = outcome
+        self.remaining -= len(indices)
+        if self.remaining == 0:
+            self.future.set_result(results)
+
     def fail(self, exc: BaseException) -> None:
         if not self.future.done():
             self.future.set_exception(exc)
@@ -91,31 +107,94 @@ class Reply:
         return self.future.done()
 
 
+class Beats:
+    """The heartbeats of one group that one submission (an agent host's batch) brought, in a row:
+    they go through the host as one input, to one shared record, and get its outcome together.
+    Each beat is still checked on its own (``batching.Admission``): one that the fold refuses is
+    answered with its refusal and leaves the bundle, the others go on.
+
+    ``ranks[i]`` beat with ``payloads[i]`` (``{"incarnation", "version"?}``), which answers the
+    submission's ``indices[i]``. ``checked`` is the group's ``fence_epoch`` when the fold last
+    accepted them, -1 before; ``precheck`` a caller's own check (a beat submitted with one);
+    ``arrived`` when they did (loop clock)."""
+
+    __slots__ = (
+        "group",
+        "reply",
+        "arrived",
+        "ranks",
+        "payloads",
+        "indices",
+        "checked",
+        "precheck",
+    )
+
+    def __init__(
+        self, group: str, reply: Reply, arrived: float, precheck: Precheck | None = None
+    ) -> None:
+        self.group = group
+        self.reply = reply
+        self.arrived = arrived
+        self.ranks: list[int] = []
+        self.payloads: list[dict[str, Any]] = []
+        self.indices: list[int] = []
+        self.checked = -1
+        self.precheck = precheck
+
+    def add(self, rank: int, payload: dict[str, Any], index: int) -> None:
+        self.ranks.append(rank)
+        self.payloads.append(payload)
+        self.indices.append(index)
+
+    def __len__(self) -> int:
+        return len(self.ranks)
+
+    @property
+    def abandoned(self) -> bool:
+        return self.reply.done()
+
+    def refuse(self, refused: dict[int, Outcome]) -> None:
+        """Answer the beats at these positions with their outcomes and drop them."""
+        keep = [i for i in range(len(self.ranks)) if i not in refused]
+        for position, outcome in refused.items():
+            self.reply.set(self.indices[position], outcome)
+        self.ranks = [self.ranks[i] for i in keep]
+        self.payloads = [self.payloads[i] for i in keep]
+        self.indices = [self.indices[i] for i in keep]
+
+    def answer(self, outcome: Outcome) -> None:
+        self.reply.set_many(self.indices, outcome)
+
+    def fail(self, exc: BaseException) -> None:
+        self.reply.fail(exc)
+
+
 class SharedReply:
     """The reply of a shared heartbeat record: every beat in it gets the record's outcome."""
 
     __slots__ = ("beats",)
 
-    def __init__(self, beats: list[Input]) -> None:
+    def __init__(self, beats: list[Beats]) -> None:
         self.beats = beats
 
     def set(self, index: int, outcome: Outcome) -> None:
-        for beat in self.beats:
-            beat.answer(outcome)
+        for beats in self.beats:
+            beats.answer(outcome)
 
     def fail(self, exc: BaseException) -> None:
-        for beat in self.beats:
-            beat.fail(exc)
+        for beats in self.beats:
+            beats.fail(exc)
 
     def done(self) -> bool:
-        return all(beat.abandoned for beat in self.beats)
+        return all(beats.abandoned for beats in self.beats)
 
 
 @dataclass(slots=True)
 class Input:
     """One queued input: the record (validated; ``payload_bytes`` is its encoded payload), where
-    its outcome goes, its idempotency ``key`` and ``precheck``, when it arrived (loop clock),
-    and when the fold last accepted it."""
+    its outcome goes, its idempotency ``key`` and ``precheck``, and when it arrived (loop clock).
+    A submission's heartbeats in a row are one input, ``beats`` (its record is a ``heartbeat``
+    of the group with no rank, standing for them; never appended as it is)."""
 
     record: NewRecord
     payload_bytes: bytes
@@ -124,9 +203,7 @@ class Input:
     key: tuple[Any, ...] | None
     precheck: Precheck | None
     arrived: float
-    #: the group's ``fence_epoch`` when the fold last accepted it (a heartbeat waiting for
-    #: its shared record); -1: never checked
-    checked: int = -1
+    beats: Beats | None = None
 
     @property
     def abandoned(self) -> bool:
@@ -137,3 +214,51 @@ class Input:
 
     def fail(self, exc: BaseException) -> None:
         self.reply.fail(exc)
+
+
+def queue_submission(
+    queue: deque[Input],
+    records: Sequence[NewRecord],
+    reply: Reply,
+    key: tuple[Any, ...] | None,
+    precheck: Precheck | None,
+    now: float,
+    *,
+    normalized: bool,
+) -> None:
+    """Queue one submission's records for the loop (``Host.submit_many``), each validated on
+    arrival: an invalid one is answered at once. Its heartbeats in a row, of one group, become
+    one :class:`Beats` input; everything else an input of its own, in the submission's order.
+
+    ``normalized``: each payload already equals what decoding its JSON gives back, so the fold
+    may take it as it is; otherwise the fold gets the decoded JSON, exactly what a reader of
+    the log decodes. A beat is never appended as it is (it waits for a shared record, which is
+    validated when it is built), so a normalized beat is not encoded at all."""
+    beats: Beats | None = None
+    for index, record in enumerate(records):
+        heartbeat = (
+            record.kind == "heartbeat"
+            and record.rank is not None
+            and record.group is not None
+            and key is None
+            and precheck is None
+        )
+        if not (heartbeat and normalized):
+            try:
+                payload_bytes = validate(record)
+            except InvalidRecord as exc:
+                reply.set(index, Refusal("invalid_event", str(exc)))
+                beats = None
+                continue
+            if not normalized:
+                record = msgspec.structs.replace(record, payload=decode_payload(payload_bytes))
+        if heartbeat:
+            group = record.group
+            if beats is None or beats.group != group:
+                beats = Beats(group, reply, now)  # type: ignore[arg-type]
+                stand_in = NewRecord(kind="heartbeat", group=group, rank=None, payload={})
+                queue.append(Input(stand_in, b"", reply, -1, None, None, now, beats))
+            beats.add(record.rank, record.payload, index)  # type: ignore[arg-type]
+            continue
+        beats = None
+        queue.append(Input(record, payload_bytes, reply, index, key, precheck, now))

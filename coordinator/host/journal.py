@@ -105,6 +105,11 @@ class UpdateJournals:
         self._ranks: dict[tuple[str, int], _Journal] = {}
         self._world: dict[str, int] = {}
         self._delivered: dict[tuple[str, int], int] = {}
+        #: per group, the newest offset published to any of its ranks' journals and the highest
+        #: floor among them: a reader after both needs none of those journals (nearly every
+        #: reader: a rank's own updates are rare beside the group's)
+        self._ranks_top: dict[str, int] = {}
+        self._ranks_floor: dict[str, int] = {}
         self._waiting: dict[str, dict[asyncio.Future[None], None]] = {}
         self._releasing: deque[asyncio.Future[None]] = deque()
         self._share = 0
@@ -149,6 +154,8 @@ class UpdateJournals:
         for dropped in journal.append(update["offset"], encoded(update), self._rank_limit):
             if self._delivered.get(key, -1) < dropped:
                 self.undelivered += 1
+        self._ranks_top[group] = max(self._ranks_top.get(group, 0), update["offset"])
+        self._ranks_floor[group] = max(self._ranks_floor.get(group, 0), journal.floor)
         self._dirty.add(group)
 
     def wake(self) -> None:
@@ -200,9 +207,10 @@ class UpdateJournals:
         floors = [self._start_floor]
         if (journal := self._groups.get(group)) is not None:
             floors.append(journal.floor)
-        for rank in ranks:
-            if (journal := self._ranks.get((group, rank))) is not None:
-                floors.append(journal.floor)
+        if self._ranks_floor.get(group, 0) > self._start_floor:
+            for rank in ranks:
+                if (journal := self._ranks.get((group, rank))) is not None:
+                    floors.append(journal.floor)
         return max(floors)
 
     def since(self, group: str, ranks: Sequence[int], after: int) -> list[Update] | None:
@@ -219,9 +227,10 @@ class UpdateJournals:
         merged: list[Entry] = []
         if (journal := self._groups.get(group)) is not None:
             merged.extend(journal.since(after))
-        for rank in ranks:
-            if (journal := self._ranks.get((group, rank))) is not None:
-                merged.extend(journal.since(after))
+        if after < self._ranks_top.get(group, 0):
+            for rank in ranks:
+                if (journal := self._ranks.get((group, rank))) is not None:
+                    merged.extend(journal.since(after))
         if len(merged) > 1:
             merged.sort(key=_offset)  # stable: updates of one offset keep their publish order
         visible = self._visible

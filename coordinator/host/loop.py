@@ -48,6 +48,7 @@ from coordinator.host.inputs import (
     Precheck,
     Refusal,
     Reply,
+    queue_submission,
 )
 from coordinator.host.journal import UpdateJournals
 from coordinator.host.metrics import HostMetrics
@@ -57,8 +58,8 @@ from coordinator.host.ready import HostState, Ready, ReadyBuilder, publish
 from coordinator.host.rows import ProjectionRows
 from coordinator.host.snapshots import CONSUMER, SNAPSHOT_FORMAT, Snapshots, restore_state
 from coordinator.host.ticks import Ticker
-from eventlog import InvalidRecord, Log, LogError, NewRecord, Record, StaleTermError, open_log
-from eventlog.record import READ_PAGE, Encoded, decode_payload, validate
+from eventlog import Log, LogError, NewRecord, Record, StaleTermError, open_log
+from eventlog.record import READ_PAGE, Encoded
 
 __all__ = [
     "CONSUMER",
@@ -367,23 +368,9 @@ class Host:
             raise self._unavailable
         loop = asyncio.get_running_loop()
         reply = Reply(loop.create_future(), len(records))
-        now = loop.time()
-        queue = self.queue
-        for index, record in enumerate(records):
-            if normalized and record.kind == "heartbeat" and record.rank is not None:
-                # A beat is never appended as it is: it waits for a shared record, which is
-                # validated when it is built. Only the fold's check applies to the beat itself.
-                queue.append(Input(record, b"", reply, index, key, precheck, now))
-                continue
-            try:
-                payload_bytes = validate(record)
-            except InvalidRecord as exc:
-                reply.set(index, Refusal("invalid_event", str(exc)))
-                continue
-            if not normalized:
-                # What the fold sees must be exactly what a reader of the log decodes.
-                record = msgspec.structs.replace(record, payload=decode_payload(payload_bytes))
-            queue.append(Input(record, payload_bytes, reply, index, key, precheck, now))
+        queue_submission(
+            self.queue, records, reply, key, precheck, loop.time(), normalized=normalized
+        )
         self._has_input.set()
         return reply.future
 
@@ -433,28 +420,13 @@ class Host:
         *,
         view: int | None = None,
     ) -> UpdatesAnswer:
-        if after > self._applied:
-            # The reader has seen offsets this log never reached: the log was restored from an
-            # older copy. Nothing after ``after`` will ever come; start the reader afresh.
-            log.warning(
-                "an agent of group %r resumes after offset %d, past this log's head %d: "
-                "the log was restored from an older copy; the agent resyncs",
-                group,
-                after,
-                self._applied,
-            )
-            return self._resync(group, ranks, None, restored=True)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         journals = self.journals
         while True:
-            got = journals.entries_since(group, ranks, after)
-            if got is None:
-                return self._resync(group, ranks, view)
-            if got:
-                next_after = got[-1][0]
-                journals.mark_delivered(group, ranks, next_after)
-                return UpdatesAnswer([raw for _, raw in got], next_after, False)
+            answer = self.updates_now(group, ranks, after, view=view)
+            if answer is not None:
+                return answer
             remaining = deadline - loop.time()
             if remaining <= 0 or self._unavailable is not None or self._draining:
                 return UpdatesAnswer([], max(after, self._applied), False)
@@ -466,6 +438,33 @@ class Host:
             finally:
                 expiry.cancel()
                 journals.forget(group, waiter)
+
+    def updates_now(
+        self, group: str, ranks: Sequence[int], after: int, *, view: int | None = None
+    ) -> UpdatesAnswer | None:
+        """What concerns ``ranks`` of ``group`` after ``after`` as it stands: the updates, a
+        resync, or None when nothing is there yet (the reader then waits on
+        ``journals.waiter(group)``: the long poll, and the host channel's pushes)."""
+        if after > self._applied:
+            # The reader has seen offsets this log never reached: the log was restored from an
+            # older copy. Nothing after ``after`` will ever come; start the reader afresh.
+            log.warning(
+                "an agent of group %r resumes after offset %d, past this log's head %d: "
+                "the log was restored from an older copy; the agent resyncs",
+                group,
+                after,
+                self._applied,
+            )
+            return self._resync(group, ranks, None, restored=True)
+        journals = self.journals
+        got = journals.entries_since(group, ranks, after)
+        if got is None:
+            return self._resync(group, ranks, view)
+        if got:
+            next_after = got[-1][0]
+            journals.mark_delivered(group, ranks, next_after)
+            return UpdatesAnswer([raw for _, raw in got], next_after, False)
+        return None
 
     def _resync(
         self, group: str, ranks: Sequence[int], view: int | None, *, restored: bool = False

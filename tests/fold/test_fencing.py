@@ -1,6 +1,7 @@
-"""``fencing.current_beat``, the heartbeat fast path of ``refusal``: it accepts only what the
-full checks (``checked_refusal``) accept, in every state a group passes through, and it does
-accept the ordinary beat, so the fast path is the one taken."""
+"""``fencing.current_beat`` and ``fencing.current_ack``, the fast paths of ``refusal`` for
+heartbeats and ACKs: each accepts only what the full checks (``checked_refusal``) accept, in
+every state a group passes through, and each does accept the ordinary input, so the fast path
+is the one taken. ``beats_not_current`` gives ``current_beat``'s verdicts for many beats."""
 
 from __future__ import annotations
 
@@ -9,7 +10,13 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from coordinator.fold.fencing import checked_refusal, current_beat, refusal
+from coordinator.fold.fencing import (
+    beats_not_current,
+    checked_refusal,
+    current_ack,
+    current_beat,
+    refusal,
+)
 from tests.fold.script import Script
 
 WS = 3
@@ -23,8 +30,11 @@ def _states() -> list[tuple[str, Script]]:
         ("create", lambda s: s.create("g", WS, heartbeat_timeout_s=1.0)),
         *[(f"join {r}", lambda s, r=r: s.join(r)) for r in range(WS)],
         *[(f"links {r}", lambda s, r=r: s.links(r)) for r in range(WS)],
+        ("ack 0", lambda s: s.ack(0, 1)),
         ("ack all", lambda s: s.ack_all()),
         ("links 1 down 2", lambda s: s.links(1, down=(2,))),
+        ("window passes", lambda s: (s.at(0.5), s.tick())),
+        ("ack 1 of the change", lambda s: s.ack(1, s.m._groups["g"].change.version)),
         ("exit 2", lambda s: s.exit(2)),
         ("rejoin 2", lambda s: s.join(2)),
         ("replace 1", lambda s: s.join(1, incarnation="g-1-b")),
@@ -91,7 +101,27 @@ def test_the_fast_path_accepts_only_what_the_checks_accept(case) -> None:
     m = script.m
     args = (m._groups, m._proposals, m._now, "heartbeat", group, rank, payload)
     checked = checked_refusal(*args)
-    if current_beat(m._groups, group, rank, payload):
+    fast = current_beat(m._groups, group, rank, payload)
+    if fast:
+        assert checked is None, (name, group, rank, payload, checked)
+    assert refusal(*args) == checked
+    if group is not None:  # the verdict for many beats at once is the same, beat by beat
+        many = beats_not_current(m._groups, group, [rank, rank], [payload, payload])
+        assert many == ([] if fast else [0, 1])
+
+
+@settings(max_examples=4000, deadline=None)
+@given(case=inputs())
+def test_the_ack_fast_path_accepts_only_what_the_checks_accept(case) -> None:
+    name, script, group, rank, payload = case
+    m = script.m
+    g = m._groups.get("g")
+    has_version = isinstance(payload, dict) and "version" in payload
+    if has_version and g is not None and g.change and payload["version"] == 1:
+        payload = {**payload, "version": g.change.version}  # often the version being prepared
+    args = (m._groups, m._proposals, m._now, "ack", group, rank, payload)
+    checked = checked_refusal(*args)
+    if current_ack(m._groups, group, rank, payload):
         assert checked is None, (name, group, rank, payload, checked)
     assert refusal(*args) == checked
 
@@ -116,3 +146,22 @@ def test_an_ordinary_beat_takes_the_fast_path() -> None:
                 assert fast == (checked is None), (name, rank, payload, checked)
                 taken += fast
     assert taken >= 30
+
+
+def test_an_ordinary_ack_takes_the_fast_path() -> None:
+    """In every state with a change in flight, each rank's ACK of the version being prepared,
+    as its current incarnation, is accepted by the fast path exactly when the checks accept
+    it; and that happens in several states."""
+    taken = 0
+    for name, script in STATES:
+        m = script.m
+        g = m._groups.get("g")
+        if g is None or g.change is None:
+            continue
+        for rank in range(WS):
+            payload = {"incarnation": g.ranks[rank].incarnation, "version": g.change.version}
+            fast = current_ack(m._groups, "g", rank, payload)
+            checked = checked_refusal(m._groups, m._proposals, m._now, "ack", "g", rank, payload)
+            assert fast == (checked is None), (name, rank, payload, checked)
+            taken += fast
+    assert taken >= 6

@@ -145,18 +145,18 @@ async def test_a_waiting_beat_is_checked_again_only_if_its_group_changed_meanwhi
     script.form("g", 3)
     admit = admission(script)
     checks: list[int | None] = []
-    check, current_beat = script.m.check, script.m.current_beat
+    check, not_current = script.m.check, script.m.beats_not_current
 
     def counted(kind: str, group: str | None, rank: int | None, payload: Any) -> Any:
         checks.append(rank)
         return check(kind, group, rank, payload)
 
-    def counted_beat(group: str | None, rank: int | None, payload: Any) -> bool:
-        checks.append(rank)  # the check's first test, alone (a current rank's beat)
-        return current_beat(group, rank, payload)
+    def counted_beats(group: str, ranks: list[int], payloads: list[Any]) -> list[int]:
+        checks.extend(ranks)  # the check's first test, alone (a current rank's beat), for each
+        return not_current(group, ranks, payloads)
 
     script.m.check = counted  # type: ignore[method-assign]
-    script.m.current_beat = counted_beat  # type: ignore[method-assign]
+    script.m.beats_not_current = counted_beats  # type: ignore[method-assign]
     beats = queued(rec("heartbeat", 0, incarnation="g-0-a")) + queued(
         rec("heartbeat", 1, incarnation="g-1-a")
     )

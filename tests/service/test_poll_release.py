@@ -77,9 +77,10 @@ async def test_with_inputs_queued_woken_polls_are_answered_a_share_per_batch(
         after = await _joined(host)
         tasks, answered_at = await _polls(host, after)
         # the links form the group (a view_prepare for every rank); the heartbeats queued
-        # behind them come in batches of two
-        beats = [rec("heartbeat", r % 2) for r in range(6)]
-        outcomes = await host.submit_many([links(0), links(1), *beats])
+        # behind them, each from a host of its own (an input each), come in batches of two
+        queued = [host.enqueue_many([links(0), links(1)])]
+        queued += [host.enqueue_many([rec("heartbeat", r % 2)]) for r in range(6)]
+        outcomes = [o for answers in await asyncio.gather(*queued) for o in answers]
         assert all(isinstance(o, Appended) for o in outcomes), outcomes
         for types in await asyncio.gather(*tasks):
             assert "view_prepare" in types

@@ -82,13 +82,13 @@ from agent.machine import (
 from coordinator.fold.machine import Coordinator
 from coordinator.fold.projections import rows_for
 from coordinator.host.batching import MAX_BATCH, take_batch
-from coordinator.host.inputs import Input
+from coordinator.host.inputs import Input, queue_submission
 from coordinator.host.journal import UpdateJournals, decoded
 from coordinator.host.loop import Appended, Existing, Host, Refusal, UpdatesAnswer
 from coordinator.host.polls import resync_answer
 from coordinator.host.ready import HostState, publish
 from coordinator.host.snapshots import decode_snapshot, encode_snapshot
-from eventlog.record import NewRecord, Record, decode_payload, validate
+from eventlog.record import NewRecord, Record
 from tests.sim.invariants import Invariants, Violation
 
 S = 1_000_000_000
@@ -249,6 +249,10 @@ class _Request:
         if self.remaining == 0:
             self.world.answer(self)
 
+    def set_many(self, indices: list[int], outcome: Any) -> None:
+        for index in indices:
+            self.set(index, outcome)
+
     def fail(self, exc: BaseException) -> None:
         self.dead = True
 
@@ -312,15 +316,13 @@ class SimHost:
         key: tuple[Any, ...] | None,
         precheck: Any = None,
     ) -> None:
-        """``Host._enqueue``: validate on arrival, queue for the loop."""
+        """``Host._enqueue``: validate on arrival, queue for the loop (the host's own
+        ``queue_submission``: a run of heartbeats is one input)."""
         if req is None:
             req = _Request(self.world, None, 0, records, EVENTS)
-        for index, rec in enumerate(records):
-            payload_bytes = validate(rec)
-            rec = msgspec.structs.replace(rec, payload=decode_payload(payload_bytes))
-            self.host.queue.append(
-                Input(rec, payload_bytes, req, index, key, precheck, self.world.now / S)
-            )
+        queue_submission(
+            self.host.queue, records, req, key, precheck, self.world.now / S, normalized=False
+        )
         self.wake(self.world.now + MS)
 
     def wake(self, at: int) -> None:
