@@ -76,6 +76,8 @@ def error_response(
     body = {"error": code, "detail": detail, **extra}
     if status == 401:
         headers = {**(headers or {}), "WWW-Authenticate": "Bearer"}
+    elif status == 426:  # the host channel's WebSocket version (RFC 6455)
+        headers = {**(headers or {}), "Sec-WebSocket-Version": "13"}
     return Response(msgspec.json.encode(body), status, headers, media_type="application/json")
 
 

@@ -50,6 +50,7 @@ class Limits:
     max_page_bytes: int = 4 << 20
     request_timeout_s: float = 10.0
     keep_alive_s: float = 5.0
+    channel_idle_s: float = 60.0
     max_connections: int = 8192
     max_header_bytes: int = 65_536
 
@@ -154,6 +155,16 @@ LIMITS: tuple[LimitDoc, ...] = (
         "seconds an idle keep-alive connection stays open between two requests",
         "closed",
         0.05,
+        3600,
+    ),
+    LimitDoc(
+        "channel_idle_s",
+        "--channel-idle-s",
+        "FOLDPLANE_CHANNEL_IDLE_S",
+        "seconds an agent host channel (GET /agents/channel) stays open without receiving a "
+        "frame; the agents' hosts ping after a third of it",
+        "closed (1001)",
+        1,
         3600,
     ),
     LimitDoc(

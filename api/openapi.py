@@ -32,6 +32,7 @@ _DESCRIPTIONS = {
     413: "Body too large (--max-body-bytes)",
     415: "The body is not declared application/json",
     422: "Malformed request: the detail names the field",
+    426: "Not a WebSocket upgrade (the host channel is one)",
     429: "Over a server limit (--max-groups, --max-ranks)",
     503: "Not the leader, or shutting down",
 }

@@ -18,7 +18,9 @@ is uvicorn's httptools protocol with three limits of ``api.limits.Limits``:
 It also answers the agents' two hot paths itself (``api.fastpath.OnConnection``): a plain
 ``POST /agents/events`` or ``GET /agents/updates`` does not go through the ASGI application; its
 answer is written in one write, and the connection then goes on as uvicorn's own cycle would
-(keep-alive or close, the next pipelined request).
+(keep-alive or close, the next pipelined request). And it opens the agent host channel: a
+WebSocket upgrade of ``GET /agents/channel`` hands the connection to ``api.channel``, whose
+limits are the same (a frame's deadline is the request's, a message's size the body's).
 """
 
 from __future__ import annotations
@@ -27,8 +29,10 @@ import asyncio
 import contextlib
 import signal
 from collections.abc import Callable, Iterator
+from http import HTTPStatus
 from typing import Any
 
+import httptools
 import msgspec
 import uvicorn
 from uvicorn.protocols.http.flow_control import HIGH_WATER_LIMIT
@@ -38,9 +42,13 @@ from uvicorn.protocols.http.httptools_impl import (
     RequestResponseCycle,
 )
 
+from api import channel
+from api.errors import ApiError
 from api.fastpath import Answer, OnConnection
 from api.limits import Limits
 from api.routes.agents import UpdatesQuery
+from coordinator.auth import AuthError
+from coordinator.host.loop import HostUnavailable
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -71,20 +79,18 @@ class Server(uvicorn.Server):
                 signal.signal(sig, handler)
 
 
-_REASONS = {
-    408: b"Request Timeout",
-    431: b"Request Header Fields Too Large",
-    503: b"Service Unavailable",
-}
-
-
-def _raw_error(status: int, code: str, detail: str) -> bytes:
-    """A whole HTTP response in the one error shape, written before any request was read."""
-    body = msgspec.json.encode({"error": code, "detail": detail})
-    extra = b"retry-after: 1\r\n" if status == 503 else b""
+def _raw_error(status: int, code: str, detail: str, **fields: Any) -> bytes:
+    """A whole HTTP response in the one error shape, for a connection that closes after it (a
+    refused connection, or a refused channel opening)."""
+    body = msgspec.json.encode({"error": code, "detail": detail, **fields})
+    extra = {
+        401: b"www-authenticate: Bearer\r\n",
+        426: b"sec-websocket-version: 13\r\n",
+        503: b"retry-after: 1\r\n",
+    }.get(status, b"")
     return b"".join(
         [
-            b"HTTP/1.1 %d %s\r\n" % (status, _REASONS[status]),
+            b"HTTP/1.1 %d %s\r\n" % (status, HTTPStatus(status).phrase.encode()),
             b"content-type: application/json\r\n",
             b"content-length: %d\r\n" % len(body),
             extra,
@@ -156,8 +162,56 @@ class GuardedHttp(HttpToolsProtocol):
     # Once a connection is refused, whatever else its client sends is dropped unread.
 
     def data_received(self, data: bytes) -> None:
-        if not self._refused:
-            super().data_received(data)
+        """uvicorn's, but for the upgrade of a channel: the bytes after its request go to it."""
+        if self._refused:
+            return
+        self._unset_keepalive_if_required()
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError:
+            self.send_400_response("Invalid HTTP request received.")
+        except httptools.HttpParserUpgrade as upgrade:
+            if self._should_upgrade():
+                self._open_channel(data[upgrade.args[0] :] if upgrade.args else b"")
+            else:
+                self._unsupported_upgrade_warning()
+
+    def _should_upgrade(self) -> bool:
+        """The only upgrade this server takes: a WebSocket to the agent host channel (uvicorn's
+        own WebSocket support is off: ``config``)."""
+        return self._get_upgrade() == b"websocket" and self.url.partition(b"?")[0] == channel.PATH
+
+    def _open_channel(self, leftover: bytes) -> None:
+        """Answer the channel's opening request: refused (an error, then close), or the
+        ``101`` and the connection handed to the channel."""
+        self._disarm()
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+        limits = self.limits
+        try:
+            opened = channel.accept(
+                self.app.state,
+                self.scope["method"],
+                self.url,
+                self.headers,
+                max_message=limits.max_body_bytes,
+                max_depth=limits.max_json_depth,
+                frame_timeout_s=limits.request_timeout_s,
+                idle_s=limits.channel_idle_s,
+                on_close=self.connections.discard,
+            )
+        except (ApiError, AuthError, HostUnavailable) as exc:
+            status, fields = _refusal(exc)
+            self._refused = True
+            self.transport.write(_raw_error(status, **fields))
+            self.transport.close()
+            return
+        self.connections.discard(self)
+        self.connections.add(opened.channel)
+        self.transport.write(opened.response)
+        self.transport.set_protocol(opened.channel)
+        opened.channel.start(self.transport, leftover)
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
@@ -324,6 +378,17 @@ class GuardedHttp(HttpToolsProtocol):
             self.transport.close()
 
 
+def _refusal(exc: Exception) -> tuple[int, dict[str, Any]]:
+    """The status and error fields of a refused channel opening."""
+    if isinstance(exc, ApiError):
+        return exc.status, {"code": exc.code, "detail": exc.detail, **exc.extra}
+    if isinstance(exc, AuthError):
+        return exc.status, {"code": exc.code, "detail": exc.detail}
+    assert isinstance(exc, HostUnavailable)
+    extra = {"leader": getattr(exc, "leader", None)} if exc.code == "not_leader" else {}
+    return 503, {"code": exc.code, "detail": exc.detail, **extra}
+
+
 def guarded_http(limits: Limits) -> type[GuardedHttp]:
     """The protocol class for these limits (uvicorn makes one protocol per connection)."""
     return type("GuardedHttp", (GuardedHttp,), {"limits": limits})
@@ -342,6 +407,7 @@ def config(
         port=port,
         log_level=log_level,
         http=guarded_http(limits),
+        ws="none",  # the one WebSocket is the host channel, which GuardedHttp opens itself
         timeout_keep_alive=limits.keep_alive_s,
         access_log=False,
         lifespan="off",

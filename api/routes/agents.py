@@ -118,11 +118,16 @@ class EventsBatch:
             results.append(None)
         return cls(records, results)
 
-    def answer(self, outcomes: Sequence[Outcome], term: int) -> bytes:
-        """The answer's JSON once the host has decided every record (one outcome each)."""
+    def answer(
+        self, outcomes: Sequence[Outcome], term: int, *, batch_id: int | None = None
+    ) -> bytes:
+        """The answer's JSON once the host has decided every record (one outcome each); on
+        the host channel (``api.channel``) it carries the batch's ``id`` first."""
         decided = iter(outcomes)
         answered = [r if r is not None else _result(next(decided)) for r in self.results]
-        return encode_json({"term": term, "results": answered})
+        if batch_id is None:
+            return encode_json({"term": term, "results": answered})
+        return encode_json({"id": batch_id, "term": term, "results": answered})
 
 
 def payload_of(event: AgentEvent) -> dict[str, Any]:
@@ -227,6 +232,41 @@ async def get_updates(
             principal,
             UpdatesQuery(group, poll_ranks(rank, ranks), after, timeout, protocol, view),
         )
+    )
+
+
+@router.get(
+    "/channel",
+    summary="The host channel: a WebSocket carrying a host's event batches and its ranks' "
+    "updates (docs/protocol.md); without the upgrade it is answered 426",
+    responses={
+        101: {"description": "Switching Protocols: the channel is open"},
+        **answers({}, 400, 401, 403, 404, 422, 426),
+    },
+)
+async def get_channel(
+    group: str | None = Query(
+        None, max_length=QUERY.group_chars, description="the group of the ranks it carries"
+    ),
+    rank: int | None = Query(None, ge=0, le=QUERY.max_rank, description="one rank (or ranks)"),
+    ranks: str | None = Query(
+        None,
+        max_length=QUERY.ranks_chars,
+        pattern=r"^[0-9,-]+$",
+        description="the ranks whose updates it carries, as 0-7,12; without group and ranks "
+        "it carries events only",
+    ),
+    after: int = Query(
+        0, ge=0, le=QUERY.max_offset, description="the last offset processed (exclusive)"
+    ),
+    protocol: int | None = Query(None, description=f"must be {PROTOCOL}"),
+    view: int | None = Query(None, ge=0, description="the view version the host holds"),
+) -> Response:
+    raise ApiError(
+        426,
+        "upgrade_required",
+        "GET /agents/channel opens a WebSocket: send Connection: Upgrade, Upgrade: websocket, "
+        "Sec-WebSocket-Version: 13 and a Sec-WebSocket-Key (docs/protocol.md)",
     )
 
 

@@ -1,0 +1,504 @@
+"""The agent host channel: one WebSocket per agent host, for its events and its updates.
+
+``GET /agents/channel?group=G&ranks=0-7&after=OFFSET&protocol=2`` upgrades the connection to a
+WebSocket (RFC 6455; ``wire.websocket`` is the framing) that carries JSON text messages both
+ways (docs/protocol.md, "The host channel"):
+
+- the host sends ``{"id": N, "events": [...]}``, the body of ``POST /agents/events`` with an
+  id it picks, and gets ``{"id": N, "term", "results"}`` back, the same answer; several batches
+  may be in flight, and each is answered when its host future is done (a batch of heartbeats
+  waits for its shared record, a batch of ACKs does not wait behind it);
+- the coordinator pushes ``{"term", "updates", "next_after", "resync", "store"}``, the answer of
+  ``GET /agents/updates`` for the channel's ranks, whenever there is something after what it
+  pushed last: no poll to send again after each answer.
+
+This is flodl's per-host relay connection, announcing the ranks it carries: the coordinator
+holds one connection per host, reads no HTTP request per batch, and answers a view change with
+one push per host instead of a poll's answer and the poll that follows it. The events go through
+the functions of the HTTP route (``api.routes.agents.EventsBatch``) and the pushes through the
+long poll's (``Host.updates_now`` and the journals' waiters, paced as the polls are), so the two
+ways in say the same things.
+
+:func:`accept` decides the opening request (an HTTP error answer for a bad one, in the one error
+shape); :class:`HostChannel` is the connection's protocol after the ``101``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Annotated, Any, NamedTuple
+from urllib.parse import parse_qsl
+
+import msgspec
+from msgspec import Meta
+
+from api.codec import check_depth, encode_json
+from api.errors import ApiError
+from api.routes.agents import EventsBatch, poll_ranks
+from coordinator.auth import Authenticator, AuthError, Principal
+from coordinator.host.loop import Host, HostUnavailable
+from coordinator.host.polls import UpdatesAnswer
+from wire import websocket as ws
+from wire.protocol import PROTOCOL, PROTOCOL_MISMATCH, QUERY
+
+PATH = b"/agents/channel"
+
+log = logging.getLogger("foldplane.api")
+
+#: A host that has sent nothing for this long pings (``agent``'s clients do at a third of it).
+PING_S = 20.0
+
+
+class ChannelQuery(NamedTuple):
+    """What the opening request asks: the ranks whose updates the channel carries (none: it
+    carries events only), after which offset, and the view the host holds."""
+
+    group: str | None
+    ranks: tuple[int, ...]
+    after: int
+    view: int | None
+
+
+_DIGITS = re.compile(r"[0-9]{1,19}")
+_FIELDS = frozenset({"group", "rank", "ranks", "after", "protocol", "view"})
+
+
+def channel_query(raw: bytes) -> ChannelQuery:
+    """The opening request's query, or ``ApiError`` naming what is wrong with it."""
+    try:
+        pairs = parse_qsl(raw.decode("ascii"), keep_blank_values=True, strict_parsing=bool(raw))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise ApiError(422, "invalid_query", f"the query is malformed: {exc}") from None
+    fields = dict(pairs)
+    if len(fields) != len(pairs):
+        raise ApiError(422, "invalid_query", "a query field is given twice")
+    if unknown := sorted(fields.keys() - _FIELDS):
+        raise ApiError(422, "invalid_query", f"unknown query field {unknown[0]!r}")
+    protocol = fields.get("protocol")
+    if protocol != str(PROTOCOL):
+        raise ApiError(
+            400,
+            PROTOCOL_MISMATCH,
+            f"this coordinator speaks agent protocol {PROTOCOL}; the channel asks "
+            f"{'none' if protocol is None else repr(protocol)}: upgrade the agent "
+            "(docs/protocol.md)",
+        )
+    after = _number(fields, "after", 0)
+    view = _number(fields, "view", None)
+    group = fields.get("group")
+    named = "rank" in fields or "ranks" in fields
+    if group is None:
+        if named:
+            raise ApiError(422, "invalid_query", "ranks need their group: name group= too")
+        return ChannelQuery(None, (), after, view)
+    if not 0 < len(group) <= QUERY.group_chars:
+        raise ApiError(422, "invalid_query", f"group must be 1-{QUERY.group_chars} characters long")
+    if not named:
+        raise ApiError(
+            422,
+            "invalid_query",
+            "a channel for a group names the ranks it carries (ranks=0-7 or rank=R)",
+        )
+    rank = fields.get("rank")
+    if rank is not None and not _DIGITS.fullmatch(rank):
+        raise ApiError(422, "invalid_query", f"rank must be a number, got {rank!r}")
+    ranks = poll_ranks(None if rank is None else int(rank), fields.get("ranks"))
+    if ranks[-1] > QUERY.max_rank:
+        raise ApiError(422, "invalid_query", f"rank {ranks[-1]} is over {QUERY.max_rank}")
+    return ChannelQuery(group, ranks, after, view)
+
+
+def _number(fields: dict[str, str], name: str, default: int | None) -> Any:
+    value = fields.get(name)
+    if value is None:
+        return default
+    if not _DIGITS.fullmatch(value) or int(value) > QUERY.max_offset:
+        raise ApiError(
+            422, "invalid_query", f"{name} must be a number from 0 to {QUERY.max_offset}"
+        )
+    return int(value)
+
+
+@dataclass(frozen=True, slots=True)
+class Opened:
+    """An accepted opening request: the ``101`` to write and the channel to hand the
+    connection to."""
+
+    response: bytes
+    channel: HostChannel
+
+
+def accept(
+    state: Any, method: str, url: bytes, headers: list[tuple[bytes, bytes]], **options: Any
+) -> Opened:
+    """Decide the opening request of a channel; ``ApiError``, ``AuthError`` or
+    ``HostUnavailable`` say why it is refused. ``options`` are :class:`HostChannel`'s."""
+    if method != "GET":
+        raise ApiError(405, "method_not_allowed", f"{PATH.decode()} is opened with GET")
+    head = _head(headers)
+    if head.version != ws.VERSION.encode():
+        raise ApiError(
+            426,
+            "upgrade_required",
+            f"the channel speaks WebSocket version {ws.VERSION}; the request says "
+            f"{head.version.decode('latin-1') if head.version else 'none'}",
+        )
+    key = head.key.decode("latin-1") if head.key is not None else ""
+    if not ws.valid_key(key):
+        raise ApiError(400, "bad_request", "Sec-WebSocket-Key must be the base64 of 16 bytes")
+    _, _, query = url.partition(b"?")
+    asked = channel_query(query)
+    auth: Authenticator = state.auth
+    principal = auth.authenticate(
+        None if head.authorization is None else head.authorization.decode("latin-1")
+    )
+    host: Host = state.host
+    if asked.group is not None:
+        group = asked.group
+        denied = [r for r in asked.ranks if not principal.speaks_for(group, r)]
+        if denied:
+            raise ApiError(
+                403,
+                "forbidden",
+                f"{principal.describe()} may not carry ranks {denied[:8]} of {group!r}",
+            )
+        config = host.machine.group_config(group)
+        if config is None:
+            raise ApiError(404, "unknown_group", f"no group {group!r}")
+        if asked.ranks[-1] >= config.world_size:
+            raise ApiError(
+                404,
+                "rank_out_of_range",
+                f"rank {asked.ranks[-1]} is not in 0..{config.world_size - 1} of group {group!r}",
+            )
+    if (unavailable := host.available()) is not None:
+        raise unavailable
+    host.role.check_polls("not leading")
+    response = (
+        b"HTTP/1.1 101 Switching Protocols\r\n"
+        b"upgrade: websocket\r\n"
+        b"connection: Upgrade\r\n"
+        b"sec-websocket-accept: %s\r\n\r\n" % ws.accept_key(key).encode("ascii")
+    )
+    return Opened(response, HostChannel(state, principal, asked, **options))
+
+
+class _Head(NamedTuple):
+    version: bytes | None
+    key: bytes | None
+    authorization: bytes | None
+
+
+def _head(headers: list[tuple[bytes, bytes]]) -> _Head:
+    version = key = authorization = None
+    for name, value in headers:
+        if name == b"sec-websocket-version" and version is None:
+            version = value.strip()
+        elif name == b"sec-websocket-key" and key is None:
+            key = value.strip()
+        elif name == b"authorization" and authorization is None:
+            authorization = value
+    return _Head(version, key, authorization)
+
+
+class _BatchId(msgspec.Struct):
+    """What a channel message has besides the batch, which ``EventsBatch`` reads: its id."""
+
+    id: Annotated[int, Meta(ge=0, le=2**53)]
+
+
+_decode_id = msgspec.json.Decoder(_BatchId).decode
+#: where the hosts put the id, first: read without decoding what follows it
+_LEADING_ID = re.compile(rb'\s*\{\s*"id"\s*:\s*([0-9]{1,16})\s*[,}]')
+
+
+def _id_of(payload: bytes) -> int | None:
+    """The id of a message refused before it was decoded (nested too deeply), if it can be
+    read: decoded (the decoder stops at its own depth), or at the start of the message."""
+    try:
+        return _decode_id(payload).id
+    except (msgspec.ValidationError, msgspec.DecodeError, RecursionError):
+        pass
+    found = _LEADING_ID.match(payload)
+    return int(found.group(1)) if found is not None and int(found.group(1)) <= 2**53 else None
+
+
+class HostChannel(asyncio.Protocol):
+    """One open channel (see the module docstring); the connection's protocol after the ``101``.
+
+    Time limits, on one timer: a frame begun must arrive whole within ``frame_timeout_s``
+    (else close ``1008``), and a channel that sends nothing at all, not even a ping, for
+    ``idle_s`` is closed (``1001``). Pushes wait while the client does not read (the
+    transport's write buffer over its high-water mark) and resume, from the journals, once it
+    drained. On shutdown the batches in flight are answered, then the channel closes
+    (``1001``), and the host reconnects to whichever coordinator leads.
+    """
+
+    def __init__(
+        self,
+        state: Any,
+        principal: Principal,
+        query: ChannelQuery,
+        *,
+        max_message: int,
+        max_depth: int,
+        frame_timeout_s: float,
+        idle_s: float,
+        on_close: Callable[[HostChannel], None] | None = None,
+    ) -> None:
+        self.state = state
+        self.host: Host = state.host
+        self.principal = principal
+        self.query = query
+        self.after = query.after
+        self.max_depth = max_depth
+        self.frame_timeout_s = frame_timeout_s
+        self.idle_s = idle_s
+        self._on_close = on_close
+        self._reader = ws.FrameReader(masked=True, max_message=max_message)
+        self.transport: asyncio.Transport | None = None
+        self._loop = asyncio.get_running_loop()
+        #: batches answered by the host but not yet written, by id (a batch in flight)
+        self._in_flight = 0
+        self._closing = False
+        self._paused = False
+        self._waiter: asyncio.Future[None] | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._heard = self._loop.time()
+        #: since when a frame has been half-received (None: nothing pending)
+        self._partial_since: float | None = None
+
+    # -- the connection ----------------------------------------------------------------------------
+
+    def start(self, transport: asyncio.Transport, leftover: bytes) -> None:
+        """The ``101`` is written: take the connection over, push what is there already."""
+        self.transport = transport
+        self._arm()
+        if self.query.group is not None:
+            self._push_or_wait()
+        if leftover:
+            self.data_received(leftover)
+
+    def data_received(self, data: bytes) -> None:
+        if self._closing:
+            return
+        now = self._loop.time()
+        self._heard = now
+        try:
+            messages = self._reader.feed(data)
+        except ws.FrameError as exc:
+            self.close(exc.code, exc.reason)
+            return
+        if not self._reader.pending:
+            self._partial_since = None
+        elif self._partial_since is None:  # a frame begun: its deadline may be the next one
+            self._partial_since = now
+            if self._timer is not None and self._timer.when() > self._next_deadline():
+                self._timer.cancel()
+                self._arm()
+        for message in messages:
+            if self._closing:
+                return
+            opcode = message.opcode
+            if opcode == ws.TEXT:
+                self._on_batch(message.payload)
+            elif opcode == ws.PING:
+                self._write(ws.frame(ws.PONG, message.payload))
+            elif opcode == ws.CLOSE:
+                code, _ = ws.parse_close(message.payload)
+                self.close(ws.NORMAL if code == ws.NO_STATUS else code, "")
+            elif opcode == ws.BINARY:
+                self.close(ws.UNSUPPORTED_DATA, "the channel carries JSON text messages only")
+            # a pong needs nothing: hearing it was the point
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._closing = True
+        self._stop_waiting()
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._on_close is not None:
+            self._on_close(self)
+
+    def pause_writing(self) -> None:
+        self._paused = True
+
+    def resume_writing(self) -> None:
+        self._paused = False
+        if not self._closing and self.query.group is not None and self._waiter is None:
+            self._push_or_wait()
+
+    def shutdown(self) -> None:
+        """The server is shutting down (uvicorn calls this on every connection): take no more
+        batches, answer those in flight, then close ``1001``."""
+        self._closing = True
+        self._stop_waiting()
+        if self._in_flight == 0:
+            self._close_now(ws.GOING_AWAY, "the coordinator is shutting down")
+
+    def close(self, code: int, reason: str) -> None:
+        """Close the channel with ``code`` (its batches in flight are not answered)."""
+        self._closing = True
+        self._stop_waiting()
+        self._close_now(code, reason)
+
+    def _close_now(self, code: int, reason: str) -> None:
+        transport = self.transport
+        if transport is not None and not transport.is_closing():
+            transport.write(ws.frame(ws.CLOSE, ws.close_payload(code, reason)))
+            transport.close()
+
+    def _write(self, data: bytes) -> None:
+        transport = self.transport
+        if transport is not None and not transport.is_closing():
+            transport.write(data)
+
+    # -- time limits (one timer: the next deadline of either kind) ---------------------------------
+
+    def _arm(self) -> None:
+        self._timer = self._loop.call_at(self._next_deadline(), self._on_timer)
+
+    def _next_deadline(self) -> float:
+        at = self._heard + self.idle_s
+        if self._partial_since is not None:
+            at = min(at, self._partial_since + self.frame_timeout_s)
+        return at
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        if self._closing:
+            return
+        now = self._loop.time()
+        if self._partial_since is not None and now >= self._partial_since + self.frame_timeout_s:
+            self.close(
+                ws.POLICY_VIOLATION,
+                f"a frame not sent whole within {self.frame_timeout_s:g} s (--request-timeout-s)",
+            )
+            return
+        if now >= self._heard + self.idle_s:
+            self.close(ws.GOING_AWAY, f"nothing received for {self.idle_s:g} s")
+            return
+        self._arm()
+
+    # -- events ------------------------------------------------------------------------------------
+
+    def _on_batch(self, payload: bytes) -> None:
+        """One ``{"id", "events"}`` message: its records queued, its answer written when the
+        host's future is done."""
+        try:
+            check_depth(payload, self.max_depth)
+            batch_id = _decode_id(payload).id
+        except ApiError as exc:  # too deep: answered with its id when the id can be read
+            self._write_message({"id": _id_of(payload), **_error(exc)})
+            return
+        except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+            self._write_message(
+                {
+                    "id": None,
+                    "error": "invalid_request",
+                    "detail": f"a channel message is a JSON object with an integer id (0 to "
+                    f"2**53) and an events list: {exc}",
+                }
+            )
+            return
+        try:
+            batch = EventsBatch.read(self.state, self.principal, payload)
+            future = self.host.enqueue_many(batch.records, normalized=True)
+        except (ApiError, HostUnavailable) as exc:
+            self._write_message({"id": batch_id, **_error(exc)})
+            return
+        self._in_flight += 1
+        future.add_done_callback(lambda done: self._answer(batch_id, batch, done))
+
+    def _answer(self, batch_id: int, batch: EventsBatch, done: asyncio.Future[Any]) -> None:
+        self._in_flight -= 1
+        try:
+            body = batch.answer(done.result(), self.host.log.term, batch_id=batch_id)
+        except HostUnavailable as exc:
+            self._write_message({"id": batch_id, **_error(exc)})
+        else:
+            self._write(ws.frame(ws.TEXT, body))
+        if self._in_flight == 0 and self._closing:
+            self._close_now(ws.GOING_AWAY, "the coordinator is shutting down")
+
+    def _write_message(self, message: dict[str, Any]) -> None:
+        self._write(ws.frame(ws.TEXT, encode_json(message)))
+
+    # -- updates -----------------------------------------------------------------------------------
+
+    def _push_or_wait(self) -> None:
+        """Push what concerns the channel's ranks after what it pushed last, or wait for the
+        next publish to their group (the journals wake the waiter, paced as long polls)."""
+        if self._paused:
+            return  # resume_writing comes back here
+        group = self.query.group
+        assert group is not None
+        host = self.host
+        try:
+            host.role.check_polls("stepped down")
+        except HostUnavailable as exc:
+            self._refuse_updates(exc)
+            return
+        answer = host.updates_now(group, self.query.ranks, self.after, view=self.query.view)
+        if answer is not None:
+            self._push(answer)
+            if self._paused:
+                return
+            # a resync or a push may leave more behind it only if the journals moved meanwhile;
+            # nothing runs in between, so waiting now misses no publish
+        waiter = self._waiter = host.journals.waiter(group)
+        waiter.add_done_callback(self._woken)
+
+    def _woken(self, waiter: asyncio.Future[None]) -> None:
+        if waiter is not self._waiter:
+            return
+        self._waiter = None
+        if self._closing:
+            return
+        if (unavailable := self.host.available()) is not None:
+            self._refuse_updates(unavailable)
+            return
+        self._push_or_wait()
+
+    def _stop_waiting(self) -> None:
+        waiter, self._waiter = self._waiter, None
+        if waiter is not None and self.query.group is not None:
+            self.host.journals.forget(self.query.group, waiter)
+
+    def _push(self, answer: UpdatesAnswer) -> None:
+        host = self.host
+        body: dict[str, Any] = {
+            "term": host.log.term,
+            "updates": answer.encoded,
+            "next_after": answer.next_after,
+            "resync": answer.resync,
+            "store": host.store_address,
+        }
+        if answer.restored:
+            body["restored"] = True
+        self.after = answer.next_after
+        self._write(ws.frame(ws.TEXT, encode_json(body)))
+
+    def _refuse_updates(self, exc: HostUnavailable) -> None:
+        """This coordinator no longer serves updates: say why, and close for the host to
+        reconnect (to the leader the error names, if any)."""
+        self._write_message(_error(exc))
+        self.close(ws.TRY_AGAIN_LATER, exc.code)
+
+
+def _error(exc: Exception) -> dict[str, Any]:
+    """An error message's fields, as an HTTP error body would have them."""
+    if isinstance(exc, ApiError):
+        return {"error": exc.code, "detail": exc.detail, **exc.extra}
+    if isinstance(exc, AuthError):
+        return {"error": exc.code, "detail": exc.detail}
+    if isinstance(exc, HostUnavailable):
+        out: dict[str, Any] = {"error": exc.code, "detail": exc.detail}
+        if exc.code == "not_leader":
+            out["leader"] = getattr(exc, "leader", None)
+        return out
+    raise exc
