@@ -2,9 +2,12 @@
 
 A :class:`SimulatedHost` is one node of a job, carrying several ranks the way a node's agents
 behind the launcher's relay do: one :class:`agent.machine.AgentMachine` per rank (the same
-machine every real agent runs), their events batched per lane into one ``POST /agents/events``
-(each event with its rank's own token when auth is on), and one long poll
-``GET /agents/updates?ranks=...`` for all of them, whose answer each machine folds as its own.
+machine every real agent runs) and one host channel (``GET /agents/channel``, a WebSocket: see
+``agent.channel``) for all of them, which carries their events batched per lane (each event
+with its rank's own token when auth is on) and brings the updates the coordinator pushes for
+the host's ranks, each of which every machine folds as its own. With ``channel=False`` it
+speaks the plain HTTP endpoints instead, as a host without the channel would: one
+``POST /agents/events`` per batch and one long poll ``GET /agents/updates?ranks=...``.
 Only the data plane is simulated: it is ready as soon as the store is known, and a committed
 view is "built" at once (the evidence a real data plane reports after connecting every member:
 nothing down).
@@ -25,12 +28,14 @@ import contextlib
 import heapq
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
 import msgspec
 
+from agent.channel import ChannelClosed, ChannelLink, ChannelRefused, HostChannel
 from agent.httplite import Connection, HttpError
 from agent.machine import (
     BEATS,
@@ -86,8 +91,11 @@ class SimulatedHost:
         on_change: Callable[[], None] | None = None,
         data_plane_ready: bool = True,
         request_timeout_s: float = REQUEST_TIMEOUT_S,
+        channel: bool = True,
     ) -> None:
         self.address = address
+        #: whether the host speaks the host channel (else the plain HTTP endpoints)
+        self.channel = channel
         #: False: the simulated data plane never becomes ready (its rank stays SYNCED)
         self.data_plane_ready = data_plane_ready
         self.group = group
@@ -108,9 +116,9 @@ class SimulatedHost:
         #: every (event, result) the coordinator answered, when a test wants an audit trail
         self.sent: list[tuple[Mapping[str, Any], Mapping[str, Any]]] | None = None
         self.requests = 0
-        self._outbox: dict[str, list[tuple[int, tuple[Mapping[str, Any], ...]]]] = {
-            EVENTS: [],
-            BEATS: [],
+        self._outbox: dict[str, deque[tuple[int, tuple[Mapping[str, Any], ...]]]] = {
+            EVENTS: deque(),
+            BEATS: deque(),
         }
         self._lane_ready = {EVENTS: asyncio.Event(), BEATS: asyncio.Event()}
         self._polls: dict[int, PollUpdates] = {}
@@ -120,9 +128,24 @@ class SimulatedHost:
         self._timer_changed = asyncio.Event()
         auth = f"Bearer {','.join(self.tokens[r] for r in sorted(self.tokens))}" if tokens else None
         addresses = [address] if isinstance(address, tuple) else list(address)
+        self.addresses = addresses
+        #: the plain HTTP wire: a keep-alive connection per lane and one for the long poll
         self._conns = {
             name: Channel(addresses, auth, request_timeout_s) for name in (EVENTS, BEATS, "poll")
         }
+        #: the host channel: where it is opened, the open one, and what it carries: its ranks
+        #: and the offset up to which it has delivered every update to each of them
+        self._link = ChannelLink(addresses, authorization=auth, timeout_s=request_timeout_s)
+        self._channel: HostChannel | None = None
+        self._relink = asyncio.Event()
+        self._stream: tuple[frozenset[int], int] | None = None
+        #: bytes of the updates pushed on channels that ended, and of the events answers the
+        #: host received on channels, by lane (frame headers included)
+        self._pushed_before = 0
+        self.bytes_answered = {EVENTS: 0, BEATS: 0}
+        self._backoff = 0.0
+        self._busy = {EVENTS: False, BEATS: False}
+        self._flush_soon = False
         self.request_timeout_s = request_timeout_s
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -147,20 +170,44 @@ class SimulatedHost:
         return self.machines[rank].view
 
     @property
+    def bytes_pushed(self) -> int:
+        """Every byte of updates the coordinator pushed this host's channels."""
+        channel = self._channel
+        return self._pushed_before + (channel.bytes_pushed if channel is not None else 0)
+
+    @property
     def bytes_received(self) -> int:
-        """Every byte the coordinator sent this host (headers included)."""
-        return sum(c.bytes_received for c in self._conns.values())
+        """Every byte the coordinator sent this host (headers and frame headers included)."""
+        return (
+            sum(c.bytes_received for c in self._conns.values())
+            + self.bytes_pushed
+            + sum(self.bytes_answered.values())
+        )
+
+    @property
+    def update_bytes(self) -> int:
+        """The bytes of the updates and of the answers to events other than heartbeats (what
+        a view change costs the host; the beats' answers are a steady cost of their own)."""
+        return (
+            self._conns["poll"].bytes_received
+            + self._conns[EVENTS].bytes_received
+            + self.bytes_pushed
+            + self.bytes_answered[EVENTS]
+        )
 
     # -- lifecycle ---------------------------------------------------------------------------------
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
-        self._tasks = [
-            loop.create_task(self._send_loop(EVENTS)),
-            loop.create_task(self._send_loop(BEATS)),
-            loop.create_task(self._poll_loop()),
-            loop.create_task(self._timer_loop()),
-        ]
+        if self.channel:
+            self._tasks = [loop.create_task(self._link_loop())]
+        else:
+            self._tasks = [
+                loop.create_task(self._send_loop(EVENTS)),
+                loop.create_task(self._send_loop(BEATS)),
+                loop.create_task(self._poll_loop()),
+            ]
+        self._tasks.append(loop.create_task(self._timer_loop()))
         now = time.monotonic()
         for rank in list(self.machines):
             self._start(rank, now)
@@ -192,6 +239,9 @@ class SimulatedHost:
         self._tasks = []
         for conn in self._conns.values():
             await conn.close()
+        if self._channel is not None:
+            self._channel.close()
+            self._channel = None
 
     # -- faults ------------------------------------------------------------------------------------
 
@@ -200,7 +250,9 @@ class SimulatedHost:
         self.dead.add(rank)
         self._polls.pop(rank, None)
         for lane in self._outbox.values():
-            lane[:] = [(r, evs) for r, evs in lane if r != rank]
+            kept = [(r, evs) for r, evs in lane if r != rank]
+            lane.clear()
+            lane.extend(kept)
 
     def mute(self, rank: int, *lanes: str) -> None:
         """Cut the rank off in some directions, as a partial network failure would:
@@ -211,8 +263,11 @@ class SimulatedHost:
     def unmute(self, rank: int) -> None:
         self.muted.pop(rank, None)
         self._poll_ready.set()
+        self._relink.set()  # the channel carries the rank's updates again, from where it is
         for lane in (EVENTS, BEATS):
             self._lane_ready[lane].set()
+        if self.channel:
+            self._pending()
 
     def replace(self, rank: int) -> str:
         """A new process for ``rank`` (a new incarnation) starts and joins; its incarnation."""
@@ -248,7 +303,9 @@ class SimulatedHost:
             actions = follow
         deadline = machine.next_deadline()
         if deadline is not None:
-            self._schedule(rank, deadline)
+            scheduled = self._scheduled.get(rank)
+            if scheduled is None or deadline < scheduled:
+                self._schedule(rank, deadline)
 
     def _schedule(self, rank: int, deadline: float) -> None:
         """One timer per rank, the earliest it needs (a later one is re-read when it fires)."""
@@ -259,28 +316,42 @@ class SimulatedHost:
             self._timer_changed.set()
 
     def _carry_out(self, rank: int, machine: AgentMachine, action: Action) -> list[Action]:
-        """Carry out one action; what the simulated data plane answers at once comes back."""
-        now = time.monotonic()
-        if isinstance(action, SendEvents):
-            self._outbox[action.lane].append((rank, action.events))
-            self._lane_ready[action.lane].set()
-        elif isinstance(action, PollUpdates):
-            self._polls[rank] = action
-            self._poll_ready.set()
-        elif isinstance(action, ConnectDataPlane | MoveDataPlane):
-            return machine.step(DataPlaneReady(now)) if self.data_plane_ready else []
-        elif isinstance(action, InstallView):
+        """Carry out one action; what the simulated data plane answers at once comes back.
+        (By the action's exact type, the common ones first: a host carries thousands a second.)"""
+        kind = type(action)
+        if kind is SendEvents:
+            self._outbox[action.lane].append((rank, action.events))  # type: ignore[union-attr]
+            if self.channel:
+                self._pending()
+            else:
+                self._lane_ready[action.lane].set()  # type: ignore[union-attr]
+        elif kind is PollUpdates:
+            self._polls[rank] = action  # type: ignore[assignment]
+            if not self.channel:
+                self._poll_ready.set()
+                return []
+            stream = self._stream
+            if stream is None or rank not in stream[0] or action.after < stream[1]:  # type: ignore[union-attr]
+                # the channel does not serve this rank from its offset on: the rank is not
+                # carried, or it missed pushes (a replacement starts from 0, a reset machine
+                # reads again from the start)
+                self._relink.set()
+        elif kind is InstallView:
             self._changed()
-            if action.view.is_active(rank):
+            view = action.view  # type: ignore[union-attr]
+            if view.is_active(rank):
                 # a built view: every member reached, nothing down
-                return machine.step(LinkEvidence(now, action.view.version, {}))
-        elif isinstance(action, RankStateChanged):
-            self.states[rank] = action.state
+                return machine.step(LinkEvidence(time.monotonic(), view.version, {}))
+        elif kind is ConnectDataPlane or kind is MoveDataPlane:
+            if self.data_plane_ready:
+                return machine.step(DataPlaneReady(time.monotonic()))
+        elif kind is RankStateChanged:
+            self.states[rank] = action.state  # type: ignore[union-attr]
             self._changed()
-        elif isinstance(action, ShutdownWithSave):
-            self.shutdowns.append(action)
-        elif isinstance(action, Stopped):
-            self.stopped[rank] = action
+        elif kind is ShutdownWithSave:
+            self.shutdowns.append(action)  # type: ignore[arg-type]
+        elif kind is Stopped:
+            self.stopped[rank] = action  # type: ignore[assignment]
             self.dead.add(rank)
             self._polls.pop(rank, None)
             self._changed()
@@ -292,6 +363,45 @@ class SimulatedHost:
 
     # -- the wire ----------------------------------------------------------------------------------
 
+    def _take(self, lane: str) -> tuple[list[tuple[int, Any]], list[Mapping[str, Any]]]:
+        """The next batch of a lane: what its ranks queued, up to ``MAX_EVENTS`` events, less
+        what a muted rank sent (lost: its machine hears so); and the events to send."""
+        outbox = self._outbox[lane]
+        batch: list[tuple[int, tuple[Mapping[str, Any], ...]]] = []
+        count = 0
+        while outbox and count + len(outbox[0][1]) <= MAX_EVENTS:
+            item = outbox.popleft()
+            batch.append(item)
+            count += len(item[1])
+        if self.muted:
+            lost = [(r, evs) for r, evs in batch if lane in self.muted.get(r, ())]
+            if lost:
+                now = time.monotonic()
+                batch = [(r, evs) for r, evs in batch if lane not in self.muted.get(r, ())]
+                for rank, _ in lost:
+                    self._step(rank, EventsFailed(now, "the network lost it (muted)", lane))
+        if self.tokens:
+            events = [{**e, "token": self.tokens[rank]} for rank, evs in batch for e in evs]
+        else:
+            events = [e for _, evs in batch for e in evs]
+        return batch, events
+
+    def _answered(
+        self, lane: str, batch: list[tuple[int, Any]], events: list[Any], body: Any, now: float
+    ) -> None:
+        """Each rank of a batch its share of the answer's results."""
+        results = body["results"]
+        if self.sent is not None:
+            self.sent.extend(zip(events, results, strict=True))
+        if len(batch) == len(results):  # one event each (nearly always): no slicing
+            for (rank, _), result in zip(batch, results, strict=True):
+                self._step(rank, EventsAnswered(now, (result,), lane))
+            return
+        at = 0
+        for rank, evs in batch:
+            self._step(rank, EventsAnswered(now, tuple(results[at : at + len(evs)]), lane))
+            at += len(evs)
+
     async def _send_loop(self, lane: str) -> None:
         """One batch in flight per lane: what every rank queued meanwhile, in one request."""
         outbox, ready, conn = self._outbox[lane], self._lane_ready[lane], self._conns[lane]
@@ -299,25 +409,9 @@ class SimulatedHost:
             await ready.wait()
             ready.clear()
             while outbox:
-                batch: list[tuple[int, tuple[Mapping[str, Any], ...]]] = []
-                count = 0
-                while outbox and count + len(outbox[0][1]) <= MAX_EVENTS:
-                    item = outbox.pop(0)
-                    batch.append(item)
-                    count += len(item[1])
-                lost = [(r, evs) for r, evs in batch if lane in self.muted.get(r, ())]
-                if lost:
-                    now = time.monotonic()
-                    for rank, _ in lost:
-                        self._step(rank, EventsFailed(now, "the network lost it (muted)", lane))
-                    batch = [(r, evs) for r, evs in batch if lane not in self.muted.get(r, ())]
-                    if not batch:
-                        continue
-                events = [
-                    {**e, "token": self.tokens[rank]} if self.tokens else e
-                    for rank, evs in batch
-                    for e in evs
-                ]
+                batch, events = self._take(lane)
+                if not batch:
+                    continue
                 self.requests += 1
                 try:
                     status, body = await conn.request(
@@ -334,13 +428,7 @@ class SimulatedHost:
                     for rank, _ in batch:
                         self._step(rank, EventsFailed(now, detail, lane))
                     continue
-                results = body["results"]
-                if self.sent is not None:
-                    self.sent.extend(zip(events, results, strict=True))
-                at = 0
-                for rank, evs in batch:
-                    self._step(rank, EventsAnswered(now, tuple(results[at : at + len(evs)]), lane))
-                    at += len(evs)
+                self._answered(lane, batch, events, body, now)
 
     async def _poll_loop(self) -> None:
         """One long poll for every rank of the host that asked for one."""
@@ -380,30 +468,185 @@ class SimulatedHost:
                 for rank in polls:
                     self._step(rank, PollFailed(now, f"{status}: {body}"))
                 continue
-            store = body.get("store")
-            address = (
-                StoreAddress(store["host"], store["port"], store.get("id", "")) if store else None
-            )
-            shared = [u for u in body["updates"] if u.get("type") != "rank_state"]
-            own: dict[int, list[Mapping[str, Any]]] = {}
-            for u in body["updates"]:
-                if u.get("type") == "rank_state":
-                    own.setdefault(u["rank"], []).append(u)
-            for rank in polls:
-                if UPDATES in self.muted.get(rank, ()):
-                    continue  # cut off while this poll was in flight: it never hears it
-                updates = shared if rank not in own else sorted([*shared, *own[rank]], key=_offset)
+            self._deliver(polls, body, now)
+
+    def _deliver(self, ranks: Iterable[int], body: Mapping[str, Any], now: float) -> None:
+        """An updates answer (a long poll's, or a channel's push) to each of ``ranks`` that
+        is alive and hears: the group's updates and its own."""
+        store = body.get("store")
+        address = StoreAddress(store["host"], store["port"], store.get("id", "")) if store else None
+        shared: list[Mapping[str, Any]] = []
+        own: dict[int, list[Mapping[str, Any]]] = {}
+        for u in body["updates"]:
+            if u.get("type") == "rank_state":
+                own.setdefault(u["rank"], []).append(u)
+            else:
+                shared.append(u)
+        next_after, resync, restored = (
+            body["next_after"],
+            body["resync"],
+            bool(body.get("restored")),
+        )
+        common = UpdatesReceived(now, tuple(shared), next_after, address, resync, restored)
+        dead, muted = self.dead, self.muted
+        for rank in ranks:
+            if rank in dead or (muted and UPDATES in muted.get(rank, ())):
+                continue  # cut off while this was in flight: it never hears it
+            if rank in own:
+                updates = tuple(sorted([*shared, *own[rank]], key=_offset))
                 self._step(
-                    rank,
-                    UpdatesReceived(
-                        now,
-                        tuple(updates),
-                        body["next_after"],
-                        address,
-                        body["resync"],
-                        bool(body.get("restored")),
-                    ),
+                    rank, UpdatesReceived(now, updates, next_after, address, resync, restored)
                 )
+            else:
+                self._step(rank, common)
+        if self.channel:
+            self._flush_lanes()  # the ACKs of this push leave now, not after every other push
+
+    # -- the wire: the host channel ----------------------------------------------------------------
+
+    def _carried(self) -> list[int]:
+        """The ranks whose updates the channel should carry: those alive and not cut off."""
+        return sorted(
+            r for r in self.machines if r not in self.dead and UPDATES not in self.muted.get(r, ())
+        )
+
+    def _covers(self, ranks: frozenset[int], after: int) -> bool:
+        """Whether a channel carrying ``ranks`` from ``after`` on serves every rank's poll."""
+        for rank in self._carried():
+            poll = self._polls.get(rank)
+            if rank not in ranks or (poll is not None and poll.after < after):
+                return False
+        return True
+
+    async def _link_loop(self) -> None:
+        """Keep one channel open for the host's ranks: open it from the lowest offset they
+        need, and again whenever it ends or stops covering a rank (a replacement starts from
+        offset 0, a rank heard nothing while cut off)."""
+        self._relink.set()
+        while True:
+            await self._relink.wait()
+            self._relink.clear()
+            ranks = self._carried()
+            polls = [self._polls[r] for r in ranks if r in self._polls]
+            delay = min((p.delay_s for p in polls), default=0.0)
+            if delay > 0:
+                await asyncio.sleep(delay)
+                ranks = self._carried()
+                polls = [self._polls[r] for r in ranks if r in self._polls]
+            after = min((p.after for p in polls), default=0)
+            views = {p.view for p in polls}
+            carried = tuple(ranks)
+            try:
+                channel = await self._link.open(
+                    group=self.group if carried else None,
+                    ranks=carried,
+                    after=after,
+                    view=views.pop() if len(views) == 1 else None,
+                    on_updates=lambda body, carried=carried: self._pushed(carried, body),
+                )
+            except (ChannelRefused, ChannelClosed, OSError, TimeoutError) as exc:
+                now = time.monotonic()
+                self._relink.set()
+                for rank in carried:
+                    self._step(rank, PollFailed(now, str(exc)))
+                if not carried:
+                    await asyncio.sleep(self._link_backoff())
+                continue
+            self._backoff = 0.0
+            self.requests += 1
+            self._channel, self._stream = channel, (frozenset(carried), after)
+            if self._covers(*self._stream):
+                self._relink.clear()  # what machines asked while it opened is covered
+            self._flush_lanes()  # what waited for a channel
+            relink = asyncio.ensure_future(self._relink.wait())
+            try:
+                await asyncio.wait([channel.ended, relink], return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                relink.cancel()
+            self._channel, self._stream = None, None
+            self._pushed_before += channel.bytes_pushed
+            self._link.closed(channel)
+            if channel.closed is None:
+                channel.close()  # to open one that covers every rank
+                continue
+            now = time.monotonic()
+            self._relink.set()
+            for rank in carried:
+                self._step(rank, PollFailed(now, str(channel.closed)))
+
+    def _pushed(self, carried: tuple[int, ...], body: Mapping[str, Any]) -> None:
+        """A push: the channel has delivered everything up to its ``next_after`` (a rank that
+        later asks from before it missed some: see ``_carry_out``); then the machines fold it."""
+        stream = self._stream
+        if stream is not None:
+            next_after = int(body["next_after"])
+            at = next_after if body.get("resync") else max(stream[1], next_after)
+            self._stream = (stream[0], at)
+        self._deliver(carried, body, time.monotonic())
+
+    def _link_backoff(self) -> float:
+        self._backoff = min(max(self._backoff * 2, 0.05), 2.0)
+        return self._backoff
+
+    def _pending(self) -> None:
+        """Events wait in a lane: the entry point that stepped the machines sends them when it
+        is done (:meth:`_flush_lanes`), so a host's ranks' events of one push leave together
+        and at once; a callback soon after catches any other way in."""
+        if not self._flush_soon:
+            self._flush_soon = True
+            asyncio.get_running_loop().call_soon(self._flush_lanes)
+
+    def _flush_lanes(self) -> None:
+        """Send each lane's next batch over the channel unless one is in flight (one at a
+        time per lane, as the machines' lanes are); without a channel they wait for one."""
+        self._flush_soon = False
+        channel = self._channel
+        if channel is None:
+            return
+        for lane in (EVENTS, BEATS):
+            if self._busy[lane] or not self._outbox[lane]:
+                continue
+            batch, events = self._take(lane)
+            if not batch:
+                continue
+            self._busy[lane] = True
+            self.requests += 1
+            sent = channel.send(events, timeout=self.request_timeout_s)
+            sent.add_done_callback(
+                lambda done, lane=lane, batch=batch, events=events, channel=channel: self._sent(
+                    lane, batch, events, channel, done
+                )
+            )
+
+    def _sent(
+        self,
+        lane: str,
+        batch: list[tuple[int, Any]],
+        events: list[Any],
+        channel: HostChannel,
+        done: asyncio.Future[Any],
+    ) -> None:
+        """A batch's answer came (or the channel ended, or no answer in time)."""
+        self._busy[lane] = False
+        now = time.monotonic()
+        exc = done.exception()
+        if exc is not None:
+            if isinstance(exc, TimeoutError):
+                channel.abort()  # the coordinator stopped answering: the link opens another
+            for rank, _ in batch:
+                self._step(rank, EventsFailed(now, str(exc), lane))
+        else:
+            body, nbytes = done.result()
+            self.bytes_answered[lane] += nbytes
+            if "error" in body:
+                if body.get("leader"):
+                    channel.close()  # to the leader it names (ChannelLink.closed)
+                detail = f"{body['error']}: {body.get('detail')}"
+                for rank, _ in batch:
+                    self._step(rank, EventsFailed(now, detail, lane))
+            else:
+                self._answered(lane, batch, events, body, now)
+        self._flush_lanes()
 
     async def _timer_loop(self) -> None:
         """Tick each machine when its deadline passes (a heap of deadlines, checked lazily)."""
@@ -507,7 +750,8 @@ def _offset(update: Mapping[str, Any]) -> int:
 
 
 class SimulatedCluster:
-    """Every rank of one group, ``ranks_per_host`` to a simulated host, in one event loop."""
+    """Every rank of one group, ``ranks_per_host`` to a simulated host, in one event loop (each
+    host on its channel, or on the plain HTTP endpoints with ``channel=False``)."""
 
     def __init__(
         self,
@@ -521,6 +765,7 @@ class SimulatedCluster:
         tokens: Mapping[int, str] | None = None,
         data_plane_ready: bool = True,
         request_timeout_s: float = REQUEST_TIMEOUT_S,
+        channel: bool = True,
     ) -> None:
         ranks = list(range(world_size)) if ranks is None else list(ranks)
         self.group = group
@@ -538,6 +783,7 @@ class SimulatedCluster:
                 on_change=self._note_change,
                 data_plane_ready=data_plane_ready,
                 request_timeout_s=request_timeout_s,
+                channel=channel,
             )
             for i in range(0, len(ranks), ranks_per_host)
         ]
@@ -597,6 +843,12 @@ class SimulatedCluster:
     @property
     def stopped(self) -> dict[int, Stopped]:
         return {r: s for h in self.hosts for r, s in h.stopped.items()}
+
+    @property
+    def bytes_pushed(self) -> int:
+        """Every byte of updates the coordinator pushed this host's channels."""
+        channel = self._channel
+        return self._pushed_before + (channel.bytes_pushed if channel is not None else 0)
 
     @property
     def bytes_received(self) -> int:

@@ -3,8 +3,12 @@ and 4,096), through the real HTTP server and the simulated agent hosts of ``agen
 
 The coordinator is a real ``python -m coordinator serve`` process on a SQLite file; the ranks
 are real ``AgentMachine``s, 8 to a simulated host (a GPU node), speaking the wire exactly as
-real agents behind the launcher's per-host relay do: one batch of events per lane per host,
-one long poll per host. Simulator and coordinator share the machine's cores.
+real agents behind the launcher's per-host relay do: one host channel per host (a WebSocket,
+``GET /agents/channel``), carrying one batch of events per lane at a time and the updates the
+coordinator pushes. Simulator and coordinator share the machine's cores. The simulator's
+long-lived objects (the N agent machines) are frozen out of its garbage collector once the
+group has formed, as the coordinator freezes its own at start: in a real job each agent is a
+process of its own, and its collector never walks the other agents.
 
 Rows, for each size N:
 
@@ -16,9 +20,10 @@ Rows, for each size N:
 - ``coordinator cpu per heartbeat N ranks`` (µs): the coordinator process's CPU time over a
   window of 20 s with nothing but heartbeats, divided by the heartbeats it wrote
   (``heartbeats_total``).
-- ``bytes to agents per view change N ranks``: what the coordinator sent the hosts' long polls
-  and event answers during one view change (headers included; heartbeat answers excluded);
-  ``extra.per_rank`` is that divided by N. The target is at most 200 × N.
+- ``bytes to agents per view change N ranks``: what the coordinator sent the hosts during one
+  view change, the updates pushed and the answers to events (frame headers included; the
+  answers to heartbeats excluded); ``extra.per_rank`` is that divided by N. The target is at
+  most 200 × N.
 - ``log bytes per rank-hour N ranks``: the growth of the log's records on disk (the ``log``
   table and its indexes, bytes used in their pages after a WAL checkpoint) over at least 10^6
   heartbeats, per heartbeat, times 3,600 (1 s heartbeats). To
@@ -126,9 +131,7 @@ async def _create(port: int, group: str, n: int) -> None:
 
 
 def _update_bytes(cluster: SimulatedCluster) -> int:
-    return sum(
-        h._conns["poll"].bytes_received + h._conns["events"].bytes_received for h in cluster.hosts
-    )
+    return sum(h.update_bytes for h in cluster.hosts)
 
 
 async def _one_size(n: int, trials: int) -> dict[str, object]:
@@ -145,6 +148,8 @@ async def _one_size(n: int, trials: int) -> dict[str, object]:
         await cluster.start()
         await cluster.wait_until(lambda: cluster.all_on(1), timeout=600)
         formation = time.monotonic() - t0
+        gc.collect()
+        gc.freeze()  # the agent machines: see the module docstring
 
         # steady state: heartbeats only
         await asyncio.sleep(3.0)
@@ -181,6 +186,7 @@ async def _one_size(n: int, trials: int) -> dict[str, object]:
         rss = _peak_rss_mb(pid)
         await cluster.stop()
     finally:
+        gc.unfreeze()
         coordinator.stop()
     return {
         "formation": formation,

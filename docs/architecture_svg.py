@@ -110,7 +110,7 @@ def draw() -> str:
     s.box(
         330, 256, 260, 76,
         ["per node: launcher + relay", "agent/launch.py · agent/relay.py",
-         "starts workers, reports deaths,", "one long poll per node"],
+         "starts workers, reports deaths,", "one host channel per node"],
         "node",
     )  # fmt: skip
     s.arrow([(382, 204), (382, 256)], both=True)
@@ -128,12 +128,14 @@ def draw() -> str:
         f'<rect x="20" y="350" width="960" height="44" fill="{FILL["wire"]}" stroke="#8890b0" '
         'stroke-dasharray="5,3"/>'
     )
-    s.text(110, 377, "HTTP · the agent wire protocol, declared once in wire/", "t")
+    s.text(
+        110, 377, "HTTP and the host channel (WebSocket) · the agent wire protocol, in wire/", "t"
+    )
     s.text(96, 290, "TCPStore in the coordinator:", "l")
     s.text(96, 303, "rendezvous, liveness counters,", "l")
     s.text(96, 316, "the view's poison notice", "l")
     s.text(466, 420, "agent events, deaths,", "l")
-    s.text(466, 433, "long-polled updates", "l")
+    s.text(466, 433, "pushed updates", "l")
     s.text(646, 420, "operator routes, /ui, SSE", "l")
     s.text(826, 420, "command line", "l")
 
@@ -172,10 +174,10 @@ def draw() -> str:
     s.box(
         290, 550, 645, 50,
         ["loop.py — one serialized loop: check → append → step the fold → carry out the effects",
-         "a tick when next_deadline() passes · woken long polls answered in shares · snapshots"],
+         "a tick when next_deadline() passes · woken readers answered in shares · snapshots"],
         "inner",
     )  # fmt: skip
-    s.box(65, 610, 145, 44, ["journal.py", "long-poll journals"], "inner")
+    s.box(65, 610, 145, 44, ["journal.py", "update journals"], "inner")
     s.box(220, 610, 145, 44, ["leadership.py", "lease and term"], "inner")
     s.box(375, 610, 145, 44, ["replica.py", "a standby's fold"], "inner")
     s.box(
@@ -187,7 +189,7 @@ def draw() -> str:
     s.arrow([(400, 508), (400, 550)])
     s.text(406, 533, "inputs", "l")
     s.arrow([(520, 550), (520, 508)])
-    s.text(526, 533, "answers, long polls, SSE", "l")
+    s.text(526, 533, "answers, pushes, long polls, SSE", "l")
 
     s.box(
         50, 728, 900, 56,

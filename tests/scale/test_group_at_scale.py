@@ -1,5 +1,6 @@
 """A group of 8,192 ranks, in process: the real ``Host`` on a real SQLite file behind the real
-HTTP app, and 8,192 real ``AgentMachine``s in simulated hosts of 8 ranks (``agent.simhost``).
+HTTP app, and 8,192 real ``AgentMachine``s in simulated hosts of 8 ranks (``agent.simhost``),
+speaking the host channel, and again over the plain HTTP endpoints.
 
 It forms, loses one rank (killed, its death reported by the supervisor), and every survivor
 reaches the new view with no agent stopped; every survivor's view, folded from the deltas it
@@ -24,10 +25,13 @@ GENEROUS = {
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 
-async def test_8192_ranks_form_lose_one_and_every_survivor_reaches_the_next_view(tmp_path):
+@pytest.mark.parametrize("channel", [True, False], ids=["channel", "http"])
+async def test_8192_ranks_form_lose_one_and_every_survivor_reaches_the_next_view(
+    tmp_path, channel: bool
+):
     async with serving(tmp_path / "log.db") as (host, address):
         await create_group(host, "big", N, **GENEROUS)
-        cluster = SimulatedCluster(address, "big", N, ranks_per_host=8)
+        cluster = SimulatedCluster(address, "big", N, ranks_per_host=8, channel=channel)
         await cluster.start()
         try:
             await cluster.wait_until(lambda: cluster.all_on(1), timeout=300)
