@@ -2,80 +2,117 @@
 
 The launcher runs it (``python -m agent.launch`` does by default) as a small HTTP server on
 ``127.0.0.1`` at a free port, and gives its workers ``FOLDPLANE_RELAY``; each worker's agent then
-sends its events and long-polls its updates through the relay, and the coordinator holds one
-updates connection per host instead of one per rank. The relay serves exactly the two agent
-endpoints (docs/protocol.md, "The per-host relay"):
+sends its events and long-polls its updates through the relay as it would to a coordinator
+(docs/protocol.md, "The per-host relay"), while the relay speaks to the coordinator over host
+channels (``GET /agents/channel``, ``agent.channel``), exactly as the simulated hosts do: the
+coordinator holds a few connections per host instead of one per rank, and reads no HTTP request
+per batch or per update. The relay serves exactly the two agent endpoints:
 
 - ``POST /agents/events``: each worker request's events are queued; while one upstream batch is
   in flight, what arrives goes into the next one (up to ``MAX_EVENTS`` events and
   ``MAX_BATCH_BYTES``); requests of nothing but heartbeats have such a lane of their own. The
   relay attaches each worker's agent token (its ``Authorization`` header) to that worker's
   events as ``"token"``, so the coordinator still checks every event against its own rank; the
-  answer's results are split back to each worker in order. A merged batch that the coordinator
-  refuses as a whole (``REFUSED``: a forged token first in the batch, say) is sent again
-  request by request, so that each worker gets the answer it alone would have got.
-- ``GET /agents/updates``: per ``(group, protocol)`` a *lane* keeps ONE upstream multi-rank long
-  poll for the local ranks (``ranks=...``, one agent token per rank in the header), starting
-  after the lowest offset they need. What it receives is cached per rank by offset
-  (:class:`UpdateCache`), and each worker's poll is answered from the cache: the group's updates
-  and its own rank's, after its own ``after``. A rank joins the lane only once a poll of its own,
-  forwarded upstream with its own token, succeeded: the coordinator, not the relay, decides who
-  speaks for a rank, and a wrong token never breaks the lane's poll for the others. A poll the
-  cache cannot answer (an ``after`` below what the relay still holds, a token other than the
-  one the coordinator accepted, a rank the lane's poll in flight does not carry yet) is
-  forwarded upstream on its own.
+  answer's results are split back to each worker in order. A batch whose every event carries a
+  token goes on a channel whose door token is one of such a batch (one channel, kept open for
+  the later ones: each event is decided by its own token, the door only lets it in); a batch of
+  events without tokens goes on a channel opened with no token at all, so that such an event
+  never travels with another worker's credentials. A merged batch that the coordinator refuses
+  as a whole (``REFUSED``: a forged door token, say) is sent again request by request, each
+  with its own token at the door, so that each worker gets the answer it alone would have got.
+- ``GET /agents/updates``: per ``(group, protocol)`` a *lane* keeps ONE channel open carrying
+  the local ranks (``ranks=...``, one agent token per rank at the door), from the lowest offset
+  they need, and opens it again when it ends or the ranks it should carry change. What the
+  coordinator pushes on it is cached per rank by offset (:class:`UpdateCache`), and each
+  worker's poll is answered from the cache, at once when a push brings something: the group's
+  updates and its own rank's, after its own ``after``. A rank joins the lane only once a poll
+  of its own, forwarded upstream over HTTP with its own token, succeeded: the coordinator, not
+  the relay, decides who speaks for a rank, and a wrong token never breaks the lane's channel
+  for the others. A poll the cache cannot answer (an ``after`` below what the relay still holds,
+  a token other than the one the coordinator accepted, a rank the lane's channel does not carry
+  yet) is forwarded upstream on its own.
 
-An upstream failure reaches the worker as the error it would have got: the coordinator's status
-and error body, or ``503 coordinator_unavailable`` when no coordinator answered. The upstream
-side is :class:`~agent.client.CoordinatorClient`, so the relay follows leader redirects over the
-launcher's list of coordinator addresses. Everything else an agent does (looking its group up,
-proposals) and the launcher's death reports still go to the coordinator directly.
+One event loop, in a thread of the relay's own, runs every channel (:class:`Upstream`); the
+workers' request threads hand it their work and wait for the answer with a deadline. An
+upstream failure reaches the worker as the error it would have got from the coordinator: its
+status and error body (a refused opening, or a batch it could not take), or ``503
+coordinator_unavailable`` when no coordinator answered, the channel was lost, or no answer
+came in time. Openings follow leader redirects over the launcher's list of coordinator
+addresses (:class:`~agent.channel.ChannelLink`). Everything else an agent does (looking its
+group up, proposals) and the launcher's death reports still go to the coordinator directly.
 """
 
 from __future__ import annotations
 
+import asyncio
 import bisect
-import contextlib
+import concurrent.futures
+import functools
 import json
 import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import parse_qs, urlsplit
 
-from agent.client import CoordinatorClient, CoordinatorError, CoordinatorUnavailable
+from agent.channel import ChannelClosed, ChannelLink, ChannelRefused, HostChannel
+from agent.client import (
+    CoordinatorClient,
+    CoordinatorError,
+    CoordinatorUnavailable,
+    parse_addresses,
+)
 from wire.protocol import MAX_EVENTS, QUERY
-from wire.ranks import MAX_QUERY_RANKS, format_query
+from wire.ranks import MAX_QUERY_RANKS
 
 log = logging.getLogger("foldplane.relay")
 
+T = TypeVar("T")
+
 #: The most bytes of events merged into one upstream batch (the coordinator takes 1 MiB).
 MAX_BATCH_BYTES = 512 * 1024
-#: The largest request body a worker may send (the coordinator's default limit).
+#: The largest request body a worker may send, and the largest channel message the relay
+#: sends (the coordinator's default limit: a larger message would close the whole channel).
 MAX_BODY_BYTES = 1024 * 1024
+#: How deep a worker's body may nest (the coordinator's default ``--max-json-depth``).
+MAX_JSON_DEPTH = 32
 #: The most worker event requests waiting for an upstream batch; beyond, ``503``.
 MAX_QUEUED_REQUESTS = 1024
 #: How long a worker's event request waits for its upstream answer before ``503``.
 EVENTS_WAIT_S = 60.0
-#: How long the lane's upstream long poll waits on the coordinator.
-LANE_POLL_S = 10.0
 #: The longest long poll a worker may ask for (the coordinator's limit).
 MAX_POLL_S = QUERY.max_poll_s
 #: A rank whose worker has not polled for this long leaves its lane.
-RANK_IDLE_S = 3 * LANE_POLL_S
+RANK_IDLE_S = 30.0
+#: How often a lane looks for ranks gone idle while nothing else happens.
+IDLE_CHECK_S = RANK_IDLE_S / 3
 #: The bytes of updates a lane keeps, at most.
 CACHE_BYTES = 4 * 1024 * 1024
-#: After a failed upstream poll, the lane waits this long (doubling up to ``BACKOFF_MAX_S``).
+#: After a lane's channel failed to open or ended, it waits this long, doubling up to
+#: ``BACKOFF_MAX_S``; a channel that brought a push, or stayed open that long, starts it again.
 BACKOFF_S = 0.05
 BACKOFF_MAX_S = 2.0
 #: Statuses of a request refused as a whole: a merged one is retried piece by piece.
 REFUSED = frozenset({400, 401, 403, 404, 413, 422})
 #: The code of the error a worker gets when no coordinator answered the relay.
 UNAVAILABLE = "coordinator_unavailable"
+#: The HTTP status of each error a channel answers a batch with (what ``POST /agents/events``
+#: would have answered); a code not listed is a ``503``.
+ERROR_STATUS = {
+    "invalid_request": 422,
+    "nesting_too_deep": 400,
+    "body_too_large": 413,
+    "forbidden": 403,
+    "unauthorized": 401,
+    "closed": 503,
+    "not_leader": 503,
+    "log_unavailable": 503,
+    "fold_failed": 503,
+}
 
 Body = dict[str, Any]
 Reply = tuple[int, Body]
@@ -211,11 +248,11 @@ def update_rank(update: Mapping[str, Any]) -> int | None:
 
 
 class UpdateCache:
-    """What one lane's upstream polls answered, by offset, bounded in bytes.
+    """What one lane's channel pushed, by offset, bounded in bytes.
 
-    Every upstream answer for ranks ``R`` after ``A`` up to ``next_after`` N is a fact: for
-    each rank of ``R``, its updates and the group's in ``(A, N]`` are exactly those in the
-    answer. The cache keeps a :class:`Span` for the group and one per rank over which it
+    Every push for ranks ``R`` from ``A`` (the previous push's ``next_after``, or the opening's
+    ``after``) up to ``next_after`` N is a fact, as an upstream poll's answer after ``A`` is:
+    for each rank of ``R``, its updates and the group's in ``(A, N]`` are exactly those in it. The cache keeps a :class:`Span` for the group and one per rank over which it
     holds every update, and answers a rank's poll after ``a`` only when both spans reach down
     to ``a``; otherwise :meth:`serve` says None and the poll must go upstream on its own.
     A ``resync`` answer replaces everything: each rank it names gets that answer (its own part
@@ -253,7 +290,7 @@ class UpdateCache:
         resync: bool = False,
         restored: bool = False,
     ) -> None:
-        """Record the answer of an upstream poll for ``ranks`` after ``after``."""
+        """Record a push (or a poll's answer) for ``ranks`` after ``after``."""
         ranks = list(ranks)
         if resync:
             self._clear()
@@ -405,14 +442,213 @@ def _size(update: Mapping[str, Any]) -> int:
     return len(json.dumps(update, separators=(",", ":")))
 
 
-# -- the lanes (threads and HTTP) ------------------------------------------------------------
+# -- the upstream side: one event loop for every channel -------------------------------------
+
+
+class Unreachable(Exception):
+    """No coordinator answered: none could be reached, the channel was lost, or no answer came
+    in time (the message says which)."""
+
+
+def channel_addresses(addresses: str | Sequence[str]) -> tuple[list[tuple[str, int]], bool]:
+    """The ``(host, port)`` of each coordinator URL, and whether they are ``https://`` (all of
+    them or none: one cluster's coordinators are behind TLS or not)."""
+    out = []
+    schemes = set()
+    for url in parse_addresses(addresses):
+        parts = urlsplit(url)
+        schemes.add(parts.scheme)
+        default = 443 if parts.scheme == "https" else 80
+        out.append((parts.hostname or "127.0.0.1", parts.port or default))
+    if len(schemes) > 1:
+        raise ValueError(f"coordinator addresses mix http:// and https://: {addresses!r}")
+    return out, schemes == {"https"}
+
+
+class Upstream:
+    """The relay's side toward the coordinator: an event loop in a daemon thread of its own runs
+    every channel (the lanes' and the two the event lanes share), and the workers' threads hand
+    it coroutines with :meth:`run`."""
+
+    def __init__(self, addresses: str | Sequence[str], timeout_s: float, stats: Counters) -> None:
+        self.addresses, self.tls = channel_addresses(addresses)
+        self.where = ", ".join(f"{host}:{port}" for host, port in self.addresses)
+        self.timeout_s = timeout_s
+        #: how long a caller waits for a coroutine: an opening may try every address and
+        #: follow redirects, each within ``timeout_s``, and then the answer may take as long
+        self.wait_s = timeout_s * (2 * len(self.addresses) + 2)
+        self.loop = asyncio.new_event_loop()
+        self._stats = stats
+        self._lock = threading.Lock()
+        self._closed = False
+        self._started = False
+        self._thread = threading.Thread(
+            target=self._serve, name="foldplane-relay-upstream", daemon=True
+        )
+        # The events channels, by whether they carry batches of tokened events; one opening
+        # at a time of each.
+        self._channels: dict[bool, HostChannel | None] = {True: None, False: None}
+        self._links = {
+            tokened: ChannelLink(self.addresses, timeout_s=timeout_s, tls=self.tls)
+            for tokened in (True, False)
+        }
+        self._opening = {tokened: asyncio.Lock() for tokened in (True, False)}
+
+    def start(self) -> None:
+        with self._lock:
+            self._started = True
+        self._thread.start()
+
+    def _serve(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        try:
+            self.loop.run_forever()
+        finally:
+            self.loop.close()
+
+    def close(self) -> None:
+        """Cancel what runs on the loop, close every channel, stop the loop (idempotent)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            started = self._started
+        if not started:
+            self.loop.close()
+            return
+        done = asyncio.run_coroutine_threadsafe(self._shutdown(), self.loop)
+        try:
+            done.result(5.0)
+        except (TimeoutError, concurrent.futures.CancelledError):
+            log.warning("relay: the upstream loop did not stop in time")
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout=5.0)
+
+    async def _shutdown(self) -> None:
+        here = asyncio.current_task()
+        tasks = [task for task in asyncio.all_tasks() if task is not here]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for channel in self._channels.values():
+            if channel is not None:
+                channel.close()
+
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        """Run ``coro`` on the loop until it ends or the relay closes."""
+        with self._lock:
+            if self._closed:
+                coro.close()
+                return
+            asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def call_soon(self, callback: Any) -> None:
+        """``callback()`` on the loop, from any thread (nothing once closed)."""
+        with self._lock:
+            if not self._closed:
+                self.loop.call_soon_threadsafe(callback)
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run ``coro`` on the loop and wait for its result, at most ``wait_s``; raises
+        :class:`Unreachable` when it took longer or the relay closed meanwhile."""
+        with self._lock:
+            if self._closed:
+                coro.close()
+                raise Unreachable("the relay is shutting down")
+            future = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        try:
+            return future.result(self.wait_s)
+        except TimeoutError:
+            future.cancel()
+            raise Unreachable(
+                f"no answer from the coordinator at {self.where} within {self.wait_s:g} s"
+            ) from None
+        except concurrent.futures.CancelledError:
+            raise Unreachable("the relay is shutting down") from None
+
+    # -- events (on the loop) --------------------------------------------------------------------
+
+    async def send(self, events: list[Body], door: str | None) -> Body:
+        """One batch on the events channel of its kind (tokened when ``door``, a token of the
+        batch, is given): the coordinator's answer, ``{"term", "results"}`` or ``{"error",
+        "detail"}``. Raises :class:`ChannelRefused` when the opening was refused, and
+        :class:`Unreachable`. A ``not_leader`` answer (the batch was not taken) is sent again
+        to the leader it names."""
+        tokened = door is not None
+        for _ in range(len(self.addresses) + 1):
+            channel = await self._events_channel(tokened, door)
+            try:
+                body, _ = await channel.call(events, self.timeout_s)
+            except TimeoutError:
+                channel.abort()  # the coordinator may be frozen: the next batch opens another
+                raise Unreachable(
+                    f"no answer from the coordinator at {self.where} within {self.timeout_s:g} s"
+                ) from None
+            except ChannelClosed as exc:
+                raise Unreachable(f"the channel to {self.where} ended: {exc}") from None
+            if body.get("error") != "not_leader":
+                return body
+            channel.close()
+            self._links[tokened].follow(body)
+        raise Unreachable(f"no coordinator of {self.where} leads")
+
+    async def _events_channel(self, tokened: bool, door: str | None) -> HostChannel:
+        """The open events channel of this kind, or a new one (``door`` at its door)."""
+        async with self._opening[tokened]:
+            channel = self._channels[tokened]
+            if channel is not None and channel.closed is None:
+                return channel
+            link = self._links[tokened]
+            if channel is not None:
+                link.closed(channel)
+                self._channels[tokened] = None
+            link.authorization = f"Bearer {door}" if door is not None else None
+            try:
+                channel = await link.open()
+            except (OSError, TimeoutError, ChannelClosed) as exc:
+                raise Unreachable(unreachable(self.where, exc)) from None
+            self._channels[tokened] = channel
+            self._stats.add("events_channels")
+            return channel
+
+
+def unreachable(where: str, exc: BaseException) -> str:
+    return f"no coordinator answered at {where}: {type(exc).__name__}: {exc}"
+
+
+def refused(exc: ChannelRefused, where: str) -> Reply:
+    """What a worker gets for a refused opening: the coordinator's status and error body; a
+    ``not_leader`` left after following the redirects means no coordinator leads."""
+    body = exc.body
+    if not isinstance(body, dict) or not isinstance(body.get("error"), str):
+        return error(exc.status, "http_error", str(body)[:200])
+    if body["error"] == "not_leader":
+        return error(503, UNAVAILABLE, f"no coordinator of {where} leads: {body.get('detail')}")
+    return exc.status, {"error": body["error"], "detail": str(body.get("detail", ""))}
+
+
+def nesting(value: Any) -> int:
+    """How deep ``value``'s arrays and objects nest (a scalar: 0)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            item = item.values()
+        elif not isinstance(item, list):
+            continue
+        deepest = max(deepest, depth)
+        stack.extend((child, depth + 1) for child in item)
+    return deepest
+
+
+# -- the lanes -------------------------------------------------------------------------------
 
 
 class EventsLane:
     """Merges the workers' event requests into upstream batches, one in flight at a time."""
 
-    def __init__(self, client: CoordinatorClient, stats: Counters, name: str) -> None:
-        self._client = client
+    def __init__(self, upstream: Upstream, stats: Counters, name: str) -> None:
+        self._upstream = upstream
         self._stats = stats
         self._queue: deque[EventsRequest] = deque()
         self._cond = threading.Condition()
@@ -428,7 +664,6 @@ class EventsLane:
         with self._cond:
             self._closed = True
             self._cond.notify_all()
-        self._client.close()  # aborts the batch in flight
         if self._thread.is_alive():
             self._thread.join(timeout=5.0)
         for request in self._queue:
@@ -462,27 +697,38 @@ class EventsLane:
                 request.answer(reply)
 
     def send_batch(self, batch: list[EventsRequest]) -> list[Reply]:
-        """POST one batch upstream; each request's reply, in order."""
+        """Send one batch upstream on its channel; each request's reply, in order."""
         events = [event for request in batch for event in request.events]
+        if sum(r.nbytes for r in batch) > MAX_BATCH_BYTES:
+            size = len(json.dumps({"id": 2**53, "events": events}, separators=(",", ":")))
+            if size > MAX_BODY_BYTES:
+                if len(batch) > 1:
+                    return [self.send_batch([request])[0] for request in batch]
+                detail = f"{size} bytes with the tokens; at most {MAX_BODY_BYTES}"
+                return [error(413, "body_too_large", detail)]
         self._stats.add("events_upstream")
         self._stats.add("events_sent", len(events))
         if len(batch) > 1:
             self._stats.add("events_merged")
-        # Each event's own token decides for it; the header only gets the request through
-        # the coordinator's door, so it is a token of the batch's first request.
-        headers = {"authorization": f"Bearer {events[0]['token']}"} if batch[0].tokened else None
+        # Each event's own token decides for it; the door token only gets the batch onto a
+        # channel, so it is a token of the batch's first request.
+        door = events[0]["token"] if batch[0].tokened else None
         try:
-            body = self._client.request(
-                "POST", "/agents/events", json={"events": events}, headers=headers
-            )
-        except CoordinatorError as exc:
-            if len(batch) > 1 and exc.status in REFUSED:
-                # refused as a whole: let each worker's request meet its own fate
-                return [self.send_batch([request])[0] for request in batch]
-            return [error(exc.status, exc.code, exc.detail)] * len(batch)
-        except (CoordinatorUnavailable, RuntimeError) as exc:  # RuntimeError: closed
+            body = self._upstream.run(self._upstream.send(events, door))
+        except ChannelRefused as exc:
+            reply = refused(exc, self._upstream.where)
+        except Unreachable as exc:
             return [error(503, UNAVAILABLE, str(exc))] * len(batch)
-        return split_results(batch, body)
+        else:
+            code = body.get("error")
+            if code is None:
+                return split_results(batch, body)
+            code = str(code)
+            reply = error(ERROR_STATUS.get(code, 503), code, str(body.get("detail", "")))
+        if len(batch) > 1 and reply[0] in REFUSED:
+            # refused as a whole: let each worker's request meet its own fate
+            return [self.send_batch([request])[0] for request in batch]
+        return [reply] * len(batch)
 
 
 @dataclass
@@ -493,6 +739,8 @@ class Member:
     after: int
     seen: float
     view: str | None
+    #: its worker's polls waiting on the lane now (a rank with one is not idle)
+    waiting: int = 0
 
 
 @dataclass
@@ -520,8 +768,22 @@ class PollArgs:
         return params
 
 
+@dataclass
+class Stream:
+    """What a lane's channel carries: its ranks, the door tokens, and the offset its next push
+    starts after (the opening's ``after``, then each push's ``next_after``)."""
+
+    ranks: frozenset[int]
+    after: int
+    authorization: str | None
+
+
 class UpdatesLane:
-    """One upstream long poll for the local ranks of one group, and the cache it fills."""
+    """One channel carrying the local ranks of one group, and the cache its pushes fill.
+
+    The workers' polls run in the relay's request threads and wait on ``_cond``; the channel is
+    kept by :meth:`_run` on the upstream loop, whose pushes fill the cache under that lock.
+    """
 
     def __init__(
         self,
@@ -537,27 +799,33 @@ class UpdatesLane:
         self.members: dict[int, Member] = {}
         self._relay = relay
         self._stats = relay.stats
-        self._client = CoordinatorClient(relay.addresses, timeout_s=relay.timeout_s)
+        self._upstream = relay.upstream
+        self._link = ChannelLink(
+            relay.upstream.addresses, timeout_s=relay.timeout_s, tls=relay.upstream.tls
+        )
         self._cond = threading.Condition()
-        self._waiting = 0
-        self._in_flight: tuple[frozenset[int], int] | None = None
-        self._answers = 0  # upstream answers and failures so far, so a waiter sees news
+        #: what the channel open (or opening) carries; None while there is none
+        self._stream: Stream | None = None
+        self._answers = 0  # pushes and failures so far, so a waiter sees news
         self._failure: tuple[int, Reply] | None = None  # (answer number, the error)
         self._store: Any = None
         self._term: Any = None
         self._closed = False
-        self._thread = threading.Thread(
-            target=self._run, name=f"foldplane-relay-updates-{group}", daemon=True
-        )
-        self._thread.start()
+        #: the wait before the next opening after a failure (read and set on the loop only)
+        self._backoff = BACKOFF_S
+        #: set (on the loop) when the ranks the channel should carry may have changed
+        self._wake = asyncio.Event()
+        self._upstream.spawn(self._run())
 
     def close(self) -> None:
+        """Stop serving; the upstream loop closes the channel as it stops."""
         with self._cond:
             self._closed = True
             self._cond.notify_all()
-        # The poll in flight, if any, ends by its timeout at the latest; its answer is
-        # dropped. (Closing the client refuses anything further.)
-        self._client.close()
+        self._nudge()
+
+    def _nudge(self) -> None:
+        self._upstream.call_soon(self._wake.set)
 
     # -- a worker's poll -------------------------------------------------------------------------
 
@@ -568,12 +836,13 @@ class UpdatesLane:
             if member is None or member.token != token:
                 return self._solo(args, token, verify=member is None)
             member.after, member.seen, member.view = args.after, time.monotonic(), args.view
+            if self._stream is None or args.rank not in self._stream.ranks:
+                self._nudge()  # the channel may carry this rank now
             if not self._lane_serves(args.rank, args.after):
                 return self._solo(args, token)
             self._stats.add("polls_lane")
-            self._waiting += 1
-            self._cond.notify_all()  # the lane's thread may be waiting for a poll to serve
             answers = self._answers
+            member.waiting += 1
             try:
                 while True:
                     served = self.cache.serve(args.rank, args.after)
@@ -591,30 +860,41 @@ class UpdatesLane:
                         return 200, self._body(served or Served((), args.after))
                     self._cond.wait(left)
             finally:
-                self._waiting -= 1
+                member.waiting -= 1
+                member.seen = time.monotonic()
             args.timeout = max(0.0, deadline - time.monotonic())
             return self._solo(args, token)  # trimmed away, or refused together with others
 
     def _lane_serves(self, rank: int, after: int) -> bool:
-        """The cache holds ``rank``'s updates since ``after``, or the lane's poll in flight
-        (or the next one, when none is in flight) fetches them."""
+        """The cache holds ``rank``'s updates since ``after``, or the lane's channel brings
+        them, or the channel the lane opens next (it opens one when the ranks it should carry
+        change) will."""
         served = self.cache.serve(rank, after)
+        stream = self._stream
+        carried = stream is not None and rank in stream.ranks
         if served is not None:
-            return bool(served.updates or served.resync) or (
-                self._in_flight is None or rank in self._in_flight[0]
-            )
+            return bool(served.updates or served.resync) or carried or self._next_carries(rank)
         if rank in self.cache.ranks:
             return False  # from further back than the cache holds: the lane goes on from its end
-        if self._in_flight is None:
-            return self._eligible(rank)
-        ranks, lane_after = self._in_flight
-        return rank in ranks and lane_after <= after
+        if stream is not None and carried:
+            return stream.after <= after
+        return self._next_carries(rank)  # from this poll's ``after`` on, at most
 
     def _eligible(self, rank: int) -> bool:
-        """The lane's next poll may carry ``rank`` without reaching below what it holds."""
+        """The lane's next channel may carry ``rank`` without reaching below what it holds."""
         group = self.cache.group
-        member = self.members[rank]
+        member = self.members.get(rank)
+        if member is None:
+            return False
         return rank in self.cache.ranks or group is None or member.after >= group.lo
+
+    def _next_carries(self, rank: int) -> bool:
+        """The channel the lane opens next carries ``rank`` (the lock is held)."""
+        if not self._eligible(rank):
+            return False
+        if len(self.members) <= MAX_QUERY_RANKS:
+            return True
+        return rank in sorted(r for r in self.members if self._eligible(r))[:MAX_QUERY_RANKS]
 
     def _solo(self, args: PollArgs, token: str | None, *, verify: bool = False) -> Reply:
         """Forward this poll upstream on its own (the lock is released meanwhile)."""
@@ -630,7 +910,7 @@ class UpdatesLane:
             self.members[args.rank] = Member(
                 token, int(body.get("next_after") or args.after), time.monotonic(), args.view
             )
-            self._cond.notify_all()
+            self._nudge()
         return reply
 
     def _body(self, served: Served) -> Body:
@@ -656,92 +936,154 @@ class UpdatesLane:
         self._stats.add("cache_dropped", self.cache.dropped - self._dropped)
         self._dropped = self.cache.dropped
 
-    # -- the upstream poll -----------------------------------------------------------------------
+    # -- the channel (on the upstream loop) ------------------------------------------------------
 
-    def _run(self) -> None:
-        backoff = BACKOFF_S
+    async def _run(self) -> None:
+        """Keep a channel open for the eligible members: open it from the lowest offset they
+        need, and again when it ends (after a backoff) or the ranks it should carry change."""
+        loop = asyncio.get_running_loop()
         while True:
+            self._wake.clear()
             with self._cond:
-                self._cond.wait_for(lambda: self._waiting > 0 or self._closed)
                 if self._closed:
                     return
-                ranks, after, headers, view = self._next_poll()
-                if not ranks:  # the waiting polls' ranks just left: nothing to ask for
-                    self._cond.wait(LANE_POLL_S)
-                    continue
-                self._in_flight = (frozenset(ranks), after)
-            params: dict[str, Any] = {
-                "group": self.group,
-                "ranks": format_query(ranks),
-                "after": after,
-                "timeout": LANE_POLL_S,
-            }
-            if self.protocol is not None:
-                params["protocol"] = self.protocol
-            if view is not None:
-                params["view"] = view
-            self._stats.add("lane_polls")
-            try:
-                with self._relay.upstream_poll():
-                    body = self._client.request(
-                        "GET",
-                        "/agents/updates",
-                        params=params,
-                        headers=headers,
-                        timeout_s=LANE_POLL_S + self._relay.timeout_s,
-                    )
-            except (CoordinatorError, CoordinatorUnavailable, RuntimeError) as exc:
-                reply = _upstream_error(exc)
-                with self._cond:
-                    self._in_flight = None
-                    if self._closed:
-                        return
-                    log.warning("relay: the updates poll of %s failed: %s", self.group, exc)
-                    self._answers += 1
-                    self._failure = (self._answers, reply)
-                    if reply[0] in REFUSED:
-                        # the coordinator no longer takes these ranks together: each proves
-                        # itself with a poll of its own again
-                        self.members.clear()
-                        self.cache.ranks.clear()
-                    self._cond.notify_all()
-                    self._cond.wait_for(lambda: self._closed, backoff)
-                backoff = min(backoff * 2, BACKOFF_MAX_S)
+                ranks, after, authorization, view = self._next_channel(frozenset())
+                stream = Stream(frozenset(ranks), after, authorization) if ranks else None
+                self._stream = stream
+            if stream is None:
+                await self._woken(None)
                 continue
-            backoff = BACKOFF_S
-            with self._cond:
-                self._in_flight = None
-                self._answers += 1
-                self._failure = None
-                self._store, self._term = body.get("store"), body.get("term")
-                self.cache.add(
-                    ranks,
-                    after,
-                    body.get("updates") or (),
-                    int(body.get("next_after") or after),
-                    bool(body.get("resync")),
-                    bool(body.get("restored")),
+            self._link.authorization = authorization
+            try:
+                channel = await self._link.open(
+                    group=self.group,
+                    ranks=ranks,
+                    after=after,
+                    view=view,
+                    on_updates=functools.partial(self._pushed, stream),
                 )
-                self.trim()
-                self._cond.notify_all()
+            except (ChannelRefused, OSError, TimeoutError, ChannelClosed) as exc:
+                self._failed(stream, exc)
+                await self._back_off()
+                continue
+            opened = loop.time()
+            self._relay.lane_channel(+1)
+            try:
+                ended = await self._carry(channel, stream)
+            finally:
+                channel.close()
+                self._link.closed(channel)  # a leader the coordinator named: the next goes there
+                self._relay.lane_channel(-1)
+                with self._cond:
+                    if self._stream is stream:
+                        self._stream = None
+            if loop.time() - opened >= BACKOFF_MAX_S:
+                self._backoff = BACKOFF_S
+            if ended:
+                log.info("relay: the updates channel of %s ended: %s", self.group, channel.closed)
+                await self._back_off()
 
-    def _next_poll(self) -> tuple[list[int], int, dict[str, str] | None, str | None]:
-        """The ranks, ``after``, auth header and ``view`` of the next upstream poll (the lock
-        is held). Ranks idle for ``RANK_IDLE_S`` leave the lane first."""
+    async def _back_off(self) -> None:
+        await asyncio.sleep(self._backoff)
+        self._backoff = min(self._backoff * 2, BACKOFF_MAX_S)
+
+    async def _carry(self, channel: HostChannel, stream: Stream) -> bool:
+        """Wait while ``channel`` carries what it should: True when it ended, False when the
+        ranks it should carry changed (or the lane closed)."""
+        while True:
+            self._wake.clear()
+            with self._cond:
+                if self._closed:
+                    return False
+                ranks, _, authorization, _ = self._next_channel(stream.ranks)
+            if frozenset(ranks) != stream.ranks or authorization != stream.authorization:
+                return False
+            if await self._woken(channel.ended):
+                return True
+
+    async def _woken(self, ended: asyncio.Future[None] | None) -> bool:
+        """Wait for a nudge, for ``ended`` or ``IDLE_CHECK_S``; whether ``ended`` is done."""
+        wake = asyncio.ensure_future(self._wake.wait())
+        try:
+            await asyncio.wait(
+                [wake] if ended is None else [wake, ended],
+                timeout=IDLE_CHECK_S,
+                return_when=asyncio.FIRST_COMPLETED,
+            )
+        finally:
+            wake.cancel()
+        return ended is not None and ended.done()
+
+    def _pushed(self, stream: Stream, body: Mapping[str, Any]) -> None:
+        """A push of the channel carrying ``stream``: into the cache, as the fact it states
+        about the span from the previous push on, and the waiting polls woken."""
+        with self._cond:
+            if self._stream is not stream:
+                return  # a channel being closed: the next one carries what matters
+            after = stream.after
+            next_after = int(body.get("next_after") or after)
+            stream.after = next_after
+            self._answers += 1
+            self._failure = None
+            self._backoff = BACKOFF_S  # the channel works: if it ends, open another at once
+            self._store, self._term = body.get("store"), body.get("term")
+            self.cache.add(
+                sorted(stream.ranks),
+                after,
+                body.get("updates") or (),
+                next_after,
+                bool(body.get("resync")),
+                bool(body.get("restored")),
+            )
+            self.trim()
+            self._cond.notify_all()
+        self._stats.add("lane_pushes")
+
+    def _failed(self, stream: Stream, exc: Exception) -> None:
+        """The channel could not be opened: the waiting polls get the error."""
+        where = self._upstream.where
+        reply = (
+            refused(exc, where)
+            if isinstance(exc, ChannelRefused)
+            else error(503, UNAVAILABLE, unreachable(where, exc))
+        )
+        with self._cond:
+            if self._stream is stream:
+                self._stream = None
+            if self._closed:
+                return
+            log.warning("relay: the updates channel of %s failed: %s", self.group, exc)
+            self._answers += 1
+            self._failure = (self._answers, reply)
+            if reply[0] in REFUSED:
+                # the coordinator no longer takes these ranks together: each proves itself
+                # with a poll of its own again
+                self.members.clear()
+                self.cache.ranks.clear()
+            self._cond.notify_all()
+
+    def _next_channel(
+        self, carried: frozenset[int]
+    ) -> tuple[list[int], int, str | None, int | None]:
+        """The ranks, ``after``, door and ``view`` of the channel the lane should have (the lock
+        is held): the members it carries now or may carry. Ranks idle for ``RANK_IDLE_S`` leave
+        the lane first."""
         now = time.monotonic()
-        for rank in [r for r, m in self.members.items() if now - m.seen > RANK_IDLE_S]:
+        idle = [r for r, m in self.members.items() if not m.waiting and now - m.seen > RANK_IDLE_S]
+        for rank in idle:
             del self.members[rank]
             self.cache.forget(rank)
-        ranks = sorted(r for r in self.members if self._eligible(r))[:MAX_QUERY_RANKS]
+        ranks = sorted(r for r in self.members if r in carried or self._eligible(r))
+        ranks = ranks[:MAX_QUERY_RANKS]
         spans = self.cache.ranks
         after = min(
             (spans[r].hi if r in spans else self.members[r].after for r in ranks), default=0
         )
         tokens = [t for t in (self.members[r].token for r in ranks) if t is not None]
-        headers = {"authorization": "Bearer " + ",".join(tokens)} if tokens else None
+        authorization = "Bearer " + ",".join(tokens) if tokens else None
         views = {self.members[r].view for r in ranks}
         view = views.pop() if len(views) == 1 else None
-        return ranks, after, headers, view
+        return ranks, after, authorization, int(view) if view and view.isdigit() else None
 
 
 def _upstream_error(exc: Exception) -> Reply:
@@ -754,14 +1096,17 @@ def _upstream_error(exc: Exception) -> Reply:
 
 
 class Relay:
-    """The relay's HTTP server and its lanes; ``url`` is what the workers get as FOLDPLANE_RELAY.
+    """The relay's HTTP server, its lanes and its upstream loop; ``url`` is what the workers
+    get as FOLDPLANE_RELAY.
 
     ``stats`` counts what it did: worker polls served by a lane (``polls_lane``) or forwarded
-    on their own (``polls_solo``), upstream lane polls (``lane_polls``), worker event requests
-    (``events_requests``), upstream event batches (``events_upstream``; ``events_merged`` of
-    them carried several workers' requests), the largest a lane's cache grew (``cache_bytes``)
-    and the updates dropped to keep it within its bound before every rank had read them
-    (``cache_dropped``).
+    on their own (``polls_solo``), lane channels opened (``lane_channels``), the most open at
+    once (``lane_channels_max``) and the pushes they brought (``lane_pushes``); worker event
+    requests (``events_requests``), upstream event batches (``events_upstream``, with
+    ``events_sent`` events; ``events_merged`` of them carried several workers' requests) and
+    the events channels opened for them (``events_channels``); the largest a lane's cache grew
+    (``cache_bytes``) and the updates dropped to keep it within its bound before every rank had
+    read them (``cache_dropped``).
     """
 
     def __init__(
@@ -779,25 +1124,24 @@ class Relay:
         self.stats = Counters(
             "polls_lane",
             "polls_solo",
-            "lane_polls",
+            "lane_channels",
+            "lane_channels_max",
+            "lane_pushes",
             "events_requests",
             "events_upstream",
             "events_sent",
             "events_merged",
+            "events_channels",
             "cache_bytes",
             "cache_dropped",
-            "upstream_polls_max",
         )
-        self._polls_now = 0
+        self._lane_channels = 0  # open now
+        self.upstream = Upstream(addresses, timeout_s, self.stats)
         self._solo_client = CoordinatorClient(addresses, timeout_s=timeout_s)
         #: the lanes that merge the workers' event requests: heartbeats, as the agent sends
         #: them, in a lane of their own, so a beat never waits behind a slow batch of events
-        self.events = EventsLane(
-            CoordinatorClient(addresses, timeout_s=timeout_s), self.stats, "events"
-        )
-        self.beats = EventsLane(
-            CoordinatorClient(addresses, timeout_s=timeout_s), self.stats, "beats"
-        )
+        self.events = EventsLane(self.upstream, self.stats, "events")
+        self.beats = EventsLane(self.upstream, self.stats, "beats")
         self._lanes: dict[tuple[str, str | None], UpdatesLane] = {}
         self._lock = threading.Lock()
         self._closed = False
@@ -814,6 +1158,7 @@ class Relay:
         return f"http://{host}:{port}"
 
     def start(self) -> Relay:
+        self.upstream.start()
         self.events.start()
         self.beats.start()
         self._thread.start()
@@ -822,7 +1167,7 @@ class Relay:
         return self
 
     def close(self) -> None:
-        """Stop serving, abort the upstream requests in flight (idempotent)."""
+        """Stop serving, close the channels (the batches in flight get ``503``); idempotent."""
         with self._lock:
             if self._closed:
                 return
@@ -833,6 +1178,7 @@ class Relay:
         self._server.server_close()
         for lane in lanes:
             lane.close()
+        self.upstream.close()
         self.events.close()
         self.beats.close()
         self._solo_client.close()
@@ -854,6 +1200,14 @@ class Relay:
                 )
             return lane
 
+    def lane_channel(self, delta: int) -> None:
+        """A lane's channel opened (+1) or ended (-1)."""
+        with self._lock:
+            self._lane_channels += delta
+            if delta > 0:
+                self.stats.add("lane_channels")
+                self.stats.peak("lane_channels_max", self._lane_channels)
+
     # -- what the handler calls ------------------------------------------------------------------
 
     def post_events(self, body: Any, token: str | None, nbytes: int) -> Reply:
@@ -864,6 +1218,14 @@ class Relay:
             return error(422, "invalid_request", f"{len(events)} events; at most {MAX_EVENTS}")
         if not events:
             return 200, {"term": None, "results": []}
+        if nesting(body) > MAX_JSON_DEPTH:
+            # what the coordinator answers such a body (its channel cannot say which batch)
+            return error(
+                400,
+                "nesting_too_deep",
+                f"the body nests arrays and objects more than {MAX_JSON_DEPTH} levels deep, "
+                "the limit (--max-json-depth)",
+            )
         beats = all(e.get("type") == "heartbeat" for e in events)
         return (self.beats if beats else self.events).submit(events, token, nbytes)
 
@@ -879,34 +1241,21 @@ class Relay:
             return error(503, UNAVAILABLE, "the relay is shutting down")
         return lane.poll(args, token)
 
-    @contextlib.contextmanager
-    def upstream_poll(self) -> Iterator[None]:
-        """Count an upstream updates poll while it is in flight (``upstream_polls_max``)."""
-        with self._lock:
-            self._polls_now += 1
-            self.stats.peak("upstream_polls_max", self._polls_now)
-        try:
-            yield
-        finally:
-            with self._lock:
-                self._polls_now -= 1
-
     def forward_poll(self, params: Mapping[str, Any], token: str | None) -> Reply:
-        """One worker's poll, upstream as it came (with its own token)."""
+        """One worker's poll, upstream over HTTP as it came (with its own token)."""
         headers = {"authorization": f"Bearer {token}"} if token else None
         try:
             timeout = min(float(params.get("timeout", QUERY.poll_timeout_s)), MAX_POLL_S)
         except (TypeError, ValueError):
             timeout = MAX_POLL_S
         try:
-            with self.upstream_poll():
-                return 200, self._solo_client.request(
-                    "GET",
-                    "/agents/updates",
-                    params=params,
-                    headers=headers,
-                    timeout_s=timeout + self.timeout_s,
-                )
+            return 200, self._solo_client.request(
+                "GET",
+                "/agents/updates",
+                params=params,
+                headers=headers,
+                timeout_s=timeout + self.timeout_s,
+            )
         except (CoordinatorError, CoordinatorUnavailable, RuntimeError) as exc:
             return _upstream_error(exc)
 

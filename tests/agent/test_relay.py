@@ -1,13 +1,14 @@
-"""The per-host relay against a real coordinator server: batching, tokens, the shared long poll.
+"""The per-host relay against a real coordinator server: batching, tokens, the lane's channel.
 
 The "workers" here speak the agent wire protocol to the relay over HTTP from threads of the
-test, so each test controls exactly who sends what; `test_relay_workers.py` runs real worker
-processes under the launcher's relay.
+test, so each test controls exactly who sends what; the relay speaks to the coordinator over
+host channels. `test_relay_workers.py` runs real worker processes under the launcher's relay.
 """
 
 from __future__ import annotations
 
 import shutil
+import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -171,6 +172,8 @@ def test_events_of_several_workers_share_upstream_requests_and_each_gets_its_own
     assert stats["events_requests"] == 8 + 6 * 8
     assert stats["events_upstream"] < stats["events_requests"], stats
     assert stats["events_merged"] >= 1, stats
+    # every batch (none has a token: auth is off) went on the one untokened channel
+    assert stats["events_channels"] == 1, stats
     for r in ranks:
         r.close()
 
@@ -194,6 +197,9 @@ def test_an_invalid_event_of_one_worker_is_refused_alone(coordinator: Coordinato
 
 def test_bad_requests_to_the_relay_get_a_json_error(relay: Relay):
     http = httpx.Client(base_url=relay.url, timeout=10)
+    deep: Any = {"type": "heartbeat", "group": "g", "rank": 0}
+    for _ in range(40):
+        deep = {"type": "heartbeat", "group": "g", "rank": 0, "x": [deep]}
     cases = [
         (http.post("/agents/events", content=b"not json"), 422, "invalid_request"),
         (http.post("/agents/events", json={"events": "no"}), 422, "invalid_request"),
@@ -202,6 +208,7 @@ def test_bad_requests_to_the_relay_get_a_json_error(relay: Relay):
         (http.get("/views/current", params={"group": "g"}), 404, "not_found"),
         (http.get("/agents/updates", params={"group": "g", "rank": "x"}), 422, "invalid_request"),
         (http.post("/agents/events", content=b"x" * (1024 * 1024 + 1)), 413, "body_too_large"),
+        (http.post("/agents/events", json={"events": [deep]}), 400, "nesting_too_deep"),
     ]
     for answer, status, code in cases:
         assert (answer.status_code, answer.json()["error"]) == (status, code), answer.text
@@ -223,7 +230,7 @@ def test_an_unreachable_coordinator_is_a_503_with_the_json_error_body():
 # -- updates ---------------------------------------------------------------------------------
 
 
-def test_one_upstream_poll_carries_every_local_rank_and_each_gets_only_its_own_updates(
+def test_one_lane_channel_carries_every_local_rank_and_each_gets_only_its_own_updates(
     coordinator: Coordinator, relay: Relay
 ):
     coordinator.create_group("lane", 4, heartbeat_timeout_s=600.0)
@@ -234,7 +241,7 @@ def test_one_upstream_poll_carries_every_local_rank_and_each_gets_only_its_own_u
         r.wait_for(own_state(r.rank, "SYNCED"))
     assert relay.stats["polls_solo"] >= 4  # each rank's first poll proves its own right to it
 
-    # From here on every poll is served from the one upstream poll: the operator reports
+    # From here on every poll is served from the lane's one channel: the operator reports
     # rank 2 dead, and only rank 2 hears of it.
     before = dict(relay.stats)
     polls = [
@@ -252,7 +259,8 @@ def test_one_upstream_poll_carries_every_local_rank_and_each_gets_only_its_own_u
     after = relay.stats
     assert after["polls_solo"] == before["polls_solo"], (before, after)
     assert after["polls_lane"] > before["polls_lane"]
-    assert after["upstream_polls_max"] == 1, after
+    assert after["lane_channels_max"] == 1, after
+    assert after["lane_pushes"] > before["lane_pushes"], (before, after)
 
     # What the relay served equals what the coordinator says, rank by rank.
     for r in ranks:
@@ -324,6 +332,75 @@ def test_the_cache_stays_within_its_bound_and_every_rank_still_gets_everything(
             r.close()
 
 
+def test_a_push_reaches_a_waiting_worker_poll_at_once(coordinator: Coordinator, relay: Relay):
+    coordinator.create_group("prompt", 2, heartbeat_timeout_s=600.0)
+    ranks = [Rank(relay.url, "prompt", r) for r in range(2)]
+    for r in ranks:
+        assert r.send(r.event("join")).status_code == 200
+        r.wait_for(own_state(r.rank, "SYNCED"))
+    solo = relay.stats["polls_solo"]
+    answered: dict[str, Any] = {}
+
+    def poll() -> None:
+        answered["body"] = ranks[1].follow(timeout=30.0)  # nothing new yet: it waits
+
+    waiting = threading.Thread(target=poll)
+    waiting.start()
+    coordinator.client.report_death("prompt", 1, ranks[1].incarnation)
+    reported = time.monotonic()
+    waiting.join(timeout=40)
+    # the push woke the poll: it did not wait out its 30 s
+    assert time.monotonic() - reported < 10.0, answered
+    assert any(own_state(1, "OFFLINE")(u) for u in answered["body"]["updates"]), answered
+    assert relay.stats["polls_solo"] == solo, relay.stats
+    for r in ranks:
+        r.close()
+
+
+def test_the_relay_survives_a_frozen_and_a_restarted_coordinator(tmp_path: Path):
+    c = start_coordinator(tmp_path)
+    port = int(c.url.rsplit(":", 1)[1])
+    try:
+        c.create_group("restart", 2, heartbeat_timeout_s=600.0)
+        with Relay(c.url, timeout_s=1.0) as relay:
+            ranks = [Rank(relay.url, "restart", r) for r in range(2)]
+            for r in ranks:
+                assert r.send(r.event("join")).status_code == 200
+                r.wait_for(own_state(r.rank, "SYNCED"))
+
+            # frozen: no answer in time is a 503, and the channel that did not answer is
+            # dropped, so the next batch opens another
+            opened = relay.stats["events_channels"]
+            c.process.send_signal(signal.SIGSTOP)
+            try:
+                frozen = ranks[0].send(ranks[0].event("heartbeat"))
+            finally:
+                c.process.send_signal(signal.SIGCONT)
+            assert frozen.status_code == 503, frozen.text
+            assert frozen.json()["error"] == "coordinator_unavailable", frozen.text
+            thawed = ranks[0].send(ranks[0].event("heartbeat"))
+            assert thawed.status_code == 200 and "offset" in thawed.json()["results"][0]
+            assert relay.stats["events_channels"] == opened + 1, relay.stats
+
+            # restarted: the lane's channel ends, the lane opens another from where the
+            # cache ends, and the workers' polls are still served by the lane
+            before = dict(relay.stats)
+            stop_coordinator(c)
+            c = start_coordinator(tmp_path, port)
+            for r in ranks:
+                c.client.report_death("restart", r.rank, r.incarnation)
+                until_answered(lambda r=r: r.wait_for(own_state(r.rank, "OFFLINE")))
+            after = dict(relay.stats)
+            assert after["polls_solo"] == before["polls_solo"], (before, after)
+            assert after["lane_channels"] > before["lane_channels"], (before, after)
+            assert after["lane_channels_max"] == 1, after
+            assert ranks[1].send(ranks[1].event("join")).status_code == 200
+            for r in ranks:
+                r.close()
+    finally:
+        stop_coordinator(c)
+
+
 # -- auth ------------------------------------------------------------------------------------
 
 
@@ -360,31 +437,42 @@ def test_with_auth_on_a_worker_cannot_speak_for_another_rank_through_the_relay(
                 code = body["results"][0]["error"] if answer.status_code == 200 else body["error"]
                 assert code in ("forbidden", "unauthorized"), answer.text
 
-        # a merged batch whose first request has a forged token is refused as a whole: each
-        # request is then sent on its own, and rank 0's heartbeat still lands
+        # every tokened batch went on one channel (the door only lets a batch in), and the
+        # untokened ones were each refused at the door of a channel of their own
+        assert relay.stats["events_channels"] == 1, relay.stats
+
+        # a merged batch whose first request has a forged token, when no tokened channel is
+        # open, is refused at the channel's door: each request is then sent on its own, with
+        # its own token at the door, and rank 0's heartbeat still lands
         batch = [
             EventsRequest(with_token([forged.event("join")], forged.token), 100, tokened=True),
             EventsRequest(with_token([zero.event("heartbeat")], zero.token), 100, tokened=True),
         ]
-        split = relay.stats["events_upstream"]
-        (bad_status, bad), (good_status, good) = relay.events.send_batch(batch)
-        assert relay.stats["events_upstream"] == split + 3  # the batch, then each on its own
-        assert (bad_status, bad["error"]) == (403, "forbidden"), bad
-        assert good_status == 200 and "offset" in good["results"][0], good
+        with Relay(secured.url) as fresh:
+            (bad_status, bad), (good_status, good) = fresh.events.send_batch(batch)
+            assert fresh.stats["events_upstream"] == 3  # the batch, then each on its own
+            assert fresh.stats["events_channels"] == 1  # the forged door was refused
+            assert (bad_status, bad["error"]) == (403, "forbidden"), bad
+            assert good_status == 200 and "offset" in good["results"][0], good
+            # once a tokened channel is open, the forged token is refused for its event alone
+            (bad_status, bad), (good_status, good) = fresh.events.send_batch(batch)
+            assert fresh.stats["events_upstream"] == 4 and fresh.stats["events_channels"] == 1
+            assert bad_status == 200 and bad["results"][0]["error"] == "forbidden", bad
+            assert good_status == 200 and "offset" in good["results"][0], good
 
         # polls: rank 0's token cannot read rank 1's updates, before and after rank 1 is
-        # carried by the relay's upstream poll with its own token
+        # carried by the lane's channel with its own token
         assert impostor.poll(timeout=0.5).status_code == 403
         assert one.send(one.event("join")).status_code == 200
         one.wait_for(own_state(1, "SYNCED"))
         zero.wait_for(own_state(0, "SYNCED"))
         one.follow(timeout=0.5)
-        assert relay.stats["lane_polls"] >= 1
+        assert relay.stats["lane_channels"] >= 1
         for _ in range(2):
             answer = impostor.poll(timeout=0.5)
             assert answer.status_code == 403 and answer.json()["error"] == "forbidden"
         assert zero.poll(timeout=0.5, rank=1).status_code == 403
-        # and the rightful ranks are still served by the relay's one upstream poll
+        # and the rightful ranks are still served by the lane's one channel
         before = dict(relay.stats)
         secured.client.report_death("auth", 1, one.incarnation)
         one.wait_for(own_state(1, "OFFLINE"))
