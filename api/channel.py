@@ -212,17 +212,12 @@ class _BatchId(msgspec.Struct):
 
 
 _decode_id = msgspec.json.Decoder(_BatchId).decode
-#: where the hosts put the id, first: read without decoding what follows it
+#: where the hosts put the id, first: read without decoding what follows
 _LEADING_ID = re.compile(rb'\s*\{\s*"id"\s*:\s*([0-9]{1,16})\s*[,}]')
 
 
-def _id_of(payload: bytes) -> int | None:
-    """The id of a message refused before it was decoded (nested too deeply), if it can be
-    read: decoded (the decoder stops at its own depth), or at the start of the message."""
-    try:
-        return _decode_id(payload).id
-    except (msgspec.ValidationError, msgspec.DecodeError, RecursionError):
-        pass
+def _leading_id(payload: bytes) -> int | None:
+    """The id at the start of a message the decoder could not read (nested past its depth)."""
     found = _LEADING_ID.match(payload)
     return int(found.group(1)) if found is not None and int(found.group(1)) <= 2**53 else None
 
@@ -390,12 +385,15 @@ class HostChannel(asyncio.Protocol):
         """One ``{"id", "events"}`` message: its records queued, its answer written when the
         host's future is done."""
         try:
-            check_depth(payload, self.max_depth)
-            batch_id = _decode_id(payload).id
-        except ApiError as exc:  # too deep: answered with its id when the id can be read
-            self._write_message({"id": _id_of(payload), **_error(exc)})
-            return
+            batch_id: int | None = _decode_id(payload).id
+        except RecursionError:  # nested past the decoder's depth: refused below, by its id
+            batch_id = _leading_id(payload)
         except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+            try:
+                check_depth(payload, self.max_depth)  # a message too deep says so first
+            except ApiError as deep:
+                self._write_message({"id": None, **_error(deep)})
+                return
             self._write_message(
                 {
                     "id": None,
@@ -407,6 +405,8 @@ class HostChannel(asyncio.Protocol):
             return
         try:
             batch = EventsBatch.read(self.state, self.principal, payload)
+            if batch_id is None:  # the decoder's depth is past --max-json-depth's bound
+                raise ApiError(422, "invalid_request", "a channel message needs an integer id")
             future = self.host.enqueue_many(batch.records, normalized=True)
         except (ApiError, HostUnavailable) as exc:
             self._write_message({"id": batch_id, **_error(exc)})

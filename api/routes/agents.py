@@ -124,7 +124,16 @@ class EventsBatch:
         """The answer's JSON once the host has decided every record (one outcome each); on
         the host channel (``api.channel``) it carries the batch's ``id`` first."""
         decided = iter(outcomes)
-        answered = [r if r is not None else _result(next(decided)) for r in self.results]
+        # the beats of one shared record have one outcome, the same object: worded once
+        worded: dict[int, dict[str, Any]] = {}
+        answered = []
+        for result in self.results:
+            if result is None:
+                outcome = next(decided)
+                result = worded.get(id(outcome))
+                if result is None:
+                    result = worded[id(outcome)] = _result(outcome)
+            answered.append(result)
         if batch_id is None:
             return encode_json({"term": term, "results": answered})
         return encode_json({"id": batch_id, "term": term, "results": answered})
