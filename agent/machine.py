@@ -354,19 +354,26 @@ class AgentMachine:
         return not self.data_plane_ready or self.moving
 
     def next_deadline(self) -> float | None:
-        """The earliest time at which a Tick may produce something; None if nothing is timed."""
-        times = []
-        if self.phase == _JOINED and self._next_heartbeat is not None:
-            times.append(self._next_heartbeat)
-        if self._join_retry_at is not None:
-            times.append(self._join_retry_at)
-        if self._in_flight is None and any(
-            self.phase != _JOINING or e["type"] == "join" for e in self._outbox
+        """The earliest time at which a Tick may produce something; None if nothing is timed.
+        (Asked after every input by hosts that carry many ranks: no list, no generator.)"""
+        best = self._next_heartbeat if self.phase == _JOINED else None
+        retry = self._join_retry_at
+        if retry is not None and (best is None or retry < best):
+            best = retry
+        if (
+            self._in_flight is None
+            and self._outbox
+            and (self.phase != _JOINING or any(e["type"] == "join" for e in self._outbox))
+            and (best is None or self._send_at < best)
         ):
-            times.append(self._send_at)
-        if self._beat is not None and not self._beat_in_flight:
-            times.append(self._beat_send_at)
-        return min(times) if times else None
+            best = self._send_at
+        if (
+            self._beat is not None
+            and not self._beat_in_flight
+            and (best is None or self._beat_send_at < best)
+        ):
+            best = self._beat_send_at
+        return best
 
     def step(self, event: Input) -> list[Action]:
         """Feed one input; return what the host must do, in order."""
