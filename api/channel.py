@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated, Any, NamedTuple
@@ -49,8 +50,9 @@ PATH = b"/agents/channel"
 
 log = logging.getLogger("foldplane.api")
 
-#: A host that has sent nothing for this long pings (``agent``'s clients do at a third of it).
-PING_S = 20.0
+#: The most batches of one channel waiting for their answers before it is read no further (a
+#: host has two lanes, one batch in flight each; a relay a few more).
+MAX_IN_FLIGHT = 64
 
 
 class ChannelQuery(NamedTuple):
@@ -227,10 +229,12 @@ class HostChannel(asyncio.Protocol):
 
     Time limits, on one timer: a frame begun must arrive whole within ``frame_timeout_s``
     (else close ``1008``), and a channel that sends nothing at all, not even a ping, for
-    ``idle_s`` is closed (``1001``). Pushes wait while the client does not read (the
-    transport's write buffer over its high-water mark) and resume, from the journals, once it
-    drained. On shutdown the batches in flight are answered, then the channel closes
-    (``1001``), and the host reconnects to whichever coordinator leads.
+    ``idle_s`` is closed (``1001``). Back pressure: while the client does not read (the
+    transport's write buffer over its high-water mark) pushes wait, to resume from the journals
+    once it drained, and nothing more is read from it; nor while :data:`MAX_IN_FLIGHT` of its
+    batches wait for their answers. So a client that sends without reading holds a bounded
+    amount of the coordinator's memory. On shutdown the batches in flight are answered, then
+    the channel closes (``1001``), and the host reconnects to whichever coordinator leads.
     """
 
     def __init__(
@@ -257,8 +261,12 @@ class HostChannel(asyncio.Protocol):
         self._reader = ws.FrameReader(masked=True, max_message=max_message)
         self.transport: asyncio.Transport | None = None
         self._loop = asyncio.get_running_loop()
-        #: batches answered by the host but not yet written, by id (a batch in flight)
+        #: batches queued for the host and not yet answered
         self._in_flight = 0
+        #: why reading is paused: the client does not read, or too many batches in flight;
+        #: and the messages received but not acted on meanwhile
+        self._held: set[str] = set()
+        self._backlog: deque[ws.Message] = deque()
         self._closing = False
         self._paused = False
         self._waiter: asyncio.Future[None] | None = None
@@ -295,9 +303,14 @@ class HostChannel(asyncio.Protocol):
             if self._timer is not None and self._timer.when() > self._next_deadline():
                 self._timer.cancel()
                 self._arm()
-        for message in messages:
-            if self._closing:
-                return
+        self._backlog.extend(messages)
+        self._take_messages()
+
+    def _take_messages(self) -> None:
+        """Act on the messages received, in order, while nothing holds the channel back."""
+        backlog = self._backlog
+        while backlog and not self._held and not self._closing:
+            message = backlog.popleft()
             opcode = message.opcode
             if opcode == ws.TEXT:
                 self._on_batch(message.payload)
@@ -321,11 +334,25 @@ class HostChannel(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         self._paused = True
+        self._hold("writing")
 
     def resume_writing(self) -> None:
         self._paused = False
+        self._release("writing")
         if not self._closing and self.query.group is not None and self._waiter is None:
             self._push_or_wait()
+
+    def _hold(self, why: str) -> None:
+        if not self._held and self.transport is not None:
+            self.transport.pause_reading()
+        self._held.add(why)
+
+    def _release(self, why: str) -> None:
+        if why in self._held:
+            self._held.discard(why)
+            if not self._held and self.transport is not None and not self.transport.is_closing():
+                self.transport.resume_reading()
+                self._take_messages()
 
     def shutdown(self) -> None:
         """The server is shutting down (uvicorn calls this on every connection): take no more
@@ -412,10 +439,14 @@ class HostChannel(asyncio.Protocol):
             self._write_message({"id": batch_id, **_error(exc)})
             return
         self._in_flight += 1
+        if self._in_flight >= MAX_IN_FLIGHT:
+            self._hold("in flight")
         future.add_done_callback(lambda done: self._answer(batch_id, batch, done))
 
     def _answer(self, batch_id: int, batch: EventsBatch, done: asyncio.Future[Any]) -> None:
         self._in_flight -= 1
+        if self._in_flight < MAX_IN_FLIGHT:
+            self._release("in flight")
         try:
             body = batch.answer(done.result(), self.host.log.term, batch_id=batch_id)
         except HostUnavailable as exc:
