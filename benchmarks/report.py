@@ -7,7 +7,8 @@ how to reproduce it. A run file is what ``python -m benchmarks --json FILE`` wri
 ``{"run": {...}, "results": [...]}``; ``run`` says when and how it was made (see ``RUN_FIELDS``).
 
 ``--check FILE`` renders and compares with FILE instead of printing: exit status 1 and a short
-diff when they differ, so the page cannot drift from its data.
+diff when they differ, so the page cannot drift from its data. ``--plot FILE`` writes the
+scale benchmark's growth picture instead (:func:`growth_svg`, docs/scale-growth.svg).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import argparse
 import ast
 import difflib
 import json
+import math
 import re
 import sys
 from pathlib import Path
@@ -28,6 +30,8 @@ NOT_BENCHES = {"harness", "report", "__main__", "__init__"}
 
 #: The command that regenerates the page; the test runs the same.
 REGENERATE = "python -m benchmarks.report docs/benchmark-runs/*.json > docs/benchmarks.md"
+#: The command that redraws the scale benchmark's growth picture.
+REPLOT = "python -m benchmarks.report --plot docs/scale-growth.svg docs/benchmark-runs/*.json"
 
 INTRO = """\
 Every figure here comes from `python -m benchmarks` on this project's reference machine: 2 vCPUs
@@ -51,9 +55,10 @@ REPRODUCE = """\
 .venv/bin/python -m benchmarks --quick --json bench.json            # all of them, smaller sizes
 .venv/bin/python -m benchmarks eventlog fold healthy_set            # full sizes, a few at a time
 .venv/bin/python -m benchmarks --help
-# record a run and regenerate this page:
+# record a run and regenerate this page (and, for a scale run, its picture):
 .venv/bin/python -m benchmarks NAME... --json docs/benchmark-runs/YYYY-MM-DD-NAME.json
 .venv/bin/{regenerate}
+.venv/bin/{replot}
 ```
 
 `--quick` uses smaller sizes (e.g. replay over 200,000 records instead of 1,000,000; 3 kills
@@ -87,20 +92,26 @@ heartbeat, an ACK and a failure cost in the fold is in [fold.md](fold.md#perform
 How to read it, and what was taken out of the request path to reach these figures, is in
 [operations.md](operations.md#figures).""",
     "scale": """\
-How the costs grow with N: bytes to agents per view change are constant per rank (the deltas of
-one rank lost, one long poll per host; the largest report and update at 65,536 ranks are bounded
-by `tests/scale/test_limits.py`); log bytes per rank-hour fall with N, since a shared heartbeat
+How the costs grow with N (the picture divides each figure by its value at 1,024 ranks, from
+the table's run; `python -m benchmarks.report --plot` draws it, see "How to reproduce"):
+
+![each scale figure against N, beside a constant and N itself](scale-growth.svg)
+
+Bytes to agents per view change are constant per rank (the deltas of one rank lost, pushed once
+per host's channel; the largest report and update at 65,536 ranks are bounded by
+`tests/scale/test_limits.py`); log bytes per rank-hour fall with N, since a shared heartbeat
 record costs its fixed overhead plus a rank set (a bitmap of the group at most); coordinator
-memory grows linearly; coordinator CPU per heartbeat is constant. It is the HTTP request (8
-beats a request: uvicorn's parsing and the connection's own answer), the API's, host's and
-fold's work for each beat (reading the batch, queueing, the pre-check, the shared record, the
-answer), the log's writer thread, and the steady state's periodic work (every host's long poll
-timing out each 10 s, a snapshot each 30 s); the simulator, on the same two cores, spends about
-as much CPU per beat as the coordinator. The view change at 16,384 ranks grows faster than N:
-the heartbeats alone keep the coordinator's core busy for most of each second (16,384 beats a
-second at the row above), and the change's own work gets what is left; in the recorded run the
-coordinator's CPU over a change (its `coordinator_cpu_s`) is most of the change's wall time.
-How fast the machine ran is in the run line (`reference_ms`).""",
+memory grows far slower than N (its fixed part dominates); coordinator CPU per heartbeat is
+constant, a little lower at larger N, where the fixed work of a second (a snapshot now and then,
+the flush of the shared records) is shared by more beats. Per heartbeat it is a host's message
+on its channel (a WebSocket frame of 8 beats: its header and mask, then the batch decoded and
+checked), the host's work for the batch (one input for its beats, each checked by one test, the
+shared record's append, the answer), and the log's writer thread. Formation and the view
+change grow linearly: every rank joins, reports and ACKs once, and every host gets each push
+once. The simulated agents (N real agent machines in the benchmark's process, on the same two
+cores) spend about as much CPU over a view change as the coordinator: each view change's wall
+time is bounded by the two together (`coordinator_cpu_s` is the coordinator's part). How fast
+the machine ran is in the run line (`reference_ms`).""",
 }
 
 
@@ -273,7 +284,7 @@ def render(runs: list[dict]) -> str:
         "",
         "## How to reproduce",
         "",
-        REPRODUCE.format(regenerate=REGENERATE),
+        REPRODUCE.format(regenerate=REGENERATE, replot=REPLOT),
         "",
         "## Against the targets",
         "",
@@ -312,11 +323,98 @@ def render(runs: list[dict]) -> str:
     return "\n".join(out) + "\n"
 
 
+#: The scale rows the growth picture draws: (metric prefix, label, colour).
+GROWTH_ROWS = (
+    ("formation", "formation", "#1f77b4"),
+    ("view change", "view change", "#d62728"),
+    ("coordinator cpu per heartbeat", "cpu per heartbeat", "#2ca02c"),
+    ("bytes to agents per view change", "bytes per view change", "#9467bd"),
+    ("log bytes per rank-hour", "log bytes per rank-hour", "#8c564b"),
+    ("coordinator rss", "coordinator rss", "#ff7f0e"),
+)
+
+
+def growth_svg(runs: list[dict]) -> str:
+    """How each scale row grows with N in the newest scale run: every figure divided by its
+    value at the smallest N, on log scales, beside the lines of a constant and of N."""
+    chosen = newest_runs(runs).get("scale")
+    if chosen is None:
+        raise SystemExit("no run of the scale benchmark to draw")
+    series: dict[str, dict[int, float]] = {}
+    for r in chosen["results"]:
+        found = re.fullmatch(r"(.+) (\d+) ranks", r["metric"])
+        if r["bench"] == "scale" and found and r["median"] == r["median"]:  # not NaN
+            series.setdefault(found.group(1), {})[int(found.group(2))] = float(r["median"])
+    sizes = sorted({n for values in series.values() for n in values})
+    if len(sizes) < 2:
+        raise SystemExit("the newest scale run has fewer than two group sizes to draw")
+    width, height, left, right, top, bottom = 600, 300, 56, 200, 28, 40
+    lo, hi = -5.0, 5.0  # log2 of the growth: 1/32 to 32 times
+
+    def x(n: int) -> float:
+        span = math.log2(sizes[-1] / sizes[0])
+        return left + (width - left - right) * math.log2(n / sizes[0]) / span
+
+    def y(growth: float) -> float:
+        g = min(max(math.log2(growth), lo), hi)
+        return top + (height - top - bottom) * (hi - g) / (hi - lo)
+
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="11">',
+        f'<rect width="{width}" height="{height}" fill="white"/>',
+        f'<text x="{left}" y="16" font-size="12">scale: each figure at N / at N = '
+        f"{sizes[0]:,} ({chosen['run']['date']})</text>",
+    ]
+    for g in range(int(lo), int(hi) + 1):
+        out.append(
+            f'<line x1="{left}" y1="{y(2**g):.1f}" x2="{width - right}" y2="{y(2**g):.1f}" '
+            'stroke="#eee"/>'
+        )
+        label = f"{2**g:g}x" if g >= 0 else f"1/{2**-g:g}"
+        out.append(f'<text x="{left - 6}" y="{y(2**g) + 4:.1f}" text-anchor="end">{label}</text>')
+    for n in sizes:
+        out.append(
+            f'<text x="{x(n):.1f}" y="{height - bottom + 16}" text-anchor="middle">N = {n:,}</text>'
+        )
+    for ref, label in ((lambda n: n / sizes[0], "∝ N"), (lambda n: 1.0, "constant")):
+        points = " ".join(f"{x(n):.1f},{y(ref(n)):.1f}" for n in sizes)
+        out.append(
+            f'<polyline points="{points}" fill="none" stroke="#999" stroke-dasharray="4,3"/>'
+        )
+        middle = sizes[len(sizes) // 2]
+        out.append(
+            f'<text x="{x(middle) - 4:.1f}" y="{y(ref(middle)) - 5:.1f}" fill="#777" '
+            f'text-anchor="end">{label}</text>'
+        )
+    labels: list[tuple[float, str, str]] = []
+    for prefix, label, colour in GROWTH_ROWS:
+        values = series.get(prefix, {})
+        drawn = [n for n in sizes if n in values and values[n] > 0]
+        if len(drawn) < 2 or drawn[0] != sizes[0]:
+            continue
+        base = values[drawn[0]]
+        points = " ".join(f"{x(n):.1f},{y(values[n] / base):.1f}" for n in drawn)
+        out.append(f'<polyline points="{points}" fill="none" stroke="{colour}" stroke-width="2"/>')
+        growth = values[drawn[-1]] / base
+        labels.append((y(growth), f"{label} x{growth:.2g}", colour))
+    at = -1e9
+    for ly, text, colour in sorted(labels):  # keep the labels at the right from overlapping
+        at = max(ly + 4, at + 13)
+        out.append(f'<text x="{width - right + 8}" y="{at:.1f}" fill="{colour}">{text}</text>')
+    out.append("</svg>")
+    return "\n".join(out) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.report", description=__doc__)
     p.add_argument("runs", nargs="+", metavar="RUN.json", type=Path)
     p.add_argument("--check", metavar="FILE", type=Path, help="compare with FILE, do not print")
+    p.add_argument("--plot", metavar="FILE", type=Path, help="write the scale growth picture")
     args = p.parse_args(argv)
+    if args.plot is not None:
+        args.plot.write_text(growth_svg([load(path) for path in args.runs]))
+        return 0
     text = render([load(path) for path in args.runs])
     if args.check is None:
         sys.stdout.write(text)

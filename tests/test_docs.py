@@ -34,6 +34,17 @@ def test_check_mode_says_when_the_page_drifted(tmp_path: Path) -> None:
     assert report.main([*map(str, _runs()), "--check", str(page)]) == 0
 
 
+def test_scale_growth_picture_is_what_the_newest_scale_run_draws() -> None:
+    """docs/scale-growth.svg is exactly what ``report.REPLOT`` writes, and the page shows it."""
+    drawn = report.growth_svg([report.load(p) for p in _runs()])
+    assert (DOCS / "scale-growth.svg").read_text() == drawn, (
+        f"docs/scale-growth.svg is stale; redraw: {report.REPLOT}"
+    )
+    assert "](scale-growth.svg)" in (DOCS / "benchmarks.md").read_text()
+    for label in ("view change", "cpu per heartbeat", "bytes per view change", "∝ N"):
+        assert label in drawn, label
+
+
 def test_every_benchmark_has_a_section_with_the_rows_of_its_newest_run() -> None:
     text = (DOCS / "benchmarks.md").read_text()
     for name in report.bench_names():
