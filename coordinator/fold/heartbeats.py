@@ -9,11 +9,13 @@ record names every rank that beat, and each is alive as of the record's time.
 
 The rules:
 
-- A beat is checked against the fold when it arrives (a stale incarnation is answered at
-  once), and **again right before its record is appended**, against the state that record
+- A beat is checked against the fold when the host admits it (a stale incarnation is answered
+  then), and **again right before its record is appended**, against the state that record
   will be folded on: a join, exit or death appended while the beat waited makes it stale, and
-  it is answered as such instead of being written.
-- Beats wait at most ``flush_s``. A ``tick`` flushes every waiting beat first, in the same
+  it is answered as such instead of being written. The host admits a submission of nothing but
+  beats when it turns for another input, or when the oldest of them is due: they wait for a
+  shared record anyway, so the host's loop does not turn for each host's beats.
+- Beats wait at most ``flush_s`` from their arrival. A ``tick`` flushes every waiting beat first, in the same
   append, so no rank times out while its beat waits here.
 - One rank beating twice within a window is one fact at the record's time: the rank is named
   once, and both beats get the record's offset.

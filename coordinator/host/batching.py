@@ -159,8 +159,8 @@ class Admission:
                     continue
                 beats = _alone(item)  # a beat submitted on its own: a bundle of one
             self.check_beats(beats)
-            if beats.ranks:
-                self.beats.add(beats.group, beats, len(beats), now)
+            if beats.ranks:  # due flush_s after they arrived, however long they were queued
+                self.beats.add(beats.group, beats, len(beats), min(beats.arrived, now))
         # A tick flushes every waiting beat ahead of it: no rank times out while its beat waits.
         ticking = any(item.record.kind == "tick" for item in accepted)
         shared = [

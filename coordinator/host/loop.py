@@ -178,6 +178,10 @@ class Host:
         self._max_batch = max_batch
         self._applied = machine.offset
         self._has_input = asyncio.Event()
+        #: when the oldest beats queued without waking the loop arrived, and the timer that
+        #: wakes it when they are due (see ``_enqueue``)
+        self._beats_queued_at: float | None = None
+        self._beats_wake: asyncio.TimerHandle | None = None
         self._changed = asyncio.Event()
         self._proposal_waiters: dict[int, list[asyncio.Future[Proposal]]] = defaultdict(list)
         self._last_ts = 0
@@ -368,9 +372,21 @@ class Host:
             raise self._unavailable
         loop = asyncio.get_running_loop()
         reply = Reply(loop.create_future(), len(records))
-        queue_submission(
-            self.queue, records, reply, key, precheck, loop.time(), normalized=normalized
-        )
+        queue = self.queue
+        before = len(queue)
+        now = loop.time()
+        queue_submission(queue, records, reply, key, precheck, now, normalized=normalized)
+        if len(queue) == before:
+            return reply.future  # every record was answered at once (invalid)
+        flush_s = self.admission.beats.flush_s
+        if flush_s > 0 and all(queue[i].beats is not None for i in range(before, len(queue))):
+            # Nothing but beats: they wait for a shared record anyway, so the loop need not
+            # wake for them until the oldest queued one is due (or another input wakes it):
+            # the beats of every host that arrive meanwhile are admitted in one turn.
+            if self._beats_queued_at is None:
+                self._beats_queued_at = now
+                self._beats_wake = loop.call_at(now + flush_s, self._has_input.set)
+            return reply.future
         self._has_input.set()
         return reply.future
 
@@ -529,6 +545,10 @@ class Host:
         batch = take_batch(self.queue, self._max_batch)
         if not self.queue:
             self._has_input.clear()
+            self._beats_queued_at = None
+            if self._beats_wake is not None:
+                self._beats_wake.cancel()
+                self._beats_wake = None
         if batch or (beats_due is not None and asyncio.get_running_loop().time() >= beats_due):
             return batch
         return None

@@ -16,9 +16,10 @@ from tests.fold.script import Script
 from wire import ranks as rank_sets
 
 
-def queued(*records: NewRecord, key: tuple[Any, ...] | None = None) -> list[Input]:
+def queued(*records: NewRecord, key: tuple[Any, ...] | None = None, at: float = 0.0) -> list[Input]:
+    """The inputs of one submission that arrived ``at`` (the loop's clock)."""
     reply = Reply(asyncio.get_running_loop().create_future(), len(records))
-    return [Input(rec, validate(rec), reply, i, key, None, 0.0) for i, rec in enumerate(records)]
+    return [Input(rec, validate(rec), reply, i, key, None, at) for i, rec in enumerate(records)]
 
 
 def rec(kind: str, rank: int | None = None, group: str = "g", **payload: Any) -> NewRecord:
@@ -164,8 +165,8 @@ async def test_a_waiting_beat_is_checked_again_only_if_its_group_changed_meanwhi
     assert checks == [0, 1]  # the first check of each
     [shared] = admit.admit([], now=1.0)  # nothing any check reads changed: not checked again
     assert checks == [0, 1] and shared.record.payload["ranks"] == rank_sets.encode([0, 1])
-    later = queued(rec("heartbeat", 0, incarnation="g-0-a")) + queued(
-        rec("heartbeat", 1, incarnation="g-1-a")
+    later = queued(rec("heartbeat", 0, incarnation="g-0-a"), at=2.0) + queued(
+        rec("heartbeat", 1, incarnation="g-1-a"), at=2.0
     )
     admit.admit(later, now=2.0)
     script.exit(2)  # rank 2 left: the group's fence epoch moved on
