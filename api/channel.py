@@ -316,9 +316,14 @@ class HostChannel(asyncio.Protocol):
                 self._on_batch(message.payload)
             elif opcode == ws.PING:
                 self._write(ws.frame(ws.PONG, message.payload))
-            elif opcode == ws.CLOSE:
+            elif opcode == ws.CLOSE:  # the closing handshake: its code echoed, when it may be
                 code, _ = ws.parse_close(message.payload)
-                self.close(ws.NORMAL if code == ws.NO_STATUS else code, "")
+                if len(message.payload) < 2:  # no code at all
+                    self.close(ws.NORMAL, "")
+                elif ws.sendable_close_code(code):
+                    self.close(code, "")
+                else:
+                    self.close(ws.PROTOCOL_ERROR, f"close code {code} may not be sent")
             elif opcode == ws.BINARY:
                 self.close(ws.UNSUPPORTED_DATA, "the channel carries JSON text messages only")
             # a pong needs nothing: hearing it was the point
@@ -395,7 +400,15 @@ class HostChannel(asyncio.Protocol):
         if self._closing:
             return
         now = self._loop.time()
-        if self._partial_since is not None and now >= self._partial_since + self.frame_timeout_s:
+        if "in flight" in self._held:  # the host is behind, not the client: its time stands still
+            self._heard = now
+            if self._partial_since is not None:
+                self._partial_since = now
+        if (
+            self._partial_since is not None
+            and not self._held
+            and (now >= self._partial_since + self.frame_timeout_s)
+        ):
             self.close(
                 ws.POLICY_VIOLATION,
                 f"a frame not sent whole within {self.frame_timeout_s:g} s (--request-timeout-s)",

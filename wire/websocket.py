@@ -129,6 +129,12 @@ def close_payload(code: int, reason: str = "") -> bytes:
     return struct.pack("!H", code) + data
 
 
+def sendable_close_code(code: int) -> bool:
+    """Whether a close frame may carry ``code`` (RFC 6455, 7.4: the defined codes but the three
+    reserved for reporting, and those registered or private)."""
+    return 1000 <= code <= 1014 and code not in (1004, 1005, 1006) or 3000 <= code <= 4999
+
+
 def parse_close(payload: bytes) -> tuple[int, str]:
     """The code and reason of a close frame (``NO_STATUS`` when it has none)."""
     if len(payload) < 2:

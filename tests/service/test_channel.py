@@ -408,3 +408,17 @@ async def test_a_shutdown_answers_what_is_in_flight_then_closes_going_away(tmp_p
         await channel.ended
     assert "1001" in str(channel.closed), channel.closed
     assert await stop == 0
+
+
+@pytest.mark.parametrize(
+    ("sent", "echoed"),
+    [(ws.close_payload(1000, "bye"), 1000), (b"", 1000), (ws.close_payload(1005), 1002)],
+)
+async def test_a_close_is_answered_with_its_code_or_a_protocol_error(
+    srv: Server, sent: bytes, echoed: int
+) -> None:
+    raw, _, _, _ = await Raw.open(srv, "/agents/channel?protocol=2")
+    raw.send(ws.CLOSE, sent)
+    code, _ = await raw.closed_with()
+    assert code == echoed  # 1005 says "no code was sent": a peer may not send it
+    assert await raw.reader.read() == b""

@@ -163,3 +163,24 @@ def test_a_half_sent_frame_is_pending_until_it_is_whole() -> None:
 def test_a_close_payload_carries_a_code_and_a_reason_that_fits(payload, expected) -> None:
     assert len(payload) <= 125
     assert ws.parse_close(payload) == expected
+
+
+@pytest.mark.parametrize(
+    ("code", "sendable"),
+    [
+        (1000, True),
+        (1001, True),
+        (1004, False),
+        (1005, False),
+        (1006, False),
+        (1011, True),
+        (1015, False),
+        (2999, False),
+        (3000, True),
+        (4999, True),
+        (5000, False),
+        (999, False),
+    ],
+)
+def test_only_the_close_codes_rfc_6455_lets_a_peer_send_are_sendable(code, sendable) -> None:
+    assert ws.sendable_close_code(code) is sendable
