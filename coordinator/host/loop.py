@@ -79,6 +79,10 @@ __all__ = [
 
 log = logging.getLogger("foldplane.host")
 
+#: How many queued inputs (beats of as many host batches) wake the loop even before the oldest
+#: of them is due: few enough that admitting them is a short turn at any group size.
+QUEUED_BEATS_WAKE = 256
+
 TERMINAL = frozenset({"applied", "applied_with_dropped_ranks", "rejected"})
 
 
@@ -379,10 +383,15 @@ class Host:
         if len(queue) == before:
             return reply.future  # every record was answered at once (invalid)
         flush_s = self.admission.beats.flush_s
-        if flush_s > 0 and all(queue[i].beats is not None for i in range(before, len(queue))):
+        if (
+            flush_s > 0
+            and len(queue) < QUEUED_BEATS_WAKE
+            and all(queue[i].beats is not None for i in range(before, len(queue)))
+        ):
             # Nothing but beats: they wait for a shared record anyway, so the loop need not
-            # wake for them until the oldest queued one is due (or another input wakes it):
-            # the beats of every host that arrive meanwhile are admitted in one turn.
+            # wake for them until the oldest queued one is due, another input wakes it, or
+            # QUEUED_BEATS_WAKE hosts' beats wait: those that arrive meanwhile are admitted
+            # in one turn, and no turn admits more than that many hosts' beats at once.
             if self._beats_queued_at is None:
                 self._beats_queued_at = now
                 self._beats_wake = loop.call_at(now + flush_s, self._has_input.set)
