@@ -107,8 +107,9 @@ the flush of the shared records) is shared by more beats. Per heartbeat it is a 
 on its channel (a WebSocket frame of 8 beats: its header and mask, then the batch decoded and
 checked), the host's work for the batch (one input for its beats, each checked by one test, the
 shared record's append, the answer), and the log's writer thread. Formation and the view
-change grow linearly: every rank joins, reports and ACKs once, and every host gets each push
-once. The simulated agents (N real agent machines in the benchmark's process, on the same two
+change grow about linearly: every rank joins, reports and ACKs once, and every host gets each
+push once; the view change somewhat faster, since at 16,384 ranks the heartbeats (16,384 a
+second) take a larger share of both processes' cores while it runs. The simulated agents (N real agent machines in the benchmark's process, on the same two
 cores) spend about as much CPU over a view change as the coordinator: each view change's wall
 time is bounded by the two together (`coordinator_cpu_s` is the coordinator's part). How fast
 the machine ran is in the run line (`reference_ms`).""",
