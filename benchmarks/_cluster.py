@@ -2,7 +2,7 @@
 
 ``Coordinator`` runs ``python -m coordinator serve`` on a SQLite file in a temporary directory.
 The agents are ``agent.simhost``'s: the real ``AgentMachine`` for every rank, 8 ranks to a host
-by default, their events batched per lane and one long poll per host. ``TimedHost`` adds a
+by default, each host on its channel: events batched per lane, updates pushed. ``TimedHost`` adds a
 record of what each rank waits for each kind of event.
 """
 

@@ -2,8 +2,8 @@
 
 One group of 512 ranks on a real coordinator with a SQLite log (WAL, ``synchronous=FULL``). The
 agents are simulated hosts (``agent.simhost``): the real ``AgentMachine`` for every rank, each
-host's beats batched into one request on their own lane and its other events on another. Every
-heartbeat is durable before it is answered. What a rank waits for an event runs from the moment
+host on its channel (``GET /agents/channel``), its beats batched into one message on their own
+lane and its other events on another. Every heartbeat is durable before it is answered. What a rank waits for an event runs from the moment
 its machine hands the event to its host's lane to the answer (``benchmarks._cluster.TimedHost``).
 
 - **saturation**: the coordinator runs with ``--heartbeat-flush-s 0`` (every batch of beats is
@@ -13,8 +13,8 @@ its machine hands the event to its host's lane to the answer (``benchmarks._clus
   run in this process, beside the coordinator on the same cores, so the generator bounds it too.
 - **latency at the target rate**: the coordinator runs with the default flush interval (beats
   share a record for up to 0.5 s), and every machine's beat falls due so that 10,000 beats/s
-  are offered. A heartbeat's wait is made of: the wait behind the host's beat request in
-  flight; the request; the wait for its shared record, which the coordinator appends
+  are offered. A heartbeat's wait is made of: the wait behind the host's beat batch in
+  flight; the message; the wait for its shared record, which the coordinator appends
   ``heartbeat_flush_s`` after the first beat of the group that it holds arrived (a tick appends
   it sooner); the record's durable append; the answer. A machine keeps one beat in flight and
   the newest beat due replaces the one waiting, so a rank's beats are as frequent as its
@@ -55,7 +55,7 @@ FLUSH_S = 0.5
 #: How often each machine's beat falls due in the saturation measurement (closed loop).
 SATURATION_INTERVAL_S = 0.02
 #: One view change of the 512-rank group a second: far more churn than a real job sees, and
-#: each one is a full barrier (64 long-poll wake-ups, 512 ACKs).
+#: each one is a full barrier (64 hosts' pushes, twice, 512 ACKs).
 PROPOSAL_INTERVAL_S = 1.0
 CONFIG = {
     "heartbeat_timeout_s": 30.0,
@@ -274,7 +274,7 @@ async def _run_async(quick: bool) -> list[Result]:
                 "heartbeats": len(beats),
                 "acked_per_s": [w["rate"] for w in offered],
                 "heartbeat_flush_s": FLUSH_S,
-                "made_of": "wait behind the host's beat request in flight + request + wait "
+                "made_of": "wait behind the host's beat batch in flight + its message + wait "
                 "for the shared record (up to heartbeat_flush_s) + durable append + answer",
             },
         ),
