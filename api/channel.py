@@ -39,7 +39,7 @@ from msgspec import Meta
 
 from api.codec import check_depth, encode_json
 from api.errors import ApiError
-from api.routes.agents import EventsBatch, poll_ranks
+from api.routes.agents import EventsBatch, poll_ranks, updates_body
 from coordinator.auth import Authenticator, AuthError, Principal
 from coordinator.host.loop import Host, HostUnavailable
 from coordinator.host.polls import UpdatesAnswer
@@ -514,18 +514,8 @@ class HostChannel(asyncio.Protocol):
             self.host.journals.forget(self.query.group, waiter)
 
     def _push(self, answer: UpdatesAnswer) -> None:
-        host = self.host
-        body: dict[str, Any] = {
-            "term": host.log.term,
-            "updates": answer.encoded,
-            "next_after": answer.next_after,
-            "resync": answer.resync,
-            "store": host.store_address,
-        }
-        if answer.restored:
-            body["restored"] = True
         self.after = answer.next_after
-        self._write(ws.frame(ws.TEXT, encode_json(body)))
+        self._write(ws.frame(ws.TEXT, encode_json(updates_body(self.host, answer))))
 
     def _refuse_updates(self, exc: HostUnavailable) -> None:
         """This coordinator no longer serves updates: say why, and close for the host to

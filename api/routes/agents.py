@@ -39,6 +39,7 @@ from api.models import (
 from api.openapi import answers, body
 from coordinator.auth import Authenticator, AuthError, Principal
 from coordinator.host.loop import Appended, Host, Outcome, Refusal
+from coordinator.host.polls import UpdatesAnswer
 from eventlog import NewRecord
 from wire import ranks as rank_sets
 from wire.protocol import (
@@ -329,6 +330,11 @@ async def updates_answer(state: Any, principal: Principal, query: UpdatesQuery) 
             f"rank {ranks[-1]} is not in 0..{config.world_size - 1} of group {group!r}",
         )
     answer = await host.updates(group, ranks, query.after, query.timeout, view=query.view)
+    return encode_json(updates_body(host, answer))
+
+
+def updates_body(host: Host, answer: UpdatesAnswer) -> dict[str, Any]:
+    """What a long poll answers and what the host channel pushes: the same body, one way."""
     body: dict[str, Any] = {
         "term": host.log.term,
         "updates": answer.encoded,
@@ -338,7 +344,7 @@ async def updates_answer(state: Any, principal: Principal, query: UpdatesQuery) 
     }
     if answer.restored:
         body["restored"] = True
-    return encode_json(body)
+    return body
 
 
 @router.post(
