@@ -1334,6 +1334,10 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_response(status)
         self.send_header("content-type", "application/json")
         self.send_header("content-length", str(len(data)))
+        if self.close_connection:
+            # said, not only done: a client that reads no "close" sends its next request on
+            # this connection and finds it shut
+            self.send_header("connection", "close")
         self.end_headers()
         self.wfile.write(data)
 

@@ -213,6 +213,13 @@ def test_bad_requests_to_the_relay_get_a_json_error(relay: Relay):
     for answer, status, code in cases:
         assert (answer.status_code, answer.json()["error"]) == (status, code), answer.text
         assert answer.json()["detail"]
+    # the relay does not read a refused body: it closes the connection after the 413 and says
+    # so, or the client would send the next request (the last case) on a shut connection
+    too_big = cases[-2][0]
+    assert too_big.headers["connection"] == "close"
+    assert all(
+        "connection" not in answer.headers for answer, _, _ in cases if answer is not too_big
+    )
     http.close()
 
 
