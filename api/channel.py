@@ -400,15 +400,12 @@ class HostChannel(asyncio.Protocol):
         if self._closing:
             return
         now = self._loop.time()
-        if "in flight" in self._held:  # the host is behind, not the client: its time stands still
-            self._heard = now
+        if self._held:  # not reading: a frame half-read is not the client's delay
             if self._partial_since is not None:
                 self._partial_since = now
-        if (
-            self._partial_since is not None
-            and not self._held
-            and (now >= self._partial_since + self.frame_timeout_s)
-        ):
+            if "in flight" in self._held:  # the host is behind, not the client: no idling
+                self._heard = now
+        if self._partial_since is not None and now >= self._partial_since + self.frame_timeout_s:
             self.close(
                 ws.POLICY_VIOLATION,
                 f"a frame not sent whole within {self.frame_timeout_s:g} s (--request-timeout-s)",

@@ -12,7 +12,6 @@ the clock past it), so no test waits on real time.
 from __future__ import annotations
 
 import asyncio
-import heapq
 from typing import Any
 
 import uvicorn
@@ -20,6 +19,7 @@ from uvicorn.server import ServerState
 
 from api.limits import Limits
 from api.server import guarded_http
+from tests.service.clock import Clock
 
 REQUEST_S = 3.0
 KEEP_ALIVE_S = 0.5
@@ -29,43 +29,6 @@ GET = b"GET /x HTTP/1.1\r\nhost: t\r\n\r\n"
 async def _app(scope: Any, receive: Any, send: Any) -> None:
     await send({"type": "http.response.start", "status": 200, "headers": []})
     await send({"type": "http.response.body", "body": b"ok"})
-
-
-class Clock:
-    """The event loop as the protocol sees it, with time that moves only when told; timers
-    run in order as the clock passes them. Everything else is the real loop's."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
-        self.now = 1000.0
-        self._timers: list[tuple[float, int, asyncio.TimerHandle, Any]] = []
-        self._seq = 0
-        self.set_timers = 0
-
-    def time(self) -> float:
-        return self.now
-
-    def call_at(self, when: float, callback: Any, *args: Any) -> asyncio.TimerHandle:
-        handle = asyncio.TimerHandle(when, callback, args, self._loop)
-        self._seq += 1
-        self.set_timers += 1
-        heapq.heappush(self._timers, (when, self._seq, handle, callback))
-        return handle
-
-    def call_later(self, delay: float, callback: Any, *args: Any) -> asyncio.TimerHandle:
-        return self.call_at(self.now + delay, callback, *args)
-
-    def advance(self, seconds: float) -> None:
-        target = self.now + seconds
-        while self._timers and self._timers[0][0] <= target:
-            when, _, handle, _ = heapq.heappop(self._timers)
-            self.now = max(self.now, when)
-            if not handle.cancelled():
-                handle._run()
-        self.now = target
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._loop, name)
 
 
 class Transport(asyncio.Transport):
