@@ -182,9 +182,8 @@ class Host:
         self._max_batch = max_batch
         self._applied = machine.offset
         self._has_input = asyncio.Event()
-        #: when the oldest beats queued without waking the loop arrived, and the timer that
-        #: wakes it when they are due (see ``_enqueue``)
-        self._beats_queued_at: float | None = None
+        #: the timer that wakes the loop when the oldest beats queued without waking it are
+        #: due (see ``_enqueue``)
         self._beats_wake: asyncio.TimerHandle | None = None
         self._changed = asyncio.Event()
         self._proposal_waiters: dict[int, list[asyncio.Future[Proposal]]] = defaultdict(list)
@@ -392,8 +391,7 @@ class Host:
             # wake for them until the oldest queued one is due, another input wakes it, or
             # QUEUED_BEATS_WAKE hosts' beats wait: those that arrive meanwhile are admitted
             # in one turn, and no turn admits more than that many hosts' beats at once.
-            if self._beats_queued_at is None:
-                self._beats_queued_at = now
+            if self._beats_wake is None:
                 self._beats_wake = loop.call_at(now + flush_s, self._has_input.set)
             return reply.future
         self._has_input.set()
@@ -554,7 +552,6 @@ class Host:
         batch = take_batch(self.queue, self._max_batch)
         if not self.queue:
             self._has_input.clear()
-            self._beats_queued_at = None
             if self._beats_wake is not None:
                 self._beats_wake.cancel()
                 self._beats_wake = None
