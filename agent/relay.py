@@ -251,12 +251,13 @@ class UpdateCache:
     """What one lane's channel pushed, by offset, bounded in bytes.
 
     Every push for ranks ``R`` from ``A`` (the previous push's ``next_after``, or the opening's
-    ``after``) up to ``next_after`` N is a fact, as an upstream poll's answer after ``A`` is:
-    for each rank of ``R``, its updates and the group's in ``(A, N]`` are exactly those in it. The cache keeps a :class:`Span` for the group and one per rank over which it
-    holds every update, and answers a rank's poll after ``a`` only when both spans reach down
-    to ``a``; otherwise :meth:`serve` says None and the poll must go upstream on its own.
-    A ``resync`` answer replaces everything: each rank it names gets that answer (its own part
-    of it) once for any ``after`` below N.
+    ``after``) up to ``next_after`` N is a fact, as an upstream poll's answer after ``A`` is: for
+    each rank of ``R``, its updates and the group's in ``(A, N]`` are exactly those in it. The cache
+    keeps a :class:`Span` for the group and one per rank over which it holds every update, and
+    answers a rank's poll after ``a`` only when both spans reach down to ``a``; otherwise
+    :meth:`serve` says None and the poll must go upstream on its own. A ``resync`` answer replaces
+    everything: each rank it names gets that answer (its own part of it) once for any ``after``
+    below N.
     """
 
     def __init__(self, max_bytes: int = CACHE_BYTES) -> None:

@@ -1,10 +1,11 @@
 """Ingest: 64 simulated hosts x 8 ranks heartbeating while proposals run.
 
 One group of 512 ranks on a real coordinator with a SQLite log (WAL, ``synchronous=FULL``). The
-agents are simulated hosts (``agent.simhost``): the real ``AgentMachine`` for every rank, each
-host on its channel (``GET /agents/channel``), its beats batched into one message on their own
-lane and its other events on another. Every heartbeat is durable before it is answered. What a rank waits for an event runs from the moment
-its machine hands the event to its host's lane to the answer (``benchmarks._cluster.TimedHost``).
+agents are simulated hosts (``agent.simhost``): the real ``AgentMachine`` for every rank, each host
+on its channel (``GET /agents/channel``), its beats batched into one message on their own lane and
+its other events on another. Every heartbeat is durable before it is answered. What a rank waits for
+an event runs from the moment its machine hands the event to its host's lane to the answer
+(``benchmarks._cluster.TimedHost``).
 
 - **saturation**: the coordinator runs with ``--heartbeat-flush-s 0`` (every batch of beats is
   appended at once, a record per batch), and every machine's beat falls due again every 20 ms,

@@ -97,22 +97,22 @@ the table's run; `python -m benchmarks.report --plot` draws it, see "How to repr
 
 ![each scale figure against N, beside a constant and N itself](scale-growth.svg)
 
-Bytes to agents per view change are constant per rank (the deltas of one rank lost, pushed once
-per host's channel; the largest report and update at 65,536 ranks are bounded by
-`tests/scale/test_limits.py`); log bytes per rank-hour fall with N, since a shared heartbeat
-record costs its fixed overhead plus a rank set (a bitmap of the group at most); coordinator
-memory grows far slower than N (its fixed part dominates); coordinator CPU per heartbeat is
-constant, a little lower at larger N, where the fixed work of a second (a snapshot now and then,
-the flush of the shared records) is shared by more beats. Per heartbeat it is a host's message
-on its channel (a WebSocket frame of 8 beats: its header and mask, then the batch decoded and
-checked), the host's work for the batch (one input for its beats, each checked by one test, the
-shared record's append, the answer), and the log's writer thread. Formation and the view
-change grow about linearly: every rank joins, reports and ACKs once, and every host gets each
-push once; the view change somewhat faster, since at 16,384 ranks the heartbeats (16,384 a
-second) take a larger share of both processes' cores while it runs. The simulated agents (N real agent machines in the benchmark's process, on the same two
-cores) spend about as much CPU over a view change as the coordinator: each view change's wall
-time is bounded by the two together (`coordinator_cpu_s` is the coordinator's part). How fast
-the machine ran is in the run line (`reference_ms`).""",
+Bytes to agents per view change are constant per rank (the deltas of one rank lost, pushed once per
+host's channel; the largest report and update at 65,536 ranks are bounded by
+`tests/scale/test_limits.py`); log bytes per rank-hour fall with N, since a shared heartbeat record
+costs its fixed overhead plus a rank set (a bitmap of the group at most); coordinator memory grows
+far slower than N (its fixed part dominates); coordinator CPU per heartbeat is constant, a little
+lower at larger N, where the fixed work of a second (a snapshot now and then, the flush of the
+shared records) is shared by more beats. Per heartbeat it is a host's message on its channel (a
+WebSocket frame of 8 beats: its header and mask, then the batch decoded and checked), the host's
+work for the batch (one input for its beats, each checked by one test, the shared record's append,
+the answer), and the log's writer thread. Formation and the view change grow about linearly: every
+rank joins, reports and ACKs once, and every host gets each push once; the view change somewhat
+faster, since at 16,384 ranks the heartbeats (16,384 a second) take a larger share of both
+processes' cores while it runs. The simulated agents (N real agent machines in the benchmark's
+process, on the same two cores) spend about as much CPU over a view change as the coordinator: each
+view change's wall time is bounded by the two together (`coordinator_cpu_s` is the coordinator's
+part). How fast the machine ran is in the run line (`reference_ms`).""",
 }
 
 

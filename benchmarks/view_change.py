@@ -1,12 +1,12 @@
 """View change latency: ``POST /proposals?wait=`` until ``applied``, with 4, 64 and 512 agents.
 
 Each trial is one full barrier on a real coordinator with a SQLite log: the proposal is appended
-(durable), the fold admits it and prepares version v+1, the prepare is pushed to every
-participant's host and each rank ACKs (durable), the fold commits, the projections are written,
-and only then does the waiting ``POST`` answer. Trials alternate ``deactivate [last]`` / ``activate [last]`` so each
+(durable), the fold admits it and prepares version v+1, the prepare is pushed to every participant's
+host and each rank ACKs (durable), the fold commits, the projections are written, and only then does
+the waiting ``POST`` answer. Trials alternate ``deactivate [last]`` / ``activate [last]`` so each
 one really changes the view. The agents are simulated hosts (``agent.simhost``: the real
-``AgentMachine`` per rank), 8 ranks to a host (4 agents: one host), each on its channel: its
-ACKs batched in one message, its ranks' updates pushed to it.
+``AgentMachine`` per rank), 8 ranks to a host (4 agents: one host), each on its channel: its ACKs
+batched in one message, its ranks' updates pushed to it.
 
 Baseline, measured in the same run: torchft's lighthouse (``torchft==0.2.0``, the ``bench``
 extra) forming a quorum of the same number of replicas, each replica a thread calling

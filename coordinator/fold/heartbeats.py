@@ -15,8 +15,8 @@ The rules:
   it is answered as such instead of being written. The host admits a submission of nothing but
   beats when it turns for another input, or when the oldest of them is due: they wait for a
   shared record anyway, so the host's loop does not turn for each host's beats.
-- Beats wait at most ``flush_s`` from their arrival. A ``tick`` flushes every waiting beat first, in the same
-  append, so no rank times out while its beat waits here.
+- Beats wait at most ``flush_s`` from their arrival. A ``tick`` flushes every waiting beat first, in
+  the same append, so no rank times out while its beat waits here.
 - One rank beating twice within a window is one fact at the record's time: the rank is named
   once, and both beats get the record's offset.
 
