@@ -130,9 +130,9 @@ def close_payload(code: int, reason: str = "") -> bytes:
 
 
 def sendable_close_code(code: int) -> bool:
-    """Whether a close frame may carry ``code`` (RFC 6455, 7.4: the defined codes but the three
-    reserved for reporting, and those registered or private)."""
-    return 1000 <= code <= 1014 and code not in (1004, 1005, 1006) or 3000 <= code <= 4999
+    """Whether a close frame may carry ``code`` (RFC 6455, 7.4): 1000-1014 but 1004 (reserved)
+    and 1005, 1006 (for reporting only, as 1015 is), or a registered or private 3000-4999."""
+    return (1000 <= code <= 1014 and code not in (1004, 1005, 1006)) or 3000 <= code <= 4999
 
 
 def parse_close(payload: bytes) -> tuple[int, str]:
