@@ -11,7 +11,7 @@ from fastapi import FastAPI
 from api import errors, metrics, openapi
 from api.fastpath import Service
 from api.limits import Limits
-from api.routes import agents, audit, console, operator, story
+from api.routes import agents, audit, console, epochs, operator, story
 from coordinator.auth import Authenticator
 from coordinator.host.loop import Host
 
@@ -35,6 +35,7 @@ def create_app(
     app.state.admitted_groups = {}  # POST /groups admitted, not yet answered (api.routes.operator)
     errors.install(app)
     app.include_router(operator.router)
+    app.include_router(epochs.router)
     app.include_router(agents.router)
     app.include_router(audit.router)
     app.include_router(story.router)

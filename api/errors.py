@@ -28,6 +28,7 @@ REFUSAL_STATUS: dict[str, int] = {
     "unknown_group": 404,
     "unknown_proposal": 404,
     "rank_out_of_range": 404,
+    "unknown_epoch": 404,
     "invalid_event": 422,
     "invalid_request": 422,
     "forbidden": 403,

@@ -29,6 +29,9 @@ KINDS: frozenset[str] = frozenset(
         "death_reported",
         "proposal",
         "tick",
+        # epoch plans and the progress against them (coordinator/fold/epochs.py)
+        "epoch_plan",
+        "progress",
     }
 )
 

@@ -57,6 +57,14 @@ IDEMPOTENCY_CONFLICT = "idempotency_conflict"
 DUPLICATE_PROPOSAL = "duplicate_proposal"
 FORBIDDEN = "forbidden"
 PROTOCOL_MISMATCH = "protocol_mismatch"
+#: Epoch plans (``wire.data``): a plan or report naming an epoch that is not open, a plan that
+#: conflicts with the group's epochs, a progress report against an assignment the fold has
+#: since shortened (the agent reports again against the one it receives), a plan for a group
+#: that has no committed view yet.
+UNKNOWN_EPOCH = "unknown_epoch"
+EPOCH_CONFLICT = "epoch_conflict"
+STALE_ASSIGNMENT = "stale_assignment"
+GROUP_NOT_FORMED = "group_not_formed"
 
 #: Event errors that end an agent: retrying cannot help.
 FATAL_ERRORS = frozenset({FORBIDDEN, RANK_OUT_OF_RANGE, INVALID_EVENT, PROTOCOL_MISMATCH})
@@ -200,11 +208,28 @@ class ExitEvent(_AgentEvent, tag="exit", kw_only=True, omit_defaults=True):
     pass
 
 
-AgentEvent = JoinEvent | HeartbeatEvent | LinksEvent | AckEvent | ExitEvent
+#: The largest dataset an epoch plan may name, and so the largest position or count.
+MAX_DATASET = 2**48
+
+
+class ProgressEvent(
+    _AgentEvent, tag="progress", kw_only=True, omit_defaults=True, forbid_unknown_fields=True
+):
+    """How far this rank has read its part of the open epoch (``wire.data``): ``processed``
+    positions from the front of its sequence, against the assignment it holds; ``rate`` is
+    what it measured (positions a second), the weight of a throughput split."""
+
+    epoch: Annotated[int, Meta(ge=0, le=MAX_DATASET)]
+    assignment: Annotated[int, Meta(ge=1, le=2**62)]
+    processed: Annotated[int, Meta(ge=0, le=MAX_DATASET)]
+    rate: Annotated[float, Meta(ge=0, le=1e12)] | None = None
+
+
+AgentEvent = JoinEvent | HeartbeatEvent | LinksEvent | AckEvent | ExitEvent | ProgressEvent
 #: Each event type's wire ``type``, the kind of the record it becomes.
 EVENT_KINDS: dict[type, str] = {
     cls: cls.__struct_config__.tag  # type: ignore[misc]
-    for cls in (JoinEvent, HeartbeatEvent, LinksEvent, AckEvent, ExitEvent)
+    for cls in (JoinEvent, HeartbeatEvent, LinksEvent, AckEvent, ExitEvent, ProgressEvent)
 }
 
 

@@ -18,8 +18,10 @@ import msgspec
 from coordinator.fold.config import GroupConfig
 from wire.protocol import (
     DUPLICATE_PROPOSAL,
+    EPOCH_CONFLICT,
     GROUP_CONFLICT,
     GROUP_FAILED,
+    GROUP_NOT_FORMED,
     HEALTHY,
     IDEMPOTENCY_CONFLICT,
     INVALID_EVENT,
@@ -27,9 +29,11 @@ from wire.protocol import (
     RANK_BUSY,
     RANK_OFFLINE,
     RANK_OUT_OF_RANGE,
+    STALE_ASSIGNMENT,
     STALE_INCARNATION,
     STALE_VERSION,
     SYNCED,
+    UNKNOWN_EPOCH,
     UNKNOWN_GROUP,
     View,
 )
@@ -38,7 +42,9 @@ from wire.protocol import (
 # once in ``wire.protocol`` and re-exported here for the fold.
 __all__ = [
     "DUPLICATE_PROPOSAL",
+    "EPOCH_CONFLICT",
     "GROUP_CONFLICT",
+    "GROUP_NOT_FORMED",
     "GROUP_FAILED",
     "HEALTHY",
     "IDEMPOTENCY_CONFLICT",
@@ -47,9 +53,11 @@ __all__ = [
     "RANK_BUSY",
     "RANK_OFFLINE",
     "RANK_OUT_OF_RANGE",
+    "STALE_ASSIGNMENT",
     "STALE_INCARNATION",
     "STALE_VERSION",
     "SYNCED",
+    "UNKNOWN_EPOCH",
     "UNKNOWN_GROUP",
     "View",
 ]
@@ -172,4 +180,70 @@ class Refused(Effect, frozen=True, kw_only=True, tag="refused"):
     kind: str
     code: str
     message: str
+    offset: int
+
+
+# -- epoch plans (coordinator/fold/epochs.py) --------------------------------------------------
+
+
+class RankRange(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
+    """One rank's part of an epoch after a decision: how many positions of its sequence it has
+    reported processed, and what it still holds (``(start, length)`` segments of the epoch's
+    permutation, in the order it reads them)."""
+
+    rank: int
+    processed: int
+    remaining: tuple[tuple[int, int], ...]
+
+
+class Move(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
+    """Positions ``start .. start + length - 1`` went from ``from_rank``'s remaining work to
+    the end of ``to_rank``'s."""
+
+    from_rank: int
+    to_rank: int
+    start: int
+    length: int
+
+
+class EpochPlanned(Effect, frozen=True, kw_only=True, tag="epoch_planned"):
+    """An epoch plan was declared: each active rank of view ``version`` holds its first range
+    (assignment 1)."""
+
+    group: str
+    epoch: int
+    plan: dict[str, Any]
+    version: int
+    assignment: int
+    #: the group's decisions about its epochs so far (its ``assignment`` rows are numbered by it)
+    change: int
+    ranges: tuple[RankRange, ...]
+    offset: int
+
+
+class AssignmentChanged(Effect, frozen=True, kw_only=True, tag="assignment_changed"):
+    """Ranges moved between ranks, as one committed decision (``assignment`` counts them per
+    epoch). ``cause`` is ``view_committed`` (ranks left or joined the view ``version``) or
+    ``reclaim`` (an idle rank took from the slowest one's tail); ``detail`` says why, for a
+    person; ``ranges`` is the new part of every rank whose part changed."""
+
+    group: str
+    epoch: int
+    assignment: int
+    version: int
+    cause: str
+    detail: str
+    change: int
+    moves: tuple[Move, ...]
+    ranges: tuple[RankRange, ...]
+    offset: int
+
+
+class EpochCompleted(Effect, frozen=True, kw_only=True, tag="epoch_completed"):
+    """Every position of the epoch was reported processed, exactly once; ``processed`` is how
+    many each rank that held a part processed."""
+
+    group: str
+    epoch: int
+    processed: dict[int, int]
     offset: int

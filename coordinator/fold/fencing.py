@@ -113,24 +113,53 @@ def checked_refusal(
         return None
     if isinstance(rank, bool) or not isinstance(rank, int):
         return INVALID_EVENT, f"a {kind} record must name a rank, got {rank!r}"
+    if kind == "join":
+        if (refused := _rank_in_group(g, rank)) is not None:
+            return refused
+        return _join(g, rank, g.ranks[rank], payload.get("incarnation"), now)
+    if kind == "death_reported" and payload.get("incarnation") is None:
+        return _rank_in_group(g, rank)
+    if kind in ("exit", "death_reported"):
+        return _rank_in_group(g, rank) or _current_incarnation(g, rank, payload)
+    refused = online_rank_refusal(g, kind, rank, payload)
+    if refused is None and kind == "ack":
+        return _ack(g, rank, payload["version"])
+    return refused
+
+
+def online_rank_refusal(g: GroupState, kind: str, rank: Any, payload: Any) -> Refusal | None:
+    """Why an input of ``rank`` (a heartbeat, a links report, an ACK, a progress report, ...)
+    is not from the rank's current, online incarnation of a group that has not failed, or
+    None: a rank in range, the group not failed, the payload's incarnation the rank's current
+    one, the rank not OFFLINE. Facets (``coordinator.fold.facets``) fence their rank inputs
+    by the same checks."""
+    if isinstance(rank, bool) or not isinstance(rank, int):
+        return INVALID_EVENT, f"a {kind} record must name a rank, got {rank!r}"
+    refused = _rank_in_group(g, rank) or _current_incarnation(g, rank, payload)
+    if refused is not None:
+        return refused
+    if g.ranks[rank].state == OFFLINE:
+        return RANK_OFFLINE, (
+            f"rank {rank} incarnation {payload.get('incarnation')} is OFFLINE; send join to "
+            "come back"
+        )
+    return None
+
+
+def _rank_in_group(g: GroupState, rank: int) -> Refusal | None:
+    ws = g.config.world_size
     if not 0 <= rank < ws:
-        return RANK_OUT_OF_RANGE, f"rank {rank} is not in 0..{ws - 1} for group {group!r}"
+        return RANK_OUT_OF_RANGE, f"rank {rank} is not in 0..{ws - 1} for group {g.name!r}"
     if g.formation == FAILED:
-        return GROUP_FAILED, f"group {group!r} failed to form: {g.formation_error}"
+        return GROUP_FAILED, f"group {g.name!r} failed to form: {g.formation_error}"
+    return None
+
+
+def _current_incarnation(g: GroupState, rank: int, payload: Any) -> Refusal | None:
     info = g.ranks[rank]
     inc = payload.get("incarnation")
-    if kind == "join":
-        return _join(g, rank, info, inc, now)
-    if kind == "death_reported" and inc is None:
-        return None
     if inc != info.incarnation:
         return STALE_INCARNATION, _stale_text(rank, info, inc)
-    if kind in ("exit", "death_reported"):
-        return None
-    if info.state == OFFLINE:
-        return RANK_OFFLINE, f"rank {rank} incarnation {inc} is OFFLINE; send join to come back"
-    if kind == "ack":
-        return _ack(g, rank, payload["version"])
     return None
 
 

@@ -16,6 +16,10 @@ A step has two halves:
   change: formation, then auto-deactivation, then the head of the proposal queue.
 
 Heartbeats take a fast path that changes only liveness, so they never reach ``_settle``.
+
+State beside membership lives in *facets* (``coordinator/fold/facets.py``): epoch plans
+(``epochs.py``). A record of a facet's kind is checked and stepped by the facet; every facet
+hears of each committed view, each rank lost and each tick at fixed points of a step.
 """
 
 from __future__ import annotations
@@ -49,6 +53,8 @@ from coordinator.fold.effects import (
     ViewCommitted,
     ViewPrepare,
 )
+from coordinator.fold.epochs import Epochs
+from coordinator.fold.facets import Facet
 from coordinator.fold.fencing import (
     beats_not_current,
     current_beat,
@@ -64,7 +70,9 @@ from eventlog.record import Record
 from wire import ranks as rank_sets
 from wire.protocol import CAUSE_DEATH_REPORTED, links_down
 
-SNAPSHOT_FORMAT = 1
+#: Format 2 adds the facets' state; a format-1 snapshot (no facets yet) still restores.
+SNAPSHOT_FORMAT = 2
+_READABLE_FORMATS = (1, 2)
 
 
 class Coordinator:
@@ -84,6 +92,22 @@ class Coordinator:
             "death_reported": self._on_death_reported,
             "proposal": self._on_proposal,
         }
+        self.epochs = Epochs()
+        #: the facets, in the fixed order their hooks run
+        self.facets: tuple[Facet, ...] = (self.epochs,)
+        self._facet_of: dict[str, Facet] = {k: f for f in self.facets for k in f.kinds}
+
+    # ------------------------------------------------------------------ what facets read
+
+    @property
+    def now(self) -> int:
+        """The fold's time (ns): the largest record ``ts`` seen."""
+        return self._now
+
+    @property
+    def group_states(self) -> dict[str, GroupState]:
+        """Every group's internal state (facets read it; nothing outside the fold should)."""
+        return self._groups
 
     # ------------------------------------------------------------------ stepping
 
@@ -129,6 +153,10 @@ class Coordinator:
         if refusal is not None:
             return [self._refused(record, refusal)]
         effects: list[Effect] = []
+        facet = self._facet_of.get(kind)
+        if facet is not None:
+            facet.apply(self, record, effects)
+            return effects
         self._handlers[kind](record, effects)
         g = self._groups.get(record.group)  # type: ignore[arg-type]
         if g is not None:
@@ -175,6 +203,9 @@ class Coordinator:
         ``group_created``: the group's creation; a proposal with a known idempotency key and the
         same body: that proposal's id), or None. The host answers such an input with the earlier
         one and appends nothing; a conflict under the same name is ``check``'s refusal."""
+        facet = self._facet_of.get(kind)
+        if facet is not None:
+            return facet.repeat_of(self, kind, group, rank, payload)
         return repeat_of(self._groups, self._proposals, kind, group, rank, payload)
 
     def next_deadline(self) -> int | None:
@@ -188,13 +219,19 @@ class Coordinator:
             d = self._group_deadline(g)
             if d is not None and (best is None or d < best):
                 best = d
+        for facet in self.facets:
+            d = facet.next_deadline()
+            if d is not None and (best is None or d < best):
+                best = d
         return best
 
     def waits_on_ranks(self) -> bool:
         """Whether a deadline waits on the ranks (an online rank's heartbeat, a change's ACKs,
         a queued proposal): what a resumed tick restarts, so a host that finds none need not
         append one."""
-        return any(g.alive or g.change is not None or g.queue for g in self._groups.values())
+        return any(
+            g.alive or g.change is not None or g.queue for g in self._groups.values()
+        ) or any(f.waits_on_ranks() for f in self.facets)
 
     # ------------------------------------------------------------------ snapshots
 
@@ -207,14 +244,15 @@ class Coordinator:
             "now": self._now,
             "groups": [self._groups[name].to_dict() for name in self._groups],
             "proposals": [msgspec.to_builtins(p) for p in self._proposals.values()],
+            "facets": {f.name: f.snapshot() for f in self.facets},
         }
 
     @classmethod
     def from_snapshot(cls, data: dict[str, Any]) -> Coordinator:
         """Restore a machine from :meth:`snapshot` (also after a JSON round trip)."""
-        if data.get("format") != SNAPSHOT_FORMAT:
+        if data.get("format") not in _READABLE_FORMATS:
             raise ValueError(
-                f"snapshot format {data.get('format')!r} is not {SNAPSHOT_FORMAT}; "
+                f"snapshot format {data.get('format')!r} is not one of {_READABLE_FORMATS}; "
                 "rebuild the fold by replaying the log"
             )
         m = cls()
@@ -226,6 +264,10 @@ class Coordinator:
         for item in data["proposals"]:
             p = msgspec.convert(item, Proposal)
             m._proposals[p.id] = p
+        facets = data.get("facets", {})
+        for facet in m.facets:
+            if facet.name in facets:
+                facet.restore(facets[facet.name])
         return m
 
     # ------------------------------------------------------------------ queries
@@ -260,6 +302,9 @@ class Coordinator:
     def _refusal(
         self, kind: str, group: str | None, rank: int | None, payload: Any
     ) -> tuple[str, str] | None:
+        facet = self._facet_of.get(kind)
+        if facet is not None:
+            return facet.refusal(self, kind, group, rank, payload)
         return refusal(self._groups, self._proposals, self._now, kind, group, rank, payload)
 
     def _refused(self, record: Record, refusal: tuple[str, str]) -> Refused:
@@ -488,6 +533,8 @@ class Coordinator:
             if g.formation == FORMING:
                 self._expire_unformed_heads(g, record, effects)
             self._settle(g, record, effects)
+        for facet in self.facets:
+            facet.tick(self, record, effects)
         return effects
 
     def _resume(self) -> None:
@@ -506,6 +553,8 @@ class Coordinator:
             if g.change is not None:
                 g.change.ack_deadline = now + g.cfg.ack_timeout_ns
             g.queue = deque((pid, now + g.cfg.admission_timeout_ns) for pid, _ in g.queue)
+        for facet in self.facets:
+            facet.resume(now)
 
     # ------------------------------------------------------------------ the death chain
 
@@ -546,6 +595,8 @@ class Coordinator:
             change.waiting.discard(rank)
             (change.exited if info.exited else change.dropped).add(rank)
         self._rank_state(g, rank, reason, record, effects, cause=cause)
+        for facet in self.facets:
+            facet.rank_lost(self, g, rank, record, effects)
 
     def _expire_heartbeats(self, g: GroupState, record: Record, effects: list[Effect]) -> None:
         timeout = g.cfg.heartbeat_timeout_ns
@@ -944,6 +995,8 @@ class Coordinator:
         if g.formation == FORMING:
             g.formation = FORMED
         effects.append(ViewCommitted(view=view, offset=record.offset, base=base))
+        for facet in self.facets:
+            facet.view_committed(self, g, view, base, record, effects)
         return view
 
     def _commit_without_target(self, g: GroupState, record: Record, effects: list[Effect]) -> None:

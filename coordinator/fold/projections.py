@@ -16,6 +16,10 @@ kind            seq        document
 ``rank_state``  rank       the rank's latest physical state
 ``failure``     0          why formation failed (``group_failed``)
 ``shutdown``    offset     a ``shutdown_with_save`` directive
+``epoch``       epoch      an epoch's plan, over the view it was made for (``epoch_planned``)
+``assignment``  change     one decision about a group's epochs: the first split, or the
+                           ranges that moved and the new parts of the ranks concerned
+``epoch_end``   epoch      every position reported processed, by rank (``epoch_completed``)
 ==============  =========  ==========================================================
 
 View rows
@@ -46,7 +50,10 @@ from typing import Any
 import msgspec
 
 from coordinator.fold.effects import (
+    AssignmentChanged,
     Effect,
+    EpochCompleted,
+    EpochPlanned,
     GroupCreated,
     GroupFailed,
     Proposal,
@@ -61,7 +68,17 @@ from eventlog import LogError, ProjectionRow
 from wire.protocol import fold_view_update, view_update
 from wire.ranks import RankSetError
 
-PROJECTION_KINDS = ("group", "view", "proposal", "rank_state", "failure", "shutdown")
+PROJECTION_KINDS = (
+    "group",
+    "view",
+    "proposal",
+    "rank_state",
+    "failure",
+    "shutdown",
+    "epoch",
+    "assignment",
+    "epoch_end",
+)
 
 _encoder = msgspec.json.Encoder(order="sorted")
 _decoder = msgspec.json.Decoder(dict)
@@ -235,6 +252,16 @@ def rows_for(effect: Effect) -> list[ProjectionRow]:
         return [ProjectionRow("failure", effect.group, 0, to_doc(effect))]
     if isinstance(effect, ShutdownWithSave):
         return [ProjectionRow("shutdown", effect.group, effect.offset, to_doc(effect))]
+    if isinstance(effect, EpochPlanned):
+        plan = {k: v for k, v in to_doc(effect).items() if k != "ranges"}
+        return [
+            ProjectionRow("epoch", effect.group, effect.epoch, plan),
+            ProjectionRow("assignment", effect.group, effect.change, to_doc(effect)),
+        ]
+    if isinstance(effect, AssignmentChanged):
+        return [ProjectionRow("assignment", effect.group, effect.change, to_doc(effect))]
+    if isinstance(effect, EpochCompleted):
+        return [ProjectionRow("epoch_end", effect.group, effect.epoch, to_doc(effect))]
     return []
 
 
@@ -266,4 +293,45 @@ def shutdown_update(effect: ShutdownWithSave) -> dict[str, Any]:
         "group": effect.group,
         "reason": effect.reason,
         "detail": effect.detail,
+    }
+
+
+# -- epoch plans (docs/data.md) ----------------------------------------------------------------
+# What a rank receives is its own part: ``data_assignment`` goes to the journal of the rank it
+# is about, only when that part changed; the plan and the epoch's end go to the group's.
+
+
+def epoch_plan_update(effect: EpochPlanned) -> dict[str, Any]:
+    return {
+        "offset": effect.offset,
+        "type": "epoch_plan",
+        "group": effect.group,
+        "version": effect.version,
+        **{k: v for k, v in effect.plan.items() if k != "partition_ratios"},
+    }
+
+
+def data_assignment_updates(effect: EpochPlanned | AssignmentChanged) -> list[dict[str, Any]]:
+    """One update per rank whose part changed: its cursor and the segments it still holds."""
+    return [
+        {
+            "offset": effect.offset,
+            "type": "data_assignment",
+            "group": effect.group,
+            "rank": r.rank,
+            "epoch": effect.epoch,
+            "assignment": effect.assignment,
+            "processed": r.processed,
+            "remaining": [list(s) for s in r.remaining],
+        }
+        for r in effect.ranges
+    ]
+
+
+def epoch_complete_update(effect: EpochCompleted) -> dict[str, Any]:
+    return {
+        "offset": effect.offset,
+        "type": "epoch_complete",
+        "group": effect.group,
+        "epoch": effect.epoch,
     }

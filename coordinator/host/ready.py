@@ -13,7 +13,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from coordinator.fold.effects import (
+    AssignmentChanged,
     Effect,
+    EpochCompleted,
+    EpochPlanned,
     GroupCreated,
     GroupFailed,
     Proposal,
@@ -25,7 +28,14 @@ from coordinator.fold.effects import (
     ViewPrepare,
 )
 from coordinator.fold.machine import Coordinator
-from coordinator.fold.projections import rank_state_update, rows_for, shutdown_update
+from coordinator.fold.projections import (
+    data_assignment_updates,
+    epoch_complete_update,
+    epoch_plan_update,
+    rank_state_update,
+    rows_for,
+    shutdown_update,
+)
 from coordinator.host.journal import Update, UpdateJournals
 from eventlog import ProjectionRow
 from wire.protocol import View, prepare_update, view_update
@@ -43,6 +53,11 @@ class HostState:
     rank_states: dict[str, dict[str, Update]] = field(default_factory=dict)
     shutdown: dict[str, Update] = field(default_factory=dict)
     world_sizes: dict[str, int] = field(default_factory=dict)
+    #: the latest update of each facet kind that stands for the current state, per group
+    #: (``epoch_plan``, ``epoch_complete``) and per rank (``data_assignment``): a resync
+    #: sends these instead of the history they replace
+    latest: dict[str, dict[str, Update]] = field(default_factory=dict)
+    latest_by_rank: dict[str, dict[str, dict[str, Update]]] = field(default_factory=dict)
 
     def resync(
         self, machine: Coordinator, group: str, ranks: Sequence[int], view: int | None
@@ -59,10 +74,13 @@ class HostState:
         if prepare is not None and (current is None or prepare["version"] > current.version):
             updates.append(prepare)
         states = self.rank_states.get(group, {})
+        facet_ranks = self.latest_by_rank.get(group, {})
+        updates.extend(self.latest.get(group, {}).values())
         for rank in ranks:
             state = states.get(str(rank))
             if state is not None:
                 updates.append(state)
+            updates.extend(facet_ranks.get(str(rank), {}).values())
         shutdown = self.shutdown.get(group)
         if shutdown is not None:
             updates.append(shutdown)
@@ -171,6 +189,26 @@ class ReadyBuilder:
     def _refused(self, effect: Refused, ready: Ready) -> None:
         ready.refused[effect.offset] = effect
 
+    def _epoch_planned(self, effect: EpochPlanned, ready: Ready) -> None:
+        """A new epoch: its plan replaces the last one's (and its end) in a resync, and each
+        rank's earlier part is over."""
+        update = epoch_plan_update(effect)
+        self.state.latest[effect.group] = {"epoch": update}
+        self.state.latest_by_rank.pop(effect.group, None)
+        ready.updates.append((effect.group, None, update))
+        self._assignments(effect, ready)
+
+    def _assignments(self, effect: EpochPlanned | AssignmentChanged, ready: Ready) -> None:
+        by_rank = self.state.latest_by_rank.setdefault(effect.group, {})
+        for update in data_assignment_updates(effect):
+            by_rank.setdefault(str(update["rank"]), {})["data"] = update
+            ready.updates.append((effect.group, update["rank"], update))
+
+    def _epoch_completed(self, effect: EpochCompleted, ready: Ready) -> None:
+        update = epoch_complete_update(effect)
+        self.state.latest.setdefault(effect.group, {})["epoch_end"] = update
+        ready.updates.append((effect.group, None, update))
+
     def _group_created(self, effect: GroupCreated, ready: Ready) -> None:
         # A group is created once (a second identical create changes nothing), before any
         # update of it, so its size can be set ahead of the batch's updates.
@@ -204,4 +242,7 @@ _CARRY: dict[type[Effect], Callable[[ReadyBuilder, Any, Ready], None]] = {
     Refused: ReadyBuilder._refused,
     GroupCreated: ReadyBuilder._group_created,
     GroupFailed: ReadyBuilder._group_failed,
+    EpochPlanned: ReadyBuilder._epoch_planned,
+    AssignmentChanged: ReadyBuilder._assignments,
+    EpochCompleted: ReadyBuilder._epoch_completed,
 }

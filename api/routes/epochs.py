@@ -1,0 +1,89 @@
+"""Epoch plans: declare one, read the open one (docs/data.md, docs/protocol.md).
+
+An agent declares its group's epochs too (``agent.data.ElasticSampler.set_epoch``): every rank
+posts the same plan, the first one is appended and the others are answered with it (the fold's
+``repeat_of``), so no rank waits for another to go first.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import msgspec
+from fastapi import APIRouter, Path, Query, Request
+from starlette.responses import Response
+
+from api.codec import json_response, read_json
+from api.deps import host_of, principal_of, require_group
+from api.errors import ApiError, refusal_error
+from api.limits import MAX_RANKS_PAGE
+from api.models import EpochPlanRequest
+from api.openapi import answers, body
+from coordinator.fold.epochs import complete_plan
+from coordinator.fold.projections import to_doc
+from coordinator.host.loop import Appended, Host, Refusal
+from eventlog import NewRecord
+from wire.protocol import QUERY
+
+router = APIRouter(tags=["epochs"])
+
+GroupPath = Annotated[str, Path(max_length=QUERY.group_chars)]
+
+
+@router.post(
+    "/groups/{group}/epochs",
+    summary="Declare an epoch plan (idempotent for the same plan); each active rank gets a part",
+    openapi_extra=body("EpochPlanRequest"),
+    responses=answers({201: "EpochBody", 200: "EpochBody"}, 401, 403, 404, 409, 413, 422),
+)
+async def plan_epoch(request: Request, group: GroupPath) -> Response:
+    principal = principal_of(request)
+    if not principal.may_propose_in(group):
+        raise ApiError(
+            403, "forbidden", f"{principal.describe()} may not plan epochs of group {group!r}"
+        )
+    req = await read_json(request, EpochPlanRequest)
+    payload = complete_plan(msgspec.to_builtins(req))
+    host = host_of(request)
+    require_group(host, group)
+    outcome = await host.submit(
+        NewRecord(kind="epoch_plan", group=group, payload=payload),
+        key=("epoch_plan", group, req.epoch),
+    )
+    if isinstance(outcome, Refusal):
+        raise refusal_error(outcome.code, outcome.detail)
+    limit = request.app.state.limits.ranks_page
+    return json_response(
+        _epoch_body(host, group, None, limit), 201 if isinstance(outcome, Appended) else 200
+    )
+
+
+@router.get(
+    "/groups/{group}/epochs",
+    summary="The open (or last) epoch: its plan, and one page of the ranks' parts and progress",
+    responses=answers({200: "EpochBody"}, 404, 422),
+)
+async def get_epoch(
+    request: Request,
+    group: GroupPath,
+    ranks_after: int | None = Query(
+        None, ge=0, le=QUERY.max_rank, description="the last rank of the previous page"
+    ),
+    ranks_limit: int | None = Query(
+        None, ge=1, le=MAX_RANKS_PAGE, description="ranks in the page (default --ranks-page)"
+    ),
+) -> Response:
+    host = host_of(request)
+    require_group(host, group)
+    limit = ranks_limit or request.app.state.limits.ranks_page
+    return json_response(_epoch_body(host, group, ranks_after, limit))
+
+
+def _epoch_body(host: Host, group: str, after: int | None, limit: int) -> dict:
+    status = host.machine.epochs.status(group)
+    if status is None:
+        raise ApiError(404, "unknown_epoch", f"group {group!r} has no epoch plan")
+    ranks = [r for r in status["ranks"] if after is None or r["rank"] > after]
+    status["ranks"] = ranks[:limit]
+    status["next_ranks_after"] = ranks[limit - 1]["rank"] if len(ranks) > limit else None
+    return to_doc(status)

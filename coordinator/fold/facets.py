@@ -1,0 +1,103 @@
+"""Facets: the kinds of state the fold keeps beside membership, added in one way.
+
+Membership (ranks, links, the Healthy Set, views, proposals, the barrier) is the fold's core
+(``machine.py``). Everything else a job brings is a *facet*: epoch plans and the data
+partitions that survive a dead rank (``epochs.py``), weight refits between two groups
+(``refits.py``). A facet
+
+- owns some record kinds (``kinds``): the fold hands their checks (:meth:`Facet.refusal`,
+  :meth:`Facet.repeat_of`) and their steps (:meth:`Facet.apply`) to it;
+- hears of what membership decides, through three hooks, each called at a fixed point of a
+  step: a view committed (:meth:`Facet.view_committed`, right after the ``ViewCommitted``
+  effect), a rank lost (:meth:`Facet.rank_lost`, at the end of the death chain), time passed
+  (:meth:`Facet.tick`, once per tick, after the groups' own deadlines);
+- says when it must be woken (:meth:`Facet.next_deadline`) and restarts the deadlines that
+  wait on the ranks when the coordinator resumes serving (:meth:`Facet.resume`);
+- snapshots to plain JSON data under its ``name`` and restores from it.
+
+Its effects are declared in ``effects.py`` (the one glossary) and become projection rows and
+agent updates in ``projections.py``, like membership's. A facet is as pure as the fold: no
+I/O, no clock, no randomness; it reads the fold's groups through :class:`FoldContext` and
+never changes them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+from coordinator.fold.effects import Effect, View
+from coordinator.fold.state import GroupState
+from eventlog.record import Record
+
+#: (code, message)
+Refusal = tuple[str, str]
+
+
+class FoldContext(Protocol):
+    """What a facet may read of the fold."""
+
+    @property
+    def now(self) -> int:
+        """The fold's time (ns): the largest record ``ts`` seen."""
+
+    @property
+    def group_states(self) -> Mapping[str, GroupState]:
+        """Every group's state, by name (read only)."""
+
+
+class Facet(Protocol):
+    """A kind of state the fold keeps beside membership (see the module docstring)."""
+
+    #: the key of its snapshot, and how the docs name it
+    name: str
+    #: the record kinds it owns
+    kinds: frozenset[str]
+
+    def refusal(
+        self, fold: FoldContext, kind: str, group: str | None, rank: int | None, payload: Any
+    ) -> Refusal | None:
+        """Why an input of one of its kinds must not be applied now, or None."""
+
+    def repeat_of(
+        self, fold: FoldContext, kind: str, group: str | None, rank: int | None, payload: Any
+    ) -> int | None:
+        """The offset of the earlier input this one repeats (answered with it, not appended)."""
+
+    def apply(self, fold: FoldContext, record: Record, effects: list[Effect]) -> None:
+        """Step a record of one of its kinds that :meth:`refusal` accepted."""
+
+    def view_committed(
+        self,
+        fold: FoldContext,
+        g: GroupState,
+        view: View,
+        base: View | None,
+        record: Record,
+        effects: list[Effect],
+    ) -> None:
+        """``view`` just became ``g``'s committed view (``base`` the one it replaced)."""
+
+    def rank_lost(
+        self, fold: FoldContext, g: GroupState, rank: int, record: Record, effects: list[Effect]
+    ) -> None:
+        """``rank`` of ``g`` just went OFFLINE (any way: a death, a timeout, an exit)."""
+
+    def tick(self, fold: FoldContext, record: Record, effects: list[Effect]) -> None:
+        """Time passed: fire what is due at ``fold.now``."""
+
+    def next_deadline(self) -> int | None:
+        """The earliest time (ns) a tick has something to do, or None."""
+
+    def waits_on_ranks(self) -> bool:
+        """Whether one of its deadlines waits on the ranks (so a resumed tick must restart it)."""
+
+    def resume(self, now: int) -> None:
+        """The coordinator resumed serving at ``now``: restart every deadline that waits on
+        the ranks."""
+
+    def snapshot(self) -> dict[str, Any]:
+        """Its whole state as JSON-able data."""
+
+    def restore(self, data: dict[str, Any]) -> None:
+        """Take the state of :meth:`snapshot` (also after a JSON round trip)."""

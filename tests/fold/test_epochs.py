@@ -1,0 +1,306 @@
+"""Epoch plans in the fold: the first split, progress, redistribution when a rank leaves, a
+joiner's share, reclaim, and every refusal (records at chosen times in, effects out)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from coordinator.fold.effects import (
+    AssignmentChanged,
+    EpochCompleted,
+    EpochPlanned,
+    Refused,
+)
+from coordinator.fold.epochs import complete_plan
+from coordinator.fold.machine import Coordinator
+from coordinator.fold.partition import covers_exactly
+from tests.fold.script import Script, of, one
+
+
+def plan(s: Script, group: str = "g", **fields: Any) -> list[Any]:
+    body = {"epoch": 0, "dataset_size": 1000, **fields}
+    return s.record("epoch_plan", group, None, complete_plan(body))
+
+
+def progress(
+    s: Script,
+    rank: int,
+    processed: int,
+    *,
+    epoch: int = 0,
+    assignment: int | None = None,
+    rate: float | None = None,
+    group: str = "g",
+) -> list[Any]:
+    e = s.m.epochs.epoch(group)
+    if assignment is None:
+        assignment = e.holdings[rank].assignment if e and rank in e.holdings else 1
+    payload: dict[str, Any] = {
+        "incarnation": s.inc(rank, group),
+        "epoch": epoch,
+        "assignment": assignment,
+        "processed": processed,
+    }
+    if rate is not None:
+        payload["rate"] = rate
+    return s.record("progress", group, rank, payload)
+
+
+def sequences(m: Coordinator, group: str = "g") -> dict[int, list[tuple[int, int]]]:
+    e = m.epochs.epoch(group)
+    assert e is not None
+    return {r: list(h.sequence) for r, h in e.holdings.items()}
+
+
+def assert_covers(m: Coordinator, group: str = "g") -> None:
+    e = m.epochs.epoch(group)
+    assert e is not None
+    assert covers_exactly(sequences(m, group).values(), e.plan.dataset_size) is None
+    assert e.unprocessed == sum(h.remaining for h in e.holdings.values())
+
+
+def formed(world_size: int = 4, **config: Any) -> Script:
+    s = Script()
+    s.form(world_size=world_size, **config)
+    return s
+
+
+def kill(s: Script, rank: int) -> list[Any]:
+    """A reported death, then the auto-deactivation's barrier."""
+    out = s.death(rank)
+    out += s.at(1).tick()  # the reconciliation window (none for a death) and the settle
+    out += s.ack_all()
+    return out
+
+
+def test_an_equal_plan_gives_each_active_rank_a_contiguous_range_in_rank_order() -> None:
+    s = formed()
+    planned = one(plan(s), EpochPlanned)
+    assert [(r.rank, r.processed, r.remaining) for r in planned.ranges] == [
+        (0, 0, ((0, 250),)),
+        (1, 0, ((250, 250),)),
+        (2, 0, ((500, 250),)),
+        (3, 0, ((750, 250),)),
+    ]
+    assert planned.version == 1 and planned.assignment == 1
+    assert_covers(s.m)
+
+
+def test_grains_are_whole_and_the_partial_grain_goes_to_the_largest_share() -> None:
+    s = formed(world_size=3)
+    planned = one(plan(s, dataset_size=1000, grain=32), EpochPlanned)
+    sizes = [sum(n for _, n in r.remaining) for r in planned.ranges]
+    assert sum(sizes) == 1000
+    # 31 grains over 3 ranks: 11, 10, 10 grains; the last 8 positions to the biggest share
+    assert sizes == [11 * 32 + 8, 320, 320]
+
+
+def test_ratios_split_by_the_ranks_ratios() -> None:
+    s = formed()
+    planned = one(plan(s, split="ratios", partition_ratios=[1, 1, 2, 0]), EpochPlanned)
+    sizes = {r.rank: sum(n for _, n in r.remaining) for r in planned.ranges}
+    assert sizes == {0: 250, 1: 250, 2: 500}  # rank 3 holds nothing
+
+
+def test_progress_moves_the_cursor_and_the_last_report_completes_the_epoch() -> None:
+    s = formed()
+    plan(s)
+    for r in range(4):
+        assert progress(s, r, 100) == []
+    e = s.m.epochs.epoch("g")
+    assert e.unprocessed == 600
+    out: list[Any] = []
+    for r in range(4):
+        out += progress(s, r, 250)
+    done = one(out, EpochCompleted)
+    assert done.processed == {0: 250, 1: 250, 2: 250, 3: 250}
+    # the same report again is accepted and changes nothing
+    assert progress(s, 0, 250) == []
+
+
+def test_a_rank_leaving_the_view_gives_its_remainder_to_the_survivors() -> None:
+    s = formed()
+    plan(s)
+    for r in range(4):
+        progress(s, r, 100)
+    out = kill(s, 2)
+    changed = one(out, AssignmentChanged)
+    assert changed.cause == "view_committed" and changed.version == 2
+    # rank 2 read 100 of 500..749: its 150 left (600..749) go to 0, 1, 3 in rank order
+    assert [(m.from_rank, m.to_rank, m.start, m.length) for m in changed.moves] == [
+        (2, 0, 600, 50),
+        (2, 1, 650, 50),
+        (2, 3, 700, 50),
+    ]
+    ranges = {r.rank: r for r in changed.ranges}
+    assert ranges[2].remaining == () and ranges[2].processed == 100
+    assert ranges[0].remaining == ((100, 150), (600, 50))
+    assert "rank 2 left the view" in changed.detail
+    assert_covers(s.m)
+    # the dead rank's part is now only what it reported
+    assert sequences(s.m)[2] == [(500, 100)]
+
+
+def test_a_replacement_gets_a_fair_share_from_the_others_tails_not_the_dead_ranks_range() -> None:
+    s = formed(world_size=4)
+    plan(s, dataset_size=1200, lookahead=10)
+    for r in range(4):
+        progress(s, r, 100)
+    kill(s, 3)  # 200 left of rank 3's 900..1199 -> ranks 0..2
+    for r in range(3):
+        progress(s, r, 200)
+    s.join(3, incarnation="g-3-b")
+    s.links(3)
+    out = s.propose("activate", [3])
+    out += s.ack_all()
+    changed = one(out, AssignmentChanged)
+    assert changed.cause == "view_committed"
+    e = s.m.epochs.epoch("g")
+    # 3 x (300 + 67ish - 200) left, the joiner takes about a quarter of it
+    got = e.holdings[3].remaining
+    assert got > 0
+    assert all(m.to_rank == 3 and m.from_rank in (0, 1, 2) for m in changed.moves)
+    # never a position the dead incarnation had reported
+    assert all(not (900 <= m.start < 1000) for m in changed.moves)
+    # donors keep at least their lookahead beyond what they reported
+    for d in (0, 1, 2):
+        assert e.holdings[d].remaining >= 10
+        assert e.holdings[d].fence == e.assignment
+    assert_covers(s.m)
+
+
+def test_a_donor_report_against_the_assignment_before_the_move_is_stale() -> None:
+    s = formed()
+    plan(s, lookahead=0)
+    for r in range(4):
+        progress(s, r, 100)
+    kill(s, 3)
+    s.join(3, incarnation="g-3-b")
+    s.links(3)
+    s.propose("activate", [3])
+    s.ack_all()
+    e = s.m.epochs.epoch("g")
+    fence = e.holdings[0].fence
+    assert fence > 1
+    refused = one(progress(s, 0, 150, assignment=1), Refused)
+    assert refused.code == "stale_assignment"
+    assert f"shortened at assignment {fence}" in refused.message
+    assert progress(s, 0, 150, assignment=fence) == []
+
+
+def test_reclaim_takes_from_the_slowest_tail_so_both_finish_together() -> None:
+    s = formed(world_size=2)
+    plan(s, split="throughput", lookahead=0)  # reclaim is on by default for throughput
+    progress(s, 0, 100, rate=200.0)
+    progress(s, 1, 100, rate=100.0)
+    out = progress(s, 0, 500, rate=200.0)  # rank 0 ran dry; rank 1 has 400 left at 100/s
+    changed = one(out, AssignmentChanged)
+    assert changed.cause == "reclaim"
+    # rank 0 is twice as fast: it takes two thirds of rank 1's 400
+    assert [(m.from_rank, m.to_rank, m.length) for m in changed.moves] == [(1, 0, 266)]
+    assert changed.moves[0].start == 1000 - 266
+    assert_covers(s.m)
+
+
+def test_reclaim_never_takes_the_donors_lookahead() -> None:
+    s = formed(world_size=2)
+    plan(s, split="throughput", lookahead=390)
+    progress(s, 0, 500, rate=200.0)  # rank 1 has 500 left, 390 of them inside its lookahead
+    e = s.m.epochs.epoch("g")
+    # a third of 500 would balance the rates, but only 110 lie beyond the lookahead
+    assert e.holdings[1].remaining == 390
+    assert e.holdings[0].remaining == 110
+    assert_covers(s.m)
+
+
+def test_without_reclaim_a_finished_rank_waits() -> None:
+    s = formed(world_size=2)
+    plan(s)
+    assert of(progress(s, 0, 500), AssignmentChanged) == []
+
+
+@pytest.mark.parametrize(
+    ("fields", "code", "text"),
+    [
+        ({"dataset_size": 0}, "invalid_event", "dataset_size must be an integer in 1.."),
+        ({"split": "fastest"}, "invalid_event", "split must be one of"),
+        (
+            {"split": "ratios", "partition_ratios": [1, 2]},
+            "invalid_event",
+            "one ratio per rank (4)",
+        ),
+        ({"split": "ratios", "partition_ratios": [0, 0, 0, 0]}, "invalid_event", "no active rank"),
+        ({"grain": 5000}, "invalid_event", "grain 5000 is larger than the dataset"),
+        ({"lookahead": -1}, "invalid_event", "lookahead must be an integer"),
+        ({"colour": "blue"}, "invalid_event", "unknown field(s) ['colour']"),
+    ],
+)
+def test_a_malformed_plan_is_refused_naming_the_field(fields: dict, code: str, text: str) -> None:
+    s = formed()
+    refused = one(plan(s, **fields), Refused)
+    assert refused.code == code and text in refused.message
+    assert s.m.epochs.epoch("g") is None
+
+
+def test_plans_for_unknown_or_unformed_groups_and_overlapping_epochs_are_refused() -> None:
+    s = Script()
+    assert one(plan(s, group="nope"), Refused).code == "unknown_group"
+    s.create("h", 2)
+    assert one(plan(s, group="h"), Refused).code == "group_not_formed"
+    s.form()
+    plan(s)
+    planned_at = s.offset
+    again = one(plan(s), Refused)
+    assert again.code == "epoch_conflict" and "already planned" in again.message
+    other = one(plan(s, dataset_size=999), Refused)
+    assert "dataset_size: 1000 (planned) vs 999" in other.message
+    still = one(plan(s, epoch=1), Refused)
+    assert still.code == "epoch_conflict" and "epoch 0 is still open: 1000 of 1000" in still.message
+    # the repeat is answered with the first plan by the host (nothing appended)
+    same = complete_plan({"epoch": 0, "dataset_size": 1000})
+    assert s.m.repeat_of("epoch_plan", "g", None, same) == planned_at
+
+
+def test_bad_progress_is_refused_and_changes_nothing() -> None:
+    s = formed()
+    plan(s)
+    progress(s, 0, 100)
+    cases = [
+        (progress(s, 0, 50), "invalid_event", "would go back"),
+        (progress(s, 0, 251), "invalid_event", "cannot have processed 251"),
+        (progress(s, 0, 120, epoch=7), "unknown_epoch", "epoch 7 is not"),
+        (progress(s, 0, 120, assignment=5), "invalid_event", "assignment 5 of epoch 0 does not"),
+    ]
+    for effects, code, text in cases:
+        refused = one(effects, Refused)
+        assert refused.code == code and text in refused.message, refused.message
+    stale = s.record(
+        "progress", "g", 0, {"incarnation": "old", "epoch": 0, "assignment": 1, "processed": 120}
+    )
+    assert one(stale, Refused).code == "stale_incarnation"
+    negative = s.record(
+        "progress",
+        "g",
+        0,
+        {"incarnation": s.inc(0), "epoch": 0, "assignment": 1, "processed": -1},
+    )
+    assert one(negative, Refused).code == "invalid_event"
+    assert s.m.epochs.epoch("g").holdings[0].processed == 100
+
+
+def test_snapshot_and_tail_give_the_full_replay() -> None:
+    s = formed()
+    plan(s, split="throughput", lookahead=5)
+    progress(s, 0, 100, rate=10.0)
+    kill(s, 1)
+    restored = Coordinator.from_snapshot(s.m.snapshot())
+    tail = Script(restored)
+    tail.incarnations = dict(s.incarnations)
+    tail.now = s.now
+    for r in (0, 2, 3):
+        a = progress(s, r, 200, rate=20.0)
+        b = progress(tail, r, 200, rate=20.0)
+        assert a == b
+    assert s.m.snapshot() == restored.snapshot()
