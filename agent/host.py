@@ -38,6 +38,7 @@ from agent.machine import (
     Close,
     ConnectDataPlane,
     DataPlaneReady,
+    DataUpdate,
     EventsAnswered,
     EventsFailed,
     InstallView,
@@ -45,8 +46,10 @@ from agent.machine import (
     MoveDataPlane,
     PollFailed,
     PollUpdates,
+    ProgressAnswered,
     RankStateChanged,
     Rejoin,
+    ReportProgress,
     SendEvents,
     ShutdownWithSave,
     Start,
@@ -174,6 +177,7 @@ class Agent:
         self._plane_store: StoreAddress | None = None
         self._move_retry_at: float | None = None
         self._started = False
+        self._data: Any = None
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -346,6 +350,35 @@ class Agent:
                 self.wait_for_view(version, timeout=left)
         return proposal
 
+    # -- epoch plans -----------------------------------------------------------------------------
+
+    @property
+    def data(self) -> Any:
+        """This rank's epochs (``agent.data.EpochTracker``), which ``ElasticSampler`` reads."""
+        if self._data is None:
+            from agent.data import EpochTracker
+
+            self._data = EpochTracker(self.rank, self._report_progress)
+        return self._data
+
+    def plan_epoch(self, epoch: int, dataset_size: int, **plan: Any) -> dict[str, Any]:
+        """``POST /groups/{group}/epochs``: declare an epoch (the same plan again is the same
+        epoch); returns the epoch as the coordinator answered. Raises ``agent.data.EpochError``
+        with the coordinator's reason when it refuses."""
+        from agent.data import EpochError
+
+        self.data  # noqa: B018  (updates are handed on from now on)
+        body = {"epoch": epoch, "dataset_size": dataset_size, **plan}
+        try:
+            return self._ops.request("POST", f"/groups/{self.group}/epochs", json=body)
+        except CoordinatorError as exc:
+            raise EpochError(f"rank {self.rank}: epoch {epoch} refused: {exc}") from exc
+
+    def _report_progress(
+        self, epoch: int, assignment: int, processed: int, rate: float | None
+    ) -> None:
+        self._inbox.put(ReportProgress(time.monotonic(), epoch, assignment, processed, rate))
+
     # -- the data plane --------------------------------------------------------------------------
 
     def process_group(self, backend: str | None = None, timeout_s: float = 60.0) -> Any:
@@ -428,10 +461,18 @@ class Agent:
             self._publish(state=action.state)
         elif isinstance(action, ShutdownWithSave):
             self._shutdown_with_save(action)
+        elif isinstance(action, DataUpdate):
+            self.data.on_update(dict(action.update))
+        elif isinstance(action, ProgressAnswered):
+            self.data.on_answer(
+                action.epoch, action.assignment, action.processed, action.error, action.detail
+            )
         elif isinstance(action, Stopped):
             log.info("rank %d: agent %s: %s", self.rank, action.reason, action.detail)
             self._publish(stopped=action)
             self._stop.set()
+            if self._data is not None:
+                self._data.on_stopped(f"{action.reason}: {action.detail}")
 
     def _connect_data_plane(self, store: StoreAddress) -> None:
         from agent.dataplane import DataPlane

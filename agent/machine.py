@@ -54,6 +54,11 @@ The rules, in one place:
   outbox and is resent after an exponential backoff.
 - **A clean exit is not a death.** ``Close`` sends ``exit`` (after an in-flight join, if any)
   and stops when it is appended.
+- **Epoch plans are the data's.** ``epoch_plan``, this rank's ``data_assignment`` and
+  ``epoch_complete`` updates are handed on (``DataUpdate``) in offset order; a progress report
+  (``ReportProgress``) goes in the events lane, the newest replacing one not yet sent, and its
+  answer comes back as ``ProgressAnswered``. A refused report never ends the agent: it is the
+  data's to act on (a ``stale_assignment`` is reported again against the part received).
 """
 
 from __future__ import annotations
@@ -193,6 +198,17 @@ class Close:
     now: float
 
 
+@dataclass(frozen=True)
+class ReportProgress:
+    """Report how far this rank has read its part of ``epoch`` (``wire.protocol.ProgressEvent``)."""
+
+    now: float
+    epoch: int
+    assignment: int
+    processed: int
+    rate: float | None = None
+
+
 Input = (
     Start
     | Tick
@@ -204,6 +220,7 @@ Input = (
     | LinkEvidence
     | Rejoin
     | Close
+    | ReportProgress
 )
 
 # ---------------------------------------------------------------------------------------------
@@ -266,6 +283,24 @@ class ShutdownWithSave:
 
 
 @dataclass(frozen=True)
+class DataUpdate:
+    """An ``epoch_plan``, ``data_assignment`` (this rank's part) or ``epoch_complete`` update."""
+
+    update: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class ProgressAnswered:
+    """The coordinator's answer to a progress report: ``error`` None when it was accepted."""
+
+    epoch: int
+    assignment: int
+    processed: int
+    error: str | None = None
+    detail: str = ""
+
+
+@dataclass(frozen=True)
 class Stopped:
     """The agent is done: ``closed`` (a clean exit), ``fenced`` or ``failed``."""
 
@@ -281,6 +316,8 @@ Action = (
     | InstallView
     | RankStateChanged
     | ShutdownWithSave
+    | DataUpdate
+    | ProgressAnswered
     | Stopped
 )
 
@@ -430,6 +467,9 @@ class AgentMachine:
                 continue
             if kind == "rank_state":
                 self._on_rank_state(update)
+            elif kind in _DATA_UPDATES:
+                if kind != "data_assignment" or update.get("rank") == self.config.rank:
+                    actions.append(DataUpdate(update))
             elif kind == "shutdown_with_save" and not self._shutdown_seen:
                 self._shutdown_seen = True
                 actions.append(
@@ -545,6 +585,26 @@ class AgentMachine:
             return
         self._last_links = key
         self._queue("links", **links_event(key[0], key[1], ready, version))
+
+    def _progress(self, event: ReportProgress) -> list[Action]:
+        """Queue a progress report; one not sent yet is replaced (the newest says it all).
+        Before the join there is nobody to report for: the answer says so at once."""
+        if self.phase != _JOINED:
+            return [
+                ProgressAnswered(
+                    event.epoch, event.assignment, event.processed, "not_joined", self.phase
+                )
+            ]
+        fields: dict[str, Any] = {
+            "epoch": event.epoch,
+            "assignment": event.assignment,
+            "processed": event.processed,
+        }
+        if event.rate is not None:
+            fields["rate"] = event.rate
+        self._outbox = [e for e in self._outbox if e["type"] != "progress"]
+        self._queue("progress", **fields)
+        return []
 
     def _rejoin(self, event: Rejoin) -> list[Action]:
         if self.phase == _JOINED:
@@ -664,10 +724,14 @@ class AgentMachine:
             self._maybe_ack()
         elif kind == "exit":
             return self._stop("closed", f"rank {self.config.rank} left the group")
+        elif kind == "progress":
+            return [ProgressAnswered(ev["epoch"], ev["assignment"], ev["processed"])]
         return []
 
     def _refused(self, ev: Mapping[str, Any], error: str, detail: str, now: float) -> list[Action]:
         kind = ev["type"]
+        if kind == "progress" and error != STALE_INCARNATION:
+            return [ProgressAnswered(ev["epoch"], ev["assignment"], ev["processed"], error, detail)]
         self.last_error = f"{kind} refused: {error}: {detail}"
         if error == STALE_INCARNATION:
             return self._stop("fenced", self.last_error)
@@ -785,4 +849,8 @@ _HANDLERS = {
     LinkEvidence: AgentMachine._evidence,
     Rejoin: AgentMachine._rejoin,
     Close: AgentMachine._close,
+    ReportProgress: AgentMachine._progress,
 }
+
+#: The updates the data (``agent.data``) follows.
+_DATA_UPDATES = frozenset({"epoch_plan", "data_assignment", "epoch_complete"})

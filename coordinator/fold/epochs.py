@@ -330,6 +330,7 @@ class Epochs:
 
     name = "epochs"
     kinds = frozenset({"epoch_plan", "progress"})
+    repeatable = frozenset({"epoch_plan"})
 
     def __init__(self) -> None:
         self._groups: dict[str, GroupEpochs] = {}

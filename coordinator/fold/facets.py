@@ -53,6 +53,8 @@ class Facet(Protocol):
     name: str
     #: the record kinds it owns
     kinds: frozenset[str]
+    #: those of its kinds that :meth:`repeat_of` may find an earlier input for
+    repeatable: frozenset[str]
 
     def refusal(
         self, fold: FoldContext, kind: str, group: str | None, rank: int | None, payload: Any

@@ -56,6 +56,7 @@ from coordinator.fold.effects import (
 from coordinator.fold.epochs import Epochs
 from coordinator.fold.facets import Facet
 from coordinator.fold.fencing import (
+    REPEATABLE,
     beats_not_current,
     current_beat,
     parse_group_created,
@@ -96,6 +97,8 @@ class Coordinator:
         #: the facets, in the fixed order their hooks run
         self.facets: tuple[Facet, ...] = (self.epochs,)
         self._facet_of: dict[str, Facet] = {k: f for f in self.facets for k in f.kinds}
+        #: the kinds :meth:`repeat_of` may find an earlier input for
+        self.repeatable: frozenset[str] = REPEATABLE.union(*(f.repeatable for f in self.facets))
 
     # ------------------------------------------------------------------ what facets read
 

@@ -13,7 +13,6 @@ from typing import Any
 
 import msgspec
 
-from coordinator.fold.fencing import REPEATABLE
 from coordinator.fold.heartbeats import HeartbeatBuffer
 from coordinator.fold.machine import Coordinator
 from coordinator.host.inputs import Beats, Existing, Input, Outcome, Refusal, SharedReply
@@ -130,7 +129,7 @@ class Admission:
         if rec.kind == "tick":
             return None
         if (
-            rec.kind in REPEATABLE
+            rec.kind in self.machine.repeatable
             and (earlier := self.machine.repeat_of(rec.kind, rec.group, rec.rank, rec.payload))
             is not None
         ):
