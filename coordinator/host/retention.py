@@ -21,8 +21,9 @@ from coordinator.fold.effects import Effect, Refused
 from eventlog.record import Record
 
 #: The kinds retention may remove: liveness and evidence that, once folded into a snapshot,
-#: decided nothing on their own.
-HEARTBEAT_CLASS = frozenset({"heartbeat", "tick", "links"})
+#: decided nothing on their own (a progress report whose step moved only a cursor is in the
+#: snapshot that lies before it).
+HEARTBEAT_CLASS = frozenset({"heartbeat", "tick", "links", "progress"})
 
 
 def has_down_evidence(payload: Mapping[str, Any]) -> bool:

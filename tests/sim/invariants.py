@@ -33,6 +33,7 @@ from coordinator.fold.effects import (
     ViewCommitted,
     ViewPrepare,
 )
+from coordinator.fold.partition import covers_exactly, split_at
 from eventlog.record import Record
 from wire import ranks as rank_sets
 from wire.protocol import View, links_down
@@ -52,6 +53,7 @@ NAMES = (
     "clean_exit_not_failure",
     "replay_identical",
     "converged",
+    "epoch_exactly_once",
 )
 
 
@@ -107,6 +109,8 @@ class Invariants:
         #: (rank, incarnation) -> the last version that agent installed
         self.installed: dict[tuple[int, str], int] = {}
         self.agent_shutdowns: dict[tuple[int, str], int] = {}
+        #: (epoch, rank) -> the positions the fold has counted processed for that rank
+        self.processed: dict[tuple[int, int], frozenset[int]] = {}
 
     # -- 1 -------------------------------------------------------------------------------------
 
@@ -454,3 +458,46 @@ class Invariants:
                 "converged",
                 f"current version {version}; agents (rank, incarnation, version) {behind}",
             )
+
+    # -- 12 ------------------------------------------------------------------------------------
+
+    def check_epoch(self, epoch: Any, view: View | None, status: dict[str, Any]) -> None:
+        """The epoch's accounting (docs/data.md): every position of the epoch is in exactly one
+        rank's sequence; the positions not reported processed are exactly the ranges still
+        assigned; what the fold counted processed for a rank stays processed and stays that
+        rank's (across moves, coordinator restarts and replacements: it is never handed out
+        again); and with no view change in flight, a rank outside the committed view holds
+        nothing. This check reads the fold's epoch (its holdings are the thing checked); the
+        processed positions it remembers are its own, from every earlier step."""
+        sequences = {r: h.sequence for r, h in epoch.holdings.items()}
+        problem = covers_exactly(sequences.values(), epoch.plan.dataset_size)
+        if problem is not None:
+            raise Violation("epoch_exactly_once", f"epoch {epoch.number}: {problem}")
+        remaining = sum(h.remaining for h in epoch.holdings.values())
+        if epoch.unprocessed != remaining:
+            raise Violation(
+                "epoch_exactly_once",
+                f"epoch {epoch.number}: {epoch.unprocessed} unprocessed, {remaining} assigned",
+            )
+        for r, h in sorted(epoch.holdings.items()):
+            head = split_at(h.sequence, h.processed)[0]
+            now = frozenset(p for start, n in head for p in range(start, start + n))
+            before = self.processed.get((epoch.number, r), frozenset())
+            if not before <= now:
+                lost = sorted(before - now)[:5]
+                raise Violation(
+                    "epoch_exactly_once",
+                    f"epoch {epoch.number}: rank {r}'s processed positions {lost} left it",
+                )
+            self.processed[(epoch.number, r)] = now
+        if status["change_in_flight"] is None and view is not None:
+            outside = [
+                r
+                for r, h in sorted(epoch.holdings.items())
+                if h.remaining and not view.is_active(r)
+            ]
+            if outside:
+                raise Violation(
+                    "epoch_exactly_once",
+                    f"epoch {epoch.number}: ranks {outside} hold work outside view {view.version}",
+                )

@@ -31,7 +31,9 @@ import pytest
 from coordinator.fold import machine as machine_module
 from coordinator.fold.config import GroupConfig
 from coordinator.fold.effects import (
+    AssignmentChanged,
     Effect,
+    EpochCompleted,
     GroupCreated,
     Proposal,
     ProposalAccepted,
@@ -41,6 +43,7 @@ from coordinator.fold.effects import (
     ViewCommitted,
     ViewPrepare,
 )
+from coordinator.fold.epochs import Epoch, EpochPlan, Epochs, Holding
 from coordinator.fold.state import RankInfo
 from eventlog.record import Record
 from tests.sim import world as sim
@@ -160,6 +163,13 @@ def test_the_seeds_reach_the_faults() -> None:
         for _, _, reason in w.stopped:
             seen[f"agent {reason}"] += 1
         seen["down evidence"] += any(r.kind == "links" and "down" in r.payload for r in w.log)
+        seen["record epoch_plan"] += kinds["epoch_plan"] > 0
+        seen["record progress"] += kinds["progress"] > 0
+        for effect in _epoch_effects(w.log):
+            if isinstance(effect, AssignmentChanged):
+                seen[f"ranges moved by {effect.cause}"] += 1
+            else:
+                seen["epochs completed"] += 1
     wanted = [
         "views beyond formation",
         "coordinator restores",
@@ -180,9 +190,24 @@ def test_the_seeds_reach_the_faults() -> None:
         "agent closed",
         "agent fenced",
         "down evidence",
+        "record epoch_plan",
+        "record progress",
+        "ranges moved by view_committed",
+        "ranges moved by reclaim",
+        "epochs completed",
     ]
     missing = [name for name in wanted if seen[name] == 0]
     assert not missing, f"no seed of 300 reached {missing}: {dict(seen)}"
+
+
+def _epoch_effects(log: list[Record]) -> list[Effect]:
+    fold = machine_module.Coordinator()
+    return [
+        e
+        for rec in log
+        for e in fold.step(rec)
+        if isinstance(e, AssignmentChanged | EpochCompleted)
+    ]
 
 
 # -- the simulator catches a broken host -----------------------------------------------------
@@ -272,6 +297,27 @@ def _snapshot_loses_exited(self: Any) -> list[Any]:
     return data
 
 
+_view_committed = Epochs.view_committed
+
+
+def _leavers_keep_their_work(self: Any, *args: Any) -> None:
+    """A view change that leaves a departed rank's remainder with it."""
+
+
+def _leavers_forget_progress(
+    self: Any, fold: Any, g: Any, view: Any, base: Any, record: Any, effects: Any
+) -> None:
+    """A view change that hands out again what a departed rank had processed."""
+    ge = self._groups.get(g.name)
+    e = None if ge is None else ge.current
+    if e is not None and e.completed is None:
+        for r, h in e.holdings.items():
+            if not view.is_active(r) and h.processed:
+                e.unprocessed += h.processed
+                h.processed = 0
+    _view_committed(self, fold, g, view, base, record, effects)
+
+
 @pytest.mark.parametrize(
     ("target", "attr", "broken", "expected"),
     [
@@ -279,8 +325,17 @@ def _snapshot_loses_exited(self: Any) -> list[Any]:
         (machine_module, "admission_problem", lambda g, t: None, "activation_healthy_clique"),
         (machine_module.Coordinator, "_commit", _drops_forgotten, "members_acked_or_dropped"),
         (RankInfo, "to_list", _snapshot_loses_exited, "replay_identical"),
+        (Epochs, "view_committed", _leavers_keep_their_work, "epoch_exactly_once"),
+        (Epochs, "view_committed", _leavers_forget_progress, "epoch_exactly_once"),
     ],
-    ids=["exit-counted", "no-admission", "drops-forgotten", "snapshot-loses-exited"],
+    ids=[
+        "exit-counted",
+        "no-admission",
+        "drops-forgotten",
+        "snapshot-loses-exited",
+        "leavers-keep-work",
+        "leavers-forget-progress",
+    ],
 )
 def test_a_broken_fold_is_caught(
     monkeypatch: pytest.MonkeyPatch, target: Any, attr: str, broken: Any, expected: str
@@ -438,6 +493,7 @@ def test_an_honest_history_passes_every_check() -> None:
         "clean_exit_not_failure",
         "replay_identical",
         "converged",
+        "epoch_exactly_once",
     }
 
 
@@ -597,3 +653,47 @@ def test_twin_converged() -> None:
         h.inv.check_converged(2, [(0, "i0", 2), (1, "i1", 1)])
     with _raises("converged"):  # rank 0 holds no view at all
         h.inv.check_converged(2, [(0, "i0", None)])
+
+
+def _epoch(sequences: dict[int, list[tuple[int, int]]], processed: dict[int, int]) -> Epoch:
+    plan = EpochPlan(
+        epoch=0,
+        dataset_size=10,
+        seed=0,
+        shuffle=False,
+        split="equal",
+        partition_ratios=None,
+        grain=1,
+        lookahead=0,
+        reclaim=False,
+    )
+    e = Epoch(plan, offset=5, version=1)
+    for r, seq in sequences.items():
+        h = e.holdings[r] = Holding()
+        h.sequence = seq
+        h.processed = processed.get(r, 0)
+    e.unprocessed = sum(h.remaining for h in e.holdings.values())
+    return e
+
+
+def test_twin_epoch_exactly_once() -> None:
+    h = History()
+    v = h.formed()
+    calm = {"change_in_flight": None}
+    h.inv.check_epoch(_epoch({0: [(0, 5)], 1: [(5, 5)]}, {0: 3}), v, calm)
+    with _raises("epoch_exactly_once"):  # position 4 twice, position 9 nowhere
+        h.inv.check_epoch(_epoch({0: [(0, 5)], 1: [(4, 5)]}, {}), v, calm)
+    broken = _epoch({0: [(0, 5)], 1: [(5, 5)]}, {0: 3})
+    broken.unprocessed += 1
+    with _raises("epoch_exactly_once"):  # the count and the ranges disagree
+        h.inv.check_epoch(broken, v, calm)
+    with _raises("epoch_exactly_once"):  # rank 0's processed 0..2 handed to rank 1
+        h.inv.check_epoch(_epoch({0: [], 1: [(5, 5), (0, 5)]}, {}), v, calm)
+    fresh = History()
+    outside = msgspec.structs.replace(fresh.formed(), version=2, active_ranks=(0,))
+    with _raises("epoch_exactly_once"):  # rank 1 is outside view 2 and still holds work
+        fresh.inv.check_epoch(_epoch({0: [(0, 5)], 1: [(5, 5)]}, {}), outside, calm)
+    # while that view change is in flight, the ranges may still wait for its commit
+    fresh.inv.check_epoch(
+        _epoch({0: [(0, 5)], 1: [(5, 5)]}, {}), outside, {"change_in_flight": {"version": 3}}
+    )

@@ -44,6 +44,11 @@ any amount, forwards at most a second: what the heartbeat deadline's margin tole
 proposals, activate or deactivate, with idempotency keys, sent more than once. Throughout, the
 network loses, duplicates, delays and so reorders messages, at rates drawn per seed.
 
+**Data.** Most seeds also read one epoch: the operator declares a plan (refused and sent again
+until the group formed) and each rank reads its part the way ``agent.data``'s sampler does,
+within its lookahead, reporting progress through its real ``AgentMachine``; kills, pauses,
+replacements and deactivations then move ranges as they would in a job.
+
 The invariants (``tests/sim/invariants.py``) are checked after every step.
 """
 
@@ -63,6 +68,7 @@ from agent.machine import (
     Close,
     ConnectDataPlane,
     DataPlaneReady,
+    DataUpdate,
     EventsAnswered,
     EventsFailed,
     InstallView,
@@ -70,7 +76,9 @@ from agent.machine import (
     MoveDataPlane,
     PollFailed,
     PollUpdates,
+    ProgressAnswered,
     Rejoin,
+    ReportProgress,
     SendEvents,
     ShutdownWithSave,
     Start,
@@ -79,6 +87,7 @@ from agent.machine import (
     Tick,
     UpdatesReceived,
 )
+from coordinator.fold.epochs import complete_plan
 from coordinator.fold.machine import Coordinator
 from coordinator.fold.projections import rows_for
 from coordinator.host.batching import MAX_BATCH, take_batch
@@ -135,6 +144,8 @@ class Setup(NamedTuple):
     #: (group, rank) byte bounds of the update journals, small enough to make readers resync
     journal_bytes: tuple[int, int] | None
     faults: tuple[Fault, ...]
+    #: the epoch plan the operator declares, and when (ns); None for a run without one
+    epoch: tuple[int, dict[str, Any]] | None = None
 
 
 #: The run length the fault schedule is drawn for; ``--steps`` only cuts a run short, so a
@@ -211,6 +222,7 @@ def setup(seed: int) -> Setup:
         faults.append(Fault(t, kind, args))
     faults.sort()
     return Setup(
+        epoch=_epoch_plan(seed, n, horizon),
         ranks=n,
         config=config,
         heartbeat_s=hb,
@@ -222,6 +234,29 @@ def setup(seed: int) -> Setup:
         journal_bytes=rng.choice((None, None, (1500, 300), (6000, 1000))),
         faults=tuple(faults),
     )
+
+
+def _epoch_plan(seed: int, n: int, horizon: float) -> tuple[int, dict[str, Any]] | None:
+    """Most seeds read one epoch: its plan and the moment the operator declares it (drawn
+    from a stream of its own, so the fault schedule of a seed does not depend on it)."""
+    rng = random.Random(f"epoch-{seed}")
+    if rng.random() < 0.15:
+        return None
+    size = rng.choice((rng.randint(1, 40), rng.randint(100, 3000)))
+    split = rng.choice(("equal", "ratios", "throughput"))
+    body: dict[str, Any] = {
+        "epoch": 0,
+        "dataset_size": size,
+        "seed": rng.randrange(2**32),
+        "shuffle": rng.random() < 0.5,
+        "split": split,
+        "grain": min(size, rng.choice((1, 1, 4, 16))),
+        "lookahead": rng.choice((0, 8, 64, 1024)),
+        "reclaim": rng.random() < 0.6,
+    }
+    if split == "ratios":
+        body["partition_ratios"] = [rng.choice((0.5, 1.0, 2.0)) for _ in range(n)]
+    return round(rng.uniform(0.0, horizon / 2) * S), complete_plan(body)
 
 
 # -- the coordinator --------------------------------------------------------------------------
@@ -489,6 +524,58 @@ class SimHost:
 # -- the agents -------------------------------------------------------------------------------
 
 
+class _Reader:
+    """What a rank's sampler does with its part of the epoch (``agent.data``, reduced to its
+    accounting): it reads its sequence front to back, never more than ``lookahead`` positions
+    beyond what the coordinator accepted, and reports the count read against the assignment it
+    holds. A new assignment keeps the read position (a move never takes what lies within the
+    lookahead), or starts from the coordinator's count for a new incarnation."""
+
+    def __init__(self, rank: int, rate: float) -> None:
+        self.rank = rank
+        self.rate = rate
+        self.epoch: int | None = None
+        self.lookahead = 0
+        self.grain = 1
+        self.assignment = 0
+        self.held = 0
+        self.cursor = 0
+        self.accepted = 0
+        self.finished = False
+
+    def on_update(self, update: Any) -> bool:
+        """Take an update; True when there is now something to read."""
+        kind = update.get("type")
+        if kind == "epoch_plan":
+            self.epoch = int(update["epoch"])
+            self.lookahead = int(update["lookahead"])
+            self.grain = int(update["grain"])
+        elif kind == "data_assignment" and int(update["assignment"]) >= self.assignment:
+            self.epoch = int(update["epoch"])
+            self.assignment = int(update["assignment"])
+            processed = int(update["processed"])
+            self.held = processed + sum(int(n) for _, n in update["remaining"])
+            self.accepted = max(self.accepted, processed)
+            self.cursor = min(max(self.cursor, processed), self.held)
+        elif kind == "epoch_complete":
+            self.finished = True
+        return not self.finished and self.cursor < self.held
+
+    def on_answer(self, answer: ProgressAnswered) -> None:
+        if answer.error is None and answer.assignment == self.assignment:
+            self.accepted = max(self.accepted, answer.processed)
+
+    def read(self, rng: random.Random) -> tuple[int, int, int, float] | None:
+        if self.epoch is None or self.finished or not self.assignment:
+            return None
+        limit = min(self.held, self.accepted + self.lookahead)
+        if self.cursor < limit:
+            self.cursor += rng.randint(1, min(limit - self.cursor, 3 * self.grain))
+        elif self.cursor <= self.accepted:
+            return None  # everything read was accepted: wait for more, or the epoch's end
+        return self.epoch, self.assignment, self.cursor, self.rate
+
+
 class Process:
     """One agent process: a real ``AgentMachine`` and what its host and data plane do."""
 
@@ -514,6 +601,8 @@ class Process:
         self.tick_gen = 0
         self.store_gen = 0
         self.view = None
+        self.reader = _Reader(rank, world.rng.uniform(50.0, 400.0))
+        self.read_gen = 0
 
     def now(self) -> float:
         return self.world.now / S + self.clock
@@ -568,6 +657,34 @@ class Process:
         elif isinstance(action, Stopped):
             self.alive = False
             w.stopped.append((self.rank, self.incarnation, action.reason))
+        elif isinstance(action, DataUpdate):
+            if self.reader.on_update(action.update):
+                self.read_later()
+        elif isinstance(action, ProgressAnswered):
+            self.reader.on_answer(action)
+
+    def read_later(self) -> None:
+        """The training loop reads its next batch a little later."""
+        w = self.world
+        self.read_gen += 1
+        at = w.now + round(w.rng.uniform(0.2, 1.0) * w.setup.heartbeat_s * S)
+        w.at(at, self.read, self.read_gen)
+
+    def read(self, gen: int) -> Any:
+        """Read a batch of this rank's part and report how far it is. The reader's own timer:
+        it is not a step (the report it sends is one, at the coordinator)."""
+        if gen != self.read_gen or not self.alive:
+            return _STALE
+        if not self.running:
+            self.world.at(self.paused_until, self.read, gen)
+            return _STALE
+        report = self.reader.read(self.world.rng)
+        if report is not None:
+            epoch, assignment, processed, rate = report
+            self.feed(ReportProgress(self.now(), epoch, assignment, processed, rate))
+        if not self.reader.finished:
+            self.read_later()
+        return _STALE
 
     def send_poll(self, rid: int, after: int, view: int | None) -> Any:
         if self.poll_rid != rid or not self.alive:
@@ -762,7 +879,7 @@ class World:
                 _Request(self, src, rid, [rec], EVENTS),
                 ("idempotency", GROUP, key) if key else None,
             )
-        else:  # "death" or "create"
+        else:  # "death", "create" or "plan"
             _, rid, rec = msg
             coord.submit([rec], _Request(self, src, rid, [rec], EVENTS), None)
 
@@ -809,6 +926,16 @@ class World:
         rec = NewRecord(kind="group_created", group=GROUP, payload=payload)
         self.send(OPERATOR, COORD, ("create", rid, rec))
         self.at(self.now + S, self.create_group)
+
+    def plan_epoch(self) -> None:
+        """The operator declares the epoch (``POST /groups/g/epochs``), again each second until
+        the log holds it: before the group formed it is refused."""
+        assert self.setup.epoch is not None
+        if any(rec.kind == "epoch_plan" for rec in self.log):
+            return
+        rec = NewRecord(kind="epoch_plan", group=GROUP, payload=dict(self.setup.epoch[1]))
+        self.send(OPERATOR, COORD, ("plan", self.rid(), rec))
+        self.at(self.now + S, self.plan_epoch)
 
     def start_coordinator(self) -> None:
         self.coord_epoch += 1
@@ -944,6 +1071,8 @@ class World:
             self.at(start.randrange(0, S // 2), self.start_process, rank)
         for f in self.faults:
             self.at(f.t, self.fault, f)
+        if self.setup.epoch is not None:
+            self.at(self.setup.epoch[0], self.plan_epoch)
         self._advance(lambda: self.step < self.steps)
         if quiet_s:
             # no fault starts any more; those under way end as scheduled
@@ -1006,6 +1135,9 @@ class World:
                 assert status is not None
                 inv.check_status(GROUP, status)
                 inv.check_terminal_still(coord.machine.proposal)
+                epoch = coord.machine.epochs.epoch(GROUP)
+                if epoch is not None:
+                    inv.check_epoch(epoch, coord.machine.current_view(GROUP), status)
 
     def finish(self) -> None:
         """A fresh fold of the whole log: effects, projections and state equal the run's."""
