@@ -48,9 +48,12 @@ from agent.machine import (
     PollUpdates,
     ProgressAnswered,
     RankStateChanged,
+    RefitAnswered,
+    RefitUpdate,
     Rejoin,
     ReportProgress,
     SendEvents,
+    SendRefit,
     ShutdownWithSave,
     Start,
     Stopped,
@@ -178,6 +181,7 @@ class Agent:
         self._move_retry_at: float | None = None
         self._started = False
         self._data: Any = None
+        self._refits: Any = None
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -379,6 +383,32 @@ class Agent:
     ) -> None:
         self._inbox.put(ReportProgress(time.monotonic(), epoch, assignment, processed, rate))
 
+    # -- weight refits ---------------------------------------------------------------------------
+
+    def refit(self, name: str) -> Any:
+        """This rank's client of refit ``name`` (``agent.refits.RefitClient``): join it, wait
+        for admission, share the bootstrap, run and report transfers (docs/refit.md)."""
+        from agent.refits import RefitClient
+
+        return RefitClient(self.refits, name)
+
+    @property
+    def refits(self) -> Any:
+        """What the coordinator said of the refits (``agent.refits.RefitTracker``)."""
+        if self._refits is None:
+            from agent.refits import RefitTracker
+
+            self._refits = RefitTracker(self.group, self.rank, self._send_refit)
+        return self._refits
+
+    def create_refit(self, refit: str, publisher: str, subscriber: str, **spec: Any) -> dict:
+        """``POST /refits`` (the operator's: this needs the operator token when auth is on)."""
+        body = {"refit": refit, "publisher": publisher, "subscriber": subscriber, **spec}
+        return self._ops.request("POST", "/refits", json=body)
+
+    def _send_refit(self, kind: str, fields: dict[str, Any]) -> None:
+        self._inbox.put(SendRefit(time.monotonic(), kind, fields))
+
     # -- the data plane --------------------------------------------------------------------------
 
     def process_group(self, backend: str | None = None, timeout_s: float = 60.0) -> Any:
@@ -467,12 +497,18 @@ class Agent:
             self.data.on_answer(
                 action.epoch, action.assignment, action.processed, action.error, action.detail
             )
+        elif isinstance(action, RefitUpdate):
+            self.refits.on_update(dict(action.update))
+        elif isinstance(action, RefitAnswered):
+            self.refits.on_answer(action.kind, dict(action.fields), action.error, action.detail)
         elif isinstance(action, Stopped):
             log.info("rank %d: agent %s: %s", self.rank, action.reason, action.detail)
             self._publish(stopped=action)
             self._stop.set()
             if self._data is not None:
                 self._data.on_stopped(f"{action.reason}: {action.detail}")
+            if self._refits is not None:
+                self._refits.on_stopped(f"{action.reason}: {action.detail}")
 
     def _connect_data_plane(self, store: StoreAddress) -> None:
         from agent.dataplane import DataPlane

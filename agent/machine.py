@@ -59,6 +59,11 @@ The rules, in one place:
   (``ReportProgress``) goes in the events lane, the newest replacing one not yet sent, and its
   answer comes back as ``ProgressAnswered``. A refused report never ends the agent: it is the
   data's to act on (a ``stale_assignment`` is reported again against the part received).
+- **Refits are the refit client's.** ``refit_epoch``, ``transfer`` and this rank's
+  ``refit_bootstrap`` updates are handed on (``RefitUpdate``); a refit event (``SendRefit``:
+  a join, a bootstrap, a transfer, a transfer's status) goes in the events lane and its answer
+  comes back as ``RefitAnswered``, accepted or refused: a refused one never ends the agent
+  (``stale_refit_epoch`` means join the current epoch, ``digest_mismatch`` is the user's plan).
 """
 
 from __future__ import annotations
@@ -209,6 +214,19 @@ class ReportProgress:
     rate: float | None = None
 
 
+#: The refit events (``wire.protocol``): each is answered by a ``RefitAnswered``.
+REFIT_EVENTS = frozenset({"refit_join", "refit_bootstrap", "transfer", "transfer_status"})
+
+
+@dataclass(frozen=True)
+class SendRefit:
+    """Send a refit event (``kind`` one of :data:`REFIT_EVENTS`, with its fields)."""
+
+    now: float
+    kind: str
+    fields: Mapping[str, Any]
+
+
 Input = (
     Start
     | Tick
@@ -221,6 +239,7 @@ Input = (
     | Rejoin
     | Close
     | ReportProgress
+    | SendRefit
 )
 
 # ---------------------------------------------------------------------------------------------
@@ -301,6 +320,25 @@ class ProgressAnswered:
 
 
 @dataclass(frozen=True)
+class RefitUpdate:
+    """A ``refit_epoch``, ``transfer`` or (this rank's) ``refit_bootstrap`` update."""
+
+    update: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class RefitAnswered:
+    """The coordinator's answer to a refit event: ``error`` None when it was appended (or
+    answered with the earlier record it repeats, ``offset``)."""
+
+    kind: str
+    fields: Mapping[str, Any]
+    offset: int | None = None
+    error: str | None = None
+    detail: str = ""
+
+
+@dataclass(frozen=True)
 class Stopped:
     """The agent is done: ``closed`` (a clean exit), ``fenced`` or ``failed``."""
 
@@ -318,6 +356,8 @@ Action = (
     | ShutdownWithSave
     | DataUpdate
     | ProgressAnswered
+    | RefitUpdate
+    | RefitAnswered
     | Stopped
 )
 
@@ -470,6 +510,8 @@ class AgentMachine:
             elif kind in _DATA_UPDATES:
                 if kind != "data_assignment" or update.get("rank") == self.config.rank:
                     actions.append(DataUpdate(update))
+            elif kind in _REFIT_UPDATES:
+                actions.append(RefitUpdate(update))
             elif kind == "shutdown_with_save" and not self._shutdown_seen:
                 self._shutdown_seen = True
                 actions.append(
@@ -606,6 +648,15 @@ class AgentMachine:
         self._queue("progress", **fields)
         return []
 
+    def _send_refit(self, event: SendRefit) -> list[Action]:
+        """Queue a refit event; before the join there is nobody to send it for."""
+        if event.kind not in REFIT_EVENTS:
+            raise ValueError(f"{event.kind!r} is not a refit event ({sorted(REFIT_EVENTS)})")
+        if self.phase != _JOINED:
+            return [RefitAnswered(event.kind, dict(event.fields), None, "not_joined", self.phase)]
+        self._queue(event.kind, **event.fields)
+        return []
+
     def _rejoin(self, event: Rejoin) -> list[Action]:
         if self.phase == _JOINED:
             self._begin_join()
@@ -726,12 +777,17 @@ class AgentMachine:
             return self._stop("closed", f"rank {self.config.rank} left the group")
         elif kind == "progress":
             return [ProgressAnswered(ev["epoch"], ev["assignment"], ev["processed"])]
+        elif kind in REFIT_EVENTS:
+            offset = result.get("offset")
+            return [RefitAnswered(kind, _refit_fields(ev), None if offset is None else int(offset))]
         return []
 
     def _refused(self, ev: Mapping[str, Any], error: str, detail: str, now: float) -> list[Action]:
         kind = ev["type"]
         if kind == "progress" and error != STALE_INCARNATION:
             return [ProgressAnswered(ev["epoch"], ev["assignment"], ev["processed"], error, detail)]
+        if kind in REFIT_EVENTS and error != STALE_INCARNATION:
+            return [RefitAnswered(kind, _refit_fields(ev), None, error, detail)]
         self.last_error = f"{kind} refused: {error}: {detail}"
         if error == STALE_INCARNATION:
             return self._stop("fenced", self.last_error)
@@ -850,7 +906,15 @@ _HANDLERS = {
     Rejoin: AgentMachine._rejoin,
     Close: AgentMachine._close,
     ReportProgress: AgentMachine._progress,
+    SendRefit: AgentMachine._send_refit,
 }
 
 #: The updates the data (``agent.data``) follows.
 _DATA_UPDATES = frozenset({"epoch_plan", "data_assignment", "epoch_complete"})
+#: The updates the refit client (``agent.refits``) follows.
+_REFIT_UPDATES = frozenset({"refit_epoch", "transfer", "refit_bootstrap"})
+_ENVELOPE = frozenset({"type", "group", "rank", "incarnation", "token"})
+
+
+def _refit_fields(ev: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in ev.items() if k not in _ENVELOPE}

@@ -11,7 +11,7 @@ from fastapi import FastAPI
 from api import errors, metrics, openapi
 from api.fastpath import Service
 from api.limits import Limits
-from api.routes import agents, audit, console, epochs, operator, story
+from api.routes import agents, audit, console, epochs, operator, refits, story
 from coordinator.auth import Authenticator
 from coordinator.host.loop import Host
 
@@ -36,6 +36,7 @@ def create_app(
     errors.install(app)
     app.include_router(operator.router)
     app.include_router(epochs.router)
+    app.include_router(refits.router)
     app.include_router(agents.router)
     app.include_router(audit.router)
     app.include_router(story.router)

@@ -10,6 +10,7 @@ them, and the handlers below turn framework errors into the same shape.
 from __future__ import annotations
 
 import logging
+import re
 from typing import Any
 
 import msgspec
@@ -29,6 +30,8 @@ REFUSAL_STATUS: dict[str, int] = {
     "unknown_proposal": 404,
     "rank_out_of_range": 404,
     "unknown_epoch": 404,
+    "unknown_refit": 404,
+    "unknown_transfer": 404,
     "invalid_event": 422,
     "invalid_request": 422,
     "forbidden": 403,
@@ -120,6 +123,9 @@ def install(app: FastAPI) -> None:
             detail = f"no endpoint {request.method} {request.url.path}"
         headers = dict(exc.headers or {})
         if exc.status_code == 405 and "Allow" in headers:
+            # Starlette names only the first route of the path; a path served by several
+            # routes (GET and POST /refits) allows what all of them allow
+            headers["Allow"] = _allowed(request, headers["Allow"])
             detail = f"{request.method} is not allowed on {request.url.path}; allowed: {headers['Allow']}"
         return error_response(exc.status_code, code, detail, headers=headers)
 
@@ -127,3 +133,17 @@ def install(app: FastAPI) -> None:
     async def _internal(request: Request, exc: Exception) -> Response:
         log.exception("internal error on %s %s", request.method, request.url.path)
         return error_response(500, "internal", f"{type(exc).__name__}: {exc}")
+
+
+def _allowed(request: Request, first: str) -> str:
+    """Every method the app documents on the request's path (its OpenAPI document lists each
+    route's; Starlette's ``Allow`` names only the first route that matched the path)."""
+    methods = {m.strip() for m in first.split(",") if m.strip()}
+    path = request.url.path
+    for template, operations in request.app.openapi().get("paths", {}).items():
+        if re.fullmatch(re.sub(r"\\{[^/]+?\\}", "[^/]+", re.escape(template)), path):
+            methods.update(m.upper() for m in operations if m.upper() in _METHODS)
+    return ", ".join(sorted(methods))
+
+
+_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})

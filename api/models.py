@@ -22,6 +22,7 @@ from wire.protocol import (
     AckEvent,
     AgentEvent,
     AgentEventsRequest,
+    Digest,
     ExitEvent,
     GroupName,
     HeartbeatEvent,
@@ -30,7 +31,9 @@ from wire.protocol import (
     LinksEvent,
     LooseEventsRequest,
     Rank,
+    RefitName,
     ShortText,
+    TransferKey,
     Version,
 )
 
@@ -105,6 +108,33 @@ class EpochPlanRequest(Struct, kw_only=True, forbid_unknown_fields=True):
     grain: Annotated[int, Meta(ge=1, le=MAX_DATASET)] | UnsetType = UNSET
     lookahead: Annotated[int, Meta(ge=0, le=MAX_DATASET)] | UnsetType = UNSET
     reclaim: bool | UnsetType = UNSET
+
+
+class RefitRequest(Struct, kw_only=True, forbid_unknown_fields=True):
+    """``POST /refits``: a weight refit from ``publisher`` (M slots) to ``subscriber`` (N slots)
+    (docs/refit.md). Fields left out take ``coordinator.fold.refits.SPEC_DEFAULTS``."""
+
+    refit: RefitName
+    publisher: GroupName
+    subscriber: GroupName
+    publisher_slots: Annotated[int, Meta(ge=1, le=8192)]
+    subscriber_slots: Annotated[int, Meta(ge=1, le=8192)]
+    lanes: Annotated[int, Meta(ge=1, le=64)] | UnsetType = UNSET
+    readiness_timeout_s: Annotated[float, Meta(gt=0, le=3600)] | UnsetType = UNSET
+    transfer_timeout_s: Annotated[float, Meta(gt=0, le=86_400)] | UnsetType = UNSET
+    digest: Digest | None | UnsetType = UNSET
+
+
+class TransferRequest(Struct, kw_only=True, forbid_unknown_fields=True):
+    """``POST /refits/{refit}/transfers``: start transfer ``key`` (again, after a failure)."""
+
+    key: TransferKey
+
+
+class RefitRestartRequest(Struct, kw_only=True, forbid_unknown_fields=True):
+    """``POST /refits/{refit}/restart``: a new epoch; ``reason`` goes into its cause."""
+
+    reason: Annotated[str, Meta(max_length=256)] | None = None
 
 
 class DeathReport(Struct, kw_only=True):
@@ -234,6 +264,64 @@ class EpochBody(Struct, kw_only=True):
     next_ranks_after: int | None
 
 
+class RefitMemberBody(Struct, kw_only=True):
+    role: Literal["publisher", "subscriber"]
+    slot: int
+    group: str
+    rank: int
+    refit_rank: int
+
+
+class RefitJoinedBody(Struct, kw_only=True):
+    role: Literal["publisher", "subscriber"]
+    slot: int
+    group: str
+    rank: int
+    digest: str
+
+
+class TransferBody(Struct, kw_only=True):
+    id: int
+    key: str
+    attempt: int
+    epoch: int
+    status: Literal["running", "completed", "failed"]
+    detail: str
+    deadline: int | None
+    offset: int
+    done: list[str]
+
+
+class RefitBody(Struct, kw_only=True):
+    """``GET /refits/{refit}``: the definition, the current epoch and the transfers (never the
+    bootstrap: only admitted members receive it)."""
+
+    refit: str
+    spec: dict[str, Any]
+    created_offset: int
+    epoch: int
+    status: Literal["waiting", "admitted", "timed_out"]
+    cause: str
+    deadline_ts: int | None
+    digest: str | None
+    joined: list[RefitJoinedBody]
+    missing: list[str]
+    members: list[RefitMemberBody]
+    bootstrap_published: bool
+    transfers: list[TransferBody]
+
+
+class RefitSummary(Struct, kw_only=True):
+    refit: str
+    epoch: int
+    status: str
+    cause: str
+
+
+class RefitList(Struct, kw_only=True):
+    refits: list[RefitSummary]
+
+
 class EventRecord(Struct, kw_only=True):
     offset: int
     ts: int
@@ -308,6 +396,11 @@ SCHEMA_TYPES: tuple[Any, ...] = (
     ProposalRequest,
     EpochPlanRequest,
     EpochBody,
+    RefitRequest,
+    TransferRequest,
+    RefitRestartRequest,
+    RefitBody,
+    RefitList,
     DeathReport,
     AgentEventsRequest,
     ErrorBody,

@@ -32,6 +32,13 @@ KINDS: frozenset[str] = frozenset(
         # epoch plans and the progress against them (coordinator/fold/epochs.py)
         "epoch_plan",
         "progress",
+        # weight refits between two groups (coordinator/fold/refits.py)
+        "refit_created",
+        "refit_restart",
+        "refit_join",
+        "refit_bootstrap",
+        "transfer",
+        "transfer_status",
     }
 )
 

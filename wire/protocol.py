@@ -65,6 +65,22 @@ UNKNOWN_EPOCH = "unknown_epoch"
 EPOCH_CONFLICT = "epoch_conflict"
 STALE_ASSIGNMENT = "stale_assignment"
 GROUP_NOT_FORMED = "group_not_formed"
+#: Weight refits (``wire.refit``, docs/refit.md): a name no refit has; a refit created again
+#: with another definition; a worker outside the refit's groups or views; a slot out of range
+#: or held by another rank; a join whose plan digest differs from the refit's; a report or
+#: join for an epoch the refit has moved past; an epoch that is not (or no longer) admitted;
+#: a transfer report for an attempt that is over, or for a transfer whose state is final.
+UNKNOWN_REFIT = "unknown_refit"
+REFIT_CONFLICT = "refit_conflict"
+NOT_REFIT_MEMBER = "not_refit_member"
+INVALID_SLOT = "invalid_slot"
+DIGEST_MISMATCH = "digest_mismatch"
+STALE_REFIT_EPOCH = "stale_refit_epoch"
+REFIT_NOT_READY = "refit_not_ready"
+UNKNOWN_TRANSFER = "unknown_transfer"
+STALE_ATTEMPT = "stale_attempt"
+TRANSFER_FINAL = "transfer_final"
+TRANSFER_BUSY = "transfer_busy"
 
 #: Event errors that end an agent: retrying cannot help.
 FATAL_ERRORS = frozenset({FORBIDDEN, RANK_OUT_OF_RANGE, INVALID_EVENT, PROTOCOL_MISMATCH})
@@ -225,11 +241,103 @@ class ProgressEvent(
     rate: Annotated[float, Meta(ge=0, le=1e12)] | None = None
 
 
-AgentEvent = JoinEvent | HeartbeatEvent | LinksEvent | AckEvent | ExitEvent | ProgressEvent
+# -- weight refits (docs/refit.md) -----------------------------------------------------------
+
+#: A refit's name (``POST /refits``), and a plan digest: sha256 in lowercase hex.
+RefitName = Annotated[str, Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$")]
+Digest = Annotated[str, Meta(pattern=r"^[0-9a-f]{64}$")]
+RefitEpoch = Annotated[int, Meta(ge=1, le=2**62)]
+#: A transfer's key: printable ASCII without spaces.
+TransferKey = Annotated[str, Meta(pattern=r"^[\x21-\x7e]{1,128}$")]
+#: A bootstrap is flat: the data plane's rendezvous (a store address, a prefix, an NCCL unique
+#: id in hex), each value short.
+BootstrapValue = (
+    Annotated[str, Meta(max_length=1024)] | Annotated[int, Meta(ge=-(2**63), le=2**63 - 1)]
+)
+
+
+class RefitJoinEvent(
+    _AgentEvent, tag="refit_join", kw_only=True, omit_defaults=True, forbid_unknown_fields=True
+):
+    """This worker takes ``slot`` of its group's side of ``refit`` in ``epoch``, holding the
+    plan whose digest is ``digest`` (``wire.refit.ReshardPlan.digest``)."""
+
+    refit: RefitName
+    epoch: RefitEpoch
+    slot: Annotated[int, Meta(ge=0, le=65_535)]
+    digest: Digest
+
+
+class RefitBootstrapEvent(
+    _AgentEvent,
+    tag="refit_bootstrap",
+    kw_only=True,
+    omit_defaults=True,
+    forbid_unknown_fields=True,
+):
+    """Refit rank 0 publishes the data plane's rendezvous of an admitted epoch."""
+
+    refit: RefitName
+    epoch: RefitEpoch
+    bootstrap: Annotated[
+        dict[Annotated[str, Meta(max_length=64)], BootstrapValue], Meta(max_length=16)
+    ]
+
+
+class TransferEvent(
+    _AgentEvent, tag="transfer", kw_only=True, omit_defaults=True, forbid_unknown_fields=True
+):
+    """Start (or, after a failure, retry) the transfer ``key`` in the admitted ``epoch``."""
+
+    refit: RefitName
+    epoch: RefitEpoch
+    key: TransferKey
+
+
+class TransferStatusEvent(
+    _AgentEvent,
+    tag="transfer_status",
+    kw_only=True,
+    omit_defaults=True,
+    forbid_unknown_fields=True,
+):
+    """This member's outcome of ``attempt`` of transfer ``transfer``."""
+
+    refit: RefitName
+    epoch: RefitEpoch
+    transfer: Annotated[int, Meta(ge=1, le=2**62)]
+    attempt: Annotated[int, Meta(ge=1, le=2**62)]
+    status: Annotated[str, Meta(pattern="^(done|failed)$")]
+    detail: Annotated[str, Meta(max_length=1000)] = ""
+
+
+AgentEvent = (
+    JoinEvent
+    | HeartbeatEvent
+    | LinksEvent
+    | AckEvent
+    | ExitEvent
+    | ProgressEvent
+    | RefitJoinEvent
+    | RefitBootstrapEvent
+    | TransferEvent
+    | TransferStatusEvent
+)
 #: Each event type's wire ``type``, the kind of the record it becomes.
 EVENT_KINDS: dict[type, str] = {
     cls: cls.__struct_config__.tag  # type: ignore[misc]
-    for cls in (JoinEvent, HeartbeatEvent, LinksEvent, AckEvent, ExitEvent, ProgressEvent)
+    for cls in (
+        JoinEvent,
+        HeartbeatEvent,
+        LinksEvent,
+        AckEvent,
+        ExitEvent,
+        ProgressEvent,
+        RefitJoinEvent,
+        RefitBootstrapEvent,
+        TransferEvent,
+        TransferStatusEvent,
+    )
 }
 
 

@@ -17,6 +17,7 @@ import msgspec
 
 from coordinator.fold.config import GroupConfig
 from wire.protocol import (
+    DIGEST_MISMATCH,
     DUPLICATE_PROPOSAL,
     EPOCH_CONFLICT,
     GROUP_CONFLICT,
@@ -25,22 +26,33 @@ from wire.protocol import (
     HEALTHY,
     IDEMPOTENCY_CONFLICT,
     INVALID_EVENT,
+    INVALID_SLOT,
+    NOT_REFIT_MEMBER,
     OFFLINE,
     RANK_BUSY,
     RANK_OFFLINE,
     RANK_OUT_OF_RANGE,
+    REFIT_CONFLICT,
+    REFIT_NOT_READY,
     STALE_ASSIGNMENT,
+    STALE_ATTEMPT,
     STALE_INCARNATION,
+    STALE_REFIT_EPOCH,
     STALE_VERSION,
     SYNCED,
+    TRANSFER_BUSY,
+    TRANSFER_FINAL,
     UNKNOWN_EPOCH,
     UNKNOWN_GROUP,
+    UNKNOWN_REFIT,
+    UNKNOWN_TRANSFER,
     View,
 )
 
 # Physical states, the committed view and the refusal codes are the wire protocol's, declared
 # once in ``wire.protocol`` and re-exported here for the fold.
 __all__ = [
+    "DIGEST_MISMATCH",
     "DUPLICATE_PROPOSAL",
     "EPOCH_CONFLICT",
     "GROUP_CONFLICT",
@@ -49,16 +61,26 @@ __all__ = [
     "HEALTHY",
     "IDEMPOTENCY_CONFLICT",
     "INVALID_EVENT",
+    "INVALID_SLOT",
+    "NOT_REFIT_MEMBER",
     "OFFLINE",
     "RANK_BUSY",
     "RANK_OFFLINE",
     "RANK_OUT_OF_RANGE",
+    "REFIT_CONFLICT",
+    "REFIT_NOT_READY",
     "STALE_ASSIGNMENT",
+    "STALE_ATTEMPT",
     "STALE_INCARNATION",
+    "STALE_REFIT_EPOCH",
     "STALE_VERSION",
     "SYNCED",
+    "TRANSFER_BUSY",
+    "TRANSFER_FINAL",
     "UNKNOWN_EPOCH",
     "UNKNOWN_GROUP",
+    "UNKNOWN_REFIT",
+    "UNKNOWN_TRANSFER",
     "View",
 ]
 
@@ -246,4 +268,66 @@ class EpochCompleted(Effect, frozen=True, kw_only=True, tag="epoch_completed"):
     group: str
     epoch: int
     processed: dict[int, int]
+    offset: int
+
+
+# -- weight refits (coordinator/fold/refits.py) ------------------------------------------------
+
+
+class RefitCreated(Effect, frozen=True, kw_only=True, tag="refit_created"):
+    """A refit was declared between a publisher and a subscriber group (``spec``: the
+    ``refit_created`` payload, every field explicit)."""
+
+    refit: str
+    spec: dict[str, Any]
+    offset: int
+
+
+class RefitEpochChanged(Effect, frozen=True, kw_only=True, tag="refit_epoch"):
+    """The refit's epoch, whole, each time its status changes: ``waiting`` (slots may join
+    until ``deadline_ts``), ``admitted`` (every slot joined with ``digest``, and the data
+    plane's ``lanes``), ``timed_out`` (``missing`` names the slots that never joined).
+    ``cause`` says why this epoch began (the refit's creation, a view of either group, a
+    member lost, a transfer timed out, an operator's restart). ``groups``: the publisher and
+    the subscriber group, whose workers all hear of it."""
+
+    refit: str
+    groups: tuple[str, str]
+    epoch: int
+    status: str
+    cause: str
+    deadline_ts: int | None
+    digest: str | None
+    lanes: int
+    publisher_ranks: tuple[int, ...]
+    subscriber_ranks: tuple[int, ...]
+    missing: tuple[str, ...]
+    offset: int
+
+
+class RefitBootstrap(Effect, frozen=True, kw_only=True, tag="refit_bootstrap"):
+    """Refit rank 0 published the data plane's rendezvous for ``epoch``; only the admitted
+    ``members`` (``(group, rank)``) receive it."""
+
+    refit: str
+    epoch: int
+    bootstrap: dict[str, Any]
+    members: tuple[tuple[str, int], ...]
+    offset: int
+
+
+class TransferChanged(Effect, frozen=True, kw_only=True, tag="transfer"):
+    """A transfer, whole, each time it changes: ``running`` (attempt ``attempt`` in refit epoch
+    ``epoch``, due by ``deadline_ts``), ``completed`` (final), ``failed`` (``detail`` says who or
+    what; a new attempt may follow)."""
+
+    refit: str
+    groups: tuple[str, str]
+    transfer: int
+    key: str
+    attempt: int
+    epoch: int
+    status: str
+    detail: str
+    deadline_ts: int | None
     offset: int

@@ -18,8 +18,9 @@ A step has two halves:
 Heartbeats take a fast path that changes only liveness, so they never reach ``_settle``.
 
 State beside membership lives in *facets* (``coordinator/fold/facets.py``): epoch plans
-(``epochs.py``). A record of a facet's kind is checked and stepped by the facet; every facet
-hears of each committed view, each rank lost and each tick at fixed points of a step.
+(``epochs.py``) and weight refits (``refits.py``). A record of a facet's kind is checked and
+stepped by the facet; every facet hears of each committed view, each rank lost and each tick at
+fixed points of a step.
 """
 
 from __future__ import annotations
@@ -65,6 +66,7 @@ from coordinator.fold.fencing import (
 )
 from coordinator.fold.healthy_set import excluded_ranks
 from coordinator.fold.reasons import ranks_text
+from coordinator.fold.refits import Refits
 from coordinator.fold.state import FAILED, FORMED, FORMING, Change, GroupState
 from coordinator.fold.status import group_status
 from eventlog.record import Record
@@ -94,8 +96,9 @@ class Coordinator:
             "proposal": self._on_proposal,
         }
         self.epochs = Epochs()
+        self.refits = Refits()
         #: the facets, in the fixed order their hooks run
-        self.facets: tuple[Facet, ...] = (self.epochs,)
+        self.facets: tuple[Facet, ...] = (self.epochs, self.refits)
         self._facet_of: dict[str, Facet] = {k: f for f in self.facets for k in f.kinds}
         #: the kinds :meth:`repeat_of` may find an earlier input for
         self.repeatable: frozenset[str] = REPEATABLE.union(*(f.repeatable for f in self.facets))

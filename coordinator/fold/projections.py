@@ -20,6 +20,13 @@ kind            seq        document
 ``assignment``  change     one decision about a group's epochs: the first split, or the
                            ranges that moved and the new parts of the ranks concerned
 ``epoch_end``   epoch      every position reported processed, by rank (``epoch_completed``)
+``refit``       0          a refit's definition (``refit_created``); ``group`` is the refit's
+                           name, as in the two rows below
+``refit_epoch`` epoch      a refit epoch, rewritten as its status moves (waiting, admitted
+                           with its members and lanes, timed out with the missing slots);
+                           never the bootstrap, which only the admitted members receive
+``transfer``    transfer   a transfer, rewritten per attempt and outcome (running, failed,
+                           completed: final)
 ==============  =========  ==========================================================
 
 View rows
@@ -60,7 +67,11 @@ from coordinator.fold.effects import (
     ProposalAccepted,
     ProposalResolved,
     RankState,
+    RefitBootstrap,
+    RefitCreated,
+    RefitEpochChanged,
     ShutdownWithSave,
+    TransferChanged,
     View,
     ViewCommitted,
 )
@@ -78,6 +89,9 @@ PROJECTION_KINDS = (
     "epoch",
     "assignment",
     "epoch_end",
+    "refit",
+    "refit_epoch",
+    "transfer",
 )
 
 _encoder = msgspec.json.Encoder(order="sorted")
@@ -262,6 +276,12 @@ def rows_for(effect: Effect) -> list[ProjectionRow]:
         return [ProjectionRow("assignment", effect.group, effect.change, to_doc(effect))]
     if isinstance(effect, EpochCompleted):
         return [ProjectionRow("epoch_end", effect.group, effect.epoch, to_doc(effect))]
+    if isinstance(effect, RefitCreated):
+        return [ProjectionRow("refit", effect.refit, 0, to_doc(effect))]
+    if isinstance(effect, RefitEpochChanged):
+        return [ProjectionRow("refit_epoch", effect.refit, effect.epoch, to_doc(effect))]
+    if isinstance(effect, TransferChanged):
+        return [ProjectionRow("transfer", effect.refit, effect.transfer, to_doc(effect))]
     return []
 
 
@@ -334,4 +354,31 @@ def epoch_complete_update(effect: EpochCompleted) -> dict[str, Any]:
         "type": "epoch_complete",
         "group": effect.group,
         "epoch": effect.epoch,
+    }
+
+
+# -- weight refits (docs/refit.md) -------------------------------------------------------------
+# Both groups' journals carry the refit's epochs and transfers (every worker of either side
+# follows them); the bootstrap goes to the journals of the admitted members only.
+
+
+def refit_epoch_update(effect: RefitEpochChanged) -> dict[str, Any]:
+    doc = to_doc(effect)
+    doc["type"] = "refit_epoch"
+    return doc
+
+
+def transfer_update(effect: TransferChanged) -> dict[str, Any]:
+    doc = to_doc(effect)
+    doc["type"] = "transfer"
+    return doc
+
+
+def refit_bootstrap_update(effect: RefitBootstrap) -> dict[str, Any]:
+    return {
+        "offset": effect.offset,
+        "type": "refit_bootstrap",
+        "refit": effect.refit,
+        "epoch": effect.epoch,
+        "bootstrap": effect.bootstrap,
     }

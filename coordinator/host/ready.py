@@ -22,8 +22,11 @@ from coordinator.fold.effects import (
     Proposal,
     ProposalResolved,
     RankState,
+    RefitBootstrap,
+    RefitEpochChanged,
     Refused,
     ShutdownWithSave,
+    TransferChanged,
     ViewCommitted,
     ViewPrepare,
 )
@@ -33,8 +36,11 @@ from coordinator.fold.projections import (
     epoch_complete_update,
     epoch_plan_update,
     rank_state_update,
+    refit_bootstrap_update,
+    refit_epoch_update,
     rows_for,
     shutdown_update,
+    transfer_update,
 )
 from coordinator.host.journal import Update, UpdateJournals
 from eventlog import ProjectionRow
@@ -193,8 +199,11 @@ class ReadyBuilder:
         """A new epoch: its plan replaces the last one's (and its end) in a resync, and each
         rank's earlier part is over."""
         update = epoch_plan_update(effect)
-        self.state.latest[effect.group] = {"epoch": update}
-        self.state.latest_by_rank.pop(effect.group, None)
+        latest = self.state.latest.setdefault(effect.group, {})
+        latest.pop("epoch_end", None)
+        latest["epoch"] = update
+        for by_kind in self.state.latest_by_rank.get(effect.group, {}).values():
+            by_kind.pop("data", None)
         ready.updates.append((effect.group, None, update))
         self._assignments(effect, ready)
 
@@ -208,6 +217,30 @@ class ReadyBuilder:
         update = epoch_complete_update(effect)
         self.state.latest.setdefault(effect.group, {})["epoch_end"] = update
         ready.updates.append((effect.group, None, update))
+
+    def _refit_epoch(self, effect: RefitEpochChanged, ready: Ready) -> None:
+        """Every worker of both groups follows the refit's epoch; a new epoch's bootstrap is
+        not its predecessor's, so a resync stops sending the old one."""
+        update = refit_epoch_update(effect)
+        for group in effect.groups:
+            self.state.latest.setdefault(group, {})[f"refit:{effect.refit}"] = update
+            for by_kind in self.state.latest_by_rank.get(group, {}).values():
+                by_kind.pop(f"refit_bootstrap:{effect.refit}", None)
+            ready.updates.append((group, None, update))
+
+    def _transfer(self, effect: TransferChanged, ready: Ready) -> None:
+        update = transfer_update(effect)
+        for group in effect.groups:
+            self.state.latest.setdefault(group, {})[f"transfer:{effect.refit}"] = update
+            ready.updates.append((group, None, update))
+
+    def _refit_bootstrap(self, effect: RefitBootstrap, ready: Ready) -> None:
+        """The rendezvous goes to the admitted members' own journals, nowhere else."""
+        update = refit_bootstrap_update(effect)
+        for group, rank in effect.members:
+            by_rank = self.state.latest_by_rank.setdefault(group, {})
+            by_rank.setdefault(str(rank), {})[f"refit_bootstrap:{effect.refit}"] = update
+            ready.updates.append((group, rank, update))
 
     def _group_created(self, effect: GroupCreated, ready: Ready) -> None:
         # A group is created once (a second identical create changes nothing), before any
@@ -245,4 +278,7 @@ _CARRY: dict[type[Effect], Callable[[ReadyBuilder, Any, Ready], None]] = {
     EpochPlanned: ReadyBuilder._epoch_planned,
     AssignmentChanged: ReadyBuilder._assignments,
     EpochCompleted: ReadyBuilder._epoch_completed,
+    RefitEpochChanged: ReadyBuilder._refit_epoch,
+    TransferChanged: ReadyBuilder._transfer,
+    RefitBootstrap: ReadyBuilder._refit_bootstrap,
 }

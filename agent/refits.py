@@ -1,0 +1,337 @@
+"""A worker's side of a weight refit: join, admission, bootstrap, transfers (docs/refit.md).
+
+>>> refit = agent.refit("rl")                        # this rank's client of refit "rl"
+>>> admitted = refit.join(slot=rank, digest=plan.digest())   # blocks until every slot joined
+>>> boot = refit.bootstrap(admitted, make=make_bootstrap)   # refit rank 0 publishes; others wait
+>>> t = refit.transfer(admitted, key="step-100")            # publishers start it (idempotent)
+>>> ... move the shards over the data plane (agent.refit) ...
+>>> refit.report(t, ok=True)
+>>> refit.wait_transfer(t)                                  # completed, or TransferFailed(detail)
+
+The coordinator decides everything (``coordinator/fold/refits.py``); this module follows its
+updates (``refit_epoch``, ``transfer``, this rank's ``refit_bootstrap``) and sends the worker's
+events through the agent. Every wait ends early with :class:`RefitEpochMoved` when the
+refit's epoch moves past the one the caller holds (a view of either group, a member lost, a
+transfer timed out): the caller then joins again, on new communicators, never retrying on the
+old ones.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+#: How long a call waits for the coordinator's answer to one of its events.
+ANSWER_S = 30.0
+
+
+class RefitRefused(RuntimeError):
+    """The coordinator refused a refit event; ``code`` is its error code."""
+
+    def __init__(self, code: str, detail: str) -> None:
+        super().__init__(f"{code}: {detail}")
+        self.code = code
+        self.detail = detail
+
+
+class RefitEpochMoved(RefitRefused):
+    """The refit moved to a newer epoch (``epoch``) while this caller held an older one."""
+
+    def __init__(self, epoch: int, cause: str) -> None:
+        super().__init__("stale_refit_epoch", f"the refit is at epoch {epoch}: {cause}")
+        self.epoch = epoch
+        self.cause = cause
+
+
+class TransferFailed(RefitRefused):
+    """A transfer's attempt failed; ``detail`` says who or what."""
+
+    def __init__(self, key: str, attempt: int, detail: str) -> None:
+        super().__init__("transfer_failed", f"transfer {key!r} attempt {attempt}: {detail}")
+        self.key = key
+        self.attempt = attempt
+
+
+@dataclass(frozen=True)
+class Admission:
+    """An admitted epoch, as this rank sees it."""
+
+    refit: str
+    epoch: int
+    lanes: int
+    digest: str
+    role: str
+    slot: int
+    #: this rank's rank in the refit's world, and the world's size (publishers + subscribers)
+    refit_rank: int
+    world_size: int
+    publisher_ranks: tuple[int, ...]
+    subscriber_ranks: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Transfer:
+    refit: str
+    id: int
+    key: str
+    attempt: int
+    epoch: int
+
+
+class RefitTracker:
+    """What the coordinator said about the refits this rank follows; fed by the agent's
+    driver thread, read and waited on by :class:`RefitClient` calls."""
+
+    def __init__(self, group: str, rank: int, send: Callable[[str, dict[str, Any]], None]) -> None:
+        self.group = group
+        self.rank = rank
+        self._send = send
+        self._cond = threading.Condition()
+        self.epochs: dict[str, dict[str, Any]] = {}
+        self.transfers: dict[str, dict[int, dict[str, Any]]] = {}
+        self.bootstraps: dict[str, dict[str, Any]] = {}
+        self._answers: dict[tuple[Any, ...], tuple[str | None, str]] = {}
+        self.stopped: str | None = None
+
+    # -- from the agent's driver -----------------------------------------------------------
+
+    def on_update(self, update: dict[str, Any]) -> None:
+        kind = update.get("type")
+        name = str(update.get("refit"))
+        with self._cond:
+            if kind == "refit_epoch":
+                held = self.epochs.get(name)
+                if held is None or (update["epoch"], update["offset"]) >= (
+                    held["epoch"],
+                    held["offset"],
+                ):
+                    self.epochs[name] = update
+            elif kind == "transfer":
+                self.transfers.setdefault(name, {})[int(update["transfer"])] = update
+            elif kind == "refit_bootstrap":
+                self.bootstraps[name] = update
+            self._cond.notify_all()
+
+    def on_answer(self, kind: str, fields: dict[str, Any], error: str | None, detail: str) -> None:
+        with self._cond:
+            self._answers[_key(kind, fields)] = (error, detail)
+            self._cond.notify_all()
+
+    def on_stopped(self, why: str) -> None:
+        with self._cond:
+            self.stopped = why
+            self._cond.notify_all()
+
+    # -- for the client ----------------------------------------------------------------------
+
+    def send(self, kind: str, fields: dict[str, Any], timeout: float = ANSWER_S) -> None:
+        """Send one event and wait for its answer; raise :class:`RefitRefused` on a refusal."""
+        key = _key(kind, fields)
+        with self._cond:
+            self._answers.pop(key, None)
+        self._send(kind, fields)
+        with self._cond:
+            if not self._cond.wait_for(
+                lambda: key in self._answers or self.stopped is not None, timeout
+            ):
+                raise TimeoutError(f"no answer to {kind} within {timeout:g} s")
+            if key not in self._answers:
+                raise RefitRefused("agent_stopped", str(self.stopped))
+            error, detail = self._answers.pop(key)
+        if error is not None:
+            if error == "stale_refit_epoch":
+                epoch = self.epochs.get(fields["refit"], {}).get("epoch", -1)
+                raise RefitEpochMoved(epoch, detail)
+            raise RefitRefused(error, detail)
+
+    def wait(self, predicate: Callable[[], Any], timeout: float, what: str) -> Any:
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while True:
+                if self.stopped is not None:
+                    raise RefitRefused("agent_stopped", f"while waiting for {what}: {self.stopped}")
+                value = predicate()
+                if value is not None:
+                    return value
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"rank {self.rank}: {what} within {timeout:g} s")
+                self._cond.wait(left)
+
+
+def _key(kind: str, fields: dict[str, Any]) -> tuple[Any, ...]:
+    return (kind, *sorted((k, repr(v)) for k, v in fields.items()))
+
+
+class RefitClient:
+    """This rank's handle on one refit (``Agent.refit(name)``)."""
+
+    def __init__(self, tracker: RefitTracker, name: str) -> None:
+        self.tracker = tracker
+        self.name = name
+
+    def current_epoch(self, timeout: float = ANSWER_S) -> dict[str, Any]:
+        """The refit's epoch as last heard (waits for the first word of it)."""
+        return self.tracker.wait(
+            lambda: self.tracker.epochs.get(self.name), timeout, f"refit {self.name!r}'s epoch"
+        )
+
+    def join(self, slot: int, digest: str, timeout: float = 120.0) -> Admission:
+        """Join the current epoch with ``slot`` and the plan's ``digest``; wait until every slot
+        joined (the epoch is admitted). An epoch that moves meanwhile is joined again, until
+        ``timeout``; a refusal (a digest mismatch, a slot held by another rank, a readiness
+        timeout) raises :class:`RefitRefused` with the coordinator's reason."""
+        deadline = time.monotonic() + timeout
+        while True:
+            epoch = self.current_epoch(max(0.1, deadline - time.monotonic()))
+            number = int(epoch["epoch"])
+            if epoch["status"] == "timed_out":
+                raise RefitRefused(
+                    "refit_not_ready",
+                    f"refit {self.name!r} epoch {number} timed out waiting for "
+                    f"{', '.join(epoch['missing'])}",
+                )
+            try:
+                if not self._holds(epoch, slot):
+                    self.tracker.send(
+                        "refit_join",
+                        {"refit": self.name, "epoch": number, "slot": slot, "digest": digest},
+                    )
+                admitted = self.tracker.wait(
+                    lambda n=number: self._admitted(n, slot),
+                    max(0.1, deadline - time.monotonic()),
+                    f"refit {self.name!r} epoch {number} to be admitted",
+                )
+            except RefitEpochMoved:
+                if time.monotonic() >= deadline:
+                    raise
+                # the refusal can arrive before the update that moved the epoch
+                self.tracker.wait(
+                    lambda n=number: self._moved_past(n),
+                    max(0.1, deadline - time.monotonic()),
+                    f"refit {self.name!r} to move past epoch {number}",
+                )
+                continue
+            return admitted
+
+    def _moved_past(self, number: int) -> bool | None:
+        epoch = self.tracker.epochs.get(self.name)
+        return True if epoch is not None and epoch["epoch"] > number else None
+
+    def _holds(self, epoch: dict[str, Any], slot: int) -> bool:
+        if epoch["status"] != "admitted":
+            return False
+        ranks = epoch[f"{self._role()}_ranks"]
+        return slot < len(ranks) and ranks[slot] == self.tracker.rank
+
+    def _role(self) -> str:
+        epoch = self.tracker.epochs.get(self.name)
+        assert epoch is not None
+        return "publisher" if self.tracker.group == epoch["groups"][0] else "subscriber"
+
+    def _admitted(self, number: int, slot: int) -> Admission | None:
+        epoch = self.tracker.epochs.get(self.name)
+        if epoch is None:
+            return None
+        if epoch["epoch"] > number:
+            raise RefitEpochMoved(epoch["epoch"], epoch["cause"])
+        if epoch["status"] == "timed_out":
+            raise RefitRefused(
+                "refit_not_ready",
+                f"refit {self.name!r} epoch {number} timed out waiting for "
+                f"{', '.join(epoch['missing'])}",
+            )
+        if epoch["status"] != "admitted":
+            return None
+        role = self._role()
+        pubs, subs = tuple(epoch["publisher_ranks"]), tuple(epoch["subscriber_ranks"])
+        return Admission(
+            refit=self.name,
+            epoch=number,
+            lanes=int(epoch["lanes"]),
+            digest=str(epoch["digest"]),
+            role=role,
+            slot=slot,
+            refit_rank=slot if role == "publisher" else len(pubs) + slot,
+            world_size=len(pubs) + len(subs),
+            publisher_ranks=pubs,
+            subscriber_ranks=subs,
+        )
+
+    def check(self, admitted: Admission) -> None:
+        """Raise :class:`RefitEpochMoved` if the refit has moved past ``admitted``'s epoch."""
+        epoch = self.tracker.epochs.get(self.name)
+        if epoch is not None and epoch["epoch"] > admitted.epoch:
+            raise RefitEpochMoved(epoch["epoch"], epoch["cause"])
+
+    def bootstrap(
+        self,
+        admitted: Admission,
+        make: Callable[[], dict[str, Any]] | None = None,
+        timeout: float = 60.0,
+    ) -> dict[str, Any]:
+        """The data plane's rendezvous of ``admitted``'s epoch: refit rank 0 makes it
+        (``make()``) and publishes it; every member waits for it."""
+        if admitted.refit_rank == 0:
+            if make is None:
+                raise ValueError("refit rank 0 publishes the bootstrap: pass make=")
+            self.tracker.send(
+                "refit_bootstrap",
+                {"refit": self.name, "epoch": admitted.epoch, "bootstrap": make()},
+            )
+
+        def published() -> dict[str, Any] | None:
+            self.check(admitted)
+            b = self.tracker.bootstraps.get(self.name)
+            return b["bootstrap"] if b is not None and b["epoch"] == admitted.epoch else None
+
+        return self.tracker.wait(published, timeout, f"refit {self.name!r}'s bootstrap")
+
+    def transfer(self, admitted: Admission, key: str, timeout: float = 60.0) -> Transfer:
+        """The running attempt of transfer ``key`` in ``admitted``'s epoch: a publisher starts it
+        (idempotent: every publisher may ask), a subscriber waits for it to start."""
+        if admitted.role == "publisher":
+            self.tracker.send("transfer", {"refit": self.name, "epoch": admitted.epoch, "key": key})
+
+        def running() -> Transfer | None:
+            self.check(admitted)
+            for t in self.tracker.transfers.get(self.name, {}).values():
+                if t["key"] == key and t["epoch"] == admitted.epoch and t["status"] == "running":
+                    return Transfer(
+                        self.name, int(t["transfer"]), key, int(t["attempt"]), admitted.epoch
+                    )
+            return None
+
+        return self.tracker.wait(running, timeout, f"transfer {key!r} to start")
+
+    def report(self, t: Transfer, ok: bool, detail: str = "") -> None:
+        """This member's outcome of ``t``'s attempt."""
+        fields: dict[str, Any] = {
+            "refit": self.name,
+            "epoch": t.epoch,
+            "transfer": t.id,
+            "attempt": t.attempt,
+            "status": "done" if ok else "failed",
+        }
+        if detail:
+            fields["detail"] = detail[:1000]
+        self.tracker.send("transfer_status", fields)
+
+    def wait_transfer(self, t: Transfer, timeout: float = 600.0) -> dict[str, Any]:
+        """Wait until ``t``'s attempt completes (every member reported done); raise
+        :class:`TransferFailed` with the coordinator's reason when it fails."""
+
+        def outcome() -> dict[str, Any] | None:
+            held = self.tracker.transfers.get(self.name, {}).get(t.id)
+            if held is None or held["attempt"] < t.attempt:
+                return None
+            if held["attempt"] > t.attempt:
+                raise TransferFailed(t.key, t.attempt, f"attempt {held['attempt']} started since")
+            if held["status"] == "failed":
+                raise TransferFailed(t.key, t.attempt, held["detail"])
+            return held if held["status"] == "completed" else None
+
+        return self.tracker.wait(outcome, timeout, f"transfer {t.key!r} to complete")

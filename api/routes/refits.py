@@ -1,0 +1,125 @@
+"""Weight refits between two groups: declare one, read it, start a transfer, restart an epoch
+(docs/refit.md, docs/protocol.md).
+
+Workers take part through the agent events (``refit_join``, ``refit_bootstrap``, ``transfer``,
+``transfer_status``: ``POST /agents/events``, each authenticated for its own rank); the
+routes here are the operator's. No answer here carries a bootstrap: only the admitted
+members receive it, in their own update journals.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import msgspec
+from fastapi import APIRouter, Path, Request
+from starlette.responses import Response
+
+from api.codec import json_response, read_json
+from api.deps import host_of, principal_of
+from api.errors import ApiError, refusal_error
+from api.models import RefitRequest, RefitRestartRequest, TransferRequest
+from api.openapi import answers, body
+from coordinator.fold.projections import to_doc
+from coordinator.fold.refits import complete_spec
+from coordinator.host.loop import Appended, Host, Refusal
+from eventlog import NewRecord
+
+router = APIRouter(tags=["refits"])
+
+RefitPath = Annotated[str, Path(max_length=64)]
+
+
+def _operator(request: Request, what: str) -> None:
+    principal = principal_of(request)
+    if not principal.is_operator:
+        raise ApiError(403, "forbidden", f"{principal.describe()} may not {what}")
+
+
+@router.post(
+    "/refits",
+    summary="Declare a weight refit from a publisher group to a subscriber group (idempotent)",
+    openapi_extra=body("RefitRequest"),
+    responses=answers({201: "RefitBody", 200: "RefitBody"}, 401, 403, 404, 409, 413, 422),
+)
+async def create_refit(request: Request) -> Response:
+    _operator(request, "create refits")
+    req = await read_json(request, RefitRequest)
+    payload = complete_spec(msgspec.to_builtins(req))
+    host = host_of(request)
+    outcome = await host.submit(
+        NewRecord(kind="refit_created", group=None, payload=payload),
+        key=("refit_created", req.refit),
+    )
+    if isinstance(outcome, Refusal):
+        raise refusal_error(outcome.code, outcome.detail)
+    return json_response(
+        _refit_body(host, req.refit), 201 if isinstance(outcome, Appended) else 200
+    )
+
+
+@router.get(
+    "/refits",
+    summary="Every refit's name and where it stands",
+    responses=answers({200: "RefitList"}),
+)
+async def list_refits(request: Request) -> Response:
+    refits = host_of(request).machine.refits
+    items = []
+    for name in refits.names():
+        status = refits.status(name)
+        assert status is not None
+        items.append({k: status[k] for k in ("refit", "epoch", "status", "cause")})
+    return json_response({"refits": items})
+
+
+@router.get(
+    "/refits/{refit}",
+    summary="A refit: its definition, its epoch (who joined, who is missing) and its transfers",
+    responses=answers({200: "RefitBody"}, 404, 422),
+)
+async def get_refit(request: Request, refit: RefitPath) -> Response:
+    return json_response(_refit_body(host_of(request), refit))
+
+
+@router.post(
+    "/refits/{refit}/transfers",
+    summary="Start a transfer in the admitted epoch (idempotent by key; a failed one retries)",
+    openapi_extra=body("TransferRequest"),
+    responses=answers({201: "RefitBody", 200: "RefitBody"}, 401, 403, 404, 409, 413, 422),
+)
+async def start_transfer(request: Request, refit: RefitPath) -> Response:
+    _operator(request, "start transfers")
+    req = await read_json(request, TransferRequest)
+    host = host_of(request)
+    outcome = await host.submit(
+        NewRecord(kind="transfer", group=None, payload={"refit": refit, "key": req.key}),
+        key=("transfer", refit, req.key),
+    )
+    if isinstance(outcome, Refusal):
+        raise refusal_error(outcome.code, outcome.detail)
+    return json_response(_refit_body(host, refit), 201 if isinstance(outcome, Appended) else 200)
+
+
+@router.post(
+    "/refits/{refit}/restart",
+    summary="Open a new epoch (after a readiness timeout): every worker joins again",
+    openapi_extra=body("RefitRestartRequest"),
+    responses=answers({201: "RefitBody"}, 401, 403, 404, 409, 413, 422),
+)
+async def restart_refit(request: Request, refit: RefitPath) -> Response:
+    _operator(request, "restart refits")
+    req = await read_json(request, RefitRestartRequest)
+    host = host_of(request)
+    payload = {"refit": refit, **({"reason": req.reason} if req.reason else {})}
+    outcome = await host.submit(NewRecord(kind="refit_restart", group=None, payload=payload))
+    if isinstance(outcome, Refusal):
+        raise refusal_error(outcome.code, outcome.detail)
+    return json_response(_refit_body(host, refit), 201)
+
+
+def _refit_body(host: Host, name: str) -> dict:
+    status = host.machine.refits.status(name)
+    if status is None:
+        raise ApiError(404, "unknown_refit", f"no refit named {name!r}")
+    return to_doc(status)
