@@ -9,8 +9,9 @@ along dim 0) and row-parallel (split along dim 1), plus a replicated norm (the m
 - **baseline**: one ``init_process_group("gloo")`` of all 6 ranks; trainer rank 0, holding the
   full state dict (its gather is not counted), sends each full tensor with ``dist.broadcast``,
   and each generator copies its shard out of it.
-Trials alternate (ABBA) after a barrier of all 6; a trial's time is its slowest member's.
-Both paths are checked bit-identical to the trainer's state dict once. Target: foldplane at
+The same transfer over a world of 1 lane runs in the same trials (``one_lane_s``), to show what
+the lanes add. Trials alternate (ABBA) after a barrier of all 6; a trial's time is its slowest member's.
+Every path is checked bit-identical to the trainer's state dict once. Target: foldplane at
 least 1.5x faster (ratio = baseline / foldplane).
 """
 
@@ -59,7 +60,9 @@ def _full(name: str, shape: tuple[int, ...]) -> Any:
     return (torch.arange(math.prod(shape), dtype=torch.float32) + salt).reshape(shape)
 
 
-def _member(side: str, slot: int, port: int, bootstrap: dict, trials: int, out: Any) -> None:
+def _member(
+    side: str, slot: int, port: int, bootstraps: tuple[dict, dict], trials: int, out: Any
+) -> None:
     warnings.filterwarnings("ignore")
     import torch
     import torch.distributed as dist
@@ -79,7 +82,8 @@ def _member(side: str, slot: int, port: int, bootstrap: dict, trials: int, out: 
         del state
     else:
         tensors = empty_shards(plan, "subscriber", slot)
-    world = open_world(plan, side, slot, bootstrap, LANES, timeout_s=120.0)
+    world = open_world(plan, side, slot, bootstraps[0], LANES, timeout_s=120.0)
+    one_lane = open_world(plan, side, slot, bootstraps[1], 1, timeout_s=120.0)
     layout = plan.layout(side)  # type: ignore[arg-type]
     buffers = {s: torch.empty(s) for s in set(shapes.values())} if rank != 0 else {}
 
@@ -95,6 +99,9 @@ def _member(side: str, slot: int, port: int, bootstrap: dict, trials: int, out: 
     def ours() -> None:
         world.transfer(tensors)
 
+    def ours_one_lane() -> None:
+        one_lane.transfer(tensors)
+
     def check() -> bool:
         if side == "publisher":
             return True
@@ -104,9 +111,10 @@ def _member(side: str, slot: int, port: int, bootstrap: dict, trials: int, out: 
                 return False
         return True
 
-    times: dict[str, list[float]] = {"baseline": [], "ours": []}
+    paths = (("baseline", baseline), ("ours", ours), ("one_lane", ours_one_lane))
+    times: dict[str, list[float]] = {name: [] for name, _ in paths}
     identical = {}
-    for name, fn in (("baseline", baseline), ("ours", ours)):  # warm up, and check each path
+    for name, fn in paths:  # warm up, and check each path
         for t in tensors.values():
             if side == "subscriber":
                 t.fill_(-1)
@@ -114,14 +122,14 @@ def _member(side: str, slot: int, port: int, bootstrap: dict, trials: int, out: 
         fn()
         identical[name] = check()
     for i in range(trials):
-        order = (("baseline", baseline), ("ours", ours))
-        for name, fn in order if i % 2 == 0 else order[::-1]:
+        for name, fn in paths if i % 2 == 0 else paths[::-1]:
             dist.barrier()
             start = time.perf_counter()
             fn()
             times[name].append(time.perf_counter() - start)
     out.put((rank, times, identical))
     world.close()
+    one_lane.close()
     dist.destroy_process_group()
 
 
@@ -130,11 +138,11 @@ def _measure_transfer(quick: bool) -> list[Result]:
 
     trials = 2 if quick else 6
     host = RefitStore()
-    bootstrap = host.bootstrap("gloo")
+    bootstraps = (host.bootstrap("gloo"), host.bootstrap("gloo"))
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     procs = [
-        ctx.Process(target=_member, args=(side, slot, host.port, bootstrap, trials, out))
+        ctx.Process(target=_member, args=(side, slot, host.port, bootstraps, trials, out))
         for side, slot in MEMBERS
     ]
     for p in procs:
@@ -149,7 +157,7 @@ def _measure_transfer(quick: bool) -> list[Result]:
     # a trial ends when its slowest member is done
     per_trial = {
         name: [max(got[r][0][name][i] for r in got) for i in range(trials)]
-        for name in ("baseline", "ours")
+        for name in ("baseline", "ours", "one_lane")
     }
     ours, base = median(per_trial["ours"]), median(per_trial["baseline"])
     mb = (ROWS * COLS * 4 * MATRICES + ROWS * 4) / 2**20
@@ -169,6 +177,7 @@ def _measure_transfer(quick: bool) -> list[Result]:
                 "model_mb": round(mb, 1),
                 "foldplane_mb_s": round(mb / ours, 1),
                 "baseline_mb_s": round(mb / base, 1),
+                "one_lane_s": round(median(per_trial["one_lane"]), 3),
                 "bit_identical": all(all(i.values()) for _, i in got.values()),
                 "samples_s": [round(x, 3) for x in per_trial["ours"]],
                 "baseline_samples_s": [round(x, 3) for x in per_trial["baseline"]],
