@@ -1,0 +1,513 @@
+"""A refit world: the M publishers and N subscribers of one attempt, and the transfers over it.
+
+``open_world(plan, side, slot, bootstrap, lanes)`` is called by every member of an admitted
+refit (the control plane has checked that all of them hold the same plan digest and hands them
+the same bootstrap and lane count). It builds a world of ``M + N`` ranks on the bootstrap's
+TCPStore, under the bootstrap's prefix: publisher slot ``s`` is rank ``s``, subscriber slot
+``s`` is rank ``M + s``. The world has ``lanes`` process groups, each over all ``M + N`` ranks:
+a lane is its own set of connections, so the pieces on different lanes move in parallel
+between the same two members.
+
+``world.transfer(tensors)`` moves one set of weights: every member derives the same
+:func:`wire.refit.schedule` from the plan and posts its sends (publisher) or receives
+(subscriber) of that schedule, each piece on its lane under its own tag, so that no member
+sends everything and no member waits for another's turn. A subscriber receives straight into
+its own tensors where the piece's region of them is contiguous, and through a buffer otherwise
+(a region cut across a non-leading dimension); a publisher sends views of its own tensors where
+contiguous. A transfer ends when every member has finished its part (a count in the store), so
+a publisher that returns knows every subscriber holds the new weights. A world can carry many
+transfers, one at a time.
+
+Failure, bounded in seconds: each member's liveness thread bumps a counter in the store every
+``heartbeat_s``. A transfer fails when one of its operations fails (a peer's connection broke),
+when a member's counter stalls for ``stall_s``, when another member left a failure notice in the
+store, or at ``timeout_s``. The first member to fail leaves the notice, so the others fail at
+their next look (every ``heartbeat_s``) instead of at a timeout; each one then compares the
+counters over three heartbeats and raises :class:`RefitFailed` naming the members whose counter
+did not move. The world is then closed, for good: its backends are abandoned (released in a
+reaper thread, since a gloo backend with an operation stuck on a dead peer blocks its
+destructor) and every later call raises :class:`RefitClosed`. The next attempt opens a new
+world under a new bootstrap prefix (:meth:`agent.refit.RefitStore.bootstrap`), never the old
+one's keys.
+
+Backends: gloo on the CPU (what the tests run) and NCCL when the bootstrap says ``"nccl"`` and
+CUDA is available (the tensors on the current CUDA device). The NCCL path builds one
+``ProcessGroupNCCL`` per lane with the same calls (``agent.dataplane.backend.BackendKind``) and
+aborts its backends on failure; it has not been run here (no GPU), so treat it as untested.
+
+Boundary with the control plane: the control plane admits members, checks digests, picks the
+lane count and carries the bootstrap; this module only checks, as a last guard, that every
+member of the world opened it with the same digest and lane count.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import torch
+from torch.distributed import PrefixStore, TCPStore
+
+from agent.dataplane.backend import BackendKind, bury
+from agent.refit.errors import Peer, RefitClosed, RefitError, RefitFailed
+from agent.refit.tensors import dtype_of
+from wire.refit import (
+    SIDES,
+    Bootstrap,
+    Piece,
+    ReshardPlan,
+    Side,
+    decode_bootstrap,
+    digest,
+    schedule,
+)
+
+log = logging.getLogger(__name__)
+
+#: How often a member waiting on its own operations looks at them.
+POLL_S = 0.005
+
+
+@dataclass(frozen=True)
+class TransferReport:
+    """What one member did in one transfer."""
+
+    transfer: int
+    peer: Peer
+    pieces: int
+    bytes_sent: int
+    bytes_received: int
+    seconds: float
+
+
+class _Liveness:
+    """The member's liveness counter, bumped every ``period`` by a daemon thread (own client)."""
+
+    def __init__(self, store: Any, key: str, period: float) -> None:
+        self._store, self._key, self._period = store, key, period
+        self._stop = threading.Event()
+        store.add(key, 1)  # exists before the member checks in
+        self._thread = threading.Thread(target=self._run, name="refit-liveness", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._period):
+            try:
+                self._store.add(self._key, 1)
+            except RuntimeError:  # the store is gone; the transfer will see it too
+                return
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+class RefitWorld:
+    """One attempt's world, as seen by one member; built by :func:`open_world`."""
+
+    def __init__(
+        self,
+        plan: ReshardPlan,
+        side: Side,
+        slot: int,
+        bootstrap: Bootstrap,
+        lanes: int,
+        timeout_s: float,
+        heartbeat_s: float,
+        stall_s: float,
+        gloo_hostname: str | None,
+    ) -> None:
+        self.plan = plan
+        self.peer = Peer(side, slot)
+        self.bootstrap = bootstrap
+        self.lanes = lanes
+        self.digest = digest(plan)
+        self.schedule = schedule(plan, lanes)
+        self._timeout_s = timeout_s
+        self._heartbeat_s = heartbeat_s
+        self._stall_s = stall_s
+        self._m = plan.publisher.mesh.size
+        self._n = plan.subscriber.mesh.size
+        self.world_size = self._m + self._n
+        self.rank = slot if side == "publisher" else self._m + slot
+        self._transfers = 0
+        self._closed = False
+        self._failed = False
+        self._backends: list[object] = []
+        host, port = bootstrap.address
+        self._kind = BackendKind.resolve(
+            bootstrap.backend, None, gloo_hostname or _gloo_hostname(host)
+        )
+        timeout = timedelta(seconds=timeout_s)
+        self._client = TCPStore(host, port, is_master=False, timeout=timeout)
+        self._store = PrefixStore(f"refit/{bootstrap.prefix}/", self._client)
+        hb_client = TCPStore(host, port, is_master=False, timeout=timeout)
+        self._hb_store = PrefixStore(f"refit/{bootstrap.prefix}/", hb_client)
+        self._liveness = _Liveness(self._hb_store, f"hb/{self.rank}", heartbeat_s)
+        try:
+            self._form()
+        except BaseException:
+            self._failed = True
+            self._close_quietly()
+            raise
+
+    # -- formation ---------------------------------------------------------------------------
+
+    def _peer(self, rank: int) -> Peer:
+        return Peer("publisher", rank) if rank < self._m else Peer("subscriber", rank - self._m)
+
+    def _form(self) -> None:
+        """Check in, wait for every member (naming the absent at the deadline), agree, connect."""
+        me = json.dumps({"digest": self.digest, "lanes": self.lanes}, sort_keys=True)
+        self._store.set(f"join/{self.rank}", me)
+        keys = [f"join/{r}" for r in range(self.world_size)]
+        deadline = time.monotonic() + self._timeout_s
+        while not self._store.check(keys):
+            if time.monotonic() > deadline:
+                absent = [self._peer(r) for r, k in enumerate(keys) if not self._store.check([k])]
+                raise RefitFailed(
+                    0,
+                    (),
+                    f"{', '.join(map(str, absent))} never joined within {self._timeout_s} s",
+                )
+            time.sleep(POLL_S * 5)
+        joined = [json.loads(v) for v in self._store.multi_get(keys)]
+        differ = [self._peer(r) for r, j in enumerate(joined) if j != json.loads(me)]
+        if differ:
+            raise RefitError(
+                f"{', '.join(map(str, differ))} opened the world with another plan or lane "
+                f"count than {self.peer} (digest {self.digest[:12]}, {self.lanes} lanes): "
+                + "; ".join(f"{self._peer(r)}: {joined[r]}" for r in range(len(joined)))
+            )
+        for lane in range(self.lanes):
+            self._backends.append(
+                self._kind.create(
+                    PrefixStore(f"lane/{lane}/", self._store),
+                    self.rank,
+                    self.world_size,
+                    self._timeout_s,
+                )
+            )
+
+    # -- transfers -----------------------------------------------------------------------------
+
+    def local_tensors(self) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+        """The shape and dtype of each tensor this member passes to :meth:`transfer`."""
+        layout = self.plan.layout(self.peer.side)  # type: ignore[arg-type]
+        out = {}
+        for p in layout.params:
+            shape = layout.local_shape(p.name, self.peer.slot)
+            if shape is not None:
+                out[p.name] = (shape, dtype_of(p.dtype))
+        return out
+
+    def _check_tensors(self, tensors: Mapping[str, torch.Tensor]) -> None:
+        want = self.local_tensors()
+        missing, extra = want.keys() - tensors.keys(), tensors.keys() - want.keys()
+        if missing or extra:
+            raise RefitError(
+                f"{self.peer} holds {sorted(want)} under this plan; "
+                f"missing {sorted(missing)}, not in the plan {sorted(extra)}"
+            )
+        for name, (shape, dtype) in want.items():
+            t = tensors[name]
+            if tuple(t.shape) != shape or t.dtype != dtype:
+                raise RefitError(
+                    f"{name}: {self.peer} must pass a {dtype} tensor of shape {list(shape)}, got "
+                    f"{t.dtype} {list(t.shape)}"
+                )
+            if not t.is_contiguous():
+                raise RefitError(f"{name}: the tensor must be contiguous")
+            if t.device.type != self._kind.device.type:
+                raise RefitError(
+                    f"{name}: the {self.bootstrap.backend} world moves tensors on "
+                    f"{self._kind.device}, got one on {t.device}"
+                )
+
+    def _local(self, piece: Piece, tensors: Mapping[str, torch.Tensor], slot: int, side: Side):
+        """The view of ``tensors[piece.name]`` that is ``piece.region`` (global coordinates)."""
+        layout = self.plan.layout(side)
+        held = layout.local_region(layout.param(piece.name), slot)
+        assert held is not None
+        view = tensors[piece.name]
+        for dim, ((lo, hi), (base, _)) in enumerate(zip(piece.region, held, strict=True)):
+            view = view.narrow(dim, lo - base, hi - lo)
+        return view
+
+    def transfer(self, tensors: Mapping[str, torch.Tensor]) -> TransferReport:
+        """Send (publisher) or receive into (subscriber) ``tensors``: this member's local tensors
+        of every parameter it holds, named as in the plan (shapes: :meth:`local_tensors`).
+
+        Returns when every member of the world has finished its part; raises
+        :class:`RefitFailed` (and closes the world) when any member failed or died.
+        """
+        if self._closed:
+            raise RefitClosed(
+                f"the refit world {self.bootstrap.prefix!r} is closed; open a new world under "
+                "a new bootstrap for the next attempt"
+            )
+        self._check_tensors(tensors)
+        self._transfers += 1
+        t = self._transfers
+        start = time.monotonic()
+        deadline = start + self._timeout_s
+        side, slot = self.peer.side, self.peer.slot
+        works: list[tuple[Any, Piece]] = []
+        keep: list[torch.Tensor] = []  # buffers that must live until their operation ends
+        unpack: list[tuple[torch.Tensor, torch.Tensor]] = []  # (received buffer, destination)
+        misc_in: torch.Tensor | None = None
+        sent = received = 0
+        self._watch = _Watch(self, t)
+        try:
+            if side == "publisher":
+                misc_out = self._pack_misc(tensors)
+                for piece in self.schedule.pieces:
+                    if piece.src != slot:
+                        continue
+                    if piece.is_misc:
+                        buf = misc_out
+                    else:
+                        buf = self._local(piece, tensors, slot, "publisher")
+                        if not buf.is_contiguous():
+                            buf = buf.contiguous()
+                    keep.append(buf)
+                    work = self._backends[piece.lane].send([buf], self._m + piece.dst, piece.tag)
+                    works.append((work, piece))
+                    sent += piece.nbytes
+            else:
+                for piece in self.schedule.pieces:
+                    if piece.dst != slot:
+                        continue
+                    if piece.is_misc:
+                        misc_in = buf = torch.empty(
+                            piece.nbytes, dtype=torch.uint8, device=self._kind.device
+                        )
+                    else:
+                        dst = self._local(piece, tensors, slot, "subscriber")
+                        if dst.is_contiguous():
+                            buf = dst  # straight into the subscriber's tensor
+                        else:
+                            buf = torch.empty(dst.shape, dtype=dst.dtype, device=dst.device)
+                            unpack.append((buf, dst))
+                    keep.append(buf)
+                    works.append(
+                        (self._backends[piece.lane].recv([buf], piece.src, piece.tag), piece)
+                    )
+                    received += piece.nbytes
+            self._wait_works(works, deadline)
+            for buf, dst in unpack:
+                dst.copy_(buf)
+            if misc_in is not None:
+                self._unpack_misc(misc_in, tensors)
+            self._store.add(f"t{t}/done", 1)
+            while self._store.add(f"t{t}/done", 0) < self.world_size:
+                self._watch.look(deadline, "waiting for the other members to finish")
+                time.sleep(POLL_S)
+        except RefitFailed:
+            bury(*(w for w, _ in works), *keep)
+            raise
+        except RuntimeError as e:  # the store or a backend broke outside an operation
+            bury(*(w for w, _ in works), *keep)
+            self._fail(t, f"{type(e).__name__}: {e}")
+        return TransferReport(t, self.peer, len(works), sent, received, time.monotonic() - start)
+
+    def _wait_works(self, works: list[tuple[Any, Piece]], deadline: float) -> None:
+        """Wait for this member's operations: one waiter thread per lane (gloo's send and receive
+        complete only through ``wait()``, which blocks), while this thread keeps looking at the
+        rest of the world once per heartbeat. A waiter left blocked on a failed world ends at
+        the backend's timeout."""
+        by_lane: dict[int, list[tuple[Any, Piece]]] = {}
+        for work, piece in works:
+            by_lane.setdefault(piece.lane, []).append((work, piece))
+        event = threading.Event()
+        lock = threading.Lock()
+        errors: list[tuple[Piece, BaseException]] = []
+        finished = [0]
+
+        def waiter(items: list[tuple[Any, Piece]]) -> None:
+            for work, piece in items:
+                try:
+                    work.wait()
+                except RuntimeError as e:
+                    with lock:
+                        errors.append((piece, e))
+                    event.set()
+                    return
+            with lock:
+                finished[0] += 1
+                if finished[0] == len(by_lane):
+                    event.set()
+
+        for lane, items in sorted(by_lane.items()):
+            threading.Thread(
+                target=waiter, args=(items,), name=f"refit-lane-{lane}", daemon=True
+            ).start()
+        while by_lane:
+            event.wait(self._heartbeat_s)
+            with lock:
+                error = errors[0] if errors else None
+                done = finished[0] == len(by_lane)
+            if error is not None:
+                piece, e = error
+                other = piece.dst if self.peer.side == "publisher" else piece.src
+                side = "subscriber" if self.peer.side == "publisher" else "publisher"
+                self._fail(
+                    self._transfers,
+                    f"{piece.name or 'the misc payload'} (tag {piece.tag}, lane {piece.lane}) "
+                    f"with {side} slot {other} failed: {e}",
+                )
+            if done:
+                return
+            self._watch.look(deadline, f"{len(works) - finished[0]} pieces pending")
+
+    def _pack_misc(self, tensors: Mapping[str, torch.Tensor]) -> torch.Tensor | None:
+        if not self.schedule.misc_layout:
+            return None
+        return torch.cat(
+            [
+                tensors[name].reshape(-1).view(torch.uint8)
+                for name, _, _ in self.schedule.misc_layout
+            ]
+        )
+
+    def _unpack_misc(self, payload: torch.Tensor, tensors: Mapping[str, torch.Tensor]) -> None:
+        for name, offset, size in self.schedule.misc_layout:
+            tensors[name].reshape(-1).view(torch.uint8).copy_(payload[offset : offset + size])
+
+    # -- failure -----------------------------------------------------------------------------
+
+    def _fail(self, t: int, reason: str) -> None:
+        """Leave the notice, find the dead, close the world, raise :class:`RefitFailed`."""
+        try:
+            self._store.set(f"t{t}/alive/{self.rank}", "1")
+            if self._store.add(f"t{t}/failed", 1) == 1:
+                self._store.set(f"t{t}/failure", f"{self.peer}: {reason}")
+        except RuntimeError as e:
+            reason += f" (and the store at {self.bootstrap.store} is unreachable: {e})"
+        dead = self._find_dead(t)
+        self._failed = True
+        self._close_quietly()
+        raise RefitFailed(t, dead, reason)
+
+    def _find_dead(self, t: int) -> tuple[Peer, ...]:
+        """The members whose liveness counter did not move over three heartbeats, less those
+        that said they saw the failure themselves (they stop their counter when they close)."""
+        others = [r for r in range(self.world_size) if r != self.rank]
+        keys = [f"hb/{r}" for r in others]
+        try:
+            before = self._store.multi_get(keys)
+            time.sleep(3 * self._heartbeat_s)
+            after = self._store.multi_get(keys)
+            stalled = [r for r, a, b in zip(others, before, after, strict=True) if a == b]
+            told = [r for r in stalled if self._store.check([f"t{t}/alive/{r}"])]
+        except RuntimeError:
+            return ()
+        return tuple(self._peer(r) for r in stalled if r not in told)
+
+    def close(self) -> None:
+        """Stop using the world; every later call raises :class:`RefitClosed`."""
+        self._close_quietly()
+
+    def _close_quietly(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._liveness.stop()
+        if self._failed:
+            # an operation may be stuck on a dead peer: release in the reaper thread
+            for backend in self._backends:
+                self._kind.abandon(backend)
+        self._backends.clear()  # nothing in flight: the destructors run now, and end at once
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def __enter__(self) -> RefitWorld:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class _Watch:
+    """A transfer's look at the rest of the world, at most once per heartbeat: a failure notice,
+    a stalled liveness counter, the deadline."""
+
+    def __init__(self, world: RefitWorld, t: int) -> None:
+        self._world = world
+        self._t = t
+        self._next = 0.0
+        self._seen: dict[int, tuple[bytes, float]] = {}
+
+    def look(self, deadline: float, doing: str) -> None:
+        w = self._world
+        now = time.monotonic()
+        if now > deadline:
+            w._fail(self._t, f"timed out after {w._timeout_s} s ({doing})")
+        if now < self._next:
+            return
+        self._next = now + w._heartbeat_s
+        if w._store.add(f"t{self._t}/failed", 0) > 0:
+            notice = w._store.get(f"t{self._t}/failure").decode(errors="replace")
+            w._fail(self._t, f"a member failed first: {notice}")
+        others = [r for r in range(w.world_size) if r != w.rank]
+        counts = w._store.multi_get([f"hb/{r}" for r in others])
+        stalled = []
+        for r, c in zip(others, counts, strict=True):
+            last = self._seen.get(r)
+            if last is None or last[0] != c:
+                self._seen[r] = (c, now)
+            elif now - last[1] > w._stall_s:
+                stalled.append(w._peer(r))
+        if stalled:
+            w._fail(
+                self._t,
+                f"the liveness counter of {', '.join(map(str, stalled))} stalled for "
+                f"{w._stall_s} s ({doing})",
+            )
+
+
+def _gloo_hostname(store_host: str) -> str | None:
+    """The address gloo binds to: loopback when the store is on loopback, else the default."""
+    return store_host if store_host in ("127.0.0.1", "localhost", "::1") else None
+
+
+def open_world(
+    plan: ReshardPlan,
+    side: Side,
+    slot: int,
+    bootstrap: Bootstrap | Mapping[str, Any],
+    lanes: int,
+    *,
+    timeout_s: float = 30.0,
+    heartbeat_s: float = 0.1,
+    stall_s: float = 2.0,
+    gloo_hostname: str | None = None,
+) -> RefitWorld:
+    """Join the refit world of ``bootstrap`` as ``side`` slot ``slot`` and connect its lanes.
+
+    Blocks until every member has joined (or raises :class:`RefitFailed` naming those that did
+    not within ``timeout_s``). ``timeout_s`` bounds formation and each transfer; ``stall_s`` is
+    how long a member's liveness counter may stand still before the member is taken for dead.
+    """
+    if side not in SIDES:
+        raise RefitError(f"side must be one of {SIDES}, got {side!r}")
+    size = plan.layout(side).mesh.size
+    if type(slot) is not int or not 0 <= slot < size:
+        raise RefitError(f"{side} slot must be in 0..{size - 1}, got {slot!r}")
+    if not 0 < timeout_s <= 3600 or not 0 < heartbeat_s < stall_s:
+        raise RefitError(
+            f"need 0 < timeout_s <= 3600 and 0 < heartbeat_s < stall_s, got timeout_s="
+            f"{timeout_s}, heartbeat_s={heartbeat_s}, stall_s={stall_s}"
+        )
+    if not isinstance(bootstrap, Bootstrap):
+        bootstrap = decode_bootstrap(bootstrap)
+    return RefitWorld(
+        plan, side, slot, bootstrap, lanes, timeout_s, heartbeat_s, stall_s, gloo_hostname
+    )
