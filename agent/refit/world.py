@@ -72,6 +72,8 @@ log = logging.getLogger(__name__)
 
 #: How often a member waiting on its own operations looks at them.
 POLL_S = 0.005
+#: The least bound on a store client's connect and on a store reply.
+STORE_TIMEOUT_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -143,7 +145,9 @@ class RefitWorld:
         self._kind = BackendKind.resolve(
             bootstrap.backend, None, gloo_hostname or _gloo_hostname(host)
         )
-        timeout = timedelta(seconds=timeout_s)
+        # The store clients' own bound (connecting, and a reply that never comes) is at least
+        # STORE_TIMEOUT_S, so that a loaded machine's slow connect is not taken for a failure.
+        timeout = timedelta(seconds=max(timeout_s, STORE_TIMEOUT_S))
         self._client = TCPStore(host, port, is_master=False, timeout=timeout)
         self._store = PrefixStore(f"refit/{bootstrap.prefix}/", self._client)
         hb_client = TCPStore(host, port, is_master=False, timeout=timeout)
