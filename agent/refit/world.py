@@ -269,11 +269,13 @@ class RefitWorld:
         self._watch = _Watch(self, t)
         try:
             if side == "publisher":
-                misc_out = self._pack_misc(tensors)
+                misc_out: torch.Tensor | None = None
                 for piece in self.schedule.pieces:
                     if piece.src != slot:
                         continue
                     if piece.is_misc:
+                        if misc_out is None:  # packed once, for the subscribers it serves
+                            misc_out = self._pack_misc(tensors)
                         buf = misc_out
                     else:
                         buf = self._local(piece, tensors, slot, "publisher")
@@ -369,9 +371,7 @@ class RefitWorld:
                 return
             self._watch.look(deadline, f"{len(works) - finished[0]} pieces pending")
 
-    def _pack_misc(self, tensors: Mapping[str, torch.Tensor]) -> torch.Tensor | None:
-        if not self.schedule.misc_layout:
-            return None
+    def _pack_misc(self, tensors: Mapping[str, torch.Tensor]) -> torch.Tensor:
         return torch.cat(
             [
                 tensors[name].reshape(-1).view(torch.uint8)
