@@ -265,22 +265,18 @@ def test_a_publisher_killed_mid_transfer_is_named_by_its_subscribers(cluster: Cl
 
 
 def test_the_store_hosts_death_fails_every_member_naming_the_store(cluster: Cluster) -> None:
-    """Publisher slot 0 hosts the store. When it dies mid-transfer, the members with pieces
-    pending on it fail fast on the broken link; the others fail when their store connection
-    breaks, within the store client's bound (``STORE_TIMEOUT_S``); every error names the lost
-    store.
-    A replacement hosts a new store and the next world completes."""
+    """Publisher slot 0 hosts the store, which also carries the liveness counters and the
+    failure notice. When it dies mid-transfer, each member fails when its link to it or its store
+    connection breaks (whichever the kernel reports first), within the store client's bound
+    (``STORE_TIMEOUT_S``), and every error names the lost store. A replacement hosts a new
+    store and the next world completes."""
     victim = ("publisher", 0)
     killed_at, results = _kill_while_the_others_transfer(cluster, victim)
-    linked = [("subscriber", 0), ("subscriber", 1)]  # their bulk pieces come from publisher 0
     for m, got in results.items():
         assert got[0] == "failed", (m, got)
         assert got[3] - killed_at < STORE_TIMEOUT_S, (m, got[3] - killed_at, got[1])
         assert "is unreachable" in got[1], got[1]
-    for m in linked:
-        got = results[m]
-        assert got[3] - killed_at < 5.0, (m, got[3] - killed_at, got[1])
-        assert "with publisher slot 0 failed" in got[1], got[1]
+        assert got[2] == [], got[1]  # the counters were in the lost store: no one is named
     cluster.spawn(victim)
     cluster.up(victim)
     p = plan(TRAINER, GENERATOR)
