@@ -43,7 +43,6 @@ member of the world opened it with the same digest and lane count.
 from __future__ import annotations
 
 import json
-import logging
 import threading
 import time
 from collections.abc import Mapping
@@ -68,9 +67,7 @@ from wire.refit import (
     schedule,
 )
 
-log = logging.getLogger(__name__)
-
-#: How often a member waiting on its own operations looks at them.
+#: How often a member polls the store while it waits for the others to join or to finish.
 POLL_S = 0.005
 #: The least bound on a store client's connect and on a store reply.
 STORE_TIMEOUT_S = 30.0
