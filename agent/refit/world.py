@@ -43,7 +43,6 @@ member of the world opened it with the same digest and lane count.
 from __future__ import annotations
 
 import json
-import logging
 import threading
 import time
 from collections.abc import Mapping
@@ -68,10 +67,10 @@ from wire.refit import (
     schedule,
 )
 
-log = logging.getLogger(__name__)
-
-#: How often a member waiting on its own operations looks at them.
+#: How often a member polls the store while it waits for the others to join or to finish.
 POLL_S = 0.005
+#: The least bound on a store client's connect and on a store reply.
+STORE_TIMEOUT_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -143,7 +142,9 @@ class RefitWorld:
         self._kind = BackendKind.resolve(
             bootstrap.backend, None, gloo_hostname or _gloo_hostname(host)
         )
-        timeout = timedelta(seconds=timeout_s)
+        # The store clients' own bound (connecting, and a reply that never comes) is at least
+        # STORE_TIMEOUT_S, so that a loaded machine's slow connect is not taken for a failure.
+        timeout = timedelta(seconds=max(timeout_s, STORE_TIMEOUT_S))
         self._client = TCPStore(host, port, is_master=False, timeout=timeout)
         self._store = PrefixStore(f"refit/{bootstrap.prefix}/", self._client)
         hb_client = TCPStore(host, port, is_master=False, timeout=timeout)
@@ -265,11 +266,13 @@ class RefitWorld:
         self._watch = _Watch(self, t)
         try:
             if side == "publisher":
-                misc_out = self._pack_misc(tensors)
+                misc_out: torch.Tensor | None = None
                 for piece in self.schedule.pieces:
                     if piece.src != slot:
                         continue
                     if piece.is_misc:
+                        if misc_out is None:  # packed once, for the subscribers it serves
+                            misc_out = self._pack_misc(tensors)
                         buf = misc_out
                     else:
                         buf = self._local(piece, tensors, slot, "publisher")
@@ -365,9 +368,7 @@ class RefitWorld:
                 return
             self._watch.look(deadline, f"{len(works) - finished[0]} pieces pending")
 
-    def _pack_misc(self, tensors: Mapping[str, torch.Tensor]) -> torch.Tensor | None:
-        if not self.schedule.misc_layout:
-            return None
+    def _pack_misc(self, tensors: Mapping[str, torch.Tensor]) -> torch.Tensor:
         return torch.cat(
             [
                 tensors[name].reshape(-1).view(torch.uint8)

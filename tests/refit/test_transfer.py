@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from agent.refit.world import STORE_TIMEOUT_S
 from tests.refit import worker
 from wire.refit import MeshSpec, ReshardPlan, encode_plan, make_plan, megatron_layout
 
@@ -186,11 +187,11 @@ def test_a_member_with_another_plan_is_named_by_the_others(cluster: Cluster) -> 
 def test_a_member_that_never_joins_is_named(cluster: Cluster) -> None:
     p = plan(TRAINER, GENERATOR)
     present = [m for m in MEMBERS if m != ("subscriber", 3)]
-    opened = cluster.open(same_plan(p), lanes=2, members=present, timeout_s=2.0)
+    opened = cluster.open(same_plan(p), lanes=2, members=present, timeout_s=5.0)
     for m in present:
         kind, name, message = opened[m]
         assert (kind, name) == ("refused", "RefitFailed")
-        assert "subscriber slot 3 never joined within 2.0 s" in message
+        assert "subscriber slot 3 never joined within 5.0 s" in message
 
 
 def test_a_subscriber_killed_mid_transfer_fails_the_refit_fast_naming_it(cluster: Cluster) -> None:
@@ -225,6 +226,61 @@ def test_a_subscriber_killed_mid_transfer_fails_the_refit_fast_naming_it(cluster
     cluster.spawn(victim)
     cluster.up(victim)
     assert cluster.open(same_plan(p), lanes=3) == dict.fromkeys(MEMBERS, ("opened",))
+    assert_bit_identical(p, cluster.transfer())
+
+
+def _kill_while_the_others_transfer(
+    cluster: Cluster, victim: tuple[str, int]
+) -> tuple[float, dict]:
+    """Open a world of all six, start the transfer on all but ``victim``, SIGKILL ``victim``
+    once every other member is inside it; the survivors' replies and the kill's time."""
+    p = plan(TRAINER, GENERATOR)
+    assert cluster.open(same_plan(p), lanes=2) == dict.fromkeys(MEMBERS, ("opened",))
+    survivors = [m for m in MEMBERS if m != victim]
+    for m in survivors:
+        cluster.send(m, "transfer")
+    for m in survivors:
+        assert cluster.reply(m) == ("started",)
+    killed_at = time.time()
+    os.kill(cluster.procs[victim].pid, signal.SIGKILL)
+    results = {m: cluster.reply(m) for m in survivors}
+    cluster.procs[victim].join(10)
+    return killed_at, results
+
+
+def test_a_publisher_killed_mid_transfer_is_named_by_its_subscribers(cluster: Cluster) -> None:
+    victim = ("publisher", 1)
+    killed_at, results = _kill_while_the_others_transfer(cluster, victim)
+    for m, got in results.items():
+        assert got[0] == "failed", (m, got)
+        assert got[3] - killed_at < 5.0, (m, got[3] - killed_at, got[1])
+    for slot in (2, 3):  # the subscribers whose pieces publisher 1 holds
+        got = results[("subscriber", slot)]
+        assert [tuple(d) for d in got[2]] == [victim], got[1]
+    cluster.spawn(victim)
+    cluster.up(victim)
+    p = plan(TRAINER, GENERATOR)
+    assert cluster.open(same_plan(p), lanes=2) == dict.fromkeys(MEMBERS, ("opened",))
+    assert_bit_identical(p, cluster.transfer())
+
+
+def test_the_store_hosts_death_fails_every_member_naming_the_store(cluster: Cluster) -> None:
+    """Publisher slot 0 hosts the store, which also carries the liveness counters and the
+    failure notice. When it dies mid-transfer, each member fails when its link to it or its store
+    connection breaks (whichever the kernel reports first), within the store client's bound
+    (``STORE_TIMEOUT_S``), and every error names the lost store. A replacement hosts a new
+    store and the next world completes."""
+    victim = ("publisher", 0)
+    killed_at, results = _kill_while_the_others_transfer(cluster, victim)
+    for m, got in results.items():
+        assert got[0] == "failed", (m, got)
+        assert got[3] - killed_at < STORE_TIMEOUT_S, (m, got[3] - killed_at, got[1])
+        assert "is unreachable" in got[1], got[1]
+        assert got[2] == [], got[1]  # the counters were in the lost store: no one is named
+    cluster.spawn(victim)
+    cluster.up(victim)
+    p = plan(TRAINER, GENERATOR)
+    assert cluster.open(same_plan(p), lanes=2) == dict.fromkeys(MEMBERS, ("opened",))
     assert_bit_identical(p, cluster.transfer())
 
 
