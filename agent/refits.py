@@ -79,6 +79,8 @@ class Transfer:
     key: str
     attempt: int
     epoch: int
+    #: ``running`` (this attempt is to be carried out) or ``completed`` (nothing left to do)
+    status: str = "running"
 
 
 class RefitTracker:
@@ -274,7 +276,11 @@ class RefitClient:
         timeout: float = 60.0,
     ) -> dict[str, Any]:
         """The data plane's rendezvous of ``admitted``'s epoch: refit rank 0 makes it
-        (``make()``) and publishes it; every member waits for it."""
+        (``make()``) and publishes it; every member waits for it. Asked again in the same epoch,
+        it is the same one (open the world once an epoch; it carries many transfers)."""
+        held = self.tracker.bootstraps.get(self.name)
+        if held is not None and held["epoch"] == admitted.epoch:
+            return held["bootstrap"]  # one bootstrap an epoch: its world carries every transfer
         if admitted.refit_rank == 0:
             if make is None:
                 raise ValueError("refit rank 0 publishes the bootstrap: pass make=")
@@ -292,14 +298,26 @@ class RefitClient:
 
     def transfer(self, admitted: Admission, key: str, timeout: float = 60.0) -> Transfer:
         """The running attempt of transfer ``key`` in ``admitted``'s epoch: a publisher starts it
-        (idempotent: every publisher may ask), a subscriber waits for it to start."""
+        (idempotent: every publisher may ask), a subscriber waits for it to start. A transfer
+        that already completed is returned with ``status`` ``completed``: nothing to move."""
         if admitted.role == "publisher":
             self.tracker.send("transfer", {"refit": self.name, "epoch": admitted.epoch, "key": key})
 
         def running() -> Transfer | None:
             self.check(admitted)
             for t in self.tracker.transfers.get(self.name, {}).values():
-                if t["key"] == key and t["epoch"] == admitted.epoch and t["status"] == "running":
+                if t["key"] != key:
+                    continue
+                if t["status"] == "completed":
+                    return Transfer(
+                        self.name,
+                        int(t["transfer"]),
+                        key,
+                        int(t["attempt"]),
+                        int(t["epoch"]),
+                        "completed",
+                    )
+                if t["epoch"] == admitted.epoch and t["status"] == "running":
                     return Transfer(
                         self.name, int(t["transfer"]), key, int(t["attempt"]), admitted.epoch
                     )

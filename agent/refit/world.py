@@ -186,14 +186,18 @@ class RefitWorld:
                 + "; ".join(f"{self._peer(r)}: {joined[r]}" for r in range(len(joined)))
             )
         for lane in range(self.lanes):
-            self._backends.append(
-                self._kind.create(
+            try:
+                backend = self._kind.create(
                     PrefixStore(f"lane/{lane}/", self._store),
                     self.rank,
                     self.world_size,
                     self._timeout_s,
                 )
-            )
+            except RuntimeError as exc:  # a member that joined died before its lanes connected
+                raise RefitFailed(
+                    0, (), f"{self.peer} could not connect lane {lane} of the world: {exc}"
+                ) from exc
+            self._backends.append(backend)
 
     # -- transfers -----------------------------------------------------------------------------
 
