@@ -9,6 +9,8 @@ how to reproduce it. A run file is what ``python -m benchmarks --json FILE`` wri
 ``--check FILE`` renders and compares with FILE instead of printing: exit status 1 and a short
 diff when they differ, so the page cannot drift from its data. ``--plot FILE`` writes the
 scale benchmark's growth picture instead (:func:`growth_svg`, docs/scale-growth.svg).
+``--figures NAME PAGE`` rewrites the block of one benchmark's figures that a page of docs/
+shows beside its text (:func:`with_figures`; docs/data.md has the ``data`` benchmark's).
 """
 
 from __future__ import annotations
@@ -72,6 +74,9 @@ day from a slower program (runs recorded before it was added do not have it)."""
 
 #: Reference notes under a benchmark's table: how to read it, what its limits are.
 NOTES = {
+    "data": """\
+What is promised (exactly once per epoch, by the fold's accounting), the plan and the sampler are
+in [data.md](data.md), which shows this table too.""",
     "ddp": """\
 A torchft row without a baseline median is a run in which torchft's survivors did not commit a
 step without the dead replica within the benchmark's bound: its DDP comm hook raises an
@@ -407,12 +412,58 @@ def growth_svg(runs: list[dict]) -> str:
     return "\n".join(out) + "\n"
 
 
+#: The command that regenerates the figures docs/data.md shows (the block between the markers).
+REFIGURE = "python -m benchmarks.report --figures data docs/data.md docs/benchmark-runs/*.json"
+
+
+def _markers(name: str) -> tuple[str, str]:
+    return (
+        f"<!-- The figures of `{name}`, generated from its newest run by "
+        f"`python -m benchmarks.report --figures {name} PAGE RUN.json...`. Do not edit by hand. -->",
+        f"<!-- End of the figures of `{name}`. -->",
+    )
+
+
+def figures(name: str, runs: list[dict]) -> str:
+    """The newest run of benchmark ``name`` as a page of docs/ shows it: its run line and its
+    table, between the markers :func:`with_figures` looks for."""
+    chosen = newest_runs(runs).get(name)
+    begin, end = _markers(name)
+    if chosen is None:
+        body = ["No run of it is recorded in [benchmark-runs/](benchmark-runs/) yet."]
+    else:
+        body = [run_line(chosen), ""]
+        body += table([r for r in chosen["results"] if r["bench"] == name])
+    return "\n".join([begin, "", *body, "", end])
+
+
+def with_figures(page: str, name: str, runs: list[dict]) -> str:
+    """``page`` with its block of ``name``'s figures rendered anew from ``runs``."""
+    begin, end = _markers(name)
+    head, sep, rest = page.partition(begin)
+    if not sep or end not in rest:
+        raise SystemExit(
+            f"the page has no block of figures of {name!r} (markers {begin!r} .. {end!r})"
+        )
+    return head + figures(name, runs) + rest.split(end, 1)[1]
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.report", description=__doc__)
     p.add_argument("runs", nargs="+", metavar="RUN.json", type=Path)
     p.add_argument("--check", metavar="FILE", type=Path, help="compare with FILE, do not print")
     p.add_argument("--plot", metavar="FILE", type=Path, help="write the scale growth picture")
+    p.add_argument(
+        "--figures",
+        nargs=2,
+        metavar=("NAME", "PAGE"),
+        help="rewrite the block of NAME's figures in PAGE (e.g. data docs/data.md)",
+    )
     args = p.parse_args(argv)
+    if args.figures is not None:
+        name, page = args.figures[0], Path(args.figures[1])
+        page.write_text(with_figures(page.read_text(), name, [load(path) for path in args.runs]))
+        return 0
     if args.plot is not None:
         args.plot.write_text(growth_svg([load(path) for path in args.runs]))
         return 0

@@ -26,6 +26,13 @@ def test_benchmarks_page_is_what_its_runs_render() -> None:
     )
 
 
+def test_data_page_figures_are_what_the_newest_data_run_renders() -> None:
+    """docs/data.md's block of figures is exactly what ``report.REFIGURE`` writes into it."""
+    page = (DOCS / "data.md").read_text()
+    rendered = report.with_figures(page, "data", [report.load(p) for p in _runs()])
+    assert rendered == page, f"docs/data.md's figures differ from its data; run: {report.REFIGURE}"
+
+
 def test_check_mode_says_when_the_page_drifted(tmp_path: Path) -> None:
     page = tmp_path / "benchmarks.md"
     page.write_text((DOCS / "benchmarks.md").read_text().replace("| 314,018 |", "| 314,019 |", 1))
