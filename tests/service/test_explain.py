@@ -275,3 +275,34 @@ def test_explain_says_which_range_a_rank_held_and_who_took_it_over(epoch_log):
     text = explain(srv.db, "--group", "data", "--rank", "1", "--until", str(head))
     assert text.returncode == 0 and "assignment_changed e0" in text.stdout
     assert left["reason"] in text.stdout
+
+
+def test_replay_plots_each_rank_s_part_of_the_epoch(epoch_log, tmp_path):
+    srv, _ = epoch_log
+    out = tmp_path / "data.png"
+    done = replay(srv.db, "--group", "data", "--plot", str(out))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "OK: replay matches" in done.stdout and f"wrote {out}" in done.stdout
+    with Image.open(out) as img:
+        img.verify()
+    with Image.open(out) as img:
+        # the view history, and below it the data panel: taller than the views alone
+        assert img.format == "PNG" and img.size[0] == 1000 and img.size[1] > 450
+        colours = dict((c, n) for n, c in img.convert("RGB").getcolors(maxcolors=1 << 16) or [])
+    # the held and processed fills and the moves' arrows are drawn, not just the axes
+    from coordinator.plot import HELD_COLOUR, MOVE_COLOUR, PROCESSED_COLOUR
+
+    for name, hex_colour in (
+        ("held", HELD_COLOUR),
+        ("processed", PROCESSED_COLOUR),
+        ("moves", MOVE_COLOUR),
+    ):
+        rgb = tuple(int(hex_colour[i : i + 2], 16) for i in (1, 3, 5))
+        assert colours.get(rgb, 0) > 50, f"no {name} drawn"
+
+    svg = tmp_path / "data.svg"
+    done = replay(srv.db, "--group", "data", "--plot", str(svg))
+    assert done.returncode == 0, done.stdout + done.stderr
+    text = svg.read_text()
+    assert "data plan of group data" in text and "epoch 0 planned" in text
+    assert "epoch 0 completed" in text and "rank 3" in text
