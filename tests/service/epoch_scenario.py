@@ -100,6 +100,9 @@ class EpochScenario:
         """The story: every rank reads a part; rank 1 leaves; the survivors read on; it
         returns and takes a share of what is left."""
         self.read(FIRST)
+        self.leave_and_return_after_reading()
+
+    def leave_and_return_after_reading(self) -> None:
         self.propose("deactivate", [1])
         self.wait_version(2, [0, 2, 3])
         self.read({0: BETWEEN, 2: BETWEEN, 3: BETWEEN})
