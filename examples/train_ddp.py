@@ -22,9 +22,9 @@ complete; the members agree on that through the same all-reduce (a one-element "
 parameter whose averaged gradient is positive while any member reads). The loss of a batch is
 its per-sample sum over the nominal ``--batch-size``, so a short last batch weighs what it holds.
 
-After ``--epochs`` epochs, training goes on (at most ``--max-epochs``) until an epoch was
-trained by all 4 ranks together; then every rank stops at the same step and prints the digest
-of its parameters: the same on all. ``--record DIR`` writes, per batch and before it is marked
+After ``--epochs`` epochs, training goes on (at most ``--max-epochs``) until an epoch ends
+with all 4 ranks in the view; then every rank stops at the same step and prints the digest of
+its parameters: the same on all (a rank that trained no batch prints its loss as ``nan``). ``--record DIR`` writes, per batch and before it is marked
 processed, ``{"epoch", "cursor", "indices"}`` to ``DIR/<rank>-<incarnation>.jsonl``.
 
 Compared with a torch DDP script, the lines that change are marked ``# foldplane``.
@@ -199,8 +199,7 @@ class Trainer:
             self.record.write(json.dumps({"epoch": epoch, "cursor": cursor, "indices": indices}))
             self.record.write("\n")
         self.sampler.mark_processed(len(indices))  # foldplane: these samples are done
-        if len(indices) == self.args.batch_size:
-            self.losses.append(loss)
+        self.losses.append(loss)
         step = self.model.committed_steps
         if step % 10 == 0:
             print(
@@ -227,7 +226,7 @@ def main() -> int:
         "--max-epochs",
         type=int,
         default=30,
-        help="past --epochs, train on until an epoch had every rank, at most this many",
+        help="past --epochs, train on until an epoch ends with every rank, at most this many",
     )
     p.add_argument("--dataset-size", type=int, default=4096)
     p.add_argument("--batch-size", type=int, default=32)
