@@ -182,7 +182,10 @@ def _parser() -> argparse.ArgumentParser:
         "--plot",
         default=None,
         metavar="FILE",
-        help="also draw the view history to FILE (.png or .svg; needs matplotlib: the [plot] extra)",
+        help=(
+            "also draw the view history to FILE, and each rank's part of the epochs when the log "
+            "has epoch plans (.png or .svg; needs matplotlib: the [plot] extra)"
+        ),
     )
     r.set_defaults(run=_replay)
 
@@ -456,6 +459,11 @@ def _replay(args: argparse.Namespace) -> int:
             print(f"replay: --plot: {exc}", file=sys.stderr)
             return 2
     bar = _ProgressBar(args.progress)
+    timeline = None
+    if args.plot is not None:
+        from coordinator.plot import EpochTimeline
+
+        timeline = EpochTimeline(args.group)
     try:
         report = asyncio.run(
             replay(
@@ -464,6 +472,7 @@ def _replay(args: argparse.Namespace) -> int:
                 group=args.group,
                 progress=bar.update,
                 from_start=args.from_start,
+                on_record=None if timeline is None else timeline.fresh,
             )
         )
     except CompactedLog as exc:
@@ -496,7 +505,7 @@ def _replay(args: argparse.Namespace) -> int:
         from coordinator.plot import PlotError, plot_views
 
         try:
-            plot_views(report.views, args.plot)
+            plot_views(report.views, args.plot, timeline)
         except PlotError as exc:
             print(f"replay: --plot: {exc}", file=sys.stderr)
             return 2

@@ -2,17 +2,39 @@
 
 One step line per group: active ranks per committed version over time (seconds since the
 group's first view), a marker per version coloured by its cause (formation, proposal,
-auto-deactivation) and labelled with the version and the ranks that left or joined. PNG or SVG,
-chosen by the file's extension. matplotlib is imported only here, and only when a plot is
-asked for (it is the ``[plot]`` extra), with its file-only backend: no display is needed.
+auto-deactivation) and labelled with the version and the ranks that left or joined.
+
+When the log holds epoch plans (docs/data.md), a second panel below, on the same time axis,
+draws the data plan of one group (the ``--group`` asked for, else the first that has one): a
+lane per rank, and in it, as filled steps, how many positions of the epoch the rank *held*
+(light: it grows when the rank takes over a leaver's remainder, shrinks when it gives some up)
+and how many it had *processed* (dark, as the coordinator accepted them); each move of a
+committed decision is an arrow from the donor's lane to the taker's, labelled with its size;
+dashed lines mark where each epoch was planned and where it completed. The data comes from
+the same fold as the view history (:class:`EpochTimeline` sees every record replay folds).
+
+PNG or SVG, chosen by the file's extension. matplotlib is imported only here, and only when a
+plot is asked for (it is the ``[plot]`` extra), with its file-only backend: no display is
+needed.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from coordinator.fold.effects import (
+    AssignmentChanged,
+    Effect,
+    EpochCompleted,
+    EpochPlanned,
+    Refused,
+    ViewCommitted,
+)
+from coordinator.fold.machine import Coordinator
 from coordinator.fold.reasons import ranks_text
+from eventlog import Record
 
 FORMATS = {".png": "png", ".svg": "svg"}
 CAUSE_COLOURS = {
@@ -22,6 +44,108 @@ CAUSE_COLOURS = {
 }
 #: Labels beyond this many versions per group would overlap; only the changes are labelled then.
 LABEL_ALL = 40
+#: Rank lanes drawn in the data panel (the lowest ranks that held a part; the rest are counted).
+LANES = 32
+#: Moves labelled with their size; beyond this many per decision only the arrows are drawn.
+MOVE_LABELS = 8
+HELD_COLOUR, PROCESSED_COLOUR, MOVE_COLOUR = "#b9d3ea", "#2b5d8a", "#d0452f"
+
+
+# -- what the data panel draws, gathered while replay folds ----------------------------------
+
+
+@dataclass
+class EpochDecision:
+    """An epoch plan, a move or an epoch's end, at log time ``ts``."""
+
+    ts: int
+    epoch: int
+    kind: str  # "planned", "moved" or "completed"
+    #: ``(from_rank, to_rank, positions)`` per pair of ranks that moved positions
+    moves: list[tuple[int, int, int]] = field(default_factory=list)
+    cause: str = ""
+
+
+@dataclass
+class GroupTimeline:
+    #: the time of the group's first committed view (the plot's zero)
+    t0: int | None = None
+    #: per rank: ``(ts, epoch, held, processed)`` each time either changed
+    lanes: dict[int, list[tuple[int, int, int, int]]] = field(default_factory=dict)
+    decisions: list[EpochDecision] = field(default_factory=list)
+
+    def point(self, rank: int, ts: int, epoch: int, held: int, processed: int) -> None:
+        lane = self.lanes.setdefault(rank, [])
+        if lane and lane[-1][1:] == (epoch, held, processed):
+            return
+        lane.append((ts, epoch, held, processed))
+
+
+class EpochTimeline:
+    """The data panel's input, gathered from the records replay folds (pass :meth:`fresh` as
+    replay's ``on_record``): per group, each rank's held and processed counts over log time,
+    and the plans, moves and ends. It keeps a point only when a count changed."""
+
+    def __init__(self, group: str | None = None) -> None:
+        self.group = group
+        self.groups: dict[str, GroupTimeline] = {}
+
+    def fresh(self) -> Any:
+        """The hook for one replay attempt (a retried replay starts over)."""
+        self.groups = {}
+        return self.on_record
+
+    def on_record(self, record: Record, effects: list[Effect], machine: Coordinator) -> None:
+        for effect in effects:
+            if isinstance(effect, ViewCommitted):
+                g = self._timeline(effect.view.group)
+                if g is not None and g.t0 is None:
+                    g.t0 = record.ts
+            elif isinstance(effect, EpochPlanned | AssignmentChanged):
+                g = self._timeline(effect.group)
+                if g is None:
+                    continue
+                for r in effect.ranges:
+                    held = r.processed + sum(n for _, n in r.remaining)
+                    g.point(r.rank, record.ts, effect.epoch, held, r.processed)
+                if isinstance(effect, EpochPlanned):
+                    g.decisions.append(EpochDecision(record.ts, effect.epoch, "planned"))
+                else:
+                    pairs: dict[tuple[int, int], int] = {}
+                    for m in effect.moves:  # a donor's tail may be several segments
+                        pairs[(m.from_rank, m.to_rank)] = (
+                            pairs.get((m.from_rank, m.to_rank), 0) + m.length
+                        )
+                    moves = [(a, b, n) for (a, b), n in pairs.items()]
+                    g.decisions.append(
+                        EpochDecision(record.ts, effect.epoch, "moved", moves, effect.cause)
+                    )
+            elif isinstance(effect, EpochCompleted):
+                g = self._timeline(effect.group)
+                if g is not None:
+                    g.decisions.append(EpochDecision(record.ts, effect.epoch, "completed"))
+        if record.kind == "progress" and record.group is not None and record.rank is not None:
+            if any(isinstance(e, Refused) for e in effects):
+                return
+            g = self._timeline(record.group)
+            e = machine.epochs.epoch(record.group)
+            if g is None or e is None or e.number != record.payload.get("epoch"):
+                return
+            h = e.holdings.get(record.rank)
+            if h is not None:
+                g.point(record.rank, record.ts, e.number, h.held, h.processed)
+
+    def _timeline(self, group: str) -> GroupTimeline | None:
+        if self.group is not None and group != self.group:
+            return None
+        return self.groups.setdefault(group, GroupTimeline())
+
+    def shown(self) -> tuple[str, GroupTimeline] | None:
+        """The group the data panel draws: the first (by name) with an epoch plan."""
+        for name in sorted(self.groups):
+            if self.groups[name].decisions:
+                return name, self.groups[name]
+        return None
 
 
 class PlotError(Exception):
@@ -36,8 +160,9 @@ def check_target(path: str) -> str:
     return FORMATS[suffix]
 
 
-def plot_views(views: list[dict[str, Any]], path: str) -> None:
-    """Draw ``views`` (view documents, as replay reports them) to ``path``."""
+def plot_views(views: list[dict[str, Any]], path: str, epochs: EpochTimeline | None = None) -> None:
+    """Draw ``views`` (view documents, as replay reports them) to ``path``, and below them the
+    data plan of ``epochs`` when it holds one."""
     fmt = check_target(path)
     try:
         import matplotlib
@@ -53,7 +178,18 @@ def plot_views(views: list[dict[str, Any]], path: str) -> None:
     by_group: dict[str, list[dict[str, Any]]] = {}
     for view in views:
         by_group.setdefault(view["group"], []).append(view)
-    fig, ax = plt.subplots(figsize=(10, 4.5), dpi=100)
+    data = epochs.shown() if epochs is not None else None
+    if data is None:
+        fig, ax = plt.subplots(figsize=(10, 4.5), dpi=100)
+    else:
+        lanes = min(LANES, len(data[1].lanes))
+        fig, (ax, dax) = plt.subplots(
+            2,
+            1,
+            figsize=(10, 4.5 + max(3.0, 0.45 * lanes)),
+            dpi=100,
+            gridspec_kw={"height_ratios": [4.5, max(3.0, 0.45 * lanes)]},
+        )
     try:
         if not by_group:
             ax.text(
@@ -75,6 +211,10 @@ def plot_views(views: list[dict[str, Any]], path: str) -> None:
         ax.set_ylim(0, top * 1.15 + 0.5)
         ax.yaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
         ax.margins(x=0.08)
+        if data is not None:
+            t0 = min((v["ts"] for v in views if v["group"] == data[0]), default=None)
+            _draw_epochs(dax, data[0], data[1], t0, plt)
+            dax.set_xlim(ax.get_xlim())
         fig.tight_layout()
         fig.savefig(path, format=fmt)
     finally:
@@ -103,3 +243,68 @@ def _draw_group(ax: Any, group: str, views: list[dict[str, Any]]) -> None:
         if joined and i:
             label += f" +{ranks_text(joined, limit=4)}"
         ax.annotate(label, (x, y), textcoords="offset points", xytext=(4, 6), fontsize="x-small")
+
+
+def _draw_epochs(ax: Any, group: str, g: GroupTimeline, t0: int | None, plt: Any) -> None:
+    """A lane per rank: held (light) and processed (dark) positions as filled steps, scaled to
+    the largest part any rank held; moves as arrows; plans and ends as dashed lines."""
+    zero = t0 if t0 is not None else (g.t0 or 0)
+    ranks = sorted(g.lanes)[:LANES]
+    row = {r: i for i, r in enumerate(ranks)}
+    end = max([ts for lane in g.lanes.values() for ts, *_ in lane] + [d.ts for d in g.decisions])
+    tail = (end - zero) / 1e9 * 1.02 + 0.1
+    scale = max((held for lane in g.lanes.values() for _, _, held, _ in lane), default=1) or 1
+    for rank in ranks:
+        lane = g.lanes[rank]
+        xs = [(ts - zero) / 1e9 for ts, *_ in lane] + [tail]
+        base = row[rank]
+        for index, colour in ((2, HELD_COLOUR), (3, PROCESSED_COLOUR)):
+            ys = [base + 0.8 * point[index] / scale for point in lane]
+            ax.fill_between(xs, base, [*ys, ys[-1]], step="post", color=colour, linewidth=0)
+    for d in g.decisions:
+        x = (d.ts - zero) / 1e9
+        if d.kind in ("planned", "completed"):
+            ax.axvline(x, color="#555555", linestyle="--", linewidth=0.8)
+            ax.annotate(
+                f"epoch {d.epoch} {d.kind}",
+                (x, len(ranks) - 0.1),
+                textcoords="offset points",
+                xytext=(3, 0),
+                fontsize="x-small",
+                va="top",
+            )
+            continue
+        for i, (giver, taker, n) in enumerate(d.moves):
+            if giver not in row or taker not in row:
+                continue
+            at = x + i * tail * 0.006  # the moves of one decision side by side
+            ax.annotate(
+                "",
+                xy=(at, row[taker] + 0.4),
+                xytext=(at, row[giver] + 0.4),
+                arrowprops={"arrowstyle": "->", "color": MOVE_COLOUR, "linewidth": 1.0},
+            )
+            if i < MOVE_LABELS:
+                ax.annotate(
+                    f"{n:,}",
+                    (at, row[taker] + 0.4),
+                    textcoords="offset points",
+                    xytext=(3, -3 - 7 * (i % 3)),
+                    fontsize="xx-small",
+                    color=MOVE_COLOUR,
+                )
+    ax.set_yticks([row[r] + 0.4 for r in ranks], [f"rank {r}" for r in ranks])
+    ax.set_ylim(-0.2, len(ranks) + 0.2)
+    ax.set_xlabel("seconds since the group's first view")
+    more = f" (the first {LANES} of {len(g.lanes)} ranks)" if len(g.lanes) > LANES else ""
+    ax.set_title(f"data plan of group {group}: positions held and processed per rank{more}")
+    ax.legend(
+        handles=[
+            plt.Rectangle((0, 0), 1, 1, color=HELD_COLOUR, label="held"),
+            plt.Rectangle((0, 0), 1, 1, color=PROCESSED_COLOUR, label="processed"),
+            plt.Line2D([], [], color=MOVE_COLOUR, label="a move (positions)"),
+        ],
+        loc="upper right",
+        fontsize="x-small",
+    )
+    ax.grid(True, axis="x", alpha=0.3)

@@ -138,3 +138,54 @@ async def timeline(request: Request, group: str, limit: int = Query(30, ge=1, le
         previous = active
     out.reverse()
     return json_response({"group": group, "latest": latest, "views": out})
+
+
+#: Moves listed per decision; the rest are counted (a view change at scale moves thousands).
+MOVES_SHOWN = 32
+
+
+@router.get(
+    "/ui/api/groups/{group}/epochs/changes",
+    summary="The latest decisions about a group's epochs (plans and moves), newest first",
+    responses=answers({}, 401, 403, 404, 422),
+)
+async def epoch_changes(
+    request: Request, group: str, limit: int = Query(20, ge=1, le=200)
+) -> Response:
+    """The group's ``assignment`` rows (docs/data.md): each epoch's first split and every
+    committed move, with its cause and the fold's reason; the moves of one decision are
+    grouped per pair of ranks."""
+    require_operator(request, "reading the console")
+    host = host_of(request)
+    require_group(host, group)
+    latest = host.machine.epochs.changes(group)
+    rows = await host.log.read_projections(
+        "assignment", group, after_seq=max(0, latest - limit), limit=limit
+    )
+    out = []
+    for row in reversed(rows):
+        doc = row.doc
+        pairs: dict[tuple[int, int], list[int]] = {}
+        for giver, taker, start, length in doc.get("moves", []):
+            pair = pairs.setdefault((giver, taker), [0, start])
+            pair[0] += length
+        moves = [
+            {"from_rank": a, "to_rank": b, "positions": n, "first": first}
+            for (a, b), (n, first) in pairs.items()
+        ]
+        out.append(
+            {
+                "change": doc["change"],
+                "type": doc["type"],
+                "epoch": doc["epoch"],
+                "assignment": doc["assignment"],
+                "version": doc["version"],
+                "offset": doc["offset"],
+                "cause": doc.get("cause", "planned"),
+                "detail": doc.get("detail", ""),
+                "ranks": len(doc.get("ranges", [])),
+                "moves": moves[:MOVES_SHOWN],
+                "moves_count": len(moves),
+            }
+        )
+    return json_response({"group": group, "latest": latest, "changes": out})

@@ -342,6 +342,11 @@ class Epochs:
         ge = self._groups.get(group)
         return None if ge is None else ge.current
 
+    def changes(self, group: str) -> int:
+        """How many decisions about ``group``'s epochs were made (its ``assignment`` rows)."""
+        ge = self._groups.get(group)
+        return 0 if ge is None else ge.changes
+
     def rates(self, group: str) -> dict[int, float]:
         ge = self._groups.get(group)
         return {} if ge is None else dict(ge.rates)

@@ -125,14 +125,21 @@ async def replay(
     group: str | None = None,
     progress: Callable[[int, int], None] | None = None,
     from_start: bool = False,
+    on_record: Callable[[], OnRecord] | None = None,
 ) -> ReplayReport:
     """Fold ``target``'s log (to ``until``) and compare with its projections; see the module
     docstring for where the fold starts. ``from_start`` insists on offset 1 and raises
-    CompactedLog on a log that records were removed from."""
+    CompactedLog on a log that records were removed from. ``on_record`` (see
+    :func:`replay_log`) sees every record folded and what the fold did with it."""
     log = await open_log(target, create=False)
     try:
         return await replay_log(
-            log, until=until, group=group, progress=progress, from_start=from_start
+            log,
+            until=until,
+            group=group,
+            progress=progress,
+            from_start=from_start,
+            on_record=on_record,
         )
     finally:
         await log.close()
@@ -433,8 +440,9 @@ async def _stored(
                 if len(rows) < 1000:
                     break
                 after = rows[-1].seq
-            if kind in ("group", "failure", "rank_state"):
-                # seq 0 is a real row for these kinds, and after_seq is exclusive
+            if kind in ("group", "failure", "rank_state", "epoch", "epoch_end"):
+                # seq 0 is a real row for these kinds (epochs are numbered from 0), and
+                # after_seq is exclusive
                 row0 = await log.get_projection(kind, g, 0)
                 if row0 is not None:
                     out[(kind, g, 0)] = row0.doc

@@ -19,7 +19,11 @@ Entry shape (plain JSON): ``{"offset", "ts", "record", "event", "reason", ...}``
 ``record`` is the kind of the log record that was folded and ``event`` what the story saw:
 ``group_created``, ``rank_state``, ``heartbeat``, ``links``, ``down_report``, ``up_report``,
 ``ack``, ``refused``, ``proposal``, ``proposal_resolved``, ``view_prepare``,
-``view_committed``, ``group_failed``, ``shutdown_with_save``; and on a compacted log, first,
+``view_committed``, ``group_failed``, ``shutdown_with_save``; the rank's part of an epoch
+(:mod:`coordinator.host.epoch_story`): ``epoch_planned`` (the range it was given),
+``assignment_changed`` (what it held and who took over the rest when it left, or what it got
+and from whom when it joined, took over a leaver's remainder or reclaimed), ``epoch_completed``
+(how many it processed); and on a compacted log, first,
 ``kept_snapshot``: the story starts from the kept snapshot the removed records lie behind.
 """
 
@@ -45,6 +49,7 @@ from coordinator.fold.effects import (
 from coordinator.fold.machine import Coordinator
 from coordinator.fold.reasons import ranks_text
 from coordinator.fold.state import GroupState
+from coordinator.host.epoch_story import Holding, epoch_entry, holding_of, part_summary
 from coordinator.host.replay import CompactedLog, find_start
 from eventlog import READ_PAGE, Log, Record, open_log
 from wire import ranks as rank_sets
@@ -137,7 +142,9 @@ class StoryBuilder:
         concerns_group = record.group == group or record.group is None
         before = None
         was_active = False
+        held: Holding | None = None
         if g is not None and concerns_group and rank < len(g.ranks):
+            held = holding_of(self.machine, group, rank)
             reporter = record.rank if record.kind == "links" and record.group == group else None
             if reporter is not None and not 0 <= reporter < len(g.ranks):
                 reporter = None
@@ -163,6 +170,13 @@ class StoryBuilder:
             self._evidence_entry(record, "ack", f"ACKed version {version}", version=version)
         for effect in effects:
             self._effect(record, effect, was_active)
+            if getattr(effect, "group", None) == group:
+                told = epoch_entry(
+                    effect, rank, held, self.machine, was_active=was_active, active=rank in g.active
+                )
+                if told is not None:
+                    event, reason, extra = told
+                    self._decision(_entry(record, event, reason, **extra))
 
     def _beat(self, record: Record) -> None:
         self.heartbeats += 1
@@ -389,6 +403,9 @@ class StoryBuilder:
         if self.membership_since is not None and version:
             m = self.membership_since
             text += f"; {place} since version {m['version']} (offset {m['offset']}, {m['cause']})"
+        part = part_summary(self.machine, self.group, self.rank)
+        if part is not None:
+            text += f"; {part}"
         return text
 
 
@@ -520,6 +537,8 @@ def _event_label(entry: dict[str, Any]) -> str:
         return f"{entry['event']} {entry['state']}"
     if entry["event"] in ("view_prepare", "view_committed"):
         return f"{entry['event']} v{entry['version']}"
+    if entry["event"] in ("epoch_planned", "assignment_changed", "epoch_completed"):
+        return f"{entry['event']} e{entry['epoch']}"
     return entry["event"]
 
 

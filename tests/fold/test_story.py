@@ -178,3 +178,94 @@ def test_an_unknown_group_or_a_rank_outside_the_group_is_an_error():
     with pytest.raises(StoryError) as outside:
         story(s, "g", 5)
     assert outside.value.code == "rank_out_of_range" and "0..1" in outside.value.detail
+
+
+def test_the_data_story_says_which_range_a_rank_held_and_who_took_it_over():
+    from tests.fold.test_epochs import kill, plan, progress
+
+    s = Script()
+    s.form(world_size=4)
+    plan(s, dataset_size=20_000, lookahead=10)
+    for r in range(4):
+        progress(s, r, 1_234)
+    kill(s, 2)  # rank 2 held 10,000..14,999 and reported 1,234 of it
+    for r in (0, 1, 3):
+        progress(s, r, 2_000)
+    s.join(2, incarnation="g-2-b")
+    s.links(2)
+    s.propose("activate", [2])
+    s.ack_all()
+
+    st = story(s, "g", 2)
+    data = [e for e in st["entries"] if e["event"].startswith(("epoch", "assignment"))]
+    assert [e["event"] for e in data] == [
+        "epoch_planned",
+        "assignment_changed",
+        "assignment_changed",
+    ]
+    planned, left, joined = data
+    assert planned["reason"].startswith("epoch 0 planned over version 1 (20,000 positions")
+    assert planned["reason"].endswith("it holds 10,000..14,999")
+    assert left["version"] == 2 and left["processed"] == 1_234 and left["remaining"] == []
+    # 3,766 left: 1,256 + 1,255 + 1,255 in rank order, from position 11,234 on
+    assert left["reason"].startswith(
+        "epoch 0: rank 2 held 10,000..14,999; it had processed 1,234 when it left view 2; "
+        "ranks 0, 1, 3 took its remaining 3,766 (0: 1,256 from 11,234, 1: 1,255 from 12,490, "
+        "3: 1,255 from 13,745)"
+    )
+    assert [m[:2] for m in left["moves"]] == [[2, 0], [2, 1], [2, 3]]
+    assert sum(m[3] for m in left["moves"]) == 3_766
+    # the replacement's share comes from the survivors' tails, never the old range again
+    assert joined["version"] == 3 and joined["cause"] == "view_committed"
+    assert joined["reason"].startswith("epoch 0: it joined view 3 and got ")
+    assert "from ranks 0, 1, 3 (0: " in joined["reason"]
+    assert all(m[1] == 2 and m[0] in (0, 1, 3) for m in joined["moves"])
+    got = sum(m[3] for m in joined["moves"])
+    assert joined["remaining"] and sum(n for _, n in joined["remaining"]) == got
+    # the rank's cursor goes on from what its old incarnation reported
+    assert st["summary"].endswith(f"epoch 0 (open): processed 1,234, {got:,} remaining")
+    assert "assignment_changed e0" in format_story(st)
+
+    # a survivor's story says what it got and from whom
+    st0 = story(s, "g", 0)
+    took = [e for e in st0["entries"] if e["event"] == "assignment_changed"]
+    assert took[0]["reason"].startswith(
+        "epoch 0: with view 2 it got 1,256 positions from rank 2 (from 11,234)"
+    )
+    assert took[1]["reason"].startswith("epoch 0: rank 0 gave ")
+    assert "to rank 2 (from " in took[1]["reason"]
+
+
+def test_the_data_story_tells_a_reclaim_and_the_epoch_s_end():
+    from tests.fold.test_epochs import plan, progress
+
+    s = Script()
+    s.form(world_size=2)
+    plan(s, dataset_size=1_000, split="throughput", lookahead=0)
+    progress(s, 0, 100, rate=200.0)
+    progress(s, 1, 100, rate=100.0)
+    progress(s, 0, 500, rate=200.0)  # rank 0 ran dry; it reclaims from rank 1's tail
+    e = s.m.epochs.epoch("g")
+    while e.completed is None:  # each report of a whole part may reclaim again
+        for r in (0, 1):
+            if e.completed is None:
+                progress(s, r, e.holdings[r].held, rate=100.0)
+
+    st = story(s, "g", 0)
+    reclaim = next(e for e in st["entries"] if e["event"] == "assignment_changed")
+    assert reclaim["cause"] == "reclaim"
+    assert reclaim["reason"].startswith(
+        "epoch 0: it had finished its part and reclaimed 266 positions from rank 1 (from "
+    )
+    assert "[reclaim: rank 0 finished its part" in reclaim["reason"]
+    end = st["entries"][-1]
+    assert end["event"] == "epoch_completed"
+    n = e.holdings[0].processed
+    assert end["reason"] == (
+        f"epoch 0 complete: every position processed once; it processed {n:,} of 1,000"
+    )
+    st1 = story(s, "g", 1)
+    gave = next(e for e in st1["entries"] if e["event"] == "assignment_changed")
+    assert gave["reason"].startswith(
+        "epoch 0: rank 1 gave 266 of its remaining positions to rank 0"
+    )

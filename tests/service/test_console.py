@@ -138,6 +138,19 @@ async def test_the_console_shows_the_group_and_a_kill_live(console_server: Serve
             assert await page.text_content("#n-SYNCED") == "1"
             await page.evaluate("window.__same_page = 'not reloaded'")
 
+            # an epoch plan: each of the 31 active ranks holds 1,000 positions of it
+            assert await page.is_visible("#d-none")
+            plan = await client.post(
+                "/groups/train/epochs", json={"epoch": 0, "dataset_size": 31_000, "seed": 5}
+            )
+            assert plan.status_code == 201, plan.text
+            await _until(page, "document.querySelectorAll('#d-ranks tbody tr').length === 31")
+            assert await page.text_content("#d-status") == "open"
+            assert await page.text_content("#d-processed") == "0 of 31,000 (0.0%)"
+            first = await page.locator("#d-ranks tbody tr").first.locator("td").all_text_contents()
+            assert first[:4] == ["0", "1,000", "0", "1,000"] and first[5] == "0..999"
+            assert "shuffled with seed 5" in await page.text_content("#d-how")
+
             # a scheduler takes rank 30 out; a malformed proposal is logged and rejected
             out = await client.post(
                 "/proposals",
@@ -208,6 +221,35 @@ async def test_the_console_shows_the_group_and_a_kill_live(console_server: Serve
                 ("v1", "formation", "31", "–"),
             ]
             assert "5 OFFLINE" in rows[0][6]
+
+            # the data plan followed both departures: what ranks 30 and 5 held went to the
+            # others, each move a committed decision, newest first
+            await _until(page, "document.getElementById('d-assignment').textContent === '3'")
+            changes = [
+                await row.locator("td").all_text_contents()
+                for row in await page.locator("#d-changes tbody tr").all()
+            ]
+            assert [(c[0], c[1], c[2]) for c in changes] == [
+                ("3", "v3", "view_committed"),
+                ("2", "v2", "view_committed"),
+                ("1", "v1", "planned"),
+            ]
+            assert changes[0][3].startswith("5 → 0: ") and "rank 5 left the view" in changes[0][4]
+            assert changes[1][3].startswith("30 → 0: ") and "rank 30 left" in changes[1][4]
+            assert changes[2][3] == "epoch 0 split over 31 ranks"
+            epoch = (await client.get("/groups/train/epochs")).json()
+            shown = {
+                int(r[0]): (r[1], r[3])
+                for r in [
+                    await row.locator("td").all_text_contents()
+                    for row in await page.locator("#d-ranks tbody tr").all()
+                ]
+            }
+            for r in epoch["ranks"]:
+                held = r["held"]
+                left = sum(n for _, n in r["remaining"])
+                assert shown[r["rank"]] == (f"{held:,}", f"{left:,}"), r
+            assert shown[5] == ("0", "0") and shown[30] == ("0", "0")
 
             # the story on show followed the kill: it names the death report and the view that
             # removed the rank
@@ -285,11 +327,14 @@ async def test_with_auth_on_the_page_shows_nothing_of_a_group_without_the_token(
         headers=op,
     )
     assert r.status_code == 201, r.text
-    # every read the page makes needs the operator token
+    # every read the page makes needs the operator token (but the group reads, GET
+    # /groups/{group} and /groups/{group}/epochs, which are open: docs/protocol.md), and the
+    # page makes none of those before the overview answered
     for path in (
         "/ui/api/overview",
         "/ui/api/groups/secret-train",
         "/ui/api/groups/secret-train/timeline",
+        "/ui/api/groups/secret-train/epochs/changes",
         "/groups/secret-train/ranks/0/story",
         "/events",
         "/events/stream",
@@ -319,3 +364,60 @@ async def test_with_auth_on_the_page_shows_nothing_of_a_group_without_the_token(
     await _until(page, "document.getElementById('g-title').textContent.includes('secret-train')")
     await _until(page, "document.getElementById('live').textContent === 'live'")
     assert urls and all(OPERATOR not in u and "a-wrong-token" not in u for u in urls)
+
+
+async def test_the_data_plan_shows_progress_and_moves_live(tmp_path: Path, browser):
+    """Real agents read an epoch on ``ElasticSampler`` (tests/service/epoch_scenario.py): the
+    panel shows each rank's processed and remaining as the coordinator accepts them, rank 1's
+    departure and return as moves, and the epoch's end, without a reload."""
+    from tests.service.epoch_scenario import FIRST, SIZE, EpochScenario
+
+    srv = make_server(tmp_path, store=True).start()
+    scenario = EpochScenario(srv.url)
+    try:
+        await asyncio.to_thread(scenario.start)
+        page = await browser.new_page(viewport={"width": 1400, "height": 1000})
+        await page.goto(srv.url + "/ui#data")
+        await _until(page, "document.querySelectorAll('#d-ranks tbody tr').length === 4")
+        await asyncio.to_thread(scenario.read, FIRST)
+        await _until(
+            page,
+            f"document.getElementById('d-processed').textContent.startsWith('{sum(FIRST.values()):,} of')",
+        )
+
+        async def ranks() -> dict[int, list[str]]:
+            rows = [
+                await row.locator("td").all_text_contents()
+                for row in await page.locator("#d-ranks tbody tr").all()
+            ]
+            return {int(r[0]): r for r in rows}
+
+        shown = await ranks()
+        for rank, n in FIRST.items():
+            assert shown[rank][2] == f"{n:,}" and shown[rank][3] == f"{SIZE // 4 - n:,}"
+        width = await page.evaluate(
+            "document.querySelector('#d-ranks tbody tr:nth-child(4) .bar span').style.width"
+        )
+        assert width == f"{100 * FIRST[3] // (SIZE // 4)}%"  # 350 of 1,000
+
+        await asyncio.to_thread(scenario.leave_and_return_after_reading)
+        await _until(page, "document.getElementById('d-assignment').textContent === '3'")
+        changes = [
+            await row.locator("td").all_text_contents()
+            for row in await page.locator("#d-changes tbody tr").all()
+        ]
+        assert [c[1] for c in changes] == ["v3", "v2", "v1"]
+        assert changes[1][3] == "1 → 0: 250, 1 → 2: 250, 1 → 3: 250"
+        assert "rank 1 joined" in changes[0][4] and changes[0][3].count("→ 1:") == 3
+        await page.evaluate("window.__same_page = 'not reloaded'")
+
+        await asyncio.to_thread(scenario.finish)
+        await _until(page, "document.getElementById('d-status').textContent === 'complete'")
+        assert await page.text_content("#d-processed") == f"{SIZE:,} of {SIZE:,} (100.0%)"
+        shown = await ranks()
+        assert all(r[3] == "0" for r in shown.values())
+        assert sum(int(r[2].replace(",", "")) for r in shown.values()) == SIZE
+        assert await page.evaluate("window.__same_page") == "not reloaded"
+    finally:
+        await asyncio.to_thread(scenario.close)
+        srv.stop()

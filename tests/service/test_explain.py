@@ -201,3 +201,108 @@ def test_explain_on_the_real_demo_log_names_the_hints_and_the_death(tmp_path):
     hints = [e for e in entries if e["event"] == "down_report"]
     assert hints and all("failed_ranks_hint" in e["reason"] for e in hints), entries
     assert story["rank_epoch"] == 2 and story["active"]  # the replacement was activated
+
+
+@pytest.fixture(scope="module")
+def epoch_log(tmp_path_factory) -> Iterator[tuple[Server, int]]:
+    """A server whose group ``data`` read an epoch with real agents (tests/service/
+    epoch_scenario.py): rank 1 left by proposal and came back; and the log's head after it."""
+    from tests.service.epoch_scenario import EpochScenario
+
+    srv = make_server(tmp_path_factory.mktemp("epoch"), store=True).start()
+    try:
+        scenario = EpochScenario(srv.url).start()
+        try:
+            scenario.leave_and_return()
+            scenario.finish()
+        finally:
+            scenario.close()
+        yield srv, httpx.get(srv.url + "/healthz").json()["head"]
+    finally:
+        srv.stop()
+
+
+def test_explain_says_which_range_a_rank_held_and_who_took_it_over(epoch_log):
+    from tests.service.epoch_scenario import FIRST, SIZE
+
+    srv, head = epoch_log
+    served = httpx.get(srv.url + "/groups/data/ranks/1/story", params={"until": head}, timeout=60)
+    assert served.status_code == 200, served.text
+    story = served.json()
+    msgspec.convert(story, StoryBody)
+    done = explain(srv.db, "--group", "data", "--rank", "1", "--until", str(head), "--json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == story
+
+    data = [e for e in story["entries"] if e["record"] in ("epoch_plan", "ack", "progress")]
+    data = [e for e in data if e["event"].startswith(("epoch_", "assignment_"))]
+    assert [e["event"] for e in data] == [
+        "epoch_planned",
+        "assignment_changed",
+        "assignment_changed",
+        "epoch_completed",
+    ]
+    planned, left, back, end = data
+    quarter = SIZE // 4
+    assert planned["held"] == [[quarter, quarter]]
+    assert planned["reason"].endswith(f"it holds {quarter:,}..{2 * quarter - 1:,}")
+    # it left version 2 having reported what it read; the others took the rest, in rank order
+    kept = FIRST[1]
+    assert left["version"] == 2 and left["processed"] == kept and left["remaining"] == []
+    assert left["reason"].startswith(
+        f"epoch 0: rank 1 held {quarter:,}..{2 * quarter - 1:,}; it had processed {kept:,} "
+        f"when it left view 2; ranks 0, 2, 3 took its remaining {quarter - kept:,} (0: "
+    )
+    assert {m[1] for m in left["moves"]} == {0, 2, 3}
+    assert sum(m[3] for m in left["moves"]) == quarter - kept
+    assert all(quarter + kept <= m[2] < 2 * quarter for m in left["moves"])
+    # back in version 3, it got a share of the others' tails, not its old range again
+    assert back["version"] == 3 and back["reason"].startswith("epoch 0: it joined view 3 and got ")
+    assert {m[0] for m in back["moves"]} <= {0, 2, 3} and all(m[1] == 1 for m in back["moves"])
+    assert end["reason"].startswith("epoch 0 complete: every position processed once; it ")
+    assert story["summary"].endswith(
+        f"epoch 0 (complete): processed {end['processed']:,}, 0 remaining"
+    )
+
+    # a survivor's story: what it took over from rank 1, and what it gave back
+    survivor = json.loads(
+        explain(srv.db, "--group", "data", "--rank", "0", "--until", str(head), "--json").stdout
+    )
+    moved = [e for e in survivor["entries"] if e["event"] == "assignment_changed"]
+    assert moved[0]["reason"].startswith("epoch 0: with view 2 it got ")
+    assert "positions from rank 1 (from " in moved[0]["reason"]
+    assert moved[1]["reason"].startswith("epoch 0: rank 0 gave ")
+    text = explain(srv.db, "--group", "data", "--rank", "1", "--until", str(head))
+    assert text.returncode == 0 and "assignment_changed e0" in text.stdout
+    assert left["reason"] in text.stdout
+
+
+def test_replay_plots_each_rank_s_part_of_the_epoch(epoch_log, tmp_path):
+    srv, _ = epoch_log
+    out = tmp_path / "data.png"
+    done = replay(srv.db, "--group", "data", "--plot", str(out))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "OK: replay matches" in done.stdout and f"wrote {out}" in done.stdout
+    with Image.open(out) as img:
+        img.verify()
+    with Image.open(out) as img:
+        # the view history, and below it the data panel: taller than the views alone
+        assert img.format == "PNG" and img.size[0] == 1000 and img.size[1] > 450
+        colours = dict((c, n) for n, c in img.convert("RGB").getcolors(maxcolors=1 << 16) or [])
+    # the held and processed fills and the moves' arrows are drawn, not just the axes
+    from coordinator.plot import HELD_COLOUR, MOVE_COLOUR, PROCESSED_COLOUR
+
+    for name, hex_colour in (
+        ("held", HELD_COLOUR),
+        ("processed", PROCESSED_COLOUR),
+        ("moves", MOVE_COLOUR),
+    ):
+        rgb = tuple(int(hex_colour[i : i + 2], 16) for i in (1, 3, 5))
+        assert colours.get(rgb, 0) > 50, f"no {name} drawn"
+
+    svg = tmp_path / "data.svg"
+    done = replay(srv.db, "--group", "data", "--plot", str(svg))
+    assert done.returncode == 0, done.stdout + done.stderr
+    text = svg.read_text()
+    assert "data plan of group data" in text and "epoch 0 planned" in text
+    assert "epoch 0 completed" in text and "rank 3" in text
