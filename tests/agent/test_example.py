@@ -11,8 +11,9 @@ import sys
 import pytest
 
 from tests.agent.conftest import ROOT
+from tests.conftest import torch_processes
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300), torch_processes]
 
 
 def test_train_ddp_survives_a_kill_heals_the_replacement_and_ends_identical(coordinator):

@@ -11,7 +11,10 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.conftest import torch_processes
 from tests.dataplane.cluster import Cluster
+
+pytestmark = torch_processes
 
 WORLD = 4
 
