@@ -54,11 +54,11 @@ def free_port() -> int:
     raise RuntimeError(f"no free port in {base}-{base + PORTS_PER_WORKER - 1}")
 
 
-#: The tests that start torch worker processes (gloo collectives, DDP, DataLoader workers) run
-#: one at a time, on one xdist worker (``--dist loadgroup``): two of them at once on the 2-core
-#: machine would starve each other's heartbeats and collectives of CPU; the rest of the suite
-#: runs beside them on the other worker.
-torch_processes = pytest.mark.xdist_group("torch_processes")
+#: The heavy tests, those that start torch worker processes (gloo collectives, DDP) or a pool
+#: of CPU-bound processes (the simulator's seeds), run one at a time, on one xdist worker
+#: (``--dist loadgroup``): two of them at once on the 2-core machine would starve each other's
+#: heartbeats and collectives of CPU; the rest of the suite runs beside them on the other worker.
+heavy = pytest.mark.xdist_group("heavy")
 
 
 @pytest.fixture

@@ -11,9 +11,9 @@ import sys
 import pytest
 
 from tests.agent.conftest import ROOT
-from tests.conftest import torch_processes
+from tests.conftest import heavy
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(300), torch_processes]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300), heavy]
 
 
 def test_train_ddp_survives_a_kill_heals_the_replacement_and_ends_identical(coordinator):

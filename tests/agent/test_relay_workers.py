@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import torch_processes
+from tests.conftest import heavy
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(240), torch_processes]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240), heavy]
 
 ALL = [0, 1, 2, 3]
 

@@ -11,10 +11,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.conftest import torch_processes
+from tests.conftest import heavy
 from tests.dataplane.cluster import Cluster
 
-pytestmark = torch_processes
+pytestmark = heavy
 
 WORLD = 4
 
