@@ -1,19 +1,71 @@
-"""Fixtures shared by every suite. Each suite keeps its own fixtures in its own conftest.py."""
+"""Fixtures shared by every suite. Each suite keeps its own fixtures in its own conftest.py.
+
+The suites run in parallel under pytest-xdist (``-n 2``, see the README's test command). What
+two tests could both take lives in a place of each test's own: a port from :func:`free_port`'s
+block for this worker, a file under ``tmp_path``, a PostgreSQL schema with a random name
+(``tests/eventlog/conftest.py``, ``tests/ha/cluster.py``). Everything else a test binds, a
+TCPStore or a coordinator's ``--store-port 0``, takes a port the kernel picks while binding it.
+"""
 
 from __future__ import annotations
 
+import itertools
 import os
+import random
 import socket
 
 import pytest
 
 PG_URL = os.environ.get("FOLDPLANE_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
 
+#: free_port's ports lie below Linux's ephemeral range (32768-60999 by default), so no outgoing
+#: connection's local port and no kernel-picked listener (port 0) can be handed out twice; each
+#: xdist worker has a block of its own, so two workers never return the same port.
+PORT_BASE, PORTS_PER_WORKER, PORT_BLOCKS = 20_000, 1_000, 12
+
+
+def _worker_index() -> int:
+    """This process's xdist worker number (``gw3`` -> 3); 0 outside xdist."""
+    name = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    return int(name[2:]) if name.startswith("gw") and name[2:].isdigit() else 0
+
+
+#: Successive calls walk the block from a random start: a port is not handed out again until
+#: the block went round, and two test runs on one machine (two checkouts) rarely meet.
+_next_port = itertools.count(random.randrange(PORTS_PER_WORKER))
+
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback port that nothing listens on now, from this worker's block.
+
+    Between this call and the caller's bind the port stays free: the kernel never picks it
+    (it is outside the ephemeral range) and no other worker's block holds it.
+    """
+    block = _worker_index() % PORT_BLOCKS
+    base = PORT_BASE + block * PORTS_PER_WORKER
+    for _ in range(PORTS_PER_WORKER):
+        port = base + next(_next_port) % PORTS_PER_WORKER
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:  # held by something else (or in TIME_WAIT): the next one
+                continue
+        return port
+    raise RuntimeError(f"no free port in {base}-{base + PORTS_PER_WORKER - 1}")
+
+
+#: The heavy tests, those that start torch worker processes (gloo collectives, DDP) or a pool
+#: of CPU-bound processes (the simulator's seeds), run one at a time, on one xdist worker
+#: (``--dist loadgroup``): two of them at once on the 2-core machine would starve each other's
+#: heartbeats and collectives of CPU; the rest of the suite runs beside them on the other worker.
+heavy = pytest.mark.xdist_group("heavy")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The heavy tests first (in their own order): xdist hands out work in collection order, so
+    the longest chain starts at once and the other worker fills the time beside it, instead of
+    both waiting at the end for one long test that started last."""
+    items.sort(key=lambda item: item.get_closest_marker("xdist_group") is None)
 
 
 @pytest.fixture

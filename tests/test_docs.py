@@ -228,3 +228,18 @@ def test_architecture_picture_is_what_its_source_draws() -> None:
 )  # fmt: skip
 def test_the_targets_column_checks_plain_bounds_only(row: dict, expected: str) -> None:
     assert report.verdict(row) == expected
+
+
+# -- the test command ------------------------------------------------------------------------------
+
+
+def test_ci_runs_the_readmes_test_command_verbatim() -> None:
+    """.ci/run's test line is the README's, byte for byte, and runs both suites on xdist."""
+    [command] = [
+        line
+        for line in (ROOT / ".ci" / "run").read_text().splitlines()
+        if line.startswith("python3 -m venv .venv") and "pytest" in line
+    ]
+    assert f"\n{command}\n" in (ROOT / "README.md").read_text()
+    assert "-m 'not slow' -n 2 --dist loadgroup" in command
+    assert "-m slow -n 2 --dist loadgroup" in command

@@ -11,6 +11,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from agent.client import CoordinatorClient, CoordinatorUnavailable
+from tests.conftest import free_port
 
 
 class _Silent:
@@ -66,12 +67,6 @@ def _url(server: ThreadingHTTPServer) -> str:
     return f"http://127.0.0.1:{server.server_address[1]}"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture
 def silent() -> Iterator[_Silent]:
     frozen = _Silent()
@@ -82,7 +77,7 @@ def silent() -> Iterator[_Silent]:
 def test_a_named_leader_is_tried_first_on_the_next_call(silent: _Silent) -> None:
     """The old leader is frozen; a standby names the new one, which is not up yet. The next
     call goes to the named leader first and never waits on the frozen one again."""
-    leader_port = _free_port()
+    leader_port = free_port()
     leader_url = f"http://127.0.0.1:{leader_port}"
     standby = _serve((503, {"error": "not_leader", "detail": "standby", "leader": leader_url}))
     client = CoordinatorClient([silent.url, _url(standby)], timeout_s=0.5)

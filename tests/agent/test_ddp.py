@@ -14,10 +14,11 @@ import pytest
 import torch
 
 from tests.agent.ddp_worker import loss_of, make_model
+from tests.conftest import heavy
 
 DDP_WORKER = Path(__file__).with_name("ddp_worker.py")
 
-pytestmark = pytest.mark.timeout(280)
+pytestmark = [pytest.mark.timeout(280), heavy]
 
 
 def expected_grads(before: list[float], seeds: list[int]) -> torch.Tensor:

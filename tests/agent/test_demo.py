@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from tests.agent.conftest import ROOT
+from tests.conftest import heavy
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300), heavy]
 
 
 def test_the_demo_tells_the_whole_story_and_its_log_replays():

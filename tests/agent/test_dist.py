@@ -8,10 +8,12 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import heavy
+
 DIST_WORKER = Path(__file__).with_name("dist_worker.py")
 ALL = [0, 1, 2]
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.timeout(240), heavy]
 
 
 def started(w) -> None:

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import pytest
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+from tests.conftest import heavy
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240), heavy]
 
 ALL = [0, 1, 2, 3]
 
