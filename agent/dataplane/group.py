@@ -83,6 +83,10 @@ class GroupPlane(Protocol):
         self, *, collective_s: float | None = None, p2p_s: float | None = None
     ) -> None: ...
 
+    def build_subgroup(
+        self, name: str, group_rank: int, group_size: int, timeout_s: float
+    ) -> object: ...
+
 
 class ElasticProcessGroup(dist.ProcessGroup):
     """The process group of one rank, following the committed views of its data plane."""

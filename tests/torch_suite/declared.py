@@ -21,15 +21,11 @@ HAS: dict[str, str] = {
     "plugin": "foldplane is a registered third-party backend (dist.Backend.register_backend)",
     "gpu": "the agent runs an NCCL data plane where CUDA is available, gloo elsewhere",
     "cuda": "CUDA tensors go through the NCCL data plane (the agent's default with a GPU)",
+    "subgroup": "dist.new_group on a foldplane group builds a static backend over its ranks",
 }
 
 #: ``backend_feature`` entries foldplane lacks: feature -> the reason.
-LACKS: dict[str, str] = {
-    "subgroup": (
-        "new_group over a foldplane group: the foldplane backend has one group per process, "
-        "over every rank, whose membership follows the coordinator's views"
-    ),
-}
+LACKS: dict[str, str] = {}
 
 #: ``skip_collective`` entries foldplane lacks: collective -> the reason.
 SKIPS: dict[str, str] = {
