@@ -42,7 +42,10 @@ from torch._C._distributed_c10d import (
     AllreduceOptions,
     BarrierOptions,
     BroadcastOptions,
+    GatherOptions,
+    ReduceOptions,
     ReduceScatterOptions,
+    ScatterOptions,
 )
 
 from agent.dataplane.backend import BackendKind
@@ -227,6 +230,103 @@ class ElasticProcessGroup(dist.ProcessGroup):
             return be.reduce_scatter([output], [inputs], opts)  # type: ignore[attr-defined]
 
         return self._run("reduce_scatter", launch, async_op, result=[output])
+
+    def reduce(  # type: ignore[override]
+        self,
+        tensor: torch.Tensor | list[torch.Tensor],
+        dst: int | ReduceOptions | None = None,
+        op: dist.ReduceOp = ReduceOp.SUM,
+        async_op: bool = False,
+    ) -> Work:
+        """Reduce ``tensor`` of every member into ``dst``'s (a global rank, active in the view).
+
+        The other members' tensors are left as the backend leaves them (gloo: unchanged).
+        """
+        if isinstance(tensor, list):  # c10d: reduce(tensors, opts)
+            opts = dst if isinstance(dst, ReduceOptions) else ReduceOptions()
+            one = _single("reduce", tensor)
+            work = self.reduce(one, int(opts.rootRank), opts.reduceOp, async_op=True)
+            return self._c10d_outcome(work, opts)
+        if dst is None or isinstance(dst, ReduceOptions):
+            raise TypeError("reduce(tensor, dst) needs dst, a global rank")
+        self._check_tensor("tensor", tensor)
+        self._check_rank("dst", dst, allow_self=True)
+        reduce_op, root = self._check_op(op), dst
+
+        def launch(be: object, v: ViewGroup) -> object:
+            opts = ReduceOptions()
+            opts.reduceOp, opts.rootRank = reduce_op, v.index(root)
+            return be.reduce([tensor], opts)  # type: ignore[attr-defined]
+
+        return self._run("reduce", launch, async_op, peer=dst, result=[tensor])
+
+    def gather(  # type: ignore[override]
+        self,
+        tensor: torch.Tensor | list[list[torch.Tensor]],
+        gather_list: Sequence[torch.Tensor] | list[torch.Tensor] | None = None,
+        dst: int | GatherOptions = 0,
+        async_op: bool = False,
+    ) -> Work:
+        """Gather every member's ``tensor`` into ``gather_list`` on ``dst`` (``world_size``
+        entries there, one per global rank; those of ranks outside the view are left unchanged;
+        None or empty on the other ranks)."""
+        if isinstance(tensor, list):  # c10d: gather(output_lists, inputs, opts)
+            opts = dst if isinstance(dst, GatherOptions) else GatherOptions()
+            outputs = tensor[0] if tensor else []
+            one = _single("gather", gather_list)  # type: ignore[arg-type]
+            work = self.gather(one, outputs, int(opts.rootRank), async_op=True)
+            return self._c10d_outcome(work, opts)
+        assert not isinstance(dst, GatherOptions)
+        self._check_tensor("tensor", tensor)
+        self._check_rank("dst", dst, allow_self=True)
+        root, is_root = dst, dst == self._rank
+        if is_root:
+            self._check_list("gather_list", gather_list or [], like=tensor)
+        elif gather_list:
+            raise ValueError(f"gather_list must be empty on rank {self._rank}, not dst={dst}")
+        slots = list(gather_list or [])
+
+        def launch(be: object, v: ViewGroup) -> object:
+            opts = GatherOptions()
+            opts.rootRank = v.index(root)
+            outputs = [[slots[m] for m in v.members]] if is_root else []
+            return be.gather(outputs, [tensor], opts)  # type: ignore[attr-defined]
+
+        return self._run("gather", launch, async_op, peer=dst, result=slots or [tensor])
+
+    def scatter(  # type: ignore[override]
+        self,
+        tensor: torch.Tensor | list[torch.Tensor],
+        scatter_list: Sequence[torch.Tensor] | list[list[torch.Tensor]] | None = None,
+        src: int | ScatterOptions = 0,
+        async_op: bool = False,
+    ) -> Work:
+        """Scatter ``scatter_list`` (``world_size`` entries on ``src``, one per global rank;
+        None or empty elsewhere) into each member's ``tensor``; entries of ranks outside the
+        view are not sent."""
+        if isinstance(tensor, list):  # c10d: scatter(outputs, input_lists, opts)
+            opts = src if isinstance(src, ScatterOptions) else ScatterOptions()
+            one = _single("scatter", tensor)
+            inputs = scatter_list[0] if scatter_list else []
+            work = self.scatter(one, inputs, int(opts.rootRank), async_op=True)  # type: ignore[arg-type]
+            return self._c10d_outcome(work, opts)
+        assert not isinstance(src, ScatterOptions)
+        self._check_tensor("tensor", tensor)
+        self._check_rank("src", src, allow_self=True)
+        root, is_root = src, src == self._rank
+        if is_root:
+            self._check_list("scatter_list", scatter_list or [], like=tensor)  # type: ignore[arg-type]
+        elif scatter_list:
+            raise ValueError(f"scatter_list must be empty on rank {self._rank}, not src={src}")
+        slots = list(scatter_list or [])
+
+        def launch(be: object, v: ViewGroup) -> object:
+            opts = ScatterOptions()
+            opts.rootRank = v.index(root)
+            inputs = [[slots[m] for m in v.members]] if is_root else []
+            return be.scatter([tensor], inputs, opts)  # type: ignore[attr-defined]
+
+        return self._run("scatter", launch, async_op, peer=src, result=[tensor])
 
     def barrier(  # type: ignore[override]
         self, async_op: bool | BarrierOptions = False, *, opts: BarrierOptions | None = None
