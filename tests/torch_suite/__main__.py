@@ -24,6 +24,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, help="the JSON record, rewritten after each test")
     p.add_argument("--timeout", type=int, default=120, help="seconds per test (all ranks)")
     p.add_argument("--start", choices=("fork", "spawn"), default="fork")
+    p.add_argument(
+        "--no-gloo-gates",
+        dest="gloo_gates",
+        action="store_false",
+        help="foldplane: skip the tests the suite keeps for gloo by name (default: run them)",
+    )
     p.add_argument("--list", action="store_true", help="print the test names and stop")
     args = p.parse_args(argv)
     if args.list:
@@ -38,6 +44,7 @@ def main(argv: list[str] | None = None) -> int:
         out=args.out,
         timeout_s=args.timeout,
         start=args.start,
+        gloo_gates=args.gloo_gates,
     )
     c = harness.counts(record)
     print(

@@ -35,6 +35,7 @@ import unittest
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +64,8 @@ class Outcome:
     seconds: float = 0.0
     #: what skipped it on foldplane: a declaration (``declared.reasons()``) or :data:`NAME_GATE`
     skipped_by: str | None = None
+    #: ``"gloo"``: run on foldplane with the suite's gates on backend names read as for gloo
+    gates: str | None = None
 
 
 # -- the suite, imported for one backend and world size ---------------------------------------
@@ -118,6 +121,22 @@ def _import_suite(backend: str) -> tuple[Any, dict[str, str]]:
     return importlib.import_module(SUITE), attribution
 
 
+def _gloo_gated_suite() -> Any:
+    """The suite imported with ``BACKEND=gloo``, for the tests it keeps for gloo by name.
+
+    Its gates, at import and inside the tests (``if BACKEND == "gloo": ...``), read gloo; the
+    harness's own ``_run`` still initialises the ranks with the backend under test.
+    """
+    saved = os.environ["BACKEND"]
+    os.environ["BACKEND"] = "gloo"
+    try:
+        sys.modules.pop(SUITE, None)
+        return importlib.import_module(SUITE)
+    finally:
+        os.environ["BACKEND"] = saved
+        sys.modules.pop(SUITE, None)
+
+
 def _fresh_import(backend: str) -> dict[str, str]:
     """The static skips of the suite imported anew with ``BACKEND=<backend>``."""
     saved = os.environ["BACKEND"]
@@ -149,6 +168,7 @@ def make_case_class(suite: Any, backend: str, coordinator_url: str | None) -> ty
 
         def setUp(self) -> None:
             super().setUp()
+            sys.modules[SUITE] = suite  # what the ranks unpickle the suite's objects from
             if backend == "foldplane":
                 assert coordinator_url is not None
                 group = f"{self.group_prefix}-{next(counter)}"
@@ -164,8 +184,26 @@ def make_case_class(suite: Any, backend: str, coordinator_url: str | None) -> ty
 
         @classmethod
         def _run(cls, rank: int, test_name: str, file_name: str, pipe: Any, **kwargs: Any) -> None:
+            """One rank: what torch's ``TestDistBackend._run`` does, with ``backend`` itself
+            (not the suite's ``BACKEND``, which reads gloo in the gloo-gated copy)."""
+            import torch.distributed as dist
+
             os.environ["FOLDPLANE_RANK"] = str(rank)
-            super()._run(rank, test_name, file_name, pipe, **kwargs)
+            self = cls(test_name)
+            self.rank, self.file_name = rank, file_name
+            seconds = suite.CUSTOM_PG_TIMEOUT.get(test_name, suite.default_pg_timeout)
+            dist.init_process_group(
+                init_method=self.init_method,
+                backend=backend,
+                world_size=int(self.world_size),
+                rank=rank,
+                timeout=timedelta(seconds=seconds),
+            )
+            self._barrier()  # every rank is initialised before a test that skips at once exits
+            self.run_test(test_name, pipe)
+            self._barrier()
+            dist.destroy_process_group()
+            sys.exit(0)
 
     FoldplaneSuiteCase.__name__ = FoldplaneSuiteCase.__qualname__ = f"Suite_{backend}"
     return FoldplaneSuiteCase
@@ -214,10 +252,11 @@ def first_error_line(text: str) -> str:
 class _Recorder(unittest.TestResult):
     """Keeps one :class:`Outcome` per test and hands it to ``on_outcome`` at once."""
 
-    def __init__(self, on_outcome: Any, attribution: dict[str, str]) -> None:
+    def __init__(self, on_outcome: Any, attribution: dict[str, str], gloo_gated: set[str]) -> None:
         super().__init__()
         self._on_outcome = on_outcome
         self._attribution = attribution
+        self._gloo_gated = gloo_gated
         self._started = 0.0
         self._current: Outcome | None = None
 
@@ -246,7 +285,8 @@ class _Recorder(unittest.TestResult):
         cur = self._current
         decl = self._attribution.get(cur.test) if cur.outcome == "skipped" else None
         seconds = round(time.monotonic() - self._started, 2)
-        self._on_outcome(Outcome(cur.test, cur.outcome, cur.detail, seconds, decl))
+        gates = "gloo" if cur.test in self._gloo_gated else None
+        self._on_outcome(Outcome(cur.test, cur.outcome, cur.detail, seconds, decl, gates))
 
 
 def _name(test: unittest.TestCase) -> str:
@@ -279,6 +319,7 @@ def run(
     out: Path | None = None,
     timeout_s: int = 120,
     start: str = "fork",
+    gloo_gates: bool = True,
     verbose: bool = True,
 ) -> dict[str, Any]:
     """Run the selected tests of the suite on ``backend`` over ``world`` processes.
@@ -286,6 +327,11 @@ def run(
     ``names`` (exact test names) or ``pattern`` (a regular expression searched in each name)
     select the tests; neither: all of them. Returns the run's record (also written to
     ``out`` after every test, so an interrupted run keeps what it did).
+
+    ``gloo_gates`` (foldplane, forked ranks): the tests the suite keeps for gloo by name run on
+    foldplane with the suite's ``BACKEND`` reading gloo (foldplane runs gloo underneath): its
+    gates and the branches inside the tests take gloo's side, while every rank initialises
+    ``"foldplane"``. Their records say ``"gates": "gloo"``. Without it they are recorded as skipped by :data:`NAME_GATE`.
     """
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
@@ -306,6 +352,7 @@ def run(
         "world_size": world,
         "torch": torch.__version__,
         "start_method": start,
+        "gloo_gates": backend == "foldplane" and gloo_gates and start == "fork",
         "timeout_s": timeout_s,
         "selected": len(chosen),
         "of": len(every),
@@ -330,8 +377,13 @@ def run(
     ):
         case = make_case_class(suite, backend, url)
         case.start_method = start
-        recorder = _Recorder(on_outcome, attribution)
-        unittest.TestSuite(case(n) for n in chosen).run(recorder)
+        gloo_gated: set[str] = set()
+        if backend == "foldplane" and gloo_gates and start == "fork":
+            gloo_gated = {n for n in chosen if attribution.get(n) == NAME_GATE}
+            gated_case = make_case_class(_gloo_gated_suite(), backend, url)
+        recorder = _Recorder(on_outcome, attribution, gloo_gated)
+        cases = [gated_case(n) if n in gloo_gated else case(n) for n in chosen]
+        unittest.TestSuite(cases).run(recorder)
     record["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     if out is not None:
         _write(out, record)
