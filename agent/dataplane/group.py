@@ -39,6 +39,7 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import (
     AllgatherOptions,
+    AllreduceCoalescedOptions,
     AllreduceOptions,
     BarrierOptions,
     BroadcastOptions,
@@ -156,7 +157,7 @@ class ElasticProcessGroup(dist.ProcessGroup):
         *,
         view: ViewGroup | None = None,
     ) -> Work:
-        self._check_tensor("tensor", tensor)
+        self._check_tensor("tensor", tensor, sparse_ok=True)  # gloo reduces sparse tensors
         opts = AllreduceOptions()
         opts.reduceOp = self._check_op(op)
         launch: Launch = lambda be, _v: be.allreduce([tensor], opts)  # noqa: E731
@@ -404,6 +405,59 @@ class ElasticProcessGroup(dist.ProcessGroup):
         work = self.all_gather(outputs, _single("allgather", input_tensors), async_op=True)
         return self._c10d_outcome(work, opts)
 
+    def allreduce_coalesced(
+        self, tensors: list[torch.Tensor], opts: AllreduceCoalescedOptions | None = None
+    ) -> Work:
+        """``dist.all_reduce_coalesced``: several tensors reduced as one operation."""
+        opts = opts if opts is not None else AllreduceCoalescedOptions()
+        if not isinstance(tensors, list) or not tensors:
+            raise ValueError("allreduce_coalesced takes a non-empty list of tensors")
+        for i, t in enumerate(tensors):
+            self._check_tensor(f"tensors[{i}]", t)
+        inner = AllreduceCoalescedOptions()
+        inner.reduceOp = self._check_op(opts.reduceOp)
+        launch: Launch = lambda be, _v: be.allreduce_coalesced(tensors, inner)  # noqa: E731
+        work = self._run("allreduce_coalesced", launch, True, result=list(tensors))
+        return self._c10d_outcome(work, opts)
+
+    def allgather_coalesced(
+        self,
+        output_lists: list[list[torch.Tensor]],
+        input_tensors: list[torch.Tensor],
+        opts: AllgatherOptions | None = None,
+    ) -> Work:
+        """``dist.all_gather_coalesced``: ``output_lists`` has ``world_size`` lists (one per
+        global rank) of one slot per input; those of ranks outside the view are left unchanged."""
+        opts = opts if opts is not None else AllgatherOptions()
+        if not isinstance(input_tensors, list) or not input_tensors:
+            raise ValueError("allgather_coalesced takes a non-empty list of input tensors")
+        for i, t in enumerate(input_tensors):
+            self._check_tensor(f"input_tensors[{i}]", t)
+        if not isinstance(output_lists, list) or len(output_lists) != self.world_size:
+            raise ValueError(
+                f"output_lists must have world_size={self.world_size} lists (one per rank)"
+            )
+        for r, row in enumerate(output_lists):
+            if not isinstance(row, list) or len(row) != len(input_tensors):
+                raise ValueError(
+                    f"output_lists[{r}] must have {len(input_tensors)} tensors, one per input"
+                )
+            for t, like in zip(row, input_tensors, strict=True):
+                self._check_tensor(f"output_lists[{r}]", t)
+                if t.shape != like.shape or t.dtype != like.dtype:
+                    raise ValueError(
+                        f"output_lists[{r}] has {tuple(t.shape)} {t.dtype}; expected "
+                        f"{tuple(like.shape)} {like.dtype}"
+                    )
+
+        def launch(be: object, v: ViewGroup) -> object:
+            outputs = [output_lists[m] for m in v.members]
+            return be.allgather_coalesced(outputs, input_tensors, AllgatherOptions())  # type: ignore[attr-defined]
+
+        result = [t for row in output_lists for t in row]
+        work = self._run("allgather_coalesced", launch, True, result=result)
+        return self._c10d_outcome(work, opts)
+
     def all_gather_single(
         self, output: torch.Tensor, input: torch.Tensor, opts: AllgatherOptions | None = None
     ) -> Work:
@@ -551,7 +605,7 @@ class ElasticProcessGroup(dist.ProcessGroup):
 
     # -- argument checks (local misuse raises) ------------------------------------------------
 
-    def _check_tensor(self, what: str, tensor: object) -> None:
+    def _check_tensor(self, what: str, tensor: object, *, sparse_ok: bool = False) -> None:
         if not isinstance(tensor, torch.Tensor):
             raise TypeError(f"{what} must be a torch.Tensor, got {type(tensor).__name__}")
         device = self._plane.device
@@ -559,7 +613,10 @@ class ElasticProcessGroup(dist.ProcessGroup):
             device.index is not None and tensor.device != device
         ):
             raise ValueError(f"{what} is on {tensor.device}, but this data plane runs on {device}")
-        if tensor.is_sparse or not tensor.is_contiguous():
+        if tensor.is_sparse:
+            if not sparse_ok:
+                raise ValueError(f"{what} must be a dense, contiguous tensor")
+        elif not tensor.is_contiguous():
             raise ValueError(f"{what} must be a dense, contiguous tensor")
 
     def _check_list(
@@ -587,7 +644,9 @@ class ElasticProcessGroup(dist.ProcessGroup):
             raise ValueError(f"{what}={rank} is this rank itself")
 
     def _check_op(self, op: dist.ReduceOp) -> dist.ReduceOp:
-        if op in _GLOO_UNSUPPORTED_OPS and self._plane.kind.name == "gloo":
+        # ``op == bad``, not ``op in``: an options object's ReduceOp equals the enum value
+        # only from its own side.
+        if self._plane.kind.name == "gloo" and any(op == bad for bad in _GLOO_UNSUPPORTED_OPS):
             raise ValueError(f"gloo does not support {op}")
         return op
 
