@@ -29,10 +29,21 @@ LACKS: dict[str, str] = {}
 
 #: ``skip_collective`` entries foldplane lacks: collective -> the reason.
 SKIPS: dict[str, str] = {
-    "allgather_coalesced": "all_gather_coalesced (deprecated in torch) is not implemented",
     "sendrecv anysource": (
         "recv from any source: a view's peers are known, and a recv names the rank it expects"
     ),
+}
+
+_MONITORED = (
+    "dist.monitored_barrier raises for any group whose backend is not named gloo: torch's own "
+    "check, made before the group is reached (dist.barrier works)"
+)
+
+#: Tests that fail on foldplane because torch itself refuses a backend not named gloo:
+#: test -> the reason. They still run; their failure is recorded.
+REFUSED: dict[str, str] = {
+    "test_monitored_barrier_gloo": _MONITORED,
+    "test_monitored_barrier_gloo_subgroup": _MONITORED,
 }
 
 
@@ -65,8 +76,9 @@ def _name(table: str, key: str) -> str:
 
 
 def reasons() -> dict[str, str]:
-    """Every declaration that makes the suite skip a test on foldplane: name -> reason."""
+    """Every declaration: name -> reason (those of ``REFUSED`` are ``refused["<test>"]``)."""
     return {
         **{_name("backend_feature", f): r for f, r in LACKS.items()},
         **{_name("skip_collective", c): r for c, r in SKIPS.items()},
+        **{_name("refused", t): r for t, r in REFUSED.items()},
     }

@@ -66,6 +66,8 @@ class Outcome:
     skipped_by: str | None = None
     #: ``"gloo"``: run on foldplane with the suite's gates on backend names read as for gloo
     gates: str | None = None
+    #: the declaration that says why it fails on foldplane (``declared.REFUSED``)
+    declared: str | None = None
 
 
 # -- the suite, imported for one backend and world size ---------------------------------------
@@ -109,6 +111,8 @@ def _import_suite(backend: str) -> tuple[Any, dict[str, str]]:
         declared.declare(backend)
         baseline = set(_fresh_import(backend))
         for name in declared.reasons():
+            if name.startswith("refused"):
+                continue
             declared.declare(backend, lift=name)
             for test in baseline - set(_fresh_import(backend)):
                 attribution[test] = name
@@ -286,7 +290,14 @@ class _Recorder(unittest.TestResult):
         decl = self._attribution.get(cur.test) if cur.outcome == "skipped" else None
         seconds = round(time.monotonic() - self._started, 2)
         gates = "gloo" if cur.test in self._gloo_gated else None
-        self._on_outcome(Outcome(cur.test, cur.outcome, cur.detail, seconds, decl, gates))
+        refused = None
+        if (
+            cur.outcome == "failed"
+            and self._backend == "foldplane"
+            and cur.test in declared.REFUSED
+        ):
+            refused = f'refused["{cur.test}"]'
+        self._on_outcome(Outcome(cur.test, cur.outcome, cur.detail, seconds, decl, gates, refused))
 
 
 def _name(test: unittest.TestCase) -> str:
@@ -381,7 +392,7 @@ def run(
         if backend == "foldplane" and gloo_gates and start == "fork":
             gloo_gated = {n for n in chosen if attribution.get(n) == NAME_GATE}
             gated_case = make_case_class(_gloo_gated_suite(), backend, url)
-        recorder = _Recorder(on_outcome, attribution, gloo_gated)
+        recorder = _Recorder(on_outcome, attribution, gloo_gated, backend)
         cases = [gated_case(n) if n in gloo_gated else case(n) for n in chosen]
         unittest.TestSuite(cases).run(recorder)
     record["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
@@ -402,3 +413,20 @@ def counts(record: dict[str, Any]) -> dict[str, int]:
     for t in record["tests"]:
         out[t["outcome"]] += 1
     return out
+
+
+def regressions(reference: dict[str, Any], run: dict[str, Any]) -> list[dict[str, Any]]:
+    """The tests ``reference`` (gloo) passes and ``run`` (foldplane) does not, unexcused.
+
+    Excused: a skip that a declaration of :mod:`tests.torch_suite.declared` caused, and a
+    failure that ``declared.REFUSED`` names. A test absent from ``run`` is not compared.
+    """
+    passed = {t["test"] for t in reference["tests"] if t["outcome"] == "passed"}
+    return [
+        t
+        for t in run["tests"]
+        if t["test"] in passed
+        and t["outcome"] != "passed"
+        and not (t["outcome"] == "skipped" and t.get("skipped_by") in declared.reasons())
+        and not (t["outcome"] == "failed" and t.get("declared"))
+    ]

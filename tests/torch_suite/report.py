@@ -44,9 +44,14 @@ def _cell(text: str) -> str:
 
 
 def _why(t: dict[str, Any]) -> str:
-    by = t.get("skipped_by")
     detail = _cell(t.get("detail", ""))
-    return f"{detail} (skipped by {by})" if by else detail
+    if t.get("skipped_by"):
+        detail += f" (skipped by `{_cell(t['skipped_by'])}`)"
+    if t.get("declared"):
+        detail += f" (declared: `{_cell(t['declared'])}`)"
+    if t.get("gates"):
+        detail += f" (gates read as for {t['gates']})"
+    return detail
 
 
 def render(runs: list[dict[str, Any]]) -> str:
@@ -130,7 +135,7 @@ def render(runs: list[dict[str, Any]]) -> str:
                 for r in runs
                 if r["backend"] == "foldplane"
                 for t in r["tests"]
-                if t.get("skipped_by") == name
+                if name in (t.get("skipped_by"), t.get("declared"))
             }
         )
         names = ", ".join(f"`{n}`" for n in skipped) or "none"
