@@ -369,6 +369,18 @@ class ElasticProcessGroup(dist.ProcessGroup):
         self._check_rank("src", src, allow_self=False)
         return self._p2p("recv", tensor, src, 0, async_op=bool(async_op), view=view)
 
+    def recv_anysource(self, tensors: list[torch.Tensor], tag: int = 0) -> Work:
+        """``dist.recv(t)`` / ``dist.irecv(t)`` without ``src``: from whichever member sends.
+
+        ``work._source_rank()`` is the sender's global rank once the receive has succeeded.
+        """
+        tensor = _single("recv_anysource", tensors)
+        self._check_tensor("tensor", tensor)
+        launch: Launch = lambda be, _v: be.recv_anysource([tensor], tag)  # noqa: E731
+        work = self._run("recv_anysource", launch, True, p2p=True, result=[tensor])
+        work._any_source = True
+        return self._p2p_outcome(work, "recv")
+
     def _p2p(
         self,
         name: str,

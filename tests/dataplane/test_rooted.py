@@ -89,3 +89,17 @@ def test_misuse_raises_and_names_what_is_wrong(make_plane) -> None:
         pgs[2].scatter(torch.ones(1), [torch.ones(1)] * 3, 0)
     with pytest.raises(ValueError, match="dst=5 is out of range"):
         pgs[0].reduce(torch.ones(1), 5)
+
+
+def test_recv_from_any_source_names_the_sender_as_a_global_rank(make_plane) -> None:
+    pgs = _views(make_plane)  # view [0, 2] of 3
+    got = torch.zeros(2)
+    calls = [
+        lambda: pgs[0].recv_anysource([got]),
+        lambda: pgs[2].send(torch.full((2,), 2.0), 0, async_op=True),
+    ]
+    recv, send = _together(calls)
+    assert recv.wait() and send.wait()
+    assert got.tolist() == [2.0, 2.0] and recv._source_rank() == 2
+    with pytest.raises(ValueError, match="only known for a recv from any source"):
+        send.source_rank()
