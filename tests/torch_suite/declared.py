@@ -28,11 +28,7 @@ HAS: dict[str, str] = {
 LACKS: dict[str, str] = {}
 
 #: ``skip_collective`` entries foldplane lacks: collective -> the reason.
-SKIPS: dict[str, str] = {
-    "sendrecv anysource": (
-        "recv from any source: a view's peers are known, and a recv names the rank it expects"
-    ),
-}
+SKIPS: dict[str, str] = {}
 
 _MONITORED = (
     "dist.monitored_barrier raises for any group whose backend is not named gloo: torch's own "

@@ -256,8 +256,11 @@ def first_error_line(text: str) -> str:
 class _Recorder(unittest.TestResult):
     """Keeps one :class:`Outcome` per test and hands it to ``on_outcome`` at once."""
 
-    def __init__(self, on_outcome: Any, attribution: dict[str, str], gloo_gated: set[str]) -> None:
+    def __init__(
+        self, on_outcome: Any, attribution: dict[str, str], gloo_gated: set[str], backend: str
+    ) -> None:
         super().__init__()
+        self._backend = backend
         self._on_outcome = on_outcome
         self._attribution = attribution
         self._gloo_gated = gloo_gated
