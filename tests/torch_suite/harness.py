@@ -25,6 +25,7 @@ declarations from the suite's other gates (no GPU, world size, a gate naming ano
 from __future__ import annotations
 
 import importlib
+import itertools
 import json
 import os
 import re
@@ -164,7 +165,6 @@ def make_case_class(suite: Any, backend: str, coordinator_url: str | None) -> ty
 
     base = suite.TestDistBackend
     tests = suite.DistributedTest._DistTestBase
-    counter = iter(range(1, 1 << 30))
 
     class FoldplaneSuiteCase(base, tests):  # type: ignore[misc, valid-type]
         start_method = "fork"
@@ -175,7 +175,7 @@ def make_case_class(suite: Any, backend: str, coordinator_url: str | None) -> ty
             sys.modules[SUITE] = suite  # what the ranks unpickle the suite's objects from
             if backend == "foldplane":
                 assert coordinator_url is not None
-                group = f"{self.group_prefix}-{next(counter)}"
+                group = f"{self.group_prefix}-{next(_group_numbers)}"
                 _client(coordinator_url).create_group(group, int(self.world_size), **GROUP_CONFIG)
                 os.environ["FOLDPLANE_COORDINATOR"] = coordinator_url
                 os.environ["FOLDPLANE_GROUP"] = group
@@ -212,6 +212,10 @@ def make_case_class(suite: Any, backend: str, coordinator_url: str | None) -> ty
     FoldplaneSuiteCase.__name__ = FoldplaneSuiteCase.__qualname__ = f"Suite_{backend}"
     return FoldplaneSuiteCase
 
+
+#: One sequence per harness process: every test's group is new, whichever case class runs it
+#: (a group name used twice would meet the earlier test's rendezvous keys).
+_group_numbers = itertools.count(1)
 
 _clients: dict[str, Any] = {}
 
