@@ -16,10 +16,17 @@ The rank processes are forked from this process once the suite is imported (torc
 spawns them; forking skips importing torch again per rank, the slowest part of a test on a
 small machine). ``start="spawn"`` runs them as torch does.
 
-A skip is attributed: ``declared`` names the entry of :mod:`tests.torch_suite.declared` that
-made the suite skip it (found by importing the suite a second time as if foldplane had every
-feature, and comparing which tests are skipped), so a reader can tell foldplane's own
-declarations from the suite's other gates (no GPU, world size, a gate naming another backend).
+Tests the suite keeps for gloo by name (``BACKEND != "gloo"``: timeouts, coalesced
+all-reduce, ``get_future``, sparse all-reduce...) run on foldplane from a second copy of the
+suite imported with ``BACKEND=gloo`` (foldplane runs gloo underneath); the harness's own rank
+entry point still initialises ``"foldplane"``. Their records say ``"gates": "gloo"``. This
+needs forked ranks; with ``start="spawn"`` they are skipped (:data:`NAME_GATE`).
+
+A skip is attributed: ``skipped_by`` names the entry of :mod:`tests.torch_suite.declared`
+that made the suite skip it (found by importing the suite again with that declaration lifted,
+and comparing which tests are skipped), so a reader can tell foldplane's own declarations
+from the suite's other gates (no GPU, world size). A failure that ``declared.REFUSED`` names
+carries ``declared``.
 """
 
 from __future__ import annotations
@@ -374,6 +381,7 @@ def run(
         "timeout_s": timeout_s,
         "selected": len(chosen),
         "of": len(every),
+        "has": dict(declared.HAS) if backend == "foldplane" else {},
         "declarations": declared.reasons() if backend == "foldplane" else {},
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "tests": [],

@@ -118,14 +118,21 @@ def render(runs: list[dict[str, Any]]) -> str:
             lines.append(f"| `{n}` | {g[n]['outcome']} | {f[n]['outcome']} | {why} |")
         lines.append("")
     decl = next((r["declarations"] for r in runs if r["backend"] == "foldplane"), {})
+    has = next((r.get("has", {}) for r in runs if r["backend"] == "foldplane"), {})
     lines += [
-        "## What foldplane declares unsupported",
+        "## What foldplane declares",
         "",
-        'The harness adds `"foldplane"` to torch\'s `DistTestCases` sets '
-        "(`tests/torch_suite/declared.py`); these are the features it declares missing, and "
-        "the tests each makes the suite skip.",
+        'The harness adds `"foldplane"` to torch\'s `DistTestCases` sets before the suite is '
+        "imported (`tests/torch_suite/declared.py`). It has these features:",
         "",
-        "| declaration | reason | tests skipped |",
+        "| `backend_feature` | why |",
+        "|---|---|",
+        *(f"| `{_cell(k)}` | {_cell(v)} |" for k, v in has.items()),
+        "",
+        "and declares these unsupported, each with the tests it makes the suite skip (or, "
+        "for `refused[...]`, the test that fails because torch itself refuses the backend):",
+        "",
+        "| declaration | reason | tests |",
         "|---|---|---|",
     ]
     for name, reason in decl.items():
