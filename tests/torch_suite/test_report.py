@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tests.torch_suite import report
+from tests.torch_suite import declared, harness, report
 
 
 def test_the_page_is_what_its_recorded_runs_render() -> None:
@@ -36,3 +36,26 @@ def test_counts_side_by_side_and_every_difference_with_its_reason() -> None:
     )
     assert '| `skip_collective["x"]` | x is not implemented | `test_b` |' in text
     assert "| skipped (1) | no GPU | `test_c` |" in text
+
+
+def test_regressions_excuse_only_what_foldplane_declares(monkeypatch) -> None:
+    monkeypatch.setattr(declared, "SKIPS", {"sendrecv anysource": "no recv from any source"})
+    gloo = {"tests": [{"test": f"t{i}", "outcome": "passed"} for i in range(5)]}
+    fold = {
+        "tests": [
+            {"test": "t0", "outcome": "passed"},
+            {
+                "test": "t1",
+                "outcome": "skipped",
+                "skipped_by": 'skip_collective["sendrecv anysource"]',
+            },
+            {"test": "t2", "outcome": "skipped", "skipped_by": harness.NAME_GATE},
+            {
+                "test": "t3",
+                "outcome": "failed",
+                "declared": 'refused["test_monitored_barrier_gloo"]',
+            },
+            {"test": "t4", "outcome": "failed", "detail": "RuntimeError: boom"},
+        ]
+    }
+    assert [t["test"] for t in harness.regressions(gloo, fold)] == ["t2", "t4"]

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.torch_suite import declared, harness, report
+from tests.torch_suite import harness, report
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 
@@ -90,26 +90,3 @@ def test_at_4_processes_the_world_size_dependent_tests_and_a_core_pass_on_foldpl
     changed = {n for n in four if four[n]["outcome"] != two.get(n, {}).get("outcome")}
     passed = {n for n in four if four[n]["outcome"] == "passed"}
     _check(4, sorted((changed | set(CORE_AT_4)) & passed), tmp_path)
-
-
-def test_regressions_excuse_only_what_foldplane_declares(monkeypatch) -> None:
-    monkeypatch.setattr(declared, "SKIPS", {"sendrecv anysource": "no recv from any source"})
-    gloo = {"tests": [{"test": f"t{i}", "outcome": "passed"} for i in range(5)]}
-    fold = {
-        "tests": [
-            {"test": "t0", "outcome": "passed"},
-            {
-                "test": "t1",
-                "outcome": "skipped",
-                "skipped_by": 'skip_collective["sendrecv anysource"]',
-            },
-            {"test": "t2", "outcome": "skipped", "skipped_by": harness.NAME_GATE},
-            {
-                "test": "t3",
-                "outcome": "failed",
-                "declared": 'refused["test_monitored_barrier_gloo"]',
-            },
-            {"test": "t4", "outcome": "failed", "detail": "RuntimeError: boom"},
-        ]
-    }
-    assert [t["test"] for t in harness.regressions(gloo, fold)] == ["t2", "t4"]
