@@ -78,8 +78,14 @@ def render(runs: list[dict[str, Any]]) -> str:
         f"`{RECORD.format(backend='foldplane', world=2, out='docs/torch-compat-runs/foldplane-2.json')}`. "
         "The slow test `tests/torch_suite/test_torch_suite.py` runs foldplane again and checks "
         "that every test gloo passes in these runs passes on foldplane too, unless foldplane "
-        "declares the feature unsupported or the suite itself runs that test only for "
-        "backends it names.",
+        "declares it unsupported (below, each with its reason).",
+        "",
+        "The tests the suite keeps for gloo by name (`BACKEND != 'gloo'`: timeouts, coalesced "
+        "all-reduce, `get_future`, sparse all-reduce, ...) run on foldplane too, with the "
+        'suite\'s `BACKEND` reading gloo while every rank initialises `"foldplane"` '
+        "(foldplane runs gloo underneath); their rows say *gates read as for gloo*. The ranks "
+        "are forked from the harness rather than spawned as in torch's runner, so that a test "
+        "does not import torch again per rank.",
         "",
         "## Counts",
         "",
