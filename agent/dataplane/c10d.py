@@ -54,7 +54,9 @@ def register() -> None:
     with _lock:
         if _registered:
             return
-        dist.Backend.register_backend(BACKEND_NAME, _create, devices=["cpu", "cuda"])
+        dist.Backend.register_backend(
+            BACKEND_NAME, _create, extended_api=True, devices=["cpu", "cuda"]
+        )
         _rdzv.register_rendezvous_handler("foldplane", _foldplane_rendezvous)
         original = _rdzv._rendezvous_handlers["env"]
 
@@ -121,11 +123,19 @@ def _foldplane_rendezvous(
     yield dist.HashStore(), agent.rank, agent.world_size
 
 
-def _create(store: dist.Store, rank: int, size: int, timeout: timedelta) -> ElasticProcessGroup:
-    """torch's creator for ``"foldplane"``: the agent's group, once a view is committed."""
+def _create(opts: Any, _backend_options: Any = None) -> object:
+    """torch's creator for ``"foldplane"`` (its extended API: ``_DistributedBackendOptions``).
+
+    The first call in a process makes the agent's group (once a view is committed); a call
+    while a foldplane group is torch's default group (``dist.new_group``) makes a subgroup.
+    """
     global _in_creator
+    rank, size, timeout = opts.group_rank, opts.group_size, opts.timeout
     pg = _adopting
     if pg is None:
+        default = _default_group()
+        if default is not None:
+            return _subgroup(default, opts)
         agent = environment_agent(timeout)
         agent.wait_for_view(timeout=timeout.total_seconds())
         with _lock:
@@ -135,17 +145,31 @@ def _create(store: dist.Store, rank: int, size: int, timeout: timedelta) -> Elas
             finally:
                 _in_creator = False
         if _is_registered(pg):
-            raise ValueError(_SUBGROUPS)
+            return _subgroup(pg, opts)
     if (rank, size) != (pg.rank(), pg.size()):
         raise ValueError(
-            f"{_SUBGROUPS} (asked for rank {rank} of {size}; the group is rank {pg.rank()} "
-            f"of {pg.size()})"
+            f"the foldplane group of this process is rank {pg.rank()} of {pg.size()}; "
+            f"torch asked for rank {rank} of {size}"
         )
     return pg
 
 
-_SUBGROUPS = (
-    "the foldplane backend has one group per process, over every rank of the foldplane group "
-    "(membership follows the coordinator's views); subgroups (new_group, DeviceMesh meshes "
-    "of several dimensions) are not supported"
-)
+def _default_group() -> ElasticProcessGroup | None:
+    """torch's default group, if it is a foldplane group."""
+    if not dist.is_initialized():
+        return None
+    from torch.distributed.distributed_c10d import _get_default_group
+
+    default = _get_default_group()
+    return default if isinstance(default, ElasticProcessGroup) else None
+
+
+def _subgroup(pg: ElasticProcessGroup, opts: Any) -> object:
+    """``dist.new_group`` on a foldplane group: a static backend over the ranks it names.
+
+    torch wraps the backend in a process group of its own; ``dist.get_backend`` of it is
+    ``"foldplane"``. See ``DataPlane.build_subgroup`` for what it does and does not follow.
+    """
+    return pg.plane.build_subgroup(
+        opts.group_id, opts.group_rank, opts.group_size, opts.timeout.total_seconds()
+    )

@@ -39,10 +39,14 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import (
     AllgatherOptions,
+    AllreduceCoalescedOptions,
     AllreduceOptions,
     BarrierOptions,
     BroadcastOptions,
+    GatherOptions,
+    ReduceOptions,
     ReduceScatterOptions,
+    ScatterOptions,
 )
 
 from agent.dataplane.backend import BackendKind
@@ -82,6 +86,10 @@ class GroupPlane(Protocol):
     def set_timeouts(
         self, *, collective_s: float | None = None, p2p_s: float | None = None
     ) -> None: ...
+
+    def build_subgroup(
+        self, name: str, group_rank: int, group_size: int, timeout_s: float
+    ) -> object: ...
 
 
 class ElasticProcessGroup(dist.ProcessGroup):
@@ -149,7 +157,7 @@ class ElasticProcessGroup(dist.ProcessGroup):
         *,
         view: ViewGroup | None = None,
     ) -> Work:
-        self._check_tensor("tensor", tensor)
+        self._check_tensor("tensor", tensor, sparse_ok=True)  # gloo reduces sparse tensors
         opts = AllreduceOptions()
         opts.reduceOp = self._check_op(op)
         launch: Launch = lambda be, _v: be.allreduce([tensor], opts)  # noqa: E731
@@ -224,6 +232,103 @@ class ElasticProcessGroup(dist.ProcessGroup):
 
         return self._run("reduce_scatter", launch, async_op, result=[output])
 
+    def reduce(  # type: ignore[override]
+        self,
+        tensor: torch.Tensor | list[torch.Tensor],
+        dst: int | ReduceOptions | None = None,
+        op: dist.ReduceOp = ReduceOp.SUM,
+        async_op: bool = False,
+    ) -> Work:
+        """Reduce ``tensor`` of every member into ``dst``'s (a global rank, active in the view).
+
+        The other members' tensors are left as the backend leaves them (gloo: unchanged).
+        """
+        if isinstance(tensor, list):  # c10d: reduce(tensors, opts)
+            opts = dst if isinstance(dst, ReduceOptions) else ReduceOptions()
+            one = _single("reduce", tensor)
+            work = self.reduce(one, int(opts.rootRank), opts.reduceOp, async_op=True)
+            return self._c10d_outcome(work, opts)
+        if dst is None or isinstance(dst, ReduceOptions):
+            raise TypeError("reduce(tensor, dst) needs dst, a global rank")
+        self._check_tensor("tensor", tensor)
+        self._check_rank("dst", dst, allow_self=True)
+        reduce_op, root = self._check_op(op), dst
+
+        def launch(be: object, v: ViewGroup) -> object:
+            opts = ReduceOptions()
+            opts.reduceOp, opts.rootRank = reduce_op, v.index(root)
+            return be.reduce([tensor], opts)  # type: ignore[attr-defined]
+
+        return self._run("reduce", launch, async_op, peer=dst, result=[tensor])
+
+    def gather(  # type: ignore[override]
+        self,
+        tensor: torch.Tensor | list[list[torch.Tensor]],
+        gather_list: Sequence[torch.Tensor] | list[torch.Tensor] | None = None,
+        dst: int | GatherOptions = 0,
+        async_op: bool = False,
+    ) -> Work:
+        """Gather every member's ``tensor`` into ``gather_list`` on ``dst`` (``world_size``
+        entries there, one per global rank; those of ranks outside the view are left unchanged;
+        None or empty on the other ranks)."""
+        if isinstance(tensor, list):  # c10d: gather(output_lists, inputs, opts)
+            opts = dst if isinstance(dst, GatherOptions) else GatherOptions()
+            outputs = tensor[0] if tensor else []
+            one = _single("gather", gather_list)  # type: ignore[arg-type]
+            work = self.gather(one, outputs, int(opts.rootRank), async_op=True)
+            return self._c10d_outcome(work, opts)
+        assert not isinstance(dst, GatherOptions)
+        self._check_tensor("tensor", tensor)
+        self._check_rank("dst", dst, allow_self=True)
+        root, is_root = dst, dst == self._rank
+        if is_root:
+            self._check_list("gather_list", gather_list or [], like=tensor)
+        elif gather_list:
+            raise ValueError(f"gather_list must be empty on rank {self._rank}, not dst={dst}")
+        slots = list(gather_list or [])
+
+        def launch(be: object, v: ViewGroup) -> object:
+            opts = GatherOptions()
+            opts.rootRank = v.index(root)
+            outputs = [[slots[m] for m in v.members]] if is_root else []
+            return be.gather(outputs, [tensor], opts)  # type: ignore[attr-defined]
+
+        return self._run("gather", launch, async_op, peer=dst, result=slots or [tensor])
+
+    def scatter(  # type: ignore[override]
+        self,
+        tensor: torch.Tensor | list[torch.Tensor],
+        scatter_list: Sequence[torch.Tensor] | list[list[torch.Tensor]] | None = None,
+        src: int | ScatterOptions = 0,
+        async_op: bool = False,
+    ) -> Work:
+        """Scatter ``scatter_list`` (``world_size`` entries on ``src``, one per global rank;
+        None or empty elsewhere) into each member's ``tensor``; entries of ranks outside the
+        view are not sent."""
+        if isinstance(tensor, list):  # c10d: scatter(outputs, input_lists, opts)
+            opts = src if isinstance(src, ScatterOptions) else ScatterOptions()
+            one = _single("scatter", tensor)
+            inputs = scatter_list[0] if scatter_list else []
+            work = self.scatter(one, inputs, int(opts.rootRank), async_op=True)  # type: ignore[arg-type]
+            return self._c10d_outcome(work, opts)
+        assert not isinstance(src, ScatterOptions)
+        self._check_tensor("tensor", tensor)
+        self._check_rank("src", src, allow_self=True)
+        root, is_root = src, src == self._rank
+        if is_root:
+            self._check_list("scatter_list", scatter_list or [], like=tensor)  # type: ignore[arg-type]
+        elif scatter_list:
+            raise ValueError(f"scatter_list must be empty on rank {self._rank}, not src={src}")
+        slots = list(scatter_list or [])
+
+        def launch(be: object, v: ViewGroup) -> object:
+            opts = ScatterOptions()
+            opts.rootRank = v.index(root)
+            inputs = [[slots[m] for m in v.members]] if is_root else []
+            return be.scatter([tensor], inputs, opts)  # type: ignore[attr-defined]
+
+        return self._run("scatter", launch, async_op, peer=src, result=[tensor])
+
     def barrier(  # type: ignore[override]
         self, async_op: bool | BarrierOptions = False, *, opts: BarrierOptions | None = None
     ) -> Work:
@@ -264,6 +369,18 @@ class ElasticProcessGroup(dist.ProcessGroup):
         self._check_rank("src", src, allow_self=False)
         return self._p2p("recv", tensor, src, 0, async_op=bool(async_op), view=view)
 
+    def recv_anysource(self, tensors: list[torch.Tensor], tag: int = 0) -> Work:
+        """``dist.recv(t)`` / ``dist.irecv(t)`` without ``src``: from whichever member sends.
+
+        ``work._source_rank()`` is the sender's global rank once the receive has succeeded.
+        """
+        tensor = _single("recv_anysource", tensors)
+        self._check_tensor("tensor", tensor)
+        launch: Launch = lambda be, _v: be.recv_anysource([tensor], tag)  # noqa: E731
+        work = self._run("recv_anysource", launch, True, p2p=True, result=[tensor])
+        work._any_source = True
+        return self._p2p_outcome(work, "recv")
+
     def _p2p(
         self,
         name: str,
@@ -298,6 +415,59 @@ class ElasticProcessGroup(dist.ProcessGroup):
         opts = opts if opts is not None else AllgatherOptions()
         outputs = _single("allgather", output_tensors)
         work = self.all_gather(outputs, _single("allgather", input_tensors), async_op=True)
+        return self._c10d_outcome(work, opts)
+
+    def allreduce_coalesced(
+        self, tensors: list[torch.Tensor], opts: AllreduceCoalescedOptions | None = None
+    ) -> Work:
+        """``dist.all_reduce_coalesced``: several tensors reduced as one operation."""
+        opts = opts if opts is not None else AllreduceCoalescedOptions()
+        if not isinstance(tensors, list) or not tensors:
+            raise ValueError("allreduce_coalesced takes a non-empty list of tensors")
+        for i, t in enumerate(tensors):
+            self._check_tensor(f"tensors[{i}]", t)
+        inner = AllreduceCoalescedOptions()
+        inner.reduceOp = self._check_op(opts.reduceOp)
+        launch: Launch = lambda be, _v: be.allreduce_coalesced(tensors, inner)  # noqa: E731
+        work = self._run("allreduce_coalesced", launch, True, result=list(tensors))
+        return self._c10d_outcome(work, opts)
+
+    def allgather_coalesced(
+        self,
+        output_lists: list[list[torch.Tensor]],
+        input_tensors: list[torch.Tensor],
+        opts: AllgatherOptions | None = None,
+    ) -> Work:
+        """``dist.all_gather_coalesced``: ``output_lists`` has ``world_size`` lists (one per
+        global rank) of one slot per input; those of ranks outside the view are left unchanged."""
+        opts = opts if opts is not None else AllgatherOptions()
+        if not isinstance(input_tensors, list) or not input_tensors:
+            raise ValueError("allgather_coalesced takes a non-empty list of input tensors")
+        for i, t in enumerate(input_tensors):
+            self._check_tensor(f"input_tensors[{i}]", t)
+        if not isinstance(output_lists, list) or len(output_lists) != self.world_size:
+            raise ValueError(
+                f"output_lists must have world_size={self.world_size} lists (one per rank)"
+            )
+        for r, row in enumerate(output_lists):
+            if not isinstance(row, list) or len(row) != len(input_tensors):
+                raise ValueError(
+                    f"output_lists[{r}] must have {len(input_tensors)} tensors, one per input"
+                )
+            for t, like in zip(row, input_tensors, strict=True):
+                self._check_tensor(f"output_lists[{r}]", t)
+                if t.shape != like.shape or t.dtype != like.dtype:
+                    raise ValueError(
+                        f"output_lists[{r}] has {tuple(t.shape)} {t.dtype}; expected "
+                        f"{tuple(like.shape)} {like.dtype}"
+                    )
+
+        def launch(be: object, v: ViewGroup) -> object:
+            outputs = [output_lists[m] for m in v.members]
+            return be.allgather_coalesced(outputs, input_tensors, AllgatherOptions())  # type: ignore[attr-defined]
+
+        result = [t for row in output_lists for t in row]
+        work = self._run("allgather_coalesced", launch, True, result=result)
         return self._c10d_outcome(work, opts)
 
     def all_gather_single(
@@ -447,7 +617,7 @@ class ElasticProcessGroup(dist.ProcessGroup):
 
     # -- argument checks (local misuse raises) ------------------------------------------------
 
-    def _check_tensor(self, what: str, tensor: object) -> None:
+    def _check_tensor(self, what: str, tensor: object, *, sparse_ok: bool = False) -> None:
         if not isinstance(tensor, torch.Tensor):
             raise TypeError(f"{what} must be a torch.Tensor, got {type(tensor).__name__}")
         device = self._plane.device
@@ -455,7 +625,10 @@ class ElasticProcessGroup(dist.ProcessGroup):
             device.index is not None and tensor.device != device
         ):
             raise ValueError(f"{what} is on {tensor.device}, but this data plane runs on {device}")
-        if tensor.is_sparse or not tensor.is_contiguous():
+        if tensor.is_sparse:
+            if not sparse_ok:
+                raise ValueError(f"{what} must be a dense, contiguous tensor")
+        elif not tensor.is_contiguous():
             raise ValueError(f"{what} must be a dense, contiguous tensor")
 
     def _check_list(
@@ -483,7 +656,9 @@ class ElasticProcessGroup(dist.ProcessGroup):
             raise ValueError(f"{what}={rank} is this rank itself")
 
     def _check_op(self, op: dist.ReduceOp) -> dist.ReduceOp:
-        if op in _GLOO_UNSUPPORTED_OPS and self._plane.kind.name == "gloo":
+        # ``op == bad``, not ``op in``: an options object's ReduceOp equals the enum value
+        # only from its own side.
+        if self._plane.kind.name == "gloo" and any(op == bad for bad in _GLOO_UNSUPPORTED_OPS):
             raise ValueError(f"gloo does not support {op}")
         return op
 

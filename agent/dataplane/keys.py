@@ -10,6 +10,8 @@ serves several groups from one store hands each group its own prefix).
 - ``fail/<version>/<rank>``: the key ``rank``'s watcher waits on for view ``version``: a poison
   notice (JSON, see :mod:`agent.dataplane.poison`) or ``retired`` when the rank itself moved on.
 - ``view/<version>/``: the prefix under which the backend of view ``version`` rendezvouses.
+- ``subgroup/<version>/<name>/``: the prefix under which torch's subgroup ``name`` (from
+  ``dist.new_group``) rendezvouses, made while view ``version`` was installed.
 """
 
 from __future__ import annotations
@@ -35,3 +37,7 @@ def fail(version: int, rank: int) -> str:
 
 def rendezvous_prefix(version: int) -> str:
     return f"view/{version}/"
+
+
+def subgroup_prefix(version: int, name: str) -> str:
+    return f"subgroup/{version}/{name}/"

@@ -227,6 +227,30 @@ class DataPlane:
         """The one process group of this process; it follows the installed views."""
         return self._group
 
+    def build_subgroup(
+        self, name: str, group_rank: int, group_size: int, timeout_s: float
+    ) -> object:
+        """A backend for torch's subgroup ``name`` (``dist.new_group`` on the foldplane group).
+
+        A plain backend of this data plane's kind (gloo or NCCL) over the ranks torch names,
+        ``group_rank`` of ``group_size``, rendezvoused on the coordinator's store under the
+        installed view's version (a later job on the same store never meets stale keys). It
+        does not follow views: a member's failure fails its operations with the backend's own
+        error, and a rank that joins later is not in it. Blocks until every member has called.
+        """
+        view = self._view
+        version = 0 if view is None else view.version
+        host, port = self.store_address
+        client = self.connect_store(host, port)  # its own: the rendezvous may wait long
+        store = PrefixStore(keys.subgroup_prefix(version, name), client)
+        try:
+            return self.kind.create(store, group_rank, group_size, timeout_s)
+        except RuntimeError as e:
+            raise DataPlaneError(
+                f"rank {self.rank}: building subgroup {name!r} (rank {group_rank} of "
+                f"{group_size}, view {version}) failed: {e}"
+            ) from e
+
     def inject_link_failure(self, peer: int) -> None:
         """Fault injection: fail the current view on this rank as if its link to ``peer`` broke.
 

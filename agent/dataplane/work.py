@@ -41,6 +41,7 @@ class WorkView(Protocol):
     to leave it when it ends, to fail it, and the view's failure and decided hint."""
 
     version: int
+    members: tuple[int, ...]
 
     @property
     def failure(self) -> object | None: ...
@@ -85,6 +86,8 @@ class Work(dist.Work):
         self._future: torch.futures.Future | None = None
         self._future_lock = threading.Lock()
         self._future_done = False
+        #: a receive from any source: ``_source_rank()`` says who sent
+        self._any_source = False
 
     # -- how an operation ends ----------------------------------------------------------------
 
@@ -252,7 +255,15 @@ class Work(dist.Work):
         self.wait()
 
     def source_rank(self) -> int:
-        raise ValueError(f"{self.name}: source_rank is only known for a recv from any source")
+        """The global rank that sent what a receive from any source got (after it succeeded)."""
+        if not self._any_source:
+            raise ValueError(f"{self.name}: source_rank is only known for a recv from any source")
+        if not self.wait() or self._backend_work is None or self._view is None:
+            raise ValueError(f"{self.name}: nothing was received, so there is no source rank")
+        index = self._backend_work._source_rank()  # type: ignore[attr-defined]
+        return self._view.members[index]
+
+    _source_rank = source_rank
 
     def get_future(self) -> torch.futures.Future:
         """A future that completes with the operation's tensors when it ends, failed or not."""
