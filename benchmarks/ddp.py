@@ -303,8 +303,17 @@ def _fp_train_worker(state_mb: int) -> int:
         agent.wait_for_state("HEALTHY", timeout=300)
         agent.activate_ranks([rank], wait_s=120)
         t0 = time.time()
-        model.begin_step()
-        _emit(rank=rank, heal_s=time.time() - t0, steps=model.committed_steps)
+        model.begin_step()  # pulls the members' state, then enters the view with them
+        ready = time.time()
+        heal = model.last_heal
+        _emit(
+            rank=rank,
+            heal_s=(heal.finished_at if heal is not None else ready) - t0,
+            ready_s=ready - t0,
+            pull_s=heal.seconds if heal is not None else None,
+            sources=list(heal.sources) if heal is not None else [],
+            steps=model.committed_steps,
+        )
     step = 0
     skipped_at: float | None = None
     while True:
