@@ -290,6 +290,12 @@ class DistributedDataParallel(_TorchDDP):
     def _hook(self, bucket: dist.GradBucket) -> torch.futures.Future:
         buffer = bucket.buffer()
         view = self._step_view
+        newer = self._plane.current_view()
+        if view is not None and newer is not None and newer.version > view.version:
+            # Superseded: the step will be skipped (``should_commit``), so its remaining
+            # all-reduces are not worth waiting for; leaving fails them fast on every member.
+            self._step_ok = False
+            view.leave(f"rank {self._plane.rank} moved on to view {newer.version}")
         if view is None or not self._step_ok:  # inactive, or the step failed already
             future: torch.futures.Future = torch.futures.Future()
             future.set_result(buffer)
