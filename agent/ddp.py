@@ -13,7 +13,9 @@ The rules (see ``docs/ddp.md``):
 - **A step runs on one view.** The first ``forward`` of a step (or ``begin_step()``) pins the
   installed view; every bucket of that step is all-reduced on it. A rank that finds a newer view
   installed leaves the old one (poisoning it, so members still on it fail fast) and enters the
-  new one at its next step.
+  new one at its next step. A step whose view was superseded while it ran is skipped on every
+  member (its remaining buckets are not all-reduced): the members enter the new view with the
+  last committed state, the one a joiner pulled meanwhile.
 - **Gradients are the mean over the view's members**: each bucket is summed over the members
   and divided by their number (DDP is built on a local group of one, with a comm hook, so
   torch's own division by the world size never happens).
@@ -24,11 +26,13 @@ The rules (see ``docs/ddp.md``):
   it, so the members' parameters stay bit-identical after every step.
 - **An inactive rank does not step**: it waits (``inactive_wait_s`` at a time) for a view that
   activates it; meanwhile its steps run locally and are never committed.
-- **Healing.** Entering a view, the members all-gather how many steps each has committed; if
-  they differ (a replacement has 0) or nobody has stepped yet, the member with the most (the
-  lowest rank among equals) sends the model's and every attached optimizer's state to the
-  members with fewer steps (all of them before the first step), which load it before their
-  first step: every member then holds identical state.
+- **Healing** (``agent.heal``). Every member serves the state of its last committed step
+  (the model's and every attached optimizer's) from a thread of its own, copy-on-write against
+  its optimizer steps. Entering a view, a rank that never committed pulls it from every member
+  that holds it, at once, straight into its own tensors, while they finish their step; the
+  members' all-gather of committed steps then finds it level, or it pulls again from the
+  members with the most steps (before the first step, from the lowest rank) while they wait in
+  their first all-reduce.
 - Nothing here raises for a peer's failure: ``should_commit()`` / ``ElasticOptimizer.step()``
   return False and ``last_failed_ranks`` says whom the failed step's hints named.
 """
@@ -391,7 +395,7 @@ class DistributedDataParallel(_TorchDDP):
             if rank not in sources:
                 try:
                     self._heal_from(view, sources, top)
-                except HealError as e:
+                except RuntimeError as e:  # a HealError, or the store is unreachable
                     reason = f"rank {rank} could not heal from ranks {sources} (step {top}): {e}"
                     log.error("%s", reason)
                     view.fail(reason, report=False)
@@ -430,10 +434,11 @@ class DistributedDataParallel(_TorchDDP):
         them in place), let the serving threads pin it."""
         if not self._gate.mutating:
             return
-        self._buffer_copies = {
-            key: b.detach().clone() for key, b in self.module.state_dict().items()
-            if key in self._buffer_keys
-        }  # fmt: skip
+        if self._buffer_keys:
+            self._buffer_copies = {
+                key: b.detach().clone() for key, b in self.module.state_dict().items()
+                if key in self._buffer_keys
+            }  # fmt: skip
         self._gate.end_mutation(self.committed_steps)
 
     def _publish_server(self) -> None:
@@ -477,7 +482,7 @@ class DistributedDataParallel(_TorchDDP):
             return
         try:
             self._load_from(chosen)
-        except HealError as e:
+        except RuntimeError as e:  # the all-gather that follows finds this rank behind
             log.warning("rank %d: prefetch of step %d failed: %s", rank, top, e)
 
     def _heal_from(self, view: ViewGroup, ranks: list[int], steps: int) -> None:
