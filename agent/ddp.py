@@ -13,7 +13,9 @@ The rules (see ``docs/ddp.md``):
 - **A step runs on one view.** The first ``forward`` of a step (or ``begin_step()``) pins the
   installed view; every bucket of that step is all-reduced on it. A rank that finds a newer view
   installed leaves the old one (poisoning it, so members still on it fail fast) and enters the
-  new one at its next step.
+  new one at its next step. A step whose view was superseded while it ran is skipped on every
+  member (its remaining buckets are not all-reduced): the members enter the new view with the
+  last committed state, the one a joiner pulled meanwhile.
 - **Gradients are the mean over the view's members**: each bucket is summed over the members
   and divided by their number (DDP is built on a local group of one, with a comm hook, so
   torch's own division by the world size never happens).
@@ -24,21 +26,20 @@ The rules (see ``docs/ddp.md``):
   it, so the members' parameters stay bit-identical after every step.
 - **An inactive rank does not step**: it waits (``inactive_wait_s`` at a time) for a view that
   activates it; meanwhile its steps run locally and are never committed.
-- **Healing.** Entering a view, the members all-gather how many steps each has committed; if
-  they differ (a replacement has 0) or nobody has stepped yet, the member with the most (the
-  lowest rank among equals) sends the model's and every attached optimizer's state to the
-  members with fewer steps (all of them before the first step), which load it before their
-  first step: every member then holds identical state.
+- **Healing** (``agent.heal``). Every member serves the state of its last committed step
+  (the model's and every attached optimizer's) from a thread of its own, copy-on-write against
+  its optimizer steps. Entering a view, a rank that never committed pulls it from every member
+  that holds it, at once, straight into its own tensors, while they finish their step; the
+  members' all-gather of committed steps then finds it level, or it pulls again from the
+  members with the most steps (before the first step, from the lowest rank) while they wait in
+  their first all-reduce.
 - Nothing here raises for a peer's failure: ``should_commit()`` / ``ElasticOptimizer.step()``
   return False and ``last_failed_ranks`` says whom the failed step's hints named.
 """
 
 from __future__ import annotations
 
-import ctypes
-import io
 import logging
-import math
 import queue
 import threading
 import time
@@ -55,6 +56,21 @@ from agent.dataplane.group import ElasticProcessGroup
 from agent.dataplane.plane import DataPlane
 from agent.dataplane.view import ViewGroup
 from agent.dataplane.work import Work
+from agent.heal import (
+    SLOT,
+    HealError,
+    HealServer,
+    PullReport,
+    Snapshot,
+    Source,
+    SourceSession,
+    StateGate,
+    join_tensors,
+    nbytes,
+    pin_sources,
+    pull_state,
+    split_tensors,
+)
 
 log = logging.getLogger("foldplane.ddp")
 
@@ -123,6 +139,19 @@ class DistributedDataParallel(_TorchDDP):
         self._failed_works: list[Work] = []
         self._store: Any = None
         self._store_address: tuple[str, int] | None = None
+        #: The last heal of this rank's state (None: never healed).
+        self.last_heal: PullReport | None = None
+        params = {name for name, _ in self.module.named_parameters()}
+        self._buffer_keys = {k for k in self.module.state_dict() if k not in params}
+        self._buffer_copies: dict[str, torch.Tensor] = {}
+        self._gate = StateGate()
+        self._gate.begin_mutation()
+        self._end_mutation()  # the buffers' first copy
+        plane = self._plane
+        self._heal_server = HealServer(
+            self._gate, self._snapshot, plane.gloo_hostname, name=f"{name}-{plane.rank}"
+        )
+        self._heal_server.pin_timeout_s = plane.p2p_timeout_s
         self.register_comm_hook(self, _comm_hook)
 
     @property
@@ -164,6 +193,7 @@ class DistributedDataParallel(_TorchDDP):
         """
         if self._in_step:
             return
+        self._end_mutation()  # the caller's optimizer step (if any) is over
         plane = self._plane
         while True:
             current = plane.view_for_op("begin_step")
@@ -208,11 +238,15 @@ class DistributedDataParallel(_TorchDDP):
         if view is None:
             return False  # inactive: never steps
         ok = self._step_ok and all(w.wait() for w in self._works)
+        newer = self._plane.current_view()
+        if newer is not None and newer.version > view.version:
+            ok = False  # superseded: members enter the newer view with the last committed state
         works, self._works = self._works, []
         index = self._index
         self._index += 1
         committed = self._agree(view, index, ok)
         if committed:
+            self._gate.begin_mutation()  # the caller steps the optimizer now
             self.committed_steps += 1
             self._failed_works = []
         else:
@@ -260,6 +294,12 @@ class DistributedDataParallel(_TorchDDP):
     def _hook(self, bucket: dist.GradBucket) -> torch.futures.Future:
         buffer = bucket.buffer()
         view = self._step_view
+        newer = self._plane.current_view()
+        if view is not None and newer is not None and newer.version > view.version:
+            # Superseded: the step will be skipped (``should_commit``), so its remaining
+            # all-reduces are not worth waiting for; leaving fails them fast on every member.
+            self._step_ok = False
+            view.leave(f"rank {self._plane.rank} moved on to view {newer.version}")
         if view is None or not self._step_ok:  # inactive, or the step failed already
             future: torch.futures.Future = torch.futures.Future()
             future.set_result(buffer)
@@ -328,139 +368,209 @@ class DistributedDataParallel(_TorchDDP):
     # -- entering a view: agree on the state ---------------------------------------------------
 
     def _enter(self, view: ViewGroup) -> bool:
-        """Sync the state over ``view`` (heal members behind); False if the view failed."""
+        """Sync the state over ``view`` (heal members behind); False if the view failed.
+
+        A rank that has never committed a step first pulls the members' last committed state
+        from their threads (``_prefetch``), while they finish the step they are in; the
+        all-gather of committed steps then usually finds it level with them. A rank still behind
+        pulls the state of the members with the most steps (the lowest rank alone before the
+        first step: ranks may have initialised differently); the members go on into their step
+        meanwhile, their threads serve it.
+        """
         group = self.elastic_group
+        self._publish_server()
+        if self.committed_steps == 0 and len(view.members) > 1:
+            self._prefetch(view)
         counts = [torch.zeros(1, dtype=torch.int64) for _ in range(group.world_size)]
         mine = torch.tensor([self.committed_steps], dtype=torch.int64)
         if not group.all_gather(counts, mine, async_op=True, view=view).wait():
             return False
         steps = {m: int(counts[m].item()) for m in view.members}
         top = max(steps.values())
+        rank = group.plane.rank
         if top == 0 or len(set(steps.values())) > 1:
-            source = min(m for m, s in steps.items() if s == top)
-            # Members with as many committed steps as the source hold its state already (every
-            # member commits the same steps); before the first step nobody is known to.
-            behind = [m for m in view.members if m != source and (top == 0 or steps[m] < top)]
-            if not self._send_state(view, source, behind):
-                return False
+            sources = (
+                [min(view.members)] if top == 0 else sorted(m for m, s in steps.items() if s == top)
+            )
+            if rank not in sources:
+                try:
+                    self._heal_from(view, sources, top)
+                except RuntimeError as e:  # a HealError, or the store is unreachable
+                    reason = f"rank {rank} could not heal from ranks {sources} (step {top}): {e}"
+                    log.error("%s", reason)
+                    view.fail(reason, report=False)
+                    return False
             self.committed_steps = top
             log.info(
-                "rank %d: view %d: state of rank %d (%d steps) on every member",
-                group.plane.rank,
+                "rank %d: view %d: state of rank(s) %s (%d steps) on every member",
+                rank,
                 view.version,
-                source,
+                sources,
                 top,
             )
         self._view, self._index = view, 0
         return True
 
     def state_for_healing(self) -> dict[str, Any]:
+        """The state a heal carries: the model's and every attached optimizer's state dict."""
         return {
             "model": self.module.state_dict(),
             "optimizers": [o.state_dict() for o in self._optimizers],
         }
 
-    def load_healed_state(self, state: dict[str, Any]) -> None:
-        self.module.load_state_dict(state["model"])
-        if len(state["optimizers"]) != len(self._optimizers):
-            raise ValueError(
-                f"the healing member has {len(state['optimizers'])} optimizer(s) attached, "
+    def _snapshot(self, steps: int) -> Snapshot:
+        """The state as of the last committed step (called by a serving thread, between
+        mutations): live parameters and optimizer state, buffers from their last copy."""
+        state = self.state_for_healing()
+        model = dict(state["model"])
+        for key, copy in self._buffer_copies.items():
+            model[key] = copy
+        state["model"] = model
+        skeleton, tensors = split_tensors(state)
+        return Snapshot(steps, skeleton, tensors)
+
+    def _end_mutation(self) -> None:
+        """The state is the last committed step's again: copy the buffers (a forward changes
+        them in place), let the serving threads pin it."""
+        if not self._gate.mutating:
+            return
+        if self._buffer_keys:
+            self._buffer_copies = {
+                key: b.detach().clone() for key, b in self.module.state_dict().items()
+                if key in self._buffer_keys
+            }  # fmt: skip
+        self._gate.end_mutation(self.committed_steps)
+
+    def _publish_server(self) -> None:
+        host, port = self._heal_server.address
+        try:
+            self._decision_store().set(self._server_key(self._plane.rank), f"{host}:{port}")
+        except RuntimeError as e:  # the store is down: no heal from us until the next view
+            log.warning("rank %d: cannot publish the heal server: %s", self._plane.rank, e)
+            self._store = None
+
+    def _server_key(self, rank: int) -> str:
+        return f"ddp/{self.ddp_name}/heal/{rank}"
+
+    def _sources(self, ranks: list[int]) -> list[Source]:
+        """The heal servers of ``ranks`` that have published one."""
+        store = self._decision_store()
+        out = []
+        for rank in ranks:
+            key = self._server_key(rank)
+            if store.check([key]):
+                host, port = store.get(key).decode().rsplit(":", 1)
+                out.append(Source(rank, host, int(port)))
+        return out
+
+    def _prefetch(self, view: ViewGroup) -> None:
+        """Pull the state of the other members' last committed step, if any has stepped (best
+        effort: the all-gather that follows says whether it is the one they enter with)."""
+        rank = self._plane.rank
+        try:
+            sources = self._sources([m for m in view.members if m != rank])
+        except RuntimeError as e:
+            log.info("rank %d: no prefetch of the state: %s", rank, e)
+            return
+        sessions = pin_sources(sources, self._plane.p2p_timeout_s)
+        top = max((s.steps for s in sessions), default=0)
+        chosen = [s for s in sessions if s.steps == top and top > 0]
+        for s in sessions:
+            if s not in chosen:
+                s.close()
+        if not chosen:
+            return
+        try:
+            self._load_from(chosen)
+        except RuntimeError as e:  # the all-gather that follows finds this rank behind
+            log.warning("rank %d: prefetch of step %d failed: %s", rank, top, e)
+
+    def _heal_from(self, view: ViewGroup, ranks: list[int], steps: int) -> None:
+        """Pull the state of step ``steps`` from ``ranks`` (who hold it, all of them at once)."""
+        sessions = pin_sources(self._sources(ranks), self._plane.p2p_timeout_s)
+        chosen = [s for s in sessions if s.steps == steps]
+        for s in sessions:
+            if s not in chosen:
+                s.close()
+        if not chosen:
+            raise HealError(
+                f"none of ranks {ranks} serves step {steps} (they serve "
+                f"{sorted((s.source.rank, s.steps) for s in sessions)})"
+            )
+        self._load_from(chosen)
+
+    def _load_from(self, sessions: list[SourceSession]) -> None:
+        """Receive the sessions' state straight into this rank's tensors, then install it."""
+        first = sessions[0]
+        layout = first.layout
+        if any(s.layout != layout for s in sessions[1:]):
+            raise HealError(f"ranks {[s.source.rank for s in sessions]} serve different layouts")
+        targets = self._targets(first.skeleton, layout)
+        self._gate.begin_mutation()
+        try:
+            seconds, failed = pull_state(sessions, targets)
+            self._install(first.skeleton, targets)
+            self.committed_steps = first.steps
+        finally:
+            for s in sessions:
+                s.close()
+            self._end_mutation()
+        self.last_heal = PullReport(
+            first.steps,
+            tuple(s.source.rank for s in sessions),
+            sum(nbytes(d, shape) for d, shape in layout),
+            seconds,
+            failed,
+            time.time(),
+        )
+        log.info("rank %d: healed: %s", self._plane.rank, self.last_heal)
+
+    def _targets(self, skeleton: Any, layout: list[tuple[str, list[int]]]) -> list[torch.Tensor]:
+        """Where each served tensor lands: this rank's own tensor of that name, dtype and shape
+        (a parameter, a buffer, an optimizer state's tensor), or a new one."""
+        if len(skeleton["optimizers"]) != len(self._optimizers):
+            raise HealError(
+                f"the serving member has {len(skeleton['optimizers'])} optimizer(s) attached, "
                 f"this rank {len(self._optimizers)}"
             )
+        own: dict[int, torch.Tensor] = {}
+        mine = self.state_for_healing()
+
+        def match(theirs: Any, ours: Any) -> None:
+            if isinstance(theirs, tuple) and len(theirs) == 2 and theirs[0] == SLOT:
+                dtype, shape = layout[theirs[1]]
+                if (
+                    isinstance(ours, torch.Tensor)
+                    and str(ours.dtype).removeprefix("torch.") == dtype
+                    and list(ours.shape) == shape
+                    and ours.device.type == "cpu"
+                    and ours.is_contiguous()
+                ):
+                    own[theirs[1]] = ours.detach()
+            elif isinstance(theirs, dict) and isinstance(ours, dict):
+                for key, value in theirs.items():
+                    if key in ours:
+                        match(value, ours[key])
+
+        match(skeleton["model"], mine["model"])
+        for theirs, ours in zip(skeleton["optimizers"], mine["optimizers"], strict=True):
+            match(theirs.get("state", {}), ours.get("state", {}))
+        return [
+            own[i] if i in own else torch.empty(shape, dtype=getattr(torch, dtype))
+            for i, (dtype, shape) in enumerate(layout)
+        ]
+
+    def _install(self, skeleton: Any, tensors: list[torch.Tensor]) -> None:
+        """Make the received tensors this rank's state (those received in place need nothing)."""
+        state = join_tensors(skeleton, tensors)
+        own = self.module.state_dict()
+        if any(
+            own.get(k) is None or own[k].data_ptr() != v.data_ptr()
+            for k, v in state["model"].items()
+        ):
+            self.module.load_state_dict(state["model"])
         for optimizer, saved in zip(self._optimizers, state["optimizers"], strict=True):
-            optimizer.load_state_dict(saved)
-
-    def _send_state(self, view: ViewGroup, source: int, receivers: list[int]) -> bool:
-        """``source`` hands its state to ``receivers`` over ``view``; they load it. False: it
-        failed.
-
-        In three parts: a header's length, the header (the state's structure, with every
-        tensor replaced by its number, and each tensor's dtype and shape, saved by
-        ``torch.save``), then one flat buffer per dtype holding every tensor of that dtype.
-        Broadcast when every other member receives it; sent to each receiver in turn when only
-        some do (a replacement joining members that hold the state), so that the state crosses
-        the network once per receiver and not once per member.
-        """
-        group = self.elastic_group
-        rank = group.plane.rank
-        if rank != source and rank not in receivers:
-            return True
-        everyone = len(receivers) == len(view.members) - 1
-
-        def move(tensor: torch.Tensor) -> bool:
-            if everyone:
-                return group.broadcast(tensor, source, async_op=True, view=view).wait()
-            if rank != source:
-                return group.recv(tensor, source, async_op=True, view=view).wait()
-            return all(group.send(tensor, r, async_op=True, view=view).wait() for r in receivers)
-
-        sender = rank == source
-        flats: list[torch.Tensor] = []
-        header = torch.empty(0, dtype=torch.uint8)
-        if sender:
-            skeleton, tensors = _split_tensors(self.state_for_healing())
-            layout = [(str(t.dtype).removeprefix("torch."), list(t.shape)) for t in tensors]
-            dtypes = sorted({d for d, _ in layout})
-            for dtype in dtypes:
-                parts = [
-                    t.reshape(-1) for t, (d, _) in zip(tensors, layout, strict=True) if d == dtype
-                ]
-                flats.append(torch.cat(parts) if parts else torch.empty(0))
-            buf = io.BytesIO()
-            torch.save({"skeleton": skeleton, "layout": layout, "dtypes": dtypes}, buf)
-            header = torch.frombuffer(bytearray(buf.getbuffer()), dtype=torch.uint8)
-        size = torch.tensor([header.numel()], dtype=torch.int64)
-        if not move(size):
-            return False
-        if not sender:
-            header = torch.empty(int(size.item()), dtype=torch.uint8)
-        if not move(header):
-            return False
-        if sender:
-            return all(move(f) for f in flats)
-        raw = ctypes.string_at(header.data_ptr(), header.numel())
-        meta = torch.load(io.BytesIO(raw), weights_only=True)
-        tensors: list[torch.Tensor | None] = [None] * len(meta["layout"])
-        for dtype in meta["dtypes"]:
-            mine = [(i, shape) for i, (d, shape) in enumerate(meta["layout"]) if d == dtype]
-            numel = [math.prod(shape) for _, shape in mine]
-            flat = torch.empty(sum(numel), dtype=getattr(torch, dtype))
-            if not move(flat):
-                return False
-            for (i, shape), piece in zip(mine, flat.split(numel), strict=True):
-                tensors[i] = piece.view(shape)
-        self.load_healed_state(_join_tensors(meta["skeleton"], tensors))
-        return True
-
-
-_SLOT = "__foldplane_tensor__"
-
-
-def _split_tensors(obj: Any) -> tuple[Any, list[torch.Tensor]]:
-    """``obj`` with each tensor replaced by ``(_SLOT, index)``, and the tensors in that order."""
-    tensors: list[torch.Tensor] = []
-
-    def walk(x: Any) -> Any:
-        if isinstance(x, torch.Tensor):
-            tensors.append(x.detach())
-            return (_SLOT, len(tensors) - 1)
-        if isinstance(x, dict):
-            return {k: walk(v) for k, v in x.items()}
-        if isinstance(x, (list, tuple)):
-            return type(x)(walk(v) for v in x)
-        return x
-
-    return walk(obj), tensors
-
-
-def _join_tensors(obj: Any, tensors: list[Any]) -> Any:
-    if isinstance(obj, tuple) and len(obj) == 2 and obj[0] == _SLOT:
-        return tensors[obj[1]]
-    if isinstance(obj, dict):
-        return {k: _join_tensors(v, tensors) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_join_tensors(v, tensors) for v in obj)
-    return obj
+            optimizer.load_state_dict(saved)  # keeps the received tensors (no copy)
 
 
 class _Janitor:
@@ -524,7 +634,10 @@ class ElasticOptimizer:
     def step(self, closure: Callable[[], float] | None = None) -> bool:
         if not self.model.should_commit():
             return False
-        self.optimizer.step(closure)
+        try:
+            self.optimizer.step(closure)
+        finally:
+            self.model._end_mutation()
         return True
 
     def zero_grad(self, set_to_none: bool = True) -> None:

@@ -27,11 +27,14 @@ is the size named; 4 MB unless said otherwise; batches of 32 synthetic samples):
   ``--max-restarts=1``: every worker is restarted, until each has finished a DDP step (the
   state would have to come from a checkpoint on top).
 - **heal**: after a kill, a replacement process starts and is activated; the time from its
-  activation (foldplane: the view that activates it is installed; torchft: its first quorum
-  starts) until it holds the members' model and optimizer state (foldplane: sent to it over the
-  new view, point to point, by the member with the most committed steps, once every member has
-  reached the step boundary; torchft: its checkpoint transfer over HTTP), for 4 MB and 256 MB of
-  state.
+  activation (foldplane: ``activate_ranks`` returned; torchft: its first quorum starts) until it
+  holds the model and optimizer state it takes its first step from (foldplane: pulled from the
+  heal servers of every member holding the last committed step, a thread in each, straight into
+  its own tensors, while the members finish the step they are in; torchft: its checkpoint
+  transfer over HTTP from the quorum's source, once the members reached their next quorum), for
+  4 MB, 256 MB and 1 GB of state. The 1 GB trials run 3 workers instead of 4 (memory), the
+  same number for both systems. ``ready_s`` in the extra says when foldplane's replacement had
+  also entered the view with the members (they finish their step first).
 
 Workers are this module, run as ``python benchmarks/ddp.py MODE``; they print one JSON line per
 event with wall-clock times (``time.time()``), the clock of the kill.
@@ -139,18 +142,18 @@ class _Foldplane:
         self.groups = 0
 
     def launch(
-        self, mode: str, *args: str, env: dict[str, str] | None = None
+        self, mode: str, *args: str, env: dict[str, str] | None = None, world: int = WORLD
     ) -> tuple[Any, _Lines]:
         from agent.launch import Launcher
 
         self.groups += 1
         group = f"ddp{self.groups}"
-        self.client.create_group(group, WORLD, formation_timeout_s=300.0)
+        self.client.create_group(group, world, formation_timeout_s=300.0)
         launcher = Launcher(
             [sys.executable, __file__, mode, *args],
             coordinator=self.url,
             group=group,
-            ranks=range(WORLD),
+            ranks=range(world),
             stdout=subprocess.PIPE,
             stderr=self.workers_log,
             env={**os.environ, "FOLDPLANE_TOKEN": "", "OMP_NUM_THREADS": "1", **(env or {})},
@@ -245,17 +248,19 @@ def _fp_overhead_worker(blocks: int, steps: int, batch: int) -> int:
 # -- foldplane recovery and heal -----------------------------------------------------------------
 
 
-def _fp_trial(fp: _Foldplane, state_mb: int, victim: int) -> tuple[float, float | None]:
-    """Kill ``victim``; (kill -> every survivor committed without it, replacement's heal s)."""
-    launcher, lines = fp.launch("fp-train", str(state_mb))
+def _fp_trial(
+    fp: _Foldplane, state_mb: int, victim: int, world: int
+) -> tuple[float, dict[str, Any]]:
+    """Kill ``victim``; (kill -> every survivor committed without it, the replacement's heal)."""
+    launcher, lines = fp.launch("fp-train", str(state_mb), world=world)
     try:
-        survivors = set(range(WORLD)) - {victim}
+        survivors = set(range(world)) - {victim}
         steps: dict[int, int] = {}
 
         def warmed(line: dict[str, Any]) -> bool:
             if "steps" in line:
                 steps[line["rank"]] = line["steps"]
-            return len(steps) == WORLD and min(steps.values()) >= (3 if state_mb <= 4 else 1)
+            return len(steps) == world and min(steps.values()) >= (3 if state_mb <= 4 else 1)
 
         lines.until(warmed, 300, "formation")
         killed_at = time.time()
@@ -265,7 +270,7 @@ def _fp_trial(fp: _Foldplane, state_mb: int, victim: int) -> tuple[float, float 
         where: dict[int, str] = {}
 
         def recovered(line: dict[str, Any]) -> bool:
-            if line.get("members") == WORLD - 1 and line["rank"] in survivors:
+            if line.get("members") == world - 1 and line["rank"] in survivors:
                 if line["rank"] not in first and "skipped" in line:
                     where[line["rank"]] = (
                         f"skip +{line['skipped'] - killed_at:.3f} s, step in view "
@@ -278,11 +283,11 @@ def _fp_trial(fp: _Foldplane, state_mb: int, victim: int) -> tuple[float, float 
         recovery = max(first.values()) - killed_at
         _log(f"foldplane {state_mb} MB: {where}")
         launcher.replace(victim)
-        heal: list[float] = []
+        heal: list[dict[str, Any]] = []
 
         def healed(line: dict[str, Any]) -> bool:
             if "heal_s" in line:
-                heal.append(line["heal_s"])
+                heal.append(line)
             return bool(heal)
 
         lines.until(healed, 300, "the replacement's heal")
@@ -303,8 +308,17 @@ def _fp_train_worker(state_mb: int) -> int:
         agent.wait_for_state("HEALTHY", timeout=300)
         agent.activate_ranks([rank], wait_s=120)
         t0 = time.time()
-        model.begin_step()
-        _emit(rank=rank, heal_s=time.time() - t0, steps=model.committed_steps)
+        model.begin_step()  # pulls the members' state, then enters the view with them
+        ready = time.time()
+        heal = model.last_heal
+        _emit(
+            rank=rank,
+            heal_s=(heal.finished_at if heal is not None else ready) - t0,
+            ready_s=ready - t0,
+            pull_s=heal.seconds if heal is not None else None,
+            sources=list(heal.sources) if heal is not None else [],
+            steps=model.committed_steps,
+        )
     step = 0
     skipped_at: float | None = None
     while True:
@@ -323,7 +337,7 @@ def _fp_train_worker(state_mb: int) -> int:
 # -- torchft -------------------------------------------------------------------------------------
 
 
-def _torchft_trial(state_mb: int) -> tuple[float, float]:
+def _torchft_trial(state_mb: int, world: int = WORLD) -> tuple[float, float]:
     """4 replica groups; kill one; (kill -> survivors committed with 3, the restarted one's heal)."""
     port = free_port()
     lighthouse = subprocess.Popen(
@@ -347,26 +361,26 @@ def _torchft_trial(state_mb: int) -> tuple[float, float]:
         lines.follow(procs[r])
 
     try:
-        for r in range(WORLD):
+        for r in range(world):
             start(r)
         seen: dict[int, int] = {}
 
         def formed(line: dict[str, Any]) -> bool:
-            if line.get("participants") == WORLD:
+            if line.get("participants") == world:
                 seen[line["replica"]] = seen.get(line["replica"], 0) + 1
-            return len(seen) == WORLD and min(seen.values()) >= (3 if state_mb <= 4 else 1)
+            return len(seen) == world and min(seen.values()) >= (3 if state_mb <= 4 else 1)
 
         lines.until(formed, 600, "torchft formation")
-        victim = WORLD - 1
+        victim = world - 1
         killed_at = time.time()
         procs[victim].kill()
         procs[victim].wait()
         first: dict[int, float] = {}
 
         def recovered(line: dict[str, Any]) -> bool:
-            if line.get("participants") == WORLD - 1 and line["t"] > killed_at:
+            if line.get("participants") == world - 1 and line["t"] > killed_at:
                 first.setdefault(line["replica"], line["t"])
-            return len(first) == WORLD - 1
+            return len(first) == world - 1
 
         lines.until(recovered, 300, "torchft recovery")
         recovery = max(first.values()) - killed_at
@@ -381,7 +395,7 @@ def _torchft_trial(state_mb: int) -> tuple[float, float]:
         lines.until(healed, 300, "torchft heal")
         return recovery, heal[0]
     except Exception:
-        for r in range(WORLD):
+        for r in range(world):
             tail = Path(logs.name, f"replica{r}.log").read_bytes()[-1500:].decode(errors="replace")
             _log(f"torchft replica {r} log ends with:\n{tail}")
         raise
@@ -514,10 +528,18 @@ def _measure(what: str, fn: Callable[[], Any]) -> Any:
         return exc
 
 
+def _heal_name(size: int) -> str:
+    return "heal 1 GB" if size == 1024 else f"heal {size} MB"
+
+
 def run(quick: bool) -> list[Result]:
     blocks, steps = (30, 2) if quick else (80, 4)
     kills, trials = (1, 1) if quick else (3, 2)
-    sizes = [4, 256]
+    sizes = [4, 256, 1024]
+    worlds = {4: WORLD, 256: WORLD, 1024: 3}  # 1 GB: 3 workers (memory), both systems
+    # heal trials per size: the 4 MB ones are the recovery trials too
+    fp_trials = {4: kills, 256: 1 if quick else 3, 1024: 1 if quick else 2}
+    ft_trials = {4: trials, 256: 1 if quick else 3, 1024: 1 if quick else 2}
     results: list[Result] = []
     fp = _Foldplane()
     try:
@@ -537,25 +559,29 @@ def run(quick: bool) -> list[Result]:
                 )
             )  # fmt: skip
         fp_recovery: dict[int, list[float]] = {s: [] for s in sizes}
-        fp_heal: dict[int, list[float]] = {s: [] for s in sizes}
+        fp_heal: dict[int, list[dict[str, Any]]] = {s: [] for s in sizes}
         for size in sizes:
-            for k in range(kills if size == 4 else 1):
-                victim = 1 + k % (WORLD - 1)
-                got = _measure(f"foldplane {size} MB", lambda s=size, v=victim: _fp_trial(fp, s, v))
+            world = worlds[size]
+            for k in range(fp_trials[size]):
+                victim = 1 + k % (world - 1)
+                got = _measure(
+                    f"foldplane {size} MB",
+                    lambda s=size, v=victim, w=world: _fp_trial(fp, s, v, w),
+                )
                 if isinstance(got, Exception):
                     _log(f"workers.log ends with:\n{fp.tail()}")
                     continue
                 fp_recovery[size].append(got[0])
                 fp_heal[size].append(got[1])
                 _log(f"foldplane {size} MB kill of rank {victim}: recovery {got[0]:.3f} s, "
-                     f"heal {got[1]:.3f} s")  # fmt: skip
+                     f"heal {got[1]}")  # fmt: skip
     finally:
         fp.close()
     ft_recovery: dict[int, list[float]] = {s: [] for s in sizes}
     ft_heal: dict[int, list[float]] = {s: [] for s in sizes}
     for size in sizes:
-        for _ in range(trials if size == 4 else 1):
-            got = _measure(f"torchft {size} MB", lambda s=size: _torchft_trial(s))
+        for _ in range(ft_trials[size]):
+            got = _measure(f"torchft {size} MB", lambda s=size: _torchft_trial(s, worlds[s]))
             if isinstance(got, Exception):
                 continue
             ft_recovery[size].append(got[0])
@@ -581,17 +607,25 @@ def run(quick: bool) -> list[Result]:
                 )
             )  # fmt: skip
     for size in sizes:
-        if not fp_heal[size]:
+        heals = fp_heal[size]
+        if not heals:
             continue
+        mine = [h["heal_s"] for h in heals]
         theirs = ft_heal[size]
         results.append(
             Result(
-                "ddp", f"heal {size} MB", "s", median(fp_heal[size]),
+                "ddp", _heal_name(size), "s", median(mine),
                 baseline="torchft 0.2.0 checkpoint heal (HTTP)",
                 baseline_median=median(theirs) if theirs else None,
-                ratio=lower_is_better_ratio(median(fp_heal[size]), median(theirs)) if theirs else None,
-                extra={"samples_s": [round(s, 3) for s in fp_heal[size]],
+                ratio=lower_is_better_ratio(median(mine), median(theirs)) if theirs else None,
+                target=">= 1.5x torchft" if size == 256 else ">= 1.0x torchft",
+                extra={"samples_s": [round(s, 3) for s in mine],
                        "baseline_samples_s": [round(s, 3) for s in theirs],
+                       "ready_s": [round(h["ready_s"], 3) for h in heals],
+                       "pull_s": [None if h["pull_s"] is None else round(h["pull_s"], 3)
+                                  for h in heals],
+                       "sources": [h["sources"] for h in heals],
+                       "workers": worlds[size],
                        "recovery_at_this_size_s": [round(s, 3) for s in fp_recovery[size]],
                        "torchft_recovery_at_this_size_s": [round(s, 3) for s in ft_recovery[size]]},
             )

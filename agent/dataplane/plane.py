@@ -123,6 +123,7 @@ class DataPlane:
             import socket
 
             gloo_hostname = "127.0.0.1" if store_host in _LOOPBACK else socket.gethostname()
+        self.gloo_hostname = gloo_hostname  # also where the elastic DDP serves heals
         self.kind = BackendKind.resolve(backend, device, gloo_hostname)
         self.device = self.kind.device
         self.hint_pool = HintPool(world_size, self.device, hint_pool_size)

@@ -8,7 +8,8 @@ HEALTHY, then propose this rank's activation), ``wait_view {active}``, ``close``
 
 Each ``step`` event carries what a test needs to check the step from outside: the batch's seed,
 the parameters the step started from, the gradients it used (the mean over the members, as DDP
-left them in ``.grad``), and a digest of the parameters and the optimizer state afterwards.
+left them in ``.grad``), a digest of the parameters and the optimizer state afterwards, and the
+rank's last heal (from whom, at how many committed steps).
 """
 
 from __future__ import annotations
@@ -122,6 +123,10 @@ def main() -> int:
                         params=digest(params),
                         optim=digest(optimizer_tensors(opt.optimizer)),
                         failed=[] if committed else model.last_failed_ranks,
+                        healed_from=[]
+                        if model.last_heal is None
+                        else list(model.last_heal.sources),
+                        healed_steps=None if model.last_heal is None else model.last_heal.steps,
                     )
                 emit("steps_done", steps=model.committed_steps)
             elif name == "activate_self":

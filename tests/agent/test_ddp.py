@@ -69,8 +69,10 @@ def test_ddp_over_three_processes_averages_over_the_members_and_stays_identical(
     for step in steps:
         assert all(e["committed"] and e["members"] == [0, 1, 2] for e in step.values()), step
         check_step(step)
-    # The models started from different seeds: the first step healed them to rank 0's.
+    # The models started from different seeds: the first step healed them to rank 0's, which
+    # ranks 1 and 2 pulled from its heal server.
     assert steps[0][0]["before"] == flat_params_of_seed(1000)
+    assert [steps[0][r]["healed_from"] for r in range(3)] == [[], [0], [0]]
     assert steps[-1][0]["loss"] < steps[0][0]["loss"] * 1.5
 
 
@@ -180,6 +182,10 @@ def test_ddp_survives_a_sigkill_and_a_replacement_heals_to_identical_state(worke
         e for e in healed[0] if (e["version"], e["index"]) == (first["version"], first["index"])
     )
     assert first["before"] == same_step["before"] and first["members"] == [0, 1, 2, 3]
+    # It pulled that state from the survivors' threads (all that held the step it pinned) while
+    # they kept training, and needed nothing more: its first step is the one after that heal.
+    assert first["healed_from"] and set(first["healed_from"]) <= {0, 1, 2}, first
+    assert first["healed_steps"] == first["steps"] - 1, first
     final = {r: healed[r][-1] for r in range(4)}
     assert len({(e["steps"], e["version"], e["index"]) for e in final.values()}) == 1, final
     assert len({e["params"] for e in final.values()}) == 1
