@@ -11,9 +11,8 @@ import sys
 import pytest
 
 from tests.agent.conftest import ROOT
-from tests.conftest import heavy
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(300), heavy]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 
 def test_train_ddp_survives_a_kill_heals_the_replacement_and_ends_identical(coordinator):
