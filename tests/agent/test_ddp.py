@@ -14,11 +14,10 @@ import pytest
 import torch
 
 from tests.agent.ddp_worker import loss_of, make_model
-from tests.conftest import heavy
 
 DDP_WORKER = Path(__file__).with_name("ddp_worker.py")
 
-pytestmark = [pytest.mark.timeout(280), heavy]
+pytestmark = pytest.mark.timeout(280)
 
 
 def expected_grads(before: list[float], seeds: list[int]) -> torch.Tensor:

@@ -11,9 +11,8 @@ from pathlib import Path
 import pytest
 
 from tests.agent.conftest import ROOT
-from tests.conftest import heavy
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(300), heavy]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 
 def test_the_demo_tells_the_whole_story_and_its_log_replays():

@@ -8,12 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import heavy
-
 DIST_WORKER = Path(__file__).with_name("dist_worker.py")
 ALL = [0, 1, 2]
 
-pytestmark = [pytest.mark.timeout(240), heavy]
+pytestmark = pytest.mark.timeout(240)
 
 
 def started(w) -> None:

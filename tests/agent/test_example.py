@@ -25,9 +25,8 @@ from coordinator.fold.effects import Refused
 from coordinator.fold.machine import Coordinator as Fold
 from eventlog import open_log
 from tests.agent.conftest import ROOT
-from tests.conftest import heavy
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(300), heavy]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 SIZE = 2048
 

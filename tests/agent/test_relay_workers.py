@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import heavy
-
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(240), heavy]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
 ALL = [0, 1, 2, 3]
 

@@ -14,9 +14,9 @@ from urllib.parse import urlsplit
 import pytest
 
 from tests.agent.conftest import Workers, start_coordinator, stop_coordinator
-from tests.conftest import free_port, heavy
+from tests.conftest import free_port
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(240), heavy]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
 ALL = [0, 1, 2]
 

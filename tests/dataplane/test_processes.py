@@ -11,10 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.conftest import heavy
 from tests.dataplane.cluster import Cluster
-
-pytestmark = heavy
 
 WORLD = 4
 

@@ -46,7 +46,6 @@ from coordinator.fold.effects import (
 from coordinator.fold.epochs import Epoch, EpochPlan, Epochs, Holding
 from coordinator.fold.state import RankInfo
 from eventlog.record import Record
-from tests.conftest import heavy
 from tests.sim import world as sim
 from tests.sim.invariants import NAMES, Invariants, Violation
 from tests.sim.world import HORIZON_STEPS, World, describe, run_seed, shrink
@@ -86,13 +85,11 @@ def _run_seeds(first: int, count: int) -> None:
         pytest.fail("\n".join(lines))
 
 
-@heavy
 @pytest.mark.timeout(900)
 def test_seeds() -> None:
     _run_seeds(0, SEEDS)
 
 
-@heavy
 @pytest.mark.slow
 @pytest.mark.timeout(1200)
 def test_more_seeds() -> None:
