@@ -140,10 +140,8 @@ def _by_rank(moves: list[Move], key: Any, *, ranges: bool = False) -> str:
     for other in others:
         mine = [(m.start, m.length) for m in moves if key(m) == other]
         total = sum(n for _, n in mine)
-        if ranges or len(mine) > 1:
-            where = f"in {segments_text(mine)}"
-        else:
-            where = f"from {mine[0][0]:,}"
+        many = ranges or len(mine) > 1
+        where = f"in {segments_text(mine)}" if many else f"from {mine[0][0]:,}"
         parts.append(where if len(others) == 1 else f"{other}: {total:,} {where}")
     return abridged(parts)
 
