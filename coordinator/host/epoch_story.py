@@ -107,7 +107,7 @@ def _changed(
     if got:
         total = sum(m.length for m in got)
         donors = sorted({m.from_rank for m in got})
-        each = _by_rank(got, lambda m: m.from_rank)
+        each = _by_rank(got, lambda m: m.from_rank, ranges=True)
         if effect.cause == "reclaim":
             how = "it had finished its part and reclaimed"
         elif joined:
@@ -131,15 +131,17 @@ def _changed(
     return "assignment_changed", reason, fields
 
 
-def _by_rank(moves: list[Move], key: Any) -> str:
-    """``0: 1,256 from 11,234, 1: ...``: what each counterpart gave or took (with one, only
-    where)."""
+def _by_rank(moves: list[Move], key: Any, *, ranges: bool = False) -> str:
+    """``0: 1,256 from 11,234, 1: ...``: what each counterpart took (where it starts), or with
+    ``ranges`` what each one gave (``0: 175 in 1,325..1,499``); with one counterpart, only
+    where."""
     parts: list[str] = []
     others = sorted({key(m) for m in moves})
     for other in others:
         mine = [(m.start, m.length) for m in moves if key(m) == other]
         total = sum(n for _, n in mine)
-        where = f"from {mine[0][0]:,}" if len(mine) == 1 else f"in {segments_text(mine)}"
+        many = ranges or len(mine) > 1
+        where = f"in {segments_text(mine)}" if many else f"from {mine[0][0]:,}"
         parts.append(where if len(others) == 1 else f"{other}: {total:,} {where}")
     return abridged(parts)
 

@@ -218,7 +218,7 @@ def test_the_data_story_says_which_range_a_rank_held_and_who_took_it_over():
     # the replacement's share comes from the survivors' tails, never the old range again
     assert joined["version"] == 3 and joined["cause"] == "view_committed"
     assert joined["reason"].startswith("epoch 0: it joined view 3 and got ")
-    assert "from ranks 0, 1, 3 (0: " in joined["reason"]
+    assert "from ranks 0, 1, 3 (0: 1,064 in 11,426..12,489, 1: 1,063 in " in joined["reason"]
     assert all(m[1] == 2 and m[0] in (0, 1, 3) for m in joined["moves"])
     got = sum(m[3] for m in joined["moves"])
     assert joined["remaining"] and sum(n for _, n in joined["remaining"]) == got
@@ -230,7 +230,7 @@ def test_the_data_story_says_which_range_a_rank_held_and_who_took_it_over():
     st0 = story(s, "g", 0)
     took = [e for e in st0["entries"] if e["event"] == "assignment_changed"]
     assert took[0]["reason"].startswith(
-        "epoch 0: with view 2 it got 1,256 positions from rank 2 (from 11,234)"
+        "epoch 0: with view 2 it got 1,256 positions from rank 2 (in 11,234..12,489)"
     )
     assert took[1]["reason"].startswith("epoch 0: rank 0 gave ")
     assert "to rank 2 (from " in took[1]["reason"]
@@ -255,7 +255,7 @@ def test_the_data_story_tells_a_reclaim_and_the_epoch_s_end():
     reclaim = next(e for e in st["entries"] if e["event"] == "assignment_changed")
     assert reclaim["cause"] == "reclaim"
     assert reclaim["reason"].startswith(
-        "epoch 0: it had finished its part and reclaimed 266 positions from rank 1 (from "
+        "epoch 0: it had finished its part and reclaimed 266 positions from rank 1 (in 734..999)"
     )
     assert "[reclaim: rank 0 finished its part" in reclaim["reason"]
     end = st["entries"][-1]

@@ -270,7 +270,7 @@ def test_explain_says_which_range_a_rank_held_and_who_took_it_over(epoch_log):
     )
     moved = [e for e in survivor["entries"] if e["event"] == "assignment_changed"]
     assert moved[0]["reason"].startswith("epoch 0: with view 2 it got ")
-    assert "positions from rank 1 (from " in moved[0]["reason"]
+    assert "positions from rank 1 (in " in moved[0]["reason"]
     assert moved[1]["reason"].startswith("epoch 0: rank 0 gave ")
     text = explain(srv.db, "--group", "data", "--rank", "1", "--until", str(head))
     assert text.returncode == 0 and "assignment_changed e0" in text.stdout
