@@ -3,9 +3,11 @@
 Started by the launcher with ``FOLDPLANE_REPLICA_ID``, ``FOLDPLANE_SHARD`` and
 ``FOLDPLANE_SHARDS`` set; its agent's group is its shard index's, its rank the replica's.
 Driven by one JSON command per line on stdin, one JSON event per line on stdout. Commands:
-``steps {n | until} [with_rank]`` (as ``tests/agent/ddp_worker.py``: n steps, or steps until
-``until`` are committed, and on until a committed step had replica ``with_rank`` among its
-members; one ``step`` event each), ``activate_self``, ``close``.
+``steps {n | until} [with_rank] [die_at]`` (as ``tests/agent/ddp_worker.py``: n steps, or
+steps until ``until`` are committed, and on until a committed step had replica ``with_rank``
+among its members; one ``step`` event each; with ``die_at`` the process SIGKILLs itself after
+the backward pass of the first step begun with ``die_at`` steps committed, before it votes),
+``activate_self``, ``close``.
 
 A ``step`` event carries the digests of this process's parameter shards and optimizer state
 after the step: the same on every replica for the same shard index.
@@ -16,6 +18,8 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import json
+import os
+import signal
 import sys
 import time
 import traceback
@@ -120,6 +124,8 @@ def main() -> int:
                     x, y = batch(seed)
                     loss = torch.nn.functional.mse_loss(model(x), y)
                     loss.backward()
+                    if cmd.get("die_at") is not None and model.committed_steps >= cmd["die_at"]:
+                        os.kill(os.getpid(), signal.SIGKILL)
                     committed = opt.step()
                     joined = joined or (committed and with_rank in model.members)
                     emit(
