@@ -7,7 +7,14 @@ shard index's parameters and Adam state are equal on every replica)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
+import torch
+
+from tests.agent.conftest import workers as workers  # noqa: PLC0414 (the fixture)
+
+WORKER_1D = Path(__file__).with_name("fsdp1d_worker.py")
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -152,3 +159,26 @@ def test_hsdp_survives_a_replica_sigkill_and_a_replacement_heals_bit_identical(h
     for s in range(2):
         history = [v["active_ranks"] for v in coordinator.history(f"hsdpkill-s{s}")]
         assert [0] in history and history[-1] == [0, 1], history
+
+
+def test_fully_shard_over_the_whole_foldplane_group_trains_as_one_process_would(workers):
+    """1-D: ``init_device_mesh`` over the foldplane default group, FSDP's all-gather and
+    reduce-scatter on it; every step equals Adam on the mean of the ranks' gradients."""
+    from tests.fsdp.fsdp1d_worker import batch, make_model
+
+    w = workers("fsdp1d", 2, script=WORKER_1D)
+    meshes = {r: w.expect(r, "mesh", timeout=120) for r in range(2)}
+    assert all(m["ranks"] == m["from_group"] == [0, 1] for m in meshes.values()), meshes
+    model = make_model()
+    opt = torch.optim.Adam(model.parameters(), lr=0.05)
+    for _ in range(3):
+        events = {r: w.expect(r, "step", timeout=120) for r in range(2)}
+        opt.zero_grad()
+        for r in range(2):
+            x, y = batch(events[r]["seed"])
+            (torch.nn.functional.mse_loss(model(x), y) / 2).backward()
+        opt.step()
+        for i, p in enumerate(model.parameters()):
+            pieces = [torch.tensor(events[r]["shards"][i], dtype=torch.float64) for r in range(2)]
+            got = torch.cat([t.reshape(-1, *p.shape[1:]) for t in pieces if t.numel()])
+            torch.testing.assert_close(got, p.detach(), rtol=1e-9, atol=1e-12)
