@@ -212,9 +212,9 @@ def hsdp_mesh(
     _ensure_world(replica * shards + shard, replicas * shards)
     shard_ranks = [replica * shards + i for i in range(shards)]
     shard_group = _shard_group(plane, replica_id, shard, shards, timeout_s)
-    _register(shard_group, "gloo", f"hsdp/{replica_id}/shard", shard_ranks)
+    register_group(shard_group, plane.kind.name, f"hsdp/{replica_id}/shard", shard_ranks)
     replicate = ReplicateGroup(elastic)
-    _register(
+    register_group(
         replicate,
         elastic.getBackendName(),
         f"hsdp/{agent.group}/replicate",
@@ -255,22 +255,23 @@ def _shard_group(
     )
     store = PrefixStore(f"foldplane-hsdp/{replica_id}/", client)
     # The shard group's ops wait for the slowest shard's view changes: a generous backstop.
-    backend = plane.kind.create(
-        store, shard, shards, max(timeout_s, 4 * plane.collective_timeout_s)
-    )
-    group = dist.ProcessGroup(store, shard, shards)
-    kind = (
-        dist.ProcessGroup.BackendType.GLOO
-        if plane.kind.name == "gloo"
-        else dist.ProcessGroup.BackendType.NCCL
-    )
+    timeout = max(timeout_s, 4 * plane.collective_timeout_s)
+    return plain_group(plane.kind.create(store, shard, shards, timeout), store, shard, shards)
+
+
+def plain_group(backend: Any, store: dist.Store, rank: int, size: int) -> dist.ProcessGroup:
+    """A ``dist.ProcessGroup`` over a gloo or NCCL ``backend`` (``dist.*`` calls reach it)."""
+    gloo = isinstance(backend, dist.ProcessGroupGloo)
+    kind = dist.ProcessGroup.BackendType.GLOO if gloo else dist.ProcessGroup.BackendType.NCCL
+    group = dist.ProcessGroup(store, rank, size)
     group._set_default_backend(kind)
-    group._register_backend(plane.device, kind, backend)  # type: ignore[arg-type]
+    group._register_backend(torch.device("cpu" if gloo else "cuda"), kind, backend)
     return group
 
 
-def _register(pg: dist.ProcessGroup, backend: str, name: str, global_ranks: list[int]) -> None:
-    """Make ``pg`` known to torch (``dist.*(group=pg)``, DeviceMesh) with its global ranks."""
+def register_group(pg: dist.ProcessGroup, backend: str, name: str, global_ranks: list[int]) -> None:
+    """Make ``pg`` known to torch (``dist.*(group=pg)``, DeviceMesh) with its global ranks
+    (``global_ranks[i]`` is the group's rank ``i``), under the unique ``name``."""
     from torch.distributed.distributed_c10d import _register_pg_in_world
 
     pg._set_group_name(name)
@@ -532,4 +533,6 @@ __all__ = [
     "ReplicateGroup",
     "environment",
     "hsdp_mesh",
+    "plain_group",
+    "register_group",
 ]
