@@ -22,12 +22,14 @@ the elastic one. Global ranks are ``replica * S + shard``.
   of a step) pins the installed view of this process's foldplane group; FSDP's all-reduce over
   the replicate dimension runs on it (``ReplicateGroup``), and its ``size()`` is the view's
   number of members, so FSDP divides the gradients by ``S * members``.
-- **Every replica commits or skips the same steps, as a whole.** After the backward pass the
-  shard ranks of a replica compare, over the shard group, whether each one's collectives
-  succeeded and on views with the same members; each then votes that (the replica's) answer on
-  its own group with ``agent.ddp.StepAgreement``; a step is committed only if every shard
-  index's group committed it (a minimum over the shard group). Each group's decision is the
-  same on all its members, so every surviving replica reaches the same answer.
+- **Every replica commits or skips the same steps, as a whole.** After the backward pass each
+  shard rank votes whether its collectives succeeded on its own group
+  (``agent.ddp.StepAgreement``: the decision is the same on all the view's members); then the
+  shard ranks of a replica all-gather their decisions and their views' members over the shard
+  group, and the replica steps only if every group committed and the members are the same in
+  all of them. A replica that steps therefore knows that every group's view had the same
+  members, each of which voted ok in every group and sees the same decisions: every replica of
+  the view steps, or none does.
 - **Healing.** Entering a view, each shard rank syncs its own shards (parameters and optimizer
   state, the local pieces of the DTensors) with ``agent.ddp.sync_state`` over its group: a
   replacement replica's shard ``s`` receives them from shard ``s`` of the replica with the most
@@ -400,24 +402,21 @@ class ElasticFSDP:
         ok = view is not None and replicate.ok and all(w.wait() for w in replicate.works)
         works = replicate.works
         replicate.pin(None)
-        mine = torch.zeros(1 + self.mesh.replicas, dtype=torch.int64)
-        mine[0] = int(ok)
-        for m in () if view is None else view.members:
-            mine[1 + m] = 1
-        # The replica's answer: every shard succeeded, on views with the same members.
-        rows = torch.zeros(self.mesh.shards * (1 + self.mesh.replicas), dtype=torch.int64)
-        dist.all_gather_into_tensor(rows, mine, group=shard_group)
-        rows = rows.view(self.mesh.shards, -1)
-        replica_ok = bool(rows[:, 0].all()) and bool((rows == rows[0]).all())
         decided = False
         if view is not None:
             index = self._index
             self._index += 1
-            decided = self._agreement.agree(view, index, replica_ok)
-        # Committed only if the group of every shard index committed it.
-        flag = torch.tensor([int(decided)], dtype=torch.int64)
-        dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=shard_group)
-        committed = bool(flag.item())
+            decided = self._agreement.agree(view, index, ok)
+        # The replica commits only if the group of every shard index committed the step, on
+        # views of the same members (else a replica could step in one group and not another).
+        mine = torch.zeros(1 + self.mesh.replicas, dtype=torch.int64)
+        mine[0] = int(decided)
+        for m in () if view is None else view.members:
+            mine[1 + m] = 1
+        rows = torch.zeros(self.mesh.shards * (1 + self.mesh.replicas), dtype=torch.int64)
+        dist.all_gather_into_tensor(rows, mine, group=shard_group)
+        rows = rows.view(self.mesh.shards, -1)
+        committed = bool(rows[:, 0].all()) and bool((rows == rows[0]).all())
         if committed:
             self.committed_steps += 1
             self._failed_works = []
