@@ -169,9 +169,11 @@ class ReplicateGroup(dist.ProcessGroup):
             raise ValueError(f"allreduce takes one tensor per process, got {len(tensors)}")
         if self.view is None or not self.ok:
             return _Done(tensors)
-        work = self.elastic.all_reduce(tensors[0], opts.reduceOp, async_op=True, view=self.view)
+        # FSDP's all-reduce is synchronous: wait here (inside gloo, no thread hop), and never
+        # raise for a peer's failure (the elastic call returns the failed Work).
+        work = self.elastic.all_reduce(tensors[0], opts.reduceOp, async_op=False, view=self.view)
         self.works.append(work)
-        if not work.wait():  # FSDP's all-reduce is synchronous: wait here, never raise
+        if not work.wait():
             self.ok = False
         return work
 
