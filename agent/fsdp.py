@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, cast
@@ -210,7 +211,7 @@ def hsdp_mesh(
     if not 0 <= shard < shards:
         raise ValueError(f"shard {shard} is out of range for {shards} shards")
     agent.wait_for_view(timeout=timeout_s)
-    plane = cast(DataPlane, agent.data_plane)
+    plane = _data_plane(agent, timeout_s)
     elastic = plane.process_group()
     replicas, replica = elastic.size(), elastic.rank()
     _ensure_world(replica * shards + shard, replicas * shards)
@@ -232,6 +233,17 @@ def hsdp_mesh(
         mesh_dim_names=("replicate", "shard"),
     )
     return HSDPMesh(device_mesh, replicate, shard_group, replica, replicas, shard, shards)
+
+
+def _data_plane(agent: Any, timeout_s: float) -> DataPlane:
+    """The agent's data plane, once connected (``agent.process_group()`` would also register
+    the group with torch as the default group, which here is the numbering one)."""
+    deadline = time.monotonic() + timeout_s
+    while agent.data_plane is None:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"rank {agent.rank}: no data plane after {timeout_s} s")
+        time.sleep(0.05)
+    return cast(DataPlane, agent.data_plane)
 
 
 def _ensure_world(rank: int, size: int) -> None:
