@@ -39,13 +39,16 @@ The rules (see ``docs/ddp.md``):
 
 from __future__ import annotations
 
+import ctypes
+import io
 import logging
+import math
 import queue
 import threading
 import time
 from collections.abc import Callable
 from datetime import timedelta
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 import torch
 import torch.distributed as dist
@@ -571,6 +574,179 @@ class DistributedDataParallel(_TorchDDP):
             self.module.load_state_dict(state["model"])
         for optimizer, saved in zip(self._optimizers, state["optimizers"], strict=True):
             optimizer.load_state_dict(saved)  # keeps the received tensors (no copy)
+
+
+class StateHolder(Protocol):
+    """What healing needs of whatever holds the state: the state, and a way to load it."""
+
+    def state_for_healing(self) -> dict[str, Any]: ...
+
+    def load_healed_state(self, state: dict[str, Any]) -> None: ...
+
+
+def sync_state(
+    group: ElasticProcessGroup, view: ViewGroup, committed_steps: int, holder: StateHolder
+) -> int | None:
+    """Entering ``view``: make every member hold the state of the member with the most steps.
+
+    The members all-gather their ``committed_steps``; if the counts differ (a replacement has
+    0) or nobody has stepped yet (the first view: ranks may have initialised differently), the
+    member with the most steps (the lowest rank among equals) sends ``holder``'s state to the
+    members behind (every other member before the first step), which load it. Returns the
+    steps every member has committed now, or None if the view failed on the way.
+    """
+    counts = [torch.zeros(1, dtype=torch.int64) for _ in range(group.world_size)]
+    mine = torch.tensor([committed_steps], dtype=torch.int64)
+    if not group.all_gather(counts, mine, async_op=True, view=view).wait():
+        return None
+    steps = {m: int(counts[m].item()) for m in view.members}
+    top = max(steps.values())
+    if top == 0 or len(set(steps.values())) > 1:
+        source = min(m for m, s in steps.items() if s == top)
+        # Members with as many committed steps as the source hold its state already (every
+        # member commits the same steps); before the first step nobody is known to.
+        behind = [m for m in view.members if m != source and (top == 0 or steps[m] < top)]
+        if not send_state(group, view, source, behind, holder):
+            return None
+        log.info(
+            "rank %d: view %d: state of rank %d (%d steps) on every member",
+            group.plane.rank,
+            view.version,
+            source,
+            top,
+        )
+    return top
+
+
+def send_state(
+    group: ElasticProcessGroup,
+    view: ViewGroup,
+    source: int,
+    receivers: list[int],
+    holder: StateHolder,
+) -> bool:
+    """``source`` hands ``holder``'s state to ``receivers`` over ``view``; they load it. False:
+    it failed.
+
+    In three parts: a header's length, the header (the state's structure, with every
+    tensor replaced by its number, and each tensor's dtype and shape, saved by
+    ``torch.save``), then one flat buffer per dtype holding every tensor of that dtype.
+    Broadcast when every other member receives it; sent to each receiver in turn when only
+    some do (a replacement joining members that hold the state), so that the state crosses
+    the network once per receiver and not once per member.
+    """
+    rank = group.plane.rank
+    if rank != source and rank not in receivers:
+        return True
+    everyone = len(receivers) == len(view.members) - 1
+
+    def move(tensor: torch.Tensor) -> bool:
+        if everyone:
+            return group.broadcast(tensor, source, async_op=True, view=view).wait()
+        if rank != source:
+            return group.recv(tensor, source, async_op=True, view=view).wait()
+        return all(group.send(tensor, r, async_op=True, view=view).wait() for r in receivers)
+
+    sender = rank == source
+    flats: list[torch.Tensor] = []
+    header = torch.empty(0, dtype=torch.uint8)
+    if sender:
+        skeleton, tensors = split_tensors(holder.state_for_healing())
+        layout = [(str(t.dtype).removeprefix("torch."), list(t.shape)) for t in tensors]
+        dtypes = sorted({d for d, _ in layout})
+        for dtype in dtypes:
+            parts = [t.reshape(-1) for t, (d, _) in zip(tensors, layout, strict=True) if d == dtype]
+            flats.append(torch.cat(parts) if parts else torch.empty(0))
+        buf = io.BytesIO()
+        torch.save({"skeleton": skeleton, "layout": layout, "dtypes": dtypes}, buf)
+        header = torch.frombuffer(bytearray(buf.getbuffer()), dtype=torch.uint8)
+    size = torch.tensor([header.numel()], dtype=torch.int64)
+    if not move(size):
+        return False
+    if not sender:
+        header = torch.empty(int(size.item()), dtype=torch.uint8)
+    if not move(header):
+        return False
+    if sender:
+        return all(move(f) for f in flats)
+    raw = ctypes.string_at(header.data_ptr(), header.numel())
+    meta = torch.load(io.BytesIO(raw), weights_only=True)
+    tensors: list[torch.Tensor | None] = [None] * len(meta["layout"])
+    for dtype in meta["dtypes"]:
+        mine = [(i, shape) for i, (d, shape) in enumerate(meta["layout"]) if d == dtype]
+        numel = [math.prod(shape) for _, shape in mine]
+        flat = torch.empty(sum(numel), dtype=getattr(torch, dtype))
+        if not move(flat):
+            return False
+        for (i, shape), piece in zip(mine, flat.split(numel), strict=True):
+            tensors[i] = piece.view(shape)
+    holder.load_healed_state(join_tensors(meta["skeleton"], tensors))
+    return True
+
+
+class StepAgreement:
+    """Every member's vote on each step of a view, in the coordinator's store.
+
+    ``agree(view, index, ok)``: the last of the view's members to vote "ok" on step ``index``
+    writes ``commit``; a member that votes not ok, or that sees the view fail or lose a member
+    (or the collective timeout pass) while it waits, writes ``skip``. The first write wins
+    (``compare_set``) and every member adopts it. ``prefix`` keeps the keys of two users of one
+    group apart. Three store round trips per step.
+    """
+
+    def __init__(self, plane: DataPlane, prefix: str) -> None:
+        self._plane = plane
+        self._prefix = prefix
+        self._store: Any = None
+        self._store_address: tuple[str, int] | None = None
+
+    def agree(self, view: ViewGroup, index: int, ok: bool) -> bool:
+        """True if step ``index`` of ``view`` is committed on every member (False: skipped)."""
+        store = self._decision_store()
+        base = f"{self._prefix}/{view.version}/{index}"
+        decision = f"{base}/decision"
+        try:
+            if not ok:
+                return store.compare_set(decision, "", SKIP) == COMMIT
+            if store.add(f"{base}/ok", 1) == len(view.members):
+                answer = store.compare_set(decision, "", COMMIT)
+                if answer == COMMIT and index > 0:  # every member is past step index - 1
+                    self._janitor.forget(f"{self._prefix}/{view.version}/{index - 1}")
+                return answer == COMMIT
+            return self._await_decision(store, view, decision)
+        except RuntimeError as e:  # the store is unreachable: the step cannot be agreed
+            rank = self._plane.rank
+            log.error(
+                "rank %d: cannot agree on step %d of view %d: %s", rank, index, view.version, e
+            )
+            self._store = None
+            return False
+
+    def _await_decision(self, store: Any, view: ViewGroup, decision: str) -> bool:
+        plane = self._plane
+        deadline = time.monotonic() + plane.collective_timeout_s
+        slice_ = timedelta(seconds=DECISION_SLICE_S)
+        while True:
+            try:
+                store.wait([decision], slice_)
+            except DistStoreError:
+                current = plane.current_view()
+                gone = current is not None and not set(view.members) <= set(current.members)
+                if view.failure is not None or gone or time.monotonic() > deadline:
+                    return store.compare_set(decision, "", SKIP) == COMMIT
+                continue
+            # Present now: compare_set answers its value in one round trip (get takes two).
+            return store.compare_set(decision, "", SKIP) == COMMIT
+
+    def _decision_store(self) -> Any:
+        """A store client of our own (a wait here must not hold up the heartbeat's client)."""
+        plane = self._plane
+        address = plane.store_address
+        if self._store is None or self._store_address != address:
+            self._store = plane.connect_store(*address)
+            self._store_address = address
+            self._janitor = _Janitor(plane.connect_store(*address))
+        return self._store
 
 
 class _Janitor:

@@ -36,6 +36,9 @@ is the size named; 4 MB unless said otherwise; batches of 32 synthetic samples):
   same number for both systems. ``ready_s`` in the extra says when foldplane's replacement had
   also entered the view with the members (they finish their step first).
 
+The run ends with the elastic HSDP rows (**fsdp step overhead**, **fsdp recovery**) of
+``benchmarks/fsdp.py``, where they are described.
+
 Workers are this module, run as ``python benchmarks/ddp.py MODE``; they print one JSON line per
 event with wall-clock times (``time.time()``), the clock of the kill.
 """
@@ -630,6 +633,9 @@ def run(quick: bool) -> list[Result]:
                        "torchft_recovery_at_this_size_s": [round(s, 3) for s in ft_recovery[size]]},
             )
         )  # fmt: skip
+    from benchmarks import fsdp  # the HSDP rows belong to this run too
+
+    results.extend(fsdp.run(quick))
     return results
 
 

@@ -1,0 +1,556 @@
+"""Elastic HSDP: FSDP2 sharded inside each replica, replicated over the foldplane group.
+
+>>> agent = Agent().start()                  # rank = this replica's index, in its shard's group
+>>> mesh = hsdp_mesh(agent, shards=2, shard=s, replica_id=os.environ[REPLICA_ID_ENV])
+>>> for layer in model.layers:
+...     fully_shard(layer, mesh=mesh.device_mesh)
+>>> fully_shard(model, mesh=mesh.device_mesh)
+>>> model = ElasticFSDP(model, mesh)
+>>> opt = ElasticOptimizer(model, torch.optim.AdamW(model.parameters()))
+>>> for x, y in data:
+...     opt.zero_grad()
+...     loss_fn(model(x), y).backward()
+...     opt.step()                           # True: committed on every replica
+
+The shape (see ``docs/fsdp.md``): ``R`` replicas of ``S`` processes each. The processes of one
+replica form a **shard group**, a plain fixed backend (gloo here) that lives and dies with the
+replica. The processes with the same shard index ``s`` across the replicas form the foldplane
+group ``G-s<s>`` (world size ``R``, rank = the replica's index): the **replicate** dimension,
+the elastic one. Global ranks are ``replica * S + shard``.
+
+- **A step runs on one view per shard index.** ``begin_step()`` (called by the first forward
+  of a step) pins the installed view of this process's foldplane group; FSDP's all-reduce over
+  the replicate dimension runs on it (``ReplicateGroup``), and its ``size()`` is the view's
+  number of members, so FSDP divides the gradients by ``S * members``.
+- **Every replica commits or skips the same steps, as a whole.** After the backward pass each
+  shard rank votes whether its collectives succeeded on its own group
+  (``agent.ddp.StepAgreement``: the decision is the same on all the view's members); then the
+  shard ranks of a replica all-gather their decisions and their views' members over the shard
+  group, and the replica steps only if every group committed and the members are the same in
+  all of them. A replica that steps therefore knows that every group's view had the same
+  members, each of which voted ok in every group and sees the same decisions: every replica of
+  the view steps, or none does.
+- **Healing.** Entering a view, each shard rank syncs its own shards (parameters and optimizer
+  state, the local pieces of the DTensors) with ``agent.ddp.sync_state`` over its group: a
+  replacement replica's shard ``s`` receives them from shard ``s`` of the replica with the most
+  committed steps.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, cast
+
+import torch
+import torch.distributed as dist
+from torch._C._distributed_c10d import AllreduceOptions
+from torch.distributed import PrefixStore, TCPStore
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor
+
+from agent.dataplane.group import ElasticProcessGroup
+from agent.dataplane.plane import DataPlane
+from agent.dataplane.view import ViewGroup
+from agent.dataplane.work import Work
+from agent.ddp import StepAgreement, sync_state
+
+log = logging.getLogger("foldplane.fsdp")
+
+#: The environment of an HSDP process: the replica's id (the same in all its processes, new for
+#: a replacement replica), this process's shard index, and the number of shards per replica.
+REPLICA_ID_ENV, SHARD_ENV, SHARDS_ENV = (
+    "FOLDPLANE_REPLICA_ID",
+    "FOLDPLANE_SHARD",
+    "FOLDPLANE_SHARDS",
+)
+#: The backend name of the default group ``hsdp_mesh`` makes: it numbers the ranks, no more.
+WORLD_BACKEND = "foldplane-world"
+_DTENSOR = "__foldplane_dtensor__"
+
+
+class _Done(dist.Work):
+    """An operation with nothing to do (an inactive rank, or a step that failed already)."""
+
+    def __init__(self, tensors: list[torch.Tensor]) -> None:
+        super().__init__()
+        self._tensors = tensors
+
+    def wait(self, timeout: timedelta | None = None) -> bool:
+        return True
+
+    def is_completed(self) -> bool:
+        return True
+
+    def is_success(self) -> bool:
+        return True
+
+    def get_future(self) -> torch.futures.Future:
+        future: torch.futures.Future = torch.futures.Future()
+        future.set_result(self._tensors)
+        return future
+
+
+class _World(dist.ProcessGroup):
+    """The default group of an HSDP process: the global numbering (``replica * S + shard``).
+
+    DeviceMesh needs a default group to find this process's coordinate; nothing runs on it
+    (a collective on it raises: torch finds no backend).
+    """
+
+    def __init__(self, rank: int, size: int) -> None:
+        super().__init__(rank, size)
+        self._group_name = ""
+
+    def getBackendName(self) -> str:  # noqa: N802 (c10d's name)
+        return WORLD_BACKEND
+
+    def getGroupName(self) -> str:  # noqa: N802
+        return self._group_name
+
+    def setGroupName(self, name: str) -> None:  # noqa: N802
+        self._group_name = name
+
+    def name(self) -> str:  # type: ignore[override]
+        return WORLD_BACKEND
+
+
+class ReplicateGroup(dist.ProcessGroup):
+    """The replicate dimension of an HSDP mesh: the foldplane group, on one step's view.
+
+    ``rank()`` is the replica's index; ``size()`` is the number of members of the pinned view
+    (1 while none is), which FSDP divides the summed gradients by. ``allreduce`` runs on the
+    pinned view and never raises for a peer's failure: it marks the step failed (``ok``) and
+    the step is then skipped on every replica. On an inactive rank, or once the step failed,
+    it leaves the tensor as it is.
+    """
+
+    def __init__(self, elastic: ElasticProcessGroup) -> None:
+        super().__init__(elastic.rank(), elastic.size())
+        self.elastic = elastic
+        self._group_name = ""
+        self.view: ViewGroup | None = None
+        self.ok = True
+        self.works: list[Work] = []
+
+    def pin(self, view: ViewGroup | None) -> None:
+        """The view of the next step's all-reduces (None: a local step, never committed)."""
+        self.view, self.ok, self.works = view, view is not None, []
+
+    def getRank(self) -> int:  # noqa: N802 (c10d's name)
+        return self.elastic.rank()
+
+    def getSize(self) -> int:  # noqa: N802
+        return 1 if self.view is None else len(self.view.members)
+
+    def getBackendName(self) -> str:  # noqa: N802
+        return self.elastic.getBackendName()
+
+    def getGroupName(self) -> str:  # noqa: N802
+        return self._group_name
+
+    def setGroupName(self, name: str) -> None:  # noqa: N802
+        self._group_name = name
+
+    @property
+    def group_name(self) -> str:  # type: ignore[override]
+        return self._group_name
+
+    def name(self) -> str:  # type: ignore[override]
+        return self.elastic.getBackendName()
+
+    def allreduce(
+        self, tensors: list[torch.Tensor], opts: AllreduceOptions | None = None
+    ) -> dist.Work:
+        opts = opts if opts is not None else AllreduceOptions()
+        if len(tensors) != 1:
+            raise ValueError(f"allreduce takes one tensor per process, got {len(tensors)}")
+        if self.view is None or not self.ok:
+            return _Done(tensors)
+        # FSDP's all-reduce is synchronous: wait here (inside gloo, no thread hop), and never
+        # raise for a peer's failure (the elastic call returns the failed Work).
+        work = self.elastic.all_reduce(tensors[0], opts.reduceOp, async_op=False, view=self.view)
+        self.works.append(work)
+        if not work.wait():
+            self.ok = False
+        return work
+
+
+@dataclass(frozen=True)
+class HSDPMesh:
+    """A 2-D mesh ``("replicate", "shard")`` and its two groups."""
+
+    device_mesh: DeviceMesh
+    replicate: ReplicateGroup
+    shard_group: dist.ProcessGroup
+    replica: int
+    replicas: int
+    shard: int
+    shards: int
+
+
+def hsdp_mesh(
+    agent: Any,
+    *,
+    shards: int,
+    shard: int,
+    replica_id: str,
+    timeout_s: float = 60.0,
+) -> HSDPMesh:
+    """The HSDP mesh of this process: ``agent``'s foldplane group × its replica's shard group.
+
+    ``agent`` is a started ``Agent`` of the group of shard index ``shard`` (its rank is the
+    replica's index). The shard group is built on the coordinator's store under
+    ``replica_id``, which the ``shards`` processes of one replica share (and a replacement
+    replica gets anew); it rendezvouses with them, so all of them call this together.
+    Makes the default group (the global numbering) if there is none.
+    """
+    if not 0 <= shard < shards:
+        raise ValueError(f"shard {shard} is out of range for {shards} shards")
+    agent.wait_for_view(timeout=timeout_s)
+    plane = _data_plane(agent, timeout_s)
+    elastic = plane.process_group()
+    replicas, replica = elastic.size(), elastic.rank()
+    _ensure_world(replica * shards + shard, replicas * shards)
+    shard_ranks = [replica * shards + i for i in range(shards)]
+    shard_group = _shard_group(plane, replica_id, shard, shards, timeout_s)
+    register_group(shard_group, plane.kind.name, f"hsdp/{replica_id}/shard", shard_ranks)
+    replicate = ReplicateGroup(elastic)
+    register_group(
+        replicate,
+        elastic.getBackendName(),
+        f"hsdp/{agent.group}/replicate",
+        [r * shards + shard for r in range(replicas)],
+    )
+    mesh = torch.arange(replicas * shards, dtype=torch.int).view(replicas, shards)
+    device_mesh = DeviceMesh.from_group(
+        [replicate, shard_group],
+        plane.device.type,
+        mesh=mesh,
+        mesh_dim_names=("replicate", "shard"),
+    )
+    return HSDPMesh(device_mesh, replicate, shard_group, replica, replicas, shard, shards)
+
+
+def _data_plane(agent: Any, timeout_s: float) -> DataPlane:
+    """The agent's data plane, once connected (``agent.process_group()`` would also register
+    the group with torch as the default group, which here is the numbering one)."""
+    deadline = time.monotonic() + timeout_s
+    while agent.data_plane is None:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"rank {agent.rank}: no data plane after {timeout_s} s")
+        time.sleep(0.05)
+    return cast(DataPlane, agent.data_plane)
+
+
+def _ensure_world(rank: int, size: int) -> None:
+    if dist.is_initialized():
+        if (dist.get_rank(), dist.get_world_size()) != (rank, size):
+            raise ValueError(
+                f"the default group is rank {dist.get_rank()} of {dist.get_world_size()}; "
+                f"the HSDP mesh needs rank {rank} of {size} (replica * shards + shard)"
+            )
+        return
+    if WORLD_BACKEND not in dist.Backend.backend_list:
+        dist.Backend.register_backend(
+            WORLD_BACKEND, lambda _store, r, n, _timeout: _World(r, n), devices=["cpu", "cuda"]
+        )
+    dist.init_process_group(WORLD_BACKEND, store=dist.HashStore(), rank=rank, world_size=size)
+
+
+def _shard_group(
+    plane: DataPlane, replica_id: str, shard: int, shards: int, timeout_s: float
+) -> dist.ProcessGroup:
+    """The replica's fixed group: a plain backend of the data plane's kind, on the store."""
+    host, port = plane.store_address
+    client = TCPStore(
+        host, port, is_master=False, timeout=timedelta(seconds=timeout_s), wait_for_workers=False
+    )
+    store = PrefixStore(f"foldplane-hsdp/{replica_id}/", client)
+    # The shard group's ops wait for the slowest shard's view changes: a generous backstop.
+    timeout = max(timeout_s, 4 * plane.collective_timeout_s)
+    return plain_group(plane.kind.create(store, shard, shards, timeout), store, shard, shards)
+
+
+def plain_group(backend: Any, store: dist.Store, rank: int, size: int) -> dist.ProcessGroup:
+    """A ``dist.ProcessGroup`` over a gloo or NCCL ``backend`` (``dist.*`` calls reach it)."""
+    gloo = isinstance(backend, dist.ProcessGroupGloo)
+    kind = dist.ProcessGroup.BackendType.GLOO if gloo else dist.ProcessGroup.BackendType.NCCL
+    group = dist.ProcessGroup(store, rank, size)
+    group._set_default_backend(kind)
+    group._register_backend(torch.device("cpu" if gloo else "cuda"), kind, backend)
+    return group
+
+
+def register_group(pg: dist.ProcessGroup, backend: str, name: str, global_ranks: list[int]) -> None:
+    """Make ``pg`` known to torch (``dist.*(group=pg)``, DeviceMesh) with its global ranks
+    (``global_ranks[i]`` is the group's rank ``i``), under the unique ``name``."""
+    from torch.distributed.distributed_c10d import _register_pg_in_world
+
+    pg._set_group_name(name)
+    _register_pg_in_world(
+        pg,
+        backend_name=backend,
+        store=dist.HashStore(),
+        group_name=name,
+        backend_config=f"cpu:{backend}",
+        rank_mapping={g: i for i, g in enumerate(global_ranks)},
+        add_to_default_tag=True,
+    )
+
+
+class ElasticFSDP:
+    """A ``fully_shard``-ed module on an ``HSDPMesh``, trained step by agreed step.
+
+    Wraps the module (``model(x)`` calls it; ``module`` is the FSDP module). ``name`` keeps
+    the store keys of two models of one group apart. ``committed_steps``, ``view_version``,
+    ``members``, ``step_index`` and ``last_failed_ranks`` say where training stands, as in
+    ``agent.ddp``.
+    """
+
+    def __init__(
+        self,
+        module: torch.nn.Module,
+        mesh: HSDPMesh,
+        *,
+        name: str = "fsdp",
+        inactive_wait_s: float = 1.0,
+        view_wait_s: float | None = None,
+    ) -> None:
+        self.module = module
+        self.mesh = mesh
+        self.elastic = mesh.replicate.elastic
+        self.inactive_wait_s = inactive_wait_s
+        self.view_wait_s = view_wait_s
+        #: Steps this replica has committed (the same on every replica of a view).
+        self.committed_steps = 0
+        self._optimizers: list[torch.optim.Optimizer] = []
+        self._agreement = StepAgreement(self._plane, f"fsdp/{name}")
+        self._view: ViewGroup | None = None  # the view this rank entered (synced state on)
+        self._index = 0  # the next step's number within ``_view``
+        self._step_view: ViewGroup | None = None
+        self._in_step = False
+        self._failed_works: list[Work] = []
+        # Before FSDP's own pre-forward (prepend), which all-gathers the parameters: a heal
+        # must land in the shards before they are gathered.
+        module.register_forward_pre_hook(lambda _m, _a: self.begin_step(), prepend=True)
+
+    @property
+    def _plane(self) -> DataPlane:
+        return cast(DataPlane, self.elastic.plane)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.module(*args, **kwargs)
+
+    def parameters(self) -> Any:
+        return self.module.parameters()
+
+    def attach_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
+        """Heal ``optimizer``'s state together with the shards (``ElasticOptimizer`` calls it)."""
+        if optimizer not in self._optimizers:
+            self._optimizers.append(optimizer)
+
+    # -- one step --------------------------------------------------------------------------------
+
+    def begin_step(self) -> None:
+        """Pin the view of the next step: move to a newer view (healing joiners) if there is one.
+
+        The rules are ``agent.ddp.DistributedDataParallel.begin_step``'s: an inactive rank waits
+        up to ``inactive_wait_s`` to be activated; after a failed view, up to ``view_wait_s``
+        (the collective timeout by default) for the next one.
+        """
+        if self._in_step:
+            return
+        plane = self._plane
+        while True:
+            current = plane.view_for_op("begin_step")
+            if self._view is not None and current is not self._view:
+                self._view.leave(f"rank {plane.rank} moved on to view {current.version}")
+                self._view = None
+            elif self._view is not None and current.failure is not None:
+                self._view = None
+            if self._view is not None:
+                break
+            if current.failure is not None:
+                wait = (
+                    self.view_wait_s if self.view_wait_s is not None else plane.collective_timeout_s
+                )
+                newer = plane.wait_for_view(lambda v, c=current: v.version > c.version, wait)
+                if newer is current:
+                    break  # no next view yet: this step runs on the failed one and is skipped
+                continue
+            if not current.active:
+                rank = plane.rank
+                activated = plane.wait_for_view(
+                    lambda v, r=rank: r in v.members, self.inactive_wait_s
+                )
+                if activated is None or not activated.active:
+                    self._start(None)  # still inactive: a local step, never committed
+                    return
+                continue
+            steps = sync_state(self.elastic, current, self.committed_steps, self)
+            if steps is not None:
+                self.committed_steps = steps
+                self._view, self._index = current, 0
+                break
+        self._start(self._view if self._view is not None else current)
+
+    def _start(self, view: ViewGroup | None) -> None:
+        self._step_view = view
+        self._in_step = True
+        self.mesh.replicate.pin(view)
+
+    def _end_mutation(self) -> None:
+        """``ElasticOptimizer`` calls this after the optimizer step. The elastic DDP releases its
+        heal servers' pin there; the shards here heal over the view (``agent.ddp.sync_state``),
+        with no thread serving them, so there is nothing to release."""
+
+    def should_commit(self) -> bool:
+        """End the step: True if every replica's every shard succeeded (then the caller steps).
+
+        All processes of all replicas of the view get the same answer.
+        """
+        if not self._in_step:
+            return False
+        self._in_step = False
+        view = self._step_view
+        replicate, shard_group = self.mesh.replicate, self.mesh.shard_group
+        ok = view is not None and replicate.ok and all(w.wait() for w in replicate.works)
+        works = replicate.works
+        replicate.pin(None)
+        decided = False
+        if view is not None:
+            index = self._index
+            self._index += 1
+            decided = self._agreement.agree(view, index, ok)
+        # The replica commits only if the group of every shard index committed the step, on
+        # views of the same members (else a replica could step in one group and not another).
+        mine = torch.zeros(1 + self.mesh.replicas, dtype=torch.int64)
+        mine[0] = int(decided)
+        for m in () if view is None else view.members:
+            mine[1 + m] = 1
+        rows = torch.zeros(self.mesh.shards * (1 + self.mesh.replicas), dtype=torch.int64)
+        dist.all_gather_into_tensor(rows, mine, group=shard_group)
+        rows = rows.view(self.mesh.shards, -1)
+        committed = bool(rows[:, 0].all()) and bool((rows == rows[0]).all())
+        if committed:
+            self.committed_steps += 1
+            self._failed_works = []
+        else:
+            self._failed_works = [w for w in works if not w.wait()]
+            if view is not None:
+                log.warning(
+                    "rank %d (shard %d): step %d of view %d skipped on every replica",
+                    self._plane.rank,
+                    self.mesh.shard,
+                    self._index - 1,
+                    view.version,
+                )
+        return committed
+
+    @property
+    def last_failed_ranks(self) -> list[int]:
+        """The replicas the failed all-reduces of the last skipped step blamed (their hints)."""
+        failed: set[int] = set()
+        for work in self._failed_works:
+            hint = self.elastic.get_failed_ranks_hint(work)
+            failed.update(r for r, bad in enumerate(hint.tolist()) if bad)
+        return sorted(failed)
+
+    @property
+    def view_version(self) -> int | None:
+        return None if self._step_view is None else self._step_view.version
+
+    @property
+    def step_index(self) -> int:
+        return self._index - 1
+
+    @property
+    def members(self) -> tuple[int, ...]:
+        return () if self._step_view is None else self._step_view.members
+
+    # -- healing: this process's shards ----------------------------------------------------------
+
+    def state_for_healing(self) -> dict[str, Any]:
+        """This process's shards of the parameters and of every attached optimizer's state."""
+        return {
+            "params": [_local(p) for p in self.module.parameters()],
+            "optimizers": [_local_state(o.state_dict()) for o in self._optimizers],
+        }
+
+    def load_healed_state(self, state: dict[str, Any]) -> None:
+        params = list(self.module.parameters())
+        if len(state["params"]) != len(params):
+            raise ValueError(
+                f"the healing member sent {len(state['params'])} parameters, "
+                f"this rank has {len(params)}"
+            )
+        with torch.no_grad():
+            for p, shard in zip(params, state["params"], strict=True):
+                _local(p).copy_(shard)
+        if len(state["optimizers"]) != len(self._optimizers):
+            raise ValueError(
+                f"the healing member has {len(state['optimizers'])} optimizer(s) attached, "
+                f"this rank {len(self._optimizers)}"
+            )
+        for optimizer, saved in zip(self._optimizers, state["optimizers"], strict=True):
+            owned = [p for g in optimizer.param_groups for p in g["params"]]
+            optimizer.load_state_dict(_dtensor_state(saved, owned))
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if isinstance(t, DTensor) else t.detach()
+
+
+def _local_state(state_dict: dict[str, Any]) -> dict[str, Any]:
+    """An optimizer's state dict with each DTensor replaced by ``(_DTENSOR, local shard)``."""
+    state = {
+        index: {
+            k: (_DTENSOR, v.to_local()) if isinstance(v, DTensor) else v for k, v in per.items()
+        }
+        for index, per in state_dict["state"].items()
+    }
+    return {**state_dict, "state": state}
+
+
+def _dtensor_state(state_dict: dict[str, Any], params: list[torch.Tensor]) -> dict[str, Any]:
+    """The inverse of ``_local_state``: each shard becomes a DTensor laid out like its param."""
+
+    def back(v: Any, p: torch.Tensor) -> Any:
+        if isinstance(v, tuple) and len(v) == 2 and v[0] == _DTENSOR:
+            assert isinstance(p, DTensor)
+            return DTensor.from_local(
+                v[1], p.device_mesh, p.placements, run_check=False, shape=p.shape, stride=p.stride()
+            )
+        return v
+
+    state = {
+        index: {k: back(v, params[int(index)]) for k, v in per.items()}
+        for index, per in state_dict["state"].items()
+    }
+    return {**state_dict, "state": state}
+
+
+def environment() -> tuple[str, int, int]:
+    """``(replica_id, shard, shards)`` from ``FOLDPLANE_REPLICA_ID``/``_SHARD``/``_SHARDS``."""
+    missing = [n for n in (REPLICA_ID_ENV, SHARD_ENV, SHARDS_ENV) if not os.environ.get(n)]
+    if missing:
+        raise ValueError(f"an HSDP process needs {', '.join(missing)} in its environment")
+    return os.environ[REPLICA_ID_ENV], int(os.environ[SHARD_ENV]), int(os.environ[SHARDS_ENV])
+
+
+__all__ = [
+    "REPLICA_ID_ENV",
+    "SHARDS_ENV",
+    "SHARD_ENV",
+    "ElasticFSDP",
+    "HSDPMesh",
+    "ReplicateGroup",
+    "environment",
+    "hsdp_mesh",
+    "plain_group",
+    "register_group",
+]
