@@ -140,8 +140,7 @@ class DistributedDataParallel(_TorchDDP):
         self._step_ok = True
         self._works: list[Work] = []
         self._failed_works: list[Work] = []
-        self._store: Any = None
-        self._store_address: tuple[str, int] | None = None
+        self._agreement = StepAgreement(self._plane, f"ddp/{name}")
         #: The last heal of this rank's state (None: never healed).
         self.last_heal: PullReport | None = None
         params = {name for name, _ in self.module.named_parameters()}
@@ -322,51 +321,7 @@ class DistributedDataParallel(_TorchDDP):
 
     def _agree(self, view: ViewGroup, index: int, ok: bool) -> bool:
         """Every member's vote on step ``index`` of ``view``; the first decision written wins."""
-        store = self._decision_store()
-        base = f"ddp/{self.ddp_name}/{view.version}/{index}"
-        decision = f"{base}/decision"
-        try:
-            if not ok:
-                return store.compare_set(decision, "", SKIP) == COMMIT
-            if store.add(f"{base}/ok", 1) == len(view.members):
-                answer = store.compare_set(decision, "", COMMIT)
-                if answer == COMMIT and index > 0:  # every member is past step index - 1
-                    self._janitor.forget(f"ddp/{self.ddp_name}/{view.version}/{index - 1}")
-                return answer == COMMIT
-            return self._await_decision(store, view, decision)
-        except RuntimeError as e:  # the store is unreachable: the step cannot be agreed
-            rank = self._plane.rank
-            log.error(
-                "rank %d: cannot agree on step %d of view %d: %s", rank, index, view.version, e
-            )
-            self._store = None
-            return False
-
-    def _await_decision(self, store: Any, view: ViewGroup, decision: str) -> bool:
-        plane = self._plane
-        deadline = time.monotonic() + plane.collective_timeout_s
-        slice_ = timedelta(seconds=DECISION_SLICE_S)
-        while True:
-            try:
-                store.wait([decision], slice_)
-            except DistStoreError:
-                current = plane.current_view()
-                gone = current is not None and not set(view.members) <= set(current.members)
-                if view.failure is not None or gone or time.monotonic() > deadline:
-                    return store.compare_set(decision, "", SKIP) == COMMIT
-                continue
-            # Present now: compare_set answers its value in one round trip (get takes two).
-            return store.compare_set(decision, "", SKIP) == COMMIT
-
-    def _decision_store(self) -> Any:
-        """A store client of our own (a wait here must not hold up the heartbeat's client)."""
-        plane = self._plane
-        address = plane.store_address
-        if self._store is None or self._store_address != address:
-            self._store = plane.connect_store(*address)
-            self._store_address = address
-            self._janitor = _Janitor(plane.connect_store(*address))
-        return self._store
+        return self._agreement.agree(view, index, ok)
 
     # -- entering a view: agree on the state ---------------------------------------------------
 
@@ -447,17 +402,17 @@ class DistributedDataParallel(_TorchDDP):
     def _publish_server(self) -> None:
         host, port = self._heal_server.address
         try:
-            self._decision_store().set(self._server_key(self._plane.rank), f"{host}:{port}")
+            self._agreement.store().set(self._server_key(self._plane.rank), f"{host}:{port}")
         except RuntimeError as e:  # the store is down: no heal from us until the next view
             log.warning("rank %d: cannot publish the heal server: %s", self._plane.rank, e)
-            self._store = None
+            self._agreement.reset()
 
     def _server_key(self, rank: int) -> str:
         return f"ddp/{self.ddp_name}/heal/{rank}"
 
     def _sources(self, ranks: list[int]) -> list[Source]:
         """The heal servers of ``ranks`` that have published one."""
-        store = self._decision_store()
+        store = self._agreement.store()
         out = []
         for rank in ranks:
             key = self._server_key(rank)
@@ -702,7 +657,7 @@ class StepAgreement:
 
     def agree(self, view: ViewGroup, index: int, ok: bool) -> bool:
         """True if step ``index`` of ``view`` is committed on every member (False: skipped)."""
-        store = self._decision_store()
+        store = self.store()
         base = f"{self._prefix}/{view.version}/{index}"
         decision = f"{base}/decision"
         try:
@@ -738,8 +693,13 @@ class StepAgreement:
             # Present now: compare_set answers its value in one round trip (get takes two).
             return store.compare_set(decision, "", SKIP) == COMMIT
 
-    def _decision_store(self) -> Any:
-        """A store client of our own (a wait here must not hold up the heartbeat's client)."""
+    def reset(self) -> None:
+        """Forget the store client (it failed): the next use connects again."""
+        self._store = None
+
+    def store(self) -> Any:
+        """A store client of our own (a wait here must not hold up the heartbeat's client);
+        the elastic DDP also publishes its heal servers through it."""
         plane = self._plane
         address = plane.store_address
         if self._store is None or self._store_address != address:
