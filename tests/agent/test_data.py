@@ -16,6 +16,11 @@ from tests.agent.conftest import Coordinator
 pytestmark = pytest.mark.timeout(180)
 
 
+#: Loader workers start from a fresh interpreter (forkserver), not a fork of this process: a
+#: fork taken while the agents' threads hold locks can crash in the child (a segfault seen here).
+FRESH_WORKERS = {"multiprocessing_context": "forkserver"}
+
+
 def agents(url: str, group: str, ranks: list[int]) -> list[Agent]:
     return [Agent(url, group=group, rank=r, heartbeat_interval_s=0.2).start() for r in ranks]
 
@@ -73,7 +78,9 @@ def test_a_dataloader_with_workers_reads_the_part(coordinator: Coordinator) -> N
         seen: list[int] = []
         for epoch in range(2):
             sampler.set_epoch(epoch)
-            loader = DataLoader(list(range(500)), batch_size=24, sampler=sampler, num_workers=2)
+            loader = DataLoader(
+                list(range(500)), batch_size=24, sampler=sampler, num_workers=2, **FRESH_WORKERS
+            )
             while sampler.next_pass():
                 for batch in loader:
                     seen.extend(int(i) for i in batch)
@@ -108,7 +115,9 @@ def test_a_lookahead_smaller_than_the_loaders_prefetch_is_an_error_not_a_hang(
         sampler = ElasticSampler(500, a, shuffle=False, lookahead=100)
         sampler.set_epoch(0)
         # 2 workers x prefetch 2 + the batch being handed out: 5 x 24 = 120 > 100
-        loader = DataLoader(list(range(500)), batch_size=24, sampler=sampler, num_workers=2)
+        loader = DataLoader(
+            list(range(500)), batch_size=24, sampler=sampler, num_workers=2, **FRESH_WORKERS
+        )
         with pytest.raises(EpochError, match="Plan a lookahead of at least"):
             for batch in loader:
                 sampler.mark_processed(len(batch))
