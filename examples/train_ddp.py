@@ -80,7 +80,8 @@ class Net(torch.nn.Module):
         # foldplane: lockstep bookkeeping that travels with the model. The gradient of
         # ``reading`` is 1 on a rank that still reads (0 on one that waits), so after the step's
         # all-reduce it is positive while any member reads; it is never trained. The epoch is a
-        # buffer, so a replacement healed from a survivor learns which epoch the group is in.
+        # buffer, so a replacement healed from a survivor learns which epoch the group's next
+        # step is in.
         self.reading = torch.nn.Parameter(torch.zeros(1))
         self.register_buffer("epoch", torch.zeros((), dtype=torch.int64))
 
@@ -114,6 +115,10 @@ class Trainer:
         self.model = DistributedDataParallel(self.net)  # foldplane: agent.ddp's, default group
         body = torch.optim.AdamW(self.net.body.parameters(), lr=args.lr)
         self.opt = ElasticOptimizer(self.model, body)  # foldplane
+        # foldplane: the step that ends an epoch moves the epoch buffer on inside the step (the
+        # optimizer runs once the step is committed, the state a heal carries is copied after
+        # it), so a replacement healed between two epochs starts in the next one with the rest.
+        body.register_step_pre_hook(self.end_of_epoch)
         self.dataset = SyntheticDataset(args.dataset_size)
         # foldplane: this rank's part of each epoch, following the coordinator's plan
         self.sampler = ElasticSampler(
@@ -143,11 +148,10 @@ class Trainer:
                 break
             self.opt.step()  # not active yet: that was a local step, never committed
         self.first = model.committed_steps
-        epoch = int(self.net.epoch)  # 0, or the epoch the survivors are in (healed)
         world = dist.get_world_size()
         while True:
-            self.train_epoch(epoch)
-            epoch += 1
+            self.train_epoch(int(self.net.epoch))  # 0, or the survivors' epoch (healed)
+            epoch = int(self.net.epoch)
             everyone = len(model.members) == world  # the same on every member: one view
             if epoch >= self.args.max_epochs or (epoch >= self.args.epochs and everyone):
                 break
@@ -157,7 +161,6 @@ class Trainer:
         used up, until no member reads and the epoch is complete."""
         model, sampler = self.model, self.sampler
         sampler.set_epoch(epoch)  # foldplane: every rank declares the same plan
-        self.net.epoch.fill_(epoch)
         batches = iter(self.loader)
         pending = None  # a batch read but not yet trained in a committed step
         while True:
@@ -188,9 +191,14 @@ class Trainer:
                 self.done_with(epoch, pending, loss.item() * self.args.batch_size / len(pending[2]))
                 pending = None
             self.maybe_die()
-            assert self.net.reading.grad is not None
-            if float(self.net.reading.grad) == 0.0:  # no member reads, the epoch is complete
+            if int(self.net.epoch) > epoch:  # no member read: the step ended the epoch
                 return
+
+    def end_of_epoch(self, *_: Any) -> None:
+        """The optimizer's step pre-hook: the reduced gradients are final here."""
+        assert self.net.reading.grad is not None
+        if float(self.net.reading.grad) == 0.0:  # no member reads, the epoch is complete
+            self.net.epoch.add_(1)
 
     def done_with(self, epoch: int, batch: Any, loss: float) -> None:
         indices = [int(i) for i in batch[2]]
