@@ -14,6 +14,10 @@ The rules:
   coordinator takes it OFFLINE at once instead of after the heartbeat timeout. The incarnation
   fences the report: a late report can never take down the replacement.
 - **A clean exit is not a death.** Exit code 0 is never reported; the agent said ``exit``.
+  Nor is a SIGABRT after the agent left: a gloo backend torn down while its peers close theirs
+  can abort the process (docs/dataplane.md, known limits). When a worker ends by SIGABRT and the
+  coordinator already holds that incarnation's clean ``exit``, the rank's work was done: it is
+  not reported, not replaced and not counted as a failure (the log line says what happened).
 - **Replacement is a new incarnation.** ``replace(rank)`` (or ``--replace-failed``) starts the
   same command for the same rank with a new incarnation; the agent inside joins through the same
   machine as any process, and the upper layer (or an operator) activates it.
@@ -54,16 +58,20 @@ class WorkerExit:
     returncode: int
     reported: bool
     report_error: str | None = None
+    #: the coordinator held this incarnation's clean exit before the process ended
+    left_cleanly: bool = False
 
     @property
     def failed(self) -> bool:
-        return self.returncode != 0
+        return self.returncode != 0 and not self.left_cleanly
 
     def describe(self) -> str:
         if self.returncode < 0:
             how = f"killed by {signal.Signals(-self.returncode).name}"
         else:
             how = f"exited with code {self.returncode}"
+        if self.left_cleanly:
+            how += " after it left the group cleanly (a teardown abort, not a failure)"
         return f"rank {self.rank} (pid {self.pid}, incarnation {self.incarnation[:8]}) {how}"
 
 
@@ -188,7 +196,13 @@ class Launcher:
         if not done:
             raise TimeoutError(f"workers {self.running()} still running after {timeout} s")
         with self._lock:
-            failed = [w.rank for w in self._workers.values() if w.process.returncode != 0]
+            last = {e.incarnation: e for e in self.exits}
+            failed = [
+                w.rank
+                for w in self._workers.values()
+                if w.process.returncode != 0
+                and not (w.incarnation in last and last[w.incarnation].left_cleanly)
+            ]
         return 1 if failed else 0
 
     def stop(self, grace_s: float = 5.0) -> None:
@@ -220,11 +234,13 @@ class Launcher:
         returncode = worker.process.wait()
         with self._lock:
             stopping = self._stopping
-        reported, error = False, None
-        if returncode != 0 and not stopping:
+        reported, error, left = False, None, False
+        if returncode == -signal.SIGABRT and not stopping:
+            left = self._left_cleanly(worker)
+        if returncode != 0 and not stopping and not left:
             reported, error = self._report_death(worker)
         exit_ = WorkerExit(
-            worker.rank, worker.incarnation, worker.process.pid, returncode, reported, error
+            worker.rank, worker.incarnation, worker.process.pid, returncode, reported, error, left
         )
         log.warning("%s%s", exit_.describe(), "; death reported" if reported else "")
         replace = False
@@ -250,6 +266,25 @@ class Launcher:
                 with self._changed:
                     self._pending_spawns -= 1
                     self._changed.notify_all()
+
+    def _left_cleanly(self, worker: Worker) -> bool:
+        """Whether the coordinator holds ``worker``'s clean exit (its rank OFFLINE, marked
+        exited, with this incarnation); False when it cannot be asked."""
+        page: dict[str, int] = {"ranks_limit": 1}
+        if worker.rank > 0:
+            page["ranks_after"] = worker.rank - 1
+        try:
+            status = self.client.request("GET", f"/groups/{self.group}", params=page)
+        except (CoordinatorError, CoordinatorUnavailable) as exc:
+            log.warning("rank %d: cannot ask whether it left cleanly: %s", worker.rank, exc)
+            return False
+        ranks = [r for r in status.get("ranks", []) if r.get("rank") == worker.rank]
+        return bool(
+            ranks
+            and ranks[0].get("exited")
+            and ranks[0].get("state") == "OFFLINE"
+            and ranks[0].get("incarnation") == worker.incarnation
+        )
 
     def _report_death(self, worker: Worker) -> tuple[bool, str | None]:
         try:

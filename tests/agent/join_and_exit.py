@@ -3,7 +3,8 @@
 ``python join_and_exit.py CODE [wait]``: joins as ``FOLDPLANE_RANK`` with
 ``FOLDPLANE_INCARNATION``, prints the coordinator's answer as one JSON line, waits for a line
 on stdin if asked, then leaves cleanly (``exit`` event) for code 0 or just exits with CODE.
-No torch: the launcher's behaviour does not depend on the data plane.
+CODE ``abort`` leaves cleanly, then aborts (SIGABRT, as a gloo teardown can); ``abort-early``
+aborts without leaving. No torch: the launcher's behaviour does not depend on the data plane.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ import httpx
 
 
 def main() -> int:
-    code = int(sys.argv[1])
+    how = sys.argv[1]
+    code = 0 if how == "abort" else -1 if how == "abort-early" else int(how)
     url = os.environ["FOLDPLANE_COORDINATOR"].split(",")[0]
     token = os.environ.get("FOLDPLANE_TOKEN")
     headers = {"authorization": f"Bearer {token}"} if token else {}
@@ -35,6 +37,8 @@ def main() -> int:
         httpx.post(
             f"{url}/agents/events", json={"events": [{"type": "exit", **me}]}, headers=headers
         )
+    if how.startswith("abort"):
+        os.abort()
     return code
 
 

@@ -85,6 +85,29 @@ def test_twin_a_clean_exit_is_not_reported(coordinator: Coordinator):
     assert coordinator.rank("clean", 0)["exited"] is True
 
 
+def test_an_abort_after_a_clean_exit_is_neither_reported_nor_replaced(coordinator: Coordinator):
+    coordinator.create_group("teardown", 2, heartbeat_timeout_s=600.0)
+    launch = launcher(coordinator, "teardown", ["abort"], ranks=[1], replace_failed=True)
+    launch.start()
+    assert launch.wait(timeout=60) == 0
+    [e] = launch.exits
+    assert (e.returncode, e.reported, e.left_cleanly, e.failed) == (-6, False, True, False)
+    assert "killed by SIGABRT after it left the group cleanly" in e.describe()
+    assert deaths(coordinator, "teardown") == []
+    assert coordinator.rank("teardown", 1)["exited"] is True
+
+
+def test_twin_an_abort_before_the_exit_is_a_death(coordinator: Coordinator):
+    coordinator.create_group("aborted", 1, heartbeat_timeout_s=600.0)
+    launch = launcher(coordinator, "aborted", ["abort-early"])
+    launch.start()
+    assert launch.wait(timeout=60) == 1
+    [e] = launch.exits
+    assert (e.returncode, e.reported, e.left_cleanly, e.failed) == (-6, True, False, True)
+    assert [d["incarnation"] for d in deaths(coordinator, "aborted")] == [e.incarnation]
+    assert coordinator.rank("aborted", 0)["exited"] is False
+
+
 def test_a_signal_death_is_reported_and_replaced_up_to_the_budget(coordinator: Coordinator):
     coordinator.create_group("replace", 1, heartbeat_timeout_s=600.0)
     exits: queue.Queue[WorkerExit] = queue.Queue()
