@@ -41,6 +41,7 @@ from coordinator.fold.machine import Coordinator
 from coordinator.host.batching import MAX_BATCH, Admission, take_batch
 from coordinator.host.inputs import (
     Appended,
+    Beats,
     Existing,
     HostUnavailable,
     Input,
@@ -385,17 +386,27 @@ class Host:
         if (
             flush_s > 0
             and len(queue) < QUEUED_BEATS_WAKE
-            and all(queue[i].beats is not None for i in range(before, len(queue)))
+            and all(self._all_current(queue[i].beats) for i in range(before, len(queue)))
         ):
-            # Nothing but beats: they wait for a shared record anyway, so the loop need not
-            # wake for them until the oldest queued one is due, another input wakes it, or
-            # QUEUED_BEATS_WAKE hosts' beats wait: those that arrive meanwhile are admitted
-            # in one turn, and no turn admits more than that many hosts' beats at once.
+            # Nothing but current beats: they wait for a shared record anyway, so the loop
+            # need not wake for them until the oldest queued one is due, another input wakes
+            # it, or QUEUED_BEATS_WAKE hosts' beats wait: those that arrive meanwhile are
+            # admitted in one turn, and no turn admits more than that many hosts' beats at once.
+            # A beat the fold would refuse (a stale incarnation, an OFFLINE rank) wakes it now:
+            # its refusal is answered at once, not at the flush.
             if self._beats_wake is None:
                 self._beats_wake = loop.call_at(now + flush_s, self._has_input.set)
             return reply.future
         self._has_input.set()
         return reply.future
+
+    def _all_current(self, beats: Beats | None) -> bool:
+        """A bundle of beats the fold accepts as it stands (one test each; a bundle with a
+        caller's own check is checked in the loop, as it always is)."""
+        return beats is not None and (
+            beats.precheck is not None
+            or not self.machine.beats_not_current(beats.group, beats.ranks, beats.payloads)
+        )
 
     async def wait_proposal(self, proposal_id: int, timeout: float) -> Proposal | None:
         """The proposal once terminal, or as it stands when ``timeout`` seconds have passed."""

@@ -93,7 +93,10 @@ async def test_a_refused_beat_is_answered_at_once_and_never_waits(tmp_path):
     host = await Host.open(str(tmp_path / "log.db"), heartbeat_flush_s=30.0)
     try:
         await _group(host, 2)
-        outcome = await host.submit(rec("heartbeat", 0, incarnation="someone-else"))
+        # the flush is 30 s away: a refusal that waited for it would miss this bound
+        outcome = await asyncio.wait_for(
+            host.submit(rec("heartbeat", 0, incarnation="someone-else")), 5.0
+        )
         assert isinstance(outcome, Refusal) and outcome.code == "stale_incarnation"
     finally:
         await host.close()
