@@ -358,45 +358,63 @@ class ElasticFSDP:
     def begin_step(self) -> None:
         """Pin the view of the next step: move to a newer view (healing joiners) if there is one.
 
-        The rules are ``agent.ddp.DistributedDataParallel.begin_step``'s: an inactive rank waits
-        up to ``inactive_wait_s`` to be activated; after a failed view, up to ``view_wait_s``
-        (the collective timeout by default) for the next one.
+        A replica's processes move together: first they all-gather, over the shard group, the
+        members of the view each one's group has installed. If those differ (one shard index's
+        group has committed a change that another's has not yet), none of them moves: each
+        runs the step on the view it is in (a local step if it is in none), and the agreement
+        skips or commits it as usual. Else the rules are ``agent.ddp``'s, one move per step:
+        a process leaves its old view and heals into the new one (``sync_state``); after a
+        failed view it waits up to ``view_wait_s`` (the collective timeout by default) for the
+        next one and runs this step on the failed view (skipped); an inactive process waits up
+        to ``inactive_wait_s`` to be activated and runs a local step, never committed. A move
+        found while waiting is made at the next step, after the replica has compared again.
+
+        Why: a heal is a collective with the other replicas, and the step's shard-group
+        collectives wait for every process of the replica. A process that healed into a view
+        its shard peer had not seen yet waited for that peer's step, while the other replica's
+        process it was healing with waited in turn for its own shard peer: a cycle that ended
+        only at the collective timeout, and left the views failed with nobody dead.
         """
         if self._in_step:
             return
         plane = self._plane
-        while True:
-            current = plane.view_for_op("begin_step")
-            if self._view is not None and current is not self._view:
-                self._view.leave(f"rank {plane.rank} moved on to view {current.version}")
-                self._view = None
-            elif self._view is not None and current.failure is not None:
-                self._view = None
-            if self._view is not None:
-                break
+        current = plane.view_for_op("begin_step")
+        if not self._replica_sees(current):
+            held = self._view if self._view is not None and self._view.failure is None else None
+            self._start(held)  # the replica compares again at the next step
+            return
+        if self._view is not None and current is not self._view:
+            self._view.leave(f"rank {plane.rank} moved on to view {current.version}")
+            self._view = None
+        elif self._view is not None and current.failure is not None:
+            self._view = None
+        if self._view is None:
             if current.failure is not None:
                 wait = (
                     self.view_wait_s if self.view_wait_s is not None else plane.collective_timeout_s
                 )
-                newer = plane.wait_for_view(lambda v, c=current: v.version > c.version, wait)
-                if newer is current:
-                    break  # no next view yet: this step runs on the failed one and is skipped
-                continue
-            if not current.active:
+                plane.wait_for_view(lambda v, c=current: v.version > c.version, wait)
+            elif not current.active:
                 rank = plane.rank
-                activated = plane.wait_for_view(
-                    lambda v, r=rank: r in v.members, self.inactive_wait_s
-                )
-                if activated is None or not activated.active:
-                    self._start(None)  # still inactive: a local step, never committed
-                    return
-                continue
-            steps = sync_state(self.elastic, current, self.committed_steps, self)
-            if steps is not None:
-                self.committed_steps = steps
-                self._view, self._index = current, 0
-                break
+                plane.wait_for_view(lambda v, r=rank: r in v.members, self.inactive_wait_s)
+                self._start(None)  # inactive: a local step, never committed
+                return
+            else:
+                steps = sync_state(self.elastic, current, self.committed_steps, self)
+                if steps is not None:
+                    self.committed_steps = steps
+                    self._view, self._index = current, 0
         self._start(self._view if self._view is not None else current)
+
+    def _replica_sees(self, view: ViewGroup) -> bool:
+        """True if every process of this replica has installed a view of the same members."""
+        mine = torch.zeros(self.mesh.replicas, dtype=torch.int64)
+        for m in view.members:
+            mine[m] = 1
+        rows = torch.zeros(self.mesh.shards * self.mesh.replicas, dtype=torch.int64)
+        dist.all_gather_into_tensor(rows, mine, group=self.mesh.shard_group)
+        rows = rows.view(self.mesh.shards, -1)
+        return bool((rows == rows[0]).all())
 
     def _start(self, view: ViewGroup | None) -> None:
         self._step_view = view
