@@ -179,11 +179,12 @@ class RefitWorld:
                 raise RefitFailed(
                     0, (), f"the store at {self.bootstrap.store} is unreachable: {exc}"
                 ) from exc
-            raise RefitFailed(
-                0,
-                (),
-                f"{', '.join(map(str, absent))} never joined within {self._timeout_s} s",
-            ) from exc
+            if absent:  # else the last one joined as the wait gave up: go on
+                raise RefitFailed(
+                    0,
+                    (),
+                    f"{', '.join(map(str, absent))} never joined within {self._timeout_s} s",
+                ) from exc
         joined = [json.loads(v) for v in self._store.multi_get(keys)]
         differ = [self._peer(r) for r, j in enumerate(joined) if j != json.loads(me)]
         if differ:
