@@ -13,35 +13,73 @@ The same transfer over a world of 1 lane runs in the same trials (``one_lane_s``
 the lanes add. Trials alternate (ABBA) after a barrier of all 6; a trial's time is its slowest member's.
 Every path is checked bit-identical to the trainer's state dict once. Target: foldplane at
 least 1.5x faster (ratio = baseline / foldplane).
+
+The control plane's rows run the whole lifecycle (docs/refit.md): a coordinator
+(``python -m coordinator serve``, uvicorn on 127.0.0.1, SQLite on disk), two launchers (2
+trainers, TP=2; 4 generators, TP=4, replaced when one dies) and real Agents in this module's
+worker (``python benchmarks/refit.py worker``), moving an 8 MB model over 4 lanes. Each worker
+joins the refit's epoch, shares the bootstrap, takes the transfer, opens the epoch's world,
+moves its shards, reports and waits for the transfer to complete; one JSON line per event on
+stdout, with wall-clock times (``time.time()``, the clock the log stamps records with). A
+worker closes an epoch's world as soon as the epoch moves, before it joins the next one.
+
+- **refit control overhead**: admission to first byte. Between trials an operator's restart
+  moves the epoch, so each trial is a fresh admission. From the ``ts`` of the log record that
+  admitted the epoch (the last slot's ``refit_join``; its offset is in the epoch's update) to
+  the first send a trainer posts on a lane (``TransferReport.first_posted_at``). In between:
+  the update reaching every worker, the bootstrap and the transfer's start (two events through
+  the log), and the world's formation (4 lanes over 6 ranks). The notes give each step's
+  median, each as the time from admission to the last member done with it.
+- **refit recovery**: a generator SIGKILLs itself in a transfer's first attempt, once the
+  others are inside it; from the kill to the ``ts`` of the log record that completed the
+  retry (every member reported done) on the new views, with the launcher's replacement.
+
+Neither has a peer measured here: no other system runs this lifecycle.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import math
 import multiprocessing as mp
+import os
+import queue
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
 import time
 import warnings
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
+if __name__ == "__main__":  # run as a worker script: the project's packages from its root
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks._cluster import free_port
 from benchmarks.harness import Result, lower_is_better_ratio, median
 
 BENCH = "refit"
+ROOT = Path(__file__).resolve().parents[1]
 ROWS, COLS, MATRICES = 2048, 4096, 8
 LANES = 4
 MEMBERS = [("publisher", 0), ("publisher", 1)] + [("subscriber", s) for s in range(4)]
 BASELINE = "torch.distributed broadcast of each full tensor from trainer rank 0, one gloo group of all 6 ranks"
 
 
-def _plan() -> Any:
+def _plan(rows: int = ROWS, cols: int = COLS) -> Any:
     from wire.refit import MeshSpec, make_plan, megatron_layout
 
     tensors: dict[str, tuple[str, tuple[int, ...]]] = {}
     roles: dict[str, str] = {}
     for i in range(MATRICES):
         name = f"layers.{i}.weight"
-        tensors[name] = ("float32", (ROWS, COLS) if i % 2 == 0 else (COLS, ROWS))
+        tensors[name] = ("float32", (rows, cols) if i % 2 == 0 else (cols, rows))
         roles[name] = "column" if i % 2 == 0 else "row"
-    tensors["norm.weight"] = ("float32", (ROWS,))
+    tensors["norm.weight"] = ("float32", (rows,))
     roles["norm.weight"] = "replicated"
     trainer = MeshSpec(name="trainer", size=2, tp=2)
     generator = MeshSpec(name="generator", size=4, tp=4)
@@ -186,8 +224,416 @@ def _measure_transfer(quick: bool) -> list[Result]:
     ]
 
 
+# -- the control plane: admission to first byte, and recovery -----------------------------------
+
+#: The control plane's rows move an 8 MB model (8 matrices of 256 x 1024 float32, and the norm).
+CTL_ROWS, CTL_COLS = 256, 1024
+REFIT = "rl"
+GROUPS = (("train", 2), ("gen", 4))
+
+
+def _victim(kill: int) -> int:
+    """The generator slot that dies in recovery trial ``kill``."""
+    return 1 + kill % 3
+
+
+def _log(text: str) -> None:
+    print(f"# refit: {text}", file=sys.stderr, flush=True)
+
+
+class _Lines:
+    """The workers' JSON lines (every incarnation's), merged into one queue."""
+
+    def __init__(self) -> None:
+        self.queue: queue.Queue[dict[str, Any]] = queue.Queue()
+        self.seen: list[dict[str, Any]] = []
+
+    def follow(self, worker: Any) -> None:
+        def read() -> None:
+            assert worker.process.stdout is not None
+            for raw in worker.process.stdout:
+                line = raw.decode(errors="replace").strip()
+                if line.startswith("{"):
+                    try:
+                        self.queue.put(json.loads(line))
+                    except ValueError:
+                        continue
+
+        threading.Thread(target=read, daemon=True).start()
+
+    def until(self, done: Callable[[], bool], timeout: float, what: str) -> None:
+        deadline = time.monotonic() + timeout
+        while not done():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"{what}: not within {timeout:.0f} s; last: {self.seen[-6:]}")
+            try:
+                self.seen.append(self.queue.get(timeout=left))
+            except queue.Empty:
+                continue
+
+    def transferred(self, key: str) -> list[dict[str, Any]]:
+        """The latest ``transferred`` line of ``key`` from each slot."""
+        got = {
+            (e["side"], e["slot"]): e
+            for e in self.seen
+            if e["event"] == "transferred" and e["key"] == key
+        }
+        return list(got.values())
+
+
+def _record_ts(db: str, offsets: set[int]) -> dict[int, float]:
+    """The ``ts`` (seconds) of the log's records at ``offsets``."""
+    import asyncio
+
+    from eventlog import open_log
+
+    async def read() -> dict[int, float]:
+        log = await open_log(db, create=False)
+        try:
+            out = {}
+            for offset in sorted(offsets):
+                [rec] = await log.read(offset - 1, 1)
+                out[offset] = rec.ts / 1e9
+            return out
+        finally:
+            await log.close()
+
+    return asyncio.run(read())
+
+
+def _measure_control(quick: bool) -> list[Result]:
+    from agent.client import CoordinatorClient
+    from agent.launch import Launcher
+
+    controls, kills = (3, 1) if quick else (5, 3)
+    tmp = tempfile.TemporaryDirectory(prefix="foldplane-bench-refit-")
+    db = f"{tmp.name}/log.db"
+    port = free_port()
+    server_log = open(f"{tmp.name}/coordinator.log", "wb")  # noqa: SIM115 (closed in finally)
+    workers_log = open(f"{tmp.name}/workers.log", "wb")  # noqa: SIM115 (closed in finally)
+    env = {**os.environ, "FOLDPLANE_TOKEN": "", "FOLDPLANE_SECRET": ""}
+    server = subprocess.Popen(
+        [sys.executable, "-m", "coordinator", "serve", "--db", db, "--host", "127.0.0.1",
+         "--port", str(port), "--store-port", "0", "--log-level", "warning"],
+        cwd=ROOT,
+        stdout=server_log,
+        stderr=subprocess.STDOUT,
+        env=env,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    client = CoordinatorClient(url, timeout_s=30.0)
+    lines = _Lines()
+    launchers: list[Any] = []
+    try:
+        _wait_healthy(client, server)
+        for group, size in GROUPS:
+            client.create_group(group, size, formation_timeout_s=300.0, heartbeat_timeout_s=10.0)
+        client.request(
+            "POST",
+            "/refits",
+            json={
+                "refit": REFIT,
+                "publisher": "train",
+                "subscriber": "gen",
+                "publisher_slots": 2,
+                "subscriber_slots": 4,
+                "lanes": LANES,
+                "readiness_timeout_s": 600,
+            },
+        )
+        for group, size in GROUPS:
+            launchers.append(
+                Launcher(
+                    [sys.executable, __file__, "worker", tmp.name, str(controls), str(kills)],
+                    coordinator=url,
+                    group=group,
+                    ranks=range(size),
+                    stdout=subprocess.PIPE,
+                    stderr=workers_log,
+                    replace_failed=group == "gen",
+                    max_replacements=kills + 1,
+                    on_spawn=lines.follow,
+                    env=env,
+                ).start()
+            )
+        for k in range(controls):
+            key = f"control-{k}"
+            lines.until(lambda key=key: len(lines.transferred(key)) == 6, 300, key)
+            _log(f"{key} transferred")
+            if k < controls - 1:  # the next trial is a fresh admission
+                client.request(
+                    "POST", f"/refits/{REFIT}/restart", json={"reason": "the next trial"}
+                )
+        for k in range(kills):
+            key = f"recovery-{k}"
+            lines.until(lambda key=key: len(lines.transferred(key)) == 6, 300, key)
+            _log(f"{key} transferred")
+    except Exception:
+        for name in ("coordinator.log", "workers.log"):
+            tail = Path(tmp.name, name).read_bytes()[-3000:].decode(errors="replace")
+            _log(f"{name} ends with:\n{tail}")
+        raise
+    finally:
+        for launcher in launchers:
+            launcher.stop(grace_s=10)
+        server.terminate()
+        server.wait(30)
+        server_log.close()
+        workers_log.close()
+        client.close()
+    try:
+        return _control_results(lines, db, controls, kills)
+    finally:
+        tmp.cleanup()
+
+
+def _control_results(lines: _Lines, db: str, controls: int, kills: int) -> list[Result]:
+    done = {
+        key: lines.transferred(key)
+        for key in [f"control-{k}" for k in range(controls)]
+        + [f"recovery-{k}" for k in range(kills)]
+    }
+    offsets = {e["admitted_offset"] for es in done.values() for e in es}
+    offsets |= {e["completed_offset"] for es in done.values() for e in es}
+    ts = _record_ts(db, offsets)
+    ms = 1e3
+
+    def after(es: list[dict], field: str, since: float) -> float:
+        return (max(e[field] for e in es) - since) * ms
+
+    first_byte, steps = [], {"update": [], "bootstrap": [], "transfer": [], "world": []}
+    for k in range(controls):
+        es = done[f"control-{k}"]
+        [admitted] = {e["admitted_offset"] for e in es}
+        at = ts[admitted]
+        first_byte.append(
+            (min(e["first_posted_at"] for e in es if e["side"] == "publisher") - at) * ms
+        )
+        for step, field in (
+            ("update", "joined_at"),
+            ("bootstrap", "bootstrap_at"),
+            ("transfer", "transfer_at"),
+            ("world", "opened_at"),
+        ):
+            steps[step].append(after(es, field, at))
+    recovery, detected, respawned, readmitted = [], [], [], []
+    for k in range(kills):
+        key = f"recovery-{k}"
+        [dying] = [e for e in lines.seen if e["event"] == "dying" and e["key"] == key]
+        killed = dying["t"]
+        es = done[key]
+        [completed] = {e["completed_offset"] for e in es}
+        recovery.append(ts[completed] - killed)
+        failed = [e["t"] for e in lines.seen if e["event"] == "attempt_failed" and e["key"] == key]
+        detected.append((min(failed) - killed) * ms)
+        spawned = [
+            e["t"]
+            for e in lines.seen
+            if e["event"] == "spawned" and e["side"] == "subscriber" and e["t"] > killed
+        ]
+        respawned.append(min(spawned) - killed)
+        [admitted] = {e["admitted_offset"] for e in es}
+        readmitted.append(ts[admitted] - killed)
+    identical = all(e["identical"] for es in done.values() for e in es)
+    return [
+        Result(
+            BENCH,
+            "refit control overhead",
+            "ms",
+            median(first_byte),
+            target="<= 50 ms",
+            extra={
+                "note": "no peer: no other system admits refit members; from the admitting "
+                "log record's ts to the first send a trainer posts",
+                "trials": controls,
+                "lanes": LANES,
+                "model_mb": round((CTL_ROWS * CTL_COLS * MATRICES + CTL_ROWS) * 4 / 2**20, 1),
+                "update_ms": round(median(steps["update"]), 1),
+                "bootstrap_ms": round(median(steps["bootstrap"]), 1),
+                "transfer_started_ms": round(median(steps["transfer"]), 1),
+                "world_open_ms": round(median(steps["world"]), 1),
+                "bit_identical": identical,
+                "samples_ms": [round(x, 1) for x in first_byte],
+            },
+        ),
+        Result(
+            BENCH,
+            "refit recovery",
+            "s",
+            median(recovery),
+            extra={
+                "note": "no peer; from the SIGKILL to the log record that completed the retry",
+                "kills": kills,
+                "failed_seen_ms": round(median(detected), 1),
+                "replacement_spawned_s": round(median(respawned), 2),
+                "readmitted_s": round(median(readmitted), 2),
+                "bit_identical": identical,
+                "samples_s": [round(x, 2) for x in recovery],
+            },
+        ),
+    ]
+
+
+def _wait_healthy(client: Any, server: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            client.healthz()
+            return
+        except Exception:
+            if server.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("the coordinator did not start") from None
+            time.sleep(0.1)
+
+
+def _emit(**fields: Any) -> None:
+    print(json.dumps(fields), flush=True)
+
+
+def _first(out_dir: str, key: str) -> bool:
+    """True for exactly one process ever per key (the file is created atomically): the victim
+    dies once, and its replacement, started with the same arguments, lives."""
+    try:
+        os.close(
+            os.open(os.path.join(out_dir, f"died-{key}"), os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        )
+    except FileExistsError:
+        return False
+    return True
+
+
+def _worker(out_dir: str, controls: int, kills: int) -> int:
+    """One trainer or generator: every key's transfer through the control plane, one JSON line
+    per event. Between control keys it waits for the epoch to move (the parent restarts it)."""
+    warnings.filterwarnings("ignore")
+    import torch
+
+    from agent import Agent
+    from agent.refit import (
+        RefitError,
+        RefitStore,
+        drain_released,
+        empty_shards,
+        local_shards,
+        local_view,
+        open_world,
+    )
+    from agent.refits import RefitEpochMoved, RefitRefused, TransferFailed
+    from wire.refit import digest
+
+    agent = Agent(heartbeat_interval_s=0.25, backend="gloo").start()
+    side = "publisher" if agent.group == "train" else "subscriber"
+    slot = agent.rank
+    view = agent.wait_for_view(timeout=300)
+    if not view.is_active(agent.rank):  # a replacement
+        agent.wait_for_state("HEALTHY", timeout=60)
+        agent.activate_ranks([agent.rank], wait_s=60)
+    plan = _plan(CTL_ROWS, CTL_COLS)
+    layout = plan.layout(side)
+    shapes = {p.name: p.shape for p in plan.publisher.params}
+    if side == "publisher":
+        tensors = local_shards({n: _full(n, s) for n, s in shapes.items()}, plan, side, slot)
+        want = {}
+    else:
+        tensors = empty_shards(plan, side, slot)
+        want = {n: local_view(_full(n, shapes[n]), layout, n, slot) for n in tensors}
+    client = agent.refit(REFIT)
+    tracker = client.tracker
+    store = RefitStore() if (side, slot) == ("publisher", 0) else None
+    world, world_epoch, last = None, None, None
+    keys = [f"control-{k}" for k in range(controls)] + [f"recovery-{k}" for k in range(kills)]
+    for key in keys:
+        if key.startswith("control-") and last is not None:
+            tracker.wait(
+                lambda last=last: True if tracker.epochs[REFIT]["epoch"] > last else None,
+                300,
+                "the refit's next epoch",
+            )
+        held = tracker.epochs.get(REFIT)
+        if world is not None and held is not None and held["epoch"] != world_epoch:
+            world.close()  # the epoch moved: its world is of no further use
+        while True:
+            for t in tensors.values() if side == "subscriber" else ():
+                t.fill_(-1)
+            admitted = client.join(slot=slot, digest=digest(plan), timeout=300)
+            joined_at = time.time()
+            held = tracker.epochs[REFIT]
+            if held["epoch"] != admitted.epoch:
+                continue
+            admitted_offset = held["offset"]
+            try:
+                boot = client.bootstrap(
+                    admitted, make=(lambda: store.bootstrap("gloo")) if store else None
+                )
+                bootstrap_at = time.time()
+                t = client.transfer(admitted, key)
+                transfer_at = time.time()
+            except RefitEpochMoved:
+                continue
+            if t.status == "completed":
+                _emit(event="skipped", key=key, side=side, slot=slot)
+                break
+            try:
+                if world is None or world.closed or world_epoch != admitted.epoch:
+                    if world is not None:
+                        world.close()
+                    world = open_world(plan, side, slot, boot, admitted.lanes, timeout_s=60)
+                    world_epoch = admitted.epoch
+                opened_at = time.time()
+                if (
+                    key.startswith("recovery-")
+                    and side == "subscriber"
+                    and slot == _victim(int(key.split("-")[1]))
+                    and _first(out_dir, key)
+                ):
+                    _emit(event="dying", key=key, slot=slot, t=time.time())
+                    os.kill(os.getpid(), signal.SIGKILL)
+                report = world.transfer(tensors)
+                client.report(t, ok=True)
+                outcome = client.wait_transfer(t, timeout=120)
+            except (RefitError, RefitRefused) as exc:
+                _emit(event="attempt_failed", key=key, side=side, slot=slot, t=time.time(),
+                      attempt=t.attempt, why=str(exc)[:300])  # fmt: skip
+                if not isinstance(exc, (RefitEpochMoved, TransferFailed)):
+                    with contextlib.suppress(RefitRefused):  # already failed, or moved on
+                        client.report(t, ok=False, detail=str(exc))
+                continue
+            _emit(
+                event="transferred",
+                key=key,
+                side=side,
+                slot=slot,
+                attempt=t.attempt,
+                epoch=admitted.epoch,
+                admitted_offset=admitted_offset,
+                completed_offset=outcome["offset"],
+                joined_at=joined_at,
+                bootstrap_at=bootstrap_at,
+                transfer_at=transfer_at,
+                opened_at=opened_at,
+                first_posted_at=report.first_posted_at,
+                identical=all(torch.equal(tensors[n], w) for n, w in want.items()),
+            )
+            last = admitted.epoch
+            break
+    if world is not None:
+        world.close()
+    drain_released(10)
+    agent.close()
+    return 0
+
+
 def run(quick: bool) -> list[Result]:
     results: list[Result] = []
-    for measure in (_measure_transfer,):
+    for measure in (_measure_transfer, _measure_control):
         results.extend(measure(quick))
     return results
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] != ["worker"]:
+        raise SystemExit(f"usage: {sys.argv[0]} worker OUT CONTROLS KILLS")
+    group = os.environ.get("FOLDPLANE_GROUP")
+    _emit(event="spawned", side="subscriber" if group == "gen" else "publisher", t=time.time())
+    raise SystemExit(_worker(sys.argv[2], int(sys.argv[3]), int(sys.argv[4])))

@@ -33,6 +33,16 @@ def test_data_page_figures_are_what_the_newest_data_run_renders() -> None:
     assert rendered == page, f"docs/data.md's figures differ from its data; run: {report.REFIGURE}"
 
 
+def test_refit_page_figures_are_what_the_newest_refit_run_renders() -> None:
+    """docs/refit.md's block of figures is exactly what ``--figures refit`` writes into it."""
+    page = (DOCS / "refit.md").read_text()
+    rendered = report.with_figures(page, "refit", [report.load(p) for p in _runs()])
+    assert rendered == page, (
+        "docs/refit.md's figures differ from its data; run: python -m benchmarks.report "
+        "--figures refit docs/refit.md docs/benchmark-runs/*.json"
+    )
+
+
 def test_check_mode_says_when_the_page_drifted(tmp_path: Path) -> None:
     page = tmp_path / "benchmarks.md"
     page.write_text((DOCS / "benchmarks.md").read_text().replace("| 314,018 |", "| 314,019 |", 1))

@@ -67,7 +67,7 @@ from wire.refit import (
     schedule,
 )
 
-#: How often a member polls the store while it waits for the others to join or to finish.
+#: How often a member polls the store while it waits for the others to finish a transfer.
 POLL_S = 0.005
 #: The least bound on a store client's connect and on a store reply.
 STORE_TIMEOUT_S = 30.0
@@ -83,6 +83,9 @@ class TransferReport:
     bytes_sent: int
     bytes_received: int
     seconds: float
+    #: the wall clock (``time.time()``) when this member posted its first send or receive on a
+    #: lane; None when it had no piece in this transfer
+    first_posted_at: float | None = None
 
 
 class _Liveness:
@@ -167,16 +170,21 @@ class RefitWorld:
         me = json.dumps({"digest": self.digest, "lanes": self.lanes}, sort_keys=True)
         self._store.set(f"join/{self.rank}", me)
         keys = [f"join/{r}" for r in range(self.world_size)]
-        deadline = time.monotonic() + self._timeout_s
-        while not self._store.check(keys):
-            if time.monotonic() > deadline:
+        try:  # the store answers the moment the last key is set: no poll
+            self._store.wait(keys, timedelta(seconds=self._timeout_s))
+        except RuntimeError as exc:  # the deadline (or the store gone): name who is missing
+            try:
                 absent = [self._peer(r) for r, k in enumerate(keys) if not self._store.check([k])]
+            except RuntimeError:
+                raise RefitFailed(
+                    0, (), f"the store at {self.bootstrap.store} is unreachable: {exc}"
+                ) from exc
+            if absent:  # else the last one joined as the wait gave up: go on
                 raise RefitFailed(
                     0,
                     (),
                     f"{', '.join(map(str, absent))} never joined within {self._timeout_s} s",
-                )
-            time.sleep(POLL_S * 5)
+                ) from exc
         joined = [json.loads(v) for v in self._store.multi_get(keys)]
         differ = [self._peer(r) for r, j in enumerate(joined) if j != json.loads(me)]
         if differ:
@@ -267,6 +275,7 @@ class RefitWorld:
         unpack: list[tuple[torch.Tensor, torch.Tensor]] = []  # (received buffer, destination)
         misc_in: torch.Tensor | None = None
         sent = received = 0
+        first_posted_at: float | None = None
         self._watch = _Watch(self, t)
         try:
             if side == "publisher":
@@ -283,6 +292,8 @@ class RefitWorld:
                         if not buf.is_contiguous():
                             buf = buf.contiguous()
                     keep.append(buf)
+                    if first_posted_at is None:
+                        first_posted_at = time.time()
                     work = self._backends[piece.lane].send([buf], self._m + piece.dst, piece.tag)
                     works.append((work, piece))
                     sent += piece.nbytes
@@ -302,6 +313,8 @@ class RefitWorld:
                             buf = torch.empty(dst.shape, dtype=dst.dtype, device=dst.device)
                             unpack.append((buf, dst))
                     keep.append(buf)
+                    if first_posted_at is None:
+                        first_posted_at = time.time()
                     works.append(
                         (self._backends[piece.lane].recv([buf], piece.src, piece.tag), piece)
                     )
@@ -321,7 +334,9 @@ class RefitWorld:
         except RuntimeError as e:  # the store or a backend broke outside an operation
             bury(*(w for w, _ in works), *keep)
             self._fail(t, f"{type(e).__name__}: {e}")
-        return TransferReport(t, self.peer, len(works), sent, received, time.monotonic() - start)
+        return TransferReport(
+            t, self.peer, len(works), sent, received, time.monotonic() - start, first_posted_at
+        )
 
     def _wait_works(self, works: list[tuple[Any, Piece]], deadline: float) -> None:
         """Wait for this member's operations: one waiter thread per lane (gloo's send and receive
