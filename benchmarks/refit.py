@@ -18,8 +18,9 @@ The control plane's rows run the whole lifecycle (docs/refit.md): a coordinator
 (``python -m coordinator serve``, uvicorn on 127.0.0.1, SQLite on disk), two launchers (2
 trainers, TP=2; 4 generators, TP=4, replaced when one dies) and real Agents in this module's
 worker (``python benchmarks/refit.py worker``), moving an 8 MB model over 4 lanes. Each worker
-joins the refit's epoch, shares the bootstrap, takes the transfer, opens the epoch's world,
-moves its shards, reports and waits for the transfer to complete; one JSON line per event on
+joins the refit's epoch, shares the bootstrap, opens the epoch's world while the transfer
+starts (a thread waits for that), moves its shards, reports and waits for the transfer to
+complete; one JSON line per event on
 stdout, with wall-clock times (``time.time()``, the clock the log stamps records with). A
 worker closes an epoch's world as soon as the epoch moves, before it joins the next one.
 
@@ -27,9 +28,10 @@ worker closes an epoch's world as soon as the epoch moves, before it joins the n
   moves the epoch, so each trial is a fresh admission. From the ``ts`` of the log record that
   admitted the epoch (the last slot's ``refit_join``; its offset is in the epoch's update) to
   the first send a trainer posts on a lane (``TransferReport.first_posted_at``). In between:
-  the update reaching every worker, the bootstrap and the transfer's start (two events through
-  the log), and the world's formation (4 lanes over 6 ranks). The notes give each step's
-  median, each as the time from admission to the last member done with it.
+  the update reaching every worker, the bootstrap (an event through the log), then, at the
+  same time, the transfer's start (another) and the world's formation (4 lanes over 6 ranks).
+  The notes give each step's median, each as the time from admission to the last member done
+  with it.
 - **refit recovery**: a generator SIGKILLs itself in a transfer's first attempt, once the
   others are inside it; from the kill to the ``ts`` of the log record that completed the
   retry (every member reported done) on the new views, with the launcher's replacement.
@@ -53,6 +55,7 @@ import threading
 import time
 import warnings
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -543,6 +546,12 @@ def _worker(out_dir: str, controls: int, kills: int) -> int:
     store = RefitStore() if (side, slot) == ("publisher", 0) else None
     world, world_epoch, last = None, None, None
     keys = [f"control-{k}" for k in range(controls)] + [f"recovery-{k}" for k in range(kills)]
+    starter = ThreadPoolExecutor(1, thread_name_prefix="transfer-start")
+
+    def started(admitted: Any, key: str) -> tuple[Any, float]:
+        t = client.transfer(admitted, key)
+        return t, time.time()
+
     for key in keys:
         if key.startswith("control-") and last is not None:
             tracker.wait(
@@ -567,20 +576,30 @@ def _worker(out_dir: str, controls: int, kills: int) -> int:
                     admitted, make=(lambda: store.bootstrap("gloo")) if store else None
                 )
                 bootstrap_at = time.time()
-                t = client.transfer(admitted, key)
-                transfer_at = time.time()
             except RefitEpochMoved:
                 continue
-            if t.status == "completed":
-                _emit(event="skipped", key=key, side=side, slot=slot)
-                break
+            # The transfer starts (an event through the log) while the world forms.
+            starting = starter.submit(started, admitted, key)
+            opening: BaseException | None = None
             try:
                 if world is None or world.closed or world_epoch != admitted.epoch:
                     if world is not None:
                         world.close()
                     world = open_world(plan, side, slot, boot, admitted.lanes, timeout_s=60)
                     world_epoch = admitted.epoch
-                opened_at = time.time()
+            except (RefitError, RefitRefused) as exc:
+                opening = exc
+            opened_at = time.time()
+            try:
+                t, transfer_at = starting.result()
+            except RefitEpochMoved:
+                continue
+            if t.status == "completed":
+                _emit(event="skipped", key=key, side=side, slot=slot)
+                break
+            try:
+                if opening is not None:
+                    raise opening
                 if (
                     key.startswith("recovery-")
                     and side == "subscriber"
@@ -619,6 +638,7 @@ def _worker(out_dir: str, controls: int, kills: int) -> int:
             break
     if world is not None:
         world.close()
+    starter.shutdown()
     drain_released(10)
     agent.close()
     return 0
