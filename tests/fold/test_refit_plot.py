@@ -1,9 +1,11 @@
 """The refit panel of ``replay --plot`` (coordinator/plot.py): what it gathers from the real fold
 of a scripted log (each epoch's status changes, each transfer attempt from its start to how it
-ended) and that it is drawn below the view history."""
+ended) and that it is drawn below the view history. Set
+``FOLDPLANE_REFIT_PLOT=docs/replay-plot-refit.png`` to keep the picture docs/console.md shows."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -99,6 +101,9 @@ def test_the_refit_panel_is_drawn_below_the_views(tmp_path: Path):
     ):
         rgb = tuple(int(hex_colour[i : i + 2], 16) for i in (1, 3, 5))
         assert colours.get(rgb, 0) > 20, f"no {name} drawn"
+    keep = os.environ.get("FOLDPLANE_REFIT_PLOT")  # docs/replay-plot-refit.png
+    if keep:
+        plot_views(views, keep, timeline)
     svg = tmp_path / "with.svg"
     plot_views(views, str(svg), timeline)
     text = svg.read_text()

@@ -163,3 +163,46 @@ def test_a_rank_that_is_not_a_member_hears_of_the_refit_over_its_group():
     assert admitted["status"] == "admitted"
     assert admitted["reason"].endswith("; rank 4 is not a member")
     assert not [e for e in st["entries"] if e["event"] == "refit_join"]
+
+
+def test_explain_refit_prints_the_story_from_a_log_file(tmp_path):
+    import asyncio
+    import json
+    import subprocess
+    import sys
+
+    from eventlog import NewRecord, open_log
+
+    s = scenario()
+
+    async def write() -> None:
+        log = await open_log(str(tmp_path / "refit.db"))
+        try:
+            for r in s.records:
+                await log.append(
+                    [NewRecord(kind=r.kind, group=r.group, rank=r.rank, payload=r.payload, ts=r.ts)]
+                )
+        finally:
+            await log.close()
+
+    asyncio.run(write())
+
+    def explain(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "coordinator", "explain", str(tmp_path / "refit.db"), *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    done = explain("--refit", "rl", "--json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == refit_story(s)
+    text = explain("--refit", "rl")
+    assert text.returncode == 0 and text.stdout.startswith(
+        "refit 'rl' (train -> gen) is at epoch 4"
+    )
+    unknown = explain("--refit", "nope")
+    assert unknown.returncode == 2 and "no refit 'nope'" in unknown.stderr
+    both = explain("--refit", "rl", "--group", "gen", "--rank", "0")
+    assert both.returncode == 2 and "not both" in both.stderr
