@@ -54,7 +54,7 @@ from coordinator.fold.machine import Coordinator
 from coordinator.fold.reasons import ranks_text
 from coordinator.fold.state import GroupState
 from coordinator.host.epoch_story import Holding, epoch_entry, holding_of, part_summary
-from coordinator.host.refit_story import refit_entries
+from coordinator.host.refit_story import REFIT_INPUTS, refit_entries
 from coordinator.host.replay import CompactedLog, find_start
 from eventlog import READ_PAGE, Log, Record, open_log
 from wire import ranks as rank_sets
@@ -229,6 +229,8 @@ class StoryBuilder:
     def _refits(self, record: Record, effects: list[Any]) -> None:
         """The refits over the rank's group (coordinator/host/refit_story.py): each decision,
         with the rank's place in an admitted epoch, and the rank's own joins and reports."""
+        if not effects and record.kind not in REFIT_INPUTS:
+            return  # most records (heartbeats) say nothing about refits
         decisions, evidence = refit_entries(record, effects, self.machine, groups=(self.group,))
         if record.group == self.group and record.rank == self.rank:
             for event, reason, fields in evidence:
