@@ -360,7 +360,7 @@ class Health(Struct, kw_only=True):
 
 
 class StoryEntry(Struct, kw_only=True):
-    """One step of a rank's story; events carry more fields (``state``, ``version``,
+    """One step of a rank's (or a refit's) story; events carry more fields (``state``, ``version``,
     ``active``, ``cause``, ``proposal``, ``reporter``, ...; see docs/console.md)."""
 
     offset: int
@@ -390,6 +390,20 @@ class StoryBody(Struct, kw_only=True):
     omitted: dict[str, int]
 
 
+class RefitStoryBody(Struct, kw_only=True):
+    """``GET /refits/{refit}/story``: what happened to a refit (docs/refit.md, "Seen")."""
+
+    refit: str
+    until: int
+    epoch: int
+    status: Literal["waiting", "admitted", "timed_out"]
+    members: list[dict[str, Any]]
+    transfers: list[dict[str, Any]]
+    summary: str
+    entries: list[StoryEntry]
+    omitted: dict[str, int]
+
+
 #: Every Struct that appears in the OpenAPI document's components.
 SCHEMA_TYPES: tuple[Any, ...] = (
     CreateGroupRequest,
@@ -414,6 +428,7 @@ SCHEMA_TYPES: tuple[Any, ...] = (
     EventsPage,
     Health,
     StoryBody,
+    RefitStoryBody,
 )
 
 

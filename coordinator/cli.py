@@ -16,6 +16,8 @@
 - ``explain log.db --group G --rank R [--until OFFSET] [--json]`` tells the rank's story: the
   records that brought it to its state and its place in or out of ``active_ranks``
   (:mod:`coordinator.host.story`, the same story as ``GET /groups/{group}/ranks/{rank}/story``).
+  ``explain log.db --refit NAME`` tells a refit's story instead: its epochs, joins and
+  transfers (:mod:`coordinator.host.refit_story`).
 - ``token --group G --rank R`` prints the agent token for that rank (reads ``FOLDPLANE_SECRET``
   or ``--secret``).
 - ``demo`` shows the whole loop on a local SQLite file with real gloo workers.
@@ -209,10 +211,15 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--progress", choices=["auto", "always", "never"], default="auto")
     c.set_defaults(run=_compact)
 
-    e = sub.add_parser("explain", help="why a rank is where it is: its story from the log")
+    e = sub.add_parser(
+        "explain", help="why a rank (or a refit) is where it is: its story from the log"
+    )
     e.add_argument("db", help="the log: a SQLite path, sqlite:/// or postgresql:// URL")
-    e.add_argument("--group", required=True)
-    e.add_argument("--rank", type=int, required=True)
+    e.add_argument("--group", default=None)
+    e.add_argument("--rank", type=int, default=None)
+    e.add_argument(
+        "--refit", default=None, metavar="NAME", help="tell this refit's story (not a rank's)"
+    )
     e.add_argument("--until", type=int, default=None, metavar="OFFSET", help="stop at this offset")
     e.add_argument("--json", action="store_true", help="print the story as JSON")
     e.set_defaults(run=_explain)
@@ -571,12 +578,22 @@ def _print_step(at: int, removed: Any) -> None:
 
 
 def _explain(args: argparse.Namespace) -> int:
+    from coordinator.host.refit_story import RefitStoryError, refit_story_from
     from coordinator.host.story import StoryError, format_story, story_from
     from eventlog import LogError
 
+    if args.refit is not None and (args.group is not None or args.rank is not None):
+        print("explain: give either --refit NAME or --group G --rank R, not both", file=sys.stderr)
+        return 2
+    if args.refit is None and (args.group is None or args.rank is None):
+        print("explain: give --group G --rank R (a rank's story) or --refit NAME", file=sys.stderr)
+        return 2
     try:
-        story = asyncio.run(story_from(args.db, args.group, args.rank, until=args.until))
-    except StoryError as exc:
+        if args.refit is not None:
+            story = asyncio.run(refit_story_from(args.db, args.refit, until=args.until))
+        else:
+            story = asyncio.run(story_from(args.db, args.group, args.rank, until=args.until))
+    except (StoryError, RefitStoryError) as exc:
         print(f"explain: {exc.detail}", file=sys.stderr)
         return 2
     except (LogError, OSError, ValueError) as exc:

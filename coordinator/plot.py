@@ -10,8 +10,12 @@ lane per rank, and in it, as filled steps, how many positions of the epoch the r
 (light: it grows when the rank takes over a leaver's remainder, shrinks when it gives some up)
 and how many it had *processed* (dark, as the coordinator accepted them); each move of a
 committed decision is an arrow from the donor's lane to the taker's, labelled with its size;
-dashed lines mark where each epoch was planned and where it completed. The data comes from
-the same fold as the view history (:class:`EpochTimeline` sees every record replay folds).
+dashed lines mark where each epoch was planned and where it completed. When the log holds
+refits (docs/refit.md), a last panel draws a lane per refit (over the ``--group`` asked for,
+if any): its admitted epochs shaded, a tick where each epoch began, and each transfer attempt
+as a bar from its start to its end, green completed, red failed (labelled), grey still
+running. The data comes from the same fold as the view history (:class:`EpochTimeline` sees
+every record replay folds).
 
 PNG or SVG, chosen by the file's extension. matplotlib is imported only here, and only when a
 plot is asked for (it is the ``[plot]`` extra), with its file-only backend: no display is
@@ -29,7 +33,9 @@ from coordinator.fold.effects import (
     Effect,
     EpochCompleted,
     EpochPlanned,
+    RefitEpochChanged,
     Refused,
+    TransferChanged,
     ViewCommitted,
 )
 from coordinator.fold.machine import Coordinator
@@ -49,6 +55,10 @@ LANES = 32
 #: Moves labelled with their size; beyond this many per decision only the arrows are drawn.
 MOVE_LABELS = 8
 HELD_COLOUR, PROCESSED_COLOUR, MOVE_COLOUR = "#b9d3ea", "#2b5d8a", "#d0452f"
+#: Refit lanes drawn in the refit panel (the first by name; the rest are counted).
+REFIT_LANES = 8
+TRANSFER_COLOURS = {"completed": "#3a9d4a", "failed": "#d0452f", "running": "#999999"}
+ADMITTED_COLOUR = "#e3eef7"
 
 
 # -- what the data panel draws, gathered while replay folds ----------------------------------
@@ -81,6 +91,44 @@ class GroupTimeline:
         lane.append((ts, epoch, held, processed))
 
 
+@dataclass
+class TransferSpan:
+    """One attempt of a transfer: started at ``start``, ended at ``end`` (None: still
+    running at the end of the log) as ``status``."""
+
+    key: str
+    attempt: int
+    start: int
+    end: int | None = None
+    status: str = "running"
+    detail: str = ""
+
+
+@dataclass
+class RefitLane:
+    """What the refit panel draws of one refit."""
+
+    groups: tuple[str, str]
+    #: ``(ts, epoch, status, cause)`` each time the epoch changed status
+    epochs: list[tuple[int, int, str, str]] = field(default_factory=list)
+    transfers: list[TransferSpan] = field(default_factory=list)
+
+    def transfer(self, ts: int, effect: TransferChanged) -> None:
+        span = next(
+            (
+                t
+                for t in reversed(self.transfers)
+                if (t.key, t.attempt) == (effect.key, effect.attempt)
+            ),
+            None,
+        )
+        if span is None:
+            span = TransferSpan(effect.key, effect.attempt, ts)
+            self.transfers.append(span)
+        if effect.status != "running":
+            span.end, span.status, span.detail = ts, effect.status, effect.detail
+
+
 class EpochTimeline:
     """The data panel's input, gathered from the records replay folds (pass :meth:`fresh` as
     replay's ``on_record``): per group, each rank's held and processed counts over log time,
@@ -89,10 +137,13 @@ class EpochTimeline:
     def __init__(self, group: str | None = None) -> None:
         self.group = group
         self.groups: dict[str, GroupTimeline] = {}
+        #: per refit (over ``group`` when one is asked for): its epochs and transfer attempts
+        self.refits: dict[str, RefitLane] = {}
 
     def fresh(self) -> Any:
         """The hook for one replay attempt (a retried replay starts over)."""
         self.groups = {}
+        self.refits = {}
         return self.on_record
 
     def on_record(self, record: Record, effects: list[Effect], machine: Coordinator) -> None:
@@ -124,6 +175,14 @@ class EpochTimeline:
                 g = self._timeline(effect.group)
                 if g is not None:
                     g.decisions.append(EpochDecision(record.ts, effect.epoch, "completed"))
+            elif isinstance(effect, RefitEpochChanged):
+                lane = self._refit(effect.refit, effect.groups)
+                if lane is not None:
+                    lane.epochs.append((record.ts, effect.epoch, effect.status, effect.cause))
+            elif isinstance(effect, TransferChanged):
+                lane = self._refit(effect.refit, effect.groups)
+                if lane is not None:
+                    lane.transfer(record.ts, effect)
         if record.kind == "progress" and record.group is not None and record.rank is not None:
             if any(isinstance(e, Refused) for e in effects):
                 return
@@ -139,6 +198,11 @@ class EpochTimeline:
         if self.group is not None and group != self.group:
             return None
         return self.groups.setdefault(group, GroupTimeline())
+
+    def _refit(self, name: str, groups: tuple[str, str]) -> RefitLane | None:
+        if self.group is not None and self.group not in groups:
+            return None
+        return self.refits.setdefault(name, RefitLane(groups))
 
     def shown(self) -> tuple[str, GroupTimeline] | None:
         """The group the data panel draws: the first (by name) with an epoch plan."""
@@ -162,7 +226,7 @@ def check_target(path: str) -> str:
 
 def plot_views(views: list[dict[str, Any]], path: str, epochs: EpochTimeline | None = None) -> None:
     """Draw ``views`` (view documents, as replay reports them) to ``path``, and below them the
-    data plan of ``epochs`` when it holds one."""
+    data plan of ``epochs`` when it holds one, and its refits when there are any."""
     fmt = check_target(path)
     try:
         import matplotlib
@@ -179,17 +243,23 @@ def plot_views(views: list[dict[str, Any]], path: str, epochs: EpochTimeline | N
     for view in views:
         by_group.setdefault(view["group"], []).append(view)
     data = epochs.shown() if epochs is not None else None
-    if data is None:
-        fig, ax = plt.subplots(figsize=(10, 4.5), dpi=100)
-    else:
-        lanes = min(LANES, len(data[1].lanes))
-        fig, (ax, dax) = plt.subplots(
-            2,
-            1,
-            figsize=(10, 4.5 + max(3.0, 0.45 * lanes)),
-            dpi=100,
-            gridspec_kw={"height_ratios": [4.5, max(3.0, 0.45 * lanes)]},
-        )
+    refits = sorted(epochs.refits.items())[:REFIT_LANES] if epochs is not None else []
+    heights = [4.5]
+    if data is not None:
+        heights.append(max(3.0, 0.45 * min(LANES, len(data[1].lanes))))
+    if refits:
+        heights.append(max(1.6, 0.6 * len(refits)))
+    fig, axes = plt.subplots(
+        len(heights),
+        1,
+        figsize=(10, sum(heights)),
+        dpi=100,
+        squeeze=False,
+        gridspec_kw={"height_ratios": heights},
+    )
+    ax = axes[0][0]
+    dax = axes[1][0] if data is not None else None
+    rax = axes[-1][0] if refits else None
     try:
         if not by_group:
             ax.text(
@@ -215,6 +285,11 @@ def plot_views(views: list[dict[str, Any]], path: str, epochs: EpochTimeline | N
             t0 = min((v["ts"] for v in views if v["group"] == data[0]), default=None)
             _draw_epochs(dax, data[0], data[1], t0, plt)
             dax.set_xlim(ax.get_xlim())
+        if refits:
+            assert epochs is not None
+            _draw_refits(rax, refits, len(epochs.refits), views, plt)
+            if views:
+                rax.set_xlim(ax.get_xlim())
         fig.tight_layout()
         fig.savefig(path, format=fmt)
     finally:
@@ -305,6 +380,74 @@ def _draw_epochs(ax: Any, group: str, g: GroupTimeline, t0: int | None, plt: Any
             plt.Line2D([], [], color=MOVE_COLOUR, label="a move (positions)"),
         ],
         loc="upper right",
+        fontsize="x-small",
+    )
+    ax.grid(True, axis="x", alpha=0.3)
+
+
+def _draw_refits(
+    ax: Any,
+    refits: list[tuple[str, RefitLane]],
+    total: int,
+    views: list[dict[str, Any]],
+    plt: Any,
+) -> None:
+    """A lane per refit: its admitted epochs shaded, a tick where each epoch began (labelled
+    with its number), and each transfer attempt as a bar from its start to its end, coloured
+    by how it ended (a failed one labelled with its key and attempt)."""
+    publisher = refits[0][1].groups[0]
+    times = [ts for _, lane in refits for ts, *_ in lane.epochs]
+    times += [t.end or t.start for _, lane in refits for t in lane.transfers]
+    zero = min((v["ts"] for v in views if v["group"] == publisher), default=min(times))
+    tail = (max(times) - zero) / 1e9 * 1.02 + 0.1
+    for row, (_, lane) in enumerate(refits):
+        marks = lane.epochs
+        for i, (ts, epoch, status, _cause) in enumerate(marks):
+            x = (ts - zero) / 1e9
+            nxt = (marks[i + 1][0] - zero) / 1e9 if i + 1 < len(marks) else tail
+            if status == "admitted":
+                ax.fill_between([x, nxt], row, row + 0.8, color=ADMITTED_COLOUR, linewidth=0)
+            elif status == "waiting":
+                ax.plot([x, x], [row, row + 0.8], color="#555555", linewidth=0.8)
+                ax.annotate(
+                    f"e{epoch}",
+                    (x, row + 0.8),
+                    textcoords="offset points",
+                    xytext=(2, -7),
+                    fontsize="xx-small",
+                )
+        for t in lane.transfers:
+            x0 = (t.start - zero) / 1e9
+            x1 = (t.end - zero) / 1e9 if t.end is not None else tail
+            colour = TRANSFER_COLOURS.get(t.status, "#777777")
+            ax.plot([x0, max(x1, x0 + tail * 0.004)], [row + 0.3] * 2, color=colour, linewidth=4)
+            if t.status == "failed":
+                ax.annotate(
+                    f"{t.key} #{t.attempt} failed",
+                    (x1, row + 0.3),
+                    textcoords="offset points",
+                    xytext=(2, -9),
+                    fontsize="xx-small",
+                    color=colour,
+                )
+    ax.set_yticks(
+        [i + 0.4 for i in range(len(refits))],
+        [f"{name} ({lane.groups[0]} -> {lane.groups[1]})" for name, lane in refits],
+        fontsize="x-small",
+    )
+    ax.set_ylim(-0.2, len(refits) + 0.2)
+    ax.set_xlabel(f"seconds since group {publisher}'s first view")
+    more = f" (the first {REFIT_LANES} of {total})" if total > REFIT_LANES else ""
+    ax.set_title(f"refits: epochs and transfers{more}")
+    ax.legend(
+        handles=[
+            plt.Rectangle((0, 0), 1, 1, color=ADMITTED_COLOUR, label="epoch admitted"),
+            *(
+                plt.Line2D([], [], color=c, linewidth=4, label=f"transfer {s}")
+                for s, c in TRANSFER_COLOURS.items()
+            ),
+        ],
+        loc="best",
         fontsize="x-small",
     )
     ax.grid(True, axis="x", alpha=0.3)

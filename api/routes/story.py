@@ -1,7 +1,8 @@
-"""``GET /groups/{group}/ranks/{rank}/story``: why a rank is where it is.
+"""``GET /groups/{group}/ranks/{rank}/story``: why a rank is where it is; ``GET
+/refits/{refit}/story``: what happened to a refit.
 
-The story is folded from the log by :mod:`coordinator.host.story`, the same code ``python -m
-coordinator explain`` runs, up to the offset the coordinator has applied (or ``?until=``). The
+The story is folded from the log by :mod:`coordinator.host.story` (a refit's by
+:mod:`coordinator.host.refit_story`), the same code ``python -m coordinator explain`` runs, up to the offset the coordinator has applied (or ``?until=``). The
 fold of a long log is CPU work, so each page of records is stepped in a worker thread, and at
 most :data:`CONCURRENT` stories are folded at once. With auth on it needs the operator token.
 """
@@ -17,6 +18,7 @@ from api.codec import json_response
 from api.deps import host_of, require_group, require_operator
 from api.errors import ApiError
 from api.openapi import answers
+from coordinator.host.refit_story import RefitStoryBuilder, RefitStoryError, refit_story_of
 from coordinator.host.story import StoryBuilder, StoryError, story_of
 from eventlog import Record
 from wire.protocol import QUERY
@@ -28,7 +30,7 @@ CONCURRENT = 2
 _folding: asyncio.Semaphore | None = None
 
 
-async def _step_page(builder: StoryBuilder, page: list[Record]) -> None:
+async def _step_page(builder: StoryBuilder | RefitStoryBuilder, page: list[Record]) -> None:
     await asyncio.to_thread(builder.feed, page)
 
 
@@ -46,7 +48,6 @@ async def rank_story(
         None, ge=1, le=QUERY.max_offset, description="fold only up to this offset"
     ),
 ) -> Response:
-    global _folding
     require_operator(request, "reading a rank's story")
     host = host_of(request)
     require_group(host, group)
@@ -56,12 +57,45 @@ async def rank_story(
             422, "rank_out_of_range", f"rank {rank} is not in 0..{world_size - 1} of {group!r}"
         )
     stop = host.applied_offset if until is None else min(until, host.applied_offset)
-    if _folding is None:
-        _folding = asyncio.Semaphore(CONCURRENT)
-    async with _folding:
+    async with _turn():
         try:
             story = await story_of(host.log, group, rank, until=stop, fold_page=_step_page)
         except StoryError as exc:
             status = 404 if exc.code == "unknown_group" else 422
             raise ApiError(status, exc.code, exc.detail) from None
     return json_response(story)
+
+
+@router.get(
+    "/refits/{refit}/story",
+    summary="What happened to a refit: its creation, each epoch (why it began, its admission), "
+    "each join and each transfer attempt and report, with offset, time and the fold's reason",
+    responses=answers({200: "RefitStoryBody"}, 401, 403, 404, 422),
+)
+async def refit_story(
+    request: Request,
+    refit: str = Path(..., max_length=64),
+    until: int | None = Query(
+        None, ge=1, le=QUERY.max_offset, description="fold only up to this offset"
+    ),
+) -> Response:
+    require_operator(request, "reading a refit's story")
+    host = host_of(request)
+    if host.machine.refits.refit(refit) is None:
+        raise ApiError(404, "unknown_refit", f"no refit named {refit!r}")
+    stop = host.applied_offset if until is None else min(until, host.applied_offset)
+    async with _turn():
+        try:
+            story = await refit_story_of(host.log, refit, until=stop, fold_page=_step_page)
+        except RefitStoryError as exc:
+            status = 404 if exc.code == "unknown_refit" else 422
+            raise ApiError(status, exc.code, exc.detail) from None
+    return json_response(story)
+
+
+def _turn() -> asyncio.Semaphore:
+    """The semaphore every story waits on (made in the serving event loop)."""
+    global _folding
+    if _folding is None:
+        _folding = asyncio.Semaphore(CONCURRENT)
+    return _folding

@@ -23,7 +23,11 @@ Entry shape (plain JSON): ``{"offset", "ts", "record", "event", "reason", ...}``
 (:mod:`coordinator.host.epoch_story`): ``epoch_planned`` (the range it was given),
 ``assignment_changed`` (what it held and who took over the rest when it left, or what it got
 and from whom when it joined, took over a leaver's remainder or reclaimed), ``epoch_completed``
-(how many it processed); and on a compacted log, first,
+(how many it processed); the refits over its group (:mod:`coordinator.host.refit_story`):
+``refit_created``, ``refit_epoch`` (why each epoch began; when admitted, the rank's slot and
+refit rank or that it is not a member; which slots never joined), ``transfer`` (started,
+completed, failed and why), and the rank's own ``refit_join`` and ``transfer_status``
+reports; and on a compacted log, first,
 ``kept_snapshot``: the story starts from the kept snapshot the removed records lie behind.
 """
 
@@ -50,6 +54,7 @@ from coordinator.fold.machine import Coordinator
 from coordinator.fold.reasons import ranks_text
 from coordinator.fold.state import GroupState
 from coordinator.host.epoch_story import Holding, epoch_entry, holding_of, part_summary
+from coordinator.host.refit_story import REFIT_INPUTS, refit_entries
 from coordinator.host.replay import CompactedLog, find_start
 from eventlog import READ_PAGE, Log, Record, open_log
 from wire import ranks as rank_sets
@@ -155,6 +160,7 @@ class StoryBuilder:
             )
             was_active = rank in g.active
         effects = self.machine.step(record)
+        self._refits(record, effects)
         if not concerns_group:
             return
         g = _group_state(self.machine, group)
@@ -219,6 +225,28 @@ class StoryBuilder:
                 f"rank {reporter} no longer reports rank {rank} down",
                 reporter=reporter,
             )
+
+    def _refits(self, record: Record, effects: list[Any]) -> None:
+        """The refits over the rank's group (coordinator/host/refit_story.py): each decision,
+        with the rank's place in an admitted epoch, and the rank's own joins and reports."""
+        if not effects and record.kind not in REFIT_INPUTS:
+            return  # most records (heartbeats) say nothing about refits
+        decisions, evidence = refit_entries(record, effects, self.machine, groups=(self.group,))
+        if record.group == self.group and record.rank == self.rank:
+            for event, reason, fields in evidence:
+                self._evidence_entry(record, event, reason, **fields)
+        for event, reason, fields in decisions:
+            if event == "refit_epoch" and fields["status"] == "admitted":
+                reason += f"; {self._refit_place(fields['refit'])}"
+            self._decision(_entry(record, event, reason, **fields))
+
+    def _refit_place(self, name: str) -> str:
+        r = self.machine.refits.refit(name)
+        member = None if r is None else r.member_slot(self.group, self.rank)
+        if r is None or member is None:
+            return f"rank {self.rank} is not a member"
+        refit_rank = r.every_slot().index(member)
+        return f"rank {self.rank} is {member[0]} slot {member[1]} (refit rank {refit_rank})"
 
     def _effect(self, record: Record, effect: Any, was_active: bool) -> None:
         rank = self.rank
@@ -512,7 +540,8 @@ async def story_from(
 
 
 def format_story(story: dict[str, Any]) -> str:
-    """The story as lines for a terminal: the summary, then one line per entry."""
+    """The story (of a rank, or of a refit: coordinator/host/refit_story.py) as lines for a
+    terminal: the summary, then one line per entry."""
     lines = [story["summary"], ""]
     header = ("offset", "time (UTC)", "record", "event", "reason")
     rows = [
@@ -524,9 +553,14 @@ def format_story(story: dict[str, Any]) -> str:
         lines.append("  ".join([*(c.ljust(w) for c, w in zip(row, widths, strict=False)), row[-1]]))
     omitted = story["omitted"]
     lines.append("")
+    beats = (
+        f"{story['heartbeats']} heartbeats ({omitted['heartbeats']} not listed), "
+        if "heartbeats" in story
+        else ""
+    )
     lines.append(
-        f"folded to offset {story['until']}; {story['heartbeats']} heartbeats "
-        f"({omitted['heartbeats']} not listed), {omitted['evidence']} older evidence items not listed"
+        f"folded to offset {story['until']}; {beats}{omitted['evidence']} older evidence items "
+        "not listed"
     )
     return "\n".join(lines)
 
@@ -539,6 +573,10 @@ def _event_label(entry: dict[str, Any]) -> str:
         return f"{entry['event']} v{entry['version']}"
     if entry["event"] in ("epoch_planned", "assignment_changed", "epoch_completed"):
         return f"{entry['event']} e{entry['epoch']}"
+    if entry["event"] == "refit_epoch":
+        return f"refit_epoch e{entry['epoch']} {entry['status']}"
+    if entry["event"] in ("transfer", "transfer_status"):
+        return f"{entry['event']} {entry['status']}"
     return entry["event"]
 
 

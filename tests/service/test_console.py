@@ -421,3 +421,95 @@ async def test_the_data_plan_shows_progress_and_moves_live(tmp_path: Path, brows
     finally:
         await asyncio.to_thread(scenario.close)
         srv.stop()
+
+
+async def test_the_refit_panel_shows_epochs_members_and_transfers_live(
+    console_server: Server, browser
+):
+    """A refit driven over HTTP (tests/service/test_refits_api.py's events, a real server): the
+    panel shows it waiting, then admitted with its members, a transfer that fails naming who
+    said so, and its retry completing, without a reload."""
+    srv = console_server
+
+    async with httpx.AsyncClient(base_url=srv.url, timeout=10) as c:
+
+        async def send(group: str, rank: int, kind: str, **fields: Any) -> dict:
+            event = {"type": kind, "group": group, "rank": rank, "incarnation": f"{group}-{rank}"}
+            r = await c.post("/agents/events", json={"events": [{**event, **fields}]})
+            assert r.status_code == 200, r.text
+            result = r.json()["results"][0]
+            assert "offset" in result, result
+            return result
+
+        for group, size in (("train", 2), ("gen", 4)):
+            r = await c.post("/groups", json={"group": group, "world_size": size, **CALM})
+            assert r.status_code == 201, r.text
+            for rank in range(size):
+                await send(group, rank, "join")
+            for rank in range(size):
+                await send(group, rank, "links", self_ready=True)
+            version = (await c.get(f"/groups/{group}")).json()["change_in_flight"]["version"]
+            for rank in range(size):
+                await send(group, rank, "ack", version=version)
+        spec = {
+            "refit": "rl",
+            "publisher": "train",
+            "subscriber": "gen",
+            "publisher_slots": 2,
+            "subscriber_slots": 4,
+            "lanes": 2,
+        }
+        assert (await c.post("/refits", json=spec)).status_code == 201
+
+        page = await browser.new_page(viewport={"width": 1400, "height": 1000})
+        await page.goto(srv.url + "/ui#train")
+
+        async def refit_row() -> list[str]:
+            return await page.locator("#r-refits tbody tr").first.locator("td").all_text_contents()
+
+        async def transfer_row() -> list[str]:
+            return (
+                await page.locator("#r-transfers tbody tr").first.locator("td").all_text_contents()
+            )
+
+        cell = "document.querySelector('#r-refits tbody tr td:nth-child(4)')"
+        await _until(page, f"{cell} && {cell}.textContent === 'waiting'")
+        shown = await refit_row()
+        assert shown[:3] == ["rl", "train → gen", "1"]
+        assert shown[4].startswith("0 of 6 joined; missing publisher slot 0")
+        assert shown[6] == "the refit was created"
+
+        for group, n in (("train", 2), ("gen", 4)):
+            for rank in range(n):
+                await send(
+                    group, rank, "refit_join", refit="rl", epoch=1, slot=rank, digest="1" * 64
+                )
+        await _until(page, f"{cell}.textContent === 'admitted'")
+        shown = await refit_row()
+        assert shown[4] == "6 admitted (2 lanes)" and shown[5] == "111111111111…"
+
+        assert (await c.post("/refits/rl/transfers", json={"key": "step-1"})).status_code == 201
+        status = "document.querySelector('#r-transfers tbody tr td:nth-child(6)')"
+        await _until(page, f"{status} && {status}.textContent === 'running'")
+        assert (await transfer_row())[:7] == ["rl", "1", "step-1", "1", "1", "running", "0 of 6"]
+
+        await send("train", 0, "transfer_status", refit="rl", epoch=1, transfer=1, attempt=1,
+                   status="done")  # fmt: skip
+        await send("gen", 2, "transfer_status", refit="rl", epoch=1, transfer=1, attempt=1,
+                   status="failed", detail="nccl timeout")  # fmt: skip
+        await _until(page, f"{status}.textContent === 'failed'")
+        assert (await transfer_row())[7] == (
+            "subscriber slot 2 (gen rank 2) reported failure: nccl timeout"
+        )
+
+        assert (await c.post("/refits/rl/transfers", json={"key": "step-1"})).status_code == 201
+        await _until(page, f"{status}.textContent === 'running'")
+        for group, n in (("train", 2), ("gen", 4)):
+            for rank in range(n):
+                await send(group, rank, "transfer_status", refit="rl", epoch=1, transfer=1,
+                           attempt=2, status="done")  # fmt: skip
+        await _until(page, f"{status}.textContent === 'completed'")
+        done = await transfer_row()
+        assert done[3] == "2" and done[6] == "6 of 6"
+        assert done[7] == "every slot reported done (attempt 2, epoch 1)"
+        assert await page.locator("#r-refits tbody tr").count() == 1

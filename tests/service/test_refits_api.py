@@ -316,3 +316,39 @@ async def test_a_huge_bootstrap_or_a_deep_one_is_refused_and_the_epoch_keeps_non
     r = await c.post("/agents/events", json={"events": [event]}, headers=headers)
     assert r.status_code == 400 and r.json()["error"] == "nesting_too_deep"
     assert (await refit(c))["bootstrap_published"] is False
+
+
+async def test_a_refit_s_story_over_http_is_the_one_explain_prints(
+    target: str, api: tuple[Host, httpx.AsyncClient]
+) -> None:
+    import msgspec
+
+    from api.models import RefitStoryBody
+    from coordinator.host.refit_story import refit_story_of
+
+    host, c = api
+    assert (await c.post("/refits", json=REFIT, headers=OP)).status_code == 201
+    await join_all(c, 1)
+    started = await c.post("/refits/rl/transfers", json={"key": "step-1"}, headers=OP)
+    assert started.status_code == 201, started.text
+    for group, n in SLOTS.items():
+        for rank in range(n):
+            await send(c, group, rank, "transfer_status", refit="rl", epoch=1, transfer=1,
+                       attempt=1, status="done")  # fmt: skip
+    assert (await c.get("/refits/rl/story")).status_code == 401
+    r = await c.get("/refits/rl/story", headers=OP)
+    assert r.status_code == 200, r.text
+    story = r.json()
+    msgspec.convert(story, RefitStoryBody)  # the shape the OpenAPI document states
+    assert story == await refit_story_of(host.log, "rl", until=host.applied_offset)
+    events = [e["event"] for e in story["entries"]]
+    assert events[:3] == ["refit_created", "refit_epoch", "refit_join"]
+    assert events.count("transfer_status") == 6 and events[-1] == "transfer"
+    assert story["entries"][-1]["status"] == "completed"
+    assert story["summary"].startswith("refit 'rl' (train -> gen) is at epoch 1, admitted")
+    early = await c.get(
+        "/refits/rl/story", params={"until": story["entries"][1]["offset"]}, headers=OP
+    )
+    assert [e["event"] for e in early.json()["entries"]] == ["refit_created", "refit_epoch"]
+    missing = await c.get("/refits/nope/story", headers=OP)
+    assert missing.status_code == 404 and missing.json()["error"] == "unknown_refit"
