@@ -4,7 +4,7 @@ Two scenarios on a real coordinator (``python -m coordinator serve``, SQLite on 
 gloo workers started by the launcher, each running all_reduce in a loop:
 
 - **view change**: ``POST /proposals`` deactivates rank 3, then activates it again (each trial
-  really changes the view);
+  really changes the view), after one such change that warms up;
 - **recovery**: rank 1, 2 or 3 of a fresh group of 4 is SIGKILLed; the launcher reports the
   death.
 
