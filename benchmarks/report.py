@@ -74,6 +74,16 @@ day from a slower program (runs recorded before it was added do not have it)."""
 
 #: Reference notes under a benchmark's table: how to read it, what its limits are.
 NOTES = {
+    "budget": """\
+Reading the phases: each is the gap between two marks on the machine's wall clock; the
+benchmark's own marks (proposal or SIGKILL sent), the log's `ts` (trigger record, ACKs; the
+view's `ts` is its last ACK's), and the workers' (new view installed by the agent, first
+successful all_reduce on it). `-> first ACK appended` holds the fold, the prepare pushed through
+the launcher's relay to the agent, the agent's ACK back through the relay and its durable
+append; `-> new view held by every agent` is the commit pushed to the slowest agent; the last
+phase is the survivors' new gloo group and the workers' 5 ms pause between steps. The floors
+say what one durable append and one channel round trip cost in the same run: a phase many
+times their sum is time spent waiting or in Python, not in the disk or the network.""",
     "data": """\
 What is promised (exactly once per epoch, by the fold's accounting), the plan and the sampler are
 in [data.md](data.md), which shows this table too.""",
@@ -326,7 +336,34 @@ def render(runs: list[dict]) -> str:
             out += table([r for r in chosen[name]["results"] if r["bench"] == name])
         if name in NOTES:
             out += ["", NOTES[name]]
+        if name == "budget" and name in chosen:
+            out += ["", *budget_shares([r for r in chosen[name]["results"] if r["bench"] == name])]
     return "\n".join(out) + "\n"
+
+
+def budget_shares(rows: list[dict]) -> list[str]:
+    """Where the milliseconds go, from the budget rows: per scenario (the metric's text before
+    ``": "``), its total and each phase's share of it, largest first."""
+    scenarios: dict[str, dict[str, float]] = {}
+    for r in rows:
+        scenario, sep, phase = r["metric"].partition(": ")
+        if sep:
+            scenarios.setdefault(scenario, {})[phase] = r["median"]
+    out = []
+    for scenario, got in scenarios.items():
+        total = got.pop("total", None)
+        if not total:
+            continue
+        shares = sorted(got.items(), key=lambda kv: -kv[1])
+        parts = ", ".join(
+            f"{cell(phase.split(' -> ')[-1])} {num(ms)} ms ({ms / total:.0%})"
+            for phase, ms in shares
+        )
+        out.append(
+            f"- **{cell(scenario)}**, {num(total)} ms (medians, so the shares need not add "
+            f"up to 100%), by the mark each phase ends at: {parts}."
+        )
+    return out
 
 
 #: The scale rows the growth picture draws: (metric prefix, label, colour).
