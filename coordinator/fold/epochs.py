@@ -246,7 +246,16 @@ class Holding:
 class Epoch:
     """The open (or last completed) epoch of a group."""
 
-    __slots__ = ("plan", "offset", "version", "assignment", "holdings", "unprocessed", "completed")
+    __slots__ = (
+        "plan",
+        "offset",
+        "version",
+        "assignment",
+        "decided",
+        "holdings",
+        "unprocessed",
+        "completed",
+    )
 
     def __init__(self, plan: EpochPlan, offset: int, version: int) -> None:
         self.plan = plan
@@ -256,6 +265,8 @@ class Epoch:
         self.version = version
         #: decisions so far (1: the plan's first split)
         self.assignment = 1
+        #: the offset of the record of the last decision (the plan's, then the last move's)
+        self.decided = offset
         self.holdings: dict[int, Holding] = {}
         #: positions not yet reported processed
         self.unprocessed = plan.dataset_size
@@ -278,6 +289,7 @@ class Epoch:
             "offset": self.offset,
             "version": self.version,
             "assignment": self.assignment,
+            "decided": self.decided,
             "unprocessed": self.unprocessed,
             "completed": self.completed,
             "holdings": [[r, *self.holdings[r].to_list()] for r in sorted(self.holdings)],
@@ -287,6 +299,7 @@ class Epoch:
     def from_dict(cls, d: dict[str, Any]) -> Epoch:
         e = cls(msgspec.convert(d["plan"], EpochPlan), d["offset"], d["version"])
         e.assignment = d["assignment"]
+        e.decided = d.get("decided", e.offset)  # snapshots before it was kept: the plan's
         e.unprocessed = d["unprocessed"]
         e.completed = d["completed"]
         e.holdings = {int(item[0]): Holding.from_list(item[1:]) for item in d["holdings"]}
@@ -713,6 +726,7 @@ class Epochs:
                 record,
                 effects,
                 version=view.version,
+                left=tuple(leavers),
             )
 
     def _decide(
@@ -728,11 +742,16 @@ class Epochs:
         effects: list[Effect],
         *,
         version: int | None = None,
+        left: tuple[int, ...] = (),
     ) -> None:
         """One committed move: the tails ``gives`` names (positions per donor, rank order)
         leave their sequences into one pool, dealt in rank order to the ranks of ``gets``.
-        Donors are fenced at the new assignment."""
+        Donors are fenced at the new assignment; a rank whose part did not change keeps its
+        fence, so its reports in flight stay good. The effect carries the moves only: each
+        rank's new part is its old one with them applied (``left``: the ranks that gave up
+        everything they had not reported)."""
         e.assignment += 1
+        e.decided = record.offset
         a = e.assignment
         pool: list[tuple[int, Segment]] = []
         for donor in sorted(gives):
@@ -761,7 +780,6 @@ class Epochs:
             h.sequence = normalized(h.sequence)
             h.assignment = a
         assert not segments, "every position given up is taken"
-        changed = sorted(set(gives) | set(gets))
         ge.changes += 1
         effects.append(
             AssignmentChanged(
@@ -773,7 +791,7 @@ class Epochs:
                 detail=detail,
                 change=ge.changes,
                 moves=tuple(moves),
-                ranges=tuple(e.holdings[r].as_range(r) for r in changed),
+                left=left,
                 offset=record.offset,
             )
         )
