@@ -1159,7 +1159,11 @@ class World:
                     for p in self.procs.values():
                         r = p.reader
                         # an agent ahead of this log (a restore) holds what it has not heard
-                        if p.running and r.epoch == epoch.number and p.machine.after <= coord.applied:
+                        if (
+                            p.running
+                            and r.epoch == epoch.number
+                            and p.machine.after <= coord.applied
+                        ):
                             part = (r.assignment, r.base, r.remaining)
                             inv.check_part(p.rank, p.incarnation, epoch, part)
 
