@@ -580,9 +580,7 @@ def _plan_bytes(n: int, dataset_size: int, grain: int = 1) -> dict[str, Any]:
     ready = carry(effects)
     rows = [row for row in ready.rows.values() if row.kind == "assignment"]
     row_bytes = sum(len(encode_projection(i, row)) for i, row in enumerate(rows))
-    updates = [
-        u for _, _, u in ready.updates if u.get("type") in ("data_assignment", "data_moves")
-    ]
+    updates = [u for _, _, u in ready.updates if u.get("type") in ("data_assignment", "data_moves")]
     update_bytes = sum(len(encoded(u)) for u in updates)
     return {
         "ranks": n,
@@ -749,7 +747,7 @@ def run(quick: bool) -> list[Result]:
 
 
 def _plan_bytes_only() -> int:
-    """``python benchmarks/data.py plan-bytes``: the plan-bytes measurements alone (in
+    """``python -m benchmarks.data plan-bytes``: the plan-bytes measurements alone (in
     process, a minute or so at 16,384 ranks), one JSON line each, without the rest of the
     benchmark's trials; nothing is recorded."""
     sizes = [(n, n * PLAN_PER_RANK, 1) for n in PLAN_SIZES]

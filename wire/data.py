@@ -9,8 +9,10 @@ once, as the group's ``data_moves`` update, which says only what moved:
 
 - ``moves``: ``[from_rank, to_rank, start, length]`` in the order they apply. What a rank gave
   is the end of its remaining work (in order), what it got is appended to it (in order);
-- ``left``: the ranks that left the view and gave up everything they had not reported: their
-  sequence now ends at their cursor, so their ``base`` is its end.
+- ``reported``: the ranks whose sequence, once what they gave is gone and before what they
+  got is appended, is all reported processed (a rank that left the view, one that took work
+  with none left): their ``base`` moves to its end. A reader that never heard its rank's
+  progress (a new process reading the history) learns its cursor so.
 
 So a reader that applied every decision in order holds exactly the coordinator's part; one
 that missed some is told its whole part again (a resync). :func:`apply_moves` refuses moves
@@ -89,7 +91,7 @@ def apply_moves(
                 f"rank {rank} gave {merged(gave)[:3]} at assignment {update['assignment']}, "
                 f"which is not the end of its part ({merged(tail)[:3]})"
             )
-    if rank in update.get("left", ()):
+    if rank in update.get("reported", ()):
         base += sum(n for _, n in keep)
         keep = []
     return base, merged([*keep, *got])

@@ -726,7 +726,6 @@ class Epochs:
                 record,
                 effects,
                 version=view.version,
-                left=tuple(leavers),
             )
 
     def _decide(
@@ -742,14 +741,13 @@ class Epochs:
         effects: list[Effect],
         *,
         version: int | None = None,
-        left: tuple[int, ...] = (),
     ) -> None:
         """One committed move: the tails ``gives`` names (positions per donor, rank order)
         leave their sequences into one pool, dealt in rank order to the ranks of ``gets``.
         Donors are fenced at the new assignment; a rank whose part did not change keeps its
         fence, so its reports in flight stay good. The effect carries the moves only: each
-        rank's new part is its old one with them applied (``left``: the ranks that gave up
-        everything they had not reported)."""
+        rank's new part is its old one with them applied, and ``reported`` names the ranks whose
+        cursor is then at the end of what they kept (a leaver, a rank that ran dry)."""
         e.assignment += 1
         e.decided = record.offset
         a = e.assignment
@@ -760,6 +758,11 @@ class Epochs:
             h.sequence, tail = split_at(h.sequence, keep)
             pool.extend((donor, s) for s in tail)
             h.fence = h.assignment = a
+        reported = tuple(
+            r
+            for r in sorted(set(gives) | set(gets))
+            if r in e.holdings and e.holdings[r].remaining == 0
+        )
         moves: list[Move] = []
         segments = [s for _, s in pool]
         owners = [d for d, _ in pool]
@@ -791,7 +794,7 @@ class Epochs:
                 detail=detail,
                 change=ge.changes,
                 moves=tuple(moves),
-                left=left,
+                reported=reported,
                 offset=record.offset,
             )
         )

@@ -376,8 +376,8 @@ def data_assignment_updates(effect: EpochPlanned) -> list[dict[str, Any]]:
 
 def data_moves_update(effect: AssignmentChanged) -> dict[str, Any]:
     """A later decision, once for the whole group: the moves, ``[from_rank, to_rank, start,
-    length]`` in the order they apply, and the ranks that left (``agent.data`` applies them to
-    its own part)."""
+    length]`` in the order they apply, and the ranks whose cursor is then the end of what they
+    kept (``reported``; ``agent.data`` applies them to its own part)."""
     return {
         "offset": effect.offset,
         "type": "data_moves",
@@ -385,7 +385,7 @@ def data_moves_update(effect: AssignmentChanged) -> dict[str, Any]:
         "epoch": effect.epoch,
         "assignment": effect.assignment,
         "moves": [[m.from_rank, m.to_rank, m.start, m.length] for m in effect.moves],
-        "left": list(effect.left),
+        "reported": list(effect.reported),
     }
 
 

@@ -25,13 +25,15 @@ def whole(rank: int, assignment: int, processed: int, remaining: list[list[int]]
     }
 
 
-def moves(assignment: int, *moved: tuple[int, int, int, int], left: list[int] | None = None):
+def moves(
+    assignment: int, *moved: tuple[int, int, int, int], reported: list[int] | None = None
+) -> dict[str, Any]:
     return {
         "type": "data_moves",
         "epoch": 0,
         "assignment": assignment,
         "moves": [list(m) for m in moved],
-        "left": left or [],
+        "reported": reported or [],
     }
 
 
@@ -43,7 +45,7 @@ def tracker(rank: int, *updates: dict[str, Any]) -> EpochTracker:
 
 
 def test_a_donor_loses_its_tail_and_a_taker_appends_in_order() -> None:
-    decision = moves(2, (2, 0, 600, 50), (2, 1, 650, 50), (2, 0, 900, 10), left=[2])
+    decision = moves(2, (2, 0, 600, 50), (2, 1, 650, 50), (2, 0, 900, 10), reported=[2])
     t0 = tracker(0, whole(0, 1, 100, [[100, 150]]), decision)
     assert t0.parts[0] == Part(0, 2, 100, [(100, 150), (600, 50), (900, 10)])
     t2 = tracker(2, whole(2, 1, 0, [[500, 200], [900, 10]]), decision)

@@ -134,8 +134,8 @@ def test_a_rank_leaving_the_view_gives_its_remainder_to_the_survivors() -> None:
         (2, 1, 650, 50),
         (2, 3, 700, 50),
     ]
-    # the change is its moves and who left; the parts are the fold's
-    assert changed.left == (2,)
+    # the change is its moves and whose cursor is the end of its part; the parts are the fold's
+    assert changed.reported == (2,)
     e = s.m.epochs.epoch("g")
     assert e.holdings[2].remaining == 0 and e.holdings[2].processed == 100
     assert e.holdings[0].remaining_segments() == [(100, 150), (600, 50)]

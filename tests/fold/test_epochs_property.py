@@ -227,18 +227,20 @@ class Run:
             h = self.epoch.holdings.get(rank)
             assert s.readers[rank].base == (0 if h is None else h.processed)
         elif kind == "replace" and not active:
-            if s.m.group_status("g")["ranks"][rank]["state"] == "OFFLINE":
+            replaced = s.m.group_status("g")["ranks"][rank]["state"] == "OFFLINE"
+            if replaced:
                 # a dead rank comes back as a new incarnation; a deactivated one is still alive
                 self.generation[rank] += 1
-                # its new process reads the whole history: it starts where the fold's count
-                # of the rank is, not at positions its predecessor reported
-                s.replay(rank)
-                h = self.epoch.holdings.get(rank)
-                assert s.readers[rank].base == (0 if h is None else h.processed)
                 self.step().join(rank, incarnation=f"g-{rank}-{self.generation[rank]}")
                 self.step().links(rank)
             self.step().propose("activate", [rank])
             self.settle()
+            h = self.epoch.holdings.get(rank)
+            if replaced and h is not None and h.remaining:
+                # its new process reads the whole history: once given work, it starts where
+                # the fold's count of the rank is, not at positions its predecessor reported
+                s.replay(rank)
+                assert s.readers[rank].base == h.processed
         self.check()
 
     def drain(self) -> list[Any]:
@@ -287,3 +289,13 @@ def test_every_position_is_processed_exactly_once_over_any_schedule(
     if out and any(isinstance(x, EpochCompleted) for x in out):
         completed = next(x for x in out if isinstance(x, EpochCompleted))
         assert sum(completed.processed.values()) == size
+
+
+def test_a_replacement_that_reads_the_whole_history_starts_at_its_predecessors_count() -> None:
+    run = Run(1200, "equal", 1, 10, False)
+    run.apply("progress", 3, 0.4)
+    run.apply("kill", 3, None)  # its remainder goes to 0..2; its sequence ends at its count
+    run.apply("replace", 3, None)  # replays the history, takes a share: asserts the base
+    h = run.epoch.holdings[3]
+    assert h.processed > 0 and h.remaining > 0
+    assert run.s.readers[3].base == h.processed

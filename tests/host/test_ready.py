@@ -129,7 +129,7 @@ def test_a_view_change_sends_its_moves_once_and_a_resync_each_rank_its_whole_par
     ready = builder.ready(script.offset, out, projected=0)
     data = [(rank, u) for _, rank, u in ready.updates if u["type"].startswith("data_")]
     [(rank, update)] = data  # one update, on the group's journal: the moves, not the parts
-    assert rank is None and update["type"] == "data_moves" and update["left"] == [2]
+    assert rank is None and update["type"] == "data_moves" and update["reported"] == [2]
     assert update["moves"] == [[2, 0, 600, 50], [2, 1, 650, 50], [2, 3, 700, 50]]
     row = next(r for k, r in ready.rows.items() if k[0] == "assignment")
     assert "ranges" not in row.doc and row.doc["moves"] == update["moves"]
