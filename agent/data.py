@@ -42,6 +42,8 @@ from typing import Any
 import torch
 from torch.utils.data import Sampler
 
+from wire.data import PartMismatch, apply_moves
+
 log = logging.getLogger("foldplane.data")
 
 #: A report without an answer after this long is sent again (the agent may have rejoined and
@@ -61,7 +63,8 @@ class Part:
     """This rank's part of one epoch, as the coordinator last said it."""
 
     epoch: int
-    #: the assignment it was decided at (progress is reported against it)
+    #: the epoch's decision it is as of (progress is reported against it): the plan's (1), a
+    #: later one applied from ``data_moves``, or the latest one in a resync
     assignment: int = 0
     #: positions of the rank's sequence the coordinator has accepted as processed
     base: int = 0
@@ -115,24 +118,57 @@ class EpochTracker:
             if kind == "epoch_plan":
                 epoch = int(update["epoch"])
                 self.plans[epoch] = dict(update)
-                self.parts.setdefault(epoch, Part(epoch))
+                # the first split (assignment 1) gives a rank that holds a part its own
+                # data_assignment, at the plan's offset; one that gets none holds nothing
+                self.parts.setdefault(epoch, Part(epoch, 1))
+            elif kind == "data_moves":
+                self._on_moves(update)
             elif kind == "data_assignment":
+                # the whole part (the plan's, or a resync's: the current state, even when it
+                # is behind what this agent heard from a log restored from an older copy)
                 epoch = int(update["epoch"])
-                part = self.parts.get(epoch)
-                if part is None or int(update["assignment"]) >= part.assignment:
-                    self.parts[epoch] = Part(
-                        epoch,
-                        int(update["assignment"]),
-                        int(update["processed"]),
-                        [(int(s), int(n)) for s, n in update["remaining"]],
-                    )
-                    base = int(update["processed"])
-                    if base > self.accepted.get(epoch, 0):
-                        self.accepted[epoch] = base
+                base = int(update["processed"])
+                self.parts[epoch] = Part(
+                    epoch,
+                    int(update["assignment"]),
+                    base,
+                    [(int(s), int(n)) for s, n in update["remaining"]],
+                )
+                if base > self.accepted.get(epoch, 0):
+                    self.accepted[epoch] = base
             elif kind == "epoch_complete":
                 self.complete.add(int(update["epoch"]))
             self._cond.notify_all()
         self._maybe_send()
+
+    def _on_moves(self, update: dict[str, Any]) -> None:
+        """A later decision of the epoch, applied to this rank's part (``wire.data``). Its
+        number is the part's next one; an older one is already in the part (a resync sent the
+        part as of a later decision). A gap, or moves that do not fit, leave the part as it
+        was and say so: the coordinator then refuses this rank's reports against it, and the
+        error names why."""
+        epoch = int(update["epoch"])
+        assignment = int(update["assignment"])
+        part = self.parts.get(epoch)
+        if part is None or assignment <= part.assignment:
+            return
+        if assignment != part.assignment + 1:
+            self.error = (
+                f"epoch {epoch}: decision {assignment} arrived while this rank's part is as of "
+                f"decision {part.assignment}; decisions {part.assignment + 1}..{assignment - 1} "
+                "never arrived"
+            )
+            log.warning("rank %d: %s", self.rank, self.error)
+            return
+        try:
+            base, remaining = apply_moves(self.rank, part.base, part.remaining, update)
+        except PartMismatch as exc:
+            self.error = f"epoch {epoch}: {exc}"
+            log.warning("rank %d: %s", self.rank, self.error)
+            return
+        self.parts[epoch] = Part(epoch, assignment, base, remaining)
+        if base > self.accepted.get(epoch, 0):
+            self.accepted[epoch] = base
 
     def on_answer(
         self, epoch: int, assignment: int, processed: int, error: str | None, detail: str

@@ -54,8 +54,8 @@ The rules, in one place:
   outbox and is resent after an exponential backoff.
 - **A clean exit is not a death.** ``Close`` sends ``exit`` (after an in-flight join, if any)
   and stops when it is appended.
-- **Epoch plans are the data's.** ``epoch_plan``, this rank's ``data_assignment`` and
-  ``epoch_complete`` updates are handed on (``DataUpdate``) in offset order; a progress report
+- **Epoch plans are the data's.** ``epoch_plan``, this rank's ``data_assignment``, the
+  group's ``data_moves`` and ``epoch_complete`` updates are handed on (``DataUpdate``) in offset order; a progress report
   (``ReportProgress``) goes in the events lane, the newest replacing one not yet sent, and its
   answer comes back as ``ProgressAnswered``. A refused report never ends the agent: it is the
   data's to act on (a ``stale_assignment`` is reported again against the part received).
@@ -303,7 +303,8 @@ class ShutdownWithSave:
 
 @dataclass(frozen=True)
 class DataUpdate:
-    """An ``epoch_plan``, ``data_assignment`` (this rank's part) or ``epoch_complete`` update."""
+    """An ``epoch_plan``, ``data_assignment`` (this rank's part), ``data_moves`` (a decision's
+    moves, the group's) or ``epoch_complete`` update."""
 
     update: Mapping[str, Any]
 
@@ -910,7 +911,7 @@ _HANDLERS = {
 }
 
 #: The updates the data (``agent.data``) follows.
-_DATA_UPDATES = frozenset({"epoch_plan", "data_assignment", "epoch_complete"})
+_DATA_UPDATES = frozenset({"epoch_plan", "data_assignment", "data_moves", "epoch_complete"})
 #: The updates the refit client (``agent.refits``) follows.
 _REFIT_UPDATES = frozenset({"refit_epoch", "transfer", "refit_bootstrap"})
 _ENVELOPE = frozenset({"type", "group", "rank", "incarnation", "token"})

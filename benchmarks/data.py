@@ -33,8 +33,9 @@ Rows:
 - ``data plan bytes per view change 16,384 ranks``: the data plan's part of one view change
   that removes a rank from a group of N mid-epoch, in process through the real fold and the
   host's ``ReadyBuilder``: the ``assignment`` projection row (its JSON document, as written)
-  and every ``data_assignment`` agent update (its JSON, as the journals send it). The view
-  update itself is not counted (``benchmarks.scale`` has it). The dataset is 65,536 positions
+  and every data agent update (``data_moves``, ``data_assignment``: its JSON, as the journals
+  send it, counted once per journal it is published to: a group's update once, like the view
+  update). The view update itself is not counted (``benchmarks.scale`` has it). The dataset is 65,536 positions
   a rank, enough that every survivor gets a slice of the dead rank's remainder: the worst
   case, where every rank's part changes. ``extra.growth`` has 1,024 and 4,096 ranks;
   ``extra.imagenet_sized`` the same view change over 1,281,167 positions (ImageNet-1k's
@@ -131,7 +132,10 @@ def _worker(argv: list[str]) -> int:
 
     def observed(update: dict[str, Any]) -> None:
         on_update(update)  # first: the sampler holds it from now on
-        if update.get("type") == "data_assignment":
+        kind = update.get("type")
+        if kind == "data_assignment" or (
+            kind == "data_moves" and any(m[1] == agent.rank for m in update["moves"])
+        ):
             _emit(
                 "assignment",
                 rank=agent.rank,
@@ -576,7 +580,7 @@ def _plan_bytes(n: int, dataset_size: int, grain: int = 1) -> dict[str, Any]:
     ready = carry(effects)
     rows = [row for row in ready.rows.values() if row.kind == "assignment"]
     row_bytes = sum(len(encode_projection(i, row)) for i, row in enumerate(rows))
-    updates = [u for _, _, u in ready.updates if u.get("type") == "data_assignment"]
+    updates = [u for _, _, u in ready.updates if u.get("type") in ("data_assignment", "data_moves")]
     update_bytes = sum(len(encoded(u)) for u in updates)
     return {
         "ranks": n,
@@ -742,7 +746,20 @@ def run(quick: bool) -> list[Result]:
     return results
 
 
+def _plan_bytes_only() -> int:
+    """``python -m benchmarks.data plan-bytes``: the plan-bytes measurements alone (in
+    process, a minute or so at 16,384 ranks), one JSON line each, without the rest of the
+    benchmark's trials; nothing is recorded."""
+    sizes = [(n, n * PLAN_PER_RANK, 1) for n in PLAN_SIZES]
+    sizes += [(PLAN_SIZES[-1], IMAGENET, 1), (PLAN_SIZES[-1], PLAN_SIZES[-1] * PLAN_PER_RANK, 32)]
+    for n, size, grain in sizes:
+        print(json.dumps(_plan_bytes(n, size, grain)), flush=True)
+    return 0
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "worker":
         raise SystemExit(_worker(sys.argv[2:]))
+    if sys.argv[1] == "plan-bytes":
+        raise SystemExit(_plan_bytes_only())
     raise SystemExit(f"unknown mode {sys.argv[1]!r}")

@@ -156,12 +156,21 @@ class EpochTimeline:
                 g = self._timeline(effect.group)
                 if g is None:
                     continue
-                for r in effect.ranges:
-                    held = r.processed + sum(n for _, n in r.remaining)
-                    g.point(r.rank, record.ts, effect.epoch, held, r.processed)
                 if isinstance(effect, EpochPlanned):
+                    for r in effect.ranges:
+                        held = r.processed + sum(n for _, n in r.remaining)
+                        g.point(r.rank, record.ts, effect.epoch, held, r.processed)
                     g.decisions.append(EpochDecision(record.ts, effect.epoch, "planned"))
                 else:
+                    # a move carries only what moved: the parts after it are the fold's
+                    e = machine.epochs.epoch(effect.group)
+                    touched = {m.from_rank for m in effect.moves} | {
+                        m.to_rank for m in effect.moves
+                    }
+                    for rank in sorted(touched):
+                        h = None if e is None else e.holdings.get(rank)
+                        if h is not None:
+                            g.point(rank, record.ts, effect.epoch, h.held, h.processed)
                     pairs: dict[tuple[int, int], int] = {}
                     for m in effect.moves:  # a donor's tail may be several segments
                         pairs[(m.from_rank, m.to_rank)] = (

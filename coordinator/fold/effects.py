@@ -247,7 +247,13 @@ class AssignmentChanged(Effect, frozen=True, kw_only=True, tag="assignment_chang
     """Ranges moved between ranks, as one committed decision (``assignment`` counts them per
     epoch). ``cause`` is ``view_committed`` (ranks left or joined the view ``version``) or
     ``reclaim`` (an idle rank took from the slowest one's tail); ``detail`` says why, for a
-    person; ``ranges`` is the new part of every rank whose part changed."""
+    person. ``moves`` is the whole change: each donor's tail leaves its sequence and each
+    taker's slices are appended to its own, in the order listed, so every rank's new part is
+    its part before the decision with the moves applied (nothing else is carried: a change
+    costs its moves, not the parts of the ranks it touched). ``reported``: the ranks whose
+    sequence, once what they gave is gone and before what they got is appended, is all
+    reported processed (ranks that left the view; ranks that took work with none left): their
+    cursor is its end, which a reader that never heard their progress cannot know otherwise."""
 
     group: str
     epoch: int
@@ -257,7 +263,7 @@ class AssignmentChanged(Effect, frozen=True, kw_only=True, tag="assignment_chang
     detail: str
     change: int
     moves: tuple[Move, ...]
-    ranges: tuple[RankRange, ...]
+    reported: tuple[int, ...]
     offset: int
 
 

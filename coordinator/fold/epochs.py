@@ -246,7 +246,16 @@ class Holding:
 class Epoch:
     """The open (or last completed) epoch of a group."""
 
-    __slots__ = ("plan", "offset", "version", "assignment", "holdings", "unprocessed", "completed")
+    __slots__ = (
+        "plan",
+        "offset",
+        "version",
+        "assignment",
+        "decided",
+        "holdings",
+        "unprocessed",
+        "completed",
+    )
 
     def __init__(self, plan: EpochPlan, offset: int, version: int) -> None:
         self.plan = plan
@@ -256,6 +265,8 @@ class Epoch:
         self.version = version
         #: decisions so far (1: the plan's first split)
         self.assignment = 1
+        #: the offset of the record of the last decision (the plan's, then the last move's)
+        self.decided = offset
         self.holdings: dict[int, Holding] = {}
         #: positions not yet reported processed
         self.unprocessed = plan.dataset_size
@@ -278,6 +289,7 @@ class Epoch:
             "offset": self.offset,
             "version": self.version,
             "assignment": self.assignment,
+            "decided": self.decided,
             "unprocessed": self.unprocessed,
             "completed": self.completed,
             "holdings": [[r, *self.holdings[r].to_list()] for r in sorted(self.holdings)],
@@ -287,6 +299,7 @@ class Epoch:
     def from_dict(cls, d: dict[str, Any]) -> Epoch:
         e = cls(msgspec.convert(d["plan"], EpochPlan), d["offset"], d["version"])
         e.assignment = d["assignment"]
+        e.decided = d.get("decided", e.offset)  # snapshots before it was kept: the plan's
         e.unprocessed = d["unprocessed"]
         e.completed = d["completed"]
         e.holdings = {int(item[0]): Holding.from_list(item[1:]) for item in d["holdings"]}
@@ -731,8 +744,12 @@ class Epochs:
     ) -> None:
         """One committed move: the tails ``gives`` names (positions per donor, rank order)
         leave their sequences into one pool, dealt in rank order to the ranks of ``gets``.
-        Donors are fenced at the new assignment."""
+        Donors are fenced at the new assignment; a rank whose part did not change keeps its
+        fence, so its reports in flight stay good. The effect carries the moves only: each
+        rank's new part is its old one with them applied, and ``reported`` names the ranks whose
+        cursor is then at the end of what they kept (a leaver, a rank that ran dry)."""
         e.assignment += 1
+        e.decided = record.offset
         a = e.assignment
         pool: list[tuple[int, Segment]] = []
         for donor in sorted(gives):
@@ -741,6 +758,11 @@ class Epochs:
             h.sequence, tail = split_at(h.sequence, keep)
             pool.extend((donor, s) for s in tail)
             h.fence = h.assignment = a
+        reported = tuple(
+            r
+            for r in sorted(set(gives) | set(gets))
+            if r in e.holdings and e.holdings[r].remaining == 0
+        )
         moves: list[Move] = []
         segments = [s for _, s in pool]
         owners = [d for d, _ in pool]
@@ -761,7 +783,6 @@ class Epochs:
             h.sequence = normalized(h.sequence)
             h.assignment = a
         assert not segments, "every position given up is taken"
-        changed = sorted(set(gives) | set(gets))
         ge.changes += 1
         effects.append(
             AssignmentChanged(
@@ -773,7 +794,7 @@ class Epochs:
                 detail=detail,
                 change=ge.changes,
                 moves=tuple(moves),
-                ranges=tuple(e.holdings[r].as_range(r) for r in changed),
+                reported=reported,
                 offset=record.offset,
             )
         )

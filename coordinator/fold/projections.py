@@ -17,8 +17,9 @@ kind            seq        document
 ``failure``     0          why formation failed (``group_failed``)
 ``shutdown``    offset     a ``shutdown_with_save`` directive
 ``epoch``       epoch      an epoch's plan, over the view it was made for (``epoch_planned``)
-``assignment``  change     one decision about a group's epochs: the first split, or the
-                           ranges that moved and the new parts of the ranks concerned
+``assignment``  change     one decision about a group's epochs: the first split (every
+                           rank's part), or the moves alone (each rank's part after it is
+                           its part before with the moves applied, see docs/data.md)
 ``epoch_end``   epoch      every position reported processed, by rank (``epoch_completed``)
 ``refit``       0          a refit's definition (``refit_created``); ``group`` is the refit's
                            name, as in the two rows below
@@ -52,6 +53,7 @@ version it wants and folds the deltas after it.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import msgspec
@@ -317,8 +319,9 @@ def shutdown_update(effect: ShutdownWithSave) -> dict[str, Any]:
 
 
 # -- epoch plans (docs/data.md) ----------------------------------------------------------------
-# What a rank receives is its own part: ``data_assignment`` goes to the journal of the rank it
-# is about, only when that part changed; the plan and the epoch's end go to the group's.
+# The plan, each later decision's moves and the epoch's end go to the group's journal, once;
+# a rank's whole part (``data_assignment``) goes to its own journal at the plan, and in a
+# resync (``coordinator.host.ready``), where it stands for every decision before it.
 
 
 def epoch_plan_update(effect: EpochPlanned) -> dict[str, Any]:
@@ -331,21 +334,59 @@ def epoch_plan_update(effect: EpochPlanned) -> dict[str, Any]:
     }
 
 
-def data_assignment_updates(effect: EpochPlanned | AssignmentChanged) -> list[dict[str, Any]]:
-    """One update per rank whose part changed: its cursor and the segments it still holds."""
+def data_assignment_update(
+    *,
+    group: str,
+    rank: int,
+    epoch: int,
+    assignment: int,
+    processed: int,
+    remaining: Sequence[tuple[int, int]],
+    offset: int,
+) -> dict[str, Any]:
+    """A rank's whole part as of decision ``assignment`` of the epoch: its cursor and the
+    segments it still holds."""
+    return {
+        "offset": offset,
+        "type": "data_assignment",
+        "group": group,
+        "rank": rank,
+        "epoch": epoch,
+        "assignment": assignment,
+        "processed": processed,
+        "remaining": [[s, n] for s, n in remaining],
+    }
+
+
+def data_assignment_updates(effect: EpochPlanned) -> list[dict[str, Any]]:
+    """The first split: one update per rank that holds a part."""
     return [
-        {
-            "offset": effect.offset,
-            "type": "data_assignment",
-            "group": effect.group,
-            "rank": r.rank,
-            "epoch": effect.epoch,
-            "assignment": effect.assignment,
-            "processed": r.processed,
-            "remaining": [list(s) for s in r.remaining],
-        }
+        data_assignment_update(
+            group=effect.group,
+            rank=r.rank,
+            epoch=effect.epoch,
+            assignment=effect.assignment,
+            processed=r.processed,
+            remaining=r.remaining,
+            offset=effect.offset,
+        )
         for r in effect.ranges
     ]
+
+
+def data_moves_update(effect: AssignmentChanged) -> dict[str, Any]:
+    """A later decision, once for the whole group: the moves, ``[from_rank, to_rank, start,
+    length]`` in the order they apply, and the ranks whose cursor is then the end of what they
+    kept (``reported``; ``agent.data`` applies them to its own part)."""
+    return {
+        "offset": effect.offset,
+        "type": "data_moves",
+        "group": effect.group,
+        "epoch": effect.epoch,
+        "assignment": effect.assignment,
+        "moves": [[m.from_rank, m.to_rank, m.start, m.length] for m in effect.moves],
+        "reported": list(effect.reported),
+    }
 
 
 def epoch_complete_update(effect: EpochCompleted) -> dict[str, Any]:

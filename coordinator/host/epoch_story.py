@@ -2,8 +2,9 @@
 held, how far it got, who took over what it left, and what it was given and from whom.
 
 Read from what the fold did, like the rest of the story: the epoch effects (``EpochPlanned``,
-``AssignmentChanged``, ``EpochCompleted``) and, for what a rank held just before a move, its
-part in the fold's ``epochs`` facet read just before the step. Positions are positions of the
+``AssignmentChanged``, ``EpochCompleted``) and, for what a rank held just before a move and
+what it holds after it (a move carries only what moved), its part in the fold's ``epochs``
+facet read just before and just after the step. Positions are positions of the
 epoch's permutation (docs/data.md), written as inclusive ranges: ``10,000..14,999``.
 """
 
@@ -14,6 +15,7 @@ from typing import Any
 
 from coordinator.fold.effects import AssignmentChanged, EpochCompleted, EpochPlanned, Move
 from coordinator.fold.machine import Coordinator
+from coordinator.fold.partition import split_at
 from coordinator.fold.reasons import abridged
 
 #: Segments listed in one phrase before the rest are counted.
@@ -42,12 +44,16 @@ def epoch_entry(
     active: bool,
 ) -> tuple[str, str, dict[str, Any]] | None:
     """``(event, reason, fields)`` for an epoch effect that concerns ``rank``, or None.
-    ``before`` is what the rank held just before the step; ``was_active`` and ``active``:
-    whether it was in the group's active ranks just before the step and is just after."""
+    ``before`` is what the rank held just before the step, ``machine`` the fold just after it;
+    ``was_active`` and ``active``: whether it was in the group's active ranks just before the
+    step and is just after."""
     if isinstance(effect, EpochPlanned):
         return _planned(effect, rank)
     if isinstance(effect, AssignmentChanged):
-        return _changed(effect, rank, before, joined=active and not was_active, left=not active)
+        after = holding_of(machine, effect.group, rank)
+        return _changed(
+            effect, rank, before, after, joined=active and not was_active, left=not active
+        )
     if isinstance(effect, EpochCompleted):
         e = machine.epochs.epoch(effect.group)
         size = f" of {e.plan.dataset_size:,}" if e is not None else ""
@@ -79,22 +85,28 @@ def _planned(effect: EpochPlanned, rank: int) -> tuple[str, str, dict[str, Any]]
 
 
 def _changed(
-    effect: AssignmentChanged, rank: int, before: Holding | None, *, joined: bool, left: bool
+    effect: AssignmentChanged,
+    rank: int,
+    before: Holding | None,
+    after: Holding | None,
+    *,
+    joined: bool,
+    left: bool,
 ) -> tuple[str, str, dict[str, Any]] | None:
     gave = [m for m in effect.moves if m.from_rank == rank]
     got = [m for m in effect.moves if m.to_rank == rank]
     if not gave and not got:
         return None
-    now = next((r for r in effect.ranges if r.rank == rank), None)
+    now = None if after is None else (after[1], split_at(after[0], after[1])[1])
     head = f"epoch {effect.epoch}"
     phrases: list[str] = []
     if gave:
         total = sum(m.length for m in gave)
         takers = sorted({m.to_rank for m in gave})
         each = _by_rank(gave, lambda m: m.to_rank)
-        if left and now is not None and not now.remaining:
+        if left and now is not None and not now[1]:
             held = segments_text(before[0]) if before is not None else "its part"
-            processed = now.processed
+            processed = now[0]
             phrases.append(
                 f"rank {rank} held {held}; it had processed {processed:,} when it left view "
                 f"{effect.version}; {_ranks_word(takers)} took its remaining {total:,} ({each})"
@@ -124,8 +136,8 @@ def _changed(
         "moves": [[m.from_rank, m.to_rank, m.start, m.length] for m in [*gave, *got]],
     }
     if now is not None:
-        fields["processed"] = now.processed
-        fields["remaining"] = _lists(now.remaining)
+        fields["processed"] = now[0]
+        fields["remaining"] = _lists(now[1])
     if before is not None:
         fields["held"] = _lists(before[0])
     return "assignment_changed", reason, fields

@@ -32,7 +32,9 @@ from coordinator.fold.effects import (
 )
 from coordinator.fold.machine import Coordinator
 from coordinator.fold.projections import (
+    data_assignment_update,
     data_assignment_updates,
+    data_moves_update,
     epoch_complete_update,
     epoch_plan_update,
     rank_state_update,
@@ -60,8 +62,9 @@ class HostState:
     shutdown: dict[str, Update] = field(default_factory=dict)
     world_sizes: dict[str, int] = field(default_factory=dict)
     #: the latest update of each facet kind that stands for the current state, per group
-    #: (``epoch_plan``, ``epoch_complete``) and per rank (``data_assignment``): a resync
-    #: sends these instead of the history they replace
+    #: (``epoch_plan``, ``epoch_complete``, a refit's epoch and transfer) and per rank (a
+    #: refit's bootstrap): a resync sends these instead of the history they replace. A rank's
+    #: data part is not kept here: a resync reads it from the fold (see :meth:`resync`)
     latest: dict[str, dict[str, Update]] = field(default_factory=dict)
     latest_by_rank: dict[str, dict[str, dict[str, Update]]] = field(default_factory=dict)
 
@@ -70,8 +73,10 @@ class HostState:
     ) -> list[Update]:
         """The current state of ``group`` for ``ranks``, in offset order, instead of updates a
         journal no longer holds: the view (in full, as a delta from nothing, unless the reader
-        already holds its version ``view``), the change in flight, each rank's state and the
-        shutdown directive."""
+        already holds its version ``view``), the change in flight, each rank's state, each
+        rank's whole part of the group's epoch as the fold holds it now (``data_assignment``
+        as of the epoch's latest decision: it stands for every ``data_moves`` before it) and
+        the shutdown directive."""
         updates: list[Update] = []
         current = machine.current_view(group)
         if current is not None and current.version != view:
@@ -86,12 +91,37 @@ class HostState:
             state = states.get(str(rank))
             if state is not None:
                 updates.append(state)
-            updates.extend(facet_ranks.get(str(rank), {}).values())
+            # "data": a rank's part as snapshots before the fold was read here kept it
+            updates.extend(u for k, u in facet_ranks.get(str(rank), {}).items() if k != "data")
+        updates.extend(_parts(machine, group, ranks))
         shutdown = self.shutdown.get(group)
         if shutdown is not None:
             updates.append(shutdown)
         updates.sort(key=lambda u: u["offset"])
         return updates
+
+
+def _parts(machine: Coordinator, group: str, ranks: Sequence[int]) -> list[Update]:
+    """Each of ``ranks``' whole part of ``group``'s open (or last) epoch, as of its latest
+    decision (a rank that holds nothing gets an empty part: what it held is no longer its)."""
+    e = machine.epochs.epoch(group)
+    if e is None:
+        return []
+    out = []
+    for rank in ranks:
+        h = e.holdings.get(rank)
+        out.append(
+            data_assignment_update(
+                group=group,
+                rank=rank,
+                epoch=e.number,
+                assignment=e.assignment,
+                processed=0 if h is None else h.processed,
+                remaining=[] if h is None else h.remaining_segments(),
+                offset=e.decided,
+            )
+        )
+    return out
 
 
 @dataclass(slots=True)
@@ -196,22 +226,23 @@ class ReadyBuilder:
         ready.refused[effect.offset] = effect
 
     def _epoch_planned(self, effect: EpochPlanned, ready: Ready) -> None:
-        """A new epoch: its plan replaces the last one's (and its end) in a resync, and each
-        rank's earlier part is over."""
+        """A new epoch: its plan replaces the last one's (and its end) in a resync."""
         update = epoch_plan_update(effect)
         latest = self.state.latest.setdefault(effect.group, {})
         latest.pop("epoch_end", None)
         latest["epoch"] = update
-        for by_kind in self.state.latest_by_rank.get(effect.group, {}).values():
-            by_kind.pop("data", None)
         ready.updates.append((effect.group, None, update))
         self._assignments(effect, ready)
 
-    def _assignments(self, effect: EpochPlanned | AssignmentChanged, ready: Ready) -> None:
-        by_rank = self.state.latest_by_rank.setdefault(effect.group, {})
+    def _assignments(self, effect: EpochPlanned, ready: Ready) -> None:
+        """The first split: each rank's part, on its own journal."""
         for update in data_assignment_updates(effect):
-            by_rank.setdefault(str(update["rank"]), {})["data"] = update
             ready.updates.append((effect.group, update["rank"], update))
+
+    def _moves(self, effect: AssignmentChanged, ready: Ready) -> None:
+        """A later decision: its moves, once, on the group's journal (every agent applies them
+        to its own part; a resync sends the parts instead)."""
+        ready.updates.append((effect.group, None, data_moves_update(effect)))
 
     def _epoch_completed(self, effect: EpochCompleted, ready: Ready) -> None:
         update = epoch_complete_update(effect)
@@ -276,7 +307,7 @@ _CARRY: dict[type[Effect], Callable[[ReadyBuilder, Any, Ready], None]] = {
     GroupCreated: ReadyBuilder._group_created,
     GroupFailed: ReadyBuilder._group_failed,
     EpochPlanned: ReadyBuilder._epoch_planned,
-    AssignmentChanged: ReadyBuilder._assignments,
+    AssignmentChanged: ReadyBuilder._moves,
     EpochCompleted: ReadyBuilder._epoch_completed,
     RefitEpochChanged: ReadyBuilder._refit_epoch,
     TransferChanged: ReadyBuilder._transfer,

@@ -134,9 +134,11 @@ def test_a_rank_leaving_the_view_gives_its_remainder_to_the_survivors() -> None:
         (2, 1, 650, 50),
         (2, 3, 700, 50),
     ]
-    ranges = {r.rank: r for r in changed.ranges}
-    assert ranges[2].remaining == () and ranges[2].processed == 100
-    assert ranges[0].remaining == ((100, 150), (600, 50))
+    # the change is its moves and whose cursor is the end of its part; the parts are the fold's
+    assert changed.reported == (2,)
+    e = s.m.epochs.epoch("g")
+    assert e.holdings[2].remaining == 0 and e.holdings[2].processed == 100
+    assert e.holdings[0].remaining_segments() == [(100, 150), (600, 50)]
     assert "rank 2 left the view" in changed.detail
     assert_covers(s.m)
     # the dead rank's part is now only what it reported
@@ -202,6 +204,24 @@ def test_reclaim_takes_from_the_slowest_tail_so_both_finish_together() -> None:
     assert [(m.from_rank, m.to_rank, m.length) for m in changed.moves] == [(1, 0, 266)]
     assert changed.moves[0].start == 1000 - 266
     assert_covers(s.m)
+
+
+def test_a_move_fences_only_the_ranks_it_shortens() -> None:
+    s = formed(world_size=3)
+    plan(s, dataset_size=900, split="throughput", lookahead=0)
+    progress(s, 2, 10, rate=100.0)
+    progress(s, 1, 10, rate=100.0)
+    out = progress(s, 0, 300, rate=200.0)  # rank 0 ran dry: it reclaims from one of 1, 2
+    changed = one(out, AssignmentChanged)
+    (donor,) = {m.from_rank for m in changed.moves}
+    other = 3 - donor  # the rank the move did not touch
+    e = s.m.epochs.epoch("g")
+    assert e.holdings[other].fence == 0 and e.holdings[donor].fence == changed.assignment
+    # the untouched rank's report against the first split is still good; the donor's is stale
+    assert progress(s, other, 20, assignment=1) == []
+    refused = one(progress(s, donor, 20, assignment=1), Refused)
+    assert refused.code == "stale_assignment"
+    assert progress(s, donor, 20, assignment=changed.assignment) == []
 
 
 def test_reclaim_never_takes_the_donors_lookahead() -> None:

@@ -10,6 +10,9 @@ After every record the fold must keep what docs/data.md promises:
   ever hands out a position already processed;
 - once no view change is in flight, a rank outside the committed view holds nothing;
 - a refused report changes nothing (the epochs' snapshot is byte-identical before and after);
+- every rank's reader, fed the agent updates the host publishes (each decision's
+  ``data_moves`` once on the group's journal, applied by ``wire.data.apply_moves``), holds
+  exactly the fold's part at every step, and so does one that resyncs at any point;
 - and when every active rank reads its part to the end, the epoch completes with each
   position processed once.
 """
@@ -22,10 +25,12 @@ import msgspec
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from coordinator.fold.effects import EpochCompleted, Refused
+from coordinator.fold.effects import Effect, EpochCompleted, Refused
 from coordinator.fold.epochs import complete_plan
 from coordinator.fold.partition import covers_exactly, split_at
+from coordinator.host.ready import HostState, ReadyBuilder
 from tests.fold.script import Script
+from wire.data import apply_moves
 
 N = 5
 
@@ -37,12 +42,74 @@ op = st.one_of(
     st.tuples(st.just("kill"), st.integers(0, N - 1), st.none()),
     st.tuples(st.just("deactivate"), st.integers(0, N - 1), st.none()),
     st.tuples(st.just("replace"), st.integers(0, N - 1), st.none()),
+    st.tuples(st.just("resync"), st.integers(0, N - 1), st.none()),
 )
+
+
+class Reader:
+    """One rank's part as the agent updates tell it (what ``agent.data.EpochTracker`` keeps):
+    whole from a ``data_assignment``, each later decision's moves applied in order."""
+
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+        self.assignment = 0
+        self.base = 0
+        self.remaining: list[tuple[int, int]] = []
+
+    def on_update(self, update: dict[str, Any]) -> None:
+        kind = update["type"]
+        if kind == "epoch_plan":
+            self.assignment = max(self.assignment, 1)
+        elif kind == "data_assignment":
+            self.assignment = update["assignment"]
+            self.base = update["processed"]
+            self.remaining = [(s, n) for s, n in update["remaining"]]
+        elif kind == "data_moves" and update["assignment"] > self.assignment:
+            assert update["assignment"] == self.assignment + 1, "a decision was skipped"
+            self.assignment = update["assignment"]
+            self.base, self.remaining = apply_moves(self.rank, self.base, self.remaining, update)
+
+
+class Followed(Script):
+    """A Script whose effects also go through the host's ``ReadyBuilder``: every agent update
+    reaches the readers of the ranks whose journal it is published to."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.state = HostState()
+        self.builder = ReadyBuilder(self.state, {})
+        self.readers = {r: Reader(r) for r in range(N)}
+        #: every update published, with the rank whose journal got it (None: the group's)
+        self.published: list[tuple[int | None, dict[str, Any]]] = []
+
+    def record(
+        self, kind: str, group: str | None, rank: int | None, payload: dict[str, Any]
+    ) -> list[Effect]:
+        effects = super().record(kind, group, rank, payload)
+        ready = self.builder.ready(self.offset, effects, projected=self.offset)
+        for _, to, update in ready.updates:
+            self.published.append((to, update))
+            for r in self.readers if to is None else [to]:
+                self.readers[r].on_update(update)
+        return effects
+
+    def resync(self, rank: int) -> None:
+        """A reader that missed updates: it takes the current state instead."""
+        self.readers[rank] = Reader(rank)
+        for update in self.state.resync(self.m, "g", [rank], None):
+            self.readers[rank].on_update(update)
+
+    def replay(self, rank: int) -> None:
+        """A new process for ``rank``: it reads its journals from the start."""
+        self.readers[rank] = Reader(rank)
+        for to, update in self.published:
+            if to is None or to == rank:
+                self.readers[rank].on_update(update)
 
 
 class Run:
     def __init__(self, size: int, split: str, grain: int, lookahead: int, reclaim: bool) -> None:
-        self.s = Script()
+        self.s = Followed()
         self.s.form(world_size=N, heartbeat_timeout_s=3600.0)
         self.t = 1.0
         self.generation = {r: 0 for r in range(N)}
@@ -79,6 +146,17 @@ class Run:
             now = {p for start, n in head for p in range(start, start + n)}
             assert self.done[r] <= now, f"rank {r} lost processed positions"
             self.done[r] = now
+        for r, reader in self.s.readers.items():
+            h = e.holdings.get(r)
+            held = 0 if h is None else h.held
+            processed = 0 if h is None else h.processed
+            assert reader.assignment == e.assignment, f"rank {r}'s reader is behind"
+            # what the reader holds from its cursor on is the fold's sequence from there on
+            assert reader.base <= processed
+            assert reader.base + sum(n for _, n in reader.remaining) == held
+            tail = split_at(reader.remaining, processed - reader.base)[1]
+            want = [] if h is None else h.remaining_segments()
+            assert tail == want, f"rank {r}'s reader holds {tail}, the fold {want}"
         status = self.s.m.group_status("g")
         view = self.s.m.current_view("g")
         if status["change_in_flight"] is None and view is not None:
@@ -144,14 +222,25 @@ class Run:
         elif kind == "deactivate" and active and len(view.active_ranks) > 1:
             self.step().propose("deactivate", [rank])
             self.settle()
+        elif kind == "resync":
+            s.resync(rank)
+            h = self.epoch.holdings.get(rank)
+            assert s.readers[rank].base == (0 if h is None else h.processed)
         elif kind == "replace" and not active:
-            if s.m.group_status("g")["ranks"][rank]["state"] == "OFFLINE":
+            replaced = s.m.group_status("g")["ranks"][rank]["state"] == "OFFLINE"
+            if replaced:
                 # a dead rank comes back as a new incarnation; a deactivated one is still alive
                 self.generation[rank] += 1
                 self.step().join(rank, incarnation=f"g-{rank}-{self.generation[rank]}")
                 self.step().links(rank)
             self.step().propose("activate", [rank])
             self.settle()
+            h = self.epoch.holdings.get(rank)
+            if replaced and h is not None and h.remaining:
+                # its new process reads the whole history: once given work, it starts where
+                # the fold's count of the rank is, not at positions its predecessor reported
+                s.replay(rank)
+                assert s.readers[rank].base == h.processed
         self.check()
 
     def drain(self) -> list[Any]:
@@ -171,7 +260,7 @@ class Run:
 
 
 @settings(
-    max_examples=150,
+    max_examples=300,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
@@ -181,7 +270,7 @@ class Run:
     grain=st.sampled_from([1, 1, 4, 32]),
     lookahead=st.sampled_from([0, 7, 100, 1024]),
     reclaim=st.booleans(),
-    ops=st.lists(op, max_size=40),
+    ops=st.lists(op, min_size=8, max_size=40),
 )
 def test_every_position_is_processed_exactly_once_over_any_schedule(
     size: int, split: str, grain: int, lookahead: int, reclaim: bool, ops: list[Any]
@@ -200,3 +289,13 @@ def test_every_position_is_processed_exactly_once_over_any_schedule(
     if out and any(isinstance(x, EpochCompleted) for x in out):
         completed = next(x for x in out if isinstance(x, EpochCompleted))
         assert sum(completed.processed.values()) == size
+
+
+def test_a_replacement_that_reads_the_whole_history_starts_at_its_predecessors_count() -> None:
+    run = Run(1200, "equal", 1, 10, False)
+    run.apply("progress", 3, 0.4)
+    run.apply("kill", 3, None)  # its remainder goes to 0..2; its sequence ends at its count
+    run.apply("replace", 3, None)  # replays the history, takes a share: asserts the base
+    h = run.epoch.holdings[3]
+    assert h.processed > 0 and h.remaining > 0
+    assert run.s.readers[3].base == h.processed

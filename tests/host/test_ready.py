@@ -102,3 +102,45 @@ def test_publish_hands_the_updates_to_the_journals_visible_at_the_wake() -> None
 def one_of(effects: list, cls: type):
     [found] = of(effects, cls)
     return found
+
+
+def test_a_view_change_sends_its_moves_once_and_a_resync_each_rank_its_whole_part() -> None:
+    from coordinator.fold.epochs import complete_plan
+
+    script, effects = formed(world_size=4)
+    builder = ReadyBuilder(HostState(), {})
+    builder.ready(script.offset, effects, projected=0)
+    plan = {"epoch": 0, "dataset_size": 1000, "lookahead": 0}
+    planned = builder.ready(
+        script.offset, script.record("epoch_plan", "g", None, complete_plan(plan)), projected=0
+    )
+    # the first split: each rank's part on its own journal
+    assert sorted(r for _, r, u in planned.updates if u["type"] == "data_assignment") == [
+        0,
+        1,
+        2,
+        3,
+    ]
+    payload = {"incarnation": script.inc(2), "epoch": 0, "assignment": 1, "processed": 100}
+    builder.ready(script.offset, script.record("progress", "g", 2, payload), projected=0)
+    out = script.death(2)
+    out += script.at(1).tick()
+    out += script.ack_all()
+    ready = builder.ready(script.offset, out, projected=0)
+    data = [(rank, u) for _, rank, u in ready.updates if u["type"].startswith("data_")]
+    [(rank, update)] = data  # one update, on the group's journal: the moves, not the parts
+    assert rank is None and update["type"] == "data_moves" and update["reported"] == [2]
+    assert update["moves"] == [[2, 0, 600, 50], [2, 1, 650, 50], [2, 3, 700, 50]]
+    row = next(r for k, r in ready.rows.items() if k[0] == "assignment")
+    assert "ranges" not in row.doc and row.doc["moves"] == update["moves"]
+    # a resync: each rank's whole part, as the fold holds it, as of the latest decision
+    e = script.m.epochs.epoch("g")
+    parts = {
+        u["rank"]: u
+        for u in builder.state.resync(script.m, "g", [0, 2], view=None)
+        if u["type"] == "data_assignment"
+    }
+    assert parts[0]["assignment"] == parts[2]["assignment"] == e.assignment == 2
+    assert parts[0]["processed"] == 0 and parts[0]["remaining"] == [[0, 250], [600, 50]]
+    assert parts[2]["processed"] == 100 and parts[2]["remaining"] == []
+    assert parts[0]["offset"] == e.decided

@@ -54,6 +54,7 @@ NAMES = (
     "replay_identical",
     "converged",
     "epoch_exactly_once",
+    "part_follows_fold",
 )
 
 
@@ -501,3 +502,33 @@ class Invariants:
                     "epoch_exactly_once",
                     f"epoch {epoch.number}: ranks {outside} hold work outside view {view.version}",
                 )
+
+    # -- 13 ------------------------------------------------------------------------------------
+
+    def check_part(
+        self,
+        rank: int,
+        incarnation: str,
+        epoch: Any,
+        part: tuple[int, int, Sequence[tuple[int, int]]],
+    ) -> None:
+        """What an agent holds of the epoch follows the fold (docs/data.md): an agent whose
+        part is as of the epoch's latest decision (``part``: its assignment, its base and what
+        it holds from there, as the agent updates told it: the plan's parts, each later
+        decision's moves, a resync's whole part) holds exactly the fold's part of its rank:
+        its base is at most the fold's cursor, and from the fold's cursor on it holds the
+        fold's remaining segments, nothing more."""
+        assignment, base, remaining = part
+        if assignment != epoch.assignment:
+            return
+        h = epoch.holdings.get(rank)
+        processed = 0 if h is None else h.processed
+        want = [] if h is None else split_at(h.sequence, h.processed)[1]
+        held = sum(n for _, n in remaining)
+        tail = split_at(list(remaining), processed - base)[1] if base <= processed else None
+        if tail != want or base + held != processed + sum(n for _, n in want):
+            raise Violation(
+                "part_follows_fold",
+                f"epoch {epoch.number} assignment {assignment}: rank {rank} ({incarnation}) "
+                f"holds {list(remaining)[:4]} from {base}; the fold: {want[:4]} from {processed}",
+            )

@@ -494,6 +494,7 @@ def test_an_honest_history_passes_every_check() -> None:
         "replay_identical",
         "converged",
         "epoch_exactly_once",
+        "part_follows_fold",
     }
 
 
@@ -697,3 +698,19 @@ def test_twin_epoch_exactly_once() -> None:
     fresh.inv.check_epoch(
         _epoch({0: [(0, 5)], 1: [(5, 5)]}, {}), outside, {"change_in_flight": {"version": 3}}
     )
+
+
+def test_twin_part_follows_fold() -> None:
+    inv = Invariants()
+    e = _epoch({0: [(0, 5), (8, 2)], 1: [(5, 3)]}, {0: 3})
+    e.assignment = 2
+    inv.check_part(0, "i0", e, (2, 3, [(3, 2), (8, 2)]))  # exactly the fold's
+    inv.check_part(0, "i0", e, (2, 1, [(1, 4), (8, 2)]))  # from an older cursor on
+    inv.check_part(0, "i0", e, (1, 0, [(0, 5)]))  # behind: not yet told of decision 2
+    inv.check_part(2, "i2", e, (2, 0, []))  # holds nothing, and nothing in the fold
+    with _raises("part_follows_fold"):  # a move's slice appended twice
+        inv.check_part(0, "i0", e, (2, 3, [(3, 2), (8, 2), (8, 2)]))
+    with _raises("part_follows_fold"):  # a donor that kept its tail
+        inv.check_part(1, "i1", e, (2, 0, [(5, 3), (8, 2)]))
+    with _raises("part_follows_fold"):  # it holds a position that is rank 0's
+        inv.check_part(2, "i2", e, (2, 0, [(9, 1)]))

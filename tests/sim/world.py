@@ -99,6 +99,7 @@ from coordinator.host.ready import HostState, publish
 from coordinator.host.snapshots import decode_snapshot, encode_snapshot
 from eventlog.record import NewRecord, Record
 from tests.sim.invariants import Invariants, Violation
+from wire.data import apply_moves
 
 S = 1_000_000_000
 MS = 1_000_000
@@ -528,8 +529,10 @@ class _Reader:
     """What a rank's sampler does with its part of the epoch (``agent.data``, reduced to its
     accounting): it reads its sequence front to back, never more than ``lookahead`` positions
     beyond what the coordinator accepted, and reports the count read against the assignment it
-    holds. A new assignment keeps the read position (a move never takes what lies within the
-    lookahead), or starts from the coordinator's count for a new incarnation."""
+    holds. Its part follows the updates as ``agent.data`` does: whole in a ``data_assignment``,
+    the moves of each later decision applied to it (``wire.data.apply_moves``). A new part
+    keeps the read position (a move never takes what lies within the lookahead), or starts
+    from the coordinator's count for a new incarnation."""
 
     def __init__(self, rank: int, rate: float) -> None:
         self.rank = rank
@@ -538,7 +541,9 @@ class _Reader:
         self.lookahead = 0
         self.grain = 1
         self.assignment = 0
-        self.held = 0
+        #: the part: the coordinator's count it starts from and what it holds from there on
+        self.base = 0
+        self.remaining: list[tuple[int, int]] = []
         self.cursor = 0
         self.accepted = 0
         self.finished = False
@@ -547,19 +552,32 @@ class _Reader:
         """Take an update; True when there is now something to read."""
         kind = update.get("type")
         if kind == "epoch_plan":
+            if self.epoch != int(update["epoch"]):
+                self.assignment, self.base, self.remaining = 1, 0, []
+                self.cursor = self.accepted = 0
             self.epoch = int(update["epoch"])
             self.lookahead = int(update["lookahead"])
             self.grain = int(update["grain"])
-        elif kind == "data_assignment" and int(update["assignment"]) >= self.assignment:
+        elif kind == "data_assignment":  # the whole part: the plan's, or a resync's
             self.epoch = int(update["epoch"])
             self.assignment = int(update["assignment"])
-            processed = int(update["processed"])
-            self.held = processed + sum(int(n) for _, n in update["remaining"])
-            self.accepted = max(self.accepted, processed)
-            self.cursor = min(max(self.cursor, processed), self.held)
+            self.base = int(update["processed"])
+            self.remaining = [(int(s), int(n)) for s, n in update["remaining"]]
+            self.accepted = max(self.accepted, self.base)
+            self.cursor = min(max(self.cursor, self.base), self.held)
+        elif kind == "data_moves" and int(update["assignment"]) == self.assignment + 1:
+            # (an older decision is already in the part; a gap cannot come from the journals)
+            self.assignment += 1
+            self.base, self.remaining = apply_moves(self.rank, self.base, self.remaining, update)
+            self.accepted = max(self.accepted, self.base)
+            self.cursor = min(max(self.cursor, self.base), self.held)
         elif kind == "epoch_complete":
             self.finished = True
         return not self.finished and self.cursor < self.held
+
+    @property
+    def held(self) -> int:
+        return self.base + sum(n for _, n in self.remaining)
 
     def on_answer(self, answer: ProgressAnswered) -> None:
         if answer.error is None and answer.assignment == self.assignment:
@@ -1138,6 +1156,16 @@ class World:
                 epoch = coord.machine.epochs.epoch(GROUP)
                 if epoch is not None:
                     inv.check_epoch(epoch, coord.machine.current_view(GROUP), status)
+                    for p in self.procs.values():
+                        r = p.reader
+                        # an agent ahead of this log (a restore) holds what it has not heard
+                        if (
+                            p.running
+                            and r.epoch == epoch.number
+                            and p.machine.after <= coord.applied
+                        ):
+                            part = (r.assignment, r.base, r.remaining)
+                            inv.check_part(p.rank, p.incarnation, epoch, part)
 
     def finish(self) -> None:
         """A fresh fold of the whole log: effects, projections and state equal the run's."""
