@@ -33,7 +33,7 @@ class PartMismatch(ValueError):
     """A ``data_moves`` update does not fit the part it was applied to."""
 
 
-def merged(segments: Iterable[Segment]) -> list[Segment]:
+def normalized(segments: Iterable[Segment]) -> list[Segment]:
     """``segments`` without empty ones, adjacent ones merged (the order is kept)."""
     out: list[Segment] = []
     for start, n in segments:
@@ -46,7 +46,8 @@ def merged(segments: Iterable[Segment]) -> list[Segment]:
     return out
 
 
-def _split(segments: Sequence[Segment], count: int) -> tuple[list[Segment], list[Segment]]:
+def split_at(segments: Sequence[Segment], count: int) -> tuple[list[Segment], list[Segment]]:
+    """The first ``count`` positions of ``segments`` and the rest, both as segments."""
     head: list[Segment] = []
     tail: list[Segment] = []
     left = count
@@ -85,13 +86,13 @@ def apply_moves(
                 f"rank {rank} gave {total} positions at assignment {update['assignment']} but "
                 f"holds {held}"
             )
-        keep, tail = _split(remaining, held - total)
-        if merged(tail) != merged(gave):
+        keep, tail = split_at(remaining, held - total)
+        if normalized(tail) != normalized(gave):
             raise PartMismatch(
-                f"rank {rank} gave {merged(gave)[:3]} at assignment {update['assignment']}, "
-                f"which is not the end of its part ({merged(tail)[:3]})"
+                f"rank {rank} gave {normalized(gave)[:3]} at assignment {update['assignment']}, "
+                f"which is not the end of its part ({normalized(tail)[:3]})"
             )
     if rank in update.get("reported", ()):
         base += sum(n for _, n in keep)
         keep = []
-    return base, merged([*keep, *got])
+    return base, normalized([*keep, *got])

@@ -17,8 +17,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 
-#: ``(start, length)``: positions ``start .. start + length - 1`` of the permutation
-Segment = tuple[int, int]
+# ``Segment`` (``(start, length)``: positions ``start .. start + length - 1`` of the
+# permutation), ``normalized`` and ``split_at`` are the wire's: agents apply moves with them.
+from wire.data import Segment, split_at
+from wire.data import normalized as normalized  # re-exported: the fold imports it from here
 
 #: Weights are rounded to integers of this many units before apportioning (exact arithmetic:
 #: the split of a remainder never depends on floating-point rounding order).
@@ -28,37 +30,6 @@ WEIGHT_UNITS = 1_000_000
 def length(segments: Iterable[Segment]) -> int:
     """How many positions ``segments`` hold."""
     return sum(n for _, n in segments)
-
-
-def normalized(segments: Iterable[Segment]) -> list[Segment]:
-    """``segments`` without empty ones, adjacent ones merged (the order is kept)."""
-    out: list[Segment] = []
-    for start, n in segments:
-        if n <= 0:
-            continue
-        if out and out[-1][0] + out[-1][1] == start:
-            out[-1] = (out[-1][0], out[-1][1] + n)
-        else:
-            out.append((start, n))
-    return out
-
-
-def split_at(segments: Sequence[Segment], count: int) -> tuple[list[Segment], list[Segment]]:
-    """The first ``count`` positions of ``segments`` and the rest, both as segments."""
-    head: list[Segment] = []
-    tail: list[Segment] = []
-    left = count
-    for start, n in segments:
-        if left >= n:
-            head.append((start, n))
-            left -= n
-        elif left > 0:
-            head.append((start, left))
-            tail.append((start + left, n - left))
-            left = 0
-        else:
-            tail.append((start, n))
-    return head, tail
 
 
 def take(segments: list[Segment], count: int) -> list[Segment]:
