@@ -42,7 +42,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks._cluster import free_port
+from benchmarks._cluster import free_port, fsync_floor
 from benchmarks.harness import Result, median, percentile
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -363,23 +363,6 @@ def _worker() -> int:
 # -- the floors ------------------------------------------------------------------------------------
 
 
-async def _fsync_floor(path: str, n: int) -> list[float]:
-    from eventlog import NewRecord, open_log
-
-    log = await open_log(f"sqlite:///{path}")
-    try:
-        times = []
-        for i in range(n + 2):
-            rec = NewRecord(kind="heartbeat", group="floor", rank=0, payload={"step": i})
-            t0 = time.perf_counter()
-            await log.append([rec])
-            if i >= 2:
-                times.append((time.perf_counter() - t0) * 1000)
-        return times
-    finally:
-        await log.close()
-
-
 async def _channel_round_trip(port: int, n: int) -> list[float]:
     from agent.channel import ChannelLink
 
@@ -421,7 +404,7 @@ def run(quick: bool) -> list[Result]:
         vc = _view_changes(service, changes)
         rec = _recoveries(service, kills)
         rtt = asyncio.run(_channel_round_trip(service.port, floor_n))
-        fsync = asyncio.run(_fsync_floor(f"{service.tmp.name}/floor.db", floor_n))
+        fsync = asyncio.run(fsync_floor(f"{service.tmp.name}/floor.db", floor_n))
     except Exception:
         tail = Path(service.workers_log.name).read_bytes()[-3000:].decode(errors="replace")
         _log(f"workers.log ends with:\n{tail}")
