@@ -321,13 +321,21 @@ class Log(ABC):
         await self._set_consumer_offset(_check_consumer(name), _check_offset("offset", offset))
 
     async def write_projections(
-        self, rows: Sequence[ProjectionRow], *, consumer: str, offset: int
+        self, rows: Sequence[ProjectionRow], *, consumer: str, offset: int, durable: bool = True
     ) -> None:
-        """Upsert rows by ``(kind, group, seq)`` and set ``consumer``'s offset, in one transaction."""
+        """Upsert rows by ``(kind, group, seq)`` and set ``consumer``'s offset, in one transaction.
+
+        ``durable=False``: on SQLite the transaction is committed without syncing the WAL. It is
+        visible at once and survives a crash of the process; only a crash of the machine, which
+        takes every coordinator on that file with it, may undo it, rows and offset together,
+        until the next durable commit syncs the WAL behind it. For a consumer that derives its
+        rows again from the log after the offset it finds stored, as the coordinator does at
+        start. PostgreSQL always commits durably: coordinators outlive a crash of the server,
+        which could undo a commit made without a sync after a standby had seen it."""
         self._check_open()
         encoded = [(r.kind, r.group, r.seq, encode_projection(i, r)) for i, r in enumerate(rows)]
         await self._write_projections(
-            encoded, _check_consumer(consumer), _check_offset("offset", offset)
+            encoded, _check_consumer(consumer), _check_offset("offset", offset), bool(durable)
         )
 
     async def read_projections(
@@ -517,7 +525,7 @@ class Log(ABC):
 
     @abstractmethod
     async def _write_projections(
-        self, rows: list[tuple[str, str, int, bytes]], consumer: str, offset: int
+        self, rows: list[tuple[str, str, int, bytes]], consumer: str, offset: int, durable: bool
     ) -> None: ...
 
     @abstractmethod

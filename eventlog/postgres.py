@@ -214,10 +214,12 @@ class PostgresLog(Log):
         )
 
     async def _write_projections(
-        self, rows: list[tuple[str, str, int, bytes]], consumer: str, offset: int
+        self, rows: list[tuple[str, str, int, bytes]], consumer: str, offset: int, durable: bool
     ) -> None:
         # One statement, so no transaction stays open between round trips: a writer frozen
-        # there would hold the rows' locks and block the next leader's writes.
+        # there would hold the rows' locks and block the next leader's writes. Always durable
+        # (``durable`` is not used): the coordinators outlive a crash of the server, which could
+        # undo a commit made with synchronous_commit off after a standby saw it.
         latest = {(kind, grp, seq): doc for kind, grp, seq, doc in rows}  # the last one wins
         async with self._pool.acquire() as conn:
             moved = await conn.fetchval(

@@ -58,9 +58,9 @@ class SqliteLog(Log):
         self._writer.submit(Append(rows, size, fut))
         return fut
 
-    async def _write(self, fn: Any) -> Any:
+    async def _write(self, fn: Any, *, durable: bool = True) -> Any:
         fut: asyncio.Future[Any] = self._loop.create_future()
-        self._writer.submit(Call(fn, fut))
+        self._writer.submit(Call(fn, fut, durable))
         return await fut
 
     async def _claim_term(self) -> int:
@@ -79,7 +79,7 @@ class SqliteLog(Log):
         await self._write(lambda conn: _store_offset(conn, self.where, name, offset))
 
     async def _write_projections(
-        self, rows: list[tuple[str, str, int, bytes]], consumer: str, offset: int
+        self, rows: list[tuple[str, str, int, bytes]], consumer: str, offset: int, durable: bool
     ) -> None:
         def write(conn: sqlite3.Connection) -> None:
             _store_offset(conn, self.where, consumer, offset)
@@ -89,7 +89,7 @@ class SqliteLog(Log):
                 rows,
             )
 
-        await self._write(write)
+        await self._write(write, durable=durable)
 
     async def _save_snapshot(self, name: str, offset: int, data: bytes) -> None:
         await self._write(

@@ -13,7 +13,9 @@ Rules, and why:
 - Futures are resolved only after COMMIT returned (``synchronous=FULL``: the WAL is fsynced),
   through ``loop.call_soon_threadsafe`` — once per batch, not once per job.
 - Other writes (consumer offsets, projections, snapshots, claiming a term) are ``Call`` jobs run
-  in their own transaction, in queue order with the appends.
+  in their own transaction, in queue order with the appends. A Call marked not durable (the
+  projections, which are derived from the log) commits without an fsync: the next append's
+  fsync syncs the WAL behind it, so only records pay for one.
 - Several Logs on one file (other processes, or other openers in this one) take turns through
   an exclusive ``flock`` on ``<file>-writer.lock`` held around each write transaction. SQLite's
   own lock has no queue: a writer that finds it taken sleeps and retries with a backoff of up to
@@ -84,6 +86,11 @@ class Call:
 
     fn: Callable[[sqlite3.Connection], Any]
     future: asyncio.Future[Any]
+    #: False: commit without syncing the WAL (``synchronous=NORMAL`` for this one transaction).
+    #: The write is visible at once and survives a crash of the process; a power loss may undo
+    #: it, whole, until the next durable commit syncs the WAL behind it. Only for derived data
+    #: that the coordinator writes again from the log (projections).
+    durable: bool = True
 
 
 _STOP = object()
@@ -314,14 +321,20 @@ class SqliteWriter:
         try:
             with self._turn():
                 conn = self._connection()
-                conn.execute("BEGIN IMMEDIATE")
+                if not job.durable:
+                    conn.execute("PRAGMA synchronous = NORMAL")
                 try:
-                    result = job.fn(conn)
-                    conn.execute("COMMIT")
-                except BaseException:
-                    if conn.in_transaction:
-                        conn.execute("ROLLBACK")
-                    raise
+                    conn.execute("BEGIN IMMEDIATE")
+                    try:
+                        result = job.fn(conn)
+                        conn.execute("COMMIT")
+                    except BaseException:
+                        if conn.in_transaction:
+                            conn.execute("ROLLBACK")
+                        raise
+                finally:
+                    if not job.durable:
+                        conn.execute("PRAGMA synchronous = FULL")
         except (LogError, ValueError) as exc:
             self._fail([job], exc)
         except Exception as exc:

@@ -34,12 +34,19 @@ class ProjectionRows:
 
     async def write(self, offset: int) -> None:
         """Write the unwritten rows with consumer offset ``offset``; a failure is logged and
-        the rows are kept for the next write."""
+        the rows are kept for the next write.
+
+        Not durable (no fsync of its own): the rows are derived from records already on disk,
+        and a start derives again every row after the consumer offset it finds stored, so a
+        power loss that undoes this write (rows and offset together) loses nothing. The next
+        append's fsync makes it durable with it."""
         rows = self.unwritten
         if not rows:
             return
         try:
-            await self.log.write_projections(list(rows.values()), consumer=CONSUMER, offset=offset)
+            await self.log.write_projections(
+                list(rows.values()), consumer=CONSUMER, offset=offset, durable=False
+            )
         except LogError as exc:
             log.error("writing %d projection rows failed: %s", len(rows), exc)
             return

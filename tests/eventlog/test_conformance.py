@@ -417,6 +417,28 @@ async def test_projections_upsert_with_their_consumer_offset(log: Log) -> None:
     assert await log.get_projection("view", "train", 3) is None
 
 
+async def test_a_write_not_durable_is_seen_and_refused_like_a_durable_one(
+    log: Log, target: str
+) -> None:
+    """``durable=False`` changes only when the write reaches the disk: another opener sees it at
+    once, it moves the offset with its rows, a lower offset is still refused with no row
+    written, and appends go on after it."""
+    row = ProjectionRow("view", "train", 1, {"active_ranks": [0, 1]})
+    await log.write_projections([row], consumer="fold", offset=3, durable=False)
+    other = await open_log(target)
+    try:
+        assert await other.get_projection("view", "train", 1) == row
+        assert await other.get_consumer_offset("fold") == 3
+    finally:
+        await other.close()
+    late = ProjectionRow("view", "train", 2, {"active_ranks": [0]})
+    with pytest.raises(ValueError, match="refusing to move it back to 2"):
+        await log.write_projections([late], consumer="fold", offset=2, durable=False)
+    assert await log.get_projection("view", "train", 2) is None
+    [offset] = await log.append([NewRecord(kind="heartbeat", group="g", rank=0, payload={})])
+    assert await log.read(offset - 1, limit=1) != []
+
+
 async def test_a_projection_given_twice_in_one_write_keeps_the_last(log: Log) -> None:
     first = ProjectionRow("view", "train", 1, {"v": 1})
     again = ProjectionRow("view", "train", 1, {"v": 2})
@@ -544,6 +566,33 @@ async def test_sqlite_writer_survives_a_failing_write(tmp_path, monkeypatch) -> 
             await log.append([hb(0)])
         assert await log.append([hb(1)]) == [1]  # nothing of the failed batch was written
         assert [r.rank for r in await log.read()] == [1]
+    finally:
+        await log.close()
+
+
+async def test_sqlite_a_write_not_durable_leaves_the_next_commits_synced(tmp_path) -> None:
+    """A projection write without its own fsync (``synchronous=NORMAL`` for that one
+    transaction) leaves the writer's connection at FULL again, after a refused write too, so
+    every append after it is synced before it is acknowledged."""
+    log = await open_log(tmp_path / "log.db")
+
+    async def synchronous() -> int:  # 2 is FULL, 1 NORMAL (asked inside a writer transaction)
+        return await log._write(lambda conn: conn.execute("PRAGMA synchronous").fetchone()[0])
+
+    try:
+        assert await synchronous() == 2
+        await log.write_projections(
+            [ProjectionRow("view", "train", 1, {})], consumer="fold", offset=5, durable=False
+        )
+        assert await synchronous() == 2
+        with pytest.raises(ValueError, match="refusing to move it back"):
+            await log.write_projections([], consumer="fold", offset=1, durable=False)
+        assert await synchronous() == 2
+        inside = await log._write(  # and the write itself ran at NORMAL
+            lambda conn: conn.execute("PRAGMA synchronous").fetchone()[0], durable=False
+        )
+        assert inside == 1
+        assert await synchronous() == 2
     finally:
         await log.close()
 
