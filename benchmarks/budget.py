@@ -19,9 +19,13 @@ them further. The view's ``ts`` is that of the ACK record that completed the bar
 last ACK appended is the commit.
 
 Beside them, in the same run: the floors every phase stands on, one durable SQLite append
-(``fsync floor``: ``Log.append`` of one record, fsync included) and one loopback round trip on
+(``fsync floor``: ``Log.append`` of one record, fsync included), one loopback round trip on
 the agent channel (``channel round trip``: an empty event batch sent on a ``HostChannel`` and
-answered by the coordinator).
+answered by the coordinator), and the time the kernel takes to reap a SIGKILLed process that
+imported torch (``SIGKILL floor``: ``kill`` to ``waitpid`` of an idle one). A dead process's
+memory is torn down before its parent's ``waitpid`` returns and before its sockets close, so
+no death report, and no peer's broken link, comes earlier than that: the first phase of a
+recovery cannot be shorter.
 
 The workers are this module, run as ``python benchmarks/budget.py worker``.
 """
@@ -363,6 +367,33 @@ def _worker() -> int:
 # -- the floors ------------------------------------------------------------------------------------
 
 
+_IDLE_TORCH = "import sys, torch; sys.stdout.write('up\\n'); sys.stdout.flush(); sys.stdin.read()"
+
+
+def _reap_floor(n: int) -> list[float]:
+    """Milliseconds from SIGKILL to ``waitpid`` returning, for ``n`` idle processes that
+    imported torch: the kernel tears the dead process's memory down before anyone, its parent
+    or its peers' sockets, can see it die."""
+    times = []
+    for _ in range(n):
+        child = subprocess.Popen(
+            [sys.executable, "-c", _IDLE_TORCH], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+        )
+        try:
+            assert child.stdout is not None
+            if child.stdout.readline() != b"up\n":
+                raise RuntimeError("the idle torch process did not start")
+            t0 = time.perf_counter()
+            child.kill()
+            child.wait()
+            times.append((time.perf_counter() - t0) * 1000)
+        finally:
+            if child.poll() is None:
+                child.kill()
+                child.wait()
+    return times
+
+
 async def _channel_round_trip(port: int, n: int) -> list[float]:
     from agent.channel import ChannelLink
 
@@ -398,13 +429,14 @@ def _rows(scenario: str, trials: list[dict[str, float]], order: Sequence[str]) -
 
 
 def run(quick: bool) -> list[Result]:
-    changes, kills, floor_n = (3, 2, 20) if quick else (5, 5, 50)
+    changes, kills, floor_n, reap_n = (3, 2, 20, 3) if quick else (5, 5, 50, 10)
     service = _Service()
     try:
         vc = _view_changes(service, changes)
         rec = _recoveries(service, kills)
         rtt = asyncio.run(_channel_round_trip(service.port, floor_n))
         fsync = asyncio.run(fsync_floor(f"{service.tmp.name}/floor.db", floor_n))
+        reap = _reap_floor(reap_n)
     except Exception:
         tail = Path(service.workers_log.name).read_bytes()[-3000:].decode(errors="replace")
         _log(f"workers.log ends with:\n{tail}")
@@ -418,6 +450,8 @@ def run(quick: bool) -> list[Result]:
                p99=percentile(fsync, 99), extra={"appends": len(fsync)}),
         Result("budget", "channel round trip (empty batch, loopback)", "ms", median(rtt),
                p99=percentile(rtt, 99), extra={"round_trips": len(rtt)}),
+        Result("budget", "SIGKILL floor (kill -> reaped, an idle process that imported torch)",
+               "ms", median(reap), p99=percentile(reap, 99), extra={"kills": len(reap)}),
     ]  # fmt: skip
 
 
