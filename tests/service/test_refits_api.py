@@ -261,6 +261,25 @@ async def test_a_bootstrap_offered_with_the_join_arrives_with_the_admission_and_
         await host2.close()
 
 
+async def test_both_publishers_starting_a_transfer_at_once_start_one_attempt(
+    api: tuple[Host, httpx.AsyncClient],
+) -> None:
+    host, c = api
+    assert (await c.post("/refits", json=REFIT, headers=OP)).status_code == 201
+    await join_all(c, 1)
+    starts = [
+        {"type": "transfer", "group": "train", "rank": rank, "incarnation": f"train-{rank}"}
+        | {"refit": "rl", "epoch": 1, "key": "step-1"}
+        for rank in range(2)
+    ]
+    r = await c.post("/agents/events", json={"events": starts}, headers=OP)  # one submission
+    assert r.status_code == 200, r.text
+    first, second = r.json()["results"]
+    assert first["offset"] == second["offset"], (first, second)  # the second repeats the first
+    [transfer] = (await refit(c))["transfers"]
+    assert (transfer["key"], transfer["attempt"], transfer["status"]) == ("step-1", 1, "running")
+
+
 async def test_the_review_findings_are_refused_where_a_request_meets_them(
     api: tuple[Host, httpx.AsyncClient],
 ) -> None:
