@@ -1,8 +1,9 @@
 """A worker's side of a weight refit: join, admission, bootstrap, transfers (docs/refit.md).
 
 >>> refit = agent.refit("rl")                        # this rank's client of refit "rl"
->>> admitted = refit.join(slot=rank, digest=plan.digest())   # blocks until every slot joined
->>> boot = refit.bootstrap(admitted, make=make_bootstrap)   # refit rank 0 publishes; others wait
+>>> admitted = refit.join(slot=rank, digest=plan.digest(),  # blocks until every slot joined
+...                       make_bootstrap=make_bootstrap)     # publisher slot 0 only
+>>> boot = refit.bootstrap(admitted)                        # it came with the admission
 >>> t = refit.transfer(admitted, key="step-100")            # publishers start it (idempotent)
 >>> ... move the shards over the data plane (agent.refit) ...
 >>> refit.report(t, ok=True)
@@ -95,6 +96,8 @@ class RefitTracker:
         self.epochs: dict[str, dict[str, Any]] = {}
         self.transfers: dict[str, dict[int, dict[str, Any]]] = {}
         self.bootstraps: dict[str, dict[str, Any]] = {}
+        #: the epoch of each refit whose bootstrap this rank offered with its join
+        self.offered: dict[str, int] = {}
         self._answers: dict[tuple[Any, ...], tuple[str | None, str]] = {}
         self.stopped: str | None = None
 
@@ -181,11 +184,21 @@ class RefitClient:
             lambda: self.tracker.epochs.get(self.name), timeout, f"refit {self.name!r}'s epoch"
         )
 
-    def join(self, slot: int, digest: str, timeout: float = 120.0) -> Admission:
+    def join(
+        self,
+        slot: int,
+        digest: str,
+        timeout: float = 120.0,
+        make_bootstrap: Callable[[], dict[str, Any]] | None = None,
+    ) -> Admission:
         """Join the current epoch with ``slot`` and the plan's ``digest``; wait until every slot
         joined (the epoch is admitted). An epoch that moves meanwhile is joined again, until
         ``timeout``; a refusal (a digest mismatch, a slot held by another rank, a readiness
-        timeout) raises :class:`RefitRefused` with the coordinator's reason."""
+        timeout) raises :class:`RefitRefused` with the coordinator's reason.
+
+        Publisher slot 0 (refit rank 0) may pass ``make_bootstrap``: each join sends a fresh
+        bootstrap with it, which the coordinator publishes to the members with the admission,
+        so :meth:`bootstrap` has it at once instead of after another round trip."""
         deadline = time.monotonic() + timeout
         while True:
             epoch = self.current_epoch(max(0.1, deadline - time.monotonic()))
@@ -198,10 +211,22 @@ class RefitClient:
                 )
             try:
                 if not self._holds(epoch, slot):
-                    self.tracker.send(
-                        "refit_join",
-                        {"refit": self.name, "epoch": number, "slot": slot, "digest": digest},
-                    )
+                    fields: dict[str, Any] = {
+                        "refit": self.name,
+                        "epoch": number,
+                        "slot": slot,
+                        "digest": digest,
+                    }
+                    if make_bootstrap is not None:
+                        if (self._role(), slot) != ("publisher", 0):
+                            raise ValueError(
+                                "only publisher slot 0 (refit rank 0) offers the bootstrap, not "
+                                f"{self._role()} slot {slot}"
+                            )
+                        fields["bootstrap"] = make_bootstrap()
+                    self.tracker.send("refit_join", fields)
+                    if make_bootstrap is not None:
+                        self.tracker.offered[self.name] = number
                 admitted = self.tracker.wait(
                     lambda n=number: self._admitted(n, slot),
                     max(0.1, deadline - time.monotonic()),
@@ -276,12 +301,13 @@ class RefitClient:
         timeout: float = 60.0,
     ) -> dict[str, Any]:
         """The data plane's rendezvous of ``admitted``'s epoch: refit rank 0 makes it
-        (``make()``) and publishes it; every member waits for it. Asked again in the same epoch,
-        it is the same one (open the world once an epoch; it carries many transfers)."""
+        (``make()``) and publishes it, unless it offered one with its join (then it comes with
+        the admission); every member waits for it. Asked again in the same epoch, it is the
+        same one (open the world once an epoch; it carries many transfers)."""
         held = self.tracker.bootstraps.get(self.name)
         if held is not None and held["epoch"] == admitted.epoch:
             return held["bootstrap"]  # one bootstrap an epoch: its world carries every transfer
-        if admitted.refit_rank == 0:
+        if admitted.refit_rank == 0 and self.tracker.offered.get(self.name) != admitted.epoch:
             if make is None:
                 raise ValueError("refit rank 0 publishes the bootstrap: pass make=")
             self.tracker.send(

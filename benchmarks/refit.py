@@ -18,9 +18,9 @@ The control plane's rows run the whole lifecycle (docs/refit.md): a coordinator
 (``python -m coordinator serve``, uvicorn on 127.0.0.1, SQLite on disk), two launchers (2
 trainers, TP=2; 4 generators, TP=4, replaced when one dies) and real Agents in this module's
 worker (``python benchmarks/refit.py worker``), moving an 8 MB model over 4 lanes. Each worker
-joins the refit's epoch, shares the bootstrap, opens the epoch's world while the transfer
-starts (a thread waits for that), moves its shards, reports and waits for the transfer to
-complete; one JSON line per event on
+joins the refit's epoch (publisher slot 0 offers the bootstrap with its join, so it comes with
+the admission), opens the epoch's world while the transfer starts (a thread waits for that),
+moves its shards, reports and waits for the transfer to complete; one JSON line per event on
 stdout, with wall-clock times (``time.time()``, the clock the log stamps records with). A
 worker closes an epoch's world as soon as the epoch moves, before it joins the next one.
 
@@ -28,10 +28,10 @@ worker closes an epoch's world as soon as the epoch moves, before it joins the n
   moves the epoch, so each trial is a fresh admission. From the ``ts`` of the log record that
   admitted the epoch (the last slot's ``refit_join``; its offset is in the epoch's update) to
   the first send a trainer posts on a lane (``TransferReport.first_posted_at``). In between:
-  the update reaching every worker, the bootstrap (an event through the log), then, at the
-  same time, the transfer's start (another) and the world's formation (4 lanes over 6 ranks).
-  The notes give each step's median, each as the time from admission to the last member done
-  with it.
+  the update reaching every worker (the bootstrap with it, published in the admitting step),
+  then, at the same time, the transfer's start (an event through the log) and the world's
+  formation (4 lanes over 6 ranks). The notes give each step's median, each as the time from
+  admission to the last member done with it.
 - **refit recovery**: a generator SIGKILLs itself in a transfer's first attempt, once the
   others are inside it; from the kill to the ``ts`` of the log record that completed the
   retry (every member reported done) on the new views, with the launcher's replacement.
@@ -565,21 +565,21 @@ def _worker(out_dir: str, controls: int, kills: int) -> int:
         while True:
             for t in tensors.values() if side == "subscriber" else ():
                 t.fill_(-1)
-            admitted = client.join(slot=slot, digest=digest(plan), timeout=300)
+            make = (lambda: store.bootstrap("gloo")) if store else None
+            # publisher slot 0 offers the bootstrap with its join: it comes with the admission
+            admitted = client.join(slot=slot, digest=digest(plan), timeout=300, make_bootstrap=make)
             joined_at = time.time()
             held = tracker.epochs[REFIT]
             if held["epoch"] != admitted.epoch:
                 continue
             admitted_offset = held["offset"]
+            # The transfer starts (an event through the log) while the world forms.
+            starting = starter.submit(started, admitted, key)
             try:
-                boot = client.bootstrap(
-                    admitted, make=(lambda: store.bootstrap("gloo")) if store else None
-                )
+                boot = client.bootstrap(admitted, make=make)
                 bootstrap_at = time.time()
             except RefitEpochMoved:
                 continue
-            # The transfer starts (an event through the log) while the world forms.
-            starting = starter.submit(started, admitted, key)
             opening: BaseException | None = None
             try:
                 if world is None or world.closed or world_epoch != admitted.epoch:

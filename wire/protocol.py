@@ -250,22 +250,28 @@ RefitEpoch = Annotated[int, Meta(ge=1, le=2**62)]
 #: A transfer's key: printable ASCII without spaces.
 TransferKey = Annotated[str, Meta(pattern=r"^[\x21-\x7e]{1,128}$")]
 #: A bootstrap is flat: the data plane's rendezvous (a store address, a prefix, an NCCL unique
-#: id in hex), each value short.
+#: id in hex), at most 16 values, each short (the fold also bounds its encoded size).
 BootstrapValue = (
     Annotated[str, Meta(max_length=1024)] | Annotated[int, Meta(ge=-(2**63), le=2**63 - 1)]
 )
+FlatBootstrap = Annotated[
+    dict[Annotated[str, Meta(max_length=64)], BootstrapValue], Meta(max_length=16)
+]
 
 
 class RefitJoinEvent(
     _AgentEvent, tag="refit_join", kw_only=True, omit_defaults=True, forbid_unknown_fields=True
 ):
     """This worker takes ``slot`` of its group's side of ``refit`` in ``epoch``, holding the
-    plan whose digest is ``digest`` (``wire.refit.ReshardPlan.digest``)."""
+    plan whose digest is ``digest`` (``wire.refit.ReshardPlan.digest``). Publisher slot 0 may
+    offer the epoch's ``bootstrap`` with its join: the fold publishes it to the members in the
+    step that admits the epoch, saving the separate ``refit_bootstrap`` round trip."""
 
     refit: RefitName
     epoch: RefitEpoch
     slot: Annotated[int, Meta(ge=0, le=65_535)]
     digest: Digest
+    bootstrap: FlatBootstrap | None = None
 
 
 class RefitBootstrapEvent(
@@ -279,9 +285,7 @@ class RefitBootstrapEvent(
 
     refit: RefitName
     epoch: RefitEpoch
-    bootstrap: Annotated[
-        dict[Annotated[str, Meta(max_length=64)], BootstrapValue], Meta(max_length=16)
-    ]
+    bootstrap: FlatBootstrap
 
 
 class TransferEvent(

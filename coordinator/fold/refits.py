@@ -22,9 +22,11 @@ takes part, when they agree, and what happened to each transfer:
   rank is not active in its group's committed view, when its slot is out of range or held by
   another rank, or when its digest differs from the refit's (the message names who holds
   which digest).
-- **Bootstrap.** Refit rank 0 (publisher slot 0) publishes the data plane's rendezvous
-  (``refit_bootstrap``, once per admitted epoch); it reaches the admitted members' own update
-  journals only, and no status or projection row carries it.
+- **Bootstrap.** Refit rank 0 (publisher slot 0) publishes the data plane's rendezvous, once
+  per admitted epoch: offered with its join (``refit_join`` with ``bootstrap``), it is
+  published in the step that admits the epoch; else it comes after admission
+  (``refit_bootstrap``). It reaches the admitted members' own update journals only, and no
+  status or projection row carries it.
 - **Transfers** (``transfer``): created by a member of the admitted epoch or an operator,
   idempotent by key; one runs at a time. Each member reports ``done`` or ``failed``
   (``transfer_status``) against the transfer's current attempt and the epoch; the transfer
@@ -161,17 +163,28 @@ def _slot_name(role: str, slot: int, group: str | None = None, rank: int | None 
 
 
 class _Joined:
-    __slots__ = ("group", "rank", "incarnation", "digest", "offset")
+    __slots__ = ("group", "rank", "incarnation", "digest", "offset", "bootstrap")
 
-    def __init__(self, group: str, rank: int, incarnation: str, digest: str, offset: int) -> None:
+    def __init__(
+        self,
+        group: str,
+        rank: int,
+        incarnation: str,
+        digest: str,
+        offset: int,
+        bootstrap: dict[str, Any] | None = None,
+    ) -> None:
         self.group = group
         self.rank = rank
         self.incarnation = incarnation
         self.digest = digest
         self.offset = offset
+        #: the bootstrap publisher slot 0 offered with its join (published on admission)
+        self.bootstrap = bootstrap
 
     def to_list(self) -> list[Any]:
-        return [self.group, self.rank, self.incarnation, self.digest, self.offset]
+        out = [self.group, self.rank, self.incarnation, self.digest, self.offset]
+        return out if self.bootstrap is None else [*out, self.bootstrap]
 
 
 class _Transfer:
@@ -514,8 +527,11 @@ class Refits:
     def _join_refusal(
         self, r: Refit, g: GroupState, role: str, rank: int, payload: dict[str, Any]
     ) -> Refusal | None:
-        if set(payload) - {"incarnation", "refit", "epoch", "slot", "digest"}:
-            return INVALID_EVENT, "refit_join has incarnation, refit, epoch, slot and digest"
+        if set(payload) - {"incarnation", "refit", "epoch", "slot", "digest", "bootstrap"}:
+            return INVALID_EVENT, (
+                "refit_join has incarnation, refit, epoch, slot, digest and (publisher slot 0 "
+                "only) bootstrap"
+            )
         slot = payload.get("slot")
         slots = r.slots(role)
         if not isinstance(slot, int) or isinstance(slot, bool) or not 0 <= slot < slots:
@@ -559,6 +575,13 @@ class Refits:
                 f"{digest[:12]}…, but {reference[1]} {'hold' if ',' in reference[1] else 'holds'} "
                 f"{reference[0][:12]}…"
             )
+        if "bootstrap" in payload:
+            if (role, slot) != (PUBLISHER, 0):
+                return NOT_REFIT_MEMBER, (
+                    f"refit {r.name!r}: only refit rank 0 (publisher slot 0) offers the "
+                    f"bootstrap, not {_slot_name(role, slot)}"
+                )
+            return self._bootstrap_problem(r, "refit_join", payload["bootstrap"])
         if held is not None and held.incarnation != payload.get("incarnation"):
             return None  # a new incarnation of the same rank takes its slot over
         return None
@@ -583,16 +606,21 @@ class Refits:
                 f"refit {r.name!r}: only refit rank 0 (publisher slot 0) publishes the "
                 f"bootstrap, not {_slot_name(*slot)}"
             )
-        bootstrap = payload.get("bootstrap")
+        return self._bootstrap_problem(r, "refit_bootstrap", payload.get("bootstrap"))
+
+    @staticmethod
+    def _bootstrap_problem(r: Refit, kind: str, bootstrap: Any) -> Refusal | None:
+        """One bootstrap an epoch, a small object, whether offered with the join or published
+        after admission."""
         if not isinstance(bootstrap, dict):
             return (
                 INVALID_EVENT,
-                f"refit_bootstrap: bootstrap must be an object, got {type(bootstrap).__name__}",
+                f"{kind}: bootstrap must be an object, got {type(bootstrap).__name__}",
             )
         size = len(msgspec.json.encode(bootstrap))
         if size > MAX_BOOTSTRAP_BYTES:
             return INVALID_EVENT, (
-                f"refit_bootstrap: {size} bytes encoded, more than {MAX_BOOTSTRAP_BYTES}"
+                f"{kind}: bootstrap of {size} bytes encoded, more than {MAX_BOOTSTRAP_BYTES}"
             )
         if r.bootstrap is not None and r.bootstrap != bootstrap:
             return REFIT_CONFLICT, (
@@ -676,8 +704,8 @@ class Refits:
         self, fold: FoldContext, kind: str, group: str | None, rank: int | None, payload: Any
     ) -> int | None:
         """The earlier record an identical input repeats: the same refit created again, the same
-        join (slot, digest, incarnation, epoch), the same bootstrap, a transfer key that is
-        running or completed."""
+        join (slot, digest, incarnation, epoch, offered bootstrap), the same bootstrap, a
+        transfer key that is running or completed."""
         if not isinstance(payload, dict):
             return None
         r = (
@@ -699,11 +727,12 @@ class Refits:
             slot = payload.get("slot")
             role = r.role_of(group)
             j = r.joined.get((role, slot)) if role is not None and isinstance(slot, int) else None
-            if j is not None and (j.group, j.rank, j.incarnation, j.digest) == (
+            if j is not None and (j.group, j.rank, j.incarnation, j.digest, j.bootstrap) == (
                 group,
                 rank,
                 payload.get("incarnation"),
                 payload.get("digest"),
+                payload.get("bootstrap"),
             ):
                 return j.offset
         return None
@@ -736,16 +765,7 @@ class Refits:
         elif record.kind == "refit_join":
             self._join(fold, r, record, effects)
         elif record.kind == "refit_bootstrap":
-            r.bootstrap = dict(payload["bootstrap"])
-            effects.append(
-                RefitBootstrap(
-                    refit=r.name,
-                    epoch=r.epoch,
-                    bootstrap=r.bootstrap,
-                    members=tuple((m["group"], m["rank"]) for m in r.members()),
-                    offset=record.offset,
-                )
-            )
+            self._publish(r, payload["bootstrap"], record, effects)
         elif record.kind == "transfer":
             self._transfer(fold, r, record, effects)
         else:
@@ -765,15 +785,19 @@ class Refits:
         effects.append(r.epoch_effect(record.offset))
 
     def _join(self, fold: FoldContext, r: Refit, record: Record, effects: list[Effect]) -> None:
+        """The last slot's join admits the epoch; a bootstrap publisher slot 0 offered with its
+        join is published in the same step, after the admission (to the members it names)."""
         p = record.payload
         role = r.role_of(record.group)  # type: ignore[arg-type]
         assert role is not None and record.rank is not None
+        offered = p.get("bootstrap")
         r.joined[(role, p["slot"])] = _Joined(
             record.group,  # type: ignore[arg-type]
             record.rank,
             p["incarnation"],
             p["digest"],
             record.offset,
+            None if offered is None else dict(offered),
         )
         if r.digest is None:
             r.digest = p["digest"]
@@ -781,6 +805,25 @@ class Refits:
             r.status = ADMITTED
             r.deadline = None
             effects.append(r.epoch_effect(record.offset))
+            offered = r.joined[(PUBLISHER, 0)].bootstrap
+            if r.bootstrap is None and offered is not None:
+                self._publish(r, offered, record, effects)
+
+    @staticmethod
+    def _publish(
+        r: Refit, bootstrap: dict[str, Any], record: Record, effects: list[Effect]
+    ) -> None:
+        """The epoch's bootstrap, to the admitted members' own journals (nowhere else)."""
+        r.bootstrap = dict(bootstrap)
+        effects.append(
+            RefitBootstrap(
+                refit=r.name,
+                epoch=r.epoch,
+                bootstrap=r.bootstrap,
+                members=tuple((m["group"], m["rank"]) for m in r.members()),
+                offset=record.offset,
+            )
+        )
 
     def _transfer(self, fold: FoldContext, r: Refit, record: Record, effects: list[Effect]) -> None:
         key = record.payload["key"]

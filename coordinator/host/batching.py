@@ -39,6 +39,10 @@ def take_batch(queue: deque[Input], max_batch: int) -> list[Input]:
       rank, so it shares no batch with any other input of that rank (a join of a new
       incarnation, then a heartbeat from the old one);
     - a second proposal with the same idempotency key waits for the first;
+    - a second start of the same refit transfer (``transfer``, keyed by refit and key, as the
+      operator's route keys it) waits for the first: every publisher of a refit may ask for
+      it, often at the same moment, and only against the state after the first is the second
+      a repeat (else the fold would take it for a retry and start another attempt);
     - anything for a group waits for the batch that creates the group.
 
     Heartbeats, links and ACKs of one rank do not change each other's verdicts, so they
@@ -62,9 +66,10 @@ def take_batch(queue: deque[Input], max_batch: int) -> list[Input]:
         if item.abandoned:
             continue
         rec = item.record
+        key = item.key if item.key is not None else _transfer_key(rec)
         changes_rank = rec.kind in RANK_CHANGING
         if touched is None:
-            if not changes_rank and item.key is None and rec.kind != "group_created":
+            if not changes_rank and key is None and rec.kind != "group_created":
                 batch.append(item)
                 continue
             touched = {rank for i in batch for rank in _ranks_of(i)}
@@ -72,7 +77,7 @@ def take_batch(queue: deque[Input], max_batch: int) -> list[Input]:
         if (
             rec.group in created
             or rec.group in blocked_groups
-            or (item.key is not None and item.key in keys)
+            or (key is not None and key in keys)
             or any(
                 rank in blocked or rank in changed or (changes_rank and rank in touched)
                 for rank in ranks
@@ -80,13 +85,13 @@ def take_batch(queue: deque[Input], max_batch: int) -> list[Input]:
         ):
             deferred.append(item)
             blocked.update(ranks)
-            if item.key is not None:
-                keys.add(item.key)
+            if key is not None:
+                keys.add(key)
             if rec.kind == "group_created":
                 blocked_groups.add(rec.group)
             continue
-        if item.key is not None:
-            keys.add(item.key)
+        if key is not None:
+            keys.add(key)
         touched.update(ranks)
         if changes_rank:
             changed.update(ranks)
@@ -95,6 +100,14 @@ def take_batch(queue: deque[Input], max_batch: int) -> list[Input]:
         batch.append(item)
     queue.extendleft(reversed(deferred))
     return batch
+
+
+def _transfer_key(rec: NewRecord) -> tuple[Any, ...] | None:
+    """A refit transfer's start, keyed as ``POST /refits/{refit}/transfers`` keys it."""
+    if rec.kind != "transfer" or not isinstance(rec.payload, dict):
+        return None
+    refit, key = rec.payload.get("refit"), rec.payload.get("key")
+    return ("transfer", refit, key) if isinstance(refit, str) and isinstance(key, str) else None
 
 
 def _ranks_of(item: Input) -> list[tuple[str | None, int]]:

@@ -440,9 +440,9 @@ async def _stored(
                 if len(rows) < 1000:
                     break
                 after = rows[-1].seq
-            if kind in ("group", "failure", "rank_state", "epoch", "epoch_end"):
-                # seq 0 is a real row for these kinds (epochs are numbered from 0), and
-                # after_seq is exclusive
+            if kind in ("group", "failure", "rank_state", "epoch", "epoch_end", "refit"):
+                # seq 0 is a real row for these kinds (epochs are numbered from 0, a refit has
+                # one row), and after_seq is exclusive
                 row0 = await log.get_projection(kind, g, 0)
                 if row0 is not None:
                     out[(kind, g, 0)] = row0.doc

@@ -3,15 +3,15 @@ through ``agent.refits`` and its data plane through ``agent.refit``.
 
 Arguments: ``OUT KEYS [DIE_AT RANK]``. For each transfer key in ``KEYS`` (comma-separated) the
 worker joins the refit's current epoch with its slot (its rank) and the plan's digest, shares
-the bootstrap (publisher slot 0 hosts the store), takes the transfer's running attempt, moves
-its shards and reports; an attempt that fails (a dead member, an epoch that moved) is joined
-again and retried until the transfer completes. The trainers' weights for key ``k`` are
-``tests.refit.worker.full_state(seed_of(k))``; a generator writes what it received as tensor
-digests, one JSON line per event to stdout. With ``DIE_AT`` equal to a key, generator
-``RANK`` SIGKILLs itself in that transfer's first attempt, once its world is open and before it moves
-a byte (the others are then mid-transfer); only once (a marker file in ``OUT``), so its
-replacement, started with the same arguments, lives. A replacement (its rank not active when it starts)
-activates itself once HEALTHY.
+the bootstrap (publisher slot 0 hosts the store and offers it with its join), takes the
+transfer's running attempt, moves its shards and reports; an attempt that fails (a dead member,
+an epoch that moved) is joined again and retried until the transfer completes. The trainers'
+weights for key ``k`` are ``tests.refit.worker.full_state(seed_of(k))``; a generator writes
+what it received as tensor digests, one JSON line per event to stdout. With ``DIE_AT`` equal to
+a key, generator ``RANK`` SIGKILLs itself in that transfer's first attempt, once its world is
+open and before it moves a byte (the others are then mid-transfer); only once (a marker file in
+``OUT``), so its replacement, started with the same arguments, lives. A replacement (its rank
+not active when it starts) activates itself once HEALTHY.
 """
 
 from __future__ import annotations
@@ -89,11 +89,11 @@ def main() -> int:
     world, world_epoch = None, None
     for key in keys:
         while True:
-            admitted = client.join(slot=slot, digest=digest(plan), timeout=300)
+            make = (lambda: store.bootstrap("gloo")) if store else None
+            # publisher slot 0 offers the bootstrap with its join: it comes with the admission
+            admitted = client.join(slot=slot, digest=digest(plan), timeout=300, make_bootstrap=make)
             try:
-                boot = client.bootstrap(
-                    admitted, make=(lambda: store.bootstrap("gloo")) if store else None
-                )
+                boot = client.bootstrap(admitted, make=make)
                 t = client.transfer(admitted, key)
             except RefitEpochMoved:
                 continue

@@ -414,6 +414,112 @@ def test_the_bootstrap_is_refit_rank_0s_once_per_epoch_and_reaches_only_the_memb
     assert "h:1" not in msgspec.json.encode(status).decode()
 
 
+BOOT = {"store": "h:1", "prefix": "e1", "backend": "gloo"}
+
+
+def join_others(s: Script, skip: tuple[str, int]) -> list[Any]:
+    out: list[Any] = []
+    for group, size in (("train", 2), ("gen", 4)):
+        for r in range(size):
+            if (group, r) != skip:
+                out += join(s, group, r)
+    return out
+
+
+def test_a_bootstrap_offered_with_the_join_is_published_in_the_step_that_admits() -> None:
+    s = world()
+    assert of(join(s, "train", 0, bootstrap=BOOT), RefitBootstrap) == []  # not before admission
+    status = s.m.refits.status("rl")
+    assert status is not None and status["bootstrap_published"] is False
+    assert "h:1" not in msgspec.json.encode(status).decode()
+    out = join_others(s, ("train", 0))
+    [b] = of(out, RefitBootstrap)
+    admitted = [e for e in of(out, RefitEpochChanged) if e.status == "admitted"]
+    assert len(admitted) == 1
+    assert out.index(admitted[0]) < out.index(b)  # the members are known when it goes out
+    assert b.offset == admitted[0].offset and b.epoch == admitted[0].epoch
+    assert b.bootstrap == BOOT
+    assert b.members == (("train", 0), ("train", 1), ("gen", 0), ("gen", 1), ("gen", 2), ("gen", 3))
+    status = s.m.refits.status("rl")
+    assert status is not None and status["bootstrap_published"] is True
+    assert "h:1" not in msgspec.json.encode(status).decode()
+    # one bootstrap an epoch: publishing another after admission is a conflict
+    refused(
+        event(s, "refit_bootstrap", "train", 0, bootstrap={"store": "h:2"}),
+        "refit_conflict",
+        "already has a bootstrap",
+    )
+
+
+def test_the_offer_is_published_when_publisher_slot_0_joins_last_too() -> None:
+    s = world()
+    join_others(s, ("train", 0))
+    out = join(s, "train", 0, bootstrap=BOOT)
+    assert one(out, RefitEpochChanged).status == "admitted"
+    assert one(out, RefitBootstrap).bootstrap == BOOT
+
+
+def test_an_epoch_that_moves_before_admission_drops_the_offer() -> None:
+    s = world()
+    join(s, "train", 0, bootstrap=BOOT)
+    s.record("refit_restart", None, None, {"refit": "rl", "reason": "test"})
+    out = join_all(s)
+    assert one(out, RefitEpochChanged).status == "admitted"
+    assert of(out, RefitBootstrap) == []  # the old epoch's offer names an old world
+    status = s.m.refits.status("rl")
+    assert status is not None and status["bootstrap_published"] is False
+
+
+def test_only_publisher_slot_0_offers_a_bootstrap_and_only_a_small_object() -> None:
+    s = world()
+    for group, rank in (("train", 1), ("gen", 0)):
+        refused(
+            join(s, group, rank, bootstrap=BOOT),
+            "not_refit_member",
+            "only refit rank 0 (publisher slot 0) offers the bootstrap",
+        )
+    refused(join(s, "train", 0, bootstrap={"x": "y" * 5000}), "invalid_event", "bytes")
+    refused(join(s, "train", 0, bootstrap="h:1"), "invalid_event", "must be an object")
+    assert s.m.refits.status("rl")["joined"] == []  # type: ignore[index]
+
+
+def test_a_join_repeats_only_with_the_same_offer() -> None:
+    s = world()
+    join(s, "train", 0, bootstrap=BOOT)
+    payload = {
+        "incarnation": s.inc(0, "train"),
+        "refit": "rl",
+        "epoch": epoch_of(s),
+        "slot": 0,
+        "digest": D1,
+        "bootstrap": BOOT,
+    }
+    assert s.m.repeat_of("refit_join", "train", 0, payload) is not None
+    other = {**payload, "bootstrap": {**BOOT, "prefix": "e2"}}
+    assert s.m.repeat_of("refit_join", "train", 0, other) is None
+    join(s, "train", 0, bootstrap=other["bootstrap"])  # the newer offer replaces the older
+    assert one(join_others(s, ("train", 0)), RefitBootstrap).bootstrap["prefix"] == "e2"
+
+
+def test_an_offer_survives_a_snapshot() -> None:
+    s = world()
+    join(s, "train", 0, bootstrap=BOOT)
+    join(s, "train", 1)
+    cut = len(s.records)
+    for r in range(4):
+        join(s, "gen", r)
+    whole = Coordinator()
+    for rec in s.records:
+        whole.step(rec)
+    part = Coordinator()
+    for rec in s.records[:cut]:
+        part.step(rec)
+    resumed = Coordinator.from_snapshot(msgspec.json.decode(msgspec.json.encode(part.snapshot())))
+    effects = [e for rec in s.records[cut:] for e in resumed.step(rec)]
+    assert one(effects, RefitBootstrap).bootstrap == BOOT
+    assert msgspec.json.encode(resumed.snapshot()) == msgspec.json.encode(whole.snapshot())
+
+
 def test_snapshot_and_tail_give_the_full_replay() -> None:
     s = world()
     join_all(s)

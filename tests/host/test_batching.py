@@ -60,6 +60,24 @@ async def test_a_second_input_with_the_same_key_waits_for_the_first() -> None:
     assert take_batch(queue, 100) == second
 
 
+async def test_a_second_start_of_the_same_refit_transfer_waits_for_the_first() -> None:
+    """Both publishers ask for the transfer at once: in one batch the second would be checked
+    against the state before the first, and folded as a retry (attempt 2)."""
+
+    def start(rank: int | None, name: str, **kw: Any) -> list[Input]:
+        fields = {"refit": "rl", "key": name} | ({"epoch": 3} if rank is not None else {})
+        group = "train" if rank is not None else None
+        return queued(NewRecord(kind="transfer", group=group, rank=rank, payload=fields), **kw)
+
+    first, second = start(0, "step-1"), start(1, "step-1")
+    operator = start(None, "step-1", key=("transfer", "rl", "step-1"))  # the route's key
+    other = start(None, "step-2", key=("transfer", "rl", "step-2"))
+    queue = deque(first + second + operator + other)
+    assert take_batch(queue, 100) == first + other
+    assert take_batch(queue, 100) == second
+    assert take_batch(queue, 100) == operator
+
+
 async def test_anything_for_a_group_waits_for_the_batch_that_creates_it() -> None:
     queue = deque(
         queued(

@@ -7,6 +7,7 @@ covered one by one in tests/fold/test_refits.py."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -207,6 +208,76 @@ async def test_a_refit_through_http_admits_publishes_transfers_and_survives_a_re
             ]
     finally:
         await host2.close()
+
+
+async def updates(c: httpx.AsyncClient, group: str, rank: int) -> list[dict]:
+    polled = await c.get(
+        "/agents/updates",
+        params={"group": group, "rank": rank, "timeout": 0, "protocol": 2},
+        headers={"Authorization": f"Bearer {agent_token(SECRET, group, rank)}"},
+    )
+    assert polled.status_code == 200, polled.text
+    return polled.json()["updates"]
+
+
+async def test_a_bootstrap_offered_with_the_join_arrives_with_the_admission_and_only_there(
+    target: str, api: tuple[Host, httpx.AsyncClient]
+) -> None:
+    host, c = api
+    assert (await c.post("/refits", json=REFIT, headers=OP)).status_code == 201
+    boot = {"store": "127.0.0.1:4321", "prefix": "offered", "backend": "gloo"}
+    join = {"refit": "rl", "epoch": 1, "digest": D1}
+    # only publisher slot 0 offers one, and only a flat, small one (the wire type refuses the rest)
+    res = await send(c, "gen", 0, "refit_join", slot=0, bootstrap=boot, **join)
+    assert res["error"] == "not_refit_member" and "only refit rank 0" in res["detail"], res
+    for bad in ({"k": "v" * 2000}, {"a": {"b": "c"}}, {f"k{i}": i for i in range(40)}):
+        res = await send(c, "train", 0, "refit_join", slot=0, bootstrap=bad, **join)
+        assert res["error"] == "invalid_event", res
+    assert "offset" in await send(c, "train", 0, "refit_join", slot=0, bootstrap=boot, **join)
+    assert (await refit(c))["bootstrap_published"] is False
+    assert not [u for u in await updates(c, "train", 0) if u["type"] == "refit_bootstrap"]
+
+    for group, n in SLOTS.items():
+        for rank in range(n):
+            if (group, rank) != ("train", 0):
+                res = await send(c, group, rank, "refit_join", slot=rank, **join)
+                assert "offset" in res, res
+    got = await updates(c, "gen", 3)
+    [admitted] = [u for u in got if u["type"] == "refit_epoch" and u["status"] == "admitted"]
+    [published] = [u for u in got if u["type"] == "refit_bootstrap"]
+    assert published["offset"] == admitted["offset"]  # one step: no round trip in between
+    assert published["bootstrap"] == boot
+    status = await c.get("/refits/rl")
+    assert status.json()["bootstrap_published"] is True and "4321" not in status.text
+    assert "4321" not in json.dumps(await updates(c, "other", 0))
+    # the coordinator restarts: the log re-derives the same refit
+    before = await refit(c)
+    await host.close()
+    host2 = await Host.open(target, heartbeat_flush_s=0)
+    try:
+        async with client(host2) as c2:
+            assert await refit(c2) == before
+    finally:
+        await host2.close()
+
+
+async def test_both_publishers_starting_a_transfer_at_once_start_one_attempt(
+    api: tuple[Host, httpx.AsyncClient],
+) -> None:
+    host, c = api
+    assert (await c.post("/refits", json=REFIT, headers=OP)).status_code == 201
+    await join_all(c, 1)
+    starts = [
+        {"type": "transfer", "group": "train", "rank": rank, "incarnation": f"train-{rank}"}
+        | {"refit": "rl", "epoch": 1, "key": "step-1"}
+        for rank in range(2)
+    ]
+    r = await c.post("/agents/events", json={"events": starts}, headers=OP)  # one submission
+    assert r.status_code == 200, r.text
+    first, second = r.json()["results"]
+    assert first["offset"] == second["offset"], (first, second)  # the second repeats the first
+    [transfer] = (await refit(c))["transfers"]
+    assert (transfer["key"], transfer["attempt"], transfer["status"]) == ("step-1", 1, "running")
 
 
 async def test_the_review_findings_are_refused_where_a_request_meets_them(

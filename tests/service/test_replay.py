@@ -120,3 +120,26 @@ def test_replay_of_a_missing_or_foreign_file_fails_clearly(tmp_path):
     done = replay(junk)
     assert done.returncode == 2
     assert "cannot read" in done.stderr
+
+
+def test_replay_of_a_log_with_a_refit_re_derives_its_row(tmp_path):
+    """A refit's own row has seq 0 (one a refit), like a group's: replay reads it too."""
+    srv = make_server(tmp_path).start()
+    try:
+        with httpx.Client(base_url=srv.url, timeout=30) as client:
+            for group, size in (("train", 2), ("gen", 4)):
+                r = client.post("/groups", json={"group": group, "world_size": size, **FAST})
+                assert r.status_code == 201, r.text
+            refit = {
+                "refit": "rl",
+                "publisher": "train",
+                "subscriber": "gen",
+                "publisher_slots": 2,
+                "subscriber_slots": 4,
+            }
+            assert client.post("/refits", json=refit).status_code == 201
+    finally:
+        assert srv.stop() == 0
+    done = replay(srv.db)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "OK: replay matches" in done.stdout
