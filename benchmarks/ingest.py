@@ -7,11 +7,13 @@ its other events on another. Every heartbeat is durable before it is answered. W
 an event runs from the moment its machine hands the event to its host's lane to the answer
 (``benchmarks._cluster.TimedHost``).
 
-The simulator (this process: the 64 hosts, the proposer, the lateness probe) and the coordinator
-(a process of its own) run on cores of their own where the machine has two or more: each is
-pinned to half of the cores this process may use (``benchmarks._cluster.split_cores``; the
-split is in the rows' ``extra.cores``), so neither takes the other's core in a burst, though
-other jobs of the machine still may. The simulator's long-lived objects (the 512 agent machines)
+For the latency measurement the simulator (this process: the 64 hosts, the proposer, the
+lateness probe) and the coordinator (a process of its own) run on cores of their own where the
+machine has two or more: each is pinned to half of the cores this process may use
+(``benchmarks._cluster.split_cores``; the split is in the non-heartbeat row's ``extra.cores``),
+so neither takes the other's core in a view change's burst, though other jobs of the machine
+still may. The saturation measurement leaves both unpinned: there the coordinator's loop and its
+log's writer thread are both busy, and may use whichever core is free. The simulator's long-lived objects (the 512 agent machines)
 are frozen out of its garbage collector once the group has formed, and it runs with the
 server's GC thresholds, as ``benchmarks.scale`` does: in a real job each agent is a process of
 its own, whose collector never walks the other agents, and a full collection of all 512 here
@@ -162,17 +164,24 @@ async def _log_alone(seconds: float) -> float:
 
 
 async def _measure(
-    flush_s: float, interval_s: float, window: float, trials: int, lateness: list[float] | None
+    flush_s: float,
+    interval_s: float,
+    window: float,
+    trials: int,
+    lateness: list[float] | None,
+    *,
+    pinned: bool,
 ) -> tuple[list[dict], list[float]]:
     """Form the group on a fresh coordinator, then per trial: the waits recorded over
     ``window`` (by kind), the heartbeats acknowledged per second and the coordinator's CPU per
-    heartbeat. Also every applied proposal's latency (ms)."""
+    heartbeat. Also every applied proposal's latency (ms). ``pinned``: the simulator and the
+    coordinator on cores of their own (see the module docstring)."""
     coordinator = Coordinator("--heartbeat-flush-s", str(flush_s)).start()
     proposals: list[float] = []
     windows: list[dict] = []
     own_cores = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
     try:
-        if (cores := split_cores()) is not None:
+        if pinned and (cores := split_cores()) is not None:
             assert coordinator.process is not None
             pin(0, cores[0])
             pin(coordinator.process.pid, cores[1])
@@ -237,10 +246,12 @@ async def _run_async(quick: bool) -> list[Result]:
     trials = 2 if quick else 3
     generator: list[float] = []
     saturated, proposals_saturated = await _measure(
-        0.0, SATURATION_INTERVAL_S, window, trials, generator
+        0.0, SATURATION_INTERVAL_S, window, trials, generator, pinned=False
     )
     lateness: list[float] = []
-    offered, proposals = await _measure(FLUSH_S, RANKS / TARGET_RATE, window, trials, lateness)
+    offered, proposals = await _measure(
+        FLUSH_S, RANKS / TARGET_RATE, window, trials, lateness, pinned=True
+    )
     baseline = [await _log_alone(window / 2) for _ in range(trials)]
     rates = [w["rate"] for w in saturated]
     cpu_per_event = [w["cpu_us"] for w in saturated]
@@ -272,7 +283,6 @@ async def _run_async(quick: bool) -> list[Result]:
                     "median": _time_weighted(generator, 50),
                     "p99": _time_weighted(generator, 99),
                 },
-                "cores": cores,
                 "why": "512 real agent machines in this process beside the coordinator: when "
                 "the generator is late most of the time, it, not the coordinator, bounds the "
                 "rate (the CPU row says what the coordinator spends)",
