@@ -1,13 +1,15 @@
 """A real coordinator process and simulated agent hosts for the service benchmarks.
 
 ``Coordinator`` runs ``python -m coordinator serve`` on a SQLite file in a temporary directory.
-The agents are ``agent.simhost``'s: the real ``AgentMachine`` for every rank, 8 ranks to a host
+:func:`split_cores` and :func:`pin` give it and the simulator cores of their own, where the
+machine has two or more. The agents are ``agent.simhost``'s: the real ``AgentMachine`` for every rank, 8 ranks to a host
 by default, each host on its channel: events batched per lane, updates pushed. ``TimedHost`` adds a
 record of what each rank waits for each kind of event.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -50,6 +52,27 @@ async def fsync_floor(path: str, n: int) -> list[float]:
         return times
     finally:
         await log.close()
+
+
+def split_cores() -> tuple[set[int], set[int]] | None:
+    """The cores this process may use, split in two halves: the simulator's (this process) and
+    the coordinator's; None when there are fewer than two (or the platform cannot pin)."""
+    if not hasattr(os, "sched_getaffinity"):
+        return None
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        return None
+    half = len(cores) // 2
+    return set(cores[:half]), set(cores[half:])
+
+
+def pin(pid: int, cores: set[int]) -> None:
+    """Pin every thread of process ``pid`` (0: this one) to ``cores``; the threads it starts
+    later inherit it from theirs (``sched_setaffinity`` on a pid sets that one thread only)."""
+    tasks = Path(f"/proc/{pid or os.getpid()}/task")
+    for tid in [int(t.name) for t in tasks.iterdir()] if tasks.exists() else [pid]:
+        with contextlib.suppress(ProcessLookupError):  # a thread that ended meanwhile
+            os.sched_setaffinity(tid, cores)
 
 
 class Coordinator:

@@ -7,11 +7,23 @@ its other events on another. Every heartbeat is durable before it is answered. W
 an event runs from the moment its machine hands the event to its host's lane to the answer
 (``benchmarks._cluster.TimedHost``).
 
+For the latency measurement the simulator (this process: the 64 hosts, the proposer, the
+lateness probe) and the coordinator (a process of its own) run on cores of their own where the
+machine has two or more: each is pinned to half of the cores this process may use
+(``benchmarks._cluster.split_cores``; the split is in the non-heartbeat row's ``extra.cores``),
+so neither takes the other's core in a view change's burst, though other jobs of the machine
+still may. The saturation measurement leaves both unpinned: there the coordinator's loop and its
+log's writer thread are both busy, and may use whichever core is free. The simulator's long-lived objects (the 512 agent machines)
+are frozen out of its garbage collector once the group has formed, and it runs with the
+server's GC thresholds, as ``benchmarks.scale`` does: in a real job each agent is a process of
+its own, whose collector never walks the other agents, and a full collection of all 512 here
+would stall the generator (and every ACK of the barrier it falls in) for tens of milliseconds.
+
 - **saturation**: the coordinator runs with ``--heartbeat-flush-s 0`` (every batch of beats is
   appended at once, a record per batch), and every machine's beat falls due again every 20 ms,
   so each rank sends its next beat as soon as the last one is answered (a machine keeps one beat
   in flight); the figure is acknowledged heartbeats per second over the window. All 512 machines
-  run in this process, beside the coordinator on the same cores, so the generator bounds it too.
+  run in this one process, so the generator bounds it too.
 - **latency at the target rate**: the coordinator runs with the default flush interval (beats
   share a record for up to 0.5 s), and every machine's beat falls due so that 10,000 beats/s
   are offered. A heartbeat's wait is made of: the wait behind the host's beat batch in
@@ -21,9 +33,13 @@ an event runs from the moment its machine hands the event to its host's lane to 
   the newest beat due replaces the one waiting, so a rank's beats are as frequent as its
   answers allow, and the rate acknowledged is reported beside the offered one. The other
   events (mostly the ACKs of the view changes below) wait for none of this: they have a lane
-  of their own, and their wait is the second latency row, per kind in its extra. Beside them,
-  the load generator's own lateness over the same window: all 64 hosts share this process, so
-  an event due while the generator is busy is handed over late, and that delays its answer.
+  of their own, share an append with beats only when a shared record falls due in it, and are
+  answered ahead of the beats of their append; their wait is the second latency row, per kind
+  in its extra. It runs from the machine's hand-over to the simulator reading the answer, so
+  it includes the simulator's own work: the answer is read when the generator gets to it,
+  after the other hosts' pushes and answers that arrived with it. Beside them, the load
+  generator's own lateness over the same window: all 64 hosts share this process, so an event
+  due while the generator is busy is handed over late, and its answer is read late.
 
 Meanwhile a proposer alternates ``deactivate [511]`` / ``activate [511]``, one a second; each is
 a full barrier over 512 ranks, ACKed by their machines, so view changes and heartbeats share the
@@ -38,14 +54,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import os
 import tempfile
 import time
 from pathlib import Path
 
-from benchmarks._cluster import Coordinator, TimedCluster, form_group
+from benchmarks._cluster import Coordinator, TimedCluster, form_group, pin, split_cores
 from benchmarks.harness import Result, higher_is_better_ratio, median, percentile
-from coordinator.cli import loop_factory
+from coordinator.cli import GC_THRESHOLDS, loop_factory
 from eventlog import NewRecord, open_log
 
 HOSTS, PER_HOST = 64, 8
@@ -147,15 +164,27 @@ async def _log_alone(seconds: float) -> float:
 
 
 async def _measure(
-    flush_s: float, interval_s: float, window: float, trials: int, lateness: list[float] | None
+    flush_s: float,
+    interval_s: float,
+    window: float,
+    trials: int,
+    lateness: list[float] | None,
+    *,
+    pinned: bool,
 ) -> tuple[list[dict], list[float]]:
     """Form the group on a fresh coordinator, then per trial: the waits recorded over
     ``window`` (by kind), the heartbeats acknowledged per second and the coordinator's CPU per
-    heartbeat. Also every applied proposal's latency (ms)."""
+    heartbeat. Also every applied proposal's latency (ms). ``pinned``: the simulator and the
+    coordinator on cores of their own (see the module docstring)."""
     coordinator = Coordinator("--heartbeat-flush-s", str(flush_s)).start()
     proposals: list[float] = []
     windows: list[dict] = []
+    own_cores = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
     try:
+        if pinned and (cores := split_cores()) is not None:
+            assert coordinator.process is not None
+            pin(0, cores[0])
+            pin(coordinator.process.pid, cores[1])
         cluster: TimedCluster = await form_group(
             coordinator,
             "ingest",
@@ -164,6 +193,8 @@ async def _measure(
             heartbeat_interval_s=interval_s,
             **CONFIG,
         )
+        gc.collect()
+        gc.freeze()  # the agent machines: see the module docstring
         stop = asyncio.Event()
         proposer = asyncio.get_running_loop().create_task(
             _proposer(coordinator, "ingest", stop, proposals)
@@ -203,7 +234,10 @@ async def _measure(
         if cluster.stopped:
             raise RuntimeError(f"agents stopped during the run: {cluster.stopped}")
     finally:
+        gc.unfreeze()
         coordinator.stop()
+        if own_cores is not None:
+            pin(0, own_cores)
     return windows, proposals
 
 
@@ -212,10 +246,12 @@ async def _run_async(quick: bool) -> list[Result]:
     trials = 2 if quick else 3
     generator: list[float] = []
     saturated, proposals_saturated = await _measure(
-        0.0, SATURATION_INTERVAL_S, window, trials, generator
+        0.0, SATURATION_INTERVAL_S, window, trials, generator, pinned=False
     )
     lateness: list[float] = []
-    offered, proposals = await _measure(FLUSH_S, RANKS / TARGET_RATE, window, trials, lateness)
+    offered, proposals = await _measure(
+        FLUSH_S, RANKS / TARGET_RATE, window, trials, lateness, pinned=True
+    )
     baseline = [await _log_alone(window / 2) for _ in range(trials)]
     rates = [w["rate"] for w in saturated]
     cpu_per_event = [w["cpu_us"] for w in saturated]
@@ -227,6 +263,7 @@ async def _run_async(quick: bool) -> list[Result]:
                 others.setdefault(kind, []).extend(waits)
     events = [ms for waits in others.values() for ms in waits]
     ours = median(rates)
+    cores = _cores()
     return [
         Result(
             bench="ingest",
@@ -295,8 +332,10 @@ async def _run_async(quick: bool) -> list[Result]:
                     }
                     for kind, waits in sorted(others.items())
                 },
-                "why": "joins, links, ACKs and exits travel in their own lane and never wait "
-                "for a shared heartbeat record",
+                "cores": cores,
+                "why": "joins, links, ACKs and exits travel in their own lane, never wait for "
+                "a shared heartbeat record and are answered ahead of the beats of their append; "
+                "the wait includes the simulator reading the answer (its lateness row)",
             },
         ),
         Result(
@@ -330,6 +369,23 @@ async def _run_async(quick: bool) -> list[Result]:
     ]
 
 
+def _cores() -> dict[str, list[int]] | str:
+    """Where the simulator and the coordinator run, for the rows' ``extra``."""
+    cores = split_cores()
+    if cores is None:
+        return "one core: the simulator and the coordinator share it"
+    return {"simulator": sorted(cores[0]), "coordinator": sorted(cores[1])}
+
+
 def run(quick: bool) -> list[Result]:
-    with asyncio.Runner(loop_factory=loop_factory()) as runner:
-        return runner.run(_run_async(quick))
+    # 512 agent machines live in this process: at CPython's default GC thresholds their
+    # in-flight events reach the old generation and each full collection walks all of them
+    # (tens of milliseconds, a barrier's ACKs waiting behind it). The server runs with the same
+    # thresholds (``coordinator.cli.GC_THRESHOLDS``).
+    previous = gc.get_threshold()
+    gc.set_threshold(*GC_THRESHOLDS)
+    try:
+        with asyncio.Runner(loop_factory=loop_factory()) as runner:
+            return runner.run(_run_async(quick))
+    finally:
+        gc.set_threshold(*previous)

@@ -1,8 +1,9 @@
-"""What goes into one append: which queued inputs may share a batch, and what of a batch is
-appended (each input pre-checked, heartbeats gathered into shared records).
+"""What goes into one append: which queued inputs may share a batch, what of a batch is appended
+(each input pre-checked, heartbeats gathered into shared records), and in which order its inputs
+are answered once it is durable.
 
-Both are decisions without I/O: :func:`take_batch` reads the queue, :class:`Admission` reads the
-fold's state before the batch.
+All are decisions without I/O: :func:`take_batch` reads the queue, :class:`Admission` reads the
+fold's state before the batch, :func:`decisions_first` reads the batch appended.
 """
 
 from __future__ import annotations
@@ -240,6 +241,21 @@ class Admission:
         self.metrics.heartbeats += count
         arrived = min(beats.arrived for beats in kept)
         return Input(record, payload_bytes, SharedReply(kept), 0, None, None, arrived)
+
+
+def decisions_first(accepted: list[Input]) -> list[int]:
+    """The order in which the inputs of one append are answered: every input that is not a
+    heartbeat (ACKs, proposals, joins, deaths: the decisions a barrier or a caller waits on),
+    then the shared heartbeat records, each group in append order.
+
+    All of them are durable once the append returns, so answering order guarantees nothing
+    about the log; it only decides who waits for whom in the turn that answers. A shared record
+    answers the beats of every host that sent some since the last flush (one answer per host
+    batch), and a barrier's last ACKs must not wait for those."""
+    decisions = [i for i, item in enumerate(accepted) if item.record.kind != "heartbeat"]
+    if len(decisions) == len(accepted):
+        return decisions
+    return decisions + [i for i, item in enumerate(accepted) if item.record.kind == "heartbeat"]
 
 
 def _alone(item: Input) -> Beats:

@@ -11,7 +11,8 @@ each turn of :meth:`Host._run` is
    :class:`~coordinator.host.ready.Ready` value (``ready.ReadyBuilder``);
 4. **carry out** the Ready: projection rows written with the consumer offset (before anything
    that depends on them is answered), agent updates published and long polls woken (answered
-   in shares while inputs wait: ``pacing``), waiting proposals answered, then the inputs;
+   in shares while inputs wait: ``pacing``), waiting proposals answered, then the inputs
+   (the decisions before the shared heartbeat records: ``batching.decisions_first``);
    now and then a snapshot (``snapshots``), so a restart replays only a short tail.
 
 Time enters the fold only as record timestamps: the host stamps each batch with the writer's
@@ -38,7 +39,7 @@ import msgspec
 from coordinator.fold.effects import Effect, Proposal
 from coordinator.fold.heartbeats import HeartbeatBuffer
 from coordinator.fold.machine import Coordinator
-from coordinator.host.batching import MAX_BATCH, Admission, take_batch
+from coordinator.host.batching import MAX_BATCH, Admission, decisions_first, take_batch
 from coordinator.host.inputs import (
     Appended,
     Beats,
@@ -644,12 +645,16 @@ class Host:
         self._changed.set()
 
     def _answer(self, accepted: list[Input], offsets: list[int], ready: Ready) -> None:
-        """Each input its outcome: appended, or fenced while stepping."""
+        """Each input its outcome: appended, or fenced while stepping; the decisions before
+        the shared heartbeat records (``batching.decisions_first``)."""
         now = asyncio.get_running_loop().time()
         appends = self.metrics.appends
         latency = self.metrics.fold_latency
         refused = ready.refused
-        for item, offset in zip(accepted, offsets, strict=True):
+        if len(offsets) != len(accepted):
+            raise ValueError(f"{len(accepted)} inputs appended at {len(offsets)} offsets")
+        for at in decisions_first(accepted):
+            item, offset = accepted[at], offsets[at]
             appends[item.record.kind] += 1
             latency.observe(now - item.arrived)
             fenced = refused.get(offset) if refused else None

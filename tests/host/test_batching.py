@@ -7,7 +7,7 @@ from collections import deque
 from typing import Any
 
 from coordinator.fold.heartbeats import HeartbeatBuffer
-from coordinator.host.batching import Admission, take_batch
+from coordinator.host.batching import Admission, decisions_first, take_batch
 from coordinator.host.inputs import Appended, Input, Refusal, Reply
 from coordinator.host.metrics import HostMetrics
 from eventlog import NewRecord
@@ -131,6 +131,23 @@ async def test_beats_wait_for_a_shared_record_a_tick_flushes_them_in_front() -> 
     shared.answer(Appended(42))  # the shared record's outcome is every beat's
     assert [(await b.reply.future)[0] for b in beats] == [Appended(42), Appended(42)]
     assert admit.metrics.heartbeats == 2
+
+
+async def test_an_append_answers_its_decisions_before_its_shared_beats() -> None:
+    script = Script()
+    script.form("g", 2)
+    admit = admission(script)
+    admit.admit(queued(rec("heartbeat", 0, incarnation="g-0-a")), now=0.0)
+    [tick] = queued(NewRecord(kind="tick", group=None, payload={}))
+    [links] = queued(rec("links", 1, incarnation="g-1-a", self_ready=True))
+    accepted = admit.admit([tick, links], now=0.6)  # the shared record falls due: it goes first
+    assert [i.record.kind for i in accepted] == ["heartbeat", "tick", "links"]
+    assert decisions_first(accepted) == [1, 2, 0]  # answered after them, appended before
+
+
+async def test_twin_an_append_without_beats_is_answered_in_append_order() -> None:
+    accepted = queued(rec("ack", 0), rec("links", 1), rec("ack", 1))
+    assert decisions_first(accepted) == [0, 1, 2]
 
 
 async def test_the_shared_beats_never_go_ahead_of_the_resumed_tick() -> None:

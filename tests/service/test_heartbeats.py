@@ -74,6 +74,33 @@ async def test_a_beat_made_stale_while_it_waits_is_refused_not_written(tmp_path)
         await host.close()
 
 
+async def test_a_decision_sharing_an_append_with_beats_is_answered_before_them(tmp_path):
+    host = await Host.open(str(tmp_path / "log.db"), heartbeat_flush_s=30.0)
+    try:
+        await _group(host, 2)
+        head = host.machine.offset
+        order: list[str] = []
+        beat = host.enqueue_many([rec("heartbeat", 0, incarnation="i0")])
+        beat.add_done_callback(lambda _: order.append("beat"))
+        await asyncio.sleep(0)  # the loop admits it: it waits in the buffer
+        # a tick flushes the beat into this append, ahead of the tick and the links
+        tick = host.enqueue_many([NewRecord(kind="tick", group=None, payload={})])
+        tick.add_done_callback(lambda _: order.append("tick"))
+        links = host.enqueue_many([rec("links", 1, incarnation="i1", self_ready=True)])
+        links.add_done_callback(lambda _: order.append("links"))
+        outcomes = [(await f)[0] for f in (beat, tick, links)]
+        records = await host.log.read(after=head, limit=10)
+        assert [(r.kind, r.offset) for r in records] == [
+            ("heartbeat", head + 1),
+            ("tick", head + 2),
+            ("links", head + 3),
+        ]
+        assert outcomes == [Appended(head + 1), Appended(head + 2), Appended(head + 3)]
+        assert order == ["tick", "links", "beat"]  # one append; the decisions answered first
+    finally:
+        await host.close()
+
+
 async def test_twin_without_a_tick_a_waiting_beat_stays_in_the_buffer(tmp_path):
     host = await Host.open(str(tmp_path / "log.db"), heartbeat_flush_s=30.0)
     try:

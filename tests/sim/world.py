@@ -90,7 +90,7 @@ from agent.machine import (
 from coordinator.fold.epochs import complete_plan
 from coordinator.fold.machine import Coordinator
 from coordinator.fold.projections import rows_for
-from coordinator.host.batching import MAX_BATCH, take_batch
+from coordinator.host.batching import MAX_BATCH, decisions_first, take_batch
 from coordinator.host.inputs import Input, queue_submission
 from coordinator.host.journal import UpdateJournals, decoded
 from coordinator.host.loop import Appended, Existing, Host, Refusal, UpdatesAnswer
@@ -415,7 +415,8 @@ class SimHost:
             self.world.crash_now()
             return
         refused = self._apply(records)
-        for item, rec in zip(accepted, records, strict=True):
+        for at in decisions_first(accepted):  # Host._answer's order
+            item, rec = accepted[at], records[at]
             fenced = refused.get(rec.offset)
             item.answer(
                 Appended(rec.offset)
