@@ -17,10 +17,6 @@ all_reduce on that view succeeded). Between the trigger record and the first ACK
 the prepare pushed on the channel, the agent's ACK and its durable append: the log cannot split
 them further. The view's ``ts`` is that of the ACK record that completed the barrier, so the
 last ACK appended is the commit.
-The last phase holds what a worker does between two steps (a 5 ms pause, its "compute"), a
-step on the old view that failed because its peers had moved on, and any wait for the new
-view's group; the group is built from the prepare on (docs/dataplane.md), so by the commit it
-is usually connected.
 
 Beside them, in the same run: the floors every phase stands on, one durable SQLite append
 (``fsync floor``: ``Log.append`` of one record, fsync included), one loopback round trip on
