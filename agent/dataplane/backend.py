@@ -96,15 +96,6 @@ class BackendKind:
     name: str
     device: torch.device
     gloo_device: object | None = None
-    gloo_hostname: str = ""
-
-    @property
-    def builds_ahead(self) -> bool:
-        """Whether a group may be built from the prepare, beside the installed view's: gloo, on
-        a device of its own (:meth:`create` with ``own_device``). NCCL builds at the commit: a
-        communicator set up while another one on the device has work in flight is not
-        verified here."""
-        return self.name == "gloo"
 
     @classmethod
     def resolve(cls, name: str, device: torch.device | None, gloo_hostname: str) -> BackendKind:
@@ -114,9 +105,7 @@ class BackendKind:
             device = device or torch.device("cpu")
             if device.type != "cpu":
                 raise ValueError(f"the gloo data plane runs on the CPU, got device {device}")
-            return cls(
-                name, device, ProcessGroupGloo.create_device(hostname=gloo_hostname), gloo_hostname
-            )
+            return cls(name, device, ProcessGroupGloo.create_device(hostname=gloo_hostname))
         if not torch.cuda.is_available():
             raise ValueError("backend 'nccl' needs a CUDA device, and torch sees none")
         device = device or torch.device("cuda", torch.cuda.current_device())
@@ -125,23 +114,13 @@ class BackendKind:
         torch.cuda.set_device(device)
         return cls(name, device)
 
-    def create(
-        self, store: Store, index: int, size: int, timeout_s: float, *, own_device: bool = False
-    ) -> object:
-        """Rendezvous on ``store`` as in-view rank ``index`` of ``size``; blocks until connected.
-
-        ``own_device`` (gloo): connect on a new device instead of the shared one, for a group
-        built while another one may be connecting between the same processes (two connects at
-        once on one gloo device can deadlock); the device goes with the backend."""
+    def create(self, store: Store, index: int, size: int, timeout_s: float) -> object:
+        """Rendezvous on ``store`` as in-view rank ``index`` of ``size``; blocks until connected."""
         timeout = timedelta(seconds=timeout_s)
         if self.name == "gloo":
             opts = ProcessGroupGloo._Options()
             opts._timeout = timeout
-            opts._devices = [
-                ProcessGroupGloo.create_device(hostname=self.gloo_hostname)
-                if own_device
-                else self.gloo_device
-            ]
+            opts._devices = [self.gloo_device]
             return ProcessGroupGloo(store, index, size, opts)
         from torch.distributed import ProcessGroupNCCL  # absent from CPU builds
 

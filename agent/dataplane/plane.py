@@ -206,12 +206,10 @@ class DataPlane:
         """Start building the group of view ``version`` over ``active_ranks`` before it commits:
         this rank ACKed its prepare. Returns at once. The group acts on nobody until
         ``install_view`` adopts it (the commit names the same ranks) or drops it (the commit
-        dropped a rank, or a newer prepare came). A no-op for a rank not among ``active_ranks``,
-        a version not newer than the installed view, or a backend that builds only at the
-        commit (NCCL: see ``BackendKind.builds_ahead``). Gloo builds it on a device of its own,
-        so that it never connects on the device a commit-time build may be using."""
+        dropped a rank, or a newer prepare came); a rank not among ``active_ranks``, or a
+        version not newer than the installed view, is a no-op."""
         members = self._check_view(version, active_ranks)
-        if self.rank not in members or not self.kind.builds_ahead:
+        if self.rank not in members:
             return
         with self._lock:
             if self.closed.is_set():

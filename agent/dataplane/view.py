@@ -86,7 +86,6 @@ class ViewGroup:
         self.active = ctx.rank in members
         self._ctx = ctx
         self._installed = installed
-        self._ahead = not installed  # built from the prepare: on a gloo device of its own
         self._up_untold = False  # built before it was installed: its links are reported then
         self._index = {rank: i for i, rank in enumerate(members)}
         self._cond = threading.Condition()
@@ -140,7 +139,6 @@ class ViewGroup:
                     self.index(ctx.rank),
                     len(self.members),
                     ctx.backend_timeout_s,
-                    own_device=self._ahead,
                 )
         except RuntimeError as e:
             with self._cond:

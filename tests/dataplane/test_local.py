@@ -281,31 +281,6 @@ def test_retired_backends_are_released_so_views_do_not_accumulate_threads(make_p
     )
 
 
-def test_groups_built_from_prepares_are_released_too(make_plane) -> None:
-    """Each prepared gloo group connects on a device of its own (with its own threads): once
-    superseded, views built that way go as the others do."""
-    from agent.dataplane.backend import drain_released
-
-    dp = make_plane(rank=0, world_size=2)
-    pg = dp.process_group()
-    dp.prepare_view(1, [0])
-    dp.install_view(1, [0])
-    assert pg.barrier().wait()
-    baseline = _os_threads()
-    for version in range(2, 32):
-        dp.prepare_view(version, [0])
-        dp.install_view(version, [0])
-        assert pg.all_reduce(torch.ones(2)).wait()
-    dp.prepare_view(32, [0])  # a prepare the commit never came for: dropped by the next one
-    dp.prepare_view(33, [0])
-    dp.install_view(33, [0])
-    assert pg.all_reduce(torch.ones(2)).wait()
-    assert drain_released(10), "retired backends still held after 10 s"
-    assert _os_threads() <= baseline + 6, (
-        f"{_os_threads()} OS threads, {baseline} after the first view"
-    )
-
-
 def test_store_prefixes_keep_two_groups_on_one_store_apart(make_plane, store) -> None:
     a = make_plane(rank=0, world_size=2, store_prefix="train")
     b = make_plane(rank=0, world_size=2, store_prefix="eval")
