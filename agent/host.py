@@ -46,7 +46,6 @@ from agent.machine import (
     MoveDataPlane,
     PollFailed,
     PollUpdates,
-    PrepareView,
     ProgressAnswered,
     RankStateChanged,
     RefitAnswered,
@@ -486,8 +485,6 @@ class Agent:
             self._connect_data_plane(action.store)
         elif isinstance(action, MoveDataPlane):
             self._move_data_plane(action.store)
-        elif isinstance(action, PrepareView):
-            self._prepare(action.version, action.active_ranks)
         elif isinstance(action, InstallView):
             self._install(action.view)
         elif isinstance(action, RankStateChanged):
@@ -567,14 +564,6 @@ class Agent:
         """The data plane is ready, on the store the coordinator advertised last."""
         plane, store = self._data_plane, self._machine.store
         return plane is not None and plane.ready and (store is None or self._plane_store == store)
-
-    def _prepare(self, version: int, active_ranks: tuple[int, ...]) -> None:
-        """Build the prepared view's group while the barrier completes (the data plane adopts
-        it at the commit if the commit names the same ranks)."""
-        store = self._machine.store
-        if self._data_plane is None or (store is not None and self._plane_store != store):
-            return  # the group is built at the commit, on the store then advertised
-        self._data_plane.prepare_view(version, list(active_ranks))
 
     def _install(self, view: View) -> None:
         store = self._machine.store

@@ -28,9 +28,7 @@ The rules, in one place:
 - **The barrier.** A ``view_prepare`` is ACKed with ``(version, incarnation)`` when this rank is
   a participant, it has joined, and, if it is in the new ``active_ranks``, its data plane is
   ready (a view that names a rank whose data plane cannot build it would fail on every member).
-  An ACK of a prepare that makes this rank active comes with ``PrepareView``: the data plane may
-  build the prepared group while the barrier completes. ``view_committed`` installs the view in
-  the data plane.
+  ``view_committed`` installs the view in the data plane.
 - **The store moves with the coordinator.** Every answer of the updates names the rendezvous
   store. The first address connects the data plane; another one (the coordinator restarted, or
   another one leads) moves it there before anything else of that answer is acted on, and no
@@ -283,16 +281,6 @@ class MoveDataPlane:
 
 
 @dataclass(frozen=True)
-class PrepareView:
-    """This rank ACKed a prepare in which it is active: the data plane may start building the
-    group over ``active_ranks`` (``InstallView`` of that version adopts it if the commit names
-    the same ranks)."""
-
-    version: int
-    active_ranks: tuple[int, ...]
-
-
-@dataclass(frozen=True)
 class InstallView:
     """A view committed: the data plane builds its group over ``view.active_ranks``."""
 
@@ -364,7 +352,6 @@ Action = (
     | PollUpdates
     | ConnectDataPlane
     | MoveDataPlane
-    | PrepareView
     | InstallView
     | RankStateChanged
     | ShutdownWithSave
@@ -406,7 +393,6 @@ class AgentMachine:
     store: StoreAddress | None = None
     moving: bool = False
     _preparing: _Prepare | None = None
-    _to_prepare: PrepareView | None = None  # emitted at the end of the step that ACKed
     _acked: tuple[int, int] = (0, 0)  # (version, offset) of the last prepare ACKed
     _join_offset: int | None = None
     _own_offline_offset: int = 0
@@ -476,9 +462,6 @@ class AgentMachine:
         if self.phase != _STOPPED:
             self._on_timers(event.now)
             actions.extend(self._flush(event.now))
-            if self._to_prepare is not None:
-                actions.append(self._to_prepare)
-        self._to_prepare = None
         return actions
 
     # -- handlers -------------------------------------------------------------------------------
@@ -770,8 +753,6 @@ class AgentMachine:
             return  # ACKed by DataPlaneReady
         self._acked = (p.version, p.offset)
         self._queue("ack", version=p.version)
-        if p.prepared.is_active(self.config.rank):
-            self._to_prepare = PrepareView(p.version, p.prepared.active_ranks)
 
     # -- event answers ---------------------------------------------------------------------------
 

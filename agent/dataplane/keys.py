@@ -9,19 +9,12 @@ serves several groups from one store hands each group its own prefix).
 - ``members/<version>/<rank>``: the incarnation that took part in view ``version`` as ``rank``.
 - ``fail/<version>/<rank>``: the key ``rank``'s watcher waits on for view ``version``: a poison
   notice (JSON, see :mod:`agent.dataplane.poison`) or ``retired`` when the rank itself moved on.
-- ``view/<version>/<members>/``: the prefix under which the backend of view ``version`` over
-  ``members`` rendezvouses (``members``: a digest of the sorted ranks). A version names one
-  committed view, but its group may be built from the prepare on, over the prepared ranks, and
-  a commit that dropped a rank from them is built again beside it: the digest keeps the two
-  rendezvous apart.
+- ``view/<version>/``: the prefix under which the backend of view ``version`` rendezvouses.
 - ``subgroup/<version>/<name>/``: the prefix under which torch's subgroup ``name`` (from
   ``dist.new_group``) rendezvouses, made while view ``version`` was installed.
 """
 
 from __future__ import annotations
-
-import zlib
-from collections.abc import Sequence
 
 RETIRED = b"retired"
 
@@ -42,9 +35,8 @@ def fail(version: int, rank: int) -> str:
     return f"fail/{version}/{rank}"
 
 
-def rendezvous_prefix(version: int, members: Sequence[int]) -> str:
-    digest = zlib.crc32(",".join(map(str, members)).encode())
-    return f"view/{version}/{len(members)}-{digest:08x}/"
+def rendezvous_prefix(version: int) -> str:
+    return f"view/{version}/"
 
 
 def subgroup_prefix(version: int, name: str) -> str:

@@ -12,10 +12,8 @@ coordinator that hosts it restarted or failed over) and every later view rendezv
   client: their operations are short;
 - the watcher thread, blocked on ``fail/<v>/<rank>`` of the current view, has its own: a poison
   notice there fails the view at once (see :mod:`agent.dataplane.poison`);
-- one builder thread per installed view in which this rank is active, and one for the view
-  being prepared (``prepare_view``: the group is built from the ACKed prepare on, so that the
-  commit usually finds it ready), takes a rendezvous client that no other rendezvous is using
-  (see ``rendezvous_store``);
+- one builder thread per installed view in which this rank is active takes a rendezvous client
+  that no other rendezvous is using (see ``rendezvous_store``);
 - the reaper thread releases retired backends (see :mod:`agent.dataplane.backend`).
 """
 
@@ -133,9 +131,6 @@ class DataPlane:
 
         self._lock = threading.Condition()
         self._view: ViewGroup | None = None
-        #: the group being built from the prepare this rank ACKed last, and on which store
-        self._prepared: ViewGroup | None = None
-        self._prepared_on: _StoreSession | None = None
         self._rendezvous_lock = threading.Lock()
         self._session = self._open_session(store_host, store_port)
         self._group = ElasticProcessGroup(self)
@@ -202,37 +197,11 @@ class DataPlane:
             port,
         )
 
-    def prepare_view(self, version: int, active_ranks: Sequence[int]) -> None:
-        """Start building the group of view ``version`` over ``active_ranks`` before it commits:
-        this rank ACKed its prepare. Returns at once. The group acts on nobody until
-        ``install_view`` adopts it (the commit names the same ranks) or drops it (the commit
-        dropped a rank, or a newer prepare came); a rank not among ``active_ranks``, or a
-        version not newer than the installed view, is a no-op."""
-        members = self._check_view(version, active_ranks)
-        if self.rank not in members:
-            return
-        with self._lock:
-            if self.closed.is_set():
-                return
-            installed = self._view
-            if installed is not None and version <= installed.version:
-                return
-            old = self._prepared
-            if old is not None and (old.version, old.members) == (version, members):
-                return
-            group = ViewGroup(version, members, self, installed=False)
-            self._prepared, self._prepared_on = group, self._session
-        if old is not None:
-            old.discard()
-        group.start()
-
     def install_view(self, version: int, active_ranks: Sequence[int]) -> None:
         """Follow committed view ``version``; returns at once (the backend builds in the background).
 
-        The group built from this version's prepare is adopted when it is over the same ranks
-        and on the same store; any other one is dropped. A version not newer than the installed
-        one is ignored (a replayed update), unless it names other ranks than the installed view
-        of that version: that is a conflict.
+        A version not newer than the installed one is ignored (a replayed update), unless it
+        names other ranks than the installed view of that version: that is a conflict.
         """
         members = self._check_view(version, active_ranks)
         with self._lock:
@@ -248,26 +217,12 @@ class DataPlane:
                         f"not {list(members)}"
                     )
                 return
-            prepared, dropped = self._prepared, None
-            adopt = (
-                prepared is not None
-                and (prepared.version, prepared.members) == (version, members)
-                and self._prepared_on is self._session
-            )
-            if prepared is not None and (adopt or prepared.version <= version):
-                self._prepared = self._prepared_on = None
-                dropped = None if adopt else prepared
-            view = prepared if adopt and prepared is not None else ViewGroup(version, members, self)
+            view = ViewGroup(version, members, self)
             self._view = view
             self._lock.notify_all()
-        if dropped is not None:
-            dropped.discard()
         if old is not None:
             old.retire()
-        if view is prepared:
-            view.install()
-        else:
-            view.start()
+        view.start()
 
     def process_group(self) -> ElasticProcessGroup:
         """The one process group of this process; it follows the installed views."""
@@ -322,10 +277,7 @@ class DataPlane:
                 return
             self.closed.set()
             view, self._view = self._view, None
-            prepared, self._prepared = self._prepared, None
             self._lock.notify_all()
-        if prepared is not None:
-            prepared.discard()
         if view is not None:
             view.retire(wake=True)
         session = self._session

@@ -1,16 +1,10 @@
 """One committed view as this rank sees it: its members, its backend, and its failure.
 
 Rules:
-- The backend is built eagerly, in a thread of its own, as soon as the view is installed, or
-  earlier: from the prepare this rank ACKed, over the prepared ranks (``installed=False``). The
+- The backend is built eagerly, in a thread of its own, as soon as the view is installed; the
   first operation waits for it. Building never blocks ``install_view``, and a view superseded
   while its backend is still rendezvousing is abandoned without waiting (the late backend is
   buried when its constructor returns).
-- A group built from a prepare acts on nobody until it is installed: a failure meanwhile is
-  kept, not told (no poison notice, no link evidence: the version may commit over other ranks,
-  whose view must not inherit it), and told at :meth:`install`; the links found up are reported
-  then too. One that is not installed (the commit dropped a rank) is :meth:`discard`-ed, which
-  writes nothing to the store either.
 - A view fails once, and for good: the first failure (an operation's error, a deadline, a
   failed build, an injected link failure, or a poison notice from another member) wakes every
   operation in flight, and every later operation on the view fails at once with the same hint.
@@ -78,15 +72,11 @@ class Failure:
 class ViewGroup:
     """View ``version`` over ``members`` (sorted global ranks), from ``ctx.rank``'s side."""
 
-    def __init__(
-        self, version: int, members: tuple[int, ...], ctx: ViewContext, *, installed: bool = True
-    ) -> None:
+    def __init__(self, version: int, members: tuple[int, ...], ctx: ViewContext) -> None:
         self.version = version
         self.members = members
         self.active = ctx.rank in members
         self._ctx = ctx
-        self._installed = installed
-        self._up_untold = False  # built before it was installed: its links are reported then
         self._index = {rank: i for i, rank in enumerate(members)}
         self._cond = threading.Condition()
         self._backend: object | None = None
@@ -135,7 +125,7 @@ class ViewGroup:
             ctx.control_store().set(keys.member(self.version, ctx.rank), ctx.incarnation)
             with ctx.rendezvous_store() as store:
                 backend = ctx.kind.create(
-                    PrefixStore(keys.rendezvous_prefix(self.version, self.members), store),
+                    PrefixStore(keys.rendezvous_prefix(self.version), store),
                     self.index(ctx.rank),
                     len(self.members),
                     ctx.backend_timeout_s,
@@ -152,42 +142,11 @@ class ViewGroup:
                 self._backend, self._built = backend, True
                 self._cond.notify_all()
             failed = self._failure is not None
-            tell = keep and not failed and self._installed
-            self._up_untold = keep and not failed and not self._installed
         if not keep:
             ctx.kind.abandon(backend)
-        elif tell:  # a view that failed meanwhile has already reported its down evidence
-            self._report_up()
-
-    def _report_up(self) -> None:
-        peers = {m: "up" for m in self.members if m != self._ctx.rank}
-        self._ctx.report_links(self.version, peers, [])
-
-    def install(self) -> None:
-        """The group built from the prepare is the committed view's: from now on it acts as
-        one installed at once, and what happened to it meanwhile is told now (a failure:
-        poison and hint; a finished build: the links found up)."""
-        with self._cond:
-            if self._installed:
-                return
-            self._installed = True
-            failed = self._failure is not None
-            up, self._up_untold = self._up_untold, False
-        if failed:
-            self._tell_failure()
-        elif up:
-            self._report_up()
-
-    def discard(self) -> None:
-        """A group built from a prepare that did not commit over these ranks: abandon it,
-        writing nothing to the store (its version's keys belong to the committed view)."""
-        with self._cond:
-            if self._installed or self._retired:
-                return
-            self._retired = True
-            backend, self._backend = self._backend, None
-            self._cond.notify_all()
-        self._ctx.kind.abandon(backend)
+        elif not failed:  # a view that failed meanwhile has already reported its down evidence
+            peers = {m: "up" for m in self.members if m != ctx.rank}
+            ctx.report_links(self.version, peers, [])
 
     def _watch_build(self) -> None:
         """While the backend is not built, look for members that died: fail the view early.
@@ -305,22 +264,10 @@ class ViewGroup:
             self._failure = Failure(reason, blamed, notice, report)
             pending, self._pending = self._pending, set()
             self._cond.notify_all()
-            untold = not self._installed
         level = logging.WARNING if report else logging.INFO
-        log.log(
-            level,
-            "rank %d: view %d failed%s: %s",
-            self._ctx.rank,
-            self.version,
-            " before it committed" if untold else "",
-            reason,
-        )
+        log.log(level, "rank %d: view %d failed: %s", self._ctx.rank, self.version, reason)
         for work in pending:
             work.wake()
-        if not untold:
-            self._tell_failure()
-
-    def _tell_failure(self) -> None:
         threading.Thread(
             target=self._decide, name=f"dataplane-hint-v{self.version}", daemon=True
         ).start()

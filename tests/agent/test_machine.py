@@ -23,7 +23,6 @@ from agent.machine import (
     MoveDataPlane,
     PollFailed,
     PollUpdates,
-    PrepareView,
     RankStateChanged,
     Rejoin,
     SendEvents,
@@ -408,35 +407,6 @@ def test_a_participant_acks_the_prepared_version_and_installs_the_committed_view
     assert [(a.view.version, a.view.active_ranks) for a in installs] == [(1, (0, 1))]
     assert m.view is not None
     assert m.view.rank_states == {0: "HEALTHY", 1: "HEALTHY", 2: "OFFLINE", 3: "OFFLINE"}
-
-
-def test_an_ack_into_active_ranks_comes_with_the_prepared_group_to_build():
-    """The ACK of a prepare that makes this rank active is followed by ``PrepareView`` over
-    the prepared ranks, once: the data plane builds the group while the barrier completes."""
-    m = joined()
-    actions = m.step(updates(prepare(20, 1, [0, 1], [0, 1])))
-    assert sent(actions) == [ack(1)]
-    assert [a for a in actions if isinstance(a, PrepareView)] == [PrepareView(1, (0, 1))]
-    assert isinstance(actions[-1], PrepareView)  # after the ACK is handed on
-    again = m.step(updates(prepare(20, 1, [0, 1], [0, 1])))
-    assert not [a for a in again if isinstance(a, PrepareView)]
-
-
-def test_twin_an_ack_out_of_active_ranks_prepares_no_group():
-    m = joined(ready=False)
-    m.step(updates(committed(12, 1, [0, 1])))
-    actions = m.step(updates(prepare(20, 2, [0], [0, 1], base=V1)))
-    assert kinds(actions) == ["ack"]
-    assert not [a for a in actions if isinstance(a, PrepareView)]
-
-
-def test_a_prepared_group_waits_for_the_data_plane_with_its_ack():
-    m = joined(ready=False)
-    actions = m.step(updates(prepare(20, 2, [0, 1], [0, 1])))
-    assert not [a for a in actions if isinstance(a, PrepareView)]
-    actions = m.step(DataPlaneReady(0.2))
-    assert kinds(actions) == ["links", "ack"]
-    assert [a for a in actions if isinstance(a, PrepareView)] == [PrepareView(2, (0, 1))]
 
 
 def test_a_delta_is_folded_into_the_view_held():

@@ -6,7 +6,6 @@ two data planes of one group in this process.
 
 from __future__ import annotations
 
-import time
 from datetime import timedelta
 
 import pytest
@@ -308,88 +307,3 @@ def test_a_raising_evidence_callback_does_not_stop_the_data_plane(make_plane) ->
     dp.install_view(2, [0])
     assert dp.process_group().all_reduce(torch.ones(1)).wait()
     assert [c[0] for c in calls] == [1, 2]
-
-
-# -- groups built from the prepare -------------------------------------------------------------
-
-
-def test_a_group_built_from_the_prepare_is_the_committed_view_and_tells_its_links_then(
-    make_plane,
-) -> None:
-    """``prepare_view`` builds the group while the barrier completes; ``install_view`` of the
-    same ranks adopts that very group (no second rendezvous), and its links are reported only
-    once it is the installed view."""
-    evidence: dict[int, list] = {0: [], 1: []}
-    a, b = (
-        make_plane(rank=r, world_size=2, on_link_evidence=lambda *e, r=r: evidence[r].append(e))
-        for r in (0, 1)
-    )
-    for dp in (a, b):
-        dp.prepare_view(1, [0, 1])
-    prepared = {dp.rank: dp._prepared for dp in (a, b)}
-    for group in prepared.values():
-        assert group is not None and group.backend(time.monotonic() + 30) is not None
-    assert evidence == {0: [], 1: []}  # built, but not a view yet: nothing reported
-    for dp in (a, b):
-        dp.install_view(1, [0, 1])
-        assert dp.current_view() is prepared[dp.rank]
-    ta, tb = torch.full((2,), 1.0), torch.full((2,), 2.0)
-    wa, wb = (
-        a.process_group().all_reduce(ta, async_op=True),
-        b.process_group().all_reduce(tb, async_op=True),
-    )
-    assert wa.wait() and wb.wait() and ta.tolist() == tb.tolist() == [3.0, 3.0]
-    assert evidence[0] == [(1, {1: "up"}, [])] and evidence[1] == [(1, {0: "up"}, [])]
-
-
-def test_a_commit_that_dropped_a_prepared_rank_builds_anew_and_the_prepared_group_tells_nothing(
-    make_plane, store
-) -> None:
-    """The prepared group waits for rank 2, which died; the commit drops it. The prepared
-    group is discarded without a word in the store (version 1's keys are the committed view's),
-    and the committed ranks build their own group beside it."""
-    store.set(keys.incarnation(2), "gone")
-    store.add(keys.heartbeat(2, "gone"), 1)
-    a, b = (make_plane(rank=r, world_size=3, liveness_window_periods=2) for r in (0, 1))
-    for dp in (a, b):
-        dp.prepare_view(1, [0, 1, 2])
-    prepared = [dp._prepared for dp in (a, b)]
-    for group in prepared:  # rank 2 is found dead during the build: failed, and untold
-        assert group is not None and group.backend(time.monotonic() + 30) is None
-        assert "rank(s) [2] died before the group of view 1 was built" in group.failure.reason
-    for dp in (a, b):
-        dp.install_view(1, [0, 1])
-    assert all(dp.current_view() is not group for dp, group in zip((a, b), prepared, strict=True))
-    wa = a.process_group().all_reduce(torch.ones(2), async_op=True)
-    wb = b.process_group().all_reduce(torch.ones(2), async_op=True)
-    assert wa.wait() and wb.wait()
-    assert not any(store.check([keys.fail(1, r)]) for r in range(3))  # nobody was poisoned
-
-
-def test_a_prepared_group_that_failed_tells_it_when_the_commit_installs_it(
-    make_plane, store
-) -> None:
-    """Rank 1 died after ACKing: the group built from the prepare fails, quietly; the commit
-    over the same ranks installs it, and only then are the members poisoned and the hint
-    decided, as for a build that failed after the commit."""
-    store.set(keys.incarnation(1), "gone")
-    store.add(keys.heartbeat(1, "gone"), 1)
-    evidence: list = []
-    dp = make_plane(
-        rank=0,
-        world_size=2,
-        liveness_window_periods=2,
-        on_link_evidence=lambda *e: evidence.append(e),
-    )
-    dp.prepare_view(1, [0, 1])
-    group = dp._prepared
-    assert group is not None and group.backend(time.monotonic() + 30) is None
-    assert not store.check([keys.fail(1, 1)]) and evidence == []
-    dp.install_view(1, [0, 1])
-    assert dp.current_view() is group
-    store.wait([keys.fail(1, 1)], timedelta(seconds=30))
-    notice = PoisonNotice.decode(store.get(keys.fail(1, 1)))
-    assert (notice.version, notice.by, notice.named) == (1, 0, (1,))
-    work = dp.process_group().all_reduce(torch.ones(2), async_op=True)
-    assert work.wait() is False
-    assert dp.process_group().get_failed_ranks_hint(work).tolist() == [0, 1]
