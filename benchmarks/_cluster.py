@@ -9,7 +9,9 @@ record of what each rank waits for each kind of event.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import gc
 import os
 import signal
 import socket
@@ -17,16 +19,18 @@ import subprocess
 import tempfile
 import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from agent.httplite import Connection
 from agent.machine import Action, AgentMachine, EventsAnswered, EventsFailed, SendEvents
 from agent.simhost import SimulatedCluster, SimulatedHost
+from coordinator.cli import GC_THRESHOLDS, loop_factory
 from coordinator.commands import serve_argv
 
 ROOT = Path(__file__).resolve().parents[1]
+T = TypeVar("T")
 
 
 def free_port() -> int:
@@ -52,6 +56,21 @@ async def fsync_floor(path: str, n: int) -> list[float]:
         return times
     finally:
         await log.close()
+
+
+def run_with_server_gc(main: Callable[[], Coroutine[Any, Any, T]]) -> T:
+    """Run ``main()`` on the server's event loop with the server's GC thresholds
+    (``coordinator.cli.GC_THRESHOLDS``), restored afterwards. A simulator holds many agent
+    machines in this one process: at CPython's defaults their in-flight events reach the old
+    generation, and each full collection walks all of them (tens of milliseconds at 512 ranks,
+    a barrier's ACKs waiting behind it, the shared cores taken from the coordinator)."""
+    previous = gc.get_threshold()
+    gc.set_threshold(*GC_THRESHOLDS)
+    try:
+        with asyncio.Runner(loop_factory=loop_factory()) as runner:
+            return runner.run(main())
+    finally:
+        gc.set_threshold(*previous)
 
 
 def split_cores() -> tuple[set[int], set[int]] | None:

@@ -60,9 +60,15 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks._cluster import Coordinator, TimedCluster, form_group, pin, split_cores
+from benchmarks._cluster import (
+    Coordinator,
+    TimedCluster,
+    form_group,
+    pin,
+    run_with_server_gc,
+    split_cores,
+)
 from benchmarks.harness import Result, higher_is_better_ratio, median, percentile
-from coordinator.cli import GC_THRESHOLDS, loop_factory
 from eventlog import NewRecord, open_log
 
 HOSTS, PER_HOST = 64, 8
@@ -378,14 +384,4 @@ def _cores() -> dict[str, list[int]] | str:
 
 
 def run(quick: bool) -> list[Result]:
-    # 512 agent machines live in this process: at CPython's default GC thresholds their
-    # in-flight events reach the old generation and each full collection walks all of them
-    # (tens of milliseconds, a barrier's ACKs waiting behind it). The server runs with the same
-    # thresholds (``coordinator.cli.GC_THRESHOLDS``).
-    previous = gc.get_threshold()
-    gc.set_threshold(*GC_THRESHOLDS)
-    try:
-        with asyncio.Runner(loop_factory=loop_factory()) as runner:
-            return runner.run(_run_async(quick))
-    finally:
-        gc.set_threshold(*previous)
+    return run_with_server_gc(lambda: _run_async(quick))

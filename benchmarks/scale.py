@@ -48,9 +48,8 @@ from pathlib import Path
 
 from agent.httplite import Connection
 from agent.simhost import SimulatedCluster
-from benchmarks._cluster import Coordinator
+from benchmarks._cluster import Coordinator, run_with_server_gc
 from benchmarks.harness import Result, median
-from coordinator.cli import GC_THRESHOLDS, loop_factory
 
 SIZES = (1024, 4096, 16384)
 QUICK_SIZES = (1024, 4096)
@@ -325,14 +324,4 @@ async def _run_async(quick: bool) -> list[Result]:
 
 
 def run(quick: bool) -> list[Result]:
-    # The simulator holds N agent machines in this one process; at CPython's default GC
-    # thresholds their in-flight events reach the old generation and full collections of all
-    # N machines take the shared cores from the coordinator. The server runs with the same
-    # thresholds (``coordinator.cli.GC_THRESHOLDS``).
-    previous = gc.get_threshold()
-    gc.set_threshold(*GC_THRESHOLDS)
-    try:
-        with asyncio.Runner(loop_factory=loop_factory()) as runner:
-            return runner.run(_run_async(quick))
-    finally:
-        gc.set_threshold(*previous)
+    return run_with_server_gc(lambda: _run_async(quick))

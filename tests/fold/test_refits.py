@@ -501,6 +501,20 @@ def test_a_join_repeats_only_with_the_same_offer() -> None:
     assert one(join_others(s, ("train", 0)), RefitBootstrap).bootstrap["prefix"] == "e2"
 
 
+def replayed_through_a_snapshot(records: list, cut: int) -> tuple[Coordinator, Coordinator, list]:
+    """A fold of every record; a fold restored from the snapshot (through JSON) of the first
+    ``cut`` records, then fed the rest; and the effects of that rest."""
+    whole = Coordinator()
+    for rec in records:
+        whole.step(rec)
+    part = Coordinator()
+    for rec in records[:cut]:
+        part.step(rec)
+    resumed = Coordinator.from_snapshot(msgspec.json.decode(msgspec.json.encode(part.snapshot())))
+    effects = [e for rec in records[cut:] for e in resumed.step(rec)]
+    return whole, resumed, effects
+
+
 def test_an_offer_survives_a_snapshot() -> None:
     s = world()
     join(s, "train", 0, bootstrap=BOOT)
@@ -508,14 +522,7 @@ def test_an_offer_survives_a_snapshot() -> None:
     cut = len(s.records)
     for r in range(4):
         join(s, "gen", r)
-    whole = Coordinator()
-    for rec in s.records:
-        whole.step(rec)
-    part = Coordinator()
-    for rec in s.records[:cut]:
-        part.step(rec)
-    resumed = Coordinator.from_snapshot(msgspec.json.decode(msgspec.json.encode(part.snapshot())))
-    effects = [e for rec in s.records[cut:] for e in resumed.step(rec)]
+    whole, resumed, effects = replayed_through_a_snapshot(s.records, cut)
     assert one(effects, RefitBootstrap).bootstrap == BOOT
     assert msgspec.json.encode(resumed.snapshot()) == msgspec.json.encode(whole.snapshot())
 
@@ -527,13 +534,5 @@ def test_snapshot_and_tail_give_the_full_replay() -> None:
     report(s, "gen", 0, t)
     cut = len(s.records)
     kill(s, "gen", 1, at=4)
-    whole = Coordinator()
-    for rec in s.records:
-        whole.step(rec)
-    part = Coordinator()
-    for rec in s.records[:cut]:
-        part.step(rec)
-    resumed = Coordinator.from_snapshot(msgspec.json.decode(msgspec.json.encode(part.snapshot())))
-    for rec in s.records[cut:]:
-        resumed.step(rec)
+    whole, resumed, _ = replayed_through_a_snapshot(s.records, cut)
     assert msgspec.json.encode(resumed.snapshot()) == msgspec.json.encode(whole.snapshot())

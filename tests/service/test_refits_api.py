@@ -7,6 +7,7 @@ covered one by one in tests/fold/test_refits.py."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -78,6 +79,18 @@ async def api(target: str) -> AsyncIterator[tuple[Host, httpx.AsyncClient]]:
             yield host, c
     finally:
         await host.close()
+
+
+@contextlib.asynccontextmanager
+async def restarted(host: Host, target: str) -> AsyncIterator[httpx.AsyncClient]:
+    """``host`` closed, and a new coordinator opened on the same log: a client of it."""
+    await host.close()
+    again = await Host.open(target, heartbeat_flush_s=0)
+    try:
+        async with client(again) as c:
+            yield c
+    finally:
+        await again.close()
 
 
 REFIT = {
@@ -197,17 +210,12 @@ async def test_a_refit_through_http_admits_publishes_transfers_and_survives_a_re
 
     # the coordinator restarts: the refit is the log's
     before = await refit(c)
-    await host.close()
-    host2 = await Host.open(target, heartbeat_flush_s=0)
-    try:
-        async with client(host2) as c2:
-            assert await refit(c2) == before
-            listed = (await c2.get("/refits")).json()["refits"]
-            assert listed == [
-                {"refit": "rl", "epoch": 1, "status": "admitted", "cause": "the refit was created"}
-            ]
-    finally:
-        await host2.close()
+    async with restarted(host, target) as c2:
+        assert await refit(c2) == before
+        listed = (await c2.get("/refits")).json()["refits"]
+        assert listed == [
+            {"refit": "rl", "epoch": 1, "status": "admitted", "cause": "the refit was created"}
+        ]
 
 
 async def updates(c: httpx.AsyncClient, group: str, rank: int) -> list[dict]:
@@ -252,13 +260,8 @@ async def test_a_bootstrap_offered_with_the_join_arrives_with_the_admission_and_
     assert "4321" not in json.dumps(await updates(c, "other", 0))
     # the coordinator restarts: the log re-derives the same refit
     before = await refit(c)
-    await host.close()
-    host2 = await Host.open(target, heartbeat_flush_s=0)
-    try:
-        async with client(host2) as c2:
-            assert await refit(c2) == before
-    finally:
-        await host2.close()
+    async with restarted(host, target) as c2:
+        assert await refit(c2) == before
 
 
 async def test_both_publishers_starting_a_transfer_at_once_start_one_attempt(
