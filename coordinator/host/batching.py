@@ -40,10 +40,11 @@ def take_batch(queue: deque[Input], max_batch: int) -> list[Input]:
       rank, so it shares no batch with any other input of that rank (a join of a new
       incarnation, then a heartbeat from the old one);
     - a second proposal with the same idempotency key waits for the first;
-    - a second start of the same refit transfer (``transfer``, keyed by refit and key, as the
-      operator's route keys it) waits for the first: every publisher of a refit may ask for
-      it, often at the same moment, and only against the state after the first is the second
-      a repeat (else the fold would take it for a retry and start another attempt);
+    - a second start of the same refit transfer waits for the first (``queue_submission``
+      keys an agent's ``transfer`` as the operator's route keys it): every publisher of a
+      refit may ask for it, often at the same moment, and only against the state after the
+      first is the second a repeat (else the fold would take it for a retry and start another
+      attempt);
     - anything for a group waits for the batch that creates the group.
 
     Heartbeats, links and ACKs of one rank do not change each other's verdicts, so they
@@ -67,7 +68,7 @@ def take_batch(queue: deque[Input], max_batch: int) -> list[Input]:
         if item.abandoned:
             continue
         rec = item.record
-        key = item.key if item.key is not None else _transfer_key(rec)
+        key = item.key
         changes_rank = rec.kind in RANK_CHANGING
         if touched is None:
             if not changes_rank and key is None and rec.kind != "group_created":
@@ -101,14 +102,6 @@ def take_batch(queue: deque[Input], max_batch: int) -> list[Input]:
         batch.append(item)
     queue.extendleft(reversed(deferred))
     return batch
-
-
-def _transfer_key(rec: NewRecord) -> tuple[Any, ...] | None:
-    """A refit transfer's start, keyed as ``POST /refits/{refit}/transfers`` keys it."""
-    if rec.kind != "transfer" or not isinstance(rec.payload, dict):
-        return None
-    refit, key = rec.payload.get("refit"), rec.payload.get("key")
-    return ("transfer", refit, key) if isinstance(refit, str) and isinstance(key, str) else None
 
 
 def _ranks_of(item: Input) -> list[tuple[str | None, int]]:

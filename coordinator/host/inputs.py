@@ -216,6 +216,15 @@ class Input:
         self.reply.fail(exc)
 
 
+def transfer_key(record: NewRecord) -> tuple[Any, ...] | None:
+    """An agent's start of a refit transfer, keyed as ``POST /refits/{refit}/transfers`` keys
+    the operator's: two starts of one transfer never share a batch (``batching.take_batch``)."""
+    if record.kind != "transfer" or not isinstance(record.payload, dict):
+        return None
+    refit, key = record.payload.get("refit"), record.payload.get("key")
+    return ("transfer", refit, key) if isinstance(refit, str) and isinstance(key, str) else None
+
+
 def queue_submission(
     queue: deque[Input],
     records: Sequence[NewRecord],
@@ -233,7 +242,8 @@ def queue_submission(
     ``normalized``: each payload already equals what decoding its JSON gives back, so the fold
     may take it as it is; otherwise the fold gets the decoded JSON, exactly what a reader of
     the log decodes. A beat is never appended as it is (it waits for a shared record, which is
-    validated when it is built), so a normalized beat is not encoded at all."""
+    validated when it is built), so a normalized beat is not encoded at all. An input without
+    a caller's ``key`` that starts a refit transfer gets the transfer's (:func:`transfer_key`)."""
     beats: Beats | None = None
     for index, record in enumerate(records):
         heartbeat = (
@@ -261,4 +271,5 @@ def queue_submission(
             beats.add(record.rank, record.payload, index)  # type: ignore[arg-type]
             continue
         beats = None
-        queue.append(Input(record, payload_bytes, reply, index, key, precheck, now))
+        own = key if key is not None else transfer_key(record)
+        queue.append(Input(record, payload_bytes, reply, index, own, precheck, now))

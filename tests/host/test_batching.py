@@ -8,7 +8,7 @@ from typing import Any
 
 from coordinator.fold.heartbeats import HeartbeatBuffer
 from coordinator.host.batching import Admission, decisions_first, take_batch
-from coordinator.host.inputs import Appended, Input, Refusal, Reply
+from coordinator.host.inputs import Appended, Input, Refusal, Reply, queue_submission
 from coordinator.host.metrics import HostMetrics
 from eventlog import NewRecord
 from eventlog.record import validate
@@ -64,10 +64,14 @@ async def test_a_second_start_of_the_same_refit_transfer_waits_for_the_first() -
     """Both publishers ask for the transfer at once: in one batch the second would be checked
     against the state before the first, and folded as a retry (attempt 2)."""
 
-    def start(rank: int | None, name: str, **kw: Any) -> list[Input]:
+    def start(rank: int | None, name: str, key: tuple[Any, ...] | None = None) -> list[Input]:
         fields = {"refit": "rl", "key": name} | ({"epoch": 3} if rank is not None else {})
         group = "train" if rank is not None else None
-        return queued(NewRecord(kind="transfer", group=group, rank=rank, payload=fields), **kw)
+        record = NewRecord(kind="transfer", group=group, rank=rank, payload=fields)
+        queue: deque[Input] = deque()  # keyed on arrival, as the host queues every submission
+        reply = Reply(asyncio.get_running_loop().create_future(), 1)
+        queue_submission(queue, [record], reply, key, None, 0.0, normalized=False)
+        return list(queue)
 
     first, second = start(0, "step-1"), start(1, "step-1")
     operator = start(None, "step-1", key=("transfer", "rl", "step-1"))  # the route's key
