@@ -333,6 +333,9 @@ class ElasticFSDP:
         self._index = 0  # the next step's number within ``_view``
         self._step_view: ViewGroup | None = None
         self._in_step = False
+        # The view installed when the last step ended, and whether the whole replica had one of
+        # the same members then: the next ``begin_step`` starts from it, with no gather of its own.
+        self._next: tuple[ViewGroup, bool] | None = None
         self._failed_works: list[Work] = []
         # Before FSDP's own pre-forward (prepend), which all-gathers the parameters: a heal
         # must land in the shards before they are gathered.
@@ -358,8 +361,10 @@ class ElasticFSDP:
     def begin_step(self) -> None:
         """Pin the view of the next step: move to a newer view (healing joiners) if there is one.
 
-        A replica's processes move together: first they all-gather, over the shard group, the
-        members of the view each one's group has installed. If those differ (one shard index's
+        A replica's processes move together: first they compare, over the shard group, the
+        members of the view each one's group had installed when the last step ended (gathered
+        with that step's decision in ``should_commit``, so a step costs no collective of its own
+        here; the first step gathers them itself). If those differ (one shard index's
         group has committed a change that another's has not yet), none of them moves: each
         runs the step on the view it is in (a local step if it is in none), and the agreement
         skips or commits it as usual. Else the rules are ``agent.ddp``'s, one move per step:
@@ -378,8 +383,13 @@ class ElasticFSDP:
         if self._in_step:
             return
         plane = self._plane
-        current = plane.view_for_op("begin_step")
-        if not self._replica_sees(current):
+        current = plane.view_for_op("begin_step")  # raises on a closed plane
+        if self._next is not None:  # compared at the end of the last step
+            current, sees = self._next
+            self._next = None
+        else:
+            sees = self._replica_sees(current)
+        if not sees:
             held = self._view if self._view is not None and self._view.failure is None else None
             self._start(held)  # the replica compares again at the next step
             return
@@ -446,14 +456,22 @@ class ElasticFSDP:
             decided = self._agreement.agree(view, index, ok)
         # The replica commits only if the group of every shard index committed the step, on
         # views of the same members (else a replica could step in one group and not another).
-        mine = torch.zeros(1 + self.mesh.replicas, dtype=torch.int64)
+        # The same gather carries the members of the view each process has installed now, for
+        # the next step's comparison (``begin_step``).
+        replicas = self.mesh.replicas
+        installed = self._plane.view_for_op("should_commit")
+        mine = torch.zeros(1 + 2 * replicas, dtype=torch.int64)
         mine[0] = int(decided)
         for m in () if view is None else view.members:
             mine[1 + m] = 1
-        rows = torch.zeros(self.mesh.shards * (1 + self.mesh.replicas), dtype=torch.int64)
+        for m in installed.members:
+            mine[1 + replicas + m] = 1
+        rows = torch.zeros(self.mesh.shards * (1 + 2 * replicas), dtype=torch.int64)
         dist.all_gather_into_tensor(rows, mine, group=shard_group)
         rows = rows.view(self.mesh.shards, -1)
-        committed = bool(rows[:, 0].all()) and bool((rows == rows[0]).all())
+        step_rows, next_rows = rows[:, : 1 + replicas], rows[:, 1 + replicas :]
+        committed = bool(step_rows[:, 0].all()) and bool((step_rows == step_rows[0]).all())
+        self._next = (installed, bool((next_rows == next_rows[0]).all()))
         if committed:
             self.committed_steps += 1
             self._failed_works = []
