@@ -198,7 +198,9 @@ def test_a_kill_and_a_replacement_lose_and_repeat_nothing(
         w.kill(2)
         replacement = w.spawn(2)
         w.expect(replacement, "waiting")
-        w.wait_processed(0.6)
+        # after the survivors took over the dead rank's part, with half the epoch or more left:
+        # the replacement's activation must land while there is still work to share
+        w.wait_processed(kill_at + 0.1)
         w.activate(replacement, 2)
         incarnations.update(dead=first[2], replacement=replacement)
         return [first[0], first[1], first[3], replacement]

@@ -87,7 +87,15 @@ def test_train_ddp_survives_a_kill_heals_the_replacement_and_ends_identical(coor
             timeout=240,
         )  # fmt: skip
     except subprocess.TimeoutExpired as exc:
-        raise AssertionError(f"the example did not finish: {exc.stdout}") from None
+        # the output is bytes here whatever ``text`` says; its end says where the run stopped
+        tail = (exc.stdout or b"").decode(errors="replace").splitlines()[-120:]
+        views = coordinator.history("train")
+        raise AssertionError(
+            "the example did not finish; its last lines:\n"
+            + "\n".join(tail)
+            + f"\nviews: {[(v['version'], v['active_ranks'], v['cause']['kind']) for v in views]}"
+            + f"\nstatus: {coordinator.status('train')}"
+        ) from None
     out = run.stdout
     assert run.returncode == 0, out
     assert "rank 2: SIGKILL at step 6" in out and "killed by SIGKILL" in out, out
