@@ -88,13 +88,17 @@ def test_train_ddp_survives_a_kill_heals_the_replacement_and_ends_identical(coor
         )  # fmt: skip
     except subprocess.TimeoutExpired as exc:
         # the output is bytes here whatever ``text`` says; its end says where the run stopped
-        tail = (exc.stdout or b"").decode(errors="replace").splitlines()[-120:]
-        views = coordinator.history("train")
+        raw = exc.stdout or b""
+        text = raw.decode(errors="replace") if isinstance(raw, bytes) else raw
+        try:
+            views = [(v["version"], v["active_ranks"], v["cause"]["kind"])
+                     for v in coordinator.history("train")]  # fmt: skip
+            where = f"views: {views}\nstatus: {coordinator.status('train')}"
+        except Exception as e:  # the coordinator itself may be what hung
+            where = f"the coordinator did not answer: {e!r}"
+        tail = "\n".join(text.splitlines()[-120:])
         raise AssertionError(
-            "the example did not finish; its last lines:\n"
-            + "\n".join(tail)
-            + f"\nviews: {[(v['version'], v['active_ranks'], v['cause']['kind']) for v in views]}"
-            + f"\nstatus: {coordinator.status('train')}"
+            f"the example did not finish; its last lines:\n{tail}\n{where}"
         ) from None
     out = run.stdout
     assert run.returncode == 0, out
