@@ -418,13 +418,17 @@ class ElasticFSDP:
 
     def _replica_sees(self, view: ViewGroup) -> bool:
         """True if every process of this replica has installed a view of the same members."""
-        mine = torch.zeros(self.mesh.replicas, dtype=torch.int64)
-        for m in view.members:
-            mine[m] = 1
+        mine = self._members_row(view.members)
         rows = torch.zeros(self.mesh.shards * self.mesh.replicas, dtype=torch.int64)
         dist.all_gather_into_tensor(rows, mine, group=self.mesh.shard_group)
         rows = rows.view(self.mesh.shards, -1)
         return bool((rows == rows[0]).all())
+
+    def _members_row(self, members: tuple[int, ...]) -> torch.Tensor:
+        """``members`` as a row of one flag per replica, for comparing across the shard group."""
+        row = torch.zeros(self.mesh.replicas, dtype=torch.int64)
+        row[list(members)] = 1
+        return row
 
     def _start(self, view: ViewGroup | None) -> None:
         self._step_view = view
@@ -460,12 +464,13 @@ class ElasticFSDP:
         # the next step's comparison (``begin_step``).
         replicas = self.mesh.replicas
         installed = self._plane.view_for_op("should_commit")
-        mine = torch.zeros(1 + 2 * replicas, dtype=torch.int64)
-        mine[0] = int(decided)
-        for m in () if view is None else view.members:
-            mine[1 + m] = 1
-        for m in installed.members:
-            mine[1 + replicas + m] = 1
+        mine = torch.cat(
+            (
+                torch.tensor([int(decided)], dtype=torch.int64),
+                self._members_row(() if view is None else view.members),
+                self._members_row(installed.members),
+            )
+        )
         rows = torch.zeros(self.mesh.shards * (1 + 2 * replicas), dtype=torch.int64)
         dist.all_gather_into_tensor(rows, mine, group=shard_group)
         rows = rows.view(self.mesh.shards, -1)
