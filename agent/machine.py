@@ -42,9 +42,11 @@ The rules, in one place:
   second); joins, links, ACKs and exits never wait behind it. One beat is in flight at a time;
   a beat that falls due meanwhile replaces the one waiting to be sent.
 - **Link evidence names what is down.** A ``links`` report carries the peers found down and the
-  failure hint (rank sets, ``wire.ranks``); every peer it does not name is up. A report equal
-  to the last one this incarnation sent since its join is not sent again: it would change
-  nothing, and after every view every rank would otherwise report it.
+  failure hint (rank sets, ``wire.ranks``) and the view they were found on; every peer it
+  does not name is up. A report equal to the last one this incarnation sent since its join is
+  not sent again: it would change nothing, and after every view every rank would otherwise
+  report it. Down evidence found again on a newer view is sent again (the coordinator counts
+  it only against peers whose process joined before that view).
 - **Views arrive as deltas.** ``view_committed`` and ``view_prepare`` say what changed since the
   version before (``wire.protocol``); the machine folds them into the full view. A delta that
   does not fit the view held (which only a coordinator restored from an older copy could cause)
@@ -406,8 +408,9 @@ class AgentMachine:
     _beat_in_flight: bool = False
     _beat_send_at: float = 0.0
     _beat_backoff_s: float = 0.0
-    #: the last links report sent since the join: (down, hint, self_ready)
-    _last_links: tuple[tuple[int, ...], tuple[int, ...], bool] | None = None
+    #: the last links report sent since the join: (down, hint, self_ready, and the view of
+    #: its down evidence)
+    _last_links: tuple[tuple[int, ...], tuple[int, ...], bool, int | None] | None = None
     _send_at: float = 0.0
     _backoff_s: float = 0.0
     _poll_backoff_s: float = 0.0
@@ -622,12 +625,17 @@ class AgentMachine:
         return []
 
     def _report_links(self, down: Any, hint: Any, ready: bool, version: int | None) -> None:
-        """Queue a links report unless it says what the last one since the join said."""
-        key = (tuple(sorted(set(down))), tuple(sorted(set(hint))), ready)
+        """Queue a links report unless it says what the last one since the join said.
+
+        Down evidence is about the view it was found on: the coordinator does not count it
+        against a peer whose current process joined after that view, so the same peers found
+        down on a newer view are reported again."""
+        down, hint = tuple(sorted(set(down))), tuple(sorted(set(hint)))
+        key = (down, hint, ready, version if down or hint else None)
         if key == self._last_links:
             return
         self._last_links = key
-        self._queue("links", **links_event(key[0], key[1], ready, version))
+        self._queue("links", **links_event(down, hint, ready, version))
 
     def _progress(self, event: ReportProgress) -> list[Action]:
         """Queue a progress report; one not sent yet is replaced (the newest says it all).

@@ -73,9 +73,10 @@ from eventlog.record import Record
 from wire import ranks as rank_sets
 from wire.protocol import CAUSE_DEATH_REPORTED, links_down
 
-#: Format 2 adds the facets' state; a format-1 snapshot (no facets yet) still restores.
-SNAPSHOT_FORMAT = 2
-_READABLE_FORMATS = (1, 2)
+#: Format 2 adds the facets' state, format 3 each rank's ``joined_version``; a snapshot of an
+#: older format still restores (without facets; every links report counting, as it then did).
+SNAPSHOT_FORMAT = 3
+_READABLE_FORMATS = (1, 2, 3)
 
 
 class Coordinator:
@@ -370,6 +371,7 @@ class Coordinator:
             info.incarnation = inc
             info.rank_epoch += 1
             info.failure_counted = False
+            info.joined_version = g.version
             self._forget_evidence_about(g, rank)
             reason = f"joined as incarnation {inc} (rank_epoch {info.rank_epoch})"
         info.state = SYNCED
@@ -400,6 +402,14 @@ class Coordinator:
         Down evidence (a peer reported down, a failure hint, or the rank saying it is not
         self-ready) opens the reconciliation window, so hints from several ranks are decided
         together; up evidence is applied at once unless a window is open.
+
+        A report says which view its evidence comes from (``version``: the view whose group
+        the failed operation or the probe ran on). It names a peer down only if that view is
+        newer than the one committed when the peer's current incarnation joined: an operation
+        on an older view ran with the peer's previous process, so its failure (often reported
+        late, at the collective timeout) says nothing about the replacement. The join already
+        forgot the evidence about the old process that had arrived; this keeps what arrives
+        after the join from bringing it back.
         """
         g = self._groups[record.group]  # type: ignore[index]
         rank = record.rank
@@ -411,6 +421,9 @@ class Coordinator:
             down.update(payload.get("failed_ranks_hint") or ())
         else:
             down = set(links_down(payload, g.cfg.world_size))
+            about = payload.get("version")
+            if about is not None:
+                down = {p for p in down if about > g.ranks[p].joined_version}
         down.discard(rank)
         self._touch(g, rank)
         info = g.ranks[rank]

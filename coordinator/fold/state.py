@@ -37,6 +37,7 @@ class RankInfo:
         "failure_counted",
         "host",
         "pid",
+        "joined_version",
     )
 
     def __init__(self) -> None:
@@ -54,6 +55,9 @@ class RankInfo:
         self.failure_counted = False
         self.host: str | None = None
         self.pid: int | None = None
+        #: the group's committed version when this incarnation joined: a links report about
+        #: that view or an older one describes an earlier process of this rank, not this one
+        self.joined_version = 0
 
     def to_list(self) -> list[Any]:
         return [
@@ -67,11 +71,16 @@ class RankInfo:
             self.failure_counted,
             self.host,
             self.pid,
+            self.joined_version,
         ]
 
     @classmethod
     def from_list(cls, data: list[Any]) -> RankInfo:
+        """From :meth:`to_list`; a snapshot of format 1 or 2 has no ``joined_version`` (0: every
+        report about such an incarnation counts, as those formats' rules did)."""
         info = cls()
+        if len(data) == 10:
+            data = [*data, 0]
         (
             info.state,
             info.incarnation,
@@ -83,6 +92,7 @@ class RankInfo:
             info.failure_counted,
             info.host,
             info.pid,
+            info.joined_version,
         ) = data
         info.down = frozenset(down)
         return info

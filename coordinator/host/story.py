@@ -58,6 +58,7 @@ from coordinator.host.refit_story import REFIT_INPUTS, refit_entries
 from coordinator.host.replay import CompactedLog, find_start
 from eventlog import READ_PAGE, Log, Record, open_log
 from wire import ranks as rank_sets
+from wire.protocol import links_down
 from wire.ranks import RankSetError
 
 #: Evidence items (links reports, ACKs, fenced inputs) kept before each decision.
@@ -85,6 +86,14 @@ def _beat_ranks(record: Record) -> Container[int]:
         return (record.rank,)
     try:
         return frozenset(rank_sets.decode(record.payload.get("ranks", []), 1 << 16))
+    except RankSetError:
+        return ()
+
+
+def _named_down(record: Record, world_size: int) -> Container[int]:
+    """The ranks a (protocol 2) links record names down or hinted, counted by the fold or not."""
+    try:
+        return links_down(record.payload, world_size)
     except RankSetError:
         return ()
 
@@ -208,6 +217,17 @@ class StoryBuilder:
         if reporter is None or reporter >= len(g.ranks):
             return
         was, now = before[2], rank in g.ranks[reporter].down
+        about = record.payload.get("version")
+        stale = isinstance(about, int) and about <= info.joined_version
+        if not now and stale and rank in _named_down(record, len(g.ranks)):
+            self._evidence_entry(
+                record,
+                "down_report_not_counted",
+                f"rank {reporter} reports rank {rank} down on view {about}; not counted: rank "
+                f"{rank}'s incarnation joined when view {info.joined_version} was committed, "
+                "so that view ran with the process it replaced",
+                reporter=reporter,
+            )
         if was == now:
             return
         if now:

@@ -714,10 +714,34 @@ def test_a_links_report_equal_to_the_last_since_the_join_is_not_sent_again():
     assert m.step(LinkEvidence(0.5, 3, {0: "up", 2: "up"})) == []  # says the same
     assert kinds(m.step(LinkEvidence(0.6, 3, {0: "up", 2: "down"}))) == ["links"]
     m.step(ok(1, 20))
-    assert m.step(LinkEvidence(0.7, 4, {0: "up", 2: "down"})) == []  # the same, another view
-    assert sent(m.step(LinkEvidence(0.8, 4, {0: "up", 2: "down"}, (0,)))) == [
-        links(self_ready=True, down=[2], hint=[0], version=4)
+    assert m.step(LinkEvidence(0.65, 3, {0: "up", 2: "down"})) == []  # the same, same view
+    assert sent(m.step(LinkEvidence(0.8, 3, {0: "up", 2: "down"}, (0,)))) == [
+        links(self_ready=True, down=[2], hint=[0], version=3)
     ]  # the hint changed
+
+
+def test_the_same_down_evidence_found_on_a_newer_view_is_sent_again():
+    """The coordinator counts down evidence about view v only against a peer whose process
+    joined before v: found again on a newer view (rank 2 may be a replacement now), it is news."""
+    m = joined()
+    assert kinds(m.step(LinkEvidence(0.6, 3, {0: "up", 2: "down"}))) == ["links"]
+    m.step(ok(1, 20))
+    assert sent(m.step(LinkEvidence(0.7, 4, {0: "up", 2: "down"}))) == [
+        links(self_ready=True, down=[2], version=4)
+    ]
+
+
+def test_twin_evidence_that_everything_is_up_is_not_sent_again_on_a_newer_view():
+    """Only down evidence is tied to its view: after every view every rank would otherwise
+    report that it reached everyone."""
+    m = joined()
+    assert sent(m.step(LinkEvidence(0.6, 3, {0: "up", 2: "down"})))
+    m.step(ok(1, 20))
+    assert sent(m.step(LinkEvidence(0.7, 3, {0: "up", 2: "up"}))) == [
+        links(self_ready=True, version=3, reached=3)
+    ]
+    m.step(ok(1, 21))
+    assert m.step(LinkEvidence(0.8, 4, {0: "up", 2: "up"})) == []
 
 
 def test_twin_the_same_report_is_sent_again_after_a_rejoin():

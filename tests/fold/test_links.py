@@ -3,7 +3,10 @@
 
 from __future__ import annotations
 
+import json
+
 from coordinator.fold.effects import HEALTHY, OFFLINE, SYNCED, RankState, ViewCommitted, ViewPrepare
+from coordinator.fold.machine import Coordinator
 from tests.fold.script import T0, S, Script, of, one
 
 
@@ -142,3 +145,93 @@ def test_auto_deactivation_never_preempts_the_change_in_flight():
     assert one(effects, ViewCommitted).view.active_ranks == (0, 1, 2)
     prep = one(effects, ViewPrepare)
     assert (prep.version, prep.active_ranks) == (3, (0, 1))
+
+
+# -- a report about a view older than the peer's current process --------------------------------
+
+
+def _report(s: Script, rank: int, version: int, down: list[int]) -> list:
+    """A protocol-2 links report of ``rank``: ``down`` found (and hinted) on view ``version``."""
+    payload = {"incarnation": s.inc(rank), "self_ready": True, "version": version}
+    if down:
+        payload |= {"down": down, "hint": down}
+    return s.record("links", "g", rank, payload)
+
+
+def _replaced(s: Script) -> None:
+    """Rank 2 of a formed group of 4 dies (view 2 without it); its replacement joins, is
+    activated, and view 3 holds every rank again."""
+    s.at(1).death(2)
+    s.ack_all()
+    s.at(2).join(2, incarnation="g-2-b")
+    _report(s, 2, 0, [])  # self-ready
+    s.propose("activate", [2])
+    s.ack_all()
+    assert s.m.current_view("g").version == 3
+    assert s.m.current_view("g").active_ranks == (0, 1, 2, 3)
+
+
+def test_a_late_report_about_a_view_before_a_replacement_joined_does_not_count_against_it():
+    """Rank 0's operation on view 1 (with rank 2's old process) fails at the collective
+    timeout, after the replacement joined and view 3 activated it: that evidence is about the
+    dead process; the replacement stays HEALTHY and active."""
+    s = Script()
+    s.form(world_size=4)
+    _replaced(s)
+    assert _report(s.at(5), 0, 1, [2]) == []
+    assert s.at(6).tick() == []
+    assert healthy(s) == [0, 1, 2, 3]
+    assert s.m.group_status("g")["ranks"][0]["down_peers"] == []
+    assert s.m.current_view("g").version == 3
+
+
+def test_twin_the_same_report_about_a_view_the_replacement_took_part_in_counts():
+    s = Script()
+    s.form(world_size=4)
+    _replaced(s)
+    _report(s.at(5), 0, 3, [2])
+    effects = s.at(6).tick()
+    assert healthy(s) == [0, 1, 3]
+    assert one(effects, ViewPrepare).active_ranks == (0, 1, 3)
+
+
+def test_twin_a_report_that_names_no_view_counts_as_before():
+    """A report without ``version`` (an agent that does not say) is taken as current."""
+    s = Script()
+    s.form(world_size=4)
+    _replaced(s)
+    s.at(5).links(0, down=(2,))
+    s.at(6).tick()
+    assert healthy(s) == [0, 1, 3]
+
+
+def test_a_report_about_an_old_view_still_names_the_peers_whose_process_was_in_it():
+    """Only the replaced rank is exempt: rank 3's process was in view 1 and still is."""
+    s = Script()
+    s.form(world_size=4)
+    _replaced(s)
+    _report(s.at(5), 0, 1, [2, 3])
+    assert s.m.group_status("g")["ranks"][0]["down_peers"] == [3]
+    s.at(6).tick()
+    assert healthy(s) == [0, 1, 2]
+
+
+def test_the_incarnation_s_view_survives_a_snapshot_and_an_older_format_still_restores():
+    s = Script()
+    s.form(world_size=4)
+    _replaced(s)
+    snap = json.loads(json.dumps(s.m.snapshot()))
+    restored = Script(Coordinator.from_snapshot(snap))
+    restored.incarnations = dict(s.incarnations)
+    restored.offset, restored.now = s.offset, s.now
+    _report(restored.at(5), 0, 1, [2])
+    assert restored.m.group_status("g")["ranks"][0]["down_peers"] == []
+    # Format 2 had no joined_version: every report counts for the incarnations it restores.
+    snap["format"] = 2
+    for group in snap["groups"]:
+        group["ranks"] = [info[:10] for info in group["ranks"]]
+    old = Script(Coordinator.from_snapshot(snap))
+    old.incarnations = dict(s.incarnations)
+    old.offset, old.now = s.offset, s.now
+    _report(old.at(5), 0, 1, [2])
+    assert old.m.group_status("g")["ranks"][0]["down_peers"] == [2]

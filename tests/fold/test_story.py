@@ -96,6 +96,35 @@ def test_a_failure_hint_that_puts_a_rank_outside_the_healthy_set_is_in_its_story
     assert own_reports[-1] == "its links report: peers [3] down; self_ready true"
 
 
+def test_a_late_report_about_the_replaced_process_is_told_as_not_counted():
+    """Rank 2 is replaced and activated again (view 3); rank 0 then reports rank 2 down on
+    view 1, the view of the old process: the replacement's story says so and why it did not
+    count, and the replacement stays HEALTHY and active."""
+    s = Script()
+    s.form(world_size=4)
+    s.at(1).death(2)
+    s.ack_all()
+    s.at(2).join(2, incarnation="g-2-b")
+    s.record("links", "g", 2, {"incarnation": "g-2-b", "self_ready": True, "version": 0})
+    s.propose("activate", [2])
+    s.ack_all()
+    late = {"incarnation": s.inc(0), "self_ready": True, "version": 1, "down": [2], "hint": [2]}
+    s.at(5).record("links", "g", 0, late)
+    st = story(s, "g", 2)
+    assert st["state"] == "HEALTHY" and st["active"] and st["version"] == 3
+    entry = [e for e in st["entries"] if e["event"] == "down_report_not_counted"]
+    assert [(e["reporter"], e["offset"]) for e in entry] == [(0, s.offset)]
+    assert entry[0]["reason"] == (
+        "rank 0 reports rank 2 down on view 1; not counted: rank 2's incarnation joined when "
+        "view 2 was committed, so that view ran with the process it replaced"
+    )
+    assert not [e for e in st["entries"] if e["event"] == "down_report"]
+    # twin: about view 3, the replacement's own view, the report counts and is told so
+    s.at(5.1).record("links", "g", 0, late | {"version": 3})
+    st = story(s, "g", 2)
+    assert [e["offset"] for e in st["entries"] if e["event"] == "down_report"] == [s.offset]
+
+
 def test_a_proposal_and_a_new_incarnation_are_told_with_the_fold_s_reasons():
     s = Script()
     s.form(world_size=3)

@@ -84,6 +84,9 @@ class _Group:
         self.exited = [False] * world_size
         #: the down evidence of each rank's current incarnation (its latest links report)
         self.down: list[frozenset[int]] = [frozenset()] * world_size
+        #: the version committed when each rank's current incarnation joined: a report about
+        #: that view or an older one is not evidence about this incarnation
+        self.joined = [0] * world_size
         self.counted: set[tuple[int, int]] = set()  # failed incarnations (rank, rank_epoch)
         self.views: dict[int, bytes] = {}
         self.last_version = 0
@@ -193,13 +196,19 @@ class Invariants:
         kind = rec.kind
         if kind == "links":
             g.down = list(g.down)
-            g.down[rank] = links_down(rec.payload, g.world_size) - {rank}
+            down = links_down(rec.payload, g.world_size) - {rank}
+            about = rec.payload.get("version")
+            if about is not None:
+                down = frozenset(p for p in down if about > g.joined[p])
+            g.down[rank] = down
         elif kind == "join":
             inc = rec.payload.get("incarnation")
             if inc != g.incarnation[rank]:
-                # a new process: its evidence and every other rank's evidence about it lapse
+                # a new process: its evidence and every other rank's evidence about it lapse,
+                # and so does any report about a view committed before it joined
                 g.down = [d - {rank} for d in g.down]
                 g.down[rank] = frozenset()
+                g.joined[rank] = g.last_version
             elif g.state[rank] == OFFLINE:
                 g.down = list(g.down)
                 g.down[rank] = frozenset()

@@ -572,6 +572,23 @@ def test_twin_activation_healthy_clique() -> None:
     h.record("proposal", None, {}, [ProposalAccepted(proposal=pa, offset=h.offset)])
     with _raises("activation_healthy_clique"):  # rank 2 never joined
         h.prepare(2, (0, 1, 2), "proposal", proposals=[pa.id])
+    for about, broken in ((1, False), (2, True)):
+        # Rank 1 is replaced while view 1 holds: 0's report about view 1 describes the old
+        # process (the replacement may be activated); one about view 2 describes the new one.
+        h = History()
+        h.formed()
+        h.record("join", 1, {"incarnation": "i1b"}, [h.state(1, "SYNCED", inc="i1b")])
+        h.record("links", 1, {"incarnation": "i1b", "self_ready": True}, [])
+        h.record("tick", None, {}, [h.state(1, "HEALTHY", inc="i1b")])
+        down = {"incarnation": "i0", "self_ready": True, "down": [1], "version": about}
+        h.record("links", 0, down, [])
+        pa = _proposal(h.offset, "pending", "activate", (1,))
+        h.record("proposal", None, {}, [ProposalAccepted(proposal=pa, offset=h.offset)])
+        if broken:
+            with _raises("activation_healthy_clique"):
+                h.prepare(2, (0, 1), "proposal", proposals=[pa.id])
+        else:
+            h.prepare(2, (0, 1), "proposal", proposals=[pa.id])
 
 
 def test_twin_terminal_proposals_final() -> None:
