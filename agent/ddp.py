@@ -666,7 +666,8 @@ class StepAgreement:
             if store.add(f"{base}/ok", 1) == len(view.members):
                 answer = store.compare_set(decision, "", COMMIT)
                 if answer == COMMIT and index > 0:  # every member is past step index - 1
-                    self._janitor.forget(f"{self._prefix}/{view.version}/{index - 1}")
+                    done = f"{self._prefix}/{view.version}/{index - 1}"
+                    self._janitor.forget(f"{done}/ok", f"{done}/decision")
                 return answer == COMMIT
             return self._await_decision(store, view, decision)
         except RuntimeError as e:  # the store is unreachable: the step cannot be agreed
@@ -705,29 +706,30 @@ class StepAgreement:
         if self._store is None or self._store_address != address:
             self._store = plane.connect_store(*address)
             self._store_address = address
-            self._janitor = _Janitor(plane.connect_store(*address))
+            self._janitor = Janitor(plane.connect_store(*address))
         return self._store
 
 
-class _Janitor:
-    """Deletes the keys of decided steps on a thread of its own (off the step's critical path)."""
+class Janitor:
+    """Deletes the keys of decided steps on a thread of its own (off the step's critical path),
+    with a store client of its own."""
 
     def __init__(self, store: Any) -> None:
         self._store = store
-        self._queue: queue.SimpleQueue[str] = queue.SimpleQueue()
-        threading.Thread(target=self._run, name="foldplane-ddp-janitor", daemon=True).start()
+        self._queue: queue.SimpleQueue[tuple[str, ...]] = queue.SimpleQueue()
+        threading.Thread(target=self._run, name="foldplane-janitor", daemon=True).start()
 
-    def forget(self, step_prefix: str) -> None:
-        self._queue.put(step_prefix)
+    def forget(self, *keys: str) -> None:
+        self._queue.put(keys)
 
     def _run(self) -> None:
         while True:
-            prefix = self._queue.get()
+            keys = self._queue.get()
             try:
-                self._store.delete_key(f"{prefix}/ok")
-                self._store.delete_key(f"{prefix}/decision")
+                for key in keys:
+                    self._store.delete_key(key)
             except RuntimeError as e:  # the store moved or is down: the keys are only clutter
-                log.info("cannot delete the keys of %s: %s", prefix, e)
+                log.info("cannot delete %s: %s", ", ".join(keys), e)
                 return
 
 

@@ -25,11 +25,11 @@ the elastic one. Global ranks are ``replica * S + shard``.
 - **Every replica commits or skips the same steps, as a whole.** After the backward pass each
   shard rank votes whether its collectives succeeded on its own group
   (``agent.ddp.StepAgreement``: the decision is the same on all the view's members); then the
-  shard ranks of a replica all-gather their decisions and their views' members over the shard
-  group, and the replica steps only if every group committed and the members are the same in
-  all of them. A replica that steps therefore knows that every group's view had the same
-  members, each of which voted ok in every group and sees the same decisions: every replica of
-  the view steps, or none does.
+  shard ranks of a replica exchange their decisions and their views' members
+  (``ReplicaExchange``, a store the replica hosts), and the replica steps only if every group
+  committed and the members are the same in all of them. A replica that steps therefore knows
+  that every group's view had the same members, each of which voted ok in every group and sees
+  the same decisions: every replica of the view steps, or none does.
 - **Healing.** Entering a view, each shard rank syncs its own shards (parameters and optimizer
   state, the local pieces of the DTensors) with ``agent.ddp.sync_state`` over its group: a
   replacement replica's shard ``s`` receives them from shard ``s`` of the replica with the most
@@ -56,7 +56,7 @@ from agent.dataplane.group import ElasticProcessGroup
 from agent.dataplane.plane import DataPlane
 from agent.dataplane.view import ViewGroup
 from agent.dataplane.work import Work
-from agent.ddp import StepAgreement, sync_state
+from agent.ddp import Janitor, StepAgreement, sync_state
 
 log = logging.getLogger("foldplane.fsdp")
 
@@ -179,9 +179,80 @@ class ReplicateGroup(dist.ProcessGroup):
         return work
 
 
+class ReplicaExchange:
+    """The processes of one replica swap a small row each step, through a store the replica
+    hosts: its shard-0 process runs a ``TCPStore`` at the data plane's address
+    (``DataPlane.gloo_hostname``), and the others dial it.
+
+    Why not a collective on the shard group: a gloo operation hops from the caller to a
+    worker thread and to the transport's thread and back, and on loaded cores each hop waits
+    for one; a store call is a request and an answer from the calling thread (the step's
+    cost is ``fsdp step overhead`` in ``python -m benchmarks fsdp``). Why a store of the
+    replica's own: it fails with the replica, as the shard group does, and never with the coordinator
+    (whose restart a step survives by skipping, not by losing a replica).
+
+    Round ``n`` is every process's ``n``-th call: each sets ``<n>/<shard>`` and reads every
+    shard's key of round ``n`` (waiting for them); its key of round ``n - 1`` is deleted then,
+    off the step's path, since every process has read round ``n - 1`` before it sets round
+    ``n``. A process whose peers do not come within ``timeout_s`` (dead, as a lost replica's
+    are) gets a ``RuntimeError`` naming them, as a shard group's operation would.
+    """
+
+    def __init__(self, store: Any, janitor_store: Any, shard: int, shards: int) -> None:
+        self.shard = shard
+        self.shards = shards
+        self._store = store
+        self._janitor = Janitor(janitor_store)
+        self._round = 0
+
+    @classmethod
+    def open(
+        cls, rendezvous: dist.Store, host: str, shard: int, shards: int, timeout_s: float
+    ) -> ReplicaExchange:
+        """Host (shard 0) or dial the replica's store; its address goes through
+        ``rendezvous``, the replica's prefix of the coordinator's store."""
+        timeout = timedelta(seconds=timeout_s)
+        if shard == 0:
+            store = TCPStore(host, 0, is_master=True, wait_for_workers=False, timeout=timeout)
+            port = store.port
+            rendezvous.set("exchange", f"{host} {port}")
+        else:
+            address = rendezvous.get("exchange").decode()  # waits for shard 0
+            host, port_text = address.rsplit(" ", 1)
+            port = int(port_text)
+            store = TCPStore(host, port, is_master=False, timeout=timeout)
+        janitor = TCPStore(host, port, is_master=False, timeout=timeout)
+        return cls(store, janitor, shard, shards)
+
+    def all_gather(self, row: torch.Tensor) -> torch.Tensor:
+        """Every process's ``row`` (int64, the same length in all), shard by shard, as one
+        flat tensor."""
+        n = self._round
+        self._round += 1
+        keys = [f"fsdp-round/{n}/{s}" for s in range(self.shards)]
+        self._store.set(keys[self.shard], row.to(torch.int64).contiguous().numpy().tobytes())
+        try:
+            values = self._store.multi_get(keys)
+        except RuntimeError as exc:
+            raise RuntimeError(
+                f"shard {self.shard}: round {n} of the replica's exchange failed; "
+                f"{self._absent(keys)}: {exc}"
+            ) from exc
+        if n > 0:
+            self._janitor.forget(f"fsdp-round/{n - 1}/{self.shard}")
+        return torch.frombuffer(bytearray(b"".join(values)), dtype=torch.int64)
+
+    def _absent(self, keys: list[str]) -> str:
+        try:
+            absent = [s for s, key in enumerate(keys) if not self._store.check([key])]
+        except RuntimeError:
+            return "the replica's store (shard 0's process) is unreachable"
+        return f"shards {absent} never came" if absent else "every shard came"
+
+
 @dataclass(frozen=True)
 class HSDPMesh:
-    """A 2-D mesh ``("replicate", "shard")`` and its two groups."""
+    """A 2-D mesh ``("replicate", "shard")``, its two groups, and the replica's exchange."""
 
     device_mesh: DeviceMesh
     replicate: ReplicateGroup
@@ -190,6 +261,7 @@ class HSDPMesh:
     replicas: int
     shard: int
     shards: int
+    exchange: ReplicaExchange
 
 
 def hsdp_mesh(
@@ -216,7 +288,15 @@ def hsdp_mesh(
     replicas, replica = elastic.size(), elastic.rank()
     _ensure_world(replica * shards + shard, replicas * shards)
     shard_ranks = [replica * shards + i for i in range(shards)]
-    shard_group = _shard_group(plane, replica_id, shard, shards, timeout_s)
+    rendezvous = _replica_rendezvous(plane, replica_id, timeout_s)
+    # The shard group's ops wait for the slowest shard's view changes: a generous backstop.
+    replica_timeout_s = max(timeout_s, 4 * plane.collective_timeout_s)
+    shard_group = plain_group(
+        plane.kind.create(rendezvous, shard, shards, replica_timeout_s), rendezvous, shard, shards
+    )
+    exchange = ReplicaExchange.open(
+        rendezvous, plane.gloo_hostname, shard, shards, replica_timeout_s
+    )
     register_group(shard_group, plane.kind.name, f"hsdp/{replica_id}/shard", shard_ranks)
     replicate = ReplicateGroup(elastic)
     register_group(
@@ -232,7 +312,7 @@ def hsdp_mesh(
         mesh=mesh,
         mesh_dim_names=("replicate", "shard"),
     )
-    return HSDPMesh(device_mesh, replicate, shard_group, replica, replicas, shard, shards)
+    return HSDPMesh(device_mesh, replicate, shard_group, replica, replicas, shard, shards, exchange)
 
 
 def _data_plane(agent: Any, timeout_s: float) -> DataPlane:
@@ -261,18 +341,14 @@ def _ensure_world(rank: int, size: int) -> None:
     dist.init_process_group(WORLD_BACKEND, store=dist.HashStore(), rank=rank, world_size=size)
 
 
-def _shard_group(
-    plane: DataPlane, replica_id: str, shard: int, shards: int, timeout_s: float
-) -> dist.ProcessGroup:
-    """The replica's fixed group: a plain backend of the data plane's kind, on the store."""
+def _replica_rendezvous(plane: DataPlane, replica_id: str, timeout_s: float) -> dist.Store:
+    """The replica's prefix of the coordinator's store, where its fixed shard group (a plain
+    backend of the data plane's kind) and its exchange meet."""
     host, port = plane.store_address
     client = TCPStore(
         host, port, is_master=False, timeout=timedelta(seconds=timeout_s), wait_for_workers=False
     )
-    store = PrefixStore(f"foldplane-hsdp/{replica_id}/", client)
-    # The shard group's ops wait for the slowest shard's view changes: a generous backstop.
-    timeout = max(timeout_s, 4 * plane.collective_timeout_s)
-    return plain_group(plane.kind.create(store, shard, shards, timeout), store, shard, shards)
+    return PrefixStore(f"foldplane-hsdp/{replica_id}/", client)
 
 
 def plain_group(backend: Any, store: dist.Store, rank: int, size: int) -> dist.ProcessGroup:
@@ -361,13 +437,13 @@ class ElasticFSDP:
     def begin_step(self) -> None:
         """Pin the view of the next step: move to a newer view (healing joiners) if there is one.
 
-        A replica's processes move together: first they compare, over the shard group, the
-        members of the view each one's group had installed when the last step ended (gathered
-        with that step's decision in ``should_commit``, so a step costs no collective of its own
-        here; the first step gathers them itself). If those differ (one shard index's
-        group has committed a change that another's has not yet), none of them moves: each
-        runs the step on the view it is in (a local step if it is in none), and the agreement
-        skips or commits it as usual. Else the rules are ``agent.ddp``'s, one move per step:
+        A replica's processes move together: first they compare, through the replica's
+        exchange, the members of the view each one's group had installed when the last step
+        ended (exchanged with that step's decision in ``should_commit``, so a step costs no
+        round of its own here; the first step exchanges them itself). If those differ (one
+        shard index's group has committed a change that another's has not yet), none of them
+        moves: each runs the step on the view it is in (a local step if it is in none), and the
+        agreement skips or commits it as usual. Else the rules are ``agent.ddp``'s, one move per step:
         a process leaves its old view and heals into the new one (``sync_state``); after a
         failed view it waits up to ``view_wait_s`` (the collective timeout by default) for the
         next one and runs this step on the failed view (skipped); an inactive process waits up
@@ -418,9 +494,7 @@ class ElasticFSDP:
 
     def _replica_sees(self, view: ViewGroup) -> bool:
         """True if every process of this replica has installed a view of the same members."""
-        mine = self._members_row(view.members)
-        rows = torch.zeros(self.mesh.shards * self.mesh.replicas, dtype=torch.int64)
-        dist.all_gather_into_tensor(rows, mine, group=self.mesh.shard_group)
+        rows = self.mesh.exchange.all_gather(self._members_row(view.members))
         rows = rows.view(self.mesh.shards, -1)
         return bool((rows == rows[0]).all())
 
@@ -449,7 +523,7 @@ class ElasticFSDP:
             return False
         self._in_step = False
         view = self._step_view
-        replicate, shard_group = self.mesh.replicate, self.mesh.shard_group
+        replicate = self.mesh.replicate
         ok = view is not None and replicate.ok and all(w.wait() for w in replicate.works)
         works = replicate.works
         replicate.pin(None)
@@ -460,7 +534,7 @@ class ElasticFSDP:
             decided = self._agreement.agree(view, index, ok)
         # The replica commits only if the group of every shard index committed the step, on
         # views of the same members (else a replica could step in one group and not another).
-        # The same gather carries the members of the view each process has installed now, for
+        # The same exchange carries the members of the view each process has installed now, for
         # the next step's comparison (``begin_step``).
         replicas = self.mesh.replicas
         installed = self._plane.view_for_op("should_commit")
@@ -471,9 +545,7 @@ class ElasticFSDP:
                 self._members_row(installed.members),
             )
         )
-        rows = torch.zeros(self.mesh.shards * (1 + 2 * replicas), dtype=torch.int64)
-        dist.all_gather_into_tensor(rows, mine, group=shard_group)
-        rows = rows.view(self.mesh.shards, -1)
+        rows = self.mesh.exchange.all_gather(mine).view(self.mesh.shards, -1)
         step_rows, next_rows = rows[:, : 1 + replicas], rows[:, 1 + replicas :]
         committed = bool(step_rows[:, 0].all()) and bool((step_rows == step_rows[0]).all())
         self._next = (installed, bool((next_rows == next_rows[0]).all()))
