@@ -70,7 +70,17 @@ def collectives(rank: int, world: int) -> dict[str, Any]:
     out["mesh"] = [mesh.size(), mesh.get_rank()]
     reduced = funcol.all_reduce(torch.full((2,), float(rank + 1)), "sum", mesh)
     out["funcol_all_reduce"] = funcol.wait_tensor(reduced).tolist()
+    out["split_group"] = split_group_outcome()
     return out
+
+
+def split_group_outcome() -> str:
+    """What ``dist.split_group`` does here: the error torch raises, or ``"split"``."""
+    try:
+        dist.split_group(split_ranks=[[r] for r in range(dist.get_world_size())])
+    except (RuntimeError, ValueError) as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return "split"
 
 
 def main() -> int:

@@ -4,11 +4,14 @@ gloo worker processes started by the launcher, each calling ``dist.init_process_
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 DIST_WORKER = Path(__file__).with_name("dist_worker.py")
+ROOT = Path(__file__).resolve().parents[2]
 ALL = [0, 1, 2]
 
 pytestmark = pytest.mark.timeout(240)
@@ -40,6 +43,26 @@ def test_init_process_group_foldplane_and_every_dist_collective(workers):
         # A one-dimensional DeviceMesh over the group, and functional collectives on it.
         assert got["mesh"] == [3, r] and got["funcol_all_reduce"] == [6.0, 6.0], got
     assert res[1]["recv"] == [42.0, 42.0]
+    # dist.split_group: torch refuses it before the group is reached unless the default group
+    # is bound to a device; a plain gloo default group gets the very same answer.
+    gloo = _gloo_split_group_outcome()
+    assert gloo.startswith("RuntimeError: No device associated with the default pg"), gloo
+    assert {got["split_group"] for got in res.values()} == {gloo}
+
+
+def _gloo_split_group_outcome() -> str:
+    """``dist.split_group`` on a one-process gloo default group, in a process of its own."""
+    code = (
+        "import torch.distributed as dist\n"
+        "from tests.agent.dist_worker import split_group_outcome\n"
+        "dist.init_process_group('gloo', store=dist.HashStore(), rank=0, world_size=1)\n"
+        "print(split_group_outcome())\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip().splitlines()[-1]
 
 
 @pytest.mark.slow

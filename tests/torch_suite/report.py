@@ -151,6 +151,20 @@ def render(runs: list[dict[str, Any]]) -> str:
         lines.append(f"| `{_cell(name)}` | {_cell(reason)} | {names} |")
     lines += [
         "",
+        "## Beyond the suite: `dist.split_group`",
+        "",
+        "The suite has no test of `dist.split_group`. torch refuses it before any group is "
+        "reached unless the default group is bound to a device (`init_process_group(..., "
+        "device_id=...)`) and an accelerator is present: on this CPU build every backend gets "
+        '"No device associated with the default pg, not safe to split any process groups", '
+        "gloo included. `tests/agent/test_dist.py::"
+        "test_init_process_group_foldplane_and_every_dist_collective` checks that foldplane's "
+        "ranks get the same answer as a plain gloo default group. With a GPU, torch then asks "
+        "the parent's backend whether it supports splitting; foldplane's group has not been "
+        "run there (no GPU in this project's CI), so `split_group` on a foldplane group is "
+        "unsupported for now. `dist.new_group` over the same ranks works everywhere "
+        "(`subgroup` above).",
+        "",
         "## Every test that did not pass",
         "",
         "Grouped by the first line of the error, or the reason of the skip.",
