@@ -63,7 +63,10 @@ def test_coalesced_misuse_raises_and_names_what_is_wrong(make_plane) -> None:
 
 def test_all_reduce_sums_sparse_tensors_on_gloo(make_plane) -> None:
     pgs = _pgs(make_plane)
-    sparse = [torch.sparse_coo_tensor([[r]], [float(r + 1)], (4,)) for r in range(2)]
+    sparse = [
+        torch.sparse_coo_tensor([[r]], [float(r + 1)], (4,), check_invariants=True)
+        for r in range(2)
+    ]
     works = _together([lambda r=r: pgs[r].all_reduce(sparse[r], async_op=True) for r in range(2)])
     assert all(w.wait() for w in works)
     for t in sparse:
