@@ -9,6 +9,9 @@ serves several groups from one store hands each group its own prefix).
 - ``members/<version>/<rank>``: the incarnation that took part in view ``version`` as ``rank``.
 - ``fail/<version>/<rank>``: the key ``rank``'s watcher waits on for view ``version``: a poison
   notice (JSON, see :mod:`agent.dataplane.poison`) or ``retired`` when the rank itself moved on.
+- ``poisoned/<version>``: the same notice, once per view: a rank that moved on from the view
+  while operations of its own were still in flight there waits on it (its ``fail`` key then
+  belongs to the watcher of its new view).
 - ``view/<version>/``: the prefix under which the backend of view ``version`` rendezvouses.
 - ``subgroup/<version>/<name>/``: the prefix under which torch's subgroup ``name`` (from
   ``dist.new_group``) rendezvouses, made while view ``version`` was installed.
@@ -33,6 +36,10 @@ def member(version: int, rank: int) -> str:
 
 def fail(version: int, rank: int) -> str:
     return f"fail/{version}/{rank}"
+
+
+def poisoned(version: int) -> str:
+    return f"poisoned/{version}"
 
 
 def rendezvous_prefix(version: int) -> str:

@@ -13,7 +13,8 @@ coordinator that hosts it restarted or failed over) and every later view rendezv
 - the watcher thread, blocked on ``fail/<v>/<rank>`` of the current view, has its own: a poison
   notice there fails the view at once (see :mod:`agent.dataplane.poison`);
 - one builder thread per installed view in which this rank is active takes a rendezvous client
-  that no other rendezvous is using (see ``rendezvous_store``);
+  that no other rendezvous is using (see ``rendezvous_store``); so does the watch of a view this
+  rank moved on from while an operation of its own still runs there (see :mod:`agent.dataplane.view`);
 - the reaper thread releases retired backends (see :mod:`agent.dataplane.backend`).
 """
 

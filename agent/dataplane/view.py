@@ -12,6 +12,11 @@ Rules:
 - The hint is decided off the caller's thread: a local failure first poisons every member's
   ``fail/<v>/<rank>`` key (so they fail fast too), then the liveness counters say which peers are
   dead. The hint is the union of those and the ranks blamed directly; it never names this rank.
+- A view this rank moved on from (a newer one is installed) may still have operations of this
+  rank in flight, issued before the move (an operation issued later pinned to it fails at once:
+  the rank leaves the view). Its poison key then belongs to the watcher of the new view, so a
+  thread of the old view waits on ``poisoned/<v>``, which every poisoner also writes, for as
+  long as such operations run: they fail fast too, instead of waiting out their deadline.
 """
 
 from __future__ import annotations
@@ -21,9 +26,10 @@ import threading
 import time
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Protocol
 
-from torch.distributed import PrefixStore, Store
+from torch.distributed import DistStoreError, PrefixStore, Store
 
 from agent.dataplane import keys
 from agent.dataplane.backend import BackendKind
@@ -31,6 +37,9 @@ from agent.dataplane.liveness import find_dead
 from agent.dataplane.poison import PoisonNotice
 
 log = logging.getLogger(__name__)
+
+# How often the watch of a view this rank moved on from looks whether its operations there ended.
+RETIRED_WATCH_SLICE_S = 0.5
 
 
 class ViewContext(Protocol):
@@ -88,6 +97,7 @@ class ViewGroup:
         self._pending: set[Waiter] = set()
         self._inflight = 0  # operations the backend has not finished, waited on or not
         self._orphan: object | None = None  # a retired backend, released once it is idle
+        self._retired_watch = False  # a thread waits on ``poisoned/<v>`` for the ops left here
 
     # -- queries ------------------------------------------------------------------------------
 
@@ -227,6 +237,9 @@ class ViewGroup:
     def op_started(self) -> None:
         with self._cond:
             self._inflight += 1
+            watch = self._needs_retired_watch()
+        if watch:
+            self._start_retired_watch()
 
     def op_ended(self) -> None:
         """An operation ended in the backend; a retired backend is released once none is left.
@@ -239,8 +252,15 @@ class ViewGroup:
             orphan = self._orphan if self._inflight == 0 else None
             if orphan is not None:
                 self._orphan = None
+            if self._inflight == 0:
+                self._cond.notify_all()
         if orphan is not None:
             self._ctx.kind.abandon(orphan)
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Wait until no operation of this rank runs in the view's backend; False on timeout."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._inflight == 0, timeout)
 
     # -- failure ------------------------------------------------------------------------------
 
@@ -294,6 +314,7 @@ class ViewGroup:
                 ).encode()
                 for member in self.members:  # this rank too: it frees our own watcher
                     store.set(keys.fail(self.version, member), notice)
+                store.set(keys.poisoned(self.version), notice)  # for members that moved on
             dead = find_dead(
                 store,
                 self.version,
@@ -335,7 +356,10 @@ class ViewGroup:
                 self._orphan, backend = backend, None  # released by the last op_ended()
             watched = self.active
             pending = list(self._pending) if wake else []
+            watch = not wake and self._needs_retired_watch()
             self._cond.notify_all()
+        if watch:
+            self._start_retired_watch()
         if watched:
             try:
                 self._ctx.control_store().set(keys.fail(self.version, self._ctx.rank), keys.RETIRED)
@@ -349,3 +373,61 @@ class ViewGroup:
         self._ctx.kind.abandon(backend)
         for work in pending:
             work.wake()
+
+    # -- operations left on a view this rank moved on from ------------------------------------
+
+    def _needs_retired_watch(self) -> bool:
+        """Under ``_cond``: True if a watch must start now (and it is marked as started)."""
+        if (
+            not self._retired
+            or not self.active
+            or self._failure is not None
+            or self._inflight == 0
+            or self._retired_watch
+        ):
+            return False
+        self._retired_watch = True
+        return True
+
+    def _start_retired_watch(self) -> None:
+        threading.Thread(
+            target=self._watch_retired,
+            name=f"dataplane-retired-watch-v{self.version}",
+            daemon=True,
+        ).start()
+
+    def _watch_retired(self) -> None:
+        """Wait on ``poisoned/<v>`` while this rank still has operations in flight on the view:
+        a member that has not moved on poisons it when its own operation fails, and the
+        operations here fail from that notice. Leaves once none is in flight (looking every
+        ``RETIRED_WATCH_SLICE_S``), or once the view failed."""
+        key = keys.poisoned(self.version)
+        slice_ = timedelta(seconds=RETIRED_WATCH_SLICE_S)
+        raw: bytes | None = None
+        try:
+            with self._ctx.rendezvous_store() as store:
+                while raw is None:
+                    with self._cond:
+                        if self._failure is not None or self._inflight == 0:
+                            self._retired_watch = False
+                            return
+                    try:
+                        store.wait([key], slice_)
+                    except DistStoreError:  # this slice timed out: look again
+                        continue
+                    raw = store.get(key)
+        except RuntimeError as e:  # the store is down or moved: the deadline still ends the ops
+            log.warning(
+                "rank %d: cannot watch view %d it moved on from: %s",
+                self._ctx.rank,
+                self.version,
+                e,
+            )
+            with self._cond:
+                self._retired_watch = False
+            return
+        try:
+            notice = PoisonNotice.decode(raw)
+        except ValueError as e:
+            notice = PoisonNotice(self.version, -1, (), f"unreadable poison notice ({e})")
+        self.fail_from(notice)

@@ -307,3 +307,35 @@ def test_a_raising_evidence_callback_does_not_stop_the_data_plane(make_plane) ->
     dp.install_view(2, [0])
     assert dp.process_group().all_reduce(torch.ones(1)).wait()
     assert [c[0] for c in calls] == [1, 2]
+
+
+def test_an_op_left_in_flight_on_a_view_this_rank_moved_on_from_still_fails_fast_on_poison(
+    make_plane,
+) -> None:
+    # Rank 0 has an operation in flight on view 1 when its agent installs view 2 (the training
+    # thread still waits on it); rank 1, still on view 1, then sees view 1 fail. Rank 0's
+    # operation fails from rank 1's poison notice, not at its deadline (the failure's reason
+    # says which). An operation issued later pinned to view 1 fails at once (rank 0 leaves it).
+    a = make_plane(rank=0, world_size=2, p2p_timeout_s=5.0)
+    b = make_plane(rank=1, world_size=2, p2p_timeout_s=5.0)
+    for dp in (a, b):
+        dp.install_view(1, [0, 1])
+    pa, pb = a.process_group(), b.process_group()
+    built = pa.barrier(async_op=True), pb.barrier(async_op=True)
+    assert all(w.wait() for w in built)
+    old = a.current_view()
+    straddling = pa.all_reduce(torch.ones(2), async_op=True)  # rank 1 never joins it
+    a.install_view(2, [0, 1])
+    b.inject_link_failure(0)
+    b.install_view(2, [0, 1])
+    assert straddling.wait() is False
+    assert old.failure is not None
+    assert old.failure.reason.startswith("rank 1 poisoned view 1: injected link failure"), (
+        old.failure.reason
+    )
+    assert pa.get_failed_ranks_hint(straddling).tolist() == [0, 1]
+    new = pa.all_reduce(torch.ones(2), async_op=True), pb.all_reduce(torch.ones(2), async_op=True)
+    assert all(w.wait() for w in new)  # view 2 is untouched
+    # gloo ends the operation rank 0 left running at its own timeout (5 s): no backend is
+    # destroyed with an operation inside it when the test's process exits.
+    assert old.wait_idle(15), "rank 0's operation on view 1 still runs in gloo"
