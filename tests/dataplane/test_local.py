@@ -315,7 +315,7 @@ def test_an_op_left_in_flight_on_a_view_this_rank_moved_on_from_still_fails_fast
     # Rank 0 has an operation in flight on view 1 when its agent installs view 2 (the training
     # thread still waits on it); rank 1, still on view 1, then sees view 1 fail. Rank 0's
     # operation fails from rank 1's poison notice, not at its deadline (the failure's reason
-    # says which). An operation issued later pinned to view 1 fails at once (rank 0 leaves it).
+    # says which).
     a = make_plane(rank=0, world_size=2, p2p_timeout_s=5.0)
     b = make_plane(rank=1, world_size=2, p2p_timeout_s=5.0)
     for dp in (a, b):
