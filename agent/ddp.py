@@ -717,10 +717,19 @@ class Janitor:
     def __init__(self, store: Any) -> None:
         self._store = store
         self._queue: queue.SimpleQueue[tuple[str, ...]] = queue.SimpleQueue()
+        self._unfinished = 0  # ``forget`` calls whose keys are not deleted yet
+        self._idle = threading.Condition()
         threading.Thread(target=self._run, name="foldplane-janitor", daemon=True).start()
 
     def forget(self, *keys: str) -> None:
+        with self._idle:
+            self._unfinished += 1
         self._queue.put(keys)
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Wait until every key given so far is deleted; False on timeout (or a failed delete)."""
+        with self._idle:
+            return self._idle.wait_for(lambda: self._unfinished == 0, timeout)
 
     def _run(self) -> None:
         while True:
@@ -731,6 +740,9 @@ class Janitor:
             except RuntimeError as e:  # the store moved or is down: the keys are only clutter
                 log.info("cannot delete %s: %s", ", ".join(keys), e)
                 return
+            with self._idle:
+                self._unfinished -= 1
+                self._idle.notify_all()
 
 
 class _KeepBuckets:

@@ -448,10 +448,7 @@ class DataPlane:
                 continue
             if raw == keys.RETIRED:
                 return None
-            try:
-                return PoisonNotice.decode(raw)
-            except ValueError as e:
-                return PoisonNotice(view.version, -1, (), f"unreadable poison notice ({e})")
+            return PoisonNotice.read(view.version, raw)
         return None
 
     # -- checks -------------------------------------------------------------------------------

@@ -50,6 +50,15 @@ class PoisonNotice:
         except (ValueError, KeyError, TypeError) as e:
             raise ValueError(f"malformed poison notice {raw[:200]!r}: {e}") from e
 
+    @classmethod
+    def read(cls, version: int, raw: bytes) -> PoisonNotice:
+        """The notice a watcher of view ``version`` found; a damaged one still fails the view,
+        blaming nobody and saying why."""
+        try:
+            return cls.decode(raw)
+        except ValueError as e:
+            return cls(version, -1, (), f"unreadable poison notice ({e})")
+
     def blamed_by(self, rank: int) -> tuple[int, ...]:
         """The ranks ``rank`` blames on this notice.
 

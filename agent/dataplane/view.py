@@ -426,8 +426,4 @@ class ViewGroup:
             with self._cond:
                 self._retired_watch = False
             return
-        try:
-            notice = PoisonNotice.decode(raw)
-        except ValueError as e:
-            notice = PoisonNotice(self.version, -1, (), f"unreadable poison notice ({e})")
-        self.fail_from(notice)
+        self.fail_from(PoisonNotice.read(self.version, raw))

@@ -26,3 +26,11 @@ def test_both_ends_of_a_link_blame_each_other_and_bystanders_adopt_the_senders_n
 def test_a_damaged_notice_is_refused_with_its_bytes(raw: bytes) -> None:
     with pytest.raises(ValueError, match="malformed poison notice"):
         PoisonNotice.decode(raw)
+
+
+def test_a_watcher_reads_a_damaged_notice_as_a_failure_blaming_nobody() -> None:
+    notice = PoisonNotice.read(3, b"not json")
+    assert (notice.version, notice.by, notice.named) == (3, -1, ())
+    assert notice.reason.startswith("unreadable poison notice (malformed poison notice b'not json'")
+    good = PoisonNotice(3, by=1, named=(2,), reason="timeout")
+    assert PoisonNotice.read(3, good.encode()) == good
