@@ -611,7 +611,8 @@ def send_state(
         dtypes = sorted({d for d, _ in layout})
         for dtype in dtypes:
             parts = [t.reshape(-1) for t, (d, _) in zip(tensors, layout, strict=True) if d == dtype]
-            flats.append(torch.cat(parts) if parts else torch.empty(0))
+            # the state travels as CPU tensors (gloo) whatever device it lives on
+            flats.append(torch.cat(parts).cpu() if parts else torch.empty(0))
         buf = io.BytesIO()
         torch.save({"skeleton": skeleton, "layout": layout, "dtypes": dtypes}, buf)
         header = torch.frombuffer(bytearray(buf.getbuffer()), dtype=torch.uint8)

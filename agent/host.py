@@ -85,7 +85,8 @@ def _env(name: str) -> str | None:
 
 
 def default_backend() -> str:
-    """NCCL where CUDA is available, gloo otherwise."""
+    """``"nccl"`` where CUDA is available (CUDA tensors through NCCL, CPU tensors through gloo,
+    as torch's default ``"cpu:gloo,cuda:nccl"`` group), ``"gloo"`` otherwise."""
     import torch
 
     return "nccl" if torch.cuda.is_available() else "gloo"
@@ -145,6 +146,9 @@ class Agent:
         token = token or _env("FOLDPLANE_TOKEN")
         self._backend = backend
         self._device = device
+        #: an explicit backend="nccl" builds NCCL with every view; the default on a GPU host
+        #: builds it at the first CUDA tensor (a CPU-only job on a GPU host never starts NCCL)
+        self._eager_cuda = backend == "nccl"
         self._collective_timeout_s = collective_timeout_s
         self._p2p_timeout_s = p2p_timeout_s
         self._machine = AgentMachine(
@@ -417,11 +421,14 @@ class Agent:
         Blocks until the data plane is connected: the store's address comes with the first
         update after the join. The group is a ``torch.distributed.ProcessGroup`` registered
         with torch (the default group when there is none yet), so ``dist.*(..., group=pg)``
-        works on it.
+        works on it. ``backend="gloo"`` is accepted by a ``"nccl"`` data plane too: it serves CPU
+        tensors through gloo in every view.
         """
         if not self._started:
             raise RuntimeError("call agent.start() before agent.process_group()")
-        if backend is not None and backend != self._backend:
+        # A "nccl" data plane serves CPU tensors through gloo: asking for gloo is asking for
+        # what it already does for them.
+        if backend is not None and backend != self._backend and backend != "gloo":
             raise ValueError(
                 f"the data plane of rank {self.rank} uses {self._backend!r} "
                 f"(Agent(backend=...)); process_group(backend={backend!r}) cannot change it"
@@ -523,6 +530,7 @@ class Agent:
                 incarnation=self.incarnation,
                 backend=self._backend,
                 device=self._device,
+                eager_cuda=self._eager_cuda,
                 collective_timeout_s=self._collective_timeout_s,
                 p2p_timeout_s=self._p2p_timeout_s,
                 on_link_evidence=self._on_link_evidence,
