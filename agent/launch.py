@@ -3,7 +3,9 @@
 ``python -m agent.launch --coordinator URL --group G --nproc 4 train.py --lr 0.1`` starts ranks
 0..3 of group ``G``, each with the environment ``Agent()`` reads (``FOLDPLANE_COORDINATOR``,
 ``FOLDPLANE_GROUP``, ``FOLDPLANE_RANK``, ``FOLDPLANE_INCARNATION`` and, when the launcher knows
-``FOLDPLANE_SECRET``, the rank's own agent token as ``FOLDPLANE_TOKEN``), and, unless started
+``FOLDPLANE_SECRET``, the rank's own agent token as ``FOLDPLANE_TOKEN``), torchrun's ``RANK``,
+``LOCAL_RANK``, ``LOCAL_WORLD_SIZE`` and ``WORLD_SIZE`` (a GPU worker's device is
+``cuda:LOCAL_RANK``; a replacement keeps its predecessor's), and, unless started
 with ``--no-relay``, ``FOLDPLANE_RELAY``: the address of the per-host relay (``agent/relay.py``)
 the launcher runs, through which every worker's agent sends its events and polls its updates.
 
@@ -103,6 +105,7 @@ class Launcher:
         stdout: int | None = None,
         stderr: int | None = None,
         relay: bool = True,
+        world_size: int | None = None,
     ) -> None:
         if not command:
             raise ValueError("the launcher needs a command to run")
@@ -131,6 +134,8 @@ class Launcher:
         #: the per-host relay the workers talk through (from the first spawn on), or None
         self.relay: Relay | None = None
         self._use_relay = relay
+        #: torchrun's WORLD_SIZE for the workers (the group's world size), when known
+        self.world_size = world_size
 
     # -- processes -------------------------------------------------------------------------------
 
@@ -155,6 +160,7 @@ class Launcher:
             env["FOLDPLANE_TOKEN"] = agent_token(self._secret, self.group, rank)
         if self.relay is not None:
             env["FOLDPLANE_RELAY"] = self.relay.url
+        env.update(self.torchrun_env(rank))
         process = subprocess.Popen(
             self.command, env=env, stdin=self._stdin, stdout=self._stdout, stderr=self._stderr
         )
@@ -171,6 +177,19 @@ class Launcher:
         return worker
 
     replace = spawn
+
+    def torchrun_env(self, rank: int) -> dict[str, str]:
+        """torchrun's variables for ``rank``: ``RANK``, ``LOCAL_RANK`` (its place among this
+        launcher's ranks, so its GPU is ``cuda:LOCAL_RANK``; a replacement takes its
+        predecessor's), ``LOCAL_WORLD_SIZE`` and, when known, ``WORLD_SIZE``."""
+        env = {
+            "RANK": str(rank),
+            "LOCAL_RANK": str(self.ranks.index(rank)),
+            "LOCAL_WORLD_SIZE": str(len(self.ranks)),
+        }
+        if self.world_size is not None:
+            env["WORLD_SIZE"] = str(self.world_size)
+        return env
 
     def worker(self, rank: int) -> Worker:
         return self._workers[rank]
@@ -382,7 +401,13 @@ def main(argv: list[str] | None = None) -> int:
         replace_failed=a.replace_failed,
         max_replacements=a.max_replacements,
         relay=not a.no_relay,
+        world_size=a.world_size,
     )
+    if a.world_size is None:  # joining a group made elsewhere: torchrun's WORLD_SIZE from it
+        try:
+            launcher.world_size = int(launcher.client.group(a.group)["world_size"])
+        except (CoordinatorError, CoordinatorUnavailable, KeyError, TypeError, ValueError) as exc:
+            log.warning("group %r: world size unknown (%s); WORLD_SIZE is not set", a.group, exc)
     if a.world_size is not None:
         try:
             launcher.client.create_group(a.group, a.world_size)
