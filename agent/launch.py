@@ -405,7 +405,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     if a.world_size is None:  # joining a group made elsewhere: torchrun's WORLD_SIZE from it
         try:
-            launcher.world_size = int(launcher.client.group(a.group)["world_size"])
+            launcher.world_size = int(launcher.client.group(a.group)["config"]["world_size"])
         except (CoordinatorError, CoordinatorUnavailable, KeyError, TypeError, ValueError) as exc:
             log.warning("group %r: world size unknown (%s); WORLD_SIZE is not set", a.group, exc)
     if a.world_size is not None:
