@@ -10,6 +10,10 @@ Each ``step`` event carries what a test needs to check the step from outside: th
 the parameters the step started from, the gradients it used (the mean over the members, as DDP
 left them in ``.grad``), a digest of the parameters and the optimizer state afterwards, and the
 rank's last heal (from whom, at how many committed steps).
+
+With ``GPU_TEST_DEVICE=cuda:0`` in the environment (the GPU suite, ``tests/gpu``), the model
+and its batches live on that GPU and the gradients are averaged over NCCL; several ranks then
+share the GPU as ``tests/gpu/worker.py`` describes.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import json
+import os
 import sys
 import traceback
 from typing import Any
@@ -27,6 +32,8 @@ from agent import Agent
 from agent.ddp import DistributedDataParallel, ElasticOptimizer
 
 IN, HIDDEN, OUT, BATCH = 4, 3, 1, 8
+#: the GPU suite's device (None: the CPU, gloo)
+GPU = os.environ.get("GPU_TEST_DEVICE") or None
 
 
 def make_model(seed: int) -> torch.nn.Module:
@@ -44,7 +51,8 @@ def batch(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 def loss_of(model: torch.nn.Module, seed: int) -> torch.Tensor:
     x, y = batch(seed)
-    return torch.nn.functional.mse_loss(model(x), y)
+    device = next(model.parameters()).device
+    return torch.nn.functional.mse_loss(model(x.to(device)), y.to(device))
 
 
 def flat(tensors: list[torch.Tensor]) -> list[float]:
@@ -54,7 +62,7 @@ def flat(tensors: list[torch.Tensor]) -> list[float]:
 def digest(tensors: list[torch.Tensor]) -> str:
     h = hashlib.sha256()
     for t in tensors:
-        c = t.detach().contiguous()
+        c = t.detach().cpu().contiguous()
         h.update(ctypes.string_at(c.data_ptr(), c.numel() * c.element_size()))
     return h.hexdigest()
 
@@ -74,12 +82,21 @@ def emit(event: str, **fields: Any) -> None:
 
 def main() -> int:
     timeout_s = float(sys.argv[1]) if len(sys.argv) > 1 else 5.0
+    gpu: dict[str, Any] = {}
+    if GPU is not None:
+        from tests.gpu.worker import share_gpu
+
+        share_gpu(int(os.environ["RANK"]), os.environ["FOLDPLANE_INCARNATION"])
+        gpu = {"backend": "nccl", "device": GPU}
     agent = Agent(
-        heartbeat_interval_s=0.25, collective_timeout_s=timeout_s, p2p_timeout_s=timeout_s
+        heartbeat_interval_s=0.25, collective_timeout_s=timeout_s, p2p_timeout_s=timeout_s, **gpu
     ).start()
     rank = agent.rank
     pg = agent.process_group()
-    model = DistributedDataParallel(make_model(1000 + rank), pg)  # different on every rank
+    module = make_model(1000 + rank)  # different on every rank
+    if GPU is not None:
+        module = module.to(GPU)
+    model = DistributedDataParallel(module, pg)
     opt = ElasticOptimizer(model, torch.optim.Adam(model.parameters(), lr=0.05))
     emit("started", rank=rank, incarnation=agent.incarnation)
     iteration = 0
