@@ -24,12 +24,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING, Protocol
+from typing import Any, Protocol
 
 import torch
-
-if TYPE_CHECKING:
-    from agent.dataplane.work import Work
 
 log = logging.getLogger(__name__)
 
@@ -39,12 +36,15 @@ POLL_MIN_S = 5e-5
 POLL_MAX_S = 0.002
 
 
-class SuspectView(Protocol):
-    """What the watch needs of a view whose operation runs long: to check its members' liveness."""
+class Followed(Protocol):
+    """What the watch needs of an operation (``agent.dataplane.work.Work``)."""
 
-    version: int
+    #: when it was issued (``time.monotonic()``)
+    _issued: float
+    #: its view (``agent.dataplane.view.ViewGroup``): ``failure``, ``version``, ``check_liveness``
+    _view: Any
 
-    def check_liveness(self) -> None: ...
+    def _poll_cuda(self, now: float) -> bool: ...
 
 
 class EndEvents:
@@ -92,11 +92,11 @@ class CudaWatch:
         self._closed = closed
         self._window_s = liveness_window_s
         self._cond = threading.Condition()
-        self._works: list[Work] = []
+        self._works: list[Followed] = []
         self._thread: threading.Thread | None = None
         self._checking: set[int] = set()  # views whose liveness is being checked now (by id)
 
-    def track(self, work: Work) -> None:
+    def track(self, work: Followed) -> None:
         with self._cond:
             self._works.append(work)
             if self._thread is None:
@@ -133,7 +133,7 @@ class CudaWatch:
             delay = min(max(delay * 2, POLL_MIN_S), POLL_MAX_S)
             time.sleep(delay)
 
-    def _suspect(self, work: Work) -> None:
+    def _suspect(self, work: Followed) -> None:
         """``work`` has run longer than a liveness window: check its view's members, once at a
         time per view, in a thread of its own (the check waits one window)."""
         view = work._view
