@@ -577,9 +577,13 @@ class Agent:
         self._publish(view=view)
 
     def _on_link_evidence(self, version: int, peers: dict[int, str], failed: list[int]) -> None:
-        """Called from a data-plane thread: queue it, never block."""
+        """Called from a data-plane thread: queue it, never block. A failure that blames
+        nobody carries the operations this rank had issued and completed on the view."""
+        plane = self._data_plane
+        blamed = failed or any(status == "down" for status in peers.values())
+        ops = None if blamed or plane is None else plane.ops_at_failure(version)
         self._inbox.put(
-            LinkEvidence(time.monotonic(), version, dict(peers), tuple(int(r) for r in failed))
+            LinkEvidence(time.monotonic(), version, dict(peers), tuple(int(r) for r in failed), ops)
         )
 
     def _shutdown_with_save(self, action: ShutdownWithSave) -> None:

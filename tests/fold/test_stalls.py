@@ -18,15 +18,16 @@ HB = 3.0  # heartbeat_timeout_s
 
 
 def failed(s: Script, rank: int, version: int, issued: int, completed: int) -> list[Any]:
-    payload = {"incarnation": s.inc(rank), **links_event((), (), True, version, (issued, completed))}
+    payload = {
+        "incarnation": s.inc(rank),
+        **links_event((), (), True, version, (issued, completed)),
+    }
     return s.record("links", "g", rank, payload)
 
 
 def formed(world_size: int = 4, **config: Any) -> Script:
     s = Script()
-    s.at(0).form(
-        world_size=world_size, reconcile_window_s=WINDOW, heartbeat_timeout_s=HB, **config
-    )
+    s.at(0).form(world_size=world_size, reconcile_window_s=WINDOW, heartbeat_timeout_s=HB, **config)
     assert s.m.current_view("g").version == 1
     return s
 
