@@ -301,8 +301,11 @@ class RankStateChanged:
 
 @dataclass(frozen=True)
 class ShutdownWithSave:
+    """The group's shutdown directive; ``checkpoint_rank`` is the rank that saves."""
+
     reason: str
     detail: str
+    checkpoint_rank: int | None = None
 
 
 @dataclass(frozen=True)
@@ -522,8 +525,13 @@ class AgentMachine:
                 actions.append(RefitUpdate(update))
             elif kind == "shutdown_with_save" and not self._shutdown_seen:
                 self._shutdown_seen = True
+                saver = update.get("checkpoint_rank")
                 actions.append(
-                    ShutdownWithSave(str(update.get("reason", "")), str(update.get("detail", "")))
+                    ShutdownWithSave(
+                        str(update.get("reason", "")),
+                        str(update.get("detail", "")),
+                        saver if type(saver) is int else None,
+                    )
                 )
         # A resync names where the log now stands, which is behind us after a restore.
         self.after = event.next_after if event.resync else max(self.after, event.next_after)
