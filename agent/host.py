@@ -143,6 +143,7 @@ class Agent:
         self.incarnation = incarnation or _env("FOLDPLANE_INCARNATION") or uuid.uuid4().hex
         self.world_size: int | None = None
         self.on_shutdown_with_save = on_shutdown_with_save
+        self._shutdown_directive: ShutdownWithSave | None = None
         token = token or _env("FOLDPLANE_TOKEN")
         self._backend = backend
         self._device = device
@@ -254,6 +255,28 @@ class Agent:
     def state(self) -> str:
         """This rank's physical state as the coordinator last reported it."""
         return self._state
+
+    @property
+    def checkpoint_rank(self) -> int | None:
+        """The rank that saves the group's checkpoints: the one the latest committed view
+        names (the operator's pin while it is active and alive, else the lowest active rank;
+        after a death the next view names the next one), or, once the group was told to shut
+        down, the one that directive names. None before the first view."""
+        shutdown = self._shutdown_directive
+        if shutdown is not None and shutdown.checkpoint_rank is not None:
+            return shutdown.checkpoint_rank
+        view = self._view
+        return None if view is None else view.checkpoint_rank
+
+    def is_checkpoint_rank(self) -> bool:
+        """Whether this rank saves the group's checkpoints (``checkpoint_rank``): the elastic
+        form of ``if rank == 0: save(...)``, which nobody runs once rank 0 has died."""
+        return self.checkpoint_rank == self.rank
+
+    @property
+    def shutdown_directive(self) -> ShutdownWithSave | None:
+        """The group's ``shutdown_with_save`` (reason, detail, checkpoint rank), once received."""
+        return self._shutdown_directive
 
     @property
     def data_plane(self) -> Any:
@@ -585,13 +608,24 @@ class Agent:
         self._publish(view=view)
 
     def _on_link_evidence(self, version: int, peers: dict[int, str], failed: list[int]) -> None:
-        """Called from a data-plane thread: queue it, never block."""
+        """Called from a data-plane thread: queue it, never block. A failure that blames
+        nobody carries the operations this rank had issued and completed on the view."""
+        plane = self._data_plane
+        blamed = failed or any(status == "down" for status in peers.values())
+        ops = None if blamed or plane is None else plane.ops_at_failure(version)
         self._inbox.put(
-            LinkEvidence(time.monotonic(), version, dict(peers), tuple(int(r) for r in failed))
+            LinkEvidence(time.monotonic(), version, dict(peers), tuple(int(r) for r in failed), ops)
         )
 
     def _shutdown_with_save(self, action: ShutdownWithSave) -> None:
-        log.warning("rank %d: shutdown_with_save: %s: %s", self.rank, action.reason, action.detail)
+        log.warning(
+            "rank %d: shutdown_with_save: %s: %s (checkpoint rank %s)",
+            self.rank,
+            action.reason,
+            action.detail,
+            action.checkpoint_rank,
+        )
+        self._shutdown_directive = action
         callback = self.on_shutdown_with_save
         if callback is not None:
             threading.Thread(

@@ -80,6 +80,7 @@ class CreateGroupRequest(Struct, kw_only=True, forbid_unknown_fields=True):
     ) = UNSET
     auto_deactivate_on_failure: bool | UnsetType = UNSET
     backend: Literal["gloo", "nccl"] | UnsetType = UNSET
+    checkpoint_rank: Annotated[int, Meta(ge=0, le=65_535)] | None | UnsetType = UNSET
 
 
 class ProposalRequest(Struct, kw_only=True):
@@ -197,6 +198,7 @@ class ViewBody(Struct, kw_only=True):
     dropped_ranks: list[int]
     offset: int
     ts: int
+    checkpoint_rank: int | None = None
 
 
 class ViewHistory(Struct, kw_only=True):

@@ -183,9 +183,16 @@ class BackendKind:
     def backend_name(self, device_type: str) -> str:
         return "nccl" if device_type == "cuda" else "gloo"
 
+    @property
+    def primary_device_type(self) -> str:
+        """The device of this kind's fixed groups (subgroups, HSDP shard groups): ``"cuda"``
+        for an explicit ``"nccl"`` data plane, else ``"cpu"`` (the default on a GPU host builds
+        NCCL only for CUDA tensors of the views, so CPU-only code stays on gloo)."""
+        return "cuda" if self.name == "nccl" and self.eager_cuda else "cpu"
+
     def create(self, store: Store, index: int, size: int, timeout_s: float) -> object:
-        """A backend of this kind's own device (NCCL for ``"nccl"``, gloo for ``"gloo"``)."""
-        return self.create_for(self.device.type, store, index, size, timeout_s)
+        """A backend of this kind's primary device: NCCL (connected) or gloo."""
+        return self.create_for(self.primary_device_type, store, index, size, timeout_s)
 
     def create_for(
         self,

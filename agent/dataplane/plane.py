@@ -50,6 +50,8 @@ LinkEvidence = Callable[[int, dict[int, str], list[int]], None]
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
 _CPU = torch.device("cpu")
 _WATCH_SLICE = timedelta(seconds=30)
+#: how many views' failure counts ``ops_at_failure`` keeps
+_FAILED_OPS_KEPT = 8
 
 
 @dataclass
@@ -155,6 +157,7 @@ class DataPlane:
 
         self._lock = threading.Condition()
         self._view: ViewGroup | None = None
+        self._failed_ops: dict[int, tuple[int, int]] = {}  # see ops_at_failure
         self._rendezvous_lock = threading.Lock()
         self._session = self._open_session(store_host, store_port)
         self._group = ElasticProcessGroup(self)
@@ -432,7 +435,18 @@ class DataPlane:
         )
         session.watcher.start()
 
-    def report_links(self, version: int, peers: dict[int, str], failed: list[int]) -> None:
+    def report_links(
+        self,
+        version: int,
+        peers: dict[int, str],
+        failed: list[int],
+        ops: tuple[int, int] | None = None,
+    ) -> None:
+        if ops is not None:
+            with self._lock:
+                self._failed_ops[version] = ops
+                while len(self._failed_ops) > _FAILED_OPS_KEPT:
+                    del self._failed_ops[min(self._failed_ops)]
         callback = self._on_link_evidence
         if callback is None or self.closed.is_set():
             return
@@ -440,6 +454,13 @@ class DataPlane:
             callback(version, peers, failed)
         except Exception:  # the agent's bug must not kill a data plane thread
             log.exception("rank %d: on_link_evidence raised for view %d", self.rank, version)
+
+    def ops_at_failure(self, version: int) -> tuple[int, int] | None:
+        """(issued, completed): the operations this rank had started, and finished successfully,
+        on view ``version`` when it failed here (None if it has not failed, or long ago). The
+        agent reports them with a failure that blames nobody (``coordinator.fold.stalls``)."""
+        with self._lock:
+            return self._failed_ops.get(version)
 
     # -- the watcher --------------------------------------------------------------------------
 

@@ -65,7 +65,13 @@ class ViewContext(Protocol):
 
     def rendezvous_store(self) -> AbstractContextManager[Store]: ...
 
-    def report_links(self, version: int, peers: dict[int, str], failed: list[int]) -> None: ...
+    def report_links(
+        self,
+        version: int,
+        peers: dict[int, str],
+        failed: list[int],
+        ops: tuple[int, int] | None = None,
+    ) -> None: ...
 
 
 class Waiter(Protocol):
@@ -83,6 +89,8 @@ class Failure:
     blamed: tuple[int, ...]
     notice: PoisonNotice | None  # None: this rank saw the failure first
     report: bool = True  # False: not a link failure (this rank left the view), no evidence
+    #: operations this rank had issued on the view, and completed successfully, when it failed
+    ops: tuple[int, int] = (0, 0)
 
 
 class ViewGroup:
@@ -119,6 +127,8 @@ class ViewGroup:
         self._decided = threading.Event()
         self._pending: set[Waiter] = set()
         self._inflight = 0  # operations the backend has not finished, waited on or not
+        self._issued = 0  # operations started in the backend
+        self._completed = 0  # ... and ended successfully
         self._orphan: object | None = None  # a retired backend, released once it is idle
         self._retired_watch = False  # a thread waits on ``poisoned/<v>`` for the ops left here
 
@@ -166,7 +176,8 @@ class ViewGroup:
         try:
             ctx.control_store().set(keys.member(self.version, ctx.rank), ctx.incarnation)
             with ctx.rendezvous_store() as store:
-                backend = ctx.kind.create(
+                backend = ctx.kind.create_for(  # gloo, for CPU tensors (NCCL comes after)
+                    "cpu",
                     PrefixStore(keys.rendezvous_prefix(self.version), store),
                     self.index(ctx.rank),
                     len(self.members),
@@ -176,7 +187,7 @@ class ViewGroup:
             with self._cond:
                 superseded = self._retired
             if not superseded:
-                self.fail(f"building the {ctx.kind.name} group of view {self.version} failed: {e}")
+                self.fail(f"building the gloo group of view {self.version} failed: {e}")
             return
         with self._cond:
             keep = not self._retired
@@ -467,18 +478,21 @@ class ViewGroup:
     def op_started(self) -> None:
         with self._cond:
             self._inflight += 1
+            self._issued += 1
             watch = self._needs_retired_watch()
         if watch:
             self._start_retired_watch()
 
-    def op_ended(self) -> None:
-        """An operation ended in the backend; a retired backend is released once none is left.
+    def op_ended(self, ok: bool = False) -> None:
+        """An operation ended in the backend (``ok``: successfully); a retired backend is
+        released once none is left.
 
         Destroying a gloo backend waits for its operations while holding the GIL (the whole
         process stalls), so a backend is released only when it is idle.
         """
         with self._cond:
             self._inflight -= 1
+            self._completed += ok
             orphan = self._orphan if self._inflight == 0 else None
             if orphan is not None:
                 self._orphan = None
@@ -516,7 +530,8 @@ class ViewGroup:
         with self._cond:
             if self._failure is not None:
                 return
-            self._failure = Failure(reason, blamed, notice, report)
+            ops = (self._issued, self._completed)
+            self._failure = Failure(reason, blamed, notice, report, ops)
             pending, self._pending = self._pending, set()
             self._cond.notify_all()
         level = logging.WARNING if report else logging.INFO
@@ -606,7 +621,7 @@ class ViewGroup:
         self._failed_ranks = tuple(failed)
         self._decided.set()
         if failure.report:
-            ctx.report_links(self.version, {r: "down" for r in failed}, failed)
+            ctx.report_links(self.version, {r: "down" for r in failed}, failed, failure.ops)
 
     def leave(self, reason: str) -> None:
         """This rank gives the view up while members may still run on it: poison it, no evidence.

@@ -71,7 +71,7 @@ class WorkView(Protocol):
 
     def unregister(self, work: Work) -> None: ...
 
-    def op_ended(self) -> None: ...
+    def op_ended(self, ok: bool = False) -> None: ...
 
 
 class Work(dist.Work):
@@ -227,7 +227,7 @@ class Work(dist.Work):
             self._finished = True
         assert self._view is not None
         self._view.unregister(self)
-        self._view.op_ended()
+        self._view.op_ended(ok=error is None)
         self._signal()
 
     def _wait_inline(self, backend_work: object) -> None:
@@ -244,7 +244,7 @@ class Work(dist.Work):
         ended = self._wait_slices(backend_work, view)
         self._finished = ended
         if ended:
-            view.op_ended()
+            view.op_ended(ok=self._outcome is True)
         else:
             when_ended(backend_work, lambda _error: view.op_ended())
         self._signal()

@@ -185,13 +185,16 @@ class ProposalResolved(Effect, frozen=True, kw_only=True, tag="proposal_resolved
 class ShutdownWithSave(Effect, frozen=True, kw_only=True, tag="shutdown_with_save"):
     """The group's one and only shutdown directive: save state and stop.
 
-    ``reason`` is ``max_failure_exceeded``, ``single_survivor`` or ``all_ranks_lost``.
+    ``reason`` is ``max_failure_exceeded``, ``single_survivor``, ``all_ranks_lost`` or
+    ``unresolved_view_failure`` (``coordinator.fold.stalls``). ``checkpoint_rank`` is the rank
+    that saves: the current view's, failing over to the lowest live active rank.
     """
 
     group: str
     reason: str
     detail: str
     offset: int
+    checkpoint_rank: int | None = None
 
 
 class Refused(Effect, frozen=True, kw_only=True, tag="refused"):

@@ -67,6 +67,9 @@ from coordinator.fold.fencing import (
 from coordinator.fold.healthy_set import excluded_ranks
 from coordinator.fold.reasons import ranks_text
 from coordinator.fold.refits import Refits
+from coordinator.fold.stalls import FAILED as VIEW_FAILED
+from coordinator.fold.stalls import RETRY as VIEW_RETRY
+from coordinator.fold.stalls import UNRESOLVED, Stall, decide
 from coordinator.fold.state import FAILED, FORMED, FORMING, Change, GroupState
 from coordinator.fold.status import group_status
 from eventlog.record import Record
@@ -426,6 +429,8 @@ class Coordinator:
                 down = {p for p in down if about > g.ranks[p].joined_version}
         down.discard(rank)
         self._touch(g, rank)
+        if not down and payload.get("failed") is not None:
+            self._note_stall(g, rank, payload)
         info = g.ranks[rank]
         new_down = frozenset(down)
         ready = payload["self_ready"]
@@ -435,6 +440,23 @@ class Coordinator:
         self._set_evidence(g, rank, new_down, ready)
         if worse and g.window_end is None and g.cfg.reconcile_window_ns > 0:
             g.window_end = self._now + g.cfg.reconcile_window_ns
+
+    def _note_stall(self, g: GroupState, rank: int, payload: dict[str, Any]) -> None:
+        """A member says the committed view failed here blaming nobody (``fold/stalls.py``).
+        Only a report about the current view of a formed group, from an active rank, counts."""
+        version = payload["failed"]
+        if (
+            g.formation != FORMED
+            or g.shutdown is not None
+            or g.view is None
+            or version != g.view.version
+            or not g.view.is_active(rank)
+        ):
+            return
+        stall = g.stall
+        if stall is None or stall.version != version:
+            stall = g.stall = Stall(version, g.view.cause.get("kind") == VIEW_RETRY, self._now)
+        stall.reports[rank] = (payload.get("issued") or 0, payload.get("completed") or 0)
 
     def _on_ack(self, record: Record, effects: list[Effect]) -> None:
         """A participant ACKs the version being prepared (a repeated ACK changes nothing)."""
@@ -561,7 +583,8 @@ class Coordinator:
         send a heartbeat, an ACK or a ready report to it, so silence during the outage is the
         coordinator's, not the ranks'. Every deadline that waits for the ranks restarts at the
         resumed tick's time: each online rank's heartbeat deadline, the ACK deadline of the
-        change in flight, and the admission deadlines of queued proposals. The formation
+        change in flight, the admission deadlines of queued proposals and the wait for the
+        reports of a view that failed with nobody blamed. The formation
         deadline (a bound on the whole start-up) and an open reconciliation window (a delay
         for more evidence, not a wait on anyone) keep running."""
         now = self._now
@@ -572,6 +595,8 @@ class Coordinator:
             if g.change is not None:
                 g.change.ack_deadline = now + g.cfg.ack_timeout_ns
             g.queue = deque((pid, now + g.cfg.admission_timeout_ns) for pid, _ in g.queue)
+            if g.stall is not None:  # its reports could not arrive either
+                g.stall.first_ts = now
         for facet in self.facets:
             facet.resume(now)
 
@@ -745,6 +770,10 @@ class Coordinator:
                 continue
             if g.cfg.auto_deactivate and self._auto_deactivate(g, record, effects):
                 continue
+            if g.stall is not None and self._resolve_stall(g, record, effects):
+                if g.shutdown is not None:
+                    return
+                continue
             if not self._decide_head(g, record, effects):
                 return
 
@@ -782,15 +811,78 @@ class Coordinator:
                     )
         if reason is None:
             return
+        self._shut_down(g, reason, detail or "", record, effects)
+
+    def _shut_down(
+        self, g: GroupState, reason: str, detail: str, record: Record, effects: list[Effect]
+    ) -> None:
+        """The group's one ``shutdown_with_save``; queued proposals are rejected. It names the
+        checkpoint rank: the current view's, failing over to the lowest live active rank."""
         g.shutdown = reason
+        g.stall = None
         effects.append(
-            ShutdownWithSave(group=g.name, reason=reason, detail=detail or "", offset=record.offset)
+            ShutdownWithSave(
+                group=g.name,
+                reason=reason,
+                detail=detail,
+                offset=record.offset,
+                checkpoint_rank=self._checkpoint_rank(g, g.active),
+            )
         )
         while g.queue:
             pid, _ = g.queue.popleft()
             self._resolve(
                 g, pid, REJECTED, None, f"group was shut down ({reason})", record, effects
             )
+
+    def _checkpoint_rank(self, g: GroupState, active: tuple[int, ...]) -> int | None:
+        """Who saves the group's checkpoint among ``active``: the rank the operator pinned
+        (``checkpoint_rank``) while it is active and not OFFLINE, else the lowest active rank
+        that is not OFFLINE (the lowest active rank if every one is). None with no active rank.
+        """
+        pin = g.config.checkpoint_rank
+        if pin is not None and pin in active and g.ranks[pin].state != OFFLINE:
+            return pin
+        live = (r for r in active if g.ranks[r].state != OFFLINE)
+        return next(live, active[0] if active else None)
+
+    def _resolve_stall(self, g: GroupState, record: Record, effects: list[Effect]) -> bool:
+        """Decide a view that failed with every member alive (``fold/stalls.py``); True if a
+        change was prepared or the group shut down. A stall whose view is no longer current,
+        or whose view has an active rank that is not HEALTHY, is forgotten: the other rules
+        change the view."""
+        stall = g.stall
+        assert stall is not None
+        active = g.active
+        if stall.version != g.version or any(g.ranks[r].state != HEALTHY for r in active):
+            g.stall = None
+            return False
+        deadline = self._stall_deadline(g)
+        assert deadline is not None
+        decision = decide(stall, active, self._now, deadline, g.cfg.min_active)
+        if decision is None:
+            return False
+        g.stall = None
+        if decision.kind == UNRESOLVED:
+            self._shut_down(g, UNRESOLVED, decision.detail, record, effects)
+            return True
+        if decision.kind == VIEW_RETRY:
+            self._prepare(g, active, VIEW_RETRY, [], decision.detail, record, effects)
+            return True
+        laggards = set(decision.laggards)
+        if not g.cfg.auto_deactivate:
+            for rank in decision.laggards:
+                self._rank_state(g, rank, f"blamed: {decision.detail}", record, effects)
+            return False
+        target = tuple(r for r in active if r not in laggards)
+        self._prepare(g, target, VIEW_FAILED, [], decision.detail, record, effects)
+        return True
+
+    def _stall_deadline(self, g: GroupState) -> int | None:
+        stall = g.stall
+        if stall is None or stall.version != g.version:
+            return None
+        return stall.deadline(g.cfg.reconcile_window_ns, g.cfg.heartbeat_timeout_ns)
 
     def _auto_deactivate(self, g: GroupState, record: Record, effects: list[Effect]) -> bool:
         """Active ranks outside the Healthy Set are removed through the barrier; this takes
@@ -1008,6 +1100,7 @@ class Coordinator:
             dropped_ranks=tuple(sorted(change.dropped)),
             offset=record.offset,
             ts=self._now,
+            checkpoint_rank=self._checkpoint_rank(g, active),
         )
         g.view = view
         g.budget_due = True
@@ -1158,4 +1251,8 @@ class Coordinator:
             and g.shutdown is None
         ):
             consider(g.queue[0][1])
+        if g.change is None and g.window_end is None and g.shutdown is None:
+            stall = self._stall_deadline(g)
+            if stall is not None:
+                consider(stall)
         return best

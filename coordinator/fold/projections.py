@@ -315,6 +315,7 @@ def shutdown_update(effect: ShutdownWithSave) -> dict[str, Any]:
         "group": effect.group,
         "reason": effect.reason,
         "detail": effect.detail,
+        "checkpoint_rank": effect.checkpoint_rank,
     }
 
 

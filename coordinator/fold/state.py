@@ -17,6 +17,7 @@ import msgspec
 
 from coordinator.fold.config import GroupConfig, Resolved
 from coordinator.fold.effects import OFFLINE, View
+from coordinator.fold.stalls import Stall
 
 FORMING = "forming"
 FORMED = "formed"
@@ -230,6 +231,8 @@ class GroupState:
         self.queue: deque[tuple[int, int]] = deque()
         #: idempotency key -> proposal id
         self.keys: dict[str, int] = {}
+        #: the committed view failed with every member alive (``coordinator.fold.stalls``)
+        self.stall: Stall | None = None
 
     @property
     def active(self) -> tuple[int, ...]:
@@ -240,7 +243,7 @@ class GroupState:
         return self.view.version if self.view is not None else 0
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        d = {
             "name": self.name,
             "config": self.config.to_dict(),
             "created_ts": self.created_ts,
@@ -260,6 +263,9 @@ class GroupState:
             "queue": [list(item) for item in self.queue],
             "keys": dict(sorted(self.keys.items())),
         }
+        if self.stall is not None:
+            d["stall"] = self.stall.to_dict()
+        return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> GroupState:
@@ -279,6 +285,8 @@ class GroupState:
         g.change = None if d["change"] is None else Change.from_dict(d["change"])
         g.queue = deque((pid, deadline) for pid, deadline in d["queue"])
         g.keys = dict(d["keys"])
+        stall = d.get("stall")  # absent from snapshots taken before stalls were resolved
+        g.stall = None if stall is None else Stall.from_dict(stall)
         g.candidates = {
             r for r, info in enumerate(g.ranks) if info.state != OFFLINE and info.self_ready
         }

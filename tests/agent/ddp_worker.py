@@ -1,9 +1,10 @@
 """A worker for the elastic DDP tests: a small float64 model, Adam, deterministic batches.
 
 Driven by one JSON command per line on stdin, one JSON event per line on stdout. Commands:
-``steps {n | until} [with_rank]`` (n training steps, or steps until ``until`` are committed, and
-in either case on until a committed step had ``with_rank`` among its members; one ``step`` event
-each), ``activate_self`` (wait until
+``steps {n | until} [with_rank] [stall_s, stall_steps]`` (n training steps, or steps until
+``until`` are committed, and in either case on until a committed step had ``with_rank`` among
+its members; one ``step`` event each; the first ``stall_steps`` of them sleep ``stall_s`` before
+the forward pass, in the training thread only), ``activate_self`` (wait until
 HEALTHY, then propose this rank's activation), ``wait_view {active}``, ``close``.
 
 Each ``step`` event carries what a test needs to check the step from outside: the batch's seed,
@@ -23,6 +24,7 @@ import hashlib
 import json
 import os
 import sys
+import time
 import traceback
 from typing import Any
 
@@ -119,6 +121,8 @@ def main() -> int:
                     opt.zero_grad()
                     model.begin_step()  # pins the view (and heals) before we read the params
                     before = flat(list(model.parameters()))
+                    if done <= cmd.get("stall_steps", 0):  # a gray failure: alive, not stepping
+                        time.sleep(cmd["stall_s"])
                     loss = loss_of(model, seed)
                     loss.backward()
                     grads = flat([p.grad for p in model.parameters()])
