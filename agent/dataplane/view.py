@@ -209,41 +209,28 @@ class ViewGroup:
             ctx.report_links(self.version, peers, [])
 
     def _build_cuda(self) -> bool:
-        """Build and connect the view's NCCL communicator (its state is ``building``); True if
-        it is ready. A failure fails the view; a retired view abandons what was built."""
+        """Build and connect the view's NCCL communicator (its state is ``building``): shrunk
+        from the previous view's, or fresh. True if it is ready. A failure fails the view; a
+        retired view abandons what was built."""
         ctx = self._ctx
+        how = "shrinking the previous view's NCCL group into"
         try:
-            shrunk = self._shrink_parent()
-        except RuntimeError as e:
-            self._set_cuda_state("failed")
-            self.fail(
-                f"shrinking view {self._parent_version}'s NCCL group into view {self.version} failed: {e}"
-            )
-            return False
-        if shrunk is not None:
-            with self._cond:
-                keep = not self._retired and self._failure is None
-                if keep:
-                    self._cuda, self._cuda_state = shrunk, "built"
-                    self._cond.notify_all()
-            if not keep:
-                ctx.kind.abandon(shrunk)
-                self._set_cuda_state("failed")
-            return keep
-        try:
-            with ctx.rendezvous_store() as store:
-                backend = ctx.kind.create_for(
-                    "cuda",
-                    PrefixStore(keys.rendezvous_prefix(self.version) + "cuda/", store),
-                    self.index(ctx.rank),
-                    len(self.members),
-                    ctx.backend_timeout_s,
-                    connect=False,
-                )
+            backend = self._shrink_parent()
+            if backend is None:
+                how = "building the NCCL group of"
+                with ctx.rendezvous_store() as store:
+                    backend = ctx.kind.create_for(
+                        "cuda",
+                        PrefixStore(keys.rendezvous_prefix(self.version) + "cuda/", store),
+                        self.index(ctx.rank),
+                        len(self.members),
+                        ctx.backend_timeout_s,
+                        connect=False,
+                    )
             with self._cond:
                 gone = self._retired or self._failure is not None
                 if not gone:
-                    self._cuda_connecting = backend
+                    self._cuda_connecting = backend  # a failure meanwhile aborts it
             if gone:
                 ctx.kind.abandon(backend)
                 self._set_cuda_state("failed")
@@ -254,7 +241,7 @@ class ViewGroup:
             with self._cond:
                 superseded = self._retired
             if not superseded:
-                self.fail(f"building the NCCL group of view {self.version} failed: {e}")
+                self.fail(f"{how} view {self.version} failed: {e}")
             return False
         with self._cond:
             self._cuda_connecting = None
@@ -312,11 +299,9 @@ class ViewGroup:
         )
         parent.mark_aborted()  # before the shrink: its ops in flight end as failures
         try:
-            child = comm.shrink(excluded, shrink_abort, None)  # type: ignore[attr-defined]
+            return comm.shrink(excluded, shrink_abort, None)  # type: ignore[attr-defined]
         finally:
             bury(comm)  # aborted by the shrink, never destroyed
-        connect_nccl(child, ctx.kind.device)
-        return child
 
     def claim_cuda(self) -> object | None:
         """The next view takes this view's intact NCCL communicator (to shrink it), or None."""
@@ -326,7 +311,8 @@ class ViewGroup:
             return self._cuda
 
     def release_cuda(self) -> None:
-        """The next view does not shrink this view's communicator: let it go as usual."""
+        """The next view does not shrink this view's communicator: let it go as usual (now if
+        nothing runs on it, else when the last operation ends, or aborted if the view fails)."""
         with self._cond:
             self._cuda_reserved = False
             cuda = None
@@ -334,8 +320,6 @@ class ViewGroup:
                 cuda, self._cuda = self._cuda, None
         if cuda is not None:
             self._ctx.kind.abandon(cuda)
-        elif self._retired:
-            self._abort_cuda()  # ops in flight end now; the last op_ended() releases it
 
     def mark_aborted(self) -> None:
         """The communicator is being shrunk with its ops aborted: they end as failures."""
