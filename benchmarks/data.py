@@ -526,8 +526,23 @@ def run(quick: bool) -> list[Result]:
     recovery_s, recovery_failed = recovery._foldplane(recoveries)
     base = _baseline(KILL_AT)
     _log(f"baseline: {base}")
+    return [
+        *_kill_rows(ours["kills"], base, recovery_s, recovery_failed, recoveries),
+        _plan_row(plan, realistic, batched),
+        *_split_rows(ours["splits"], split_trials),
+    ]
 
-    runs = ours["kills"]
+
+def _kill_rows(
+    runs: list[dict[str, Any]],
+    base: dict[str, int],
+    recovery_s: list[float],
+    recovery_failed: list[str],
+    recoveries: int,
+) -> list[Result]:
+    """Samples lost and repeated per kill against the baseline, and how soon the survivors
+    held the dead rank's remainder against the recovery measured in the same run."""
+    kills = len(runs)
     lost = [r["lost"] for r in runs]
     repeated = [r["repeated"] for r in runs]
     latency = [r["latency_ms"] for r in runs]
@@ -543,7 +558,7 @@ def run(quick: bool) -> list[Result]:
         "killed_at_fraction": [r["killed_at_fraction"] for r in runs],
         "victims": [r["victim"] for r in runs],
     }
-    results = [
+    return [
         Result(
             "data", "data samples lost per kill", "samples", median(lost),
             baseline=baseline_name, baseline_median=base["continue_lost"],
@@ -586,29 +601,37 @@ def run(quick: bool) -> list[Result]:
             },
         ),
     ]  # fmt: skip
+
+
+def _plan_row(
+    plan: list[dict[str, Any]], realistic: dict[str, Any], batched: dict[str, Any]
+) -> Result:
+    """The plan's bytes at the largest size, with its growth and the other datasets."""
     biggest = plan[-1]
-    results.append(
-        Result(
-            "data", f"data plan bytes per view change {biggest['ranks']:,} ranks", "B",
-            biggest["bytes"], target=f"<= {64 * biggest['ranks']:,} B (64 x N)",
-            extra={
-                **biggest,
-                "imagenet_sized": realistic,
-                "grain_32": batched,
-                "growth": [
-                    {"ranks": p["ranks"], "bytes": p["bytes"], "per_rank": p["per_rank"]}
-                    for p in plan
-                ],
-            },
-        )
+    return Result(
+        "data", f"data plan bytes per view change {biggest['ranks']:,} ranks", "B",
+        biggest["bytes"], target=f"<= {64 * biggest['ranks']:,} B (64 x N)",
+        extra={
+            **biggest,
+            "imagenet_sized": realistic,
+            "grain_32": batched,
+            "growth": [
+                {"ranks": p["ranks"], "bytes": p["bytes"], "per_rank": p["per_rank"]}
+                for p in plan
+            ],
+        },
     )  # fmt: skip
+
+
+def _split_rows(splits: dict[str, list[list[dict[str, Any]]]], split_trials: int) -> list[Result]:
+    """The epoch's wall time split by throughput, equally, and the ideal."""
     # the rows: the epoch split by the rates the first one measured (every epoch of a job
     # after its first); the first epoch (an equal start, then reclaim) is in extra
     steady, first = SPLIT_EPOCHS - 1, 0
-    tp = [t[steady] for t in ours["splits"]["throughput"]]
-    eq = [t[steady] for t in ours["splits"]["equal"]]
-    tp_first = [t[first] for t in ours["splits"]["throughput"]]
-    eq_first = [t[first] for t in ours["splits"]["equal"]]
+    tp = [t[steady] for t in splits["throughput"]]
+    eq = [t[steady] for t in splits["equal"]]
+    tp_first = [t[first] for t in splits["throughput"]]
+    eq_first = [t[first] for t in splits["equal"]]
     tp_wall = median([t["wall_s"] for t in tp])
     eq_wall = median([t["wall_s"] for t in eq])
     ideal = median([t["ideal_s"] for t in tp + eq])
@@ -622,7 +645,7 @@ def run(quick: bool) -> list[Result]:
         "cost_s_per_sample": SPLIT_COST_S, "slow_rank": SLOW_RANK,
         "lookahead": LOOKAHEAD_BATCHES * SPLIT_BATCH,
     }  # fmt: skip
-    results += [
+    return [
         Result(
             "data", "data epoch wall time, throughput split", "s", tp_wall,
             baseline="equal split, same run", baseline_median=eq_wall,
@@ -658,7 +681,6 @@ def run(quick: bool) -> list[Result]:
             },
         ),
     ]  # fmt: skip
-    return results
 
 
 def _plan_bytes_only() -> int:

@@ -243,17 +243,20 @@ async def _run_async(quick: bool) -> list[Result]:
         FLUSH_S, RANKS / TARGET_RATE, window, trials, lateness, pinned=True
     )
     baseline = [await _log_alone(window / 2) for _ in range(trials)]
+    return [
+        *_saturation_rows(saturated, baseline, generator, window),
+        *_offered_rows(offered, lateness, proposals, proposals_saturated),
+    ]
+
+
+def _saturation_rows(
+    saturated: list[dict], baseline: list[float], generator: list[float], window: float
+) -> list[Result]:
+    """The rate the coordinator makes heartbeats durable at when beats are always due, and
+    its CPU per heartbeat."""
     rates = [w["rate"] for w in saturated]
     cpu_per_event = [w["cpu_us"] for w in saturated]
-    beats = [ms for w in offered for ms in w["waits"].get(HEARTBEAT, ())]
-    others: dict[str, list[float]] = {}
-    for w in offered:
-        for kind, waits in w["waits"].items():
-            if kind != HEARTBEAT:
-                others.setdefault(kind, []).extend(waits)
-    events = [ms for waits in others.values() for ms in waits]
     ours = median(rates)
-    cores = _cores()
     return [
         Result(
             bench="ingest",
@@ -291,6 +294,25 @@ async def _run_async(quick: bool) -> list[Result]:
                 "it too, but less than it lowers the rate)",
             },
         ),
+    ]
+
+
+def _offered_rows(
+    offered: list[dict],
+    lateness: list[float],
+    proposals: list[float],
+    proposals_saturated: list[float],
+) -> list[Result]:
+    """What the heartbeats, the other events and a view change wait at the offered rate."""
+    beats = [ms for w in offered for ms in w["waits"].get(HEARTBEAT, ())]
+    others: dict[str, list[float]] = {}
+    for w in offered:
+        for kind, waits in w["waits"].items():
+            if kind != HEARTBEAT:
+                others.setdefault(kind, []).extend(waits)
+    events = [ms for waits in others.values() for ms in waits]
+    cores = _cores()
+    return [
         Result(
             bench="ingest",
             metric=f"heartbeat request latency at {TARGET_RATE:,}/s offered",

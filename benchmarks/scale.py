@@ -43,6 +43,7 @@ import asyncio
 import gc
 import sqlite3
 import time
+from typing import Any
 
 from agent.simhost import SimulatedCluster
 from benchmarks.harness import Result, median
@@ -216,7 +217,6 @@ async def _run_async(quick: bool) -> list[Result]:
     trials = 3 if quick else 5
     measured = {n: await _one_size(n, trials) for n in sizes}
     logs = {n: await _log_rate(n) for n in sizes}
-    results: list[Result] = []
     series: dict[str, dict[int, float]] = {k: {} for k in ("f", "v", "c", "b", "l", "r")}
     for n in sizes:
         m = measured[n]
@@ -226,74 +226,84 @@ async def _run_async(quick: bool) -> list[Result]:
         series["b"][n] = median(m["bytes"]) if m["bytes"] else float("nan")
         series["l"][n] = logs[n]["per_beat"] * 3600
         series["r"][n] = m["rss"]
-    last = sizes[-1]
-    for n in sizes:
-        m = measured[n]
-        grow = (lambda key: {"growth": _growth(series[key])}) if n == last else (lambda key: {})
-        results += [
-            Result(
-                "scale",
-                f"formation {n} ranks",
-                "s",
-                series["f"][n],
-                target=TARGETS["formation"].get(n),
-                extra=grow("f"),
-            ),
-            Result(
-                "scale",
-                f"view change {n} ranks",
-                "s",
-                series["v"][n],
-                p99=max(m["view change"], default=float("nan")),
-                target=TARGETS["view change"].get(n),
-                extra={
-                    "trials": len(m["view change"]),
-                    "coordinator_cpu_s": round(median(m["change cpu"]), 3)
-                    if m["change cpu"]
-                    else None,
-                    "stalled": m["stalled"],
-                    **grow("v"),
-                },
-            ),
-            Result(
-                "scale",
-                f"coordinator cpu per heartbeat {n} ranks",
-                "us",
-                series["c"][n],
-                target=TARGETS["cpu"],
-                extra={"heartbeats": m["cpu_beats"], **grow("c")},
-            ),
-            Result(
-                "scale",
-                f"bytes to agents per view change {n} ranks",
-                "B",
-                series["b"][n],
-                target=f"<= {200 * n:,} B (200 x N)",
-                extra={"per_rank": round(series["b"][n] / n, 1), **grow("b")},
-            ),
-            Result(
-                "scale",
-                f"log bytes per rank-hour {n} ranks",
-                "B",
-                series["l"][n],
-                target=TARGETS["log"],
-                extra={
-                    "bytes_per_heartbeat": round(logs[n]["per_beat"], 3),
-                    "heartbeats": logs[n]["beats"],
-                    "beat_interval_s": logs[n]["beat_s"],
-                    **grow("l"),
-                },
-            ),
-            Result(
-                "scale",
-                f"coordinator rss {n} ranks",
-                "MB",
-                series["r"][n],
-                target=TARGETS["rss"].get(n),
-                extra=grow("r"),
-            ),
-        ]
-    return results
+    return [
+        row for n in sizes for row in _rows(n, measured[n], logs[n], series, growth=n == sizes[-1])
+    ]
+
+
+def _rows(
+    n: int,
+    m: dict[str, Any],
+    log: dict[str, float],
+    series: dict[str, dict[int, float]],
+    growth: bool,
+) -> list[Result]:
+    """Size ``n``'s rows; ``growth``: with how each figure grew from the smallest size."""
+
+    def grow(key: str) -> dict[str, str]:
+        return {"growth": _growth(series[key])} if growth else {}
+
+    return [
+        Result(
+            "scale",
+            f"formation {n} ranks",
+            "s",
+            series["f"][n],
+            target=TARGETS["formation"].get(n),
+            extra=grow("f"),
+        ),
+        Result(
+            "scale",
+            f"view change {n} ranks",
+            "s",
+            series["v"][n],
+            p99=max(m["view change"], default=float("nan")),
+            target=TARGETS["view change"].get(n),
+            extra={
+                "trials": len(m["view change"]),
+                "coordinator_cpu_s": round(median(m["change cpu"]), 3) if m["change cpu"] else None,
+                "stalled": m["stalled"],
+                **grow("v"),
+            },
+        ),
+        Result(
+            "scale",
+            f"coordinator cpu per heartbeat {n} ranks",
+            "us",
+            series["c"][n],
+            target=TARGETS["cpu"],
+            extra={"heartbeats": m["cpu_beats"], **grow("c")},
+        ),
+        Result(
+            "scale",
+            f"bytes to agents per view change {n} ranks",
+            "B",
+            series["b"][n],
+            target=f"<= {200 * n:,} B (200 x N)",
+            extra={"per_rank": round(series["b"][n] / n, 1), **grow("b")},
+        ),
+        Result(
+            "scale",
+            f"log bytes per rank-hour {n} ranks",
+            "B",
+            series["l"][n],
+            target=TARGETS["log"],
+            extra={
+                "bytes_per_heartbeat": round(log["per_beat"], 3),
+                "heartbeats": log["beats"],
+                "beat_interval_s": log["beat_s"],
+                **grow("l"),
+            },
+        ),
+        Result(
+            "scale",
+            f"coordinator rss {n} ranks",
+            "MB",
+            series["r"][n],
+            target=TARGETS["rss"].get(n),
+            extra=grow("r"),
+        ),
+    ]
 
 
 def run(quick: bool) -> list[Result]:

@@ -81,15 +81,19 @@ def restart_all(
 
 
 def restart_all_worker(
-    out_env: str, world: int, kill_step: int, setup: Callable[[int], Callable[[int], object]]
+    out_env: str,
+    world: int,
+    kill_step: int,
+    setup: Callable[[int], Callable[[int], object]],
+    backend: str = "gloo",
 ) -> int:
-    """A torchrun worker of :func:`restart_all`: on the default gloo group (made here),
+    """A torchrun worker of :func:`restart_all`: on the default ``backend`` group (made here),
     ``setup(rank)`` gives the step, run as ``step(n)`` for n = 1, 2, ...; the last rank
     SIGKILLs itself after step ``kill_step``; a restarted worker notes the time after its first
     step and exits."""
     import torch.distributed as dist
 
-    dist.init_process_group("gloo")
+    dist.init_process_group(backend)
     rank = dist.get_rank()
     out = Path(os.environ[out_env])
     restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
@@ -218,18 +222,20 @@ def torchft_manager(
     quorum_timeout_s: float,
     state_dict: Callable[[], Any] = lambda: None,
     load_state_dict: Callable[[Any], None] = lambda _: None,
+    backend: str = "gloo",
 ) -> Any:
     """The worker side: replica ``replica``'s ``torchft.Manager`` (a replica group of one
-    process, gloo, synchronous quorum, at least 2 replicas)."""
+    process on ``backend``, gloo or nccl; synchronous quorum, at least 2 replicas)."""
     from datetime import timedelta
 
+    import torchft
     from torch.distributed import TCPStore
-    from torchft import Manager, ProcessGroupGloo
 
+    groups = {"gloo": torchft.ProcessGroupGloo, "nccl": torchft.ProcessGroupNCCL}
     store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     _stores.append(store)
-    return Manager(
-        pg=ProcessGroupGloo(timeout=timedelta(seconds=timeout_s)),
+    return torchft.Manager(
+        pg=groups[backend](timeout=timedelta(seconds=timeout_s)),
         load_state_dict=load_state_dict,
         state_dict=state_dict,
         min_replica_size=2,
