@@ -17,10 +17,12 @@ _NOT_BENCHES = {"harness", "report", "__main__"}
 
 
 def available() -> list[str]:
+    """Every benchmark: a module of ``benchmarks/`` (``benchmarks.kit``, a package, is what
+    they share)."""
     return sorted(
         m.name
         for m in pkgutil.iter_modules(benchmarks.__path__)
-        if m.name not in _NOT_BENCHES and not m.name.startswith("_")
+        if not m.ispkg and m.name not in _NOT_BENCHES and not m.name.startswith("_")
     )
 
 

@@ -49,7 +49,13 @@ This page is generated from the run files in [benchmark-runs/](benchmark-runs/) 
 `benchmarks/report.py`; each table shows the newest recorded run of its benchmark. To change a
 figure, record a run and regenerate; to change a description, edit the benchmark module's
 docstring (or `benchmarks/report.py`) and regenerate. `tests/test_docs.py` fails when this page
-differs from what its data renders."""
+differs from what its data renders.
+
+Each benchmark is one module of `benchmarks/`: its scenario (its workers are the module run as a
+script) and its rows. What they share is written once in `benchmarks/kit/`: the coordinator
+process and the launchers of workers on it (`service`), the workers' JSON lines (`workers`), the
+clock from a kill to the last survivor's recovery (`kills`), the torchrun and torchft peers
+(`baselines`), and the simulated agent hosts of the service benchmarks (`simulated`)."""
 
 REPRODUCE = """\
 ```bash

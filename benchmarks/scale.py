@@ -41,15 +41,14 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import os
 import sqlite3
 import time
-from pathlib import Path
+from typing import Any
 
-from agent.httplite import Connection
 from agent.simhost import SimulatedCluster
-from benchmarks._cluster import Coordinator, run_with_server_gc
 from benchmarks.harness import Result, median
+from benchmarks.kit.service import Service
+from benchmarks.kit.simulated import create_group, run_with_server_gc
 
 SIZES = (1024, 4096, 16384)
 QUICK_SIZES = (1024, 4096)
@@ -77,19 +76,7 @@ LOG_BEATS_PER_S = 20_000
 LOG_HEARTBEATS = 1_000_000
 
 
-def _cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _peak_rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
-
-
-def _log_bytes(db: Path) -> int:
+def _log_bytes(db: str) -> int:
     """Bytes of the log's records on disk: the pages of the ``log`` table and its indexes,
     after folding the WAL in (projections and the snapshot are bounded; they do not grow with
     the heartbeats)."""
@@ -117,28 +104,15 @@ async def _heartbeats_total(port: int) -> int:
     return 0
 
 
-async def _create(port: int, group: str, n: int) -> None:
-    conn = await Connection("127.0.0.1", port).open()
-    try:
-        status, body = await conn.request(
-            "POST", "/groups", {"group": group, "world_size": n, **GROUP_CONFIG}
-        )
-        if status not in (200, 201):
-            raise RuntimeError(f"POST /groups answered {status}: {body}")
-    finally:
-        await conn.close()
-
-
 def _update_bytes(cluster: SimulatedCluster) -> int:
     return sum(h.update_bytes for h in cluster.hosts)
 
 
 async def _one_size(n: int, trials: int) -> dict[str, object]:
-    coordinator = Coordinator("--heartbeat-flush-s", "0.5").start()
-    pid = coordinator.process.pid
+    coordinator = Service("--heartbeat-flush-s", "0.5", name="scale").start()
     address = ("127.0.0.1", coordinator.port)
     try:
-        await _create(coordinator.port, "scale", n)
+        await create_group(coordinator, "scale", n, **GROUP_CONFIG)
         # the real agent client's request timeout (agent.client), not the failover tests' 5 s
         cluster = SimulatedCluster(
             address, "scale", n, ranks_per_host=RANKS_PER_HOST, request_timeout_s=10.0
@@ -152,9 +126,9 @@ async def _one_size(n: int, trials: int) -> dict[str, object]:
 
         # steady state: heartbeats only
         await asyncio.sleep(3.0)
-        beats0, cpu0 = await _heartbeats_total(coordinator.port), _cpu_s(pid)
+        beats0, cpu0 = await _heartbeats_total(coordinator.port), coordinator.cpu_s()
         await asyncio.sleep(CPU_WINDOW_S)
-        beats1, cpu1 = await _heartbeats_total(coordinator.port), _cpu_s(pid)
+        beats1, cpu1 = await _heartbeats_total(coordinator.port), coordinator.cpu_s()
         cpu_per_beat_us = (cpu1 - cpu0) / max(beats1 - beats0, 1) * 1e6
 
         changes: list[float] = []
@@ -165,7 +139,7 @@ async def _one_size(n: int, trials: int) -> dict[str, object]:
             version = max(cluster.view(r).version for r in cluster.live_ranks)
             victim = cluster.live_ranks[(k * 7919 + 13) % len(cluster.live_ranks)]
             before = _update_bytes(cluster)
-            cpu_before = _cpu_s(pid)
+            cpu_before = coordinator.cpu_s()
             t = time.monotonic()
             cluster.kill(victim)
             status, answer = await cluster.report_death(victim)
@@ -177,16 +151,16 @@ async def _one_size(n: int, trials: int) -> dict[str, object]:
                 stalled.append(str(exc))
                 break  # the group is stuck: the trials after this one would measure nothing
             changes.append(time.monotonic() - t)
-            change_cpu.append(_cpu_s(pid) - cpu_before)
+            change_cpu.append(coordinator.cpu_s() - cpu_before)
             sent.append(_update_bytes(cluster) - before)
             await asyncio.sleep(1.0)
         if cluster.stopped:
             raise RuntimeError(f"{len(cluster.stopped)} agents stopped: {cluster.stopped}")
-        rss = _peak_rss_mb(pid)
+        rss = coordinator.peak_rss_mb()
         await cluster.stop()
     finally:
         gc.unfreeze()
-        coordinator.stop()
+        coordinator.close()
     return {
         "formation": formation,
         "view change": changes,
@@ -202,10 +176,10 @@ async def _one_size(n: int, trials: int) -> dict[str, object]:
 async def _log_rate(n: int) -> dict[str, float]:
     """Log bytes per heartbeat over at least LOG_HEARTBEATS beats, clock compressed."""
     beat_s = min(1.0, n / LOG_BEATS_PER_S)
-    coordinator = Coordinator("--heartbeat-flush-s", str(beat_s / 2)).start()
+    coordinator = Service("--heartbeat-flush-s", str(beat_s / 2), name="scale").start()
     address = ("127.0.0.1", coordinator.port)
     try:
-        await _create(coordinator.port, "log", n)
+        await create_group(coordinator, "log", n, **GROUP_CONFIG)
         cluster = SimulatedCluster(
             address, "log", n, ranks_per_host=RANKS_PER_HOST, heartbeat_interval_s=beat_s
         )
@@ -221,7 +195,7 @@ async def _log_rate(n: int) -> dict[str, float]:
         size1 = _log_bytes(coordinator.db)
         await cluster.stop()
     finally:
-        coordinator.stop()
+        coordinator.close()
     beats = beats1 - beats0
     per_beat = (size1 - size0) / max(beats, 1)
     return {"per_beat": per_beat, "beats": beats, "beat_s": beat_s}
@@ -243,7 +217,6 @@ async def _run_async(quick: bool) -> list[Result]:
     trials = 3 if quick else 5
     measured = {n: await _one_size(n, trials) for n in sizes}
     logs = {n: await _log_rate(n) for n in sizes}
-    results: list[Result] = []
     series: dict[str, dict[int, float]] = {k: {} for k in ("f", "v", "c", "b", "l", "r")}
     for n in sizes:
         m = measured[n]
@@ -253,74 +226,84 @@ async def _run_async(quick: bool) -> list[Result]:
         series["b"][n] = median(m["bytes"]) if m["bytes"] else float("nan")
         series["l"][n] = logs[n]["per_beat"] * 3600
         series["r"][n] = m["rss"]
-    last = sizes[-1]
-    for n in sizes:
-        m = measured[n]
-        grow = (lambda key: {"growth": _growth(series[key])}) if n == last else (lambda key: {})
-        results += [
-            Result(
-                "scale",
-                f"formation {n} ranks",
-                "s",
-                series["f"][n],
-                target=TARGETS["formation"].get(n),
-                extra=grow("f"),
-            ),
-            Result(
-                "scale",
-                f"view change {n} ranks",
-                "s",
-                series["v"][n],
-                p99=max(m["view change"], default=float("nan")),
-                target=TARGETS["view change"].get(n),
-                extra={
-                    "trials": len(m["view change"]),
-                    "coordinator_cpu_s": round(median(m["change cpu"]), 3)
-                    if m["change cpu"]
-                    else None,
-                    "stalled": m["stalled"],
-                    **grow("v"),
-                },
-            ),
-            Result(
-                "scale",
-                f"coordinator cpu per heartbeat {n} ranks",
-                "us",
-                series["c"][n],
-                target=TARGETS["cpu"],
-                extra={"heartbeats": m["cpu_beats"], **grow("c")},
-            ),
-            Result(
-                "scale",
-                f"bytes to agents per view change {n} ranks",
-                "B",
-                series["b"][n],
-                target=f"<= {200 * n:,} B (200 x N)",
-                extra={"per_rank": round(series["b"][n] / n, 1), **grow("b")},
-            ),
-            Result(
-                "scale",
-                f"log bytes per rank-hour {n} ranks",
-                "B",
-                series["l"][n],
-                target=TARGETS["log"],
-                extra={
-                    "bytes_per_heartbeat": round(logs[n]["per_beat"], 3),
-                    "heartbeats": logs[n]["beats"],
-                    "beat_interval_s": logs[n]["beat_s"],
-                    **grow("l"),
-                },
-            ),
-            Result(
-                "scale",
-                f"coordinator rss {n} ranks",
-                "MB",
-                series["r"][n],
-                target=TARGETS["rss"].get(n),
-                extra=grow("r"),
-            ),
-        ]
-    return results
+    return [
+        row for n in sizes for row in _rows(n, measured[n], logs[n], series, growth=n == sizes[-1])
+    ]
+
+
+def _rows(
+    n: int,
+    m: dict[str, Any],
+    log: dict[str, float],
+    series: dict[str, dict[int, float]],
+    growth: bool,
+) -> list[Result]:
+    """Size ``n``'s rows; ``growth``: with how each figure grew from the smallest size."""
+
+    def grow(key: str) -> dict[str, str]:
+        return {"growth": _growth(series[key])} if growth else {}
+
+    return [
+        Result(
+            "scale",
+            f"formation {n} ranks",
+            "s",
+            series["f"][n],
+            target=TARGETS["formation"].get(n),
+            extra=grow("f"),
+        ),
+        Result(
+            "scale",
+            f"view change {n} ranks",
+            "s",
+            series["v"][n],
+            p99=max(m["view change"], default=float("nan")),
+            target=TARGETS["view change"].get(n),
+            extra={
+                "trials": len(m["view change"]),
+                "coordinator_cpu_s": round(median(m["change cpu"]), 3) if m["change cpu"] else None,
+                "stalled": m["stalled"],
+                **grow("v"),
+            },
+        ),
+        Result(
+            "scale",
+            f"coordinator cpu per heartbeat {n} ranks",
+            "us",
+            series["c"][n],
+            target=TARGETS["cpu"],
+            extra={"heartbeats": m["cpu_beats"], **grow("c")},
+        ),
+        Result(
+            "scale",
+            f"bytes to agents per view change {n} ranks",
+            "B",
+            series["b"][n],
+            target=f"<= {200 * n:,} B (200 x N)",
+            extra={"per_rank": round(series["b"][n] / n, 1), **grow("b")},
+        ),
+        Result(
+            "scale",
+            f"log bytes per rank-hour {n} ranks",
+            "B",
+            series["l"][n],
+            target=TARGETS["log"],
+            extra={
+                "bytes_per_heartbeat": round(log["per_beat"], 3),
+                "heartbeats": log["beats"],
+                "beat_interval_s": log["beat_s"],
+                **grow("l"),
+            },
+        ),
+        Result(
+            "scale",
+            f"coordinator rss {n} ranks",
+            "MB",
+            series["r"][n],
+            target=TARGETS["rss"].get(n),
+            extra=grow("r"),
+        ),
+    ]
 
 
 def run(quick: bool) -> list[Result]:

@@ -32,13 +32,14 @@ import argparse
 import asyncio
 import contextlib
 import datetime as dt
-import gc
 import json
 import logging
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
+
+from coordinator.runtime import loop_factory, tune_for_latency
 
 DEFAULT_PORT = 8470
 #: Logs at least this long get a progress bar on stderr even when it is not a terminal.
@@ -341,16 +342,6 @@ def _serve(args: argparse.Namespace) -> int:
         return runner.run(_serve_async(args, auth))
 
 
-def loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
-    """uvloop's event loop where it is installed (a dependency everywhere but Windows), else
-    asyncio's default; the benchmarks' load generators run on it too."""
-    try:
-        import uvloop
-    except ImportError:
-        return None
-    return uvloop.new_event_loop
-
-
 async def _serve_async(args: argparse.Namespace, auth: Any) -> int:
     from api.app import create_app
     from api.server import Server, config
@@ -390,7 +381,7 @@ async def _serve_async(args: argparse.Namespace, auth: Any) -> int:
             )
         app = create_app(host, auth, limits=args.limits)
         server = Server(config(app, args.host, args.port, args.log_level, args.limits))
-        _tune_for_latency()
+        tune_for_latency()
         server.before_shutdown = host.stop_waiting
         logging.getLogger("foldplane").info(
             "serving %s on http://%s:%d (term %d, offset %d, store %s, auth %s)",
@@ -411,43 +402,6 @@ async def _serve_async(args: argparse.Namespace, auth: Any) -> int:
                 await retention
         await host.close()
         del store
-
-
-#: How long a thread may hold the GIL while another waits for it (CPython's default: 5 ms).
-GIL_SWITCH_INTERVAL_S = 0.0005
-#: The cyclic GC's thresholds (CPython's default: 700, 10, 10); see :func:`_tune_for_latency`.
-GC_THRESHOLDS = (10_000, 100, 10)
-
-
-def _tune_for_latency() -> None:
-    """Three process-wide settings for the server, all about the event loop standing still.
-
-    - ``gc.freeze`` after startup keeps what startup built (modules, the app, the restored
-      fold) out of every later collection: with it in, each full collection walks all of it
-      while the event loop stands still, and every request queued behind it waits as long.
-    - Larger GC thresholds (:data:`GC_THRESHOLDS`). A heartbeat's objects (its request, its
-      input, its reply) live until its shared record is durable, up to ``--heartbeat-flush-s``;
-      at CPython's defaults the young generations are collected every few milliseconds, so
-      nearly every in-flight beat is promoted to the oldest generation, and a full collection
-      (which walks every rank's state, every journal and every open connection: at 16,384
-      ranks, over a million references) follows each time a quarter of the survivors' count
-      has been promoted, several times a second. Collected every 10,000 allocations, and the
-      middle generation every 100 of those, beats are freed by their reference counts before
-      they reach the old generation, and full collections become rare. A heartbeat's path
-      makes no reference cycles, so what the young generations hold longer is not garbage.
-    - A shorter GIL switch interval: the log's writer thread needs the GIL for a moment
-      after each SQLite call of a commit (begin, insert, commit, hand back the offsets);
-      while the event loop is busy serving requests, each of those moments can wait a whole
-      switch interval, so at the default a commit is acknowledged several times later than
-      its own work takes.
-
-    What either setting is worth on a given machine is measured by the ``ingest`` benchmark
-    (figures in docs/benchmarks.md); code comments state the rule, not a run's numbers.
-    """
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(*GC_THRESHOLDS)
-    sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
 
 
 # -- replay --------------------------------------------------------------------------------------

@@ -46,3 +46,21 @@ def test_importing_the_pure_machines_loads_no_io_module() -> None:
     assert done.returncode == 0, done.stderr
     loaded = [m for m in done.stdout.strip().split(",") if m]
     assert loaded == [], f"importing the pure machines loaded {loaded}"
+
+
+def test_the_contracts_cover_the_agent_and_the_benchmarks() -> None:
+    """No import loop among the agent's modules nor the benchmarks'; the benchmarks, which
+    measure the product, import no tests and no command-line internals."""
+    import tomllib
+
+    linter = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
+    assert "benchmarks" in linter["root_packages"]
+    contracts = linter["contracts"]
+    acyclic = [c for c in contracts if c["type"] == "acyclic_siblings"]
+    assert {"agent", "benchmarks", "benchmarks.kit"} <= {a for c in acyclic for a in c["ancestors"]}
+    forbidden = [
+        set(c["forbidden_modules"])
+        for c in contracts
+        if c["type"] == "forbidden" and c["source_modules"] == ["benchmarks"]
+    ]
+    assert any({"tests", "coordinator.cli"} <= f for f in forbidden), forbidden

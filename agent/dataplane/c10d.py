@@ -33,7 +33,7 @@ from torch.distributed.constants import default_pg_timeout
 from agent.dataplane.group import BACKEND_NAME, ElasticProcessGroup
 
 if TYPE_CHECKING:
-    from agent.host import Agent
+    from agent import Agent
 
 # ``torch.distributed.rendezvous`` is also the name of a function: import the module by path.
 _rdzv = importlib.import_module("torch.distributed.rendezvous")
@@ -74,7 +74,9 @@ def environment_agent(timeout: timedelta | None = None) -> Agent:
     global _env_agent
     with _lock:
         if _env_agent is None:
-            from agent.host import Agent
+            # through the package's public face: the host adopts its groups here, so this
+            # module, below it, names no module of the host
+            from agent import Agent
 
             seconds = 300.0 if timeout is None else timeout.total_seconds()
             _env_agent = Agent().start(timeout_s=seconds)

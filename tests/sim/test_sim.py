@@ -45,10 +45,10 @@ from coordinator.fold.effects import (
 )
 from coordinator.fold.epochs import Epoch, EpochPlan, Epochs, Holding
 from coordinator.fold.state import RankInfo
+from coordinator.sim import world as sim
+from coordinator.sim.invariants import NAMES, Invariants, Violation
+from coordinator.sim.world import HORIZON_STEPS, World, describe, run_seed, shrink
 from eventlog.record import Record
-from tests.sim import world as sim
-from tests.sim.invariants import NAMES, Invariants, Violation
-from tests.sim.world import HORIZON_STEPS, World, describe, run_seed, shrink
 from wire.protocol import View
 
 SEEDS = 10_000

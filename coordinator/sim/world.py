@@ -49,7 +49,7 @@ until the group formed) and each rank reads its part the way ``agent.data``'s sa
 within its lookahead, reporting progress through its real ``AgentMachine``; kills, pauses,
 replacements and deactivations then move ranges as they would in a job.
 
-The invariants (``tests/sim/invariants.py``) are checked after every step.
+The invariants (``coordinator/sim/invariants.py``) are checked after every step.
 """
 
 from __future__ import annotations
@@ -97,8 +97,8 @@ from coordinator.host.loop import Appended, Existing, Host, Refusal, UpdatesAnsw
 from coordinator.host.polls import resync_answer
 from coordinator.host.ready import HostState, publish
 from coordinator.host.snapshots import decode_snapshot, encode_snapshot
+from coordinator.sim.invariants import Invariants, Violation
 from eventlog.record import NewRecord, Record
-from tests.sim.invariants import Invariants, Violation
 from wire.data import apply_moves
 
 S = 1_000_000_000
