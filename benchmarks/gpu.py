@@ -37,6 +37,7 @@ from datetime import timedelta
 from typing import Any
 
 from benchmarks.harness import Result, higher_is_better_ratio, median, percentile
+from benchmarks.kit.workers import abba
 
 BENCH = "gpu"
 WORLD = 4
@@ -47,6 +48,7 @@ SHARED_GPU_ENV = {
     "NCCL_SHM_DISABLE": "1",
 }
 REPLY_S = 180.0
+SYSTEMS = ("plain", "ours")  # plain torch, then foldplane, in the same processes
 
 
 # -- the worker processes -------------------------------------------------------------------------
@@ -135,27 +137,23 @@ def _latency(state: dict[str, Any], conn: Any, numel: int, ops: int) -> dict:
     t = torch.ones(numel, device="cuda:0")
     stream = torch.cuda.current_stream()
 
-    def run_plain() -> float:
-        t0 = time.perf_counter()
-        plain.allreduce([t]).wait()
-        stream.synchronize()
-        return time.perf_counter() - t0
-
-    def run_ours() -> float:
-        t0 = time.perf_counter()
-        if not pg.all_reduce(t, async_op=True).wait():
+    def step(system: str, _n: int) -> None:
+        if system == "plain":
+            plain.allreduce([t]).wait()
+        elif not pg.all_reduce(t, async_op=True).wait():
             raise RuntimeError("a foldplane all_reduce failed during the latency run")
-        stream.synchronize()
-        return time.perf_counter() - t0
+        stream.synchronize()  # the CPU knows the result is there
 
-    for _ in range(5):
-        run_plain()
-        run_ours()
+    return _abba(ops, step)
+
+
+def _abba(ops: int, step: Any) -> dict[str, list[float]]:
+    """Warm both systems up, then ``ops`` steps of each, alternating (ABBA)."""
+    for _ in abba(1, 5, SYSTEMS, step):
+        pass
     times: dict[str, list[float]] = {"plain": [], "ours": []}
-    for i in range(ops):
-        order = (run_plain, run_ours) if i % 2 == 0 else (run_ours, run_plain)
-        for fn in order:
-            times["plain" if fn is run_plain else "ours"].append(fn())
+    for _block, system, seconds in abba(ops, 1, SYSTEMS, step):
+        times[system] += seconds
     return times
 
 
@@ -264,24 +262,16 @@ def _ddp(state: dict[str, Any], conn: Any, steps: int) -> dict:
     elastic_opt = ElasticOptimizer(elastic, torch.optim.SGD(elastic.parameters(), lr=0.01))
     x = torch.randn(256, 1024, device="cuda:0")
 
-    def step(m: Any, opt: Any) -> float:
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
+    systems = {"plain": (plain, plain_opt), "ours": (elastic, elastic_opt)}
+
+    def step(system: str, _n: int) -> None:
+        m, opt = systems[system]
         opt.zero_grad()
         m(x).square().mean().backward()
         opt.step()
         torch.cuda.synchronize()
-        return time.perf_counter() - t0
 
-    for _ in range(5):
-        step(plain, plain_opt)
-        step(elastic, elastic_opt)
-    times: dict[str, list[float]] = {"plain": [], "ours": []}
-    for i in range(steps):
-        pairs = [("plain", plain, plain_opt), ("ours", elastic, elastic_opt)]
-        for key, m, opt in pairs if i % 2 == 0 else reversed(pairs):
-            times[key].append(step(m, opt))
-    return times
+    return _abba(steps, step)
 
 
 def _shrink(state: dict[str, Any], conn: Any, on: bool) -> None:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import timedelta
@@ -384,25 +385,12 @@ class ViewGroup:
         backend = self._backend
         if backend is not None and self._failure is None:
             return backend  # the fast path of every operation but a view's first
-        with self._cond:
-            while self._backend is None and self._failure is None and not self._retired:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    break
-                self._cond.wait(remaining)
-            if self._backend is not None and self._failure is None:
-                return self._backend
-            timed_out = self._failure is None and not self._retired
-        if timed_out:
-            self.fail(
-                f"the group of view {self.version} was not built before the operation's deadline"
-            )
-        return None
+        return self._await(deadline, lambda: self._backend is not None, "the group")
 
     def _cuda_backend(self, deadline: float) -> object | None:
         backend = self._cuda
-        if backend is not None and self._failure is None:
-            return backend
+        if backend is not None and self._failure is None and not self._retired:
+            return backend  # (a retired view may keep it for the next view to shrink)
         start = False
         with self._cond:
             if self._cuda_state == "absent" and self._failure is None and not self._retired:
@@ -412,19 +400,25 @@ class ViewGroup:
             threading.Thread(
                 target=self._build_cuda, name=f"dataplane-build-cuda-v{self.version}", daemon=True
             ).start()
+        self._await(deadline, lambda: self._cuda_state != "building", "the NCCL group")
         with self._cond:
-            while self._cuda_state == "building" and self._failure is None and not self._retired:
+            return self._cuda if self._failure is None and not self._retired else None
+
+    def _await(self, deadline: float, ready: Callable[[], bool], what: str) -> object | None:
+        """Wait until ``ready()`` (under the lock), the view fails or is retired, or
+        ``deadline``; past it the view fails (a member never came). The gloo backend, or None."""
+        with self._cond:
+            while not ready() and self._failure is None and not self._retired:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     break
                 self._cond.wait(remaining)
-            if self._cuda is not None and self._failure is None:
-                return self._cuda
+            if ready() and self._failure is None:
+                return self._backend
             timed_out = self._failure is None and not self._retired
         if timed_out:
             self.fail(
-                f"the NCCL group of view {self.version} was not built before the operation's "
-                "deadline"
+                f"{what} of view {self.version} was not built before the operation's deadline"
             )
         return None
 

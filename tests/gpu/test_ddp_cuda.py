@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from tests.agent.conftest import coordinator, workers  # noqa: F401  (fixtures)
-from tests.agent.test_ddp import DDP_WORKER, by_step, collect, drain
+from tests.agent.test_ddp import DDP_WORKER, by_step, kill_rank_3_and_heal
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -31,21 +31,7 @@ def test_ddp_on_cuda_survives_a_sigkill_and_heals_a_replacement(workers, monkeyp
     for r in range(4):
         w.expect(r, "started", timeout=120)
     pids = {r: w.launcher.worker(r).process.pid for r in range(3)}
-    w.send([0, 1, 2, 3], "steps", until=10)
-    w.expect(3, "step", timeout=120)
-    victim = [{**w.expect(3, "step", timeout=120), "rank": 3}]
-    w.launcher.kill(3)
-    assert w.exits.get(timeout=30).returncode == -9
-    victim += drain(w, 3)
-    survivors = {r: collect(w, r, 10) for r in (0, 1, 2)}
-
-    w.spawn(3)
-    w.expect(3, "started", timeout=120)
-    w.send([3], "activate_self")
-    w.send([3], "steps", until=20)
-    w.send([0, 1, 2], "steps", until=20, with_rank=3)
-    assert w.expect(3, "proposal", timeout=120)["status"] == "applied"
-    healed = {r: collect(w, r, 20, exact=False) for r in range(4)}
+    victim, survivors, healed = kill_rank_3_and_heal(w, 10, 20)
 
     events = victim + [e for r in survivors for e in survivors[r]]
     events += [e for r in healed for e in healed[r]]

@@ -12,7 +12,12 @@ import pytest
 
 from tests.agent.conftest import coordinator  # noqa: F401  (fixture)
 from tests.fsdp.conftest import hsdp  # noqa: F401  (fixture)
-from tests.fsdp.test_fsdp import assert_replicas_identical, check_agreed, collect, drain, steps_of
+from tests.fsdp.test_fsdp import (
+    assert_replicas_identical,
+    check_agreed,
+    lose_replica_1_and_heal,
+    steps_of,
+)
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -33,26 +38,9 @@ def test_hsdp_on_cuda_loses_a_replica_and_heals_its_replacement_bit_identical(
         assert all(e["committed"] for e in step.values()), step
         assert_replicas_identical(step, 2)
 
-    job.send(survivors, "steps", until=10)
-    job.send(job.keys([1]), "steps", until=10, die_at=5)
-    victims = []
-    for k in job.keys([1]):
-        victims += drain(job, k)
-        assert job.exits.get(timeout=60).returncode == -9
-    phase2 = {k: collect(job, k, 10) for k in survivors}
+    victims, phase2, phase3 = lose_replica_1_and_heal(job, survivors, 10, 20)
     for events in phase2.values():
         assert all(e["failed"] in ([], [1]) for e in events if not e["committed"]), events
-
-    job.start_replica(1)
-    newcomers = job.keys([1])
-    for k in newcomers:
-        job.expect(k, "started", timeout=120)
-    job.send(newcomers, "activate_self")
-    job.send(newcomers, "steps", until=20)
-    job.send(survivors, "steps", until=20, with_rank=1)
-    for k in newcomers:
-        assert job.expect(k, "proposal", timeout=120)["status"] == "applied"
-    phase3 = {k: collect(job, k, 20) for k in keys}
 
     events = [{**e, "pid": 0} for e in victims]
     for k, evs in [*phase2.items(), *phase3.items()]:
