@@ -552,9 +552,9 @@ class Host:
     async def _next_batch(self) -> list[Input] | None:
         """Answer (a share of) the woken long polls, wait for inputs or for buffered beats to
         fall due, and take one batch; None when nothing is to be appended yet."""
-        if self.journals.releasing:
-            self.pacing.answer(self.journals, inputs_waiting=bool(self.queue))
         beats_due = self.admission.beats.deadline()
+        if self.journals.releasing:
+            self.pacing.answer(self.journals, inputs_waiting=self._next_turn_at_once(beats_due))
         if beats_due is None:
             await self._has_input.wait()
         else:
@@ -570,6 +570,16 @@ class Host:
         if batch or (beats_due is not None and asyncio.get_running_loop().time() >= beats_due):
             return batch
         return None
+
+    def _next_turn_at_once(self, beats_due: float | None) -> bool:
+        """Whether the loop takes its next batch without waiting: an input that woke it is
+        queued, or buffered beats are due. Beats queued without waking it (``_enqueue``) do not
+        count: they wait for their shared record anyway, and a share of the woken polls held
+        back for them would wait with them, up to ``heartbeat_flush_s``, with nothing served
+        in between (a committed view reaching most hosts a flush late)."""
+        if self._has_input.is_set():
+            return True
+        return beats_due is not None and asyncio.get_running_loop().time() >= beats_due
 
     async def _append(self, accepted: list[Input]) -> tuple[list[int], list[Record]] | None:
         """Append the admitted inputs in one batch: their offsets and the records to fold
