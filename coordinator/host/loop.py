@@ -58,7 +58,15 @@ from coordinator.host.pacing import PollPacing
 from coordinator.host.polls import UpdatesAnswer, resync_answer
 from coordinator.host.ready import HostState, Ready, ReadyBuilder, publish
 from coordinator.host.rows import ProjectionRows
-from coordinator.host.snapshots import CONSUMER, SNAPSHOT_FORMAT, Snapshots, restore_state
+from coordinator.host.snapshots import (
+    CONSUMER,
+    SNAPSHOT_BEATS,
+    SNAPSHOT_EVERY,
+    SNAPSHOT_FORMAT,
+    SNAPSHOT_INTERVAL_S,
+    Snapshots,
+    restore_state,
+)
 from coordinator.host.ticks import Ticker
 from eventlog import Log, LogError, NewRecord, Record, StaleTermError, open_log
 from eventlog.record import READ_PAGE, Encoded
@@ -151,8 +159,9 @@ class Host:
         state: HostState,
         *,
         projected: int,
-        snapshot_every: int = 20_000,
-        snapshot_interval_s: float = 30.0,
+        snapshot_every: int = SNAPSHOT_EVERY,
+        snapshot_beats: int = SNAPSHOT_BEATS,
+        snapshot_interval_s: float = SNAPSHOT_INTERVAL_S,
         max_batch: int = MAX_BATCH,
         poll_release: int = 8,
         poll_spread: int = 8,
@@ -175,6 +184,7 @@ class Host:
             self.metrics,
             offset=machine.offset,
             every=snapshot_every,
+            beats=snapshot_beats,
             interval_s=snapshot_interval_s,
         )
         self.pacing = PollPacing(release=poll_release, spread=poll_spread)
