@@ -68,9 +68,7 @@ async def test_one_is_due_after_beats_heartbeats_whatever_few_records_carry_them
     now = [100.0]
     try:
         metrics = HostMetrics()
-        snaps = Snapshots(
-            log, metrics, offset=10, every=20_000, beats=10_000, clock=lambda: now[0]
-        )
+        snaps = Snapshots(log, metrics, offset=10, every=20_000, beats=10_000, clock=lambda: now[0])
         metrics.heartbeats += 2 * 4096
         assert not snaps.due(12)
         metrics.heartbeats += 4096
