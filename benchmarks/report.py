@@ -394,7 +394,9 @@ def growth_svg(runs: list[dict]) -> str:
         found = re.fullmatch(r"(.+) (\d+) ranks", r["metric"])
         if r["bench"] == "scale" and found and r["median"] == r["median"]:  # not NaN
             series.setdefault(found.group(1), {})[int(found.group(2))] = float(r["median"])
-    sizes = sorted({n for values in series.values() for n in values})
+    # the sizes that more than one row measures (256 ranks has the view change rows alone)
+    measured = [n for values in series.values() for n in values]
+    sizes = sorted({n for n in measured if measured.count(n) > 1})
     if len(sizes) < 2:
         raise SystemExit("the newest scale run has fewer than two group sizes to draw")
     width, height, left, right, top, bottom = 600, 300, 56, 200, 28, 40

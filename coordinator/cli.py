@@ -119,7 +119,16 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--store-host", default=None, help="address to advertise for the store")
     s.add_argument("--insecure", action="store_true", help="allow a non-loopback bind without auth")
     s.add_argument(
-        "--snapshot-every", type=int, default=20_000, help="snapshot the fold every N records"
+        "--snapshot-every",
+        type=int,
+        default=20_000,
+        help="snapshot the fold every N records (or every --snapshot-beats heartbeats)",
+    )
+    s.add_argument(
+        "--snapshot-beats",
+        type=int,
+        default=2_000_000,
+        help="snapshot the fold every N heartbeats written (or every --snapshot-every records)",
     )
     s.add_argument(
         "--heartbeat-flush-s",
@@ -319,6 +328,13 @@ def _serve(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"coordinator: --lease-s/--lease-poll-s: {exc}", file=sys.stderr)
         return 2
+    for flag, value in (
+        ("--snapshot-every", args.snapshot_every),
+        ("--snapshot-beats", args.snapshot_beats),
+    ):
+        if value < 1:
+            print(f"coordinator: {flag} must be at least 1, got {value}", file=sys.stderr)
+            return 2
     if not args.heartbeat_flush_s >= 0:
         print(
             f"coordinator: --heartbeat-flush-s must be >= 0 seconds, got {args.heartbeat_flush_s}",
@@ -354,6 +370,7 @@ async def _serve_async(args: argparse.Namespace, auth: Any) -> int:
             address=args.advertise or f"http://{args.host}:{args.port}",
             settings=args.lease,
             snapshot_every=args.snapshot_every,
+            snapshot_beats=args.snapshot_beats,
             heartbeat_flush_s=args.heartbeat_flush_s,
         )
     except (LogError, OSError, ValueError) as exc:

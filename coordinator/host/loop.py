@@ -58,7 +58,15 @@ from coordinator.host.pacing import PollPacing
 from coordinator.host.polls import UpdatesAnswer, resync_answer
 from coordinator.host.ready import HostState, Ready, ReadyBuilder, publish
 from coordinator.host.rows import ProjectionRows
-from coordinator.host.snapshots import CONSUMER, SNAPSHOT_FORMAT, Snapshots, restore_state
+from coordinator.host.snapshots import (
+    CONSUMER,
+    SNAPSHOT_BEATS,
+    SNAPSHOT_EVERY,
+    SNAPSHOT_FORMAT,
+    SNAPSHOT_INTERVAL_S,
+    Snapshots,
+    restore_state,
+)
 from coordinator.host.ticks import Ticker
 from eventlog import Log, LogError, NewRecord, Record, StaleTermError, open_log
 from eventlog.record import READ_PAGE, Encoded
@@ -151,8 +159,9 @@ class Host:
         state: HostState,
         *,
         projected: int,
-        snapshot_every: int = 20_000,
-        snapshot_interval_s: float = 30.0,
+        snapshot_every: int = SNAPSHOT_EVERY,
+        snapshot_beats: int = SNAPSHOT_BEATS,
+        snapshot_interval_s: float = SNAPSHOT_INTERVAL_S,
         max_batch: int = MAX_BATCH,
         poll_release: int = 8,
         poll_spread: int = 8,
@@ -175,6 +184,7 @@ class Host:
             self.metrics,
             offset=machine.offset,
             every=snapshot_every,
+            beats=snapshot_beats,
             interval_s=snapshot_interval_s,
         )
         self.pacing = PollPacing(release=poll_release, spread=poll_spread)
@@ -552,9 +562,9 @@ class Host:
     async def _next_batch(self) -> list[Input] | None:
         """Answer (a share of) the woken long polls, wait for inputs or for buffered beats to
         fall due, and take one batch; None when nothing is to be appended yet."""
-        if self.journals.releasing:
-            self.pacing.answer(self.journals, inputs_waiting=bool(self.queue))
         beats_due = self.admission.beats.deadline()
+        if self.journals.releasing:
+            self.pacing.answer(self.journals, inputs_waiting=self._next_turn_at_once(beats_due))
         if beats_due is None:
             await self._has_input.wait()
         else:
@@ -570,6 +580,16 @@ class Host:
         if batch or (beats_due is not None and asyncio.get_running_loop().time() >= beats_due):
             return batch
         return None
+
+    def _next_turn_at_once(self, beats_due: float | None) -> bool:
+        """Whether the loop takes its next batch without waiting: an input that woke it is
+        queued, or buffered beats are due. Beats queued without waking it (``_enqueue``) do not
+        count: they wait for their shared record anyway, and a share of the woken polls held
+        back for them would wait with them, up to ``heartbeat_flush_s``, with nothing served
+        in between (a committed view reaching most hosts a flush late)."""
+        if self._has_input.is_set():
+            return True
+        return beats_due is not None and asyncio.get_running_loop().time() >= beats_due
 
     async def _append(self, accepted: list[Input]) -> tuple[list[int], list[Record]] | None:
         """Append the admitted inputs in one batch: their offsets and the records to fold
