@@ -65,6 +65,7 @@ from coordinator.fold.effects import (
     EpochCompleted,
     EpochPlanned,
     Move,
+    PartSent,
     RankRange,
     View,
 )
@@ -836,6 +837,32 @@ class Epochs:
     ) -> None:
         """Nothing moves when a rank goes OFFLINE: its remainder moves with the view that no
         longer holds it (an OFFLINE rank still in the view gives way to reclaim)."""
+
+    def rank_joined(
+        self, fold: FoldContext, g: GroupState, rank: int, record: Record, effects: list[Effect]
+    ) -> None:
+        """A new incarnation of a rank that holds a part of the open epoch is sent that part
+        whole (``PartSent``): what its predecessors reported is in no decision of the log (a
+        rank that finished its part and then died left no move behind), so a replacement
+        starts from what is unclaimed, not from the plan's cursor."""
+        ge = self._groups.get(g.name)
+        e = None if ge is None else ge.current
+        if e is None or e.completed is not None:
+            return
+        h = e.holdings.get(rank)
+        if h is None:
+            return
+        effects.append(
+            PartSent(
+                group=g.name,
+                rank=rank,
+                epoch=e.number,
+                assignment=e.assignment,
+                processed=h.processed,
+                remaining=tuple(h.remaining_segments()),
+                offset=record.offset,
+            )
+        )
 
     def tick(self, fold: FoldContext, record: Record, effects: list[Effect]) -> None:
         """No epoch rule waits on time."""

@@ -903,6 +903,11 @@ class Refits:
             self._fail_running(r, f"the refit's epoch moved: {cause}", record, effects)
             self._new_epoch(fold, r, cause, record, effects)
 
+    def rank_joined(
+        self, fold: FoldContext, g: GroupState, rank: int, record: Record, effects: list[Effect]
+    ) -> None:
+        """A replacement joins a refit through its own ``refit_join``: nothing to do here."""
+
     def rank_lost(
         self, fold: FoldContext, g: GroupState, rank: int, record: Record, effects: list[Effect]
     ) -> None:

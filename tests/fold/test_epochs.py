@@ -11,6 +11,7 @@ from coordinator.fold.effects import (
     AssignmentChanged,
     EpochCompleted,
     EpochPlanned,
+    PartSent,
     Refused,
 )
 from coordinator.fold.epochs import complete_plan
@@ -238,6 +239,34 @@ def test_growth_binds_only_reports_that_reach_into_it() -> None:
     assert e.holdings[0].grown == [(changed.assignment, 500)]
     assert one(progress(s, 0, 501, assignment=1), Refused).code == "stale_assignment"
     assert progress(s, 0, 501, assignment=changed.assignment) == []
+
+
+def test_a_replacement_of_a_rank_that_finished_its_part_is_sent_it_whole() -> None:
+    """Rank 2 reported its whole part and then died: no move says so, so its replacement is
+    sent its part as the fold holds it (everything processed), and its reports go on from
+    there; with its activation it takes a share of what is unclaimed."""
+    s = formed()
+    plan(s, lookahead=10)
+    progress(s, 2, 250)
+    for r in (0, 1, 3):
+        progress(s, r, 20)
+    kill(s, 2)
+    joined = s.join(2, incarnation="g-2-b")
+    sent = one(joined, PartSent)
+    e = s.m.epochs.epoch("g")
+    assert (sent.rank, sent.processed, sent.remaining) == (2, 250, ())
+    assert sent.assignment == e.assignment
+    s.links(2)
+    s.propose("activate", [2])
+    out = s.ack_all()
+    changed = one(out, AssignmentChanged)
+    assert {m.to_rank for m in changed.moves} == {2}
+    got = e.holdings[2].remaining
+    # its reports count on from its predecessor's
+    assert progress(s, 2, 250 + got, assignment=e.assignment) == []
+    assert_covers(s.m)
+    # the same incarnation joining again is not a new process: nothing is sent
+    assert of(s.join(2, incarnation="g-2-b"), PartSent) == []
 
 
 def test_reclaim_takes_from_the_slowest_tail_so_both_finish_together() -> None:
