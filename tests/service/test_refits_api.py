@@ -292,7 +292,9 @@ async def test_a_subscriber_may_not_start_a_transfer_a_publisher_and_the_operato
     await join_all(c, 1)
     res = await send(c, "gen", 0, "transfer", refit="rl", epoch=1, key="step-1")
     assert res["error"] == "not_refit_member", res
-    assert "a transfer comes from a publisher of the admitted epoch or the operator" in res["detail"]
+    assert (
+        "a transfer comes from a publisher of the admitted epoch or the operator" in res["detail"]
+    )
     assert (await refit(c))["transfers"] == []
     assert "offset" in await send(c, "train", 1, "transfer", refit="rl", epoch=1, key="step-1")
     t = await c.post("/refits/rl/transfers", json={"key": "step-1"}, headers=OP)
