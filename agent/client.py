@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 
 from wire import ranks as rank_sets
-from wire.protocol import PROTOCOL
+from wire.protocol import FEATURES, PROTOCOL
 
 #: How long one plain request may take; long polls add their own timeout on top.
 DEFAULT_TIMEOUT_S = 10.0
@@ -119,6 +119,7 @@ class CoordinatorClient:
             "after": after,
             "timeout": timeout_s,
             "protocol": PROTOCOL,
+            "features": ",".join(FEATURES),
         }
         if isinstance(rank, int):
             params["rank"] = rank

@@ -66,7 +66,7 @@ from agent.client import (
     CoordinatorUnavailable,
     parse_addresses,
 )
-from wire.protocol import MAX_EVENTS, QUERY
+from wire.protocol import MAX_EVENTS, QUERY, missing_features
 from wire.ranks import MAX_QUERY_RANKS
 
 log = logging.getLogger("foldplane.relay")
@@ -754,6 +754,7 @@ class PollArgs:
     timeout: float
     protocol: str | None
     view: str | None
+    features: str | None = None
 
     def params(self) -> dict[str, Any]:
         params: dict[str, Any] = {
@@ -764,6 +765,8 @@ class PollArgs:
         }
         if self.protocol is not None:
             params["protocol"] = self.protocol
+        if self.features is not None:
+            params["features"] = self.features
         if self.view is not None:
             params["view"] = self.view
         return params
@@ -1234,7 +1237,9 @@ class Relay:
         args = _poll_args(query)
         if isinstance(args, str):
             return error(422, "invalid_request", args)
-        if args is None:  # not the one-rank form: the coordinator answers it
+        if args is None or missing_features(args.features):
+            # not the one-rank form, or a worker that does not name every revision the lane's
+            # channel does: the coordinator answers it (and refuses what it cannot follow)
             params = {k: v[-1] for k, v in query.items()}
             return self.forward_poll(params, token)
         lane = self.lane(args.group, args.protocol)
@@ -1275,7 +1280,13 @@ def _poll_args(query: Mapping[str, list[str]]) -> PollArgs | str | None:
     if rank < 0 or after < 0 or not timeout >= 0:
         return "rank, after and timeout must not be negative"
     return PollArgs(
-        one["group"], rank, after, min(timeout, MAX_POLL_S), one.get("protocol"), one.get("view")
+        one["group"],
+        rank,
+        after,
+        min(timeout, MAX_POLL_S),
+        one.get("protocol"),
+        one.get("view"),
+        one.get("features"),
     )
 
 

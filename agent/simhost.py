@@ -63,7 +63,7 @@ from agent.machine import (
     UpdatesReceived,
 )
 from wire import ranks as rank_sets
-from wire.protocol import MAX_EVENTS, PROTOCOL, View
+from wire.protocol import FEATURES, MAX_EVENTS, PROTOCOL, View
 
 #: How long one long poll waits on the coordinator before answering empty.
 POLL_TIMEOUT_S = 10.0
@@ -464,6 +464,7 @@ class SimulatedHost:
             query = (
                 f"/agents/updates?group={self.group}&ranks={rank_sets.format_query(polls)}"
                 f"&after={after}&timeout={POLL_TIMEOUT_S}&protocol={PROTOCOL}"
+                f"&features={','.join(FEATURES)}"
             )
             if len(views) == 1 and (view := views.pop()) is not None:
                 query += f"&view={view}"

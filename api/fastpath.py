@@ -312,7 +312,8 @@ def updates_query(raw: bytes) -> UpdatesQuery | None:
     protocol = fields.get("protocol", "")
     view = fields.get("view")
     if not (
-        0 < len(group) <= QUERY.group_chars
+        len(fields.get("features", "")) <= 200
+        and 0 < len(group) <= QUERY.group_chars
         and _DIGITS.fullmatch(after)
         and (timeout is None or _SECONDS.fullmatch(timeout))
         and _DIGITS.fullmatch(protocol)
@@ -335,6 +336,7 @@ def updates_query(raw: bytes) -> UpdatesQuery | None:
         QUERY.poll_timeout_s if timeout is None else float(timeout),
         int(protocol),
         None if view is None else int(view),
+        fields.get("features"),
     )
     if (
         ranks[-1] > QUERY.max_rank
@@ -352,7 +354,9 @@ def _pair(field: str) -> tuple[str, str]:
     return name, value
 
 
-_UPDATE_FIELDS = frozenset({"group", "rank", "ranks", "after", "timeout", "protocol", "view"})
+_UPDATE_FIELDS = frozenset(
+    {"group", "rank", "ranks", "after", "timeout", "protocol", "view", "features"}
+)
 
 
 def _leader(exc: HostUnavailable) -> dict[str, str | None]:

@@ -41,6 +41,20 @@ from wire.ranks import RankSetError
 #: The protocol version this module speaks. Agents send it as ``protocol`` on the updates long
 #: poll; a poll without it (protocol 1) is refused with ``protocol_mismatch``.
 PROTOCOL = 2
+#: The named revisions of protocol 2 an agent understands, which it names as ``features`` on
+#: the long poll and the host channel (comma-separated). A change within the version is added
+#: by name: the coordinator sends what a revision adds only to readers that name it, and
+#: refuses the others (``protocol_mismatch``, naming the revision) where they would silently
+#: misread. ``data_moves``: a data decision reaches every rank as its moves, not as each
+#: touched rank's whole part (docs/protocol.md, "Facet updates").
+FEATURES = ("data_moves",)
+
+
+def missing_features(named: str | None, wanted: tuple[str, ...] = FEATURES) -> list[str]:
+    """The revisions of ``wanted`` that a reader's ``features`` field does not name."""
+    have = set((named or "").split(","))
+    return [f for f in wanted if f not in have]
+
 
 # -- error codes (the ``error`` of an event result or an error body) ---------------------------
 

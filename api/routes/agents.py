@@ -44,11 +44,13 @@ from eventlog import NewRecord
 from wire import ranks as rank_sets
 from wire.protocol import (
     EVENT_KINDS,
+    FEATURES,
     PROTOCOL,
     PROTOCOL_MISMATCH,
     QUERY,
     group_problem,
     legacy_problem,
+    missing_features,
 )
 from wire.ranks import MAX_QUERY_RANKS, RankSetError
 
@@ -231,6 +233,12 @@ async def get_updates(
     protocol: int | None = Query(
         None, description=f"the wire protocol the agent speaks; must be {PROTOCOL}"
     ),
+    features: str | None = Query(
+        None,
+        max_length=200,
+        description="the named revisions of the protocol the agent understands, "
+        f"comma-separated ({','.join(FEATURES)})",
+    ),
     view: int | None = Query(
         None, ge=0, description="the view version the agent holds (a resync then omits it)"
     ),
@@ -240,7 +248,7 @@ async def get_updates(
         await updates_answer(
             request.app.state,
             principal,
-            UpdatesQuery(group, poll_ranks(rank, ranks), after, timeout, protocol, view),
+            UpdatesQuery(group, poll_ranks(rank, ranks), after, timeout, protocol, view, features),
         )
     )
 
@@ -287,6 +295,7 @@ class UpdatesQuery(NamedTuple):
     timeout: float
     protocol: int | None
     view: int | None
+    features: str | None = None
 
 
 def poll_ranks(rank: int | None, ranks: str | None) -> tuple[int, ...]:
@@ -322,6 +331,7 @@ async def updates_answer(state: Any, principal: Principal, query: UpdatesQuery) 
         )
     host: Host = state.host
     require_group(host, group)
+    refuse_unnamed_revisions(host, group, query.features, "poll")
     config = host.machine.group_config(group)
     if ranks[-1] >= config.world_size:
         raise ApiError(
@@ -331,6 +341,22 @@ async def updates_answer(state: Any, principal: Principal, query: UpdatesQuery) 
         )
     answer = await host.updates(group, ranks, query.after, query.timeout, view=query.view)
     return encode_json(updates_body(host, answer))
+
+
+def refuse_unnamed_revisions(host: Host, group: str, features: str | None, what: str) -> None:
+    """A reader that does not name ``data_moves`` would ignore every data decision of the
+    group's epochs and never see the work it is given: once the group has an epoch plan, it is
+    refused by name (``protocol_mismatch``), as a protocol-1 agent is."""
+    missing = missing_features(features)
+    if missing and host.machine.epochs.epoch(group) is not None:
+        raise ApiError(
+            400,
+            PROTOCOL_MISMATCH,
+            f"group {group!r} reads epoch plans, whose decisions protocol {PROTOCOL} sends as "
+            f"{', '.join(missing)} updates; the {what} names features "
+            f"{features or 'none'}: an agent built before them would ignore them silently. "
+            "Upgrade the agent (docs/protocol.md)",
+        )
 
 
 def updates_body(host: Host, answer: UpdatesAnswer) -> dict[str, Any]:

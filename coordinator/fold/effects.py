@@ -280,6 +280,23 @@ class EpochCompleted(Effect, frozen=True, kw_only=True, tag="epoch_completed"):
     offset: int
 
 
+class PartSent(Effect, frozen=True, kw_only=True, tag="part_sent"):
+    """A new incarnation of ``rank`` joined while the rank holds a part of the open epoch: it
+    is sent that part whole, as of decision ``assignment`` (``processed``: what its
+    predecessors reported, ``remaining``: what it still holds). The decisions in the log do
+    not say how far a predecessor's reports got (a rank that finished its part and then died
+    left no move behind), so a replacement reading them alone would start at the plan's
+    cursor."""
+
+    group: str
+    rank: int
+    epoch: int
+    assignment: int
+    processed: int
+    remaining: tuple[tuple[int, int], ...]
+    offset: int
+
+
 # -- weight refits (coordinator/fold/refits.py) ------------------------------------------------
 
 

@@ -345,8 +345,9 @@ class Coordinator:
 
         A new incarnation bumps ``rank_epoch``, replaces the old one through the death chain if
         it was still online, and clears its own link evidence *and* every other rank's down
-        evidence about it: the replacement is a new process. The same incarnation joining again
-        while online is only a sign of life.
+        evidence about it: the replacement is a new process, and the facets hear of it (the
+        epochs send it the rank's part). The same incarnation joining again while online is
+        only a sign of life.
         """
         g = self._groups[record.group]  # type: ignore[index]
         rank = record.rank
@@ -356,7 +357,8 @@ class Coordinator:
         inc = payload["incarnation"]
         info.host = payload.get("host", info.host)
         info.pid = payload.get("pid", info.pid)
-        if inc == info.incarnation:
+        new = inc != info.incarnation
+        if not new:
             if info.state != OFFLINE:
                 self._touch(g, rank)
                 return
@@ -383,6 +385,9 @@ class Coordinator:
         self._set_evidence(g, rank, frozenset(), False)
         self._touch(g, rank)
         self._rank_state(g, rank, reason, record, effects)
+        if new:
+            for facet in self.facets:
+                facet.rank_joined(self, g, rank, record, effects)
 
     def _on_shared_heartbeat(self, g: GroupState, record: Record, now: int) -> list[Effect]:
         """The beats of many ranks that arrived together, in one record: each listed rank that

@@ -19,6 +19,7 @@ from coordinator.fold.effects import (
     EpochPlanned,
     GroupCreated,
     GroupFailed,
+    PartSent,
     Proposal,
     ProposalResolved,
     RankState,
@@ -244,6 +245,20 @@ class ReadyBuilder:
         to its own part; a resync sends the parts instead)."""
         ready.updates.append((effect.group, None, data_moves_update(effect)))
 
+    def _part_sent(self, effect: PartSent, ready: Ready) -> None:
+        """A new incarnation's part, whole, on its own journal (after the decisions it may
+        read first: the part stands for them and for its predecessors' reports)."""
+        update = data_assignment_update(
+            group=effect.group,
+            rank=effect.rank,
+            epoch=effect.epoch,
+            assignment=effect.assignment,
+            processed=effect.processed,
+            remaining=effect.remaining,
+            offset=effect.offset,
+        )
+        ready.updates.append((effect.group, effect.rank, update))
+
     def _epoch_completed(self, effect: EpochCompleted, ready: Ready) -> None:
         update = epoch_complete_update(effect)
         self.state.latest.setdefault(effect.group, {})["epoch_end"] = update
@@ -309,6 +324,7 @@ _CARRY: dict[type[Effect], Callable[[ReadyBuilder, Any, Ready], None]] = {
     EpochPlanned: ReadyBuilder._epoch_planned,
     AssignmentChanged: ReadyBuilder._moves,
     EpochCompleted: ReadyBuilder._epoch_completed,
+    PartSent: ReadyBuilder._part_sent,
     RefitEpochChanged: ReadyBuilder._refit_epoch,
     TransferChanged: ReadyBuilder._transfer,
     RefitBootstrap: ReadyBuilder._refit_bootstrap,
