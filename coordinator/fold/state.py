@@ -230,6 +230,11 @@ class GroupState:
         self.queue: deque[tuple[int, int]] = deque()
         #: idempotency key -> proposal id
         self.keys: dict[str, int] = {}
+        #: why the operator ended the group's run, and the offset of that record (None: it runs)
+        self.ended: str | None = None
+        self.ended_offset: int | None = None
+        #: ended and gone from the listings (its history stays)
+        self.deleted = False
 
     @property
     def active(self) -> tuple[int, ...]:
@@ -259,6 +264,16 @@ class GroupState:
             "change": None if self.change is None else self.change.to_dict(),
             "queue": [list(item) for item in self.queue],
             "keys": dict(sorted(self.keys.items())),
+            # only once ended, so a snapshot of a running group reads as it always did
+            **(
+                {}
+                if self.ended is None
+                else {
+                    "ended": self.ended,
+                    "ended_offset": self.ended_offset,
+                    "deleted": self.deleted,
+                }
+            ),
         }
 
     @classmethod
@@ -279,6 +294,9 @@ class GroupState:
         g.change = None if d["change"] is None else Change.from_dict(d["change"])
         g.queue = deque((pid, deadline) for pid, deadline in d["queue"])
         g.keys = dict(d["keys"])
+        g.ended = d.get("ended")
+        g.ended_offset = d.get("ended_offset")
+        g.deleted = bool(d.get("deleted", False))
         g.candidates = {
             r for r, info in enumerate(g.ranks) if info.state != OFFLINE and info.self_ready
         }
