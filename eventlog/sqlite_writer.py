@@ -96,7 +96,7 @@ class Call:
 _STOP = object()
 
 
-#: Checkpoint the WAL into the main file after about this many payload bytes were committed.
+#: Checkpoint the WAL into the main file each time the WAL file grew by this many bytes.
 CHECKPOINT_BYTES = 2 << 20
 
 
@@ -106,6 +106,9 @@ def connect_writer(path: Path) -> sqlite3.Connection:
     conn.execute("PRAGMA synchronous = FULL")
     # Checkpoints run on the Checkpointer's thread, not inside a commit that acks wait for.
     conn.execute("PRAGMA wal_autocheckpoint = 0")
+    # When SQLite restarts the WAL after a full checkpoint it cuts the file back to this size,
+    # so the file's size stays a measure of what is waiting in it (Checkpointer.wrote).
+    conn.execute(f"PRAGMA journal_size_limit = {CHECKPOINT_BYTES}")
     return conn
 
 
@@ -119,7 +122,9 @@ class Checkpointer:
 
     def __init__(self, path: Path) -> None:
         self._path = path
-        self._pending = 0
+        self._wal = f"{path}-wal"
+        #: the WAL file's size when a checkpoint was last asked for
+        self._asked_at = 0
         self._due = threading.Event()
         self._stopping = False
         self._thread = threading.Thread(
@@ -128,10 +133,21 @@ class Checkpointer:
         self._thread.start()
 
     def wrote(self, size: int) -> None:
-        """Called by the writer after each commit with the bytes it committed."""
-        self._pending += size
-        if self._pending >= CHECKPOINT_BYTES:
-            self._pending = 0
+        """Called by the writer after each commit (``size``: the payload bytes it committed).
+
+        The trigger is the WAL file's own size, not the payload: a commit of a few bytes still
+        writes whole pages (the log's last page, its index, the head row), so counting payload
+        let the WAL grow a hundred times past the threshold. A checkpoint is asked for each
+        time the file grew by :data:`CHECKPOINT_BYTES` since the last request; a restarted,
+        shorter WAL starts the count again."""
+        try:
+            wal = os.stat(self._wal).st_size
+        except FileNotFoundError:
+            return
+        if wal < self._asked_at:
+            self._asked_at = 0
+        if wal - self._asked_at >= CHECKPOINT_BYTES:
+            self._asked_at = wal
             self._due.set()
 
     def stop(self) -> None:
