@@ -13,6 +13,7 @@ code and the coordinator's detail, so a refused request says exactly what was wr
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections.abc import Mapping, Sequence
@@ -99,6 +100,24 @@ def parse_addresses(addresses: str | Sequence[str]) -> list[str]:
     return urls
 
 
+#: The coordinator addresses our clients talk to: httpx's INFO line per request is dropped
+#: for these (a worker heartbeats and long-polls all the time; those lines are our noise, not
+#: the user's), and kept for every other request the process makes.
+_OURS: set[str] = set()
+
+
+class _QuietOurRequests(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        if not isinstance(args, tuple) or len(args) < 2:
+            return True
+        url = str(args[1])
+        return not any(url.startswith(base) for base in tuple(_OURS))
+
+
+logging.getLogger("httpx").addFilter(_QuietOurRequests())
+
+
 class CoordinatorClient:
     """Blocking calls to the coordinator. Thread-safe; one connection pool per client."""
 
@@ -110,6 +129,7 @@ class CoordinatorClient:
         timeout_s: float = DEFAULT_TIMEOUT_S,
     ) -> None:
         self.addresses = parse_addresses(addresses)
+        _OURS.update(self.addresses)
         self._current = 0
         self._timeout_s = timeout_s
         headers = {"authorization": f"Bearer {token}"} if token else {}
@@ -324,6 +344,7 @@ class CoordinatorClient:
         leader = leader.rstrip("/")
         if leader not in self.addresses:
             self.addresses.append(leader)
+            _OURS.add(leader)
         return self.addresses.index(leader)
 
     def _next_untried(self, tried: set[str], index: int) -> int:

@@ -106,6 +106,9 @@ def group_overview(machine: Coordinator, group: str) -> dict[str, Any] | None:
             "cause": change.cause(),
         },
         "reconcile_window_end_ts": g.window_end,
+        "ended": None
+        if g.ended is None
+        else {"reason": g.ended, "offset": g.ended_offset, "deleted": g.deleted},
         "budget": {
             "failures": g.failures,
             "max_failure": g.config.max_failure,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import http.server
 import logging
+import re
 import subprocess
 import sys
 import threading
@@ -100,6 +101,12 @@ def test_ending_a_running_group_stops_its_ranks_and_keeps_its_history(coordinato
     try:
         for a in pair:
             a.wait_for_view(timeout=60)
+        coordinator.client.request(
+            "POST",
+            "/agents/deaths",
+            json={"group": "run", "rank": 1, "incarnation": pair[1].incarnation},
+        )
+        pair[0].wait_for_view(2, timeout=60)
         ended = coordinator.client.request("POST", "/groups/run/end", json={"reason": "rerun"})
         assert ended["ended"] == {"reason": "rerun", "offset": ended["ended"]["offset"],
                                   "deleted": False}  # fmt: skip
@@ -118,7 +125,38 @@ def test_ending_a_running_group_stops_its_ranks_and_keeps_its_history(coordinato
     assert "another group name" in refused.json()["detail"]
     plain = httpx.post(coordinator.url + "/groups/run/end", content=b"{}")
     assert plain.status_code == 415  # a page cannot end a group without a CORS preflight
-    assert [v["version"] for v in coordinator.history("run")] == [1]
+    assert [v["version"] for v in coordinator.history("run")] == [1, 2]
+    # the operator reads each decision in one line of the coordinator's log
+    lines = [line for line in coordinator.log_path.read_text().splitlines() if "group run" in line]
+    wanted = [
+        r"group run view 1 committed at \S+Z: active \[0, 1\] \(formation",
+        r"group run rank 1 lost: death reported",
+        r"group run view 2 committed at \S+Z: active \[0\] \(auto_deactivation",
+        r"group run ended: rerun",
+    ]
+    at = [next((i for i, line in enumerate(lines) if re.search(w, line)), None) for w in wanted]
+    assert None not in at and at == sorted(at), lines
+    assert not any("rank 0 lost" in line for line in lines), lines  # an ended run's ranks left
+
+
+def test_httpx_lines_of_our_requests_are_dropped_and_others_kept(
+    coordinator: Coordinator, tmp_path: Path, caplog
+):
+    handler = lambda *a: http.server.SimpleHTTPRequestHandler(  # noqa: E731
+        *a, directory=str(tmp_path)
+    )
+    other = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=other.serve_forever, daemon=True).start()
+    caplog.set_level(logging.INFO, logger="httpx")
+    try:
+        CoordinatorClient(coordinator.url).healthz()
+        httpx.get(f"http://127.0.0.1:{other.server_address[1]}/")
+    finally:
+        other.shutdown()
+        other.server_close()
+    said = [r.getMessage() for r in caplog.records if r.name == "httpx"]
+    assert not any(coordinator.url in m for m in said), said
+    assert any(str(other.server_address[1]) in m for m in said), said
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -170,4 +208,3 @@ def test_the_launcher_refuses_a_group_whose_run_is_over_and_says_what_to_do(
         cwd=ROOT, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert run.returncode == 2 and "was ended" in run.stderr, run
-
