@@ -83,3 +83,18 @@ def test_an_empty_log_is_replayed_with_a_warning(tmp_path: Path):
     asyncio.run(create())
     run = replay(db)
     assert "holds no records" in run.stderr and f"no {db}-wal beside it" in run.stderr, run
+
+
+def test_plot_without_matplotlib_is_refused_before_the_replay(tmp_path: Path):
+    db = tmp_path / "missing.db"  # the replay would refuse this: the plot's check comes first
+    hide = (
+        "import sys; sys.modules['matplotlib'] = None; "
+        "from coordinator.cli import main; raise SystemExit(main(sys.argv[1:]))"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", hide, "replay", str(db), "--plot", str(tmp_path / "t.png")],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert run.returncode == 2, run
+    assert "--plot: matplotlib is not installed" in run.stderr, run.stderr
+    assert "does not exist" not in run.stderr, run.stderr
