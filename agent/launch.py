@@ -341,10 +341,13 @@ def prepare_group(
         now = time.monotonic()
         if now >= deadline:
             if waiting.startswith("no group"):
-                waiting += f" (groups: {_names(client)})"
+                return (
+                    f"{waiting} (groups: {_names(client)}) after {timeout_s:g} s; check --group, "
+                    "give --world-size to create it, or wait longer with --start-timeout"
+                )
             return (
-                f"{waiting} after {timeout_s:g} s; check --coordinator and --group, give "
-                "--world-size to create the group, or wait longer with --start-timeout"
+                f"{waiting} after {timeout_s:g} s; check --coordinator, or wait longer with "
+                "--start-timeout"
             )
         if now >= next_log:
             log.info("waiting for group %r at %s: %s", group, where, waiting)

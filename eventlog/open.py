@@ -17,13 +17,14 @@ async def open_log(target: str | Path, *, create: bool = True, read_only: bool =
 
     ``read_only`` (audits: replay, explain): a SQLite log is opened with ``mode=ro``, never
     created nor migrated, and a file that is not a foldplane log at this code's revision is
-    refused naming what it is; a PostgreSQL log is opened as with ``create=False``.
+    refused naming what it is; a PostgreSQL log's sessions are read-only transactions, with
+    the same refusals.
     """
     where = parse_target(target)
     if isinstance(where, PostgresTarget):
         from eventlog.postgres import open_postgres
 
-        return await open_postgres(where, create and not read_only)
+        return await open_postgres(where, create and not read_only, read_only=read_only)
     if read_only:
         from eventlog.sqlite import open_sqlite_read_only
 

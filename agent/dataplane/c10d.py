@@ -74,7 +74,7 @@ def environment_agent(timeout: timedelta | None = None) -> Agent:
 
     ``timeout`` (torch's process-group timeout, 30 minutes by default) bounds collectives, not
     the start: the agent finds its coordinator and group within its own start timeout
-    (``FOLDPLANE_START_TIMEOUT_S``, ``agent.host.DEFAULT_START_TIMEOUT_S``), so a wrong
+    (``FOLDPLANE_START_TIMEOUT_S``, ``agent.client.DEFAULT_START_TIMEOUT_S``), so a wrong
     address or group name fails in seconds."""
     global _env_agent
     with _lock:

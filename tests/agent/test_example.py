@@ -103,6 +103,14 @@ def test_train_ddp_survives_a_kill_heals_the_replacement_and_ends_identical(coor
     out = run.stdout
     assert run.returncode == 0, out
     assert "rank 2: SIGKILL at step 6" in out and "killed by SIGKILL" in out, out
+    # one numbering: killed after step 6 committed, each survivor skips step 7 (the batch goes
+    # again) and says so once, naming whom the failed operation blamed
+    skipped = re.findall(r"rank ([013]): step 7 of view 1 skipped on every member "
+                         r"\(failed ranks (\[\d*\])\)", out)  # fmt: skip
+    assert sorted(r for r, _ in skipped) == ["0", "1", "3"], out
+    assert any(hint == "[2]" for _, hint in skipped), out
+    assert "step skipped; hint" not in out  # the library's line is the one line
+    assert not re.search(r"rank \d+: [^\n]*rank \d+: ", out), out  # no two lines run together
     done = re.findall(
         r"rank (\d): done at step (\d+) \(joined at (\d+), \d+ skipped\); "
         r"loss ([0-9.]+|nan) -> ([0-9.]+|nan); params ([0-9a-f]+)",  # nan: it trained no batch
