@@ -72,7 +72,6 @@ from agent.machine import (
 
 log = logging.getLogger("foldplane.agent")
 
-
 #: How long one long poll waits on the coordinator before answering empty.
 POLL_TIMEOUT_S = 10.0
 #: While the data plane is not ready yet, how often the driver looks again.
@@ -699,6 +698,13 @@ class Agent:
                     ) from exc
                 waiting = ""  # the group is missing: named below, with the groups there are
             else:
+                ended = info.get("ended")
+                if ended:  # nothing joins it again: say so now, not at the first wait
+                    raise RuntimeError(
+                        f"rank {self.rank}: group {self.group!r} at {where} was ended at offset "
+                        f"{ended.get('offset')} ({ended.get('reason')}); its history stays under "
+                        "its name, so run again under another group name"
+                    )
                 size = info.get("world_size", (info.get("config") or {}).get("world_size"))
                 if not isinstance(size, int):
                     raise RuntimeError(f"group {self.group!r}: no world_size in {info!r}")

@@ -120,6 +120,8 @@ def test_ending_a_running_group_stops_its_ranks_and_keeps_its_history(coordinato
     finally:
         for a in pair:
             a.close()
+    with pytest.raises(RuntimeError, match=r"group 'run' at .* was ended at offset \d+ \(rerun\)"):
+        Agent(coordinator.url, group="run", rank=0).start()  # at once, not at its first wait
     refused = httpx.post(coordinator.url + "/groups", json={"group": "run", "world_size": 2})
     assert refused.status_code == 409 and refused.json()["error"] == "group_ended"
     assert "another group name" in refused.json()["detail"]
