@@ -253,11 +253,15 @@ class DistributedDataParallel(_TorchDDP):
             self._failed_works = []
         else:
             self._failed_works = [w for w in works if not w.wait()]
+            # Numbered as ``committed_steps`` counts (the step after the last committed one),
+            # the one numbering a script and its heal see; ``index`` is the agreement's key.
             log.warning(
-                "rank %d: step %d of view %d skipped on every member",
+                "rank %d: step %d of view %d skipped on every member (failed ranks %s); "
+                "its batch goes again in the next step",
                 self._plane.rank,
-                index,
+                self.committed_steps + 1,
                 view.version,
+                self.last_failed_ranks,
             )
         return committed
 

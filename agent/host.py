@@ -27,7 +27,14 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from agent.client import CoordinatorClient, CoordinatorError, CoordinatorUnavailable
+from agent.client import (
+    NOT_FOLDPLANE,
+    START_LOG_EVERY_S,
+    CoordinatorClient,
+    CoordinatorError,
+    CoordinatorUnavailable,
+    start_timeout_s,
+)
 from agent.machine import (
     BEATS,
     EVENTS,
@@ -190,15 +197,19 @@ class Agent:
 
     # -- lifecycle -------------------------------------------------------------------------------
 
-    def start(self, timeout_s: float = 30.0) -> Agent:
+    def start(self, timeout_s: float | None = None) -> Agent:
         """Look the group up, then join, heartbeat and follow updates in the background.
 
-        Waits up to ``timeout_s`` for the group to exist (a worker may start before the
-        operator creates it); raises with the coordinator's answer otherwise.
+        Waits up to ``timeout_s`` (default ``FOLDPLANE_START_TIMEOUT_S``, else
+        :data:`DEFAULT_START_TIMEOUT_S`) for the coordinator to answer and the group to exist (a
+        worker may start before the operator creates it), saying every few seconds what it
+        waits for; then raises naming the address and the group: "no foldplane coordinator at
+        URL" or "no group NAME (groups: ...)". An address that answers but is not a foldplane
+        coordinator fails at once.
         """
         if self._started:
             return self
-        self.world_size = self._lookup_world_size(timeout_s)
+        self.world_size = self._lookup_world_size(start_timeout_s(timeout_s))
         if self.rank >= self.world_size:
             raise ValueError(
                 f"rank {self.rank} is out of range for group {self.group!r} "
@@ -710,22 +721,70 @@ class Agent:
         self._beater_client.close()
 
     def _lookup_world_size(self, timeout_s: float) -> int:
-        deadline = time.monotonic() + timeout_s
+        where = ",".join(self._ops.addresses)
+        started = time.monotonic()
+        deadline = started + timeout_s
+        next_log = started + START_LOG_EVERY_S
         while True:
+            left = deadline - time.monotonic()
             try:
-                info = self._ops.group(self.group)
-            except (CoordinatorError, CoordinatorUnavailable) as exc:
-                retry = isinstance(exc, CoordinatorUnavailable) or exc.status == 404
-                if not retry or time.monotonic() >= deadline:
+                info = self._ops.group(self.group, timeout_s=max(0.5, min(left, 5.0)))
+            except CoordinatorUnavailable as exc:
+                waiting = f"no foldplane coordinator at {where} ({exc})"
+            except CoordinatorError as exc:
+                if exc.code == NOT_FOLDPLANE:
+                    raise RuntimeError(f"rank {self.rank}: {exc.detail}") from None
+                if exc.status != 404:
                     raise RuntimeError(
-                        f"rank {self.rank}: cannot look up group {self.group!r}: {exc}"
+                        f"rank {self.rank}: cannot look up group {self.group!r} at {where}: {exc}"
                     ) from exc
-                time.sleep(0.1)
-                continue
-            size = info.get("world_size", (info.get("config") or {}).get("world_size"))
-            if not isinstance(size, int):
-                raise RuntimeError(f"group {self.group!r}: no world_size in {info!r}")
-            return size
+                waiting = ""  # the group is missing: named below, with the groups there are
+            else:
+                ended = info.get("ended")
+                if ended:  # nothing joins it again: say so now, not at the first wait
+                    raise RuntimeError(
+                        f"rank {self.rank}: group {self.group!r} at {where} was ended at offset "
+                        f"{ended.get('offset')} ({ended.get('reason')}); its history stays under "
+                        "its name, so run again under another group name"
+                    )
+                size = info.get("world_size", (info.get("config") or {}).get("world_size"))
+                if not isinstance(size, int):
+                    raise RuntimeError(f"group {self.group!r}: no world_size in {info!r}")
+                return size
+            now = time.monotonic()
+            if not waiting and (now >= deadline or now >= next_log):
+                waiting = f"no group {self.group!r} at {where} (groups: {self._group_names()})"
+            if now >= deadline:
+                raise RuntimeError(
+                    f"rank {self.rank}: {waiting} after {timeout_s:g} s; check the coordinator "
+                    "address and the group name (FOLDPLANE_COORDINATOR, FOLDPLANE_GROUP or "
+                    "the launcher's --coordinator and --group), or wait longer with "
+                    "FOLDPLANE_START_TIMEOUT_S"
+                )
+            if now >= next_log:
+                log.warning(
+                    "rank %d: waiting for group %r at %s: %s (%.0f of %g s)",
+                    self.rank,
+                    self.group,
+                    where,
+                    waiting,
+                    now - started,
+                    timeout_s,
+                )
+                next_log = now + START_LOG_EVERY_S
+            time.sleep(min(0.2, max(0.0, deadline - now)))
+
+    def _group_names(self) -> str:
+        """The coordinator's group names, for a message (``GET /groups``)."""
+        try:
+            groups = self._ops.groups(timeout_s=2.0)
+        except (CoordinatorError, CoordinatorUnavailable) as exc:
+            return f"unknown: {exc}"
+        names = [str(g.get("group")) for g in groups]
+        if not names:
+            return "none"
+        more = f", ... (+{len(names) - 20} more)" if len(names) > 20 else ""
+        return ", ".join(names[:20]) + more
 
 
 def _describe(view: View | None) -> str:

@@ -20,6 +20,12 @@ The rules:
   can abort the process (docs/dataplane.md, known limits). When a worker ends by SIGABRT and the
   coordinator already holds that incarnation's clean ``exit``, the rank's work was done: it is
   not reported, not replaced and not counted as a failure (the log line says what happened).
+- **A group runs once; the launcher says what it found.** Before it starts a worker it looks
+  the group up (waiting up to ``--start-timeout`` for the coordinator and, without
+  ``--world-size``, for the group) and says what it found: a new group, one that is forming,
+  or one that ran before. A group whose run is over (ended, shut down, failed to form, or no
+  rank online any more) or, with ``--world-size``, one that is running is refused at once, with
+  what to do: its history stays in the log under its name, so a new run takes a new name.
 - **Replacement is a new incarnation.** ``replace(rank)`` (or ``--replace-failed``) starts the
   same command for the same rank with a new incarnation; the agent inside joins through the same
   machine as any process, and the upper layer (or an operator) activates it.
@@ -34,15 +40,20 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from agent.client import (
+    NOT_FOLDPLANE,
+    START_LOG_EVERY_S,
     CoordinatorClient,
     CoordinatorError,
     CoordinatorUnavailable,
+    group_run,
     parse_addresses,
+    start_timeout_s,
 )
 from agent.relay import Relay
 from wire.auth import agent_token
@@ -317,6 +328,81 @@ class Launcher:
 # -- command line ------------------------------------------------------------------------------
 
 
+def prepare_group(
+    client: CoordinatorClient, group: str, world_size: int | None, timeout_s: float
+) -> str | None:
+    """Look ``group`` up before any worker starts and say what was found; create it when
+    ``world_size`` is given and it does not exist. Returns None to go on, or why not (a
+    message that says what to do). Waits up to ``timeout_s`` for the coordinator to answer
+    and, without ``world_size``, for another launcher (or the operator) to create the group."""
+    where = ",".join(client.addresses)
+    deadline = time.monotonic() + timeout_s
+    next_log = time.monotonic() + START_LOG_EVERY_S
+    while True:
+        try:
+            body = client.group(group, timeout_s=max(0.5, min(5.0, deadline - time.monotonic())))
+            break
+        except CoordinatorUnavailable as exc:
+            waiting = f"no foldplane coordinator at {where} ({exc})"
+        except CoordinatorError as exc:
+            if exc.code == NOT_FOLDPLANE:
+                return exc.detail
+            if exc.code != "unknown_group":
+                return f"cannot look up group {group!r} at {where}: {exc}"
+            if world_size is not None:
+                try:
+                    client.create_group(group, world_size)
+                except (CoordinatorError, CoordinatorUnavailable) as exc:
+                    return f"cannot create group {group!r} at {where}: {exc}"
+                log.info("created group %r (%d ranks) at %s", group, world_size, where)
+                return None
+            waiting = f"no group {group!r} at {where}"
+        now = time.monotonic()
+        if now >= deadline:
+            if waiting.startswith("no group"):
+                return (
+                    f"{waiting} (groups: {_names(client)}) after {timeout_s:g} s; check --group, "
+                    "give --world-size to create it, or wait longer with --start-timeout"
+                )
+            return (
+                f"{waiting} after {timeout_s:g} s; check --coordinator, or wait longer with "
+                "--start-timeout"
+            )
+        if now >= next_log:
+            log.info("waiting for group %r at %s: %s", group, where, waiting)
+            next_log = now + START_LOG_EVERY_S
+        time.sleep(0.2)
+    stage, found = group_run(body)
+    new_name = (
+        "start this run under another --group (or on a coordinator with a new --db): a group "
+        "runs once, and its history stays in the log under its name"
+    )
+    if stage == "over":
+        return f"{found}; {new_name}"
+    if stage == "running" and world_size is not None:
+        return (
+            f"{found}; a second launch would contend for its ranks. Stop that run or end it "
+            f"(python -m coordinator group end {group} --coordinator {client.addresses[0]}), "
+            f"and {new_name}"
+        )
+    if world_size is not None:
+        try:
+            client.create_group(group, world_size)  # an identical group: a no-op
+        except (CoordinatorError, CoordinatorUnavailable) as exc:
+            return f"cannot create group {group!r} at {where}: {exc}"
+    log.info("found %s; joining it", found)
+    return None
+
+
+def _names(client: CoordinatorClient) -> str:
+    try:
+        names = [str(g.get("group")) for g in client.groups(timeout_s=2.0)]
+    except (CoordinatorError, CoordinatorUnavailable) as exc:
+        return f"unknown: {exc}"
+    more = f", ... (+{len(names) - 20})" if len(names) > 20 else ""
+    return ", ".join(names[:20]) + more if names else "none"
+
+
 def _parse_ranks(text: str) -> list[int]:
     ranks: list[int] = []
     for part in text.split(","):
@@ -344,6 +430,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--world-size",
         type=int,
         help="create the group with this world size first (an identical group is a no-op)",
+    )
+    p.add_argument(
+        "--start-timeout",
+        type=float,
+        default=None,
+        metavar="S",
+        help="how long to wait for the coordinator (and, without --world-size, the group) "
+        "before failing (default $FOLDPLANE_START_TIMEOUT_S, else 10)",
     )
     p.add_argument(
         "--replace-failed", action="store_true", help="start a replacement for a failed worker"
@@ -403,17 +497,19 @@ def main(argv: list[str] | None = None) -> int:
         relay=not a.no_relay,
         world_size=a.world_size,
     )
-    if a.world_size is None:  # joining a group made elsewhere: torchrun's WORLD_SIZE from it
+    try:
+        timeout_s = start_timeout_s(a.start_timeout)
+    except ValueError as exc:
+        p.error(str(exc))
+    refused = prepare_group(launcher.client, a.group, a.world_size, timeout_s)
+    if refused is not None:
+        print(f"launch: {refused}", file=sys.stderr)
+        return 2
+    if launcher.world_size is None:  # joining a group made elsewhere: WORLD_SIZE from it
         try:
             launcher.world_size = int(launcher.client.group(a.group)["config"]["world_size"])
         except (CoordinatorError, CoordinatorUnavailable, KeyError, TypeError, ValueError) as exc:
             log.warning("group %r: world size unknown (%s); WORLD_SIZE is not set", a.group, exc)
-    if a.world_size is not None:
-        try:
-            launcher.client.create_group(a.group, a.world_size)
-        except (CoordinatorError, CoordinatorUnavailable) as exc:
-            print(f"cannot create group {a.group!r}: {exc}", file=sys.stderr)
-            return 2
 
     def forward(signum: int, frame: object) -> None:
         threading.Thread(target=launcher.stop, daemon=True).start()

@@ -60,9 +60,17 @@ class Server(uvicorn.Server):
       would kill the process before the host has closed the log and written its final snapshot.
     - ``before_shutdown`` runs when shutdown starts, before connections drain: the host answers
       its long polls at once instead of letting them run out their timeouts.
+    - ``on_started`` runs once the sockets are bound, so "serving" is said only when it is
+      true (a port in use fails the start instead).
     """
 
     before_shutdown: Callable[[], None] | None = None
+    on_started: Callable[[], None] | None = None
+
+    async def startup(self, sockets: Any = None) -> None:
+        await super().startup(sockets)
+        if self.started and self.on_started is not None:
+            self.on_started()
 
     async def shutdown(self, sockets: Any = None) -> None:
         if self.before_shutdown is not None:

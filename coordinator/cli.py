@@ -18,11 +18,15 @@
   (:mod:`coordinator.host.story`, the same story as ``GET /groups/{group}/ranks/{rank}/story``).
   ``explain log.db --refit NAME`` tells a refit's story instead: its epochs, joins and
   transfers (:mod:`coordinator.host.refit_story`).
+- ``group list|show|end|delete [NAME] [--coordinator URL]`` asks a running coordinator: every
+  group with where its run stands, one group's document, or ends a group's run (its ranks are
+  told to stop; its history stays) or deletes it (ended, and gone from the listings and the
+  server's limits). Exit status 0 done, 1 refused (the coordinator's answer), 2 unreachable.
 - ``token --group G --rank R`` prints the agent token for that rank (reads ``FOLDPLANE_SECRET``
   or ``--secret``).
 - ``demo`` shows the whole loop on a local SQLite file with real gloo workers.
 
-Every command but ``token`` needs the server's packages (``pip install 'foldplane[server]'``);
+Every command but ``token`` and ``group`` needs the server's packages (``pip install 'foldplane[server]'``);
 without them it says so and exits with status 2.
 """
 
@@ -68,7 +72,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args, rest = parser.parse_known_args(argv)
     missing = getattr(args, "server_missing", None)
-    if missing is not None and args.command not in (None, "token"):
+    if missing is not None and args.command not in (None, "token", "group"):
         return _without_server(args.command, missing)
     if args.command == "demo":
         args.rest = rest
@@ -233,6 +237,20 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("--until", type=int, default=None, metavar="OFFSET", help="stop at this offset")
     e.add_argument("--json", action="store_true", help="print the story as JSON")
     e.set_defaults(run=_explain)
+
+    g = sub.add_parser("group", help="list, show, end or delete groups on a running coordinator")
+    g.add_argument("action", choices=["list", "show", "end", "delete"])
+    g.add_argument("name", nargs="?", default=None, help="the group (not for list)")
+    g.add_argument(
+        "--coordinator",
+        default=os.environ.get("FOLDPLANE_COORDINATOR") or f"http://127.0.0.1:{DEFAULT_PORT}",
+        help=f"coordinator URL (default $FOLDPLANE_COORDINATOR, else "
+        f"http://127.0.0.1:{DEFAULT_PORT})",
+    )
+    g.add_argument("--token", default=None, help="the operator token (default $FOLDPLANE_TOKEN)")
+    g.add_argument("--reason", default=None, help="why the run ends (end only; kept in the log)")
+    g.add_argument("--json", action="store_true", help="print the coordinator's JSON answer")
+    g.set_defaults(run=_group)
 
     t = sub.add_parser("token", help="print the agent token for one (group, rank)")
     t.add_argument("--group", required=True)
@@ -400,7 +418,7 @@ async def _serve_async(args: argparse.Namespace, auth: Any) -> int:
         server = Server(config(app, args.host, args.port, args.log_level, args.limits))
         tune_for_latency()
         server.before_shutdown = host.stop_waiting
-        logging.getLogger("foldplane").info(
+        server.on_started = lambda: logging.getLogger("foldplane").info(
             "serving %s on http://%s:%d (term %d, offset %d, store %s, auth %s)",
             args.db,
             args.host,
@@ -463,6 +481,8 @@ def _replay(args: argparse.Namespace) -> int:
         return 2
     bar.done()
     print(report.start.describe(), file=sys.stderr)
+    print(f"replay: read {report.folded} records of {args.db}", file=sys.stderr)
+    _audit_warnings("replay", args.db, report.head)
     if args.json:
         json.dump(report.as_json(), sys.stdout, indent=2)
         sys.stdout.write("\n")
@@ -546,6 +566,25 @@ def _print_step(at: int, removed: Any) -> None:
 
 
 # -- explain -------------------------------------------------------------------------------------
+
+
+def _audit_warnings(command: str, db: str, records: int) -> None:
+    """What an audit of ``db`` should say beside its answer: an empty log, and a SQLite log
+    whose ``-wal`` file is not beside it (a copy taken while a coordinator ran needs it: the
+    records not yet checkpointed into the main file are in the WAL)."""
+    if records == 0:
+        print(f"{command}: warning: {db} holds no records", file=sys.stderr)
+    if db.startswith("postgresql"):
+        return
+    from eventlog.target import parse_target
+
+    path = parse_target(db).path  # type: ignore[union-attr]
+    if records == 0 and not os.path.exists(f"{path}-wal"):
+        print(
+            f"{command}: warning: no {path}-wal beside it: a log copied while its coordinator "
+            "ran needs its -wal file too (or copy it after the coordinator stopped)",
+            file=sys.stderr,
+        )
 
 
 def _explain(args: argparse.Namespace) -> int:
@@ -652,6 +691,76 @@ def _ranks(ranks: list[int]) -> str:
 
 
 # -- token, demo ---------------------------------------------------------------------------------
+
+
+def _group(args: argparse.Namespace) -> int:
+    from agent.client import (
+        CoordinatorClient,
+        CoordinatorError,
+        CoordinatorUnavailable,
+        group_run,
+    )
+
+    if (args.name is None) != (args.action == "list"):
+        print(
+            f"group {args.action}: "
+            + ("give the group's name" if args.name is None else "list takes no name"),
+            file=sys.stderr,
+        )
+        return 2
+    token = args.token or os.environ.get("FOLDPLANE_TOKEN")
+    try:
+        client = CoordinatorClient(args.coordinator, token=token)
+    except ValueError as exc:
+        print(f"group: {exc}", file=sys.stderr)
+        return 2
+    try:
+        if args.action == "list":
+            body: Any = {"groups": client.groups()}
+        elif args.action == "show":
+            body = client.group(args.name)
+        elif args.action == "end":
+            payload = {} if args.reason is None else {"reason": args.reason}
+            body = client.request("POST", f"/groups/{args.name}/end", json=payload)
+        else:
+            body = client.request("DELETE", f"/groups/{args.name}")
+    except CoordinatorUnavailable as exc:
+        print(
+            f"group {args.action}: no foldplane coordinator at {args.coordinator}: {exc}",
+            file=sys.stderr,
+        )
+        return 2
+    except CoordinatorError as exc:
+        print(f"group {args.action}: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        client.close()
+    if args.json:
+        print(json.dumps(body, indent=2))
+    elif args.action == "list":
+        lines = body["groups"]
+        if not lines:
+            print(f"no groups at {args.coordinator}")
+        for line in lines:
+            print(f"{line['group']}: {_line_state(line)}")
+    else:
+        done = {"end": "ended: ", "delete": "deleted: "}.get(args.action, "")
+        print(done + group_run(body)[1])
+    return 0
+
+
+def _line_state(line: dict[str, Any]) -> str:
+    """One ``GET /groups`` line in words."""
+    states = line.get("states", {})
+    online = states.get("HEALTHY", 0) + states.get("SYNCED", 0)
+    size = f"{line['world_size']} ranks, view {line['version']}, {online} online"
+    if line.get("ended"):
+        return f"ended ({line['ended']}); {size}"
+    if line.get("formation") == "failed":
+        return f"failed to form; {size}"
+    if line.get("shutdown"):
+        return f"shut down ({line['shutdown']}); {size}"
+    return f"{line.get('formation')}; {size}"
 
 
 def _token(args: argparse.Namespace) -> int:

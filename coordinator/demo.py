@@ -61,18 +61,24 @@ def main(argv: list[str] | None = None) -> int:
     return Demo(db, args.port or _free_port()).run()
 
 
+#: The longest the demo stays silent while it waits: then it says what it waits for.
+WAIT_NOTE_S = 3.0
+
+
 class Demo:
     def __init__(self, db: Path, port: int) -> None:
         self.db = db
         self.url = f"http://127.0.0.1:{port}"
         self.port = port
         self.t0 = time.monotonic()
+        self.last_said = self.t0
         self.server: subprocess.Popen[bytes] | None = None
         self.launcher: Any = None
         self.after = 0
 
     def say(self, text: str) -> None:
-        print(f"[{time.monotonic() - self.t0:5.1f}s] {text}", flush=True)
+        self.last_said = time.monotonic()
+        print(f"[{self.last_said - self.t0:5.1f}s] {text}", flush=True)
 
     def run(self) -> int:
         from agent.client import CoordinatorClient
@@ -186,7 +192,8 @@ class Demo:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise TimeoutError(f"no view for {what} within {timeout:.0f} s")
-            self.client.updates(GROUP, 0, head, min(left, 5.0))
+            self._still_waiting(what)
+            self.client.updates(GROUP, 0, head, min(left, WAIT_NOTE_S))
 
     def _head(self) -> int:
         return int(self.client.healthz().get("fold_offset", 0))
@@ -199,7 +206,20 @@ class Demo:
                 return
             if time.monotonic() > deadline:
                 raise TimeoutError(f"rank {rank} not {state} within {timeout:.0f} s")
+            self._still_waiting(f"rank {rank} to be {state}")
             time.sleep(0.2)
+
+    def _still_waiting(self, what: str) -> None:
+        """After :data:`WAIT_NOTE_S` without a line, say what the demo waits for and where the
+        ranks stand: a new worker spends its first seconds importing torch, and a newcomer
+        watching a silent terminal thinks it hung."""
+        if time.monotonic() - self.last_said < WAIT_NOTE_S:
+            return
+        counts = self.client.group(GROUP)["rank_counts"]
+        self.say(
+            f"   ... waiting for {what}: {counts['HEALTHY']} HEALTHY, {counts['SYNCED']} SYNCED, "
+            f"{counts['OFFLINE']} OFFLINE (a new worker first imports torch, then joins)"
+        )
 
     def _pause(self, seconds: float) -> None:
         """Let the workers' loop run for a moment so the reader sees it."""

@@ -226,10 +226,17 @@ class PlotError(Exception):
 
 
 def check_target(path: str) -> str:
-    """The format for ``path`` (``png`` or ``svg``), or :class:`PlotError` naming the problem."""
+    """The format for ``path`` (``png`` or ``svg``), or :class:`PlotError` naming the problem:
+    a wrong extension, or no matplotlib to draw with (checked before a replay, not after)."""
     suffix = Path(path).suffix.lower()
     if suffix not in FORMATS:
         raise PlotError(f"{path!r} must end in .png or .svg (got {suffix or 'no extension'!r})")
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError as exc:
+        raise PlotError(
+            f"matplotlib is not installed ({exc}); pip install 'foldplane[plot]'"
+        ) from None
     return FORMATS[suffix]
 
 

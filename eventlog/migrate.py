@@ -60,6 +60,11 @@ def _known_revisions() -> frozenset[str]:
     return frozenset(s.revision for s in _scripts().walk_revisions())
 
 
+def check_known(where: str, revision: str | None) -> None:
+    """Raise SchemaTooNewError for a revision this code does not ship (a newer foldplane's)."""
+    _check_known(where, revision)
+
+
 def _check_known(where: str, revision: str | None) -> None:
     if revision is not None and revision not in _known_revisions():
         raise SchemaTooNewError(where, revision, code_head())

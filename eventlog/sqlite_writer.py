@@ -109,6 +109,9 @@ def connect_writer(path: Path) -> sqlite3.Connection:
     conn.execute("PRAGMA synchronous = FULL")
     # Checkpoints run on the Checkpointer's thread, not inside a commit that acks wait for.
     conn.execute("PRAGMA wal_autocheckpoint = 0")
+    # When SQLite restarts the WAL after a full checkpoint it cuts the file back to this size,
+    # so the file's size stays a measure of what is waiting in it (Checkpointer.wrote).
+    conn.execute(f"PRAGMA journal_size_limit = {CHECKPOINT_WAL_BYTES}")
     return conn
 
 
@@ -142,12 +145,12 @@ class Checkpointer:
         self,
         path: Path,
         turn: Callable[[], contextlib.AbstractContextManager[None]],
-        wal_bytes: int = CHECKPOINT_WAL_BYTES,
+        wal_bytes: int | None = None,
     ) -> None:
         self._path = path
         self._turn = turn
         self._wal = Path(f"{path}-wal")
-        self._wal_bytes = wal_bytes
+        self._wal_bytes = CHECKPOINT_WAL_BYTES if wal_bytes is None else wal_bytes
         #: the WAL's size when the last checkpoint was asked for
         self._asked_at = 0
         #: checkpoints asked for so far

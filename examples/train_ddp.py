@@ -203,9 +203,8 @@ class Trainer:
                     time.sleep(0.01)  # waiting for more work or the epoch's end
             (loss + self.net.reading.sum() * float(reading)).backward()
             if not self.opt.step():  # foldplane: False when the step failed on some member
-                self.skipped += 1  # the same batch is tried again in the next step
-                print(f"rank {self.rank}: step skipped; hint {model.last_failed_ranks}", flush=True)
-                continue
+                self.skipped += 1  # the same batch is tried again in the next step (foldplane
+                continue  # logs the skip, with the failed ranks, on every member)
             if pending is not None:
                 self.done_with(epoch, pending, loss.item() * self.args.batch_size / len(pending[2]))
                 pending = None
@@ -229,10 +228,9 @@ class Trainer:
         self.losses.append(loss)
         step = self.model.committed_steps
         if step % 10 == 0:
-            print(
+            say(
                 f"rank {self.rank}: epoch {epoch} step {step} loss {loss:.4f} "
-                f"view {self.model.view_version} members {list(self.model.members)}",
-                flush=True,
+                f"view {self.model.view_version} members {list(self.model.members)}"
             )
 
     def maybe_die(self) -> None:
@@ -242,8 +240,15 @@ class Trainer:
             and self.first == 0
             and self.model.committed_steps == args.kill_at
         ):
-            print(f"rank {self.rank}: SIGKILL at step {args.kill_at}", flush=True)
+            say(f"rank {self.rank}: SIGKILL at step {args.kill_at}")
             os.kill(os.getpid(), signal.SIGKILL)
+
+
+def say(text: str) -> None:
+    """One write per line: the ranks share the launcher's stdout, and print() writes a line
+    and its newline apart, so two ranks' lines could run together."""
+    sys.stdout.write(text + "\n")
+    sys.stdout.flush()
 
 
 def main() -> int:
@@ -278,7 +283,7 @@ def main() -> int:
         fp_agent.wait_for_state("HEALTHY", timeout=120)
         proposal = fp_agent.activate_ranks([rank])
         if proposal.get("status") not in ("applied", "applied_with_dropped_ranks"):
-            print(f"rank {rank}: not activated ({proposal}); leaving", flush=True)
+            say(f"rank {rank}: not activated ({proposal}); leaving")
             fp_agent.close()
             return 0
 
@@ -288,10 +293,9 @@ def main() -> int:
     t.run()
     t.save()
     first, last = (t.losses[0], t.losses[-1]) if t.losses else (float("nan"),) * 2
-    print(
+    say(
         f"rank {rank}: done at step {t.model.committed_steps} (joined at {t.first}, {t.skipped} "
-        f"skipped); loss {first:.4f} -> {last:.4f}; params {digest(t.net)}",
-        flush=True,
+        f"skipped); loss {first:.4f} -> {last:.4f}; params {digest(t.net)}"
     )
     if t.record is not None:
         t.record.close()

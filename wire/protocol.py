@@ -67,6 +67,9 @@ STALE_VERSION = "stale_version"
 INVALID_EVENT = "invalid_event"
 GROUP_CONFLICT = "group_conflict"
 GROUP_FAILED = "group_failed"
+#: The group's run was ended by the operator (``POST /groups/{group}/end``): its ranks are
+#: told to stop, nothing joins it again, and its name is not reused.
+GROUP_ENDED = "group_ended"
 IDEMPOTENCY_CONFLICT = "idempotency_conflict"
 DUPLICATE_PROPOSAL = "duplicate_proposal"
 FORBIDDEN = "forbidden"

@@ -70,7 +70,12 @@ def register() -> None:
 
 
 def environment_agent(timeout: timedelta | None = None) -> Agent:
-    """The agent of this process built from ``FOLDPLANE_*`` (built and started on first use)."""
+    """The agent of this process built from ``FOLDPLANE_*`` (built and started on first use).
+
+    ``timeout`` (torch's process-group timeout, 30 minutes by default) bounds collectives, not
+    the start: the agent finds its coordinator and group within its own start timeout
+    (``FOLDPLANE_START_TIMEOUT_S``, ``agent.client.DEFAULT_START_TIMEOUT_S``), so a wrong
+    address or group name fails in seconds."""
     global _env_agent
     with _lock:
         if _env_agent is None:
@@ -78,8 +83,7 @@ def environment_agent(timeout: timedelta | None = None) -> Agent:
             # module, below it, names no module of the host
             from agent import Agent
 
-            seconds = 300.0 if timeout is None else timeout.total_seconds()
-            _env_agent = Agent().start(timeout_s=seconds)
+            _env_agent = Agent().start()
         return _env_agent
 
 

@@ -21,6 +21,7 @@ from wire.protocol import (
     DUPLICATE_PROPOSAL,
     EPOCH_CONFLICT,
     GROUP_CONFLICT,
+    GROUP_ENDED,
     GROUP_FAILED,
     GROUP_NOT_FORMED,
     HEALTHY,
@@ -57,6 +58,7 @@ __all__ = [
     "EPOCH_CONFLICT",
     "GROUP_CONFLICT",
     "GROUP_NOT_FORMED",
+    "GROUP_ENDED",
     "GROUP_FAILED",
     "HEALTHY",
     "IDEMPOTENCY_CONFLICT",
@@ -129,6 +131,16 @@ class GroupFailed(Effect, frozen=True, kw_only=True, tag="group_failed"):
     group: str
     reason: str
     missing_ranks: tuple[int, ...]
+    offset: int
+
+
+class GroupEnded(Effect, frozen=True, kw_only=True, tag="group_ended"):
+    """The operator ended the group's run (``reason``); ``deleted``: it is also gone from the
+    listings. Its history stays in the log and its projections."""
+
+    group: str
+    reason: str
+    deleted: bool
     offset: int
 
 

@@ -43,6 +43,7 @@ from coordinator.fold.effects import (
     SYNCED,
     Effect,
     GroupCreated,
+    GroupEnded,
     GroupFailed,
     Proposal,
     ProposalAccepted,
@@ -92,6 +93,7 @@ class Coordinator:
         self._proposals: dict[int, Proposal] = {}
         self._handlers = {
             "group_created": self._on_group_created,
+            "group_ended": self._on_group_ended,
             "join": self._on_join,
             "links": self._on_links,
             "ack": self._on_ack,
@@ -285,6 +287,12 @@ class Coordinator:
     def groups(self) -> list[str]:
         return sorted(self._groups)
 
+    def group_deleted(self, group: str) -> bool:
+        """Whether ``group`` was ended and deleted (gone from listings and the server's limits;
+        its history stays readable)."""
+        g = self._groups.get(group)
+        return g is not None and g.deleted
+
     def group_config(self, group: str) -> GroupConfig | None:
         g = self._groups.get(group)
         return None if g is None else g.config
@@ -339,6 +347,51 @@ class Coordinator:
         config = parse_group_created(record.payload)
         self._groups[group] = GroupState(group, config, self._now, record.offset)
         effects.append(GroupCreated(group=group, config=config, offset=record.offset))
+
+    def _on_group_ended(self, record: Record, effects: list[Effect]) -> None:
+        """The operator ends the group's run. Its online ranks go OFFLINE as after a clean exit
+        (never a failure), the change in flight is dropped and its proposals, like the queued
+        ones, are rejected; unless the group already failed or was shut down, its ranks get the
+        group's one ``shutdown_with_save`` (reason ``ended``). From then on every rank input,
+        and creating the group again, is refused with ``group_ended``: a name is used once, so
+        the old run's history (views, proposals, stories) stays readable under it. Ending it
+        again changes nothing; ``delete`` also takes it out of the listings."""
+        g = self._groups[record.group]  # type: ignore[index]
+        delete = record.payload.get("delete") is True
+        if g.ended is not None:
+            g.deleted = g.deleted or delete
+            effects.append(
+                GroupEnded(group=g.name, reason=g.ended, deleted=g.deleted, offset=record.offset)
+            )
+            return
+        reason = str(record.payload.get("reason") or "ended by the operator")
+        g.ended, g.ended_offset, g.deleted = reason, record.offset, delete
+        change, g.change, g.window_end = g.change, None, None
+        if change is not None:
+            for pid in change.proposals:
+                self._resolve(
+                    g,
+                    pid,
+                    REJECTED,
+                    None,
+                    f"group ended before version {change.version} committed ({reason})",
+                    record,
+                    effects,
+                )
+        if g.shutdown is None and g.formation != FAILED:
+            g.shutdown = "ended"
+            effects.append(
+                ShutdownWithSave(group=g.name, reason="ended", detail=reason, offset=record.offset)
+            )
+        while g.queue:
+            pid, _ = g.queue.popleft()
+            self._resolve(g, pid, REJECTED, None, f"group was ended ({reason})", record, effects)
+        for rank in sorted(g.alive):
+            g.ranks[rank].exited = True
+            self._go_offline(g, rank, f"group ended: {reason}", False, record, effects)
+        effects.append(
+            GroupEnded(group=g.name, reason=reason, deleted=g.deleted, offset=record.offset)
+        )
 
     def _on_join(self, record: Record, effects: list[Effect]) -> None:
         """An OFFLINE rank, or a new incarnation, becomes SYNCED (not yet self-ready).

@@ -176,7 +176,15 @@ def check_proposal(payload: dict[str, Any], world_size: int) -> str | None:
     )
 
 
+def check_group_ended(payload: dict[str, Any], world_size: int) -> str | None:
+    """``{"reason"?: text, "delete"?: bool}``."""
+    if "delete" in payload and not isinstance(payload["delete"], bool):
+        return f"delete must be true or false, got {payload['delete']!r}"
+    return _text(payload, "reason", required=False)
+
+
 CHECKS: dict[str, Callable[[dict[str, Any], int], str | None]] = {
+    "group_ended": check_group_ended,
     "join": check_join,
     "heartbeat": check_heartbeat,
     "ack": check_ack,

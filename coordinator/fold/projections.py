@@ -15,6 +15,7 @@ kind            seq        document
 ``proposal``    id         a proposal, rewritten when it resolves (terminal is final)
 ``rank_state``  rank       the rank's latest physical state
 ``failure``     0          why formation failed (``group_failed``)
+``ended``       0          why the operator ended the group, and whether it was deleted
 ``shutdown``    offset     a ``shutdown_with_save`` directive
 ``epoch``       epoch      an epoch's plan, over the view it was made for (``epoch_planned``)
 ``assignment``  change     one decision about a group's epochs: the first split (every
@@ -64,6 +65,7 @@ from coordinator.fold.effects import (
     EpochCompleted,
     EpochPlanned,
     GroupCreated,
+    GroupEnded,
     GroupFailed,
     Proposal,
     ProposalAccepted,
@@ -266,6 +268,8 @@ def rows_for(effect: Effect) -> list[ProjectionRow]:
         return [ProjectionRow("group", effect.group, 0, to_doc(effect))]
     if isinstance(effect, GroupFailed):
         return [ProjectionRow("failure", effect.group, 0, to_doc(effect))]
+    if isinstance(effect, GroupEnded):
+        return [ProjectionRow("ended", effect.group, 0, to_doc(effect))]
     if isinstance(effect, ShutdownWithSave):
         return [ProjectionRow("shutdown", effect.group, effect.offset, to_doc(effect))]
     if isinstance(effect, EpochPlanned):

@@ -233,6 +233,11 @@ class GroupState:
         self.keys: dict[str, int] = {}
         #: the committed view failed with every member alive (``coordinator.fold.stalls``)
         self.stall: Stall | None = None
+        #: why the operator ended the group's run, and the offset of that record (None: it runs)
+        self.ended: str | None = None
+        self.ended_offset: int | None = None
+        #: ended and gone from the listings (its history stays)
+        self.deleted = False
 
     @property
     def active(self) -> tuple[int, ...]:
@@ -262,6 +267,16 @@ class GroupState:
             "change": None if self.change is None else self.change.to_dict(),
             "queue": [list(item) for item in self.queue],
             "keys": dict(sorted(self.keys.items())),
+            # only once ended, so a snapshot of a running group reads as it always did
+            **(
+                {}
+                if self.ended is None
+                else {
+                    "ended": self.ended,
+                    "ended_offset": self.ended_offset,
+                    "deleted": self.deleted,
+                }
+            ),
         }
         if self.stall is not None:
             d["stall"] = self.stall.to_dict()
@@ -287,6 +302,9 @@ class GroupState:
         g.keys = dict(d["keys"])
         stall = d.get("stall")  # absent from snapshots taken before stalls were resolved
         g.stall = None if stall is None else Stall.from_dict(stall)
+        g.ended = d.get("ended")
+        g.ended_offset = d.get("ended_offset")
+        g.deleted = bool(d.get("deleted", False))
         g.candidates = {
             r for r, info in enumerate(g.ranks) if info.state != OFFLINE and info.self_ready
         }

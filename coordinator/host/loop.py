@@ -40,6 +40,7 @@ from coordinator.fold.effects import Effect, Proposal
 from coordinator.fold.heartbeats import HeartbeatBuffer
 from coordinator.fold.machine import Coordinator
 from coordinator.host.batching import MAX_BATCH, Admission, decisions_first, take_batch
+from coordinator.host.decisions import say
 from coordinator.host.inputs import (
     Appended,
     Beats,
@@ -550,7 +551,7 @@ class Host:
             return  # the inputs were answered with why
         offsets, records = appended
         try:
-            ready = self._step(records)
+            ready = self._step(records, live=True)
             await self._carry_out(ready)
         except Exception:
             for item in accepted:
@@ -624,8 +625,9 @@ class Host:
             records = await self._read_through(offsets[-1])
         return offsets, records
 
-    def _step(self, records: Sequence[Record]) -> Ready:
-        """Step the fold over durable records, in offset order: their effects as one Ready."""
+    def _step(self, records: Sequence[Record], *, live: bool = False) -> Ready:
+        """Step the fold over durable records, in offset order: their effects as one Ready.
+        ``live``: inputs decided now, whose decisions are logged (not a catch-up's)."""
         effects: list[Effect] = []
         step = self.machine.step
         for rec in records:
@@ -641,6 +643,8 @@ class Host:
                 )
                 raise
         last = records[-1].offset if records else self._applied
+        if live:
+            say(effects)
         return self.ready_builder.ready(last, effects, projected=self.projections.projected)
 
     async def _carry_out(self, ready: Ready) -> None:

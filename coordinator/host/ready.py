@@ -18,6 +18,7 @@ from coordinator.fold.effects import (
     EpochCompleted,
     EpochPlanned,
     GroupCreated,
+    GroupEnded,
     GroupFailed,
     PartSent,
     Proposal,
@@ -295,7 +296,8 @@ class ReadyBuilder:
         self.state.world_sizes[effect.group] = size
         ready.world_sizes[effect.group] = size
 
-    def _group_failed(self, effect: GroupFailed, ready: Ready) -> None:
+    def _group_failed(self, effect: GroupFailed | GroupEnded, ready: Ready) -> None:
+        # a group that failed to form or was ended has no change in flight any more
         self.state.in_flight.pop(effect.group, None)
 
 
@@ -321,6 +323,7 @@ _CARRY: dict[type[Effect], Callable[[ReadyBuilder, Any, Ready], None]] = {
     Refused: ReadyBuilder._refused,
     GroupCreated: ReadyBuilder._group_created,
     GroupFailed: ReadyBuilder._group_failed,
+    GroupEnded: ReadyBuilder._group_failed,
     EpochPlanned: ReadyBuilder._epoch_planned,
     AssignmentChanged: ReadyBuilder._moves,
     EpochCompleted: ReadyBuilder._epoch_completed,

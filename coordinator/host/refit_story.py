@@ -300,7 +300,7 @@ async def refit_story_of(
 
 async def refit_story_from(target: str, name: str, *, until: int | None = None) -> dict[str, Any]:
     """:func:`refit_story_of` on the log at ``target`` (a path or URL), opened and closed here."""
-    log = await open_log(target)
+    log = await open_log(target, read_only=True)
     try:
         return await refit_story_of(log, name, until=until)
     finally:

@@ -131,7 +131,7 @@ async def replay(
     docstring for where the fold starts. ``from_start`` insists on offset 1 and raises
     CompactedLog on a log that records were removed from. ``on_record`` (see
     :func:`replay_log`) sees every record folded and what the fold did with it."""
-    log = await open_log(target, create=False)
+    log = await open_log(target, read_only=True)
     try:
         return await replay_log(
             log,

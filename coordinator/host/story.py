@@ -549,7 +549,7 @@ async def story_from(
     target: str, group: str, rank: int, *, until: int | None = None
 ) -> dict[str, Any]:
     """:func:`story_of` on the log at ``target`` (a path or URL), opened and closed here."""
-    log = await open_log(target)
+    log = await open_log(target, read_only=True)
     try:
         return await story_of(log, group, rank, until=until)
     finally:

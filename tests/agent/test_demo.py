@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from coordinator.demo import WAIT_NOTE_S
 from tests.agent.conftest import ROOT
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -35,6 +36,14 @@ def test_the_demo_tells_the_whole_story_and_its_log_replays():
     assert re.search(
         r"proposal \d+: applied in view 3; an identical proposal \d+: applied in view 3", out
     )
+    # while the workers start (importing torch) the demo says what it waits for every few
+    # seconds: from the launch to view 1 no silence is longer than two notes' interval
+    lines = re.findall(r"^\[\s*([0-9.]+)s\] (.*)$", out, re.M)
+    start = next(i for i, (_, text) in enumerate(lines) if text.startswith("2. group"))
+    formed = next(i for i, (_, text) in enumerate(lines) if "view 1 committed" in text)
+    stamps = [float(t) for t, _ in lines[start : formed + 1]]
+    gaps = [b - a for a, b in zip(stamps, stamps[1:], strict=False)]
+    assert max(gaps) < 2 * WAIT_NOTE_S + 2.0, (gaps, out)
 
     try:
         replay = subprocess.run(

@@ -252,7 +252,7 @@ def test_unknown_things_are_json_404s_and_wrong_methods_405(fuzz_server):
     ):
         assert r.status_code == 404, r.text
         check_answer(r)
-    wrong_method = client.delete("/groups/fz")
+    wrong_method = client.delete("/proposals/1")
     assert wrong_method.status_code == 405 and wrong_method.headers["allow"] == "GET"
     check_answer(wrong_method)
     for params in ({"rank": 4}, {"ranks": "2-4"}):
