@@ -66,7 +66,7 @@ from agent.client import (
     CoordinatorUnavailable,
     parse_addresses,
 )
-from wire.protocol import MAX_EVENTS, QUERY, missing_features
+from wire.protocol import MAX_EVENTS, QUERY
 from wire.ranks import MAX_QUERY_RANKS
 
 log = logging.getLogger("foldplane.relay")
@@ -1237,9 +1237,7 @@ class Relay:
         args = _poll_args(query)
         if isinstance(args, str):
             return error(422, "invalid_request", args)
-        if args is None or missing_features(args.features):
-            # not the one-rank form, or a worker that does not name every revision the lane's
-            # channel does: the coordinator answers it (and refuses what it cannot follow)
+        if args is None:  # not the one-rank form: the coordinator answers it
             params = {k: v[-1] for k, v in query.items()}
             return self.forward_poll(params, token)
         lane = self.lane(args.group, args.protocol)
