@@ -524,5 +524,7 @@ def main(argv: list[str] | None = None) -> int:
             launcher.relay.close()
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
+if __name__ == "__main__":  # run the package's module, not this __main__ copy of it
+    from foldplane.agent.launch import main as _main
+
+    raise SystemExit(_main())

@@ -17,7 +17,7 @@ from pathlib import Path
 from coordinator.cli import SERVER_MODULES
 
 ROOT = Path(__file__).resolve().parent.parent
-LOCAL = {"eventlog", "coordinator", "agent", "api", "wire", "migrations", "benchmarks", "tests"}
+LOCAL = {"foldplane", "eventlog", "coordinator", "agent", "api", "wire", "migrations", "benchmarks", "tests"}
 #: Modules a declared distribution brings along and the code imports directly.
 PROVIDED_BY = {"starlette": "fastapi"}
 #: What a worker must not be made to install.
