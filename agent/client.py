@@ -22,8 +22,8 @@ from typing import Any
 
 import httpx
 
-from wire import ranks as rank_sets
-from wire.protocol import FEATURES, PROTOCOL
+from foldplane.wire import ranks as rank_sets
+from foldplane.wire.protocol import FEATURES, PROTOCOL
 
 #: How long one plain request may take; long polls add their own timeout on top.
 DEFAULT_TIMEOUT_S = 10.0

@@ -46,7 +46,7 @@ from typing import Any
 import torch
 from torch.utils.data import Sampler
 
-from wire.data import PartMismatch, ReadCursor, apply_moves
+from foldplane.wire.data import PartMismatch, ReadCursor, apply_moves
 
 log = logging.getLogger("foldplane.data")
 

@@ -1,6 +1,6 @@
 """Elastic data parallelism on the foldplane group: DDP that survives failures and heals joiners.
 
->>> from agent.ddp import DistributedDataParallel, ElasticOptimizer
+>>> from foldplane.agent.ddp import DistributedDataParallel, ElasticOptimizer
 >>> model = DistributedDataParallel(model)                 # the foldplane default group
 >>> opt = ElasticOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.1))
 >>> for x, y in data:
@@ -55,11 +55,11 @@ import torch.distributed as dist
 from torch.distributed import DistStoreError
 from torch.nn.parallel import DistributedDataParallel as _TorchDDP
 
-from agent.dataplane.group import ElasticProcessGroup
-from agent.dataplane.plane import DataPlane
-from agent.dataplane.view import ViewGroup
-from agent.dataplane.work import Work
-from agent.heal import (
+from foldplane.agent.dataplane.group import ElasticProcessGroup
+from foldplane.agent.dataplane.plane import DataPlane
+from foldplane.agent.dataplane.view import ViewGroup
+from foldplane.agent.dataplane.work import Work
+from foldplane.agent.heal import (
     SLOT,
     HealError,
     HealServer,

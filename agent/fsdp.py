@@ -52,11 +52,11 @@ from torch.distributed import PrefixStore, TCPStore
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
-from agent.dataplane.group import ElasticProcessGroup
-from agent.dataplane.plane import DataPlane
-from agent.dataplane.view import ViewGroup
-from agent.dataplane.work import Work
-from agent.ddp import Janitor, StepAgreement, sync_state
+from foldplane.agent.dataplane.group import ElasticProcessGroup
+from foldplane.agent.dataplane.plane import DataPlane
+from foldplane.agent.dataplane.view import ViewGroup
+from foldplane.agent.dataplane.work import Work
+from foldplane.agent.ddp import Janitor, StepAgreement, sync_state
 
 log = logging.getLogger("foldplane.fsdp")
 

@@ -27,7 +27,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from agent.client import (
+from foldplane.agent.client import (
     NOT_FOLDPLANE,
     START_LOG_EVERY_S,
     CoordinatorClient,
@@ -35,7 +35,7 @@ from agent.client import (
     CoordinatorUnavailable,
     start_timeout_s,
 )
-from agent.machine import (
+from foldplane.agent.machine import (
     BEATS,
     EVENTS,
     OFFLINE,
@@ -398,7 +398,7 @@ class Agent:
     def data(self) -> Any:
         """This rank's epochs (``agent.data.EpochTracker``), which ``ElasticSampler`` reads."""
         if self._data is None:
-            from agent.data import EpochTracker
+            from foldplane.agent.data import EpochTracker
 
             self._data = EpochTracker(self.rank, self._report_progress)
         return self._data
@@ -407,7 +407,7 @@ class Agent:
         """``POST /groups/{group}/epochs``: declare an epoch (the same plan again is the same
         epoch); returns the epoch as the coordinator answered. Raises ``agent.data.EpochError``
         with the coordinator's reason when it refuses."""
-        from agent.data import EpochError
+        from foldplane.agent.data import EpochError
 
         self.data  # noqa: B018  (updates are handed on from now on)
         body = {"epoch": epoch, "dataset_size": dataset_size, **plan}
@@ -426,7 +426,7 @@ class Agent:
     def refit(self, name: str) -> Any:
         """This rank's client of refit ``name`` (``agent.refits.RefitClient``): join it, wait
         for admission, share the bootstrap, run and report transfers (docs/refit.md)."""
-        from agent.refits import RefitClient
+        from foldplane.agent.refits import RefitClient
 
         return RefitClient(self.refits, name)
 
@@ -434,7 +434,7 @@ class Agent:
     def refits(self) -> Any:
         """What the coordinator said of the refits (``agent.refits.RefitTracker``)."""
         if self._refits is None:
-            from agent.refits import RefitTracker
+            from foldplane.agent.refits import RefitTracker
 
             self._refits = RefitTracker(self.group, self.rank, self._send_refit)
         return self._refits
@@ -485,7 +485,7 @@ class Agent:
                 f"rank {self.rank}: no data plane after {timeout_s} s (the store address comes "
                 f"with the first update; last error: {self._machine.last_error or 'none'})"
             )
-        from agent.dataplane.c10d import adopt
+        from foldplane.agent.dataplane.c10d import adopt
 
         return adopt(self._data_plane.process_group(), self)
 
@@ -552,7 +552,7 @@ class Agent:
                 self._refits.on_stopped(f"{action.reason}: {action.detail}")
 
     def _connect_data_plane(self, store: StoreAddress) -> None:
-        from agent.dataplane import DataPlane
+        from foldplane.agent.dataplane import DataPlane
 
         assert self.world_size is not None and self._backend is not None
         try:

@@ -45,7 +45,7 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from agent.client import (
+from foldplane.agent.client import (
     NOT_FOLDPLANE,
     START_LOG_EVERY_S,
     CoordinatorClient,
@@ -55,8 +55,8 @@ from agent.client import (
     parse_addresses,
     start_timeout_s,
 )
-from agent.relay import Relay
-from wire.auth import agent_token
+from foldplane.agent.relay import Relay
+from foldplane.wire.auth import agent_token
 
 log = logging.getLogger("foldplane.launch")
 

@@ -74,7 +74,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from wire.protocol import (
+from foldplane.wire.protocol import (
     CAUSE_DEATH_REPORTED,
     FATAL_ERRORS,
     HEALTHY,
@@ -89,7 +89,7 @@ from wire.protocol import (
     apply_view_update,
     links_event,
 )
-from wire.ranks import RankSetError
+from foldplane.wire.ranks import RankSetError
 
 __all__ = ["HEALTHY", "OFFLINE", "SYNCED", "View"]
 

@@ -59,15 +59,15 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, TypeVar
 from urllib.parse import parse_qs, urlsplit
 
-from agent.channel import ChannelClosed, ChannelLink, ChannelRefused, HostChannel
-from agent.client import (
+from foldplane.agent.channel import ChannelClosed, ChannelLink, ChannelRefused, HostChannel
+from foldplane.agent.client import (
     CoordinatorClient,
     CoordinatorError,
     CoordinatorUnavailable,
     parse_addresses,
 )
-from wire.protocol import MAX_EVENTS, QUERY
-from wire.ranks import MAX_QUERY_RANKS
+from foldplane.wire.protocol import MAX_EVENTS, QUERY
+from foldplane.wire.ranks import MAX_QUERY_RANKS
 
 log = logging.getLogger("foldplane.relay")
 

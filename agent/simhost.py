@@ -35,9 +35,9 @@ from urllib.parse import urlsplit
 
 import msgspec
 
-from agent.channel import ChannelClosed, ChannelLink, ChannelRefused, HostChannel
-from agent.httplite import Connection, HttpError
-from agent.machine import (
+from foldplane.agent.channel import ChannelClosed, ChannelLink, ChannelRefused, HostChannel
+from foldplane.agent.httplite import Connection, HttpError
+from foldplane.agent.machine import (
     BEATS,
     EVENTS,
     Action,
@@ -62,8 +62,8 @@ from agent.machine import (
     Tick,
     UpdatesReceived,
 )
-from wire import ranks as rank_sets
-from wire.protocol import FEATURES, MAX_EVENTS, PROTOCOL, View
+from foldplane.wire import ranks as rank_sets
+from foldplane.wire.protocol import FEATURES, MAX_EVENTS, PROTOCOL, View
 
 #: How long one long poll waits on the coordinator before answering empty.
 POLL_TIMEOUT_S = 10.0

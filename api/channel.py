@@ -37,19 +37,19 @@ from urllib.parse import parse_qsl
 import msgspec
 from msgspec import Meta
 
-from api.codec import check_depth, encode_json
-from api.errors import ApiError
-from api.routes.agents import (
+from foldplane.api.codec import check_depth, encode_json
+from foldplane.api.errors import ApiError
+from foldplane.api.routes.agents import (
     EventsBatch,
     poll_ranks,
     refuse_unnamed_revisions,
     updates_body,
 )
-from coordinator.auth import Authenticator, AuthError, Principal
-from coordinator.host.loop import Host, HostUnavailable
-from coordinator.host.polls import UpdatesAnswer
-from wire import websocket as ws
-from wire.protocol import PROTOCOL, PROTOCOL_MISMATCH, QUERY
+from foldplane.coordinator.auth import Authenticator, AuthError, Principal
+from foldplane.coordinator.host.loop import Host, HostUnavailable
+from foldplane.coordinator.host.polls import UpdatesAnswer
+from foldplane.wire import websocket as ws
+from foldplane.wire.protocol import PROTOCOL, PROTOCOL_MISMATCH, QUERY
 
 PATH = b"/agents/channel"
 

@@ -22,7 +22,7 @@ import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 
-from api.errors import ApiError
+from foldplane.api.errors import ApiError
 
 T = TypeVar("T")
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from starlette.requests import Request
 
-from api.errors import ApiError
-from coordinator.auth import Authenticator, Principal
-from coordinator.host.loop import Host
+from foldplane.api.errors import ApiError
+from foldplane.coordinator.auth import Authenticator, Principal
+from foldplane.coordinator.host.loop import Host
 
 
 def host_of(request: Request) -> Host:

@@ -19,8 +19,8 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
-from coordinator.auth import AuthError
-from coordinator.host.loop import HostUnavailable
+from foldplane.coordinator.auth import AuthError
+from foldplane.coordinator.host.loop import HostUnavailable
 
 log = logging.getLogger("foldplane.api")
 

@@ -25,18 +25,18 @@ from fastapi import FastAPI
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from api.errors import ApiError, BodyTooLarge, error_response
-from api.limits import BodySizeLimit, JsonBodies, length_problem, media_problem
-from api.routes.agents import (
+from foldplane.api.errors import ApiError, BodyTooLarge, error_response
+from foldplane.api.limits import BodySizeLimit, JsonBodies, length_problem, media_problem
+from foldplane.api.routes.agents import (
     EventsBatch,
     UpdatesQuery,
     events_answer,
     poll_ranks,
     updates_answer,
 )
-from coordinator.auth import Authenticator, AuthError, Principal
-from coordinator.host.loop import HostUnavailable, Outcome
-from wire.protocol import QUERY
+from foldplane.coordinator.auth import Authenticator, AuthError, Principal
+from foldplane.coordinator.host.loop import HostUnavailable, Outcome
+from foldplane.wire.protocol import QUERY
 
 PATH = "/agents/events"
 UPDATES = "/agents/updates"

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from api.errors import ApiError, BodyTooLarge, error_response
+from foldplane.api.errors import ApiError, BodyTooLarge, error_response
 
 #: The default body limit: 1 MiB, room for a full batch of 4,096 heartbeats.
 DEFAULT_MAX_BODY_BYTES = 1 << 20

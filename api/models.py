@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import UNSET, Meta, Struct, UnsetType
 
-from wire.protocol import (
+from foldplane.wire.protocol import (
     MAX_DATASET,
     MAX_EVENTS,
     AckEvent,

@@ -42,13 +42,13 @@ from uvicorn.protocols.http.httptools_impl import (
     RequestResponseCycle,
 )
 
-from api import channel
-from api.errors import ApiError
-from api.fastpath import Answer, OnConnection
-from api.limits import Limits
-from api.routes.agents import UpdatesQuery
-from coordinator.auth import AuthError
-from coordinator.host.loop import HostUnavailable
+from foldplane.api import channel
+from foldplane.api.errors import ApiError
+from foldplane.api.fastpath import Answer, OnConnection
+from foldplane.api.limits import Limits
+from foldplane.api.routes.agents import UpdatesQuery
+from foldplane.coordinator.auth import AuthError
+from foldplane.coordinator.host.loop import HostUnavailable
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 

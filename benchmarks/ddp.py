@@ -52,17 +52,17 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from benchmarks.harness import Result, lower_is_better_ratio, median, percentile
-from benchmarks.kit.baselines import (
+from foldplane.benchmarks.harness import Result, lower_is_better_ratio, median, percentile
+from foldplane.benchmarks.kit.baselines import (
     ReplicaGroups,
     measured,
     restart_all,
     restart_all_worker,
     torchft_manager,
 )
-from benchmarks.kit.kills import time_recovery
-from benchmarks.kit.service import Service, free_port
-from benchmarks.kit.workers import Lines, abba, emit, say, start_agent
+from foldplane.benchmarks.kit.kills import time_recovery
+from foldplane.benchmarks.kit.service import Service, free_port
+from foldplane.benchmarks.kit.workers import Lines, abba, emit, say, start_agent
 
 WORLD = 4
 BATCH = 32  # recovery and heal; the overhead is measured at 256 and 32
@@ -159,7 +159,7 @@ def _fp_overhead_worker(blocks: int, steps: int, batch: int) -> int:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
-    from agent.ddp import DistributedDataParallel, ElasticOptimizer
+    from foldplane.agent.ddp import DistributedDataParallel, ElasticOptimizer
 
     agent = start_agent()
     rank = agent.rank
@@ -232,7 +232,7 @@ def _fp_trial(
 
 
 def _fp_train_worker(state_mb: int) -> int:
-    from agent.ddp import DistributedDataParallel, ElasticOptimizer
+    from foldplane.agent.ddp import DistributedDataParallel, ElasticOptimizer
 
     agent = start_agent()
     rank = agent.rank
@@ -394,7 +394,7 @@ def run(quick: bool) -> list[Result]:
     results = [_overhead_row(batch, times) for batch, times in overhead.items()]
     results += _recovery_rows(fp_recovery[4], ft_recovery[4], torchrun)
     results += _heal_rows(fp_recovery, fp_heal, ft_recovery, ft_heal)
-    from benchmarks import fsdp  # the HSDP rows belong to this run too
+    from foldplane.benchmarks import fsdp  # the HSDP rows belong to this run too
 
     results.extend(fsdp.run(quick))
     return results

@@ -34,10 +34,10 @@ from urllib.parse import urlsplit
 
 import asyncpg
 
-from agent.client import CoordinatorClient, CoordinatorUnavailable
-from benchmarks.harness import Result, lower_is_better_ratio, median, percentile
-from benchmarks.kit.service import Service
-from benchmarks.kit.simulated import TimedCluster
+from foldplane.agent.client import CoordinatorClient, CoordinatorUnavailable
+from foldplane.benchmarks.harness import Result, lower_is_better_ratio, median, percentile
+from foldplane.benchmarks.kit.service import Service
+from foldplane.benchmarks.kit.simulated import TimedCluster
 
 BENCH = "failover"
 PG_URL = os.environ.get("FOLDPLANE_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/test")

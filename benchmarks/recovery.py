@@ -26,11 +26,11 @@ import threading
 import time
 from typing import Any
 
-from benchmarks.harness import Result, lower_is_better_ratio, median, percentile
-from benchmarks.kit import baselines
-from benchmarks.kit.kills import time_recovery
-from benchmarks.kit.service import Service
-from benchmarks.kit.workers import Lines, all_reduce_loop, emit, say, start_agent
+from foldplane.benchmarks.harness import Result, lower_is_better_ratio, median, percentile
+from foldplane.benchmarks.kit import baselines
+from foldplane.benchmarks.kit.kills import time_recovery
+from foldplane.benchmarks.kit.service import Service
+from foldplane.benchmarks.kit.workers import Lines, all_reduce_loop, emit, say, start_agent
 
 WORLD = 4
 STEP_PAUSE_S = 0.005

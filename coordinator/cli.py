@@ -43,7 +43,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from coordinator.runtime import loop_factory, tune_for_latency
+from foldplane.coordinator.runtime import loop_factory, tune_for_latency
 
 DEFAULT_PORT = 8470
 #: Logs at least this long get a progress bar on stderr even when it is not a terminal.
@@ -270,7 +270,7 @@ def _parser() -> argparse.ArgumentParser:
 def _limit_options(group: Any) -> None:
     """One option per limit of ``api.limits.LIMITS``; each defaults to its environment variable,
     else to the built-in default."""
-    from api.limits import LIMITS, Limits
+    from foldplane.api.limits import LIMITS, Limits
 
     defaults = Limits()
     for doc in LIMITS:
@@ -305,13 +305,13 @@ def _check_open_files(max_connections: int) -> None:
 
 
 def _limits(args: argparse.Namespace) -> Any:
-    from api.limits import LIMITS, Limits
+    from foldplane.api.limits import LIMITS, Limits
 
     return Limits(**{doc.field: getattr(args, doc.field) for doc in LIMITS})
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from coordinator.auth import Authenticator, BindRefused, check_bind
+    from foldplane.coordinator.auth import Authenticator, BindRefused, check_bind
 
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -326,7 +326,7 @@ def _serve(args: argparse.Namespace) -> int:
     except BindRefused as exc:
         print(f"coordinator: {exc}", file=sys.stderr)
         return 2
-    from coordinator.host.leadership import LeaseSettings
+    from foldplane.coordinator.host.leadership import LeaseSettings
 
     try:
         args.limits = _limits(args)
@@ -360,7 +360,7 @@ def _serve(args: argparse.Namespace) -> int:
         )
         return 2
     if args.retain is not None:
-        from coordinator.host.retention import parse_policy
+        from foldplane.coordinator.host.retention import parse_policy
 
         try:
             parse_policy(args.retain)
@@ -377,10 +377,10 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 async def _serve_async(args: argparse.Namespace, auth: Any) -> int:
-    from api.app import create_app
-    from api.server import Server, config
-    from coordinator.host.replica import open_host
-    from eventlog import LogError
+    from foldplane.api.app import create_app
+    from foldplane.api.server import Server, config
+    from foldplane.coordinator.host.replica import open_host
+    from foldplane.eventlog import LogError
 
     try:
         host = await open_host(
@@ -397,7 +397,7 @@ async def _serve_async(args: argparse.Namespace, auth: Any) -> int:
     store = None
     retention = None
     if args.retain is not None:
-        from coordinator.host.compaction import retain_periodically
+        from foldplane.coordinator.host.compaction import retain_periodically
 
         retention = asyncio.get_running_loop().create_task(
             retain_periodically(
@@ -409,7 +409,7 @@ async def _serve_async(args: argparse.Namespace, auth: Any) -> int:
         )
     try:
         if args.store_port >= 0:
-            from coordinator.host.store_server import start_store
+            from foldplane.coordinator.host.store_server import start_store
 
             store, host.store_address = start_store(
                 args.host, args.store_port, advertise=args.store_host
@@ -443,11 +443,11 @@ async def _serve_async(args: argparse.Namespace, auth: Any) -> int:
 
 
 def _replay(args: argparse.Namespace) -> int:
-    from coordinator.host.replay import CompactedLog, replay
-    from eventlog import LogError
+    from foldplane.coordinator.host.replay import CompactedLog, replay
+    from foldplane.eventlog import LogError
 
     if args.plot is not None:
-        from coordinator.plot import PlotError, check_target
+        from foldplane.coordinator.plot import PlotError, check_target
 
         try:
             check_target(args.plot)
@@ -457,7 +457,7 @@ def _replay(args: argparse.Namespace) -> int:
     bar = _ProgressBar(args.progress)
     timeline = None
     if args.plot is not None:
-        from coordinator.plot import EpochTimeline
+        from foldplane.coordinator.plot import EpochTimeline
 
         timeline = EpochTimeline(args.group)
     try:
@@ -500,7 +500,7 @@ def _replay(args: argparse.Namespace) -> int:
             else f"FAILED: {len(report.divergences)} divergence(s)"
         )
     if args.plot is not None:
-        from coordinator.plot import PlotError, plot_views
+        from foldplane.coordinator.plot import PlotError, plot_views
 
         try:
             plot_views(report.views, args.plot, timeline)
@@ -512,10 +512,10 @@ def _replay(args: argparse.Namespace) -> int:
 
 
 def _compact(args: argparse.Namespace) -> int:
-    from coordinator.host.compaction import STEP_RECORDS, compact
-    from coordinator.host.replay import CompactedLog
-    from coordinator.host.retention import parse_policy
-    from eventlog import LogError
+    from foldplane.coordinator.host.compaction import STEP_RECORDS, compact
+    from foldplane.coordinator.host.replay import CompactedLog
+    from foldplane.coordinator.host.retention import parse_policy
+    from foldplane.eventlog import LogError
 
     try:
         policy = parse_policy(args.retain)
@@ -576,7 +576,7 @@ def _audit_warnings(command: str, db: str, records: int) -> None:
         print(f"{command}: warning: {db} holds no records", file=sys.stderr)
     if db.startswith("postgresql"):
         return
-    from eventlog.target import parse_target
+    from foldplane.eventlog.target import parse_target
 
     path = parse_target(db).path  # type: ignore[union-attr]
     if records == 0 and not os.path.exists(f"{path}-wal"):
@@ -588,9 +588,9 @@ def _audit_warnings(command: str, db: str, records: int) -> None:
 
 
 def _explain(args: argparse.Namespace) -> int:
-    from coordinator.host.refit_story import RefitStoryError, refit_story_from
-    from coordinator.host.story import StoryError, format_story, story_from
-    from eventlog import LogError
+    from foldplane.coordinator.host.refit_story import RefitStoryError, refit_story_from
+    from foldplane.coordinator.host.story import StoryError, format_story, story_from
+    from foldplane.eventlog import LogError
 
     if args.refit is not None and (args.group is not None or args.rank is not None):
         print("explain: give either --refit NAME or --group G --rank R, not both", file=sys.stderr)
@@ -694,7 +694,7 @@ def _ranks(ranks: list[int]) -> str:
 
 
 def _group(args: argparse.Namespace) -> int:
-    from agent.client import (
+    from foldplane.agent.client import (
         CoordinatorClient,
         CoordinatorError,
         CoordinatorUnavailable,
@@ -764,7 +764,7 @@ def _line_state(line: dict[str, Any]) -> str:
 
 
 def _token(args: argparse.Namespace) -> int:
-    from wire.auth import agent_token
+    from foldplane.wire.auth import agent_token
 
     secret = args.secret or os.environ.get("FOLDPLANE_SECRET")
     if not secret:
@@ -780,7 +780,7 @@ def _token(args: argparse.Namespace) -> int:
 
 def _demo(args: argparse.Namespace) -> int:
     try:
-        from coordinator.demo import main as demo_main
+        from foldplane.coordinator.demo import main as demo_main
     except ImportError as exc:
         if _is_server_module(exc):
             raise  # main names the extra to install

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from coordinator.commands import serve_argv
+from foldplane.coordinator.commands import serve_argv
 
 GROUP = "demo"
 WORLD_SIZE = 4
@@ -81,7 +81,7 @@ class Demo:
         print(f"[{self.last_said - self.t0:5.1f}s] {text}", flush=True)
 
     def run(self) -> int:
-        from agent.client import CoordinatorClient
+        from foldplane.agent.client import CoordinatorClient
 
         self.client = CoordinatorClient(self.url, timeout_s=10.0)
         try:
@@ -93,7 +93,7 @@ class Demo:
             self._clean_up()
 
     def _story(self) -> int:
-        from agent.launch import Launcher
+        from foldplane.agent.launch import Launcher
 
         logging.getLogger("foldplane.launch").setLevel(logging.ERROR)  # _on_exit tells the story
         print("foldplane demo: an elastic process group, a failure, and a recovery\n")
@@ -104,7 +104,7 @@ class Demo:
         self.client.create_group(GROUP, WORLD_SIZE, **GROUP_CONFIG)
         self.say(f"2. group {GROUP!r} of {WORLD_SIZE} ranks created; the launcher starts 4 workers")
         self.launcher = Launcher(
-            [sys.executable, "-m", "coordinator.demo", "worker"],
+            [sys.executable, "-m", "foldplane.coordinator.demo", "worker"],
             coordinator=self.url,
             group=GROUP,
             ranks=range(WORLD_SIZE),
@@ -272,9 +272,9 @@ def worker() -> int:
     """One rank: all_reduce in a loop, saying what happens to it; SIGTERM ends it cleanly."""
     import torch
 
-    from agent import Agent
+    from foldplane.agent import Agent
 
-    logging.getLogger("agent.dataplane").setLevel(logging.ERROR)  # the loop says what happened
+    logging.getLogger("foldplane.agent.dataplane").setLevel(logging.ERROR)  # the loop says what happened
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     agent = Agent(heartbeat_interval_s=0.5, collective_timeout_s=5.0, p2p_timeout_s=5.0).start()

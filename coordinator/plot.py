@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from coordinator.fold.effects import (
+from foldplane.coordinator.fold.effects import (
     AssignmentChanged,
     Effect,
     EpochCompleted,
@@ -38,9 +38,9 @@ from coordinator.fold.effects import (
     TransferChanged,
     ViewCommitted,
 )
-from coordinator.fold.machine import Coordinator
-from coordinator.fold.reasons import ranks_text
-from eventlog import Record
+from foldplane.coordinator.fold.machine import Coordinator
+from foldplane.coordinator.fold.reasons import ranks_text
+from foldplane.eventlog import Record
 
 FORMATS = {".png": "png", ".svg": "svg"}
 CAUSE_COLOURS = {

@@ -29,13 +29,20 @@ from typing import Any
 
 import asyncpg
 
-from eventlog.base import Log, RemovedRange, Row, Sealed, check_compaction, missing_offsets
-from eventlog.codec import COLUMNS, decode_rows
-from eventlog.errors import LogClosed, LogError, StaleTermError
-from eventlog.migrate import check_known, code_head, migrate_postgres, postgres_revision
-from eventlog.projection import ProjectionRow, decode_projection
-from eventlog.record import Record, frame_body, seal
-from eventlog.target import PostgresTarget
+from foldplane.eventlog.base import (
+    Log,
+    RemovedRange,
+    Row,
+    Sealed,
+    check_compaction,
+    missing_offsets,
+)
+from foldplane.eventlog.codec import COLUMNS, decode_rows
+from foldplane.eventlog.errors import LogClosed, LogError, StaleTermError
+from foldplane.eventlog.migrate import check_known, code_head, migrate_postgres, postgres_revision
+from foldplane.eventlog.projection import ProjectionRow, decode_projection
+from foldplane.eventlog.record import Record, frame_body, seal
+from foldplane.eventlog.target import PostgresTarget
 
 MAX_BATCH_ROWS = 8192
 

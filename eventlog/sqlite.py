@@ -21,13 +21,20 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from eventlog.base import Log, RemovedRange, Row, Sealed, check_compaction, missing_offsets
-from eventlog.codec import COLUMNS, decode_rows, gc_paused
-from eventlog.errors import LogError
-from eventlog.migrate import check_known, code_head, migrate_sqlite
-from eventlog.projection import ProjectionRow, decode_projection
-from eventlog.record import Record
-from eventlog.sqlite_writer import Append, Call, SqliteWriter
+from foldplane.eventlog.base import (
+    Log,
+    RemovedRange,
+    Row,
+    Sealed,
+    check_compaction,
+    missing_offsets,
+)
+from foldplane.eventlog.codec import COLUMNS, decode_rows, gc_paused
+from foldplane.eventlog.errors import LogError
+from foldplane.eventlog.migrate import check_known, code_head, migrate_sqlite
+from foldplane.eventlog.projection import ProjectionRow, decode_projection
+from foldplane.eventlog.record import Record
+from foldplane.eventlog.sqlite_writer import Append, Call, SqliteWriter
 
 
 def _connect_reader(path: Path, read_only: bool = False) -> sqlite3.Connection:

@@ -41,9 +41,9 @@ from pathlib import Path
 from typing import Any
 from zlib import crc32
 
-from eventlog.base import Sealed
-from eventlog.errors import LogClosed, LogError, StaleTermError
-from eventlog.record import frame_names
+from foldplane.eventlog.base import Sealed
+from foldplane.eventlog.errors import LogClosed, LogError, StaleTermError
+from foldplane.eventlog.record import frame_names
 
 MAX_BATCH_ROWS = 8192
 MAX_BATCH_BYTES = 8 << 20

@@ -54,9 +54,9 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset
 
-import agent.dataplane  # noqa: F401  # foldplane: registers the "foldplane" backend
-from agent.data import ElasticSampler  # foldplane
-from agent.ddp import DistributedDataParallel, ElasticOptimizer  # foldplane
+import foldplane.agent.dataplane  # noqa: F401  # foldplane: registers the "foldplane" backend
+from foldplane.agent.data import ElasticSampler  # foldplane
+from foldplane.agent.ddp import DistributedDataParallel, ElasticOptimizer  # foldplane
 
 FEATURES, OUTPUTS = 16, 4
 

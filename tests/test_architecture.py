@@ -37,7 +37,7 @@ def test_importing_the_pure_machines_loads_no_io_module() -> None:
     ``__init__`` modules drag in at run time, in a fresh interpreter.
     """
     code = (
-        "import coordinator.fold.machine, agent.machine, sys; "
+        "import foldplane.coordinator.fold.machine, foldplane.agent.machine, sys; "
         f"print(','.join(m for m in {IO_MODULES!r} if m in sys.modules))"
     )
     done = subprocess.run(
@@ -57,10 +57,10 @@ def test_the_contracts_cover_the_agent_and_the_benchmarks() -> None:
     assert "benchmarks" in linter["root_packages"]
     contracts = linter["contracts"]
     acyclic = [c for c in contracts if c["type"] == "acyclic_siblings"]
-    assert {"agent", "benchmarks", "benchmarks.kit"} <= {a for c in acyclic for a in c["ancestors"]}
+    assert {"agent", "benchmarks", "foldplane.benchmarks.kit"} <= {a for c in acyclic for a in c["ancestors"]}
     forbidden = [
         set(c["forbidden_modules"])
         for c in contracts
         if c["type"] == "forbidden" and c["source_modules"] == ["benchmarks"]
     ]
-    assert any({"tests", "coordinator.cli"} <= f for f in forbidden), forbidden
+    assert any({"tests", "foldplane.coordinator.cli"} <= f for f in forbidden), forbidden

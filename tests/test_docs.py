@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import report
+from foldplane.benchmarks import report
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"

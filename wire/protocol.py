@@ -35,8 +35,8 @@ from typing import Annotated, Any
 
 from msgspec import Meta, Struct
 
-from wire import ranks as rank_sets
-from wire.ranks import RankSetError
+from foldplane.wire import ranks as rank_sets
+from foldplane.wire.ranks import RankSetError
 
 #: The protocol version this module speaks. Agents send it as ``protocol`` on the updates long
 #: poll; a poll without it (protocol 1) is refused with ``protocol_mismatch``.

@@ -33,15 +33,15 @@ from datetime import timedelta
 import torch
 from torch.distributed import DistStoreError, PrefixStore, Store, TCPStore
 
-from agent.dataplane import keys
-from agent.dataplane.backend import BackendKind, bury, drain_released
-from agent.dataplane.cuda import CudaWatch, EndEvents
-from agent.dataplane.errors import DataPlaneError
-from agent.dataplane.group import ElasticProcessGroup
-from agent.dataplane.hint import HintPool
-from agent.dataplane.liveness import Heartbeat
-from agent.dataplane.poison import PoisonNotice
-from agent.dataplane.view import ViewGroup
+from foldplane.agent.dataplane import keys
+from foldplane.agent.dataplane.backend import BackendKind, bury, drain_released
+from foldplane.agent.dataplane.cuda import CudaWatch, EndEvents
+from foldplane.agent.dataplane.errors import DataPlaneError
+from foldplane.agent.dataplane.group import ElasticProcessGroup
+from foldplane.agent.dataplane.hint import HintPool
+from foldplane.agent.dataplane.liveness import Heartbeat
+from foldplane.agent.dataplane.poison import PoisonNotice
+from foldplane.agent.dataplane.view import ViewGroup
 
 log = logging.getLogger(__name__)
 

@@ -32,10 +32,10 @@ from typing import Protocol
 
 from torch.distributed import DistStoreError, PrefixStore, Store
 
-from agent.dataplane import keys
-from agent.dataplane.backend import BackendKind, abort_nccl, bury, connect_nccl
-from agent.dataplane.liveness import find_dead
-from agent.dataplane.poison import PoisonNotice
+from foldplane.agent.dataplane import keys
+from foldplane.agent.dataplane.backend import BackendKind, abort_nccl, bury, connect_nccl
+from foldplane.agent.dataplane.liveness import find_dead
+from foldplane.agent.dataplane.poison import PoisonNotice
 
 log = logging.getLogger(__name__)
 

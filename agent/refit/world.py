@@ -55,11 +55,11 @@ from typing import Any
 import torch
 from torch.distributed import PrefixStore, TCPStore
 
-from agent.dataplane.backend import BackendKind, bury
-from agent.dataplane.cuda import EndEvents, nccl_error
-from agent.refit.errors import Peer, RefitClosed, RefitError, RefitFailed
-from agent.refit.tensors import dtype_of
-from wire.refit import (
+from foldplane.agent.dataplane.backend import BackendKind, bury
+from foldplane.agent.dataplane.cuda import EndEvents, nccl_error
+from foldplane.agent.refit.errors import Peer, RefitClosed, RefitError, RefitFailed
+from foldplane.agent.refit.tensors import dtype_of
+from foldplane.wire.refit import (
     SIDES,
     Bootstrap,
     Piece,

@@ -18,7 +18,7 @@ import msgspec
 from fastapi import APIRouter, Query, Request
 from starlette.responses import Response
 
-from api.codec import (
+from foldplane.api.codec import (
     check_depth,
     convert,
     decode_json,
@@ -27,22 +27,22 @@ from api.codec import (
     raw_json_response,
     read_json,
 )
-from api.deps import host_of, principal_of, require_group
-from api.errors import ApiError, refusal_error
-from api.models import (
+from foldplane.api.deps import host_of, principal_of, require_group
+from foldplane.api.errors import ApiError, refusal_error
+from foldplane.api.models import (
     AgentEvent,
     AgentEventsRequest,
     DeathReport,
     HeartbeatEvent,
     LooseEventsRequest,
 )
-from api.openapi import answers, body
-from coordinator.auth import Authenticator, AuthError, Principal
-from coordinator.host.loop import Appended, Host, Outcome, Refusal
-from coordinator.host.polls import UpdatesAnswer
-from eventlog import NewRecord
-from wire import ranks as rank_sets
-from wire.protocol import (
+from foldplane.api.openapi import answers, body
+from foldplane.coordinator.auth import Authenticator, AuthError, Principal
+from foldplane.coordinator.host.loop import Appended, Host, Outcome, Refusal
+from foldplane.coordinator.host.polls import UpdatesAnswer
+from foldplane.eventlog import NewRecord
+from foldplane.wire import ranks as rank_sets
+from foldplane.wire.protocol import (
     EVENT_KINDS,
     FEATURES,
     PROTOCOL,
@@ -52,7 +52,7 @@ from wire.protocol import (
     legacy_problem,
     missing_features,
 )
-from wire.ranks import MAX_QUERY_RANKS, RankSetError
+from foldplane.wire.ranks import MAX_QUERY_RANKS, RankSetError
 
 router = APIRouter(prefix="/agents", tags=["agents"])
 

@@ -24,9 +24,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from benchmarks.kit.kills import time_recovery
-from benchmarks.kit.service import ROOT, free_port
-from benchmarks.kit.workers import Lines
+from foldplane.benchmarks.kit.kills import time_recovery
+from foldplane.benchmarks.kit.service import ROOT, free_port
+from foldplane.benchmarks.kit.workers import Lines
 
 
 def measured(what: str, fn: Callable[[], Any], log: Callable[[str], None]) -> Any:

@@ -13,7 +13,7 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Any
 
-from benchmarks.kit.workers import Lines
+from foldplane.benchmarks.kit.workers import Lines
 
 
 @dataclass(frozen=True)

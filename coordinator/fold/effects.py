@@ -15,8 +15,8 @@ from typing import Any
 
 import msgspec
 
-from coordinator.fold.config import GroupConfig
-from wire.protocol import (
+from foldplane.coordinator.fold.config import GroupConfig
+from foldplane.wire.protocol import (
     DIGEST_MISMATCH,
     DUPLICATE_PROPOSAL,
     EPOCH_CONFLICT,

@@ -51,7 +51,7 @@ from typing import Any
 
 import msgspec
 
-from coordinator.fold.effects import (
+from foldplane.coordinator.fold.effects import (
     EPOCH_CONFLICT,
     GROUP_FAILED,
     GROUP_NOT_FORMED,
@@ -69,9 +69,9 @@ from coordinator.fold.effects import (
     RankRange,
     View,
 )
-from coordinator.fold.facets import FoldContext, Refusal
-from coordinator.fold.fencing import online_rank_refusal
-from coordinator.fold.partition import (
+from foldplane.coordinator.fold.facets import FoldContext, Refusal
+from foldplane.coordinator.fold.fencing import online_rank_refusal
+from foldplane.coordinator.fold.partition import (
     Segment,
     apportion,
     deal,
@@ -80,11 +80,11 @@ from coordinator.fold.partition import (
     normalized,
     split_at,
 )
-from coordinator.fold.payloads import MAX_ID_LEN
-from coordinator.fold.reasons import abridged, ranks_text
-from coordinator.fold.state import FAILED, GroupState
-from eventlog.record import Record
-from wire.protocol import MAX_DATASET
+from foldplane.coordinator.fold.payloads import MAX_ID_LEN
+from foldplane.coordinator.fold.reasons import abridged, ranks_text
+from foldplane.coordinator.fold.state import FAILED, GroupState
+from foldplane.eventlog.record import Record
+from foldplane.wire.protocol import MAX_DATASET
 
 SPLITS = ("equal", "ratios", "throughput")
 #: The plan's fields and their defaults where the request leaves them out (``reclaim``'s

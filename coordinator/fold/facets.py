@@ -27,9 +27,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from coordinator.fold.effects import Effect, View
-from coordinator.fold.state import GroupState
-from eventlog.record import Record
+from foldplane.coordinator.fold.effects import Effect, View
+from foldplane.coordinator.fold.state import GroupState
+from foldplane.eventlog.record import Record
 
 #: (code, message)
 Refusal = tuple[str, str]

@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from coordinator.fold.config import ConfigError, GroupConfig
-from coordinator.fold.effects import (
+from foldplane.coordinator.fold.config import ConfigError, GroupConfig
+from foldplane.coordinator.fold.effects import (
     DUPLICATE_PROPOSAL,
     GROUP_CONFLICT,
     GROUP_ENDED,
@@ -32,10 +32,10 @@ from coordinator.fold.effects import (
     UNKNOWN_GROUP,
     Proposal,
 )
-from coordinator.fold.payloads import CHECKS, MAX_ID_LEN
-from coordinator.fold.reasons import ranks_text
-from coordinator.fold.state import FAILED, GroupState, RankInfo
-from eventlog.record import KINDS
+from foldplane.coordinator.fold.payloads import CHECKS, MAX_ID_LEN
+from foldplane.coordinator.fold.reasons import ranks_text
+from foldplane.coordinator.fold.state import FAILED, GroupState, RankInfo
+from foldplane.eventlog.record import KINDS
 
 #: (code, message)
 Refusal = tuple[str, str]

@@ -31,9 +31,9 @@ from typing import Any
 
 import msgspec
 
-from coordinator.fold.admission import admission_problem, requested, static_problem
-from coordinator.fold.config import GroupConfig
-from coordinator.fold.effects import (
+from foldplane.coordinator.fold.admission import admission_problem, requested, static_problem
+from foldplane.coordinator.fold.config import GroupConfig
+from foldplane.coordinator.fold.effects import (
     APPLIED,
     APPLIED_WITH_DROPPED_RANKS,
     HEALTHY,
@@ -55,9 +55,9 @@ from coordinator.fold.effects import (
     ViewCommitted,
     ViewPrepare,
 )
-from coordinator.fold.epochs import Epochs
-from coordinator.fold.facets import Facet
-from coordinator.fold.fencing import (
+from foldplane.coordinator.fold.epochs import Epochs
+from foldplane.coordinator.fold.facets import Facet
+from foldplane.coordinator.fold.fencing import (
     REPEATABLE,
     beats_not_current,
     current_beat,
@@ -65,17 +65,17 @@ from coordinator.fold.fencing import (
     refusal,
     repeat_of,
 )
-from coordinator.fold.healthy_set import excluded_ranks
-from coordinator.fold.reasons import ranks_text
-from coordinator.fold.refits import Refits
-from coordinator.fold.stalls import FAILED as VIEW_FAILED
-from coordinator.fold.stalls import RETRY as VIEW_RETRY
-from coordinator.fold.stalls import UNRESOLVED, Stall, decide
-from coordinator.fold.state import FAILED, FORMED, FORMING, Change, GroupState
-from coordinator.fold.status import group_status
-from eventlog.record import Record
-from wire import ranks as rank_sets
-from wire.protocol import CAUSE_DEATH_REPORTED, links_down
+from foldplane.coordinator.fold.healthy_set import excluded_ranks
+from foldplane.coordinator.fold.reasons import ranks_text
+from foldplane.coordinator.fold.refits import Refits
+from foldplane.coordinator.fold.stalls import FAILED as VIEW_FAILED
+from foldplane.coordinator.fold.stalls import RETRY as VIEW_RETRY
+from foldplane.coordinator.fold.stalls import UNRESOLVED, Stall, decide
+from foldplane.coordinator.fold.state import FAILED, FORMED, FORMING, Change, GroupState
+from foldplane.coordinator.fold.status import group_status
+from foldplane.eventlog.record import Record
+from foldplane.wire import ranks as rank_sets
+from foldplane.wire.protocol import CAUSE_DEATH_REPORTED, links_down
 
 #: Format 2 adds the facets' state, format 3 each rank's ``joined_version``; a snapshot of an
 #: older format still restores (without facets; every links report counting, as it then did).

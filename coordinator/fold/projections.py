@@ -59,7 +59,7 @@ from typing import Any
 
 import msgspec
 
-from coordinator.fold.effects import (
+from foldplane.coordinator.fold.effects import (
     AssignmentChanged,
     Effect,
     EpochCompleted,
@@ -79,9 +79,9 @@ from coordinator.fold.effects import (
     View,
     ViewCommitted,
 )
-from eventlog import LogError, ProjectionRow
-from wire.protocol import fold_view_update, view_update
-from wire.ranks import RankSetError
+from foldplane.eventlog import LogError, ProjectionRow
+from foldplane.wire.protocol import fold_view_update, view_update
+from foldplane.wire.ranks import RankSetError
 
 PROJECTION_KINDS = (
     "group",

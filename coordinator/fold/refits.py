@@ -46,7 +46,7 @@ from typing import Any
 
 import msgspec
 
-from coordinator.fold.effects import (
+from foldplane.coordinator.fold.effects import (
     DIGEST_MISMATCH,
     INVALID_EVENT,
     INVALID_SLOT,
@@ -68,11 +68,11 @@ from coordinator.fold.effects import (
     TransferChanged,
     View,
 )
-from coordinator.fold.facets import FoldContext, Refusal
-from coordinator.fold.fencing import online_rank_refusal
-from coordinator.fold.reasons import abridged
-from coordinator.fold.state import GroupState
-from eventlog.record import Record
+from foldplane.coordinator.fold.facets import FoldContext, Refusal
+from foldplane.coordinator.fold.fencing import online_rank_refusal
+from foldplane.coordinator.fold.reasons import abridged
+from foldplane.coordinator.fold.state import GroupState
+from foldplane.eventlog.record import Record
 
 PUBLISHER, SUBSCRIBER = "publisher", "subscriber"
 WAITING, ADMITTED, TIMED_OUT = "waiting", "admitted", "timed_out"

@@ -15,9 +15,9 @@ from typing import Any
 
 import msgspec
 
-from coordinator.fold.config import GroupConfig, Resolved
-from coordinator.fold.effects import OFFLINE, View
-from coordinator.fold.stalls import Stall
+from foldplane.coordinator.fold.config import GroupConfig, Resolved
+from foldplane.coordinator.fold.effects import OFFLINE, View
+from foldplane.coordinator.fold.stalls import Stall
 
 FORMING = "forming"
 FORMED = "formed"

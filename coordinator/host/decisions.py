@@ -12,7 +12,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 
-from coordinator.fold.effects import (
+from foldplane.coordinator.fold.effects import (
     OFFLINE,
     Effect,
     GroupEnded,
@@ -22,7 +22,7 @@ from coordinator.fold.effects import (
     ShutdownWithSave,
     ViewCommitted,
 )
-from coordinator.fold.reasons import ranks_text
+from foldplane.coordinator.fold.reasons import ranks_text
 
 log = logging.getLogger("foldplane.decisions")
 

@@ -16,9 +16,9 @@ from typing import Any
 
 import msgspec
 
-from coordinator.fold.machine import Coordinator
-from eventlog import InvalidRecord, NewRecord
-from eventlog.record import decode_payload, validate
+from foldplane.coordinator.fold.machine import Coordinator
+from foldplane.eventlog import InvalidRecord, NewRecord
+from foldplane.eventlog.record import decode_payload, validate
 
 # -- what an input gets back ------------------------------------------------------------------
 

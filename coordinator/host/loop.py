@@ -36,12 +36,12 @@ from typing import Any, Protocol
 
 import msgspec
 
-from coordinator.fold.effects import Effect, Proposal
-from coordinator.fold.heartbeats import HeartbeatBuffer
-from coordinator.fold.machine import Coordinator
-from coordinator.host.batching import MAX_BATCH, Admission, decisions_first, take_batch
-from coordinator.host.decisions import say
-from coordinator.host.inputs import (
+from foldplane.coordinator.fold.effects import Effect, Proposal
+from foldplane.coordinator.fold.heartbeats import HeartbeatBuffer
+from foldplane.coordinator.fold.machine import Coordinator
+from foldplane.coordinator.host.batching import MAX_BATCH, Admission, decisions_first, take_batch
+from foldplane.coordinator.host.decisions import say
+from foldplane.coordinator.host.inputs import (
     Appended,
     Beats,
     Existing,
@@ -53,13 +53,13 @@ from coordinator.host.inputs import (
     Reply,
     queue_submission,
 )
-from coordinator.host.journal import UpdateJournals
-from coordinator.host.metrics import HostMetrics
-from coordinator.host.pacing import PollPacing
-from coordinator.host.polls import UpdatesAnswer, resync_answer
-from coordinator.host.ready import HostState, Ready, ReadyBuilder, publish
-from coordinator.host.rows import ProjectionRows
-from coordinator.host.snapshots import (
+from foldplane.coordinator.host.journal import UpdateJournals
+from foldplane.coordinator.host.metrics import HostMetrics
+from foldplane.coordinator.host.pacing import PollPacing
+from foldplane.coordinator.host.polls import UpdatesAnswer, resync_answer
+from foldplane.coordinator.host.ready import HostState, Ready, ReadyBuilder, publish
+from foldplane.coordinator.host.rows import ProjectionRows
+from foldplane.coordinator.host.snapshots import (
     CONSUMER,
     SNAPSHOT_BEATS,
     SNAPSHOT_EVERY,
@@ -68,9 +68,9 @@ from coordinator.host.snapshots import (
     Snapshots,
     restore_state,
 )
-from coordinator.host.ticks import Ticker
-from eventlog import Log, LogError, NewRecord, Record, StaleTermError, open_log
-from eventlog.record import READ_PAGE, Encoded
+from foldplane.coordinator.host.ticks import Ticker
+from foldplane.eventlog import Log, LogError, NewRecord, Record, StaleTermError, open_log
+from foldplane.eventlog.record import READ_PAGE, Encoded
 
 __all__ = [
     "CONSUMER",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from coordinator.host.journal import UpdateJournals
+from foldplane.coordinator.host.journal import UpdateJournals
 
 
 class PollPacing:

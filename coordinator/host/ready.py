@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from coordinator.fold.effects import (
+from foldplane.coordinator.fold.effects import (
     AssignmentChanged,
     Effect,
     EpochCompleted,
@@ -32,8 +32,8 @@ from coordinator.fold.effects import (
     ViewCommitted,
     ViewPrepare,
 )
-from coordinator.fold.machine import Coordinator
-from coordinator.fold.projections import (
+from foldplane.coordinator.fold.machine import Coordinator
+from foldplane.coordinator.fold.projections import (
     data_assignment_update,
     data_assignment_updates,
     data_moves_update,
@@ -46,9 +46,9 @@ from coordinator.fold.projections import (
     shutdown_update,
     transfer_update,
 )
-from coordinator.host.journal import Update, UpdateJournals
-from eventlog import ProjectionRow
-from wire.protocol import View, prepare_update, view_update
+from foldplane.coordinator.host.journal import Update, UpdateJournals
+from foldplane.eventlog import ProjectionRow
+from foldplane.wire.protocol import View, prepare_update, view_update
 
 #: A projection row's identity: (kind, group, seq).
 RowKey = tuple[str, str, int]

@@ -19,12 +19,17 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from coordinator.fold.effects import RefitCreated, RefitEpochChanged, Refused, TransferChanged
-from coordinator.fold.machine import Coordinator
-from coordinator.fold.reasons import abridged, ranks_text
-from coordinator.fold.refits import ADMITTED, TIMED_OUT, WAITING, Refit
-from coordinator.host.replay import CompactedLog, find_start
-from eventlog import READ_PAGE, Log, Record, open_log
+from foldplane.coordinator.fold.effects import (
+    RefitCreated,
+    RefitEpochChanged,
+    Refused,
+    TransferChanged,
+)
+from foldplane.coordinator.fold.machine import Coordinator
+from foldplane.coordinator.fold.reasons import abridged, ranks_text
+from foldplane.coordinator.fold.refits import ADMITTED, TIMED_OUT, WAITING, Refit
+from foldplane.coordinator.host.replay import CompactedLog, find_start
+from foldplane.eventlog import READ_PAGE, Log, Record, open_log
 
 #: Joins and reports kept before each decision.
 EVIDENCE_LIMIT = 32

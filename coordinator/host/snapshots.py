@@ -14,10 +14,10 @@ from collections.abc import Callable
 
 import msgspec
 
-from coordinator.fold.machine import Coordinator
-from coordinator.host.metrics import HostMetrics
-from coordinator.host.ready import HostState
-from eventlog import Log, LogError
+from foldplane.coordinator.fold.machine import Coordinator
+from foldplane.coordinator.host.metrics import HostMetrics
+from foldplane.coordinator.host.ready import HostState
+from foldplane.eventlog import Log, LogError
 
 log = logging.getLogger("foldplane.host")
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import msgspec
 
-from coordinator.fold.effects import (
+from foldplane.coordinator.fold.effects import (
     HEALTHY,
     OFFLINE,
     TERMINAL,
@@ -33,10 +33,10 @@ from coordinator.fold.effects import (
     ViewCommitted,
     ViewPrepare,
 )
-from coordinator.fold.partition import covers_exactly, split_at
-from eventlog.record import Record
-from wire import ranks as rank_sets
-from wire.protocol import View, links_down
+from foldplane.coordinator.fold.partition import covers_exactly, split_at
+from foldplane.eventlog.record import Record
+from foldplane.wire import ranks as rank_sets
+from foldplane.wire.protocol import View, links_down
 
 _encode = msgspec.json.Encoder().encode
 

@@ -64,7 +64,7 @@ from typing import Any, NamedTuple
 
 import msgspec
 
-from agent.machine import (
+from foldplane.agent.machine import (
     BEATS,
     EVENTS,
     AgentConfig,
@@ -91,19 +91,19 @@ from agent.machine import (
     Tick,
     UpdatesReceived,
 )
-from coordinator.fold.epochs import complete_plan
-from coordinator.fold.machine import Coordinator
-from coordinator.fold.projections import rows_for
-from coordinator.host.batching import MAX_BATCH, decisions_first, take_batch
-from coordinator.host.inputs import Input, queue_submission
-from coordinator.host.journal import UpdateJournals, decoded
-from coordinator.host.loop import Appended, Existing, Host, Refusal, UpdatesAnswer
-from coordinator.host.polls import resync_answer
-from coordinator.host.ready import HostState, publish
-from coordinator.host.snapshots import decode_snapshot, encode_snapshot
-from coordinator.sim.invariants import Invariants, Violation
-from eventlog.record import NewRecord, Record
-from wire.data import ReadCursor, apply_moves
+from foldplane.coordinator.fold.epochs import complete_plan
+from foldplane.coordinator.fold.machine import Coordinator
+from foldplane.coordinator.fold.projections import rows_for
+from foldplane.coordinator.host.batching import MAX_BATCH, decisions_first, take_batch
+from foldplane.coordinator.host.inputs import Input, queue_submission
+from foldplane.coordinator.host.journal import UpdateJournals, decoded
+from foldplane.coordinator.host.loop import Appended, Existing, Host, Refusal, UpdatesAnswer
+from foldplane.coordinator.host.polls import resync_answer
+from foldplane.coordinator.host.ready import HostState, publish
+from foldplane.coordinator.host.snapshots import decode_snapshot, encode_snapshot
+from foldplane.coordinator.sim.invariants import Invariants, Violation
+from foldplane.eventlog.record import NewRecord, Record
+from foldplane.wire.data import ReadCursor, apply_moves
 
 S = 1_000_000_000
 MS = 1_000_000

@@ -21,8 +21,8 @@ from pathlib import Path
 
 from torch.utils.data import DataLoader
 
-from agent import Agent
-from agent.data import ElasticSampler
+from foldplane.agent import Agent
+from foldplane.agent.data import ElasticSampler
 
 
 def emit(event: str, **fields: object) -> None:

@@ -30,8 +30,8 @@ from typing import Any
 
 import torch
 
-from agent import Agent
-from agent.ddp import DistributedDataParallel, ElasticOptimizer
+from foldplane.agent import Agent
+from foldplane.agent.ddp import DistributedDataParallel, ElasticOptimizer
 
 IN, HIDDEN, OUT, BATCH = 4, 3, 1, 8
 #: the GPU suite's device (None: the CPU, gloo)

@@ -26,11 +26,11 @@ import signal
 import sys
 import zlib
 
-from agent import Agent
-from agent.refit import RefitError, RefitStore, empty_shards, local_shards, open_world
-from agent.refits import RefitEpochMoved, RefitRefused, TransferFailed
+from foldplane.agent import Agent
+from foldplane.agent.refit import RefitError, RefitStore, empty_shards, local_shards, open_world
+from foldplane.agent.refits import RefitEpochMoved, RefitRefused, TransferFailed
+from foldplane.wire.refit import MeshSpec, digest, make_plan, megatron_layout
 from tests.refit.worker import full_state, tensor_hash
-from wire.refit import MeshSpec, digest, make_plan, megatron_layout
 
 TRAINER = MeshSpec(name="trainer", size=2, tp=2)
 GENERATOR = MeshSpec(name="generator", size=4, tp=4)
@@ -47,7 +47,7 @@ def seed_of(key: str) -> int:
 
 
 def the_plan():
-    from agent.refit import roles_from_modules, tensors_of
+    from foldplane.agent.refit import roles_from_modules, tensors_of
     from tests.refit.worker import build_model
 
     model = build_model(0)

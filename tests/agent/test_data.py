@@ -10,8 +10,8 @@ from collections import Counter
 import pytest
 from torch.utils.data import DataLoader
 
-from agent import Agent
-from agent.data import ElasticSampler, EpochError
+from foldplane.agent import Agent
+from foldplane.agent.data import ElasticSampler, EpochError
 from tests.agent.conftest import Coordinator
 
 pytestmark = pytest.mark.timeout(180)

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from agent.data import EpochTracker, Part
+from foldplane.agent.data import EpochTracker, Part
+from foldplane.wire.data import ReadCursor, same_until
 from tests.agent.test_data_parts import PLAN, moves, whole
-from wire.data import ReadCursor, same_until
 
 
 def read(cursor: ReadCursor, n: int) -> list[int]:

@@ -28,11 +28,11 @@ from typing import Any
 import pytest
 import torch
 
-from agent.launch import Launcher, WorkerExit
-from coordinator.fold.effects import Refused
-from coordinator.fold.machine import Coordinator as Fold
-from coordinator.fold.partition import split_at
-from eventlog import open_log
+from foldplane.agent.launch import Launcher, WorkerExit
+from foldplane.coordinator.fold.effects import Refused
+from foldplane.coordinator.fold.machine import Coordinator as Fold
+from foldplane.coordinator.fold.partition import split_at
+from foldplane.eventlog import open_log
 from tests.agent.conftest import ROOT, Coordinator, _base_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -308,7 +308,7 @@ def test_a_rank_deactivated_and_activated_again_counts_only_what_it_read(
     env.update(_base_env())
     env["PYTHONPATH"] = str(ROOT)
     launch = subprocess.Popen(
-        [sys.executable, "-m", "agent.launch", "--coordinator", coordinator.url,
+        [sys.executable, "-m", "foldplane.agent.launch", "--coordinator", coordinator.url,
          "--group", group, "--world-size", "4", "--nproc", "4", "--replace-failed",
          str(WORKER), str(out), str(DR_SIZE), str(DR_BATCH), str(DR_PACE_S), "0", str(seed)],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

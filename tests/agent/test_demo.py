@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.demo import WAIT_NOTE_S
+from foldplane.coordinator.demo import WAIT_NOTE_S
 from tests.agent.conftest import ROOT
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -18,7 +18,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 def test_the_demo_tells_the_whole_story_and_its_log_replays():
     demo = subprocess.run(
-        [sys.executable, "-m", "coordinator", "demo"],
+        [sys.executable, "-m", "foldplane.coordinator", "demo"],
         cwd=ROOT, capture_output=True, text=True, timeout=240,
     )  # fmt: skip
     out = demo.stdout
@@ -47,7 +47,7 @@ def test_the_demo_tells_the_whole_story_and_its_log_replays():
 
     try:
         replay = subprocess.run(
-            [sys.executable, "-m", "coordinator", "replay", str(db)],
+            [sys.executable, "-m", "foldplane.coordinator", "replay", str(db)],
             cwd=ROOT, capture_output=True, text=True, timeout=120,
         )  # fmt: skip
         assert replay.returncode == 0, replay.stdout + replay.stderr
@@ -60,7 +60,7 @@ def test_the_demo_refuses_to_overwrite_a_log(tmp_path: Path):
     db = tmp_path / "old.db"
     db.write_bytes(b"")
     demo = subprocess.run(
-        [sys.executable, "-m", "coordinator.demo", "--db", str(db)],
+        [sys.executable, "-m", "foldplane.coordinator.demo", "--db", str(db)],
         cwd=ROOT, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert demo.returncode == 2

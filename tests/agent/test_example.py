@@ -21,9 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.fold.effects import Refused
-from coordinator.fold.machine import Coordinator as Fold
-from eventlog import open_log
+from foldplane.coordinator.fold.effects import Refused
+from foldplane.coordinator.fold.machine import Coordinator as Fold
+from foldplane.eventlog import open_log
 from tests.agent.conftest import ROOT
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -79,7 +79,7 @@ def test_train_ddp_survives_a_kill_heals_the_replacement_and_ends_identical(coor
     record.mkdir()
     try:
         run = subprocess.run(
-            [sys.executable, "-m", "agent.launch", "--coordinator", coordinator.url,
+            [sys.executable, "-m", "foldplane.agent.launch", "--coordinator", coordinator.url,
              "--group", "train", "--world-size", "4", "--nproc", "4", "--replace-failed",
              "examples/train_ddp.py", "--epochs", "2", "--dataset-size", str(SIZE),
              "--workers", "1", "--kill-rank", "2", "--kill-at", "6", "--record", str(record)],
@@ -149,7 +149,7 @@ def test_the_ddp_command_run_twice_against_one_coordinator(coordinator, tmp_path
 
     def launch(group: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, "-m", "agent.launch", "--coordinator", coordinator.url,
+            [sys.executable, "-m", "foldplane.agent.launch", "--coordinator", coordinator.url,
              "--group", group, "--world-size", "4", "--nproc", "4", "--replace-failed",
              "examples/train_ddp.py", "--epochs", "1", "--dataset-size", "256",
              "--workers", "0"],

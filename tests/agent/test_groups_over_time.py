@@ -17,9 +17,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from agent import Agent
-from agent.client import DEFAULT_START_TIMEOUT_S, CoordinatorClient
-from agent.launch import prepare_group
+from foldplane.agent import Agent
+from foldplane.agent.client import DEFAULT_START_TIMEOUT_S, CoordinatorClient
+from foldplane.agent.launch import prepare_group
 from tests.agent.conftest import ROOT, Coordinator
 from tests.conftest import free_port
 
@@ -78,7 +78,7 @@ def test_a_wrong_group_name_lists_the_groups_there(coordinator: Coordinator):
 def test_init_process_group_does_not_hand_torchs_timeout_to_the_start(
     coordinator: Coordinator, monkeypatch
 ):
-    from agent.dataplane import c10d
+    from foldplane.agent.dataplane import c10d
 
     monkeypatch.setenv("FOLDPLANE_COORDINATOR", coordinator.url)
     monkeypatch.setenv("FOLDPLANE_GROUP", "missing")
@@ -163,7 +163,7 @@ def test_httpx_lines_of_our_requests_are_dropped_and_others_kept(
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "coordinator", "group", *args],
+        [sys.executable, "-m", "foldplane.coordinator", "group", *args],
         cwd=ROOT, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
 
@@ -205,7 +205,7 @@ def test_the_launcher_refuses_a_group_whose_run_is_over_and_says_what_to_do(
     finally:
         client.close()
     run = subprocess.run(
-        [sys.executable, "-m", "agent.launch", "--coordinator", coordinator.url, "--group",
+        [sys.executable, "-m", "foldplane.agent.launch", "--coordinator", coordinator.url, "--group",
          "train", "--world-size", "2", "--nproc", "2", "examples/train_ddp.py"],
         cwd=ROOT, capture_output=True, text=True, timeout=60,
     )  # fmt: skip

@@ -14,7 +14,7 @@ import threading
 import pytest
 import torch
 
-from agent.heal import (
+from foldplane.agent.heal import (
     HealError,
     HealServer,
     Session,
@@ -154,7 +154,7 @@ class DyingSource:
         threading.Thread(target=self.serve, daemon=True).start()
 
     def serve(self) -> None:
-        from agent.heal import _recv_json, _send_blob
+        from foldplane.agent.heal import _recv_json, _send_blob
 
         conn, _ = self.listener.accept()
         session = Session(self.member.snapshot(self.member.steps))

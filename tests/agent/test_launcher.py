@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.launch import Launcher, Worker, WorkerExit, build_parser, main
+from foldplane.agent.launch import Launcher, Worker, WorkerExit, build_parser, main
 from tests.agent.conftest import ROOT, Coordinator
 
 pytestmark = pytest.mark.timeout(120)
@@ -223,7 +223,7 @@ def test_workers_get_torchruns_variables_and_a_replacement_keeps_its_local_rank(
 def test_the_command_line_sets_world_size_from_the_group_it_joins(coordinator: Coordinator):
     coordinator.create_group("joined", 3, heartbeat_timeout_s=600.0)
     cmd = [
-        sys.executable, "-m", "agent.launch", "--coordinator", coordinator.url, "--group",
+        sys.executable, "-m", "foldplane.agent.launch", "--coordinator", coordinator.url, "--group",
         "joined", "--no-relay", "--ranks", "1,2", str(CHILD), "0",
     ]  # fmt: skip
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, timeout=90)
@@ -237,7 +237,7 @@ def test_the_command_line_sets_world_size_from_the_group_it_joins(coordinator: C
 
 def test_the_command_line_creates_the_group_and_runs_the_workers(coordinator: Coordinator):
     cmd = [
-        sys.executable, "-m", "agent.launch", "--coordinator", coordinator.url, "--group", "cli",
+        sys.executable, "-m", "foldplane.agent.launch", "--coordinator", coordinator.url, "--group", "cli",
         "--world-size", "2", "--nproc", "2", str(CHILD), "0",
     ]  # fmt: skip
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, timeout=90)

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent.machine import (
+from foldplane.agent.machine import (
     BEATS,
     EVENTS,
     AgentConfig,
@@ -33,7 +33,7 @@ from agent.machine import (
     Tick,
     UpdatesReceived,
 )
-from wire.protocol import CAUSE_DEATH_REPORTED, View, prepare_update, view_update
+from foldplane.wire.protocol import CAUSE_DEATH_REPORTED, View, prepare_update, view_update
 
 INC = "inc-a"
 STORE = StoreAddress("127.0.0.1", 29500)

@@ -9,9 +9,9 @@ import time
 
 import pytest
 
-from benchmarks.kit.kills import time_recovery
-from benchmarks.kit.service import Service
-from benchmarks.kit.workers import Lines
+from foldplane.benchmarks.kit.kills import time_recovery
+from foldplane.benchmarks.kit.service import Service
+from foldplane.benchmarks.kit.workers import Lines
 
 
 def test_lines_reads_every_json_line_of_a_process_and_skips_the_rest() -> None:

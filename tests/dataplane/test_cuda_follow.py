@@ -14,10 +14,10 @@ import time
 
 import pytest
 
-from agent.dataplane import keys
-from agent.dataplane.cuda import CudaWatch
-from agent.dataplane.view import ViewGroup
-from agent.dataplane.work import CUDA_END_GRACE_S, Work
+from foldplane.agent.dataplane import keys
+from foldplane.agent.dataplane.cuda import CudaWatch
+from foldplane.agent.dataplane.view import ViewGroup
+from foldplane.agent.dataplane.work import CUDA_END_GRACE_S, Work
 
 
 class EndEvent:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from eventlog import NewRecord, open_log
-from eventlog.sqlite_writer import CHECKPOINT_WAL_BYTES
+from foldplane.eventlog import NewRecord, open_log
+from foldplane.eventlog.sqlite_writer import CHECKPOINT_WAL_BYTES
 
 APPENDS = 1200
 

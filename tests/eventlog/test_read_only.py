@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncpg
 import pytest
 
-from eventlog import LogError, NewRecord, open_log
+from foldplane.eventlog import LogError, NewRecord, open_log
 from tests.eventlog.conftest import schema_url
 
 pytestmark = pytest.mark.asyncio

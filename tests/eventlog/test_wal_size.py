@@ -7,7 +7,7 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-from eventlog import NewRecord, open_log, sqlite_writer
+from foldplane.eventlog import NewRecord, open_log, sqlite_writer
 
 LIMIT = 256 << 10
 RECORDS = 400

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from coordinator.fold.config import ConfigError, GroupConfig
-from coordinator.fold.effects import ShutdownWithSave, ViewCommitted
+from foldplane.coordinator.fold.config import ConfigError, GroupConfig
+from foldplane.coordinator.fold.effects import ShutdownWithSave, ViewCommitted
+from foldplane.wire.protocol import apply_view_update, view_update
 from tests.fold.script import Script, one
-from wire.protocol import apply_view_update, view_update
 
 
 def test_the_lowest_active_rank_saves_and_its_death_fails_over_to_the_next():

@@ -4,7 +4,7 @@ Each guard has a twin: a running group accepts what an ended one refuses."""
 
 from __future__ import annotations
 
-from coordinator.fold.effects import (
+from foldplane.coordinator.fold.effects import (
     GROUP_ENDED,
     OFFLINE,
     GroupEnded,
@@ -13,7 +13,7 @@ from coordinator.fold.effects import (
     ShutdownWithSave,
     ViewCommitted,
 )
-from coordinator.fold.machine import Coordinator
+from foldplane.coordinator.fold.machine import Coordinator
 from tests.fold.script import Script, of, one
 
 

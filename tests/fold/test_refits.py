@@ -9,15 +9,15 @@ from typing import Any
 import msgspec
 import pytest
 
-from coordinator.fold.effects import (
+from foldplane.coordinator.fold.effects import (
     RefitBootstrap,
     RefitCreated,
     RefitEpochChanged,
     Refused,
     TransferChanged,
 )
-from coordinator.fold.machine import Coordinator
-from coordinator.fold.refits import complete_spec
+from foldplane.coordinator.fold.machine import Coordinator
+from foldplane.coordinator.fold.refits import complete_spec
 from tests.fold.script import Script, of, one
 
 D1 = "a" * 64

@@ -8,10 +8,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from coordinator.fold.effects import RankState, ShutdownWithSave, ViewCommitted, ViewPrepare
-from coordinator.fold.machine import Coordinator
+from foldplane.coordinator.fold.effects import (
+    RankState,
+    ShutdownWithSave,
+    ViewCommitted,
+    ViewPrepare,
+)
+from foldplane.coordinator.fold.machine import Coordinator
+from foldplane.wire.protocol import links_event
 from tests.fold.script import Script, encode, of, one
-from wire.protocol import links_event
 
 WINDOW = 0.2  # reconcile_window_s
 HB = 3.0  # heartbeat_timeout_s

@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from coordinator.fold.effects import (
+from foldplane.coordinator.fold.effects import (
     HEALTHY,
     OFFLINE,
     TERMINAL,
@@ -29,7 +29,7 @@ from coordinator.fold.effects import (
     ViewCommitted,
     ViewPrepare,
 )
-from coordinator.fold.machine import Coordinator
+from foldplane.coordinator.fold.machine import Coordinator
 from tests.fold.script import S, Script
 
 GROUPS = ("g", "h")

@@ -32,9 +32,9 @@ from typing import Any
 import torch
 from torch.distributed.fsdp import FSDPModule, fully_shard
 
-from agent import Agent
-from agent.ddp import ElasticOptimizer
-from agent.fsdp import ElasticFSDP, environment, hsdp_mesh
+from foldplane.agent import Agent
+from foldplane.agent.ddp import ElasticOptimizer
+from foldplane.agent.fsdp import ElasticFSDP, environment, hsdp_mesh
 
 DIM, SEQ, BATCH = 16, 6, 4
 #: the GPU suite's device (None: the CPU, gloo)

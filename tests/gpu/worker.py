@@ -45,7 +45,7 @@ def main(
     share_gpu(rank, incarnation)
     import torch
 
-    from agent.dataplane import DataPlane
+    from foldplane.agent.dataplane import DataPlane
 
     options = dict(options)
     backend = options.pop("backend", "nccl")
@@ -190,7 +190,7 @@ def run_graph(
     """CUDA graphs: ``capture`` an all-reduce of a static tensor, ``replay`` it with new input."""
     import torch
 
-    from agent.dataplane import DataPlaneError
+    from foldplane.agent.dataplane import DataPlaneError
 
     if action == "capture":
         x = torch.zeros(int(kw.get("numel", 1 << 16)), device="cuda:0")

@@ -5,9 +5,9 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from coordinator.host.metrics import HostMetrics
-from coordinator.host.ready import HostState, ReadyBuilder
-from coordinator.host.snapshots import (
+from foldplane.coordinator.host.metrics import HostMetrics
+from foldplane.coordinator.host.ready import HostState, ReadyBuilder
+from foldplane.coordinator.host.snapshots import (
     CONSUMER,
     SNAPSHOT_FORMAT,
     Snapshots,
@@ -15,7 +15,7 @@ from coordinator.host.snapshots import (
     encode_snapshot,
     restore_state,
 )
-from eventlog import open_log
+from foldplane.eventlog import open_log
 from tests.fold.script import Script
 
 

@@ -14,7 +14,7 @@ from tests.service.conftest import ROOT, replay
 
 def explain(db: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "coordinator", "explain", str(db), "--group", "g", "--rank", "0"],
+        [sys.executable, "-m", "foldplane.coordinator", "explain", str(db), "--group", "g", "--rank", "0"],
         cwd=ROOT, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
 
@@ -53,7 +53,7 @@ def test_an_empty_file_and_a_text_file_are_refused_naming_what_they_are(tmp_path
 def test_a_log_replays_read_only_saying_how_many_records_it_read(tmp_path: Path):
     import asyncio
 
-    from eventlog import NewRecord, open_log
+    from foldplane.eventlog import NewRecord, open_log
 
     db = tmp_path / "log.db"
 
@@ -73,7 +73,7 @@ def test_a_log_replays_read_only_saying_how_many_records_it_read(tmp_path: Path)
 def test_an_empty_log_is_replayed_with_a_warning(tmp_path: Path):
     import asyncio
 
-    from eventlog import open_log
+    from foldplane.eventlog import open_log
 
     db = tmp_path / "log.db"
 
@@ -89,7 +89,7 @@ def test_plot_without_matplotlib_is_refused_before_the_replay(tmp_path: Path):
     db = tmp_path / "missing.db"  # the replay would refuse this: the plot's check comes first
     hide = (
         "import sys; sys.modules['matplotlib'] = None; "
-        "from coordinator.cli import main; raise SystemExit(main(sys.argv[1:]))"
+        "from foldplane.coordinator.cli import main; raise SystemExit(main(sys.argv[1:]))"
     )
     run = subprocess.run(
         [sys.executable, "-c", hide, "replay", str(db), "--plot", str(tmp_path / "t.png")],

@@ -16,8 +16,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from coordinator.fold.machine import Coordinator
-from eventlog import KINDS, open_log
+from foldplane.coordinator.fold.machine import Coordinator
+from foldplane.eventlog import KINDS, open_log
 from tests.service.conftest import FAST, make_server, replay
 from tests.service.schema_strategies import JSON, from_schema, near_misses
 

@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 import pytest
 
-from agent.simhost import SimulatedCluster
+from foldplane.agent.simhost import SimulatedCluster
 from tests.service.conftest import FAST, ROOT, Server, make_server
 
 CHROMIUM = next(

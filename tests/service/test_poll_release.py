@@ -14,8 +14,8 @@ import asyncio
 
 import pytest
 
-from coordinator.host.loop import Appended, Host
-from eventlog import NewRecord
+from foldplane.coordinator.host.loop import Appended, Host
+from foldplane.eventlog import NewRecord
 
 GROUP = "p"
 CONFIG = {"heartbeat_timeout_s": 3600.0, "reconcile_window_s": 0.0}

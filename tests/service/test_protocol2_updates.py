@@ -11,13 +11,13 @@ import asyncio
 
 import pytest
 
-from api.app import create_app
-from api.channel import accept
-from api.errors import ApiError
-from coordinator.host.loop import Appended, Host
-from eventlog import NewRecord
+from foldplane.api.app import create_app
+from foldplane.api.channel import accept
+from foldplane.api.errors import ApiError
+from foldplane.coordinator.host.loop import Appended, Host
+from foldplane.eventlog import NewRecord
+from foldplane.wire.protocol import apply_view_update, view_update
 from tests.service.conftest import asgi_client
-from wire.protocol import apply_view_update, view_update
 
 GROUP = "w"
 WORLD = 4

@@ -16,12 +16,12 @@ from typing import Any
 import httpx
 import pytest
 
-from api.app import create_app
-from coordinator.auth import Authenticator
-from coordinator.host.loop import Host
+from foldplane.api.app import create_app
+from foldplane.coordinator.auth import Authenticator
+from foldplane.coordinator.host.loop import Host
+from foldplane.wire.auth import agent_token
 from tests.eventlog.conftest import pg_schema
 from tests.service.conftest import FAST
-from wire.auth import agent_token
 
 __all__ = ["pg_schema"]  # the fixture, for the PostgreSQL target
 
@@ -436,8 +436,8 @@ async def test_a_refit_s_story_over_http_is_the_one_explain_prints(
 ) -> None:
     import msgspec
 
-    from api.models import RefitStoryBody
-    from coordinator.host.refit_story import refit_story_of
+    from foldplane.api.models import RefitStoryBody
+    from foldplane.coordinator.host.refit_story import refit_story_of
 
     host, c = api
     assert (await c.post("/refits", json=REFIT, headers=OP)).status_code == 201

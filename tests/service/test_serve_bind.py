@@ -6,7 +6,7 @@ import socket
 import subprocess
 from pathlib import Path
 
-from coordinator.commands import serve_argv
+from foldplane.coordinator.commands import serve_argv
 from tests.service.conftest import ROOT
 
 

@@ -28,9 +28,9 @@ from typing import Any
 import msgspec
 import pytest
 
-from coordinator.fold import machine as machine_module
-from coordinator.fold.config import GroupConfig
-from coordinator.fold.effects import (
+from foldplane.coordinator.fold import machine as machine_module
+from foldplane.coordinator.fold.config import GroupConfig
+from foldplane.coordinator.fold.effects import (
     AssignmentChanged,
     Effect,
     EpochCompleted,
@@ -43,14 +43,14 @@ from coordinator.fold.effects import (
     ViewCommitted,
     ViewPrepare,
 )
-from coordinator.fold.epochs import Epoch, EpochPlan, Epochs, Holding
-from coordinator.fold.state import RankInfo
-from coordinator.sim import world as sim
-from coordinator.sim.invariants import NAMES, Invariants, Violation
-from coordinator.sim.world import HORIZON_STEPS, World, describe, run_seed, shrink
-from eventlog.record import Record
-from wire.data import ReadCursor
-from wire.protocol import View
+from foldplane.coordinator.fold.epochs import Epoch, EpochPlan, Epochs, Holding
+from foldplane.coordinator.fold.state import RankInfo
+from foldplane.coordinator.sim import world as sim
+from foldplane.coordinator.sim.invariants import NAMES, Invariants, Violation
+from foldplane.coordinator.sim.world import HORIZON_STEPS, World, describe, run_seed, shrink
+from foldplane.eventlog.record import Record
+from foldplane.wire.data import ReadCursor
+from foldplane.wire.protocol import View
 
 SEEDS = 10_000
 SLOW_SEEDS = 10_000
