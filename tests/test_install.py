@@ -144,6 +144,7 @@ def test_a_users_own_modules_beside_the_script_do_not_break_an_editable_install(
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1500)  # installing torch into a new environment takes minutes
 def test_a_users_own_modules_beside_the_script_do_not_break_the_wheel(tmp_path: Path) -> None:
     """Built with ``pip wheel``, installed with its server extra into a new environment (torch
     from the constraints file, as in development)."""
@@ -160,7 +161,7 @@ def test_a_users_own_modules_beside_the_script_do_not_break_the_wheel(tmp_path: 
     subprocess.run(
         [python, "-m", "pip", "install", "-q", "-c", str(ROOT / "constraints-dev.txt"),
          f"{wheel}[server]"],
-        check=True, capture_output=True, timeout=600,
+        check=True, capture_output=True, timeout=1200,
     )  # fmt: skip
     where = installed(python, tmp_path)
     assert Path(where.pop("foldplane.agent")).is_relative_to(venv), where
