@@ -87,14 +87,31 @@ def run_from_user_folder(python: str, folder: Path) -> None:
             (folder / "train.py").write_text(readme_worker(url))
             workers = [
                 subprocess.Popen(
-                    [python, "train.py", str(rank)], cwd=folder, env={**env, "RANK": str(rank)},
-                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                    [python, "train.py", str(rank)],
+                    cwd=folder,
+                    env={**env, "RANK": str(rank), "PYTHONUNBUFFERED": "1"},
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    text=True,
                 )  # fmt: skip
                 for rank in range(2)
             ]
+            # the README's step 4: once every rank said it reduced on view 1, a proposal changes
+            # the view, which the worker waits for before it leaves
+            first = {}
+            for rank, worker in enumerate(workers):
+                assert worker.stdout is not None
+                first[rank] = worker.stdout.readline()
+                assert "all_reduce gave 2" in first[rank], f"rank {rank}: {first[rank]!r}"
+            changed = http.post(
+                "/proposals",
+                params={"wait": 30},
+                json={"group": "train", "op": "deactivate", "ranks": [1]},
+            )
+            assert changed.status_code == 200, changed.text
             for rank, worker in enumerate(workers):
                 out, _ = worker.communicate(timeout=180)
-                assert worker.returncode == 0, f"rank {rank}:\n{out}"
+                assert worker.returncode == 0, f"rank {rank}:\n{first[rank]}{out}"
             views = http.get("/views/history", params={"group": "train"})
             assert views.status_code == 200, views.text
             assert views.json(), "no view committed"
