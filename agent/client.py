@@ -21,12 +21,11 @@ from typing import Any
 import httpx
 
 from wire import ranks as rank_sets
+from wire.codes import BAD_ANSWER, HTTP_ERROR, NOT_LEADER, TERMINAL, error_body
 from wire.protocol import PROTOCOL
 
 #: How long one plain request may take; long polls add their own timeout on top.
 DEFAULT_TIMEOUT_S = 10.0
-#: Terminal proposal statuses: nothing overwrites them.
-TERMINAL_STATUSES = frozenset({"applied", "applied_with_dropped_ranks", "rejected"})
 
 
 class CoordinatorError(Exception):
@@ -100,7 +99,7 @@ class CoordinatorClient:
         body = self.request("POST", "/agents/events", json={"events": list(events)})
         results = body.get("results")
         if not isinstance(results, list):
-            raise CoordinatorError(200, "bad_answer", f"no results list in {body!r}", self.address)
+            raise CoordinatorError(200, BAD_ANSWER, f"no results list in {body!r}", self.address)
         return results
 
     def updates(
@@ -205,7 +204,7 @@ class CoordinatorClient:
             json=body,
             timeout_s=min(wait_s, 60.0) + self._timeout_s,
         )
-        while answer.get("status") not in TERMINAL_STATUSES:
+        while answer.get("status") not in TERMINAL:
             left = deadline - time.monotonic()
             if left <= 0:
                 break
@@ -255,7 +254,7 @@ class CoordinatorClient:
                 index = (index + 1) % len(self.addresses)
                 continue
             body = _json_body(response)
-            if response.status_code == 503 and body.get("error") == "not_leader":
+            if response.status_code == 503 and body.get("error") == NOT_LEADER:
                 failures.append(f"{url}: not the leader")
                 leader = body.get("leader")
                 if leader:
@@ -271,7 +270,7 @@ class CoordinatorClient:
             if response.status_code >= 400:
                 raise CoordinatorError(
                     response.status_code,
-                    str(body.get("error", "http_error")),
+                    str(body.get("error", HTTP_ERROR)),
                     str(body.get("detail", response.text[:200])),
                     url,
                 )
@@ -298,5 +297,5 @@ def _json_body(response: httpx.Response) -> dict[str, Any]:
     try:
         body = response.json()
     except ValueError:
-        return {"error": "bad_answer", "detail": response.text[:200]}
+        return error_body(BAD_ANSWER, response.text[:200])
     return body if isinstance(body, dict) else {"value": body}

@@ -46,14 +46,7 @@ from typing import Any
 import msgspec
 
 from coordinator.fold.effects import (
-    EPOCH_CONFLICT,
-    GROUP_FAILED,
-    GROUP_NOT_FORMED,
-    INVALID_EVENT,
     OFFLINE,
-    STALE_ASSIGNMENT,
-    UNKNOWN_EPOCH,
-    UNKNOWN_GROUP,
     AssignmentChanged,
     Effect,
     EpochCompleted,
@@ -77,6 +70,15 @@ from coordinator.fold.payloads import MAX_ID_LEN
 from coordinator.fold.reasons import abridged, ranks_text
 from coordinator.fold.state import FAILED, GroupState
 from eventlog.record import Record
+from wire.codes import (
+    EPOCH_CONFLICT,
+    GROUP_FAILED,
+    GROUP_NOT_FORMED,
+    INVALID_EVENT,
+    STALE_ASSIGNMENT,
+    UNKNOWN_EPOCH,
+    UNKNOWN_GROUP,
+)
 from wire.protocol import MAX_DATASET
 
 SPLITS = ("equal", "ratios", "throughput")

@@ -16,25 +16,27 @@ from typing import Any
 
 from coordinator.fold.config import ConfigError, GroupConfig
 from coordinator.fold.effects import (
-    DUPLICATE_PROPOSAL,
-    GROUP_CONFLICT,
-    GROUP_FAILED,
     HEALTHY,
-    IDEMPOTENCY_CONFLICT,
-    INVALID_EVENT,
     OFFLINE,
-    RANK_BUSY,
-    RANK_OFFLINE,
-    RANK_OUT_OF_RANGE,
-    STALE_INCARNATION,
-    STALE_VERSION,
-    UNKNOWN_GROUP,
     Proposal,
 )
 from coordinator.fold.payloads import CHECKS, MAX_ID_LEN
 from coordinator.fold.reasons import ranks_text
 from coordinator.fold.state import FAILED, GroupState, RankInfo
 from eventlog.record import KINDS
+from wire.codes import (
+    DUPLICATE_PROPOSAL,
+    GROUP_CONFLICT,
+    GROUP_FAILED,
+    IDEMPOTENCY_CONFLICT,
+    INVALID_EVENT,
+    RANK_BUSY,
+    RANK_OFFLINE,
+    RANK_OUT_OF_RANGE,
+    STALE_INCARNATION,
+    STALE_VERSION,
+    UNKNOWN_GROUP,
+)
 
 #: (code, message)
 Refusal = tuple[str, str]

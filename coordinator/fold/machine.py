@@ -34,12 +34,8 @@ import msgspec
 from coordinator.fold.admission import admission_problem, requested, static_problem
 from coordinator.fold.config import GroupConfig
 from coordinator.fold.effects import (
-    APPLIED,
-    APPLIED_WITH_DROPPED_RANKS,
     HEALTHY,
     OFFLINE,
-    PENDING,
-    REJECTED,
     SYNCED,
     Effect,
     GroupCreated,
@@ -71,6 +67,12 @@ from coordinator.fold.state import FAILED, FORMED, FORMING, Change, GroupState
 from coordinator.fold.status import group_status
 from eventlog.record import Record
 from wire import ranks as rank_sets
+from wire.codes import (
+    APPLIED,
+    APPLIED_WITH_DROPPED_RANKS,
+    PENDING,
+    REJECTED,
+)
 from wire.protocol import CAUSE_DEATH_REPORTED, links_down
 
 #: Format 2 adds the facets' state, format 3 each rank's ``joined_version``; a snapshot of an

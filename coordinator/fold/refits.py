@@ -46,19 +46,6 @@ from typing import Any
 import msgspec
 
 from coordinator.fold.effects import (
-    DIGEST_MISMATCH,
-    INVALID_EVENT,
-    INVALID_SLOT,
-    NOT_REFIT_MEMBER,
-    REFIT_CONFLICT,
-    REFIT_NOT_READY,
-    STALE_ATTEMPT,
-    STALE_REFIT_EPOCH,
-    TRANSFER_BUSY,
-    TRANSFER_FINAL,
-    UNKNOWN_GROUP,
-    UNKNOWN_REFIT,
-    UNKNOWN_TRANSFER,
     Effect,
     RankState,
     RefitBootstrap,
@@ -72,6 +59,21 @@ from coordinator.fold.fencing import online_rank_refusal
 from coordinator.fold.reasons import abridged
 from coordinator.fold.state import GroupState
 from eventlog.record import Record
+from wire.codes import (
+    DIGEST_MISMATCH,
+    INVALID_EVENT,
+    INVALID_SLOT,
+    NOT_REFIT_MEMBER,
+    REFIT_CONFLICT,
+    REFIT_NOT_READY,
+    STALE_ATTEMPT,
+    STALE_REFIT_EPOCH,
+    TRANSFER_BUSY,
+    TRANSFER_FINAL,
+    UNKNOWN_GROUP,
+    UNKNOWN_REFIT,
+    UNKNOWN_TRANSFER,
+)
 
 PUBLISHER, SUBSCRIBER = "publisher", "subscriber"
 WAITING, ADMITTED, TIMED_OUT = "waiting", "admitted", "timed_out"

@@ -25,6 +25,7 @@ from coordinator.fold.reasons import abridged, ranks_text
 from coordinator.fold.refits import ADMITTED, TIMED_OUT, WAITING, Refit
 from coordinator.host.replay import CompactedLog, find_start
 from eventlog import READ_PAGE, Log, Record, open_log
+from wire.codes import COMPACTED, UNKNOWN_REFIT
 
 #: Joins and reports kept before each decision.
 EVIDENCE_LIMIT = 32
@@ -235,7 +236,7 @@ class RefitStoryBuilder:
         r = self.machine.refits.refit(self.name)
         if r is None:
             raise RefitStoryError(
-                "unknown_refit",
+                UNKNOWN_REFIT,
                 f"no refit {self.name!r} in the log up to offset {self.machine.offset}",
             )
         return {
@@ -283,7 +284,7 @@ async def refit_story_of(
     try:
         start, machine, _ = await find_start(log, stop)
     except CompactedLog as exc:
-        raise RefitStoryError("compacted", str(exc)) from None
+        raise RefitStoryError(COMPACTED, str(exc)) from None
     builder = RefitStoryBuilder(name, machine=machine)
     position = start.offset
     while position < stop:

@@ -22,7 +22,6 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 from coordinator.fold.effects import (
     HEALTHY,
     OFFLINE,
-    TERMINAL,
     ProposalAccepted,
     ProposalResolved,
     Refused,
@@ -31,6 +30,9 @@ from coordinator.fold.effects import (
 )
 from coordinator.fold.machine import Coordinator
 from tests.fold.script import S, Script
+from wire.codes import (
+    TERMINAL,
+)
 
 GROUPS = ("g", "h")
 ranks_st = st.integers(min_value=0, max_value=9)  # mapped into the group by pick()

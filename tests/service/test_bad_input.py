@@ -20,6 +20,7 @@ from coordinator.fold.machine import Coordinator
 from eventlog import KINDS, open_log
 from tests.service.conftest import FAST, make_server, replay
 from tests.service.schema_strategies import JSON, from_schema, near_misses
+from wire.codes import status_of
 
 FUZZ = settings(
     max_examples=60,
@@ -71,6 +72,7 @@ def check_answer(r: httpx.Response) -> None:
         body = r.json()
         assert set(body) >= {"error", "detail"}, body
         assert isinstance(body["error"], str) and body["detail"]
+        assert r.status_code == status_of(body["error"]), f"{body} answered {r.status_code}"
 
 
 def _retarget(body: dict[str, Any]) -> dict[str, Any]:
