@@ -42,6 +42,7 @@ from typing import Any
 
 import msgspec
 
+from coordinator.fold.admission import admission_problem
 from coordinator.fold.barrier import ViewChange
 from coordinator.fold.budget import FailureBudget
 from coordinator.fold.config import GroupConfig
@@ -254,6 +255,12 @@ class Coordinator(
         """Plain data for ``GET /groups/{group}``; None for an unknown group."""
         g = self._groups.get(group)
         return None if g is None else group_status(g)
+
+    def _admission_problem(self, g: GroupState, target: tuple[int, ...]) -> str | None:
+        """Why an activation to ``target`` cannot be admitted yet (``admission.py``), as the
+        queue asks the machine: one name for the rule on the machine, where a test that breaks
+        the rule on purpose replaces it."""
+        return admission_problem(g, target)
 
     # ------------------------------------------------------------------ a group's creation
 

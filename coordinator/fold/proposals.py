@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import msgspec
 
-from coordinator.fold.admission import admission_problem, requested, static_problem
+from coordinator.fold.admission import requested, static_problem
 from coordinator.fold.effects import (
     Effect,
     Proposal,
@@ -153,7 +153,7 @@ class ProposalQueue:
                 )
                 return True
         else:
-            problem = admission_problem(g, target)
+            problem = self._admission_problem(g, target)
             if problem is not None:
                 if self._now < deadline:
                     return False
