@@ -1,7 +1,7 @@
 """The in-process agent: a pure state machine (``agent.machine``) run by a host thread
 (``agent.host``), and the torch data plane it drives.
 
->>> from agent import Agent
+>>> from foldplane.agent import Agent
 >>> agent = Agent("http://127.0.0.1:8470", group="train", rank=0).start()
 
 The host (threads, HTTP, torch) is imported lazily, on first use of one of its names, so that
@@ -14,13 +14,13 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from agent.host import Agent, AgentStopped
-    from agent.machine import View
+    from foldplane.agent.host import Agent, AgentStopped
+    from foldplane.agent.machine import View
 
 _LAZY = {
-    "Agent": "agent.host",
-    "AgentStopped": "agent.host",
-    "View": "agent.machine",
+    "Agent": "foldplane.agent.host",
+    "AgentStopped": "foldplane.agent.host",
+    "View": "foldplane.agent.machine",
 }
 
 

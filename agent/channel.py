@@ -22,9 +22,9 @@ from urllib.parse import quote, urlsplit
 
 import msgspec
 
-from wire import ranks as rank_sets
-from wire import websocket as ws
-from wire.protocol import PROTOCOL
+from foldplane.wire import ranks as rank_sets
+from foldplane.wire import websocket as ws
+from foldplane.wire.protocol import FEATURES, PROTOCOL
 
 PATH = "/agents/channel"
 #: A channel that has sent nothing for this long pings, so the coordinator (whose limit is
@@ -61,7 +61,7 @@ class ChannelClosed(Exception):
 
 def channel_target(group: str | None, ranks: Sequence[int], after: int, view: int | None) -> str:
     """The opening request's path and query."""
-    query = f"protocol={PROTOCOL}&after={after}"
+    query = f"protocol={PROTOCOL}&features={','.join(FEATURES)}&after={after}"
     if group is not None:
         query += f"&group={quote(group, safe='')}&ranks={rank_sets.format_query(ranks)}"
     if view is not None:

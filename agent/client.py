@@ -13,6 +13,8 @@ code and the coordinator's detail, so a refused request says exactly what was wr
 
 from __future__ import annotations
 
+import logging
+import os
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -20,12 +22,43 @@ from typing import Any
 
 import httpx
 
-from wire import ranks as rank_sets
-from wire.codes import BAD_ANSWER, HTTP_ERROR, NOT_LEADER, TERMINAL, error_body
-from wire.protocol import PROTOCOL
+from foldplane.wire import ranks as rank_sets
+from foldplane.wire.codes import (
+    BAD_ANSWER,
+    HTTP_ERROR,
+    NOT_FOLDPLANE,
+    NOT_LEADER,
+    TERMINAL,
+    error_body,
+)
+from foldplane.wire.protocol import FEATURES, PROTOCOL
 
 #: How long one plain request may take; long polls add their own timeout on top.
 DEFAULT_TIMEOUT_S = 10.0
+
+
+#: How long :meth:`Agent.start` waits for the coordinator to answer and the group to exist
+#: when neither ``start(timeout_s=...)`` nor ``FOLDPLANE_START_TIMEOUT_S`` says: a wrong
+#: address or group name fails in seconds, with what was tried.
+DEFAULT_START_TIMEOUT_S = 10.0
+#: How often a waiting start says (once) what it is waiting for.
+START_LOG_EVERY_S = 2.0
+
+
+def start_timeout_s(timeout_s: float | None = None) -> float:
+    """``timeout_s`` if given, else ``FOLDPLANE_START_TIMEOUT_S``, else the default."""
+    if timeout_s is not None:
+        return float(timeout_s)
+    raw = os.environ.get("FOLDPLANE_START_TIMEOUT_S") or None
+    if raw is None:
+        return DEFAULT_START_TIMEOUT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise ValueError(f"FOLDPLANE_START_TIMEOUT_S={raw!r} is not a positive number of seconds")
+    return value
 
 
 class CoordinatorError(Exception):
@@ -68,6 +101,24 @@ def parse_addresses(addresses: str | Sequence[str]) -> list[str]:
     return urls
 
 
+#: The coordinator addresses our clients talk to: httpx's INFO line per request is dropped
+#: for these (a worker heartbeats and long-polls all the time; those lines are our noise, not
+#: the user's), and kept for every other request the process makes.
+_OURS: set[str] = set()
+
+
+class _QuietOurRequests(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        if not isinstance(args, tuple) or len(args) < 2:
+            return True
+        url = str(args[1])
+        return not any(url.startswith(base) for base in tuple(_OURS))
+
+
+logging.getLogger("httpx").addFilter(_QuietOurRequests())
+
+
 class CoordinatorClient:
     """Blocking calls to the coordinator. Thread-safe; one connection pool per client."""
 
@@ -79,6 +130,7 @@ class CoordinatorClient:
         timeout_s: float = DEFAULT_TIMEOUT_S,
     ) -> None:
         self.addresses = parse_addresses(addresses)
+        _OURS.update(self.addresses)
         self._current = 0
         self._timeout_s = timeout_s
         headers = {"authorization": f"Bearer {token}"} if token else {}
@@ -118,6 +170,7 @@ class CoordinatorClient:
             "after": after,
             "timeout": timeout_s,
             "protocol": PROTOCOL,
+            "features": ",".join(FEATURES),
         }
         if isinstance(rank, int):
             params["rank"] = rank
@@ -155,8 +208,16 @@ class CoordinatorClient:
             "POST", "/groups", json={"group": group, "world_size": world_size, **config}
         )
 
-    def group(self, group: str) -> dict[str, Any]:
-        return self.request("GET", f"/groups/{group}")
+    def group(self, group: str, *, timeout_s: float | None = None) -> dict[str, Any]:
+        return self.request("GET", f"/groups/{group}", timeout_s=timeout_s)
+
+    def groups(self, *, timeout_s: float | None = None) -> list[dict[str, Any]]:
+        """``GET /groups``: every group the coordinator holds, each with its state."""
+        body = self.request("GET", "/groups", timeout_s=timeout_s)
+        groups = body.get("groups")
+        if not isinstance(groups, list):
+            raise CoordinatorError(200, BAD_ANSWER, "no groups list in the answer", self.address)
+        return groups
 
     def current_view(self, group: str) -> dict[str, Any]:
         return self.request("GET", "/views/current", params={"group": group})
@@ -253,7 +314,9 @@ class CoordinatorClient:
                 failures.append(f"{url}: {type(exc).__name__}: {exc}")
                 index = (index + 1) % len(self.addresses)
                 continue
-            body = _json_body(response)
+            body = _json_body(response, url, f"{method} {path}")
+            if body.get("error") == NOT_FOLDPLANE:
+                raise CoordinatorError(response.status_code, NOT_FOLDPLANE, body["detail"], url)
             if response.status_code == 503 and body.get("error") == NOT_LEADER:
                 failures.append(f"{url}: not the leader")
                 leader = body.get("leader")
@@ -283,6 +346,7 @@ class CoordinatorClient:
         leader = leader.rstrip("/")
         if leader not in self.addresses:
             self.addresses.append(leader)
+            _OURS.add(leader)
         return self.addresses.index(leader)
 
     def _next_untried(self, tried: set[str], index: int) -> int:
@@ -293,9 +357,54 @@ class CoordinatorClient:
         return index
 
 
-def _json_body(response: httpx.Response) -> dict[str, Any]:
+def _json_body(response: httpx.Response, url: str, call: str) -> dict[str, Any]:
+    """The answer's JSON object; an answer that is not JSON (another HTTP server's page) becomes
+    a ``not_foldplane`` error that says what answered, never the page itself."""
     try:
         body = response.json()
     except ValueError:
-        return error_body(BAD_ANSWER, response.text[:200])
+        kind = response.headers.get("content-type", "no content type").split(";")[0]
+        return error_body(
+            NOT_FOLDPLANE,
+            f"no foldplane coordinator at {url}: {call} answered HTTP "
+            f"{response.status_code} with {kind} ({len(response.content)} bytes), not "
+            "foldplane's JSON; check the address and port",
+        )
     return body if isinstance(body, dict) else {"value": body}
+
+
+def group_run(body: Mapping[str, Any]) -> tuple[str, str]:
+    """Where a group's run stands, from its ``GET /groups/{group}`` document: ``(stage, text)``
+    with stage ``forming`` (no view yet, still waiting for its ranks), ``running`` (formed,
+    some rank online), or ``over`` (ended, failed to form, shut down, or formed and no rank
+    online any more: every rank exited or died). ``text`` says it in words for a person."""
+    name = body.get("group")
+    counts = body.get("rank_counts") or {}
+    world_size = (body.get("config") or {}).get("world_size", "?")
+    online = int(counts.get("HEALTHY", 0)) + int(counts.get("SYNCED", 0))
+    view = body.get("view") or {}
+    version = view.get("version", 0)
+    ended = body.get("ended")
+    formation = body.get("formation") or {}
+    if ended:
+        deleted = ", deleted" if ended.get("deleted") else ""
+        return "over", f"group {name!r} was ended ({ended.get('reason')}{deleted})"
+    if formation.get("status") == "failed":
+        return "over", f"group {name!r} failed to form: {formation.get('error')}"
+    if body.get("shutdown"):
+        return "over", (
+            f"group {name!r} was shut down ({body['shutdown']}) at view {version}, "
+            f"{online}/{world_size} ranks online"
+        )
+    if not version:
+        return "forming", f"group {name!r} is forming: {online}/{world_size} ranks joined"
+    if online == 0:
+        exited = int(counts.get("exited", 0))
+        return "over", (
+            f"group {name!r} ran before: view {version}, no rank online "
+            f"({exited}/{world_size} exited cleanly, the others died)"
+        )
+    return (
+        "running",
+        f"group {name!r} is running: view {version}, {online}/{world_size} ranks online",
+    )

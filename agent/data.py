@@ -27,7 +27,11 @@ The coordinator gives each active rank a *sequence* of ranges of the epoch's per
 
 A position is *processed* when the training loop says so (``mark_processed``), in the order
 the sampler yielded them; what a rank yielded and did not report when it died is read again by
-the ranks that take its remainder over.
+the ranks that take its remainder over. The count follows the part (``wire.data.ReadCursor``,
+kept by the tracker and moved with every change of the part under the same lock): a position
+yielded from a share this rank no longer holds (a deactivation took it, a resync replaced it)
+counts nothing when it is marked, so every report counts positions of the part it is sent
+against and a late mark is never credited to a share given after it.
 """
 
 from __future__ import annotations
@@ -42,8 +46,8 @@ from typing import Any
 import torch
 from torch.utils.data import Sampler
 
-from wire.codes import NOT_JOINED, RANK_OFFLINE, STALE_ASSIGNMENT
-from wire.data import PartMismatch, apply_moves
+from foldplane.wire.codes import NOT_JOINED, RANK_OFFLINE, STALE_ASSIGNMENT
+from foldplane.wire.data import PartMismatch, ReadCursor, apply_moves
 
 log = logging.getLogger("foldplane.data")
 
@@ -99,13 +103,16 @@ class EpochTracker:
         self.plans: dict[int, dict[str, Any]] = {}
         self.parts: dict[int, Part] = {}
         self.complete: set[int] = set()
+        #: where the sampler stands in this rank's part, per epoch it reads (what it reports)
+        self.cursors: dict[int, ReadCursor] = {}
         #: the highest progress the coordinator accepted, per epoch
         self.accepted: dict[int, int] = {}
         self.error: str | None = None
         self._in_flight: tuple[int, int, int] | None = None
         self._sent_at = 0.0
-        #: the newest progress to report: epoch, processed, rate, and whether it is urgent
-        self._wanted: tuple[int, int, float | None, bool] | None = None
+        #: the newest progress to report: epoch, rate, and whether it is urgent (the count is
+        #: the cursor's when it is sent, against the part it counts)
+        self._wanted: tuple[int, float | None, bool] | None = None
         self._last_report = 0.0
         #: an assignment the coordinator called stale: nothing is sent against it again
         self._stale: tuple[int, int] | None = None
@@ -125,15 +132,18 @@ class EpochTracker:
             elif kind == "data_moves":
                 self._on_moves(update)
             elif kind == "data_assignment":
-                # the whole part (the plan's, or a resync's: the current state, even when it
-                # is behind what this agent heard from a log restored from an older copy)
+                # the whole part (the plan's, a resync's or a new incarnation's: the current
+                # state, even when it is behind what this agent heard from a log restored from
+                # an older copy)
                 epoch = int(update["epoch"])
                 base = int(update["processed"])
-                self.parts[epoch] = Part(
-                    epoch,
-                    int(update["assignment"]),
-                    base,
-                    [(int(s), int(n)) for s, n in update["remaining"]],
+                self._set_part(
+                    Part(
+                        epoch,
+                        int(update["assignment"]),
+                        base,
+                        [(int(s), int(n)) for s, n in update["remaining"]],
+                    )
                 )
                 if base > self.accepted.get(epoch, 0):
                     self.accepted[epoch] = base
@@ -167,9 +177,31 @@ class EpochTracker:
             self.error = f"epoch {epoch}: {exc}"
             log.warning("rank %d: %s", self.rank, self.error)
             return
-        self.parts[epoch] = Part(epoch, assignment, base, remaining)
+        self._set_part(Part(epoch, assignment, base, remaining))
         if base > self.accepted.get(epoch, 0):
             self.accepted[epoch] = base
+
+    def _set_part(self, part: Part) -> None:
+        """``part`` replaces this rank's part of its epoch; the sampler's cursor follows it
+        (what it yielded beyond the first changed position is void)."""
+        old = self.parts.get(part.epoch)
+        self.parts[part.epoch] = part
+        cursor = self.cursors.get(part.epoch)
+        if cursor is not None:
+            if old is None:
+                cursor.advance(part.base)
+            else:
+                cursor.follow(old.base, old.remaining, part.base, part.remaining)
+
+    def start_reading(self, epoch: int) -> ReadCursor:
+        """The sampler's cursor in this rank's part of ``epoch`` (made at the part's base the
+        first time)."""
+        with self._cond:
+            cursor = self.cursors.get(epoch)
+            if cursor is None:
+                part = self.parts.get(epoch)
+                cursor = self.cursors[epoch] = ReadCursor(0 if part is None else part.base)
+            return cursor
 
     def on_answer(
         self, epoch: int, assignment: int, processed: int, error: str | None, detail: str
@@ -197,12 +229,13 @@ class EpochTracker:
 
     # -- from the sampler -------------------------------------------------------------------
 
-    def want_report(self, epoch: int, processed: int, rate: float | None, urgent: bool) -> None:
-        """The newest progress to report: sent when nothing is in flight, at once when
+    def want_report(self, epoch: int, rate: float | None, urgent: bool) -> None:
+        """Report the cursor of ``epoch``: sent when nothing is in flight, at once when
         ``urgent`` (the read-ahead window is closing, or the part is used up), else at most
-        every :data:`REPORT_EVERY_S`."""
+        every :data:`REPORT_EVERY_S`. What is sent is the cursor's count then, against the
+        assignment of the part it counts."""
         with self._cond:
-            self._wanted = (epoch, processed, rate, urgent)
+            self._wanted = (epoch, rate, urgent)
         self._maybe_send()
 
     def wait(self, predicate: Callable[[], bool], timeout: float | None) -> bool:
@@ -233,10 +266,14 @@ class EpochTracker:
             now = time.monotonic()
             if self._in_flight is not None and now - self._sent_at < RESEND_S:
                 return
-            epoch, processed, rate, urgent = wanted
+            epoch, rate, urgent = wanted
             part = self.parts.get(epoch)
+            cursor = self.cursors.get(epoch)
             if part is None or part.assignment == 0 or self._stale == (epoch, part.assignment):
                 return
+            if cursor is None:
+                return
+            processed = cursor.processed
             if processed <= self.accepted.get(epoch, 0) and self._in_flight is None:
                 return
             if not urgent and now - self._last_report < REPORT_EVERY_S:
@@ -302,9 +339,9 @@ class ElasticSampler(Sampler[int]):
         self.tracker: EpochTracker = agent.data
         self.epoch: int | None = None
         self._perm: torch.Tensor | None = None
-        #: index in the rank's sequence of the next position to yield, and processed so far
-        self._yielded = 0
-        self._processed = 0
+        #: where this sampler stands in the rank's part of its epoch (kept by the tracker,
+        #: which moves it with the part; read and changed under the tracker's lock)
+        self._cursor = ReadCursor()
         #: for the rate: processed at the epoch's start, and the time spent reading (waits for
         #: the coordinator do not count)
         self._counted_since = 0
@@ -340,9 +377,8 @@ class ElasticSampler(Sampler[int]):
             self._perm = torch.randperm(self.dataset_size, generator=gen)
         else:
             self._perm = None
-        part = self.tracker.parts[epoch]
-        self._yielded = self._processed = part.base
-        self._counted_since, self._reading_s = self._processed, 0.0
+        self._cursor = self.tracker.start_reading(epoch)
+        self._counted_since, self._reading_s = self._cursor.processed, 0.0
         self._read_from = time.monotonic()
 
     @property
@@ -355,35 +391,35 @@ class ElasticSampler(Sampler[int]):
         ranks come and go)."""
         if self.epoch is None:
             return 0
-        part = self.tracker.parts.get(self.epoch)
-        return 0 if part is None else max(0, part.end - self._yielded)
+        with self.tracker.lock:
+            part = self.tracker.parts.get(self.epoch)
+            return 0 if part is None else max(0, part.end - self._cursor.yielded)
 
     def __iter__(self) -> Iterator[int]:
         if self.epoch is None:
             raise RuntimeError("call sampler.set_epoch(epoch) before iterating")
         epoch = self.epoch
         tracker = self.tracker
+        cursor = self._cursor
         while True:
             with tracker.lock:
                 part = tracker.parts[epoch]
-                if self._yielded < part.base:  # another incarnation of this rank got further
-                    self._yielded = self._processed = part.base
                 window = tracker.accepted.get(epoch, 0) + self.lookahead
-                ahead = self._yielded < min(part.end, window)
-                position = part.position(self._yielded) if ahead else None
+                ahead = cursor.yielded < min(part.end, window)
+                position = part.position(cursor.take()) if ahead else None
+                used_up = cursor.yielded >= part.end
             if position is not None:
-                self._yielded += 1
                 yield self._index(position)
                 continue
-            if self._yielded >= part.end:
+            if used_up:
                 return  # the pass is over: next_pass() waits for more or for the epoch's end
             # the read-ahead window is closed: report what is processed, wait for it to move
             self._check_not_stuck(epoch)
             self._report(urgent=True)
             self._wait(
                 lambda: self._window_open(epoch),
-                f"the coordinator to accept epoch {epoch}'s progress (read {self._yielded}, "
-                f"processed {self._processed}, lookahead {self.lookahead})",
+                f"the coordinator to accept epoch {epoch}'s progress (read {cursor.yielded}, "
+                f"processed {cursor.processed}, lookahead {self.lookahead})",
             )
 
     def _check_not_stuck(self, epoch: int) -> None:
@@ -392,9 +428,9 @@ class ElasticSampler(Sampler[int]):
         ``DataLoader`` asks for indices in the thread that trains), nothing can open it:
         say why instead of waiting forever."""
         accepted = self.tracker.accepted.get(epoch, 0)
-        if self._processed <= accepted and self._marker == threading.get_ident():
+        if self._cursor.processed <= accepted and self._marker == threading.get_ident():
             raise EpochError(
-                f"rank {self.tracker.rank}: the sampler read {self._yielded - self._processed} "
+                f"rank {self.tracker.rank}: the sampler read {self._cursor.unmarked} "
                 f"positions ahead of what is processed, its whole lookahead "
                 f"({self.lookahead}), and the thread that marks them processed is waiting for "
                 "more: the loader reads further ahead than the lookahead. Plan a lookahead of "
@@ -409,9 +445,9 @@ class ElasticSampler(Sampler[int]):
         if self.epoch is None:
             raise RuntimeError("call sampler.set_epoch(epoch) first")
         epoch = self.epoch
-        if self._processed < self._yielded:
+        if self._cursor.unmarked:
             raise RuntimeError(
-                f"{self._yielded - self._processed} samples of this pass are not marked "
+                f"{self._cursor.unmarked} samples of this pass are not marked "
                 "processed: mark_processed() every batch before the next pass (the epoch ends "
                 "only when every rank's part is reported)"
             )
@@ -419,11 +455,11 @@ class ElasticSampler(Sampler[int]):
 
         def ready() -> bool:
             part = self.tracker.parts[epoch]
-            return self._yielded < part.end or epoch in self.tracker.complete
+            return self._cursor.yielded < part.end or epoch in self.tracker.complete
 
-        self._wait(ready, f"more of epoch {epoch} or its end (processed {self._processed})")
+        self._wait(ready, f"more of epoch {epoch} or its end (processed {self._cursor.processed})")
         with self.tracker.lock:
-            return self._yielded < self.tracker.parts[epoch].end
+            return self._cursor.yielded < self.tracker.parts[epoch].end
 
     @property
     def epoch_complete(self) -> bool:
@@ -433,7 +469,8 @@ class ElasticSampler(Sampler[int]):
     def _window_open(self, epoch: int) -> bool:
         part = self.tracker.parts[epoch]
         window = self.tracker.accepted.get(epoch, 0) + self.lookahead
-        return self._yielded < min(part.end, window) or self._yielded >= part.end
+        yielded = self._cursor.yielded
+        return yielded < min(part.end, window) or yielded >= part.end
 
     def _index(self, position: int) -> int:
         return int(self._perm[position]) if self._perm is not None else position
@@ -445,30 +482,35 @@ class ElasticSampler(Sampler[int]):
         coordinator, early enough that the read-ahead window never closes)."""
         if count < 0:
             raise ValueError(f"count must be >= 0, got {count}")
-        if self._processed + count > self._yielded:
-            raise ValueError(
-                f"marking {count} more processed would pass what this sampler yielded "
-                f"({self._processed} processed of {self._yielded})"
-            )
-        self._processed += count
-        self._marker = threading.get_ident()
         assert self.epoch is not None
-        behind = self._processed - self.tracker.accepted.get(self.epoch, 0)
-        part = self.tracker.parts[self.epoch]
-        self._report(urgent=behind >= max(1, self.lookahead // 2) or self._processed >= part.end)
+        with self.tracker.lock:
+            cursor = self._cursor
+            if count > cursor.unmarked:
+                raise ValueError(
+                    f"marking {count} more processed would pass what this sampler yielded "
+                    f"({cursor.unmarked} not marked yet)"
+                )
+            cursor.mark(count)
+            behind = cursor.processed - self.tracker.accepted.get(self.epoch, 0)
+            used_up = cursor.processed >= self.tracker.parts[self.epoch].end
+        self._marker = threading.get_ident()
+        self._report(urgent=behind >= max(1, self.lookahead // 2) or used_up)
 
     @property
     def processed(self) -> int:
-        return self._processed
+        """Positions of this rank's part counted processed: what it reports (a position
+        yielded from a share the rank no longer holds counts nothing when marked)."""
+        return self._cursor.processed
 
     def _report(self, *, urgent: bool) -> None:
         if self.epoch is None:
             return
         reading = self._reading_s + (time.monotonic() - self._read_from)
         rate = None
-        if reading > 0 and self._processed > self._counted_since:
-            rate = (self._processed - self._counted_since) / reading
-        self.tracker.want_report(self.epoch, self._processed, rate, urgent)
+        processed = self._cursor.processed
+        if reading > 0 and processed > self._counted_since:
+            rate = (processed - self._counted_since) / reading
+        self.tracker.want_report(self.epoch, rate, urgent)
 
     def _wait(self, predicate: Callable[[], bool], what: str) -> None:
         self._reading_s += time.monotonic() - self._read_from

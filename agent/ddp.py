@@ -1,6 +1,6 @@
 """Elastic data parallelism on the foldplane group: DDP that survives failures and heals joiners.
 
->>> from agent.ddp import DistributedDataParallel, ElasticOptimizer
+>>> from foldplane.agent.ddp import DistributedDataParallel, ElasticOptimizer
 >>> model = DistributedDataParallel(model)                 # the foldplane default group
 >>> opt = ElasticOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.1))
 >>> for x, y in data:
@@ -55,11 +55,11 @@ import torch.distributed as dist
 from torch.distributed import DistStoreError
 from torch.nn.parallel import DistributedDataParallel as _TorchDDP
 
-from agent.dataplane.group import ElasticProcessGroup
-from agent.dataplane.plane import DataPlane
-from agent.dataplane.view import ViewGroup
-from agent.dataplane.work import Work
-from agent.heal import (
+from foldplane.agent.dataplane.group import ElasticProcessGroup
+from foldplane.agent.dataplane.plane import DataPlane
+from foldplane.agent.dataplane.view import ViewGroup
+from foldplane.agent.dataplane.work import Work
+from foldplane.agent.heal import (
     SLOT,
     HealError,
     HealServer,
@@ -253,11 +253,15 @@ class DistributedDataParallel(_TorchDDP):
             self._failed_works = []
         else:
             self._failed_works = [w for w in works if not w.wait()]
+            # Numbered as ``committed_steps`` counts (the step after the last committed one),
+            # the one numbering a script and its heal see; ``index`` is the agreement's key.
             log.warning(
-                "rank %d: step %d of view %d skipped on every member",
+                "rank %d: step %d of view %d skipped on every member (failed ranks %s); "
+                "its batch goes again in the next step",
                 self._plane.rank,
-                index,
+                self.committed_steps + 1,
                 view.version,
+                self.last_failed_ranks,
             )
         return committed
 
@@ -611,7 +615,8 @@ def send_state(
         dtypes = sorted({d for d, _ in layout})
         for dtype in dtypes:
             parts = [t.reshape(-1) for t, (d, _) in zip(tensors, layout, strict=True) if d == dtype]
-            flats.append(torch.cat(parts) if parts else torch.empty(0))
+            # the state travels as CPU tensors (gloo) whatever device it lives on
+            flats.append(torch.cat(parts).cpu() if parts else torch.empty(0))
         buf = io.BytesIO()
         torch.save({"skeleton": skeleton, "layout": layout, "dtypes": dtypes}, buf)
         header = torch.frombuffer(bytearray(buf.getbuffer()), dtype=torch.uint8)

@@ -52,11 +52,11 @@ from torch.distributed import PrefixStore, TCPStore
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
-from agent.dataplane.group import ElasticProcessGroup
-from agent.dataplane.plane import DataPlane
-from agent.dataplane.view import ViewGroup
-from agent.dataplane.work import Work
-from agent.ddp import Janitor, StepAgreement, sync_state
+from foldplane.agent.dataplane.group import ElasticProcessGroup
+from foldplane.agent.dataplane.plane import DataPlane
+from foldplane.agent.dataplane.view import ViewGroup
+from foldplane.agent.dataplane.work import Work
+from foldplane.agent.ddp import Janitor, StepAgreement, sync_state
 
 log = logging.getLogger("foldplane.fsdp")
 
@@ -297,7 +297,9 @@ def hsdp_mesh(
     exchange = ReplicaExchange.open(
         rendezvous, plane.gloo_hostname, shard, shards, replica_timeout_s
     )
-    register_group(shard_group, plane.kind.name, f"hsdp/{replica_id}/shard", shard_ranks)
+    device_type = plane.kind.primary_device_type  # cuda for an explicit "nccl" agent
+    shard_backend = plane.kind.backend_name(device_type)
+    register_group(shard_group, shard_backend, f"hsdp/{replica_id}/shard", shard_ranks)
     replicate = ReplicateGroup(elastic)
     register_group(
         replicate,
@@ -308,7 +310,7 @@ def hsdp_mesh(
     mesh = torch.arange(replicas * shards, dtype=torch.int).view(replicas, shards)
     device_mesh = DeviceMesh.from_group(
         [replicate, shard_group],
-        plane.device.type,
+        device_type,
         mesh=mesh,
         mesh_dim_names=("replicate", "shard"),
     )
@@ -372,7 +374,7 @@ def register_group(pg: dist.ProcessGroup, backend: str, name: str, global_ranks:
         backend_name=backend,
         store=dist.HashStore(),
         group_name=name,
-        backend_config=f"cpu:{backend}",
+        backend_config=f"{'cuda' if backend == 'nccl' else 'cpu'}:{backend}",
         rank_mapping={g: i for i, g in enumerate(global_ranks)},
         add_to_default_tag=True,
     )

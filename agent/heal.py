@@ -45,7 +45,7 @@ from typing import Any
 
 import torch
 
-from wire.heal import (
+from foldplane.wire.heal import (
     LENGTH,
     OK,
     REFUSED,

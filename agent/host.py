@@ -27,8 +27,14 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from agent.client import CoordinatorClient, CoordinatorError, CoordinatorUnavailable
-from agent.machine import (
+from foldplane.agent.client import (
+    START_LOG_EVERY_S,
+    CoordinatorClient,
+    CoordinatorError,
+    CoordinatorUnavailable,
+    start_timeout_s,
+)
+from foldplane.agent.machine import (
     BEATS,
     EVENTS,
     OFFLINE,
@@ -62,7 +68,7 @@ from agent.machine import (
     UpdatesReceived,
     View,
 )
-from wire.codes import APPLIED_STATUSES, FATAL_ERRORS, error_body
+from foldplane.wire.codes import APPLIED_STATUSES, FATAL_ERRORS, NOT_FOLDPLANE, error_body
 
 log = logging.getLogger("foldplane.agent")
 
@@ -86,7 +92,8 @@ def _env(name: str) -> str | None:
 
 
 def default_backend() -> str:
-    """NCCL where CUDA is available, gloo otherwise."""
+    """``"nccl"`` where CUDA is available (CUDA tensors through NCCL, CPU tensors through gloo,
+    as torch's default ``"cpu:gloo,cuda:nccl"`` group), ``"gloo"`` otherwise."""
     import torch
 
     return "nccl" if torch.cuda.is_available() else "gloo"
@@ -143,9 +150,13 @@ class Agent:
         self.incarnation = incarnation or _env("FOLDPLANE_INCARNATION") or uuid.uuid4().hex
         self.world_size: int | None = None
         self.on_shutdown_with_save = on_shutdown_with_save
+        self._shutdown_directive: ShutdownWithSave | None = None
         token = token or _env("FOLDPLANE_TOKEN")
         self._backend = backend
         self._device = device
+        #: an explicit backend="nccl" builds NCCL with every view; the default on a GPU host
+        #: builds it at the first CUDA tensor (a CPU-only job on a GPU host never starts NCCL)
+        self._eager_cuda = backend == "nccl"
         self._collective_timeout_s = collective_timeout_s
         self._p2p_timeout_s = p2p_timeout_s
         self._machine = AgentMachine(
@@ -186,15 +197,19 @@ class Agent:
 
     # -- lifecycle -------------------------------------------------------------------------------
 
-    def start(self, timeout_s: float = 30.0) -> Agent:
+    def start(self, timeout_s: float | None = None) -> Agent:
         """Look the group up, then join, heartbeat and follow updates in the background.
 
-        Waits up to ``timeout_s`` for the group to exist (a worker may start before the
-        operator creates it); raises with the coordinator's answer otherwise.
+        Waits up to ``timeout_s`` (default ``FOLDPLANE_START_TIMEOUT_S``, else
+        :data:`DEFAULT_START_TIMEOUT_S`) for the coordinator to answer and the group to exist (a
+        worker may start before the operator creates it), saying every few seconds what it
+        waits for; then raises naming the address and the group: "no foldplane coordinator at
+        URL" or "no group NAME (groups: ...)". An address that answers but is not a foldplane
+        coordinator fails at once.
         """
         if self._started:
             return self
-        self.world_size = self._lookup_world_size(timeout_s)
+        self.world_size = self._lookup_world_size(start_timeout_s(timeout_s))
         if self.rank >= self.world_size:
             raise ValueError(
                 f"rank {self.rank} is out of range for group {self.group!r} "
@@ -251,6 +266,28 @@ class Agent:
     def state(self) -> str:
         """This rank's physical state as the coordinator last reported it."""
         return self._state
+
+    @property
+    def checkpoint_rank(self) -> int | None:
+        """The rank that saves the group's checkpoints: the one the latest committed view
+        names (the operator's pin while it is active and alive, else the lowest active rank;
+        after a death the next view names the next one), or, once the group was told to shut
+        down, the one that directive names. None before the first view."""
+        shutdown = self._shutdown_directive
+        if shutdown is not None and shutdown.checkpoint_rank is not None:
+            return shutdown.checkpoint_rank
+        view = self._view
+        return None if view is None else view.checkpoint_rank
+
+    def is_checkpoint_rank(self) -> bool:
+        """Whether this rank saves the group's checkpoints (``checkpoint_rank``): the elastic
+        form of ``if rank == 0: save(...)``, which nobody runs once rank 0 has died."""
+        return self.checkpoint_rank == self.rank
+
+    @property
+    def shutdown_directive(self) -> ShutdownWithSave | None:
+        """The group's ``shutdown_with_save`` (reason, detail, checkpoint rank), once received."""
+        return self._shutdown_directive
 
     @property
     def data_plane(self) -> Any:
@@ -361,7 +398,7 @@ class Agent:
     def data(self) -> Any:
         """This rank's epochs (``agent.data.EpochTracker``), which ``ElasticSampler`` reads."""
         if self._data is None:
-            from agent.data import EpochTracker
+            from foldplane.agent.data import EpochTracker
 
             self._data = EpochTracker(self.rank, self._report_progress)
         return self._data
@@ -370,7 +407,7 @@ class Agent:
         """``POST /groups/{group}/epochs``: declare an epoch (the same plan again is the same
         epoch); returns the epoch as the coordinator answered. Raises ``agent.data.EpochError``
         with the coordinator's reason when it refuses."""
-        from agent.data import EpochError
+        from foldplane.agent.data import EpochError
 
         self.data  # noqa: B018  (updates are handed on from now on)
         body = {"epoch": epoch, "dataset_size": dataset_size, **plan}
@@ -389,7 +426,7 @@ class Agent:
     def refit(self, name: str) -> Any:
         """This rank's client of refit ``name`` (``agent.refits.RefitClient``): join it, wait
         for admission, share the bootstrap, run and report transfers (docs/refit.md)."""
-        from agent.refits import RefitClient
+        from foldplane.agent.refits import RefitClient
 
         return RefitClient(self.refits, name)
 
@@ -397,7 +434,7 @@ class Agent:
     def refits(self) -> Any:
         """What the coordinator said of the refits (``agent.refits.RefitTracker``)."""
         if self._refits is None:
-            from agent.refits import RefitTracker
+            from foldplane.agent.refits import RefitTracker
 
             self._refits = RefitTracker(self.group, self.rank, self._send_refit)
         return self._refits
@@ -418,11 +455,14 @@ class Agent:
         Blocks until the data plane is connected: the store's address comes with the first
         update after the join. The group is a ``torch.distributed.ProcessGroup`` registered
         with torch (the default group when there is none yet), so ``dist.*(..., group=pg)``
-        works on it.
+        works on it. ``backend="gloo"`` is accepted by a ``"nccl"`` data plane too: it serves CPU
+        tensors through gloo in every view.
         """
         if not self._started:
             raise RuntimeError("call agent.start() before agent.process_group()")
-        if backend is not None and backend != self._backend:
+        # A "nccl" data plane serves CPU tensors through gloo: asking for gloo is asking for
+        # what it already does for them.
+        if backend is not None and backend != self._backend and backend != "gloo":
             raise ValueError(
                 f"the data plane of rank {self.rank} uses {self._backend!r} "
                 f"(Agent(backend=...)); process_group(backend={backend!r}) cannot change it"
@@ -445,7 +485,7 @@ class Agent:
                 f"rank {self.rank}: no data plane after {timeout_s} s (the store address comes "
                 f"with the first update; last error: {self._machine.last_error or 'none'})"
             )
-        from agent.dataplane.c10d import adopt
+        from foldplane.agent.dataplane.c10d import adopt
 
         return adopt(self._data_plane.process_group(), self)
 
@@ -512,7 +552,7 @@ class Agent:
                 self._refits.on_stopped(f"{action.reason}: {action.detail}")
 
     def _connect_data_plane(self, store: StoreAddress) -> None:
-        from agent.dataplane import DataPlane
+        from foldplane.agent.dataplane import DataPlane
 
         assert self.world_size is not None and self._backend is not None
         try:
@@ -524,6 +564,7 @@ class Agent:
                 incarnation=self.incarnation,
                 backend=self._backend,
                 device=self._device,
+                eager_cuda=self._eager_cuda,
                 collective_timeout_s=self._collective_timeout_s,
                 p2p_timeout_s=self._p2p_timeout_s,
                 on_link_evidence=self._on_link_evidence,
@@ -578,13 +619,24 @@ class Agent:
         self._publish(view=view)
 
     def _on_link_evidence(self, version: int, peers: dict[int, str], failed: list[int]) -> None:
-        """Called from a data-plane thread: queue it, never block."""
+        """Called from a data-plane thread: queue it, never block. A failure that blames
+        nobody carries the operations this rank had issued and completed on the view."""
+        plane = self._data_plane
+        blamed = failed or any(status == "down" for status in peers.values())
+        ops = None if blamed or plane is None else plane.ops_at_failure(version)
         self._inbox.put(
-            LinkEvidence(time.monotonic(), version, dict(peers), tuple(int(r) for r in failed))
+            LinkEvidence(time.monotonic(), version, dict(peers), tuple(int(r) for r in failed), ops)
         )
 
     def _shutdown_with_save(self, action: ShutdownWithSave) -> None:
-        log.warning("rank %d: shutdown_with_save: %s: %s", self.rank, action.reason, action.detail)
+        log.warning(
+            "rank %d: shutdown_with_save: %s: %s (checkpoint rank %s)",
+            self.rank,
+            action.reason,
+            action.detail,
+            action.checkpoint_rank,
+        )
+        self._shutdown_directive = action
         callback = self.on_shutdown_with_save
         if callback is not None:
             threading.Thread(
@@ -668,22 +720,70 @@ class Agent:
         self._beater_client.close()
 
     def _lookup_world_size(self, timeout_s: float) -> int:
-        deadline = time.monotonic() + timeout_s
+        where = ",".join(self._ops.addresses)
+        started = time.monotonic()
+        deadline = started + timeout_s
+        next_log = started + START_LOG_EVERY_S
         while True:
+            left = deadline - time.monotonic()
             try:
-                info = self._ops.group(self.group)
-            except (CoordinatorError, CoordinatorUnavailable) as exc:
-                retry = isinstance(exc, CoordinatorUnavailable) or exc.status == 404
-                if not retry or time.monotonic() >= deadline:
+                info = self._ops.group(self.group, timeout_s=max(0.5, min(left, 5.0)))
+            except CoordinatorUnavailable as exc:
+                waiting = f"no foldplane coordinator at {where} ({exc})"
+            except CoordinatorError as exc:
+                if exc.code == NOT_FOLDPLANE:
+                    raise RuntimeError(f"rank {self.rank}: {exc.detail}") from None
+                if exc.status != 404:
                     raise RuntimeError(
-                        f"rank {self.rank}: cannot look up group {self.group!r}: {exc}"
+                        f"rank {self.rank}: cannot look up group {self.group!r} at {where}: {exc}"
                     ) from exc
-                time.sleep(0.1)
-                continue
-            size = info.get("world_size", (info.get("config") or {}).get("world_size"))
-            if not isinstance(size, int):
-                raise RuntimeError(f"group {self.group!r}: no world_size in {info!r}")
-            return size
+                waiting = ""  # the group is missing: named below, with the groups there are
+            else:
+                ended = info.get("ended")
+                if ended:  # nothing joins it again: say so now, not at the first wait
+                    raise RuntimeError(
+                        f"rank {self.rank}: group {self.group!r} at {where} was ended at offset "
+                        f"{ended.get('offset')} ({ended.get('reason')}); its history stays under "
+                        "its name, so run again under another group name"
+                    )
+                size = info.get("world_size", (info.get("config") or {}).get("world_size"))
+                if not isinstance(size, int):
+                    raise RuntimeError(f"group {self.group!r}: no world_size in {info!r}")
+                return size
+            now = time.monotonic()
+            if not waiting and (now >= deadline or now >= next_log):
+                waiting = f"no group {self.group!r} at {where} (groups: {self._group_names()})"
+            if now >= deadline:
+                raise RuntimeError(
+                    f"rank {self.rank}: {waiting} after {timeout_s:g} s; check the coordinator "
+                    "address and the group name (FOLDPLANE_COORDINATOR, FOLDPLANE_GROUP or "
+                    "the launcher's --coordinator and --group), or wait longer with "
+                    "FOLDPLANE_START_TIMEOUT_S"
+                )
+            if now >= next_log:
+                log.warning(
+                    "rank %d: waiting for group %r at %s: %s (%.0f of %g s)",
+                    self.rank,
+                    self.group,
+                    where,
+                    waiting,
+                    now - started,
+                    timeout_s,
+                )
+                next_log = now + START_LOG_EVERY_S
+            time.sleep(min(0.2, max(0.0, deadline - now)))
+
+    def _group_names(self) -> str:
+        """The coordinator's group names, for a message (``GET /groups``)."""
+        try:
+            groups = self._ops.groups(timeout_s=2.0)
+        except (CoordinatorError, CoordinatorUnavailable) as exc:
+            return f"unknown: {exc}"
+        names = [str(g.get("group")) for g in groups]
+        if not names:
+            return "none"
+        more = f", ... (+{len(names) - 20} more)" if len(names) > 20 else ""
+        return ", ".join(names[:20]) + more
 
 
 def _describe(view: View | None) -> str:

@@ -3,7 +3,9 @@
 ``python -m agent.launch --coordinator URL --group G --nproc 4 train.py --lr 0.1`` starts ranks
 0..3 of group ``G``, each with the environment ``Agent()`` reads (``FOLDPLANE_COORDINATOR``,
 ``FOLDPLANE_GROUP``, ``FOLDPLANE_RANK``, ``FOLDPLANE_INCARNATION`` and, when the launcher knows
-``FOLDPLANE_SECRET``, the rank's own agent token as ``FOLDPLANE_TOKEN``), and, unless started
+``FOLDPLANE_SECRET``, the rank's own agent token as ``FOLDPLANE_TOKEN``), torchrun's ``RANK``,
+``LOCAL_RANK``, ``LOCAL_WORLD_SIZE`` and ``WORLD_SIZE`` (a GPU worker's device is
+``cuda:LOCAL_RANK``; a replacement keeps its predecessor's), and, unless started
 with ``--no-relay``, ``FOLDPLANE_RELAY``: the address of the per-host relay (``agent/relay.py``)
 the launcher runs, through which every worker's agent sends its events and polls its updates.
 
@@ -18,6 +20,12 @@ The rules:
   can abort the process (docs/dataplane.md, known limits). When a worker ends by SIGABRT and the
   coordinator already holds that incarnation's clean ``exit``, the rank's work was done: it is
   not reported, not replaced and not counted as a failure (the log line says what happened).
+- **A group runs once; the launcher says what it found.** Before it starts a worker it looks
+  the group up (waiting up to ``--start-timeout`` for the coordinator and, without
+  ``--world-size``, for the group) and says what it found: a new group, one that is forming,
+  or one that ran before. A group whose run is over (ended, shut down, failed to form, or no
+  rank online any more) or, with ``--world-size``, one that is running is refused at once, with
+  what to do: its history stays in the log under its name, so a new run takes a new name.
 - **Replacement is a new incarnation.** ``replace(rank)`` (or ``--replace-failed``) starts the
   same command for the same rank with a new incarnation; the agent inside joins through the same
   machine as any process, and the upper layer (or an operator) activates it.
@@ -32,18 +40,23 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from agent.client import (
+from foldplane.agent.client import (
+    START_LOG_EVERY_S,
     CoordinatorClient,
     CoordinatorError,
     CoordinatorUnavailable,
+    group_run,
     parse_addresses,
+    start_timeout_s,
 )
-from agent.relay import Relay
-from wire.auth import agent_token
+from foldplane.agent.relay import Relay
+from foldplane.wire.auth import agent_token
+from foldplane.wire.codes import NOT_FOLDPLANE, UNKNOWN_GROUP
 
 log = logging.getLogger("foldplane.launch")
 
@@ -103,6 +116,7 @@ class Launcher:
         stdout: int | None = None,
         stderr: int | None = None,
         relay: bool = True,
+        world_size: int | None = None,
     ) -> None:
         if not command:
             raise ValueError("the launcher needs a command to run")
@@ -131,6 +145,8 @@ class Launcher:
         #: the per-host relay the workers talk through (from the first spawn on), or None
         self.relay: Relay | None = None
         self._use_relay = relay
+        #: torchrun's WORLD_SIZE for the workers (the group's world size), when known
+        self.world_size = world_size
 
     # -- processes -------------------------------------------------------------------------------
 
@@ -155,6 +171,7 @@ class Launcher:
             env["FOLDPLANE_TOKEN"] = agent_token(self._secret, self.group, rank)
         if self.relay is not None:
             env["FOLDPLANE_RELAY"] = self.relay.url
+        env.update(self.torchrun_env(rank))
         process = subprocess.Popen(
             self.command, env=env, stdin=self._stdin, stdout=self._stdout, stderr=self._stderr
         )
@@ -171,6 +188,19 @@ class Launcher:
         return worker
 
     replace = spawn
+
+    def torchrun_env(self, rank: int) -> dict[str, str]:
+        """torchrun's variables for ``rank``: ``RANK``, ``LOCAL_RANK`` (its place among this
+        launcher's ranks, so its GPU is ``cuda:LOCAL_RANK``; a replacement takes its
+        predecessor's), ``LOCAL_WORLD_SIZE`` and, when known, ``WORLD_SIZE``."""
+        env = {
+            "RANK": str(rank),
+            "LOCAL_RANK": str(self.ranks.index(rank)),
+            "LOCAL_WORLD_SIZE": str(len(self.ranks)),
+        }
+        if self.world_size is not None:
+            env["WORLD_SIZE"] = str(self.world_size)
+        return env
 
     def worker(self, rank: int) -> Worker:
         return self._workers[rank]
@@ -298,6 +328,81 @@ class Launcher:
 # -- command line ------------------------------------------------------------------------------
 
 
+def prepare_group(
+    client: CoordinatorClient, group: str, world_size: int | None, timeout_s: float
+) -> str | None:
+    """Look ``group`` up before any worker starts and say what was found; create it when
+    ``world_size`` is given and it does not exist. Returns None to go on, or why not (a
+    message that says what to do). Waits up to ``timeout_s`` for the coordinator to answer
+    and, without ``world_size``, for another launcher (or the operator) to create the group."""
+    where = ",".join(client.addresses)
+    deadline = time.monotonic() + timeout_s
+    next_log = time.monotonic() + START_LOG_EVERY_S
+    while True:
+        try:
+            body = client.group(group, timeout_s=max(0.5, min(5.0, deadline - time.monotonic())))
+            break
+        except CoordinatorUnavailable as exc:
+            waiting = f"no foldplane coordinator at {where} ({exc})"
+        except CoordinatorError as exc:
+            if exc.code == NOT_FOLDPLANE:
+                return exc.detail
+            if exc.code != UNKNOWN_GROUP:
+                return f"cannot look up group {group!r} at {where}: {exc}"
+            if world_size is not None:
+                try:
+                    client.create_group(group, world_size)
+                except (CoordinatorError, CoordinatorUnavailable) as exc:
+                    return f"cannot create group {group!r} at {where}: {exc}"
+                log.info("created group %r (%d ranks) at %s", group, world_size, where)
+                return None
+            waiting = f"no group {group!r} at {where}"
+        now = time.monotonic()
+        if now >= deadline:
+            if waiting.startswith("no group"):
+                return (
+                    f"{waiting} (groups: {_names(client)}) after {timeout_s:g} s; check --group, "
+                    "give --world-size to create it, or wait longer with --start-timeout"
+                )
+            return (
+                f"{waiting} after {timeout_s:g} s; check --coordinator, or wait longer with "
+                "--start-timeout"
+            )
+        if now >= next_log:
+            log.info("waiting for group %r at %s: %s", group, where, waiting)
+            next_log = now + START_LOG_EVERY_S
+        time.sleep(0.2)
+    stage, found = group_run(body)
+    new_name = (
+        "start this run under another --group (or on a coordinator with a new --db): a group "
+        "runs once, and its history stays in the log under its name"
+    )
+    if stage == "over":
+        return f"{found}; {new_name}"
+    if stage == "running" and world_size is not None:
+        return (
+            f"{found}; a second launch would contend for its ranks. Stop that run or end it "
+            f"(python -m coordinator group end {group} --coordinator {client.addresses[0]}), "
+            f"and {new_name}"
+        )
+    if world_size is not None:
+        try:
+            client.create_group(group, world_size)  # an identical group: a no-op
+        except (CoordinatorError, CoordinatorUnavailable) as exc:
+            return f"cannot create group {group!r} at {where}: {exc}"
+    log.info("found %s; joining it", found)
+    return None
+
+
+def _names(client: CoordinatorClient) -> str:
+    try:
+        names = [str(g.get("group")) for g in client.groups(timeout_s=2.0)]
+    except (CoordinatorError, CoordinatorUnavailable) as exc:
+        return f"unknown: {exc}"
+    more = f", ... (+{len(names) - 20})" if len(names) > 20 else ""
+    return ", ".join(names[:20]) + more if names else "none"
+
+
 def _parse_ranks(text: str) -> list[int]:
     ranks: list[int] = []
     for part in text.split(","):
@@ -325,6 +430,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--world-size",
         type=int,
         help="create the group with this world size first (an identical group is a no-op)",
+    )
+    p.add_argument(
+        "--start-timeout",
+        type=float,
+        default=None,
+        metavar="S",
+        help="how long to wait for the coordinator (and, without --world-size, the group) "
+        "before failing (default $FOLDPLANE_START_TIMEOUT_S, else 10)",
     )
     p.add_argument(
         "--replace-failed", action="store_true", help="start a replacement for a failed worker"
@@ -382,13 +495,21 @@ def main(argv: list[str] | None = None) -> int:
         replace_failed=a.replace_failed,
         max_replacements=a.max_replacements,
         relay=not a.no_relay,
+        world_size=a.world_size,
     )
-    if a.world_size is not None:
+    try:
+        timeout_s = start_timeout_s(a.start_timeout)
+    except ValueError as exc:
+        p.error(str(exc))
+    refused = prepare_group(launcher.client, a.group, a.world_size, timeout_s)
+    if refused is not None:
+        print(f"launch: {refused}", file=sys.stderr)
+        return 2
+    if launcher.world_size is None:  # joining a group made elsewhere: WORLD_SIZE from it
         try:
-            launcher.client.create_group(a.group, a.world_size)
-        except (CoordinatorError, CoordinatorUnavailable) as exc:
-            print(f"cannot create group {a.group!r}: {exc}", file=sys.stderr)
-            return 2
+            launcher.world_size = int(launcher.client.group(a.group)["config"]["world_size"])
+        except (CoordinatorError, CoordinatorUnavailable, KeyError, TypeError, ValueError) as exc:
+            log.warning("group %r: world size unknown (%s); WORLD_SIZE is not set", a.group, exc)
 
     def forward(signum: int, frame: object) -> None:
         threading.Thread(target=launcher.stop, daemon=True).start()
@@ -403,5 +524,7 @@ def main(argv: list[str] | None = None) -> int:
             launcher.relay.close()
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
+if __name__ == "__main__":  # run the package's module, not this __main__ copy of it
+    from foldplane.agent.launch import main as _main
+
+    raise SystemExit(_main())

@@ -74,7 +74,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from wire.codes import (
+from foldplane.wire.codes import (
     FATAL_ERRORS,
     NOT_JOINED,
     RANK_OFFLINE,
@@ -82,7 +82,7 @@ from wire.codes import (
     STALE_INCARNATION,
     STALE_VERSION,
 )
-from wire.protocol import (
+from foldplane.wire.protocol import (
     CAUSE_DEATH_REPORTED,
     HEALTHY,
     OFFLINE,
@@ -94,7 +94,7 @@ from wire.protocol import (
     apply_view_update,
     links_event,
 )
-from wire.ranks import RankSetError
+from foldplane.wire.ranks import RankSetError
 
 __all__ = ["HEALTHY", "OFFLINE", "SYNCED", "View"]
 
@@ -196,6 +196,8 @@ class LinkEvidence:
     version: int
     peers: Mapping[int, str]
     failed_ranks_hint: tuple[int, ...] = ()
+    #: the view failed here blaming nobody, after (issued, completed) operations on it
+    ops: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -304,8 +306,11 @@ class RankStateChanged:
 
 @dataclass(frozen=True)
 class ShutdownWithSave:
+    """The group's shutdown directive; ``checkpoint_rank`` is the rank that saves."""
+
     reason: str
     detail: str
+    checkpoint_rank: int | None = None
 
 
 @dataclass(frozen=True)
@@ -415,7 +420,9 @@ class AgentMachine:
     _beat_backoff_s: float = 0.0
     #: the last links report sent since the join: (down, hint, self_ready, and the view of
     #: its down evidence)
-    _last_links: tuple[tuple[int, ...], tuple[int, ...], bool, int | None] | None = None
+    _last_links: (
+        tuple[tuple[int, ...], tuple[int, ...], bool, int | None, tuple[int, int] | None] | None
+    ) = None
     _send_at: float = 0.0
     _backoff_s: float = 0.0
     _poll_backoff_s: float = 0.0
@@ -523,8 +530,13 @@ class AgentMachine:
                 actions.append(RefitUpdate(update))
             elif kind == "shutdown_with_save" and not self._shutdown_seen:
                 self._shutdown_seen = True
+                saver = update.get("checkpoint_rank")
                 actions.append(
-                    ShutdownWithSave(str(update.get("reason", "")), str(update.get("detail", "")))
+                    ShutdownWithSave(
+                        str(update.get("reason", "")),
+                        str(update.get("detail", "")),
+                        saver if type(saver) is int else None,
+                    )
                 )
         # A resync names where the log now stands, which is behind us after a restore.
         self.after = event.next_after if event.resync else max(self.after, event.next_after)
@@ -626,21 +638,33 @@ class AgentMachine:
         """Report the data plane's evidence; before the join it describes nothing current."""
         if self.phase == _JOINED:
             down = (r for r, status in event.peers.items() if status == "down")
-            self._report_links(down, event.failed_ranks_hint, self.data_plane_ready, event.version)
+            self._report_links(
+                down, event.failed_ranks_hint, self.data_plane_ready, event.version, event.ops
+            )
         return []
 
-    def _report_links(self, down: Any, hint: Any, ready: bool, version: int | None) -> None:
+    def _report_links(
+        self,
+        down: Any,
+        hint: Any,
+        ready: bool,
+        version: int | None,
+        ops: tuple[int, int] | None = None,
+    ) -> None:
         """Queue a links report unless it says what the last one since the join said.
 
         Down evidence is about the view it was found on: the coordinator does not count it
         against a peer whose current process joined after that view, so the same peers found
-        down on a newer view are reported again."""
+        down on a newer view are reported again; so is a failure that blamed nobody (``ops``),
+        which the coordinator resolves per view (``coordinator.fold.stalls``)."""
         down, hint = tuple(sorted(set(down))), tuple(sorted(set(hint)))
-        key = (down, hint, ready, version if down or hint else None)
+        if down or hint:
+            ops = None
+        key = (down, hint, ready, version if down or hint or ops else None, ops)
         if key == self._last_links:
             return
         self._last_links = key
-        self._queue("links", **links_event(down, hint, ready, version))
+        self._queue("links", **links_event(down, hint, ready, version, ops))
 
     def _progress(self, event: ReportProgress) -> list[Action]:
         """Queue a progress report; one not sent yet is replaced (the newest says it all).

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from wire.codes import AGENT_STOPPED, REFIT_NOT_READY, STALE_REFIT_EPOCH
+from foldplane.wire.codes import AGENT_STOPPED, REFIT_NOT_READY, STALE_REFIT_EPOCH
 
 #: How long a call waits for the coordinator's answer to one of its events.
 ANSWER_S = 30.0

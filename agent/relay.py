@@ -59,14 +59,14 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, TypeVar
 from urllib.parse import parse_qs, urlsplit
 
-from agent.channel import ChannelClosed, ChannelLink, ChannelRefused, HostChannel
-from agent.client import (
+from foldplane.agent.channel import ChannelClosed, ChannelLink, ChannelRefused, HostChannel
+from foldplane.agent.client import (
     CoordinatorClient,
     CoordinatorError,
     CoordinatorUnavailable,
     parse_addresses,
 )
-from wire.codes import (
+from foldplane.wire.codes import (
     BAD_ANSWER,
     BODY_TOO_LARGE,
     COORDINATOR_UNAVAILABLE,
@@ -78,8 +78,8 @@ from wire.codes import (
     error_body,
     status_of,
 )
-from wire.protocol import MAX_EVENTS, QUERY
-from wire.ranks import MAX_QUERY_RANKS
+from foldplane.wire.protocol import MAX_EVENTS, QUERY
+from foldplane.wire.ranks import MAX_QUERY_RANKS
 
 log = logging.getLogger("foldplane.relay")
 
@@ -761,6 +761,7 @@ class PollArgs:
     timeout: float
     protocol: str | None
     view: str | None
+    features: str | None = None
 
     def params(self) -> dict[str, Any]:
         params: dict[str, Any] = {
@@ -771,6 +772,8 @@ class PollArgs:
         }
         if self.protocol is not None:
             params["protocol"] = self.protocol
+        if self.features is not None:
+            params["features"] = self.features
         if self.view is not None:
             params["view"] = self.view
         return params
@@ -1281,7 +1284,13 @@ def _poll_args(query: Mapping[str, list[str]]) -> PollArgs | str | None:
     if rank < 0 or after < 0 or not timeout >= 0:
         return "rank, after and timeout must not be negative"
     return PollArgs(
-        one["group"], rank, after, min(timeout, MAX_POLL_S), one.get("protocol"), one.get("view")
+        one["group"],
+        rank,
+        after,
+        min(timeout, MAX_POLL_S),
+        one.get("protocol"),
+        one.get("view"),
+        one.get("features"),
     )
 
 

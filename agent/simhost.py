@@ -9,8 +9,8 @@ the host's ranks, each of which every machine folds as its own. With ``channel=F
 speaks the plain HTTP endpoints instead, as a host without the channel would: one
 ``POST /agents/events`` per batch and one long poll ``GET /agents/updates?ranks=...``.
 Only the data plane is simulated: it is ready as soon as the store is known, and a committed
-view is "built" at once (the evidence a real data plane reports after connecting every member:
-nothing down).
+view is "built" at once, or ``build_s`` seconds after the view arrived, as a real data plane
+that takes time to connect the members (the evidence it then reports: nothing down).
 
 A :class:`SimulatedCluster` is many hosts in one event loop: a whole group of thousands of
 ranks in one process, for the tests and benchmarks that must run the protocol at the scale the
@@ -35,9 +35,9 @@ from urllib.parse import urlsplit
 
 import msgspec
 
-from agent.channel import ChannelClosed, ChannelLink, ChannelRefused, HostChannel
-from agent.httplite import Connection, HttpError
-from agent.machine import (
+from foldplane.agent.channel import ChannelClosed, ChannelLink, ChannelRefused, HostChannel
+from foldplane.agent.httplite import Connection, HttpError
+from foldplane.agent.machine import (
     BEATS,
     EVENTS,
     Action,
@@ -62,8 +62,8 @@ from agent.machine import (
     Tick,
     UpdatesReceived,
 )
-from wire import ranks as rank_sets
-from wire.protocol import MAX_EVENTS, PROTOCOL, View
+from foldplane.wire import ranks as rank_sets
+from foldplane.wire.protocol import FEATURES, MAX_EVENTS, PROTOCOL, View
 
 #: How long one long poll waits on the coordinator before answering empty.
 POLL_TIMEOUT_S = 10.0
@@ -92,8 +92,11 @@ class SimulatedHost:
         data_plane_ready: bool = True,
         request_timeout_s: float = REQUEST_TIMEOUT_S,
         channel: bool = True,
+        build_s: float = 0.0,
     ) -> None:
         self.address = address
+        #: seconds the simulated data plane takes to build a committed view (0: at once)
+        self.build_s = build_s
         #: whether the host speaks the host channel (else the plain HTTP endpoints)
         self.channel = channel
         #: False: the simulated data plane never becomes ready (its rank stays SYNCED)
@@ -307,6 +310,10 @@ class SimulatedHost:
             if scheduled is None or deadline < scheduled:
                 self._schedule(rank, deadline)
 
+    def _built(self, rank: int, version: int) -> None:
+        """The data plane finished building view ``version`` (``build_s`` after it came)."""
+        self._step(rank, LinkEvidence(time.monotonic(), version, {}))
+
     def _schedule(self, rank: int, deadline: float) -> None:
         """One timer per rank, the earliest it needs (a later one is re-read when it fires)."""
         scheduled = self._scheduled.get(rank)
@@ -341,6 +348,10 @@ class SimulatedHost:
             view = action.view  # type: ignore[union-attr]
             if view.is_active(rank):
                 # a built view: every member reached, nothing down
+                if self.build_s > 0:
+                    loop = asyncio.get_running_loop()
+                    loop.call_later(self.build_s, self._built, rank, view.version)
+                    return []
                 return machine.step(LinkEvidence(time.monotonic(), view.version, {}))
         elif kind is ConnectDataPlane or kind is MoveDataPlane:
             if self.data_plane_ready:
@@ -453,6 +464,7 @@ class SimulatedHost:
             query = (
                 f"/agents/updates?group={self.group}&ranks={rank_sets.format_query(polls)}"
                 f"&after={after}&timeout={POLL_TIMEOUT_S}&protocol={PROTOCOL}"
+                f"&features={','.join(FEATURES)}"
             )
             if len(views) == 1 and (view := views.pop()) is not None:
                 query += f"&view={view}"
@@ -766,6 +778,7 @@ class SimulatedCluster:
         data_plane_ready: bool = True,
         request_timeout_s: float = REQUEST_TIMEOUT_S,
         channel: bool = True,
+        build_s: float = 0.0,
     ) -> None:
         ranks = list(range(world_size)) if ranks is None else list(ranks)
         self.group = group
@@ -783,6 +796,7 @@ class SimulatedCluster:
                 on_change=self._note_change,
                 data_plane_ready=data_plane_ready,
                 request_timeout_s=request_timeout_s,
+                build_s=build_s,
                 channel=channel,
             )
             for i in range(0, len(ranks), ranks_per_host)

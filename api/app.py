@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from fastapi import FastAPI
 
-from api import errors, metrics, openapi
-from api.fastpath import Service
-from api.limits import Limits
-from api.routes import agents, audit, console, epochs, operator, refits, story
-from coordinator.auth import Authenticator
-from coordinator.host.loop import Host
+from foldplane.api import errors, metrics, openapi
+from foldplane.api.fastpath import Service
+from foldplane.api.limits import Limits
+from foldplane.api.routes import agents, audit, console, epochs, operator, refits, story
+from foldplane.coordinator.auth import Authenticator
+from foldplane.coordinator.host.loop import Host
 
 DESCRIPTION = """An event-sourced control plane for elastic torch.distributed process groups.
 

@@ -37,14 +37,19 @@ from urllib.parse import parse_qsl
 import msgspec
 from msgspec import Meta
 
-from api.codec import check_depth, encode_json
-from api.errors import ApiError, answer_of
-from api.routes.agents import EventsBatch, poll_ranks, updates_body
-from coordinator.auth import Authenticator, Principal
-from coordinator.host.loop import Host, HostUnavailable
-from coordinator.host.polls import UpdatesAnswer
-from wire import websocket as ws
-from wire.codes import (
+from foldplane.api.codec import check_depth, encode_json
+from foldplane.api.errors import ApiError, answer_of
+from foldplane.api.routes.agents import (
+    EventsBatch,
+    poll_ranks,
+    refuse_unnamed_revisions,
+    updates_body,
+)
+from foldplane.coordinator.auth import Authenticator, Principal
+from foldplane.coordinator.host.loop import Host, HostUnavailable
+from foldplane.coordinator.host.polls import UpdatesAnswer
+from foldplane.wire import websocket as ws
+from foldplane.wire.codes import (
     BAD_REQUEST,
     FORBIDDEN,
     INVALID_QUERY,
@@ -55,7 +60,7 @@ from wire.codes import (
     UNKNOWN_GROUP,
     UPGRADE_REQUIRED,
 )
-from wire.protocol import (
+from foldplane.wire.protocol import (
     PROTOCOL,
     QUERY,
 )
@@ -77,10 +82,12 @@ class ChannelQuery(NamedTuple):
     ranks: tuple[int, ...]
     after: int
     view: int | None
+    #: the named revisions of the protocol the host understands (``wire.protocol.FEATURES``)
+    features: str | None = None
 
 
 _DIGITS = re.compile(r"[0-9]{1,19}")
-_FIELDS = frozenset({"group", "rank", "ranks", "after", "protocol", "view"})
+_FIELDS = frozenset({"group", "rank", "ranks", "after", "protocol", "view", "features"})
 
 
 def channel_query(raw: bytes) -> ChannelQuery:
@@ -123,7 +130,7 @@ def channel_query(raw: bytes) -> ChannelQuery:
     ranks = poll_ranks(None if rank is None else int(rank), fields.get("ranks"))
     if ranks[-1] > QUERY.max_rank:
         raise ApiError(INVALID_QUERY, f"rank {ranks[-1]} is over {QUERY.max_rank}")
-    return ChannelQuery(group, ranks, after, view)
+    return ChannelQuery(group, ranks, after, view, fields.get("features"))
 
 
 def _number(fields: dict[str, str], name: str, default: int | None) -> Any:
@@ -184,6 +191,7 @@ def accept(
                 RANK_OUT_OF_RANGE,
                 f"rank {asked.ranks[-1]} is not in 0..{config.world_size - 1} of group {group!r}",
             )
+        refuse_unnamed_revisions(host, group, asked.features, "channel")
     if (unavailable := host.available()) is not None:
         raise unavailable
     host.role.check_polls("not leading")
@@ -490,6 +498,12 @@ class HostChannel(asyncio.Protocol):
             host.role.check_polls("stepped down")
         except HostUnavailable as exc:
             self._refuse_updates(exc)
+            return
+        try:
+            refuse_unnamed_revisions(host, group, self.query.features, "channel")
+        except ApiError as exc:
+            self._write_message(_error(exc))
+            self.close(ws.POLICY_VIOLATION, exc.code)
             return
         answer = host.updates_now(group, self.query.ranks, self.after, view=self.query.view)
         if answer is not None:

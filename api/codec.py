@@ -22,8 +22,8 @@ import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 
-from api.errors import ApiError
-from wire.codes import INVALID_REQUEST, NESTING_TOO_DEEP
+from foldplane.api.errors import ApiError
+from foldplane.wire.codes import INVALID_REQUEST, NESTING_TOO_DEEP
 
 T = TypeVar("T")
 

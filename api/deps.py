@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from starlette.requests import Request
 
-from api.errors import ApiError
-from coordinator.auth import Authenticator, Principal
-from coordinator.host.loop import Host
-from wire.codes import FORBIDDEN, UNKNOWN_GROUP
+from foldplane.api.errors import ApiError
+from foldplane.coordinator.auth import Authenticator, Principal
+from foldplane.coordinator.host.loop import Host
+from foldplane.wire.codes import FORBIDDEN, UNKNOWN_GROUP
 
 
 def host_of(request: Request) -> Host:

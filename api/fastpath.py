@@ -25,19 +25,19 @@ from fastapi import FastAPI
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from api.errors import ApiError, BodyTooLarge, answer_of, body_response, error_response
-from api.limits import BodySizeLimit, JsonBodies, length_problem, media_problem
-from api.routes.agents import (
+from foldplane.api.errors import ApiError, BodyTooLarge, answer_of, body_response, error_response
+from foldplane.api.limits import BodySizeLimit, JsonBodies, length_problem, media_problem
+from foldplane.api.routes.agents import (
     EventsBatch,
     UpdatesQuery,
     events_answer,
     poll_ranks,
     updates_answer,
 )
-from coordinator.auth import Authenticator, Principal
-from coordinator.host.loop import Outcome
-from wire.codes import INTERNAL, status_of
-from wire.protocol import QUERY
+from foldplane.coordinator.auth import Authenticator, Principal
+from foldplane.coordinator.host.loop import Outcome
+from foldplane.wire.codes import INTERNAL, status_of
+from foldplane.wire.protocol import QUERY
 
 PATH = "/agents/events"
 UPDATES = "/agents/updates"
@@ -308,7 +308,8 @@ def updates_query(raw: bytes) -> UpdatesQuery | None:
     protocol = fields.get("protocol", "")
     view = fields.get("view")
     if not (
-        0 < len(group) <= QUERY.group_chars
+        len(fields.get("features", "")) <= 200
+        and 0 < len(group) <= QUERY.group_chars
         and _DIGITS.fullmatch(after)
         and (timeout is None or _SECONDS.fullmatch(timeout))
         and _DIGITS.fullmatch(protocol)
@@ -331,6 +332,7 @@ def updates_query(raw: bytes) -> UpdatesQuery | None:
         QUERY.poll_timeout_s if timeout is None else float(timeout),
         int(protocol),
         None if view is None else int(view),
+        fields.get("features"),
     )
     if (
         ranks[-1] > QUERY.max_rank
@@ -348,4 +350,6 @@ def _pair(field: str) -> tuple[str, str]:
     return name, value
 
 
-_UPDATE_FIELDS = frozenset({"group", "rank", "ranks", "after", "timeout", "protocol", "view"})
+_UPDATE_FIELDS = frozenset(
+    {"group", "rank", "ranks", "after", "timeout", "protocol", "view", "features"}
+)

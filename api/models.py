@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import UNSET, Meta, Struct, UnsetType
 
-from wire.protocol import (
+from foldplane.wire.protocol import (
     MAX_DATASET,
     MAX_EVENTS,
     AckEvent,
@@ -65,6 +65,12 @@ PERCENT = r"^ *(0*[1-9][0-9]?(\.[0-9]+)?|0*100(\.0+)?|0+\.[0-9]*[1-9][0-9]*) *% 
 # -- operator requests -------------------------------------------------------------------------
 
 
+class EndGroupRequest(Struct, kw_only=True, forbid_unknown_fields=True):
+    """``POST /groups/{group}/end``: why (shown to the ranks and kept in the log)."""
+
+    reason: Annotated[str, Meta(min_length=1, max_length=256)] | None = None
+
+
 class CreateGroupRequest(Struct, kw_only=True, forbid_unknown_fields=True):
     group: GroupName
     world_size: Annotated[int, Meta(ge=1, le=65_536)]
@@ -80,6 +86,7 @@ class CreateGroupRequest(Struct, kw_only=True, forbid_unknown_fields=True):
     ) = UNSET
     auto_deactivate_on_failure: bool | UnsetType = UNSET
     backend: Literal["gloo", "nccl"] | UnsetType = UNSET
+    checkpoint_rank: Annotated[int, Meta(ge=0, le=65_535)] | None | UnsetType = UNSET
 
 
 class ProposalRequest(Struct, kw_only=True):
@@ -197,6 +204,7 @@ class ViewBody(Struct, kw_only=True):
     dropped_ranks: list[int]
     offset: int
     ts: int
+    checkpoint_rank: int | None = None
 
 
 class ViewHistory(Struct, kw_only=True):
@@ -228,11 +236,43 @@ class GroupBody(Struct, kw_only=True):
     formation: dict[str, Any]
     view: ViewBody | None
     healthy_set: list[int]
+    #: ranks in each state over the whole group (``exited``: OFFLINE after a clean exit)
+    rank_counts: dict[str, int]
     ranks: list[dict[str, Any]]
     pending_proposals: list[int]
     change_in_flight: dict[str, Any] | None
+    #: the reason of the group's ``shutdown_with_save``, or None
+    shutdown: str | None
+    #: ``{reason, offset, deleted}`` once the group was ended, else None
+    ended: dict[str, Any] | None
     #: The last rank of this page when more follow (``?ranks_after=`` it); None on the last.
     next_ranks_after: int | None
+
+
+class GroupLine(Struct, kw_only=True):
+    """One group in ``GET /groups``."""
+
+    group: str
+    world_size: int
+    #: the current view's version (0 before the group formed)
+    version: int
+    #: ``forming``, ``formed`` or ``failed``
+    formation: str
+    #: how many ranks are in each physical state
+    states: dict[str, int]
+    #: how many ranks are in ``active_ranks``
+    active: int
+    failures: int
+    #: the reason of the group's ``shutdown_with_save``, or None
+    shutdown: str | None
+    #: why the group was ended (``POST /groups/{group}/end``), or None while it runs
+    ended: str | None
+
+
+class GroupList(Struct, kw_only=True):
+    """``GET /groups``: every group, by name."""
+
+    groups: list[GroupLine]
 
 
 class EpochRankBody(Struct, kw_only=True):
@@ -425,6 +465,8 @@ SCHEMA_TYPES: tuple[Any, ...] = (
     ViewHistory,
     ProposalBody,
     GroupBody,
+    GroupList,
+    EndGroupRequest,
     EventsPage,
     Health,
     StoryBody,

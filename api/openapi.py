@@ -16,7 +16,7 @@ import msgspec
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
-from api.models import SCHEMA_TYPES
+from foldplane.api.models import SCHEMA_TYPES
 
 REF = "#/components/schemas/{name}"
 

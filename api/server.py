@@ -42,14 +42,14 @@ from uvicorn.protocols.http.httptools_impl import (
     RequestResponseCycle,
 )
 
-from api import channel
-from api.errors import ApiError, answer_of
-from api.fastpath import Answer, OnConnection
-from api.limits import Limits
-from api.routes.agents import UpdatesQuery
-from coordinator.auth import AuthError
-from coordinator.host.loop import HostUnavailable
-from wire.codes import (
+from foldplane.api import channel
+from foldplane.api.errors import ApiError, answer_of
+from foldplane.api.fastpath import Answer, OnConnection
+from foldplane.api.limits import Limits
+from foldplane.api.routes.agents import UpdatesQuery
+from foldplane.coordinator.auth import AuthError
+from foldplane.coordinator.host.loop import HostUnavailable
+from foldplane.wire.codes import (
     HEADERS_TOO_LARGE,
     REQUEST_TIMEOUT,
     TOO_MANY_CONNECTIONS,
@@ -67,9 +67,17 @@ class Server(uvicorn.Server):
       would kill the process before the host has closed the log and written its final snapshot.
     - ``before_shutdown`` runs when shutdown starts, before connections drain: the host answers
       its long polls at once instead of letting them run out their timeouts.
+    - ``on_started`` runs once the sockets are bound, so "serving" is said only when it is
+      true (a port in use fails the start instead).
     """
 
     before_shutdown: Callable[[], None] | None = None
+    on_started: Callable[[], None] | None = None
+
+    async def startup(self, sockets: Any = None) -> None:
+        await super().startup(sockets)
+        if self.started and self.on_started is not None:
+            self.on_started()
 
     async def shutdown(self, sockets: Any = None) -> None:
         if self.before_shutdown is not None:

@@ -33,23 +33,20 @@ The workers are this module, run as ``python benchmarks/budget.py worker``.
 from __future__ import annotations
 
 import asyncio
-import json
-import os
-import queue
+import functools
 import subprocess
 import sys
-import tempfile
 import threading
 import time
-import urllib.request
-from collections.abc import Mapping, Sequence
-from pathlib import Path
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from benchmarks._cluster import free_port, fsync_floor
-from benchmarks.harness import Result, median, percentile
+from foldplane.benchmarks.harness import Result, median, percentile
+from foldplane.benchmarks.kit.floors import fsync_floor
+from foldplane.benchmarks.kit.kills import time_recovery
+from foldplane.benchmarks.kit.service import Service
+from foldplane.benchmarks.kit.workers import Lines, all_reduce_loop, emit, say, start_agent
 
-ROOT = Path(__file__).resolve().parents[1]
 WORLD = 4
 STEP_PAUSE_S = 0.005
 
@@ -138,44 +135,11 @@ def log_marks(
 # -- the coordinator and the workers ---------------------------------------------------------------
 
 
-def _log(text: str) -> None:
-    print(f"# budget: {text}", file=sys.stderr, flush=True)
+_log = say("budget")
 
 
-class _Lines:
-    """JSON lines from the workers' stdout, merged into one queue and kept."""
-
-    def __init__(self) -> None:
-        self.queue: queue.Queue[dict[str, Any]] = queue.Queue()
-        self.seen: list[dict[str, Any]] = []
-
-    def follow(self, process: subprocess.Popen[bytes]) -> None:
-        def read() -> None:
-            assert process.stdout is not None
-            for raw in process.stdout:
-                line = raw.decode(errors="replace").strip()
-                if line.startswith("{"):
-                    try:
-                        self.queue.put(json.loads(line))
-                    except ValueError:
-                        continue
-
-        threading.Thread(target=read, daemon=True).start()
-
-    def until(self, done: Any, timeout: float, what: str) -> None:
-        deadline = time.monotonic() + timeout
-        while not done(self.seen):
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise TimeoutError(f"{what}: not within {timeout:.0f} s")
-            try:
-                self.seen.append(self.queue.get(timeout=left))
-            except queue.Empty:
-                continue
-
-
-def _ran_on(ranks: set[int], version: int) -> Any:
-    return lambda seen: ranks <= {s["rank"] for s in seen if s.get("ran") == version}
+def _ran_on(lines: Lines, ranks: set[int], version: int) -> Callable[[], bool]:
+    return lambda: ranks <= {s["rank"] for s in lines.seen if s.get("ran") == version}
 
 
 def _worker_marks(
@@ -189,97 +153,54 @@ def _worker_marks(
     }
 
 
-class _Service:
-    def __init__(self) -> None:
-        self.tmp = tempfile.TemporaryDirectory(prefix="foldplane-bench-budget-")
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.workers_log = open(f"{self.tmp.name}/workers.log", "wb")  # noqa: SIM115
-        self.server = subprocess.Popen(
-            [sys.executable, "-m", "coordinator", "serve", "--db", f"{self.tmp.name}/log.db",
-             "--port", str(self.port), "--store-port", "0", "--log-level", "warning"],
-            cwd=ROOT,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            env={**os.environ, "FOLDPLANE_TOKEN": "", "FOLDPLANE_SECRET": ""},
-        )  # fmt: skip
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                self.get("/healthz")
-                break
-            except OSError:
-                if self.server.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("the coordinator did not start") from None
-                time.sleep(0.1)
-
-    def get(self, path: str) -> Any:
-        with urllib.request.urlopen(self.url + path, timeout=10) as r:
-            return json.loads(r.read())
-
-    def post(self, path: str, body: Mapping[str, Any]) -> Any:
-        req = urllib.request.Request(
-            self.url + path, json.dumps(body).encode(), {"Content-Type": "application/json"}
+def _events(service: Service, group: str) -> list[dict[str, Any]]:
+    """Every record of ``group``, from ``GET /events``."""
+    out: list[dict[str, Any]] = []
+    after = 0
+    while True:
+        page = service.client.request(
+            "GET", "/events", params={"after": after, "limit": 1000, "group": group}
         )
-        with urllib.request.urlopen(req, timeout=60) as r:
-            return json.loads(r.read())
-
-    def events(self, group: str) -> list[dict[str, Any]]:
-        out: list[dict[str, Any]] = []
-        after = 0
-        while True:
-            page = self.get(f"/events?after={after}&limit=1000&group={group}")
-            out.extend(page["events"])
-            if not page["events"] or page.get("next_after") in (None, after):
-                return out
-            after = page["next_after"]
-
-    def views(self, group: str) -> list[dict[str, Any]]:
-        return self.get(f"/views/history?group={group}&limit=1000")["views"]
-
-    def launch(self, group: str, lines: _Lines) -> Any:
-        from agent.launch import Launcher
-
-        self.post("/groups", {"group": group, "world_size": WORLD, "formation_timeout_s": 300.0})
-        launcher = Launcher(
-            [sys.executable, __file__, "worker"],
-            coordinator=self.url,
-            group=group,
-            ranks=range(WORLD),
-            stdout=subprocess.PIPE,
-            stderr=self.workers_log,
-            env={**os.environ, "FOLDPLANE_TOKEN": ""},
-        )
-        launcher.on_spawn = lambda worker: lines.follow(worker.process)
-        launcher.start()
-        lines.until(_ran_on(set(range(WORLD)), 1), 300, f"formation of {group}")
-        return launcher
-
-    def close(self) -> None:
-        self.server.terminate()
-        self.server.wait(30)
-        self.workers_log.close()
-        self.tmp.cleanup()
+        out.extend(page["events"])
+        if not page["events"] or page.get("next_after") in (None, after):
+            return out
+        after = page["next_after"]
 
 
-def _view_changes(service: _Service, trials: int) -> list[dict[str, float]]:
+def _views(service: Service, group: str) -> list[dict[str, Any]]:
+    return service.client.request("GET", "/views/history", params={"group": group, "limit": 1000})[
+        "views"
+    ]
+
+
+def _launch(service: Service, group: str, lines: Lines) -> Any:
+    """A group of ``WORLD`` workers, once every one ran an all_reduce on view 1."""
+    service.create_group(group, WORLD)
+    launcher = service.launch([sys.executable, __file__, "worker"], group, range(WORLD),
+                              lines.follow)  # fmt: skip
+    lines.wait_for(_ran_on(lines, set(range(WORLD)), 1), 300, f"formation of {group}")
+    return launcher
+
+
+def _view_changes(service: Service, trials: int) -> list[dict[str, float]]:
     group = "budget-vc"
-    lines = _Lines()
-    launcher = service.launch(group, lines)
+    lines = Lines()
+    launcher = _launch(service, group, lines)
     out = []
     try:
         for i in range(trials + 1):  # the first warms up (the survivors' first new group)
             op = "deactivate" if i % 2 == 0 else "activate"
             sent = time.time()
-            answer = service.post(
-                "/proposals?wait=30", {"group": group, "op": op, "ranks": [WORLD - 1]}
-            )
+            answer = service.client.request(
+                "POST", "/proposals", params={"wait": 30},
+                json={"group": group, "op": op, "ranks": [WORLD - 1]}, timeout_s=60,
+            )  # fmt: skip
             if answer["status"] != "applied":
                 raise RuntimeError(f"{op} [{WORLD - 1}]: {answer}")
             version = answer["version"]
             active = set(range(WORLD - 1)) if op == "deactivate" else set(range(WORLD))
-            lines.until(_ran_on(active, version), 60, f"{op} to version {version}")
-            _, marks = log_marks(service.events(group), service.views(group), answer["id"])
+            lines.wait_for(_ran_on(lines, active, version), 60, f"{op} to version {version}")
+            _, marks = log_marks(_events(service, group), _views(service, group), answer["id"])
             marks["proposal sent"] = sent
             marks["proposal appended"] = marks.pop("trigger")
             marks.update(_worker_marks(lines.seen, active, version))
@@ -293,28 +214,26 @@ def _view_changes(service: _Service, trials: int) -> list[dict[str, float]]:
     return out
 
 
-def _recoveries(service: _Service, trials: int) -> list[dict[str, float]]:
+def _recoveries(service: Service, trials: int) -> list[dict[str, float]]:
     out = []
     for k in range(trials):
         group = f"budget-kill{k}"
         victim = 1 + k % (WORLD - 1)
-        lines = _Lines()
-        launcher = service.launch(group, lines)
+        lines = Lines()
+        launcher = _launch(service, group, lines)
         try:
-            before = max(e["offset"] for e in service.events(group))
-            killed = time.time()
-            launcher.kill(victim)
+            before = max(e["offset"] for e in _events(service, group))
             survivors = set(range(WORLD)) - {victim}
-            lines.until(
-                lambda seen, s=survivors: s <= {x["rank"] for x in seen if x.get("ran", 1) > 1},
-                60,
+            killed = time_recovery(
+                lines, functools.partial(launcher.kill, victim), survivors,
+                lambda line, _: line["rank"] if line.get("ran", 1) > 1 else None, 60,
                 f"recovery from the kill of rank {victim}",
-            )
-            events = service.events(group)
+            ).killed_at  # fmt: skip
+            events = _events(service, group)
             death = next(
                 e for e in events if e["kind"] == "death_reported" and e["offset"] > before
             )
-            version, marks = log_marks(events, service.views(group), death["offset"])
+            version, marks = log_marks(events, _views(service, group), death["offset"])
             marks["SIGKILL sent"] = killed
             marks["death_reported appended"] = marks.pop("trigger")
             marks.update(_worker_marks(lines.seen, survivors, version))
@@ -329,39 +248,21 @@ def _recoveries(service: _Service, trials: int) -> list[dict[str, float]]:
 
 def _worker() -> int:
     """all_reduce in a loop; a line when the agent holds a new view, one at its first success."""
-    import torch
-
-    from agent import Agent
-
-    agent = Agent(heartbeat_interval_s=0.5, collective_timeout_s=10.0, p2p_timeout_s=10.0).start()
-    agent.wait_for_view(timeout=300)
+    agent = start_agent(timeout_s=10.0)
     rank = agent.rank
-
-    def emit(**fields: Any) -> None:
-        print(json.dumps({"rank": rank, **fields}), flush=True)
 
     def watch() -> None:
         version = 0
         while True:
             view = agent.wait_for_view(version + 1)
-            emit(held=view.version, t=time.time())
+            emit(rank=rank, held=view.version, t=time.time())
             version = view.version
 
     threading.Thread(target=watch, daemon=True).start()
-    pg = agent.process_group()
-    t = torch.ones(1024)
-    pause = threading.Event()
-    reported = 0
-    while True:
-        t.fill_(1.0)
-        version, active = pg.version, rank in pg.active_ranks
-        ok = pg.all_reduce(t, async_op=True).wait()
-        if ok and version != reported and active:
-            reported = version
-            emit(ran=version, t=time.time())
-        if not ok:
-            agent.wait_for_view(version + 1, timeout=120)
-        pause.wait(STEP_PAUSE_S)
+    all_reduce_loop(
+        agent, lambda version: emit(rank=rank, ran=version, t=time.time()), STEP_PAUSE_S
+    )
+    return 0
 
 
 # -- the floors ------------------------------------------------------------------------------------
@@ -395,7 +296,7 @@ def _reap_floor(n: int) -> list[float]:
 
 
 async def _channel_round_trip(port: int, n: int) -> list[float]:
-    from agent.channel import ChannelLink
+    from foldplane.agent.channel import ChannelLink
 
     channel = await ChannelLink([("127.0.0.1", port)]).open()
     try:
@@ -430,19 +331,16 @@ def _rows(scenario: str, trials: list[dict[str, float]], order: Sequence[str]) -
 
 def run(quick: bool) -> list[Result]:
     changes, kills, floor_n, reap_n = (3, 2, 20, 3) if quick else (5, 5, 50, 10)
-    service = _Service()
-    try:
-        vc = _view_changes(service, changes)
-        rec = _recoveries(service, kills)
-        rtt = asyncio.run(_channel_round_trip(service.port, floor_n))
-        fsync = asyncio.run(fsync_floor(f"{service.tmp.name}/floor.db", floor_n))
-        reap = _reap_floor(reap_n)
-    except Exception:
-        tail = Path(service.workers_log.name).read_bytes()[-3000:].decode(errors="replace")
-        _log(f"workers.log ends with:\n{tail}")
-        raise
-    finally:
-        service.close()
+    with Service(store=True, name="budget").start() as service:
+        try:
+            vc = _view_changes(service, changes)
+            rec = _recoveries(service, kills)
+            rtt = asyncio.run(_channel_round_trip(service.port, floor_n))
+            fsync = asyncio.run(fsync_floor(str(service.dir / "floor.db"), floor_n))
+            reap = _reap_floor(reap_n)
+        except Exception:
+            _log(service.tails())
+            raise
     return [
         *_rows("view change, 4 ranks", vc, VIEW_CHANGE_MARKS),
         *_rows("SIGKILL 1 of 4", rec, RECOVERY_MARKS),

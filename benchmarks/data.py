@@ -57,22 +57,21 @@ Rows:
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
-import os
-import queue
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from benchmarks._cluster import free_port
-from benchmarks.harness import Result, lower_is_better_ratio, median
+from foldplane.benchmarks.harness import Result, lower_is_better_ratio, median
+from foldplane.benchmarks.kit.kills import time_recovery
+from foldplane.benchmarks.kit.service import Service
+from foldplane.benchmarks.kit.workers import Lines, emit, say, start_agent
 
-ROOT = Path(__file__).resolve().parents[1]
 WORLD = 4
 KILL_AT = 0.3
 #: the kill trials: an epoch of this many indices, batches of this size, this long a sample
@@ -94,22 +93,14 @@ IMAGENET = 1_281_167
 LATENCY_SLACK_MS = 20.0
 
 
-def _log(text: str) -> None:
-    print(f"# data: {text}", file=sys.stderr, flush=True)
+_log = say("data")
 
 
 # -- the worker --------------------------------------------------------------------------------
 
 
-_emitting = threading.Lock()
-
-
 def _emit(event: str, **fields: Any) -> None:
-    """One JSON line on stdout; the driver thread emits too, so a line is written whole."""
-    line = json.dumps({"event": event, "t": time.time(), **fields}) + "\n"
-    with _emitting:
-        sys.stdout.write(line)
-        sys.stdout.flush()
+    emit(event=event, t=time.time(), **fields)
 
 
 def _worker(argv: list[str]) -> int:
@@ -118,14 +109,12 @@ def _worker(argv: list[str]) -> int:
     indices before marking it processed; say when each new assignment and view reached it."""
     from torch.utils.data import DataLoader
 
-    from agent import Agent
-    from agent.data import ElasticSampler
+    from foldplane.agent.data import ElasticSampler
 
     out, size, batch = Path(argv[0]), int(argv[1]), int(argv[2])
     costs = [float(c) for c in argv[3].split(",")]
     split, lookahead, epochs = argv[4], int(argv[5]), int(argv[6])
-    agent = Agent(heartbeat_interval_s=0.5, backend="gloo").start()
-    agent.wait_for_view(timeout=300)
+    agent = start_agent(backend="gloo")
     cost = costs[agent.rank]
     tracker = agent.data
     on_update = tracker.on_update
@@ -182,55 +171,12 @@ def _worker(argv: list[str]) -> int:
 # -- the foldplane trials ----------------------------------------------------------------------
 
 
-class _Server:
-    """A coordinator on a SQLite file in a temporary directory."""
-
-    def __init__(self) -> None:
-        from agent.client import CoordinatorClient
-
-        self.dir = tempfile.TemporaryDirectory(prefix="foldplane-bench-data-")
-        self.db = Path(self.dir.name) / "log.db"
-        self.port = free_port()
-        self.log = open(Path(self.dir.name) / "coordinator.log", "wb")  # noqa: SIM115
-        self.workers_log = open(Path(self.dir.name) / "workers.log", "wb")  # noqa: SIM115
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "coordinator", "serve", "--db", str(self.db),
-             "--port", str(self.port), "--store-port", "0", "--log-level", "warning"],
-            cwd=ROOT,
-            stdout=self.log,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, "FOLDPLANE_TOKEN": "", "FOLDPLANE_SECRET": ""},
-        )  # fmt: skip
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.client = CoordinatorClient(self.url, timeout_s=30.0)
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                self.client.healthz()
-                break
-            except Exception:
-                if self.process.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("the coordinator did not start") from None
-                time.sleep(0.1)
-
-    def tail(self, name: str) -> str:
-        return Path(self.dir.name, name).read_bytes()[-3000:].decode(errors="replace")
-
-    def close(self) -> None:
-        self.process.terminate()
-        self.process.wait(30)
-        self.client.close()
-        self.log.close()
-        self.workers_log.close()
-        self.dir.cleanup()
-
-
 class _Trial:
-    """One group of 4 workers on ``server``, their events by kind."""
+    """One group of 4 workers on ``service``, their events by kind."""
 
     def __init__(
         self,
-        server: _Server,
+        service: Service,
         group: str,
         size: int,
         batch: int,
@@ -238,62 +184,39 @@ class _Trial:
         split: str,
         epochs: int = 1,
     ) -> None:
-        from agent.launch import Launcher
-
-        self.server, self.group, self.size = server, group, size
-        self.out = Path(server.dir.name, group)
+        self.service, self.group, self.size = service, group, size
+        self.out = service.dir / group
         self.out.mkdir()
-        self.events: queue.Queue[dict[str, Any]] = queue.Queue()
-        self.seen: list[dict[str, Any]] = []
-        server.client.create_group(group, WORLD, formation_timeout_s=300.0)
-        self.launcher = Launcher(
+        self.lines = Lines()
+        service.create_group(group, WORLD)
+        self.launcher = service.launch(
             [sys.executable, __file__, "worker", str(self.out), str(size), str(batch),
              ",".join(str(c) for c in costs), split, str(LOOKAHEAD_BATCHES * batch),
              str(epochs)],
-            coordinator=server.url,
-            group=group,
-            ranks=range(WORLD),
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=server.workers_log,
-            env={**os.environ, "FOLDPLANE_TOKEN": "", "OMP_NUM_THREADS": "1"},
+            group, range(WORLD), self.lines.follow, stdin=subprocess.PIPE,
+            env={"OMP_NUM_THREADS": "1"},
         )  # fmt: skip
-        self.launcher.on_spawn = lambda worker: self._follow(worker.process)
 
-    def _follow(self, process: subprocess.Popen[bytes]) -> None:
-        def read() -> None:
-            assert process.stdout is not None
-            for raw in process.stdout:
-                line = raw.decode(errors="replace").strip()
-                if line.startswith("{"):
-                    try:
-                        self.events.put(json.loads(line))
-                    except ValueError:
-                        continue
-
-        threading.Thread(target=read, daemon=True).start()
+    @property
+    def seen(self) -> list[dict[str, Any]]:
+        return self.lines.seen
 
     def until(
         self, event: str, ranks: set[int], timeout: float, epoch: int = 0
     ) -> dict[int, dict[str, Any]]:
         """The first ``event`` of each rank of ``ranks`` (from every event seen so far), of
         ``epoch`` where the event names one."""
-        deadline = time.monotonic() + timeout
-        while True:
-            got = {
+
+        def got() -> dict[int, dict[str, Any]]:
+            return {
                 e["rank"]: e
                 for e in reversed(self.seen)
                 if e["event"] == event and e.get("epoch", epoch) == epoch
             }
-            if ranks <= set(got):
-                return {r: got[r] for r in ranks}
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise TimeoutError(f"{self.group}: no {event!r} from ranks {ranks - set(got)}")
-            try:
-                self.seen.append(self.events.get(timeout=left))
-            except queue.Empty:
-                continue
+
+        self.lines.wait_for(lambda: ranks <= set(got()), timeout, f"{self.group}: {event!r}")
+        first = got()
+        return {r: first[r] for r in ranks}
 
     def go(self) -> None:
         for rank in range(WORLD):
@@ -303,48 +226,44 @@ class _Trial:
             stdin.flush()
 
     def processed(self) -> int:
-        status = self.server.client.request("GET", f"/groups/{self.group}/epochs")
+        status = self.service.client.request("GET", f"/groups/{self.group}/epochs")
         return status["dataset_size"] - status["unprocessed"]
 
     def stop(self) -> None:
         self.launcher.stop(grace_s=5)
 
 
-def _kill_trial(server: _Server, k: int) -> dict[str, Any]:
+def _kill_trial(service: Service, k: int) -> dict[str, Any]:
     victim = 1 + k % (WORLD - 1)
-    trial = _Trial(server, f"kill{k}", KILL_DATASET, KILL_BATCH, [KILL_COST_S] * WORLD, "equal")
+    trial = _Trial(service, f"kill{k}", KILL_DATASET, KILL_BATCH, [KILL_COST_S] * WORLD, "equal")
     try:
-        trial.launcher.start()
         trial.until("epoch", set(range(WORLD)), 300)
         trial.go()
         while trial.processed() < KILL_AT * KILL_DATASET:
             time.sleep(0.005)  # watching real processes from outside: no event to wait on
         at = trial.processed() / KILL_DATASET
-        killed_at = time.time()
-        trial.launcher.kill(victim)
         survivors = set(range(WORLD)) - {victim}
+
+        def reassigned(line: dict[str, Any], killed_at: float) -> int | None:
+            new = line["event"] == "assignment" and line["t"] > killed_at
+            return line["rank"] if new else None
+
+        recovery = time_recovery(
+            trial.lines, functools.partial(trial.launcher.kill, victim), survivors, reassigned,
+            300, f"{trial.group}: a new assignment for every survivor",
+        )  # fmt: skip
+        killed_at, latency_ms = recovery.killed_at, recovery.seconds * 1e3
         trial.until("done", survivors, 300)
-        got = [
-            e
-            for e in trial.seen
-            if e["event"] == "assignment" and e["rank"] in survivors and e["t"] > killed_at
-        ]
-        first = {}
-        for e in got:
-            first.setdefault(e["rank"], e["t"])
-        if set(first) != survivors:
-            raise RuntimeError(f"survivors {survivors - set(first)} received no new assignment")
-        latency_ms = (max(first.values()) - killed_at) * 1e3
         viewed: dict[int, float] = {}
         for e in trial.seen:
             if e["event"] == "view" and e["rank"] in survivors and e["t"] > killed_at:
                 viewed.setdefault(e["rank"], e["t"])
         view_ms = (max(viewed.values()) - killed_at) * 1e3 if set(viewed) == survivors else None
-        accepted = asyncio.run(_accepted(server.db, trial.group))
+        accepted = asyncio.run(_accepted(service.db, trial.group))
         seen, unreported = _processed_indices(trial.out, accepted)
         lost = KILL_DATASET - len(seen)
         repeated = sum(n - 1 for n in seen.values() if n > 1)
-        status = server.client.request("GET", f"/groups/{trial.group}/epochs")
+        status = service.client.request("GET", f"/groups/{trial.group}/epochs")
         if status["status"] != "complete":
             raise RuntimeError(f"{trial.group}: the epoch is {status['status']}")
         return {
@@ -360,12 +279,12 @@ def _kill_trial(server: _Server, k: int) -> dict[str, Any]:
         trial.stop()
 
 
-async def _accepted(db: Path, group: str) -> dict[tuple[int, str], int]:
+async def _accepted(db: str, group: str) -> dict[tuple[int, str], int]:
     """(rank, incarnation) -> the highest progress the fold accepted from it: the log folded
     from its first record by the real fold."""
-    from coordinator.fold.effects import Refused
-    from coordinator.fold.machine import Coordinator as Fold
-    from eventlog import open_log
+    from foldplane.coordinator.fold.effects import Refused
+    from foldplane.coordinator.fold.machine import Coordinator as Fold
+    from foldplane.eventlog import open_log
 
     log = await open_log(db, create=False)
     fold = Fold()
@@ -407,14 +326,13 @@ def _processed_indices(
     return seen, unreported
 
 
-def _split_trial(server: _Server, name: str, split: str) -> list[dict[str, Any]]:
+def _split_trial(service: Service, name: str, split: str) -> list[dict[str, Any]]:
     """Two epochs on one group of 4 (the first with no rates known yet): per epoch, its wall
     time, the ideal, and how it went."""
     costs = [SPLIT_COST_S * (2 if r == SLOW_RANK else 1) for r in range(WORLD)]
-    trial = _Trial(server, name, SPLIT_DATASET, SPLIT_BATCH, costs, split, SPLIT_EPOCHS)
+    trial = _Trial(service, name, SPLIT_DATASET, SPLIT_BATCH, costs, split, SPLIT_EPOCHS)
     ranks = set(range(WORLD))
     try:
-        trial.launcher.start()
         trial.until("epoch", ranks, 300)
         trial.go()
         out = []
@@ -445,24 +363,21 @@ def _split_trial(server: _Server, name: str, split: str) -> list[dict[str, Any]]
 
 
 def _foldplane_trials(kills: int, split_trials: int) -> dict[str, Any]:
-    server = _Server()
-    try:
-        kill_runs = []
-        for k in range(kills):
-            kill_runs.append(_kill_trial(server, k))
-            _log(f"kill {k + 1}/{kills}: {kill_runs[-1]}")
-        splits: dict[str, list[dict[str, Any]]] = {"throughput": [], "equal": []}
-        for k in range(split_trials):
-            for split in ("throughput", "equal"):  # interleaved: the same noise for both
-                splits[split].append(_split_trial(server, f"{split}{k}", split))
-                _log(f"{split} split {k + 1}/{split_trials}: {splits[split][-1]}")
-        return {"kills": kill_runs, "splits": splits}
-    except Exception:
-        for name in ("coordinator.log", "workers.log"):
-            _log(f"{name} ends with:\n{server.tail(name)}")
-        raise
-    finally:
-        server.close()
+    with Service(store=True, name="data").start() as service:
+        try:
+            kill_runs = []
+            for k in range(kills):
+                kill_runs.append(_kill_trial(service, k))
+                _log(f"kill {k + 1}/{kills}: {kill_runs[-1]}")
+            splits: dict[str, list[dict[str, Any]]] = {"throughput": [], "equal": []}
+            for k in range(split_trials):
+                for split in ("throughput", "equal"):  # interleaved: the same noise for both
+                    splits[split].append(_split_trial(service, f"{split}{k}", split))
+                    _log(f"{split} split {k + 1}/{split_trials}: {splits[split][-1]}")
+            return {"kills": kill_runs, "splits": splits}
+        except Exception:
+            _log(service.tails())
+            raise
 
 
 # -- the baseline: DistributedSampler re-seeded on the smaller world ---------------------------
@@ -517,13 +432,13 @@ def _plan_bytes(n: int, dataset_size: int, grain: int = 1) -> dict[str, Any]:
     """The data plan's bytes on the view change that removes one rank of ``n``, 30 % into an
     epoch of ``dataset_size`` positions handed out in grains of ``grain`` (see the module
     docstring)."""
-    from coordinator.fold.effects import AssignmentChanged, ViewCommitted, ViewPrepare
-    from coordinator.fold.epochs import complete_plan
-    from coordinator.fold.machine import Coordinator as Fold
-    from coordinator.host.journal import encoded
-    from coordinator.host.ready import HostState, ReadyBuilder
-    from eventlog.projection import encode_projection
-    from eventlog.record import Record
+    from foldplane.coordinator.fold.effects import AssignmentChanged, ViewCommitted, ViewPrepare
+    from foldplane.coordinator.fold.epochs import complete_plan
+    from foldplane.coordinator.fold.machine import Coordinator as Fold
+    from foldplane.coordinator.host.journal import encoded
+    from foldplane.coordinator.host.ready import HostState, ReadyBuilder
+    from foldplane.eventlog.projection import encode_projection
+    from foldplane.eventlog.record import Record
 
     s = 1_000_000_000
     t0 = 1_764_000_000 * s
@@ -599,7 +514,7 @@ def _plan_bytes(n: int, dataset_size: int, grain: int = 1) -> dict[str, Any]:
 
 
 def run(quick: bool) -> list[Result]:
-    from benchmarks import recovery
+    from foldplane.benchmarks import recovery
 
     kills, split_trials, recoveries = (1, 1, 2) if quick else (5, 3, 5)
     plan = [_plan_bytes(n, n * PLAN_PER_RANK) for n in PLAN_SIZES]
@@ -611,8 +526,23 @@ def run(quick: bool) -> list[Result]:
     recovery_s, recovery_failed = recovery._foldplane(recoveries)
     base = _baseline(KILL_AT)
     _log(f"baseline: {base}")
+    return [
+        *_kill_rows(ours["kills"], base, recovery_s, recovery_failed, recoveries),
+        _plan_row(plan, realistic, batched),
+        *_split_rows(ours["splits"], split_trials),
+    ]
 
-    runs = ours["kills"]
+
+def _kill_rows(
+    runs: list[dict[str, Any]],
+    base: dict[str, int],
+    recovery_s: list[float],
+    recovery_failed: list[str],
+    recoveries: int,
+) -> list[Result]:
+    """Samples lost and repeated per kill against the baseline, and how soon the survivors
+    held the dead rank's remainder against the recovery measured in the same run."""
+    kills = len(runs)
     lost = [r["lost"] for r in runs]
     repeated = [r["repeated"] for r in runs]
     latency = [r["latency_ms"] for r in runs]
@@ -628,7 +558,7 @@ def run(quick: bool) -> list[Result]:
         "killed_at_fraction": [r["killed_at_fraction"] for r in runs],
         "victims": [r["victim"] for r in runs],
     }
-    results = [
+    return [
         Result(
             "data", "data samples lost per kill", "samples", median(lost),
             baseline=baseline_name, baseline_median=base["continue_lost"],
@@ -671,29 +601,37 @@ def run(quick: bool) -> list[Result]:
             },
         ),
     ]  # fmt: skip
+
+
+def _plan_row(
+    plan: list[dict[str, Any]], realistic: dict[str, Any], batched: dict[str, Any]
+) -> Result:
+    """The plan's bytes at the largest size, with its growth and the other datasets."""
     biggest = plan[-1]
-    results.append(
-        Result(
-            "data", f"data plan bytes per view change {biggest['ranks']:,} ranks", "B",
-            biggest["bytes"], target=f"<= {64 * biggest['ranks']:,} B (64 x N)",
-            extra={
-                **biggest,
-                "imagenet_sized": realistic,
-                "grain_32": batched,
-                "growth": [
-                    {"ranks": p["ranks"], "bytes": p["bytes"], "per_rank": p["per_rank"]}
-                    for p in plan
-                ],
-            },
-        )
+    return Result(
+        "data", f"data plan bytes per view change {biggest['ranks']:,} ranks", "B",
+        biggest["bytes"], target=f"<= {64 * biggest['ranks']:,} B (64 x N)",
+        extra={
+            **biggest,
+            "imagenet_sized": realistic,
+            "grain_32": batched,
+            "growth": [
+                {"ranks": p["ranks"], "bytes": p["bytes"], "per_rank": p["per_rank"]}
+                for p in plan
+            ],
+        },
     )  # fmt: skip
+
+
+def _split_rows(splits: dict[str, list[list[dict[str, Any]]]], split_trials: int) -> list[Result]:
+    """The epoch's wall time split by throughput, equally, and the ideal."""
     # the rows: the epoch split by the rates the first one measured (every epoch of a job
     # after its first); the first epoch (an equal start, then reclaim) is in extra
     steady, first = SPLIT_EPOCHS - 1, 0
-    tp = [t[steady] for t in ours["splits"]["throughput"]]
-    eq = [t[steady] for t in ours["splits"]["equal"]]
-    tp_first = [t[first] for t in ours["splits"]["throughput"]]
-    eq_first = [t[first] for t in ours["splits"]["equal"]]
+    tp = [t[steady] for t in splits["throughput"]]
+    eq = [t[steady] for t in splits["equal"]]
+    tp_first = [t[first] for t in splits["throughput"]]
+    eq_first = [t[first] for t in splits["equal"]]
     tp_wall = median([t["wall_s"] for t in tp])
     eq_wall = median([t["wall_s"] for t in eq])
     ideal = median([t["ideal_s"] for t in tp + eq])
@@ -707,7 +645,7 @@ def run(quick: bool) -> list[Result]:
         "cost_s_per_sample": SPLIT_COST_S, "slow_rank": SLOW_RANK,
         "lookahead": LOOKAHEAD_BATCHES * SPLIT_BATCH,
     }  # fmt: skip
-    results += [
+    return [
         Result(
             "data", "data epoch wall time, throughput split", "s", tp_wall,
             baseline="equal split, same run", baseline_median=eq_wall,
@@ -743,7 +681,6 @@ def run(quick: bool) -> list[Result]:
             },
         ),
     ]  # fmt: skip
-    return results
 
 
 def _plan_bytes_only() -> int:

@@ -45,35 +45,32 @@ event with wall-clock times (``time.time()``), the clock of the kill.
 
 from __future__ import annotations
 
-import json
 import os
-import signal
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-from benchmarks._cluster import free_port
-from benchmarks._torchrun import restart_all
-from benchmarks.harness import Result, lower_is_better_ratio, median, percentile
-from benchmarks.recovery import _Lines, _wait_healthy
+from foldplane.benchmarks.harness import Result, lower_is_better_ratio, median, percentile
+from foldplane.benchmarks.kit.baselines import (
+    ReplicaGroups,
+    measured,
+    restart_all,
+    restart_all_worker,
+    torchft_manager,
+)
+from foldplane.benchmarks.kit.kills import time_recovery
+from foldplane.benchmarks.kit.service import Service, free_port
+from foldplane.benchmarks.kit.workers import Lines, abba, emit, say, start_agent
 
-ROOT = Path(__file__).resolve().parents[1]
 WORLD = 4
 BATCH = 32  # recovery and heal; the overhead is measured at 256 and 32
 MB = 1 << 20
+SIZES = (4, 256, 1024)
+WORLDS = {4: WORLD, 256: WORLD, 1024: 3}  # 1 GB: 3 workers (memory), both systems
 
-
-def _emit(**fields: Any) -> None:
-    print(json.dumps(fields), flush=True)
-
-
-def _log(text: str) -> None:
-    print(f"# ddp: {text}", file=sys.stderr, flush=True)
+_log = say("ddp")
 
 
 # -- the model, the same for every system -------------------------------------------------------
@@ -120,82 +117,28 @@ def _train_step(
     return opt.step()
 
 
-# -- foldplane clusters --------------------------------------------------------------------------
+# -- foldplane groups ----------------------------------------------------------------------------
 
 
-class _Foldplane:
-    """A coordinator on a SQLite file in a temporary directory, and launchers for groups on it."""
-
-    def __init__(self) -> None:
-        from agent.client import CoordinatorClient
-
-        self.tmp = tempfile.TemporaryDirectory(prefix="foldplane-bench-ddp-")
-        port = free_port()
-        self.server_log = open(f"{self.tmp.name}/coordinator.log", "wb")  # noqa: SIM115
-        self.workers_log = open(f"{self.tmp.name}/workers.log", "wb")  # noqa: SIM115
-        self.server = subprocess.Popen(
-            [sys.executable, "-m", "coordinator", "serve", "--db", f"{self.tmp.name}/log.db",
-             "--port", str(port), "--store-port", "0", "--log-level", "warning"],
-            cwd=ROOT, stdout=self.server_log, stderr=subprocess.STDOUT,
-            env={**os.environ, "FOLDPLANE_TOKEN": "", "FOLDPLANE_SECRET": ""},
-        )  # fmt: skip
-        self.url = f"http://127.0.0.1:{port}"
-        self.client = CoordinatorClient(self.url)
-        _wait_healthy(self.client, self.server)
-        self.groups = 0
-
-    def launch(
-        self, mode: str, *args: str, env: dict[str, str] | None = None, world: int = WORLD
-    ) -> tuple[Any, _Lines]:
-        from agent.launch import Launcher
-
-        self.groups += 1
-        group = f"ddp{self.groups}"
-        self.client.create_group(group, world, formation_timeout_s=300.0)
-        launcher = Launcher(
-            [sys.executable, __file__, mode, *args],
-            coordinator=self.url,
-            group=group,
-            ranks=range(world),
-            stdout=subprocess.PIPE,
-            stderr=self.workers_log,
-            env={**os.environ, "FOLDPLANE_TOKEN": "", "OMP_NUM_THREADS": "1", **(env or {})},
-        )
-        lines = _Lines()
-        launcher.on_spawn = lambda worker: lines.follow(worker.process)
-        launcher.start()
-        return launcher, lines
-
-    def tail(self) -> str:
-        return Path(self.tmp.name, "workers.log").read_bytes()[-3000:].decode(errors="replace")
-
-    def close(self) -> None:
-        self.server.terminate()
-        self.server.wait(30)
-        self.server_log.close()
-        self.workers_log.close()
-        self.client.close()
-        self.tmp.cleanup()
-
-
-def _fp_agent() -> Any:
-    import logging
-
-    from agent import Agent
-
-    logging.basicConfig(level=os.environ.get("BENCH_LOG_LEVEL", "ERROR"))
-    agent = Agent(heartbeat_interval_s=0.5, collective_timeout_s=30.0, p2p_timeout_s=30.0)
-    agent.start(timeout_s=300)
-    agent.wait_for_view(timeout=300)
-    return agent
+def _launch(
+    service: Service, mode: str, *args: str, env: dict[str, str] | None = None, world: int = WORLD
+) -> tuple[Any, Lines]:
+    """A fresh group of ``world`` workers running ``mode``, and their lines."""
+    group = service.new_group("ddp", world)
+    lines = Lines()
+    launcher = service.launch(
+        [sys.executable, __file__, mode, *args], group, range(world), lines.follow,
+        env={"OMP_NUM_THREADS": "1", **(env or {})},
+    )  # fmt: skip
+    return launcher, lines
 
 
 # -- ddp step overhead ---------------------------------------------------------------------------
 
 
-def _overhead(fp: _Foldplane, blocks: int, steps: int, batch: int) -> dict[str, list[float]]:
-    launcher, lines = fp.launch(
-        "fp-overhead", str(blocks), str(steps), str(batch),
+def _overhead(service: Service, blocks: int, steps: int, batch: int) -> dict[str, list[float]]:
+    launcher, lines = _launch(
+        service, "fp-overhead", str(blocks), str(steps), str(batch),
         env={"BENCH_GLOO_PORT": str(free_port())},
     )  # fmt: skip
     try:
@@ -216,9 +159,9 @@ def _fp_overhead_worker(blocks: int, steps: int, batch: int) -> int:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
-    from agent.ddp import DistributedDataParallel, ElasticOptimizer
+    from foldplane.agent.ddp import DistributedDataParallel, ElasticOptimizer
 
-    agent = _fp_agent()
+    agent = start_agent()
     rank = agent.rank
     port = os.environ["BENCH_GLOO_PORT"]
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
@@ -229,21 +172,15 @@ def _fp_overhead_worker(blocks: int, steps: int, batch: int) -> int:
     ours = DistributedDataParallel(_model(4), pg)
     ours_opt = ElasticOptimizer(ours, _optimizer(ours.parameters()))
     systems = {"plain": (plain, plain_opt), "foldplane": (ours, ours_opt)}
-    step = 0
-    for b in range(blocks):
-        order = ["plain", "foldplane"] if b % 2 == 0 else ["foldplane", "plain"]
-        for name in order:
-            model, opt = systems[name]
-            times = []
-            for _ in range(steps):
-                step += 1
-                t0 = time.perf_counter()
-                _train_step(model, opt, 4, step, rank, batch)
-                times.append(time.perf_counter() - t0)
-            if rank == 0 and b > 2:  # the first blocks of each warm up
-                _emit(system=name, times=times)
+
+    def step(name: str, n: int) -> None:
+        _train_step(*systems[name], 4, n, rank, batch)
+
+    for b, name, times in abba(blocks, steps, list(systems), step):
+        if rank == 0 and b > 2:  # the first blocks of each warm up
+            emit(system=name, times=times)
     if rank == 0:
-        _emit(finished=True)
+        emit(finished=True)
     threading.Event().wait()  # the benchmark stops the workers
     return 0
 
@@ -252,12 +189,11 @@ def _fp_overhead_worker(blocks: int, steps: int, batch: int) -> int:
 
 
 def _fp_trial(
-    fp: _Foldplane, state_mb: int, victim: int, world: int
+    service: Service, state_mb: int, victim: int, world: int
 ) -> tuple[float, dict[str, Any]]:
     """Kill ``victim``; (kill -> every survivor committed without it, the replacement's heal)."""
-    launcher, lines = fp.launch("fp-train", str(state_mb), world=world)
+    launcher, lines = _launch(service, "fp-train", str(state_mb), world=world)
     try:
-        survivors = set(range(world)) - {victim}
         steps: dict[int, int] = {}
 
         def warmed(line: dict[str, Any]) -> bool:
@@ -266,24 +202,20 @@ def _fp_trial(
             return len(steps) == world and min(steps.values()) >= (3 if state_mb <= 4 else 1)
 
         lines.until(warmed, 300, "formation")
-        killed_at = time.time()
-        launcher.kill(victim)
-        first: dict[int, float] = {}
 
-        where: dict[int, str] = {}
+        def without_victim(line: dict[str, Any], _: float) -> int | None:
+            return line["rank"] if line.get("members") == world - 1 else None
 
-        def recovered(line: dict[str, Any]) -> bool:
-            if line.get("members") == world - 1 and line["rank"] in survivors:
-                if line["rank"] not in first and "skipped" in line:
-                    where[line["rank"]] = (
-                        f"skip +{line['skipped'] - killed_at:.3f} s, step in view "
-                        f"{line['view']} began +{line['step_began'] - killed_at:.3f} s"
-                    )
-                first.setdefault(line["rank"], line["t"])
-            return set(first) == survivors
-
-        lines.until(recovered, 300, f"recovery from the kill of rank {victim}")
-        recovery = max(first.values()) - killed_at
+        recovery = time_recovery(
+            lines, lambda: launcher.kill(victim), set(range(world)) - {victim}, without_victim,
+            300, f"recovery from the kill of rank {victim}",
+        )  # fmt: skip
+        where = {  # where a recovery's time went
+            rank: f"skip +{line['skipped'] - recovery.killed_at:.3f} s, step in view "
+            f"{line['view']} began +{line['step_began'] - recovery.killed_at:.3f} s"
+            for rank, line in recovery.first.items()
+            if "skipped" in line
+        }
         _log(f"foldplane {state_mb} MB: {where}")
         launcher.replace(victim)
         heal: list[dict[str, Any]] = []
@@ -294,15 +226,15 @@ def _fp_trial(
             return bool(heal)
 
         lines.until(healed, 300, "the replacement's heal")
-        return recovery, heal[0]
+        return recovery.seconds, heal[0]
     finally:
         launcher.stop(grace_s=5)
 
 
 def _fp_train_worker(state_mb: int) -> int:
-    from agent.ddp import DistributedDataParallel, ElasticOptimizer
+    from foldplane.agent.ddp import DistributedDataParallel, ElasticOptimizer
 
-    agent = _fp_agent()
+    agent = start_agent()
     rank = agent.rank
     pg = agent.process_group()
     model = DistributedDataParallel(_model(state_mb, seed=rank), pg)
@@ -314,7 +246,7 @@ def _fp_train_worker(state_mb: int) -> int:
         model.begin_step()  # pulls the members' state, then enters the view with them
         ready = time.time()
         heal = model.last_heal
-        _emit(
+        emit(
             rank=rank,
             heal_s=(heal.finished_at if heal is not None else ready) - t0,
             ready_s=ready - t0,
@@ -332,7 +264,7 @@ def _fp_train_worker(state_mb: int) -> int:
             if skipped_at is not None:  # where a recovery's time went
                 line.update(skipped=skipped_at, step_began=t0)
                 skipped_at = None
-            _emit(**line, members=len(model.members), view=model.view_version)
+            emit(**line, members=len(model.members), view=model.view_version)
         elif skipped_at is None:
             skipped_at = time.time()
 
@@ -342,84 +274,33 @@ def _fp_train_worker(state_mb: int) -> int:
 
 def _torchft_trial(state_mb: int, world: int = WORLD) -> tuple[float, float]:
     """4 replica groups; kill one; (kill -> survivors committed with 3, the restarted one's heal)."""
-    port = free_port()
-    lighthouse = subprocess.Popen(
-        [str(Path(sys.executable).with_name("torchft_lighthouse")), "--bind", f"127.0.0.1:{port}",
-         "--min_replicas", "2", "--join_timeout_ms", "1000", "--quorum_tick_ms", "100",
-         "--heartbeat_timeout_ms", "1000"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    address = f"http://127.0.0.1:{port}"
-    lines = _Lines()
-    procs: dict[int, subprocess.Popen[bytes]] = {}
-    logs = tempfile.TemporaryDirectory(prefix="foldplane-bench-torchft-")
+    with ReplicaGroups(
+        lambda r, address: [sys.executable, __file__, "ft-train", str(r), address, str(state_mb)],
+        world,
+    ) as replicas:
+        try:
+            replicas.formed(3 if state_mb <= 4 else 1)
+            recovery = replicas.kill_last()
+            replicas.start(world - 1)
+            heal: list[float] = []
 
-    def start(r: int) -> None:
-        with open(f"{logs.name}/replica{r}.log", "ab") as err:
-            procs[r] = subprocess.Popen(
-                [sys.executable, __file__, "ft-train", str(r), address, str(state_mb)],
-                cwd=ROOT, stdout=subprocess.PIPE, stderr=err,
-                env={**os.environ, "OMP_NUM_THREADS": "1"},
-            )  # fmt: skip
-        lines.follow(procs[r])
+            def healed(line: dict[str, Any]) -> bool:
+                if "heal_s" in line:
+                    heal.append(line["heal_s"])
+                return bool(heal)
 
-    try:
-        for r in range(world):
-            start(r)
-        seen: dict[int, int] = {}
-
-        def formed(line: dict[str, Any]) -> bool:
-            if line.get("participants") == world:
-                seen[line["replica"]] = seen.get(line["replica"], 0) + 1
-            return len(seen) == world and min(seen.values()) >= (3 if state_mb <= 4 else 1)
-
-        lines.until(formed, 600, "torchft formation")
-        victim = world - 1
-        killed_at = time.time()
-        procs[victim].kill()
-        procs[victim].wait()
-        first: dict[int, float] = {}
-
-        def recovered(line: dict[str, Any]) -> bool:
-            if line.get("participants") == world - 1 and line["t"] > killed_at:
-                first.setdefault(line["replica"], line["t"])
-            return len(first) == world - 1
-
-        lines.until(recovered, 300, "torchft recovery")
-        recovery = max(first.values()) - killed_at
-        start(victim)
-        heal: list[float] = []
-
-        def healed(line: dict[str, Any]) -> bool:
-            if "heal_s" in line:
-                heal.append(line["heal_s"])
-            return bool(heal)
-
-        lines.until(healed, 300, "torchft heal")
-        return recovery, heal[0]
-    except Exception:
-        for r in range(world):
-            tail = Path(logs.name, f"replica{r}.log").read_bytes()[-1500:].decode(errors="replace")
-            _log(f"torchft replica {r} log ends with:\n{tail}")
-        raise
-    finally:
-        logs.cleanup()
-        for p in procs.values():
-            if p.poll() is None:
-                p.kill()
-            p.wait()
-        lighthouse.kill()
-        lighthouse.wait()
+            replicas.lines.until(healed, 300, "torchft heal")
+            return recovery, heal[0]
+        except Exception:
+            _log(replicas.tails())
+            raise
 
 
 def _ft_train_worker(replica: int, lighthouse: str, state_mb: int) -> int:
-    from datetime import timedelta
-
-    from torch.distributed import TCPStore
-    from torchft import DistributedDataParallel, Manager, ProcessGroupGloo
+    import torch
+    from torchft import DistributedDataParallel, Manager
     from torchft.optim import OptimizerWrapper
 
-    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     module = _model(state_mb, seed=replica)
     inner = _optimizer(module.parameters())
     loaded: list[float] = []
@@ -429,23 +310,10 @@ def _ft_train_worker(replica: int, lighthouse: str, state_mb: int) -> int:
         inner.load_state_dict(state["optim"])
         loaded.append(time.time())
 
-    manager = Manager(
-        pg=ProcessGroupGloo(timeout=timedelta(seconds=30)),
-        load_state_dict=load_state_dict,
+    manager = torchft_manager(
+        replica, lighthouse, timeout_s=30, quorum_timeout_s=120, load_state_dict=load_state_dict,
         state_dict=lambda: {"model": module.state_dict(), "optim": inner.state_dict()},
-        min_replica_size=2,
-        use_async_quorum=False,
-        replica_id=f"replica{replica}",
-        store_addr="127.0.0.1",
-        store_port=store.port,
-        rank=0,
-        world_size=1,
-        lighthouse_addr=lighthouse,
-        timeout=timedelta(seconds=30),
-        quorum_timeout=timedelta(seconds=120),
-    )
-
-    import torch
+    )  # fmt: skip
 
     def fixed_hook(state, bucket):  # noqa: ANN001, ANN202 (annotated below: DDP checks classes)
         work = state.allreduce(bucket.buffer())
@@ -481,13 +349,13 @@ def _ft_train_worker(replica: int, lighthouse: str, state_mb: int) -> int:
         t0 = time.time()
         opt.zero_grad()  # the quorum; a replica behind heals here (synchronous quorum)
         if loaded and step == 1:
-            _emit(replica=replica, heal_s=loaded[0] - t0)
+            emit(replica=replica, heal_s=loaded[0] - t0)
         x, y = _batch(state_mb, step, replica)
         torch.nn.functional.mse_loss(model(x), y).backward()
         committed = manager.should_commit()
         if committed:
             inner.step()
-            _emit(replica=replica, participants=manager.num_participants(), t=time.time())
+            emit(replica=replica, participants=manager.num_participants(), t=time.time())
 
 
 # -- torchrun ------------------------------------------------------------------------------------
@@ -497,38 +365,15 @@ def _torchrun(trials: int) -> list[float]:
     return restart_all(__file__, "torchrun-train", "BENCH_OUT", WORLD, trials, _log)
 
 
-def _torchrun_worker() -> int:
-    import torch.distributed as dist
+def _torchrun_step(rank: int) -> Callable[[int], object]:
     from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
-    dist.init_process_group("gloo")
-    rank = dist.get_rank()
-    out = Path(os.environ["BENCH_OUT"])
-    restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     model = TorchDDP(_model(4))
     opt = _optimizer(model.parameters())
-    step = 0
-    while True:
-        step += 1
-        _train_step(model, opt, 4, step, rank)
-        if restart > 0:
-            (out / f"restarted-{rank}").write_text(repr(time.time()))
-            dist.destroy_process_group()
-            return 0
-        if rank == WORLD - 1 and step == 20:
-            (out / "killed").write_text(repr(time.time()))
-            os.kill(os.getpid(), signal.SIGKILL)
+    return lambda n: _train_step(model, opt, 4, n, rank)
 
 
 # -- the benchmark -------------------------------------------------------------------------------
-
-
-def _measure(what: str, fn: Callable[[], Any]) -> Any:
-    try:
-        return fn()
-    except Exception as exc:  # a system that cannot be measured here is said so, never faked
-        _log(f"{what} could not be measured: {exc}")
-        return exc
 
 
 def _heal_name(size: int) -> str:
@@ -538,84 +383,113 @@ def _heal_name(size: int) -> str:
 def run(quick: bool) -> list[Result]:
     blocks, steps = (30, 2) if quick else (80, 4)
     kills, trials = (1, 1) if quick else (3, 2)
-    sizes = [4, 256, 1024]
-    worlds = {4: WORLD, 256: WORLD, 1024: 3}  # 1 GB: 3 workers (memory), both systems
     # heal trials per size: the 4 MB ones are the recovery trials too
     fp_trials = {4: kills, 256: 1 if quick else 3, 1024: 1 if quick else 2}
     ft_trials = {4: trials, 256: 1 if quick else 3, 1024: 1 if quick else 2}
-    results: list[Result] = []
-    fp = _Foldplane()
-    try:
-        for batch in (256, 32):
-            times = _overhead(fp, blocks, steps, batch)
-            ours, plain = median(times["foldplane"]), median(times["plain"])
-            _log(f"batch {batch}: foldplane {ours * 1e3:.2f} ms, plain DDP {plain * 1e3:.2f} ms")
-            results.append(
-                Result(
-                    "ddp", "ddp step overhead" + ("" if batch == 256 else f", batch {batch}"), "x",
-                    ours / plain,
-                    baseline="plain DDP on init_process_group('gloo'), same processes (ABBA)",
-                    baseline_median=1.0, target="<= 1.05" if batch == 256 else None,
-                    extra={"foldplane_step_ms": round(ours * 1e3, 3),
-                           "plain_step_ms": round(plain * 1e3, 3), "batch": batch,
-                           "steps_each": len(times["foldplane"]), "state_mb": 4},
-                )
+    with Service(store=True, name="ddp").start() as service:
+        overhead = {batch: _overhead(service, blocks, steps, batch) for batch in (256, 32)}
+        fp_recovery, fp_heal = _foldplane_trials(service, fp_trials)
+    ft_recovery, ft_heal = _torchft_trials(ft_trials)
+    torchrun = measured("torchrun", lambda: _torchrun(trials), _log)
+    results = [_overhead_row(batch, times) for batch, times in overhead.items()]
+    results += _recovery_rows(fp_recovery[4], ft_recovery[4], torchrun)
+    results += _heal_rows(fp_recovery, fp_heal, ft_recovery, ft_heal)
+    from foldplane.benchmarks import fsdp  # the HSDP rows belong to this run too
+
+    results.extend(fsdp.run(quick))
+    return results
+
+
+def _foldplane_trials(
+    service: Service, trials: dict[int, int]
+) -> tuple[dict[int, list[float]], dict[int, list[dict[str, Any]]]]:
+    """Per state size: the recoveries and the replacements' heals (the trials that ran)."""
+    recovery: dict[int, list[float]] = {s: [] for s in SIZES}
+    heal: dict[int, list[dict[str, Any]]] = {s: [] for s in SIZES}
+    for size in SIZES:
+        world = WORLDS[size]
+        for k in range(trials[size]):
+            victim = 1 + k % (world - 1)
+            got = measured(
+                f"foldplane {size} MB",
+                lambda s=size, v=victim, w=world: _fp_trial(service, s, v, w), _log,
             )  # fmt: skip
-        fp_recovery: dict[int, list[float]] = {s: [] for s in sizes}
-        fp_heal: dict[int, list[dict[str, Any]]] = {s: [] for s in sizes}
-        for size in sizes:
-            world = worlds[size]
-            for k in range(fp_trials[size]):
-                victim = 1 + k % (world - 1)
-                got = _measure(
-                    f"foldplane {size} MB",
-                    lambda s=size, v=victim, w=world: _fp_trial(fp, s, v, w),
-                )
-                if isinstance(got, Exception):
-                    _log(f"workers.log ends with:\n{fp.tail()}")
-                    continue
-                fp_recovery[size].append(got[0])
-                fp_heal[size].append(got[1])
-                _log(f"foldplane {size} MB kill of rank {victim}: recovery {got[0]:.3f} s, "
-                     f"heal {got[1]}")  # fmt: skip
-    finally:
-        fp.close()
-    ft_recovery: dict[int, list[float]] = {s: [] for s in sizes}
-    ft_heal: dict[int, list[float]] = {s: [] for s in sizes}
-    for size in sizes:
-        for _ in range(ft_trials[size]):
-            got = _measure(f"torchft {size} MB", lambda s=size: _torchft_trial(s, worlds[s]))
+            if isinstance(got, Exception):
+                _log(f"workers.log ends with:\n{service.tail('workers.log')}")
+                continue
+            recovery[size].append(got[0])
+            heal[size].append(got[1])
+            _log(f"foldplane {size} MB kill of rank {victim}: recovery {got[0]:.3f} s, "
+                 f"heal {got[1]}")  # fmt: skip
+    return recovery, heal
+
+
+def _torchft_trials(
+    trials: dict[int, int],
+) -> tuple[dict[int, list[float]], dict[int, list[float]]]:
+    recovery: dict[int, list[float]] = {s: [] for s in SIZES}
+    heal: dict[int, list[float]] = {s: [] for s in SIZES}
+    for size in SIZES:
+        for _ in range(trials[size]):
+            got = measured(f"torchft {size} MB", lambda s=size: _torchft_trial(s, WORLDS[s]), _log)
             if isinstance(got, Exception):
                 continue
-            ft_recovery[size].append(got[0])
-            ft_heal[size].append(got[1])
+            recovery[size].append(got[0])
+            heal[size].append(got[1])
             _log(f"torchft {size} MB: recovery {got[0]:.3f} s, heal {got[1]:.3f} s")
-    torchrun = _measure("torchrun", lambda: _torchrun(trials))
+    return recovery, heal
 
-    ours = fp_recovery[4]
-    if ours:
-        for name, theirs in (
-            ("torchft 0.2.0 DDP (lighthouse, 4 replica groups of 1)", ft_recovery[4]),
-            ("torchrun --max-restarts=1 (restart all, DDP rebuilt)", torchrun),
-        ):
-            ok = isinstance(theirs, list) and bool(theirs)
-            results.append(
-                Result(
-                    "ddp", "ddp recovery", "s", median(ours), p99=percentile(ours, 99),
-                    baseline=name, baseline_median=median(theirs) if ok else None,
-                    ratio=lower_is_better_ratio(median(ours), median(theirs)) if ok else None,
-                    target=">= 10x torchft",
-                    extra={"samples_s": [round(s, 3) for s in ours],
-                           "baseline_samples_s": [round(s, 3) for s in theirs] if ok else str(theirs)[:300]},
-                )
-            )  # fmt: skip
-    for size in sizes:
+
+def _overhead_row(batch: int, times: dict[str, list[float]]) -> Result:
+    ours, plain = median(times["foldplane"]), median(times["plain"])
+    _log(f"batch {batch}: foldplane {ours * 1e3:.2f} ms, plain DDP {plain * 1e3:.2f} ms")
+    return Result(
+        "ddp", "ddp step overhead" + ("" if batch == 256 else f", batch {batch}"), "x",
+        ours / plain,
+        baseline="plain DDP on init_process_group('gloo'), same processes (ABBA)",
+        baseline_median=1.0, target="<= 1.05" if batch == 256 else None,
+        extra={"foldplane_step_ms": round(ours * 1e3, 3),
+               "plain_step_ms": round(plain * 1e3, 3), "batch": batch,
+               "steps_each": len(times["foldplane"]), "state_mb": 4},
+    )  # fmt: skip
+
+
+def _recovery_rows(ours: list[float], torchft: list[float], torchrun: Any) -> list[Result]:
+    if not ours:
+        return []
+    rows = []
+    for name, theirs in (
+        ("torchft 0.2.0 DDP (lighthouse, 4 replica groups of 1)", torchft),
+        ("torchrun --max-restarts=1 (restart all, DDP rebuilt)", torchrun),
+    ):
+        ok = isinstance(theirs, list) and bool(theirs)
+        rows.append(
+            Result(
+                "ddp", "ddp recovery", "s", median(ours), p99=percentile(ours, 99),
+                baseline=name, baseline_median=median(theirs) if ok else None,
+                ratio=lower_is_better_ratio(median(ours), median(theirs)) if ok else None,
+                target=">= 10x torchft",
+                extra={"samples_s": [round(s, 3) for s in ours],
+                       "baseline_samples_s": [round(s, 3) for s in theirs] if ok else str(theirs)[:300]},
+            )
+        )  # fmt: skip
+    return rows
+
+
+def _heal_rows(
+    fp_recovery: dict[int, list[float]],
+    fp_heal: dict[int, list[dict[str, Any]]],
+    ft_recovery: dict[int, list[float]],
+    ft_heal: dict[int, list[float]],
+) -> list[Result]:
+    rows = []
+    for size in SIZES:
         heals = fp_heal[size]
         if not heals:
             continue
         mine = [h["heal_s"] for h in heals]
         theirs = ft_heal[size]
-        results.append(
+        rows.append(
             Result(
                 "ddp", _heal_name(size), "s", median(mine),
                 baseline="torchft 0.2.0 checkpoint heal (HTTP)",
@@ -628,15 +502,12 @@ def run(quick: bool) -> list[Result]:
                        "pull_s": [None if h["pull_s"] is None else round(h["pull_s"], 3)
                                   for h in heals],
                        "sources": [h["sources"] for h in heals],
-                       "workers": worlds[size],
+                       "workers": WORLDS[size],
                        "recovery_at_this_size_s": [round(s, 3) for s in fp_recovery[size]],
                        "torchft_recovery_at_this_size_s": [round(s, 3) for s in ft_recovery[size]]},
             )
         )  # fmt: skip
-    from benchmarks import fsdp  # the HSDP rows belong to this run too
-
-    results.extend(fsdp.run(quick))
-    return results
+    return rows
 
 
 if __name__ == "__main__":
@@ -648,5 +519,5 @@ if __name__ == "__main__":
     if mode == "ft-train":
         raise SystemExit(_ft_train_worker(int(sys.argv[2]), sys.argv[3], int(sys.argv[4])))
     if mode == "torchrun-train":
-        raise SystemExit(_torchrun_worker())
+        raise SystemExit(restart_all_worker("BENCH_OUT", WORLD, 20, _torchrun_step))
     raise SystemExit(f"unknown mode {mode!r}")

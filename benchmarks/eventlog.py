@@ -32,14 +32,14 @@ from typing import Any
 import asyncpg
 import msgspec
 
-from benchmarks.harness import (
+from foldplane.benchmarks.harness import (
     Result,
     higher_is_better_ratio,
     median,
     percentile,
 )
-from eventlog import READ_PAGE, Log, NewRecord, open_log
-from eventlog.record import encode_payload, frame_body, seal
+from foldplane.eventlog import READ_PAGE, Log, NewRecord, open_log
+from foldplane.eventlog.record import encode_payload, frame_body, seal
 
 BENCH = "eventlog"
 PG_URL = os.environ.get("FOLDPLANE_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/test")
@@ -346,11 +346,6 @@ def note(msg: str) -> None:
 
 async def measure(quick: bool) -> list[Result]:
     trials = 1 if quick else 3
-    totals = {1: 1_000, 10: 4_000, 100: 20_000, 1000: 30_000}
-    if not quick:
-        totals = {p: n * 3 for p, n in totals.items()}
-    naive_total = 1_000 if quick else 3_000
-    replay_n = 200_000 if quick else 1_000_000
     results: list[Result] = []
     with tempfile.TemporaryDirectory(prefix="bench-eventlog-") as tmp:
         targets = Targets(Path(tmp))
@@ -359,155 +354,166 @@ async def measure(quick: bool) -> list[Result]:
             note(f"PostgreSQL at {PG_URL} is not reachable: its figures are left out")
         try:
             for store in stores:
-                fresh = targets.sqlite if store == "sqlite" else targets.postgres
-                naive = naive_sqlite_trial if store == "sqlite" else naive_postgres_trial
-                naive_runs = []
-                for _ in range(trials):
-                    naive_runs.append((await naive(fresh(), 100, naive_total))[0])
-                    await targets.drop()
-                naive_rate = median(naive_runs)
-                note(f"{store} naive writer, 100 producers: {naive_rate:,.0f} appends/s")
-                for producers in PRODUCERS:
-                    rates, p50s, p99s, cpus = [], [], [], []
-                    for _ in range(trials):
-                        rate, lat, cpu = await group_commit_trial(
-                            fresh(), producers, totals[producers]
-                        )
-                        await targets.drop()
-                        rates.append(rate)
-                        cpus.append(cpu)
-                        p50s.append(percentile(lat, 50))
-                        p99s.append(percentile(lat, 99))
-                    note(
-                        f"{store} {producers} producers: {median(rates):,.0f} appends/s, "
-                        f"{median(cpus):.1f} client CPU µs per append"
-                    )
-                    with_baseline = producers == 100
-                    results.append(
-                        Result(
-                            BENCH,
-                            f"{store} durable appends, {producers} producers",
-                            "appends/s",
-                            median(rates),
-                            baseline=NAIVE + ", 100 producers" if with_baseline else None,
-                            baseline_median=naive_rate if with_baseline else None,
-                            ratio=higher_is_better_ratio(median(rates), naive_rate)
-                            if with_baseline
-                            else None,
-                            target=(">=40,000/s and >=20x naive" if store == "sqlite" else None)
-                            if with_baseline
-                            else None,
-                            extra={"client_cpu_us_per_append": round(median(cpus), 1)},
-                        )
-                    )
-                    results.append(
-                        Result(
-                            BENCH,
-                            f"{store} ack latency p50, {producers} producers",
-                            "ms",
-                            median(p50s),
-                            p99=median(p99s),
-                            target="p99 <= 10 ms" if with_baseline and store == "sqlite" else None,
-                        )
-                    )
-                for batch in (100, 1000):
-                    rates = []
-                    for _ in range(trials):
-                        rates.append(
-                            await batch_trial(fresh(), batch, 20 * batch if quick else 100 * batch)
-                        )
-                        await targets.drop()
-                    note(f"{store} batches of {batch}: {median(rates):,.0f} records/s")
-                    results.append(
-                        Result(
-                            BENCH,
-                            f"{store} durable appends, 1 producer, batches of {batch}",
-                            "records/s",
-                            median(rates),
-                            target=">=30,000/s" if store == "postgres" else None,
-                        )
-                    )
-
-            # 64 callers appending 8 records at a time: one shared Log against one Log each.
-            for openers, rounds in ((1, 10 if quick else 40), (64, 1 if quick else 2)):
-                rate, appends, commits = await small_batches_trial(
-                    targets.sqlite(), 64, 8, rounds, openers
-                )
-                await targets.drop()
-                shared = "one shared Log" if openers == 1 else "a Log per caller"
-                note(
-                    f"sqlite 64 callers x 8 records, {shared}: {rate:,.0f} records/s, "
-                    f"{appends} appends in {commits} commits"
-                )
-                results.append(
-                    Result(
-                        BENCH,
-                        f"sqlite durable appends, 64 callers x 8 records, {shared}",
-                        "records/s",
-                        rate,
-                        extra={"appends": appends, "commits": commits},
-                    )
-                )
-
-            # Replay: one log of replay_n records, read back page by page (read + verify + decode).
+                results += await _appends(targets, store, trials, quick)
+            results += await _small_batches(targets, quick)
             for store in stores:
-                n = replay_n if store == "sqlite" else replay_n // 5
-                target = targets.sqlite() if store == "sqlite" else targets.postgres()
-                plain = str(targets.tmp / f"plain-{uuid.uuid4().hex}.db")
-                log = await open_log(target)
-                try:
-                    await fill(log, n)
-                    rates, cpu_rates = [], []
-                    for _ in range(trials):
-                        count, rate, cpu_rate = await replay(log)
-                        assert count == n, f"replay read {count} records, expected {n}"
-                        rates.append(rate)
-                        cpu_rates.append(cpu_rate)
-                    if store == "sqlite":
-                        await plain_copy(log, plain)
-                finally:
-                    await log.close()
-                baseline = floor = None
-                if store == "sqlite":
-                    baseline = median([naive_replay(plain) for _ in range(trials)])
-                    floor = median([naive_replay(plain, msgspec_decode) for _ in range(trials)])
-                    os.unlink(plain)
-                await targets.drop()
-                note(
-                    f"{store} replay of {n:,}: {median(rates):,.0f} records/s "
-                    f"({median(cpu_rates):,.0f} per CPU-second)"
-                )
-                results.append(
-                    Result(
-                        BENCH,
-                        f"{store} replay (read + verify + decode), {n:,} records",
-                        "records/s",
-                        median(rates),
-                        baseline="plain sqlite3 table + json.loads, no checksum"
-                        if baseline
-                        else None,
-                        baseline_median=baseline,
-                        ratio=higher_is_better_ratio(median(rates), baseline) if baseline else None,
-                        target=">=300,000/s" if store == "sqlite" else None,
-                        extra={"records_per_cpu_second": round(median(cpu_rates))},
-                    )
-                )
-                if floor is not None:
-                    # the same read with the fastest decoder and nothing else: no checksum,
-                    # no Record; how close the log's own read path comes to the bare minimum
-                    results.append(
-                        Result(
-                            BENCH,
-                            f"{store} replay, {n:,} records, against the bare minimum",
-                            "records/s",
-                            median(rates),
-                            baseline="plain sqlite3 table + msgspec, no checksum, no Record",
-                            baseline_median=floor,
-                            ratio=higher_is_better_ratio(median(rates), floor),
-                        )
-                    )
+                results += await _replays(targets, store, trials, quick)
         finally:
             await targets.drop()
+    return results
+
+
+async def _appends(targets: Targets, store: str, trials: int, quick: bool) -> list[Result]:
+    """Durable appends from 1 to 1,000 producers against the naive writer, and batches."""
+    totals = {1: 1_000, 10: 4_000, 100: 20_000, 1000: 30_000}
+    if not quick:
+        totals = {p: n * 3 for p, n in totals.items()}
+    naive_total = 1_000 if quick else 3_000
+    fresh = targets.sqlite if store == "sqlite" else targets.postgres
+    naive = naive_sqlite_trial if store == "sqlite" else naive_postgres_trial
+    naive_runs = []
+    for _ in range(trials):
+        naive_runs.append((await naive(fresh(), 100, naive_total))[0])
+        await targets.drop()
+    naive_rate = median(naive_runs)
+    note(f"{store} naive writer, 100 producers: {naive_rate:,.0f} appends/s")
+    results: list[Result] = []
+    for producers in PRODUCERS:
+        rates, p50s, p99s, cpus = [], [], [], []
+        for _ in range(trials):
+            rate, lat, cpu = await group_commit_trial(fresh(), producers, totals[producers])
+            await targets.drop()
+            rates.append(rate)
+            cpus.append(cpu)
+            p50s.append(percentile(lat, 50))
+            p99s.append(percentile(lat, 99))
+        note(
+            f"{store} {producers} producers: {median(rates):,.0f} appends/s, "
+            f"{median(cpus):.1f} client CPU µs per append"
+        )
+        with_baseline = producers == 100
+        results.append(
+            Result(
+                BENCH,
+                f"{store} durable appends, {producers} producers",
+                "appends/s",
+                median(rates),
+                baseline=NAIVE + ", 100 producers" if with_baseline else None,
+                baseline_median=naive_rate if with_baseline else None,
+                ratio=higher_is_better_ratio(median(rates), naive_rate) if with_baseline else None,
+                target=(">=40,000/s and >=20x naive" if store == "sqlite" else None)
+                if with_baseline
+                else None,
+                extra={"client_cpu_us_per_append": round(median(cpus), 1)},
+            )
+        )
+        results.append(
+            Result(
+                BENCH,
+                f"{store} ack latency p50, {producers} producers",
+                "ms",
+                median(p50s),
+                p99=median(p99s),
+                target="p99 <= 10 ms" if with_baseline and store == "sqlite" else None,
+            )
+        )
+    for batch in (100, 1000):
+        rates = []
+        for _ in range(trials):
+            rates.append(await batch_trial(fresh(), batch, 20 * batch if quick else 100 * batch))
+            await targets.drop()
+        note(f"{store} batches of {batch}: {median(rates):,.0f} records/s")
+        results.append(
+            Result(
+                BENCH,
+                f"{store} durable appends, 1 producer, batches of {batch}",
+                "records/s",
+                median(rates),
+                target=">=30,000/s" if store == "postgres" else None,
+            )
+        )
+    return results
+
+
+async def _small_batches(targets: Targets, quick: bool) -> list[Result]:
+    """64 callers appending 8 records at a time: one shared Log against one Log each."""
+    results = []
+    for openers, rounds in ((1, 10 if quick else 40), (64, 1 if quick else 2)):
+        rate, appends, commits = await small_batches_trial(targets.sqlite(), 64, 8, rounds, openers)
+        await targets.drop()
+        shared = "one shared Log" if openers == 1 else "a Log per caller"
+        note(
+            f"sqlite 64 callers x 8 records, {shared}: {rate:,.0f} records/s, "
+            f"{appends} appends in {commits} commits"
+        )
+        results.append(
+            Result(
+                BENCH,
+                f"sqlite durable appends, 64 callers x 8 records, {shared}",
+                "records/s",
+                rate,
+                extra={"appends": appends, "commits": commits},
+            )
+        )
+    return results
+
+
+async def _replays(targets: Targets, store: str, trials: int, quick: bool) -> list[Result]:
+    """One log of many records, read back page by page (read + verify + decode)."""
+    replay_n = 200_000 if quick else 1_000_000
+    n = replay_n if store == "sqlite" else replay_n // 5
+    target = targets.sqlite() if store == "sqlite" else targets.postgres()
+    plain = str(targets.tmp / f"plain-{uuid.uuid4().hex}.db")
+    log = await open_log(target)
+    try:
+        await fill(log, n)
+        rates, cpu_rates = [], []
+        for _ in range(trials):
+            count, rate, cpu_rate = await replay(log)
+            assert count == n, f"replay read {count} records, expected {n}"
+            rates.append(rate)
+            cpu_rates.append(cpu_rate)
+        if store == "sqlite":
+            await plain_copy(log, plain)
+    finally:
+        await log.close()
+    baseline = floor = None
+    if store == "sqlite":
+        baseline = median([naive_replay(plain) for _ in range(trials)])
+        floor = median([naive_replay(plain, msgspec_decode) for _ in range(trials)])
+        os.unlink(plain)
+    await targets.drop()
+    note(
+        f"{store} replay of {n:,}: {median(rates):,.0f} records/s "
+        f"({median(cpu_rates):,.0f} per CPU-second)"
+    )
+    results = [
+        Result(
+            BENCH,
+            f"{store} replay (read + verify + decode), {n:,} records",
+            "records/s",
+            median(rates),
+            baseline="plain sqlite3 table + json.loads, no checksum" if baseline else None,
+            baseline_median=baseline,
+            ratio=higher_is_better_ratio(median(rates), baseline) if baseline else None,
+            target=">=300,000/s" if store == "sqlite" else None,
+            extra={"records_per_cpu_second": round(median(cpu_rates))},
+        )
+    ]
+    if floor is not None:
+        # the same read with the fastest decoder and nothing else: no checksum, no Record; how
+        # close the log's own read path comes to the bare minimum
+        results.append(
+            Result(
+                BENCH,
+                f"{store} replay, {n:,} records, against the bare minimum",
+                "records/s",
+                median(rates),
+                baseline="plain sqlite3 table + msgspec, no checksum, no Record",
+                baseline_median=floor,
+                ratio=higher_is_better_ratio(median(rates), floor),
+            )
+        )
     return results
 
 

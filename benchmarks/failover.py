@@ -24,29 +24,23 @@ import asyncio
 import contextlib
 import os
 import signal
-import socket
-import subprocess
-import sys
-import tempfile
 import threading
 import time
 import uuid
 from bisect import bisect_right
 from collections.abc import Callable, Coroutine
-from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 import asyncpg
-import httpx
 
-from agent.client import CoordinatorClient, CoordinatorUnavailable
-from benchmarks._cluster import TimedCluster
-from benchmarks.harness import Result, lower_is_better_ratio, median, percentile
+from foldplane.agent.client import CoordinatorClient, CoordinatorUnavailable
+from foldplane.benchmarks.harness import Result, lower_is_better_ratio, median, percentile
+from foldplane.benchmarks.kit.service import Service
+from foldplane.benchmarks.kit.simulated import TimedCluster
 
 BENCH = "failover"
 PG_URL = os.environ.get("FOLDPLANE_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/test")
-ROOT = Path(__file__).resolve().parents[1]
 WORLD = 4
 #: Long enough that a cold restart does not time the ranks out (the baseline stays fair).
 GROUP = {"heartbeat_timeout_s": 30.0, "ack_timeout_s": 30.0, "admission_timeout_s": 30.0}
@@ -55,12 +49,6 @@ RETRY_S = 0.01
 #: Beats share a record for at most this long, so acknowledged writes stay frequent.
 FLUSH = ("--heartbeat-flush-s", "0.02")
 BASELINE = "cold restart of the only coordinator"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _wait(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
@@ -72,52 +60,10 @@ def _wait(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
     return value
 
 
-class Coordinator:
-    """One ``serve`` process; restarting it keeps its port, so clients' address lists hold."""
-
-    def __init__(self, url: str, log_dir: Path) -> None:
-        self.db = url
-        self.port = _free_port()
-        self.log_path = log_dir / f"coordinator-{self.port}.log"
-        self.process: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def start(self) -> Coordinator:
-        with open(self.log_path, "ab") as out:
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", "coordinator", "serve", "--db", self.db]
-                + ["--port", str(self.port), "--store-port", "-1", "--log-level", "warning"]
-                + list(FLUSH),
-                cwd=ROOT,
-                env={**os.environ, "FOLDPLANE_TOKEN": "", "FOLDPLANE_SECRET": ""},
-                stdout=out,
-                stderr=subprocess.STDOUT,
-            )
-        return self
-
-    def role(self) -> str | None:
-        try:
-            return httpx.get(self.url + "/healthz", timeout=1.0).json().get("role")
-        except (httpx.HTTPError, ValueError):
-            return None
-
-    def wait_role(self, role: str, timeout: float = 60.0) -> None:
-        _wait(lambda: self.role() == role, timeout, f"{self.url} to be {role}")
-
-    def signal(self, sig: signal.Signals) -> None:
-        assert self.process is not None
-        self.process.send_signal(sig)
-        if sig == signal.SIGKILL:
-            self.process.wait()
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(signal.SIGCONT)
-            self.process.kill()
-            self.process.wait()
+def _coordinator(url: str) -> Service:
+    """One ``serve`` process on the shared schema; restarting it keeps its port, so clients'
+    address lists hold."""
+    return Service(*FLUSH, db=url, name="failover")
 
 
 T = TypeVar("T")
@@ -215,10 +161,10 @@ async def _drop(schemas: list[str]) -> None:
         await conn.close()
 
 
-def _pair_trials(url: str, tmp: Path, crash: int, freeze: int) -> dict[str, list[float]]:
-    a, b = Coordinator(url, tmp).start(), Coordinator(url, tmp)
+def _pair_trials(url: str, crash: int, freeze: int) -> dict[str, list[float]]:
+    a, b = _coordinator(url).start(wait=False), _coordinator(url)
     a.wait_role("leader")
-    b.start().wait_role("standby")
+    b.start(wait=False).wait_role("standby")
     addresses = [a.url, b.url]
     out: dict[str, list[float]] = {k: [] for k in ("crash_w", "crash_v", "freeze_w", "freeze_v")}
     agents = None
@@ -236,7 +182,7 @@ def _pair_trials(url: str, tmp: Path, crash: int, freeze: int) -> dict[str, list
             version += 1
             standby.wait_role("leader")
             if kind == "crash":
-                leader.start()
+                leader.start(wait=False)
             else:
                 leader.signal(signal.SIGCONT)  # it steps down and follows
             leader.wait_role("standby")
@@ -244,13 +190,13 @@ def _pair_trials(url: str, tmp: Path, crash: int, freeze: int) -> dict[str, list
     finally:
         if agents is not None:
             agents.stop()
-        a.stop()
-        b.stop()
+        a.close()
+        b.close()
     return out
 
 
-def _baseline_trials(url: str, tmp: Path, n: int) -> dict[str, list[float]]:
-    only = Coordinator(url, tmp).start()
+def _baseline_trials(url: str, n: int) -> dict[str, list[float]]:
+    only = _coordinator(url).start(wait=False)
     only.wait_role("leader")
     out: dict[str, list[float]] = {"w": [], "v": []}
     agents = None
@@ -263,7 +209,7 @@ def _baseline_trials(url: str, tmp: Path, n: int) -> dict[str, list[float]]:
 
             def restart() -> None:
                 only.signal(signal.SIGKILL)
-                only.start()
+                only.start(wait=False)
 
             w, v = _trial(restart, agents, [only.url], version)
             out["w"].append(w)
@@ -272,7 +218,7 @@ def _baseline_trials(url: str, tmp: Path, n: int) -> dict[str, list[float]]:
     finally:
         if agents is not None:
             agents.stop()
-        only.stop()
+        only.close()
     return out
 
 
@@ -281,9 +227,8 @@ def run(quick: bool) -> list[Result]:
     schemas = [f"bench_ha_{uuid.uuid4().hex[:12]}" for _ in range(2)]
     urls = [f"{PG_URL}{'&' if '?' in PG_URL else '?'}schema={s}" for s in schemas]
     try:
-        with tempfile.TemporaryDirectory(prefix="foldplane-failover-") as tmp:
-            pair = _pair_trials(urls[0], Path(tmp), crash, freeze)
-            base = _baseline_trials(urls[1], Path(tmp), cold)
+        pair = _pair_trials(urls[0], crash, freeze)
+        base = _baseline_trials(urls[1], cold)
     finally:
         with contextlib.suppress(Exception):
             asyncio.run(_drop(schemas))

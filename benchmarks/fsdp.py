@@ -21,31 +21,22 @@ feed-forward 512, float32, each layer and the root ``fully_shard``-ed), AdamW, b
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
 import sys
 import threading
 import time
 import uuid
-from pathlib import Path
 from typing import Any
 
-from benchmarks.ddp import _Foldplane, _fp_agent
-from benchmarks.harness import Result, median, percentile
-from benchmarks.recovery import _Lines
+from foldplane.benchmarks.harness import Result, median, percentile
+from foldplane.benchmarks.kit.kills import time_recovery
+from foldplane.benchmarks.kit.service import Service
+from foldplane.benchmarks.kit.workers import Lines, abba, emit, say, start_agent
 
-ROOT = Path(__file__).resolve().parents[1]
 REPLICAS, SHARDS = 2, 2
 DIM, LAYERS, BATCH, SEQ = 128, 2, 8, 32
 
-
-def _emit(**fields: Any) -> None:
-    print(json.dumps(fields), flush=True)
-
-
-def _log(text: str) -> None:
-    print(f"# fsdp: {text}", file=sys.stderr, flush=True)
+_log = say("fsdp")
 
 
 def _model(mesh: Any, seed: int = 0) -> Any:
@@ -106,39 +97,22 @@ def _train_step(
 class _Job:
     """``REPLICAS`` × ``SHARDS`` processes of ``mode``: a launcher per process."""
 
-    def __init__(self, fp: _Foldplane, mode: str, *args: str) -> None:
-        from agent.launch import Launcher
-
-        fp.groups += 1
-        self.name = f"fsdp{fp.groups}"
+    def __init__(self, service: Service, mode: str, *args: str) -> None:
+        self.name = service.next_name("fsdp")
         for s in range(SHARDS):
-            fp.client.create_group(f"{self.name}-s{s}", REPLICAS, formation_timeout_s=300.0)
-        self.lines = _Lines()
+            service.create_group(f"{self.name}-s{s}", REPLICAS)
+        self.lines = Lines()
         self.launchers: dict[tuple[int, int], Any] = {}
         for r in range(REPLICAS):
             replica_id = uuid.uuid4().hex
             for s in range(SHARDS):
-                launcher = Launcher(
-                    [sys.executable, __file__, mode, *args],
-                    coordinator=fp.url,
-                    group=f"{self.name}-s{s}",
-                    ranks=[r],
-                    stdout=subprocess.PIPE,
-                    stderr=fp.workers_log,
-                    relay=False,
-                    env={
-                        **os.environ,
-                        "FOLDPLANE_TOKEN": "",
-                        "OMP_NUM_THREADS": "1",
-                        "FOLDPLANE_REPLICA_ID": replica_id,
-                        "FOLDPLANE_SHARD": str(s),
-                        "FOLDPLANE_SHARDS": str(SHARDS),
-                        "BENCH_PLAIN_PREFIX": self.name,
-                    },
-                )
-                launcher.on_spawn = lambda worker: self.lines.follow(worker.process)
-                launcher.start()
-                self.launchers[(r, s)] = launcher
+                self.launchers[(r, s)] = service.launch(
+                    [sys.executable, __file__, mode, *args], f"{self.name}-s{s}", [r],
+                    self.lines.follow, relay=False,
+                    env={"OMP_NUM_THREADS": "1", "FOLDPLANE_REPLICA_ID": replica_id,
+                         "FOLDPLANE_SHARD": str(s), "FOLDPLANE_SHARDS": str(SHARDS),
+                         "BENCH_PLAIN_PREFIX": self.name},
+                )  # fmt: skip
 
     def kill_replica(self, replica: int) -> None:
         for s in range(SHARDS):
@@ -150,9 +124,9 @@ class _Job:
 
 
 def _hsdp() -> tuple[Any, Any]:
-    from agent.fsdp import environment, hsdp_mesh
+    from foldplane.agent.fsdp import environment, hsdp_mesh
 
-    agent = _fp_agent()
+    agent = start_agent()
     replica_id, shard, shards = environment()
     return agent, hsdp_mesh(agent, shards=shards, shard=shard, replica_id=replica_id)
 
@@ -168,7 +142,7 @@ def _plain_mesh(agent: Any, mesh: Any) -> Any:
     from torch.distributed import PrefixStore, TCPStore
     from torch.distributed.device_mesh import DeviceMesh
 
-    from agent.fsdp import plain_group, register_group
+    from foldplane.agent.fsdp import plain_group, register_group
 
     plane = agent.data_plane
     host, port = plane.store_address
@@ -192,8 +166,8 @@ def _plain_mesh(agent: Any, mesh: Any) -> Any:
 def _fp_overhead_worker(blocks: int, steps: int) -> int:
     import torch
 
-    from agent.ddp import ElasticOptimizer
-    from agent.fsdp import ElasticFSDP
+    from foldplane.agent.ddp import ElasticOptimizer
+    from foldplane.agent.fsdp import ElasticFSDP
 
     agent, mesh = _hsdp()
     rank = mesh.replica * mesh.shards + mesh.shard
@@ -202,28 +176,22 @@ def _fp_overhead_worker(blocks: int, steps: int) -> int:
     ours = ElasticFSDP(_model(mesh.device_mesh), mesh)
     ours_opt = ElasticOptimizer(ours, torch.optim.AdamW(ours.parameters(), lr=1e-3))  # type: ignore[arg-type]
     systems = {"plain": (plain, plain_opt), "foldplane": (ours, ours_opt)}
-    step = 0
-    for b in range(blocks):
-        order = ["plain", "foldplane"] if b % 2 == 0 else ["foldplane", "plain"]
-        for name in order:
-            model, opt = systems[name]
-            times: list[float] = []
-            opt_times: list[float] = []
-            for _ in range(steps):
-                step += 1
-                t0 = time.perf_counter()
-                _train_step(model, opt, step, rank, opt_times)
-                times.append(time.perf_counter() - t0)
-            if rank == 0 and b > 2:  # the first blocks of each warm up
-                _emit(system=name, times=times, opt_times=opt_times)
+    opt_times: list[float] = []
+
+    def step(name: str, n: int) -> None:
+        _train_step(*systems[name], n, rank, opt_times)
+
+    for b, name, times in abba(blocks, steps, list(systems), step):
+        if rank == 0 and b > 2:  # the first blocks of each warm up
+            emit(system=name, times=times, opt_times=opt_times[-steps:])
     if rank == 0:
-        _emit(finished=True, committed=ours.committed_steps, steps=step // 2)
+        emit(finished=True, committed=ours.committed_steps, steps=blocks * steps)
     threading.Event().wait()  # the benchmark stops the workers
     return 0
 
 
-def _overhead(fp: _Foldplane, blocks: int, steps: int) -> dict[str, Any]:
-    job = _Job(fp, "fp-overhead", str(blocks), str(steps))
+def _overhead(service: Service, blocks: int, steps: int) -> dict[str, Any]:
+    job = _Job(service, "fp-overhead", str(blocks), str(steps))
     try:
         got: dict[str, Any] = {}
 
@@ -248,8 +216,8 @@ def _overhead(fp: _Foldplane, blocks: int, steps: int) -> dict[str, Any]:
 def _fp_train_worker() -> int:
     import torch
 
-    from agent.ddp import ElasticOptimizer
-    from agent.fsdp import ElasticFSDP
+    from foldplane.agent.ddp import ElasticOptimizer
+    from foldplane.agent.fsdp import ElasticFSDP
 
     agent, mesh = _hsdp()
     rank = mesh.replica * mesh.shards + mesh.shard
@@ -259,12 +227,12 @@ def _fp_train_worker() -> int:
     while True:
         step += 1
         committed = _train_step(model, opt, step, rank)
-        _emit(replica=mesh.replica, shard=mesh.shard, committed=committed,
+        emit(replica=mesh.replica, shard=mesh.shard, committed=committed,
               members=list(model.members), t=time.time())  # fmt: skip
 
 
-def _recovery_trial(fp: _Foldplane) -> float:
-    job = _Job(fp, "fp-train")
+def _recovery_trial(service: Service) -> float:
+    job = _Job(service, "fp-train")
     try:
         counts: dict[tuple[int, int], int] = {}
 
@@ -275,17 +243,15 @@ def _recovery_trial(fp: _Foldplane) -> float:
             return len(counts) == REPLICAS * SHARDS and min(counts.values()) >= 5
 
         job.lines.until(warm, 600, "the fsdp warm-up")
-        t_kill = time.time()
-        job.kill_replica(1)
-        recovered: dict[int, float] = {}
 
-        def back(line: dict[str, Any]) -> bool:
-            if line.get("replica") == 0 and line.get("committed") and line["members"] == [0]:
-                recovered.setdefault(line["shard"], line["t"])
-            return len(recovered) == SHARDS
+        def without_replica_1(line: dict[str, Any], _: float) -> int | None:
+            back = line.get("replica") == 0 and line.get("committed") and line["members"] == [0]
+            return line["shard"] if back else None
 
-        job.lines.until(back, 300, "every survivor committing without replica 1")
-        return max(recovered.values()) - t_kill
+        return time_recovery(
+            job.lines, lambda: job.kill_replica(1), set(range(SHARDS)), without_replica_1, 300,
+            "every survivor committing without replica 1",
+        ).seconds  # fmt: skip
     finally:
         job.stop()
 
@@ -296,50 +262,48 @@ def _recovery_trial(fp: _Foldplane) -> float:
 def run(quick: bool) -> list[Result]:
     blocks, steps = (20, 2) if quick else (40, 4)
     kills = 1 if quick else 3
-    results: list[Result] = []
-    fp = _Foldplane()
-    try:
-        times = _overhead(fp, blocks, steps)
-        ours, plain = median(times["foldplane"]), median(times["plain"])
-        ours_opt, plain_opt = median(times["foldplane_opt"]), median(times["plain_opt"])
-        _log(f"foldplane HSDP {ours * 1e3:.2f} ms (optimizer step and agreement "
-             f"{ours_opt * 1e3:.2f} ms), plain gloo HSDP {plain * 1e3:.2f} ms (optimizer step "
-             f"{plain_opt * 1e3:.2f} ms)")  # fmt: skip
-        results.append(
-            Result(
-                "fsdp", "fsdp step overhead", "x", ours / plain,
-                baseline="fully_shard on a plain 2-D gloo mesh, same processes (ABBA)",
-                baseline_median=1.0, target="<= 1.05",
-                extra={"foldplane_step_ms": round(ours * 1e3, 3),
-                       "plain_step_ms": round(plain * 1e3, 3),
-                       "foldplane_opt_step_ms": round(ours_opt * 1e3, 3),
-                       "plain_opt_step_ms": round(plain_opt * 1e3, 3),
-                       "steps_each": len(times["foldplane"]),
-                       "foldplane_committed": f"{times['committed']}/{times['steps']}",
-                       "shape": f"{REPLICAS} replicas x {SHARDS} shards"},
-            )
-        )  # fmt: skip
+    with Service(store=True, name="fsdp").start() as service:
+        times = _overhead(service, blocks, steps)
         samples = []
         for k in range(kills):
             try:
-                samples.append(_recovery_trial(fp))
+                samples.append(_recovery_trial(service))
             except Exception as exc:  # said, never dropped silently
-                _log(f"recovery trial {k} failed: {exc}\n{fp.tail()}")
+                _log(f"recovery trial {k} failed: {exc}\n{service.tail('workers.log')}")
                 continue
             _log(f"recovery trial {k}: {samples[-1]:.3f} s")
-        if samples:
-            results.append(
-                Result(
-                    "fsdp", "fsdp recovery", "s", median(samples), p99=percentile(samples, 99),
-                    extra={"samples_s": [round(s, 3) for s in samples],
-                           "trials": kills,
-                           "what": "SIGKILL of replica 1 (both shards) -> both shards of "
-                                   "replica 0 committed a step without it"},
-                )
-            )  # fmt: skip
-    finally:
-        fp.close()
+    results = [_overhead_row(times)]
+    if samples:
+        results.append(
+            Result(
+                "fsdp", "fsdp recovery", "s", median(samples), p99=percentile(samples, 99),
+                extra={"samples_s": [round(s, 3) for s in samples],
+                       "trials": kills,
+                       "what": "SIGKILL of replica 1 (both shards) -> both shards of "
+                               "replica 0 committed a step without it"},
+            )
+        )  # fmt: skip
     return results
+
+
+def _overhead_row(times: dict[str, Any]) -> Result:
+    ours, plain = median(times["foldplane"]), median(times["plain"])
+    ours_opt, plain_opt = median(times["foldplane_opt"]), median(times["plain_opt"])
+    _log(f"foldplane HSDP {ours * 1e3:.2f} ms (optimizer step and agreement "
+         f"{ours_opt * 1e3:.2f} ms), plain gloo HSDP {plain * 1e3:.2f} ms (optimizer step "
+         f"{plain_opt * 1e3:.2f} ms)")  # fmt: skip
+    return Result(
+        "fsdp", "fsdp step overhead", "x", ours / plain,
+        baseline="fully_shard on a plain 2-D gloo mesh, same processes (ABBA)",
+        baseline_median=1.0, target="<= 1.05",
+        extra={"foldplane_step_ms": round(ours * 1e3, 3),
+               "plain_step_ms": round(plain * 1e3, 3),
+               "foldplane_opt_step_ms": round(ours_opt * 1e3, 3),
+               "plain_opt_step_ms": round(plain_opt * 1e3, 3),
+               "steps_each": len(times["foldplane"]),
+               "foldplane_committed": f"{times['committed']}/{times['steps']}",
+               "shape": f"{REPLICAS} replicas x {SHARDS} shards"},
+    )  # fmt: skip
 
 
 if __name__ == "__main__":

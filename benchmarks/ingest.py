@@ -5,12 +5,12 @@ agents are simulated hosts (``agent.simhost``): the real ``AgentMachine`` for ev
 on its channel (``GET /agents/channel``), its beats batched into one message on their own lane and
 its other events on another. Every heartbeat is durable before it is answered. What a rank waits for
 an event runs from the moment its machine hands the event to its host's lane to the answer
-(``benchmarks._cluster.TimedHost``).
+(``benchmarks.kit.simulated.TimedHost``).
 
 For the latency measurement the simulator (this process: the 64 hosts, the proposer, the
 lateness probe) and the coordinator (a process of its own) run on cores of their own where the
 machine has two or more: each is pinned to half of the cores this process may use
-(``benchmarks._cluster.split_cores``; the split is in the non-heartbeat row's ``extra.cores``),
+(``benchmarks.kit.simulated.split_cores``; the split is in the non-heartbeat row's ``extra.cores``),
 so neither takes the other's core in a view change's burst, though other jobs of the machine
 still may. The saturation measurement leaves both unpinned: there the coordinator's loop and its
 log's writer thread are both busy, and may use whichever core is free. The simulator's long-lived objects (the 512 agent machines)
@@ -60,16 +60,16 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks._cluster import (
-    Coordinator,
+from foldplane.benchmarks.harness import Result, higher_is_better_ratio, median, percentile
+from foldplane.benchmarks.kit.service import Service
+from foldplane.benchmarks.kit.simulated import (
     TimedCluster,
     form_group,
     pin,
     run_with_server_gc,
     split_cores,
 )
-from benchmarks.harness import Result, higher_is_better_ratio, median, percentile
-from eventlog import NewRecord, open_log
+from foldplane.eventlog import NewRecord, open_log
 
 HOSTS, PER_HOST = 64, 8
 RANKS = HOSTS * PER_HOST
@@ -91,7 +91,7 @@ HEARTBEAT = "heartbeat"
 
 
 async def _proposer(
-    coordinator: Coordinator, group: str, stop: asyncio.Event, done: list[float]
+    coordinator: Service, group: str, stop: asyncio.Event, done: list[float]
 ) -> None:
     conn = await coordinator.connect()
     try:
@@ -110,13 +110,6 @@ async def _proposer(
             await asyncio.sleep(PROPOSAL_INTERVAL_S)
     finally:
         await conn.close()
-
-
-def _cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process, all threads (Linux ``/proc``)."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def _lateness(stop: asyncio.Event, out: list[float]) -> None:
@@ -182,15 +175,14 @@ async def _measure(
     ``window`` (by kind), the heartbeats acknowledged per second and the coordinator's CPU per
     heartbeat. Also every applied proposal's latency (ms). ``pinned``: the simulator and the
     coordinator on cores of their own (see the module docstring)."""
-    coordinator = Coordinator("--heartbeat-flush-s", str(flush_s)).start()
+    coordinator = Service("--heartbeat-flush-s", str(flush_s), name="ingest").start()
     proposals: list[float] = []
     windows: list[dict] = []
     own_cores = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
     try:
         if pinned and (cores := split_cores()) is not None:
-            assert coordinator.process is not None
             pin(0, cores[0])
-            pin(coordinator.process.pid, cores[1])
+            pin(coordinator.pid, cores[1])
         cluster: TimedCluster = await form_group(
             coordinator,
             "ingest",
@@ -207,11 +199,9 @@ async def _measure(
         )
         try:
             await asyncio.sleep(1.0)  # warm up
-            assert coordinator.process is not None
-            pid = coordinator.process.pid
             for _ in range(trials):
                 cluster.take_waits()
-                cpu0 = _cpu_seconds(pid)
+                cpu0 = coordinator.cpu_s()
                 done = asyncio.Event()
                 monitor = (
                     asyncio.get_running_loop().create_task(_lateness(done, lateness))
@@ -223,7 +213,7 @@ async def _measure(
                 await asyncio.sleep(window)
                 cluster.record(False)
                 elapsed = time.perf_counter() - t0
-                cpu = _cpu_seconds(pid) - cpu0
+                cpu = coordinator.cpu_s() - cpu0
                 done.set()
                 if monitor is not None:
                     await monitor
@@ -241,7 +231,7 @@ async def _measure(
             raise RuntimeError(f"agents stopped during the run: {cluster.stopped}")
     finally:
         gc.unfreeze()
-        coordinator.stop()
+        coordinator.close()
         if own_cores is not None:
             pin(0, own_cores)
     return windows, proposals
@@ -259,17 +249,20 @@ async def _run_async(quick: bool) -> list[Result]:
         FLUSH_S, RANKS / TARGET_RATE, window, trials, lateness, pinned=True
     )
     baseline = [await _log_alone(window / 2) for _ in range(trials)]
+    return [
+        *_saturation_rows(saturated, baseline, generator, window),
+        *_offered_rows(offered, lateness, proposals, proposals_saturated),
+    ]
+
+
+def _saturation_rows(
+    saturated: list[dict], baseline: list[float], generator: list[float], window: float
+) -> list[Result]:
+    """The rate the coordinator makes heartbeats durable at when beats are always due, and
+    its CPU per heartbeat."""
     rates = [w["rate"] for w in saturated]
     cpu_per_event = [w["cpu_us"] for w in saturated]
-    beats = [ms for w in offered for ms in w["waits"].get(HEARTBEAT, ())]
-    others: dict[str, list[float]] = {}
-    for w in offered:
-        for kind, waits in w["waits"].items():
-            if kind != HEARTBEAT:
-                others.setdefault(kind, []).extend(waits)
-    events = [ms for waits in others.values() for ms in waits]
     ours = median(rates)
-    cores = _cores()
     return [
         Result(
             bench="ingest",
@@ -307,6 +300,25 @@ async def _run_async(quick: bool) -> list[Result]:
                 "it too, but less than it lowers the rate)",
             },
         ),
+    ]
+
+
+def _offered_rows(
+    offered: list[dict],
+    lateness: list[float],
+    proposals: list[float],
+    proposals_saturated: list[float],
+) -> list[Result]:
+    """What the heartbeats, the other events and a view change wait at the offered rate."""
+    beats = [ms for w in offered for ms in w["waits"].get(HEARTBEAT, ())]
+    others: dict[str, list[float]] = {}
+    for w in offered:
+        for kind, waits in w["waits"].items():
+            if kind != HEARTBEAT:
+                others.setdefault(kind, []).extend(waits)
+    events = [ms for waits in others.values() for ms in waits]
+    cores = _cores()
+    return [
         Result(
             bench="ingest",
             metric=f"heartbeat request latency at {TARGET_RATE:,}/s offered",

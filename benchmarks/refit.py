@@ -42,19 +42,13 @@ Neither has a peer measured here: no other system runs this lifecycle.
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import multiprocessing as mp
 import os
-import queue
 import signal
-import subprocess
 import sys
-import tempfile
-import threading
 import time
 import warnings
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -62,11 +56,11 @@ from typing import Any
 if __name__ == "__main__":  # run as a worker script: the project's packages from its root
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks._cluster import free_port
-from benchmarks.harness import Result, lower_is_better_ratio, median
+from foldplane.benchmarks.harness import Result, lower_is_better_ratio, median
+from foldplane.benchmarks.kit.service import Service
+from foldplane.benchmarks.kit.workers import Lines, emit, say
 
 BENCH = "refit"
-ROOT = Path(__file__).resolve().parents[1]
 ROWS, COLS, MATRICES = 2048, 4096, 8
 LANES = 4
 MEMBERS = [("publisher", 0), ("publisher", 1)] + [("subscriber", s) for s in range(4)]
@@ -74,7 +68,7 @@ BASELINE = "torch.distributed broadcast of each full tensor from trainer rank 0,
 
 
 def _plan(rows: int = ROWS, cols: int = COLS) -> Any:
-    from wire.refit import MeshSpec, make_plan, megatron_layout
+    from foldplane.wire.refit import MeshSpec, make_plan, megatron_layout
 
     tensors: dict[str, tuple[str, tuple[int, ...]]] = {}
     roles: dict[str, str] = {}
@@ -109,7 +103,7 @@ def _member(
     import torch.distributed as dist
     from torch.distributed import PrefixStore, TCPStore
 
-    from agent.refit import empty_shards, local_shards, local_view, open_world
+    from foldplane.agent.refit import empty_shards, local_shards, local_view, open_world
 
     plan = _plan()
     rank = slot if side == "publisher" else 2 + slot
@@ -175,7 +169,7 @@ def _member(
 
 
 def _measure_transfer(quick: bool) -> list[Result]:
-    from agent.refit import RefitStore
+    from foldplane.agent.refit import RefitStore
 
     trials = 2 if quick else 6
     host = RefitStore()
@@ -240,56 +234,24 @@ def _victim(kill: int) -> int:
     return 1 + kill % 3
 
 
-def _log(text: str) -> None:
-    print(f"# refit: {text}", file=sys.stderr, flush=True)
+_log = say("refit")
 
 
-class _Lines:
-    """The workers' JSON lines (every incarnation's), merged into one queue."""
-
-    def __init__(self) -> None:
-        self.queue: queue.Queue[dict[str, Any]] = queue.Queue()
-        self.seen: list[dict[str, Any]] = []
-
-    def follow(self, worker: Any) -> None:
-        def read() -> None:
-            assert worker.process.stdout is not None
-            for raw in worker.process.stdout:
-                line = raw.decode(errors="replace").strip()
-                if line.startswith("{"):
-                    try:
-                        self.queue.put(json.loads(line))
-                    except ValueError:
-                        continue
-
-        threading.Thread(target=read, daemon=True).start()
-
-    def until(self, done: Callable[[], bool], timeout: float, what: str) -> None:
-        deadline = time.monotonic() + timeout
-        while not done():
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise TimeoutError(f"{what}: not within {timeout:.0f} s; last: {self.seen[-6:]}")
-            try:
-                self.seen.append(self.queue.get(timeout=left))
-            except queue.Empty:
-                continue
-
-    def transferred(self, key: str) -> list[dict[str, Any]]:
-        """The latest ``transferred`` line of ``key`` from each slot."""
-        got = {
-            (e["side"], e["slot"]): e
-            for e in self.seen
-            if e["event"] == "transferred" and e["key"] == key
-        }
-        return list(got.values())
+def _transferred(lines: Lines, key: str) -> list[dict[str, Any]]:
+    """The latest ``transferred`` line of ``key`` from each slot."""
+    got = {
+        (e["side"], e["slot"]): e
+        for e in lines.seen
+        if e["event"] == "transferred" and e["key"] == key
+    }
+    return list(got.values())
 
 
 def _record_ts(db: str, offsets: set[int]) -> dict[int, float]:
     """The ``ts`` (seconds) of the log's records at ``offsets``."""
     import asyncio
 
-    from eventlog import open_log
+    from foldplane.eventlog import open_log
 
     async def read() -> dict[int, float]:
         log = await open_log(db, create=False)
@@ -306,94 +268,70 @@ def _record_ts(db: str, offsets: set[int]) -> dict[int, float]:
 
 
 def _measure_control(quick: bool) -> list[Result]:
-    from agent.client import CoordinatorClient
-    from agent.launch import Launcher
-
     controls, kills = (3, 1) if quick else (5, 3)
-    tmp = tempfile.TemporaryDirectory(prefix="foldplane-bench-refit-")
-    db = f"{tmp.name}/log.db"
-    port = free_port()
-    server_log = open(f"{tmp.name}/coordinator.log", "wb")  # noqa: SIM115 (closed in finally)
-    workers_log = open(f"{tmp.name}/workers.log", "wb")  # noqa: SIM115 (closed in finally)
-    env = {**os.environ, "FOLDPLANE_TOKEN": "", "FOLDPLANE_SECRET": ""}
-    server = subprocess.Popen(
-        [sys.executable, "-m", "coordinator", "serve", "--db", db, "--host", "127.0.0.1",
-         "--port", str(port), "--store-port", "0", "--log-level", "warning"],
-        cwd=ROOT,
-        stdout=server_log,
-        stderr=subprocess.STDOUT,
-        env=env,
-    )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    client = CoordinatorClient(url, timeout_s=30.0)
-    lines = _Lines()
-    launchers: list[Any] = []
-    try:
-        _wait_healthy(client, server)
-        for group, size in GROUPS:
-            client.create_group(group, size, formation_timeout_s=300.0, heartbeat_timeout_s=10.0)
-        client.request(
-            "POST",
-            "/refits",
-            json={
-                "refit": REFIT,
-                "publisher": "train",
-                "subscriber": "gen",
-                "publisher_slots": 2,
-                "subscriber_slots": 4,
-                "lanes": LANES,
-                "readiness_timeout_s": 600,
-            },
-        )
-        for group, size in GROUPS:
-            launchers.append(
-                Launcher(
-                    [sys.executable, __file__, "worker", tmp.name, str(controls), str(kills)],
-                    coordinator=url,
-                    group=group,
-                    ranks=range(size),
-                    stdout=subprocess.PIPE,
-                    stderr=workers_log,
-                    replace_failed=group == "gen",
-                    max_replacements=kills + 1,
-                    on_spawn=lines.follow,
-                    env=env,
-                ).start()
+    with Service(store=True, name="refit").start() as service:
+        lines = Lines()
+        launchers: list[Any] = []
+        try:
+            _declare(service)
+            for group, size in GROUPS:
+                launchers.append(
+                    service.launch(
+                        [sys.executable, __file__, "worker", str(service.dir), str(controls),
+                         str(kills)],
+                        group, range(size), lines.follow, replace_failed=group == "gen",
+                        max_replacements=kills + 1,
+                    )
+                )  # fmt: skip
+            _wait_transfers(service, lines, controls, kills)
+        except Exception:
+            _log(service.tails())
+            raise
+        finally:
+            for launcher in launchers:
+                launcher.stop(grace_s=10)
+            service.stop()
+        return _control_results(lines, service.db, controls, kills)
+
+
+def _declare(service: Service) -> None:
+    """The two groups, and the refit from the trainers to the generators."""
+    for group, size in GROUPS:
+        service.create_group(group, size, heartbeat_timeout_s=10.0)
+    service.client.request(
+        "POST",
+        "/refits",
+        json={
+            "refit": REFIT,
+            "publisher": "train",
+            "subscriber": "gen",
+            "publisher_slots": 2,
+            "subscriber_slots": 4,
+            "lanes": LANES,
+            "readiness_timeout_s": 600,
+        },
+    )
+
+
+def _wait_transfers(service: Service, lines: Lines, controls: int, kills: int) -> None:
+    """Every key transferred by all 6 members; an operator's restart between control keys."""
+    for k in range(controls):
+        key = f"control-{k}"
+        lines.wait_for(lambda key=key: len(_transferred(lines, key)) == 6, 300, key)
+        _log(f"{key} transferred")
+        if k < controls - 1:  # the next trial is a fresh admission
+            service.client.request(
+                "POST", f"/refits/{REFIT}/restart", json={"reason": "the next trial"}
             )
-        for k in range(controls):
-            key = f"control-{k}"
-            lines.until(lambda key=key: len(lines.transferred(key)) == 6, 300, key)
-            _log(f"{key} transferred")
-            if k < controls - 1:  # the next trial is a fresh admission
-                client.request(
-                    "POST", f"/refits/{REFIT}/restart", json={"reason": "the next trial"}
-                )
-        for k in range(kills):
-            key = f"recovery-{k}"
-            lines.until(lambda key=key: len(lines.transferred(key)) == 6, 300, key)
-            _log(f"{key} transferred")
-    except Exception:
-        for name in ("coordinator.log", "workers.log"):
-            tail = Path(tmp.name, name).read_bytes()[-3000:].decode(errors="replace")
-            _log(f"{name} ends with:\n{tail}")
-        raise
-    finally:
-        for launcher in launchers:
-            launcher.stop(grace_s=10)
-        server.terminate()
-        server.wait(30)
-        server_log.close()
-        workers_log.close()
-        client.close()
-    try:
-        return _control_results(lines, db, controls, kills)
-    finally:
-        tmp.cleanup()
+    for k in range(kills):
+        key = f"recovery-{k}"
+        lines.wait_for(lambda key=key: len(_transferred(lines, key)) == 6, 300, key)
+        _log(f"{key} transferred")
 
 
-def _control_results(lines: _Lines, db: str, controls: int, kills: int) -> list[Result]:
+def _control_results(lines: Lines, db: str, controls: int, kills: int) -> list[Result]:
     done = {
-        key: lines.transferred(key)
+        key: _transferred(lines, key)
         for key in [f"control-{k}" for k in range(controls)]
         + [f"recovery-{k}" for k in range(kills)]
     }
@@ -478,22 +416,6 @@ def _control_results(lines: _Lines, db: str, controls: int, kills: int) -> list[
     ]
 
 
-def _wait_healthy(client: Any, server: subprocess.Popen[bytes]) -> None:
-    deadline = time.monotonic() + 120
-    while True:
-        try:
-            client.healthz()
-            return
-        except Exception:
-            if server.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("the coordinator did not start") from None
-            time.sleep(0.1)
-
-
-def _emit(**fields: Any) -> None:
-    print(json.dumps(fields), flush=True)
-
-
 def _first(out_dir: str, key: str) -> bool:
     """True for exactly one process ever per key (the file is created atomically): the victim
     dies once, and its replacement, started with the same arguments, lives."""
@@ -512,8 +434,8 @@ def _worker(out_dir: str, controls: int, kills: int) -> int:
     warnings.filterwarnings("ignore")
     import torch
 
-    from agent import Agent
-    from agent.refit import (
+    from foldplane.agent import Agent
+    from foldplane.agent.refit import (
         RefitError,
         RefitStore,
         drain_released,
@@ -522,8 +444,8 @@ def _worker(out_dir: str, controls: int, kills: int) -> int:
         local_view,
         open_world,
     )
-    from agent.refits import RefitEpochMoved, RefitRefused, TransferFailed
-    from wire.refit import digest
+    from foldplane.agent.refits import RefitEpochMoved, RefitRefused, TransferFailed
+    from foldplane.wire.refit import digest
 
     agent = Agent(heartbeat_interval_s=0.25, backend="gloo").start()
     side = "publisher" if agent.group == "train" else "subscriber"
@@ -595,7 +517,7 @@ def _worker(out_dir: str, controls: int, kills: int) -> int:
             except RefitEpochMoved:
                 continue
             if t.status == "completed":
-                _emit(event="skipped", key=key, side=side, slot=slot)
+                emit(event="skipped", key=key, side=side, slot=slot)
                 break
             try:
                 if opening is not None:
@@ -606,19 +528,19 @@ def _worker(out_dir: str, controls: int, kills: int) -> int:
                     and slot == _victim(int(key.split("-")[1]))
                     and _first(out_dir, key)
                 ):
-                    _emit(event="dying", key=key, slot=slot, t=time.time())
+                    emit(event="dying", key=key, slot=slot, t=time.time())
                     os.kill(os.getpid(), signal.SIGKILL)
                 report = world.transfer(tensors)
                 client.report(t, ok=True)
                 outcome = client.wait_transfer(t, timeout=120)
             except (RefitError, RefitRefused) as exc:
-                _emit(event="attempt_failed", key=key, side=side, slot=slot, t=time.time(),
+                emit(event="attempt_failed", key=key, side=side, slot=slot, t=time.time(),
                       attempt=t.attempt, why=str(exc)[:300])  # fmt: skip
                 if not isinstance(exc, (RefitEpochMoved, TransferFailed)):
                     with contextlib.suppress(RefitRefused):  # already failed, or moved on
                         client.report(t, ok=False, detail=str(exc))
                 continue
-            _emit(
+            emit(
                 event="transferred",
                 key=key,
                 side=side,
@@ -655,5 +577,5 @@ if __name__ == "__main__":
     if sys.argv[1:2] != ["worker"]:
         raise SystemExit(f"usage: {sys.argv[0]} worker OUT CONTROLS KILLS")
     group = os.environ.get("FOLDPLANE_GROUP")
-    _emit(event="spawned", side="subscriber" if group == "gen" else "publisher", t=time.time())
+    emit(event="spawned", side="subscriber" if group == "gen" else "publisher", t=time.time())
     raise SystemExit(_worker(sys.argv[2], int(sys.argv[3]), int(sys.argv[4])))

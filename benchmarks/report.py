@@ -49,7 +49,13 @@ This page is generated from the run files in [benchmark-runs/](benchmark-runs/) 
 `benchmarks/report.py`; each table shows the newest recorded run of its benchmark. To change a
 figure, record a run and regenerate; to change a description, edit the benchmark module's
 docstring (or `benchmarks/report.py`) and regenerate. `tests/test_docs.py` fails when this page
-differs from what its data renders."""
+differs from what its data renders.
+
+Each benchmark is one module of `benchmarks/`: its scenario (its workers are the module run as a
+script) and its rows. What they share is written once in `benchmarks/kit/`: the coordinator
+process and the launchers of workers on it (`service`), the workers' JSON lines (`workers`), the
+clock from a kill to the last survivor's recovery (`kills`), the torchrun and torchft peers
+(`baselines`), and the simulated agent hosts of the service benchmarks (`simulated`)."""
 
 REPRODUCE = """\
 ```bash
@@ -388,7 +394,9 @@ def growth_svg(runs: list[dict]) -> str:
         found = re.fullmatch(r"(.+) (\d+) ranks", r["metric"])
         if r["bench"] == "scale" and found and r["median"] == r["median"]:  # not NaN
             series.setdefault(found.group(1), {})[int(found.group(2))] = float(r["median"])
-    sizes = sorted({n for values in series.values() for n in values})
+    # the sizes that more than one row measures (256 ranks has the view change rows alone)
+    measured = [n for values in series.values() for n in values]
+    sizes = sorted({n for n in measured if measured.count(n) > 1})
     if len(sizes) < 2:
         raise SystemExit("the newest scale run has fewer than two group sizes to draw")
     width, height, left, right, top, bottom = 600, 300, 56, 200, 28, 40

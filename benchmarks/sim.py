@@ -1,4 +1,4 @@
-"""The deterministic simulator (``tests/sim``): how many seeds, and how much simulated time, a
+"""The deterministic simulator (``coordinator/sim``): how many seeds, and how much simulated time, a
 core runs per second.
 
 Each seed is a whole cluster (4 to 8 ranks, the real fold and ``AgentMachine``s, a lossy
@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import time
 
-from benchmarks.harness import Result, median
-from tests.sim.invariants import Violation
-from tests.sim.world import HORIZON_STEPS, S, World
+from foldplane.benchmarks.harness import Result, median
+from foldplane.coordinator.sim.invariants import Violation
+from foldplane.coordinator.sim.world import HORIZON_STEPS, S, World
 
 
 def _trial(first: int, count: int) -> tuple[float, float, int, int, int]:

@@ -32,9 +32,11 @@ import time
 from collections.abc import Iterator
 from datetime import timedelta
 
-from benchmarks._cluster import Coordinator, form_group, fsync_floor
-from benchmarks.harness import Result, lower_is_better_ratio, median, percentile
-from coordinator.cli import loop_factory
+from foldplane.benchmarks.harness import Result, lower_is_better_ratio, median, percentile
+from foldplane.benchmarks.kit.floors import fsync_floor
+from foldplane.benchmarks.kit.service import Service
+from foldplane.benchmarks.kit.simulated import form_group
+from foldplane.coordinator.runtime import loop_factory
 
 SIZES = (4, 64, 512)
 TARGETS = {4: ">= 1.0x torchft", 64: ">= 2.0x torchft", 512: ">= 2.0x torchft"}
@@ -46,7 +48,7 @@ CONFIG = {
 }
 
 
-async def _measure(coordinator: Coordinator, size: int, trials: int) -> list[float]:
+async def _measure(coordinator: Service, size: int, trials: int) -> list[float]:
     group = f"vc{size}"
     cluster = await form_group(coordinator, group, size, per_host=8, **CONFIG)
     conn = await coordinator.connect()
@@ -138,14 +140,14 @@ def _lighthouse_rounds(replicas: int, rounds: int) -> tuple[list[float] | None, 
 async def _run_async(quick: bool) -> list[Result]:
     trials = 15 if quick else 50
     results: list[Result] = []
-    coordinator = Coordinator().start()
+    coordinator = Service(name="view-change").start()
     try:
         measured = {
             size: await _measure(coordinator, size, trials if size < 512 else trials // 2)
             for size in SIZES
         }
     finally:
-        coordinator.stop()
+        coordinator.close()
     for size in SIZES:
         lat = measured[size]
         rounds = trials if size < 512 else trials // 2

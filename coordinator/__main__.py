@@ -1,6 +1,6 @@
 """``python -m coordinator`` — see :mod:`coordinator.cli`."""
 
-from coordinator.cli import main
+from foldplane.coordinator.cli import main
 
 if __name__ == "__main__":
     raise SystemExit(main())

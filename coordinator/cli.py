@@ -18,11 +18,15 @@
   (:mod:`coordinator.host.story`, the same story as ``GET /groups/{group}/ranks/{rank}/story``).
   ``explain log.db --refit NAME`` tells a refit's story instead: its epochs, joins and
   transfers (:mod:`coordinator.host.refit_story`).
+- ``group list|show|end|delete [NAME] [--coordinator URL]`` asks a running coordinator: every
+  group with where its run stands, one group's document, or ends a group's run (its ranks are
+  told to stop; its history stays) or deletes it (ended, and gone from the listings and the
+  server's limits). Exit status 0 done, 1 refused (the coordinator's answer), 2 unreachable.
 - ``token --group G --rank R`` prints the agent token for that rank (reads ``FOLDPLANE_SECRET``
   or ``--secret``).
 - ``demo`` shows the whole loop on a local SQLite file with real gloo workers.
 
-Every command but ``token`` needs the server's packages (``pip install 'foldplane[server]'``);
+Every command but ``token`` and ``group`` needs the server's packages (``pip install 'foldplane[server]'``);
 without them it says so and exits with status 2.
 """
 
@@ -32,13 +36,14 @@ import argparse
 import asyncio
 import contextlib
 import datetime as dt
-import gc
 import json
 import logging
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
+
+from foldplane.coordinator.runtime import loop_factory, tune_for_latency
 
 DEFAULT_PORT = 8470
 #: Logs at least this long get a progress bar on stderr even when it is not a terminal.
@@ -67,7 +72,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args, rest = parser.parse_known_args(argv)
     missing = getattr(args, "server_missing", None)
-    if missing is not None and args.command not in (None, "token"):
+    if missing is not None and args.command not in (None, "token", "group"):
         return _without_server(args.command, missing)
     if args.command == "demo":
         args.rest = rest
@@ -118,7 +123,16 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--store-host", default=None, help="address to advertise for the store")
     s.add_argument("--insecure", action="store_true", help="allow a non-loopback bind without auth")
     s.add_argument(
-        "--snapshot-every", type=int, default=20_000, help="snapshot the fold every N records"
+        "--snapshot-every",
+        type=int,
+        default=20_000,
+        help="snapshot the fold every N records (or every --snapshot-beats heartbeats)",
+    )
+    s.add_argument(
+        "--snapshot-beats",
+        type=int,
+        default=2_000_000,
+        help="snapshot the fold every N heartbeats written (or every --snapshot-every records)",
     )
     s.add_argument(
         "--heartbeat-flush-s",
@@ -224,6 +238,20 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("--json", action="store_true", help="print the story as JSON")
     e.set_defaults(run=_explain)
 
+    g = sub.add_parser("group", help="list, show, end or delete groups on a running coordinator")
+    g.add_argument("action", choices=["list", "show", "end", "delete"])
+    g.add_argument("name", nargs="?", default=None, help="the group (not for list)")
+    g.add_argument(
+        "--coordinator",
+        default=os.environ.get("FOLDPLANE_COORDINATOR") or f"http://127.0.0.1:{DEFAULT_PORT}",
+        help=f"coordinator URL (default $FOLDPLANE_COORDINATOR, else "
+        f"http://127.0.0.1:{DEFAULT_PORT})",
+    )
+    g.add_argument("--token", default=None, help="the operator token (default $FOLDPLANE_TOKEN)")
+    g.add_argument("--reason", default=None, help="why the run ends (end only; kept in the log)")
+    g.add_argument("--json", action="store_true", help="print the coordinator's JSON answer")
+    g.set_defaults(run=_group)
+
     t = sub.add_parser("token", help="print the agent token for one (group, rank)")
     t.add_argument("--group", required=True)
     t.add_argument("--rank", type=int, required=True)
@@ -242,7 +270,7 @@ def _parser() -> argparse.ArgumentParser:
 def _limit_options(group: Any) -> None:
     """One option per limit of ``api.limits.LIMITS``; each defaults to its environment variable,
     else to the built-in default."""
-    from api.limits import LIMITS, Limits
+    from foldplane.api.limits import LIMITS, Limits
 
     defaults = Limits()
     for doc in LIMITS:
@@ -277,13 +305,13 @@ def _check_open_files(max_connections: int) -> None:
 
 
 def _limits(args: argparse.Namespace) -> Any:
-    from api.limits import LIMITS, Limits
+    from foldplane.api.limits import LIMITS, Limits
 
     return Limits(**{doc.field: getattr(args, doc.field) for doc in LIMITS})
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from coordinator.auth import Authenticator, BindRefused, check_bind
+    from foldplane.coordinator.auth import Authenticator, BindRefused, check_bind
 
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -298,7 +326,7 @@ def _serve(args: argparse.Namespace) -> int:
     except BindRefused as exc:
         print(f"coordinator: {exc}", file=sys.stderr)
         return 2
-    from coordinator.host.leadership import LeaseSettings
+    from foldplane.coordinator.host.leadership import LeaseSettings
 
     try:
         args.limits = _limits(args)
@@ -318,6 +346,13 @@ def _serve(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"coordinator: --lease-s/--lease-poll-s: {exc}", file=sys.stderr)
         return 2
+    for flag, value in (
+        ("--snapshot-every", args.snapshot_every),
+        ("--snapshot-beats", args.snapshot_beats),
+    ):
+        if value < 1:
+            print(f"coordinator: {flag} must be at least 1, got {value}", file=sys.stderr)
+            return 2
     if not args.heartbeat_flush_s >= 0:
         print(
             f"coordinator: --heartbeat-flush-s must be >= 0 seconds, got {args.heartbeat_flush_s}",
@@ -325,7 +360,7 @@ def _serve(args: argparse.Namespace) -> int:
         )
         return 2
     if args.retain is not None:
-        from coordinator.host.retention import parse_policy
+        from foldplane.coordinator.host.retention import parse_policy
 
         try:
             parse_policy(args.retain)
@@ -341,21 +376,11 @@ def _serve(args: argparse.Namespace) -> int:
         return runner.run(_serve_async(args, auth))
 
 
-def loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
-    """uvloop's event loop where it is installed (a dependency everywhere but Windows), else
-    asyncio's default; the benchmarks' load generators run on it too."""
-    try:
-        import uvloop
-    except ImportError:
-        return None
-    return uvloop.new_event_loop
-
-
 async def _serve_async(args: argparse.Namespace, auth: Any) -> int:
-    from api.app import create_app
-    from api.server import Server, config
-    from coordinator.host.replica import open_host
-    from eventlog import LogError
+    from foldplane.api.app import create_app
+    from foldplane.api.server import Server, config
+    from foldplane.coordinator.host.replica import open_host
+    from foldplane.eventlog import LogError
 
     try:
         host = await open_host(
@@ -363,6 +388,7 @@ async def _serve_async(args: argparse.Namespace, auth: Any) -> int:
             address=args.advertise or f"http://{args.host}:{args.port}",
             settings=args.lease,
             snapshot_every=args.snapshot_every,
+            snapshot_beats=args.snapshot_beats,
             heartbeat_flush_s=args.heartbeat_flush_s,
         )
     except (LogError, OSError, ValueError) as exc:
@@ -371,7 +397,7 @@ async def _serve_async(args: argparse.Namespace, auth: Any) -> int:
     store = None
     retention = None
     if args.retain is not None:
-        from coordinator.host.compaction import retain_periodically
+        from foldplane.coordinator.host.compaction import retain_periodically
 
         retention = asyncio.get_running_loop().create_task(
             retain_periodically(
@@ -383,16 +409,16 @@ async def _serve_async(args: argparse.Namespace, auth: Any) -> int:
         )
     try:
         if args.store_port >= 0:
-            from coordinator.host.store_server import start_store
+            from foldplane.coordinator.host.store_server import start_store
 
             store, host.store_address = start_store(
                 args.host, args.store_port, advertise=args.store_host
             )
         app = create_app(host, auth, limits=args.limits)
         server = Server(config(app, args.host, args.port, args.log_level, args.limits))
-        _tune_for_latency()
+        tune_for_latency()
         server.before_shutdown = host.stop_waiting
-        logging.getLogger("foldplane").info(
+        server.on_started = lambda: logging.getLogger("foldplane").info(
             "serving %s on http://%s:%d (term %d, offset %d, store %s, auth %s)",
             args.db,
             args.host,
@@ -413,52 +439,15 @@ async def _serve_async(args: argparse.Namespace, auth: Any) -> int:
         del store
 
 
-#: How long a thread may hold the GIL while another waits for it (CPython's default: 5 ms).
-GIL_SWITCH_INTERVAL_S = 0.0005
-#: The cyclic GC's thresholds (CPython's default: 700, 10, 10); see :func:`_tune_for_latency`.
-GC_THRESHOLDS = (10_000, 100, 10)
-
-
-def _tune_for_latency() -> None:
-    """Three process-wide settings for the server, all about the event loop standing still.
-
-    - ``gc.freeze`` after startup keeps what startup built (modules, the app, the restored
-      fold) out of every later collection: with it in, each full collection walks all of it
-      while the event loop stands still, and every request queued behind it waits as long.
-    - Larger GC thresholds (:data:`GC_THRESHOLDS`). A heartbeat's objects (its request, its
-      input, its reply) live until its shared record is durable, up to ``--heartbeat-flush-s``;
-      at CPython's defaults the young generations are collected every few milliseconds, so
-      nearly every in-flight beat is promoted to the oldest generation, and a full collection
-      (which walks every rank's state, every journal and every open connection: at 16,384
-      ranks, over a million references) follows each time a quarter of the survivors' count
-      has been promoted, several times a second. Collected every 10,000 allocations, and the
-      middle generation every 100 of those, beats are freed by their reference counts before
-      they reach the old generation, and full collections become rare. A heartbeat's path
-      makes no reference cycles, so what the young generations hold longer is not garbage.
-    - A shorter GIL switch interval: the log's writer thread needs the GIL for a moment
-      after each SQLite call of a commit (begin, insert, commit, hand back the offsets);
-      while the event loop is busy serving requests, each of those moments can wait a whole
-      switch interval, so at the default a commit is acknowledged several times later than
-      its own work takes.
-
-    What either setting is worth on a given machine is measured by the ``ingest`` benchmark
-    (figures in docs/benchmarks.md); code comments state the rule, not a run's numbers.
-    """
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(*GC_THRESHOLDS)
-    sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
-
-
 # -- replay --------------------------------------------------------------------------------------
 
 
 def _replay(args: argparse.Namespace) -> int:
-    from coordinator.host.replay import CompactedLog, replay
-    from eventlog import LogError
+    from foldplane.coordinator.host.replay import CompactedLog, replay
+    from foldplane.eventlog import LogError
 
     if args.plot is not None:
-        from coordinator.plot import PlotError, check_target
+        from foldplane.coordinator.plot import PlotError, check_target
 
         try:
             check_target(args.plot)
@@ -468,7 +457,7 @@ def _replay(args: argparse.Namespace) -> int:
     bar = _ProgressBar(args.progress)
     timeline = None
     if args.plot is not None:
-        from coordinator.plot import EpochTimeline
+        from foldplane.coordinator.plot import EpochTimeline
 
         timeline = EpochTimeline(args.group)
     try:
@@ -492,6 +481,8 @@ def _replay(args: argparse.Namespace) -> int:
         return 2
     bar.done()
     print(report.start.describe(), file=sys.stderr)
+    print(f"replay: read {report.folded} records of {args.db}", file=sys.stderr)
+    _audit_warnings("replay", args.db, report.head)
     if args.json:
         json.dump(report.as_json(), sys.stdout, indent=2)
         sys.stdout.write("\n")
@@ -509,7 +500,7 @@ def _replay(args: argparse.Namespace) -> int:
             else f"FAILED: {len(report.divergences)} divergence(s)"
         )
     if args.plot is not None:
-        from coordinator.plot import PlotError, plot_views
+        from foldplane.coordinator.plot import PlotError, plot_views
 
         try:
             plot_views(report.views, args.plot, timeline)
@@ -521,10 +512,10 @@ def _replay(args: argparse.Namespace) -> int:
 
 
 def _compact(args: argparse.Namespace) -> int:
-    from coordinator.host.compaction import STEP_RECORDS, compact
-    from coordinator.host.replay import CompactedLog
-    from coordinator.host.retention import parse_policy
-    from eventlog import LogError
+    from foldplane.coordinator.host.compaction import STEP_RECORDS, compact
+    from foldplane.coordinator.host.replay import CompactedLog
+    from foldplane.coordinator.host.retention import parse_policy
+    from foldplane.eventlog import LogError
 
     try:
         policy = parse_policy(args.retain)
@@ -577,10 +568,29 @@ def _print_step(at: int, removed: Any) -> None:
 # -- explain -------------------------------------------------------------------------------------
 
 
+def _audit_warnings(command: str, db: str, records: int) -> None:
+    """What an audit of ``db`` should say beside its answer: an empty log, and a SQLite log
+    whose ``-wal`` file is not beside it (a copy taken while a coordinator ran needs it: the
+    records not yet checkpointed into the main file are in the WAL)."""
+    if records == 0:
+        print(f"{command}: warning: {db} holds no records", file=sys.stderr)
+    if db.startswith("postgresql"):
+        return
+    from foldplane.eventlog.target import parse_target
+
+    path = parse_target(db).path  # type: ignore[union-attr]
+    if records == 0 and not os.path.exists(f"{path}-wal"):
+        print(
+            f"{command}: warning: no {path}-wal beside it: a log copied while its coordinator "
+            "ran needs its -wal file too (or copy it after the coordinator stopped)",
+            file=sys.stderr,
+        )
+
+
 def _explain(args: argparse.Namespace) -> int:
-    from coordinator.host.refit_story import RefitStoryError, refit_story_from
-    from coordinator.host.story import StoryError, format_story, story_from
-    from eventlog import LogError
+    from foldplane.coordinator.host.refit_story import RefitStoryError, refit_story_from
+    from foldplane.coordinator.host.story import StoryError, format_story, story_from
+    from foldplane.eventlog import LogError
 
     if args.refit is not None and (args.group is not None or args.rank is not None):
         print("explain: give either --refit NAME or --group G --rank R, not both", file=sys.stderr)
@@ -683,8 +693,78 @@ def _ranks(ranks: list[int]) -> str:
 # -- token, demo ---------------------------------------------------------------------------------
 
 
+def _group(args: argparse.Namespace) -> int:
+    from foldplane.agent.client import (
+        CoordinatorClient,
+        CoordinatorError,
+        CoordinatorUnavailable,
+        group_run,
+    )
+
+    if (args.name is None) != (args.action == "list"):
+        print(
+            f"group {args.action}: "
+            + ("give the group's name" if args.name is None else "list takes no name"),
+            file=sys.stderr,
+        )
+        return 2
+    token = args.token or os.environ.get("FOLDPLANE_TOKEN")
+    try:
+        client = CoordinatorClient(args.coordinator, token=token)
+    except ValueError as exc:
+        print(f"group: {exc}", file=sys.stderr)
+        return 2
+    try:
+        if args.action == "list":
+            body: Any = {"groups": client.groups()}
+        elif args.action == "show":
+            body = client.group(args.name)
+        elif args.action == "end":
+            payload = {} if args.reason is None else {"reason": args.reason}
+            body = client.request("POST", f"/groups/{args.name}/end", json=payload)
+        else:
+            body = client.request("DELETE", f"/groups/{args.name}")
+    except CoordinatorUnavailable as exc:
+        print(
+            f"group {args.action}: no foldplane coordinator at {args.coordinator}: {exc}",
+            file=sys.stderr,
+        )
+        return 2
+    except CoordinatorError as exc:
+        print(f"group {args.action}: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        client.close()
+    if args.json:
+        print(json.dumps(body, indent=2))
+    elif args.action == "list":
+        lines = body["groups"]
+        if not lines:
+            print(f"no groups at {args.coordinator}")
+        for line in lines:
+            print(f"{line['group']}: {_line_state(line)}")
+    else:
+        done = {"end": "ended: ", "delete": "deleted: "}.get(args.action, "")
+        print(done + group_run(body)[1])
+    return 0
+
+
+def _line_state(line: dict[str, Any]) -> str:
+    """One ``GET /groups`` line in words."""
+    states = line.get("states", {})
+    online = states.get("HEALTHY", 0) + states.get("SYNCED", 0)
+    size = f"{line['world_size']} ranks, view {line['version']}, {online} online"
+    if line.get("ended"):
+        return f"ended ({line['ended']}); {size}"
+    if line.get("formation") == "failed":
+        return f"failed to form; {size}"
+    if line.get("shutdown"):
+        return f"shut down ({line['shutdown']}); {size}"
+    return f"{line.get('formation')}; {size}"
+
+
 def _token(args: argparse.Namespace) -> int:
-    from wire.auth import agent_token
+    from foldplane.wire.auth import agent_token
 
     secret = args.secret or os.environ.get("FOLDPLANE_SECRET")
     if not secret:
@@ -700,7 +780,7 @@ def _token(args: argparse.Namespace) -> int:
 
 def _demo(args: argparse.Namespace) -> int:
     try:
-        from coordinator.demo import main as demo_main
+        from foldplane.coordinator.demo import main as demo_main
     except ImportError as exc:
         if _is_server_module(exc):
             raise  # main names the extra to install

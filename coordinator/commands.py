@@ -9,4 +9,4 @@ import sys
 def serve_argv(db: str, port: int, *options: str) -> list[str]:
     """The command line of ``python -m coordinator serve --db DB --port PORT [options]`` under
     this interpreter: how the demo, the benchmarks and the tests start a coordinator process."""
-    return [sys.executable, "-m", "coordinator", "serve", "--db", db, "--port", str(port), *options]
+    return [sys.executable, "-m", "foldplane.coordinator", "serve", "--db", db, "--port", str(port), *options]

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from coordinator.commands import serve_argv
+from foldplane.coordinator.commands import serve_argv
 
 GROUP = "demo"
 WORLD_SIZE = 4
@@ -61,21 +61,27 @@ def main(argv: list[str] | None = None) -> int:
     return Demo(db, args.port or _free_port()).run()
 
 
+#: The longest the demo stays silent while it waits: then it says what it waits for.
+WAIT_NOTE_S = 3.0
+
+
 class Demo:
     def __init__(self, db: Path, port: int) -> None:
         self.db = db
         self.url = f"http://127.0.0.1:{port}"
         self.port = port
         self.t0 = time.monotonic()
+        self.last_said = self.t0
         self.server: subprocess.Popen[bytes] | None = None
         self.launcher: Any = None
         self.after = 0
 
     def say(self, text: str) -> None:
-        print(f"[{time.monotonic() - self.t0:5.1f}s] {text}", flush=True)
+        self.last_said = time.monotonic()
+        print(f"[{self.last_said - self.t0:5.1f}s] {text}", flush=True)
 
     def run(self) -> int:
-        from agent.client import CoordinatorClient
+        from foldplane.agent.client import CoordinatorClient
 
         self.client = CoordinatorClient(self.url, timeout_s=10.0)
         try:
@@ -87,7 +93,7 @@ class Demo:
             self._clean_up()
 
     def _story(self) -> int:
-        from agent.launch import Launcher
+        from foldplane.agent.launch import Launcher
 
         logging.getLogger("foldplane.launch").setLevel(logging.ERROR)  # _on_exit tells the story
         print("foldplane demo: an elastic process group, a failure, and a recovery\n")
@@ -98,7 +104,7 @@ class Demo:
         self.client.create_group(GROUP, WORLD_SIZE, **GROUP_CONFIG)
         self.say(f"2. group {GROUP!r} of {WORLD_SIZE} ranks created; the launcher starts 4 workers")
         self.launcher = Launcher(
-            [sys.executable, "-m", "coordinator.demo", "worker"],
+            [sys.executable, "-m", "foldplane.coordinator.demo", "worker"],
             coordinator=self.url,
             group=GROUP,
             ranks=range(WORLD_SIZE),
@@ -186,7 +192,8 @@ class Demo:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise TimeoutError(f"no view for {what} within {timeout:.0f} s")
-            self.client.updates(GROUP, 0, head, min(left, 5.0))
+            self._still_waiting(what)
+            self.client.updates(GROUP, 0, head, min(left, WAIT_NOTE_S))
 
     def _head(self) -> int:
         return int(self.client.healthz().get("fold_offset", 0))
@@ -199,7 +206,20 @@ class Demo:
                 return
             if time.monotonic() > deadline:
                 raise TimeoutError(f"rank {rank} not {state} within {timeout:.0f} s")
+            self._still_waiting(f"rank {rank} to be {state}")
             time.sleep(0.2)
+
+    def _still_waiting(self, what: str) -> None:
+        """After :data:`WAIT_NOTE_S` without a line, say what the demo waits for and where the
+        ranks stand: a new worker spends its first seconds importing torch, and a newcomer
+        watching a silent terminal thinks it hung."""
+        if time.monotonic() - self.last_said < WAIT_NOTE_S:
+            return
+        counts = self.client.group(GROUP)["rank_counts"]
+        self.say(
+            f"   ... waiting for {what}: {counts['HEALTHY']} HEALTHY, {counts['SYNCED']} SYNCED, "
+            f"{counts['OFFLINE']} OFFLINE (a new worker first imports torch, then joins)"
+        )
 
     def _pause(self, seconds: float) -> None:
         """Let the workers' loop run for a moment so the reader sees it."""
@@ -252,9 +272,9 @@ def worker() -> int:
     """One rank: all_reduce in a loop, saying what happens to it; SIGTERM ends it cleanly."""
     import torch
 
-    from agent import Agent
+    from foldplane.agent import Agent
 
-    logging.getLogger("agent.dataplane").setLevel(logging.ERROR)  # the loop says what happened
+    logging.getLogger("foldplane.agent.dataplane").setLevel(logging.ERROR)  # the loop says what happened
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     agent = Agent(heartbeat_interval_s=0.5, collective_timeout_s=5.0, p2p_timeout_s=5.0).start()
@@ -296,8 +316,10 @@ def worker() -> int:
     return 0
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # run the package's module, not this __main__ copy of it
+    from foldplane.coordinator import demo as _demo
+
     if sys.argv[1:] == ["worker"]:
         os.environ.setdefault("PYTHONUNBUFFERED", "1")
-        raise SystemExit(worker())
-    raise SystemExit(main(sys.argv[1:]))
+        raise SystemExit(_demo.worker())
+    raise SystemExit(_demo.main(sys.argv[1:]))

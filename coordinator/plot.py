@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from coordinator.fold.effects import (
+from foldplane.coordinator.fold.effects import (
     AssignmentChanged,
     Effect,
     EpochCompleted,
@@ -38,9 +38,9 @@ from coordinator.fold.effects import (
     TransferChanged,
     ViewCommitted,
 )
-from coordinator.fold.machine import Coordinator
-from coordinator.fold.reasons import ranks_text
-from eventlog import Record
+from foldplane.coordinator.fold.machine import Coordinator
+from foldplane.coordinator.fold.reasons import ranks_text
+from foldplane.eventlog import Record
 
 FORMATS = {".png": "png", ".svg": "svg"}
 CAUSE_COLOURS = {
@@ -226,10 +226,17 @@ class PlotError(Exception):
 
 
 def check_target(path: str) -> str:
-    """The format for ``path`` (``png`` or ``svg``), or :class:`PlotError` naming the problem."""
+    """The format for ``path`` (``png`` or ``svg``), or :class:`PlotError` naming the problem:
+    a wrong extension, or no matplotlib to draw with (checked before a replay, not after)."""
     suffix = Path(path).suffix.lower()
     if suffix not in FORMATS:
         raise PlotError(f"{path!r} must end in .png or .svg (got {suffix or 'no extension'!r})")
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError as exc:
+        raise PlotError(
+            f"matplotlib is not installed ({exc}); pip install 'foldplane[plot]'"
+        ) from None
     return FORMATS[suffix]
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from eventlog.record import (
+from foldplane.eventlog.record import (
     KINDS,
     MAX_PAYLOAD_BYTES,
     READ_PAGE,
@@ -21,27 +21,27 @@ from eventlog.record import (
 )
 
 if TYPE_CHECKING:
-    from eventlog.base import Log, RemovedRange
-    from eventlog.errors import (
+    from foldplane.eventlog.base import Log, RemovedRange
+    from foldplane.eventlog.errors import (
         ChecksumError,
         LogClosed,
         LogError,
         SchemaTooNewError,
         StaleTermError,
     )
-    from eventlog.open import open_log
-    from eventlog.projection import ProjectionRow
+    from foldplane.eventlog.open import open_log
+    from foldplane.eventlog.projection import ProjectionRow
 
 _LAZY = {
-    "Log": "eventlog.base",
-    "RemovedRange": "eventlog.base",
-    "ChecksumError": "eventlog.errors",
-    "LogClosed": "eventlog.errors",
-    "LogError": "eventlog.errors",
-    "SchemaTooNewError": "eventlog.errors",
-    "StaleTermError": "eventlog.errors",
-    "open_log": "eventlog.open",
-    "ProjectionRow": "eventlog.projection",
+    "Log": "foldplane.eventlog.base",
+    "RemovedRange": "foldplane.eventlog.base",
+    "ChecksumError": "foldplane.eventlog.errors",
+    "LogClosed": "foldplane.eventlog.errors",
+    "LogError": "foldplane.eventlog.errors",
+    "SchemaTooNewError": "foldplane.eventlog.errors",
+    "StaleTermError": "foldplane.eventlog.errors",
+    "open_log": "foldplane.eventlog.open",
+    "ProjectionRow": "foldplane.eventlog.projection",
 }
 
 

@@ -21,9 +21,9 @@ from collections.abc import AsyncIterator, Awaitable, Collection, Sequence
 
 import msgspec
 
-from eventlog.errors import ChecksumError, LogClosed
-from eventlog.projection import ProjectionRow, encode_projection
-from eventlog.record import (
+from foldplane.eventlog.errors import ChecksumError, LogClosed
+from foldplane.eventlog.projection import ProjectionRow, encode_projection
+from foldplane.eventlog.record import (
     MAX_PAYLOAD_BYTES,
     Encoded,
     InvalidRecord,

@@ -19,8 +19,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import migrations
-from eventlog.errors import LogError, SchemaTooNewError
+from foldplane import migrations
+from foldplane.eventlog.errors import LogError, SchemaTooNewError
 
 if TYPE_CHECKING:
     from alembic.config import Config
@@ -58,6 +58,11 @@ def code_head() -> str:
 @functools.cache
 def _known_revisions() -> frozenset[str]:
     return frozenset(s.revision for s in _scripts().walk_revisions())
+
+
+def check_known(where: str, revision: str | None) -> None:
+    """Raise SchemaTooNewError for a revision this code does not ship (a newer foldplane's)."""
+    _check_known(where, revision)
 
 
 def _check_known(where: str, revision: str | None) -> None:

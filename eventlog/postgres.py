@@ -29,13 +29,20 @@ from typing import Any
 
 import asyncpg
 
-from eventlog.base import Log, RemovedRange, Row, Sealed, check_compaction, missing_offsets
-from eventlog.codec import COLUMNS, decode_rows
-from eventlog.errors import LogClosed, LogError, StaleTermError
-from eventlog.migrate import code_head, migrate_postgres, postgres_revision
-from eventlog.projection import ProjectionRow, decode_projection
-from eventlog.record import Record, frame_body, seal
-from eventlog.target import PostgresTarget
+from foldplane.eventlog.base import (
+    Log,
+    RemovedRange,
+    Row,
+    Sealed,
+    check_compaction,
+    missing_offsets,
+)
+from foldplane.eventlog.codec import COLUMNS, decode_rows
+from foldplane.eventlog.errors import LogClosed, LogError, StaleTermError
+from foldplane.eventlog.migrate import check_known, code_head, migrate_postgres, postgres_revision
+from foldplane.eventlog.projection import ProjectionRow, decode_projection
+from foldplane.eventlog.record import Record, frame_body, seal
+from foldplane.eventlog.target import PostgresTarget
 
 MAX_BATCH_ROWS = 8192
 
@@ -421,10 +428,18 @@ def _channel(schema: str | None) -> str:
     return f"foldplane_log_{schema or 'public'}"[:63]
 
 
-async def open_postgres(target: PostgresTarget, create: bool) -> PostgresLog:
-    """Connect, migrate if needed, and start the writer and the listener."""
+async def open_postgres(
+    target: PostgresTarget, create: bool, *, read_only: bool = False
+) -> PostgresLog:
+    """Connect, migrate if needed, and start the writer and the listener.
+
+    ``read_only`` (audits): nothing is created or migrated, a schema that holds no foldplane
+    log (or one of an older revision) is refused naming what it holds, and the writer's and
+    the readers' sessions are read-only transactions, so PostgreSQL refuses any write."""
     where = target.describe()
     settings = {"search_path": target.schema} if target.schema else {}
+    if read_only:
+        settings = {**settings, "default_transaction_read_only": "on"}
 
     async def connect() -> asyncpg.Connection:
         return await asyncpg.connect(target.dsn, server_settings=settings)
@@ -434,7 +449,10 @@ async def open_postgres(target: PostgresTarget, create: bool) -> PostgresLog:
     except (OSError, asyncpg.PostgresError) as exc:
         raise LogError(f"cannot connect to {where}: {exc}") from exc
     try:
-        if await postgres_revision(writer) != code_head():
+        revision = await postgres_revision(writer)
+        if read_only and revision != code_head():
+            await _refuse_for_audit(writer, where, revision)
+        if revision != code_head():
             await migrate_postgres(target.dsn, target.schema, where, create)
         row = await writer.fetchrow("SELECT term, next_seq FROM log_head WHERE id = 1")
         listener = await connect()
@@ -448,3 +466,23 @@ async def open_postgres(target: PostgresTarget, create: bool) -> PostgresLog:
     log = PostgresLog(where, row["term"], row["next_seq"], channel, connect, writer, listener, pool)
     await listener.add_listener(channel, log._on_notify)
     return log
+
+
+async def _refuse_for_audit(conn: asyncpg.Connection, where: str, revision: str | None) -> None:
+    """Why a read-only open cannot read ``where``: no foldplane log there (naming the tables it
+    found), a newer foldplane's schema, or an older one that only ``serve`` migrates."""
+    if revision is None:
+        tables = [
+            r["tablename"]
+            for r in await conn.fetch(
+                "SELECT tablename FROM pg_tables WHERE schemaname = current_schema() "
+                "ORDER BY tablename LIMIT 13"
+            )
+        ]
+        shown = ", ".join(tables[:12]) + (", ..." if len(tables) > 12 else "")
+        raise LogError(f"{where} holds no foldplane log (tables: [{shown}])")
+    check_known(where, revision)
+    raise LogError(
+        f"{where} has schema revision {revision!r}, older than this code's {code_head()!r}; "
+        "`python -m coordinator serve` migrates it (a write), a read-only audit does not"
+    )

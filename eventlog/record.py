@@ -21,6 +21,7 @@ import msgspec
 KINDS: frozenset[str] = frozenset(
     {
         "group_created",
+        "group_ended",
         "join",
         "heartbeat",
         "links",

@@ -16,34 +16,55 @@ import asyncio
 import json
 import sqlite3
 import threading
+import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from eventlog.base import Log, RemovedRange, Row, Sealed, check_compaction, missing_offsets
-from eventlog.codec import COLUMNS, decode_rows, gc_paused
-from eventlog.errors import LogError
-from eventlog.migrate import migrate_sqlite
-from eventlog.projection import ProjectionRow, decode_projection
-from eventlog.record import Record
-from eventlog.sqlite_writer import Append, Call, SqliteWriter
+from foldplane.eventlog.base import (
+    Log,
+    RemovedRange,
+    Row,
+    Sealed,
+    check_compaction,
+    missing_offsets,
+)
+from foldplane.eventlog.codec import COLUMNS, decode_rows, gc_paused
+from foldplane.eventlog.errors import LogError
+from foldplane.eventlog.migrate import check_known, code_head, migrate_sqlite
+from foldplane.eventlog.projection import ProjectionRow, decode_projection
+from foldplane.eventlog.record import Record
+from foldplane.eventlog.sqlite_writer import Append, Call, SqliteWriter
 
 
-def _connect_reader(path: Path) -> sqlite3.Connection:
-    conn = sqlite3.connect(path, isolation_level=None, timeout=30)
+def _connect_reader(path: Path, read_only: bool = False) -> sqlite3.Connection:
+    if read_only:
+        # SQLite itself refuses every write. Without a -wal file beside it no writer is at
+        # work, so the file is read as immutable: no -shm or -wal file is created either.
+        quiet = "" if Path(f"{path}-wal").exists() else "&immutable=1"
+        uri = f"file:{urllib.parse.quote(str(path))}?mode=ro{quiet}"
+        conn = sqlite3.connect(uri, uri=True, isolation_level=None, timeout=30)
+    else:
+        conn = sqlite3.connect(path, isolation_level=None, timeout=30)
     conn.execute("PRAGMA query_only = 1")
     return conn
 
 
 class SqliteLog(Log):
-    def __init__(self, path: Path, where: str, term: int, head: int) -> None:
+    def __init__(
+        self, path: Path, where: str, term: int, head: int, *, read_only: bool = False
+    ) -> None:
         super().__init__(where, term, head)
         self._path = path
+        self._read_only = read_only
         self._loop = asyncio.get_running_loop()
-        self._writer = SqliteWriter(path, where, self._loop, term, self._committed)
+        #: None when opened read-only: nothing can write (open_sqlite_read_only)
+        self._writer = (
+            None if read_only else SqliteWriter(path, where, self._loop, term, self._committed)
+        )
         self._local = threading.local()
         self._readers = ThreadPoolExecutor(1, thread_name_prefix="eventlog-sqlite-reader")
-        self._watch_conn = _connect_reader(path)
+        self._watch_conn = _connect_reader(path, read_only)
         self._data_version = self._watch_conn.execute("PRAGMA data_version").fetchone()[0]
 
     # -- writes -----------------------------------------------------------------------------
@@ -55,16 +76,16 @@ class SqliteLog(Log):
         size = 64 * len(rows)
         for row in rows:
             size += len(row[4])
-        self._writer.submit(Append(rows, size, fut))
+        self._writable().submit(Append(rows, size, fut))
         return fut
 
     async def _write(self, fn: Any, *, durable: bool = True) -> Any:
         fut: asyncio.Future[Any] = self._loop.create_future()
-        self._writer.submit(Call(fn, fut, durable))
+        self._writable().submit(Call(fn, fut, durable))
         return await fut
 
     async def _claim_term(self) -> int:
-        writer = self._writer
+        writer = self._writable()
 
         def claim(conn: sqlite3.Connection) -> int:
             (term,) = conn.execute(
@@ -144,7 +165,7 @@ class SqliteLog(Log):
     def _reader(self) -> sqlite3.Connection:
         conn = getattr(self._local, "conn", None)
         if conn is None:
-            conn = self._local.conn = _connect_reader(self._path)
+            conn = self._local.conn = _connect_reader(self._path, self._read_only)
         return conn
 
     async def _query(self, fn: Any, *args: Any) -> Any:
@@ -280,8 +301,14 @@ class SqliteLog(Log):
 
     # -- closing ----------------------------------------------------------------------------
 
+    def _writable(self) -> SqliteWriter:
+        if self._writer is None:
+            raise LogError(f"{self.where} was opened read-only; nothing can be written to it")
+        return self._writer
+
     async def _close(self) -> None:
-        await asyncio.to_thread(self._writer.stop)
+        if self._writer is not None:
+            await asyncio.to_thread(self._writer.stop)
 
         def close_reader() -> None:
             conn = getattr(self._local, "conn", None)
@@ -312,7 +339,7 @@ async def open_sqlite(path: Path, create: bool) -> SqliteLog:
     where = f"SQLite log {str(path)!r}"
     if not path.exists():
         if not create:
-            raise LogError(f"{where} does not exist (open it with create=True to make a new one)")
+            raise LogError(f"{where} does not exist")
         if not path.parent.is_dir():
             raise LogError(f"cannot create {where}: directory {str(path.parent)!r} does not exist")
     elif path.is_dir():
@@ -331,3 +358,60 @@ async def open_sqlite(path: Path, create: bool) -> SqliteLog:
     except sqlite3.DatabaseError as exc:
         raise LogError(f"cannot open {where}: {exc}") from exc
     return SqliteLog(path, where, term, head)
+
+
+#: The first bytes of every SQLite database file.
+_SQLITE_HEADER = b"SQLite format 3\x00"
+#: The tables every foldplane log has, whatever its revision.
+_LOG_TABLES = frozenset({"log", "alembic_version"})
+
+
+async def open_sqlite_read_only(path: Path) -> SqliteLog:
+    """Open the SQLite log at ``path`` for reading only, as audits do: nothing is created,
+    migrated or written (SQLite opens the file with ``mode=ro``). A file that is not a foldplane
+    log at this code's schema revision is refused, naming what it is."""
+    where = f"SQLite log {str(path)!r}"
+    if not path.exists():
+        raise LogError(f"{where} does not exist")
+    if path.is_dir():
+        raise LogError(f"{where} is a directory, not a SQLite file")
+    with open(path, "rb") as f:
+        header = f.read(len(_SQLITE_HEADER))
+    if not header:
+        raise LogError(f"{str(path)!r} is an empty file, not a foldplane log")
+    if header != _SQLITE_HEADER:
+        raise LogError(
+            f"{str(path)!r} is not a foldplane log: not a SQLite database (it starts with "
+            f"{header[:12]!r})"
+        )
+
+    def prepare() -> tuple[int, int]:
+        conn = _connect_reader(path, read_only=True)
+        try:
+            tables = sorted(
+                row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")
+            )
+            if not set(tables) >= _LOG_TABLES:
+                shown = ", ".join(tables[:12]) + (", ..." if len(tables) > 12 else "")
+                raise LogError(
+                    f"{str(path)!r} is not a foldplane log: a SQLite database with tables "
+                    f"[{shown}] and no foldplane log table"
+                )
+            row = conn.execute("SELECT version_num FROM alembic_version").fetchone()
+            revision = None if row is None else row[0]
+            check_known(where, revision)
+            if revision != code_head():
+                raise LogError(
+                    f"{where} has schema revision {revision!r}, older than this code's "
+                    f"{code_head()!r}; `python -m coordinator serve` migrates it (a write), "
+                    "a read-only audit does not"
+                )
+            return conn.execute("SELECT term, next_seq - 1 FROM log_head WHERE id = 1").fetchone()
+        finally:
+            conn.close()
+
+    try:
+        term, head = await asyncio.to_thread(prepare)
+    except sqlite3.DatabaseError as exc:
+        raise LogError(f"cannot open {where} read-only: {exc}") from exc
+    return SqliteLog(path, where, term, head, read_only=True)

@@ -22,6 +22,8 @@ Rules, and why:
   100 ms, so contending Logs spend most of their time asleep with the lock free (the
   ``eventlog`` benchmark's "a Log per caller" row; figures in docs/benchmarks.md). A blocked
   ``flock`` wakes as soon as the holder releases it, and the kernel drops it when a holder dies.
+- The WAL is checkpointed by its own size, beside the writer (:class:`Checkpointer`), whose
+  last step takes the same lock for a moment and empties the WAL file.
 """
 
 from __future__ import annotations
@@ -39,9 +41,9 @@ from pathlib import Path
 from typing import Any
 from zlib import crc32
 
-from eventlog.base import Sealed
-from eventlog.errors import LogClosed, LogError, StaleTermError
-from eventlog.record import frame_names
+from foldplane.eventlog.base import Sealed
+from foldplane.eventlog.errors import LogClosed, LogError, StaleTermError
+from foldplane.eventlog.record import frame_names
 
 MAX_BATCH_ROWS = 8192
 MAX_BATCH_BYTES = 8 << 20
@@ -96,8 +98,9 @@ class Call:
 _STOP = object()
 
 
-#: Checkpoint the WAL into the main file after about this many payload bytes were committed.
-CHECKPOINT_BYTES = 2 << 20
+#: Checkpoint the WAL into the main file once it holds this many bytes (SQLite's own
+#: automatic checkpoint is due at 1,000 pages, 4 MB of 4 kB pages).
+CHECKPOINT_WAL_BYTES = 4 << 20
 
 
 def connect_writer(path: Path) -> sqlite3.Connection:
@@ -106,20 +109,52 @@ def connect_writer(path: Path) -> sqlite3.Connection:
     conn.execute("PRAGMA synchronous = FULL")
     # Checkpoints run on the Checkpointer's thread, not inside a commit that acks wait for.
     conn.execute("PRAGMA wal_autocheckpoint = 0")
+    # When SQLite restarts the WAL after a full checkpoint it cuts the file back to this size,
+    # so the file's size stays a measure of what is waiting in it (Checkpointer.wrote).
+    conn.execute(f"PRAGMA journal_size_limit = {CHECKPOINT_WAL_BYTES}")
     return conn
 
 
+#: How long the last step of a checkpoint waits for readers still on the WAL (the writers
+#: wait meanwhile); past it the WAL is left to grow until the next checkpoint.
+CHECKPOINT_READERS_MS = 50
+
+
 class Checkpointer:
-    """Copies the WAL into the database file on its own thread and connection.
+    """Copies the WAL into the database file on its own thread and connection, by the WAL's
+    own size.
 
     SQLite's automatic checkpoint runs inside the COMMIT that crosses the threshold, so every
-    append waiting on that commit would pay for copying and fsyncing the main file. A PASSIVE
-    checkpoint on another connection runs beside the writer instead and never blocks it.
+    append waiting on that commit would pay for copying and fsyncing the main file. Here a
+    PASSIVE checkpoint on another connection copies the WAL beside the writer instead, never
+    blocking it; then, holding the writers' file lock (so the writer waits on the lock, only
+    for this step), a TRUNCATE checkpoint copies what was committed meanwhile and empties the
+    WAL file. Without that last step a writer that commits every few milliseconds never lets
+    a PASSIVE checkpoint catch up with the WAL's end, and the WAL never starts over.
+
+    It is due once the WAL file has grown by ``CHECKPOINT_WAL_BYTES`` since the last one was
+    asked for. The WAL is what the commits wrote, whole pages (a commit of a 100-byte
+    heartbeat record writes about three 4 kB pages, a snapshot its whole size): counting the
+    records' bytes instead let the WAL of a log of small records grow to hundreds of MB
+    between checkpoints. A checkpoint that readers keep from finishing (for more than
+    ``CHECKPOINT_READERS_MS``) leaves the WAL to grow; the next is asked for another
+    ``CHECKPOINT_WAL_BYTES`` later.
     """
 
-    def __init__(self, path: Path) -> None:
+    def __init__(
+        self,
+        path: Path,
+        turn: Callable[[], contextlib.AbstractContextManager[None]],
+        wal_bytes: int | None = None,
+    ) -> None:
         self._path = path
-        self._pending = 0
+        self._turn = turn
+        self._wal = Path(f"{path}-wal")
+        self._wal_bytes = CHECKPOINT_WAL_BYTES if wal_bytes is None else wal_bytes
+        #: the WAL's size when the last checkpoint was asked for
+        self._asked_at = 0
+        #: checkpoints asked for so far
+        self.asked = 0
         self._due = threading.Event()
         self._stopping = False
         self._thread = threading.Thread(
@@ -127,11 +162,17 @@ class Checkpointer:
         )
         self._thread.start()
 
-    def wrote(self, size: int) -> None:
-        """Called by the writer after each commit with the bytes it committed."""
-        self._pending += size
-        if self._pending >= CHECKPOINT_BYTES:
-            self._pending = 0
+    def wrote(self) -> None:
+        """Called by the writer after each commit: ask for a checkpoint when one is due."""
+        try:
+            size = os.stat(self._wal).st_size
+        except OSError:
+            return
+        if size < self._asked_at:  # emptied by the last checkpoint
+            self._asked_at = 0
+        if size - self._asked_at >= self._wal_bytes:
+            self._asked_at = size
+            self.asked += 1
             self._due.set()
 
     def stop(self) -> None:
@@ -149,6 +190,12 @@ class Checkpointer:
                     return
                 with contextlib.suppress(sqlite3.Error):  # best effort; the next one retries
                     conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
+                    conn.execute(f"PRAGMA busy_timeout = {CHECKPOINT_READERS_MS}")
+                    try:
+                        with self._turn():
+                            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+                    finally:
+                        conn.execute("PRAGMA busy_timeout = 30000")
         finally:
             conn.close()
 
@@ -168,7 +215,7 @@ class SqliteWriter:
         self._loop = loop
         self._on_commit = on_commit
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self._checkpointer = Checkpointer(path)
+        self._checkpointer = Checkpointer(path, self._checkpoint_turn)
         self._conn: sqlite3.Connection | None = None
         self._chunk = CHUNK_ROWS
         self._lock_fd: int | None = None
@@ -216,7 +263,7 @@ class SqliteWriter:
                 batch.append(nxt)
                 rows += len(nxt.rows)
                 size += nxt.size
-            self._guarded(self._write_appends, batch, batch, size)
+            self._guarded(self._write_appends, batch, batch)
         self._checkpointer.stop()
         if self._conn is not None:
             self._conn.close()
@@ -250,6 +297,17 @@ class SqliteWriter:
         return self._conn
 
     @contextlib.contextmanager
+    def _checkpoint_turn(self) -> Any:
+        """The writers' file lock, on a descriptor of the Checkpointer's own (a lock held
+        through another open file conflicts with the writer's even in this process)."""
+        fd = os.open(f"{self._path}-writer.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # releases the lock
+
+    @contextlib.contextmanager
     def _turn(self) -> Any:
         """Hold the writers' file lock for one transaction (see the module's rules)."""
         if self._lock_fd is None:
@@ -260,7 +318,7 @@ class SqliteWriter:
         finally:
             fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
 
-    def _write_appends(self, jobs: list[Append], size: int) -> None:
+    def _write_appends(self, jobs: list[Append]) -> None:
         try:
             with self._turn():
                 results, head = self._insert(jobs)
@@ -272,7 +330,7 @@ class SqliteWriter:
             self._fail(jobs, LogError(f"append of {n} records to {self._where} failed: {exc}"))
         else:
             self._call_soon(self._resolve, jobs, results, head)
-            self._checkpointer.wrote(size)
+            self._checkpointer.wrote()
 
     def _insert(self, jobs: list[Append]) -> tuple[list[Sealed], int]:
         """One transaction holding every job's rows: (each job's offsets and checksums, the
@@ -342,6 +400,7 @@ class SqliteWriter:
             self._fail([job], LogError(f"write to {self._where} failed: {exc}"))
         else:
             self._call_soon(_set_result, job.future, result)
+            self._checkpointer.wrote()
 
     def _reset(self) -> None:
         """After an unexpected error, start the next batch on a fresh connection."""

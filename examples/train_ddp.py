@@ -27,6 +27,12 @@ with all 4 ranks in the view; then every rank stops at the same step and prints 
 its parameters: the same on all (a rank that trained no batch prints its loss as ``nan``). ``--record DIR`` writes, per batch and before it is marked
 processed, ``{"epoch", "cursor", "indices"}`` to ``DIR/<rank>-<incarnation>.jsonl``.
 
+``--checkpoint PATH``: the group's **checkpoint rank** (``agent.is_checkpoint_rank()``, which the
+committed view names: the lowest active rank or the rank the group pins with
+``checkpoint_rank``, failing over to the lowest live one) saves the model there at the end, or
+when a ``shutdown_with_save`` directive stops training; ``if rank == 0`` would save nothing
+once rank 0 had died.
+
 Compared with a torch DDP script, the lines that change are marked ``# foldplane``.
 """
 
@@ -39,6 +45,7 @@ import json
 import os
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import IO, Any
@@ -47,9 +54,9 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset
 
-import agent.dataplane  # noqa: F401  # foldplane: registers the "foldplane" backend
-from agent.data import ElasticSampler  # foldplane
-from agent.ddp import DistributedDataParallel, ElasticOptimizer  # foldplane
+import foldplane.agent.dataplane  # noqa: F401  # foldplane: registers the "foldplane" backend
+from foldplane.agent.data import ElasticSampler  # foldplane
+from foldplane.agent.ddp import DistributedDataParallel, ElasticOptimizer  # foldplane
 
 FEATURES, OUTPUTS = 16, 4
 
@@ -133,6 +140,7 @@ class Trainer:
             worker_init_fn=die_with_parent,
         )
         self.first: int | None = None
+        self.stop = threading.Event()
         self.losses: list[float] = []
         self.skipped = 0
         self.record: IO[str] | None = None
@@ -155,6 +163,17 @@ class Trainer:
             everyone = len(model.members) == world  # the same on every member: one view
             if epoch >= self.args.max_epochs or (epoch >= self.args.epochs and everyone):
                 break
+            if self.stop.is_set():
+                break
+
+    def save(self) -> None:
+        """foldplane: the group's checkpoint rank saves, whichever rank that is now (the lowest
+        active one, or the one the operator pinned; after its death, the next live one)."""
+        if self.args.checkpoint is None or not self.fp_agent.is_checkpoint_rank():
+            return
+        state = {"model": self.net.state_dict(), "steps": self.model.committed_steps}
+        torch.save(state, self.args.checkpoint)
+        print(f"rank {self.rank}: saved the checkpoint to {self.args.checkpoint}", flush=True)
 
     def train_epoch(self, epoch: int) -> None:
         """One epoch in lockstep: a step per batch, zero-weight steps once this rank's part is
@@ -184,15 +203,14 @@ class Trainer:
                     time.sleep(0.01)  # waiting for more work or the epoch's end
             (loss + self.net.reading.sum() * float(reading)).backward()
             if not self.opt.step():  # foldplane: False when the step failed on some member
-                self.skipped += 1  # the same batch is tried again in the next step
-                print(f"rank {self.rank}: step skipped; hint {model.last_failed_ranks}", flush=True)
-                continue
+                self.skipped += 1  # the same batch is tried again in the next step (foldplane
+                continue  # logs the skip, with the failed ranks, on every member)
             if pending is not None:
                 self.done_with(epoch, pending, loss.item() * self.args.batch_size / len(pending[2]))
                 pending = None
             self.maybe_die()
-            if int(self.net.epoch) > epoch:  # no member read: the step ended the epoch
-                return
+            if int(self.net.epoch) > epoch or self.stop.is_set():
+                return  # no member read: the step ended the epoch (or the group shuts down)
 
     def end_of_epoch(self, *_: Any) -> None:
         """The optimizer's step pre-hook: the reduced gradients are final here."""
@@ -210,10 +228,9 @@ class Trainer:
         self.losses.append(loss)
         step = self.model.committed_steps
         if step % 10 == 0:
-            print(
+            say(
                 f"rank {self.rank}: epoch {epoch} step {step} loss {loss:.4f} "
-                f"view {self.model.view_version} members {list(self.model.members)}",
-                flush=True,
+                f"view {self.model.view_version} members {list(self.model.members)}"
             )
 
     def maybe_die(self) -> None:
@@ -223,8 +240,15 @@ class Trainer:
             and self.first == 0
             and self.model.committed_steps == args.kill_at
         ):
-            print(f"rank {self.rank}: SIGKILL at step {args.kill_at}", flush=True)
+            say(f"rank {self.rank}: SIGKILL at step {args.kill_at}")
             os.kill(os.getpid(), signal.SIGKILL)
+
+
+def say(text: str) -> None:
+    """One write per line: the ranks share the launcher's stdout, and print() writes a line
+    and its newline apart, so two ranks' lines could run together."""
+    sys.stdout.write(text + "\n")
+    sys.stdout.flush()
 
 
 def main() -> int:
@@ -245,6 +269,11 @@ def main() -> int:
     p.add_argument("--kill-at", type=int, default=20, help="...once this many steps committed")
     p.add_argument("--record", default=None, help="write the samples each rank processed here")
     p.add_argument("--lr", type=float, default=0.01)
+    p.add_argument(
+        "--checkpoint",
+        default=None,
+        help="the group's checkpoint rank saves the model here at the end (and on shutdown)",
+    )
     args = p.parse_args()
 
     dist.init_process_group("foldplane")  # foldplane: instead of "gloo"/"nccl"
@@ -254,17 +283,19 @@ def main() -> int:
         fp_agent.wait_for_state("HEALTHY", timeout=120)
         proposal = fp_agent.activate_ranks([rank])
         if proposal.get("status") not in ("applied", "applied_with_dropped_ranks"):
-            print(f"rank {rank}: not activated ({proposal}); leaving", flush=True)
+            say(f"rank {rank}: not activated ({proposal}); leaving")
             fp_agent.close()
             return 0
 
     t = Trainer(args, rank, fp_agent)
+    # foldplane: a shutdown_with_save directive stops every rank at its next step
+    fp_agent.on_shutdown_with_save = lambda reason, detail: t.stop.set()
     t.run()
+    t.save()
     first, last = (t.losses[0], t.losses[-1]) if t.losses else (float("nan"),) * 2
-    print(
+    say(
         f"rank {rank}: done at step {t.model.committed_steps} (joined at {t.first}, {t.skipped} "
-        f"skipped); loss {first:.4f} -> {last:.4f}; params {digest(t.net)}",
-        flush=True,
+        f"skipped); loss {first:.4f} -> {last:.4f}; params {digest(t.net)}"
     )
     if t.record is not None:
         t.record.close()

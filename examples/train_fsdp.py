@@ -39,9 +39,15 @@ import uuid
 import torch
 from torch.distributed.fsdp import FSDPModule, fully_shard
 
-from agent import Agent  # foldplane
-from agent.ddp import ElasticOptimizer  # foldplane
-from agent.fsdp import REPLICA_ID_ENV, SHARD_ENV, SHARDS_ENV, ElasticFSDP, hsdp_mesh  # foldplane
+from foldplane.agent import Agent  # foldplane
+from foldplane.agent.ddp import ElasticOptimizer  # foldplane
+from foldplane.agent.fsdp import (  # foldplane
+    REPLICA_ID_ENV,
+    SHARD_ENV,
+    SHARDS_ENV,
+    ElasticFSDP,
+    hsdp_mesh,
+)
 
 
 class TinyTransformer(torch.nn.Module):
@@ -132,7 +138,7 @@ def train(args: argparse.Namespace) -> int:
 def run_replica(args: argparse.Namespace) -> int:
     """Start the replica's processes; when one dies, the replica is lost: stop the rest, and
     start a replacement replica (new processes, a new id) if ``--replace``."""
-    from agent.client import CoordinatorClient, CoordinatorError
+    from foldplane.agent.client import CoordinatorClient, CoordinatorError
 
     client = CoordinatorClient(args.coordinator)
     for shard in range(args.shards):

@@ -72,6 +72,7 @@ HEAVY = (
     "tests/dataplane/test_processes.py",
     "tests/sim/test_sim.py::test_seeds",
     "tests/sim/test_sim.py::test_more_seeds",
+    "tests/test_install.py",
 )
 
 

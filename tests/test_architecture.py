@@ -38,7 +38,7 @@ def test_importing_the_pure_machines_loads_no_io_module() -> None:
     ``__init__`` modules drag in at run time, in a fresh interpreter.
     """
     code = (
-        "import coordinator.fold.machine, agent.machine, sys; "
+        "import foldplane.coordinator.fold.machine, foldplane.agent.machine, sys; "
         f"print(','.join(m for m in {IO_MODULES!r} if m in sys.modules))"
     )
     done = subprocess.run(
@@ -50,7 +50,16 @@ def test_importing_the_pure_machines_loads_no_io_module() -> None:
 
 
 #: The files the fold's rules live in, each with a docstring that states its rule.
-RULE_FILES = ("fencing", "ranks", "healthy_set", "budget", "proposals", "barrier", "deadlines")
+RULE_FILES = (
+    "fencing",
+    "ranks",
+    "healthy_set",
+    "budget",
+    "proposals",
+    "barrier",
+    "deadlines",
+    "ending",
+)
 
 
 def test_the_coordinator_is_a_dispatcher_over_files_that_state_their_rules() -> None:
@@ -60,3 +69,23 @@ def test_the_coordinator_is_a_dispatcher_over_files_that_state_their_rules() -> 
     for name in RULE_FILES:
         doc = ast.get_docstring(ast.parse((fold / f"{name}.py").read_text()))
         assert doc and len(doc.splitlines()) >= 3, f"coordinator/fold/{name}.py states no rule"
+
+
+def test_the_contracts_cover_the_agent_and_the_benchmarks() -> None:
+    """No import loop among the agent's modules nor the benchmarks'; the benchmarks, which
+    measure the product, import no tests and no command-line internals."""
+    import tomllib
+
+    linter = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
+    assert "benchmarks" in linter["root_packages"]
+    contracts = linter["contracts"]
+    acyclic = [c for c in contracts if c["type"] == "acyclic_siblings"]
+    assert {"agent", "benchmarks", "foldplane.benchmarks.kit"} <= {
+        a for c in acyclic for a in c["ancestors"]
+    }
+    forbidden = [
+        set(c["forbidden_modules"])
+        for c in contracts
+        if c["type"] == "forbidden" and c["source_modules"] == ["benchmarks"]
+    ]
+    assert any({"tests", "foldplane.coordinator.cli"} <= f for f in forbidden), forbidden

@@ -14,10 +14,10 @@ import sys
 import tomllib
 from pathlib import Path
 
-from coordinator.cli import SERVER_MODULES
+from foldplane.coordinator.cli import SERVER_MODULES
 
 ROOT = Path(__file__).resolve().parent.parent
-LOCAL = {"eventlog", "coordinator", "agent", "api", "wire", "migrations", "benchmarks", "tests"}
+LOCAL = {"foldplane", "eventlog", "coordinator", "agent", "api", "wire", "migrations", "benchmarks", "tests"}
 #: Modules a declared distribution brings along and the code imports directly.
 PROVIDED_BY = {"starlette": "fastapi"}
 #: What a worker must not be made to install.
@@ -92,7 +92,7 @@ def _cli_without_server(*argv: str) -> subprocess.CompletedProcess[str]:
         "import sys\n"
         f"for m in {sorted(SERVER_MODULES)!r}:\n"
         "    sys.modules[m] = None\n"
-        "from coordinator.cli import main\n"
+        "from foldplane.coordinator.cli import main\n"
         f"sys.exit(main({list(argv)!r}))\n"
     )
     return subprocess.run(

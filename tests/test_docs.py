@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import report
-from wire import reference
+from foldplane.benchmarks import report
+from foldplane.wire import reference
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"

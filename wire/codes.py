@@ -87,6 +87,12 @@ GROUP_CONFLICT = _declare(
 GROUP_FAILED = _declare(
     "group_failed", 409, "refusal", "the group failed to form; it takes no more rank events"
 )
+GROUP_ENDED = _declare(
+    "group_ended",
+    409,
+    "refusal",
+    "the group's run was ended (POST /groups/{group}/end); it takes no more rank events and its name is not reused",
+)
 IDEMPOTENCY_CONFLICT = _declare(
     "idempotency_conflict",
     409,
@@ -172,7 +178,7 @@ REFIT_NOT_READY = _declare(
     "refit_not_ready",
     409,
     "refusal",
-    "the epoch is not admitted (or timed out: the detail names the missing slots)",
+    "the epoch is not admitted: the detail names the slots it waits for, or, timed out, the slots that never joined",
 )
 UNKNOWN_TRANSFER = _declare("unknown_transfer", 404, "refusal", "no transfer has this key")
 STALE_ATTEMPT = _declare(
@@ -233,6 +239,12 @@ INTERNAL = _declare("internal", 500, "request", "a bug: the server logged it")
 HTTP_ERROR = _declare("http_error", 500, "request", "an HTTP error this table does not name")
 BAD_ANSWER = _declare(
     "bad_answer", 502, "request", "the coordinator's answer did not have the shape it must have"
+)
+NOT_FOLDPLANE = _declare(
+    "not_foldplane",
+    502,
+    "request",
+    "the answer is not a foldplane coordinator's JSON (some other HTTP server at that address): check the address and port",
 )
 
 # -- this coordinator cannot serve now -------------------------------------------------------------

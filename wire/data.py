@@ -96,3 +96,142 @@ def apply_moves(
         base += sum(n for _, n in keep)
         keep = []
     return base, normalized([*keep, *got])
+
+
+def same_until(
+    old_base: int,
+    old_remaining: Sequence[Segment],
+    new_base: int,
+    new_remaining: Sequence[Segment],
+    limit: int,
+) -> int:
+    """The first index of the rank's sequence, below ``limit``, at which two parts of it
+    (``base`` and ``remaining`` each) hold different positions, or ``limit`` when they agree up
+    to it. Below the larger base both count as processed, which the coordinator never moves:
+    they agree there."""
+    index = max(old_base, new_base)
+    if index >= limit:
+        return limit
+    old = split_at(old_remaining, index - old_base)[1]
+    new = split_at(new_remaining, index - new_base)[1]
+    i = j = 0
+    o_at = n_at = 0  # offsets into old[i] and new[j]
+    while index < limit and i < len(old) and j < len(new):
+        o_start, o_len = old[i]
+        n_start, n_len = new[j]
+        if o_start + o_at != n_start + n_at:
+            return index
+        step = min(o_len - o_at, n_len - n_at, limit - index)
+        index += step
+        o_at += step
+        n_at += step
+        if o_at == o_len:
+            i, o_at = i + 1, 0
+        if n_at == n_len:
+            j, n_at = j + 1, 0
+    return min(index, limit)
+
+
+class ReadCursor:
+    """Where a reader stands in its rank's sequence of one epoch, and what its count means.
+
+    A reader *yields* positions of its sequence in order (``yielded``: the index of the next
+    one) and its training loop *marks* them processed later, in the same order
+    (``processed``: the index after the last one marked, what it reports). Between the two the
+    part may change under it: a deactivation takes everything not reported, a resync or a new
+    incarnation's part replaces it. Positions it yielded that are no longer at the same index
+    of its sequence are *void* (:meth:`cut`): their marks, when they come, count nothing, and
+    the reader yields from the first changed index again. So ``processed`` always counts
+    positions of the part as it is now, a report of it is bound to the part's assignment, and
+    a late mark of an old share is never credited to a new one (docs/data.md).
+
+    Pure: no I/O, clock, threads or randomness.
+    """
+
+    __slots__ = ("yielded", "processed", "_void")
+
+    def __init__(self, base: int = 0) -> None:
+        self.yielded = base
+        self.processed = base
+        #: [index, count]: ``count`` marks that count nothing come when ``processed`` reaches
+        #: ``index`` (before the position there), in index order
+        self._void: list[list[int]] = []
+
+    @property
+    def void(self) -> int:
+        """Marks still to come that count nothing."""
+        return sum(n for _, n in self._void)
+
+    @property
+    def unmarked(self) -> int:
+        """Positions yielded and not yet marked, void ones included."""
+        return self.yielded - self.processed + self.void
+
+    def take(self) -> int:
+        """The index of the next position to yield (the caller checks it is in the part)."""
+        self.yielded += 1
+        return self.yielded - 1
+
+    def mark(self, count: int) -> int:
+        """The next ``count`` positions yielded are processed; how many of them count (a void
+        one does not). Raises ``ValueError`` beyond what was yielded."""
+        if not 0 <= count <= self.unmarked:
+            raise ValueError(
+                f"marking {count} processed would pass what was yielded ({self.unmarked} "
+                "not marked yet)"
+            )
+        counted = 0
+        while count:
+            if self._void and self._void[0][0] == self.processed:
+                step = min(count, self._void[0][1])
+                self._void[0][1] -= step
+                if not self._void[0][1]:
+                    self._void.pop(0)
+            else:
+                upto = self._void[0][0] if self._void else self.yielded
+                step = min(count, upto - self.processed)
+                self.processed += step
+                counted += step
+            count -= step
+        return counted
+
+    def cut(self, index: int) -> None:
+        """From ``index`` on, the sequence no longer holds what this reader yielded there:
+        every mark still to come for a position at or after it counts nothing, a mark already
+        made there is taken back (the coordinator never accepted it: it cuts only above what it
+        accepted), and the reader yields from ``index`` again."""
+        if index >= self.yielded:
+            return
+        later = sum(n for i, n in self._void if i >= index)
+        later += max(0, self.yielded - max(self.processed, index))
+        self._void = [v for v in self._void if v[0] < index]
+        self.processed = min(self.processed, index)
+        self.yielded = index
+        if later:
+            self._void.append([index, later])
+
+    def advance(self, base: int) -> None:
+        """The coordinator counts ``base`` positions processed (another incarnation's reports,
+        a part sent whole): marks still to come for positions below it count nothing, and the
+        reader yields from ``base`` on."""
+        if base <= self.processed:
+            return
+        before = sum(n for i, n in self._void if i <= base)
+        before += min(self.yielded, base) - self.processed
+        self._void = [v for v in self._void if v[0] > base]
+        self.processed = base
+        self.yielded = max(self.yielded, base)
+        if before:
+            self._void.insert(0, [base, before])
+
+    def follow(
+        self,
+        old_base: int,
+        old_remaining: Sequence[Segment],
+        new_base: int,
+        new_remaining: Sequence[Segment],
+    ) -> None:
+        """The rank's part changed from the old to the new one: what was yielded beyond the
+        first index where they differ is void, and nothing below the new base is to be read."""
+        self.cut(same_until(old_base, old_remaining, new_base, new_remaining, self.yielded))
+        self.advance(new_base)

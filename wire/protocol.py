@@ -36,12 +36,26 @@ from typing import Annotated, Any
 
 from msgspec import Meta, Struct
 
-from wire import ranks as rank_sets
-from wire.ranks import RankSetError
+from foldplane.wire import ranks as rank_sets
+from foldplane.wire.ranks import RankSetError
 
 #: The protocol version this module speaks. Agents send it as ``protocol`` on the updates long
 #: poll; a poll without it (protocol 1) is refused with ``protocol_mismatch``.
 PROTOCOL = 2
+#: The named revisions of protocol 2 an agent understands, which it names as ``features`` on
+#: the long poll and the host channel (comma-separated). A change within the version is added
+#: by name: the coordinator sends what a revision adds only to readers that name it, and
+#: refuses the others (``protocol_mismatch``, naming the revision) where they would silently
+#: misread. ``data_moves``: a data decision reaches every rank as its moves, not as each
+#: touched rank's whole part (docs/protocol.md, "Facet updates").
+FEATURES = ("data_moves",)
+
+
+def missing_features(named: str | None, wanted: tuple[str, ...] = FEATURES) -> list[str]:
+    """The revisions of ``wanted`` that a reader's ``features`` field does not name."""
+    have = set((named or "").split(","))
+    return [f for f in wanted if f not in have]
+
 
 # -- physical states ---------------------------------------------------------------------------
 
@@ -170,6 +184,12 @@ class LinksEvent(
     version: Version | None = None
     #: "I built view ``reached`` and reached every member" (the claim behind the empty ``down``)
     reached: Version | None = None
+    #: "view ``failed`` failed here and its hint blames nobody" (a collective timed out with
+    #: every member alive); ``issued`` and ``completed`` are the operations this rank had
+    #: started and finished successfully on it when it failed (``coordinator.fold.stalls``)
+    failed: Version | None = None
+    issued: Annotated[int, Meta(ge=0)] | None = None
+    completed: Annotated[int, Meta(ge=0)] | None = None
 
 
 class AckEvent(_AgentEvent, tag="ack", kw_only=True, omit_defaults=True):
@@ -326,9 +346,14 @@ def legacy_problem(event: Mapping[str, Any]) -> str | None:
 
 
 def links_event(
-    down: Iterable[int], hint: Iterable[int], self_ready: bool, version: int | None
+    down: Iterable[int],
+    hint: Iterable[int],
+    self_ready: bool,
+    version: int | None,
+    ops: tuple[int, int] | None = None,
 ) -> dict[str, Any]:
-    """The fields of a ``links`` event (without the envelope)."""
+    """The fields of a ``links`` event (without the envelope). ``ops`` (issued, completed):
+    view ``version`` failed here blaming nobody, after that many operations on it."""
     down, hint = sorted(set(down)), sorted(set(hint))
     fields: dict[str, Any] = {"self_ready": self_ready}
     if down:
@@ -337,7 +362,10 @@ def links_event(
         fields["hint"] = rank_sets.encode(hint)
     if version is not None:
         fields["version"] = version
-        if version > 0 and not down and not hint and self_ready:
+        if ops is not None and version > 0 and not down and not hint:
+            fields["failed"] = version
+            fields["issued"], fields["completed"] = ops
+        elif version > 0 and not down and not hint and self_ready:
             fields["reached"] = version
     return fields
 
@@ -359,7 +387,7 @@ def links_down(payload: Mapping[str, Any], world_size: int) -> frozenset[int]:
 
 class View(Struct, frozen=True, kw_only=True):
     """A committed group view. ``cause`` is ``{"kind", "proposals", "detail"}`` where kind is
-    ``formation``, ``proposal`` or ``auto_deactivation``."""
+    ``formation``, ``proposal``, ``auto_deactivation``, ``view_retry`` or ``view_failed``."""
 
     group: str
     version: int
@@ -371,6 +399,8 @@ class View(Struct, frozen=True, kw_only=True):
     dropped_ranks: tuple[int, ...]
     offset: int
     ts: int
+    #: the rank that saves the group's checkpoint in this view (docs/fold.md, checkpoint rank)
+    checkpoint_rank: int | None = None
 
     def is_active(self, rank: int) -> bool:
         return _contains(self.active_ranks, rank)
@@ -428,6 +458,8 @@ def view_update(base: View | None, view: View) -> dict[str, Any]:
         "cause": view.cause,
         "ts": view.ts,
     }
+    if view.checkpoint_rank is not None:
+        update["checkpoint_rank"] = view.checkpoint_rank
     for name in _SET_FIELDS:
         update[name] = _set_delta(
             getattr(base, name) if base is not None else (), getattr(view, name)
@@ -494,8 +526,17 @@ def fold_view_update(base: View | None, update: Mapping[str, Any], world_size: i
         cause=dict(update.get("cause", {})),
         offset=int(update["offset"]),
         ts=int(update.get("ts", 0)),
+        checkpoint_rank=_checkpoint_rank(update.get("checkpoint_rank"), world_size),
         **sets,
     )
+
+
+def _checkpoint_rank(value: Any, world_size: int) -> int | None:
+    if value is None:
+        return None
+    if type(value) is not int or not 0 <= value < world_size:
+        raise RankSetError(f"checkpoint_rank {value!r} is not a rank of a group of {world_size}")
+    return value
 
 
 # -- the barrier's prepare ---------------------------------------------------------------------

@@ -89,46 +89,142 @@ def drain_released(timeout: float) -> bool:
     return _reaper.drain(timeout)
 
 
+#: What torch's own NCCL error handling must not do to a foldplane process: tear it down. A
+#: failed operation is a failed view here (every member aborts the view's communicator and the
+#: next view carries on), so the watchdog only watches; set before the first NCCL backend.
+NCCL_ENVIRONMENT = {
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING": "0",  # the watchdog never aborts nor kills the process
+    "TORCH_NCCL_ENABLE_MONITORING": "0",  # nor does its heartbeat monitor
+    "TORCH_NCCL_DUMP_ON_TIMEOUT": "0",
+    "TORCH_NCCL_BLOCKING_WAIT": "0",  # our own wait bounds every operation (see work.py)
+}
+
+
+def prepare_nccl_environment() -> None:
+    """Set :data:`NCCL_ENVIRONMENT` where the user has not chosen otherwise (read at build)."""
+    import os
+
+    for name, value in NCCL_ENVIRONMENT.items():
+        os.environ.setdefault(name, value)
+
+
+def default_cuda_device() -> torch.device:
+    """The GPU of this process, as torchrun assigns it: ``cuda:LOCAL_RANK``.
+
+    Without ``LOCAL_RANK`` (a process started by hand), the current CUDA device.
+    """
+    import os
+
+    local = os.environ.get("LOCAL_RANK")
+    count = torch.cuda.device_count()
+    if local is not None and local.strip().isdigit():
+        index = int(local)
+        if index >= count:
+            raise ValueError(
+                f"LOCAL_RANK={index}, but torch sees {count} CUDA device(s) on this host; "
+                "start at most one rank per GPU here, or set CUDA_VISIBLE_DEVICES"
+            )
+        return torch.device("cuda", index)
+    return torch.device("cuda", torch.cuda.current_device())
+
+
 @dataclass(frozen=True)
 class BackendKind:
-    """Which backend a data plane builds, on which device; resolved once per process."""
+    """Which backends a data plane builds, on which devices; resolved once per process.
+
+    ``"gloo"``: CPU tensors only. ``"nccl"``: CUDA tensors through NCCL on ``device`` and CPU
+    tensors through gloo, in the same view, as torch's ``"cpu:gloo,cuda:nccl"`` default group
+    does (``all_gather_object``, small CPU flags and foldplane's own agreements ride gloo).
+    ``eager_cuda``: build the NCCL communicator with every view from the first one; otherwise
+    it is built the first time a CUDA tensor is used, and with every view after that.
+    """
 
     name: str
     device: torch.device
     gloo_device: object | None = None
+    eager_cuda: bool = True
 
     @classmethod
-    def resolve(cls, name: str, device: torch.device | None, gloo_hostname: str) -> BackendKind:
+    def resolve(
+        cls,
+        name: str,
+        device: torch.device | None,
+        gloo_hostname: str,
+        *,
+        eager_cuda: bool = True,
+    ) -> BackendKind:
         if name not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {name!r}")
+        gloo_device = ProcessGroupGloo.create_device(hostname=gloo_hostname)
         if name == "gloo":
-            device = device or torch.device("cpu")
+            device = torch.device(device) if device is not None else torch.device("cpu")
             if device.type != "cpu":
-                raise ValueError(f"the gloo data plane runs on the CPU, got device {device}")
-            return cls(name, device, ProcessGroupGloo.create_device(hostname=gloo_hostname))
+                raise ValueError(
+                    f"the gloo data plane runs on the CPU, got device {device} "
+                    "(backend 'nccl' serves CUDA tensors, and CPU tensors through gloo)"
+                )
+            return cls(name, device, gloo_device, eager_cuda=False)
         if not torch.cuda.is_available():
             raise ValueError("backend 'nccl' needs a CUDA device, and torch sees none")
-        device = device or torch.device("cuda", torch.cuda.current_device())
+        device = torch.device(device) if device is not None else default_cuda_device()
         if device.type != "cuda":
             raise ValueError(f"the nccl data plane runs on a CUDA device, got device {device}")
+        if device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
         torch.cuda.set_device(device)
-        return cls(name, device)
+        prepare_nccl_environment()
+        return cls(name, device, gloo_device, eager_cuda=eager_cuda)
+
+    @property
+    def device_types(self) -> tuple[str, ...]:
+        """The tensor device types this data plane serves."""
+        return ("cpu", "cuda") if self.name == "nccl" else ("cpu",)
+
+    def backend_name(self, device_type: str) -> str:
+        return "nccl" if device_type == "cuda" else "gloo"
+
+    @property
+    def primary_device_type(self) -> str:
+        """The device of this kind's fixed groups (subgroups, HSDP shard groups): ``"cuda"``
+        for an explicit ``"nccl"`` data plane, else ``"cpu"`` (the default on a GPU host builds
+        NCCL only for CUDA tensors of the views, so CPU-only code stays on gloo)."""
+        return "cuda" if self.name == "nccl" and self.eager_cuda else "cpu"
 
     def create(self, store: Store, index: int, size: int, timeout_s: float) -> object:
-        """Rendezvous on ``store`` as in-view rank ``index`` of ``size``; blocks until connected."""
+        """A backend of this kind's primary device: NCCL (connected) or gloo."""
+        return self.create_for(self.primary_device_type, store, index, size, timeout_s)
+
+    def create_for(
+        self,
+        device_type: str,
+        store: Store,
+        index: int,
+        size: int,
+        timeout_s: float,
+        *,
+        connect: bool = True,
+    ) -> object:
+        """Rendezvous on ``store`` as in-view rank ``index`` of ``size``; blocks until built.
+
+        ``connect``: a NCCL communicator is also connected before this returns (NCCL sets up its
+        links lazily, at the first operation otherwise); see :func:`connect_nccl`.
+        """
         timeout = timedelta(seconds=timeout_s)
-        if self.name == "gloo":
+        if device_type == "cpu":
             opts = ProcessGroupGloo._Options()
             opts._timeout = timeout
             opts._devices = [self.gloo_device]
             return ProcessGroupGloo(store, index, size, opts)
+        if self.name != "nccl":
+            raise ValueError(f"the {self.name} data plane serves no {device_type} tensors")
         from torch.distributed import ProcessGroupNCCL  # absent from CPU builds
 
         opts = ProcessGroupNCCL.Options()
         opts._timeout = timeout
         backend = ProcessGroupNCCL(store, index, size, opts)
-        # Connect now, so "built" means the communicator exists (NCCL is lazy otherwise).
-        backend.eager_connect_single_device(self.device)
+        backend.eager_connect_single_device(self.device)  # the communicator exists from here
+        if connect:
+            connect_nccl(backend, self.device)
         return backend
 
     def abandon(self, backend: object | None) -> None:
@@ -136,13 +232,40 @@ class BackendKind:
 
         The release happens in the reaper thread, because the destructor waits for the backend's
         operations to end (a gloo op stuck on a dead peer ends at its timeout): the caller never
-        blocks, and a long job's old views do not keep their threads and sockets.
+        blocks, and a long job's old views do not keep their threads and sockets. An aborted
+        NCCL backend is never destroyed (NCCL's destroy after an abort may wait for peers that
+        aborted too): it is kept for the life of the process; the abort already freed its
+        communicator.
         """
         if backend is None:
             return
-        if self.name == "nccl":
-            try:
-                backend.abort()  # type: ignore[attr-defined]
-            except RuntimeError as e:
-                log.warning("aborting an abandoned NCCL backend failed: %s", e)
+        if is_nccl(backend):
+            abort_nccl(backend)
+            bury(backend)
+            return
         _reaper.take(backend)
+
+
+def is_nccl(backend: object) -> bool:
+    return type(backend).__name__ == "ProcessGroupNCCL"
+
+
+def abort_nccl(backend: object) -> None:
+    """Abort a NCCL backend (idempotent): its kernels in flight return, its streams move on."""
+    try:
+        backend.abort()  # type: ignore[attr-defined]
+    except RuntimeError as e:
+        log.warning("aborting a NCCL backend failed: %s", e)
+
+
+def connect_nccl(backend: object, device: torch.device) -> None:
+    """Connect ``backend``'s communicator on ``device`` now: one 1-element all-reduce on a side
+    stream, waited for on the CPU. A peer that died meanwhile leaves it hanging until the
+    backend is aborted (the view's failure does that)."""
+    from torch.distributed import AllreduceOptions
+
+    stream = torch.cuda.Stream(device)
+    with torch.cuda.device(device), torch.cuda.stream(stream):
+        probe = torch.zeros(1, device=device)
+        backend.allreduce([probe], AllreduceOptions()).wait()  # type: ignore[attr-defined]
+        stream.synchronize()

@@ -2,7 +2,7 @@
 
 Importing :mod:`agent.dataplane` registers it, so that in a worker the launcher started
 
->>> import agent.dataplane, torch.distributed as dist
+>>> import foldplane.agent.dataplane, torch.distributed as dist
 >>> dist.init_process_group("foldplane")
 
 builds an :class:`~agent.Agent` from the ``FOLDPLANE_*`` environment, starts it, waits for the
@@ -30,10 +30,10 @@ from typing import TYPE_CHECKING, Any
 import torch.distributed as dist
 from torch.distributed.constants import default_pg_timeout
 
-from agent.dataplane.group import BACKEND_NAME, ElasticProcessGroup
+from foldplane.agent.dataplane.group import BACKEND_NAME, ElasticProcessGroup
 
 if TYPE_CHECKING:
-    from agent.host import Agent
+    from foldplane.agent import Agent
 
 # ``torch.distributed.rendezvous`` is also the name of a function: import the module by path.
 _rdzv = importlib.import_module("torch.distributed.rendezvous")
@@ -70,14 +70,20 @@ def register() -> None:
 
 
 def environment_agent(timeout: timedelta | None = None) -> Agent:
-    """The agent of this process built from ``FOLDPLANE_*`` (built and started on first use)."""
+    """The agent of this process built from ``FOLDPLANE_*`` (built and started on first use).
+
+    ``timeout`` (torch's process-group timeout, 30 minutes by default) bounds collectives, not
+    the start: the agent finds its coordinator and group within its own start timeout
+    (``FOLDPLANE_START_TIMEOUT_S``, ``agent.client.DEFAULT_START_TIMEOUT_S``), so a wrong
+    address or group name fails in seconds."""
     global _env_agent
     with _lock:
         if _env_agent is None:
-            from agent.host import Agent
+            # through the package's public face: the host adopts its groups here, so this
+            # module, below it, names no module of the host
+            from foldplane.agent import Agent
 
-            seconds = 300.0 if timeout is None else timeout.total_seconds()
-            _env_agent = Agent().start(timeout_s=seconds)
+            _env_agent = Agent().start()
         return _env_agent
 
 

@@ -32,7 +32,9 @@ import sys
 import threading
 import time
 import warnings
-from collections.abc import Callable, Sequence
+import weakref
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Protocol
 
 import torch
@@ -49,13 +51,14 @@ from torch._C._distributed_c10d import (
     ScatterOptions,
 )
 
-from agent.dataplane.backend import BackendKind
-from agent.dataplane.errors import PeerFailure
-from agent.dataplane.hint import HintPool
-from agent.dataplane.work import Work
+from foldplane.agent.dataplane.backend import BackendKind
+from foldplane.agent.dataplane.cuda import CudaWatch, EndEvents
+from foldplane.agent.dataplane.errors import DataPlaneError, PeerFailure
+from foldplane.agent.dataplane.hint import HintPool
+from foldplane.agent.dataplane.work import Work
 
 if TYPE_CHECKING:
-    from agent.dataplane.view import ViewGroup
+    from foldplane.agent.dataplane.view import ViewGroup
 
 ReduceOp = dist.ReduceOp
 _GLOO_UNSUPPORTED_OPS = (ReduceOp.AVG, ReduceOp.PREMUL_SUM)
@@ -78,6 +81,11 @@ class GroupPlane(Protocol):
     closed: threading.Event
     collective_timeout_s: float
     p2p_timeout_s: float
+
+    cuda_watch: CudaWatch
+    end_events: EndEvents | None
+
+    def hint_pool_for(self, device_type: str) -> HintPool: ...
 
     def current_view(self) -> ViewGroup | None: ...
 
@@ -103,6 +111,8 @@ class ElasticProcessGroup(dist.ProcessGroup):
         self._group_name = ""
         #: The ``Agent`` whose data plane this is (None for a data plane used on its own).
         self.agent: object | None = None
+        self._capture_view: ViewGroup | None = None  # the view of the capture under way
+        self._graph_views: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
     # -- what c10d asks of every process group ------------------------------------------------
 
@@ -159,7 +169,7 @@ class ElasticProcessGroup(dist.ProcessGroup):
     ) -> Work:
         self._check_tensor("tensor", tensor, sparse_ok=True)  # gloo reduces sparse tensors
         opts = AllreduceOptions()
-        opts.reduceOp = self._check_op(op)
+        opts.reduceOp = self._check_op(op, tensor)
         launch: Launch = lambda be, _v: be.allreduce([tensor], opts)  # noqa: E731
         return self._run("all_reduce", launch, async_op, result=[tensor], pinned=view)
 
@@ -224,7 +234,7 @@ class ElasticProcessGroup(dist.ProcessGroup):
         self._check_tensor("output", output)
         self._check_list("input_list", input_list, like=output)  # type: ignore[arg-type]
         opts = ReduceScatterOptions()
-        opts.reduceOp = self._check_op(op)
+        opts.reduceOp = self._check_op(op, output)
 
         def launch(be: object, view: ViewGroup) -> object:
             inputs = [input_list[m] for m in view.members]
@@ -252,7 +262,7 @@ class ElasticProcessGroup(dist.ProcessGroup):
             raise TypeError("reduce(tensor, dst) needs dst, a global rank")
         self._check_tensor("tensor", tensor)
         self._check_rank("dst", dst, allow_self=True)
-        reduce_op, root = self._check_op(op), dst
+        reduce_op, root = self._check_op(op, tensor), dst
 
         def launch(be: object, v: ViewGroup) -> object:
             opts = ReduceOptions()
@@ -427,7 +437,7 @@ class ElasticProcessGroup(dist.ProcessGroup):
         for i, t in enumerate(tensors):
             self._check_tensor(f"tensors[{i}]", t)
         inner = AllreduceCoalescedOptions()
-        inner.reduceOp = self._check_op(opts.reduceOp)
+        inner.reduceOp = self._check_op(opts.reduceOp, tensors[0])
         launch: Launch = lambda be, _v: be.allreduce_coalesced(tensors, inner)  # noqa: E731
         work = self._run("allreduce_coalesced", launch, True, result=list(tensors))
         return self._c10d_outcome(work, opts)
@@ -519,6 +529,69 @@ class ElasticProcessGroup(dist.ProcessGroup):
         failed = [r for r, bad in enumerate(hint.tolist()) if bad]
         raise PeerFailure(work.name, failed, hint.clone())
 
+    # -- CUDA graphs --------------------------------------------------------------------------
+
+    @contextmanager
+    def capture(self, graph: torch.cuda.CUDAGraph, **graph_kwargs: object) -> Iterator[None]:
+        """Capture this group's CUDA operations into ``graph`` (``torch.cuda.graph(graph)``),
+        recording the view they belong to, so that :meth:`replay` can follow each replay.
+
+        The view's NCCL communicator must be built: run one CUDA operation on the view first
+        (capture cannot build it). Nothing is allocated per operation inside the capture.
+        """
+        self._capture_view = None
+        try:
+            with torch.cuda.graph(graph, **graph_kwargs):  # type: ignore[arg-type]
+                yield
+            view = self._capture_view
+        finally:
+            self._capture_view = None
+        if view is None:
+            raise DataPlaneError("no CUDA operation of the foldplane group was captured")
+        self._graph_views[graph] = view
+
+    def _captured_view(self, view: ViewGroup) -> None:
+        if self._capture_view is not None and self._capture_view is not view:
+            raise DataPlaneError(
+                f"the installed view changed from {self._capture_view.version} to "
+                f"{view.version} during a CUDA graph capture; capture again"
+            )
+        self._capture_view = view
+
+    def replay(self, graph: torch.cuda.CUDAGraph) -> Work:
+        """Replay ``graph`` (captured with :meth:`capture`) on the current stream; its ``Work``
+        fails like any operation when a member dies or hangs during the replay (the view's
+        communicator is then aborted, which ends the graph's kernels): ``wait()`` False, the
+        hint names the failed ranks.
+
+        A graph captured on a view that is no longer installed cannot be replayed (its
+        communicator belongs to the old view): ``DataPlaneError``, capture it again.
+        """
+        view = self._graph_views.get(graph)
+        if view is None:
+            raise DataPlaneError("this graph was not captured with pg.capture(graph)")
+        plane = self._plane
+        current = plane.current_view()
+        if current is not view:
+            raise DataPlaneError(
+                f"the graph was captured on view {view.version}, and view "
+                f"{None if current is None else current.version} is installed now: capture "
+                "it again on the current view"
+            )
+        work = Work(
+            f"graph replay (rank {self._rank}, view {view.version})",
+            view,
+            plane.hint_pool_for("cuda"),
+            plane.closed,
+            plane.collective_timeout_s,
+        )
+        if not view.register(work):
+            return work._fail_with_view()
+        view.op_started()
+        graph.replay()
+        work._started_replay(plane.device, plane.cuda_watch)
+        return work
+
     # -- hints and knobs ----------------------------------------------------------------------
 
     def get_failed_ranks_hint(self, work: Work) -> torch.Tensor:
@@ -571,13 +644,15 @@ class ElasticProcessGroup(dist.ProcessGroup):
         plane = self._plane
         timeout_s = plane.p2p_timeout_s if p2p else plane.collective_timeout_s
         deadline = time.monotonic() + timeout_s
+        device_type = result[0].device.type if result else "cpu"  # a barrier runs on gloo
+        capturing = device_type == "cuda" and torch.cuda.is_current_stream_capturing()
         while True:
             view = plane.view_for_op(name)
             if pinned is not None and view is not pinned:
                 view, newer = pinned, view
                 pinned.leave(f"rank {self._rank} moved on to view {newer.version}")
             runnable = view.active and (peer is None or peer in view.members)
-            backend = view.backend(deadline) if runnable else None
+            backend = view.backend(deadline, device_type) if runnable else None
             if backend is None and runnable and view.failure is None:
                 if pinned is not None:
                     pinned.leave(f"rank {self._rank} moved on from view {pinned.version}")
@@ -587,7 +662,9 @@ class ElasticProcessGroup(dist.ProcessGroup):
         work = Work(
             f"{name} (rank {self._rank}, view {view.version})",
             view,
-            plane.hint_pool,
+            # a captured operation's hint is never written by a replay: a CPU buffer (nothing
+            # of the pool's device memory may be written by a graph once it is back in the pool)
+            plane.hint_pool_for("cpu" if capturing else device_type),
             plane.closed,
             timeout_s,
             result,
@@ -596,7 +673,9 @@ class ElasticProcessGroup(dist.ProcessGroup):
             return work._complete_locally(True)
         if peer is not None and peer not in view.members:
             return work._complete_locally(False, (peer,))
-        inline = not async_op and plane.kind.name == "gloo"
+        if capturing and backend is not None:
+            self._captured_view(view)
+        inline = not async_op and device_type == "cpu"
         if backend is None or not (inline or view.register(work)):
             return work._fail_with_view()
         view.op_started()
@@ -609,6 +688,13 @@ class ElasticProcessGroup(dist.ProcessGroup):
             return work._fail_with_view()
         if inline:
             work._wait_inline(backend_work)
+        elif capturing:
+            work._captured_in_graph(backend_work)
+        elif device_type == "cuda":
+            assert plane.end_events is not None
+            work._started_cuda(backend_work, plane.device, plane.end_events, plane.cuda_watch)
+            if not async_op:
+                work.wait()
         else:
             work._started(backend_work)
             if not async_op:
@@ -621,10 +707,19 @@ class ElasticProcessGroup(dist.ProcessGroup):
         if not isinstance(tensor, torch.Tensor):
             raise TypeError(f"{what} must be a torch.Tensor, got {type(tensor).__name__}")
         device = self._plane.device
-        if tensor.device.type != device.type or (
-            device.index is not None and tensor.device != device
-        ):
-            raise ValueError(f"{what} is on {tensor.device}, but this data plane runs on {device}")
+        if tensor.device.type == "cuda":
+            if device.type != "cuda":
+                raise ValueError(
+                    f"{what} is on {tensor.device}, but this data plane serves CPU tensors only "
+                    "(backend 'gloo'); create the agent with backend='nccl' for CUDA tensors"
+                )
+            if tensor.device.index is not None and tensor.device != device:
+                raise ValueError(
+                    f"{what} is on {tensor.device}, but this rank's GPU is {device} "
+                    "(one GPU per rank: cuda:LOCAL_RANK)"
+                )
+        elif tensor.device.type != "cpu":
+            raise ValueError(f"{what} is on {tensor.device}: the data plane serves CPU and CUDA")
         if tensor.is_sparse:
             if not sparse_ok:
                 raise ValueError(f"{what} must be a dense, contiguous tensor")
@@ -641,10 +736,10 @@ class ElasticProcessGroup(dist.ProcessGroup):
             )
         for i, t in enumerate(tensors):
             self._check_tensor(f"{what}[{i}]", t)
-            if t.shape != like.shape or t.dtype != like.dtype:
+            if t.shape != like.shape or t.dtype != like.dtype or t.device != like.device:
                 raise ValueError(
-                    f"{what}[{i}] has shape {tuple(t.shape)} and dtype {t.dtype}; "
-                    f"expected {tuple(like.shape)} and {like.dtype}"
+                    f"{what}[{i}] has shape {tuple(t.shape)}, dtype {t.dtype} on {t.device}; "
+                    f"expected {tuple(like.shape)}, {like.dtype} on {like.device}"
                 )
 
     def _check_rank(self, what: str, rank: int, *, allow_self: bool) -> None:
@@ -655,11 +750,11 @@ class ElasticProcessGroup(dist.ProcessGroup):
         if not allow_self and rank == self._rank:
             raise ValueError(f"{what}={rank} is this rank itself")
 
-    def _check_op(self, op: dist.ReduceOp) -> dist.ReduceOp:
+    def _check_op(self, op: dist.ReduceOp, tensor: torch.Tensor) -> dist.ReduceOp:
         # ``op == bad``, not ``op in``: an options object's ReduceOp equals the enum value
         # only from its own side.
-        if self._plane.kind.name == "gloo" and any(op == bad for bad in _GLOO_UNSUPPORTED_OPS):
-            raise ValueError(f"gloo does not support {op}")
+        if tensor.device.type == "cpu" and any(op == bad for bad in _GLOO_UNSUPPORTED_OPS):
+            raise ValueError(f"gloo does not support {op} (CPU tensors run on gloo)")
         return op
 
 

@@ -12,7 +12,11 @@ serves several groups from one store hands each group its own prefix).
 - ``poisoned/<version>``: the same notice, once per view: a rank that moved on from the view
   while operations of its own were still in flight there waits on it (its ``fail`` key then
   belongs to the watcher of its new view).
-- ``view/<version>/``: the prefix under which the backend of view ``version`` rendezvouses.
+- ``nccl-fate/<version>``: what becomes of view ``version``'s NCCL communicator once it is given
+  up, decided once for every member by the first to write it (``compare_set``): ``abort``, or
+  ``shrink:<next>`` (the members of view ``next``, a subset, shrink it into theirs).
+- ``view/<version>/``: the prefix under which the backend of view ``version`` rendezvouses
+  (``view/<version>/cuda/`` its NCCL communicator, when it is built fresh).
 - ``subgroup/<version>/<name>/``: the prefix under which torch's subgroup ``name`` (from
   ``dist.new_group``) rendezvouses, made while view ``version`` was installed.
 """
@@ -40,6 +44,10 @@ def fail(version: int, rank: int) -> str:
 
 def poisoned(version: int) -> str:
     return f"poisoned/{version}"
+
+
+def nccl_fate(version: int) -> str:
+    return f"nccl-fate/{version}"
 
 
 def rendezvous_prefix(version: int) -> str:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import os
 import threading
 import weakref
 from collections.abc import Callable, Iterator, Sequence
@@ -32,21 +33,25 @@ from datetime import timedelta
 import torch
 from torch.distributed import DistStoreError, PrefixStore, Store, TCPStore
 
-from agent.dataplane import keys
-from agent.dataplane.backend import BackendKind, bury, drain_released
-from agent.dataplane.errors import DataPlaneError
-from agent.dataplane.group import ElasticProcessGroup
-from agent.dataplane.hint import HintPool
-from agent.dataplane.liveness import Heartbeat
-from agent.dataplane.poison import PoisonNotice
-from agent.dataplane.view import ViewGroup
+from foldplane.agent.dataplane import keys
+from foldplane.agent.dataplane.backend import BackendKind, bury, drain_released
+from foldplane.agent.dataplane.cuda import CudaWatch, EndEvents
+from foldplane.agent.dataplane.errors import DataPlaneError
+from foldplane.agent.dataplane.group import ElasticProcessGroup
+from foldplane.agent.dataplane.hint import HintPool
+from foldplane.agent.dataplane.liveness import Heartbeat
+from foldplane.agent.dataplane.poison import PoisonNotice
+from foldplane.agent.dataplane.view import ViewGroup
 
 log = logging.getLogger(__name__)
 
 LinkEvidence = Callable[[int, dict[int, str], list[int]], None]
 
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
+_CPU = torch.device("cpu")
 _WATCH_SLICE = timedelta(seconds=30)
+#: how many views' failure counts ``ops_at_failure`` keeps
+_FAILED_OPS_KEPT = 8
 
 
 @dataclass
@@ -92,6 +97,9 @@ class DataPlane:
         liveness_window_periods: int = 3,
         store_timeout_s: float = 30.0,
         hint_pool_size: int = 8,
+        eager_cuda: bool = True,
+        nccl_shrink: bool | None = None,
+        abort_grace_s: float | None = None,
     ) -> None:
         if not isinstance(world_size, int) or world_size < 1:
             raise ValueError(f"world_size must be a positive int, got {world_size!r}")
@@ -125,13 +133,31 @@ class DataPlane:
 
             gloo_hostname = "127.0.0.1" if store_host in _LOOPBACK else socket.gethostname()
         self.gloo_hostname = gloo_hostname  # also where the elastic DDP serves heals
-        self.kind = BackendKind.resolve(backend, device, gloo_hostname)
+        self.kind = BackendKind.resolve(backend, device, gloo_hostname, eager_cuda=eager_cuda)
         self.device = self.kind.device
-        self.hint_pool = HintPool(world_size, self.device, hint_pool_size)
         self.closed = threading.Event()
+        self._hint_pool_size = hint_pool_size
+        self._hint_pools: dict[str, HintPool] = {"cpu": HintPool(world_size, _CPU, hint_pool_size)}
+        #: set by the first operation on a CUDA tensor; views after it build NCCL with the view
+        self.cuda_used = False
+        if nccl_shrink is None:  # FOLDPLANE_NCCL_SHRINK=0 turns it off
+            nccl_shrink = os.environ.get("FOLDPLANE_NCCL_SHRINK", "1") != "0"
+        #: a survivors-only view shrinks the previous view's NCCL communicator
+        self.nccl_shrink = bool(nccl_shrink) and self.kind.name == "nccl"
+        #: a failed view's NCCL communicator waits this long for a shrink, then is aborted
+        self.abort_grace_s = (
+            2 * self.liveness_period_s * self.liveness_window_periods
+            if abort_grace_s is None
+            else float(abort_grace_s)
+        )
+        self.cuda_watch = CudaWatch(
+            self.closed, self.liveness_period_s * self.liveness_window_periods
+        )
+        self.end_events = EndEvents() if self.kind.name == "nccl" else None
 
         self._lock = threading.Condition()
         self._view: ViewGroup | None = None
+        self._failed_ops: dict[int, tuple[int, int]] = {}  # see ops_at_failure
         self._rendezvous_lock = threading.Lock()
         self._session = self._open_session(store_host, store_port)
         self._group = ElasticProcessGroup(self)
@@ -218,12 +244,27 @@ class DataPlane:
                         f"not {list(members)}"
                     )
                 return
-            view = ViewGroup(version, members, self)
+            view = ViewGroup(version, members, self, parent=old)
             self._view = view
             self._lock.notify_all()
         if old is not None:
-            old.retire()
+            old.retire(next_members=members)
         view.start()
+
+    @property
+    def hint_pool(self) -> HintPool:
+        """The hint buffers of operations on this plane's own device (CUDA for ``"nccl"``)."""
+        return self.hint_pool_for(self.device.type)
+
+    def hint_pool_for(self, device_type: str) -> HintPool:
+        """The hint buffers of operations on ``device_type`` tensors (made at first use)."""
+        pool = self._hint_pools.get(device_type)
+        if pool is None:
+            device = self.device if device_type == self.device.type else torch.device(device_type)
+            pool = self._hint_pools.setdefault(
+                device_type, HintPool(self.world_size, device, self._hint_pool_size)
+            )
+        return pool
 
     def process_group(self) -> ElasticProcessGroup:
         """The one process group of this process; it follows the installed views."""
@@ -394,7 +435,18 @@ class DataPlane:
         )
         session.watcher.start()
 
-    def report_links(self, version: int, peers: dict[int, str], failed: list[int]) -> None:
+    def report_links(
+        self,
+        version: int,
+        peers: dict[int, str],
+        failed: list[int],
+        ops: tuple[int, int] | None = None,
+    ) -> None:
+        if ops is not None:
+            with self._lock:
+                self._failed_ops[version] = ops
+                while len(self._failed_ops) > _FAILED_OPS_KEPT:
+                    del self._failed_ops[min(self._failed_ops)]
         callback = self._on_link_evidence
         if callback is None or self.closed.is_set():
             return
@@ -402,6 +454,13 @@ class DataPlane:
             callback(version, peers, failed)
         except Exception:  # the agent's bug must not kill a data plane thread
             log.exception("rank %d: on_link_evidence raised for view %d", self.rank, version)
+
+    def ops_at_failure(self, version: int) -> tuple[int, int] | None:
+        """(issued, completed): the operations this rank had started, and finished successfully,
+        on view ``version`` when it failed here (None if it has not failed, or long ago). The
+        agent reports them with a failure that blames nobody (``coordinator.fold.stalls``)."""
+        with self._lock:
+            return self._failed_ops.get(version)
 
     # -- the watcher --------------------------------------------------------------------------
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import timedelta
@@ -31,10 +32,10 @@ from typing import Protocol
 
 from torch.distributed import DistStoreError, PrefixStore, Store
 
-from agent.dataplane import keys
-from agent.dataplane.backend import BackendKind
-from agent.dataplane.liveness import find_dead
-from agent.dataplane.poison import PoisonNotice
+from foldplane.agent.dataplane import keys
+from foldplane.agent.dataplane.backend import BackendKind, abort_nccl, bury, connect_nccl
+from foldplane.agent.dataplane.liveness import find_dead
+from foldplane.agent.dataplane.poison import PoisonNotice
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +51,13 @@ class ViewContext(Protocol):
     kind: BackendKind
     liveness_period_s: float
     liveness_window_periods: int
+    #: set once this process ran an operation on a CUDA tensor: later views build NCCL eagerly
+    cuda_used: bool
+    #: survivors-only views shrink the previous NCCL communicator (NCCL >= 2.27)
+    nccl_shrink: bool
+    #: how long a failed view's NCCL communicator waits for a shrink before it is aborted
+    abort_grace_s: float
+    closed: threading.Event
 
     @property
     def backend_timeout_s(self) -> float: ...
@@ -58,7 +66,13 @@ class ViewContext(Protocol):
 
     def rendezvous_store(self) -> AbstractContextManager[Store]: ...
 
-    def report_links(self, version: int, peers: dict[int, str], failed: list[int]) -> None: ...
+    def report_links(
+        self,
+        version: int,
+        peers: dict[int, str],
+        failed: list[int],
+        ops: tuple[int, int] | None = None,
+    ) -> None: ...
 
 
 class Waiter(Protocol):
@@ -76,26 +90,46 @@ class Failure:
     blamed: tuple[int, ...]
     notice: PoisonNotice | None  # None: this rank saw the failure first
     report: bool = True  # False: not a link failure (this rank left the view), no evidence
+    #: operations this rank had issued on the view, and completed successfully, when it failed
+    ops: tuple[int, int] = (0, 0)
 
 
 class ViewGroup:
     """View ``version`` over ``members`` (sorted global ranks), from ``ctx.rank``'s side."""
 
-    def __init__(self, version: int, members: tuple[int, ...], ctx: ViewContext) -> None:
+    def __init__(
+        self,
+        version: int,
+        members: tuple[int, ...],
+        ctx: ViewContext,
+        parent: ViewGroup | None = None,
+    ) -> None:
         self.version = version
         self.members = members
         self.active = ctx.rank in members
         self._ctx = ctx
         self._index = {rank: i for i, rank in enumerate(members)}
         self._cond = threading.Condition()
-        self._backend: object | None = None
-        self._built = False
+        self._backend: object | None = None  # gloo: CPU tensors
+        self._built = False  # every backend built with the view is (gloo, and NCCL if eager)
+        #: NCCL: CUDA tensors (a ``"nccl"`` data plane); built with the view once this process
+        #: used a CUDA tensor (or from the first view, ``eager_cuda``), else at its first use
+        self._cuda: object | None = None
+        self._cuda_state = "absent"  # absent | building | built | failed
+        self._cuda_connecting: object | None = None  # abortable while it connects
+        self._aborted = False
+        #: the view this one follows: its NCCL communicator may be shrunk into this one's
+        self._parent = parent if parent is not None and parent.active else None
+        #: this view's communicator is kept for the next view to shrink (not abandoned yet)
+        self._cuda_reserved = False
         self._retired = False
         self._failure: Failure | None = None
         self._failed_ranks: tuple[int, ...] | None = None
         self._decided = threading.Event()
         self._pending: set[Waiter] = set()
         self._inflight = 0  # operations the backend has not finished, waited on or not
+        self._issued = 0  # operations started in the backend
+        self._completed = 0  # ... and ended successfully
         self._orphan: object | None = None  # a retired backend, released once it is idle
         self._retired_watch = False  # a thread waits on ``poisoned/<v>`` for the ops left here
 
@@ -108,6 +142,11 @@ class ViewGroup:
     @property
     def failure(self) -> Failure | None:
         return self._failure
+
+    @property
+    def aborted(self) -> bool:
+        """True once this rank aborted the view's NCCL communicator (kernels then end early)."""
+        return self._aborted
 
     def failed_ranks(self, timeout: float | None = None) -> tuple[int, ...]:
         """The decided hint of a failed view; waits for the liveness decision."""
@@ -131,10 +170,15 @@ class ViewGroup:
 
     def _build(self) -> None:
         ctx = self._ctx
+        cuda = ctx.kind.name == "nccl" and (ctx.kind.eager_cuda or ctx.cuda_used)
+        if cuda:
+            with self._cond:
+                self._cuda_state = "building"
         try:
             ctx.control_store().set(keys.member(self.version, ctx.rank), ctx.incarnation)
             with ctx.rendezvous_store() as store:
-                backend = ctx.kind.create(
+                backend = ctx.kind.create_for(  # gloo, for CPU tensors (NCCL comes after)
+                    "cpu",
                     PrefixStore(keys.rendezvous_prefix(self.version), store),
                     self.index(ctx.rank),
                     len(self.members),
@@ -144,19 +188,151 @@ class ViewGroup:
             with self._cond:
                 superseded = self._retired
             if not superseded:
-                self.fail(f"building the {ctx.kind.name} group of view {self.version} failed: {e}")
+                self.fail(f"building the gloo group of view {self.version} failed: {e}")
             return
         with self._cond:
             keep = not self._retired
             if keep:
-                self._backend, self._built = backend, True
+                self._backend, self._built = backend, not cuda
                 self._cond.notify_all()
             failed = self._failure is not None
         if not keep:
             ctx.kind.abandon(backend)
-        elif not failed:  # a view that failed meanwhile has already reported its down evidence
+            return
+        if cuda and not self._build_cuda():
+            return
+        with self._cond:
+            self._built = True
+            self._cond.notify_all()
+            failed = self._failure is not None
+        if not failed:  # a view that failed meanwhile has already reported its down evidence
             peers = {m: "up" for m in self.members if m != ctx.rank}
             ctx.report_links(self.version, peers, [])
+
+    def _build_cuda(self) -> bool:
+        """Build and connect the view's NCCL communicator (its state is ``building``): shrunk
+        from the previous view's, or fresh. True if it is ready. A failure fails the view; a
+        retired view abandons what was built."""
+        ctx = self._ctx
+        how = "shrinking the previous view's NCCL group into"
+        try:
+            backend = self._shrink_parent()
+            if backend is None:
+                how = "building the NCCL group of"
+                with ctx.rendezvous_store() as store:
+                    backend = ctx.kind.create_for(
+                        "cuda",
+                        PrefixStore(keys.rendezvous_prefix(self.version) + "cuda/", store),
+                        self.index(ctx.rank),
+                        len(self.members),
+                        ctx.backend_timeout_s,
+                        connect=False,
+                    )
+            with self._cond:
+                gone = self._retired or self._failure is not None
+                if not gone:
+                    self._cuda_connecting = backend  # a failure meanwhile aborts it
+            if gone:
+                ctx.kind.abandon(backend)
+                self._set_cuda_state("failed")
+                return False
+            connect_nccl(backend, ctx.kind.device)
+        except RuntimeError as e:
+            self._set_cuda_state("failed")
+            with self._cond:
+                superseded = self._retired
+            if not superseded:
+                self.fail(f"{how} view {self.version} failed: {e}")
+            return False
+        with self._cond:
+            self._cuda_connecting = None
+            keep = not self._retired and self._failure is None
+            if keep:
+                self._cuda, self._cuda_state = backend, "built"
+                self._cond.notify_all()
+        if not keep:
+            ctx.kind.abandon(backend)
+            self._set_cuda_state("failed")
+        return keep
+
+    _parent_version: int | None = None
+
+    def _shrink_parent(self) -> object | None:
+        """This view's NCCL communicator shrunk from the previous view's, or None (build fresh).
+
+        Only for a view whose members are a strict subset of the previous view's (survivors,
+        or a deactivation), when NCCL can shrink (>= 2.27, torch's ``shrink``) and this rank's
+        previous communicator is intact (never aborted). Every member must take the same path
+        (a shrink waits for all of them), so the first to decide writes the previous view's
+        fate with ``compare_set``; a member whose communicator is already aborted decides
+        ``abort`` for all, and then every member builds fresh. The shrink aborts whatever was
+        still in flight on the previous communicator (``SHRINK_ABORT``): those operations fail.
+        """
+        with self._cond:
+            parent, self._parent = self._parent, None
+        ctx = self._ctx
+        if parent is None:
+            return None
+        if not ctx.nccl_shrink or not self.active or not set(self.members) < set(parent.members):
+            parent.release_cuda()
+            return None
+        self._parent_version = parent.version
+        fate_key = keys.nccl_fate(parent.version)
+        comm = parent.claim_cuda()
+        if comm is None or not getattr(comm, "supports_shrinking", False):
+            # This member cannot shrink: none may (a shrink waits for every member).
+            ctx.control_store().compare_set(fate_key, "", "abort")
+            parent.release_cuda()
+            return None
+        plan = f"shrink:{self.version}"
+        fate = ctx.control_store().compare_set(fate_key, "", plan)
+        if fate.decode() != plan:
+            parent.release_cuda()  # "abort": a member gave its communicator up already
+            return None
+        excluded = [parent.index(m) for m in parent.members if m not in self.members]
+        shrink_abort = 1  # NCCL_SHRINK_ABORT: end what is in flight on the parent first
+        log.info(
+            "rank %d: view %d shrinks view %d's NCCL group (excluding in-view ranks %s)",
+            ctx.rank,
+            self.version,
+            parent.version,
+            excluded,
+        )
+        parent.mark_aborted()  # before the shrink: its ops in flight end as failures
+        try:
+            return comm.shrink(excluded, shrink_abort, None)  # type: ignore[attr-defined]
+        finally:
+            bury(comm)  # aborted by the shrink, never destroyed
+
+    def claim_cuda(self) -> object | None:
+        """The next view takes this view's intact NCCL communicator (to shrink it), or None."""
+        with self._cond:
+            if self._cuda is None or self._aborted:
+                return None
+            return self._cuda
+
+    def release_cuda(self) -> None:
+        """The next view does not shrink this view's communicator: let it go as usual (now if
+        nothing runs on it, else when the last operation ends, or aborted if the view fails)."""
+        with self._cond:
+            self._cuda_reserved = False
+            cuda = None
+            if self._retired and self._inflight == 0:
+                cuda, self._cuda = self._cuda, None
+        if cuda is not None:
+            self._ctx.kind.abandon(cuda)
+
+    def mark_aborted(self) -> None:
+        """The communicator is being shrunk with its ops aborted: they end as failures."""
+        with self._cond:
+            self._aborted = True
+            self._cuda = None
+            self._cuda_reserved = False
+
+    def _set_cuda_state(self, state: str) -> None:
+        with self._cond:
+            self._cuda_state = state
+            self._cond.notify_all()
 
     def _watch_build(self) -> None:
         """While the backend is not built, look for members that died: fail the view early.
@@ -197,28 +373,71 @@ class ViewGroup:
                 )
                 return
 
-    def backend(self, deadline: float) -> object | None:
-        """The built backend, or None if the view has failed or was retired (superseded).
+    def backend(self, deadline: float, device_type: str = "cpu") -> object | None:
+        """The built backend for ``device_type`` tensors, or None if the view has failed or was
+        retired (superseded). The first CUDA operation of a process builds the view's NCCL
+        communicator if it was not built with the view.
 
         Past ``deadline`` (a ``time.monotonic()`` value) the view fails: a member never came.
         """
+        if device_type == "cuda":
+            return self._cuda_backend(deadline)
         backend = self._backend
         if backend is not None and self._failure is None:
             return backend  # the fast path of every operation but a view's first
+        return self._await(deadline, lambda: self._backend is not None, "the group")
+
+    def _cuda_backend(self, deadline: float) -> object | None:
+        backend = self._cuda
+        if backend is not None and self._failure is None and not self._retired:
+            return backend  # (a retired view may keep it for the next view to shrink)
+        start = False
         with self._cond:
-            while not self._built and self._failure is None and not self._retired:
+            if self._cuda_state == "absent" and self._failure is None and not self._retired:
+                self._cuda_state, start = "building", True
+        if start:  # the first CUDA tensor of this process: build now, and with every later view
+            self._ctx.cuda_used = True
+            threading.Thread(
+                target=self._build_cuda, name=f"dataplane-build-cuda-v{self.version}", daemon=True
+            ).start()
+        self._await(deadline, lambda: self._cuda_state != "building", "the NCCL group")
+        with self._cond:
+            return self._cuda if self._failure is None and not self._retired else None
+
+    def _await(self, deadline: float, ready: Callable[[], bool], what: str) -> object | None:
+        """Wait until ``ready()`` (under the lock), the view fails or is retired, or
+        ``deadline``; past it the view fails (a member never came). The gloo backend, or None."""
+        with self._cond:
+            while not ready() and self._failure is None and not self._retired:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     break
                 self._cond.wait(remaining)
-            if self._backend is not None and self._failure is None:
+            if ready() and self._failure is None:
                 return self._backend
             timed_out = self._failure is None and not self._retired
         if timed_out:
             self.fail(
-                f"the group of view {self.version} was not built before the operation's deadline"
+                f"{what} of view {self.version} was not built before the operation's deadline"
             )
         return None
+
+    def check_liveness(self) -> None:
+        """An operation runs long: fail the view if a member stopped heartbeating (it died or
+        hangs). Blocks one liveness window."""
+        ctx = self._ctx
+        others = [m for m in self.members if m != ctx.rank]
+        dead = find_dead(
+            ctx.control_store(),
+            self.version,
+            others,
+            period=ctx.liveness_period_s,
+            window_periods=ctx.liveness_window_periods,
+        )
+        if dead and self._failure is None:
+            self.fail(
+                f"rank(s) {dead} stopped while an operation of view {self.version} ran", tuple(dead)
+            )
 
     # -- operations in flight -----------------------------------------------------------------
 
@@ -237,25 +456,33 @@ class ViewGroup:
     def op_started(self) -> None:
         with self._cond:
             self._inflight += 1
+            self._issued += 1
             watch = self._needs_retired_watch()
         if watch:
             self._start_retired_watch()
 
-    def op_ended(self) -> None:
-        """An operation ended in the backend; a retired backend is released once none is left.
+    def op_ended(self, ok: bool = False) -> None:
+        """An operation ended in the backend (``ok``: successfully); a retired backend is
+        released once none is left.
 
         Destroying a gloo backend waits for its operations while holding the GIL (the whole
         process stalls), so a backend is released only when it is idle.
         """
         with self._cond:
             self._inflight -= 1
+            self._completed += ok
             orphan = self._orphan if self._inflight == 0 else None
             if orphan is not None:
                 self._orphan = None
+            cuda = None
             if self._inflight == 0:
+                if self._retired and not self._cuda_reserved:
+                    cuda, self._cuda = self._cuda, None
                 self._cond.notify_all()
         if orphan is not None:
             self._ctx.kind.abandon(orphan)
+        if cuda is not None:
+            self._ctx.kind.abandon(cuda)
 
     def wait_idle(self, timeout: float) -> bool:
         """Wait until no operation of this rank runs in the view's backend; False on timeout."""
@@ -281,16 +508,60 @@ class ViewGroup:
         with self._cond:
             if self._failure is not None:
                 return
-            self._failure = Failure(reason, blamed, notice, report)
+            ops = (self._issued, self._completed)
+            self._failure = Failure(reason, blamed, notice, report, ops)
             pending, self._pending = self._pending, set()
             self._cond.notify_all()
         level = logging.WARNING if report else logging.INFO
         log.log(level, "rank %d: view %d failed: %s", self._ctx.rank, self.version, reason)
+        if self._ctx.nccl_shrink and self._cuda is not None and not self._aborted:
+            self._defer_abort()
+        else:
+            self._abort_cuda()
         for work in pending:
             work.wake()
         threading.Thread(
             target=self._decide, name=f"dataplane-hint-v{self.version}", daemon=True
         ).start()
+
+    def _defer_abort(self) -> None:
+        """A failed view's NCCL communicator: give the next view a moment to shrink it, else
+        abort it. Its waiters are woken now (their answer is False); its kernels end with the
+        shrink or the abort, within ``abort_grace_s``. Every member agrees on which, through
+        the view's fate in the store (``abort`` if nobody claimed a shrink in time).
+        """
+
+        def later() -> None:
+            if self._ctx.closed.wait(self._ctx.abort_grace_s):
+                return
+            try:
+                fate = self._ctx.control_store().compare_set(
+                    keys.nccl_fate(self.version), "", "abort"
+                )
+            except RuntimeError as e:  # the store is gone: nobody can shrink with us either
+                log.warning(
+                    "rank %d: cannot read view %d's fate: %s", self._ctx.rank, self.version, e
+                )
+                fate = b"abort"
+            if fate == b"abort":
+                self._abort_cuda()
+
+        threading.Thread(target=later, name=f"dataplane-abort-v{self.version}", daemon=True).start()
+
+    def _abort_cuda(self) -> None:
+        """Abort the view's NCCL communicator on this rank (once): its kernels in flight return.
+
+        Every member does the same when the view fails (the poison notice reaches each), so no
+        communicator of a failed view is left for another member to wait on; none is destroyed.
+        """
+        with self._cond:
+            if self._aborted:
+                return
+            backend = self._cuda if self._cuda is not None else self._cuda_connecting
+            if backend is None:
+                return
+            self._aborted = True
+        abort_nccl(backend)
 
     def fail_from(self, notice: PoisonNotice) -> None:
         """Another member poisoned the view: fail fast, blaming whom the notice tells us to."""
@@ -328,7 +599,7 @@ class ViewGroup:
         self._failed_ranks = tuple(failed)
         self._decided.set()
         if failure.report:
-            ctx.report_links(self.version, {r: "down" for r in failed}, failed)
+            ctx.report_links(self.version, {r: "down" for r in failed}, failed, failure.ops)
 
     def leave(self, reason: str) -> None:
         """This rank gives the view up while members may still run on it: poison it, no evidence.
@@ -341,19 +612,35 @@ class ViewGroup:
         """Fail the view as if the link to ``peer`` broke (fault injection for tests and drills)."""
         self.fail(f"injected link failure between rank {self._ctx.rank} and rank {peer}", (peer,))
 
-    def retire(self, *, wake: bool = False) -> None:
+    def retire(self, *, wake: bool = False, next_members: tuple[int, ...] | None = None) -> None:
         """A newer view superseded this one: abandon its backend, free this rank's watcher.
 
         Operations still in flight keep running (peers that have not moved on may finish them);
-        ``wake``: wake each of them, the data plane is closing.
+        ``wake``: wake each of them, the data plane is closing. ``next_members``: the newer
+        view's members; if they are a strict subset of this view's and include this rank, the
+        NCCL communicator is kept for the newer view to shrink (it claims or releases it).
         """
         with self._cond:
             if self._retired:
                 return
             self._retired = True
+            parent, self._parent = self._parent, None  # never built: the parent goes as usual
             backend, self._backend = self._backend, None  # the reaper must hold the last reference
             if backend is not None and self._inflight > 0:
                 self._orphan, backend = backend, None  # released by the last op_ended()
+            cuda = connecting = None
+            self._cuda_reserved = (
+                self._ctx.nccl_shrink
+                and next_members is not None
+                and self._ctx.rank in next_members
+                and set(next_members) < set(self.members)
+                and self._cuda is not None
+                and not self._aborted
+            )
+            # with operations in flight: released by the last op_ended(), or aborted on failure
+            if self._inflight == 0 and not self._cuda_reserved:
+                cuda, self._cuda = self._cuda, None
+            connecting, self._cuda_connecting = self._cuda_connecting, None
             watched = self.active
             pending = list(self._pending) if wake else []
             watch = not wake and self._needs_retired_watch()
@@ -370,7 +657,11 @@ class ViewGroup:
                     self.version,
                     e,
                 )
+        if parent is not None:
+            parent.release_cuda()
         self._ctx.kind.abandon(backend)
+        for nccl in (cuda, connecting):
+            self._ctx.kind.abandon(nccl)  # aborted (again: idempotent) and kept, never destroyed
         for work in pending:
             work.wake()
 

@@ -16,6 +16,14 @@ Rules (Mooncake's contract):
   whether it succeeded.
 - The hint buffer is leased from the group's pool when the operation is issued and returned when
   the ``Work`` is dropped, so each outstanding ``Work`` keeps its own answer.
+
+On a GPU (NCCL), torch's contract holds as well: once ``wait()`` returned True, whatever the
+caller enqueues on its current stream sees the result. ``wait()`` returns once the operation's
+kernels have ended on the GPU (it blocks the calling thread like ``TORCH_NCCL_BLOCKING_WAIT``,
+because its answer says whether the operation succeeded; it never synchronizes the device), then
+makes the current stream wait for the operation. ``get_future()`` completes then too, on a CUDA
+future: its callbacks and ``wait()`` are ordered after the operation on the caller's streams.
+See :mod:`agent.dataplane.cuda` for how the end and a failure are known.
 """
 
 from __future__ import annotations
@@ -29,11 +37,19 @@ from typing import Protocol
 import torch
 import torch.distributed as dist
 
-from agent.dataplane.errors import DataPlaneError
-from agent.dataplane.hint import HintPool, fill
+from foldplane.agent.dataplane.cuda import CudaWatch, EndEvents, nccl_error
+from foldplane.agent.dataplane.errors import DataPlaneError
+from foldplane.agent.dataplane.hint import HintPool, fill
 
 #: How often a synchronous operation waiting inside gloo looks up from it (poison, close).
 INLINE_SLICE_S = 0.01
+#: How long a NCCL operation may say it completed before its end event does, before that is
+#: taken as an error NCCL reported without a readable exception.
+CUDA_END_GRACE_S = 0.05
+#: How many looks a caller waiting on a CUDA operation takes before it starts to sleep, and its
+#: longest sleep between two looks.
+CUDA_WAIT_SPIN_LOOKS = 50
+CUDA_WAIT_POLL_MAX_S = 0.0005
 
 
 class WorkView(Protocol):
@@ -46,13 +62,16 @@ class WorkView(Protocol):
     @property
     def failure(self) -> object | None: ...
 
+    @property
+    def aborted(self) -> bool: ...
+
     def fail(self, reason: str) -> None: ...
 
     def failed_ranks(self) -> tuple[int, ...]: ...
 
     def unregister(self, work: Work) -> None: ...
 
-    def op_ended(self) -> None: ...
+    def op_ended(self, ok: bool = False) -> None: ...
 
 
 class Work(dist.Work):
@@ -88,6 +107,13 @@ class Work(dist.Work):
         self._future_done = False
         #: a receive from any source: ``_source_rank()`` says who sent
         self._any_source = False
+        self._issued = time.monotonic()
+        #: CUDA operations: the event that completes when the kernels ended, and the device
+        self._cuda_end: torch.cuda.Event | None = None
+        self._cuda_device: torch.device | None = None
+        self._completed_seen: float | None = None
+        #: captured in a CUDA graph: the kernels run at each replay, never at issue
+        self._captured = False
 
     # -- how an operation ends ----------------------------------------------------------------
 
@@ -110,12 +136,98 @@ class Work(dist.Work):
         self._backend_work = backend_work
         when_ended(backend_work, self._ended)
 
-    def _ended(self, error: str | None) -> None:
-        self._error = error
+    def _started_cuda(
+        self, backend_work: object, device: torch.device, ends: EndEvents, watch: CudaWatch
+    ) -> None:
+        """A NCCL operation: follow its end event (see :mod:`agent.dataplane.cuda`)."""
+        self._backend_work = backend_work
+        self._cuda_device = device
+        self._cuda_end = ends.after(backend_work, device)
+        watch.track(self)
+
+    def _started_replay(self, device: torch.device, watch: CudaWatch) -> None:
+        """A CUDA graph replayed on the current stream: its end is an event recorded after it."""
+        self._cuda_device = device
+        end = torch.cuda.Event()
+        end.record(torch.cuda.current_stream(device))
+        self._cuda_end = end
+        watch.track(self)
+
+    def _captured_in_graph(self, backend_work: object) -> None:
+        """A NCCL operation captured in a CUDA graph: nothing runs now, nothing is followed.
+
+        ``wait()`` only joins the capture (the capturing stream waits for the operation, as a
+        plain NCCL work does) and answers True; ``ElasticProcessGroup.replay`` follows each
+        replay of the graph instead.
+        """
+        self._backend_work = backend_work
+        self._captured = True
         self._finished = True
         assert self._view is not None
         self._view.unregister(self)
         self._view.op_ended()
+        self._outcome = True
+        self._signal()
+
+    def _poll_cuda(self, now: float) -> bool:
+        """Look once at a CUDA operation: True once its end is known (it then has ended).
+
+        Called by the watch thread and by a caller in ``wait()``; cheap (an event query and,
+        while it runs, NCCL's error state).
+        """
+        if self._finished:
+            return True
+        view = self._view
+        end = self._cuda_end
+        assert view is not None and end is not None
+        if end.query():
+            # The kernels ended: finished, or returned because the view's communicator was
+            # aborted (a view fails before it is aborted, so its failure is visible here).
+            failed = view.failure is not None or view.aborted or self._closed.is_set()
+            self._ended("the view failed while the operation ran" if failed else None)
+            return True
+        if view.failure is not None:
+            return False  # the abort ends the kernels; the waiters were woken by the failure
+        error = nccl_error(self._backend_work)
+        if error:
+            view.fail(f"{self.name} failed: {error}")
+        elif error == "":  # NCCL says completed, the end event does not (yet)
+            if self._completed_seen is None:
+                self._completed_seen = now
+            elif now - self._completed_seen > CUDA_END_GRACE_S:
+                view.fail(f"{self.name} failed: the NCCL communicator reported an error")
+        elif now > self._deadline:
+            view.fail(f"{self.name} did not complete within {self._timeout_s:g} s")
+        return False
+
+    def _wait_cuda(self, deadline: float) -> None:
+        """Wait, polling this operation, until its end is known, the view fails, or ``deadline``.
+
+        The first looks only yield the CPU (a small operation ends within microseconds), then
+        the sleeps double up to ``CUDA_WAIT_POLL_MAX_S``; a failure of the view wakes it at once.
+        """
+        looks = 0
+        delay = 0.0
+        while not self._event.is_set():
+            now = time.monotonic()
+            if self._poll_cuda(now) or self._event.is_set() or now >= deadline:
+                return
+            looks += 1
+            if looks <= CUDA_WAIT_SPIN_LOOKS:
+                time.sleep(0)
+                continue
+            self._event.wait(delay)
+            delay = min(max(delay * 2, 2e-5), CUDA_WAIT_POLL_MAX_S)
+
+    def _ended(self, error: str | None) -> None:
+        with self._lock:
+            if self._finished:
+                return
+            self._error = error
+            self._finished = True
+        assert self._view is not None
+        self._view.unregister(self)
+        self._view.op_ended(ok=error is None)
         self._signal()
 
     def _wait_inline(self, backend_work: object) -> None:
@@ -132,7 +244,7 @@ class Work(dist.Work):
         ended = self._wait_slices(backend_work, view)
         self._finished = ended
         if ended:
-            view.op_ended()
+            view.op_ended(ok=self._outcome is True)
         else:
             when_ended(backend_work, lambda _error: view.op_ended())
         self._signal()
@@ -201,14 +313,31 @@ class Work(dist.Work):
         if isinstance(timeout, timedelta):
             timeout = timeout.total_seconds() or None
         if self._outcome is not None:
-            return self._outcome
+            return self._order_stream(self._outcome)
         deadline = (
             self._deadline if timeout is None else min(self._deadline, time.monotonic() + timeout)
         )
+        if self._cuda_end is not None:
+            self._wait_cuda(deadline)
         if not self._event.wait(max(0.0, deadline - time.monotonic())) and self._view is not None:
             limit = self._timeout_s if timeout is None else min(self._timeout_s, timeout)
             self._view.fail(f"{self.name} did not complete within {limit:g} s")
-        return self._resolve()
+        return self._order_stream(self._resolve())
+
+    def _order_stream(self, ok: bool) -> bool:
+        """torch's contract for a GPU operation: the caller's current stream waits for it.
+
+        Its kernels have ended already (or it failed, and then there is nothing to wait for:
+        the content is unspecified); this orders later work without blocking the CPU. A
+        captured operation joins the capturing stream the same way.
+        """
+        if ok and (self._cuda_end is not None or self._captured):
+            if self._captured:
+                if torch.cuda.is_current_stream_capturing():
+                    self._backend_work.wait()  # type: ignore[union-attr]
+            else:
+                torch.cuda.current_stream(self._cuda_device).wait_event(self._cuda_end)
+        return ok
 
     def _resolve(self) -> bool:
         with self._lock:
@@ -269,7 +398,12 @@ class Work(dist.Work):
         """A future that completes with the operation's tensors when it ends, failed or not."""
         with self._future_lock:
             if self._future is None:
-                self._future = torch.futures.Future()
+                device = self._cuda_device
+                self._future = (
+                    torch.futures.Future(devices=[device])
+                    if device is not None
+                    else torch.futures.Future()
+                )
             future = self._future
         if self._event.is_set():
             self._complete_future(future)

@@ -32,8 +32,10 @@ one's keys.
 
 Backends: gloo on the CPU (what the tests run) and NCCL when the bootstrap says ``"nccl"`` and
 CUDA is available (the tensors on the current CUDA device). The NCCL path builds one
-``ProcessGroupNCCL`` per lane with the same calls (``agent.dataplane.backend.BackendKind``) and
-aborts its backends on failure; it has not been run here (no GPU), so treat it as untested.
+``ProcessGroupNCCL`` per lane with the same calls (``agent.dataplane.backend.BackendKind``),
+follows each operation's end on the GPU as the data plane does (``agent.dataplane.cuda``),
+orders the caller's stream after them, and aborts its backends on failure; ``tests/gpu`` checks
+it on a GPU machine.
 
 Boundary with the control plane: the control plane admits members, checks digests, picks the
 lane count and carries the bootstrap; this module only checks, as a last guard, that every
@@ -53,10 +55,11 @@ from typing import Any
 import torch
 from torch.distributed import PrefixStore, TCPStore
 
-from agent.dataplane.backend import BackendKind, bury
-from agent.refit.errors import Peer, RefitClosed, RefitError, RefitFailed
-from agent.refit.tensors import dtype_of
-from wire.refit import (
+from foldplane.agent.dataplane.backend import BackendKind, bury
+from foldplane.agent.dataplane.cuda import EndEvents, nccl_error
+from foldplane.agent.refit.errors import Peer, RefitClosed, RefitError, RefitFailed
+from foldplane.agent.refit.tensors import dtype_of
+from foldplane.wire.refit import (
     SIDES,
     Bootstrap,
     Piece,
@@ -69,6 +72,10 @@ from wire.refit import (
 
 #: How often a member polls the store while it waits for the others to finish a transfer.
 POLL_S = 0.005
+#: How often a lane's waiter looks at a NCCL operation's end event.
+NCCL_POLL_S = 0.0005
+#: Side streams on which each NCCL operation's end event is recorded (one per device).
+_END_EVENTS = EndEvents()
 #: The least bound on a store client's connect and on a store reply.
 STORE_TIMEOUT_S = 30.0
 
@@ -123,6 +130,7 @@ class RefitWorld:
         heartbeat_s: float,
         stall_s: float,
         gloo_hostname: str | None,
+        device: torch.device | str | None = None,
     ) -> None:
         self.plan = plan
         self.peer = Peer(side, slot)
@@ -143,7 +151,9 @@ class RefitWorld:
         self._backends: list[object] = []
         host, port = bootstrap.address
         self._kind = BackendKind.resolve(
-            bootstrap.backend, None, gloo_hostname or _gloo_hostname(host)
+            bootstrap.backend,
+            None if device is None else torch.device(device),
+            gloo_hostname or _gloo_hostname(host),
         )
         # The store clients' own bound (connecting, and a reply that never comes) is at least
         # STORE_TIMEOUT_S, so that a loaded machine's slow connect is not taken for a failure.
@@ -319,7 +329,10 @@ class RefitWorld:
                         (self._backends[piece.lane].recv([buf], piece.src, piece.tag), piece)
                     )
                     received += piece.nbytes
-            self._wait_works(works, deadline)
+            ends = self._wait_works(works, deadline)
+            current = torch.cuda.current_stream(self._kind.device) if ends else None
+            for end in ends:  # torch's contract: the caller's stream is ordered after them
+                current.wait_event(end)  # type: ignore[union-attr]
             for buf, dst in unpack:
                 dst.copy_(buf)
             if misc_in is not None:
@@ -338,11 +351,17 @@ class RefitWorld:
             t, self.peer, len(works), sent, received, time.monotonic() - start, first_posted_at
         )
 
-    def _wait_works(self, works: list[tuple[Any, Piece]], deadline: float) -> None:
+    def _wait_works(self, works: list[tuple[Any, Piece]], deadline: float) -> list[Any]:
         """Wait for this member's operations: one waiter thread per lane (gloo's send and receive
         complete only through ``wait()``, which blocks), while this thread keeps looking at the
         rest of the world once per heartbeat. A waiter left blocked on a failed world ends at
-        the backend's timeout."""
+        the backend's timeout.
+
+        On NCCL a work's ``wait()`` only orders a stream, so each waiter follows the operation's
+        end event instead (:mod:`agent.dataplane.cuda`) until its kernels ended, the world
+        failed or the deadline passed; the end events are returned, for the caller's stream
+        to wait on.
+        """
         by_lane: dict[int, list[tuple[Any, Piece]]] = {}
         for work, piece in works:
             by_lane.setdefault(piece.lane, []).append((work, piece))
@@ -350,11 +369,27 @@ class RefitWorld:
         lock = threading.Lock()
         errors: list[tuple[Piece, BaseException]] = []
         finished = [0]
+        nccl = self._kind.name == "nccl"
+        ends = [_END_EVENTS.after(work, self._kind.device) for work, _ in works] if nccl else []
+        end_of = {id(work): end for (work, _), end in zip(works, ends, strict=False)}
+
+        def wait_gpu(work: Any) -> None:
+            end = end_of[id(work)]
+            while not end.query():
+                if self._failed or self._closed or time.monotonic() > deadline:
+                    raise RuntimeError("the operation did not end on the GPU before the deadline")
+                error = nccl_error(work)
+                if error:
+                    raise RuntimeError(error)
+                time.sleep(NCCL_POLL_S)
 
         def waiter(items: list[tuple[Any, Piece]]) -> None:
             for work, piece in items:
                 try:
-                    work.wait()
+                    if nccl:
+                        wait_gpu(work)
+                    else:
+                        work.wait()
                 except RuntimeError as e:
                     with lock:
                         errors.append((piece, e))
@@ -384,8 +419,9 @@ class RefitWorld:
                     f"with {side} slot {other} failed: {e}",
                 )
             if done:
-                return
+                return ends
             self._watch.look(deadline, f"{len(works) - finished[0]} pieces pending")
+        return ends
 
     def _pack_misc(self, tensors: Mapping[str, torch.Tensor]) -> torch.Tensor:
         return torch.cat(
@@ -509,12 +545,14 @@ def open_world(
     heartbeat_s: float = 0.1,
     stall_s: float = 2.0,
     gloo_hostname: str | None = None,
+    device: torch.device | str | None = None,
 ) -> RefitWorld:
     """Join the refit world of ``bootstrap`` as ``side`` slot ``slot`` and connect its lanes.
 
     Blocks until every member has joined (or raises :class:`RefitFailed` naming those that did
     not within ``timeout_s``). ``timeout_s`` bounds formation and each transfer; ``stall_s`` is
     how long a member's liveness counter may stand still before the member is taken for dead.
+    ``device``: the GPU of a NCCL world (default ``cuda:LOCAL_RANK``, as the data plane's).
     """
     if side not in SIDES:
         raise RefitError(f"side must be one of {SIDES}, got {side!r}")
@@ -529,5 +567,5 @@ def open_world(
     if not isinstance(bootstrap, Bootstrap):
         bootstrap = decode_bootstrap(bootstrap)
     return RefitWorld(
-        plan, side, slot, bootstrap, lanes, timeout_s, heartbeat_s, stall_s, gloo_hostname
+        plan, side, slot, bootstrap, lanes, timeout_s, heartbeat_s, stall_s, gloo_hostname, device
     )

@@ -18,7 +18,7 @@ import msgspec
 from fastapi import APIRouter, Query, Request
 from starlette.responses import Response
 
-from api.codec import (
+from foldplane.api.codec import (
     check_depth,
     convert,
     decode_json,
@@ -27,22 +27,22 @@ from api.codec import (
     raw_json_response,
     read_json,
 )
-from api.deps import host_of, principal_of, require_group
-from api.errors import ApiError
-from api.models import (
+from foldplane.api.deps import host_of, principal_of, require_group
+from foldplane.api.errors import ApiError
+from foldplane.api.models import (
     AgentEvent,
     AgentEventsRequest,
     DeathReport,
     HeartbeatEvent,
     LooseEventsRequest,
 )
-from api.openapi import answers, body
-from coordinator.auth import Authenticator, AuthError, Principal
-from coordinator.host.loop import Appended, Host, Outcome, Refusal
-from coordinator.host.polls import UpdatesAnswer
-from eventlog import NewRecord
-from wire import ranks as rank_sets
-from wire.codes import (
+from foldplane.api.openapi import answers, body
+from foldplane.coordinator.auth import Authenticator, AuthError, Principal
+from foldplane.coordinator.host.loop import Appended, Host, Outcome, Refusal
+from foldplane.coordinator.host.polls import UpdatesAnswer
+from foldplane.eventlog import NewRecord
+from foldplane.wire import ranks as rank_sets
+from foldplane.wire.codes import (
     FORBIDDEN,
     INVALID_EVENT,
     INVALID_QUERY,
@@ -50,14 +50,16 @@ from wire.codes import (
     RANK_OUT_OF_RANGE,
     UPGRADE_REQUIRED,
 )
-from wire.protocol import (
+from foldplane.wire.protocol import (
     EVENT_KINDS,
+    FEATURES,
     PROTOCOL,
     QUERY,
     group_problem,
     legacy_problem,
+    missing_features,
 )
-from wire.ranks import MAX_QUERY_RANKS, RankSetError
+from foldplane.wire.ranks import MAX_QUERY_RANKS, RankSetError
 
 router = APIRouter(prefix="/agents", tags=["agents"])
 
@@ -238,6 +240,12 @@ async def get_updates(
     protocol: int | None = Query(
         None, description=f"the wire protocol the agent speaks; must be {PROTOCOL}"
     ),
+    features: str | None = Query(
+        None,
+        max_length=200,
+        description="the named revisions of the protocol the agent understands, "
+        f"comma-separated ({','.join(FEATURES)})",
+    ),
     view: int | None = Query(
         None, ge=0, description="the view version the agent holds (a resync then omits it)"
     ),
@@ -247,7 +255,7 @@ async def get_updates(
         await updates_answer(
             request.app.state,
             principal,
-            UpdatesQuery(group, poll_ranks(rank, ranks), after, timeout, protocol, view),
+            UpdatesQuery(group, poll_ranks(rank, ranks), after, timeout, protocol, view, features),
         )
     )
 
@@ -293,6 +301,7 @@ class UpdatesQuery(NamedTuple):
     timeout: float
     protocol: int | None
     view: int | None
+    features: str | None = None
 
 
 def poll_ranks(rank: int | None, ranks: str | None) -> tuple[int, ...]:
@@ -326,6 +335,7 @@ async def updates_answer(state: Any, principal: Principal, query: UpdatesQuery) 
         )
     host: Host = state.host
     require_group(host, group)
+    refuse_unnamed_revisions(host, group, query.features, "poll")
     config = host.machine.group_config(group)
     if ranks[-1] >= config.world_size:
         raise ApiError(
@@ -334,6 +344,21 @@ async def updates_answer(state: Any, principal: Principal, query: UpdatesQuery) 
         )
     answer = await host.updates(group, ranks, query.after, query.timeout, view=query.view)
     return encode_json(updates_body(host, answer))
+
+
+def refuse_unnamed_revisions(host: Host, group: str, features: str | None, what: str) -> None:
+    """A reader that does not name ``data_moves`` would ignore every data decision of the
+    group's epochs and never see the work it is given: once the group has an epoch plan, it is
+    refused by name (``protocol_mismatch``), as a protocol-1 agent is."""
+    missing = missing_features(features)
+    if missing and host.machine.epochs.epoch(group) is not None:
+        raise ApiError(
+            PROTOCOL_MISMATCH,
+            f"group {group!r} reads epoch plans, whose decisions protocol {PROTOCOL} sends as "
+            f"{', '.join(missing)} updates; the {what} names features "
+            f"{features or 'none'}: an agent built before them would ignore them silently. "
+            "Upgrade the agent (docs/protocol.md)",
+        )
 
 
 def updates_body(host: Host, answer: UpdatesAnswer) -> dict[str, Any]:

@@ -8,16 +8,16 @@ from typing import Literal
 from fastapi import APIRouter, Header, Query, Request
 from starlette.responses import Response, StreamingResponse
 
-from api import metrics, sse
-from api.codec import encode_json, json_response, raw_json_response
-from api.deps import host_of, require_operator
-from api.errors import ApiError
-from api.openapi import answers
-from api.paging import read_page
-from coordinator.host.loop import HostUnavailable
-from eventlog import KINDS, LogError, Record
-from wire.codes import INVALID_REQUEST, NOT_LEADER
-from wire.protocol import QUERY
+from foldplane.api import metrics, sse
+from foldplane.api.codec import encode_json, json_response, raw_json_response
+from foldplane.api.deps import host_of, require_operator
+from foldplane.api.errors import ApiError
+from foldplane.api.openapi import answers
+from foldplane.api.paging import read_page
+from foldplane.coordinator.host.loop import HostUnavailable
+from foldplane.eventlog import KINDS, LogError, Record
+from foldplane.wire.codes import INVALID_REQUEST, NOT_LEADER
+from foldplane.wire.protocol import QUERY
 
 router = APIRouter(tags=["audit"])
 

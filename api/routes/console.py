@@ -15,14 +15,14 @@ from typing import Any
 from fastapi import APIRouter, Query, Request
 from starlette.responses import Response
 
-from api.codec import json_response
-from api.deps import host_of, require_group, require_operator
-from api.openapi import answers
-from coordinator.fold.overview import group_list, group_overview, ranks_brief
-from coordinator.host.loop import HostUnavailable
-from coordinator.host.views import read_views
-from eventlog import LogError
-from wire.codes import NOT_LEADER
+from foldplane.api.codec import json_response
+from foldplane.api.deps import host_of, require_group, require_operator
+from foldplane.api.openapi import answers
+from foldplane.coordinator.fold.overview import group_list, group_overview, ranks_brief
+from foldplane.coordinator.host.loop import HostUnavailable
+from foldplane.coordinator.host.views import read_views
+from foldplane.eventlog import LogError
+from foldplane.wire.codes import NOT_LEADER
 
 router = APIRouter(tags=["console"])
 
@@ -32,7 +32,7 @@ _page: bytes | None = None
 def page() -> bytes:
     global _page
     if _page is None:
-        _page = resources.files("api").joinpath("console.html").read_bytes()
+        _page = resources.files("foldplane.api").joinpath("console.html").read_bytes()
     return _page
 
 

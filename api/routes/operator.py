@@ -8,20 +8,21 @@ import msgspec
 from fastapi import APIRouter, Path, Query, Request
 from starlette.responses import Response
 
-from api.codec import encode_json, json_response, raw_json_response, read_json
-from api.deps import host_of, principal_of, require_group, require_operator
-from api.errors import ApiError
-from api.limits import MAX_RANKS_PAGE, Limits
-from api.models import CreateGroupRequest, ProposalRequest
-from api.openapi import answers, body
-from api.paging import read_page
-from coordinator.fold.config import ConfigError, GroupConfig
-from coordinator.fold.machine import Coordinator
-from coordinator.fold.projections import proposal_doc, to_doc, view_doc
-from coordinator.host.loop import Appended, Host, Outcome, Refusal
-from coordinator.host.views import ViewReader
-from eventlog import NewRecord
-from wire.codes import (
+from foldplane.api.codec import encode_json, json_response, raw_json_response, read_json
+from foldplane.api.deps import host_of, principal_of, require_group, require_operator
+from foldplane.api.errors import ApiError
+from foldplane.api.limits import MAX_RANKS_PAGE, Limits, is_json
+from foldplane.api.models import CreateGroupRequest, EndGroupRequest, ProposalRequest
+from foldplane.api.openapi import answers, body
+from foldplane.api.paging import read_page
+from foldplane.coordinator.fold.config import ConfigError, GroupConfig
+from foldplane.coordinator.fold.machine import Coordinator
+from foldplane.coordinator.fold.overview import group_list
+from foldplane.coordinator.fold.projections import proposal_doc, to_doc, view_doc
+from foldplane.coordinator.host.loop import Appended, Host, Outcome, Refusal
+from foldplane.coordinator.host.views import ViewReader
+from foldplane.eventlog import NewRecord
+from foldplane.wire.codes import (
     FORBIDDEN,
     INTERNAL,
     INVALID_CONFIG,
@@ -29,9 +30,10 @@ from wire.codes import (
     TOO_MANY_GROUPS,
     TOO_MANY_RANKS,
     UNKNOWN_PROPOSAL,
+    UNSUPPORTED_MEDIA_TYPE,
     status_of,
 )
-from wire.protocol import QUERY
+from foldplane.wire.protocol import QUERY
 
 router = APIRouter(tags=["operator"])
 
@@ -106,7 +108,7 @@ def _room(
 def _room_for(
     machine: Coordinator, world_size: int, limits: Limits, pending: dict[str, int]
 ) -> Refusal | None:
-    groups = machine.groups()
+    groups = [g for g in machine.groups() if not machine.group_deleted(g)]
     held = len(groups) + len(pending)
     if held >= limits.max_groups:
         return Refusal(
@@ -139,6 +141,16 @@ def _group_body(host: Host, group: str, after: int | None, limit: int) -> dict[s
 
 
 @router.get(
+    "/groups",
+    summary="Every group: size, version, state counts, failures, shut down or ended",
+    responses=answers({200: "GroupList"}),
+)
+async def list_groups(request: Request) -> Response:
+    host = host_of(request)
+    return json_response({"groups": group_list(host.machine)})
+
+
+@router.get(
     "/groups/{group}",
     summary="A group: configuration, current view, one page of rank states, pending proposals",
     responses=answers({200: "GroupBody"}, 404, 422),
@@ -160,6 +172,61 @@ async def get_group(
     require_group(host, group)
     limit = ranks_limit or request.app.state.limits.ranks_page
     return json_response(_group_body(host, group, ranks_after, limit))
+
+
+@router.post(
+    "/groups/{group}/end",
+    summary="End the group's run: its ranks are told to stop; its history stays",
+    openapi_extra=body("EndGroupRequest"),
+    responses=answers({200: "GroupBody", 201: "GroupBody"}, 401, 403, 404, 413, 415, 422),
+)
+async def end_group(
+    request: Request, group: Annotated[str, Path(max_length=QUERY.group_chars)]
+) -> Response:
+    require_operator(request, "ending a group")
+    _require_json_body(request, f"POST /groups/{group}/end")
+    req = await read_json(request, EndGroupRequest)
+    payload = {} if req.reason is None else {"reason": req.reason}
+    return await _end(request, group, payload)
+
+
+@router.delete(
+    "/groups/{group}",
+    summary="Delete a group: end it, and take it out of the listings and the server's limits",
+    responses=answers({200: "GroupBody", 201: "GroupBody"}, 401, 403, 404),
+)
+async def delete_group(
+    request: Request, group: Annotated[str, Path(max_length=QUERY.group_chars)]
+) -> Response:
+    require_operator(request, "deleting a group")
+    return await _end(request, group, {"reason": "deleted by the operator", "delete": True})
+
+
+def _require_json_body(request: Request, what: str) -> None:
+    """A ``POST`` that changes state takes ``application/json`` only (docs/protocol.md), so a
+    web page cannot send it without a CORS preflight."""
+    declared = request.headers.get("content-type", "")
+    if not is_json(declared.encode("latin-1")):
+        raise ApiError(
+            UNSUPPORTED_MEDIA_TYPE,
+            f"{what} takes Content-Type: application/json; the request declared "
+            f"{declared or 'none'!r}",
+        )
+
+
+async def _end(request: Request, group: str, payload: dict[str, Any]) -> Response:
+    """Append ``group_ended`` (answered with the earlier ending when it asks nothing new:
+    200), then the group's document (201 when this call ended or deleted it)."""
+    host = host_of(request)
+    require_group(host, group)
+    outcome = await host.submit(NewRecord(kind="group_ended", group=group, payload=payload))
+    if isinstance(outcome, Refusal):
+        raise ApiError(outcome.code, outcome.detail)
+    limits: Limits = request.app.state.limits
+    return json_response(
+        _group_body(host, group, None, limits.ranks_page),
+        201 if isinstance(outcome, Appended) else 200,
+    )
 
 
 @router.post(

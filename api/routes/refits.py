@@ -15,16 +15,16 @@ import msgspec
 from fastapi import APIRouter, Path, Request
 from starlette.responses import Response
 
-from api.codec import json_response, read_json
-from api.deps import host_of, principal_of
-from api.errors import ApiError
-from api.models import RefitRequest, RefitRestartRequest, TransferRequest
-from api.openapi import answers, body
-from coordinator.fold.projections import to_doc
-from coordinator.fold.refits import complete_spec
-from coordinator.host.loop import Appended, Host, Refusal
-from eventlog import NewRecord
-from wire.codes import FORBIDDEN, UNKNOWN_REFIT
+from foldplane.api.codec import json_response, read_json
+from foldplane.api.deps import host_of, principal_of
+from foldplane.api.errors import ApiError
+from foldplane.api.models import RefitRequest, RefitRestartRequest, TransferRequest
+from foldplane.api.openapi import answers, body
+from foldplane.coordinator.fold.projections import to_doc
+from foldplane.coordinator.fold.refits import complete_spec
+from foldplane.coordinator.host.loop import Appended, Host, Refusal
+from foldplane.eventlog import NewRecord
+from foldplane.wire.codes import FORBIDDEN, UNKNOWN_REFIT
 
 router = APIRouter(tags=["refits"])
 

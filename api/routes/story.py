@@ -14,15 +14,19 @@ import asyncio
 from fastapi import APIRouter, Path, Query, Request
 from starlette.responses import Response
 
-from api.codec import json_response
-from api.deps import host_of, require_group, require_operator
-from api.errors import ApiError
-from api.openapi import answers
-from coordinator.host.refit_story import RefitStoryBuilder, RefitStoryError, refit_story_of
-from coordinator.host.story import StoryBuilder, StoryError, story_of
-from eventlog import Record
-from wire.codes import RANK_OUT_OF_RANGE, UNKNOWN_REFIT
-from wire.protocol import QUERY
+from foldplane.api.codec import json_response
+from foldplane.api.deps import host_of, require_group, require_operator
+from foldplane.api.errors import ApiError
+from foldplane.api.openapi import answers
+from foldplane.coordinator.host.refit_story import (
+    RefitStoryBuilder,
+    RefitStoryError,
+    refit_story_of,
+)
+from foldplane.coordinator.host.story import StoryBuilder, StoryError, story_of
+from foldplane.eventlog import Record
+from foldplane.wire.codes import RANK_OUT_OF_RANGE, UNKNOWN_REFIT
+from foldplane.wire.protocol import QUERY
 
 router = APIRouter(tags=["console"])
 

@@ -15,13 +15,17 @@ The rule. One change is in flight per group at a time.
 
 Formation is the first change (``_settle`` in ``machine.py`` prepares it once ``min_ranks``
 are HEALTHY); a group that does not get there by its formation deadline fails to form.
+
+A view that failed with every member alive is retried, then decided by the evidence: the
+decision is ``stalls.py``'s, the view change (or the shutdown) that carries it out is made here.
+Each committed view, and the group's shutdown, names its checkpoint rank.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from coordinator.fold.effects import (
+from foldplane.coordinator.fold.effects import (
     HEALTHY,
     OFFLINE,
     Effect,
@@ -31,11 +35,14 @@ from coordinator.fold.effects import (
     ViewCommitted,
     ViewPrepare,
 )
-from coordinator.fold.facets import Facet
-from coordinator.fold.reasons import ranks_text
-from coordinator.fold.state import FAILED, FORMED, FORMING, Change, GroupState
-from eventlog.record import Record
-from wire.codes import APPLIED, APPLIED_WITH_DROPPED_RANKS, REJECTED
+from foldplane.coordinator.fold.facets import Facet
+from foldplane.coordinator.fold.reasons import ranks_text
+from foldplane.coordinator.fold.stalls import FAILED as VIEW_FAILED
+from foldplane.coordinator.fold.stalls import RETRY as VIEW_RETRY
+from foldplane.coordinator.fold.stalls import UNRESOLVED, Stall, decide
+from foldplane.coordinator.fold.state import FAILED, FORMED, FORMING, Change, GroupState
+from foldplane.eventlog.record import Record
+from foldplane.wire.codes import APPLIED, APPLIED_WITH_DROPPED_RANKS, REJECTED
 
 
 class ViewChange:
@@ -134,6 +141,7 @@ class ViewChange:
             dropped_ranks=tuple(sorted(change.dropped)),
             offset=record.offset,
             ts=self._now,
+            checkpoint_rank=self._checkpoint_rank(g, active),
         )
         g.view = view
         g.budget_due = True
@@ -205,3 +213,71 @@ class ViewChange:
                 record,
                 effects,
             )
+
+    def _checkpoint_rank(self, g: GroupState, active: tuple[int, ...]) -> int | None:
+        """Who saves the group's checkpoint among ``active``: the rank the operator pinned
+        (``checkpoint_rank``) while it is active and not OFFLINE, else the lowest active rank
+        that is not OFFLINE (the lowest active rank if every one is). None with no active rank.
+        """
+        pin = g.config.checkpoint_rank
+        if pin is not None and pin in active and g.ranks[pin].state != OFFLINE:
+            return pin
+        live = (r for r in active if g.ranks[r].state != OFFLINE)
+        return next(live, active[0] if active else None)
+
+    # ------------------------------------------------------------------ a stalled view
+
+    def _note_stall(self, g: GroupState, rank: int, payload: dict[str, Any]) -> None:
+        """A member says the committed view failed here blaming nobody (``fold/stalls.py``).
+        Only a report about the current view of a formed group, from an active rank, counts."""
+        version = payload["failed"]
+        if (
+            g.formation != FORMED
+            or g.shutdown is not None
+            or g.view is None
+            or version != g.view.version
+            or not g.view.is_active(rank)
+        ):
+            return
+        stall = g.stall
+        if stall is None or stall.version != version:
+            stall = g.stall = Stall(version, g.view.cause.get("kind") == VIEW_RETRY, self._now)
+        stall.reports[rank] = (payload.get("issued") or 0, payload.get("completed") or 0)
+
+    def _resolve_stall(self, g: GroupState, record: Record, effects: list[Effect]) -> bool:
+        """Decide a view that failed with every member alive (``fold/stalls.py``); True if a
+        change was prepared or the group shut down. A stall whose view is no longer current,
+        or whose view has an active rank that is not HEALTHY, is forgotten: the other rules
+        change the view."""
+        stall = g.stall
+        assert stall is not None
+        active = g.active
+        if stall.version != g.version or any(g.ranks[r].state != HEALTHY for r in active):
+            g.stall = None
+            return False
+        deadline = self._stall_deadline(g)
+        assert deadline is not None
+        decision = decide(stall, active, self._now, deadline, g.cfg.min_active)
+        if decision is None:
+            return False
+        g.stall = None
+        if decision.kind == UNRESOLVED:
+            self._shut_down(g, UNRESOLVED, decision.detail, record, effects)
+            return True
+        if decision.kind == VIEW_RETRY:
+            self._prepare(g, active, VIEW_RETRY, [], decision.detail, record, effects)
+            return True
+        laggards = set(decision.laggards)
+        if not g.cfg.auto_deactivate:
+            for rank in decision.laggards:
+                self._rank_state(g, rank, f"blamed: {decision.detail}", record, effects)
+            return False
+        target = tuple(r for r in active if r not in laggards)
+        self._prepare(g, target, VIEW_FAILED, [], decision.detail, record, effects)
+        return True
+
+    def _stall_deadline(self, g: GroupState) -> int | None:
+        stall = g.stall
+        if stall is None or stall.version != g.version:
+            return None
+        return stall.deadline(g.cfg.reconcile_window_ns, g.cfg.heartbeat_timeout_ns)

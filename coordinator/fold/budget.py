@@ -5,7 +5,9 @@ The rule. One ``shutdown_with_save`` per group, ever, when either
 - ``max_failure`` incarnations have failed (a rank lost by timeout, death report, missed ACK or
   replacement; a clean exit never counts), or
 - failures leave fewer live active ranks than the backend needs (``survivor_floor``: 1 for
-  gloo, 2 for nccl): ``all_ranks_lost`` or ``single_survivor``.
+  gloo, 2 for nccl): ``all_ranks_lost`` or ``single_survivor``, or
+- a view that failed with nobody blamed cannot be resolved (``stalls.py``):
+  ``unresolved_view_failure``.
 
 Pending proposals are then rejected; a change already in flight may still commit. The budget
 is judged in every step that lost a rank or committed a view (``budget_due``).
@@ -13,17 +15,17 @@ is judged in every step that lost a rank or committed a view (``budget_due``).
 
 from __future__ import annotations
 
-from coordinator.fold.effects import (
+from foldplane.coordinator.fold.effects import (
     OFFLINE,
     Effect,
     Proposal,
     ShutdownWithSave,
 )
-from coordinator.fold.facets import Facet
-from coordinator.fold.reasons import ranks_text
-from coordinator.fold.state import FAILED, GroupState
-from eventlog.record import Record
-from wire.codes import REJECTED
+from foldplane.coordinator.fold.facets import Facet
+from foldplane.coordinator.fold.reasons import ranks_text
+from foldplane.coordinator.fold.state import FAILED, GroupState
+from foldplane.eventlog.record import Record
+from foldplane.wire.codes import REJECTED
 
 
 class FailureBudget:
@@ -69,9 +71,23 @@ class FailureBudget:
                     )
         if reason is None:
             return
+        self._shut_down(g, reason, detail or "", record, effects)
+
+    def _shut_down(
+        self, g: GroupState, reason: str, detail: str, record: Record, effects: list[Effect]
+    ) -> None:
+        """The group's one ``shutdown_with_save``; queued proposals are rejected. It names the
+        checkpoint rank: the current view's, failing over to the lowest live active rank."""
         g.shutdown = reason
+        g.stall = None
         effects.append(
-            ShutdownWithSave(group=g.name, reason=reason, detail=detail or "", offset=record.offset)
+            ShutdownWithSave(
+                group=g.name,
+                reason=reason,
+                detail=detail,
+                offset=record.offset,
+                checkpoint_rank=self._checkpoint_rank(g, g.active),
+            )
         )
         while g.queue:
             pid, _ = g.queue.popleft()

@@ -22,7 +22,7 @@ import msgspec
 
 # The largest group the fold accepts is the protocol's MAX_WORLD_SIZE; larger values are almost
 # certainly a typo.
-from wire.protocol import MAX_WORLD_SIZE
+from foldplane.wire.protocol import MAX_WORLD_SIZE
 
 #: Survivor floor per backend: NCCL cannot run a communicator of one rank, gloo can.
 BACKEND_FLOOR: dict[str, int] = {"gloo": 1, "nccl": 2}
@@ -53,6 +53,9 @@ class GroupConfig(msgspec.Struct, frozen=True, kw_only=True):
     max_failure: int | str | None = None
     auto_deactivate_on_failure: bool = True
     backend: str = "gloo"
+    #: the rank that saves the group's checkpoints while it is active and alive (None: the
+    #: lowest active rank); see ``Coordinator._checkpoint_rank``
+    checkpoint_rank: int | None = None
 
     @classmethod
     def from_request(cls, request: dict[str, Any]) -> GroupConfig:
@@ -103,11 +106,16 @@ class GroupConfig(msgspec.Struct, frozen=True, kw_only=True):
                     "backend", f"must be one of {sorted(BACKEND_FLOOR)}, got {backend!r}"
                 )
             out["backend"] = backend
+        if fields.get("checkpoint_rank") is not None:
+            out["checkpoint_rank"] = _int(fields, "checkpoint_rank", lo=0, hi=world_size - 1)
         return cls(**out)
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form, as carried in a ``group_created`` record's ``config``."""
-        return msgspec.to_builtins(self)
+        out = msgspec.to_builtins(self)
+        if out["checkpoint_rank"] is None:  # as configs written before the field read
+            del out["checkpoint_rank"]
+        return out
 
     def resolve(self) -> Resolved:
         """Integer nanoseconds and derived counts: the only form the fold computes with."""

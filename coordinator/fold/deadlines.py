@@ -13,13 +13,13 @@ from __future__ import annotations
 
 from collections import deque
 
-from coordinator.fold.effects import (
+from foldplane.coordinator.fold.effects import (
     Effect,
     Proposal,
 )
-from coordinator.fold.facets import Facet
-from coordinator.fold.state import FORMED, FORMING, GroupState
-from eventlog.record import Record
+from foldplane.coordinator.fold.facets import Facet
+from foldplane.coordinator.fold.state import FORMED, FORMING, GroupState
+from foldplane.eventlog.record import Record
 
 
 class Deadlines:
@@ -100,7 +100,8 @@ class Deadlines:
         send a heartbeat, an ACK or a ready report to it, so silence during the outage is the
         coordinator's, not the ranks'. Every deadline that waits for the ranks restarts at the
         resumed tick's time: each online rank's heartbeat deadline, the ACK deadline of the
-        change in flight, and the admission deadlines of queued proposals. The formation
+        change in flight, the admission deadlines of queued proposals and the wait for the
+        reports of a view that failed with nobody blamed. The formation
         deadline (a bound on the whole start-up) and an open reconciliation window (a delay
         for more evidence, not a wait on anyone) keep running."""
         now = self._now
@@ -111,6 +112,8 @@ class Deadlines:
             if g.change is not None:
                 g.change.ack_deadline = now + g.cfg.ack_timeout_ns
             g.queue = deque((pid, now + g.cfg.admission_timeout_ns) for pid, _ in g.queue)
+            if g.stall is not None:  # its reports could not arrive either
+                g.stall.first_ts = now
         for facet in self.facets:
             facet.resume(now)
 
@@ -141,4 +144,8 @@ class Deadlines:
             and g.shutdown is None
         ):
             consider(g.queue[0][1])
+        if g.change is None and g.window_end is None and g.shutdown is None:
+            stall = self._stall_deadline(g)
+            if stall is not None:
+                consider(stall)
         return best

@@ -17,9 +17,9 @@ from typing import Any
 
 import msgspec
 
-from coordinator.fold.config import GroupConfig
-from wire.codes import APPLIED, APPLIED_WITH_DROPPED_RANKS, PENDING, REJECTED, TERMINAL
-from wire.protocol import HEALTHY, OFFLINE, SYNCED, View
+from foldplane.coordinator.fold.config import GroupConfig
+from foldplane.wire.codes import APPLIED, APPLIED_WITH_DROPPED_RANKS, PENDING, REJECTED, TERMINAL
+from foldplane.wire.protocol import HEALTHY, OFFLINE, SYNCED, View
 
 # The physical states, the committed view and the proposal statuses are the wire's, re-exported
 # for the fold's readers; the codes are read from ``wire.codes`` itself.
@@ -76,6 +76,16 @@ class GroupFailed(Effect, frozen=True, kw_only=True, tag="group_failed"):
     offset: int
 
 
+class GroupEnded(Effect, frozen=True, kw_only=True, tag="group_ended"):
+    """The operator ended the group's run (``reason``); ``deleted``: it is also gone from the
+    listings. Its history stays in the log and its projections."""
+
+    group: str
+    reason: str
+    deleted: bool
+    offset: int
+
+
 class ViewPrepare(Effect, frozen=True, kw_only=True, tag="view_prepare"):
     """Phase one of the barrier: participants must ACK ``(version, incarnation)`` by the deadline."""
 
@@ -129,13 +139,16 @@ class ProposalResolved(Effect, frozen=True, kw_only=True, tag="proposal_resolved
 class ShutdownWithSave(Effect, frozen=True, kw_only=True, tag="shutdown_with_save"):
     """The group's one and only shutdown directive: save state and stop.
 
-    ``reason`` is ``max_failure_exceeded``, ``single_survivor`` or ``all_ranks_lost``.
+    ``reason`` is ``max_failure_exceeded``, ``single_survivor``, ``all_ranks_lost`` or
+    ``unresolved_view_failure`` (``coordinator.fold.stalls``). ``checkpoint_rank`` is the rank
+    that saves: the current view's, failing over to the lowest live active rank.
     """
 
     group: str
     reason: str
     detail: str
     offset: int
+    checkpoint_rank: int | None = None
 
 
 class Refused(Effect, frozen=True, kw_only=True, tag="refused"):
@@ -218,6 +231,23 @@ class EpochCompleted(Effect, frozen=True, kw_only=True, tag="epoch_completed"):
     group: str
     epoch: int
     processed: dict[int, int]
+    offset: int
+
+
+class PartSent(Effect, frozen=True, kw_only=True, tag="part_sent"):
+    """A new incarnation of ``rank`` joined while the rank holds a part of the open epoch: it
+    is sent that part whole, as of decision ``assignment`` (``processed``: what its
+    predecessors reported, ``remaining``: what it still holds). The decisions in the log do
+    not say how far a predecessor's reports got (a rank that finished its part and then died
+    left no move behind), so a replacement reading them alone would start at the plan's
+    cursor."""
+
+    group: str
+    rank: int
+    epoch: int
+    assignment: int
+    processed: int
+    remaining: tuple[tuple[int, int], ...]
     offset: int
 
 

@@ -31,6 +31,12 @@ The rules, each a method below with its reason:
   older than the move (its ``fence``) are refused ``stale_assignment``: until the rank has
   received what it holds now, its sampler cannot widen its window. A rank leaving the view
   keeps nothing: what it read and did not report is read again by its successors.
+- **A report is bound to the assignment it was made under.** It counts positions of the
+  rank's sequence as it was at that assignment: one against an assignment before a move that
+  shortened the part is stale (the fence, above), and one against an assignment before a
+  move that lengthened it counts at most what the rank held then (``grown``). So a report
+  made before a deactivation, reactivation or reassignment is refused ``stale_assignment``,
+  never credited to the share given after it.
 - **Progress is evidence, checked like every input**: from the rank's current, online
   incarnation, for the open epoch, never regressing, never beyond what the rank holds.
 
@@ -45,19 +51,20 @@ from typing import Any
 
 import msgspec
 
-from coordinator.fold.effects import (
+from foldplane.coordinator.fold.effects import (
     OFFLINE,
     AssignmentChanged,
     Effect,
     EpochCompleted,
     EpochPlanned,
     Move,
+    PartSent,
     RankRange,
     View,
 )
-from coordinator.fold.facets import FoldContext, Refusal
-from coordinator.fold.fencing import online_rank_refusal
-from coordinator.fold.partition import (
+from foldplane.coordinator.fold.facets import FoldContext, Refusal
+from foldplane.coordinator.fold.fencing import online_rank_refusal
+from foldplane.coordinator.fold.partition import (
     Segment,
     apportion,
     deal,
@@ -66,11 +73,11 @@ from coordinator.fold.partition import (
     normalized,
     split_at,
 )
-from coordinator.fold.payloads import MAX_ID_LEN
-from coordinator.fold.reasons import abridged, ranks_text
-from coordinator.fold.state import FAILED, GroupState
-from eventlog.record import Record
-from wire.codes import (
+from foldplane.coordinator.fold.payloads import MAX_ID_LEN
+from foldplane.coordinator.fold.reasons import abridged, ranks_text
+from foldplane.coordinator.fold.state import FAILED, GroupState
+from foldplane.eventlog.record import Record
+from foldplane.wire.codes import (
     EPOCH_CONFLICT,
     GROUP_FAILED,
     GROUP_NOT_FORMED,
@@ -79,7 +86,7 @@ from wire.codes import (
     UNKNOWN_EPOCH,
     UNKNOWN_GROUP,
 )
-from wire.protocol import MAX_DATASET
+from foldplane.wire.protocol import MAX_DATASET
 
 SPLITS = ("equal", "ratios", "throughput")
 #: The plan's fields and their defaults where the request leaves them out (``reclaim``'s
@@ -204,7 +211,7 @@ def progress_problem(payload: dict[str, Any]) -> str | None:
 class Holding:
     """One rank's part of an epoch."""
 
-    __slots__ = ("sequence", "processed", "fence", "assignment")
+    __slots__ = ("sequence", "processed", "fence", "assignment", "grown")
 
     def __init__(self) -> None:
         #: every range it was given, in the order it reads them (shortened at the end by moves)
@@ -215,6 +222,9 @@ class Holding:
         self.fence = 0
         #: the assignment at which this part last changed (what its agent must hold)
         self.assignment = 0
+        #: the moves that lengthened ``sequence`` since ``fence``, in order: (assignment,
+        #: positions held before it). A report against an older assignment counts at most those
+        self.grown: list[tuple[int, int]] = []
 
     @property
     def held(self) -> int:
@@ -234,14 +244,27 @@ class Holding:
             remaining=tuple(self.remaining_segments()),
         )
 
+    def grown_after(self, assignment: int) -> tuple[int, int] | None:
+        """The first move after ``assignment`` that lengthened the part: (its assignment,
+        positions held before it), or None."""
+        return next(((a, n) for a, n in self.grown if a > assignment), None)
+
     def to_list(self) -> list[Any]:
-        return [[list(s) for s in self.sequence], self.processed, self.fence, self.assignment]
+        return [
+            [list(s) for s in self.sequence],
+            self.processed,
+            self.fence,
+            self.assignment,
+            [list(g) for g in self.grown],
+        ]
 
     @classmethod
     def from_list(cls, data: list[Any]) -> Holding:
         h = cls()
-        sequence, h.processed, h.fence, h.assignment = data
+        sequence, h.processed, h.fence, h.assignment = data[:4]
         h.sequence = [(int(s), int(n)) for s, n in sequence]
+        # snapshots before it was kept: no growth known (their reports are bound by the fence)
+        h.grown = [(int(a), int(n)) for a, n in (data[4] if len(data) > 4 else [])]
         return h
 
 
@@ -497,6 +520,13 @@ class Epochs:
                 f"rank {rank}'s part of epoch {number} was shortened at assignment {h.fence} "
                 f"(this report is against {assignment}); report against the part it holds now"
             )
+        grown = h.grown_after(assignment) if processed != h.processed else None
+        if grown is not None and processed > grown[1]:
+            return STALE_ASSIGNMENT, (
+                f"rank {rank}'s part of epoch {number} grew at assignment {grown[0]} after its "
+                f"first {grown[1]} positions; this report against assignment {assignment} "
+                f"counts at most those, not {processed}: report against the part it holds now"
+            )
         if processed < h.processed:
             return INVALID_EVENT, (
                 f"progress: rank {rank} already reported {h.processed} positions of epoch "
@@ -747,7 +777,8 @@ class Epochs:
         """One committed move: the tails ``gives`` names (positions per donor, rank order)
         leave their sequences into one pool, dealt in rank order to the ranks of ``gets``.
         Donors are fenced at the new assignment; a rank whose part did not change keeps its
-        fence, so its reports in flight stay good. The effect carries the moves only: each
+        fence, so its reports in flight stay good; a taker notes where its part grew, so a
+        report made before counts nothing of what it got. The effect carries the moves only: each
         rank's new part is its old one with them applied, and ``reported`` names the ranks whose
         cursor is then at the end of what they kept (a leaver, a rank that ran dry)."""
         e.assignment += 1
@@ -760,6 +791,7 @@ class Epochs:
             h.sequence, tail = split_at(h.sequence, keep)
             pool.extend((donor, s) for s in tail)
             h.fence = h.assignment = a
+            h.grown = []
         reported = tuple(
             r
             for r in sorted(set(gives) | set(gets))
@@ -771,6 +803,7 @@ class Epochs:
         for taker in sorted(gets):
             n = gets[taker]
             h = e.holding(taker)
+            h.grown.append((a, h.held))
             while n > 0:
                 start, size = segments[0]
                 part = min(size, n)
@@ -806,6 +839,32 @@ class Epochs:
     ) -> None:
         """Nothing moves when a rank goes OFFLINE: its remainder moves with the view that no
         longer holds it (an OFFLINE rank still in the view gives way to reclaim)."""
+
+    def rank_joined(
+        self, fold: FoldContext, g: GroupState, rank: int, record: Record, effects: list[Effect]
+    ) -> None:
+        """A new incarnation of a rank that holds a part of the open epoch is sent that part
+        whole (``PartSent``): what its predecessors reported is in no decision of the log (a
+        rank that finished its part and then died left no move behind), so a replacement
+        starts from what is unclaimed, not from the plan's cursor."""
+        ge = self._groups.get(g.name)
+        e = None if ge is None else ge.current
+        if e is None or e.completed is not None:
+            return
+        h = e.holdings.get(rank)
+        if h is None:
+            return
+        effects.append(
+            PartSent(
+                group=g.name,
+                rank=rank,
+                epoch=e.number,
+                assignment=e.assignment,
+                processed=h.processed,
+                remaining=tuple(h.remaining_segments()),
+                offset=record.offset,
+            )
+        )
 
     def tick(self, fold: FoldContext, record: Record, effects: list[Effect]) -> None:
         """No epoch rule waits on time."""

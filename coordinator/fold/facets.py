@@ -7,9 +7,10 @@ partitions that survive a dead rank (``epochs.py``), weight refits between two g
 
 - owns some record kinds (``kinds``): the fold hands their checks (:meth:`Facet.refusal`,
   :meth:`Facet.repeat_of`) and their steps (:meth:`Facet.apply`) to it;
-- hears of what membership decides, through three hooks, each called at a fixed point of a
+- hears of what membership decides, through four hooks, each called at a fixed point of a
   step: a view committed (:meth:`Facet.view_committed`, right after the ``ViewCommitted``
-  effect), a rank lost (:meth:`Facet.rank_lost`, at the end of the death chain), time passed
+  effect), a rank lost (:meth:`Facet.rank_lost`, at the end of the death chain), a new
+  incarnation joined (:meth:`Facet.rank_joined`, after its ``RankState``), time passed
   (:meth:`Facet.tick`, once per tick, after the groups' own deadlines);
 - says when it must be woken (:meth:`Facet.next_deadline`) and restarts the deadlines that
   wait on the ranks when the coordinator resumes serving (:meth:`Facet.resume`);
@@ -26,9 +27,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from coordinator.fold.effects import Effect, View
-from coordinator.fold.state import GroupState
-from eventlog.record import Record
+from foldplane.coordinator.fold.effects import Effect, View
+from foldplane.coordinator.fold.state import GroupState
+from foldplane.eventlog.record import Record
 
 #: (code, message)
 Refusal = tuple[str, str]
@@ -84,6 +85,11 @@ class Facet(Protocol):
         self, fold: FoldContext, g: GroupState, rank: int, record: Record, effects: list[Effect]
     ) -> None:
         """``rank`` of ``g`` just went OFFLINE (any way: a death, a timeout, an exit)."""
+
+    def rank_joined(
+        self, fold: FoldContext, g: GroupState, rank: int, record: Record, effects: list[Effect]
+    ) -> None:
+        """A new incarnation of ``rank`` of ``g`` just joined (a replacement process)."""
 
     def tick(self, fold: FoldContext, record: Record, effects: list[Effect]) -> None:
         """Time passed: fire what is due at ``fold.now``."""

@@ -14,16 +14,17 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from coordinator.fold.config import ConfigError, GroupConfig
-from coordinator.fold.effects import HEALTHY, OFFLINE, Proposal, Refused
-from coordinator.fold.facets import Facet
-from coordinator.fold.payloads import CHECKS, MAX_ID_LEN
-from coordinator.fold.reasons import ranks_text
-from coordinator.fold.state import FAILED, GroupState, RankInfo
-from eventlog.record import KINDS, Record
-from wire.codes import (
+from foldplane.coordinator.fold.config import ConfigError, GroupConfig
+from foldplane.coordinator.fold.effects import HEALTHY, OFFLINE, Proposal, Refused
+from foldplane.coordinator.fold.facets import Facet
+from foldplane.coordinator.fold.payloads import CHECKS, MAX_ID_LEN
+from foldplane.coordinator.fold.reasons import ranks_text
+from foldplane.coordinator.fold.state import FAILED, GroupState, RankInfo
+from foldplane.eventlog.record import KINDS, Record
+from foldplane.wire.codes import (
     DUPLICATE_PROPOSAL,
     GROUP_CONFLICT,
+    GROUP_ENDED,
     GROUP_FAILED,
     IDEMPOTENCY_CONFLICT,
     INVALID_EVENT,
@@ -39,7 +40,7 @@ from wire.codes import (
 Refusal = tuple[str, str]
 
 #: The kinds ``repeat_of`` may find an earlier input for.
-REPEATABLE = frozenset({"group_created", "proposal"})
+REPEATABLE = frozenset({"group_created", "group_ended", "proposal"})
 
 _RANK_KINDS = frozenset({"join", "heartbeat", "links", "ack", "exit", "death_reported"})
 
@@ -100,6 +101,10 @@ def checked_refusal(
     err = CHECKS[kind](payload, ws)
     if err is not None:
         return INVALID_EVENT, f"{kind}: {err}"
+    if kind == "group_ended":
+        if rank is not None:
+            return INVALID_EVENT, f"group_ended must not name a rank, got rank={rank}"
+        return None
     if kind == "proposal":
         if rank is not None:
             return INVALID_EVENT, f"a proposal names its ranks in the payload, not rank={rank}"
@@ -149,9 +154,19 @@ def _rank_in_group(g: GroupState, rank: int) -> Refusal | None:
     ws = g.config.world_size
     if not 0 <= rank < ws:
         return RANK_OUT_OF_RANGE, f"rank {rank} is not in 0..{ws - 1} for group {g.name!r}"
+    if g.ended is not None:
+        return GROUP_ENDED, ended_text(g)
     if g.formation == FAILED:
         return GROUP_FAILED, f"group {g.name!r} failed to form: {g.formation_error}"
     return None
+
+
+def ended_text(g: GroupState) -> str:
+    """Why nothing joins ``g`` any more, and what to do instead."""
+    return (
+        f"group {g.name!r} was ended at offset {g.ended_offset} ({g.ended}); its history stays "
+        "in the log and a group name is used once: run again under another group name"
+    )
 
 
 def _current_incarnation(g: GroupState, rank: int, payload: Any) -> Refusal | None:
@@ -255,7 +270,9 @@ def repeat_of(
     payload: Any,
 ) -> int | None:
     """The offset of the earlier input this one repeats, so that nothing need be appended: for
-    a ``group_created`` identical to the group's, the group's creation; for a proposal whose
+    a ``group_created`` identical to the group's, the group's creation (not once the group was
+    ended: that is refused); for a ``group_ended`` of an ended group that asks for nothing new
+    (no delete, or already deleted), the ending; for a proposal whose
     idempotency key names one with the same body, that proposal (its id). None for anything
     else: a new input, a conflict or a malformed one, which ``refusal`` words."""
     if kind not in REPEATABLE or group is None or rank is not None or not isinstance(payload, dict):
@@ -268,7 +285,13 @@ def repeat_of(
             config = parse_group_created(payload)
         except ConfigError:
             return None
-        return g.created_offset if _same_config(g.config, config) else None
+        return g.created_offset if _same_config(g.config, config) and g.ended is None else None
+    if kind == "group_ended":
+        if CHECKS[kind](payload, 0) is not None or g.ended is None:
+            return None
+        if payload.get("delete") is True and not g.deleted:
+            return None
+        return g.ended_offset
     if CHECKS[kind](payload, g.config.world_size) is not None:
         return None
     seen = _keyed(g, proposals, payload)
@@ -302,6 +325,8 @@ def _group_created(
     if rank is not None:
         return INVALID_EVENT, f"group_created must not name a rank, got rank={rank}"
     existing = groups.get(group)
+    if existing is not None and existing.ended is not None:
+        return GROUP_ENDED, ended_text(existing)
     if existing is not None and not _same_config(existing.config, config):
         return GROUP_CONFLICT, (
             f"group {group!r} exists with another configuration "

@@ -30,10 +30,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Set
 
-from coordinator.fold.effects import HEALTHY, SYNCED, Effect
-from coordinator.fold.reasons import ranks_text
-from coordinator.fold.state import GroupState
-from eventlog.record import Record
+from foldplane.coordinator.fold.effects import HEALTHY, SYNCED, Effect
+from foldplane.coordinator.fold.reasons import ranks_text
+from foldplane.coordinator.fold.state import GroupState
+from foldplane.eventlog.record import Record
 
 
 def healthy_set(

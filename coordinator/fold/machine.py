@@ -28,7 +28,10 @@ them and dispatches to them:
 ``proposals.py``    the proposal queue and what starts the next change
 ``barrier.py``      the view change: prepare, ACKs, commit; formation failing
 ``deadlines.py``    ticks: the deadlines and what a resumed tick restarts
+``ending.py``       a group's run ended by the operator
 ==================  =======================================================================
+
+``stalls.py`` decides a view that failed with nobody blamed; ``barrier.py`` applies it.
 
 State beside membership lives in *facets* (``coordinator/fold/facets.py``): epoch plans
 (``epochs.py``) and weight refits (``refits.py``). A record of a facet's kind is checked and
@@ -42,22 +45,23 @@ from typing import Any
 
 import msgspec
 
-from coordinator.fold.admission import admission_problem
-from coordinator.fold.barrier import ViewChange
-from coordinator.fold.budget import FailureBudget
-from coordinator.fold.config import GroupConfig
-from coordinator.fold.deadlines import Deadlines
-from coordinator.fold.effects import Effect, GroupCreated, Proposal, View
-from coordinator.fold.epochs import Epochs
-from coordinator.fold.facets import Facet
-from coordinator.fold.fencing import REPEATABLE, Fences, parse_group_created
-from coordinator.fold.healthy_set import HealthySetRule
-from coordinator.fold.proposals import ProposalQueue
-from coordinator.fold.ranks import RankLifecycle
-from coordinator.fold.refits import Refits
-from coordinator.fold.state import FAILED, FORMING, GroupState
-from coordinator.fold.status import group_status
-from eventlog.record import Record
+from foldplane.coordinator.fold.admission import admission_problem
+from foldplane.coordinator.fold.barrier import ViewChange
+from foldplane.coordinator.fold.budget import FailureBudget
+from foldplane.coordinator.fold.config import GroupConfig
+from foldplane.coordinator.fold.deadlines import Deadlines
+from foldplane.coordinator.fold.effects import Effect, GroupCreated, Proposal, View
+from foldplane.coordinator.fold.ending import GroupEnd
+from foldplane.coordinator.fold.epochs import Epochs
+from foldplane.coordinator.fold.facets import Facet
+from foldplane.coordinator.fold.fencing import REPEATABLE, Fences, parse_group_created
+from foldplane.coordinator.fold.healthy_set import HealthySetRule
+from foldplane.coordinator.fold.proposals import ProposalQueue
+from foldplane.coordinator.fold.ranks import RankLifecycle
+from foldplane.coordinator.fold.refits import Refits
+from foldplane.coordinator.fold.state import FAILED, FORMING, GroupState
+from foldplane.coordinator.fold.status import group_status
+from foldplane.eventlog.record import Record
 
 #: Format 2 adds the facets' state, format 3 each rank's ``joined_version``; a snapshot of an
 #: older format still restores (without facets; every links report counting, as it then did).
@@ -66,7 +70,14 @@ _READABLE_FORMATS = (1, 2, 3)
 
 
 class Coordinator(
-    Fences, RankLifecycle, HealthySetRule, FailureBudget, ProposalQueue, ViewChange, Deadlines
+    Fences,
+    RankLifecycle,
+    HealthySetRule,
+    FailureBudget,
+    ProposalQueue,
+    ViewChange,
+    Deadlines,
+    GroupEnd,
 ):
     """The fold. See the module docstring for the shape of a step."""
 
@@ -77,6 +88,7 @@ class Coordinator(
         self._proposals: dict[int, Proposal] = {}
         self._handlers = {
             "group_created": self._on_group_created,
+            "group_ended": self._on_group_ended,
             "join": self._on_join,
             "links": self._on_links,
             "ack": self._on_ack,
@@ -189,6 +201,10 @@ class Coordinator(
                 continue
             if g.cfg.auto_deactivate and self._auto_deactivate(g, record, effects):
                 continue
+            if g.stall is not None and self._resolve_stall(g, record, effects):
+                if g.shutdown is not None:
+                    return
+                continue
             if not self._decide_head(g, record, effects):
                 return
 
@@ -233,6 +249,12 @@ class Coordinator(
 
     def groups(self) -> list[str]:
         return sorted(self._groups)
+
+    def group_deleted(self, group: str) -> bool:
+        """Whether ``group`` was ended and deleted (gone from listings and the server's limits;
+        its history stays readable)."""
+        g = self._groups.get(group)
+        return g is not None and g.deleted
 
     def group_config(self, group: str) -> GroupConfig | None:
         g = self._groups.get(group)

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from coordinator.fold.effects import HEALTHY, OFFLINE, SYNCED
-from coordinator.fold.machine import Coordinator
-from coordinator.fold.projections import proposal_doc
-from coordinator.fold.state import GroupState
+from foldplane.coordinator.fold.effects import HEALTHY, OFFLINE, SYNCED
+from foldplane.coordinator.fold.machine import Coordinator
+from foldplane.coordinator.fold.projections import proposal_doc
+from foldplane.coordinator.fold.state import GroupState
 
 #: How many ranks a list in the overview names before it only counts.
 RANKS_SHOWN = 64
@@ -36,11 +36,14 @@ def ranks_brief(ranks: Any) -> dict[str, Any]:
 
 
 def group_list(machine: Coordinator) -> list[dict[str, Any]]:
-    """One line per group: size, version, state counts, failures."""
+    """One line per group that was not deleted: size, version, state counts, failures, and
+    whether it was shut down or ended."""
     out = []
     groups = _groups(machine)
     for name in sorted(groups):
         g = groups[name]
+        if g.deleted:
+            continue
         counts = {HEALTHY: 0, SYNCED: 0, OFFLINE: 0}
         for info in g.ranks:
             counts[info.state] += 1
@@ -54,6 +57,7 @@ def group_list(machine: Coordinator) -> list[dict[str, Any]]:
                 "active": len(g.active),
                 "failures": g.failures,
                 "shutdown": g.shutdown,
+                "ended": g.ended,
             }
         )
     return out
@@ -102,6 +106,9 @@ def group_overview(machine: Coordinator, group: str) -> dict[str, Any] | None:
             "cause": change.cause(),
         },
         "reconcile_window_end_ts": g.window_end,
+        "ended": None
+        if g.ended is None
+        else {"reason": g.ended, "offset": g.ended_offset, "deleted": g.deleted},
         "budget": {
             "failures": g.failures,
             "max_failure": g.config.max_failure,

@@ -19,8 +19,10 @@ from collections.abc import Iterable, Mapping, Sequence
 
 # ``Segment`` (``(start, length)``: positions ``start .. start + length - 1`` of the
 # permutation), ``normalized`` and ``split_at`` are the wire's: agents apply moves with them.
-from wire.data import Segment, split_at
-from wire.data import normalized as normalized  # re-exported: the fold imports it from here
+from foldplane.wire.data import Segment, split_at
+from foldplane.wire.data import (
+    normalized as normalized,  # re-exported: the fold imports it from here
+)
 
 #: Weights are rounded to integers of this many units before apportioning (exact arithmetic:
 #: the split of a remainder never depends on floating-point rounding order).

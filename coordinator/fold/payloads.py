@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from wire import ranks as rank_sets
-from wire.ranks import RankSetError
+from foldplane.wire import ranks as rank_sets
+from foldplane.wire.ranks import RankSetError
 
 MAX_ID_LEN = 256
 OPS = ("activate", "deactivate")
@@ -176,7 +176,15 @@ def check_proposal(payload: dict[str, Any], world_size: int) -> str | None:
     )
 
 
+def check_group_ended(payload: dict[str, Any], world_size: int) -> str | None:
+    """``{"reason"?: text, "delete"?: bool}``."""
+    if "delete" in payload and not isinstance(payload["delete"], bool):
+        return f"delete must be true or false, got {payload['delete']!r}"
+    return _text(payload, "reason", required=False)
+
+
 CHECKS: dict[str, Callable[[dict[str, Any], int], str | None]] = {
+    "group_ended": check_group_ended,
     "join": check_join,
     "heartbeat": check_heartbeat,
     "ack": check_ack,

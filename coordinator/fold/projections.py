@@ -15,6 +15,7 @@ kind            seq        document
 ``proposal``    id         a proposal, rewritten when it resolves (terminal is final)
 ``rank_state``  rank       the rank's latest physical state
 ``failure``     0          why formation failed (``group_failed``)
+``ended``       0          why the operator ended the group, and whether it was deleted
 ``shutdown``    offset     a ``shutdown_with_save`` directive
 ``epoch``       epoch      an epoch's plan, over the view it was made for (``epoch_planned``)
 ``assignment``  change     one decision about a group's epochs: the first split (every
@@ -58,12 +59,13 @@ from typing import Any
 
 import msgspec
 
-from coordinator.fold.effects import (
+from foldplane.coordinator.fold.effects import (
     AssignmentChanged,
     Effect,
     EpochCompleted,
     EpochPlanned,
     GroupCreated,
+    GroupEnded,
     GroupFailed,
     Proposal,
     ProposalAccepted,
@@ -77,9 +79,9 @@ from coordinator.fold.effects import (
     View,
     ViewCommitted,
 )
-from eventlog import LogError, ProjectionRow
-from wire.protocol import fold_view_update, view_update
-from wire.ranks import RankSetError
+from foldplane.eventlog import LogError, ProjectionRow
+from foldplane.wire.protocol import fold_view_update, view_update
+from foldplane.wire.ranks import RankSetError
 
 PROJECTION_KINDS = (
     "group",
@@ -266,6 +268,8 @@ def rows_for(effect: Effect) -> list[ProjectionRow]:
         return [ProjectionRow("group", effect.group, 0, to_doc(effect))]
     if isinstance(effect, GroupFailed):
         return [ProjectionRow("failure", effect.group, 0, to_doc(effect))]
+    if isinstance(effect, GroupEnded):
+        return [ProjectionRow("ended", effect.group, 0, to_doc(effect))]
     if isinstance(effect, ShutdownWithSave):
         return [ProjectionRow("shutdown", effect.group, effect.offset, to_doc(effect))]
     if isinstance(effect, EpochPlanned):
@@ -315,6 +319,7 @@ def shutdown_update(effect: ShutdownWithSave) -> dict[str, Any]:
         "group": effect.group,
         "reason": effect.reason,
         "detail": effect.detail,
+        "checkpoint_rank": effect.checkpoint_rank,
     }
 
 

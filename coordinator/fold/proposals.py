@@ -14,18 +14,18 @@ from __future__ import annotations
 
 import msgspec
 
-from coordinator.fold.admission import requested, static_problem
-from coordinator.fold.effects import (
+from foldplane.coordinator.fold.admission import requested, static_problem
+from foldplane.coordinator.fold.effects import (
     Effect,
     Proposal,
     ProposalAccepted,
     ProposalResolved,
 )
-from coordinator.fold.facets import Facet
-from coordinator.fold.reasons import ranks_text
-from coordinator.fold.state import FAILED, GroupState
-from eventlog.record import Record
-from wire.codes import APPLIED, PENDING, REJECTED
+from foldplane.coordinator.fold.facets import Facet
+from foldplane.coordinator.fold.reasons import ranks_text
+from foldplane.coordinator.fold.state import FAILED, GroupState
+from foldplane.eventlog.record import Record
+from foldplane.wire.codes import APPLIED, PENDING, REJECTED
 
 
 class ProposalQueue:

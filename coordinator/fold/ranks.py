@@ -22,18 +22,18 @@ HEALTHY (SYNCED and inside the Healthy Set, ``healthy_set.py``).
 
 from __future__ import annotations
 
-from coordinator.fold.effects import (
+from foldplane.coordinator.fold.effects import (
     OFFLINE,
     SYNCED,
     Effect,
     Proposal,
     RankState,
 )
-from coordinator.fold.facets import Facet
-from coordinator.fold.state import GroupState
-from eventlog.record import Record
-from wire import ranks as rank_sets
-from wire.protocol import CAUSE_DEATH_REPORTED, links_down
+from foldplane.coordinator.fold.facets import Facet
+from foldplane.coordinator.fold.state import GroupState
+from foldplane.eventlog.record import Record
+from foldplane.wire import ranks as rank_sets
+from foldplane.wire.protocol import CAUSE_DEATH_REPORTED, links_down
 
 
 class RankLifecycle:
@@ -50,8 +50,9 @@ class RankLifecycle:
 
         A new incarnation bumps ``rank_epoch``, replaces the old one through the death chain if
         it was still online, and clears its own link evidence *and* every other rank's down
-        evidence about it: the replacement is a new process. The same incarnation joining again
-        while online is only a sign of life.
+        evidence about it: the replacement is a new process, and the facets hear of it (the
+        epochs send it the rank's part). The same incarnation joining again while online is
+        only a sign of life.
         """
         g = self._groups[record.group]  # type: ignore[index]
         rank = record.rank
@@ -61,7 +62,8 @@ class RankLifecycle:
         inc = payload["incarnation"]
         info.host = payload.get("host", info.host)
         info.pid = payload.get("pid", info.pid)
-        if inc == info.incarnation:
+        new = inc != info.incarnation
+        if not new:
             if info.state != OFFLINE:
                 self._touch(g, rank)
                 return
@@ -88,6 +90,9 @@ class RankLifecycle:
         self._set_evidence(g, rank, frozenset(), False)
         self._touch(g, rank)
         self._rank_state(g, rank, reason, record, effects)
+        if new:
+            for facet in self.facets:
+                facet.rank_joined(self, g, rank, record, effects)
 
     def _on_shared_heartbeat(self, g: GroupState, record: Record, now: int) -> list[Effect]:
         """The beats of many ranks that arrived together, in one record: each listed rank that
@@ -134,6 +139,8 @@ class RankLifecycle:
                 down = {p for p in down if about > g.ranks[p].joined_version}
         down.discard(rank)
         self._touch(g, rank)
+        if not down and payload.get("failed") is not None:
+            self._note_stall(g, rank, payload)
         info = g.ranks[rank]
         new_down = frozenset(down)
         ready = payload["self_ready"]

@@ -27,8 +27,9 @@ takes part, when they agree, and what happened to each transfer:
   published in the step that admits the epoch; else it comes after admission
   (``refit_bootstrap``). It reaches the admitted members' own update journals only, and no
   status or projection row carries it.
-- **Transfers** (``transfer``): created by a member of the admitted epoch or an operator,
-  idempotent by key; one runs at a time. Each member reports ``done`` or ``failed``
+- **Transfers** (``transfer``): created by a publisher of the admitted epoch or an operator
+  (the publishers hold the weights; a subscriber waits for the transfer to start and is
+  refused ``not_refit_member``), idempotent by key; one runs at a time. Each member reports ``done`` or ``failed``
   (``transfer_status``) against the transfer's current attempt and the epoch; the transfer
   completes when every member reported ``done``, and a completed transfer is final (a late or
   repeated report is refused ``transfer_final``). A failure (a report, a member lost, the
@@ -45,7 +46,7 @@ from typing import Any
 
 import msgspec
 
-from coordinator.fold.effects import (
+from foldplane.coordinator.fold.effects import (
     Effect,
     RankState,
     RefitBootstrap,
@@ -54,12 +55,12 @@ from coordinator.fold.effects import (
     TransferChanged,
     View,
 )
-from coordinator.fold.facets import FoldContext, Refusal
-from coordinator.fold.fencing import online_rank_refusal
-from coordinator.fold.reasons import abridged
-from coordinator.fold.state import GroupState
-from eventlog.record import Record
-from wire.codes import (
+from foldplane.coordinator.fold.facets import FoldContext, Refusal
+from foldplane.coordinator.fold.fencing import online_rank_refusal
+from foldplane.coordinator.fold.reasons import abridged
+from foldplane.coordinator.fold.state import GroupState
+from foldplane.eventlog.record import Record
+from foldplane.wire.codes import (
     DIGEST_MISMATCH,
     INVALID_EVENT,
     INVALID_SLOT,
@@ -472,14 +473,11 @@ class Refits:
         if kind == "refit_join":
             return self._join_refusal(r, g, role, rank, payload)
         slot = r.member_slot(group, rank)
-        if slot is None or r.status != ADMITTED:
-            why = (
-                f"epoch {r.epoch} is {r.status}"
-                if r.status != ADMITTED
-                else f"rank {rank} of {group!r} is not a member of epoch {r.epoch}"
-            )
-            return REFIT_NOT_READY if r.status != ADMITTED else NOT_REFIT_MEMBER, (
-                f"refit {r.name!r}: {why}"
+        if r.status != ADMITTED:
+            return REFIT_NOT_READY, f"refit {r.name!r} epoch {r.epoch} {self._not_admitted(r)}"
+        if slot is None:
+            return NOT_REFIT_MEMBER, (
+                f"refit {r.name!r}: rank {rank} of {group!r} is not a member of epoch {r.epoch}"
             )
         if r.joined[slot].incarnation != payload.get("incarnation"):
             return NOT_REFIT_MEMBER, (
@@ -489,6 +487,12 @@ class Refits:
         if kind == "refit_bootstrap":
             return self._bootstrap_refusal(r, slot, payload)
         if kind == "transfer":
+            if slot[0] != PUBLISHER:
+                return NOT_REFIT_MEMBER, (
+                    f"refit {r.name!r}: {_slot_name(*slot)} ({group} rank {rank}) may not start "
+                    "a transfer: a transfer comes from a publisher of the admitted epoch or the "
+                    "operator (a subscriber waits for it to start)"
+                )
             return self._transfer_refusal(r, payload)
         return self._status_refusal(r, slot, payload)
 
@@ -643,9 +647,8 @@ class Refits:
             return None  # a repeat: answered with the transfer's record
         if r.status != ADMITTED:
             return REFIT_NOT_READY, (
-                f"refit {r.name!r} epoch {r.epoch} is {r.status}"
-                + (f" (waiting for {abridged(self._missing(r))})" if r.status == WAITING else "")
-                + "; a transfer starts in an admitted epoch"
+                f"refit {r.name!r} epoch {r.epoch} {self._not_admitted(r)}; a transfer starts in "
+                "an admitted epoch"
             )
         if r.running is not None:
             busy = r.transfers[r.running]
@@ -743,6 +746,15 @@ class Refits:
     def _transfer_by_key(r: Refit, key: str) -> _Transfer | None:
         number = r.by_key.get(key)
         return None if number is None else r.transfers[number]
+
+    def _not_admitted(self, r: Refit) -> str:
+        """Why the epoch is not admitted, naming the slots it waits for or never had."""
+        if r.status == WAITING:
+            return f"is waiting for {abridged(self._missing(r))}"
+        return (
+            f"timed out: {abridged(list(r.missing))} never joined (a view change of either "
+            "group or a restart opens a new epoch)"
+        )
 
     @staticmethod
     def _missing(r: Refit) -> list[str]:
@@ -904,6 +916,11 @@ class Refits:
             cause = f"view {view.version} of {role} group {g.name!r} committed"
             self._fail_running(r, f"the refit's epoch moved: {cause}", record, effects)
             self._new_epoch(fold, r, cause, record, effects)
+
+    def rank_joined(
+        self, fold: FoldContext, g: GroupState, rank: int, record: Record, effects: list[Effect]
+    ) -> None:
+        """A replacement joins a refit through its own ``refit_join``: nothing to do here."""
 
     def rank_lost(
         self, fold: FoldContext, g: GroupState, rank: int, record: Record, effects: list[Effect]

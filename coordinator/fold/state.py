@@ -15,8 +15,9 @@ from typing import Any
 
 import msgspec
 
-from coordinator.fold.config import GroupConfig, Resolved
-from coordinator.fold.effects import OFFLINE, View
+from foldplane.coordinator.fold.config import GroupConfig, Resolved
+from foldplane.coordinator.fold.effects import OFFLINE, View
+from foldplane.coordinator.fold.stalls import Stall
 
 FORMING = "forming"
 FORMED = "formed"
@@ -230,6 +231,13 @@ class GroupState:
         self.queue: deque[tuple[int, int]] = deque()
         #: idempotency key -> proposal id
         self.keys: dict[str, int] = {}
+        #: the committed view failed with every member alive (``coordinator.fold.stalls``)
+        self.stall: Stall | None = None
+        #: why the operator ended the group's run, and the offset of that record (None: it runs)
+        self.ended: str | None = None
+        self.ended_offset: int | None = None
+        #: ended and gone from the listings (its history stays)
+        self.deleted = False
 
     @property
     def active(self) -> tuple[int, ...]:
@@ -240,7 +248,7 @@ class GroupState:
         return self.view.version if self.view is not None else 0
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        d = {
             "name": self.name,
             "config": self.config.to_dict(),
             "created_ts": self.created_ts,
@@ -259,7 +267,20 @@ class GroupState:
             "change": None if self.change is None else self.change.to_dict(),
             "queue": [list(item) for item in self.queue],
             "keys": dict(sorted(self.keys.items())),
+            # only once ended, so a snapshot of a running group reads as it always did
+            **(
+                {}
+                if self.ended is None
+                else {
+                    "ended": self.ended,
+                    "ended_offset": self.ended_offset,
+                    "deleted": self.deleted,
+                }
+            ),
         }
+        if self.stall is not None:
+            d["stall"] = self.stall.to_dict()
+        return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> GroupState:
@@ -279,6 +300,11 @@ class GroupState:
         g.change = None if d["change"] is None else Change.from_dict(d["change"])
         g.queue = deque((pid, deadline) for pid, deadline in d["queue"])
         g.keys = dict(d["keys"])
+        stall = d.get("stall")  # absent from snapshots taken before stalls were resolved
+        g.stall = None if stall is None else Stall.from_dict(stall)
+        g.ended = d.get("ended")
+        g.ended_offset = d.get("ended_offset")
+        g.deleted = bool(d.get("deleted", False))
         g.candidates = {
             r for r, info in enumerate(g.ranks) if info.state != OFFLINE and info.self_ready
         }

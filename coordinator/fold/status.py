@@ -10,7 +10,7 @@ from typing import Any
 
 import msgspec
 
-from coordinator.fold.state import GroupState
+from foldplane.coordinator.fold.state import GroupState
 
 
 def plain(value: Any) -> Any:
@@ -22,12 +22,19 @@ def group_status(g: GroupState) -> dict[str, Any]:
     """Config, formation status, current view, per-rank state, queue and change in flight."""
     active = set(g.active)
     change = g.change
+    counts = {"HEALTHY": 0, "SYNCED": 0, "OFFLINE": 0, "exited": 0}
+    for info in g.ranks:
+        counts[info.state] += 1
+        counts["exited"] += info.exited and info.state == "OFFLINE"
     return {
         "group": g.name,
         "config": g.config.to_dict(),
         "formation": {"status": g.formation, "error": g.formation_error},
         "view": None if g.view is None else plain(g.view),
         "healthy_set": sorted(g.healthy),
+        #: how many ranks are in each state (``exited``: OFFLINE after a clean exit), over every
+        #: rank, not only the page
+        "rank_counts": counts,
         "ranks": [
             {
                 "rank": r,
@@ -57,5 +64,8 @@ def group_status(g: GroupState) -> dict[str, Any]:
         },
         "failures": g.failures,
         "shutdown": g.shutdown,
+        "ended": None
+        if g.ended is None
+        else {"reason": g.ended, "offset": g.ended_offset, "deleted": g.deleted},
         "reconcile_window_end_ts": g.window_end,
     }

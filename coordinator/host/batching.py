@@ -14,13 +14,13 @@ from typing import Any
 
 import msgspec
 
-from coordinator.fold.heartbeats import HeartbeatBuffer
-from coordinator.fold.machine import Coordinator
-from coordinator.host.inputs import Beats, Existing, Input, Outcome, Refusal, SharedReply
-from coordinator.host.metrics import HostMetrics
-from eventlog import NewRecord
-from eventlog.record import decode_payload, validate
-from wire import ranks as rank_sets
+from foldplane.coordinator.fold.heartbeats import HeartbeatBuffer
+from foldplane.coordinator.fold.machine import Coordinator
+from foldplane.coordinator.host.inputs import Beats, Existing, Input, Outcome, Refusal, SharedReply
+from foldplane.coordinator.host.metrics import HostMetrics
+from foldplane.eventlog import NewRecord
+from foldplane.eventlog.record import decode_payload, validate
+from foldplane.wire import ranks as rank_sets
 
 #: How many inputs one append takes at most, by default.
 MAX_BATCH = 4096

@@ -40,11 +40,11 @@ from typing import Any
 
 import msgspec
 
-from coordinator.fold.effects import Effect, ViewCommitted
-from coordinator.fold.machine import Coordinator
-from coordinator.fold.projections import view_doc
-from coordinator.host.ready import HostState, ReadyBuilder
-from coordinator.host.replay import (
+from foldplane.coordinator.fold.effects import Effect, ViewCommitted
+from foldplane.coordinator.fold.machine import Coordinator
+from foldplane.coordinator.fold.projections import view_doc
+from foldplane.coordinator.host.ready import HostState, ReadyBuilder
+from foldplane.coordinator.host.replay import (
     CompactedLog,
     OnRecord,
     Start,
@@ -54,9 +54,9 @@ from coordinator.host.replay import (
     summary,
     views_digest,
 )
-from coordinator.host.retention import RetainPolicy, removable
-from coordinator.host.snapshots import CONSUMER, decode_snapshot, encode_snapshot
-from eventlog import READ_PAGE, Log, Record, RemovedRange, open_log
+from foldplane.coordinator.host.retention import RetainPolicy, removable
+from foldplane.coordinator.host.snapshots import CONSUMER, decode_snapshot, encode_snapshot
+from foldplane.eventlog import READ_PAGE, Log, Record, RemovedRange, open_log
 
 log = logging.getLogger("foldplane.compaction")
 
@@ -323,7 +323,7 @@ def _kept_snapshot(machine: Coordinator, state: HostState, meta: dict[str, Any])
 
 def compact_argv(target: str, policy_text: str) -> list[str]:
     """The command line of a compaction run under this interpreter."""
-    return [sys.executable, "-m", "coordinator", "compact", target, "--retain", policy_text]
+    return [sys.executable, "-m", "foldplane.coordinator", "compact", target, "--retain", policy_text]
 
 
 async def retain_periodically(

@@ -13,10 +13,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from coordinator.fold.effects import AssignmentChanged, EpochCompleted, EpochPlanned, Move
-from coordinator.fold.machine import Coordinator
-from coordinator.fold.partition import split_at
-from coordinator.fold.reasons import abridged
+from foldplane.coordinator.fold.effects import AssignmentChanged, EpochCompleted, EpochPlanned, Move
+from foldplane.coordinator.fold.machine import Coordinator
+from foldplane.coordinator.fold.partition import split_at
+from foldplane.coordinator.fold.reasons import abridged
 
 #: Segments listed in one phrase before the rest are counted.
 SEGMENTS_LISTED = 3

@@ -16,10 +16,10 @@ from typing import Any
 
 import msgspec
 
-from coordinator.fold.machine import Coordinator
-from eventlog import InvalidRecord, NewRecord
-from eventlog.record import decode_payload, validate
-from wire.codes import INVALID_EVENT, NOT_LEADER
+from foldplane.coordinator.fold.machine import Coordinator
+from foldplane.eventlog import InvalidRecord, NewRecord
+from foldplane.eventlog.record import decode_payload, validate
+from foldplane.wire.codes import INVALID_EVENT, NOT_LEADER
 
 # -- what an input gets back ------------------------------------------------------------------
 

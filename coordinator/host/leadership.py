@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import asyncpg
 
-from eventlog.target import PostgresTarget
+from foldplane.eventlog.target import PostgresTarget
 
 _CLAIM = """
 WITH claimed AS (

@@ -36,11 +36,12 @@ from typing import Any, Protocol
 
 import msgspec
 
-from coordinator.fold.effects import Effect, Proposal
-from coordinator.fold.heartbeats import HeartbeatBuffer
-from coordinator.fold.machine import Coordinator
-from coordinator.host.batching import MAX_BATCH, Admission, decisions_first, take_batch
-from coordinator.host.inputs import (
+from foldplane.coordinator.fold.effects import Effect, Proposal
+from foldplane.coordinator.fold.heartbeats import HeartbeatBuffer
+from foldplane.coordinator.fold.machine import Coordinator
+from foldplane.coordinator.host.batching import MAX_BATCH, Admission, decisions_first, take_batch
+from foldplane.coordinator.host.decisions import say
+from foldplane.coordinator.host.inputs import (
     Appended,
     Beats,
     Existing,
@@ -52,17 +53,25 @@ from coordinator.host.inputs import (
     Reply,
     queue_submission,
 )
-from coordinator.host.journal import UpdateJournals
-from coordinator.host.metrics import HostMetrics
-from coordinator.host.pacing import PollPacing
-from coordinator.host.polls import UpdatesAnswer, resync_answer
-from coordinator.host.ready import HostState, Ready, ReadyBuilder, publish
-from coordinator.host.rows import ProjectionRows
-from coordinator.host.snapshots import CONSUMER, SNAPSHOT_FORMAT, Snapshots, restore_state
-from coordinator.host.ticks import Ticker
-from eventlog import Log, LogError, NewRecord, Record, StaleTermError, open_log
-from eventlog.record import READ_PAGE, Encoded
-from wire.codes import CLOSED, FOLD_FAILED, LOG_UNAVAILABLE, NOT_LEADER, TERMINAL
+from foldplane.coordinator.host.journal import UpdateJournals
+from foldplane.coordinator.host.metrics import HostMetrics
+from foldplane.coordinator.host.pacing import PollPacing
+from foldplane.coordinator.host.polls import UpdatesAnswer, resync_answer
+from foldplane.coordinator.host.ready import HostState, Ready, ReadyBuilder, publish
+from foldplane.coordinator.host.rows import ProjectionRows
+from foldplane.coordinator.host.snapshots import (
+    CONSUMER,
+    SNAPSHOT_BEATS,
+    SNAPSHOT_EVERY,
+    SNAPSHOT_FORMAT,
+    SNAPSHOT_INTERVAL_S,
+    Snapshots,
+    restore_state,
+)
+from foldplane.coordinator.host.ticks import Ticker
+from foldplane.eventlog import Log, LogError, NewRecord, Record, StaleTermError, open_log
+from foldplane.eventlog.record import READ_PAGE, Encoded
+from foldplane.wire.codes import CLOSED, FOLD_FAILED, LOG_UNAVAILABLE, NOT_LEADER, TERMINAL
 
 __all__ = [
     "CONSUMER",
@@ -149,8 +158,9 @@ class Host:
         state: HostState,
         *,
         projected: int,
-        snapshot_every: int = 20_000,
-        snapshot_interval_s: float = 30.0,
+        snapshot_every: int = SNAPSHOT_EVERY,
+        snapshot_beats: int = SNAPSHOT_BEATS,
+        snapshot_interval_s: float = SNAPSHOT_INTERVAL_S,
         max_batch: int = MAX_BATCH,
         poll_release: int = 8,
         poll_spread: int = 8,
@@ -173,6 +183,7 @@ class Host:
             self.metrics,
             offset=machine.offset,
             every=snapshot_every,
+            beats=snapshot_beats,
             interval_s=snapshot_interval_s,
         )
         self.pacing = PollPacing(release=poll_release, spread=poll_spread)
@@ -538,7 +549,7 @@ class Host:
             return  # the inputs were answered with why
         offsets, records = appended
         try:
-            ready = self._step(records)
+            ready = self._step(records, live=True)
             await self._carry_out(ready)
         except Exception:
             for item in accepted:
@@ -550,9 +561,9 @@ class Host:
     async def _next_batch(self) -> list[Input] | None:
         """Answer (a share of) the woken long polls, wait for inputs or for buffered beats to
         fall due, and take one batch; None when nothing is to be appended yet."""
-        if self.journals.releasing:
-            self.pacing.answer(self.journals, inputs_waiting=bool(self.queue))
         beats_due = self.admission.beats.deadline()
+        if self.journals.releasing:
+            self.pacing.answer(self.journals, inputs_waiting=self._next_turn_at_once(beats_due))
         if beats_due is None:
             await self._has_input.wait()
         else:
@@ -568,6 +579,16 @@ class Host:
         if batch or (beats_due is not None and asyncio.get_running_loop().time() >= beats_due):
             return batch
         return None
+
+    def _next_turn_at_once(self, beats_due: float | None) -> bool:
+        """Whether the loop takes its next batch without waiting: an input that woke it is
+        queued, or buffered beats are due. Beats queued without waking it (``_enqueue``) do not
+        count: they wait for their shared record anyway, and a share of the woken polls held
+        back for them would wait with them, up to ``heartbeat_flush_s``, with nothing served
+        in between (a committed view reaching most hosts a flush late)."""
+        if self._has_input.is_set():
+            return True
+        return beats_due is not None and asyncio.get_running_loop().time() >= beats_due
 
     async def _append(self, accepted: list[Input]) -> tuple[list[int], list[Record]] | None:
         """Append the admitted inputs in one batch: their offsets and the records to fold
@@ -602,8 +623,9 @@ class Host:
             records = await self._read_through(offsets[-1])
         return offsets, records
 
-    def _step(self, records: Sequence[Record]) -> Ready:
-        """Step the fold over durable records, in offset order: their effects as one Ready."""
+    def _step(self, records: Sequence[Record], *, live: bool = False) -> Ready:
+        """Step the fold over durable records, in offset order: their effects as one Ready.
+        ``live``: inputs decided now, whose decisions are logged (not a catch-up's)."""
         effects: list[Effect] = []
         step = self.machine.step
         for rec in records:
@@ -617,6 +639,8 @@ class Host:
                 )
                 raise
         last = records[-1].offset if records else self._applied
+        if live:
+            say(effects)
         return self.ready_builder.ready(last, effects, projected=self.projections.projected)
 
     async def _carry_out(self, ready: Ready) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from coordinator.host.journal import UpdateJournals
+from foldplane.coordinator.host.journal import UpdateJournals
 
 
 class PollPacing:
@@ -10,10 +10,11 @@ class PollPacing:
 
     A view change wakes every agent host's long poll of its group at once (twice: prepare,
     then commit), and each answer brings back an ACK request and the next poll. While other
-    inputs are queued, that burst is spread over the next ``spread`` batches, at least
-    ``release`` polls a batch, oldest first, so the heartbeats queued meanwhile are served
-    between its parts instead of behind all of it; with nothing queued, every woken poll is
-    answered at once.
+    inputs wait to be taken at once, that burst is spread over the next ``spread`` batches, at
+    least ``release`` polls a batch, oldest first, so the inputs queued meanwhile are served
+    between its parts instead of behind all of it; otherwise every woken poll is answered at
+    once. The host says which (``Host._next_turn_at_once``): heartbeats that wait for their
+    shared record do not count, since no batch follows until they are due.
     """
 
     def __init__(self, *, release: int = 8, spread: int = 8) -> None:

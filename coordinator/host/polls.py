@@ -8,9 +8,9 @@ from dataclasses import dataclass
 
 import msgspec
 
-from coordinator.fold.machine import Coordinator
-from coordinator.host.journal import Update, UpdateJournals, decoded, encoded
-from coordinator.host.ready import HostState
+from foldplane.coordinator.fold.machine import Coordinator
+from foldplane.coordinator.host.journal import Update, UpdateJournals, decoded, encoded
+from foldplane.coordinator.host.ready import HostState
 
 
 @dataclass(frozen=True, slots=True)

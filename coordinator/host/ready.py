@@ -12,13 +12,15 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from coordinator.fold.effects import (
+from foldplane.coordinator.fold.effects import (
     AssignmentChanged,
     Effect,
     EpochCompleted,
     EpochPlanned,
     GroupCreated,
+    GroupEnded,
     GroupFailed,
+    PartSent,
     Proposal,
     ProposalResolved,
     RankState,
@@ -30,8 +32,8 @@ from coordinator.fold.effects import (
     ViewCommitted,
     ViewPrepare,
 )
-from coordinator.fold.machine import Coordinator
-from coordinator.fold.projections import (
+from foldplane.coordinator.fold.machine import Coordinator
+from foldplane.coordinator.fold.projections import (
     data_assignment_update,
     data_assignment_updates,
     data_moves_update,
@@ -44,9 +46,9 @@ from coordinator.fold.projections import (
     shutdown_update,
     transfer_update,
 )
-from coordinator.host.journal import Update, UpdateJournals
-from eventlog import ProjectionRow
-from wire.protocol import View, prepare_update, view_update
+from foldplane.coordinator.host.journal import Update, UpdateJournals
+from foldplane.eventlog import ProjectionRow
+from foldplane.wire.protocol import View, prepare_update, view_update
 
 #: A projection row's identity: (kind, group, seq).
 RowKey = tuple[str, str, int]
@@ -244,6 +246,20 @@ class ReadyBuilder:
         to its own part; a resync sends the parts instead)."""
         ready.updates.append((effect.group, None, data_moves_update(effect)))
 
+    def _part_sent(self, effect: PartSent, ready: Ready) -> None:
+        """A new incarnation's part, whole, on its own journal (after the decisions it may
+        read first: the part stands for them and for its predecessors' reports)."""
+        update = data_assignment_update(
+            group=effect.group,
+            rank=effect.rank,
+            epoch=effect.epoch,
+            assignment=effect.assignment,
+            processed=effect.processed,
+            remaining=effect.remaining,
+            offset=effect.offset,
+        )
+        ready.updates.append((effect.group, effect.rank, update))
+
     def _epoch_completed(self, effect: EpochCompleted, ready: Ready) -> None:
         update = epoch_complete_update(effect)
         self.state.latest.setdefault(effect.group, {})["epoch_end"] = update
@@ -280,7 +296,8 @@ class ReadyBuilder:
         self.state.world_sizes[effect.group] = size
         ready.world_sizes[effect.group] = size
 
-    def _group_failed(self, effect: GroupFailed, ready: Ready) -> None:
+    def _group_failed(self, effect: GroupFailed | GroupEnded, ready: Ready) -> None:
+        # a group that failed to form or was ended has no change in flight any more
         self.state.in_flight.pop(effect.group, None)
 
 
@@ -306,9 +323,11 @@ _CARRY: dict[type[Effect], Callable[[ReadyBuilder, Any, Ready], None]] = {
     Refused: ReadyBuilder._refused,
     GroupCreated: ReadyBuilder._group_created,
     GroupFailed: ReadyBuilder._group_failed,
+    GroupEnded: ReadyBuilder._group_failed,
     EpochPlanned: ReadyBuilder._epoch_planned,
     AssignmentChanged: ReadyBuilder._moves,
     EpochCompleted: ReadyBuilder._epoch_completed,
+    PartSent: ReadyBuilder._part_sent,
     RefitEpochChanged: ReadyBuilder._refit_epoch,
     TransferChanged: ReadyBuilder._transfer,
     RefitBootstrap: ReadyBuilder._refit_bootstrap,

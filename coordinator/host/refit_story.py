@@ -19,13 +19,18 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from coordinator.fold.effects import RefitCreated, RefitEpochChanged, Refused, TransferChanged
-from coordinator.fold.machine import Coordinator
-from coordinator.fold.reasons import abridged, ranks_text
-from coordinator.fold.refits import ADMITTED, TIMED_OUT, WAITING, Refit
-from coordinator.host.replay import CompactedLog, find_start
-from eventlog import READ_PAGE, Log, Record, open_log
-from wire.codes import COMPACTED, UNKNOWN_REFIT
+from foldplane.coordinator.fold.effects import (
+    RefitCreated,
+    RefitEpochChanged,
+    Refused,
+    TransferChanged,
+)
+from foldplane.coordinator.fold.machine import Coordinator
+from foldplane.coordinator.fold.reasons import abridged, ranks_text
+from foldplane.coordinator.fold.refits import ADMITTED, TIMED_OUT, WAITING, Refit
+from foldplane.coordinator.host.replay import CompactedLog, find_start
+from foldplane.eventlog import READ_PAGE, Log, Record, open_log
+from foldplane.wire.codes import COMPACTED, UNKNOWN_REFIT
 
 #: Joins and reports kept before each decision.
 EVIDENCE_LIMIT = 32
@@ -301,7 +306,7 @@ async def refit_story_of(
 
 async def refit_story_from(target: str, name: str, *, until: int | None = None) -> dict[str, Any]:
     """:func:`refit_story_of` on the log at ``target`` (a path or URL), opened and closed here."""
-    log = await open_log(target)
+    log = await open_log(target, read_only=True)
     try:
         return await refit_story_of(log, name, until=until)
     finally:

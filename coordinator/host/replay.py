@@ -34,9 +34,9 @@ from typing import Any
 
 import msgspec
 
-from coordinator.fold.effects import Effect, View, ViewCommitted
-from coordinator.fold.machine import Coordinator
-from coordinator.fold.projections import (
+from foldplane.coordinator.fold.effects import Effect, View, ViewCommitted
+from foldplane.coordinator.fold.machine import Coordinator
+from foldplane.coordinator.fold.projections import (
     DELTA_FROM,
     PROJECTION_KINDS,
     ViewRowError,
@@ -45,9 +45,9 @@ from coordinator.fold.projections import (
     rows_for,
     view_doc,
 )
-from coordinator.host.snapshots import CONSUMER, decode_snapshot
-from coordinator.host.views import every_view, get_view, read_views
-from eventlog import READ_PAGE, Log, Record, RemovedRange, open_log
+from foldplane.coordinator.host.snapshots import CONSUMER, decode_snapshot
+from foldplane.coordinator.host.views import every_view, get_view, read_views
+from foldplane.eventlog import READ_PAGE, Log, Record, RemovedRange, open_log
 
 Key = tuple[str, str, int]
 
@@ -131,7 +131,7 @@ async def replay(
     docstring for where the fold starts. ``from_start`` insists on offset 1 and raises
     CompactedLog on a log that records were removed from. ``on_record`` (see
     :func:`replay_log`) sees every record folded and what the fold did with it."""
-    log = await open_log(target, create=False)
+    log = await open_log(target, read_only=True)
     try:
         return await replay_log(
             log,

@@ -17,8 +17,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from coordinator.fold.effects import Effect, Refused
-from eventlog.record import Record
+from foldplane.coordinator.fold.effects import Effect, Refused
+from foldplane.eventlog.record import Record
 
 #: The kinds retention may remove: liveness and evidence that, once folded into a snapshot,
 #: decided nothing on their own (a progress report whose step moved only a cursor is in the

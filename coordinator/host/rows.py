@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import logging
 
-from coordinator.host.ready import RowKey
-from coordinator.host.snapshots import CONSUMER
-from eventlog import Log, LogError, ProjectionRow
+from foldplane.coordinator.host.ready import RowKey
+from foldplane.coordinator.host.snapshots import CONSUMER
+from foldplane.eventlog import Log, LogError, ProjectionRow
 
 log = logging.getLogger("foldplane.host")
 

@@ -38,7 +38,7 @@ from collections import deque
 from collections.abc import Callable, Container, Iterable
 from typing import Any
 
-from coordinator.fold.effects import (
+from foldplane.coordinator.fold.effects import (
     OFFLINE,
     GroupCreated,
     GroupFailed,
@@ -50,17 +50,17 @@ from coordinator.fold.effects import (
     ViewCommitted,
     ViewPrepare,
 )
-from coordinator.fold.machine import Coordinator
-from coordinator.fold.reasons import ranks_text
-from coordinator.fold.state import GroupState
-from coordinator.host.epoch_story import Holding, epoch_entry, holding_of, part_summary
-from coordinator.host.refit_story import REFIT_INPUTS, refit_entries
-from coordinator.host.replay import CompactedLog, find_start
-from eventlog import READ_PAGE, Log, Record, open_log
-from wire import ranks as rank_sets
-from wire.codes import COMPACTED, RANK_OUT_OF_RANGE, UNKNOWN_GROUP
-from wire.protocol import links_down
-from wire.ranks import RankSetError
+from foldplane.coordinator.fold.machine import Coordinator
+from foldplane.coordinator.fold.reasons import ranks_text
+from foldplane.coordinator.fold.state import GroupState
+from foldplane.coordinator.host.epoch_story import Holding, epoch_entry, holding_of, part_summary
+from foldplane.coordinator.host.refit_story import REFIT_INPUTS, refit_entries
+from foldplane.coordinator.host.replay import CompactedLog, find_start
+from foldplane.eventlog import READ_PAGE, Log, Record, open_log
+from foldplane.wire import ranks as rank_sets
+from foldplane.wire.codes import COMPACTED, RANK_OUT_OF_RANGE, UNKNOWN_GROUP
+from foldplane.wire.protocol import links_down
+from foldplane.wire.ranks import RankSetError
 
 #: Evidence items (links reports, ACKs, fenced inputs) kept before each decision.
 EVIDENCE_LIMIT = 32
@@ -550,7 +550,7 @@ async def story_from(
     target: str, group: str, rank: int, *, until: int | None = None
 ) -> dict[str, Any]:
     """:func:`story_of` on the log at ``target`` (a path or URL), opened and closed here."""
-    log = await open_log(target)
+    log = await open_log(target, read_only=True)
     try:
         return await story_of(log, group, rank, until=until)
     finally:

@@ -22,8 +22,8 @@ from typing import Any
 
 import pytest
 
-from agent.client import CoordinatorClient
-from agent.launch import Launcher, WorkerExit
+from foldplane.agent.client import CoordinatorClient
+from foldplane.agent.launch import Launcher, WorkerExit
 from tests.conftest import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -76,7 +76,7 @@ def start_coordinator(tmp: Path, port: int | None = None, store_port: int = 0) -
     db = tmp / "log.db"
     log_path = tmp / "coordinator.log"
     process = subprocess.Popen(
-        [sys.executable, "-m", "coordinator", "serve", "--db", str(db), "--host", "127.0.0.1",
+        [sys.executable, "-m", "foldplane.coordinator", "serve", "--db", str(db), "--host", "127.0.0.1",
          "--port", str(port), "--store-port", str(store_port)],
         cwd=ROOT,
         stdout=subprocess.PIPE,

@@ -6,7 +6,7 @@ JSON line to ``<out>/<rank>-<incarnation>.jsonl``: ``{"cursor": c, "indices": [.
 leaves lines for every batch this process read, and the test keeps those the coordinator
 accepted as processed (its cursor for this incarnation reached ``c``).
 
-Arguments: ``OUT DATASET_SIZE BATCH SECONDS_PER_BATCH [LOADER_WORKERS]``. A replacement (it
+Arguments: ``OUT DATASET_SIZE BATCH SECONDS_PER_BATCH [LOADER_WORKERS [SEED]]``. A replacement (it
 starts while its rank is not active) says ``waiting`` once HEALTHY and proposes its own
 activation when the test writes a line to its stdin. Events on stdout, one JSON object a
 line: ``started``, ``waiting``, ``epoch`` (the plan is known), ``done``.
@@ -21,8 +21,8 @@ from pathlib import Path
 
 from torch.utils.data import DataLoader
 
-from agent import Agent
-from agent.data import ElasticSampler
+from foldplane.agent import Agent
+from foldplane.agent.data import ElasticSampler
 
 
 def emit(event: str, **fields: object) -> None:
@@ -37,6 +37,7 @@ def main() -> int:
         float(sys.argv[4]),
     )
     loader_workers = int(sys.argv[5]) if len(sys.argv) > 5 else 0
+    seed = int(sys.argv[6]) if len(sys.argv) > 6 else 11
     agent = Agent(heartbeat_interval_s=0.25, backend="gloo")
     agent.start()
     emit("started", rank=agent.rank, incarnation=agent.incarnation)
@@ -46,7 +47,7 @@ def main() -> int:
         emit("waiting")
         sys.stdin.readline()
         agent.activate_ranks([agent.rank], wait_s=60)
-    sampler = ElasticSampler(size, agent, seed=11, lookahead=8 * batch, grain=1)
+    sampler = ElasticSampler(size, agent, seed=seed, lookahead=8 * batch, grain=1)
     sampler.set_epoch(0)
     emit("epoch", epoch=0)
     loader = DataLoader(

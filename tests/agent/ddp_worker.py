@@ -1,15 +1,20 @@
 """A worker for the elastic DDP tests: a small float64 model, Adam, deterministic batches.
 
 Driven by one JSON command per line on stdin, one JSON event per line on stdout. Commands:
-``steps {n | until} [with_rank]`` (n training steps, or steps until ``until`` are committed, and
-in either case on until a committed step had ``with_rank`` among its members; one ``step`` event
-each), ``activate_self`` (wait until
+``steps {n | until} [with_rank] [stall_s, stall_steps]`` (n training steps, or steps until
+``until`` are committed, and in either case on until a committed step had ``with_rank`` among
+its members; one ``step`` event each; the first ``stall_steps`` of them sleep ``stall_s`` before
+the forward pass, in the training thread only), ``activate_self`` (wait until
 HEALTHY, then propose this rank's activation), ``wait_view {active}``, ``close``.
 
 Each ``step`` event carries what a test needs to check the step from outside: the batch's seed,
 the parameters the step started from, the gradients it used (the mean over the members, as DDP
 left them in ``.grad``), a digest of the parameters and the optimizer state afterwards, and the
 rank's last heal (from whom, at how many committed steps).
+
+With ``GPU_TEST_DEVICE=cuda:0`` in the environment (the GPU suite, ``tests/gpu``), the model
+and its batches live on that GPU and the gradients are averaged over NCCL; several ranks then
+share the GPU as ``tests/gpu/worker.py`` describes.
 """
 
 from __future__ import annotations
@@ -17,16 +22,20 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import json
+import os
 import sys
+import time
 import traceback
 from typing import Any
 
 import torch
 
-from agent import Agent
-from agent.ddp import DistributedDataParallel, ElasticOptimizer
+from foldplane.agent import Agent
+from foldplane.agent.ddp import DistributedDataParallel, ElasticOptimizer
 
 IN, HIDDEN, OUT, BATCH = 4, 3, 1, 8
+#: the GPU suite's device (None: the CPU, gloo)
+GPU = os.environ.get("GPU_TEST_DEVICE") or None
 
 
 def make_model(seed: int) -> torch.nn.Module:
@@ -44,7 +53,8 @@ def batch(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 def loss_of(model: torch.nn.Module, seed: int) -> torch.Tensor:
     x, y = batch(seed)
-    return torch.nn.functional.mse_loss(model(x), y)
+    device = next(model.parameters()).device
+    return torch.nn.functional.mse_loss(model(x.to(device)), y.to(device))
 
 
 def flat(tensors: list[torch.Tensor]) -> list[float]:
@@ -54,7 +64,7 @@ def flat(tensors: list[torch.Tensor]) -> list[float]:
 def digest(tensors: list[torch.Tensor]) -> str:
     h = hashlib.sha256()
     for t in tensors:
-        c = t.detach().contiguous()
+        c = t.detach().cpu().contiguous()
         h.update(ctypes.string_at(c.data_ptr(), c.numel() * c.element_size()))
     return h.hexdigest()
 
@@ -74,12 +84,21 @@ def emit(event: str, **fields: Any) -> None:
 
 def main() -> int:
     timeout_s = float(sys.argv[1]) if len(sys.argv) > 1 else 5.0
+    gpu: dict[str, Any] = {}
+    if GPU is not None:
+        from tests.gpu.worker import share_gpu
+
+        share_gpu(int(os.environ["RANK"]), os.environ["FOLDPLANE_INCARNATION"])
+        gpu = {"backend": "nccl", "device": GPU}
     agent = Agent(
-        heartbeat_interval_s=0.25, collective_timeout_s=timeout_s, p2p_timeout_s=timeout_s
+        heartbeat_interval_s=0.25, collective_timeout_s=timeout_s, p2p_timeout_s=timeout_s, **gpu
     ).start()
     rank = agent.rank
     pg = agent.process_group()
-    model = DistributedDataParallel(make_model(1000 + rank), pg)  # different on every rank
+    module = make_model(1000 + rank)  # different on every rank
+    if GPU is not None:
+        module = module.to(GPU)
+    model = DistributedDataParallel(module, pg)
     opt = ElasticOptimizer(model, torch.optim.Adam(model.parameters(), lr=0.05))
     emit("started", rank=rank, incarnation=agent.incarnation)
     iteration = 0
@@ -102,6 +121,8 @@ def main() -> int:
                     opt.zero_grad()
                     model.begin_step()  # pins the view (and heals) before we read the params
                     before = flat(list(model.parameters()))
+                    if done <= cmd.get("stall_steps", 0):  # a gray failure: alive, not stepping
+                        time.sleep(cmd["stall_s"])
                     loss = loss_of(model, seed)
                     loss.backward()
                     grads = flat([p.grad for p in model.parameters()])

@@ -18,8 +18,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-import agent.dataplane  # noqa: F401  (registers the "foldplane" backend)
-from agent.dataplane import PeerFailure
+import foldplane.agent.dataplane  # noqa: F401  (registers the "foldplane" backend)
+from foldplane.agent.dataplane import PeerFailure
 
 
 def emit(event: str, **fields: Any) -> None:

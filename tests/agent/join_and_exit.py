@@ -2,7 +2,7 @@
 
 ``python join_and_exit.py CODE [wait]``: joins as ``FOLDPLANE_RANK`` with
 ``FOLDPLANE_INCARNATION``, prints the coordinator's answer as one JSON line, waits for a line
-on stdin if asked, then leaves cleanly (``exit`` event) for code 0 or just exits with CODE.
+on stdin if asked (the line printed carries torchrun's variables as ``torchrun``), then leaves cleanly (``exit`` event) for code 0 or just exits with CODE.
 CODE ``abort`` leaves cleanly, then aborts (SIGABRT, as a gloo teardown can); ``abort-early``
 aborts without leaving. No torch: the launcher's behaviour does not depend on the data plane.
 """
@@ -30,7 +30,13 @@ def main() -> int:
     answer = httpx.post(
         f"{url}/agents/events", json={"events": [{"type": "join", **me}]}, headers=headers
     )
-    print(json.dumps({"status": answer.status_code, **answer.json()}), flush=True)
+    torchrun = {
+        k: os.environ.get(k) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
+    }
+    print(
+        json.dumps({"status": answer.status_code, **answer.json(), "torchrun": torchrun}),
+        flush=True,
+    )
     if sys.argv[2:] == ["wait"]:
         sys.stdin.readline()
     if code == 0:

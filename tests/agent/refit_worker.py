@@ -12,6 +12,9 @@ a key, generator ``RANK`` SIGKILLs itself in that transfer's first attempt, once
 open and before it moves a byte (the others are then mid-transfer); only once (a marker file in
 ``OUT``), so its replacement, started with the same arguments, lives. A replacement (its rank
 not active when it starts) activates itself once HEALTHY.
+
+With ``GPU_TEST_DEVICE=cuda:0`` (the GPU suite, ``tests/gpu``) the worlds are NCCL worlds and the
+shards live on that GPU; the six processes share it as ``tests/gpu/worker.py`` describes.
 """
 
 from __future__ import annotations
@@ -23,14 +26,16 @@ import signal
 import sys
 import zlib
 
-from agent import Agent
-from agent.refit import RefitError, RefitStore, empty_shards, local_shards, open_world
-from agent.refits import RefitEpochMoved, RefitRefused, TransferFailed
+from foldplane.agent import Agent
+from foldplane.agent.refit import RefitError, RefitStore, empty_shards, local_shards, open_world
+from foldplane.agent.refits import RefitEpochMoved, RefitRefused, TransferFailed
+from foldplane.wire.refit import MeshSpec, digest, make_plan, megatron_layout
 from tests.refit.worker import full_state, tensor_hash
-from wire.refit import MeshSpec, digest, make_plan, megatron_layout
 
 TRAINER = MeshSpec(name="trainer", size=2, tp=2)
 GENERATOR = MeshSpec(name="generator", size=4, tp=4)
+#: the GPU suite's device (None: the CPU, gloo worlds)
+GPU = os.environ.get("GPU_TEST_DEVICE") or None
 
 
 def emit(event: str, **fields: object) -> None:
@@ -42,7 +47,7 @@ def seed_of(key: str) -> int:
 
 
 def the_plan():
-    from agent.refit import roles_from_modules, tensors_of
+    from foldplane.agent.refit import roles_from_modules, tensors_of
     from tests.refit.worker import build_model
 
     model = build_model(0)
@@ -73,6 +78,11 @@ def _first(out_dir: str) -> bool:
 def main() -> int:
     out_dir, keys = sys.argv[1], sys.argv[2].split(",")
     die_at, victim = (sys.argv[3], int(sys.argv[4])) if len(sys.argv) > 4 else (None, -1)
+    if GPU is not None:
+        from tests.gpu.worker import share_gpu
+
+        share_gpu(int(os.environ["RANK"]), os.environ["FOLDPLANE_INCARNATION"])
+    world_backend = "gloo" if GPU is None else "nccl"
     agent = Agent(heartbeat_interval_s=0.25, backend="gloo")
     agent.start()
     side = "publisher" if agent.group == "train" else "subscriber"
@@ -89,7 +99,7 @@ def main() -> int:
     world, world_epoch = None, None
     for key in keys:
         while True:
-            make = (lambda: store.bootstrap("gloo")) if store else None
+            make = (lambda: store.bootstrap(world_backend)) if store else None
             # publisher slot 0 offers the bootstrap with its join: it comes with the admission
             admitted = client.join(slot=slot, digest=digest(plan), timeout=300, make_bootstrap=make)
             try:
@@ -104,15 +114,19 @@ def main() -> int:
                 if world is None or world.closed or world_epoch != admitted.epoch:
                     if world is not None:
                         world.close()
-                    world = open_world(plan, side, slot, boot, admitted.lanes, timeout_s=30)
+                    world = open_world(
+                        plan, side, slot, boot, admitted.lanes, timeout_s=30, device=GPU
+                    )
                     world_epoch = admitted.epoch
                 if (key, side, slot) == (die_at, "subscriber", victim) and _first(out_dir):
                     emit("dying", key=key, attempt=t.attempt)
                     os.kill(os.getpid(), signal.SIGKILL)
                 if side == "publisher":
                     tensors = local_shards(full_state(seed_of(key)), plan, side, slot)
+                    if GPU is not None:
+                        tensors = {n: v.to(GPU) for n, v in tensors.items()}
                 else:
-                    tensors = empty_shards(plan, side, slot)
+                    tensors = empty_shards(plan, side, slot, device=GPU or "cpu")
                 world.transfer(tensors)
                 client.report(t, ok=True)
                 client.wait_transfer(t, timeout=120)
@@ -122,7 +136,11 @@ def main() -> int:
                     with contextlib.suppress(RefitRefused):  # already failed, or moved on
                         client.report(t, ok=False, detail=str(exc))
                 continue
-            hashes = {n: tensor_hash(v) for n, v in tensors.items()} if side == "subscriber" else {}
+            hashes = (
+                {n: tensor_hash(v.cpu()) for n, v in tensors.items()}
+                if side == "subscriber"
+                else {}
+            )
             emit("transferred", key=key, attempt=t.attempt, epoch=t.epoch, hashes=hashes)
             break
     if world is not None:

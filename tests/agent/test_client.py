@@ -10,7 +10,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from agent.client import CoordinatorClient, CoordinatorUnavailable
+from foldplane.agent.client import CoordinatorClient, CoordinatorUnavailable
 from tests.conftest import free_port
 
 

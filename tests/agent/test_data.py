@@ -4,13 +4,14 @@ report progress, and the epoch ends exactly when every position was processed on
 from __future__ import annotations
 
 import threading
+import time
 from collections import Counter
 
 import pytest
 from torch.utils.data import DataLoader
 
-from agent import Agent
-from agent.data import ElasticSampler, EpochError
+from foldplane.agent import Agent
+from foldplane.agent.data import ElasticSampler, EpochError
 from tests.agent.conftest import Coordinator
 
 pytestmark = pytest.mark.timeout(180)
@@ -38,6 +39,20 @@ def read_all(sampler: ElasticSampler, out: list[int], batch: int = 16) -> None:
                 pending = []
         out.extend(pending)
         sampler.mark_processed(len(pending))
+
+
+def read_pass(sampler: ElasticSampler, out: list[int], batch: int = 16) -> None:
+    """One pass over what the rank holds, each batch marked processed as it is done."""
+    assert sampler.next_pass()
+    pending: list[int] = []
+    for index in sampler:
+        pending.append(index)
+        if len(pending) == batch:
+            out.extend(pending)
+            sampler.mark_processed(len(pending))
+            pending = []
+    out.extend(pending)
+    sampler.mark_processed(len(pending))
 
 
 def test_every_index_is_read_once_and_the_epoch_completes(coordinator: Coordinator) -> None:
@@ -123,3 +138,66 @@ def test_a_lookahead_smaller_than_the_loaders_prefetch_is_an_error_not_a_hang(
                 sampler.mark_processed(len(batch))
     finally:
         a.close()
+
+
+def test_the_replacement_of_a_rank_that_finished_its_part_starts_from_what_is_unclaimed(
+    coordinator: Coordinator,
+) -> None:
+    """Rank 2 reads its whole (small) part, the coordinator accepts it, and then its process
+    dies and a new incarnation takes its place in the same view (no auto-deactivation, so no
+    move tells the replacement how far its predecessor got). The replacement starts from its
+    predecessor's count, not the plan's cursor: it reads nothing twice, and the epoch ends
+    with every index read once."""
+    coordinator.create_group("finished", 3, auto_deactivate_on_failure=False)
+    ranks = agents(coordinator.url, "finished", [0, 1, 2])
+    replacement = None
+    try:
+        for a in ranks:
+            a.wait_for_view(timeout=60)
+        fields = {"seed": 5, "lookahead": 32, "split": "ratios", "partition_ratios": [1, 1, 0.1]}
+        samplers = [ElasticSampler(1000, a, wait_s=30, **fields) for a in ranks]
+        for s in samplers:
+            s.set_epoch(0)
+        read: list[list[int]] = [[], [], [], []]
+        read_pass(samplers[2], read[2])
+        held = len(read[2])
+        assert 0 < held < 100
+
+        def rank_2() -> dict:
+            status = coordinator.client.request("GET", "/groups/finished/epochs")
+            return next(r for r in status["ranks"] if r["rank"] == 2)
+
+        deadline = time.monotonic() + 30
+        while rank_2()["processed"] < held:  # the report of the part's end is in flight
+            assert time.monotonic() < deadline, rank_2()
+            time.sleep(0.02)  # pacing the watch of a real coordinator, not a stand-in for an event
+        # its process dies (a supervisor reports it) and a replacement joins
+        coordinator.client.report_death("finished", 2, ranks[2].incarnation)
+        replacement = agents(coordinator.url, "finished", [2])[0]
+        replacement.wait_for_state("HEALTHY", timeout=60)
+        after = ElasticSampler(1000, replacement, wait_s=30, **fields)
+        after.set_epoch(0)
+        assert after.processed == held  # its predecessor's count, not the plan's cursor
+        assert len(after) == 0  # and nothing of what it processed to read again
+        jobs = [(samplers[0], read[0]), (samplers[1], read[1]), (after, read[3])]
+        errors: list[BaseException] = []
+
+        def run(sampler: ElasticSampler, out: list[int]) -> None:
+            try:
+                read_all(sampler, out)
+            except BaseException as exc:  # noqa: BLE001 - reported by the test thread
+                errors.append(exc)
+
+        threads = [threading.Thread(target=run, args=job) for job in jobs]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert not errors, errors
+        everything = Counter(i for part in read for i in part)
+        assert sorted(everything) == list(range(1000)) and set(everything.values()) == {1}
+        assert rank_2()["processed"] == held
+        assert replacement.data.error is None
+    finally:
+        for a in [*ranks, *([replacement] if replacement else [])]:
+            a.close()

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import queue
 import subprocess
 import sys
@@ -25,11 +26,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
-from agent.launch import Launcher, WorkerExit
-from coordinator.fold.effects import Refused
-from coordinator.fold.machine import Coordinator as Fold
-from eventlog import open_log
+from foldplane.agent.launch import Launcher, WorkerExit
+from foldplane.coordinator.fold.effects import Refused
+from foldplane.coordinator.fold.machine import Coordinator as Fold
+from foldplane.coordinator.fold.partition import split_at
+from foldplane.eventlog import open_log
 from tests.agent.conftest import ROOT, Coordinator, _base_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -141,6 +144,45 @@ def accepted_cursors(db: Path, group: str) -> dict[tuple[int, str], int]:
     return asyncio.run(fold())
 
 
+def counted_indices(db: Path, group: str) -> dict[int, list[int]]:
+    """rank -> the dataset indices the fold counted processed for it at the epoch's end (its
+    sequence up to its cursor, through the epoch's permutation), folding the log with the real
+    fold."""
+
+    async def fold() -> Fold:
+        log = await open_log(db, create=False)
+        machine = Fold()
+        after = 0
+        try:
+            while page := await log.read(after, 5000):
+                for rec in page:
+                    machine.step(rec)
+                after = page[-1].offset
+        finally:
+            await log.close()
+        return machine
+
+    e = asyncio.run(fold()).epochs.epoch(group)
+    assert e is not None
+    perm = torch.randperm(e.plan.dataset_size, generator=torch.Generator().manual_seed(
+        e.plan.seed + e.plan.epoch))  # fmt: skip
+    out: dict[int, list[int]] = {}
+    for rank, h in e.holdings.items():
+        head = split_at(h.sequence, h.processed)[0]
+        out[rank] = [int(perm[p]) for start, n in head for p in range(start, start + n)]
+    return out
+
+
+def read_indices(out: Path) -> dict[int, set[int]]:
+    """rank -> every dataset index any process of that rank read (counted or not)."""
+    read: dict[int, set[int]] = {}
+    for path in out.glob("*.jsonl"):
+        rank = int(path.stem.split("-", 1)[0])
+        for line in path.read_text().splitlines():
+            read.setdefault(rank, set()).update(json.loads(line)["indices"])
+    return read
+
+
 def processed_indices(out: Path, accepted: dict[tuple[int, str], int]) -> Counter[int]:
     """Every index of a batch whose cursor the coordinator accepted from its incarnation."""
     seen: Counter[int] = Counter()
@@ -242,3 +284,75 @@ def test_a_loader_with_worker_processes_loses_and_repeats_nothing(
         return [first[1], first[2], first[3]]
 
     run(coordinator, tmp_path, "loader", script, loader_workers=1)
+
+
+DR_SIZE = 4_000
+DR_BATCH = 10
+DR_PACE_S = 0.04  # per batch: 100 batches a rank, about 4 s of reading with 4 ranks
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_a_rank_deactivated_and_activated_again_counts_only_what_it_read(
+    coordinator: Coordinator, tmp_path: Path, seed: int
+) -> None:
+    """The schedule of docs/data.md's promise "whatever the view history": 4 workers on
+    ``ElasticSampler`` under ``python -m agent.launch --replace-failed``; at about 23 % of the
+    epoch rank 0 is deactivated by proposal, at about 50 % activated again, its process running
+    throughout. At the end, every index is counted processed exactly once (the fold's parts)
+    and each was read by the rank it is counted for: a report made before the reassignment
+    is never credited to the share given after it."""
+    group = f"react{seed}"
+    out = tmp_path / group
+    out.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FOLDPLANE_")}
+    env.update(_base_env())
+    env["PYTHONPATH"] = str(ROOT)
+    launch = subprocess.Popen(
+        [sys.executable, "-m", "foldplane.agent.launch", "--coordinator", coordinator.url,
+         "--group", group, "--world-size", "4", "--nproc", "4", "--replace-failed",
+         str(WORKER), str(out), str(DR_SIZE), str(DR_BATCH), str(DR_PACE_S), "0", str(seed)],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    output: list[str] = []
+    reader = threading.Thread(
+        target=lambda: output.extend(launch.stdout or []), daemon=True
+    )  # the launcher's output, for the failure message
+    reader.start()
+
+    def processed() -> float:
+        with contextlib.suppress(Exception):
+            status = coordinator.client.request("GET", f"/groups/{group}/epochs")
+            return 1 - status["unprocessed"] / status["dataset_size"]
+        return 0.0
+
+    def wait_for(fraction: float) -> None:
+        deadline = time.monotonic() + 120
+        while processed() < fraction:
+            assert launch.poll() is None, "".join(output[-60:])
+            assert time.monotonic() < deadline, f"the epoch did not reach {fraction:.0%}"
+            time.sleep(0.02)  # pacing the watch of real processes, not a stand-in for an event
+
+    try:
+        wait_for(0.23)
+        off = coordinator.client.propose(group, "deactivate", [0], wait_s=30)
+        assert off["status"] == "applied", off
+        wait_for(0.50)
+        on = coordinator.client.propose(group, "activate", [0], wait_s=30)
+        assert on["status"] == "applied", on
+        assert launch.wait(timeout=180) == 0, "".join(output[-60:])
+    finally:
+        if launch.poll() is None:
+            launch.terminate()
+            launch.wait(timeout=30)
+    status = coordinator.client.request("GET", f"/groups/{group}/epochs")
+    assert status["status"] == "complete", status
+    counted = counted_indices(coordinator.db, group)
+    everything = [i for indices in counted.values() for i in indices]
+    assert sorted(everything) == list(range(DR_SIZE))  # counted exactly once
+    read = read_indices(out)
+    for rank, indices in sorted(counted.items()):
+        never = sorted(set(indices) - read.get(rank, set()))
+        assert never == [], f"rank {rank} is counted for {len(never)} indices it never read"
+    # rank 0 really read a share after its reactivation
+    views = [v["active_ranks"] for v in coordinator.history(group)]
+    assert [1, 2, 3] in views and views[-1] == [0, 1, 2, 3], views

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from agent.data import EpochTracker, Part
-from wire.data import PartMismatch, apply_moves
+from foldplane.agent.data import EpochTracker, Part
+from foldplane.wire.data import PartMismatch, apply_moves
 
 PLAN = {"type": "epoch_plan", "epoch": 0, "lookahead": 10, "grain": 1, "seed": 0}
 

@@ -121,6 +121,29 @@ def drain(w, rank: int) -> list[dict]:
             out.append({**e, "rank": rank})
 
 
+def kill_rank_3_and_heal(w, until: int, until_healed: int) -> tuple[list, dict, dict]:
+    """Everyone trains towards ``until`` committed steps; rank 3 is SIGKILLed after two of them.
+    Its replacement asks to be activated, then trains; the survivors keep training meanwhile,
+    past ``until_healed`` if they get there first, until a step with the replacement has
+    committed (stopping earlier would leave it alone in its first view, waiting for them).
+    Returns the victim's events, the survivors' until ``until``, and everyone's after."""
+    w.send([0, 1, 2, 3], "steps", until=until)
+    w.expect(3, "step", timeout=120)
+    victim = [{**w.expect(3, "step", timeout=120), "rank": 3}]
+    w.launcher.kill(3)
+    assert w.exits.get(timeout=30).returncode == -9
+    victim += drain(w, 3)
+    survivors = {r: collect(w, r, until) for r in (0, 1, 2)}
+    w.spawn(3)
+    w.expect(3, "started", timeout=120)
+    w.send([3], "activate_self")
+    w.send([3], "steps", until=until_healed)
+    w.send([0, 1, 2], "steps", until=until_healed, with_rank=3)
+    assert w.expect(3, "proposal", timeout=120)["status"] == "applied"
+    healed = {r: collect(w, r, until_healed, exact=False) for r in range(4)}
+    return victim, survivors, healed
+
+
 @pytest.mark.slow
 def test_ddp_survives_a_sigkill_and_a_replacement_heals_to_identical_state(workers, coordinator):
     w = workers("ddpkill", 4, script=DDP_WORKER)
@@ -131,25 +154,7 @@ def test_ddp_survives_a_sigkill_and_a_replacement_heals_to_identical_state(worke
     for step in first_steps:
         check_step({r: {**e, "rank": r} for r, e in step.items()})
 
-    # Everyone trains towards 12 committed steps; rank 3 is SIGKILLed after two of them.
-    w.send([0, 1, 2, 3], "steps", until=12)
-    w.expect(3, "step")
-    victim = [{**w.expect(3, "step"), "rank": 3}]
-    w.launcher.kill(3)
-    assert w.exits.get(timeout=30).returncode == -9
-    victim += drain(w, 3)
-    survivors = {r: collect(w, r, 12) for r in (0, 1, 2)}
-
-    # The replacement asks to be activated, then trains; the survivors keep training meanwhile,
-    # past 24 steps if they get there first, until a step with the replacement has committed
-    # (stopping earlier would leave it alone in its first view, waiting for them).
-    w.spawn(3)
-    w.expect(3, "started")
-    w.send([3], "activate_self")
-    w.send([3], "steps", until=24)
-    w.send([0, 1, 2], "steps", until=24, with_rank=3)
-    assert w.expect(3, "proposal", timeout=120)["status"] == "applied"
-    healed = {r: collect(w, r, 24, exact=False) for r in range(4)}
+    victim, survivors, healed = kill_rank_3_and_heal(w, 12, 24)
 
     events = victim + [e for r in survivors for e in survivors[r]]
     events += [e for r in healed for e in healed[r]]

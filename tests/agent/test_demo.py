@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from foldplane.coordinator.demo import WAIT_NOTE_S
 from tests.agent.conftest import ROOT
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -17,7 +18,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 def test_the_demo_tells_the_whole_story_and_its_log_replays():
     demo = subprocess.run(
-        [sys.executable, "-m", "coordinator", "demo"],
+        [sys.executable, "-m", "foldplane.coordinator", "demo"],
         cwd=ROOT, capture_output=True, text=True, timeout=240,
     )  # fmt: skip
     out = demo.stdout
@@ -35,10 +36,18 @@ def test_the_demo_tells_the_whole_story_and_its_log_replays():
     assert re.search(
         r"proposal \d+: applied in view 3; an identical proposal \d+: applied in view 3", out
     )
+    # while the workers start (importing torch) the demo says what it waits for every few
+    # seconds: from the launch to view 1 no silence is longer than two notes' interval
+    lines = re.findall(r"^\[\s*([0-9.]+)s\] (.*)$", out, re.M)
+    start = next(i for i, (_, text) in enumerate(lines) if text.startswith("2. group"))
+    formed = next(i for i, (_, text) in enumerate(lines) if "view 1 committed" in text)
+    stamps = [float(t) for t, _ in lines[start : formed + 1]]
+    gaps = [b - a for a, b in zip(stamps, stamps[1:], strict=False)]
+    assert max(gaps) < 2 * WAIT_NOTE_S + 2.0, (gaps, out)
 
     try:
         replay = subprocess.run(
-            [sys.executable, "-m", "coordinator", "replay", str(db)],
+            [sys.executable, "-m", "foldplane.coordinator", "replay", str(db)],
             cwd=ROOT, capture_output=True, text=True, timeout=120,
         )  # fmt: skip
         assert replay.returncode == 0, replay.stdout + replay.stderr
@@ -51,7 +60,7 @@ def test_the_demo_refuses_to_overwrite_a_log(tmp_path: Path):
     db = tmp_path / "old.db"
     db.write_bytes(b"")
     demo = subprocess.run(
-        [sys.executable, "-m", "coordinator.demo", "--db", str(db)],
+        [sys.executable, "-m", "foldplane.coordinator.demo", "--db", str(db)],
         cwd=ROOT, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert demo.returncode == 2

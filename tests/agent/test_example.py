@@ -21,9 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.fold.effects import Refused
-from coordinator.fold.machine import Coordinator as Fold
-from eventlog import open_log
+from foldplane.coordinator.fold.effects import Refused
+from foldplane.coordinator.fold.machine import Coordinator as Fold
+from foldplane.eventlog import open_log
 from tests.agent.conftest import ROOT
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -79,7 +79,7 @@ def test_train_ddp_survives_a_kill_heals_the_replacement_and_ends_identical(coor
     record.mkdir()
     try:
         run = subprocess.run(
-            [sys.executable, "-m", "agent.launch", "--coordinator", coordinator.url,
+            [sys.executable, "-m", "foldplane.agent.launch", "--coordinator", coordinator.url,
              "--group", "train", "--world-size", "4", "--nproc", "4", "--replace-failed",
              "examples/train_ddp.py", "--epochs", "2", "--dataset-size", str(SIZE),
              "--workers", "1", "--kill-rank", "2", "--kill-at", "6", "--record", str(record)],
@@ -103,6 +103,14 @@ def test_train_ddp_survives_a_kill_heals_the_replacement_and_ends_identical(coor
     out = run.stdout
     assert run.returncode == 0, out
     assert "rank 2: SIGKILL at step 6" in out and "killed by SIGKILL" in out, out
+    # one numbering: killed after step 6 committed, each survivor skips step 7 (the batch goes
+    # again) and says so once, naming whom the failed operation blamed
+    skipped = re.findall(r"rank ([013]): step 7 of view 1 skipped on every member "
+                         r"\(failed ranks (\[\d*\])\)", out)  # fmt: skip
+    assert sorted(r for r, _ in skipped) == ["0", "1", "3"], out
+    assert any(hint == "[2]" for _, hint in skipped), out
+    assert "step skipped; hint" not in out  # the library's line is the one line
+    assert not re.search(r"rank \d+: [^\n]*rank \d+: ", out), out  # no two lines run together
     done = re.findall(
         r"rank (\d): done at step (\d+) \(joined at (\d+), \d+ skipped\); "
         r"loss ([0-9.]+|nan) -> ([0-9.]+|nan); params ([0-9a-f]+)",  # nan: it trained no batch
@@ -131,3 +139,36 @@ def test_train_ddp_survives_a_kill_heals_the_replacement_and_ends_identical(coor
     # the killed incarnation's file holds batches of epoch 0 it never reported: read again
     files = {p.stem.split("-")[0] for p in record.glob("*.jsonl")}
     assert files == {"0", "1", "2", "3"} and len(list(record.glob("2-*.jsonl"))) == 2
+
+
+def test_the_ddp_command_run_twice_against_one_coordinator(coordinator, tmp_path):
+    """The README's DDP command, run again against the same coordinator: the launcher refuses
+    at once (the group ran before; its history stays) and says what to do; under another
+    --group the same command runs, and the first run's views are still there."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FOLDPLANE_")}
+
+    def launch(group: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "foldplane.agent.launch", "--coordinator", coordinator.url,
+             "--group", group, "--world-size", "4", "--nproc", "4", "--replace-failed",
+             "examples/train_ddp.py", "--epochs", "1", "--dataset-size", "256",
+             "--workers", "0"],
+            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            timeout=240,
+        )  # fmt: skip
+
+    first = launch("train")
+    assert first.returncode == 0, first.stdout
+    assert "created group 'train'" in first.stdout, first.stdout
+    views = [v["version"] for v in coordinator.history("train")]
+
+    again = launch("train")
+    assert again.returncode == 2, again.stdout
+    assert "group 'train' ran before" in again.stdout, again.stdout
+    assert "start this run under another --group" in again.stdout, again.stdout
+    assert "rank 0" not in again.stdout  # no worker started
+
+    other = launch("train-2")
+    assert other.returncode == 0, other.stdout
+    assert re.search(r"rank 0: done at step \d+", other.stdout), other.stdout
+    assert [v["version"] for v in coordinator.history("train")] == views  # kept, untouched

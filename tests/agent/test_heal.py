@@ -14,7 +14,7 @@ import threading
 import pytest
 import torch
 
-from agent.heal import (
+from foldplane.agent.heal import (
     HealError,
     HealServer,
     Session,
@@ -27,7 +27,7 @@ from agent.heal import (
     split_pieces,
     split_tensors,
 )
-from wire.heal import (
+from foldplane.wire.heal import (
     LENGTH,
     OK,
     GetRequest,
@@ -163,7 +163,7 @@ class DyingSource:
         threading.Thread(target=self.serve, daemon=True).start()
 
     def serve(self) -> None:
-        from agent.heal import _recv_request, _send_blob
+        from foldplane.agent.heal import _recv_request, _send_blob
 
         conn, _ = self.listener.accept()
         session = Session(self.member.snapshot(self.member.steps))

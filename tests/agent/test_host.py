@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from agent import Agent, AgentStopped
-from agent.client import CoordinatorClient, CoordinatorUnavailable
+from foldplane.agent import Agent, AgentStopped
+from foldplane.agent.client import CoordinatorClient, CoordinatorUnavailable
 from tests.agent.conftest import Coordinator, start_coordinator, stop_coordinator
 from tests.conftest import free_port
 
@@ -174,7 +174,7 @@ def test_errors_name_what_is_wrong(monkeypatch, coordinator: Coordinator):
         ValueError, match=r"rank 5 is out of range for group 'small' \(world_size 2"
     ):
         Agent(coordinator.url, group="small", rank=5).start()
-    with pytest.raises(RuntimeError, match="unknown_group"):
+    with pytest.raises(RuntimeError, match=r"no group 'nope' at .* \(groups: small\)"):
         Agent(coordinator.url, group="nope", rank=0).start(timeout_s=0.3)
     agent = Agent(coordinator.url, group="small", rank=0)
     with pytest.raises(RuntimeError, match="call agent.start"):
@@ -189,7 +189,7 @@ def test_a_wrong_agent_token_stops_the_agent_with_forbidden(tmp_path: Path, monk
     try:
         operator = CoordinatorClient(secured.url, token="operator-token")
         operator.create_group("auth", 1)
-        from wire.auth import agent_token
+        from foldplane.wire.auth import agent_token
 
         wrong = agent_token("other-secret", "auth", 0)
         agent = Agent(secured.url, group="auth", rank=0, token=wrong).start()

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.launch import Launcher, Worker, WorkerExit, build_parser, main
+from foldplane.agent.launch import Launcher, Worker, WorkerExit, build_parser, main
 from tests.agent.conftest import ROOT, Coordinator
 
 pytestmark = pytest.mark.timeout(120)
@@ -191,9 +191,53 @@ def test_workers_get_the_launchers_relay_unless_it_is_turned_off(coordinator: Co
     assert build_parser().parse_args(["--nproc", "1", "x.py"]).no_relay is False
 
 
+def test_workers_get_torchruns_variables_and_a_replacement_keeps_its_local_rank(
+    coordinator: Coordinator,
+):
+    coordinator.create_group("torchrun", 8, heartbeat_timeout_s=600.0)
+    launch = launcher(
+        coordinator, "torchrun", ["0", "wait"], ranks=[4, 5, 7], stdin=subprocess.PIPE,
+        relay=False, world_size=8,
+    )  # fmt: skip
+    launch.start()
+    seen = {r: joined(launch, r)["torchrun"] for r in (4, 5, 7)}
+    assert seen == {
+        r: {"RANK": str(r), "WORLD_SIZE": "8", "LOCAL_RANK": str(i), "LOCAL_WORLD_SIZE": "3"}
+        for i, r in enumerate((4, 5, 7))
+    }
+    first = launch.worker(5)
+    first.process.kill()  # a death: the replacement takes the same local rank (the same GPU)
+    first.process.wait(timeout=30)
+    launch.replace(5)
+    assert joined(launch, 5)["torchrun"] == seen[5]
+    assert launch.worker(5).incarnation != first.incarnation
+    for r in (4, 5, 7):
+        stdin = launch.worker(r).process.stdin
+        assert stdin is not None
+        stdin.write(b"go\n")
+        stdin.flush()
+    launch.wait(timeout=30)
+    launch.stop()
+
+
+def test_the_command_line_sets_world_size_from_the_group_it_joins(coordinator: Coordinator):
+    coordinator.create_group("joined", 3, heartbeat_timeout_s=600.0)
+    cmd = [
+        sys.executable, "-m", "foldplane.agent.launch", "--coordinator", coordinator.url, "--group",
+        "joined", "--no-relay", "--ranks", "1,2", str(CHILD), "0",
+    ]  # fmt: skip
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, timeout=90)
+    assert done.returncode == 0, done.stderr.decode()
+    lines = [json.loads(x) for x in done.stdout.decode().splitlines() if x.startswith("{")]
+    assert sorted((x["torchrun"]["RANK"], x["torchrun"]["WORLD_SIZE"]) for x in lines) == [
+        ("1", "3"),
+        ("2", "3"),
+    ]
+
+
 def test_the_command_line_creates_the_group_and_runs_the_workers(coordinator: Coordinator):
     cmd = [
-        sys.executable, "-m", "agent.launch", "--coordinator", coordinator.url, "--group", "cli",
+        sys.executable, "-m", "foldplane.agent.launch", "--coordinator", coordinator.url, "--group", "cli",
         "--world-size", "2", "--nproc", "2", str(CHILD), "0",
     ]  # fmt: skip
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, timeout=90)
@@ -225,7 +269,9 @@ def test_command_line_errors_name_the_missing_piece(monkeypatch, capsys, argv, m
 def test_an_unreachable_coordinator_fails_the_command_line_before_starting_workers(capsys):
     from tests.conftest import free_port
 
-    argv = ["--coordinator", f"http://127.0.0.1:{free_port()}", "--group", "g", "--world-size",
-            "2", "--nproc", "2", str(CHILD), "0"]  # fmt: skip
+    url = f"http://127.0.0.1:{free_port()}"
+    argv = ["--coordinator", url, "--group", "g", "--world-size", "2", "--nproc", "2",
+            "--start-timeout", "1", str(CHILD), "0"]  # fmt: skip
     assert main(argv) == 2
-    assert "cannot create group 'g'" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert f"launch: no foldplane coordinator at {url}" in err and "after 1 s" in err, err

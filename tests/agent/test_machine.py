@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent.machine import (
+from foldplane.agent.machine import (
     BEATS,
     EVENTS,
     AgentConfig,
@@ -33,7 +33,7 @@ from agent.machine import (
     Tick,
     UpdatesReceived,
 )
-from wire.protocol import CAUSE_DEATH_REPORTED, View, prepare_update, view_update
+from foldplane.wire.protocol import CAUSE_DEATH_REPORTED, View, prepare_update, view_update
 
 INC = "inc-a"
 STORE = StoreAddress("127.0.0.1", 29500)
@@ -922,3 +922,45 @@ def test_the_same_store_address_with_a_new_id_is_another_store_and_the_data_plan
     # twin: the same store (same id) again moves nothing
     again = m.step(updates(store=StoreAddress("127.0.0.1", 29500, "second")))
     assert not any(isinstance(a, MoveDataPlane) for a in again)
+
+
+def links_of(actions: list) -> list[dict]:
+    return [e for e in sent(actions) if e["type"] == "links"]
+
+
+def test_a_failure_that_blames_nobody_is_reported_once_per_view_with_its_operations():
+    """Such a failure used to look like the empty report before it and was never sent; the
+    coordinator needs it to replace the view (``coordinator.fold.stalls``)."""
+    m = joined()
+    m.step(LinkEvidence(0.5, 1, {}))  # view 1 built: "reached every member"
+    [event] = links_of(m.step(LinkEvidence(1.0, 1, {}, (), (12, 11))))
+    assert (event["failed"], event["issued"], event["completed"]) == (1, 12, 11)
+    assert "reached" not in event and "down" not in event and "hint" not in event
+    assert links_of(m.step(LinkEvidence(1.1, 1, {}, (), (12, 11)))) == []  # the same failure
+    m.step(ok(1, 20, now=1.2))
+    [again] = links_of(m.step(LinkEvidence(2.0, 2, {}, (), (0, 0))))  # the retry view failed too
+    assert (again["failed"], again["issued"]) == (2, 0)
+
+
+def test_twin_a_failure_with_a_hint_carries_no_operation_counts():
+    m = joined()
+    [event] = links_of(m.step(LinkEvidence(1.0, 1, {0: "down"}, (0,), (12, 11))))
+    assert "failed" not in event and "issued" not in event
+
+
+def test_the_shutdown_directive_names_the_checkpoint_rank_and_views_carry_it():
+    m = joined()
+    m.step(updates(committed(40, 1, [0, 1, 2])))
+    assert m.view is not None and m.view.checkpoint_rank is None  # a view without one
+    named = {**committed(50, 2, [1, 2], base=m.view), "checkpoint_rank": 1}
+    m.step(updates(named))
+    assert m.view.checkpoint_rank == 1
+    u = {
+        "offset": 60,
+        "type": "shutdown_with_save",
+        "group": "g",
+        "reason": "max_failure_exceeded",
+        "detail": "2 failed",
+        "checkpoint_rank": 2,
+    }
+    assert ShutdownWithSave("max_failure_exceeded", "2 failed", 2) in m.step(updates(u))

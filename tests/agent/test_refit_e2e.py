@@ -21,10 +21,10 @@ from typing import Any
 
 import pytest
 
-from agent.launch import Launcher, WorkerExit
-from coordinator.fold.effects import TransferChanged
-from coordinator.fold.machine import Coordinator as Fold
-from eventlog import open_log
+from foldplane.agent.launch import Launcher, WorkerExit
+from foldplane.coordinator.fold.effects import TransferChanged
+from foldplane.coordinator.fold.machine import Coordinator as Fold
+from foldplane.eventlog import open_log
 from tests.agent.conftest import ROOT, Coordinator, _base_env
 from tests.agent.refit_worker import GENERATOR, seed_of, the_plan
 from tests.refit.worker import full_state, tensor_hash
@@ -136,7 +136,7 @@ def test_tp2_trainers_refit_tp4_generators_then_a_generator_dies_and_the_retry_c
         trainers.launcher.stop()
 
     plan = the_plan()
-    from agent.refit import local_shards
+    from foldplane.agent.refit import local_shards
 
     def expected(key: str, slot: int) -> dict[str, str]:
         full = full_state(seed_of(key))

@@ -18,10 +18,10 @@ from typing import Any
 import httpx
 import pytest
 
-from agent.client import CoordinatorClient
-from agent.relay import EventsRequest, Relay, with_token
+from foldplane.agent.client import CoordinatorClient
+from foldplane.agent.relay import EventsRequest, Relay, with_token
+from foldplane.wire.auth import agent_token
 from tests.agent.conftest import Coordinator, start_coordinator, stop_coordinator
-from wire.auth import agent_token
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -11,7 +11,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent.relay import (
+from foldplane.agent.relay import (
     EventsRequest,
     UpdateCache,
     split_results,

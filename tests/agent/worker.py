@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from agent import Agent
+from foldplane.agent import Agent
 
 
 def emit(event: str, **fields: Any) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.budget import budget, log_marks, phases
+from foldplane.benchmarks.budget import budget, log_marks, phases
 
 ORDER = ("sent", "appended", "acked", "ran")
 

@@ -30,8 +30,16 @@ class WorkerFailed(AssertionError):
 class Cluster:
     """Workers ``0..world_size-1``, each a real process with its own DataPlane."""
 
-    def __init__(self, world_size: int, options: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        world_size: int,
+        options: dict[str, Any] | None = None,
+        target: Any = worker.main,
+    ) -> None:
+        """``target(conn, rank, world_size, port, incarnation, options)`` is each worker's main
+        (``tests/gpu/worker.py`` has the GPU one)."""
         self.world_size = world_size
+        self.target = target
         self.options = {**TEST_OPTIONS, **(options or {})}
         self.store = TCPStore(
             "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=30)
@@ -48,7 +56,7 @@ class Cluster:
             parent, child = self._ctx.Pipe()
             inc = uuid.uuid4().hex
             proc = self._ctx.Process(
-                target=worker.main,
+                target=self.target,
                 args=(child, rank, self.world_size, self.store.port, inc, self.options),
                 daemon=True,
             )

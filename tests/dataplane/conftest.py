@@ -13,7 +13,7 @@ warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
 
 from torch.distributed import TCPStore  # noqa: E402
 
-from agent.dataplane import DataPlane  # noqa: E402
+from foldplane.agent.dataplane import DataPlane  # noqa: E402
 
 
 @pytest.fixture

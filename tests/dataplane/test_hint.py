@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent.dataplane.hint import HintPool, fill
+from foldplane.agent.dataplane.hint import HintPool, fill
 
 
 def test_buffers_are_preallocated_and_reused_without_allocation() -> None:

@@ -12,9 +12,9 @@ import pytest
 import torch
 from torch.distributed import ReduceOp
 
-from agent.dataplane import DataPlaneError, Work, keys
-from agent.dataplane.liveness import find_dead
-from agent.dataplane.poison import PoisonNotice
+from foldplane.agent.dataplane import DataPlaneError, Work, keys
+from foldplane.agent.dataplane.liveness import find_dead
+from foldplane.agent.dataplane.poison import PoisonNotice
 
 
 def test_an_inactive_rank_completes_every_op_locally_and_leaves_tensors_unchanged(
@@ -246,7 +246,7 @@ def test_a_closed_plane_refuses_ops_and_an_op_in_flight_raises(make_plane) -> No
 
 
 def test_constructor_refuses_bad_arguments(store) -> None:
-    from agent.dataplane import DataPlane
+    from foldplane.agent.dataplane import DataPlane
 
     with pytest.raises(ValueError, match=r"rank 4 is out of range 0..3"):
         DataPlane(4, 4, "127.0.0.1", store.port, incarnation="x")
@@ -263,7 +263,7 @@ def _os_threads() -> int:
 
 
 def test_retired_backends_are_released_so_views_do_not_accumulate_threads(make_plane) -> None:
-    from agent.dataplane.backend import drain_released
+    from foldplane.agent.dataplane.backend import drain_released
 
     dp = make_plane(rank=0, world_size=2)
     pg = dp.process_group()

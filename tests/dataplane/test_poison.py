@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from agent.dataplane.poison import PoisonNotice
+from foldplane.agent.dataplane.poison import PoisonNotice
 
 
 def test_a_notice_round_trips() -> None:

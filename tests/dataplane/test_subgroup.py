@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch.distributed import PrefixStore
 
-from agent.dataplane import DataPlaneError, keys
+from foldplane.agent.dataplane import DataPlaneError, keys
 
 
 def test_a_subgroup_of_two_of_three_ranks_runs_collectives_between_them(make_plane) -> None:

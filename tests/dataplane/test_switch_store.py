@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch.distributed import TCPStore
 
-from agent.dataplane import DataPlaneError, keys
+from foldplane.agent.dataplane import DataPlaneError, keys
 
 
 def _host_store() -> TCPStore:

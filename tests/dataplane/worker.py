@@ -24,7 +24,7 @@ def main(
     incarnation: str,
     options: dict[str, Any],
 ) -> None:
-    from agent.dataplane import DataPlane
+    from foldplane.agent.dataplane import DataPlane
 
     evidence: list[tuple[int, dict[int, str], list[int]]] = []
     dp = DataPlane(

@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 import asyncpg
 import pytest
 
-from eventlog import Log, open_log
+from foldplane.eventlog import Log, open_log
 
 
 def schema_url(pg_url: str, schema: str) -> str:

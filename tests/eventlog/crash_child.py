@@ -12,7 +12,7 @@ import os
 import random
 import sys
 
-from eventlog import NewRecord, open_log
+from foldplane.eventlog import NewRecord, open_log
 
 
 async def main(path: str, child: int) -> None:

@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from eventlog import ChecksumError, NewRecord, open_log
-from eventlog.codec import decode_rows
-from eventlog.record import FRAME_TAIL, Record, checksum, encode_payload, frame_body, seal
+from foldplane.eventlog import ChecksumError, NewRecord, open_log
+from foldplane.eventlog.codec import decode_rows
+from foldplane.eventlog.record import FRAME_TAIL, Record, checksum, encode_payload, frame_body, seal
 
 fields = st.tuples(
     st.integers(min_value=1, max_value=2**62),

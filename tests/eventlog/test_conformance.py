@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from eventlog import (
+from foldplane.eventlog import (
     MAX_PAYLOAD_BYTES,
     InvalidRecord,
     Log,
@@ -18,7 +18,7 @@ from eventlog import (
     StaleTermError,
     open_log,
 )
-from eventlog.record import Encoded, checksum, encode_payload, validate
+from foldplane.eventlog.record import Encoded, checksum, encode_payload, validate
 
 
 def hb(rank: int, i: int = 0, group: str = "train") -> NewRecord:
@@ -547,7 +547,7 @@ async def test_postgres_writer_recovers_from_a_lost_connection(pg_url: str, pg_s
 
 async def test_sqlite_writer_survives_a_failing_write(tmp_path, monkeypatch) -> None:
     """A write that blows up fails its own callers; the writer thread lives on."""
-    from eventlog import sqlite_writer
+    from foldplane.eventlog import sqlite_writer
 
     log = await open_log(tmp_path / "log.db")
     try:
@@ -601,7 +601,7 @@ async def test_sqlite_inserts_fit_an_old_sqlites_parameter_limit(tmp_path, monke
     """SQLite before 3.32 allows 999 parameters a statement: batches still go in whole."""
     import sqlite3
 
-    from eventlog import sqlite_writer
+    from foldplane.eventlog import sqlite_writer
 
     real = sqlite_writer.connect_writer
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from eventlog import ChecksumError, NewRecord, open_log
-from eventlog.target import parse_target
+from foldplane.eventlog import ChecksumError, NewRecord, open_log
+from foldplane.eventlog.target import parse_target
 
 
 def records() -> list[NewRecord]:

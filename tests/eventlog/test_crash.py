@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from eventlog import open_log
+from foldplane.eventlog import open_log
 
 CHILD = Path(__file__).with_name("crash_child.py")
 ROOT = Path(__file__).resolve().parents[2]

@@ -11,10 +11,10 @@ from zlib import crc32
 import asyncpg
 import pytest
 
-from eventlog import ChecksumError, LogError, NewRecord, SchemaTooNewError, open_log
-from eventlog.migrate import code_head, migrate_postgres, migrate_sqlite
-from eventlog.record import encode_payload
-from eventlog.target import PostgresTarget, parse_target
+from foldplane.eventlog import ChecksumError, LogError, NewRecord, SchemaTooNewError, open_log
+from foldplane.eventlog.migrate import code_head, migrate_postgres, migrate_sqlite
+from foldplane.eventlog.record import encode_payload
+from foldplane.eventlog.target import PostgresTarget, parse_target
 
 OLD_ROWS = [
     # seq, term, ts_ns, kind, grp, rank, payload
@@ -146,7 +146,7 @@ def test_revision_4_downgrades_to_the_old_columns_and_back(tmp_path: Path) -> No
     from alembic import command
     from sqlalchemy import create_engine
 
-    from eventlog.migrate import alembic_config
+    from foldplane.eventlog.migrate import alembic_config
 
     path = tmp_path / "log.db"
     asyncio.run(make_revision_1_log(str(path), damaged=True))

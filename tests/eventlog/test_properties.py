@@ -14,7 +14,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from eventlog import KINDS, Log, NewRecord
+from foldplane.eventlog import KINDS, Log, NewRecord
 
 json_values = st.recursive(
     st.none()

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from eventlog import LogError
-from eventlog.target import PostgresTarget, SqliteTarget, parse_target
+from foldplane.eventlog import LogError
+from foldplane.eventlog.target import PostgresTarget, SqliteTarget, parse_target
 
 
 @pytest.mark.parametrize(

@@ -6,9 +6,9 @@ from typing import Any
 
 import msgspec
 
-from coordinator.fold.effects import Effect, ViewCommitted, ViewPrepare
-from coordinator.fold.machine import Coordinator
-from eventlog.record import Record
+from foldplane.coordinator.fold.effects import Effect, ViewCommitted, ViewPrepare
+from foldplane.coordinator.fold.machine import Coordinator
+from foldplane.eventlog.record import Record
 
 S = 1_000_000_000
 T0 = 1_700_000_000 * S

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from coordinator.fold.effects import (
+from foldplane.coordinator.fold.effects import (
     OFFLINE,
     ProposalResolved,
     RankState,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from coordinator.fold.effects import ShutdownWithSave
+from foldplane.coordinator.fold.effects import ShutdownWithSave
 from tests.fold.script import Script, of, one
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from coordinator.fold.config import ConfigError, GroupConfig, failure_budget
+from foldplane.coordinator.fold.config import ConfigError, GroupConfig, failure_budget
 
 
 def test_defaults_suit_a_real_job():

@@ -7,15 +7,16 @@ from typing import Any
 
 import pytest
 
-from coordinator.fold.effects import (
+from foldplane.coordinator.fold.effects import (
     AssignmentChanged,
     EpochCompleted,
     EpochPlanned,
+    PartSent,
     Refused,
 )
-from coordinator.fold.epochs import complete_plan
-from coordinator.fold.machine import Coordinator
-from coordinator.fold.partition import covers_exactly
+from foldplane.coordinator.fold.epochs import complete_plan
+from foldplane.coordinator.fold.machine import Coordinator
+from foldplane.coordinator.fold.partition import covers_exactly
 from tests.fold.script import Script, of, one
 
 
@@ -190,6 +191,82 @@ def test_a_donor_report_against_the_assignment_before_the_move_is_stale() -> Non
     assert refused.code == "stale_assignment"
     assert f"shortened at assignment {fence}" in refused.message
     assert progress(s, 0, 150, assignment=fence) == []
+
+
+def test_a_report_from_before_a_deactivation_and_reactivation_is_never_credited_to_the_new_share() -> (
+    None
+):
+    """docs/data.md: a progress report is bound to the assignment it was made under. Rank 0
+    read to 60 under the first split, 57 were accepted, then it was deactivated (its part cut
+    at 57) and activated again (a new share appended): a late report of 60 against the part as
+    it was at the cut must not count 3 positions of the new share it never read."""
+    s = formed()
+    plan(s, lookahead=10)
+    for r in range(4):
+        progress(s, r, 57)
+    s.propose("deactivate", [0])
+    s.ack_all()
+    e = s.m.epochs.epoch("g")
+    cut = e.assignment
+    assert e.holdings[0].held == 57 and e.holdings[0].fence == cut
+    s.propose("activate", [0])
+    s.ack_all()
+    grown = e.assignment
+    assert grown == cut + 1 and e.holdings[0].held > 57
+    # before the cut: stale by the fence
+    assert one(progress(s, 0, 60, assignment=1), Refused).code == "stale_assignment"
+    # at the cut: the part then held 57; the 3 more are positions given at the reactivation
+    refused = one(progress(s, 0, 60, assignment=cut), Refused)
+    assert refused.code == "stale_assignment"
+    assert f"grew at assignment {grown} after its first 57 positions" in refused.message
+    assert e.holdings[0].processed == 57
+    # what it made under the part it holds now counts, and the same count again changes nothing
+    assert progress(s, 0, 60, assignment=grown) == []
+    assert progress(s, 0, 60, assignment=cut) == []
+    assert e.holdings[0].processed == 60
+    assert_covers(s.m)
+
+
+def test_growth_binds_only_reports_that_reach_into_it() -> None:
+    """A rank that was given more (a joiner's share, a reclaim) still has its reports against
+    the assignment before it accepted, up to what it held then."""
+    s = formed(world_size=2)
+    plan(s, split="throughput", lookahead=0)
+    progress(s, 1, 100, rate=100.0)
+    out = progress(s, 0, 500, rate=200.0)  # rank 0 ran dry and reclaimed from rank 1
+    changed = one(out, AssignmentChanged)
+    e = s.m.epochs.epoch("g")
+    assert e.holdings[0].grown == [(changed.assignment, 500)]
+    assert one(progress(s, 0, 501, assignment=1), Refused).code == "stale_assignment"
+    assert progress(s, 0, 501, assignment=changed.assignment) == []
+
+
+def test_a_replacement_of_a_rank_that_finished_its_part_is_sent_it_whole() -> None:
+    """Rank 2 reported its whole part and then died: no move says so, so its replacement is
+    sent its part as the fold holds it (everything processed), and its reports go on from
+    there; with its activation it takes a share of what is unclaimed."""
+    s = formed()
+    plan(s, lookahead=10)
+    progress(s, 2, 250)
+    for r in (0, 1, 3):
+        progress(s, r, 20)
+    kill(s, 2)
+    joined = s.join(2, incarnation="g-2-b")
+    sent = one(joined, PartSent)
+    e = s.m.epochs.epoch("g")
+    assert (sent.rank, sent.processed, sent.remaining) == (2, 250, ())
+    assert sent.assignment == e.assignment
+    s.links(2)
+    s.propose("activate", [2])
+    out = s.ack_all()
+    changed = one(out, AssignmentChanged)
+    assert {m.to_rank for m in changed.moves} == {2}
+    got = e.holdings[2].remaining
+    # its reports count on from its predecessor's
+    assert progress(s, 2, 250 + got, assignment=e.assignment) == []
+    assert_covers(s.m)
+    # the same incarnation joining again is not a new process: nothing is sent
+    assert of(s.join(2, incarnation="g-2-b"), PartSent) == []
 
 
 def test_reclaim_takes_from_the_slowest_tail_so_both_finish_together() -> None:

@@ -25,12 +25,12 @@ import msgspec
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from coordinator.fold.effects import Effect, EpochCompleted, Refused
-from coordinator.fold.epochs import complete_plan
-from coordinator.fold.partition import covers_exactly, split_at
-from coordinator.host.ready import HostState, ReadyBuilder
+from foldplane.coordinator.fold.effects import Effect, EpochCompleted, Refused
+from foldplane.coordinator.fold.epochs import complete_plan
+from foldplane.coordinator.fold.partition import covers_exactly, split_at
+from foldplane.coordinator.host.ready import HostState, ReadyBuilder
+from foldplane.wire.data import apply_moves
 from tests.fold.script import Script
-from wire.data import apply_moves
 
 N = 5
 

@@ -3,7 +3,7 @@ ever commits with empty ``active_ranks`` (when everyone leaves, the last view st
 
 from __future__ import annotations
 
-from coordinator.fold.effects import (
+from foldplane.coordinator.fold.effects import (
     OFFLINE,
     ProposalResolved,
     ShutdownWithSave,

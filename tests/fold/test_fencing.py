@@ -10,7 +10,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from coordinator.fold.fencing import (
+from foldplane.coordinator.fold.fencing import (
     beats_not_current,
     checked_refusal,
     current_ack,

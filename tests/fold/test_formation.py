@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from coordinator.fold.config import GroupConfig
-from coordinator.fold.effects import (
+from foldplane.coordinator.fold.config import GroupConfig
+from foldplane.coordinator.fold.effects import (
     GroupCreated,
     GroupFailed,
     ProposalResolved,

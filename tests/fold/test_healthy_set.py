@@ -8,7 +8,7 @@ import itertools
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from coordinator.fold.healthy_set import healthy_set
+from foldplane.coordinator.fold.healthy_set import healthy_set
 
 
 def brute_force(

@@ -5,8 +5,15 @@ from __future__ import annotations
 
 import json
 
-from coordinator.fold.effects import HEALTHY, OFFLINE, SYNCED, RankState, ViewCommitted, ViewPrepare
-from coordinator.fold.machine import Coordinator
+from foldplane.coordinator.fold.effects import (
+    HEALTHY,
+    OFFLINE,
+    SYNCED,
+    RankState,
+    ViewCommitted,
+    ViewPrepare,
+)
+from foldplane.coordinator.fold.machine import Coordinator
 from tests.fold.script import T0, S, Script, of, one
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from coordinator.fold.payloads import _check_each_peer, check_links
+from foldplane.coordinator.fold.payloads import _check_each_peer, check_links
 
 WORLD = 16
 

@@ -3,7 +3,7 @@ absorbing terminal states."""
 
 from __future__ import annotations
 
-from coordinator.fold.effects import (
+from foldplane.coordinator.fold.effects import (
     HEALTHY,
     ProposalAccepted,
     ProposalResolved,

@@ -11,9 +11,9 @@ from typing import Any
 
 from PIL import Image
 
-from coordinator.fold.effects import ViewCommitted
-from coordinator.fold.machine import Coordinator
-from coordinator.plot import (
+from foldplane.coordinator.fold.effects import ViewCommitted
+from foldplane.coordinator.fold.machine import Coordinator
+from foldplane.coordinator.plot import (
     ADMITTED_COLOUR,
     TRANSFER_COLOURS,
     EpochTimeline,

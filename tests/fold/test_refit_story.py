@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from coordinator.host.refit_story import RefitStoryBuilder, RefitStoryError
-from coordinator.host.story import StoryBuilder, format_story
+from foldplane.coordinator.host.refit_story import RefitStoryBuilder, RefitStoryError
+from foldplane.coordinator.host.story import StoryBuilder, format_story
 from tests.fold.script import Script
 from tests.fold.test_refits import (
     D1,
@@ -171,7 +171,7 @@ def test_explain_refit_prints_the_story_from_a_log_file(tmp_path):
     import subprocess
     import sys
 
-    from eventlog import NewRecord, open_log
+    from foldplane.eventlog import NewRecord, open_log
 
     s = scenario()
 
@@ -189,7 +189,7 @@ def test_explain_refit_prints_the_story_from_a_log_file(tmp_path):
 
     def explain(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, "-m", "coordinator", "explain", str(tmp_path / "refit.db"), *args],
+            [sys.executable, "-m", "foldplane.coordinator", "explain", str(tmp_path / "refit.db"), *args],
             capture_output=True,
             text=True,
             timeout=60,

@@ -9,15 +9,15 @@ from typing import Any
 import msgspec
 import pytest
 
-from coordinator.fold.effects import (
+from foldplane.coordinator.fold.effects import (
     RefitBootstrap,
     RefitCreated,
     RefitEpochChanged,
     Refused,
     TransferChanged,
 )
-from coordinator.fold.machine import Coordinator
-from coordinator.fold.refits import complete_spec
+from foldplane.coordinator.fold.machine import Coordinator
+from foldplane.coordinator.fold.refits import complete_spec
 from tests.fold.script import Script, of, one
 
 D1 = "a" * 64
@@ -217,6 +217,16 @@ def test_the_readiness_timeout_names_the_slots_that_never_joined() -> None:
     assert timed_out.status == "timed_out"
     assert timed_out.missing == ("subscriber slot 1", "subscriber slot 2")
     refused(join(s, "gen", 1), "refit_not_ready", "timed out", "subscriber slot 1")
+    # a transfer asked in the timed-out epoch is told who never joined, by the operator and by
+    # a publisher alike (docs/protocol.md: refit_not_ready names the missing slots)
+    for asked in (
+        s.record("transfer", None, None, {"refit": "rl", "key": "k"}),
+        event(s, "transfer", "train", 0, key="k"),
+    ):
+        refused(
+            asked, "refit_not_ready", "epoch 1", "timed out", "subscriber slot 1",
+            "subscriber slot 2", "never joined",
+        )  # fmt: skip
     # an operator's restart opens a new epoch
     out = s.at(12).record("refit_restart", None, None, {"refit": "rl", "reason": "gen 1 is up"})
     assert one(out, RefitEpochChanged).cause == "restarted by an operator: gen 1 is up"
@@ -369,6 +379,21 @@ def test_a_transfer_deadline_fails_it_and_moves_the_epoch() -> None:
     assert failed.status == "failed" and "timed out after 20 s" in failed.detail
     assert "publisher slot 1" in failed.detail and "publisher slot 0" not in failed.detail
     assert one(out, RefitEpochChanged).cause == "transfer 'step-1' attempt 1 timed out"
+
+
+def test_a_transfer_comes_from_a_publisher_or_the_operator_never_a_subscriber() -> None:
+    """docs/refit.md: a transfer comes from a publisher of the admitted epoch or the operator;
+    a subscriber waits for it to start."""
+    s = world()
+    join_all(s)
+    r = refused(event(s, "transfer", "gen", 0, key="k"), "not_refit_member", "subscriber slot 0")
+    assert "a transfer comes from a publisher of the admitted epoch or the operator" in r.message
+    assert s.m.refits.refit("rl").running is None
+    assert one(event(s, "transfer", "train", 1, key="k"), TransferChanged).status == "running"
+    s2 = world()
+    join_all(s2)
+    out = s2.record("transfer", None, None, {"refit": "rl", "key": "k"})
+    assert one(out, TransferChanged).status == "running"
 
 
 def test_a_transfer_needs_an_admitted_epoch_and_a_good_key() -> None:

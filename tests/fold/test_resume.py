@@ -3,7 +3,7 @@ on the ranks, so a restart longer than ``heartbeat_timeout_s`` loses nobody."""
 
 from __future__ import annotations
 
-from coordinator.fold.effects import (
+from foldplane.coordinator.fold.effects import (
     OFFLINE,
     ProposalResolved,
     RankState,

@@ -7,9 +7,9 @@ import json
 import msgspec
 import pytest
 
-from coordinator.fold.effects import Refused, ViewCommitted
-from coordinator.fold.machine import Coordinator
-from eventlog.record import Record
+from foldplane.coordinator.fold.effects import Refused, ViewCommitted
+from foldplane.coordinator.fold.machine import Coordinator
+from foldplane.eventlog.record import Record
 from tests.fold.script import T0, S, Script, one
 
 

@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from coordinator.fold.effects import (
+from foldplane.coordinator.fold.effects import (
     HEALTHY,
     OFFLINE,
     ProposalAccepted,
@@ -28,11 +28,11 @@ from coordinator.fold.effects import (
     ViewCommitted,
     ViewPrepare,
 )
-from coordinator.fold.machine import Coordinator
-from tests.fold.script import S, Script
-from wire.codes import (
+from foldplane.coordinator.fold.machine import Coordinator
+from foldplane.wire.codes import (
     TERMINAL,
 )
+from tests.fold.script import S, Script
 
 GROUPS = ("g", "h")
 ranks_st = st.integers(min_value=0, max_value=9)  # mapped into the group by pick()

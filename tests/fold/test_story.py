@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from coordinator.host.story import EVIDENCE_LIMIT, StoryBuilder, StoryError, format_story
+from foldplane.coordinator.host.story import EVIDENCE_LIMIT, StoryBuilder, StoryError, format_story
 from tests.fold.script import T0, S, Script
 
 

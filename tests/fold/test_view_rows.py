@@ -16,8 +16,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from coordinator.fold.effects import HEALTHY, OFFLINE, SYNCED, View, ViewCommitted
-from coordinator.fold.projections import (
+from foldplane.coordinator.fold.effects import HEALTHY, OFFLINE, SYNCED, View, ViewCommitted
+from foldplane.coordinator.fold.projections import (
     DELTA_FROM,
     VIEW_CHECKPOINT_EVERY,
     ViewFold,
@@ -29,7 +29,7 @@ from coordinator.fold.projections import (
     view_doc,
     view_row,
 )
-from eventlog import ProjectionRow
+from foldplane.eventlog import ProjectionRow
 from tests.fold.script import Script, of, one
 
 K = VIEW_CHECKPOINT_EVERY

@@ -22,8 +22,8 @@ from typing import Any
 
 import pytest
 
-from agent.fsdp import REPLICA_ID_ENV, SHARD_ENV, SHARDS_ENV
-from agent.launch import Launcher, WorkerExit
+from foldplane.agent.fsdp import REPLICA_ID_ENV, SHARD_ENV, SHARDS_ENV
+from foldplane.agent.launch import Launcher, WorkerExit
 from tests.agent.conftest import ROOT, Coordinator, _base_env, _read_events
 from tests.agent.conftest import coordinator as coordinator  # noqa: PLC0414 (the fixture)
 

@@ -21,7 +21,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
-import agent.dataplane  # noqa: F401  (registers the "foldplane" backend)
+import foldplane.agent.dataplane  # noqa: F401  (registers the "foldplane" backend)
 
 IN, HIDDEN, BATCH = 4, 8, 6
 

@@ -11,6 +11,10 @@ the backward pass of the first step begun with ``die_at`` steps committed, befor
 
 A ``step`` event carries the digests of this process's parameter shards and optimizer state
 after the step: the same on every replica for the same shard index.
+
+With ``GPU_TEST_DEVICE=cuda:0`` (the GPU suite, ``tests/gpu``) the model is sharded on that GPU:
+the shard group and the replicas' all-reduce run on NCCL, several processes sharing the GPU as
+``tests/gpu/worker.py`` describes.
 """
 
 from __future__ import annotations
@@ -28,11 +32,13 @@ from typing import Any
 import torch
 from torch.distributed.fsdp import FSDPModule, fully_shard
 
-from agent import Agent
-from agent.ddp import ElasticOptimizer
-from agent.fsdp import ElasticFSDP, environment, hsdp_mesh
+from foldplane.agent import Agent
+from foldplane.agent.ddp import ElasticOptimizer
+from foldplane.agent.fsdp import ElasticFSDP, environment, hsdp_mesh
 
 DIM, SEQ, BATCH = 16, 6, 4
+#: the GPU suite's device (None: the CPU, gloo)
+GPU = os.environ.get("GPU_TEST_DEVICE") or None
 
 
 class TinyTransformer(torch.nn.Module):
@@ -73,7 +79,7 @@ def batch(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
 def digest(tensors: list[torch.Tensor]) -> str:
     h = hashlib.sha256()
     for t in tensors:
-        c = (t.to_local() if hasattr(t, "to_local") else t).detach().contiguous()
+        c = (t.to_local() if hasattr(t, "to_local") else t).detach().cpu().contiguous()
         h.update(ctypes.string_at(c.data_ptr(), c.numel() * c.element_size()))
     return h.hexdigest()
 
@@ -94,8 +100,14 @@ def emit(event: str, **fields: Any) -> None:
 def main() -> int:
     timeout_s = float(sys.argv[1]) if len(sys.argv) > 1 else 5.0
     replica_id, shard, shards = environment()
+    gpu: dict[str, Any] = {}
+    if GPU is not None:
+        from tests.gpu.worker import share_gpu
+
+        share_gpu(int(os.environ["RANK"]), os.environ["FOLDPLANE_INCARNATION"])
+        gpu = {"backend": "nccl", "device": GPU}
     agent = Agent(
-        heartbeat_interval_s=0.25, collective_timeout_s=timeout_s, p2p_timeout_s=timeout_s
+        heartbeat_interval_s=0.25, collective_timeout_s=timeout_s, p2p_timeout_s=timeout_s, **gpu
     ).start()
     replica = agent.rank
     mesh = hsdp_mesh(agent, shards=shards, shard=shard, replica_id=replica_id)
@@ -122,6 +134,8 @@ def main() -> int:
                     seed = 100_000 * (replica * shards + shard) + iteration
                     opt.zero_grad()
                     x, y = batch(seed)
+                    if GPU is not None:
+                        x, y = x.to(GPU), y.to(GPU)
                     loss = torch.nn.functional.mse_loss(model(x), y)
                     loss.backward()
                     if cmd.get("die_at") is not None and model.committed_steps >= cmd["die_at"]:

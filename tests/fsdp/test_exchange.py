@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from agent.fsdp import ReplicaExchange
+from foldplane.agent.fsdp import ReplicaExchange
 
 
 def _open_all(shards: int, timeout_s: float = 10.0) -> list[ReplicaExchange]:

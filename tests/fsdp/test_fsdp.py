@@ -93,6 +93,34 @@ def check_agreed(events: list[dict], shards: int) -> None:
 
 
 @pytest.mark.slow
+def lose_replica_1_and_heal(
+    job, survivors: list, until: int, until_healed: int
+) -> tuple[list[dict], dict, dict]:
+    """Replica 1's processes SIGKILL themselves mid-step (5 steps committed) while the survivors
+    train to ``until``; a replacement replica then asks to be activated and everyone trains to
+    ``until_healed``. Returns the victims' events, the survivors' until then, and everyone's
+    after the replacement came."""
+    job.send(survivors, "steps", until=until)
+    job.send(job.keys([1]), "steps", until=until, die_at=5)
+    victims = []
+    for k in job.keys([1]):
+        victims += drain(job, k)
+        assert job.exits.get(timeout=60).returncode == -9
+    phase2 = {k: collect(job, k, until) for k in survivors}
+    job.start_replica(1)
+    newcomers = job.keys([1])
+    for k in newcomers:
+        job.expect(k, "started", timeout=120)
+    job.send(newcomers, "activate_self")
+    job.send(newcomers, "steps", until=until_healed)
+    job.send(survivors, "steps", until=until_healed, with_rank=1)
+    for k in newcomers:
+        assert job.expect(k, "proposal", timeout=120)["status"] == "applied"
+    everyone = job.keys()  # (replica, shard) pairs: a method of the job, not a dict
+    phase3 = {k: collect(job, k, until_healed) for k in everyone}
+    return victims, phase2, phase3
+
+
 def test_hsdp_survives_a_replica_sigkill_and_a_replacement_heals_bit_identical(hsdp, coordinator):
     job = hsdp("hsdpkill", 2, 2)
     keys = job.keys()
@@ -106,32 +134,15 @@ def test_hsdp_survives_a_replica_sigkill_and_a_replacement_heals_bit_identical(h
         assert_replicas_identical(step, 2)
 
     # Both processes of replica 1 SIGKILL themselves after the backward pass of the step that
-    # starts with 5 steps committed, before voting: that step cannot commit anywhere.
-    job.send(survivors, "steps", until=12)
-    job.send(job.keys([1]), "steps", until=12, die_at=5)
-    victims = []
-    for k in job.keys([1]):
-        victims += drain(job, k)
-        assert job.exits.get(timeout=60).returncode == -9
-    phase2 = {k: collect(job, k, 12) for k in survivors}
+    # starts with 5 steps committed, before voting: that step cannot commit anywhere. Then a
+    # replacement replica: new processes, a new shard group; each asks to be activated.
+    victims, phase2, phase3 = lose_replica_1_and_heal(job, survivors, 12, 24)
     for k, events in phase2.items():
         skipped = [e for e in events if not e["committed"]]
         assert skipped, f"{k}: the step the victims never voted on was not skipped: {events}"
         assert all(e["failed"] in ([], [1]) for e in skipped), skipped
         after = [e for e in events if e["committed"] and e["iteration"] > skipped[0]["iteration"]]
         assert after and all(e["members"] == [0] for e in after), events
-
-    # A replacement replica: new processes, a new shard group; each asks to be activated.
-    job.start_replica(1)
-    newcomers = job.keys([1])
-    for k in newcomers:
-        job.expect(k, "started", timeout=120)
-    job.send(newcomers, "activate_self")
-    job.send(newcomers, "steps", until=24)
-    job.send(survivors, "steps", until=24, with_rank=1)
-    for k in newcomers:
-        assert job.expect(k, "proposal", timeout=120)["status"] == "applied"
-    phase3 = {k: collect(job, k, 24) for k in keys}
 
     events = [{**e, "pid": 0} for e in victims]
     for k, evs in [*phase2.items(), *phase3.items()]:

@@ -22,8 +22,8 @@ from typing import Any
 import asyncpg
 import httpx
 
-from agent.client import CoordinatorUnavailable
-from coordinator.commands import serve_argv
+from foldplane.agent.client import CoordinatorUnavailable
+from foldplane.coordinator.commands import serve_argv
 from tests.conftest import PG_URL, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -205,7 +205,7 @@ def retrying(call: Callable[[], Any], timeout: float = 30.0) -> Any:
 def replay(schema: str) -> subprocess.CompletedProcess[str]:
     """``python -m coordinator replay``: a fold from scratch checked against the projections."""
     return subprocess.run(
-        [sys.executable, "-m", "coordinator", "replay", schema_url(schema)],
+        [sys.executable, "-m", "foldplane.coordinator", "replay", schema_url(schema)],
         cwd=ROOT,
         capture_output=True,
         text=True,

@@ -20,10 +20,10 @@ from typing import Any, TypeVar
 import httpx
 import pytest
 
-from agent.client import CoordinatorClient
-from agent.simhost import SimulatedCluster
+from foldplane.agent.client import CoordinatorClient
+from foldplane.agent.simhost import SimulatedCluster
+from foldplane.wire import ranks as rank_sets
 from tests.ha.cluster import Node, fetch, replay, retrying, wait_for
-from wire import ranks as rank_sets
 
 #: Real processes and real lease periods: about a minute for the three, so they run with the
 #: slow suites (the lease and replica rules run in-process in the default suite).

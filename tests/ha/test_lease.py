@@ -9,9 +9,9 @@ from collections.abc import AsyncIterator
 import asyncpg
 import pytest
 
-from coordinator.host.leadership import Lease, LeaseError, LeaseSettings
-from eventlog import open_log
-from eventlog.target import PostgresTarget, parse_target
+from foldplane.coordinator.host.leadership import Lease, LeaseError, LeaseSettings
+from foldplane.eventlog import open_log
+from foldplane.eventlog.target import PostgresTarget, parse_target
 from tests.conftest import PG_URL
 from tests.ha.cluster import drop_schema, new_schema, schema_url
 

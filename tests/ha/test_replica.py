@@ -9,10 +9,10 @@ from collections.abc import AsyncIterator, Callable
 
 import pytest
 
-from coordinator.host.leadership import LeaseSettings
-from coordinator.host.loop import CONSUMER, Appended, Host, HostUnavailable
-from coordinator.host.replica import NotLeader, Replica, open_host, open_replica
-from eventlog import NewRecord, open_log
+from foldplane.coordinator.host.leadership import LeaseSettings
+from foldplane.coordinator.host.loop import CONSUMER, Appended, Host, HostUnavailable
+from foldplane.coordinator.host.replica import NotLeader, Replica, open_host, open_replica
+from foldplane.eventlog import NewRecord, open_log
 from tests.ha.cluster import ROOT, drop_schema, new_schema, schema_url
 
 pytestmark = pytest.mark.postgres
@@ -129,7 +129,7 @@ async def test_a_sqlite_log_has_one_coordinator(tmp_path) -> None:
 
 def test_serve_refuses_lease_settings_that_cannot_work(tmp_path) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "coordinator", "serve", "--db", str(tmp_path / "log.db")]
+        [sys.executable, "-m", "foldplane.coordinator", "serve", "--db", str(tmp_path / "log.db")]
         + ["--lease-s", "1", "--lease-poll-s", "2"],
         cwd=ROOT,
         capture_output=True,

@@ -44,12 +44,12 @@ from typing import Any
 import msgspec
 import pytest
 
-from agent.client import CoordinatorClient, CoordinatorError, CoordinatorUnavailable
-from agent.simhost import SimulatedCluster
+from foldplane.agent.client import CoordinatorClient, CoordinatorError, CoordinatorUnavailable
+from foldplane.agent.simhost import SimulatedCluster
+from foldplane.wire import ranks as rank_sets
+from foldplane.wire.protocol import View
 from tests.ha.cluster import LEASE_S, Node, fetch, replay, retrying, wait_for
 from tests.ha.test_failover import Agents
-from wire import ranks as rank_sets
-from wire.protocol import View
 
 #: Group settings of the failover suite: failures show within seconds, a failover trips none.
 GROUP = {

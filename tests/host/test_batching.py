@@ -6,14 +6,14 @@ import asyncio
 from collections import deque
 from typing import Any
 
-from coordinator.fold.heartbeats import HeartbeatBuffer
-from coordinator.host.batching import Admission, decisions_first, take_batch
-from coordinator.host.inputs import Appended, Input, Refusal, Reply, queue_submission
-from coordinator.host.metrics import HostMetrics
-from eventlog import NewRecord
-from eventlog.record import validate
+from foldplane.coordinator.fold.heartbeats import HeartbeatBuffer
+from foldplane.coordinator.host.batching import Admission, decisions_first, take_batch
+from foldplane.coordinator.host.inputs import Appended, Input, Refusal, Reply, queue_submission
+from foldplane.coordinator.host.metrics import HostMetrics
+from foldplane.eventlog import NewRecord
+from foldplane.eventlog.record import validate
+from foldplane.wire import ranks as rank_sets
 from tests.fold.script import Script
-from wire import ranks as rank_sets
 
 
 def queued(*records: NewRecord, key: tuple[Any, ...] | None = None, at: float = 0.0) -> list[Input]:

@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
-from coordinator.host.journal import UpdateJournals
-from coordinator.host.pacing import PollPacing
+from foldplane.coordinator.host.journal import UpdateJournals
+from foldplane.coordinator.host.pacing import PollPacing
 
 
 async def woken(journals: UpdateJournals, n: int) -> list[asyncio.Future[None]]:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from coordinator.fold.effects import ProposalResolved, Refused, ViewCommitted, ViewPrepare
-from coordinator.host.journal import UpdateJournals, decoded
-from coordinator.host.ready import HostState, ReadyBuilder, publish
+from foldplane.coordinator.fold.effects import ProposalResolved, Refused, ViewCommitted, ViewPrepare
+from foldplane.coordinator.host.journal import UpdateJournals, decoded
+from foldplane.coordinator.host.ready import HostState, ReadyBuilder, publish
 from tests.fold.script import Script, of
 
 
@@ -105,7 +105,7 @@ def one_of(effects: list, cls: type):
 
 
 def test_a_view_change_sends_its_moves_once_and_a_resync_each_rank_its_whole_part() -> None:
-    from coordinator.fold.epochs import complete_plan
+    from foldplane.coordinator.fold.epochs import complete_plan
 
     script, effects = formed(world_size=4)
     builder = ReadyBuilder(HostState(), {})

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from coordinator.host.leadership import LeaseSettings
-from coordinator.host.loop import Appended, Host, SoleLeader
-from coordinator.host.replica import Replica, open_host, open_replica
-from eventlog import NewRecord
+from foldplane.coordinator.host.leadership import LeaseSettings
+from foldplane.coordinator.host.loop import Appended, Host, SoleLeader
+from foldplane.coordinator.host.replica import Replica, open_host, open_replica
+from foldplane.eventlog import NewRecord
 
 
 async def test_a_sqlite_log_is_served_by_its_sole_leader_at_once(tmp_path) -> None:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from coordinator.host.rows import ProjectionRows
-from coordinator.host.snapshots import CONSUMER
-from eventlog import ProjectionRow, open_log
+from foldplane.coordinator.host.rows import ProjectionRows
+from foldplane.coordinator.host.snapshots import CONSUMER
+from foldplane.eventlog import ProjectionRow, open_log
 
 
 def row(group: str, seq: int = 0) -> dict:

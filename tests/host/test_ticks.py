@@ -4,8 +4,15 @@ from __future__ import annotations
 
 import asyncio
 
-from coordinator.host.inputs import HostUnavailable
-from coordinator.host.ticks import DEADLINE_MARGIN_S, STUCK_WAIT_S, Ticker, TickNow, Wait, next_step
+from foldplane.coordinator.host.inputs import HostUnavailable
+from foldplane.coordinator.host.ticks import (
+    DEADLINE_MARGIN_S,
+    STUCK_WAIT_S,
+    Ticker,
+    TickNow,
+    Wait,
+    next_step,
+)
 
 S = 1_000_000_000
 

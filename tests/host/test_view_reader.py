@@ -11,22 +11,22 @@ from typing import Any
 
 import pytest
 
-from coordinator.fold import projections
-from coordinator.fold.effects import ViewCommitted
-from coordinator.fold.machine import Coordinator
-from coordinator.fold.projections import (
+from foldplane.coordinator.fold import projections
+from foldplane.coordinator.fold.effects import ViewCommitted
+from foldplane.coordinator.fold.machine import Coordinator
+from foldplane.coordinator.fold.projections import (
     DELTA_FROM,
     VIEW_CHECKPOINT_EVERY,
     is_delta,
     view_doc,
     view_of,
 )
-from coordinator.host.compaction import compact_log
-from coordinator.host.loop import CONSUMER, Host
-from coordinator.host.replay import replay_log
-from coordinator.host.retention import RetainPolicy
-from coordinator.host.views import ViewReader, every_view, get_view, read_views
-from eventlog import Log, ProjectionRow, open_log
+from foldplane.coordinator.host.compaction import compact_log
+from foldplane.coordinator.host.loop import CONSUMER, Host
+from foldplane.coordinator.host.replay import replay_log
+from foldplane.coordinator.host.retention import RetainPolicy
+from foldplane.coordinator.host.views import ViewReader, every_view, get_view, read_views
+from foldplane.eventlog import Log, ProjectionRow, open_log
 from tests.retention.history import Life
 
 K = VIEW_CHECKPOINT_EVERY

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from agent.refit import (
+from foldplane.agent.refit import (
     RefitClosed,
     RefitError,
     RefitStore,
@@ -21,7 +21,7 @@ from agent.refit import (
     roles_from_modules,
     tensors_of,
 )
-from wire.refit import MeshSpec, PlanError, make_plan, megatron_layout
+from foldplane.wire.refit import MeshSpec, PlanError, make_plan, megatron_layout
 
 STATE = {"w": torch.arange(32.0).reshape(8, 4), "b": torch.arange(4, dtype=torch.int64)}
 ROLES = {"w": "column", "b": "replicated"}

@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from agent.refit.world import STORE_TIMEOUT_S
+from foldplane.agent.refit.world import STORE_TIMEOUT_S
+from foldplane.wire.refit import MeshSpec, ReshardPlan, encode_plan, make_plan, megatron_layout
 from tests.refit import worker
-from wire.refit import MeshSpec, ReshardPlan, encode_plan, make_plan, megatron_layout
 
 pytestmark = pytest.mark.slow
 
@@ -92,7 +92,7 @@ def cluster() -> Iterator[Cluster]:
 
 
 def roles(model: Any) -> dict[str, str]:
-    from agent.refit import roles_from_modules
+    from foldplane.agent.refit import roles_from_modules
 
     return roles_from_modules(
         model,
@@ -105,7 +105,7 @@ def roles(model: Any) -> dict[str, str]:
 def plan(
     pub: MeshSpec, sub: MeshSpec, pub_roles: str | None = None, sub_roles: str | None = None
 ) -> ReshardPlan:
-    from agent.refit import tensors_of
+    from foldplane.agent.refit import tensors_of
 
     model = worker.build_model(SEED)
     shapes = tensors_of(model.state_dict())
@@ -127,7 +127,7 @@ def same_plan(p: ReshardPlan) -> dict:
 
 
 def expected_hashes(p: ReshardPlan, slot: int) -> dict[str, str]:
-    from agent.refit import local_shards
+    from foldplane.agent.refit import local_shards
 
     full = worker.full_state(SEED)
     return {n: worker.tensor_hash(t) for n, t in local_shards(full, p, "subscriber", slot).items()}

@@ -47,7 +47,7 @@ def tensor_hash(t: Any) -> str:
 
 def main(conn: Any, side: str, slot: int) -> None:
     warnings.filterwarnings("ignore")
-    from agent.refit import (
+    from foldplane.agent.refit import (
         RefitClosed,
         RefitError,
         RefitFailed,
@@ -56,7 +56,7 @@ def main(conn: Any, side: str, slot: int) -> None:
         local_shards,
         open_world,
     )
-    from wire.refit import decode_plan
+    from foldplane.wire.refit import decode_plan
 
     hosted: RefitStore | None = None
     world = None

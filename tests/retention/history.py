@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import uuid
 
-from coordinator.host.loop import Appended, Host
-from eventlog import NewRecord
+from foldplane.coordinator.host.loop import Appended, Host
+from foldplane.eventlog import NewRecord
 
 
 class Life:

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import pytest
 
-from coordinator.fold.machine import Coordinator
-from coordinator.host.compaction import compact_log
-from coordinator.host.loop import CONSUMER, Host
-from coordinator.host.ready import HostState
-from coordinator.host.replay import CompactedLog, is_summary, replay_log
-from coordinator.host.retention import HEARTBEAT_CLASS, RetainPolicy, has_down_evidence
-from eventlog import Log, LogError, NewRecord, ProjectionRow, Record, open_log
+from foldplane.coordinator.fold.machine import Coordinator
+from foldplane.coordinator.host.compaction import compact_log
+from foldplane.coordinator.host.loop import CONSUMER, Host
+from foldplane.coordinator.host.ready import HostState
+from foldplane.coordinator.host.replay import CompactedLog, is_summary, replay_log
+from foldplane.coordinator.host.retention import HEARTBEAT_CLASS, RetainPolicy, has_down_evidence
+from foldplane.eventlog import Log, LogError, NewRecord, ProjectionRow, Record, open_log
 from tests.retention.history import Life
 
 

@@ -23,12 +23,12 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.fold.machine import Coordinator
-from coordinator.host.loop import CONSUMER, Host
-from coordinator.host.replay import replay_log
-from coordinator.host.retention import removable
-from coordinator.host.snapshots import decode_snapshot
-from eventlog import Record, open_log
+from foldplane.coordinator.fold.machine import Coordinator
+from foldplane.coordinator.host.loop import CONSUMER, Host
+from foldplane.coordinator.host.replay import replay_log
+from foldplane.coordinator.host.retention import removable
+from foldplane.coordinator.host.snapshots import decode_snapshot
+from foldplane.eventlog import Record, open_log
 from tests.retention.history import Life
 from tests.retention.test_compaction import everything
 
@@ -41,7 +41,7 @@ def compact_and_kill(db: Path, *, after_steps: int, delay: float) -> tuple[int, 
     """Run a compaction; SIGKILL it ``delay`` s after its ``after_steps``-th step line (or
     after its start, with 0). Returns its exit status and the step lines it printed."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "coordinator", "compact", str(db), "--step", str(STEP)],
+        [sys.executable, "-m", "foldplane.coordinator", "compact", str(db), "--step", str(STEP)],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
@@ -137,7 +137,7 @@ async def test_kill_9_during_compaction_loses_nothing_and_the_next_run_finishes(
     assert interrupted >= 3, "too few kills landed while a compaction was removing records"
 
     done = subprocess.run(
-        [sys.executable, "-m", "coordinator", "compact", str(db), "--step", str(STEP)],
+        [sys.executable, "-m", "foldplane.coordinator", "compact", str(db), "--step", str(STEP)],
         cwd=ROOT,
         capture_output=True,
         text=True,

@@ -7,15 +7,15 @@ from typing import Any
 
 import pytest
 
-from coordinator.fold.effects import RankState, Refused
-from coordinator.host.retention import (
+from foldplane.coordinator.fold.effects import RankState, Refused
+from foldplane.coordinator.host.retention import (
     HEARTBEAT_CLASS,
     RetainPolicy,
     has_down_evidence,
     parse_policy,
     removable,
 )
-from eventlog.record import KINDS, Record
+from foldplane.eventlog.record import KINDS, Record
 
 
 def rec(kind: str, payload: dict[str, Any] | None = None) -> Record:

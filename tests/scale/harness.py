@@ -10,10 +10,10 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from api.app import create_app
-from api.server import Server, config
-from coordinator.host.loop import Host
-from eventlog import NewRecord
+from foldplane.api.app import create_app
+from foldplane.api.server import Server, config
+from foldplane.coordinator.host.loop import Host
+from foldplane.eventlog import NewRecord
 from tests.conftest import free_port
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from agent.simhost import SimulatedCluster
+from foldplane.agent.simhost import SimulatedCluster
 from tests.scale.harness import create_group, serving
 
 N = 8192

@@ -12,10 +12,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from eventlog import NewRecord
-from eventlog.record import MAX_PAYLOAD_BYTES, validate
-from wire import ranks as rank_sets
-from wire.protocol import (
+from foldplane.eventlog import NewRecord
+from foldplane.eventlog.record import MAX_PAYLOAD_BYTES, validate
+from foldplane.wire import ranks as rank_sets
+from foldplane.wire.protocol import (
     MAX_UPDATE_BYTES,
     MAX_WORLD_SIZE,
     AgentEventsRequest,

@@ -19,9 +19,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from api.app import create_app
-from coordinator.commands import serve_argv
-from coordinator.host.loop import Host
+from foldplane.api.app import create_app
+from foldplane.coordinator.commands import serve_argv
+from foldplane.coordinator.host.loop import Host
 from tests.conftest import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -106,7 +106,7 @@ class Server:
 
 def replay(db: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "coordinator", "replay", str(db), *args],
+        [sys.executable, "-m", "foldplane.coordinator", "replay", str(db), *args],
         cwd=ROOT,
         capture_output=True,
         text=True,

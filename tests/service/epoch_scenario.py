@@ -17,8 +17,8 @@ from typing import Any
 
 import httpx
 
-from agent import Agent
-from agent.data import ElasticSampler
+from foldplane.agent import Agent
+from foldplane.agent.data import ElasticSampler
 
 SIZE = 4_000
 #: what each rank reads before rank 1 leaves, and what the survivors read before it is back

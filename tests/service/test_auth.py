@@ -8,15 +8,15 @@ import sys
 import httpx
 import pytest
 
-from coordinator.auth import (
+from foldplane.coordinator.auth import (
     Authenticator,
     AuthError,
     BindRefused,
     Principal,
     check_bind,
 )
+from foldplane.wire.auth import agent_token
 from tests.service.conftest import FAST, ROOT, make_server
-from wire.auth import agent_token
 
 SECRET = "s3cret-for-tests"
 OPERATOR = "operator-token-for-tests"
@@ -70,7 +70,7 @@ def test_serve_refuses_a_public_bind_without_auth(tmp_path):
         [
             sys.executable,
             "-m",
-            "coordinator",
+            "foldplane.coordinator",
             "serve",
             "--db",
             str(tmp_path / "x.db"),
@@ -90,7 +90,7 @@ def test_serve_refuses_a_public_bind_without_auth(tmp_path):
 
 def test_the_token_command_prints_what_the_server_accepts():
     done = subprocess.run(
-        [sys.executable, "-m", "coordinator", "token", "--group", "train", "--rank", "2"],
+        [sys.executable, "-m", "foldplane.coordinator", "token", "--group", "train", "--rank", "2"],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -100,7 +100,7 @@ def test_the_token_command_prints_what_the_server_accepts():
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == agent_token(SECRET, "train", 2)
     missing = subprocess.run(
-        [sys.executable, "-m", "coordinator", "token", "--group", "train", "--rank", "2"],
+        [sys.executable, "-m", "foldplane.coordinator", "token", "--group", "train", "--rank", "2"],
         cwd=ROOT,
         capture_output=True,
         text=True,

@@ -16,11 +16,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from coordinator.fold.machine import Coordinator
-from eventlog import KINDS, open_log
+from foldplane.coordinator.fold.machine import Coordinator
+from foldplane.eventlog import KINDS, open_log
+from foldplane.wire.codes import status_of
 from tests.service.conftest import FAST, make_server, replay
 from tests.service.schema_strategies import JSON, from_schema, near_misses
-from wire.codes import status_of
 
 FUZZ = settings(
     max_examples=60,
@@ -254,7 +254,7 @@ def test_unknown_things_are_json_404s_and_wrong_methods_405(fuzz_server):
     ):
         assert r.status_code == 404, r.text
         check_answer(r)
-    wrong_method = client.delete("/groups/fz")
+    wrong_method = client.delete("/proposals/1")
     assert wrong_method.status_code == 405 and wrong_method.headers["allow"] == "GET"
     check_answer(wrong_method)
     for params in ({"rank": 4}, {"ranks": "2-4"}):

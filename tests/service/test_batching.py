@@ -7,8 +7,8 @@ other inputs; plain reports of one rank may.
 
 from __future__ import annotations
 
-from coordinator.host.loop import Appended, Host, Refusal
-from eventlog import NewRecord
+from foldplane.coordinator.host.loop import Appended, Host, Refusal
+from foldplane.eventlog import NewRecord
 
 CALM = {"heartbeat_timeout_s": 3600.0}
 

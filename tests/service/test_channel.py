@@ -20,10 +20,10 @@ import httpx
 import msgspec
 import pytest
 
-from agent.channel import ChannelRefused, HostChannel, open_channel
+from foldplane.agent.channel import ChannelRefused, HostChannel, open_channel
+from foldplane.wire import websocket as ws
+from foldplane.wire.auth import agent_token
 from tests.service.conftest import FAST, Server, make_server
-from wire import websocket as ws
-from wire.auth import agent_token
 
 GROUP = "ch"
 WAIT = 10.0  # every wait below is bounded by this

@@ -13,13 +13,13 @@ from typing import Any
 
 import msgspec
 
-from api.app import create_app
-from api.channel import MAX_IN_FLIGHT, ChannelQuery, HostChannel
-from coordinator.auth import OPERATOR
-from coordinator.host.loop import Appended, Host
-from eventlog import NewRecord
+from foldplane.api.app import create_app
+from foldplane.api.channel import MAX_IN_FLIGHT, ChannelQuery, HostChannel
+from foldplane.coordinator.auth import OPERATOR
+from foldplane.coordinator.host.loop import Appended, Host
+from foldplane.eventlog import NewRecord
+from foldplane.wire import websocket as ws
 from tests.service.clock import Clock
-from wire import websocket as ws
 
 GROUP = "bp"
 

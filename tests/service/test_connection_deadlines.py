@@ -17,8 +17,8 @@ from typing import Any
 import uvicorn
 from uvicorn.server import ServerState
 
-from api.limits import Limits
-from api.server import guarded_http
+from foldplane.api.limits import Limits
+from foldplane.api.server import guarded_http
 from tests.service.clock import Clock
 
 REQUEST_S = 3.0

@@ -21,9 +21,9 @@ import httpx
 import msgspec
 import pytest
 
-from api.app import create_app
-from api.server import Server, config
-from coordinator.host.loop import Host
+from foldplane.api.app import create_app
+from foldplane.api.server import Server, config
+from foldplane.coordinator.host.loop import Host
 from tests.conftest import free_port
 
 GROUP = "g"

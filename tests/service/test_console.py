@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 import pytest
 
-from agent.simhost import SimulatedCluster
+from foldplane.agent.simhost import SimulatedCluster
 from tests.service.conftest import FAST, ROOT, Server, make_server
 
 CHROMIUM = next(
@@ -513,3 +513,41 @@ async def test_the_refit_panel_shows_epochs_members_and_transfers_live(
         assert done[3] == "2" and done[6] == "6 of 6"
         assert done[7] == "every slot reported done (attempt 2, epoch 1)"
         assert await page.locator("#r-refits tbody tr").count() == 1
+
+
+async def test_an_ended_group_is_shown_as_such_and_the_page_ends_and_deletes(
+    console_server: Server, browser
+):
+    """A group whose run was ended reads "ended" in the list and the panel; the page's own
+    buttons end and delete a group (after the operator confirms); the data panel says "No epoch
+    plan" only once it has asked."""
+    srv = console_server
+    async with httpx.AsyncClient(base_url=srv.url, timeout=30) as client:
+        for name in ("old", "live"):
+            r = await client.post("/groups", json={"group": name, "world_size": 2, **CALM})
+            assert r.status_code == 201, r.text
+        r = await client.post("/groups/old/end", json={"reason": "rerun"})
+        assert r.status_code == 201, r.text
+        served = (await client.get("/ui")).text
+        assert 'id="d-none" class="muted hidden"' in served  # not "No epoch plan" before it asked
+        page = await browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.on("dialog", lambda dialog: asyncio.ensure_future(dialog.accept()))
+        await page.goto(srv.url + "/ui#old")
+        await _until(page, "document.getElementById('g-run').textContent === 'ended: rerun'")
+        buttons = await page.eval_on_selector_all(
+            "#groups button", "bs => bs.map(b => b.textContent)"
+        )
+        assert any(b.startswith("old ·") and b.endswith("· ended") for b in buttons), buttons
+        assert await page.is_disabled("#g-end")
+        assert await page.is_visible("#d-none")  # asked: the group has no plan
+        await page.click("#groups button:has-text('live')")
+        await _until(page, "document.getElementById('g-run').textContent === 'forming'")
+        await page.click("#g-end")
+        await _until(page, "document.getElementById('g-run').textContent.startsWith('ended')")
+        assert (await client.get("/groups/live")).json()["ended"][
+            "reason"
+        ] == "ended by the operator"
+        await page.click("#g-delete")
+        await _until(page, "document.getElementById('g-action').textContent === 'deleted'")
+        listed = (await client.get("/groups")).json()["groups"]
+        assert [g["group"] for g in listed] == ["old"]

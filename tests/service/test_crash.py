@@ -29,10 +29,10 @@ from typing import Any
 import httpx
 import pytest
 
-from agent.simhost import SimulatedCluster
-from coordinator.host.replay import replay as replay_log
+from foldplane.agent.simhost import SimulatedCluster
+from foldplane.coordinator.host.replay import replay as replay_log
+from foldplane.wire import ranks as rank_sets
 from tests.service.conftest import Server, make_server, replay
-from wire import ranks as rank_sets
 
 #: Kills in the default run, and in the slow one.
 SHORT_KILLS = 3

@@ -19,8 +19,8 @@ import msgspec
 import pytest
 from PIL import Image
 
-from agent.simhost import SimulatedCluster
-from api.models import StoryBody
+from foldplane.agent.simhost import SimulatedCluster
+from foldplane.api.models import StoryBody
 from tests.conftest import free_port
 from tests.service.conftest import FAST, ROOT, Server, make_server, replay
 
@@ -29,7 +29,7 @@ CALM = {**FAST, "heartbeat_timeout_s": 600.0}
 
 def explain(db: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "coordinator", "explain", str(db), *args],
+        [sys.executable, "-m", "foldplane.coordinator", "explain", str(db), *args],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -176,7 +176,7 @@ def test_explain_on_the_real_demo_log_names_the_hints_and_the_death(tmp_path):
     hints): ``explain`` and the endpoint, served from that log, tell the victim's story alike."""
     db = tmp_path / "demo.db"
     demo = subprocess.run(
-        [sys.executable, "-m", "coordinator", "demo", "--db", str(db)],
+        [sys.executable, "-m", "foldplane.coordinator", "demo", "--db", str(db)],
         cwd=ROOT, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert demo.returncode == 0, demo.stdout + demo.stderr
@@ -291,7 +291,7 @@ def test_replay_plots_each_rank_s_part_of_the_epoch(epoch_log, tmp_path):
         assert img.format == "PNG" and img.size[0] == 1000 and img.size[1] > 450
         colours = dict((c, n) for n, c in img.convert("RGB").getcolors(maxcolors=1 << 16) or [])
     # the held and processed fills and the moves' arrows are drawn, not just the axes
-    from coordinator.plot import HELD_COLOUR, MOVE_COLOUR, PROCESSED_COLOUR
+    from foldplane.coordinator.plot import HELD_COLOUR, MOVE_COLOUR, PROCESSED_COLOUR
 
     for name, hex_colour in (
         ("held", HELD_COLOUR),

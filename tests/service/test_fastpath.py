@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from api.app import create_app
-from api.fastpath import updates_query
-from api.routes.agents import UpdatesQuery
-from coordinator.host.loop import Host
-from wire.protocol import QUERY
+from foldplane.api.app import create_app
+from foldplane.api.fastpath import updates_query
+from foldplane.api.routes.agents import UpdatesQuery
+from foldplane.coordinator.host.loop import Host
+from foldplane.wire.protocol import QUERY
 
 
 @pytest.mark.parametrize(

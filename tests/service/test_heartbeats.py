@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import asyncio
 
-from coordinator.host.loop import Appended, Host, Refusal
-from eventlog import NewRecord
+from foldplane.coordinator.host.loop import Appended, Host, Refusal
+from foldplane.eventlog import NewRecord
 
 CALM = {"heartbeat_timeout_s": 3600.0}
 

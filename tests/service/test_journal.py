@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import msgspec
 
-from coordinator.host.journal import UpdateJournals, encoded
+from foldplane.coordinator.host.journal import UpdateJournals, encoded
 
 
 def upd(offset: int, type_: str = "view_committed") -> dict:

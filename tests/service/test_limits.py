@@ -17,9 +17,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent.simhost import SimulatedCluster
-from api.codec import check_depth
-from api.errors import ApiError
+from foldplane.agent.simhost import SimulatedCluster
+from foldplane.api.codec import check_depth
+from foldplane.api.errors import ApiError
 from tests.service.conftest import FAST, make_server
 
 BODY_PATHS = ["/agents/events", "/proposals", "/agents/deaths", "/groups"]
@@ -479,7 +479,7 @@ async def test_creations_at_once_cannot_pass_the_group_limit_together(tmp_path):
 
 
 def test_every_limit_is_in_the_operations_table_with_its_default():
-    from api.limits import LIMITS, Limits
+    from foldplane.api.limits import LIMITS, Limits
     from tests.service.conftest import ROOT
 
     table = (ROOT / "docs" / "operations.md").read_text()

@@ -10,9 +10,9 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from coordinator.host.loop import Appended, Host
-from coordinator.host.metrics import LATENCY_BUCKETS
-from eventlog import NewRecord
+from foldplane.coordinator.host.loop import Appended, Host
+from foldplane.coordinator.host.metrics import LATENCY_BUCKETS
+from foldplane.eventlog import NewRecord
 from tests.service.conftest import asgi_client
 
 #: Every host series the exposition has carried, by type, with its label (docs/operations.md).

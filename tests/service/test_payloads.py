@@ -8,10 +8,10 @@ import msgspec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from api.models import AgentEvent
-from api.routes.agents import payload_of
-from eventlog.record import decode_payload, encode_payload
-from wire import ranks as wire_ranks
+from foldplane.api.models import AgentEvent
+from foldplane.api.routes.agents import payload_of
+from foldplane.eventlog.record import decode_payload, encode_payload
+from foldplane.wire import ranks as wire_ranks
 
 ranks = st.integers(0, 65_535)
 versions = st.integers(0, 2**40)

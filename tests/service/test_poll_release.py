@@ -4,7 +4,8 @@ A view change wakes every agent host's long poll of its group at once. While oth
 queued, the host spreads their answers over the next ``poll_spread`` batches, at least
 ``poll_release`` a batch, oldest first, so the burst that follows (the answers, then the ACKs
 and next polls they bring) does not delay every heartbeat queued behind it; with nothing
-queued it answers them all.
+queued it answers them all. Heartbeats that wait for their shared record (the default flush) are
+not inputs the loop takes at once, so they hold back no answer.
 """
 
 from __future__ import annotations
@@ -13,8 +14,8 @@ import asyncio
 
 import pytest
 
-from coordinator.host.loop import Appended, Host
-from eventlog import NewRecord
+from foldplane.coordinator.host.loop import Appended, Host
+from foldplane.eventlog import NewRecord
 
 GROUP = "p"
 CONFIG = {"heartbeat_timeout_s": 3600.0, "reconcile_window_s": 0.0}
@@ -126,3 +127,87 @@ async def test_a_poll_times_out_empty_and_leaves_no_waiter_behind(tmp_path):
 async def test_a_share_that_could_never_answer_a_poll_is_refused(tmp_path, options):
     with pytest.raises(ValueError, match="must be at least 1"):
         await Host.open(str(tmp_path / "log.db"), **options)
+
+
+RANKS_PER_HOST = 8
+
+
+def big(kind: str, rank: int, **payload) -> NewRecord:
+    return NewRecord(
+        kind=kind, group="big", rank=rank, payload={"incarnation": f"i{rank}", **payload}
+    )
+
+
+async def _all_appended(host: Host, records: list[NewRecord]) -> None:
+    outcomes = await host.submit_many(records)
+    assert all(isinstance(o, Appended) for o in outcomes), outcomes
+
+
+@pytest.mark.parametrize("world", [256, 4096])
+async def test_a_committed_view_reaches_every_host_at_once_while_heartbeats_wait(
+    tmp_path, monkeypatch, world
+):
+    # The default flush (0.5 s): beats wait for a shared record without waking the loop.
+    # Heartbeats that arrive while the commit is being appended are queued behind it; they
+    # are no reason to hold back any host's push, since no batch follows until they are due.
+    host = await Host.open(str(tmp_path / "log.db"))
+    try:
+        config = {"heartbeat_timeout_s": 3600.0, "ack_timeout_s": 3600.0, "reconcile_window_s": 0.0}
+        created = await host.submit(
+            NewRecord(
+                kind="group_created", group="big", payload={"world_size": world, "config": config}
+            )
+        )
+        assert isinstance(created, Appended)
+        ranks = range(world)
+        await _all_appended(host, [big("join", r) for r in ranks])
+        await _all_appended(host, [big("links", r, self_ready=True, version=0) for r in ranks])
+        await _all_appended(host, [big("ack", r, version=1) for r in ranks])
+        assert host.machine.current_view("big").version == 1
+
+        victim = world - 1
+        await _all_appended(host, [big("death_reported", victim)])
+        survivors = [r for r in ranks if r != victim]
+        hosts = [survivors[i : i + RANKS_PER_HOST] for i in range(0, world, RANKS_PER_HOST)]
+        after = host.applied_offset  # the prepare of view 2 is there already
+
+        # Every host waits for what comes after the prepare, as a host channel does; each
+        # notes where the loop stood when its answer came.
+        seen: list[tuple[list[str], int, bool]] = []
+        beats: list[asyncio.Future] = []
+
+        async def wait_for_commit(its: list[int]) -> None:
+            answer = await host.updates("big", its, after, timeout=30)
+            types = [u["type"] for u in answer.updates]
+            seen.append((types, host.applied_offset, any(f.done() for f in beats)))
+
+        polls = [asyncio.create_task(wait_for_commit(its)) for its in hosts]
+        await asyncio.sleep(0)
+        assert not any(p.done() for p in polls)
+
+        # While the ACKs' batch is appended, a heartbeat of every host arrives (each host
+        # beats once a second; the commit's append is where they land).
+        append_sealed = host.log.append_sealed
+
+        async def append_while_hosts_beat(records):
+            if not beats:
+                beats.extend(
+                    host.enqueue_many([big("heartbeat", r) for r in its]) for its in hosts[:64]
+                )
+            return await append_sealed(records)
+
+        monkeypatch.setattr(host.log, "append_sealed", append_while_hosts_beat)
+        await _all_appended(host, [big("ack", r, version=2) for r in survivors])
+        commit = host.applied_offset
+        assert host.machine.current_view("big").version == 2
+        await asyncio.gather(*polls)
+        assert len(seen) == len(hosts)
+        for types, applied, beats_answered in seen:
+            assert "view_committed" in types
+            # answered in the commit's own turn: before the beats' shared record, not a
+            # flush (or several) later
+            assert (applied, beats_answered) == (commit, False)
+        outcomes = [o for b in await asyncio.gather(*beats) for o in b]
+        assert all(isinstance(o, Appended) and o.offset > commit for o in outcomes)
+    finally:
+        await host.close()

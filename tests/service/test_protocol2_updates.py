@@ -9,10 +9,15 @@ from __future__ import annotations
 
 import asyncio
 
-from coordinator.host.loop import Appended, Host
-from eventlog import NewRecord
+import pytest
+
+from foldplane.api.app import create_app
+from foldplane.api.channel import accept
+from foldplane.api.errors import ApiError
+from foldplane.coordinator.host.loop import Appended, Host
+from foldplane.eventlog import NewRecord
+from foldplane.wire.protocol import apply_view_update, view_update
 from tests.service.conftest import asgi_client
-from wire.protocol import apply_view_update, view_update
 
 GROUP = "w"
 WORLD = 4
@@ -184,3 +189,35 @@ async def test_a_batch_being_projected_is_not_read_and_no_reader_is_taken_as_res
         assert isinstance(await leaving, Appended)
     after = await host.updates(GROUP, (3,), head, timeout=5)
     assert after.updates and not after.resync
+
+
+async def test_a_reader_that_does_not_name_data_moves_is_refused_once_its_group_reads_epochs(
+    host,
+) -> None:
+    """An agent built before ``data_moves`` (protocol 2, no ``features``) would ignore every data
+    decision and never see the work it is given: once its group has an epoch plan, its long
+    poll and its host channel are refused ``protocol_mismatch`` naming the revision, as a
+    protocol-1 agent is; one that names it reads on. Before any plan nothing it reads changed,
+    and it is answered."""
+    await _formed(host)
+    app = create_app(host)
+    opening = [(b"sec-websocket-version", b"13"), (b"sec-websocket-key", b"a" * 22 + b"==")]
+    channel = b"/agents/channel?group=w&ranks=2&protocol=2"
+    limits = {"max_message": 1 << 16, "max_depth": 32, "frame_timeout_s": 5.0, "idle_s": 60.0}
+    async with asgi_client(host) as client:
+        old = {"group": GROUP, "rank": 2, "timeout": 0, "protocol": 2}
+        assert (await client.get("/agents/updates", params=old)).status_code == 200
+        accept(app.state, "GET", channel, opening, **limits)  # no plan yet: opened
+        plan = await client.post(f"/groups/{GROUP}/epochs", json={"epoch": 0, "dataset_size": 99})
+        assert plan.status_code == 201, plan.text
+        for params in (old, {**old, "features": "something_else"}):
+            r = await client.get("/agents/updates", params=params)
+            assert r.status_code == 400, r.text
+            assert r.json()["error"] == "protocol_mismatch" and "data_moves" in r.json()["detail"]
+        with pytest.raises(ApiError) as refused:
+            accept(app.state, "GET", channel, opening, **limits)
+        assert refused.value.code == "protocol_mismatch" and "data_moves" in refused.value.detail
+        new = {**old, "features": "data_moves"}
+        r = await client.get("/agents/updates", params=new)
+        assert r.status_code == 200 and "epoch_plan" in [u["type"] for u in r.json()["updates"]]
+        accept(app.state, "GET", channel + b"&features=data_moves", opening, **limits)

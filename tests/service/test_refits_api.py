@@ -7,6 +7,7 @@ covered one by one in tests/fold/test_refits.py."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 from collections.abc import AsyncIterator
@@ -15,12 +16,12 @@ from typing import Any
 import httpx
 import pytest
 
-from api.app import create_app
-from coordinator.auth import Authenticator
-from coordinator.host.loop import Host
+from foldplane.api.app import create_app
+from foldplane.coordinator.auth import Authenticator
+from foldplane.coordinator.host.loop import Host
+from foldplane.wire.auth import agent_token
 from tests.eventlog.conftest import pg_schema
 from tests.service.conftest import FAST
-from wire.auth import agent_token
 
 __all__ = ["pg_schema"]  # the fixture, for the PostgreSQL target
 
@@ -283,6 +284,44 @@ async def test_both_publishers_starting_a_transfer_at_once_start_one_attempt(
     assert (transfer["key"], transfer["attempt"], transfer["status"]) == ("step-1", 1, "running")
 
 
+async def test_a_subscriber_may_not_start_a_transfer_a_publisher_and_the_operator_may(
+    api: tuple[Host, httpx.AsyncClient],
+) -> None:
+    host, c = api
+    assert (await c.post("/refits", json=REFIT, headers=OP)).status_code == 201
+    await join_all(c, 1)
+    res = await send(c, "gen", 0, "transfer", refit="rl", epoch=1, key="step-1")
+    assert res["error"] == "not_refit_member", res
+    assert (
+        "a transfer comes from a publisher of the admitted epoch or the operator" in res["detail"]
+    )
+    assert (await refit(c))["transfers"] == []
+    assert "offset" in await send(c, "train", 1, "transfer", refit="rl", epoch=1, key="step-1")
+    t = await c.post("/refits/rl/transfers", json={"key": "step-1"}, headers=OP)
+    assert t.status_code == 200, t.text  # the same key: the running transfer
+
+
+async def test_a_transfer_after_a_readiness_timeout_names_the_slots_that_never_joined(
+    api: tuple[Host, httpx.AsyncClient],
+) -> None:
+    host, c = api
+    body = {**REFIT, "refit": "rt", "readiness_timeout_s": 0.2}
+    assert (await c.post("/refits", json=body, headers=OP)).status_code == 201
+    for group, rank in (("train", 0), ("train", 1), ("gen", 0), ("gen", 1)):
+        fields = {"refit": "rt", "epoch": 1, "slot": rank, "digest": D1}
+        assert "offset" in await send(c, group, rank, "refit_join", **fields)
+    for _ in range(500):  # the coordinator's readiness deadline, on its own clock
+        status = (await c.get("/refits/rt")).json()
+        if status["status"] == "timed_out":
+            break
+        await asyncio.sleep(0.02)
+    assert status["status"] == "timed_out", status
+    t = await c.post("/refits/rt/transfers", json={"key": "k"}, headers=OP)
+    assert t.status_code == 409 and t.json()["error"] == "refit_not_ready", t.text
+    detail = t.json()["detail"]
+    assert "subscriber slot 2, subscriber slot 3 never joined" in detail, detail
+
+
 async def test_the_review_findings_are_refused_where_a_request_meets_them(
     api: tuple[Host, httpx.AsyncClient],
 ) -> None:
@@ -397,8 +436,8 @@ async def test_a_refit_s_story_over_http_is_the_one_explain_prints(
 ) -> None:
     import msgspec
 
-    from api.models import RefitStoryBody
-    from coordinator.host.refit_story import refit_story_of
+    from foldplane.api.models import RefitStoryBody
+    from foldplane.coordinator.host.refit_story import refit_story_of
 
     host, c = api
     assert (await c.post("/refits", json=REFIT, headers=OP)).status_code == 201

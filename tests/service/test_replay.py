@@ -13,8 +13,8 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from agent.simhost import SimulatedCluster
-from eventlog import ProjectionRow, open_log
+from foldplane.agent.simhost import SimulatedCluster
+from foldplane.eventlog import ProjectionRow, open_log
 from tests.service.conftest import FAST, Server, make_server, replay
 
 

@@ -10,8 +10,8 @@ import uuid
 
 import pytest
 
-from coordinator.host.loop import Appended, Host, HostUnavailable
-from eventlog import NewRecord
+from foldplane.coordinator.host.loop import Appended, Host, HostUnavailable
+from foldplane.eventlog import NewRecord
 
 
 async def _heartbeating_group(host: Host, group: str, world_size: int) -> dict[int, str]:

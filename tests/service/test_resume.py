@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import time
 
-from coordinator.fold.effects import HEALTHY
-from coordinator.host.loop import Appended, Host
-from eventlog import NewRecord, open_log
+from foldplane.coordinator.fold.effects import HEALTHY
+from foldplane.coordinator.host.loop import Appended, Host
+from foldplane.eventlog import NewRecord, open_log
 
 HOUR_NS = 3_600 * 1_000_000_000
 

@@ -14,8 +14,8 @@ import sys
 
 import httpx
 
-from agent.simhost import SimulatedCluster
-from eventlog import ProjectionRow, open_log
+from foldplane.agent.simhost import SimulatedCluster
+from foldplane.eventlog import ProjectionRow, open_log
 from tests.service.conftest import FAST, ROOT, make_server, replay
 
 
@@ -94,7 +94,7 @@ async def test_serve_retain_compacts_while_the_group_lives_and_nothing_is_lost(t
 
 def compact(db, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "coordinator", "compact", str(db), *args],
+        [sys.executable, "-m", "foldplane.coordinator", "compact", str(db), *args],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -160,7 +160,7 @@ async def test_compact_refuses_to_remove_anything_from_a_log_whose_fold_diverges
 
 def test_serve_refuses_a_retention_policy_it_does_not_understand(tmp_path):
     done = subprocess.run(
-        [sys.executable, "-m", "coordinator", "serve", "--db", str(tmp_path / "log.db")]
+        [sys.executable, "-m", "foldplane.coordinator", "serve", "--db", str(tmp_path / "log.db")]
         + ["--retain", "a week"],
         cwd=ROOT,
         capture_output=True,

@@ -18,9 +18,9 @@ import httpx
 import msgspec
 import pytest
 
-from agent.simhost import SimulatedCluster
+from foldplane.agent.simhost import SimulatedCluster
+from foldplane.wire.protocol import PROTOCOL, View
 from tests.service.conftest import FAST, Server
-from wire.protocol import PROTOCOL, View
 
 #: How often the simulated ranks beat (the groups' heartbeat timeout is 2 s).
 HEARTBEAT_S = 0.25

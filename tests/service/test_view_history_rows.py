@@ -8,11 +8,11 @@ are read again.
 
 from __future__ import annotations
 
-from coordinator.fold.projections import VIEW_CHECKPOINT_EVERY, is_delta
-from coordinator.host.loop import CONSUMER, Host
-from coordinator.host.replay import replay_log
-from coordinator.host.views import every_view
-from eventlog import ProjectionRow
+from foldplane.coordinator.fold.projections import VIEW_CHECKPOINT_EVERY, is_delta
+from foldplane.coordinator.host.loop import CONSUMER, Host
+from foldplane.coordinator.host.replay import replay_log
+from foldplane.coordinator.host.views import every_view
+from foldplane.eventlog import ProjectionRow
 from tests.retention.history import Life
 from tests.service.conftest import asgi_client
 

@@ -1,1 +1,1 @@
-"""The deterministic simulator of the whole system (``tests/sim/world.py``)."""
+"""The deterministic simulator's seeds, run and shrunk (the simulator is ``coordinator/sim``)."""

@@ -12,7 +12,7 @@ import argparse
 import sys
 import time
 
-from tests.sim.world import HORIZON_STEPS, T0, S, World, describe, run_seed, setup
+from foldplane.coordinator.sim.world import HORIZON_STEPS, T0, S, World, describe, run_seed, setup
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -88,7 +88,7 @@ def _environment(backend: str, world: int, timeout_s: int) -> None:
     os.environ["DISTRIBUTED_TESTS_DEFAULT_TIMEOUT"] = str(timeout_s)
     os.environ.setdefault("TEMP_DIR", tempfile.gettempdir())
     if backend == "foldplane":
-        import agent.dataplane  # noqa: F401  (registers the backend before the suite looks)
+        import foldplane.agent.dataplane  # noqa: F401  (registers the backend before the suite looks)
 
 
 def _static_skips(suite: Any) -> dict[str, str]:
@@ -229,7 +229,7 @@ _clients: dict[str, Any] = {}
 
 def _client(url: str) -> Any:
     if url not in _clients:
-        from agent.client import CoordinatorClient
+        from foldplane.agent.client import CoordinatorClient
 
         _clients[url] = CoordinatorClient(url, timeout_s=30.0)
     return _clients[url]

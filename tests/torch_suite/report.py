@@ -165,6 +165,18 @@ def render(runs: list[dict[str, Any]]) -> str:
         "unsupported for now. `dist.new_group` over the same ranks works everywhere "
         "(`subgroup` above).",
         "",
+        "## torch versions",
+        "",
+        "foldplane requires `torch>=2.11,<2.14` (pyproject.toml): the versions it is tested with.",
+        "",
+        "| torch | where | what runs |",
+        "|---|---|---|",
+        "| 2.13.0+cpu | CI and the development machines (`constraints-dev.txt`) | the default "
+        "and slow suites, this page's runs of torch's backend suite |",
+        "| 2.11.0+cu130 (NCCL 2.28.9) | the GPU machine | `tests/gpu` and `python -m benchmarks "
+        "gpu` through `scripts/gpu-check` ([gpu.md](gpu.md)); no run is recorded yet in "
+        "[gpu-runs/](gpu-runs/) |",
+        "",
         "## Every test that did not pass",
         "",
         "Grouped by the first line of the error, or the reason of the skip.",

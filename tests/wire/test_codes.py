@@ -10,26 +10,32 @@ from pathlib import Path
 
 import pytest
 
-from agent import relay
-from agent.machine import AgentConfig, AgentMachine, EventsAnswered, Start, Stopped
-from api import models
-from api.errors import _FRAMEWORK_CODES, ApiError, BodyTooLarge, answer_of
-from coordinator.auth import AuthError
-from coordinator.host.inputs import HostUnavailable
-from coordinator.host.replica import NotLeader
-from wire import codes
-from wire.codes import CODES, FATAL_ERRORS, error_body, status_of
+from foldplane.agent import relay
+from foldplane.agent.machine import AgentConfig, AgentMachine, EventsAnswered, Start, Stopped
+from foldplane.api import models
+from foldplane.api.errors import _FRAMEWORK_CODES, ApiError, BodyTooLarge, answer_of
+from foldplane.coordinator.auth import AuthError
+from foldplane.coordinator.host.inputs import HostUnavailable
+from foldplane.coordinator.host.replica import NotLeader
+from foldplane.wire import codes
+from foldplane.wire.codes import CODES, FATAL_ERRORS, error_body, status_of
 
 ROOT = Path(__file__).resolve().parents[2]
 
 #: String constants outside ``wire`` that equal a code but are not one: the agent's stop
 #: reason ``closed``, the limits table's word "closed", the effect ``group_failed`` and its
-#: story entry, the proposal model's literal (checked against the table below) and the data
-#: plane's own work states.
+#: story entry, the record kind and effect ``group_ended``, the proposal model's literal
+#: (checked against the table below) and the data plane's own work states.
 NOT_CODES = {
     ("agent/machine.py", "closed"),
     ("api/limits.py", "closed"),
     ("coordinator/fold/effects.py", "group_failed"),
+    ("coordinator/fold/effects.py", "group_ended"),
+    ("coordinator/fold/fencing.py", "group_ended"),
+    ("coordinator/fold/machine.py", "group_ended"),
+    ("coordinator/fold/payloads.py", "group_ended"),
+    ("eventlog/record.py", "group_ended"),
+    ("api/routes/operator.py", "group_ended"),
     ("coordinator/host/story.py", "group_failed"),
     ("api/models.py", "pending"),
     ("api/models.py", "applied"),

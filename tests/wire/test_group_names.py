@@ -9,9 +9,9 @@ import msgspec
 from hypothesis import given
 from hypothesis import strategies as st
 
-from api.routes.agents import _decode_events
-from wire import protocol
-from wire.protocol import GroupName, HeartbeatEvent, group_problem
+from foldplane.api.routes.agents import _decode_events
+from foldplane.wire import protocol
+from foldplane.wire.protocol import GroupName, HeartbeatEvent, group_problem
 
 
 class _Named(msgspec.Struct):

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from wire import ranks as rank_sets
-from wire.ranks import RankSetError
+from foldplane.wire import ranks as rank_sets
+from foldplane.wire.ranks import RankSetError
 
 
 @pytest.mark.parametrize(

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from wire.refit import (
+from foldplane.wire.refit import (
     MAX_DIM,
     MAX_PLAN_BYTES,
     SPLIT_MIN_BYTES,

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from wire import websocket as ws
+from foldplane.wire import websocket as ws
 
 KEY = b"\x12\x34\x56\x78"
 

@@ -1,10 +1,11 @@
-"""A real coordinator process and simulated agent hosts for the service benchmarks.
+"""Simulated agent hosts for the service benchmarks, on a :class:`~benchmarks.kit.service.Service`.
 
-``Coordinator`` runs ``python -m coordinator serve`` on a SQLite file in a temporary directory.
-:func:`split_cores` and :func:`pin` give it and the simulator cores of their own, where the
-machine has two or more. The agents are ``agent.simhost``'s: the real ``AgentMachine`` for every rank, 8 ranks to a host
-by default, each host on its channel: events batched per lane, updates pushed. ``TimedHost`` adds a
-record of what each rank waits for each kind of event.
+The agents are ``agent.simhost``'s: the real ``AgentMachine`` for every rank, 8 ranks to a
+host by default, each host on its channel: events batched per lane, updates pushed.
+:class:`TimedHost` adds a record of what each rank waits for each kind of event.
+:func:`split_cores` and :func:`pin` give the coordinator and the simulator cores of their own,
+where the machine has two or more; :func:`run_with_server_gc` runs the simulator on the
+server's event loop and GC thresholds.
 """
 
 from __future__ import annotations
@@ -13,54 +14,24 @@ import asyncio
 import contextlib
 import gc
 import os
-import signal
-import socket
-import subprocess
-import tempfile
 import time
 from collections import defaultdict
 from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from agent.httplite import Connection
-from agent.machine import Action, AgentMachine, EventsAnswered, EventsFailed, SendEvents
-from agent.simhost import SimulatedCluster, SimulatedHost
-from coordinator.cli import GC_THRESHOLDS, loop_factory
-from coordinator.commands import serve_argv
+from foldplane.agent.machine import Action, AgentMachine, EventsAnswered, EventsFailed, SendEvents
+from foldplane.agent.simhost import SimulatedCluster, SimulatedHost
+from foldplane.benchmarks.kit.service import Service
+from foldplane.coordinator.runtime import GC_THRESHOLDS, loop_factory
 
 ROOT = Path(__file__).resolve().parents[1]
 T = TypeVar("T")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-async def fsync_floor(path: str, n: int) -> list[float]:
-    """Milliseconds of ``n`` durable appends of one record each (fsync included) to a SQLite
-    log at ``path``, after two that warm up: the floor under every decision of the fold."""
-    from eventlog import NewRecord, open_log
-
-    log = await open_log(f"sqlite:///{path}")
-    try:
-        times = []
-        for i in range(n + 2):
-            rec = NewRecord(kind="heartbeat", group="floor", rank=0, payload={"step": i})
-            t0 = time.perf_counter()
-            await log.append([rec])
-            if i >= 2:
-                times.append((time.perf_counter() - t0) * 1000)
-        return times
-    finally:
-        await log.close()
-
-
 def run_with_server_gc(main: Callable[[], Coroutine[Any, Any, T]]) -> T:
     """Run ``main()`` on the server's event loop with the server's GC thresholds
-    (``coordinator.cli.GC_THRESHOLDS``), restored afterwards. A simulator holds many agent
+    (``coordinator.runtime.GC_THRESHOLDS``), restored afterwards. A simulator holds many agent
     machines in this one process: at CPython's defaults their in-flight events reach the old
     generation, and each full collection walks all of them (tens of milliseconds at 512 ranks,
     a barrier's ACKs waiting behind it, the shared cores taken from the coordinator)."""
@@ -92,48 +63,6 @@ def pin(pid: int, cores: set[int]) -> None:
     for tid in [int(t.name) for t in tasks.iterdir()] if tasks.exists() else [pid]:
         with contextlib.suppress(ProcessLookupError):  # a thread that ended meanwhile
             os.sched_setaffinity(tid, cores)
-
-
-class Coordinator:
-    def __init__(self, *args: str) -> None:
-        self.dir = tempfile.TemporaryDirectory(prefix="foldplane-bench-")
-        self.db = Path(self.dir.name) / "log.db"
-        self.port = free_port()
-        self.args = args
-        self.process: subprocess.Popen[bytes] | None = None
-
-    def start(self, timeout: float = 120.0) -> Coordinator:
-        self.process = subprocess.Popen(
-            serve_argv(
-                str(self.db), self.port, "--store-port", "-1", "--log-level", "warning", *self.args
-            ),
-            cwd=ROOT,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            env={**os.environ, "FOLDPLANE_TOKEN": "", "FOLDPLANE_SECRET": ""},
-        )
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
-                    return self
-            except OSError:
-                if self.process.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("the coordinator did not start") from None
-                time.sleep(0.05)
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        self.dir.cleanup()
-
-    async def connect(self) -> Connection:
-        return await Connection("127.0.0.1", self.port).open()
 
 
 class TimedHost(SimulatedHost):
@@ -221,17 +150,9 @@ class TimedCluster(SimulatedCluster):
         return dict(out)
 
 
-async def form_group(
-    coordinator: Coordinator,
-    group: str,
-    world_size: int,
-    *,
-    per_host: int = 8,
-    heartbeat_interval_s: float = 1.0,
-    **config: Any,
-) -> TimedCluster:
-    """Create ``group``, start its simulated hosts and wait until every rank holds view 1."""
-    conn = await coordinator.connect()
+async def create_group(service: Service, group: str, world_size: int, **config: Any) -> None:
+    """``POST /groups`` over the service's async connection (the simulator's loop runs)."""
+    conn = await service.connect()
     try:
         status, body = await conn.request(
             "POST", "/groups", {"group": group, "world_size": world_size, **config}
@@ -240,8 +161,21 @@ async def form_group(
             raise RuntimeError(f"POST /groups answered {status}: {body}")
     finally:
         await conn.close()
+
+
+async def form_group(
+    service: Service,
+    group: str,
+    world_size: int,
+    *,
+    per_host: int = 8,
+    heartbeat_interval_s: float = 1.0,
+    **config: Any,
+) -> TimedCluster:
+    """Create ``group``, start its simulated hosts and wait until every rank holds view 1."""
+    await create_group(service, group, world_size, **config)
     cluster = TimedCluster(
-        ("127.0.0.1", coordinator.port),
+        ("127.0.0.1", service.port),
         group,
         world_size,
         ranks_per_host=per_host,

@@ -18,7 +18,7 @@ from typing import Any
 
 import msgspec
 
-from coordinator.fold.effects import (
+from foldplane.coordinator.fold.effects import (
     HEALTHY,
     OFFLINE,
     TERMINAL,
@@ -33,10 +33,10 @@ from coordinator.fold.effects import (
     ViewCommitted,
     ViewPrepare,
 )
-from coordinator.fold.partition import covers_exactly, split_at
-from eventlog.record import Record
-from wire import ranks as rank_sets
-from wire.protocol import View, links_down
+from foldplane.coordinator.fold.partition import covers_exactly, split_at
+from foldplane.eventlog.record import Record
+from foldplane.wire import ranks as rank_sets
+from foldplane.wire.protocol import View, links_down
 
 _encode = msgspec.json.Encoder().encode
 
@@ -54,6 +54,7 @@ NAMES = (
     "replay_identical",
     "converged",
     "epoch_exactly_once",
+    "epoch_counted_unread",
     "part_follows_fold",
 )
 
@@ -471,14 +472,22 @@ class Invariants:
 
     # -- 12 ------------------------------------------------------------------------------------
 
-    def check_epoch(self, epoch: Any, view: View | None, status: dict[str, Any]) -> None:
+    def check_epoch(
+        self,
+        epoch: Any,
+        view: View | None,
+        status: dict[str, Any],
+        read: dict[int, set[int]] | None = None,
+    ) -> None:
         """The epoch's accounting (docs/data.md): every position of the epoch is in exactly one
         rank's sequence; the positions not reported processed are exactly the ranges still
         assigned; what the fold counted processed for a rank stays processed and stays that
         rank's (across moves, coordinator restarts and replacements: it is never handed out
-        again); and with no view change in flight, a rank outside the committed view holds
-        nothing. This check reads the fold's epoch (its holdings are the thing checked); the
-        processed positions it remembers are its own, from every earlier step."""
+        again); a rank is counted only for positions one of its processes read (``read``: a
+        report made before a reassignment is never credited to the share given after it); and
+        with no view change in flight, a rank outside the committed view holds nothing. This
+        check reads the fold's epoch (its holdings are the thing checked); the processed
+        positions it remembers are its own, from every earlier step."""
         sequences = {r: h.sequence for r, h in epoch.holdings.items()}
         problem = covers_exactly(sequences.values(), epoch.plan.dataset_size)
         if problem is not None:
@@ -499,6 +508,14 @@ class Invariants:
                     "epoch_exactly_once",
                     f"epoch {epoch.number}: rank {r}'s processed positions {lost} left it",
                 )
+            if read is not None and now != before:
+                unread = sorted(now - before - read.get(r, set()))
+                if unread:
+                    raise Violation(
+                        "epoch_counted_unread",
+                        f"epoch {epoch.number}: rank {r} is counted for positions {unread[:5]} "
+                        "none of its processes read",
+                    )
             self.processed[(epoch.number, r)] = now
         if status["change_in_flight"] is None and view is not None:
             outside = [

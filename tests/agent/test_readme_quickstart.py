@@ -1,0 +1,75 @@
+"""The README's quick start, run as written: its shell lines and its worker, in order, in a
+fresh folder. Two substitutions only: the port (8470 may be taken on a shared machine) and
+``.venv/bin/python`` (this interpreter, whichever virtual environment runs the tests)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.agent.conftest import ROOT
+from tests.conftest import free_port
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
+
+
+def quick_start() -> tuple[list[str], str]:
+    """The quick start's shell blocks and its Python block, in the README's order."""
+    text = (ROOT / "README.md").read_text()
+    section = re.split(r"\n##+ ", text.split("## Quick start", 1)[1], maxsplit=1)[0]
+    blocks = re.findall(r"```(bash|python)\n(.*?)```", section, re.S)
+    shells = [body for lang, body in blocks if lang == "bash"]
+    [worker] = [body for lang, body in blocks if lang == "python"]
+    return shells, worker
+
+
+def test_the_readme_quick_start_runs_as_written(tmp_path: Path):
+    port = str(free_port())
+    shells, worker = quick_start()
+    assert len(shells) == 3, shells  # serve and create; start the workers; operate and audit
+
+    def adapt(text: str) -> str:
+        return text.replace("8470", port).replace(".venv/bin/python", sys.executable)
+
+    (tmp_path / "worker.py").write_text(adapt(worker))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FOLDPLANE_")}
+    # one shell, as a person's terminal: the background jobs of one block live on into the next
+    script = tmp_path / "quickstart.sh"
+    waits = "\n".join(
+        [
+            adapt(shells[0]),
+            adapt(shells[1]),
+            # the person reads the workers' "view 1" lines before step 4
+            'until [ "$(grep -c "view 1, all_reduce gave 4" workers.out 2>/dev/null)" = 4 ]; '
+            "do sleep 0.5; done",
+            adapt(shells[2]),
+            # (jobs -p in a command substitution runs in a subshell, which has no jobs)
+            "jobs -p >pids",
+            "wait $(tail -n 4 pids)",  # the workers exit after view 2
+            "kill $(head -n 1 pids)",
+        ]
+    )
+    script.write_text("set -e\n" + waits.replace(" & done", " >>workers.out 2>&1 & done"))
+    shell = subprocess.Popen(
+        ["bash", str(script)], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        out, err = shell.communicate(timeout=360)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(shell.pid, signal.SIGKILL)  # whatever the script left running
+    workers = (tmp_path / "workers.out").read_text() if (tmp_path / "workers.out").exists() else ""
+    assert shell.returncode == 0, (out, err, workers)
+    assert workers.count("view 1, all_reduce gave 4") == 4, workers
+    assert workers.count("view 2, active ranks [0, 1, 2]") == 4, workers
+    assert '"status":"applied"' in out.replace(" ", ""), out
+    assert "OK: replay matches the stored projections" in out, out
+    assert "train: formed; 4 ranks, view 2" in out, out

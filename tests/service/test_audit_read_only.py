@@ -1,0 +1,100 @@
+"""Audits never write: ``replay`` and ``explain`` open the log read-only, refuse a file that is
+not a foldplane log naming what it is, and say how many records they read (real files, the
+real command line)."""
+
+from __future__ import annotations
+
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.service.conftest import ROOT, replay
+
+
+def explain(db: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "foldplane.coordinator", "explain", str(db), "--group", "g", "--rank", "0"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+
+def snapshot_dir(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+
+
+def test_a_foreign_sqlite_database_is_refused_and_left_byte_identical(tmp_path: Path):
+    other = tmp_path / "app.db"
+    conn = sqlite3.connect(other)
+    conn.execute("CREATE TABLE users (id INTEGER PRIMARY KEY, name TEXT)")
+    conn.execute("INSERT INTO users (name) VALUES ('ada')")
+    conn.commit()
+    conn.close()
+    before = snapshot_dir(tmp_path)
+    for run in (replay(other), explain(other)):
+        assert run.returncode == 2, run
+        assert "is not a foldplane log: a SQLite database with tables [users]" in run.stderr, run
+    assert snapshot_dir(tmp_path) == before  # the same files, byte for byte
+
+
+def test_an_empty_file_and_a_text_file_are_refused_naming_what_they_are(tmp_path: Path):
+    empty = tmp_path / "empty.db"
+    empty.write_bytes(b"")
+    text = tmp_path / "notes.db"
+    text.write_text("hello, not a database")
+    before = snapshot_dir(tmp_path)
+    run = replay(empty)
+    assert run.returncode == 2 and "is an empty file, not a foldplane log" in run.stderr, run
+    run = replay(text)
+    assert run.returncode == 2 and "not a SQLite database (it starts with b'hello" in run.stderr
+    assert snapshot_dir(tmp_path) == before
+
+
+def test_a_log_replays_read_only_saying_how_many_records_it_read(tmp_path: Path):
+    import asyncio
+
+    from foldplane.eventlog import NewRecord, open_log
+
+    db = tmp_path / "log.db"
+
+    async def write() -> None:
+        log = await open_log(db)
+        await log.append([NewRecord(kind="group_created", group="g",
+                                    payload={"world_size": 1, "config": {}})])  # fmt: skip
+        await log.close()
+
+    asyncio.run(write())
+    before = snapshot_dir(tmp_path)
+    run = replay(db)
+    assert "replay: read 1 records of" in run.stderr, run
+    assert snapshot_dir(tmp_path) == before  # not even a -wal or -shm file appears
+
+
+def test_an_empty_log_is_replayed_with_a_warning(tmp_path: Path):
+    import asyncio
+
+    from foldplane.eventlog import open_log
+
+    db = tmp_path / "log.db"
+
+    async def create() -> None:
+        await (await open_log(db)).close()
+
+    asyncio.run(create())
+    run = replay(db)
+    assert "holds no records" in run.stderr and f"no {db}-wal beside it" in run.stderr, run
+
+
+def test_plot_without_matplotlib_is_refused_before_the_replay(tmp_path: Path):
+    db = tmp_path / "missing.db"  # the replay would refuse this: the plot's check comes first
+    hide = (
+        "import sys; sys.modules['matplotlib'] = None; "
+        "from foldplane.coordinator.cli import main; raise SystemExit(main(sys.argv[1:]))"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", hide, "replay", str(db), "--plot", str(tmp_path / "t.png")],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert run.returncode == 2, run
+    assert "--plot: matplotlib is not installed" in run.stderr, run.stderr
+    assert "does not exist" not in run.stderr, run.stderr

@@ -1,0 +1,170 @@
+"""What foldplane installs does not collide with a user's own modules.
+
+A user's folder holds its own ``agent.py``, ``api/``, ``wire.py`` and ``eventlog.py`` (two of them
+fail when imported, two define something else under foldplane's old top-level names). From that
+folder as the working directory (first on ``sys.path``), a real coordinator serves (``python -m
+foldplane.coordinator serve``), the README's worker snippet runs as two real worker processes, the
+console page is served and the log replays: against foldplane installed editable (this
+checkout's ``.venv``) and, marked slow, from a wheel built here into a fresh virtual environment.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.conftest import free_port
+
+ROOT = Path(__file__).resolve().parent.parent
+#: The top-level names foldplane's folders had before they were installed under ``foldplane``.
+FOLDERS = ("agent", "api", "benchmarks", "coordinator", "eventlog", "migrations", "wire")
+USER_FILES = {
+    "agent.py": 'raise RuntimeError("the user\'s own agent.py was imported")\n',
+    "api/__init__.py": 'raise RuntimeError("the user\'s own api package was imported")\n',
+    "api/limits.py": "LIMIT = 3  # the user's own\n",
+    "wire.py": "FORMAT = 'the user\\'s own wire format'\n",
+    "eventlog.py": "EVENTS: list[str] = []  # the user's own event log\n",
+}
+#: Fast failure detection for the group; the deadlines fail a broken run soon.
+GROUP = {"heartbeat_timeout_s": 3.0, "formation_timeout_s": 60.0, "admission_timeout_s": 20.0}
+
+
+def user_folder(tmp: Path) -> Path:
+    folder = tmp / "user"
+    for name, text in USER_FILES.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_text(text)
+    return folder
+
+
+def readme_worker(url: str) -> str:
+    """The README's worker snippet (the Python block with ``Agent(``), pointed at ``url``, with
+    ``rank`` from the command line."""
+    blocks = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+    snippet = next(b for b in blocks if "Agent(" in b and "from foldplane.agent import" in b)
+    snippet = re.sub(r"http://(?:127\.0\.0\.1|localhost):\d+", url, snippet)
+    return "import sys\nrank = int(sys.argv[1])\n" + snippet
+
+
+def _running(process: subprocess.Popen[str], lines: list[str], up: threading.Event) -> None:
+    assert process.stdout is not None
+    for line in process.stdout:
+        lines.append(line)
+        if "Uvicorn running on" in line:
+            up.set()
+    up.set()  # exited: the caller sees it in poll()
+
+
+def run_from_user_folder(python: str, folder: Path) -> None:
+    """A coordinator, the README's worker as 2 ranks, the console and a replay, all started with
+    ``folder`` as the working directory."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONSAFEPATH")}
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    server = subprocess.Popen(
+        [python, "-m", "foldplane.coordinator", "serve", "--db", "train.db", "--host",
+         "127.0.0.1", "--port", str(port), "--store-port", "0"],
+        cwd=folder, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    lines: list[str] = []
+    up = threading.Event()
+    threading.Thread(target=_running, args=(server, lines, up), daemon=True).start()
+    try:
+        assert up.wait(90) and server.poll() is None, "coordinator did not start:\n" + "".join(
+            lines
+        )
+        with httpx.Client(base_url=url, timeout=30) as http:
+            made = http.post("/groups", json={"group": "train", "world_size": 2, **GROUP})
+            assert made.status_code in (200, 201), made.text
+            (folder / "train.py").write_text(readme_worker(url))
+            workers = [
+                subprocess.Popen(
+                    [python, "train.py", str(rank)], cwd=folder, env={**env, "RANK": str(rank)},
+                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                )  # fmt: skip
+                for rank in range(2)
+            ]
+            for rank, worker in enumerate(workers):
+                out, _ = worker.communicate(timeout=180)
+                assert worker.returncode == 0, f"rank {rank}:\n{out}"
+            views = http.get("/views/history", params={"group": "train"})
+            assert views.status_code == 200, views.text
+            assert views.json(), "no view committed"
+            console = http.get("/ui")
+            assert console.status_code == 200 and "<html" in console.text.lower(), console.text
+    finally:
+        server.terminate()
+        try:
+            server.wait(20)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+    replay = subprocess.run(
+        [python, "-m", "foldplane.coordinator", "replay", "train.db"],
+        cwd=folder, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert replay.returncode == 0, replay.stdout + replay.stderr
+
+
+def installed(python: str, cwd: Path) -> dict[str, str | None]:
+    """Where ``python`` finds ``foldplane.agent`` and each old top-level name (None: nowhere)."""
+    code = (
+        "import importlib.util, json, foldplane.agent\n"
+        f"names = {list(FOLDERS)!r}\n"
+        "found = {n: getattr(importlib.util.find_spec(n), 'origin', None) for n in names}\n"
+        "print(json.dumps({'foldplane.agent': foldplane.agent.__file__, **found}))\n"
+    )
+    done = subprocess.run(
+        [python, "-c", code], cwd=cwd, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, f"{python} does not import foldplane from {cwd}:\n{done.stderr}"
+    return json.loads(done.stdout)
+
+
+def test_a_users_own_modules_beside_the_script_do_not_break_an_editable_install(
+    tmp_path: Path,
+) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    where = installed(sys.executable, elsewhere)
+    assert Path(where.pop("foldplane.agent")).resolve() == ROOT / "agent" / "__init__.py", (
+        "foldplane is not installed editable from this checkout: "
+        "pip install -c constraints-dev.txt -e '.[dev]'"
+    )
+    assert where == dict.fromkeys(FOLDERS), f"installed at top level: {where}"
+    run_from_user_folder(sys.executable, user_folder(tmp_path))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1500)  # installing torch into a new environment takes minutes
+def test_a_users_own_modules_beside_the_script_do_not_break_the_wheel(tmp_path: Path) -> None:
+    """Built with ``pip wheel``, installed with its server extra into a new environment (torch
+    from the constraints file, as in development)."""
+    dist = tmp_path / "dist"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+         str(ROOT), "-w", str(dist)],
+        check=True, capture_output=True, timeout=300,
+    )  # fmt: skip
+    (wheel,) = dist.glob("foldplane-*.whl")
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
+    python = str(venv / "bin" / "python")
+    subprocess.run(
+        [python, "-m", "pip", "install", "-q", "-c", str(ROOT / "constraints-dev.txt"),
+         f"{wheel}[server]"],
+        check=True, capture_output=True, timeout=1200,
+    )  # fmt: skip
+    where = installed(python, tmp_path)
+    assert Path(where.pop("foldplane.agent")).is_relative_to(venv), where
+    assert where == dict.fromkeys(FOLDERS), f"installed at top level: {where}"
+    assert (venv / "bin" / "foldplane-coordinator").exists()
+    run_from_user_folder(python, user_folder(tmp_path))
