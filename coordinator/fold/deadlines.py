@@ -91,6 +91,10 @@ class Deadlines:
             if g.formation == FORMING:
                 self._expire_unformed_heads(g, record, effects)
             self._settle(g, record, effects)
+            if g.formation == FORMING and g.change is None and g.shutdown is None:
+                deadline = g.created_ts + g.cfg.formation_timeout_ns
+                if deadline <= now:  # this tick lost the formation change's last participant
+                    self._fail_formation(g, deadline, record, effects)
         for facet in self.facets:
             facet.tick(self, record, effects)
         return effects
