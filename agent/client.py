@@ -23,14 +23,19 @@ from typing import Any
 import httpx
 
 from foldplane.wire import ranks as rank_sets
+from foldplane.wire.codes import (
+    BAD_ANSWER,
+    HTTP_ERROR,
+    NOT_FOLDPLANE,
+    NOT_LEADER,
+    TERMINAL,
+    error_body,
+)
 from foldplane.wire.protocol import FEATURES, PROTOCOL
 
 #: How long one plain request may take; long polls add their own timeout on top.
 DEFAULT_TIMEOUT_S = 10.0
 
-#: The code of an answer that is not a foldplane coordinator's JSON (some other HTTP server
-#: at that address): retrying there cannot help.
-NOT_FOLDPLANE = "not_foldplane"
 
 #: How long :meth:`Agent.start` waits for the coordinator to answer and the group to exist
 #: when neither ``start(timeout_s=...)`` nor ``FOLDPLANE_START_TIMEOUT_S`` says: a wrong
@@ -54,10 +59,6 @@ def start_timeout_s(timeout_s: float | None = None) -> float:
     if not value > 0:
         raise ValueError(f"FOLDPLANE_START_TIMEOUT_S={raw!r} is not a positive number of seconds")
     return value
-
-
-#: Terminal proposal statuses: nothing overwrites them.
-TERMINAL_STATUSES = frozenset({"applied", "applied_with_dropped_ranks", "rejected"})
 
 
 class CoordinatorError(Exception):
@@ -150,7 +151,7 @@ class CoordinatorClient:
         body = self.request("POST", "/agents/events", json={"events": list(events)})
         results = body.get("results")
         if not isinstance(results, list):
-            raise CoordinatorError(200, "bad_answer", f"no results list in {body!r}", self.address)
+            raise CoordinatorError(200, BAD_ANSWER, f"no results list in {body!r}", self.address)
         return results
 
     def updates(
@@ -215,7 +216,7 @@ class CoordinatorClient:
         body = self.request("GET", "/groups", timeout_s=timeout_s)
         groups = body.get("groups")
         if not isinstance(groups, list):
-            raise CoordinatorError(200, "bad_answer", "no groups list in the answer", self.address)
+            raise CoordinatorError(200, BAD_ANSWER, "no groups list in the answer", self.address)
         return groups
 
     def current_view(self, group: str) -> dict[str, Any]:
@@ -264,7 +265,7 @@ class CoordinatorClient:
             json=body,
             timeout_s=min(wait_s, 60.0) + self._timeout_s,
         )
-        while answer.get("status") not in TERMINAL_STATUSES:
+        while answer.get("status") not in TERMINAL:
             left = deadline - time.monotonic()
             if left <= 0:
                 break
@@ -316,7 +317,7 @@ class CoordinatorClient:
             body = _json_body(response, url, f"{method} {path}")
             if body.get("error") == NOT_FOLDPLANE:
                 raise CoordinatorError(response.status_code, NOT_FOLDPLANE, body["detail"], url)
-            if response.status_code == 503 and body.get("error") == "not_leader":
+            if response.status_code == 503 and body.get("error") == NOT_LEADER:
                 failures.append(f"{url}: not the leader")
                 leader = body.get("leader")
                 if leader:
@@ -332,7 +333,7 @@ class CoordinatorClient:
             if response.status_code >= 400:
                 raise CoordinatorError(
                     response.status_code,
-                    str(body.get("error", "http_error")),
+                    str(body.get("error", HTTP_ERROR)),
                     str(body.get("detail", response.text[:200])),
                     url,
                 )
@@ -363,14 +364,12 @@ def _json_body(response: httpx.Response, url: str, call: str) -> dict[str, Any]:
         body = response.json()
     except ValueError:
         kind = response.headers.get("content-type", "no content type").split(";")[0]
-        return {
-            "error": NOT_FOLDPLANE,
-            "detail": (
-                f"no foldplane coordinator at {url}: {call} answered HTTP "
-                f"{response.status_code} with {kind} ({len(response.content)} bytes), not "
-                "foldplane's JSON; check the address and port"
-            ),
-        }
+        return error_body(
+            NOT_FOLDPLANE,
+            f"no foldplane coordinator at {url}: {call} answered HTTP "
+            f"{response.status_code} with {kind} ({len(response.content)} bytes), not "
+            "foldplane's JSON; check the address and port",
+        )
     return body if isinstance(body, dict) else {"value": body}
 
 

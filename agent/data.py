@@ -46,6 +46,7 @@ from typing import Any
 import torch
 from torch.utils.data import Sampler
 
+from foldplane.wire.codes import NOT_JOINED, RANK_OFFLINE, STALE_ASSIGNMENT
 from foldplane.wire.data import PartMismatch, ReadCursor, apply_moves
 
 log = logging.getLogger("foldplane.data")
@@ -210,9 +211,9 @@ class EpochTracker:
             if error is None:
                 if processed > self.accepted.get(epoch, 0):
                     self.accepted[epoch] = processed
-            elif error == "stale_assignment":
+            elif error == STALE_ASSIGNMENT:
                 self._stale = (epoch, assignment)  # sent again against the part it receives
-            elif error in ("not_joined", "rank_offline"):
+            elif error in (NOT_JOINED, RANK_OFFLINE):
                 pass  # sent again after the join (a wait resends what is overdue)
             else:
                 self.error = f"progress for epoch {epoch} refused: {error}: {detail}"

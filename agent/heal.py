@@ -25,11 +25,8 @@ The rules:
   none is left, or none still holds the pinned step, the pull raises ``HealError`` saying how
   far it got.
 
-Wire format, one TCP connection per source: requests are a length-prefixed JSON object,
-``{"op": "pin"}`` (answered by a length-prefixed header: ``torch.save`` of the steps, the
-state's structure with each tensor replaced by its number, and each tensor's dtype and shape)
-and ``{"op": "get", "pieces": [[tensor, start, end], ...]}`` (answered by a status byte, then
-the raw bytes of each range in order, or a length-prefixed reason).
+The wire format (a ``pin`` request, then ``get`` requests, one TCP connection per source) is
+declared in ``wire.heal``.
 """
 
 from __future__ import annotations
@@ -37,11 +34,9 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import io
-import json
 import logging
 import math
 import socket
-import struct
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -50,14 +45,25 @@ from typing import Any
 
 import torch
 
+from foldplane.wire.heal import (
+    LENGTH,
+    OK,
+    REFUSED,
+    GetRequest,
+    HealProtocolError,
+    HealRequest,
+    PinRequest,
+    decode_request,
+    encode_request,
+)
+
 log = logging.getLogger("foldplane.heal")
 
 CHUNK_BYTES = 4 << 20
 #: The longest a chunk of live memory may take to leave (a mutation waits for one chunk).
 LIVE_SEND_TIMEOUT_S = 2.0
 _SOCKET_BUFFER = 8 << 20
-_LEN = struct.Struct("!Q")
-_OK, _REFUSED = b"\x00", b"\x01"
+
 SLOT = "__foldplane_tensor__"
 
 
@@ -247,22 +253,22 @@ class HealServer:
         _tune(conn)
         try:
             while True:
-                request = _recv_json(conn)
+                request = _recv_request(conn)
                 if request is None:
                     return
-                if request["op"] == "pin":
+                if isinstance(request, PinRequest):
                     session = self._gate.pin(self._snapshot, self.pin_timeout_s)
                     _send_blob(conn, session.header)
-                elif request["op"] == "get" and session is not None:
-                    pieces = [(int(i), int(a), int(b)) for i, a, b in request["pieces"]]
+                elif session is not None:
+                    pieces = request.pieces
                     refused = self._gate.claim(session, pieces)
                     if refused is not None:
-                        conn.sendall(_REFUSED)
+                        conn.sendall(REFUSED)
                         _send_blob(conn, refused.encode())
                         continue
-                    conn.sendall(_OK)
+                    conn.sendall(OK)
                     self._send_pieces(conn, session, pieces)
-        except (OSError, HealError) as e:
+        except (OSError, HealError, HealProtocolError) as e:
             log.info("heal server %s: a pull ended early: %s", self._name, e)
         finally:
             if session is not None:
@@ -311,7 +317,7 @@ class SourceSession:
         self.source = source
         self.sock = socket.create_connection((source.host, source.port), timeout=timeout_s)
         _tune(self.sock)
-        _send_json(self.sock, {"op": "pin"})
+        _send_blob(self.sock, encode_request(PinRequest()))
         header = _recv_blob(self.sock)
         meta = torch.load(io.BytesIO(header), weights_only=True)
         self.steps: int = meta["steps"]
@@ -329,9 +335,9 @@ class SourceSession:
         done: list[tuple[int, int, int]],
     ) -> None:
         """Receive ``pieces`` into ``targets``; ``done`` collects the byte ranges received."""
-        _send_json(self.sock, {"op": "get", "pieces": pieces})
+        _send_blob(self.sock, encode_request(GetRequest(pieces)))
         status = _recv_exact(self.sock, 1)
-        if status != _OK:
+        if status != OK:
             raise HealError(f"rank {self.source.rank}: {_recv_blob(self.sock).decode()}")
         for index, start, end in pieces:
             view = targets[index]
@@ -459,11 +465,7 @@ def _tune(sock: socket.socket) -> None:
 
 
 def _send_blob(sock: socket.socket, blob: bytes) -> None:
-    sock.sendall(_LEN.pack(len(blob)) + blob)
-
-
-def _send_json(sock: socket.socket, obj: Any) -> None:
-    _send_blob(sock, json.dumps(obj).encode())
+    sock.sendall(LENGTH.pack(len(blob)) + blob)
 
 
 def _recv_exact(sock: socket.socket, n: int) -> bytes:
@@ -479,12 +481,13 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
 
 
 def _recv_blob(sock: socket.socket) -> bytes:
-    (size,) = _LEN.unpack(_recv_exact(sock, _LEN.size))
+    (size,) = LENGTH.unpack(_recv_exact(sock, LENGTH.size))
     return _recv_exact(sock, size)
 
 
-def _recv_json(sock: socket.socket) -> Any:
+def _recv_request(sock: socket.socket) -> HealRequest | None:
     try:
-        return json.loads(_recv_blob(sock))
+        body = _recv_blob(sock)
     except HealError:
         return None  # the peer hung up between requests
+    return decode_request(body)

@@ -28,7 +28,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from foldplane.agent.client import (
-    NOT_FOLDPLANE,
     START_LOG_EVERY_S,
     CoordinatorClient,
     CoordinatorError,
@@ -69,6 +68,7 @@ from foldplane.agent.machine import (
     UpdatesReceived,
     View,
 )
+from foldplane.wire.codes import APPLIED_STATUSES, FATAL_ERRORS, NOT_FOLDPLANE, error_body
 
 log = logging.getLogger("foldplane.agent")
 
@@ -386,7 +386,7 @@ class Agent:
             wait_s=wait_s,
         )
         version = proposal.get("version")
-        if proposal.get("status", "").startswith("applied") and isinstance(version, int):
+        if proposal.get("status") in APPLIED_STATUSES and isinstance(version, int):
             left = max(0.0, deadline - time.monotonic())
             with contextlib.suppress(TimeoutError):
                 self.wait_for_view(version, timeout=left)
@@ -668,9 +668,8 @@ class Agent:
             try:
                 results = client.post_events(action.events)
             except CoordinatorError as exc:
-                if exc.status in (401, 403, 413, 422):
-                    code = "forbidden" if exc.status in (401, 403) else "invalid_event"
-                    refused = {"error": code, "detail": str(exc)}
+                if exc.code in FATAL_ERRORS:  # the whole batch refused: retrying cannot help
+                    refused = error_body(exc.code, str(exc))
                     self._inbox.put(
                         EventsAnswered(time.monotonic(), (refused,) * len(action.events), lane)
                     )

@@ -46,7 +46,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from foldplane.agent.client import (
-    NOT_FOLDPLANE,
     START_LOG_EVERY_S,
     CoordinatorClient,
     CoordinatorError,
@@ -57,6 +56,7 @@ from foldplane.agent.client import (
 )
 from foldplane.agent.relay import Relay
 from foldplane.wire.auth import agent_token
+from foldplane.wire.codes import NOT_FOLDPLANE, UNKNOWN_GROUP
 
 log = logging.getLogger("foldplane.launch")
 
@@ -347,7 +347,7 @@ def prepare_group(
         except CoordinatorError as exc:
             if exc.code == NOT_FOLDPLANE:
                 return exc.detail
-            if exc.code != "unknown_group":
+            if exc.code != UNKNOWN_GROUP:
                 return f"cannot look up group {group!r} at {where}: {exc}"
             if world_size is not None:
                 try:

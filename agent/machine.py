@@ -74,13 +74,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from foldplane.wire.protocol import (
-    CAUSE_DEATH_REPORTED,
+from foldplane.wire.codes import (
     FATAL_ERRORS,
-    HEALTHY,
-    OFFLINE,
+    NOT_JOINED,
+    RANK_OFFLINE,
     RETRIED_JOIN_ERRORS,
     STALE_INCARNATION,
+    STALE_VERSION,
+)
+from foldplane.wire.protocol import (
+    CAUSE_DEATH_REPORTED,
+    HEALTHY,
+    OFFLINE,
     SYNCED,
     Prepared,
     StaleBase,
@@ -593,7 +598,7 @@ class AgentMachine:
         self._beat_backoff_s = 0.0
         for result in event.results:
             error = result.get("error")
-            if error is not None and error != "rank_offline":
+            if error is not None and error != RANK_OFFLINE:
                 return self._refused(
                     {"type": "heartbeat"}, str(error), str(result.get("detail", "")), event.now
                 )
@@ -667,7 +672,7 @@ class AgentMachine:
         if self.phase != _JOINED:
             return [
                 ProgressAnswered(
-                    event.epoch, event.assignment, event.processed, "not_joined", self.phase
+                    event.epoch, event.assignment, event.processed, NOT_JOINED, self.phase
                 )
             ]
         fields: dict[str, Any] = {
@@ -686,7 +691,7 @@ class AgentMachine:
         if event.kind not in REFIT_EVENTS:
             raise ValueError(f"{event.kind!r} is not a refit event ({sorted(REFIT_EVENTS)})")
         if self.phase != _JOINED:
-            return [RefitAnswered(event.kind, dict(event.fields), None, "not_joined", self.phase)]
+            return [RefitAnswered(event.kind, dict(event.fields), None, NOT_JOINED, self.phase)]
         self._queue(event.kind, **event.fields)
         return []
 
@@ -831,7 +836,7 @@ class AgentMachine:
                 self._join_retry_at = now + self.config.join_retry_s
                 return []
             return self._stop("failed" if not self._close_requested else "closed", self.last_error)
-        if kind == "ack" and error == "stale_version":
+        if kind == "ack" and error == STALE_VERSION:
             return []  # the change committed or was dropped without us; the updates say which
         if kind == "exit":
             return self._stop("closed", self.last_error)

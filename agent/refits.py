@@ -25,6 +25,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from foldplane.wire.codes import AGENT_STOPPED, REFIT_NOT_READY, STALE_REFIT_EPOCH
+
 #: How long a call waits for the coordinator's answer to one of its events.
 ANSWER_S = 30.0
 
@@ -42,7 +44,7 @@ class RefitEpochMoved(RefitRefused):
     """The refit moved to a newer epoch (``epoch``) while this caller held an older one."""
 
     def __init__(self, epoch: int, cause: str) -> None:
-        super().__init__("stale_refit_epoch", f"the refit is at epoch {epoch}: {cause}")
+        super().__init__(STALE_REFIT_EPOCH, f"the refit is at epoch {epoch}: {cause}")
         self.epoch = epoch
         self.cause = cause
 
@@ -144,10 +146,10 @@ class RefitTracker:
             ):
                 raise TimeoutError(f"no answer to {kind} within {timeout:g} s")
             if key not in self._answers:
-                raise RefitRefused("agent_stopped", str(self.stopped))
+                raise RefitRefused(AGENT_STOPPED, str(self.stopped))
             error, detail = self._answers.pop(key)
         if error is not None:
-            if error == "stale_refit_epoch":
+            if error == STALE_REFIT_EPOCH:
                 epoch = self.epochs.get(fields["refit"], {}).get("epoch", -1)
                 raise RefitEpochMoved(epoch, detail)
             raise RefitRefused(error, detail)
@@ -157,7 +159,7 @@ class RefitTracker:
         with self._cond:
             while True:
                 if self.stopped is not None:
-                    raise RefitRefused("agent_stopped", f"while waiting for {what}: {self.stopped}")
+                    raise RefitRefused(AGENT_STOPPED, f"while waiting for {what}: {self.stopped}")
                 value = predicate()
                 if value is not None:
                     return value
@@ -205,7 +207,7 @@ class RefitClient:
             number = int(epoch["epoch"])
             if epoch["status"] == "timed_out":
                 raise RefitRefused(
-                    "refit_not_ready",
+                    REFIT_NOT_READY,
                     f"refit {self.name!r} epoch {number} timed out waiting for "
                     f"{', '.join(epoch['missing'])}",
                 )
@@ -267,7 +269,7 @@ class RefitClient:
             raise RefitEpochMoved(epoch["epoch"], epoch["cause"])
         if epoch["status"] == "timed_out":
             raise RefitRefused(
-                "refit_not_ready",
+                REFIT_NOT_READY,
                 f"refit {self.name!r} epoch {number} timed out waiting for "
                 f"{', '.join(epoch['missing'])}",
             )

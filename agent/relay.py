@@ -66,6 +66,18 @@ from foldplane.agent.client import (
     CoordinatorUnavailable,
     parse_addresses,
 )
+from foldplane.wire.codes import (
+    BAD_ANSWER,
+    BODY_TOO_LARGE,
+    COORDINATOR_UNAVAILABLE,
+    HTTP_ERROR,
+    INVALID_REQUEST,
+    NESTING_TOO_DEEP,
+    NOT_FOUND,
+    NOT_LEADER,
+    error_body,
+    status_of,
+)
 from foldplane.wire.protocol import MAX_EVENTS, QUERY
 from foldplane.wire.ranks import MAX_QUERY_RANKS
 
@@ -98,28 +110,21 @@ BACKOFF_S = 0.05
 BACKOFF_MAX_S = 2.0
 #: Statuses of a request refused as a whole: a merged one is retried piece by piece.
 REFUSED = frozenset({400, 401, 403, 404, 413, 422})
-#: The code of the error a worker gets when no coordinator answered the relay.
-UNAVAILABLE = "coordinator_unavailable"
-#: The HTTP status of each error a channel answers a batch with (what ``POST /agents/events``
-#: would have answered); a code not listed is a ``503``.
-ERROR_STATUS = {
-    "invalid_request": 422,
-    "nesting_too_deep": 400,
-    "body_too_large": 413,
-    "forbidden": 403,
-    "unauthorized": 401,
-    "closed": 503,
-    "not_leader": 503,
-    "log_unavailable": 503,
-    "fold_failed": 503,
-}
 
 Body = dict[str, Any]
 Reply = tuple[int, Body]
 
 
-def error(status: int, code: str, detail: str) -> Reply:
-    return status, {"error": code, "detail": detail}
+def error(code: str, detail: str, *, default_status: int | None = None) -> Reply:
+    """An error with ``code``'s status (``wire.codes``): the relay's own, or one a channel
+    answered a batch with, which ``POST /agents/events`` would have answered with that status
+    (``default_status`` for a code a newer coordinator sends that this relay does not know)."""
+    return status_of(code, default_status), error_body(code, detail)
+
+
+def passed_on(status: int, code: str, detail: str) -> Reply:
+    """A coordinator's error, with the status it came with."""
+    return status, error_body(code, detail)
 
 
 class Counters(dict[str, int]):
@@ -208,7 +213,7 @@ def split_results(batch: Sequence[EventsRequest], body: Mapping[str, Any]) -> li
     wanted = sum(len(r.events) for r in batch)
     if not isinstance(results, list) or len(results) != wanted:
         got = len(results) if isinstance(results, list) else "no"
-        reply = error(502, "bad_answer", f"the coordinator answered {got} results for {wanted}")
+        reply = error(BAD_ANSWER, f"the coordinator answered {got} results for {wanted}")
         return [reply] * len(batch)
     replies: list[Reply] = []
     start = 0
@@ -587,7 +592,7 @@ class Upstream:
                 ) from None
             except ChannelClosed as exc:
                 raise Unreachable(f"the channel to {self.where} ended: {exc}") from None
-            if body.get("error") != "not_leader":
+            if body.get("error") != NOT_LEADER:
                 return body
             channel.close()
             self._links[tokened].follow(body)
@@ -622,9 +627,11 @@ def refused(exc: ChannelRefused, where: str) -> Reply:
     ``not_leader`` left after following the redirects means no coordinator leads."""
     body = exc.body
     if not isinstance(body, dict) or not isinstance(body.get("error"), str):
-        return error(exc.status, "http_error", str(body)[:200])
-    if body["error"] == "not_leader":
-        return error(503, UNAVAILABLE, f"no coordinator of {where} leads: {body.get('detail')}")
+        return passed_on(exc.status, HTTP_ERROR, str(body)[:200])
+    if body["error"] == NOT_LEADER:
+        return error(
+            COORDINATOR_UNAVAILABLE, f"no coordinator of {where} leads: {body.get('detail')}"
+        )
     return exc.status, {"error": body["error"], "detail": str(body.get("detail", ""))}
 
 
@@ -668,7 +675,7 @@ class EventsLane:
         if self._thread.is_alive():
             self._thread.join(timeout=5.0)
         for request in self._queue:
-            request.answer(error(503, UNAVAILABLE, "the relay is shutting down"))
+            request.answer(error(COORDINATOR_UNAVAILABLE, "the relay is shutting down"))
 
     def submit(self, events: list[Body], token: str | None, nbytes: int) -> Reply:
         """Queue one worker's events; block until its share of an upstream answer is back."""
@@ -676,14 +683,14 @@ class EventsLane:
         request = EventsRequest(events, nbytes, tokened=all("token" in e for e in events))
         with self._cond:
             if self._closed:
-                return error(503, UNAVAILABLE, "the relay is shutting down")
+                return error(COORDINATOR_UNAVAILABLE, "the relay is shutting down")
             if len(self._queue) >= MAX_QUEUED_REQUESTS:
-                return error(503, UNAVAILABLE, f"{len(self._queue)} event requests queued")
+                return error(COORDINATOR_UNAVAILABLE, f"{len(self._queue)} event requests queued")
             self._queue.append(request)
             self._stats.add("events_requests")
             self._cond.notify_all()
         if not request.done.wait(EVENTS_WAIT_S):
-            return error(503, UNAVAILABLE, f"no upstream answer within {EVENTS_WAIT_S} s")
+            return error(COORDINATOR_UNAVAILABLE, f"no upstream answer within {EVENTS_WAIT_S} s")
         assert request.reply is not None
         return request.reply
 
@@ -706,7 +713,7 @@ class EventsLane:
                 if len(batch) > 1:
                     return [self.send_batch([request])[0] for request in batch]
                 detail = f"{size} bytes with the tokens; at most {MAX_BODY_BYTES}"
-                return [error(413, "body_too_large", detail)]
+                return [error(BODY_TOO_LARGE, detail)]
         self._stats.add("events_upstream")
         self._stats.add("events_sent", len(events))
         if len(batch) > 1:
@@ -719,13 +726,13 @@ class EventsLane:
         except ChannelRefused as exc:
             reply = refused(exc, self._upstream.where)
         except Unreachable as exc:
-            return [error(503, UNAVAILABLE, str(exc))] * len(batch)
+            return [error(COORDINATOR_UNAVAILABLE, str(exc))] * len(batch)
         else:
             code = body.get("error")
             if code is None:
                 return split_results(batch, body)
             code = str(code)
-            reply = error(ERROR_STATUS.get(code, 503), code, str(body.get("detail", "")))
+            reply = error(code, str(body.get("detail", "")), default_status=503)
         if len(batch) > 1 and reply[0] in REFUSED:
             # refused as a whole: let each worker's request meet its own fate
             return [self.send_batch([request])[0] for request in batch]
@@ -1049,7 +1056,7 @@ class UpdatesLane:
         reply = (
             refused(exc, where)
             if isinstance(exc, ChannelRefused)
-            else error(503, UNAVAILABLE, unreachable(where, exc))
+            else error(COORDINATOR_UNAVAILABLE, unreachable(where, exc))
         )
         with self._cond:
             if self._stream is stream:
@@ -1092,8 +1099,8 @@ class UpdatesLane:
 
 def _upstream_error(exc: Exception) -> Reply:
     if isinstance(exc, CoordinatorError):
-        return error(exc.status, exc.code, exc.detail)
-    return error(503, UNAVAILABLE, str(exc))
+        return passed_on(exc.status, exc.code, exc.detail)
+    return error(COORDINATOR_UNAVAILABLE, str(exc))
 
 
 # -- the relay -------------------------------------------------------------------------------
@@ -1217,16 +1224,15 @@ class Relay:
     def post_events(self, body: Any, token: str | None, nbytes: int) -> Reply:
         events = body.get("events") if isinstance(body, dict) else None
         if not isinstance(events, list) or not all(isinstance(e, dict) for e in events):
-            return error(422, "invalid_request", 'the body must be {"events": [objects]}')
+            return error(INVALID_REQUEST, 'the body must be {"events": [objects]}')
         if len(events) > MAX_EVENTS:
-            return error(422, "invalid_request", f"{len(events)} events; at most {MAX_EVENTS}")
+            return error(INVALID_REQUEST, f"{len(events)} events; at most {MAX_EVENTS}")
         if not events:
             return 200, {"term": None, "results": []}
         if nesting(body) > MAX_JSON_DEPTH:
             # what the coordinator answers such a body (its channel cannot say which batch)
             return error(
-                400,
-                "nesting_too_deep",
+                NESTING_TOO_DEEP,
                 f"the body nests arrays and objects more than {MAX_JSON_DEPTH} levels deep, "
                 "the limit (--max-json-depth)",
             )
@@ -1236,13 +1242,13 @@ class Relay:
     def get_updates(self, query: Mapping[str, list[str]], token: str | None) -> Reply:
         args = _poll_args(query)
         if isinstance(args, str):
-            return error(422, "invalid_request", args)
+            return error(INVALID_REQUEST, args)
         if args is None:  # not the one-rank form: the coordinator answers it
             params = {k: v[-1] for k, v in query.items()}
             return self.forward_poll(params, token)
         lane = self.lane(args.group, args.protocol)
         if lane is None:
-            return error(503, UNAVAILABLE, "the relay is shutting down")
+            return error(COORDINATOR_UNAVAILABLE, "the relay is shutting down")
         return lane.poll(args, token)
 
     def forward_poll(self, params: Mapping[str, Any], token: str | None) -> Reply:
@@ -1310,7 +1316,7 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         url = urlsplit(self.path)
         if url.path != "/agents/updates":
-            self._reply(error(404, "not_found", f"the relay serves no GET {url.path}"))
+            self._reply(error(NOT_FOUND, f"the relay serves no GET {url.path}"))
             return
         self._reply(self.server.relay.get_updates(parse_qs(url.query), self._token()))
 
@@ -1319,16 +1325,16 @@ class _Handler(BaseHTTPRequestHandler):
         length = int(self.headers.get("content-length") or 0)
         if length > MAX_BODY_BYTES:
             self.close_connection = True
-            self._reply(error(413, "body_too_large", f"{length} bytes; at most {MAX_BODY_BYTES}"))
+            self._reply(error(BODY_TOO_LARGE, f"{length} bytes; at most {MAX_BODY_BYTES}"))
             return
         raw = self.rfile.read(length)
         if url.path != "/agents/events":
-            self._reply(error(404, "not_found", f"the relay serves no POST {url.path}"))
+            self._reply(error(NOT_FOUND, f"the relay serves no POST {url.path}"))
             return
         try:
             body = json.loads(raw)
         except ValueError as exc:
-            self._reply(error(422, "invalid_request", f"the body is not JSON: {exc}"))
+            self._reply(error(INVALID_REQUEST, f"the body is not JSON: {exc}"))
             return
         self._reply(self.server.relay.post_events(body, self._token(), length))
 

@@ -38,18 +38,32 @@ import msgspec
 from msgspec import Meta
 
 from foldplane.api.codec import check_depth, encode_json
-from foldplane.api.errors import ApiError
+from foldplane.api.errors import ApiError, answer_of
 from foldplane.api.routes.agents import (
     EventsBatch,
     poll_ranks,
     refuse_unnamed_revisions,
     updates_body,
 )
-from foldplane.coordinator.auth import Authenticator, AuthError, Principal
+from foldplane.coordinator.auth import Authenticator, Principal
 from foldplane.coordinator.host.loop import Host, HostUnavailable
 from foldplane.coordinator.host.polls import UpdatesAnswer
 from foldplane.wire import websocket as ws
-from foldplane.wire.protocol import PROTOCOL, PROTOCOL_MISMATCH, QUERY
+from foldplane.wire.codes import (
+    BAD_REQUEST,
+    FORBIDDEN,
+    INVALID_QUERY,
+    INVALID_REQUEST,
+    METHOD_NOT_ALLOWED,
+    PROTOCOL_MISMATCH,
+    RANK_OUT_OF_RANGE,
+    UNKNOWN_GROUP,
+    UPGRADE_REQUIRED,
+)
+from foldplane.wire.protocol import (
+    PROTOCOL,
+    QUERY,
+)
 
 PATH = b"/agents/channel"
 
@@ -81,16 +95,15 @@ def channel_query(raw: bytes) -> ChannelQuery:
     try:
         pairs = parse_qsl(raw.decode("ascii"), keep_blank_values=True, strict_parsing=bool(raw))
     except (UnicodeDecodeError, ValueError) as exc:
-        raise ApiError(422, "invalid_query", f"the query is malformed: {exc}") from None
+        raise ApiError(INVALID_QUERY, f"the query is malformed: {exc}") from None
     fields = dict(pairs)
     if len(fields) != len(pairs):
-        raise ApiError(422, "invalid_query", "a query field is given twice")
+        raise ApiError(INVALID_QUERY, "a query field is given twice")
     if unknown := sorted(fields.keys() - _FIELDS):
-        raise ApiError(422, "invalid_query", f"unknown query field {unknown[0]!r}")
+        raise ApiError(INVALID_QUERY, f"unknown query field {unknown[0]!r}")
     protocol = fields.get("protocol")
     if protocol != str(PROTOCOL):
         raise ApiError(
-            400,
             PROTOCOL_MISMATCH,
             f"this coordinator speaks agent protocol {PROTOCOL}; the channel asks "
             f"{'none' if protocol is None else repr(protocol)}: upgrade the agent "
@@ -102,22 +115,21 @@ def channel_query(raw: bytes) -> ChannelQuery:
     named = "rank" in fields or "ranks" in fields
     if group is None:
         if named:
-            raise ApiError(422, "invalid_query", "ranks need their group: name group= too")
+            raise ApiError(INVALID_QUERY, "ranks need their group: name group= too")
         return ChannelQuery(None, (), after, view)
     if not 0 < len(group) <= QUERY.group_chars:
-        raise ApiError(422, "invalid_query", f"group must be 1-{QUERY.group_chars} characters long")
+        raise ApiError(INVALID_QUERY, f"group must be 1-{QUERY.group_chars} characters long")
     if not named:
         raise ApiError(
-            422,
-            "invalid_query",
+            INVALID_QUERY,
             "a channel for a group names the ranks it carries (ranks=0-7 or rank=R)",
         )
     rank = fields.get("rank")
     if rank is not None and not _DIGITS.fullmatch(rank):
-        raise ApiError(422, "invalid_query", f"rank must be a number, got {rank!r}")
+        raise ApiError(INVALID_QUERY, f"rank must be a number, got {rank!r}")
     ranks = poll_ranks(None if rank is None else int(rank), fields.get("ranks"))
     if ranks[-1] > QUERY.max_rank:
-        raise ApiError(422, "invalid_query", f"rank {ranks[-1]} is over {QUERY.max_rank}")
+        raise ApiError(INVALID_QUERY, f"rank {ranks[-1]} is over {QUERY.max_rank}")
     return ChannelQuery(group, ranks, after, view, fields.get("features"))
 
 
@@ -126,9 +138,7 @@ def _number(fields: dict[str, str], name: str, default: int | None) -> Any:
     if value is None:
         return default
     if not _DIGITS.fullmatch(value) or int(value) > QUERY.max_offset:
-        raise ApiError(
-            422, "invalid_query", f"{name} must be a number from 0 to {QUERY.max_offset}"
-        )
+        raise ApiError(INVALID_QUERY, f"{name} must be a number from 0 to {QUERY.max_offset}")
     return int(value)
 
 
@@ -147,18 +157,17 @@ def accept(
     """Decide the opening request of a channel; ``ApiError``, ``AuthError`` or
     ``HostUnavailable`` say why it is refused. ``options`` are :class:`HostChannel`'s."""
     if method != "GET":
-        raise ApiError(405, "method_not_allowed", f"{PATH.decode()} is opened with GET")
+        raise ApiError(METHOD_NOT_ALLOWED, f"{PATH.decode()} is opened with GET")
     head = _head(headers)
     if head.version != ws.VERSION.encode():
         raise ApiError(
-            426,
-            "upgrade_required",
+            UPGRADE_REQUIRED,
             f"the channel speaks WebSocket version {ws.VERSION}; the request says "
             f"{head.version.decode('latin-1') if head.version else 'none'}",
         )
     key = head.key.decode("latin-1") if head.key is not None else ""
     if not ws.valid_key(key):
-        raise ApiError(400, "bad_request", "Sec-WebSocket-Key must be the base64 of 16 bytes")
+        raise ApiError(BAD_REQUEST, "Sec-WebSocket-Key must be the base64 of 16 bytes")
     _, _, query = url.partition(b"?")
     asked = channel_query(query)
     auth: Authenticator = state.auth
@@ -171,17 +180,15 @@ def accept(
         denied = [r for r in asked.ranks if not principal.speaks_for(group, r)]
         if denied:
             raise ApiError(
-                403,
-                "forbidden",
+                FORBIDDEN,
                 f"{principal.describe()} may not carry ranks {denied[:8]} of {group!r}",
             )
         config = host.machine.group_config(group)
         if config is None:
-            raise ApiError(404, "unknown_group", f"no group {group!r}")
+            raise ApiError(UNKNOWN_GROUP, f"no group {group!r}")
         if asked.ranks[-1] >= config.world_size:
             raise ApiError(
-                404,
-                "rank_out_of_range",
+                RANK_OUT_OF_RANGE,
                 f"rank {asked.ranks[-1]} is not in 0..{config.world_size - 1} of group {group!r}",
             )
         refuse_unnamed_revisions(host, group, asked.features, "channel")
@@ -442,7 +449,7 @@ class HostChannel(asyncio.Protocol):
             self._write_message(
                 {
                     "id": None,
-                    "error": "invalid_request",
+                    "error": INVALID_REQUEST,
                     "detail": f"a channel message is a JSON object with an integer id (0 to "
                     f"2**53) and an events list: {exc}",
                 }
@@ -451,7 +458,7 @@ class HostChannel(asyncio.Protocol):
         try:
             batch = EventsBatch.read(self.state, self.principal, payload)
             if batch_id is None:  # the decoder's depth is past --max-json-depth's bound
-                raise ApiError(422, "invalid_request", "a channel message needs an integer id")
+                raise ApiError(INVALID_REQUEST, "a channel message needs an integer id")
             future = self.host.enqueue_many(batch.records, normalized=True)
         except (ApiError, HostUnavailable) as exc:
             self._write_message({"id": batch_id, **_error(exc)})
@@ -537,13 +544,7 @@ class HostChannel(asyncio.Protocol):
 
 def _error(exc: Exception) -> dict[str, Any]:
     """An error message's fields, as an HTTP error body would have them."""
-    if isinstance(exc, ApiError):
-        return {"error": exc.code, "detail": exc.detail, **exc.extra}
-    if isinstance(exc, AuthError):
-        return {"error": exc.code, "detail": exc.detail}
-    if isinstance(exc, HostUnavailable):
-        out: dict[str, Any] = {"error": exc.code, "detail": exc.detail}
-        if exc.code == "not_leader":
-            out["leader"] = getattr(exc, "leader", None)
-        return out
-    raise exc
+    answer = answer_of(exc)
+    if answer is None:
+        raise exc
+    return answer[1]

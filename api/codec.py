@@ -23,6 +23,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from foldplane.api.errors import ApiError
+from foldplane.wire.codes import INVALID_REQUEST, NESTING_TOO_DEEP
 
 T = TypeVar("T")
 
@@ -61,8 +62,7 @@ def check_depth(body: bytes, limit: int) -> None:
         brackets, passes = inner, passes + 1
     if passes + brackets.count(b"[") > limit:
         raise ApiError(
-            400,
-            "nesting_too_deep",
+            NESTING_TOO_DEEP,
             f"the body nests arrays and objects more than {limit} levels deep, the limit "
             "(--max-json-depth)",
         )
@@ -78,7 +78,7 @@ def decode_json(body: bytes, type_: type[T]) -> T:
     """A request body as ``type_``, or ``422 invalid_request`` naming what is wrong. The caller
     has checked its depth (:func:`check_depth`)."""
     if not body:
-        raise ApiError(422, "invalid_request", "the request needs a JSON body")
+        raise ApiError(INVALID_REQUEST, "the request needs a JSON body")
     try:
         try:
             return msgspec.json.decode(body, type=type_)
@@ -89,11 +89,11 @@ def decode_json(body: bytes, type_: type[T]) -> T:
         # (the strict decode may have stopped before a part that is not JSON at all)
         return msgspec.convert(_integral(msgspec.json.decode(body)), type_)
     except msgspec.ValidationError as exc:  # a subclass of DecodeError: first
-        raise ApiError(422, "invalid_request", str(exc)) from None
+        raise ApiError(INVALID_REQUEST, str(exc)) from None
     except msgspec.DecodeError as exc:
-        raise ApiError(422, "invalid_request", f"the body is not valid JSON: {exc}") from None
+        raise ApiError(INVALID_REQUEST, f"the body is not valid JSON: {exc}") from None
     except RecursionError:  # only reachable with a depth limit near the interpreter's own
-        raise ApiError(400, "nesting_too_deep", "the body nests too deeply to decode") from None
+        raise ApiError(NESTING_TOO_DEEP, "the body nests too deeply to decode") from None
 
 
 def convert(value: Any, type_: type[T]) -> T:

@@ -7,6 +7,7 @@ from starlette.requests import Request
 from foldplane.api.errors import ApiError
 from foldplane.coordinator.auth import Authenticator, Principal
 from foldplane.coordinator.host.loop import Host
+from foldplane.wire.codes import FORBIDDEN, UNKNOWN_GROUP
 
 
 def host_of(request: Request) -> Host:
@@ -22,11 +23,11 @@ def require_operator(request: Request, action: str) -> Principal:
     principal = principal_of(request)
     if not principal.is_operator:
         raise ApiError(
-            403, "forbidden", f"{action} needs the operator token, not {principal.describe()}'s"
+            FORBIDDEN, f"{action} needs the operator token, not {principal.describe()}'s"
         )
     return principal
 
 
 def require_group(host: Host, group: str) -> None:
     if host.machine.group_config(group) is None:
-        raise ApiError(404, "unknown_group", f"no group {group!r}")
+        raise ApiError(UNKNOWN_GROUP, f"no group {group!r}")

@@ -1,8 +1,6 @@
 """Every error the HTTP surface answers has one shape: ``{"error": code, "detail": message}``.
 
-Status codes (docs/protocol.md): 400/422 malformed, 401 missing or malformed token, 403 wrong
-token, 404 unknown, 405 wrong method (with ``Allow``), 409 fenced or conflicting, 413 too
-large, 415 not JSON, 429 over a server limit, 503 not the leader or shutting down. Bad input
+Every code has one status, declared with it in ``wire.codes`` (docs/protocol.md). Bad input
 never reaches a 500: request bodies are decoded and validated before anything else looks at
 them, and the handlers below turn framework errors into the same shape.
 """
@@ -21,44 +19,49 @@ from starlette.responses import Response
 
 from foldplane.coordinator.auth import AuthError
 from foldplane.coordinator.host.loop import HostUnavailable
+from foldplane.wire.codes import (
+    BAD_REQUEST,
+    BODY_TOO_LARGE,
+    FORBIDDEN,
+    HTTP_ERROR,
+    INTERNAL,
+    INVALID_REQUEST,
+    METHOD_NOT_ALLOWED,
+    NOT_ACCEPTABLE,
+    NOT_FOUND,
+    TOO_MANY_REQUESTS,
+    UNAUTHORIZED,
+    UNSUPPORTED_MEDIA_TYPE,
+    error_body,
+    status_of,
+)
 
 log = logging.getLogger("foldplane.api")
 
-#: The HTTP status for each refusal code the host or the fold gives.
-REFUSAL_STATUS: dict[str, int] = {
-    "unknown_group": 404,
-    "unknown_proposal": 404,
-    "rank_out_of_range": 404,
-    "unknown_epoch": 404,
-    "unknown_refit": 404,
-    "unknown_transfer": 404,
-    "invalid_event": 422,
-    "invalid_request": 422,
-    "forbidden": 403,
-    "too_many_groups": 429,
-    "too_many_ranks": 429,
-}
-
-_HTTP_CODES = {
-    400: "bad_request",
-    401: "unauthorized",
-    403: "forbidden",
-    404: "not_found",
-    405: "method_not_allowed",
-    406: "not_acceptable",
-    413: "body_too_large",
-    415: "unsupported_media_type",
-    422: "invalid_request",
-    429: "too_many_requests",
+#: The code of each status the framework raises on its own (an unknown path, a wrong method).
+_FRAMEWORK_CODES = {
+    status_of(code): code
+    for code in (
+        BAD_REQUEST,
+        UNAUTHORIZED,
+        FORBIDDEN,
+        NOT_FOUND,
+        METHOD_NOT_ALLOWED,
+        NOT_ACCEPTABLE,
+        BODY_TOO_LARGE,
+        UNSUPPORTED_MEDIA_TYPE,
+        INVALID_REQUEST,
+        TOO_MANY_REQUESTS,
+    )
 }
 
 
 class ApiError(Exception):
-    """An error answer; raise it from a handler."""
+    """An error answer with ``code``'s status (``wire.codes``); raise it from a handler."""
 
-    def __init__(self, status: int, code: str, detail: str, **extra: Any) -> None:
+    def __init__(self, code: str, detail: str, **extra: Any) -> None:
         super().__init__(detail)
-        self.status = status
+        self.status = status_of(code)
         self.code = code
         self.detail = detail
         self.extra = extra
@@ -70,14 +73,31 @@ class BodyTooLarge(Exception):
         self.limit = limit
 
 
-def refusal_error(code: str, detail: str) -> ApiError:
-    return ApiError(REFUSAL_STATUS.get(code, 409), code, detail)
+def answer_of(exc: Exception) -> tuple[int, dict[str, Any]] | None:
+    """The status and error body of an error the API raises on purpose; None for anything
+    else (a bug). Every surface (the routes, the fast paths, the host channel, a refused
+    channel opening) answers through this one function."""
+    if isinstance(exc, ApiError):
+        return exc.status, error_body(exc.code, exc.detail, **exc.extra)
+    if isinstance(exc, AuthError):
+        return exc.status, error_body(exc.code, exc.detail)
+    if isinstance(exc, HostUnavailable):
+        return status_of(exc.code), error_body(exc.code, exc.detail, **exc.extra)
+    if isinstance(exc, BodyTooLarge):
+        return status_of(BODY_TOO_LARGE), error_body(BODY_TOO_LARGE, str(exc))
+    return None
 
 
 def error_response(
     status: int, code: str, detail: str, *, headers: dict[str, str] | None = None, **extra: Any
 ) -> Response:
-    body = {"error": code, "detail": detail, **extra}
+    return body_response(status, error_body(code, detail, **extra), headers=headers)
+
+
+def body_response(
+    status: int, body: dict[str, Any], *, headers: dict[str, str] | None = None
+) -> Response:
+    """An error body as a response, with the headers its status calls for."""
     if status == 401:
         headers = {**(headers or {}), "WWW-Authenticate": "Bearer"}
     elif status == 426:  # the host channel's WebSocket version (RFC 6455)
@@ -92,32 +112,23 @@ def _loc(loc: tuple[Any, ...] | list[Any]) -> str:
 def install(app: FastAPI) -> None:
     """Register the handlers that give every error the one shape."""
 
-    @app.exception_handler(ApiError)
-    async def _api_error(request: Request, exc: ApiError) -> Response:
-        return error_response(exc.status, exc.code, exc.detail, **exc.extra)
+    async def _raised(request: Request, exc: Exception) -> Response:
+        status, body = answer_of(exc)  # type: ignore[misc]
+        return body_response(status, body)
 
-    @app.exception_handler(AuthError)
-    async def _auth_error(request: Request, exc: AuthError) -> Response:
-        return error_response(exc.status, exc.code, exc.detail)
-
-    @app.exception_handler(HostUnavailable)
-    async def _unavailable(request: Request, exc: HostUnavailable) -> Response:
-        if exc.code == "not_leader":  # docs/protocol.md, "Failover": name the leader
-            return error_response(503, exc.code, exc.detail, leader=getattr(exc, "leader", None))
-        return error_response(503, exc.code, exc.detail)
-
-    @app.exception_handler(BodyTooLarge)
-    async def _too_large(request: Request, exc: BodyTooLarge) -> Response:
-        return error_response(413, "body_too_large", str(exc))
+    for raised in (ApiError, AuthError, HostUnavailable, BodyTooLarge):
+        app.add_exception_handler(raised, _raised)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> Response:
         problems = [f"{_loc(e.get('loc', ()))}: {e.get('msg', 'invalid')}" for e in exc.errors()]
-        return error_response(422, "invalid_request", "; ".join(problems) or "invalid request")
+        return error_response(
+            status_of(INVALID_REQUEST), INVALID_REQUEST, "; ".join(problems) or "invalid request"
+        )
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> Response:
-        code = _HTTP_CODES.get(exc.status_code, "http_error")
+        code = _FRAMEWORK_CODES.get(exc.status_code, HTTP_ERROR)
         detail = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
         if exc.status_code == 404 and detail == "Not Found":
             detail = f"no endpoint {request.method} {request.url.path}"
@@ -132,7 +143,7 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(Exception)
     async def _internal(request: Request, exc: Exception) -> Response:
         log.exception("internal error on %s %s", request.method, request.url.path)
-        return error_response(500, "internal", f"{type(exc).__name__}: {exc}")
+        return error_response(status_of(INTERNAL), INTERNAL, f"{type(exc).__name__}: {exc}")
 
 
 def _allowed(request: Request, first: str) -> str:

@@ -25,7 +25,7 @@ from fastapi import FastAPI
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from foldplane.api.errors import ApiError, BodyTooLarge, error_response
+from foldplane.api.errors import ApiError, BodyTooLarge, answer_of, body_response, error_response
 from foldplane.api.limits import BodySizeLimit, JsonBodies, length_problem, media_problem
 from foldplane.api.routes.agents import (
     EventsBatch,
@@ -34,8 +34,9 @@ from foldplane.api.routes.agents import (
     poll_ranks,
     updates_answer,
 )
-from foldplane.coordinator.auth import Authenticator, AuthError, Principal
-from foldplane.coordinator.host.loop import HostUnavailable, Outcome
+from foldplane.coordinator.auth import Authenticator, Principal
+from foldplane.coordinator.host.loop import Outcome
+from foldplane.wire.codes import INTERNAL, status_of
 from foldplane.wire.protocol import QUERY
 
 PATH = "/agents/events"
@@ -124,16 +125,11 @@ class Service:
 def failure_response(exc: Exception, scope: Scope) -> Response:
     """A fast path's answer to what its request raised, in the one error shape; anything the
     API does not raise on purpose is a bug, logged and answered ``500``."""
-    if isinstance(exc, ApiError):
-        return error_response(exc.status, exc.code, exc.detail, **exc.extra)
-    if isinstance(exc, AuthError):
-        return error_response(exc.status, exc.code, exc.detail)
-    if isinstance(exc, HostUnavailable):
-        return error_response(503, exc.code, exc.detail, **_leader(exc))
-    if isinstance(exc, BodyTooLarge):
-        return error_response(413, "body_too_large", str(exc))
+    answer = answer_of(exc)
+    if answer is not None:
+        return body_response(*answer)
     log.error("internal error on %s %s", scope["method"], scope["path"], exc_info=exc)
-    return error_response(500, "internal", f"{type(exc).__name__}: {exc}")
+    return error_response(status_of(INTERNAL), INTERNAL, f"{type(exc).__name__}: {exc}")
 
 
 #: What :meth:`OnConnection.plan` answers for an events batch it serves.
@@ -357,7 +353,3 @@ def _pair(field: str) -> tuple[str, str]:
 _UPDATE_FIELDS = frozenset(
     {"group", "rank", "ranks", "after", "timeout", "protocol", "view", "features"}
 )
-
-
-def _leader(exc: HostUnavailable) -> dict[str, str | None]:
-    return {"leader": getattr(exc, "leader", None)} if exc.code == "not_leader" else {}

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from foldplane.api.errors import ApiError, BodyTooLarge, error_response
+from foldplane.wire.codes import BAD_REQUEST, BODY_TOO_LARGE, UNSUPPORTED_MEDIA_TYPE
 
 #: The default body limit: 1 MiB, room for a full batch of 4,096 heartbeats.
 DEFAULT_MAX_BODY_BYTES = 1 << 20
@@ -206,8 +207,7 @@ def media_problem(path: str, declared: bytes) -> ApiError | None:
         return None
     said = repr(declared.decode("latin-1")) if declared else "none"
     return ApiError(
-        415,
-        "unsupported_media_type",
+        UNSUPPORTED_MEDIA_TYPE,
         f"POST {path} takes Content-Type: application/json; the request declared {said}",
     )
 
@@ -216,13 +216,12 @@ def length_problem(value: bytes, max_bytes: int) -> ApiError | None:
     """The ``400`` or ``413`` for a declared ``Content-Length`` of ``value``, or None."""
     if not _LENGTH.fullmatch(value):
         return ApiError(
-            400, "bad_request", f"Content-Length {value.decode(errors='replace')!r} is not a number"
+            BAD_REQUEST, f"Content-Length {value.decode(errors='replace')!r} is not a number"
         )
     declared = int(value)
     if declared > max_bytes:
         return ApiError(
-            413,
-            "body_too_large",
+            BODY_TOO_LARGE,
             f"the request body is {declared} bytes; the limit is {max_bytes} bytes "
             "(--max-body-bytes)",
         )

@@ -43,12 +43,19 @@ from uvicorn.protocols.http.httptools_impl import (
 )
 
 from foldplane.api import channel
-from foldplane.api.errors import ApiError
+from foldplane.api.errors import ApiError, answer_of
 from foldplane.api.fastpath import Answer, OnConnection
 from foldplane.api.limits import Limits
 from foldplane.api.routes.agents import UpdatesQuery
 from foldplane.coordinator.auth import AuthError
 from foldplane.coordinator.host.loop import HostUnavailable
+from foldplane.wire.codes import (
+    HEADERS_TOO_LARGE,
+    REQUEST_TIMEOUT,
+    TOO_MANY_CONNECTIONS,
+    error_body,
+    status_of,
+)
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -90,7 +97,7 @@ class Server(uvicorn.Server):
 def _raw_error(status: int, code: str, detail: str, **fields: Any) -> bytes:
     """A whole HTTP response in the one error shape, for a connection that closes after it (a
     refused connection, or a refused channel opening)."""
-    body = msgspec.json.encode({"error": code, "detail": detail, **fields})
+    body = msgspec.json.encode(error_body(code, detail, **fields))
     extra = {
         401: b"www-authenticate: Bearer\r\n",
         426: b"sec-websocket-version: 13\r\n",
@@ -139,8 +146,7 @@ class GuardedHttp(HttpToolsProtocol):
         cap = self.limits.max_connections
         if len(self.connections) > cap:
             self._refuse(
-                503,
-                "too_many_connections",
+                TOO_MANY_CONNECTIONS,
                 f"the server has {cap} connections open, its limit (--max-connections)",
             )
             return
@@ -321,8 +327,7 @@ class GuardedHttp(HttpToolsProtocol):
         if self._head_bytes <= self.limits.max_header_bytes:
             return True
         self._refuse(
-            431,
-            "headers_too_large",
+            HEADERS_TOO_LARGE,
             f"the request line and headers are over {self.limits.max_header_bytes} bytes, the "
             "limit (--max-header-bytes)",
         )
@@ -364,21 +369,20 @@ class GuardedHttp(HttpToolsProtocol):
             return
         if self.cycle is None or self.cycle.response_complete:  # no request is being answered
             self._refuse(
-                408,
-                "request_timeout",
+                REQUEST_TIMEOUT,
                 f"no complete request within {self.limits.request_timeout_s:g} s "
                 "(--request-timeout-s)",
             )
         else:  # its handler waits for the rest of the body, and now sees a disconnect
             self.transport.close()
 
-    def _refuse(self, status: int, code: str, detail: str) -> None:
+    def _refuse(self, code: str, detail: str) -> None:
         """Answer and close. Closing a socket with unread input resets the connection, and the
         client may then lose the answer; so the server half-closes, drops what still comes,
         and closes when the client does or after :data:`LINGER_S`."""
         self._disarm()
         self._refused = True
-        self.transport.write(_raw_error(status, code, detail))
+        self.transport.write(_raw_error(status_of(code), code, detail))
         if self.transport.can_write_eof():
             self.transport.write_eof()
             self._linger = self.loop.call_later(LINGER_S, self.transport.close)
@@ -387,14 +391,11 @@ class GuardedHttp(HttpToolsProtocol):
 
 
 def _refusal(exc: Exception) -> tuple[int, dict[str, Any]]:
-    """The status and error fields of a refused channel opening."""
-    if isinstance(exc, ApiError):
-        return exc.status, {"code": exc.code, "detail": exc.detail, **exc.extra}
-    if isinstance(exc, AuthError):
-        return exc.status, {"code": exc.code, "detail": exc.detail}
-    assert isinstance(exc, HostUnavailable)
-    extra = {"leader": getattr(exc, "leader", None)} if exc.code == "not_leader" else {}
-    return 503, {"code": exc.code, "detail": exc.detail, **extra}
+    """The status and error fields of a refused channel opening (``code`` for ``error``)."""
+    answer = answer_of(exc)
+    assert answer is not None, exc
+    status, body = answer
+    return status, {"code": body.pop("error"), **body}
 
 
 def guarded_http(limits: Limits) -> type[GuardedHttp]:

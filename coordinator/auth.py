@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from foldplane.wire.auth import TOKEN_PREFIX, agent_mac
+from foldplane.wire.codes import FORBIDDEN, UNAUTHORIZED, status_of
 from foldplane.wire.protocol import QUERY
 
 #: RFC 6750, section 2.1: the syntax of a bearer token.
@@ -40,9 +41,9 @@ MAX_RANK = QUERY.max_rank
 class AuthError(Exception):
     """A request that cannot be authenticated: 401 (no token) or 403 (a wrong one)."""
 
-    def __init__(self, status: int, code: str, detail: str) -> None:
+    def __init__(self, code: str, detail: str) -> None:
         super().__init__(detail)
-        self.status = status
+        self.status = status_of(code)
         self.code = code
         self.detail = detail
 
@@ -101,13 +102,11 @@ class Authenticator:
         if not self.enabled:
             return OPERATOR
         if not authorization:
-            raise AuthError(401, "unauthorized", "missing Authorization: Bearer <token>")
+            raise AuthError(UNAUTHORIZED, "missing Authorization: Bearer <token>")
         scheme, _, token = authorization.partition(" ")
         token = token.strip()
         if scheme.lower() != "bearer" or not token:
-            raise AuthError(
-                401, "unauthorized", "the Authorization header must be 'Bearer <token>'"
-            )
+            raise AuthError(UNAUTHORIZED, "the Authorization header must be 'Bearer <token>'")
         if "," in token:
             return self._several(token.split(","))
         return self.principal_for(token)
@@ -116,16 +115,14 @@ class Authenticator:
         """``Bearer t1,t2,...``: one agent token per rank a per-host channel carries, all of
         one group (or the operator token)."""
         if len(tokens) > 1024:
-            raise AuthError(
-                401, "unauthorized", f"{len(tokens)} tokens; at most 1024 in one header"
-            )
+            raise AuthError(UNAUTHORIZED, f"{len(tokens)} tokens; at most 1024 in one header")
         principals = [self.principal_for(t.strip()) for t in tokens]
         if any(p.is_operator for p in principals):
             return OPERATOR
         groups = {p.group for p in principals}
         if len(groups) != 1:
             raise AuthError(
-                403, "forbidden", f"the tokens speak for several groups {sorted(map(str, groups))}"
+                FORBIDDEN, f"the tokens speak for several groups {sorted(map(str, groups))}"
             )
         first = principals[0]
         rest = frozenset(p.rank for p in principals[1:] if p.rank is not None)
@@ -139,8 +136,7 @@ class Authenticator:
             return OPERATOR
         if not B64TOKEN.fullmatch(token):
             raise AuthError(
-                401,
-                "unauthorized",
+                UNAUTHORIZED,
                 "the token is malformed: a bearer token is ASCII letters, digits and -._~+/",
             )
         if token.startswith(TOKEN_PREFIX + ".") and self.secret:
@@ -150,10 +146,8 @@ class Authenticator:
                 rank = int(rank_text)
                 if hmac.compare_digest(mac.encode(), agent_mac(self.secret, group, rank).encode()):
                     return Principal("agent", group, rank)
-            raise AuthError(403, "forbidden", "the agent token is not valid for this server")
-        raise AuthError(
-            403, "forbidden", "the token is neither the operator token nor an agent token"
-        )
+            raise AuthError(FORBIDDEN, "the agent token is not valid for this server")
+        raise AuthError(FORBIDDEN, "the token is neither the operator token nor an agent token")
 
 
 def is_loopback(host: str) -> bool:

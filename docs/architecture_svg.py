@@ -129,7 +129,10 @@ def draw() -> str:
         'stroke-dasharray="5,3"/>'
     )
     s.text(
-        110, 377, "HTTP and the host channel (WebSocket) · the agent wire protocol, in wire/", "t"
+        110,
+        377,
+        "HTTP and the host channel (WebSocket) · the agent wire protocol and its codes, in wire/",
+        "t",
     )
     s.text(96, 290, "TCPStore in the coordinator:", "l")
     s.text(96, 303, "rendezvous, liveness counters,", "l")
@@ -194,7 +197,7 @@ def draw() -> str:
     s.box(
         50, 728, 900, 56,
         ["coordinator/fold/ — the pure fold: step(record) → effects; deterministic, no I/O, no clock",
-         "machine.py · healthy_set.py · projections.py · heartbeats.py · admission.py · fencing.py",
+         "machine.py dispatches to its rules: fencing · ranks · healthy_set · proposals · barrier · budget · deadlines",
          "time is the record's ts; the host appends a tick when next_deadline() has passed"],
         "fold",
     )  # fmt: skip

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 from pathlib import Path
@@ -46,6 +47,28 @@ def test_importing_the_pure_machines_loads_no_io_module() -> None:
     assert done.returncode == 0, done.stderr
     loaded = [m for m in done.stdout.strip().split(",") if m]
     assert loaded == [], f"importing the pure machines loaded {loaded}"
+
+
+#: The files the fold's rules live in, each with a docstring that states its rule.
+RULE_FILES = (
+    "fencing",
+    "ranks",
+    "healthy_set",
+    "budget",
+    "proposals",
+    "barrier",
+    "deadlines",
+    "ending",
+)
+
+
+def test_the_coordinator_is_a_dispatcher_over_files_that_state_their_rules() -> None:
+    """``machine.py`` dispatches and stays short; a rule is found from the tree alone."""
+    fold = ROOT / "coordinator" / "fold"
+    assert len((fold / "machine.py").read_text().splitlines()) <= 300
+    for name in RULE_FILES:
+        doc = ast.get_docstring(ast.parse((fold / f"{name}.py").read_text()))
+        assert doc and len(doc.splitlines()) >= 3, f"coordinator/fold/{name}.py states no rule"
 
 
 def test_the_contracts_cover_the_agent_and_the_benchmarks() -> None:

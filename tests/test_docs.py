@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from foldplane.benchmarks import report
+from foldplane.wire import reference
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
@@ -253,3 +254,18 @@ def test_ci_runs_the_readmes_test_command_verbatim() -> None:
     assert f"\n{command}\n" in (ROOT / "README.md").read_text()
     assert "-m 'not slow' -n 2 --dist loadgroup" in command
     assert "-m slow -n 2 --dist loadgroup" in command
+
+
+def test_the_readme_lists_every_page() -> None:
+    """Each page of docs/ is named in the README's list, so a reader finds it from there."""
+    readme = (ROOT / "README.md").read_text()
+    missing = [p.name for p in sorted(DOCS.glob("*.md")) if f"](docs/{p.name}" not in readme]
+    assert missing == [], f"the README's Documentation list misses {missing}"
+
+
+def test_the_protocol_reference_is_what_the_types_say() -> None:
+    """docs/protocol.md's event fields and codes are written from ``wire.protocol``'s event
+    types and ``wire.codes``; a change to either changes the page (``reference.REGENERATE``)."""
+    page = (DOCS / "protocol.md").read_text()
+    assert "<!-- generated: events -->" in page and "<!-- generated: codes -->" in page
+    assert reference.render(page) == page, f"docs/protocol.md is stale; run {reference.REGENERATE}"

@@ -1,8 +1,9 @@
 """The agent wire protocol, version 2: the one module both sides speak (docs/protocol.md).
 
-Everything an agent sends (events), everything it receives (updates, views) and every error
-code is declared here once. The coordinator, the HTTP surface, the in-process agent and the
-simulated agent host all import it, so a change to the protocol is a change to this file.
+Everything an agent sends (events) and everything it receives (updates, views) is declared
+here once; every code it may be answered with is declared once in ``wire.codes``. The
+coordinator, the HTTP surface, the in-process agent and the simulated agent host all import
+them, so a change to the protocol is a change to these two files.
 
 Costs that do not grow with the group, by construction:
 
@@ -55,54 +56,6 @@ def missing_features(named: str | None, wanted: tuple[str, ...] = FEATURES) -> l
     have = set((named or "").split(","))
     return [f for f in wanted if f not in have]
 
-
-# -- error codes (the ``error`` of an event result or an error body) ---------------------------
-
-UNKNOWN_GROUP = "unknown_group"
-RANK_OUT_OF_RANGE = "rank_out_of_range"
-STALE_INCARNATION = "stale_incarnation"
-RANK_BUSY = "rank_busy"
-RANK_OFFLINE = "rank_offline"
-STALE_VERSION = "stale_version"
-INVALID_EVENT = "invalid_event"
-GROUP_CONFLICT = "group_conflict"
-GROUP_FAILED = "group_failed"
-#: The group's run was ended by the operator (``POST /groups/{group}/end``): its ranks are
-#: told to stop, nothing joins it again, and its name is not reused.
-GROUP_ENDED = "group_ended"
-IDEMPOTENCY_CONFLICT = "idempotency_conflict"
-DUPLICATE_PROPOSAL = "duplicate_proposal"
-FORBIDDEN = "forbidden"
-PROTOCOL_MISMATCH = "protocol_mismatch"
-#: Epoch plans (``wire.data``): a plan or report naming an epoch that is not open, a plan that
-#: conflicts with the group's epochs, a progress report against an assignment the fold has
-#: since shortened (the agent reports again against the one it receives), a plan for a group
-#: that has no committed view yet.
-UNKNOWN_EPOCH = "unknown_epoch"
-EPOCH_CONFLICT = "epoch_conflict"
-STALE_ASSIGNMENT = "stale_assignment"
-GROUP_NOT_FORMED = "group_not_formed"
-#: Weight refits (``wire.refit``, docs/refit.md): a name no refit has; a refit created again
-#: with another definition; a worker outside the refit's groups or views; a slot out of range
-#: or held by another rank; a join whose plan digest differs from the refit's; a report or
-#: join for an epoch the refit has moved past; an epoch that is not (or no longer) admitted;
-#: a transfer report for an attempt that is over, or for a transfer whose state is final.
-UNKNOWN_REFIT = "unknown_refit"
-REFIT_CONFLICT = "refit_conflict"
-NOT_REFIT_MEMBER = "not_refit_member"
-INVALID_SLOT = "invalid_slot"
-DIGEST_MISMATCH = "digest_mismatch"
-STALE_REFIT_EPOCH = "stale_refit_epoch"
-REFIT_NOT_READY = "refit_not_ready"
-UNKNOWN_TRANSFER = "unknown_transfer"
-STALE_ATTEMPT = "stale_attempt"
-TRANSFER_FINAL = "transfer_final"
-TRANSFER_BUSY = "transfer_busy"
-
-#: Event errors that end an agent: retrying cannot help.
-FATAL_ERRORS = frozenset({FORBIDDEN, RANK_OUT_OF_RANGE, INVALID_EVENT, PROTOCOL_MISMATCH})
-#: Join errors an agent retries after a short wait.
-RETRIED_JOIN_ERRORS = frozenset({RANK_BUSY, UNKNOWN_GROUP})
 
 # -- physical states ---------------------------------------------------------------------------
 

@@ -28,7 +28,7 @@ from foldplane.api.codec import (
     read_json,
 )
 from foldplane.api.deps import host_of, principal_of, require_group
-from foldplane.api.errors import ApiError, refusal_error
+from foldplane.api.errors import ApiError
 from foldplane.api.models import (
     AgentEvent,
     AgentEventsRequest,
@@ -42,11 +42,18 @@ from foldplane.coordinator.host.loop import Appended, Host, Outcome, Refusal
 from foldplane.coordinator.host.polls import UpdatesAnswer
 from foldplane.eventlog import NewRecord
 from foldplane.wire import ranks as rank_sets
+from foldplane.wire.codes import (
+    FORBIDDEN,
+    INVALID_EVENT,
+    INVALID_QUERY,
+    PROTOCOL_MISMATCH,
+    RANK_OUT_OF_RANGE,
+    UPGRADE_REQUIRED,
+)
 from foldplane.wire.protocol import (
     EVENT_KINDS,
     FEATURES,
     PROTOCOL,
-    PROTOCOL_MISMATCH,
     QUERY,
     group_problem,
     legacy_problem,
@@ -103,12 +110,12 @@ class EventsBatch:
         operator = principal.is_operator
         for i, event in enumerate(events):
             if isinstance(event, str):
-                results.append({"error": "invalid_event", "detail": f"events[{i}]: {event}"})
+                results.append({"error": INVALID_EVENT, "detail": f"events[{i}]: {event}"})
                 continue
             # the operator speaks for every rank; an event's own token may speak otherwise
             denied = None if operator and event.token is None else _denied(auth, principal, event)
             if denied is not None:
-                results.append({"error": "forbidden", "detail": f"events[{i}]: {denied}"})
+                results.append({"error": FORBIDDEN, "detail": f"events[{i}]: {denied}"})
                 continue
             records.append(
                 NewRecord(
@@ -281,8 +288,7 @@ async def get_channel(
     view: int | None = Query(None, ge=0, description="the view version the host holds"),
 ) -> Response:
     raise ApiError(
-        426,
-        "upgrade_required",
+        UPGRADE_REQUIRED,
         "GET /agents/channel opens a WebSocket: send Connection: Upgrade, Upgrade: websocket, "
         "Sec-WebSocket-Version: 13 and a Sec-WebSocket-Key (docs/protocol.md)",
     )
@@ -301,13 +307,13 @@ class UpdatesQuery(NamedTuple):
 def poll_ranks(rank: int | None, ranks: str | None) -> tuple[int, ...]:
     """The ranks a long poll names: ``rank=R`` or ``ranks=0-7,12``, not both."""
     if (rank is None) == (ranks is None):
-        raise ApiError(422, "invalid_query", "name the ranks with exactly one of rank= or ranks=")
+        raise ApiError(INVALID_QUERY, "name the ranks with exactly one of rank= or ranks=")
     if rank is not None:
         return (rank,)
     try:
         return rank_sets.parse_query(ranks or "")
     except RankSetError as exc:
-        raise ApiError(422, "invalid_query", str(exc)) from None
+        raise ApiError(INVALID_QUERY, str(exc)) from None
 
 
 async def updates_answer(state: Any, principal: Principal, query: UpdatesQuery) -> bytes:
@@ -317,13 +323,11 @@ async def updates_answer(state: Any, principal: Principal, query: UpdatesQuery) 
     denied = [r for r in ranks if not principal.speaks_for(group, r)]
     if denied:
         raise ApiError(
-            403,
-            "forbidden",
+            FORBIDDEN,
             f"{principal.describe()} may not read the updates of ranks {denied[:8]} of {group!r}",
         )
     if query.protocol != PROTOCOL:
         raise ApiError(
-            400,
             PROTOCOL_MISMATCH,
             f"this coordinator speaks agent protocol {PROTOCOL}; the poll says "
             f"{'none (protocol 1)' if query.protocol is None else query.protocol}: "
@@ -335,8 +339,7 @@ async def updates_answer(state: Any, principal: Principal, query: UpdatesQuery) 
     config = host.machine.group_config(group)
     if ranks[-1] >= config.world_size:
         raise ApiError(
-            404,
-            "rank_out_of_range",
+            RANK_OUT_OF_RANGE,
             f"rank {ranks[-1]} is not in 0..{config.world_size - 1} of group {group!r}",
         )
     answer = await host.updates(group, ranks, query.after, query.timeout, view=query.view)
@@ -350,7 +353,6 @@ def refuse_unnamed_revisions(host: Host, group: str, features: str | None, what:
     missing = missing_features(features)
     if missing and host.machine.epochs.epoch(group) is not None:
         raise ApiError(
-            400,
             PROTOCOL_MISMATCH,
             f"group {group!r} reads epoch plans, whose decisions protocol {PROTOCOL} sends as "
             f"{', '.join(missing)} updates; the {what} names features "
@@ -384,8 +386,7 @@ async def report_death(request: Request) -> Response:
     req = await read_json(request, DeathReport)
     if not principal.speaks_for(req.group, req.rank):
         raise ApiError(
-            403,
-            "forbidden",
+            FORBIDDEN,
             f"{principal.describe()} may not report the death of rank {req.rank} of {req.group!r}",
         )
     payload: dict[str, Any] = {
@@ -399,6 +400,6 @@ async def report_death(request: Request) -> Response:
         NewRecord(kind="death_reported", group=req.group, rank=req.rank, payload=payload)
     )
     if isinstance(outcome, Refusal):
-        raise refusal_error(outcome.code, outcome.detail)
+        raise ApiError(outcome.code, outcome.detail)
     assert isinstance(outcome, Appended)
     return json_response({"offset": outcome.offset, "term": host.log.term})

@@ -16,6 +16,7 @@ from foldplane.api.openapi import answers
 from foldplane.api.paging import read_page
 from foldplane.coordinator.host.loop import HostUnavailable
 from foldplane.eventlog import KINDS, LogError, Record
+from foldplane.wire.codes import INVALID_REQUEST, NOT_LEADER
 from foldplane.wire.protocol import QUERY
 
 router = APIRouter(tags=["audit"])
@@ -42,7 +43,7 @@ def _kinds(kind: str | None) -> list[str] | None:
     if kind is None:
         return None
     if kind not in KINDS:
-        raise ApiError(422, "invalid_request", f"kind {kind!r} is not one of {sorted(KINDS)}")
+        raise ApiError(INVALID_REQUEST, f"kind {kind!r} is not one of {sorted(KINDS)}")
     return [kind]
 
 
@@ -121,9 +122,7 @@ async def event_stream(
     require_operator(request, "reading the log")
     if last_event_id is not None:
         if not _OFFSET.fullmatch(last_event_id.strip()):
-            raise ApiError(
-                422, "invalid_request", f"Last-Event-ID {last_event_id!r} is not an offset"
-            )
+            raise ApiError(INVALID_REQUEST, f"Last-Event-ID {last_event_id!r} is not an offset")
         after = int(last_event_id)
     host = host_of(request)
     return StreamingResponse(
@@ -138,7 +137,7 @@ async def healthz(request: Request) -> Response:
     host = host_of(request)
     down = host.available()
     role = host.role.name  # a Replica (coordinator/host/replica.py) may follow
-    if role == "standby" and isinstance(down, HostUnavailable) and down.code == "not_leader":
+    if role == "standby" and isinstance(down, HostUnavailable) and down.code == NOT_LEADER:
         down = None  # a standby that follows the log is healthy; writes go to the leader
     try:
         head = await host.log.head() if not host.log.closed else host.applied_offset

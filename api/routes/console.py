@@ -22,6 +22,7 @@ from foldplane.coordinator.fold.overview import group_list, group_overview, rank
 from foldplane.coordinator.host.loop import HostUnavailable
 from foldplane.coordinator.host.views import read_views
 from foldplane.eventlog import LogError
+from foldplane.wire.codes import NOT_LEADER
 
 router = APIRouter(tags=["console"])
 
@@ -55,7 +56,7 @@ async def _coordinator(request: Request) -> dict[str, Any]:
     host = host_of(request)
     down = host.available()
     role = host.role.name
-    if role == "standby" and isinstance(down, HostUnavailable) and down.code == "not_leader":
+    if role == "standby" and isinstance(down, HostUnavailable) and down.code == NOT_LEADER:
         down = None
     try:
         head = await host.log.head() if not host.log.closed else host.applied_offset

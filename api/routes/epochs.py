@@ -15,7 +15,7 @@ from starlette.responses import Response
 
 from foldplane.api.codec import json_response, read_json
 from foldplane.api.deps import host_of, principal_of, require_group
-from foldplane.api.errors import ApiError, refusal_error
+from foldplane.api.errors import ApiError
 from foldplane.api.limits import MAX_RANKS_PAGE
 from foldplane.api.models import EpochPlanRequest
 from foldplane.api.openapi import answers, body
@@ -23,6 +23,7 @@ from foldplane.coordinator.fold.epochs import complete_plan
 from foldplane.coordinator.fold.projections import to_doc
 from foldplane.coordinator.host.loop import Appended, Host, Refusal
 from foldplane.eventlog import NewRecord
+from foldplane.wire.codes import FORBIDDEN, UNKNOWN_EPOCH
 from foldplane.wire.protocol import QUERY
 
 router = APIRouter(tags=["epochs"])
@@ -39,9 +40,7 @@ GroupPath = Annotated[str, Path(max_length=QUERY.group_chars)]
 async def plan_epoch(request: Request, group: GroupPath) -> Response:
     principal = principal_of(request)
     if not principal.may_propose_in(group):
-        raise ApiError(
-            403, "forbidden", f"{principal.describe()} may not plan epochs of group {group!r}"
-        )
+        raise ApiError(FORBIDDEN, f"{principal.describe()} may not plan epochs of group {group!r}")
     req = await read_json(request, EpochPlanRequest)
     payload = complete_plan(msgspec.to_builtins(req))
     host = host_of(request)
@@ -51,7 +50,7 @@ async def plan_epoch(request: Request, group: GroupPath) -> Response:
         key=("epoch_plan", group, req.epoch),
     )
     if isinstance(outcome, Refusal):
-        raise refusal_error(outcome.code, outcome.detail)
+        raise ApiError(outcome.code, outcome.detail)
     limit = request.app.state.limits.ranks_page
     return json_response(
         _epoch_body(host, group, None, limit), 201 if isinstance(outcome, Appended) else 200
@@ -82,7 +81,7 @@ async def get_epoch(
 def _epoch_body(host: Host, group: str, after: int | None, limit: int) -> dict:
     status = host.machine.epochs.status(group)
     if status is None:
-        raise ApiError(404, "unknown_epoch", f"group {group!r} has no epoch plan")
+        raise ApiError(UNKNOWN_EPOCH, f"group {group!r} has no epoch plan")
     ranks = [r for r in status["ranks"] if after is None or r["rank"] > after]
     status["ranks"] = ranks[:limit]
     status["next_ranks_after"] = ranks[limit - 1]["rank"] if len(ranks) > limit else None

@@ -10,7 +10,7 @@ from starlette.responses import Response
 
 from foldplane.api.codec import encode_json, json_response, raw_json_response, read_json
 from foldplane.api.deps import host_of, principal_of, require_group, require_operator
-from foldplane.api.errors import ApiError, refusal_error
+from foldplane.api.errors import ApiError
 from foldplane.api.limits import MAX_RANKS_PAGE, Limits, is_json
 from foldplane.api.models import CreateGroupRequest, EndGroupRequest, ProposalRequest
 from foldplane.api.openapi import answers, body
@@ -22,6 +22,17 @@ from foldplane.coordinator.fold.projections import proposal_doc, to_doc, view_do
 from foldplane.coordinator.host.loop import Appended, Host, Outcome, Refusal
 from foldplane.coordinator.host.views import ViewReader
 from foldplane.eventlog import NewRecord
+from foldplane.wire.codes import (
+    FORBIDDEN,
+    INTERNAL,
+    INVALID_CONFIG,
+    NO_VIEW,
+    TOO_MANY_GROUPS,
+    TOO_MANY_RANKS,
+    UNKNOWN_PROPOSAL,
+    UNSUPPORTED_MEDIA_TYPE,
+    status_of,
+)
 from foldplane.wire.protocol import QUERY
 
 router = APIRouter(tags=["operator"])
@@ -40,7 +51,7 @@ async def create_group(request: Request) -> Response:
     try:
         config = GroupConfig.from_request(fields)
     except ConfigError as exc:
-        raise ApiError(422, "invalid_config", str(exc)) from None
+        raise ApiError(INVALID_CONFIG, str(exc)) from None
     host = host_of(request)
     limits: Limits = request.app.state.limits
     admitted: dict[object, tuple[str, int]] = request.app.state.admitted_groups
@@ -57,7 +68,7 @@ async def create_group(request: Request) -> Response:
     finally:
         admitted.pop(me, None)
     if isinstance(outcome, Refusal):
-        raise refusal_error(outcome.code, outcome.detail)
+        raise ApiError(outcome.code, outcome.detail)
     return json_response(
         _group_body(host, req.group, None, limits.ranks_page),
         201 if isinstance(outcome, Appended) else 200,
@@ -101,14 +112,14 @@ def _room_for(
     held = len(groups) + len(pending)
     if held >= limits.max_groups:
         return Refusal(
-            "too_many_groups",
+            TOO_MANY_GROUPS,
             f"the server holds {held} groups (counting those being created), its limit "
             f"(--max-groups {limits.max_groups})",
         )
     ranks = sum(machine.group_config(g).world_size for g in groups) + sum(pending.values())
     if ranks + world_size > limits.max_ranks:
         return Refusal(
-            "too_many_ranks",
+            TOO_MANY_RANKS,
             f"a group of {world_size} ranks would bring the server to {ranks + world_size} ranks; "
             f"its limit is {limits.max_ranks} (--max-ranks), {limits.max_ranks - ranks} are left",
         )
@@ -197,8 +208,7 @@ def _require_json_body(request: Request, what: str) -> None:
     declared = request.headers.get("content-type", "")
     if not is_json(declared.encode("latin-1")):
         raise ApiError(
-            415,
-            "unsupported_media_type",
+            UNSUPPORTED_MEDIA_TYPE,
             f"{what} takes Content-Type: application/json; the request declared "
             f"{declared or 'none'!r}",
         )
@@ -211,7 +221,7 @@ async def _end(request: Request, group: str, payload: dict[str, Any]) -> Respons
     require_group(host, group)
     outcome = await host.submit(NewRecord(kind="group_ended", group=group, payload=payload))
     if isinstance(outcome, Refusal):
-        raise refusal_error(outcome.code, outcome.detail)
+        raise ApiError(outcome.code, outcome.detail)
     limits: Limits = request.app.state.limits
     return json_response(
         _group_body(host, group, None, limits.ranks_page),
@@ -234,9 +244,7 @@ async def create_proposal(
     principal = principal_of(request)
     req = await read_json(request, ProposalRequest)
     if not principal.may_propose_in(req.group):
-        raise ApiError(
-            403, "forbidden", f"{principal.describe()} may not propose in group {req.group!r}"
-        )
+        raise ApiError(FORBIDDEN, f"{principal.describe()} may not propose in group {req.group!r}")
     proposer = (
         f"rank:{principal.rank}" if not principal.is_operator else (req.proposer or "operator")
     )
@@ -251,14 +259,12 @@ async def create_proposal(
         NewRecord(kind="proposal", group=req.group, payload=payload), key=key
     )
     if isinstance(outcome, Refusal):
-        raise refusal_error(outcome.code, outcome.detail)
+        raise ApiError(outcome.code, outcome.detail)
     proposal_id = outcome.offset if isinstance(outcome, Appended) else outcome.id
     proposal = await host.wait_proposal(proposal_id, wait)
     if proposal is None:  # the fold did not record it: a bug worth a clear answer
-        raise ApiError(
-            500, "internal", f"proposal {proposal_id} was appended but is unknown to the fold"
-        )
-    return json_response(proposal_doc(proposal), 202 if proposal.status == "pending" else 200)
+        raise ApiError(INTERNAL, f"proposal {proposal_id} was appended but is unknown to the fold")
+    return json_response(proposal_doc(proposal), status_of(proposal.status))
 
 
 @router.get(
@@ -269,7 +275,7 @@ async def create_proposal(
 async def get_proposal(request: Request, proposal_id: int) -> Response:
     proposal = host_of(request).machine.proposal(proposal_id)
     if proposal is None:
-        raise ApiError(404, "unknown_proposal", f"no proposal with id {proposal_id}")
+        raise ApiError(UNKNOWN_PROPOSAL, f"no proposal with id {proposal_id}")
     return json_response(proposal_doc(proposal))
 
 
@@ -286,7 +292,7 @@ async def current_view(
     require_group(host, group)
     view = host.machine.current_view(group)
     if view is None:
-        raise ApiError(404, "no_view", f"group {group!r} has not formed yet (no committed view)")
+        raise ApiError(NO_VIEW, f"group {group!r} has not formed yet (no committed view)")
     return json_response(view_doc(view))
 
 

@@ -17,13 +17,14 @@ from starlette.responses import Response
 
 from foldplane.api.codec import json_response, read_json
 from foldplane.api.deps import host_of, principal_of
-from foldplane.api.errors import ApiError, refusal_error
+from foldplane.api.errors import ApiError
 from foldplane.api.models import RefitRequest, RefitRestartRequest, TransferRequest
 from foldplane.api.openapi import answers, body
 from foldplane.coordinator.fold.projections import to_doc
 from foldplane.coordinator.fold.refits import complete_spec
 from foldplane.coordinator.host.loop import Appended, Host, Refusal
 from foldplane.eventlog import NewRecord
+from foldplane.wire.codes import FORBIDDEN, UNKNOWN_REFIT
 
 router = APIRouter(tags=["refits"])
 
@@ -33,7 +34,7 @@ RefitPath = Annotated[str, Path(max_length=64)]
 def _operator(request: Request, what: str) -> None:
     principal = principal_of(request)
     if not principal.is_operator:
-        raise ApiError(403, "forbidden", f"{principal.describe()} may not {what}")
+        raise ApiError(FORBIDDEN, f"{principal.describe()} may not {what}")
 
 
 @router.post(
@@ -52,7 +53,7 @@ async def create_refit(request: Request) -> Response:
         key=("refit_created", req.refit),
     )
     if isinstance(outcome, Refusal):
-        raise refusal_error(outcome.code, outcome.detail)
+        raise ApiError(outcome.code, outcome.detail)
     return json_response(
         _refit_body(host, req.refit), 201 if isinstance(outcome, Appended) else 200
     )
@@ -97,7 +98,7 @@ async def start_transfer(request: Request, refit: RefitPath) -> Response:
         key=("transfer", refit, req.key),
     )
     if isinstance(outcome, Refusal):
-        raise refusal_error(outcome.code, outcome.detail)
+        raise ApiError(outcome.code, outcome.detail)
     return json_response(_refit_body(host, refit), 201 if isinstance(outcome, Appended) else 200)
 
 
@@ -114,12 +115,12 @@ async def restart_refit(request: Request, refit: RefitPath) -> Response:
     payload = {"refit": refit, **({"reason": req.reason} if req.reason else {})}
     outcome = await host.submit(NewRecord(kind="refit_restart", group=None, payload=payload))
     if isinstance(outcome, Refusal):
-        raise refusal_error(outcome.code, outcome.detail)
+        raise ApiError(outcome.code, outcome.detail)
     return json_response(_refit_body(host, refit), 201)
 
 
 def _refit_body(host: Host, name: str) -> dict:
     status = host.machine.refits.status(name)
     if status is None:
-        raise ApiError(404, "unknown_refit", f"no refit named {name!r}")
+        raise ApiError(UNKNOWN_REFIT, f"no refit named {name!r}")
     return to_doc(status)

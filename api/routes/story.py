@@ -25,6 +25,7 @@ from foldplane.coordinator.host.refit_story import (
 )
 from foldplane.coordinator.host.story import StoryBuilder, StoryError, story_of
 from foldplane.eventlog import Record
+from foldplane.wire.codes import RANK_OUT_OF_RANGE, UNKNOWN_REFIT
 from foldplane.wire.protocol import QUERY
 
 router = APIRouter(tags=["console"])
@@ -57,16 +58,13 @@ async def rank_story(
     require_group(host, group)
     world_size = host.machine.group_config(group).world_size  # type: ignore[union-attr]
     if rank >= world_size:
-        raise ApiError(
-            422, "rank_out_of_range", f"rank {rank} is not in 0..{world_size - 1} of {group!r}"
-        )
+        raise ApiError(RANK_OUT_OF_RANGE, f"rank {rank} is not in 0..{world_size - 1} of {group!r}")
     stop = host.applied_offset if until is None else min(until, host.applied_offset)
     async with _turn():
         try:
             story = await story_of(host.log, group, rank, until=stop, fold_page=_step_page)
         except StoryError as exc:
-            status = 404 if exc.code == "unknown_group" else 422
-            raise ApiError(status, exc.code, exc.detail) from None
+            raise ApiError(exc.code, exc.detail) from None
     return json_response(story)
 
 
@@ -86,14 +84,13 @@ async def refit_story(
     require_operator(request, "reading a refit's story")
     host = host_of(request)
     if host.machine.refits.refit(refit) is None:
-        raise ApiError(404, "unknown_refit", f"no refit named {refit!r}")
+        raise ApiError(UNKNOWN_REFIT, f"no refit named {refit!r}")
     stop = host.applied_offset if until is None else min(until, host.applied_offset)
     async with _turn():
         try:
             story = await refit_story_of(host.log, refit, until=stop, fold_page=_step_page)
         except RefitStoryError as exc:
-            status = 404 if exc.code == "unknown_refit" else 422
-            raise ApiError(status, exc.code, exc.detail) from None
+            raise ApiError(exc.code, exc.detail) from None
     return json_response(story)
 
 

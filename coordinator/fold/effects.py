@@ -1,5 +1,7 @@
-"""The protocol's glossary: the values the fold produces.
+"""The fold's effects: the values a step produces, for the host to carry out.
 
+The protocol's glossary is ``wire``: the events and views (``wire.protocol``), the codes and
+proposal statuses (``wire.codes``). This module declares only what the fold derives from them.
 Every effect is a small frozen value that carries ``offset``, the offset of the log record whose
 step produced it, and a ``type`` that is its wire name (``msgspec.to_builtins`` includes it).
 Effects are derived, never appended: replaying the log produces them again, byte for byte.
@@ -16,82 +18,22 @@ from typing import Any
 import msgspec
 
 from foldplane.coordinator.fold.config import GroupConfig
-from foldplane.wire.protocol import (
-    DIGEST_MISMATCH,
-    DUPLICATE_PROPOSAL,
-    EPOCH_CONFLICT,
-    GROUP_CONFLICT,
-    GROUP_ENDED,
-    GROUP_FAILED,
-    GROUP_NOT_FORMED,
-    HEALTHY,
-    IDEMPOTENCY_CONFLICT,
-    INVALID_EVENT,
-    INVALID_SLOT,
-    NOT_REFIT_MEMBER,
-    OFFLINE,
-    RANK_BUSY,
-    RANK_OFFLINE,
-    RANK_OUT_OF_RANGE,
-    REFIT_CONFLICT,
-    REFIT_NOT_READY,
-    STALE_ASSIGNMENT,
-    STALE_ATTEMPT,
-    STALE_INCARNATION,
-    STALE_REFIT_EPOCH,
-    STALE_VERSION,
-    SYNCED,
-    TRANSFER_BUSY,
-    TRANSFER_FINAL,
-    UNKNOWN_EPOCH,
-    UNKNOWN_GROUP,
-    UNKNOWN_REFIT,
-    UNKNOWN_TRANSFER,
-    View,
-)
+from foldplane.wire.codes import APPLIED, APPLIED_WITH_DROPPED_RANKS, PENDING, REJECTED, TERMINAL
+from foldplane.wire.protocol import HEALTHY, OFFLINE, SYNCED, View
 
-# Physical states, the committed view and the refusal codes are the wire protocol's, declared
-# once in ``wire.protocol`` and re-exported here for the fold.
+# The physical states, the committed view and the proposal statuses are the wire's, re-exported
+# for the fold's readers; the codes are read from ``wire.codes`` itself.
 __all__ = [
-    "DIGEST_MISMATCH",
-    "DUPLICATE_PROPOSAL",
-    "EPOCH_CONFLICT",
-    "GROUP_CONFLICT",
-    "GROUP_NOT_FORMED",
-    "GROUP_ENDED",
-    "GROUP_FAILED",
+    "APPLIED",
+    "APPLIED_WITH_DROPPED_RANKS",
     "HEALTHY",
-    "IDEMPOTENCY_CONFLICT",
-    "INVALID_EVENT",
-    "INVALID_SLOT",
-    "NOT_REFIT_MEMBER",
     "OFFLINE",
-    "RANK_BUSY",
-    "RANK_OFFLINE",
-    "RANK_OUT_OF_RANGE",
-    "REFIT_CONFLICT",
-    "REFIT_NOT_READY",
-    "STALE_ASSIGNMENT",
-    "STALE_ATTEMPT",
-    "STALE_INCARNATION",
-    "STALE_REFIT_EPOCH",
-    "STALE_VERSION",
+    "PENDING",
+    "REJECTED",
     "SYNCED",
-    "TRANSFER_BUSY",
-    "TRANSFER_FINAL",
-    "UNKNOWN_EPOCH",
-    "UNKNOWN_GROUP",
-    "UNKNOWN_REFIT",
-    "UNKNOWN_TRANSFER",
+    "TERMINAL",
     "View",
 ]
-
-#: Proposal statuses; the last three are terminal and absorbing.
-PENDING = "pending"
-APPLIED = "applied"
-APPLIED_WITH_DROPPED_RANKS = "applied_with_dropped_ranks"
-REJECTED = "rejected"
-TERMINAL = frozenset({APPLIED, APPLIED_WITH_DROPPED_RANKS, REJECTED})
 
 
 class Proposal(msgspec.Struct, frozen=True, kw_only=True):

@@ -52,14 +52,7 @@ from typing import Any
 import msgspec
 
 from foldplane.coordinator.fold.effects import (
-    EPOCH_CONFLICT,
-    GROUP_FAILED,
-    GROUP_NOT_FORMED,
-    INVALID_EVENT,
     OFFLINE,
-    STALE_ASSIGNMENT,
-    UNKNOWN_EPOCH,
-    UNKNOWN_GROUP,
     AssignmentChanged,
     Effect,
     EpochCompleted,
@@ -84,6 +77,15 @@ from foldplane.coordinator.fold.payloads import MAX_ID_LEN
 from foldplane.coordinator.fold.reasons import abridged, ranks_text
 from foldplane.coordinator.fold.state import FAILED, GroupState
 from foldplane.eventlog.record import Record
+from foldplane.wire.codes import (
+    EPOCH_CONFLICT,
+    GROUP_FAILED,
+    GROUP_NOT_FORMED,
+    INVALID_EVENT,
+    STALE_ASSIGNMENT,
+    UNKNOWN_EPOCH,
+    UNKNOWN_GROUP,
+)
 from foldplane.wire.protocol import MAX_DATASET
 
 SPLITS = ("equal", "ratios", "throughput")

@@ -16,7 +16,7 @@ partitions that survive a dead rank (``epochs.py``), weight refits between two g
   wait on the ranks when the coordinator resumes serving (:meth:`Facet.resume`);
 - snapshots to plain JSON data under its ``name`` and restores from it.
 
-Its effects are declared in ``effects.py`` (the one glossary) and become projection rows and
+Its effects are declared in ``effects.py`` and become projection rows and
 agent updates in ``projections.py``, like membership's. A facet is as pure as the fold: no
 I/O, no clock, no randomness; it reads the fold's groups through :class:`FoldContext` and
 never changes them.

@@ -15,27 +15,26 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from foldplane.coordinator.fold.config import ConfigError, GroupConfig
-from foldplane.coordinator.fold.effects import (
+from foldplane.coordinator.fold.effects import HEALTHY, OFFLINE, Proposal, Refused
+from foldplane.coordinator.fold.facets import Facet
+from foldplane.coordinator.fold.payloads import CHECKS, MAX_ID_LEN
+from foldplane.coordinator.fold.reasons import ranks_text
+from foldplane.coordinator.fold.state import FAILED, GroupState, RankInfo
+from foldplane.eventlog.record import KINDS, Record
+from foldplane.wire.codes import (
     DUPLICATE_PROPOSAL,
     GROUP_CONFLICT,
     GROUP_ENDED,
     GROUP_FAILED,
-    HEALTHY,
     IDEMPOTENCY_CONFLICT,
     INVALID_EVENT,
-    OFFLINE,
     RANK_BUSY,
     RANK_OFFLINE,
     RANK_OUT_OF_RANGE,
     STALE_INCARNATION,
     STALE_VERSION,
     UNKNOWN_GROUP,
-    Proposal,
 )
-from foldplane.coordinator.fold.payloads import CHECKS, MAX_ID_LEN
-from foldplane.coordinator.fold.reasons import ranks_text
-from foldplane.coordinator.fold.state import FAILED, GroupState, RankInfo
-from foldplane.eventlog.record import KINDS
 
 #: (code, message)
 Refusal = tuple[str, str]
@@ -435,3 +434,78 @@ def _stale_text(rank: int, info: RankInfo, inc: Any) -> str:
         f"rank {rank} is now incarnation {info.incarnation} (rank_epoch {info.rank_epoch}); "
         f"{inc} is stale"
     )
+
+
+class Fences:
+    """The fold's checks as the host calls them before an append (``check``, ``repeat_of``,
+    the heartbeat fast checks); a facet's kinds go to the facet."""
+
+    # A part of the Coordinator (machine.py), whose methods run on it: the fold's state.
+    _groups: dict[str, GroupState]
+    _proposals: dict[int, Proposal]
+    _now: int
+    _facet_of: dict[str, Facet]
+
+    def check(
+        self, kind: str, group: str | None, rank: int | None, payload: dict[str, Any]
+    ) -> Refused | None:
+        """Would ``step`` refuse this input now? The host runs this before appending, so a
+        refused input never reaches the log. The Refused carries offset 0: nothing was logged."""
+        refusal = self._refusal(kind, group, rank, payload)
+        if refusal is None:
+            return None
+        code, message = refusal
+        return Refused(group=group, rank=rank, kind=kind, code=code, message=message, offset=0)
+
+    def current_beat(self, group: str | None, rank: int | None, payload: Any) -> bool:
+        """Whether :meth:`check` accepts this heartbeat by its first test alone (a current
+        rank's beat: ``coordinator.fold.fencing.current_beat``); False says nothing."""
+        return current_beat(self._groups, group, rank, payload)
+
+    def beats_not_current(
+        self, group: str, ranks: Sequence[int], payloads: Sequence[Any]
+    ) -> list[int]:
+        """The positions of the beats of ``group`` that :meth:`current_beat` does not accept,
+        for many at once (``coordinator.fold.fencing.beats_not_current``)."""
+        return beats_not_current(self._groups, group, ranks, payloads)
+
+    def fence_epoch(self, group: str | None) -> int:
+        """A number that changes whenever an input for a rank of ``group`` that :meth:`check`
+        accepted may be refused now: a rank joined (a new incarnation, or back from OFFLINE),
+        went OFFLINE, or the group failed to form. Those are all a rank input's refusal reads
+        besides the input itself (``coordinator.fold.fencing.refusal``). -1 for no such group.
+        The host checks a heartbeat waiting for its shared record again only when this changed
+        since its first check."""
+        g = self._groups.get(group) if group is not None else None
+        return -1 if g is None else g.fence_epoch
+
+    def repeat_of(
+        self, kind: str, group: str | None, rank: int | None, payload: dict[str, Any]
+    ) -> int | None:
+        """The offset of the earlier input that this one repeats (an identical
+        ``group_created``: the group's creation; a proposal with a known idempotency key and the
+        same body: that proposal's id), or None. The host answers such an input with the earlier
+        one and appends nothing; a conflict under the same name is ``check``'s refusal."""
+        facet = self._facet_of.get(kind)
+        if facet is not None:
+            return facet.repeat_of(self, kind, group, rank, payload)
+        return repeat_of(self._groups, self._proposals, kind, group, rank, payload)
+
+    def _refusal(
+        self, kind: str, group: str | None, rank: int | None, payload: Any
+    ) -> tuple[str, str] | None:
+        facet = self._facet_of.get(kind)
+        if facet is not None:
+            return facet.refusal(self, kind, group, rank, payload)
+        return refusal(self._groups, self._proposals, self._now, kind, group, rank, payload)
+
+    def _refused(self, record: Record, refusal: tuple[str, str]) -> Refused:
+        code, message = refusal
+        return Refused(
+            group=record.group,
+            rank=record.rank,
+            kind=record.kind,
+            code=code,
+            message=message,
+            offset=record.offset,
+        )

@@ -47,19 +47,6 @@ from typing import Any
 import msgspec
 
 from foldplane.coordinator.fold.effects import (
-    DIGEST_MISMATCH,
-    INVALID_EVENT,
-    INVALID_SLOT,
-    NOT_REFIT_MEMBER,
-    REFIT_CONFLICT,
-    REFIT_NOT_READY,
-    STALE_ATTEMPT,
-    STALE_REFIT_EPOCH,
-    TRANSFER_BUSY,
-    TRANSFER_FINAL,
-    UNKNOWN_GROUP,
-    UNKNOWN_REFIT,
-    UNKNOWN_TRANSFER,
     Effect,
     RankState,
     RefitBootstrap,
@@ -73,6 +60,21 @@ from foldplane.coordinator.fold.fencing import online_rank_refusal
 from foldplane.coordinator.fold.reasons import abridged
 from foldplane.coordinator.fold.state import GroupState
 from foldplane.eventlog.record import Record
+from foldplane.wire.codes import (
+    DIGEST_MISMATCH,
+    INVALID_EVENT,
+    INVALID_SLOT,
+    NOT_REFIT_MEMBER,
+    REFIT_CONFLICT,
+    REFIT_NOT_READY,
+    STALE_ATTEMPT,
+    STALE_REFIT_EPOCH,
+    TRANSFER_BUSY,
+    TRANSFER_FINAL,
+    UNKNOWN_GROUP,
+    UNKNOWN_REFIT,
+    UNKNOWN_TRANSFER,
+)
 
 PUBLISHER, SUBSCRIBER = "publisher", "subscriber"
 WAITING, ADMITTED, TIMED_OUT = "waiting", "admitted", "timed_out"

@@ -19,6 +19,7 @@ import msgspec
 from foldplane.coordinator.fold.machine import Coordinator
 from foldplane.eventlog import InvalidRecord, NewRecord
 from foldplane.eventlog.record import decode_payload, validate
+from foldplane.wire.codes import INVALID_EVENT, NOT_LEADER
 
 # -- what an input gets back ------------------------------------------------------------------
 
@@ -63,6 +64,12 @@ class HostUnavailable(Exception):
         super().__init__(detail)
         self.code = code
         self.detail = detail
+
+    @property
+    def extra(self) -> dict[str, str | None]:
+        """The error body's fields beyond code and detail: a ``not_leader`` names the leader
+        (docs/protocol.md, "Failover"), ``None`` when none is known."""
+        return {"leader": getattr(self, "leader", None)} if self.code == NOT_LEADER else {}
 
 
 # -- waiting for it -----------------------------------------------------------------------------
@@ -257,7 +264,7 @@ def queue_submission(
             try:
                 payload_bytes = validate(record)
             except InvalidRecord as exc:
-                reply.set(index, Refusal("invalid_event", str(exc)))
+                reply.set(index, Refusal(INVALID_EVENT, str(exc)))
                 beats = None
                 continue
             if not normalized:

@@ -71,11 +71,11 @@ from foldplane.coordinator.host.snapshots import (
 from foldplane.coordinator.host.ticks import Ticker
 from foldplane.eventlog import Log, LogError, NewRecord, Record, StaleTermError, open_log
 from foldplane.eventlog.record import READ_PAGE, Encoded
+from foldplane.wire.codes import CLOSED, FOLD_FAILED, LOG_UNAVAILABLE, NOT_LEADER, TERMINAL
 
 __all__ = [
     "CONSUMER",
     "SNAPSHOT_FORMAT",
-    "TERMINAL",
     "Appended",
     "Existing",
     "Host",
@@ -93,8 +93,6 @@ log = logging.getLogger("foldplane.host")
 #: How many queued inputs (beats of as many host batches) wake the loop even before the oldest
 #: of them is due: few enough that admitting them is a short turn at any group size.
 QUEUED_BEATS_WAKE = 256
-
-TERMINAL = frozenset({"applied", "applied_with_dropped_ranks", "rejected"})
 
 
 class Role(Protocol):
@@ -273,7 +271,7 @@ class Host:
         queued inputs, waiting proposals and long polls get it; the batch in flight finishes,
         so the loop and whoever steps the fold next never both step it; then the loop and the
         ticker end."""
-        if self._unavailable is None or self._unavailable.code == "not_leader":
+        if self._unavailable is None or self._unavailable.code == NOT_LEADER:
             self._unavailable = why
         self._fail_queued(self._unavailable)
         for waiters in self._proposal_waiters.values():
@@ -302,7 +300,7 @@ class Host:
 
     async def _shut_down(self, snapshot: bool) -> None:
         if self._unavailable is None:
-            self._unavailable = HostUnavailable("closed", "the coordinator is shutting down")
+            self._unavailable = HostUnavailable(CLOSED, "the coordinator is shutting down")
         self._fail_queued(self._unavailable)
         # Let the batch in flight finish: its inputs get their answers, and the fold and the
         # log agree when the final snapshot is taken.
@@ -318,7 +316,7 @@ class Host:
         self.journals.wake_all()
         with contextlib.suppress(Exception):
             await self.snapshots.settle()  # a snapshot already being written lands
-            if snapshot and self._unavailable.code == "closed" and not self.projections.unwritten:
+            if snapshot and self._unavailable.code == CLOSED and not self.projections.unwritten:
                 await self.snapshots.take(self.machine, self.state)
         await self.log.close()
 
@@ -555,7 +553,7 @@ class Host:
             await self._carry_out(ready)
         except Exception:
             for item in accepted:
-                item.fail(self._unavailable or HostUnavailable("fold_failed", "the fold failed"))
+                item.fail(self._unavailable or HostUnavailable(FOLD_FAILED, "the fold failed"))
             return
         self._answer(accepted, offsets, ready)
         self._maybe_snapshot()
@@ -606,12 +604,12 @@ class Host:
                 ]
             )
         except StaleTermError as exc:
-            self._stop(HostUnavailable("not_leader", str(exc)), accepted)
+            self._stop(HostUnavailable(NOT_LEADER, str(exc)), accepted)
             return None
         except LogError as exc:
             log.error("append of %d records failed: %s", len(accepted), exc)
             for item in accepted:
-                item.fail(HostUnavailable("log_unavailable", str(exc)))
+                item.fail(HostUnavailable(LOG_UNAVAILABLE, str(exc)))
             await self._recover()
             return None
         expected = list(range(self.machine.offset + 1, self.machine.offset + 1 + len(accepted)))
@@ -636,9 +634,7 @@ class Host:
             except Exception as exc:  # a bug in the fold: stop before the state diverges further
                 log.exception("the fold failed at offset %d", rec.offset)
                 self._stop(
-                    HostUnavailable(
-                        "fold_failed", f"the fold failed at offset {rec.offset}: {exc}"
-                    ),
+                    HostUnavailable(FOLD_FAILED, f"the fold failed at offset {rec.offset}: {exc}"),
                     [],
                 )
                 raise

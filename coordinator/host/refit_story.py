@@ -30,6 +30,7 @@ from foldplane.coordinator.fold.reasons import abridged, ranks_text
 from foldplane.coordinator.fold.refits import ADMITTED, TIMED_OUT, WAITING, Refit
 from foldplane.coordinator.host.replay import CompactedLog, find_start
 from foldplane.eventlog import READ_PAGE, Log, Record, open_log
+from foldplane.wire.codes import COMPACTED, UNKNOWN_REFIT
 
 #: Joins and reports kept before each decision.
 EVIDENCE_LIMIT = 32
@@ -240,7 +241,7 @@ class RefitStoryBuilder:
         r = self.machine.refits.refit(self.name)
         if r is None:
             raise RefitStoryError(
-                "unknown_refit",
+                UNKNOWN_REFIT,
                 f"no refit {self.name!r} in the log up to offset {self.machine.offset}",
             )
         return {
@@ -288,7 +289,7 @@ async def refit_story_of(
     try:
         start, machine, _ = await find_start(log, stop)
     except CompactedLog as exc:
-        raise RefitStoryError("compacted", str(exc)) from None
+        raise RefitStoryError(COMPACTED, str(exc)) from None
     builder = RefitStoryBuilder(name, machine=machine)
     position = start.offset
     while position < stop:

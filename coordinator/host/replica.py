@@ -49,6 +49,7 @@ from foldplane.coordinator.host.leadership import Lease, LeaseError, LeaseSettin
 from foldplane.coordinator.host.loop import Host
 from foldplane.eventlog import LogError, open_log
 from foldplane.eventlog.target import PostgresTarget, parse_target
+from foldplane.wire.codes import FOLD_FAILED, NOT_LEADER
 
 log = logging.getLogger("foldplane.replica")
 
@@ -58,7 +59,7 @@ class NotLeader(HostUnavailable):
 
     def __init__(self, leader: str | None, why: str) -> None:
         where = f"; the leader is {leader}" if leader else "; no leader is known right now"
-        super().__init__("not_leader", f"this coordinator is a standby ({why}){where}")
+        super().__init__(NOT_LEADER, f"this coordinator is a standby ({why}){where}")
         self.leader = leader
 
 
@@ -193,17 +194,15 @@ class Replica:
             # A fold that fails cannot be trusted to lead; stay up so /healthz says why.
             log.exception("the coordinator stops following the log")
             down = self.host.available()
-            if down is None or down.code == "not_leader":
-                self.host.set_unavailable(
-                    HostUnavailable("fold_failed", f"following failed: {exc}")
-                )
+            if down is None or down.code == NOT_LEADER:
+                self.host.set_unavailable(HostUnavailable(FOLD_FAILED, f"following failed: {exc}"))
             self.name = "standby"
 
     def _learn_leader(self, leader: str | None) -> None:
         if self.name != "standby":
             return
         current = self.host.available()
-        if current is not None and current.code != "not_leader":
+        if current is not None and current.code != NOT_LEADER:
             return  # a worse condition (fold_failed) is not hidden by a leader change
         if leader != self.leader or getattr(current, "leader", None) != leader:
             self.leader = leader

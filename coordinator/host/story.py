@@ -58,6 +58,7 @@ from foldplane.coordinator.host.refit_story import REFIT_INPUTS, refit_entries
 from foldplane.coordinator.host.replay import CompactedLog, find_start
 from foldplane.eventlog import READ_PAGE, Log, Record, open_log
 from foldplane.wire import ranks as rank_sets
+from foldplane.wire.codes import COMPACTED, RANK_OUT_OF_RANGE, UNKNOWN_GROUP
 from foldplane.wire.protocol import links_down
 from foldplane.wire.ranks import RankSetError
 
@@ -400,12 +401,12 @@ class StoryBuilder:
         g = _group_state(self.machine, self.group)
         if g is None:
             raise StoryError(
-                "unknown_group",
+                UNKNOWN_GROUP,
                 f"no group {self.group!r} in the log up to offset {self.machine.offset}",
             )
         if not 0 <= self.rank < len(g.ranks):
             raise StoryError(
-                "rank_out_of_range",
+                RANK_OUT_OF_RANGE,
                 f"rank {self.rank} is not in 0..{len(g.ranks) - 1} of group {self.group!r}",
             )
         entries = list(self.entries)
@@ -493,13 +494,13 @@ async def story_of(
     them in a worker thread, so a long log does not hold up its event loop); it must step them
     in order. Raises :class:`StoryError` for an unknown group or a rank out of range."""
     if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
-        raise StoryError("rank_out_of_range", f"rank {rank!r} must be a non-negative integer")
+        raise StoryError(RANK_OUT_OF_RANGE, f"rank {rank!r} must be a non-negative integer")
     head = await log.head()
     stop = head if until is None else min(until, head)
     try:
         start, machine, _ = await find_start(log, stop)
     except CompactedLog as exc:
-        raise StoryError("compacted", str(exc)) from None
+        raise StoryError(COMPACTED, str(exc)) from None
     builder = StoryBuilder(group, rank, machine=machine)
     position = start.offset
     if position:

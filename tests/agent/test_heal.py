@@ -27,6 +27,15 @@ from foldplane.agent.heal import (
     split_pieces,
     split_tensors,
 )
+from foldplane.wire.heal import (
+    LENGTH,
+    OK,
+    GetRequest,
+    HealProtocolError,
+    PinRequest,
+    decode_request,
+    encode_request,
+)
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -154,14 +163,14 @@ class DyingSource:
         threading.Thread(target=self.serve, daemon=True).start()
 
     def serve(self) -> None:
-        from foldplane.agent.heal import _recv_json, _send_blob
+        from foldplane.agent.heal import _recv_request, _send_blob
 
         conn, _ = self.listener.accept()
         session = Session(self.member.snapshot(self.member.steps))
-        _recv_json(conn)  # pin
+        assert isinstance(_recv_request(conn), PinRequest)
         _send_blob(conn, session.header)
-        _recv_json(conn)  # get
-        conn.sendall(b"\x00" + b"\x17" * self.budget)
+        assert isinstance(_recv_request(conn), GetRequest)
+        conn.sendall(OK + b"\x17" * self.budget)
         conn.close()
 
     def source(self, rank: int) -> Source:
@@ -194,3 +203,24 @@ def test_a_member_that_serves_no_state_is_left_out_of_the_sources():
     closed.close()
     sessions = pin_sources([member.source(0), gone], timeout_s=5)
     assert [s.source.rank for s in sessions] == [0]
+
+
+def test_a_heal_server_ends_a_connection_that_speaks_another_protocol():
+    """A request that is not the heal protocol's (``wire.heal``) ends that connection with a
+    logged reason; the server goes on serving the next puller."""
+    member = Member(seed=6, steps=1)
+    source = member.source(0)
+    with socket.create_connection((source.host, source.port), timeout=10) as bad:
+        body = b'{"op": "steal"}'
+        bad.sendall(LENGTH.pack(len(body)) + body)
+        assert bad.recv(1) == b""  # closed, not answered
+    (session,) = pin_sources([source], timeout_s=10)
+    fresh, failed = pull_into_fresh([session])
+    assert not failed and fresh.digest() == member.digest()
+
+
+def test_heal_requests_are_the_declared_json_objects():
+    assert encode_request(PinRequest()) == b'{"op":"pin"}'
+    assert decode_request(b'{"op": "get", "pieces": [[0, 0, 8]]}') == GetRequest([(0, 0, 8)])
+    with pytest.raises(HealProtocolError, match="not a heal request"):
+        decode_request(b'{"op": "get", "pieces": [[0, -1, 8]]}')

@@ -5,7 +5,6 @@ Each guard has a twin: a running group accepts what an ended one refuses."""
 from __future__ import annotations
 
 from foldplane.coordinator.fold.effects import (
-    GROUP_ENDED,
     OFFLINE,
     GroupEnded,
     ProposalResolved,
@@ -14,6 +13,7 @@ from foldplane.coordinator.fold.effects import (
     ViewCommitted,
 )
 from foldplane.coordinator.fold.machine import Coordinator
+from foldplane.wire.codes import GROUP_ENDED
 from tests.fold.script import Script, of, one
 
 

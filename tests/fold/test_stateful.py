@@ -22,7 +22,6 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 from foldplane.coordinator.fold.effects import (
     HEALTHY,
     OFFLINE,
-    TERMINAL,
     ProposalAccepted,
     ProposalResolved,
     Refused,
@@ -30,6 +29,9 @@ from foldplane.coordinator.fold.effects import (
     ViewPrepare,
 )
 from foldplane.coordinator.fold.machine import Coordinator
+from foldplane.wire.codes import (
+    TERMINAL,
+)
 from tests.fold.script import S, Script
 
 GROUPS = ("g", "h")

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from foldplane.coordinator.fold.machine import Coordinator
 from foldplane.eventlog import KINDS, open_log
+from foldplane.wire.codes import status_of
 from tests.service.conftest import FAST, make_server, replay
 from tests.service.schema_strategies import JSON, from_schema, near_misses
 
@@ -71,6 +72,7 @@ def check_answer(r: httpx.Response) -> None:
         body = r.json()
         assert set(body) >= {"error", "detail"}, body
         assert isinstance(body["error"], str) and body["detail"]
+        assert r.status_code == status_of(body["error"]), f"{body} answered {r.status_code}"
 
 
 def _retarget(body: dict[str, Any]) -> dict[str, Any]:

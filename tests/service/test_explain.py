@@ -125,7 +125,8 @@ def test_a_story_names_what_is_wrong_with_the_question(demo_log):
     unknown = httpx.get(srv.url + "/groups/nope/ranks/0/story")
     assert unknown.status_code == 404 and unknown.json()["error"] == "unknown_group"
     outside = httpx.get(srv.url + "/groups/demo/ranks/7/story")
-    assert outside.status_code == 422 and outside.json()["error"] == "rank_out_of_range"
+    # the status every surface gives the code (wire.codes): the updates poll's too
+    assert outside.status_code == 404 and outside.json()["error"] == "rank_out_of_range"
     assert "0..2" in outside.json()["detail"]
     bad = httpx.get(srv.url + "/groups/demo/ranks/x/story")
     assert bad.status_code == 422 and bad.json()["error"] == "invalid_request"

@@ -1,0 +1,283 @@
+"""The view change: the barrier every change of ``active_ranks`` goes through.
+
+The rule. One change is in flight per group at a time.
+
+1. **Prepare.** ``view_prepare(version + 1)`` names the new active ranks and the
+   *participants*: the online ranks active in the old view or the new one. Each participant
+   must ACK that version by the ACK deadline.
+2. **Commit.** Once every participant ACKed, was dropped (lost, or silent past the deadline)
+   or exited, the version commits. Dropped and exited ranks leave the view; the proposals the
+   change carries resolve ``applied``, or ``applied_with_dropped_ranks`` when some were
+   dropped. A participant that is lost stops being awaited at once.
+3. A view never commits with empty ``active_ranks``: if every rank of the new active set left
+   first, the version commits for the participants of the old view that ACKed and are still
+   online, or the change is withdrawn when none is (its proposals are rejected either way).
+
+Formation is the first change (``_settle`` in ``machine.py`` prepares it once ``min_ranks``
+are HEALTHY); a group that does not get there by its formation deadline fails to form.
+
+A view that failed with every member alive is retried, then decided by the evidence: the
+decision is ``stalls.py``'s, the view change (or the shutdown) that carries it out is made here.
+Each committed view, and the group's shutdown, names its checkpoint rank.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from foldplane.coordinator.fold.effects import (
+    HEALTHY,
+    OFFLINE,
+    Effect,
+    GroupFailed,
+    Proposal,
+    View,
+    ViewCommitted,
+    ViewPrepare,
+)
+from foldplane.coordinator.fold.facets import Facet
+from foldplane.coordinator.fold.reasons import ranks_text
+from foldplane.coordinator.fold.stalls import FAILED as VIEW_FAILED
+from foldplane.coordinator.fold.stalls import RETRY as VIEW_RETRY
+from foldplane.coordinator.fold.stalls import UNRESOLVED, Stall, decide
+from foldplane.coordinator.fold.state import FAILED, FORMED, FORMING, Change, GroupState
+from foldplane.eventlog.record import Record
+from foldplane.wire.codes import APPLIED, APPLIED_WITH_DROPPED_RANKS, REJECTED
+
+
+class ViewChange:
+    """See the module docstring."""
+
+    # A part of the Coordinator (machine.py), whose methods run on it: the fold's state.
+    _groups: dict[str, GroupState]
+    _proposals: dict[int, Proposal]
+    _now: int
+    facets: tuple[Facet, ...]
+
+    def _prepare(
+        self,
+        g: GroupState,
+        target: tuple[int, ...],
+        kind: str,
+        proposals: list[int],
+        detail: str,
+        record: Record,
+        effects: list[Effect],
+    ) -> None:
+        """Phase one: send ``view_prepare(version + 1)`` to the participants, the online ranks
+        active in the old view or the new one."""
+        members = set(g.active) | set(target)
+        participants = tuple(r for r in sorted(members) if g.ranks[r].state != OFFLINE)
+        change = Change(
+            g.version + 1,
+            target,
+            participants,
+            self._now + g.cfg.ack_timeout_ns,
+            kind,
+            proposals,
+            detail,
+        )
+        g.change = change
+        effects.append(
+            ViewPrepare(
+                group=g.name,
+                version=change.version,
+                active_ranks=target,
+                participants=participants,
+                ack_deadline_ts=change.ack_deadline,
+                cause=change.cause(),
+                offset=record.offset,
+            )
+        )
+        self._attach_heads(g, record, effects)
+
+    def _commit(self, g: GroupState, record: Record, effects: list[Effect]) -> None:
+        """Phase two: every participant ACKed, was dropped or exited. Dropped and exited ranks
+        leave the view (only the dropped ones are reported as dropped); the proposals it
+        carries resolve ``applied`` (or ``applied_with_dropped_ranks``).
+
+        A view never commits with empty ``active_ranks``: if every rank of the new active set
+        left first, see :meth:`_commit_without_target`."""
+        change = g.change
+        assert change is not None
+        gone = change.dropped | change.exited
+        active = tuple(r for r in change.active if r not in gone)
+        if not active:
+            self._commit_without_target(g, record, effects)
+            return
+        g.change = None
+        dropped = tuple(sorted(change.dropped))
+        exited = ranks_text(r for r in change.active if r in change.exited)
+        view = self._commit_view(g, change, active, change.cause(), record, effects)
+        status = APPLIED_WITH_DROPPED_RANKS if dropped else APPLIED
+        for pid in change.proposals:
+            reason = f"committed in version {view.version}"
+            if dropped:
+                reason += f"; dropped ranks {ranks_text(dropped)} (no ACK)"
+            if exited != "[]":
+                reason += f"; exited cleanly before it committed: {exited}"
+            self._resolve(g, pid, status, view.version, reason, record, effects, dropped)
+        self._enforce_budget(g, record, effects)
+
+    def _commit_view(
+        self,
+        g: GroupState,
+        change: Change,
+        active: tuple[int, ...],
+        cause: dict[str, Any],
+        record: Record,
+        effects: list[Effect],
+    ) -> View:
+        """Make ``change``'s version, with ``active`` ranks, the group's committed view."""
+        base = g.view
+        view = View(
+            group=g.name,
+            version=change.version,
+            active_ranks=active,
+            rank_states={r: info.state for r, info in enumerate(g.ranks)},
+            healthy_set=tuple(sorted(g.healthy)),
+            cause=cause,
+            acked_ranks=tuple(sorted(change.acked)),
+            dropped_ranks=tuple(sorted(change.dropped)),
+            offset=record.offset,
+            ts=self._now,
+            checkpoint_rank=self._checkpoint_rank(g, active),
+        )
+        g.view = view
+        g.budget_due = True
+        if g.formation == FORMING:
+            g.formation = FORMED
+        effects.append(ViewCommitted(view=view, offset=record.offset, base=base))
+        for facet in self.facets:
+            facet.view_committed(self, g, view, base, record, effects)
+        return view
+
+    def _commit_without_target(self, g: GroupState, record: Record, effects: list[Effect]) -> None:
+        """Every rank of the change's new active set exited or was dropped before the commit.
+
+        An empty view is never committed. If participants of the old view are still online
+        (they ACKed, all of them: the commit waits for that), the version commits for them, so
+        the ranks that are left keep a view to run on and no ACKed version is ever prepared
+        again with other contents. If nobody is left (every worker exited or died), the change
+        is withdrawn: the last committed view stays current, a record of the ranks that ran in
+        it; rank states say who exited and who failed, and the budget has already judged the
+        losses. Either way the change's proposals did not take effect and are rejected."""
+        change = g.change
+        assert change is not None
+        g.change = None
+        left = (
+            f"every rank of version {change.version}'s active ranks {ranks_text(change.active)} "
+            f"left before it committed (exited {ranks_text(change.exited)}, dropped "
+            f"{ranks_text(change.dropped)})"
+        )
+        live = tuple(r for r in sorted(change.acked) if g.ranks[r].state != OFFLINE)
+        if live:
+            cause = change.cause()
+            cause["detail"] += f"; {left}, so it keeps the live ranks {ranks_text(live)}"
+            view = self._commit_view(g, change, live, cause, record, effects)
+            outcome = f"{left}; version {view.version} keeps {ranks_text(live)}"
+        else:
+            outcome = f"{left}; version {g.version} stays current"
+        for pid in change.proposals:
+            self._resolve(g, pid, REJECTED, None, outcome, record, effects)
+        self._enforce_budget(g, record, effects)
+
+    def _fail_formation(
+        self, g: GroupState, deadline: int, record: Record, effects: list[Effect]
+    ) -> None:
+        missing = tuple(r for r, info in enumerate(g.ranks) if info.state != HEALTHY)
+        ready = g.cfg.world_size - len(missing)
+        g.formation = FAILED
+        g.fence_epoch += 1
+        for rank, last in g.alive.items():
+            g.ranks[rank].last_heartbeat_ts = last
+        g.alive.clear()  # a failed group tracks no more deadlines; its inputs are refused
+        g.window_end = None
+        g.formation_error = (
+            f"{ready}/{g.cfg.world_size} ranks HEALTHY by the formation deadline {deadline} "
+            f"(min_ranks {g.cfg.min_ranks}); missing {ranks_text(missing)}"
+        )
+        effects.append(
+            GroupFailed(
+                group=g.name, reason=g.formation_error, missing_ranks=missing, offset=record.offset
+            )
+        )
+        while g.queue:
+            pid, _ = g.queue.popleft()
+            self._resolve(
+                g,
+                pid,
+                REJECTED,
+                None,
+                f"group failed to form: {g.formation_error}",
+                record,
+                effects,
+            )
+
+    def _checkpoint_rank(self, g: GroupState, active: tuple[int, ...]) -> int | None:
+        """Who saves the group's checkpoint among ``active``: the rank the operator pinned
+        (``checkpoint_rank``) while it is active and not OFFLINE, else the lowest active rank
+        that is not OFFLINE (the lowest active rank if every one is). None with no active rank.
+        """
+        pin = g.config.checkpoint_rank
+        if pin is not None and pin in active and g.ranks[pin].state != OFFLINE:
+            return pin
+        live = (r for r in active if g.ranks[r].state != OFFLINE)
+        return next(live, active[0] if active else None)
+
+    # ------------------------------------------------------------------ a stalled view
+
+    def _note_stall(self, g: GroupState, rank: int, payload: dict[str, Any]) -> None:
+        """A member says the committed view failed here blaming nobody (``fold/stalls.py``).
+        Only a report about the current view of a formed group, from an active rank, counts."""
+        version = payload["failed"]
+        if (
+            g.formation != FORMED
+            or g.shutdown is not None
+            or g.view is None
+            or version != g.view.version
+            or not g.view.is_active(rank)
+        ):
+            return
+        stall = g.stall
+        if stall is None or stall.version != version:
+            stall = g.stall = Stall(version, g.view.cause.get("kind") == VIEW_RETRY, self._now)
+        stall.reports[rank] = (payload.get("issued") or 0, payload.get("completed") or 0)
+
+    def _resolve_stall(self, g: GroupState, record: Record, effects: list[Effect]) -> bool:
+        """Decide a view that failed with every member alive (``fold/stalls.py``); True if a
+        change was prepared or the group shut down. A stall whose view is no longer current,
+        or whose view has an active rank that is not HEALTHY, is forgotten: the other rules
+        change the view."""
+        stall = g.stall
+        assert stall is not None
+        active = g.active
+        if stall.version != g.version or any(g.ranks[r].state != HEALTHY for r in active):
+            g.stall = None
+            return False
+        deadline = self._stall_deadline(g)
+        assert deadline is not None
+        decision = decide(stall, active, self._now, deadline, g.cfg.min_active)
+        if decision is None:
+            return False
+        g.stall = None
+        if decision.kind == UNRESOLVED:
+            self._shut_down(g, UNRESOLVED, decision.detail, record, effects)
+            return True
+        if decision.kind == VIEW_RETRY:
+            self._prepare(g, active, VIEW_RETRY, [], decision.detail, record, effects)
+            return True
+        laggards = set(decision.laggards)
+        if not g.cfg.auto_deactivate:
+            for rank in decision.laggards:
+                self._rank_state(g, rank, f"blamed: {decision.detail}", record, effects)
+            return False
+        target = tuple(r for r in active if r not in laggards)
+        self._prepare(g, target, VIEW_FAILED, [], decision.detail, record, effects)
+        return True
+
+    def _stall_deadline(self, g: GroupState) -> int | None:
+        stall = g.stall
+        if stall is None or stall.version != g.version:
+            return None
+        return stall.deadline(g.cfg.reconcile_window_ns, g.cfg.heartbeat_timeout_ns)

@@ -1,0 +1,155 @@
+"""Time: the only clock the fold has is the ``tick`` record.
+
+The rule. The host appends a tick once ``next_deadline()`` has passed; a tick fires every
+deadline that is due, group by group in name order: heartbeat timeouts, the end of a
+reconciliation window, missed ACKs, the formation deadline, admission deadlines; then each
+facet's. Every deadline reported is one a tick at or after it resolves, so the host never spins.
+A tick with ``{"resumed": true}`` says the coordinator (re)started serving: the deadlines that
+wait on the ranks (heartbeats, ACKs, admissions) restart at its time, since the silence was the
+coordinator's; the formation deadline and an open window keep running.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from foldplane.coordinator.fold.effects import (
+    Effect,
+    Proposal,
+)
+from foldplane.coordinator.fold.facets import Facet
+from foldplane.coordinator.fold.state import FORMED, FORMING, GroupState
+from foldplane.eventlog.record import Record
+
+
+class Deadlines:
+    """See the module docstring."""
+
+    # A part of the Coordinator (machine.py), whose methods run on it: the fold's state.
+    _groups: dict[str, GroupState]
+    _proposals: dict[int, Proposal]
+    _now: int
+    facets: tuple[Facet, ...]
+
+    def next_deadline(self) -> int | None:
+        """The earliest pending deadline (ns), or None. The host appends a tick once now >= it.
+
+        Every deadline reported here is one that a tick at or after it resolves, so the host
+        never spins on a deadline in the past.
+        """
+        best: int | None = None
+        for g in self._groups.values():
+            d = self._group_deadline(g)
+            if d is not None and (best is None or d < best):
+                best = d
+        for facet in self.facets:
+            d = facet.next_deadline()
+            if d is not None and (best is None or d < best):
+                best = d
+        return best
+
+    def waits_on_ranks(self) -> bool:
+        """Whether a deadline waits on the ranks (an online rank's heartbeat, a change's ACKs,
+        a queued proposal): what a resumed tick restarts, so a host that finds none need not
+        append one."""
+        return any(
+            g.alive or g.change is not None or g.queue for g in self._groups.values()
+        ) or any(f.waits_on_ranks() for f in self.facets)
+
+    def _on_tick(self, record: Record) -> list[Effect]:
+        """Time passed: fire every deadline that is due, group by group in name order.
+
+        A tick with payload ``{"resumed": true}`` says the coordinator (re)started serving: the
+        deadlines that measure the ranks' silence restart first (see :meth:`_resume`)."""
+        effects: list[Effect] = []
+        now = self._now
+        if record.payload.get("resumed") is True:
+            self._resume()
+        for name in sorted(self._groups):
+            g = self._groups[name]
+            due = self._group_deadline(g)
+            if due is None or due > now:
+                continue
+            self._expire_heartbeats(g, record, effects)
+            if g.window_end is not None and g.window_end <= now:
+                g.window_end = None
+            change = g.change
+            if change is not None and change.ack_deadline <= now:
+                for rank in change.outstanding():
+                    self._go_offline(
+                        g,
+                        rank,
+                        f"did not ACK version {change.version} by its deadline {change.ack_deadline}",
+                        True,
+                        record,
+                        effects,
+                    )
+            if g.formation == FORMING and g.change is None and g.shutdown is None:
+                deadline = g.created_ts + g.cfg.formation_timeout_ns
+                if deadline <= now:
+                    self._fail_formation(g, deadline, record, effects)
+            if g.formation == FORMING:
+                self._expire_unformed_heads(g, record, effects)
+            self._settle(g, record, effects)
+            if g.formation == FORMING and g.change is None and g.shutdown is None:
+                deadline = g.created_ts + g.cfg.formation_timeout_ns
+                if deadline <= now:  # this tick lost the formation change's last participant
+                    self._fail_formation(g, deadline, record, effects)
+        for facet in self.facets:
+            facet.tick(self, record, effects)
+        return effects
+
+    def _resume(self) -> None:
+        """The coordinator was not serving for a while (a restart, a failover): nobody could
+        send a heartbeat, an ACK or a ready report to it, so silence during the outage is the
+        coordinator's, not the ranks'. Every deadline that waits for the ranks restarts at the
+        resumed tick's time: each online rank's heartbeat deadline, the ACK deadline of the
+        change in flight, the admission deadlines of queued proposals and the wait for the
+        reports of a view that failed with nobody blamed. The formation
+        deadline (a bound on the whole start-up) and an open reconciliation window (a delay
+        for more evidence, not a wait on anyone) keep running."""
+        now = self._now
+        for name in sorted(self._groups):
+            g = self._groups[name]
+            for rank in g.alive:
+                g.alive[rank] = now
+            if g.change is not None:
+                g.change.ack_deadline = now + g.cfg.ack_timeout_ns
+            g.queue = deque((pid, now + g.cfg.admission_timeout_ns) for pid, _ in g.queue)
+            if g.stall is not None:  # its reports could not arrive either
+                g.stall.first_ts = now
+        for facet in self.facets:
+            facet.resume(now)
+
+    def _group_deadline(self, g: GroupState) -> int | None:
+        best: int | None = None
+
+        def consider(t: int) -> None:
+            nonlocal best
+            if best is None or t < best:
+                best = t
+
+        if g.alive:
+            consider(next(iter(g.alive.values())) + g.cfg.heartbeat_timeout_ns)
+        if g.window_end is not None:
+            consider(g.window_end)
+        if g.change is not None:
+            consider(g.change.ack_deadline)
+        if g.formation == FORMING:
+            if g.change is None and g.shutdown is None:
+                consider(g.created_ts + g.cfg.formation_timeout_ns)
+            if g.queue:
+                consider(g.queue[0][1])
+        elif (
+            g.formation == FORMED
+            and g.queue
+            and g.change is None
+            and g.window_end is None
+            and g.shutdown is None
+        ):
+            consider(g.queue[0][1])
+        if g.change is None and g.window_end is None and g.shutdown is None:
+            stall = self._stall_deadline(g)
+            if stall is not None:
+                consider(stall)
+        return best

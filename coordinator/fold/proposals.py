@@ -1,0 +1,238 @@
+"""Proposals and what starts the next change.
+
+The rule. Proposals queue first in, first out, each with an admission deadline; each gets
+exactly one terminal outcome (``applied``, ``applied_with_dropped_ranks`` or ``rejected``) and
+never changes afterwards. With no change in flight and no reconciliation window open, the next
+change is, in order: formation (``machine.py``), auto-deactivation of active ranks that left
+the Healthy Set (never emptying the view), then the head of the queue, checked in order (ranks
+in range and distinct; no change needed: applied at once; a deactivation keeping
+``min_active``; an activation whose ranks are HEALTHY and fully linked, else it waits until its
+admission deadline). While a change is in flight, heads it already satisfies ride along with it.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from foldplane.coordinator.fold.admission import requested, static_problem
+from foldplane.coordinator.fold.effects import (
+    Effect,
+    Proposal,
+    ProposalAccepted,
+    ProposalResolved,
+)
+from foldplane.coordinator.fold.facets import Facet
+from foldplane.coordinator.fold.reasons import ranks_text
+from foldplane.coordinator.fold.state import FAILED, GroupState
+from foldplane.eventlog.record import Record
+from foldplane.wire.codes import APPLIED, PENDING, REJECTED
+
+
+class ProposalQueue:
+    """See the module docstring."""
+
+    # A part of the Coordinator (machine.py), whose methods run on it: the fold's state.
+    _groups: dict[str, GroupState]
+    _proposals: dict[int, Proposal]
+    _now: int
+    facets: tuple[Facet, ...]
+
+    def _on_proposal(self, record: Record, effects: list[Effect]) -> None:
+        """A proposal is logged and queued (first in, first out); ``_settle`` decides it.
+
+        A group that failed to form or was shut down rejects it at once.
+        """
+        g = self._groups[record.group]  # type: ignore[index]
+        payload = record.payload
+        proposal = Proposal(
+            id=record.offset,
+            group=g.name,
+            op=payload["op"],
+            ranks=tuple(payload["ranks"]),
+            proposer=payload.get("proposer"),
+            idempotency_key=payload.get("idempotency_key"),
+            status=PENDING,
+            version=None,
+            reason="queued",
+            dropped_ranks=(),
+            offset=record.offset,
+            resolved_offset=None,
+        )
+        self._proposals[proposal.id] = proposal
+        if proposal.idempotency_key is not None:
+            g.keys[proposal.idempotency_key] = proposal.id
+        effects.append(ProposalAccepted(proposal=proposal, offset=record.offset))
+        if g.formation == FAILED:
+            self._resolve(
+                g,
+                proposal.id,
+                REJECTED,
+                None,
+                f"group failed to form: {g.formation_error}",
+                record,
+                effects,
+            )
+        elif g.shutdown is not None:
+            self._resolve(
+                g,
+                proposal.id,
+                REJECTED,
+                None,
+                f"group was shut down ({g.shutdown})",
+                record,
+                effects,
+            )
+        else:
+            g.queue.append((proposal.id, self._now + g.cfg.admission_timeout_ns))
+
+    def _auto_deactivate(self, g: GroupState, record: Record, effects: list[Effect]) -> bool:
+        """Active ranks outside the Healthy Set are removed through the barrier; this takes
+        precedence over queued proposals but never preempts the change in flight. It never
+        empties the view: with no active rank left healthy, the group waits."""
+        active = g.active
+        leaving = [r for r in active if r not in g.healthy]
+        if not leaving or len(leaving) == len(active):
+            return False
+        states = ", ".join(f"{r} {g.ranks[r].state}" for r in leaving[:16])
+        more = f", ... (+{len(leaving) - 16} more)" if len(leaving) > 16 else ""
+        self._prepare(
+            g,
+            tuple(r for r in active if r in g.healthy),
+            "auto_deactivation",
+            [],
+            f"active ranks left the Healthy Set: {states}{more}",
+            record,
+            effects,
+        )
+        return True
+
+    def _decide_head(self, g: GroupState, record: Record, effects: list[Effect]) -> bool:
+        """Decide the proposal at the head of the queue; True if it was decided.
+
+        Checked in order: ranks in range and distinct (else rejected); the resulting view equal
+        to the current one (then ``applied`` at once with the current version: deduplication);
+        for deactivate, at least ``min_active`` ranks left; for activate, every rank of the
+        result HEALTHY and the result a clique of usable edges. A head that is not admissible
+        yet waits until its admission deadline, then is rejected naming each rank and state.
+        """
+        if not g.queue:
+            return False
+        pid, deadline = g.queue[0]
+        proposal = self._proposals[pid]
+        invalid = static_problem(g, proposal)
+        if invalid is not None:
+            g.queue.popleft()
+            self._resolve(g, pid, REJECTED, None, invalid, record, effects)
+            return True
+        active = g.active
+        target = requested(proposal, active)
+        if target == active:
+            g.queue.popleft()
+            self._resolve(
+                g,
+                pid,
+                APPLIED,
+                g.version,
+                f"no change needed: version {g.version} already has active ranks {ranks_text(active)}",
+                record,
+                effects,
+            )
+            return True
+        if proposal.op == "deactivate":
+            if len(target) < g.cfg.min_active:
+                g.queue.popleft()
+                self._resolve(
+                    g,
+                    pid,
+                    REJECTED,
+                    None,
+                    f"deactivating {ranks_text(proposal.ranks)} would leave {len(target)} active "
+                    f"ranks {ranks_text(target)}; min_active is {g.cfg.min_active}",
+                    record,
+                    effects,
+                )
+                return True
+        else:
+            problem = self._admission_problem(g, target)
+            if problem is not None:
+                if self._now < deadline:
+                    return False
+                g.queue.popleft()
+                self._resolve(
+                    g,
+                    pid,
+                    REJECTED,
+                    None,
+                    f"not admissible by the admission deadline {deadline}: {problem}",
+                    record,
+                    effects,
+                )
+                return True
+        g.queue.popleft()
+        self._prepare(
+            g,
+            target,
+            "proposal",
+            [pid],
+            f"proposal {pid}: {proposal.op} {ranks_text(proposal.ranks)}",
+            record,
+            effects,
+        )
+        return True
+
+    def _attach_heads(self, g: GroupState, record: Record, effects: list[Effect]) -> None:
+        """While a change is in flight, heads it already satisfies ride along with it (and
+        resolve with its version when it commits); malformed heads are rejected at once."""
+        change = g.change
+        assert change is not None
+        while g.queue:
+            pid, _ = g.queue[0]
+            proposal = self._proposals[pid]
+            invalid = static_problem(g, proposal)
+            if invalid is not None:
+                g.queue.popleft()
+                self._resolve(g, pid, REJECTED, None, invalid, record, effects)
+                continue
+            if requested(proposal, change.active) != change.active:
+                return
+            g.queue.popleft()
+            change.proposals.append(pid)
+
+    def _expire_unformed_heads(self, g: GroupState, record: Record, effects: list[Effect]) -> None:
+        """Before formation nothing can be admitted, but admission deadlines still run."""
+        while g.queue and g.queue[0][1] <= self._now:
+            pid, deadline = g.queue.popleft()
+            self._resolve(
+                g,
+                pid,
+                REJECTED,
+                None,
+                f"group {g.name!r} had not formed by the admission deadline {deadline}",
+                record,
+                effects,
+            )
+
+    def _resolve(
+        self,
+        g: GroupState,
+        pid: int,
+        status: str,
+        version: int | None,
+        reason: str,
+        record: Record,
+        effects: list[Effect],
+        dropped: tuple[int, ...] = (),
+    ) -> None:
+        """Give a proposal its one terminal outcome; it never changes afterwards."""
+        proposal = self._proposals[pid]
+        assert proposal.status == PENDING, f"proposal {pid} is already {proposal.status}"
+        resolved = msgspec.structs.replace(
+            proposal,
+            status=status,
+            version=version,
+            reason=reason,
+            dropped_ranks=dropped,
+            resolved_offset=record.offset,
+        )
+        self._proposals[pid] = resolved
+        effects.append(ProposalResolved(proposal=resolved, offset=record.offset))

@@ -1,0 +1,297 @@
+"""Rank lifecycle and link evidence: what the fold records about each rank, and the one way a
+rank is lost.
+
+The rule. A rank is OFFLINE, SYNCED (talking to the coordinator, data plane not verified) or
+HEALTHY (SYNCED and inside the Healthy Set, ``healthy_set.py``).
+
+- A ``join`` makes an OFFLINE rank, or a new incarnation, SYNCED and not yet self-ready. A new
+  incarnation bumps ``rank_epoch``, replaces the old one through the death chain if it was still
+  online, and forgets every rank's down evidence about the old process: the replacement is a
+  new process. The same incarnation joining while online is only a sign of life.
+- Every input from the current online incarnation is a sign of life (it moves the rank to the
+  back of the liveness order; the oldest beat times out first).
+- A ``links`` report replaces the rank's previous evidence: the peers it finds down and whether
+  it is self-ready. Worse evidence opens the reconciliation window, so reports from several
+  ranks are decided together; a report about an older view than the one a peer joined in says
+  nothing about that peer's replacement.
+- Every way a rank is lost (heartbeat timeout, death report, a missed ACK, replacement, and a
+  clean exit) ends in :meth:`RankLifecycle._go_offline`, the death chain: OFFLINE, out of the
+  Healthy Set, no longer awaited by the change in flight, and a failure counted once per
+  incarnation (never for a clean exit). The budget (``budget.py``) judges it in the same step.
+"""
+
+from __future__ import annotations
+
+from foldplane.coordinator.fold.effects import (
+    OFFLINE,
+    SYNCED,
+    Effect,
+    Proposal,
+    RankState,
+)
+from foldplane.coordinator.fold.facets import Facet
+from foldplane.coordinator.fold.state import GroupState
+from foldplane.eventlog.record import Record
+from foldplane.wire import ranks as rank_sets
+from foldplane.wire.protocol import CAUSE_DEATH_REPORTED, links_down
+
+
+class RankLifecycle:
+    """See the module docstring."""
+
+    # A part of the Coordinator (machine.py), whose methods run on it: the fold's state.
+    _groups: dict[str, GroupState]
+    _proposals: dict[int, Proposal]
+    _now: int
+    facets: tuple[Facet, ...]
+
+    def _on_join(self, record: Record, effects: list[Effect]) -> None:
+        """An OFFLINE rank, or a new incarnation, becomes SYNCED (not yet self-ready).
+
+        A new incarnation bumps ``rank_epoch``, replaces the old one through the death chain if
+        it was still online, and clears its own link evidence *and* every other rank's down
+        evidence about it: the replacement is a new process, and the facets hear of it (the
+        epochs send it the rank's part). The same incarnation joining again while online is
+        only a sign of life.
+        """
+        g = self._groups[record.group]  # type: ignore[index]
+        rank = record.rank
+        assert rank is not None
+        info = g.ranks[rank]
+        payload = record.payload
+        inc = payload["incarnation"]
+        info.host = payload.get("host", info.host)
+        info.pid = payload.get("pid", info.pid)
+        new = inc != info.incarnation
+        if not new:
+            if info.state != OFFLINE:
+                self._touch(g, rank)
+                return
+            reason = f"rejoined as the same incarnation {inc} (rank_epoch {info.rank_epoch})"
+        else:
+            if info.state != OFFLINE:
+                self._go_offline(
+                    g,
+                    rank,
+                    f"incarnation {info.incarnation} replaced by {inc}",
+                    True,
+                    record,
+                    effects,
+                )
+            info.incarnation = inc
+            info.rank_epoch += 1
+            info.failure_counted = False
+            info.joined_version = g.version
+            self._forget_evidence_about(g, rank)
+            reason = f"joined as incarnation {inc} (rank_epoch {info.rank_epoch})"
+        info.state = SYNCED
+        g.fence_epoch += 1
+        info.exited = False
+        self._set_evidence(g, rank, frozenset(), False)
+        self._touch(g, rank)
+        self._rank_state(g, rank, reason, record, effects)
+        if new:
+            for facet in self.facets:
+                facet.rank_joined(self, g, rank, record, effects)
+
+    def _on_shared_heartbeat(self, g: GroupState, record: Record, now: int) -> list[Effect]:
+        """The beats of many ranks that arrived together, in one record: each listed rank that
+        is online is alive as of the record's time. The host checked every beat against this
+        very state before appending (a stale incarnation never gets into the record); a rank
+        that is not online here (a malformed or hand-written record) is passed over."""
+        refusal = self._refusal("heartbeat", record.group, None, record.payload)
+        if refusal is not None:
+            return [self._refused(record, refusal)]
+        alive = g.alive
+        for rank in rank_sets.decode(record.payload["ranks"], g.cfg.world_size):
+            if rank in alive:
+                alive.move_to_end(rank)
+                alive[rank] = now
+        return []
+
+    def _on_links(self, record: Record, effects: list[Effect]) -> None:
+        """A rank's latest links report replaces its previous one.
+
+        Down evidence (a peer reported down, a failure hint, or the rank saying it is not
+        self-ready) opens the reconciliation window, so hints from several ranks are decided
+        together; up evidence is applied at once unless a window is open.
+
+        A report says which view its evidence comes from (``version``: the view whose group
+        the failed operation or the probe ran on). It names a peer down only if that view is
+        newer than the one committed when the peer's current incarnation joined: an operation
+        on an older view ran with the peer's previous process, so its failure (often reported
+        late, at the collective timeout) says nothing about the replacement. The join already
+        forgot the evidence about the old process that had arrived; this keeps what arrives
+        after the join from bringing it back.
+        """
+        g = self._groups[record.group]  # type: ignore[index]
+        rank = record.rank
+        assert rank is not None
+        payload = record.payload
+        if "peers" in payload or "failed_ranks_hint" in payload:  # a protocol-1 record
+            peers = payload.get("peers", {})
+            down = {int(p) for p, status in peers.items() if status == "down"}
+            down.update(payload.get("failed_ranks_hint") or ())
+        else:
+            down = set(links_down(payload, g.cfg.world_size))
+            about = payload.get("version")
+            if about is not None:
+                down = {p for p in down if about > g.ranks[p].joined_version}
+        down.discard(rank)
+        self._touch(g, rank)
+        if not down and payload.get("failed") is not None:
+            self._note_stall(g, rank, payload)
+        info = g.ranks[rank]
+        new_down = frozenset(down)
+        ready = payload["self_ready"]
+        if new_down == info.down and ready == info.self_ready:
+            return
+        worse = bool(new_down - info.down) or (info.self_ready and not ready)
+        self._set_evidence(g, rank, new_down, ready)
+        if worse and g.window_end is None and g.cfg.reconcile_window_ns > 0:
+            g.window_end = self._now + g.cfg.reconcile_window_ns
+
+    def _on_ack(self, record: Record, effects: list[Effect]) -> None:
+        """A participant ACKs the version being prepared (a repeated ACK changes nothing)."""
+        g = self._groups[record.group]  # type: ignore[index]
+        assert g.change is not None and record.rank is not None
+        g.change.acked.add(record.rank)
+        g.change.waiting.discard(record.rank)
+        self._touch(g, record.rank)
+
+    def _on_exit(self, record: Record, effects: list[Effect]) -> None:
+        """A clean exit: OFFLINE and marked exited; it never counts against ``max_failure``."""
+        g = self._groups[record.group]  # type: ignore[index]
+        rank = record.rank
+        assert rank is not None
+        info = g.ranks[rank]
+        if info.state == OFFLINE:
+            info.exited = True
+            return
+        info.exited = True
+        self._go_offline(g, rank, "exited cleanly", False, record, effects)
+
+    def _on_death_reported(self, record: Record, effects: list[Effect]) -> None:
+        """A supervisor's death report takes the same death chain as a heartbeat timeout."""
+        g = self._groups[record.group]  # type: ignore[index]
+        rank = record.rank
+        assert rank is not None
+        if g.ranks[rank].state == OFFLINE:
+            return
+        reporter = record.payload.get("reporter")
+        by = f" by {reporter}" if reporter else ""
+        self._go_offline(
+            g, rank, f"death reported{by}", True, record, effects, cause=CAUSE_DEATH_REPORTED
+        )
+
+    def _go_offline(
+        self,
+        g: GroupState,
+        rank: int,
+        reason: str,
+        failure: bool,
+        record: Record,
+        effects: list[Effect],
+        *,
+        cause: str | None = None,
+    ) -> None:
+        """Every way a rank is lost ends here: heartbeat timeout, death report, a missed ACK,
+        replacement by a new incarnation, and (with ``failure=False``) a clean exit.
+
+        The rank goes OFFLINE, leaves the usable-edge graph and the Healthy Set, stops being
+        awaited by the change in flight (dropped at once rather than at the ACK deadline, or,
+        after a clean exit, leaving the view without being dropped), and a failure of a non-exited incarnation is counted once against
+        ``max_failure``. Budget and auto-deactivation follow in ``_settle``.
+        """
+        info = g.ranks[rank]
+        info.state = OFFLINE
+        g.fence_epoch += 1
+        info.last_heartbeat_ts = g.alive.pop(rank, info.last_heartbeat_ts)
+        g.candidates.discard(rank)
+        g.healthy.discard(rank)
+        g.touched.add(rank)
+        g.dirty = True
+        if failure and not info.exited and not info.failure_counted:
+            info.failure_counted = True
+            g.failures += 1
+            g.failed.append((rank, info.rank_epoch))
+        g.budget_due = True
+        change = g.change
+        if change is not None and rank in change.waiting:
+            change.waiting.discard(rank)
+            (change.exited if info.exited else change.dropped).add(rank)
+        self._rank_state(g, rank, reason, record, effects, cause=cause)
+        for facet in self.facets:
+            facet.rank_lost(self, g, rank, record, effects)
+
+    def _expire_heartbeats(self, g: GroupState, record: Record, effects: list[Effect]) -> None:
+        timeout = g.cfg.heartbeat_timeout_ns
+        alive = g.alive
+        while alive:
+            rank, last = next(iter(alive.items()))
+            if last + timeout > self._now:
+                break
+            self._go_offline(
+                g,
+                rank,
+                f"heartbeat timeout: last sign of life at {last}, deadline {last + timeout}",
+                True,
+                record,
+                effects,
+            )
+
+    def _touch(self, g: GroupState, rank: int) -> None:
+        """Any input from the current online incarnation is a sign of life."""
+        g.alive[rank] = self._now
+        g.alive.move_to_end(rank)
+
+    def _set_evidence(self, g: GroupState, rank: int, down: frozenset[int], ready: bool) -> None:
+        info = g.ranks[rank]
+        if info.down == down and info.self_ready == ready:
+            return
+        info.down = down
+        info.self_ready = ready
+        if down:
+            g.reporters.add(rank)
+        else:
+            g.reporters.discard(rank)
+        if ready and info.state != OFFLINE:
+            g.candidates.add(rank)
+        else:
+            g.candidates.discard(rank)
+        g.touched.add(rank)
+        g.dirty = True
+
+    def _forget_evidence_about(self, g: GroupState, rank: int) -> None:
+        """A replacement process is new: other ranks' down evidence about the old one lapses."""
+        for reporter in sorted(g.reporters):
+            info = g.ranks[reporter]
+            if rank in info.down:
+                info.down = info.down - {rank}
+                if not info.down:
+                    g.reporters.discard(reporter)
+                g.dirty = True
+
+    def _rank_state(
+        self,
+        g: GroupState,
+        rank: int,
+        reason: str,
+        record: Record,
+        effects: list[Effect],
+        *,
+        cause: str | None = None,
+    ) -> None:
+        info = g.ranks[rank]
+        effects.append(
+            RankState(
+                group=g.name,
+                rank=rank,
+                state=info.state,
+                incarnation=info.incarnation,
+                rank_epoch=info.rank_epoch,
+                reason=reason,
+                cause=cause,
+                offset=record.offset,
+            )
+        )
