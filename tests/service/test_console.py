@@ -539,7 +539,9 @@ async def test_an_ended_group_is_shown_as_such_and_the_page_ends_and_deletes(
         )
         assert any(b.startswith("old ·") and b.endswith("· ended") for b in buttons), buttons
         assert await page.is_disabled("#g-end")
-        assert await page.is_visible("#d-none")  # asked: the group has no plan
+        # asked (its own request, answered after the group's): the group has no plan
+        await _until(page, "!document.getElementById('d-none').classList.contains('hidden')")
+        assert await page.is_visible("#d-none")
         await page.click("#groups button:has-text('live')")
         await _until(page, "document.getElementById('g-run').textContent === 'forming'")
         await page.click("#g-end")
