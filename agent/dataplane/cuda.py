@@ -121,7 +121,7 @@ class CudaWatch:
                     delay = 0.0
                 works = list(self._works)
             now = time.monotonic()
-            ended = [w for w in works if w._poll_cuda(now)]
+            ended = [w for w in works if self._look(w, now)]
             for work in works:
                 if work not in ended and now - work._issued > self._window_s:
                     self._suspect(work)
@@ -132,6 +132,18 @@ class CudaWatch:
                 continue
             delay = min(max(delay * 2, POLL_MIN_S), POLL_MAX_S)
             time.sleep(delay)
+
+    @staticmethod
+    def _look(work: Followed, now: float) -> bool:
+        """Poll ``work``; a CUDA error while looking fails its view (the watch goes on)."""
+        try:
+            return work._poll_cuda(now)
+        except Exception as e:  # a broken device must not end the watch
+            log.exception("following a CUDA operation failed")
+            view = work._view
+            if view is not None:
+                view.fail(f"following a CUDA operation failed: {type(e).__name__}: {e}")
+            return True
 
     def _suspect(self, work: Followed) -> None:
         """``work`` has run longer than a liveness window: check its view's members, once at a
