@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import time
 import traceback
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -24,6 +25,24 @@ def main(
     incarnation: str,
     options: dict[str, Any],
 ) -> None:
+    serve(conn, rank, world_size, port, incarnation, options)
+
+
+#: A command of a worker: ``handler(pg, conn, *args)`` returns the answer.
+Handler = Callable[..., Any]
+
+
+def serve(
+    conn: Connection,
+    rank: int,
+    world_size: int,
+    port: int,
+    incarnation: str,
+    options: dict[str, Any],
+    commands: dict[str, Handler] | None = None,
+) -> None:
+    """A DataPlane driven over ``conn``: install, op, inject, evidence, close, and ``commands``
+    (the GPU worker's own). An error goes back to the test by type and message."""
     from foldplane.agent.dataplane import DataPlane
 
     evidence: list[tuple[int, dict[int, str], list[int]]] = []
@@ -37,24 +56,24 @@ def main(
         **options,
     )
     pg = dp.process_group()
+    handlers: dict[str, Handler] = {
+        "install": lambda _pg, _conn, *a: dp.install_view(*a),
+        "op": lambda pg, conn, *a: run_op(pg, rank, world_size, *a),
+        "inject": lambda _pg, _conn, *a: dp.inject_link_failure(*a),
+        **(commands or {}),
+    }
     conn.send({"pid": os.getpid(), "incarnation": incarnation})
     while True:
         cmd, args = conn.recv()
         try:
-            if cmd == "install":
-                dp.install_view(*args)
-                answer: Any = None
-            elif cmd == "op":
-                answer = run_op(pg, rank, world_size, *args)
-            elif cmd == "inject":
-                dp.inject_link_failure(*args)
-                answer = None
-            elif cmd == "evidence":
+            if cmd == "evidence":
                 answer, evidence[:] = list(evidence), []
             elif cmd == "close":
                 dp.close()
                 conn.send(None)
                 return
+            elif cmd in handlers:
+                answer = handlers[cmd](pg, conn, *args)
             else:
                 raise ValueError(f"unknown command {cmd!r}")
             conn.send(answer)

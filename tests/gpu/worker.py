@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import time
-import traceback
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -45,48 +44,27 @@ def main(
     share_gpu(rank, incarnation)
     import torch
 
-    from foldplane.agent.dataplane import DataPlane
+    from tests.dataplane.worker import serve
 
     options = dict(options)
     backend = options.pop("backend", "nccl")
-    evidence: list[tuple[int, dict[int, str], list[int]]] = []
-    dp = DataPlane(
+    graphs: dict[str, Any] = {}
+    serve(
+        conn,
         rank,
         world_size,
-        "127.0.0.1",
         port,
-        incarnation=incarnation,
-        backend=backend,
-        device=torch.device("cuda", 0) if backend == "nccl" else None,
-        on_link_evidence=lambda v, peers, failed: evidence.append((v, dict(peers), list(failed))),
-        **options,
+        incarnation,
+        {
+            **options,
+            "backend": backend,
+            "device": torch.device("cuda", 0) if backend == "nccl" else None,
+        },
+        {
+            "op": lambda pg, conn, *a: run_op(pg, rank, world_size, *a, conn=conn),
+            "graph": lambda pg, conn, *a: run_graph(pg, rank, graphs, *a, conn=conn),
+        },
     )
-    pg = dp.process_group()
-    graphs: dict[str, Any] = {}
-    conn.send({"pid": os.getpid(), "incarnation": incarnation})
-    while True:
-        cmd, args = conn.recv()
-        try:
-            if cmd == "install":
-                dp.install_view(*args)
-                answer: Any = None
-            elif cmd == "op":
-                answer = run_op(pg, rank, world_size, *args, conn=conn)
-            elif cmd == "graph":
-                answer = run_graph(pg, rank, graphs, *args, conn=conn)
-            elif cmd == "evidence":
-                answer, evidence[:] = list(evidence), []
-            elif cmd == "close":
-                dp.close()
-                conn.send(None)
-                return
-            else:
-                raise ValueError(f"unknown command {cmd!r}")
-            conn.send(answer)
-        except Exception as e:  # the test sees the error, by type and message
-            conn.send(
-                {"raised": type(e).__name__, "message": str(e), "trace": traceback.format_exc()}
-            )
 
 
 def _summary(t: Any) -> Any:
