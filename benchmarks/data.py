@@ -475,7 +475,7 @@ def _plan_bytes(n: int, dataset_size: int, grain: int = 1) -> dict[str, Any]:
     carry(effects)
     carry(step(t0, "epoch_plan", "g", None, complete_plan({"epoch": 0, "dataset_size": dataset_size, "grain": grain})))  # fmt: skip
     effects = []
-    epoch = fold.epochs.epoch("g")
+    epoch = fold.facet("epochs").epoch("g")
     assert epoch is not None
     for r, held in sorted(epoch.holdings.items()):
         done = held.held * 3 // 10

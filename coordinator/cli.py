@@ -82,11 +82,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
+        if args.command not in ("token", "group") and (error := _install_facets()):
+            print(f"{args.command}: {error}", file=sys.stderr)
+            return 2
         return args.run(args)
     except ImportError as exc:
         if not _is_server_module(exc):
             raise
         return _without_server(args.command, exc)
+
+
+def _install_facets() -> str | None:
+    """Plug in the facets ``FOLDPLANE_FACETS`` names (``coordinator/fold/registry.py``) before
+    any log is opened or folded; what is wrong with a name, or None."""
+    from foldplane.coordinator.fold import registry
+
+    try:
+        registry.install(os.environ.get(registry.FACETS_ENV))
+    except ValueError as exc:
+        return f"{registry.FACETS_ENV}: {exc}"
+    return None
 
 
 def _is_server_module(exc: ImportError) -> bool:

@@ -163,7 +163,7 @@ class EpochTimeline:
                     g.decisions.append(EpochDecision(record.ts, effect.epoch, "planned"))
                 else:
                     # a move carries only what moved: the parts after it are the fold's
-                    e = machine.epochs.epoch(effect.group)
+                    e = machine.facet("epochs").epoch(effect.group)
                     touched = {m.from_rank for m in effect.moves} | {
                         m.to_rank for m in effect.moves
                     }
@@ -196,7 +196,7 @@ class EpochTimeline:
             if any(isinstance(e, Refused) for e in effects):
                 return
             g = self._timeline(record.group)
-            e = machine.epochs.epoch(record.group)
+            e = machine.facet("epochs").epoch(record.group)
             if g is None or e is None or e.number != record.payload.get("epoch"):
                 return
             h = e.holdings.get(record.rank)

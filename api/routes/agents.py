@@ -351,7 +351,7 @@ def refuse_unnamed_revisions(host: Host, group: str, features: str | None, what:
     group's epochs and never see the work it is given: once the group has an epoch plan, it is
     refused by name (``protocol_mismatch``), as a protocol-1 agent is."""
     missing = missing_features(features)
-    if missing and host.machine.epochs.epoch(group) is not None:
+    if missing and host.machine.facet("epochs").epoch(group) is not None:
         raise ApiError(
             PROTOCOL_MISMATCH,
             f"group {group!r} reads epoch plans, whose decisions protocol {PROTOCOL} sends as "

@@ -159,7 +159,7 @@ async def epoch_changes(
     require_operator(request, "reading the console")
     host = host_of(request)
     require_group(host, group)
-    latest = host.machine.epochs.changes(group)
+    latest = host.machine.facet("epochs").changes(group)
     rows = await host.log.read_projections(
         "assignment", group, after_seq=max(0, latest - limit), limit=limit
     )

@@ -79,7 +79,7 @@ async def get_epoch(
 
 
 def _epoch_body(host: Host, group: str, after: int | None, limit: int) -> dict:
-    status = host.machine.epochs.status(group)
+    status = host.machine.facet("epochs").status(group)
     if status is None:
         raise ApiError(UNKNOWN_EPOCH, f"group {group!r} has no epoch plan")
     ranks = [r for r in status["ranks"] if after is None or r["rank"] > after]

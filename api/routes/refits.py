@@ -65,7 +65,7 @@ async def create_refit(request: Request) -> Response:
     responses=answers({200: "RefitList"}),
 )
 async def list_refits(request: Request) -> Response:
-    refits = host_of(request).machine.refits
+    refits = host_of(request).machine.facet("refits")
     items = []
     for name in refits.names():
         status = refits.status(name)
@@ -120,7 +120,7 @@ async def restart_refit(request: Request, refit: RefitPath) -> Response:
 
 
 def _refit_body(host: Host, name: str) -> dict:
-    status = host.machine.refits.status(name)
+    status = host.machine.facet("refits").status(name)
     if status is None:
         raise ApiError(UNKNOWN_REFIT, f"no refit named {name!r}")
     return to_doc(status)

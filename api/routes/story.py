@@ -83,7 +83,7 @@ async def refit_story(
 ) -> Response:
     require_operator(request, "reading a refit's story")
     host = host_of(request)
-    if host.machine.refits.refit(refit) is None:
+    if host.machine.facet("refits").refit(refit) is None:
         raise ApiError(UNKNOWN_REFIT, f"no refit named {refit!r}")
     stop = host.applied_offset if until is None else min(until, host.applied_offset)
     async with _turn():

@@ -4,7 +4,9 @@ Both the execution host and ``replay`` turn effects into projection rows through
 module, so "what the host stored" and "what a fold from scratch gives" are computed the same way
 and can be compared byte for byte.
 
-Projection kinds, keyed ``(kind, group, seq)`` and upserted:
+Projection kinds, keyed ``(kind, group, seq)`` and upserted; membership's are below, and each
+facet adds its own (its ``rows`` module, registered through ``coordinator/fold/registry.py``:
+:func:`projection_kinds` lists them all):
 
 ==============  =========  ==========================================================
 kind            seq        document
@@ -17,18 +19,6 @@ kind            seq        document
 ``failure``     0          why formation failed (``group_failed``)
 ``ended``       0          why the operator ended the group, and whether it was deleted
 ``shutdown``    offset     a ``shutdown_with_save`` directive
-``epoch``       epoch      an epoch's plan, over the view it was made for (``epoch_planned``)
-``assignment``  change     one decision about a group's epochs: the first split (every
-                           rank's part), or the moves alone (each rank's part after it is
-                           its part before with the moves applied, see docs/data.md)
-``epoch_end``   epoch      every position reported processed, by rank (``epoch_completed``)
-``refit``       0          a refit's definition (``refit_created``); ``group`` is the refit's
-                           name, as in the two rows below
-``refit_epoch`` epoch      a refit epoch, rewritten as its status moves (waiting, admitted
-                           with its members and lanes, timed out with the missing slots);
-                           never the bootstrap, which only the admitted members receive
-``transfer``    transfer   a transfer, rewritten per attempt and outcome (running, failed,
-                           completed: final)
 ==============  =========  ==========================================================
 
 View rows
@@ -59,6 +49,7 @@ from typing import Any
 
 import msgspec
 
+from foldplane.coordinator.fold import registry
 from foldplane.coordinator.fold.effects import (
     AssignmentChanged,
     Effect,
@@ -72,7 +63,6 @@ from foldplane.coordinator.fold.effects import (
     ProposalResolved,
     RankState,
     RefitBootstrap,
-    RefitCreated,
     RefitEpochChanged,
     ShutdownWithSave,
     TransferChanged,
@@ -83,20 +73,14 @@ from foldplane.eventlog import LogError, ProjectionRow
 from foldplane.wire.protocol import fold_view_update, view_update
 from foldplane.wire.ranks import RankSetError
 
-PROJECTION_KINDS = (
-    "group",
-    "view",
-    "proposal",
-    "rank_state",
-    "failure",
-    "shutdown",
-    "epoch",
-    "assignment",
-    "epoch_end",
-    "refit",
-    "refit_epoch",
-    "transfer",
-)
+#: Membership's projection kinds that ``replay`` compares (``ended`` rows are the operator's).
+MEMBERSHIP_PROJECTION_KINDS = ("group", "view", "proposal", "rank_state", "failure", "shutdown")
+
+
+def projection_kinds() -> tuple[str, ...]:
+    """The projection kinds ``replay`` compares: membership's, then each facet's."""
+    return MEMBERSHIP_PROJECTION_KINDS + registry.projection_kinds()
+
 
 _encoder = msgspec.json.Encoder(order="sorted")
 _decoder = msgspec.json.Decoder(dict)
@@ -272,23 +256,8 @@ def rows_for(effect: Effect) -> list[ProjectionRow]:
         return [ProjectionRow("ended", effect.group, 0, to_doc(effect))]
     if isinstance(effect, ShutdownWithSave):
         return [ProjectionRow("shutdown", effect.group, effect.offset, to_doc(effect))]
-    if isinstance(effect, EpochPlanned):
-        plan = {k: v for k, v in to_doc(effect).items() if k != "ranges"}
-        return [
-            ProjectionRow("epoch", effect.group, effect.epoch, plan),
-            ProjectionRow("assignment", effect.group, effect.change, to_doc(effect)),
-        ]
-    if isinstance(effect, AssignmentChanged):
-        return [ProjectionRow("assignment", effect.group, effect.change, to_doc(effect))]
-    if isinstance(effect, EpochCompleted):
-        return [ProjectionRow("epoch_end", effect.group, effect.epoch, to_doc(effect))]
-    if isinstance(effect, RefitCreated):
-        return [ProjectionRow("refit", effect.refit, 0, to_doc(effect))]
-    if isinstance(effect, RefitEpochChanged):
-        return [ProjectionRow("refit_epoch", effect.refit, effect.epoch, to_doc(effect))]
-    if isinstance(effect, TransferChanged):
-        return [ProjectionRow("transfer", effect.refit, effect.transfer, to_doc(effect))]
-    return []
+    rows = registry.rows_table().get(type(effect))
+    return [] if rows is None else rows(effect)
 
 
 # -- agent updates (docs/protocol.md, GET /agents/updates) ------------------------------------

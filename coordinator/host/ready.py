@@ -13,39 +13,21 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from foldplane.coordinator.fold.effects import (
-    AssignmentChanged,
     Effect,
-    EpochCompleted,
-    EpochPlanned,
     GroupCreated,
     GroupEnded,
     GroupFailed,
-    PartSent,
     Proposal,
     ProposalResolved,
     RankState,
-    RefitBootstrap,
-    RefitEpochChanged,
     Refused,
     ShutdownWithSave,
-    TransferChanged,
     ViewCommitted,
     ViewPrepare,
 )
 from foldplane.coordinator.fold.machine import Coordinator
-from foldplane.coordinator.fold.projections import (
-    data_assignment_update,
-    data_assignment_updates,
-    data_moves_update,
-    epoch_complete_update,
-    epoch_plan_update,
-    rank_state_update,
-    refit_bootstrap_update,
-    refit_epoch_update,
-    rows_for,
-    shutdown_update,
-    transfer_update,
-)
+from foldplane.coordinator.fold.projections import rank_state_update, rows_for, shutdown_update
+from foldplane.coordinator.host.facets import facet_carry, facet_hosts
 from foldplane.coordinator.host.journal import Update, UpdateJournals
 from foldplane.eventlog import ProjectionRow
 from foldplane.wire.protocol import View, prepare_update, view_update
@@ -75,10 +57,10 @@ class HostState:
     ) -> list[Update]:
         """The current state of ``group`` for ``ranks``, in offset order, instead of updates a
         journal no longer holds: the view (in full, as a delta from nothing, unless the reader
-        already holds its version ``view``), the change in flight, each rank's state, each
-        rank's whole part of the group's epoch as the fold holds it now (``data_assignment``
-        as of the epoch's latest decision: it stands for every ``data_moves`` before it) and
-        the shutdown directive."""
+        already holds its version ``view``), the change in flight, each rank's state, the
+        facets' latest updates (:attr:`latest`, :attr:`latest_by_rank`) and what each facet
+        reads from the fold now (:attr:`FacetHost.resync`: the epochs facet's parts) and the
+        shutdown directive."""
         updates: list[Update] = []
         current = machine.current_view(group)
         if current is not None and current.version != view:
@@ -95,35 +77,14 @@ class HostState:
                 updates.append(state)
             # "data": a rank's part as snapshots before the fold was read here kept it
             updates.extend(u for k, u in facet_ranks.get(str(rank), {}).items() if k != "data")
-        updates.extend(_parts(machine, group, ranks))
+        for facet in facet_hosts():
+            if facet.resync is not None:
+                updates.extend(facet.resync(machine, group, ranks))
         shutdown = self.shutdown.get(group)
         if shutdown is not None:
             updates.append(shutdown)
         updates.sort(key=lambda u: u["offset"])
         return updates
-
-
-def _parts(machine: Coordinator, group: str, ranks: Sequence[int]) -> list[Update]:
-    """Each of ``ranks``' whole part of ``group``'s open (or last) epoch, as of its latest
-    decision (a rank that holds nothing gets an empty part: what it held is no longer its)."""
-    e = machine.epochs.epoch(group)
-    if e is None:
-        return []
-    out = []
-    for rank in ranks:
-        h = e.holdings.get(rank)
-        out.append(
-            data_assignment_update(
-                group=group,
-                rank=rank,
-                epoch=e.number,
-                assignment=e.assignment,
-                processed=0 if h is None else h.processed,
-                remaining=[] if h is None else h.remaining_segments(),
-                offset=e.decided,
-            )
-        )
-    return out
 
 
 @dataclass(slots=True)
@@ -175,6 +136,7 @@ class ReadyBuilder:
         ready = Ready(offset)
         rows = ready.rows
         carry = _CARRY
+        facets = facet_carry()
         for effect in effects:
             if effect.offset > projected:
                 for row in rows_for(effect):
@@ -182,6 +144,8 @@ class ReadyBuilder:
             handler = carry.get(type(effect))
             if handler is not None:
                 handler(self, effect, ready)
+            elif (facet_handler := facets.get(type(effect))) is not None:
+                facet_handler(self.state, effect, ready)
         return ready
 
     # -- one handler per kind of effect; each returns nothing but what it adds to ``ready`` --
@@ -227,68 +191,6 @@ class ReadyBuilder:
     def _refused(self, effect: Refused, ready: Ready) -> None:
         ready.refused[effect.offset] = effect
 
-    def _epoch_planned(self, effect: EpochPlanned, ready: Ready) -> None:
-        """A new epoch: its plan replaces the last one's (and its end) in a resync."""
-        update = epoch_plan_update(effect)
-        latest = self.state.latest.setdefault(effect.group, {})
-        latest.pop("epoch_end", None)
-        latest["epoch"] = update
-        ready.updates.append((effect.group, None, update))
-        self._assignments(effect, ready)
-
-    def _assignments(self, effect: EpochPlanned, ready: Ready) -> None:
-        """The first split: each rank's part, on its own journal."""
-        for update in data_assignment_updates(effect):
-            ready.updates.append((effect.group, update["rank"], update))
-
-    def _moves(self, effect: AssignmentChanged, ready: Ready) -> None:
-        """A later decision: its moves, once, on the group's journal (every agent applies them
-        to its own part; a resync sends the parts instead)."""
-        ready.updates.append((effect.group, None, data_moves_update(effect)))
-
-    def _part_sent(self, effect: PartSent, ready: Ready) -> None:
-        """A new incarnation's part, whole, on its own journal (after the decisions it may
-        read first: the part stands for them and for its predecessors' reports)."""
-        update = data_assignment_update(
-            group=effect.group,
-            rank=effect.rank,
-            epoch=effect.epoch,
-            assignment=effect.assignment,
-            processed=effect.processed,
-            remaining=effect.remaining,
-            offset=effect.offset,
-        )
-        ready.updates.append((effect.group, effect.rank, update))
-
-    def _epoch_completed(self, effect: EpochCompleted, ready: Ready) -> None:
-        update = epoch_complete_update(effect)
-        self.state.latest.setdefault(effect.group, {})["epoch_end"] = update
-        ready.updates.append((effect.group, None, update))
-
-    def _refit_epoch(self, effect: RefitEpochChanged, ready: Ready) -> None:
-        """Every worker of both groups follows the refit's epoch; a new epoch's bootstrap is
-        not its predecessor's, so a resync stops sending the old one."""
-        update = refit_epoch_update(effect)
-        for group in effect.groups:
-            self.state.latest.setdefault(group, {})[f"refit:{effect.refit}"] = update
-            for by_kind in self.state.latest_by_rank.get(group, {}).values():
-                by_kind.pop(f"refit_bootstrap:{effect.refit}", None)
-            ready.updates.append((group, None, update))
-
-    def _transfer(self, effect: TransferChanged, ready: Ready) -> None:
-        update = transfer_update(effect)
-        for group in effect.groups:
-            self.state.latest.setdefault(group, {})[f"transfer:{effect.refit}"] = update
-            ready.updates.append((group, None, update))
-
-    def _refit_bootstrap(self, effect: RefitBootstrap, ready: Ready) -> None:
-        """The rendezvous goes to the admitted members' own journals, nowhere else."""
-        update = refit_bootstrap_update(effect)
-        for group, rank in effect.members:
-            by_rank = self.state.latest_by_rank.setdefault(group, {})
-            by_rank.setdefault(str(rank), {})[f"refit_bootstrap:{effect.refit}"] = update
-            ready.updates.append((group, rank, update))
-
     def _group_created(self, effect: GroupCreated, ready: Ready) -> None:
         # A group is created once (a second identical create changes nothing), before any
         # update of it, so its size can be set ahead of the batch's updates.
@@ -324,11 +226,4 @@ _CARRY: dict[type[Effect], Callable[[ReadyBuilder, Any, Ready], None]] = {
     GroupCreated: ReadyBuilder._group_created,
     GroupFailed: ReadyBuilder._group_failed,
     GroupEnded: ReadyBuilder._group_failed,
-    EpochPlanned: ReadyBuilder._epoch_planned,
-    AssignmentChanged: ReadyBuilder._moves,
-    EpochCompleted: ReadyBuilder._epoch_completed,
-    PartSent: ReadyBuilder._part_sent,
-    RefitEpochChanged: ReadyBuilder._refit_epoch,
-    TransferChanged: ReadyBuilder._transfer,
-    RefitBootstrap: ReadyBuilder._refit_bootstrap,
 }

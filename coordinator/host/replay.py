@@ -38,9 +38,9 @@ from foldplane.coordinator.fold.effects import Effect, View, ViewCommitted
 from foldplane.coordinator.fold.machine import Coordinator
 from foldplane.coordinator.fold.projections import (
     DELTA_FROM,
-    PROJECTION_KINDS,
     ViewRowError,
     is_delta,
+    projection_kinds,
     proposal_doc,
     rows_for,
     view_doc,
@@ -382,7 +382,7 @@ async def _replay_once(
     if group is not None:
         groups = [g for g in groups if g == group]
     stored, full, unfolded = await _stored(
-        log, groups, ["view"] if until is not None else list(PROJECTION_KINDS)
+        log, groups, ["view"] if until is not None else list(projection_kinds())
     )
     if until is not None:
         stored = {k: d for k, d in stored.items() if d.get("offset", 0) <= until}

@@ -1200,7 +1200,7 @@ class World:
                 assert status is not None
                 inv.check_status(GROUP, status)
                 inv.check_terminal_still(coord.machine.proposal)
-                epoch = coord.machine.epochs.epoch(GROUP)
+                epoch = coord.machine.facet("epochs").epoch(GROUP)
                 if epoch is not None:
                     inv.check_epoch(epoch, coord.machine.current_view(GROUP), status, self.read)
                     for p in self.procs.values():

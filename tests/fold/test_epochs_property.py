@@ -133,7 +133,7 @@ class Run:
 
     @property
     def epoch(self) -> Any:
-        e = self.s.m.epochs.epoch("g")
+        e = self.s.m.facet("epochs").epoch("g")
         assert e is not None
         return e
 
@@ -178,10 +178,10 @@ class Run:
     # -- the schedule's operations -----------------------------------------------------------
 
     def refused_unchanged(self, payload: dict[str, Any], rank: int) -> None:
-        before = msgspec.json.encode(self.s.m.epochs.snapshot())
+        before = msgspec.json.encode(self.s.m.facet("epochs").snapshot())
         out = self.step().record("progress", "g", rank, payload)
         assert any(isinstance(x, Refused) for x in out), out
-        assert msgspec.json.encode(self.s.m.epochs.snapshot()) == before
+        assert msgspec.json.encode(self.s.m.facet("epochs").snapshot()) == before
 
     def report(self, rank: int, processed: int) -> list[Any]:
         h = self.epoch.holdings[rank]

@@ -134,7 +134,7 @@ def test_a_view_change_sends_its_moves_once_and_a_resync_each_rank_its_whole_par
     row = next(r for k, r in ready.rows.items() if k[0] == "assignment")
     assert "ranges" not in row.doc and row.doc["moves"] == update["moves"]
     # a resync: each rank's whole part, as the fold holds it, as of the latest decision
-    e = script.m.epochs.epoch("g")
+    e = script.m.facet("epochs").epoch("g")
     parts = {
         u["rank"]: u
         for u in builder.state.resync(script.m, "g", [0, 2], view=None)

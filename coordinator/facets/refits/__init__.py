@@ -1,0 +1,16 @@
+"""The ``refits`` facet: weight refits between two groups (docs/refit.md). Registered in
+``coordinator/fold/registry.py``."""
+
+from foldplane.coordinator.facets.refits.rows import PROJECTION_KINDS, ROWS
+from foldplane.coordinator.fold.refits import Refits
+from foldplane.coordinator.fold.registry import FacetPlugin
+
+PLUGIN = FacetPlugin(
+    name=Refits.name,
+    kinds=Refits.kinds,
+    fold=Refits,
+    rows=ROWS,
+    projection_kinds=PROJECTION_KINDS,
+    host="foldplane.coordinator.facets.refits.host",
+    routes="foldplane.api.routes.refits",
+)
