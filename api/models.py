@@ -17,7 +17,6 @@ import msgspec
 from msgspec import UNSET, Meta, Struct, UnsetType
 
 from foldplane.wire.protocol import (
-    MAX_DATASET,
     MAX_EVENTS,
     AckEvent,
     AgentEvent,
@@ -95,26 +94,6 @@ class ProposalRequest(Struct, kw_only=True):
     ranks: Annotated[list[Rank], Meta(min_length=1, max_length=65_536)]
     proposer: ShortText | None = None
     idempotency_key: Annotated[str, Meta(min_length=1, max_length=256)] | None = None
-
-
-class EpochPlanRequest(Struct, kw_only=True, forbid_unknown_fields=True):
-    """``POST /groups/{group}/epochs``: one pass over a dataset (docs/data.md). Fields left
-    out take their defaults (``coordinator.fold.epochs.PLAN_DEFAULTS``; ``reclaim`` is on
-    for a throughput split)."""
-
-    epoch: Annotated[int, Meta(ge=0, le=MAX_DATASET)]
-    dataset_size: Annotated[int, Meta(ge=1, le=MAX_DATASET)]
-    seed: Annotated[int, Meta(ge=0, le=2**63 - 1)] | UnsetType = UNSET
-    shuffle: bool | UnsetType = UNSET
-    split: Literal["equal", "ratios", "throughput"] | UnsetType = UNSET
-    partition_ratios: (
-        Annotated[list[Annotated[float, Meta(ge=0, le=1e9)]], Meta(min_length=1, max_length=65_536)]
-        | None
-        | UnsetType
-    ) = UNSET
-    grain: Annotated[int, Meta(ge=1, le=MAX_DATASET)] | UnsetType = UNSET
-    lookahead: Annotated[int, Meta(ge=0, le=MAX_DATASET)] | UnsetType = UNSET
-    reclaim: bool | UnsetType = UNSET
 
 
 class RefitRequest(Struct, kw_only=True, forbid_unknown_fields=True):
@@ -275,35 +254,6 @@ class GroupList(Struct, kw_only=True):
     groups: list[GroupLine]
 
 
-class EpochRankBody(Struct, kw_only=True):
-    rank: int
-    #: positions it was given in the epoch (its sequence), and reported processed
-    held: int
-    processed: int
-    #: what it still holds: ``[start, length]`` segments of the permutation, in reading order
-    remaining: list[list[int]]
-    assignment: int
-    fence: int
-    rate: float | None
-
-
-class EpochBody(Struct, kw_only=True):
-    """``GET /groups/{group}/epochs``: the open (or last) epoch, one page of its ranks."""
-
-    group: str
-    epoch: int
-    plan: dict[str, Any]
-    offset: int
-    version: int
-    assignment: int
-    status: Literal["open", "complete"]
-    completed_offset: int | None
-    dataset_size: int
-    unprocessed: int
-    ranks: list[EpochRankBody]
-    next_ranks_after: int | None
-
-
 class RefitMemberBody(Struct, kw_only=True):
     role: Literal["publisher", "subscriber"]
     slot: int
@@ -448,8 +398,6 @@ class RefitStoryBody(Struct, kw_only=True):
 SCHEMA_TYPES: tuple[Any, ...] = (
     CreateGroupRequest,
     ProposalRequest,
-    EpochPlanRequest,
-    EpochBody,
     RefitRequest,
     TransferRequest,
     RefitRestartRequest,

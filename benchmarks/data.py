@@ -432,8 +432,9 @@ def _plan_bytes(n: int, dataset_size: int, grain: int = 1) -> dict[str, Any]:
     """The data plan's bytes on the view change that removes one rank of ``n``, 30 % into an
     epoch of ``dataset_size`` positions handed out in grains of ``grain`` (see the module
     docstring)."""
-    from foldplane.coordinator.fold.effects import AssignmentChanged, ViewCommitted, ViewPrepare
-    from foldplane.coordinator.fold.epochs import complete_plan
+    from foldplane.coordinator.facets.epochs.effects import AssignmentChanged
+    from foldplane.coordinator.facets.epochs.fold import complete_plan
+    from foldplane.coordinator.fold.effects import ViewCommitted, ViewPrepare
     from foldplane.coordinator.fold.machine import Coordinator as Fold
     from foldplane.coordinator.host.journal import encoded
     from foldplane.coordinator.host.ready import HostState, ReadyBuilder

@@ -472,9 +472,9 @@ def _replay(args: argparse.Namespace) -> int:
     bar = _ProgressBar(args.progress)
     timeline = None
     if args.plot is not None:
-        from foldplane.coordinator.plot import EpochTimeline
+        from foldplane.coordinator.plot import Timeline
 
-        timeline = EpochTimeline(args.group)
+        timeline = Timeline(args.group)
     try:
         report = asyncio.run(
             replay(

@@ -51,10 +51,7 @@ import msgspec
 
 from foldplane.coordinator.fold import registry
 from foldplane.coordinator.fold.effects import (
-    AssignmentChanged,
     Effect,
-    EpochCompleted,
-    EpochPlanned,
     GroupCreated,
     GroupEnded,
     GroupFailed,
@@ -298,7 +295,7 @@ def shutdown_update(effect: ShutdownWithSave) -> dict[str, Any]:
 # resync (``coordinator.host.ready``), where it stands for every decision before it.
 
 
-def epoch_plan_update(effect: EpochPlanned) -> dict[str, Any]:
+def epoch_plan_update(effect: Any) -> dict[str, Any]:
     return {
         "offset": effect.offset,
         "type": "epoch_plan",
@@ -332,7 +329,7 @@ def data_assignment_update(
     }
 
 
-def data_assignment_updates(effect: EpochPlanned) -> list[dict[str, Any]]:
+def data_assignment_updates(effect: Any) -> list[dict[str, Any]]:
     """The first split: one update per rank that holds a part."""
     return [
         data_assignment_update(
@@ -348,7 +345,7 @@ def data_assignment_updates(effect: EpochPlanned) -> list[dict[str, Any]]:
     ]
 
 
-def data_moves_update(effect: AssignmentChanged) -> dict[str, Any]:
+def data_moves_update(effect: Any) -> dict[str, Any]:
     """A later decision, once for the whole group: the moves, ``[from_rank, to_rank, start,
     length]`` in the order they apply, and the ranks whose cursor is then the end of what they
     kept (``reported``; ``agent.data`` applies them to its own part)."""
@@ -363,7 +360,7 @@ def data_moves_update(effect: AssignmentChanged) -> dict[str, Any]:
     }
 
 
-def epoch_complete_update(effect: EpochCompleted) -> dict[str, Any]:
+def epoch_complete_update(effect: Any) -> dict[str, Any]:
     return {
         "offset": effect.offset,
         "type": "epoch_complete",

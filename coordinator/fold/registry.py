@@ -62,8 +62,11 @@ class FacetPlugin:
     #: the module of its host part: a ``HOST`` (``coordinator.host.facets.FacetHost``: what
     #: its effects ask of the host, and what a resync sends of it)
     host: str | None = None
-    #: the module of its HTTP routes: a FastAPI ``router`` the API includes
+    #: the module of its HTTP routes: a FastAPI ``router`` the API includes, and the bodies it
+    #: adds to the OpenAPI document's components (``SCHEMA_TYPES``)
     routes: str | None = None
+    #: the module of its panel in ``replay --plot``: a ``PANEL`` (``coordinator.plot.FacetPanel``)
+    plot: str | None = None
 
 
 _installed: tuple[str, ...] = ()
@@ -144,7 +147,7 @@ def compactable() -> frozenset[str]:
 
 
 def part(plugin: FacetPlugin, which: str) -> Any:
-    """The module of a plugin's ``host`` or ``routes`` part (None if it has none). Only the
+    """The module of a plugin's ``host``, ``routes`` or ``plot`` part (None if it has none). Only the
     layer the part belongs to asks for it."""
     module = getattr(plugin, which)
     return None if module is None else importlib.import_module(module)

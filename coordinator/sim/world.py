@@ -91,7 +91,7 @@ from foldplane.agent.machine import (
     Tick,
     UpdatesReceived,
 )
-from foldplane.coordinator.fold.epochs import complete_plan
+from foldplane.coordinator.facets.epochs.fold import complete_plan
 from foldplane.coordinator.fold.machine import Coordinator
 from foldplane.coordinator.fold.projections import rows_for
 from foldplane.coordinator.host.batching import MAX_BATCH, decisions_first, take_batch

@@ -25,9 +25,10 @@ import msgspec
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from foldplane.coordinator.fold.effects import Effect, EpochCompleted, Refused
-from foldplane.coordinator.fold.epochs import complete_plan
-from foldplane.coordinator.fold.partition import covers_exactly, split_at
+from foldplane.coordinator.facets.epochs.effects import EpochCompleted
+from foldplane.coordinator.facets.epochs.fold import complete_plan
+from foldplane.coordinator.facets.epochs.partition import covers_exactly, split_at
+from foldplane.coordinator.fold.effects import Effect, Refused
 from foldplane.coordinator.host.ready import HostState, ReadyBuilder
 from foldplane.wire.data import apply_moves
 from tests.fold.script import Script

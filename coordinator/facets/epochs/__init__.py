@@ -1,8 +1,8 @@
 """The ``epochs`` facet: epoch plans and the data partitions that survive a dead rank
 (docs/data.md). Registered in ``coordinator/fold/registry.py``."""
 
+from foldplane.coordinator.facets.epochs.fold import Epochs
 from foldplane.coordinator.facets.epochs.rows import PROJECTION_KINDS, ROWS
-from foldplane.coordinator.fold.epochs import Epochs
 from foldplane.coordinator.fold.registry import FacetPlugin
 
 PLUGIN = FacetPlugin(
@@ -14,5 +14,6 @@ PLUGIN = FacetPlugin(
     # a report that moved only a cursor is in the snapshot that lies before it
     compactable=frozenset({"progress"}),
     host="foldplane.coordinator.facets.epochs.host",
-    routes="foldplane.api.routes.epochs",
+    routes="foldplane.coordinator.facets.epochs.routes",
+    plot="foldplane.coordinator.facets.epochs.plot",
 )

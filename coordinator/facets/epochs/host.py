@@ -9,12 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from foldplane.coordinator.fold.effects import (
+from foldplane.coordinator.facets.epochs.effects import (
     AssignmentChanged,
     EpochCompleted,
     EpochPlanned,
     PartSent,
 )
+from foldplane.coordinator.facets.epochs.story import EpochStory, epoch_label
 from foldplane.coordinator.fold.machine import Coordinator
 from foldplane.coordinator.fold.projections import (
     data_assignment_update,
@@ -23,7 +24,6 @@ from foldplane.coordinator.fold.projections import (
     epoch_complete_update,
     epoch_plan_update,
 )
-from foldplane.coordinator.host.epoch_story import EpochStory, epoch_label
 from foldplane.coordinator.host.facets import FacetHost
 from foldplane.coordinator.host.journal import Update
 from foldplane.coordinator.host.ready import HostState, Ready

@@ -13,7 +13,11 @@ kind            seq        document
 
 from __future__ import annotations
 
-from foldplane.coordinator.fold.effects import AssignmentChanged, EpochCompleted, EpochPlanned
+from foldplane.coordinator.facets.epochs.effects import (
+    AssignmentChanged,
+    EpochCompleted,
+    EpochPlanned,
+)
 from foldplane.coordinator.fold.projections import to_doc
 from foldplane.eventlog import ProjectionRow
 

@@ -13,4 +13,5 @@ PLUGIN = FacetPlugin(
     projection_kinds=PROJECTION_KINDS,
     host="foldplane.coordinator.facets.refits.host",
     routes="foldplane.api.routes.refits",
+    plot="foldplane.coordinator.facets.refits.plot",
 )

@@ -13,15 +13,15 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from foldplane.coordinator.fold.effects import (
+from foldplane.coordinator.facets.epochs.effects import (
     AssignmentChanged,
-    Effect,
     EpochCompleted,
     EpochPlanned,
     Move,
 )
+from foldplane.coordinator.facets.epochs.partition import split_at
+from foldplane.coordinator.fold.effects import Effect
 from foldplane.coordinator.fold.machine import Coordinator
-from foldplane.coordinator.fold.partition import split_at
 from foldplane.coordinator.fold.reasons import abridged
 from foldplane.coordinator.host.facets import Entry, RankStoryPart
 from foldplane.eventlog import Record

@@ -17,9 +17,9 @@ from foldplane.api.codec import json_response, read_json
 from foldplane.api.deps import host_of, principal_of, require_group
 from foldplane.api.errors import ApiError
 from foldplane.api.limits import MAX_RANKS_PAGE
-from foldplane.api.models import EpochPlanRequest
 from foldplane.api.openapi import answers, body
-from foldplane.coordinator.fold.epochs import complete_plan
+from foldplane.coordinator.facets.epochs.fold import complete_plan
+from foldplane.coordinator.facets.epochs.models import EpochBody, EpochPlanRequest
 from foldplane.coordinator.fold.projections import to_doc
 from foldplane.coordinator.host.loop import Appended, Host, Refusal
 from foldplane.eventlog import NewRecord
@@ -27,6 +27,8 @@ from foldplane.wire.codes import FORBIDDEN, UNKNOWN_EPOCH
 from foldplane.wire.protocol import QUERY
 
 router = APIRouter(tags=["epochs"])
+#: the bodies it adds to the OpenAPI document's components
+SCHEMA_TYPES = (EpochPlanRequest, EpochBody)
 
 GroupPath = Annotated[str, Path(max_length=QUERY.group_chars)]
 
