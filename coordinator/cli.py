@@ -17,7 +17,7 @@
   records that brought it to its state and its place in or out of ``active_ranks``
   (:mod:`coordinator.host.story`, the same story as ``GET /groups/{group}/ranks/{rank}/story``).
   ``explain log.db --refit NAME`` tells a refit's story instead: its epochs, joins and
-  transfers (:mod:`coordinator.host.refit_story`).
+  transfers (:mod:`coordinator.facets.refits.story`).
 - ``group list|show|end|delete [NAME] [--coordinator URL]`` asks a running coordinator: every
   group with where its run stands, one group's document, or ends a group's run (its ranks are
   told to stop; its history stays) or deletes it (ended, and gone from the listings and the
@@ -603,7 +603,7 @@ def _audit_warnings(command: str, db: str, records: int) -> None:
 
 
 def _explain(args: argparse.Namespace) -> int:
-    from foldplane.coordinator.host.refit_story import RefitStoryError, refit_story_from
+    from foldplane.coordinator.facets.refits.story import RefitStoryError, refit_story_from
     from foldplane.coordinator.host.story import StoryError, format_story, story_from
     from foldplane.eventlog import LogError
 

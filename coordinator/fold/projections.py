@@ -59,10 +59,7 @@ from foldplane.coordinator.fold.effects import (
     ProposalAccepted,
     ProposalResolved,
     RankState,
-    RefitBootstrap,
-    RefitEpochChanged,
     ShutdownWithSave,
-    TransferChanged,
     View,
     ViewCommitted,
 )
@@ -374,19 +371,19 @@ def epoch_complete_update(effect: Any) -> dict[str, Any]:
 # follows them); the bootstrap goes to the journals of the admitted members only.
 
 
-def refit_epoch_update(effect: RefitEpochChanged) -> dict[str, Any]:
+def refit_epoch_update(effect: Any) -> dict[str, Any]:
     doc = to_doc(effect)
     doc["type"] = "refit_epoch"
     return doc
 
 
-def transfer_update(effect: TransferChanged) -> dict[str, Any]:
+def transfer_update(effect: Any) -> dict[str, Any]:
     doc = to_doc(effect)
     doc["type"] = "transfer"
     return doc
 
 
-def refit_bootstrap_update(effect: RefitBootstrap) -> dict[str, Any]:
+def refit_bootstrap_update(effect: Any) -> dict[str, Any]:
     return {
         "offset": effect.offset,
         "type": "refit_bootstrap",

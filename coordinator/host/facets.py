@@ -75,30 +75,48 @@ class FacetHost:
     story: Callable[[str, int], RankStoryPart] | None = None
     #: how a terminal labels its story events (``explain``): by event, the entry -> its label
     labels: dict[str, Callable[[dict[str, Any]], str]] = field(default_factory=dict)
+    #: the operator's log line of its effects that decide something (``decisions.py``), by type
+    decisions: dict[type[Effect], Callable[[Any], str | None]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class _Parts:
+    hosts: tuple[FacetHost, ...]
+    carry: dict[type[Effect], Carry]
+    decisions: dict[type[Effect], Callable[[Any], str | None]]
 
 
 #: by ``registry.installed()``, the one thing that changes the facets
-_hosts: dict[tuple[str, ...], tuple[tuple[FacetHost, ...], dict[type[Effect], Carry]]] = {}
+_parts: dict[tuple[str, ...], _Parts] = {}
 
 
-def _parts() -> tuple[tuple[FacetHost, ...], dict[type[Effect], Carry]]:
+def _load() -> _Parts:
     key = registry.installed()
-    parts = _hosts.get(key)
+    parts = _parts.get(key)
     if parts is None:
         hosts = tuple(
             module.HOST
             for p in registry.plugins()
             if (module := registry.part(p, "host")) is not None
         )
-        parts = _hosts[key] = (hosts, {t: h for host in hosts for t, h in host.carry.items()})
+        parts = _parts[key] = _Parts(
+            hosts,
+            {t: h for host in hosts for t, h in host.carry.items()},
+            {t: d for host in hosts for t, d in host.decisions.items()},
+        )
     return parts
 
 
 def facet_hosts() -> tuple[FacetHost, ...]:
     """Every facet's host part, in the facets' order."""
-    return _parts()[0]
+    return _load().hosts
 
 
 def facet_carry() -> dict[type[Effect], Carry]:
     """Every facet's effect handlers, by effect type."""
-    return _parts()[1]
+    return _load().carry
+
+
+def facet_decisions() -> dict[type[Effect], Callable[[Any], str | None]]:
+    """Every facet's operator log lines, by effect type."""
+    return _load().decisions

@@ -22,7 +22,9 @@ from typing import Any
 import pytest
 
 from foldplane.agent.launch import Launcher, WorkerExit
-from foldplane.coordinator.fold.effects import TransferChanged
+from foldplane.coordinator.facets.refits.effects import (
+    TransferChanged,
+)
 from foldplane.coordinator.fold.machine import Coordinator as Fold
 from foldplane.eventlog import open_log
 from tests.agent.conftest import ROOT, Coordinator, _base_env

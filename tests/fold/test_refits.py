@@ -9,15 +9,17 @@ from typing import Any
 import msgspec
 import pytest
 
-from foldplane.coordinator.fold.effects import (
+from foldplane.coordinator.facets.refits.effects import (
     RefitBootstrap,
     RefitCreated,
     RefitEpochChanged,
-    Refused,
     TransferChanged,
 )
+from foldplane.coordinator.facets.refits.fold import complete_spec
+from foldplane.coordinator.fold.effects import (
+    Refused,
+)
 from foldplane.coordinator.fold.machine import Coordinator
-from foldplane.coordinator.fold.refits import complete_spec
 from tests.fold.script import Script, of, one
 
 D1 = "a" * 64

@@ -1,8 +1,8 @@
 """The ``refits`` facet: weight refits between two groups (docs/refit.md). Registered in
 ``coordinator/fold/registry.py``."""
 
+from foldplane.coordinator.facets.refits.fold import Refits
 from foldplane.coordinator.facets.refits.rows import PROJECTION_KINDS, ROWS
-from foldplane.coordinator.fold.refits import Refits
 from foldplane.coordinator.fold.registry import FacetPlugin
 
 PLUGIN = FacetPlugin(
@@ -12,6 +12,6 @@ PLUGIN = FacetPlugin(
     rows=ROWS,
     projection_kinds=PROJECTION_KINDS,
     host="foldplane.coordinator.facets.refits.host",
-    routes="foldplane.api.routes.refits",
+    routes="foldplane.coordinator.facets.refits.routes",
     plot="foldplane.coordinator.facets.refits.plot",
 )

@@ -9,7 +9,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from foldplane.coordinator.fold.effects import RefitBootstrap, RefitEpochChanged, TransferChanged
+from foldplane.coordinator.facets.refits.effects import (
+    RefitBootstrap,
+    RefitEpochChanged,
+    TransferChanged,
+)
+from foldplane.coordinator.facets.refits.story import RefitRankStory, refit_epoch_label
 from foldplane.coordinator.fold.projections import (
     refit_bootstrap_update,
     refit_epoch_update,
@@ -17,7 +22,6 @@ from foldplane.coordinator.fold.projections import (
 )
 from foldplane.coordinator.host.facets import FacetHost
 from foldplane.coordinator.host.ready import HostState, Ready
-from foldplane.coordinator.host.refit_story import RefitRankStory, refit_epoch_label
 
 
 def _epoch(state: HostState, effect: RefitEpochChanged, ready: Ready) -> None:
@@ -51,6 +55,10 @@ def _status_label(entry: dict[str, Any]) -> str:
     return f"{entry['event']} {entry['status']}"
 
 
+def _decision(effect: RefitEpochChanged) -> str:
+    return f"refit {effect.refit} epoch {effect.epoch} {effect.status} ({effect.cause})"
+
+
 HOST = FacetHost(
     carry={
         RefitEpochChanged: _epoch,
@@ -63,4 +71,5 @@ HOST = FacetHost(
         "transfer": _status_label,
         "transfer_status": _status_label,
     },
+    decisions={RefitEpochChanged: _decision},
 )

@@ -8,7 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from foldplane.coordinator.fold.effects import Effect, RefitEpochChanged, TransferChanged
+from foldplane.coordinator.facets.refits.effects import RefitEpochChanged, TransferChanged
+from foldplane.coordinator.fold.effects import Effect
 from foldplane.coordinator.fold.machine import Coordinator
 from foldplane.coordinator.plot import FacetPanel
 from foldplane.eventlog import Record

@@ -15,7 +15,11 @@ kind             seq        document
 
 from __future__ import annotations
 
-from foldplane.coordinator.fold.effects import RefitCreated, RefitEpochChanged, TransferChanged
+from foldplane.coordinator.facets.refits.effects import (
+    RefitCreated,
+    RefitEpochChanged,
+    TransferChanged,
+)
 from foldplane.coordinator.fold.projections import to_doc
 from foldplane.eventlog import ProjectionRow
 

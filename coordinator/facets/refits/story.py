@@ -19,15 +19,15 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from foldplane.coordinator.fold.effects import (
+from foldplane.coordinator.facets.refits.effects import (
     RefitCreated,
     RefitEpochChanged,
-    Refused,
     TransferChanged,
 )
+from foldplane.coordinator.facets.refits.fold import ADMITTED, TIMED_OUT, WAITING, Refit
+from foldplane.coordinator.fold.effects import Refused
 from foldplane.coordinator.fold.machine import Coordinator
 from foldplane.coordinator.fold.reasons import abridged, ranks_text
-from foldplane.coordinator.fold.refits import ADMITTED, TIMED_OUT, WAITING, Refit
 from foldplane.coordinator.host.facets import RankStoryPart
 from foldplane.coordinator.host.replay import CompactedLog, find_start
 from foldplane.eventlog import READ_PAGE, Log, Record, open_log

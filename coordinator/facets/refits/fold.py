@@ -46,15 +46,13 @@ from typing import Any
 
 import msgspec
 
-from foldplane.coordinator.fold.effects import (
-    Effect,
-    RankState,
+from foldplane.coordinator.facets.refits.effects import (
     RefitBootstrap,
     RefitCreated,
     RefitEpochChanged,
     TransferChanged,
-    View,
 )
+from foldplane.coordinator.fold.effects import Effect, RankState, View
 from foldplane.coordinator.fold.facets import FoldContext, Refusal
 from foldplane.coordinator.fold.fencing import online_rank_refusal
 from foldplane.coordinator.fold.reasons import abridged
