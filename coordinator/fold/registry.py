@@ -59,6 +59,11 @@ class FacetPlugin:
     #: those of its kinds that are heartbeat-class: retention may remove one behind a kept
     #: snapshot when its step decided nothing (``coordinator.host.retention``)
     compactable: frozenset[str] = frozenset()
+    #: by kind: the key that keeps an input of that kind out of a batch that holds another of
+    #: the same key (``coordinator.host.inputs.batch_key``), from its payload, or None
+    batch_key: Mapping[str, Callable[[dict[str, Any]], tuple[Any, ...] | None]] = field(
+        default_factory=dict
+    )
     #: the module of its host part: a ``HOST`` (``coordinator.host.facets.FacetHost``: what
     #: its effects ask of the host, and what a resync sends of it)
     host: str | None = None
@@ -133,6 +138,14 @@ def rows_table() -> dict[type[Effect], RowsOf]:
     return table
 
 
+def batch_keys() -> dict[str, Callable[[dict[str, Any]], tuple[Any, ...] | None]]:
+    """Every facet's batch keys, by record kind."""
+    table = _cache.get("batch_keys")
+    if table is None:
+        table = _cache["batch_keys"] = {k: f for p in plugins() for k, f in p.batch_key.items()}
+    return table
+
+
 def projection_kinds() -> tuple[str, ...]:
     """Every facet's projection kinds, in the facets' order."""
     return tuple(k for p in plugins() for k in p.projection_kinds)
@@ -147,8 +160,8 @@ def compactable() -> frozenset[str]:
 
 
 def part(plugin: FacetPlugin, which: str) -> Any:
-    """The module of a plugin's ``host``, ``routes`` or ``plot`` part (None if it has none). Only the
-    layer the part belongs to asks for it."""
+    """The module of a plugin's ``host``, ``routes`` or ``plot`` part (None if it has none).
+    Only the layer the part belongs to asks for it."""
     module = getattr(plugin, which)
     return None if module is None else importlib.import_module(module)
 

@@ -2,9 +2,10 @@
 
 A rank lost and why (a clean exit or an ended run is not a loss, and says nothing), a view
 committed with its members, cause and time, a group that failed to form, shut down or was
-ended, and what each facet decides (``FacetHost.decisions``: a refit epoch's status). Each line is built from one effect, so the log reads as the
-story the fold decided; what only changes a rank's readiness stays quiet. The host says them
-for what it decides while serving, not again for what it re-folds at a restart.
+ended, and what each facet decides (``FacetHost.decisions``: a refit epoch's status). Each
+line is built from one effect, so the log reads as the story the fold decided; what only
+changes a rank's readiness stays quiet. The host says them for what it decides while serving,
+not again for what it re-folds at a restart.
 """
 
 from __future__ import annotations

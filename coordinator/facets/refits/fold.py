@@ -116,6 +116,14 @@ def complete_spec(request: dict[str, Any]) -> dict[str, Any]:
     return {**SPEC_DEFAULTS, **request}
 
 
+def transfer_key(payload: dict[str, Any]) -> tuple[Any, ...] | None:
+    """An agent's start of a refit transfer, keyed as ``POST /refits/{refit}/transfers`` keys
+    the operator's: two starts of one transfer never share a batch (the host's
+    ``batching.take_batch``): the second is decided against the state after the first."""
+    refit, key = payload.get("refit"), payload.get("key")
+    return ("transfer", refit, key) if isinstance(refit, str) and isinstance(key, str) else None
+
+
 def spec_problem(payload: dict[str, Any]) -> str | None:
     """Why a ``refit_created`` payload is malformed (naming the field), or None."""
     unknown = sorted(set(payload) - set(_SPEC_FIELDS))
