@@ -109,12 +109,16 @@ def plugins() -> tuple[FacetPlugin, ...]:
 
 def _plugins() -> tuple[FacetPlugin, ...]:
     out = tuple(_load(name) for name in (*BUILTIN_FACETS, *_installed))
-    seen: dict[str, str] = {}
+    seen: dict[str, str] = dict.fromkeys(MEMBERSHIP_KINDS, "membership")
+    names: set[str] = set()
     for plugin in out:
+        if plugin.name in names:
+            raise ValueError(f"two facets are named {plugin.name!r}")
+        names.add(plugin.name)
         for kind in plugin.kinds:
             if kind in seen:
                 raise ValueError(
-                    f"facets {seen[kind]!r} and {plugin.name!r} both declare record kind {kind!r}"
+                    f"{seen[kind]!r} and facet {plugin.name!r} both declare record kind {kind!r}"
                 )
             seen[kind] = plugin.name
     return out

@@ -75,6 +75,10 @@ class FacetHost:
     story: Callable[[str, int], RankStoryPart] | None = None
     #: how a terminal labels its story events (``explain``): by event, the entry -> its label
     labels: dict[str, Callable[[dict[str, Any]], str]] = field(default_factory=dict)
+    #: what a group's update readers must understand because of it, as a phrase (``"reads
+    #: epoch plans"``), or None: a reader that does not name every revision of the protocol is
+    #: refused then (``api.routes.agents.refuse_unnamed_revisions``)
+    readers_need: Callable[[Coordinator, str], str | None] | None = None
     #: the operator's log line of its effects that decide something (``decisions.py``), by type
     decisions: dict[type[Effect], Callable[[Any], str | None]] = field(default_factory=dict)
 

@@ -440,12 +440,11 @@ async def _stored(
                 if len(rows) < 1000:
                     break
                 after = rows[-1].seq
-            if kind in ("group", "failure", "rank_state", "epoch", "epoch_end", "refit"):
-                # seq 0 is a real row for these kinds (epochs are numbered from 0, a refit has
-                # one row), and after_seq is exclusive
-                row0 = await log.get_projection(kind, g, 0)
-                if row0 is not None:
-                    out[(kind, g, 0)] = row0.doc
+            # after_seq is exclusive, and seq 0 is a real row of many kinds (a group's, rank
+            # 0's state, epoch 0, a refit's definition, a facet's one row per group)
+            row0 = await log.get_projection(kind, g, 0)
+            if row0 is not None:
+                out[(kind, g, 0)] = row0.doc
     return out, full, unfolded
 
 

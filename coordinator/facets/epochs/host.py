@@ -91,6 +91,11 @@ def resync(machine: Coordinator, group: str, ranks: Sequence[int]) -> list[Updat
     return out
 
 
+def _readers_need(machine: Coordinator, group: str) -> str | None:
+    """Once a group has an epoch plan, its readers must apply its ``data_moves``."""
+    return "reads epoch plans" if machine.facet("epochs").epoch(group) is not None else None
+
+
 HOST = FacetHost(
     carry={
         EpochPlanned: _planned,
@@ -100,5 +105,6 @@ HOST = FacetHost(
     },
     resync=resync,
     story=EpochStory,
+    readers_need=_readers_need,
     labels=dict.fromkeys(("epoch_planned", "assignment_changed", "epoch_completed"), epoch_label),
 )
