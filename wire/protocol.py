@@ -37,7 +37,7 @@ from typing import Annotated, Any
 from msgspec import Meta, Struct
 
 from foldplane.wire import ranks as rank_sets
-from foldplane.wire.ranks import RankSetError
+from foldplane.wire.ranks import RankSetError, RankSetField
 
 #: The protocol version this module speaks. Agents send it as ``protocol`` on the updates long
 #: poll; a poll without it (protocol 1) is refused with ``protocol_mismatch``.
@@ -136,13 +136,6 @@ Rank = Annotated[int, Meta(ge=0, le=QUERY.max_rank)]
 Incarnation = Annotated[str, Meta(min_length=1, max_length=128)]
 Version = Annotated[int, Meta(ge=0)]
 ShortText = Annotated[str, Meta(max_length=256)]
-#: A rank set (``wire.ranks``): a sorted list of ranks and ``[first, last]`` runs, or a
-#: ``"b64:"`` bitmap. The longest, a bitmap of 65,536 ranks, is 10,928 characters.
-RankSetField = Annotated[
-    list[int | Annotated[list[int], Meta(min_length=2, max_length=2)]]
-    | Annotated[str, Meta(pattern=r"^b64:[A-Za-z0-9+/=]*$", max_length=10_932)],
-    Meta(description="a rank set: sorted ranks and [first, last] runs, or a b64: bitmap"),
-]
 
 #: The most events one ``POST /agents/events`` may carry.
 MAX_EVENTS = 4096
