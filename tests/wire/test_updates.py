@@ -14,6 +14,7 @@ from typing import Any
 import msgspec
 import pytest
 
+from foldplane.coordinator.fold import projections
 from foldplane.coordinator.fold.effects import (
     AssignmentChanged,
     Effect,
@@ -30,6 +31,8 @@ from foldplane.coordinator.fold.effects import (
     ViewPrepare,
 )
 from foldplane.coordinator.fold.epochs import complete_plan
+from foldplane.coordinator.host.ready import HostState, ReadyBuilder
+from foldplane.wire import protocol
 from foldplane.wire import updates as wire_updates
 from foldplane.wire.updates import UPDATE_TYPES, AgentUpdate, UpdateError, decode_updates
 from tests.fold.script import Script, of, one
@@ -148,6 +151,59 @@ def oracle(effects: list[Effect]) -> list[dict[str, Any]]:
     return out
 
 
+def typed(effects: list[Effect]) -> list[AgentUpdate]:
+    """The updates the builders give for ``effects``, in the order of :func:`oracle`."""
+    views: dict[str, View] = {}
+    out: list[AgentUpdate] = []
+    for e in effects:
+        if isinstance(e, ViewPrepare):
+            out.append(
+                protocol.prepare_update(
+                    group=e.group,
+                    version=e.version,
+                    base=views.get(e.group),
+                    active_ranks=e.active_ranks,
+                    participants=e.participants,
+                    ack_deadline_ts=e.ack_deadline_ts,
+                    offset=e.offset,
+                )
+            )
+        elif isinstance(e, ViewCommitted):
+            out.append(protocol.view_update(views.get(e.view.group), e.view))
+            out.append(protocol.view_update(None, e.view))
+            views[e.view.group] = e.view
+        elif isinstance(e, RankState):
+            out.append(projections.rank_state_update(e))
+        elif isinstance(e, ShutdownWithSave):
+            out.append(projections.shutdown_update(e))
+        elif isinstance(e, EpochPlanned):
+            out.append(projections.epoch_plan_update(e))
+            out.extend(projections.data_assignment_updates(e))
+        elif isinstance(e, AssignmentChanged):
+            out.append(projections.data_moves_update(e))
+        elif isinstance(e, PartSent):
+            out.append(
+                projections.data_assignment_update(
+                    group=e.group,
+                    rank=e.rank,
+                    epoch=e.epoch,
+                    assignment=e.assignment,
+                    processed=e.processed,
+                    remaining=e.remaining,
+                    offset=e.offset,
+                )
+            )
+        elif isinstance(e, EpochCompleted):
+            out.append(projections.epoch_complete_update(e))
+        elif isinstance(e, RefitEpochChanged):
+            out.append(projections.refit_epoch_update(e))
+        elif isinstance(e, TransferChanged):
+            out.append(projections.transfer_update(e))
+        elif isinstance(e, RefitBootstrap):
+            out.append(projections.refit_bootstrap_update(e))
+    return out
+
+
 @pytest.fixture(scope="module")
 def effects() -> list[Effect]:
     return fold_outputs()
@@ -241,6 +297,79 @@ def test_no_effect_that_becomes_an_update_is_left_out_of_the_scenario(effects) -
     assert of(effects, ShutdownWithSave)[0].reason == "max_failure_exceeded"
 
 
+def test_each_builder_gives_the_struct_whose_json_is_what_protocol_2_sent(effects) -> None:
+    """The coordinator of this install and an agent of the one before understand each other:
+    every update built from the same fold outputs encodes to the same JSON, field for field."""
+    built, sent = typed(effects), oracle(effects)
+    assert [u.type for u in built] == [d["type"] for d in sent]
+    for update, doc in zip(built, sent, strict=True):
+        assert as_json(update) == as_json(doc), doc["type"]
+        # and its wire form decodes to the same value
+        assert decode_updates(msgspec.json.encode([update])) == decode_updates([as_json(doc)])
+
+
+def test_what_the_host_publishes_and_a_resync_sends_is_typed_and_protocol_2s_json() -> None:
+    """The real path: the host's ReadyBuilder over the fold's effects, and a resync of every
+    group's ranks after them; no update is a dict, and each is JSON protocol 2 sent."""
+    s = Script()
+    effects = fold_outputs(s)
+    builder = ReadyBuilder(HostState(), {})
+    ready = builder.ready(s.offset, effects, projected=0)
+    published = [u for _, _, u in ready.updates]
+    resynced = [
+        u
+        for group, size in (("train", 2), ("gen", 4), ("e", 2), ("s", 3))
+        for u in builder.state.resync(s.m, group, list(range(size)), None)
+    ]
+    # a resync sends each rank's part as the fold holds it now (protocol 2's data_assignment)
+    parts = []
+    for group in ("gen", "e"):
+        e = s.m.epochs.epoch(group)
+        assert e is not None
+        for rank, h in e.holdings.items():
+            parts.append(
+                v2.data_assignment_update(
+                    group=group,
+                    rank=rank,
+                    epoch=e.number,
+                    assignment=e.assignment,
+                    processed=h.processed,
+                    remaining=h.remaining_segments(),
+                    offset=e.decided,
+                )
+            )
+    sent = {json.dumps(as_json(d), sort_keys=True) for d in [*oracle(effects), *parts]}
+    for update in published + resynced:
+        assert isinstance(update, AgentUpdate), update
+        assert json.dumps(as_json(update), sort_keys=True) in sent, update
+    assert {u.type for u in published} == set(UPDATE_TYPES)
+    assert {u.type for u in resynced} >= {"view_committed", "rank_state", "data_assignment"}
+
+
+def _builders() -> dict[str, Any]:
+    """Every function that builds an agent update: ``wire.protocol``'s and the fold's."""
+    found = {
+        f"protocol.{name}": getattr(protocol, name) for name in ("view_update", "prepare_update")
+    }
+    for name, value in vars(projections).items():
+        defined_here = getattr(value, "__module__", None) == projections.__name__
+        if name.endswith(("_update", "_updates")) and callable(value) and defined_here:
+            found[f"projections.{name}"] = value
+    return found
+
+
+def test_every_builder_returns_a_declared_update_and_every_update_has_a_builder() -> None:
+    declared = set(UPDATE_TYPES.values())
+    built: set[type] = set()
+    for name, builder in _builders().items():
+        returns = typing.get_type_hints(builder)["return"]
+        if typing.get_origin(returns) is list:
+            (returns,) = typing.get_args(returns)
+        assert returns in declared, f"{name} returns {returns!r}, not a wire.updates Struct"
+        built.add(returns)
+    assert built == declared
+
+
 def test_the_union_is_every_update_struct_of_the_module() -> None:
     """A Struct added to wire.updates and left out of the union would not decode."""
     structs = {
@@ -251,3 +380,4 @@ def test_the_union_is_every_update_struct_of_the_module() -> None:
         and cls is not wire_updates.Update
     }
     assert structs == set(typing.get_args(AgentUpdate)) == set(UPDATE_TYPES.values())
+
