@@ -32,7 +32,7 @@ from foldplane.coordinator.fold.effects import (
 )
 from foldplane.coordinator.fold.epochs import complete_plan
 from foldplane.coordinator.host.ready import HostState, ReadyBuilder
-from foldplane.wire import protocol
+from foldplane.wire import protocol, reference
 from foldplane.wire import updates as wire_updates
 from foldplane.wire.updates import UPDATE_TYPES, AgentUpdate, UpdateError, decode_updates
 from tests.fold.script import Script, of, one
@@ -381,3 +381,12 @@ def test_the_union_is_every_update_struct_of_the_module() -> None:
     }
     assert structs == set(typing.get_args(AgentUpdate)) == set(UPDATE_TYPES.values())
 
+
+def test_the_protocol_reference_lists_every_update_from_its_type() -> None:
+    block = reference.updates_reference()
+    for kind, cls in UPDATE_TYPES.items():
+        [row] = [line for line in block.splitlines() if line.startswith(f"| `{kind}` |")]
+        assert cls.audience in row
+        for field in cls.__struct_fields__:
+            if field != "offset":
+                assert f"`{field}`" in row, (kind, field)
