@@ -533,13 +533,13 @@ class Agent:
         elif isinstance(action, ShutdownWithSave):
             self._shutdown_with_save(action)
         elif isinstance(action, DataUpdate):
-            self.data.on_update(dict(action.update))
+            self.data.on_update(action.update)
         elif isinstance(action, ProgressAnswered):
             self.data.on_answer(
                 action.epoch, action.assignment, action.processed, action.error, action.detail
             )
         elif isinstance(action, RefitUpdate):
-            self.refits.on_update(dict(action.update))
+            self.refits.on_update(action.update)
         elif isinstance(action, RefitAnswered):
             self.refits.on_answer(action.kind, dict(action.fields), action.error, action.detail)
         elif isinstance(action, Stopped):

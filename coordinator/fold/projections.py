@@ -29,8 +29,9 @@ to the next is a few ranks. So a view row is one of two documents:
 - **full**: the view itself, ``view_doc(view)`` (every row of a log written before delta rows
   existed is one);
 - **delta**: what changed since the version before, marked by ``"delta_from": version - 1``:
-  the wire's ``view_committed`` update (:func:`wire.protocol.view_update`) without its
-  ``type``, its ``base`` renamed ``delta_from``; ``group``, ``version``, ``offset``, ``ts`` and
+  the wire's ``view_committed`` update (:func:`wire.protocol.view_update`, a
+  ``wire.updates.ViewCommittedUpdate``) without its ``type``, its ``base`` renamed
+  ``delta_from``; ``group``, ``version``, ``offset``, ``ts`` and
   ``cause`` as in the full view, ``states`` (the ranks whose state changed, by state) and the
   rank sets as ``{"add", "remove"}`` deltas in the wire's rank-set encoding.
 
@@ -44,7 +45,6 @@ version it wants and folds the deltas after it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import msgspec
@@ -66,6 +66,11 @@ from foldplane.coordinator.fold.effects import (
 from foldplane.eventlog import LogError, ProjectionRow
 from foldplane.wire.protocol import fold_view_update, view_update
 from foldplane.wire.ranks import RankSetError
+from foldplane.wire.updates import (
+    RankStateUpdate,
+    ShutdownUpdate,
+    ViewCommittedUpdate,
+)
 
 #: Membership's projection kinds that ``replay`` compares (``ended`` rows are the operator's).
 MEMBERSHIP_PROJECTION_KINDS = ("group", "view", "proposal", "rank_state", "failure", "shutdown")
@@ -149,9 +154,10 @@ def _view_delta(view: View, base: View | None) -> dict[str, Any] | None:
         return None
     if rebuilt != view:
         return None
-    del update["type"]
-    update[DELTA_FROM] = update.pop("base")
     doc = to_doc(update)
+    del doc["type"]
+    doc[DELTA_FROM] = doc.pop("base")
+    doc = dict(sorted(doc.items()))  # the order ``to_doc`` gives a row
     size = len(_encoder.encode(doc))
     if size < _MIN_ENTRY_BYTES * len(view.rank_states):
         return doc  # smaller than the full row, which need not be encoded to know it
@@ -172,11 +178,14 @@ def apply_view_delta(base: View, seq: int, doc: dict[str, Any]) -> View:
             f"{name}: a delta from version {doc.get(DELTA_FROM)!r} (of version "
             f"{doc.get('version')!r}), but the row before it is version {base.version}"
         )
-    update = dict(doc)
-    update["base"] = update.pop(DELTA_FROM)
+    fields = {k: v for k, v in doc.items() if k != DELTA_FROM}
     try:
+        update = msgspec.convert(
+            {**fields, "type": ViewCommittedUpdate.__struct_config__.tag, "base": base.version},
+            ViewCommittedUpdate,
+        )
         return fold_view_update(base, update, len(base.rank_states))
-    except (RankSetError, ValueError, KeyError, TypeError) as exc:
+    except (RankSetError, ValueError) as exc:
         raise ViewRowError(
             f"{name}: the delta does not apply to version {base.version}: {exc}"
         ) from None
@@ -255,139 +264,29 @@ def rows_for(effect: Effect) -> list[ProjectionRow]:
 
 
 # -- agent updates (docs/protocol.md, GET /agents/updates) ------------------------------------
-# The view updates (deltas) are the wire protocol's: ``wire.protocol.view_update`` and
-# ``prepare_update``. The two below are per rank or per group and small.
+# Each is a Struct of ``wire.updates``. The view updates (deltas) are the wire protocol's:
+# ``wire.protocol.view_update`` and ``prepare_update``. The two below are per rank or per
+# group and small.
 
 
-def rank_state_update(effect: RankState) -> dict[str, Any]:
-    update = {
-        "offset": effect.offset,
-        "type": "rank_state",
-        "group": effect.group,
-        "rank": effect.rank,
-        "state": effect.state,
-        "incarnation": effect.incarnation,
-        "rank_epoch": effect.rank_epoch,
-        "reason": effect.reason,
-    }
-    if effect.cause is not None:
-        update["cause"] = effect.cause
-    return update
+def rank_state_update(effect: RankState) -> RankStateUpdate:
+    return RankStateUpdate(
+        offset=effect.offset,
+        group=effect.group,
+        rank=effect.rank,
+        state=effect.state,
+        incarnation=effect.incarnation,
+        rank_epoch=effect.rank_epoch,
+        reason=effect.reason,
+        cause=effect.cause,
+    )
 
 
-def shutdown_update(effect: ShutdownWithSave) -> dict[str, Any]:
-    return {
-        "offset": effect.offset,
-        "type": "shutdown_with_save",
-        "group": effect.group,
-        "reason": effect.reason,
-        "detail": effect.detail,
-        "checkpoint_rank": effect.checkpoint_rank,
-    }
-
-
-# -- epoch plans (docs/data.md) ----------------------------------------------------------------
-# The plan, each later decision's moves and the epoch's end go to the group's journal, once;
-# a rank's whole part (``data_assignment``) goes to its own journal at the plan, and in a
-# resync (``coordinator.host.ready``), where it stands for every decision before it.
-
-
-def epoch_plan_update(effect: Any) -> dict[str, Any]:
-    return {
-        "offset": effect.offset,
-        "type": "epoch_plan",
-        "group": effect.group,
-        "version": effect.version,
-        **{k: v for k, v in effect.plan.items() if k != "partition_ratios"},
-    }
-
-
-def data_assignment_update(
-    *,
-    group: str,
-    rank: int,
-    epoch: int,
-    assignment: int,
-    processed: int,
-    remaining: Sequence[tuple[int, int]],
-    offset: int,
-) -> dict[str, Any]:
-    """A rank's whole part as of decision ``assignment`` of the epoch: its cursor and the
-    segments it still holds."""
-    return {
-        "offset": offset,
-        "type": "data_assignment",
-        "group": group,
-        "rank": rank,
-        "epoch": epoch,
-        "assignment": assignment,
-        "processed": processed,
-        "remaining": [[s, n] for s, n in remaining],
-    }
-
-
-def data_assignment_updates(effect: Any) -> list[dict[str, Any]]:
-    """The first split: one update per rank that holds a part."""
-    return [
-        data_assignment_update(
-            group=effect.group,
-            rank=r.rank,
-            epoch=effect.epoch,
-            assignment=effect.assignment,
-            processed=r.processed,
-            remaining=r.remaining,
-            offset=effect.offset,
-        )
-        for r in effect.ranges
-    ]
-
-
-def data_moves_update(effect: Any) -> dict[str, Any]:
-    """A later decision, once for the whole group: the moves, ``[from_rank, to_rank, start,
-    length]`` in the order they apply, and the ranks whose cursor is then the end of what they
-    kept (``reported``; ``agent.data`` applies them to its own part)."""
-    return {
-        "offset": effect.offset,
-        "type": "data_moves",
-        "group": effect.group,
-        "epoch": effect.epoch,
-        "assignment": effect.assignment,
-        "moves": [[m.from_rank, m.to_rank, m.start, m.length] for m in effect.moves],
-        "reported": list(effect.reported),
-    }
-
-
-def epoch_complete_update(effect: Any) -> dict[str, Any]:
-    return {
-        "offset": effect.offset,
-        "type": "epoch_complete",
-        "group": effect.group,
-        "epoch": effect.epoch,
-    }
-
-
-# -- weight refits (docs/refit.md) -------------------------------------------------------------
-# Both groups' journals carry the refit's epochs and transfers (every worker of either side
-# follows them); the bootstrap goes to the journals of the admitted members only.
-
-
-def refit_epoch_update(effect: Any) -> dict[str, Any]:
-    doc = to_doc(effect)
-    doc["type"] = "refit_epoch"
-    return doc
-
-
-def transfer_update(effect: Any) -> dict[str, Any]:
-    doc = to_doc(effect)
-    doc["type"] = "transfer"
-    return doc
-
-
-def refit_bootstrap_update(effect: Any) -> dict[str, Any]:
-    return {
-        "offset": effect.offset,
-        "type": "refit_bootstrap",
-        "refit": effect.refit,
-        "epoch": effect.epoch,
-        "bootstrap": effect.bootstrap,
-    }
+def shutdown_update(effect: ShutdownWithSave) -> ShutdownUpdate:
+    return ShutdownUpdate(
+        offset=effect.offset,
+        group=effect.group,
+        reason=effect.reason,
+        detail=effect.detail,
+        checkpoint_rank=effect.checkpoint_rank,
+    )

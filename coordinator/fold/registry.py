@@ -4,8 +4,8 @@ A facet (``coordinator/fold/facets.py``) is one package that declares a :class:`
 named ``PLUGIN`` in its ``__init__``. It is plugged in by one line: its package's name in
 :data:`BUILTIN_FACETS` (a facet of foldplane) or in ``FOLDPLANE_FACETS`` (a comma-separated list
 a deployment sets; the command line hands it to :func:`install`). Nothing else names it: the fold
-builds its facet objects from the registry, the log accepts its record kinds, the projections
-write its rows, the host carries out its effects and answers its resyncs, the API serves its
+builds its facet objects from the registry, the log accepts its record kinds, the journals and
+readers decode its updates, the projections write its rows, the host carries out its effects and answers its resyncs, the API serves its
 routes, ``replay`` compares its rows and retention knows which of its kinds are heartbeat-class.
 
 The plugin itself is pure (it names its fold object, its kinds and its rows); the parts that do
@@ -27,6 +27,7 @@ from foldplane.coordinator.fold.effects import Effect
 from foldplane.coordinator.fold.facets import Facet
 from foldplane.eventlog import ProjectionRow
 from foldplane.eventlog.record import MEMBERSHIP_KINDS, accept_kinds
+from foldplane.wire.updates import Update, declare_update
 
 #: The facets of foldplane, by package, in the order their hooks run.
 BUILTIN_FACETS: tuple[str, ...] = (
@@ -54,6 +55,9 @@ class FacetPlugin:
     fold: Callable[[], Facet]
     #: its effects' projection rows, by effect type (effects of no type here write none)
     rows: Mapping[type[Effect], RowsOf] = field(default_factory=dict)
+    #: the Structs of its agent updates (``wire.updates.Update`` subclasses): every reader of
+    #: this process decodes them (``wire.updates.declare_update``)
+    updates: tuple[type[Update], ...] = ()
     #: the kinds of its projection rows, which ``replay`` compares like membership's
     projection_kinds: tuple[str, ...] = ()
     #: those of its kinds that are heartbeat-class: retention may remove one behind a kept
@@ -181,5 +185,7 @@ def _load(package: str) -> FacetPlugin:
         if not isinstance(plugin, FacetPlugin):
             raise ValueError(f"facet package {package!r} declares no PLUGIN (a FacetPlugin)")
         accept_kinds(plugin.kinds)
+        for update in plugin.updates:
+            declare_update(update)
         _loaded[package] = plugin
     return plugin

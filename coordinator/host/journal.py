@@ -36,25 +36,27 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import Sequence
-from typing import Any
 
 import msgspec
 
-Update = dict[str, Any]
+from foldplane.wire.updates import AgentUpdate, decode_update
+
+#: An update: one of ``wire.updates``' Structs.
+Update = AgentUpdate
 #: An update as the journal keeps it: its offset and its JSON.
 Entry = tuple[int, msgspec.Raw]
 
 _encode = msgspec.json.Encoder().encode
-_decode = msgspec.json.Decoder(dict).decode
 
 
 def encoded(update: Update) -> msgspec.Raw:
-    """An update's JSON, ready to be spliced into an answer."""
+    """An update's JSON, ready to be spliced into an answer (encoded by msgspec, once)."""
     return msgspec.Raw(_encode(update))
 
 
 def decoded(raw: msgspec.Raw) -> Update:
-    return _decode(raw)
+    """The update an entry's JSON is (its Struct: the protocol's, or a facet's declared one)."""
+    return decode_update(raw)
 
 
 class _Journal:
@@ -135,8 +137,9 @@ class UpdateJournals:
         journal = self._groups.get(group)
         if journal is None:
             journal = self._groups[group] = _Journal(self._start_floor)
-        self._published = max(self._published, update["offset"])
-        for dropped in journal.append(update["offset"], encoded(update), self._group_limit):
+        offset = update.offset
+        self._published = max(self._published, offset)
+        for dropped in journal.append(offset, encoded(update), self._group_limit):
             delivered = self._delivered
             self.undelivered += sum(
                 1
@@ -150,11 +153,12 @@ class UpdateJournals:
         journal = self._ranks.get(key)
         if journal is None:
             journal = self._ranks[key] = _Journal(self._start_floor)
-        self._published = max(self._published, update["offset"])
-        for dropped in journal.append(update["offset"], encoded(update), self._rank_limit):
+        offset = update.offset
+        self._published = max(self._published, offset)
+        for dropped in journal.append(offset, encoded(update), self._rank_limit):
             if self._delivered.get(key, -1) < dropped:
                 self.undelivered += 1
-        self._ranks_top[group] = max(self._ranks_top.get(group, 0), update["offset"])
+        self._ranks_top[group] = max(self._ranks_top.get(group, 0), offset)
         self._ranks_floor[group] = max(self._ranks_floor.get(group, 0), journal.floor)
         self._dirty.add(group)
 

@@ -31,6 +31,7 @@ from foldplane.coordinator.host.facets import facet_carry, facet_hosts
 from foldplane.coordinator.host.journal import Update, UpdateJournals
 from foldplane.eventlog import ProjectionRow
 from foldplane.wire.protocol import View, prepare_update, view_update
+from foldplane.wire.updates import RankStateUpdate, ShutdownUpdate, ViewPrepareUpdate
 
 #: A projection row's identity: (kind, group, seq).
 RowKey = tuple[str, str, int]
@@ -41,9 +42,9 @@ class HostState:
     """Host-side state derived from effects, kept in the snapshot so that a resync after a
     restart can still name the change in flight, each rank's state and a shutdown directive."""
 
-    in_flight: dict[str, Update] = field(default_factory=dict)
-    rank_states: dict[str, dict[str, Update]] = field(default_factory=dict)
-    shutdown: dict[str, Update] = field(default_factory=dict)
+    in_flight: dict[str, ViewPrepareUpdate] = field(default_factory=dict)
+    rank_states: dict[str, dict[str, RankStateUpdate]] = field(default_factory=dict)
+    shutdown: dict[str, ShutdownUpdate] = field(default_factory=dict)
     world_sizes: dict[str, int] = field(default_factory=dict)
     #: the latest update of each facet kind that stands for the current state, per group
     #: (``epoch_plan``, ``epoch_complete``, a refit's epoch and transfer) and per rank (a
@@ -66,7 +67,7 @@ class HostState:
         if current is not None and current.version != view:
             updates.append(view_update(None, current))
         prepare = self.in_flight.get(group)
-        if prepare is not None and (current is None or prepare["version"] > current.version):
+        if prepare is not None and (current is None or prepare.version > current.version):
             updates.append(prepare)
         states = self.rank_states.get(group, {})
         facet_ranks = self.latest_by_rank.get(group, {})
@@ -83,8 +84,12 @@ class HostState:
         shutdown = self.shutdown.get(group)
         if shutdown is not None:
             updates.append(shutdown)
-        updates.sort(key=lambda u: u["offset"])
+        updates.sort(key=_offset)
         return updates
+
+
+def _offset(update: Update) -> int:
+    return update.offset
 
 
 @dataclass(slots=True)
@@ -168,7 +173,7 @@ class ReadyBuilder:
         """What a rank receives is what changed since the version before (``wire.protocol``)."""
         view = effect.view
         prepare = self.state.in_flight.get(view.group)
-        if prepare is not None and prepare["version"] <= view.version:
+        if prepare is not None and prepare.version <= view.version:
             del self.state.in_flight[view.group]
         update = view_update(self.views.get(view.group), view)
         self.views[view.group] = view

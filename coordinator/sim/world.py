@@ -104,6 +104,12 @@ from foldplane.coordinator.host.snapshots import decode_snapshot, encode_snapsho
 from foldplane.coordinator.sim.invariants import Invariants, Violation
 from foldplane.eventlog.record import NewRecord, Record
 from foldplane.wire.data import ReadCursor, apply_moves
+from foldplane.wire.updates import (
+    DataAssignmentUpdate,
+    DataMovesUpdate,
+    EpochCompleteUpdate,
+    EpochPlanUpdate,
+)
 
 S = 1_000_000_000
 MS = 1_000_000
@@ -571,26 +577,27 @@ class _Reader:
         self.accepted = 0
         self.finished = False
 
-    def on_update(self, update: Any) -> bool:
+    def on_update(
+        self, update: EpochPlanUpdate | DataAssignmentUpdate | DataMovesUpdate | EpochCompleteUpdate
+    ) -> bool:
         """Take an update; True when there is now something to read."""
-        kind = update.get("type")
-        if kind == "epoch_plan":
-            if self.epoch != int(update["epoch"]):
+        if isinstance(update, EpochPlanUpdate):
+            if self.epoch != update.epoch:
                 self.assignment, self.base, self.remaining = 1, 0, []
                 self.cursor = ReadCursor()
                 self.accepted = 0
-            self.epoch = int(update["epoch"])
-            self.lookahead = int(update["lookahead"])
-            self.grain = int(update["grain"])
-        elif kind == "data_assignment":  # the whole part: the plan's, or a resync's
-            self.epoch = int(update["epoch"])
-            self.assignment = int(update["assignment"])
-            self._part(int(update["processed"]), [(int(s), int(n)) for s, n in update["remaining"]])
-        elif kind == "data_moves" and int(update["assignment"]) == self.assignment + 1:
+            self.epoch = update.epoch
+            self.lookahead = update.lookahead
+            self.grain = update.grain
+        elif isinstance(update, DataAssignmentUpdate):  # the whole part: the plan's, a resync's
+            self.epoch = update.epoch
+            self.assignment = update.assignment
+            self._part(update.processed, list(update.remaining))
+        elif isinstance(update, DataMovesUpdate) and update.assignment == self.assignment + 1:
             # (an older decision is already in the part; a gap cannot come from the journals)
             self.assignment += 1
             self._part(*apply_moves(self.rank, self.base, self.remaining, update))
-        elif kind == "epoch_complete":
+        elif isinstance(update, EpochCompleteUpdate):
             self.finished = True
         return not self.finished and self.cursor.yielded < self.held
 

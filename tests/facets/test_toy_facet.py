@@ -15,6 +15,8 @@ import httpx
 
 from foldplane.agent.client import CoordinatorClient
 from foldplane.eventlog import open_log
+from foldplane.wire.updates import declare_update
+from tests.facets.toy.fold import CounterUpdate
 from tests.service.conftest import ROOT, make_server
 
 #: The one line that plugs the toy facet in (coordinator/fold/registry.py).
@@ -65,19 +67,28 @@ def test_the_toy_facet_plugs_in_with_its_folder_and_one_line(tmp_path: Path) -> 
         events = httpx.get(url + "/events", params={"kind": "toy_bump"}).json()["events"]
         assert [(e["group"], e["payload"]) for e in events] == [("g", {"by": 3}), ("g", {"by": 4})]
 
-        # an agent of the group receives the facet's updates
+        # an agent of the group receives the facet's updates (a worker that follows them
+        # reads their Struct, as the coordinator's registry declared it there)
+        declare_update(CounterUpdate)
         client = CoordinatorClient(url)
         try:
             answer = client.updates("g", 0, 0, 0.0)
         finally:
             client.close()
-        toy = [u for u in answer.updates if u["type"] == "toy_counter"]
-        assert [(u["group"], u["count"]) for u in toy] == [("g", 3), ("g", 7)]
+        toy = [u for u in answer.updates if isinstance(u, CounterUpdate)]
+        assert [(u.group, u.count) for u in toy] == [("g", 3), ("g", 7)]
 
         # the OpenAPI document has its route and its bodies
         doc = httpx.get(url + "/openapi.json").json()
         assert "/groups/{group}/toy" in doc["paths"]
         assert {"BumpRequest", "CounterBody"} <= set(doc["components"]["schemas"])
+    finally:
+        assert srv.stop() == 0, srv.output()
+
+    # a restart restores the facet from the snapshot (its state, its latest update)
+    srv.start()
+    try:
+        assert httpx.get(srv.url + "/groups/g/toy").json() == {"group": "g", "count": 7}
     finally:
         assert srv.stop() == 0, srv.output()
 

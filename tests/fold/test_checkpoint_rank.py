@@ -49,7 +49,7 @@ def test_the_checkpoint_rank_travels_in_the_view_delta():
     s.form(world_size=4, checkpoint_rank=3)
     view = s.m.current_view("g")
     update = view_update(None, view)
-    assert update["checkpoint_rank"] == 3
+    assert update.checkpoint_rank == 3
     assert apply_view_update(None, update, 4).checkpoint_rank == 3
 
 

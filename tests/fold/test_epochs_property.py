@@ -31,6 +31,7 @@ from foldplane.coordinator.facets.epochs.partition import covers_exactly, split_
 from foldplane.coordinator.fold.effects import Effect, Refused
 from foldplane.coordinator.host.ready import HostState, ReadyBuilder
 from foldplane.wire.data import apply_moves
+from foldplane.wire.updates import DataAssignmentUpdate, DataMovesUpdate, EpochPlanUpdate, Update
 from tests.fold.script import Script
 
 N = 5
@@ -57,17 +58,16 @@ class Reader:
         self.base = 0
         self.remaining: list[tuple[int, int]] = []
 
-    def on_update(self, update: dict[str, Any]) -> None:
-        kind = update["type"]
-        if kind == "epoch_plan":
+    def on_update(self, update: Update) -> None:
+        if isinstance(update, EpochPlanUpdate):
             self.assignment = max(self.assignment, 1)
-        elif kind == "data_assignment":
-            self.assignment = update["assignment"]
-            self.base = update["processed"]
-            self.remaining = [(s, n) for s, n in update["remaining"]]
-        elif kind == "data_moves" and update["assignment"] > self.assignment:
-            assert update["assignment"] == self.assignment + 1, "a decision was skipped"
-            self.assignment = update["assignment"]
+        elif isinstance(update, DataAssignmentUpdate):
+            self.assignment = update.assignment
+            self.base = update.processed
+            self.remaining = list(update.remaining)
+        elif isinstance(update, DataMovesUpdate) and update.assignment > self.assignment:
+            assert update.assignment == self.assignment + 1, "a decision was skipped"
+            self.assignment = update.assignment
             self.base, self.remaining = apply_moves(self.rank, self.base, self.remaining, update)
 
 

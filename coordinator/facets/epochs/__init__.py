@@ -4,12 +4,19 @@
 from foldplane.coordinator.facets.epochs.fold import Epochs
 from foldplane.coordinator.facets.epochs.rows import PROJECTION_KINDS, ROWS
 from foldplane.coordinator.fold.registry import FacetPlugin
+from foldplane.wire.updates import (
+    DataAssignmentUpdate,
+    DataMovesUpdate,
+    EpochCompleteUpdate,
+    EpochPlanUpdate,
+)
 
 PLUGIN = FacetPlugin(
     name=Epochs.name,
     kinds=Epochs.kinds,
     fold=Epochs,
     rows=ROWS,
+    updates=(EpochPlanUpdate, DataAssignmentUpdate, DataMovesUpdate, EpochCompleteUpdate),
     projection_kinds=PROJECTION_KINDS,
     # a report that moved only a cursor is in the snapshot that lies before it
     compactable=frozenset({"progress"}),

@@ -16,14 +16,14 @@ from foldplane.coordinator.facets.epochs.effects import (
     PartSent,
 )
 from foldplane.coordinator.facets.epochs.story import EpochStory, epoch_label
-from foldplane.coordinator.fold.machine import Coordinator
-from foldplane.coordinator.fold.projections import (
+from foldplane.coordinator.facets.epochs.updates import (
     data_assignment_update,
     data_assignment_updates,
     data_moves_update,
     epoch_complete_update,
     epoch_plan_update,
 )
+from foldplane.coordinator.fold.machine import Coordinator
 from foldplane.coordinator.host.facets import FacetHost
 from foldplane.coordinator.host.journal import Update
 from foldplane.coordinator.host.ready import HostState, Ready
@@ -38,7 +38,7 @@ def _planned(state: HostState, effect: EpochPlanned, ready: Ready) -> None:
     latest["epoch"] = update
     ready.updates.append((effect.group, None, update))
     for part in data_assignment_updates(effect):
-        ready.updates.append((effect.group, part["rank"], part))
+        ready.updates.append((effect.group, part.rank, part))
 
 
 def _moves(state: HostState, effect: AssignmentChanged, ready: Ready) -> None:

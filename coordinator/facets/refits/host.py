@@ -15,7 +15,7 @@ from foldplane.coordinator.facets.refits.effects import (
     TransferChanged,
 )
 from foldplane.coordinator.facets.refits.story import RefitRankStory, refit_epoch_label
-from foldplane.coordinator.fold.projections import (
+from foldplane.coordinator.facets.refits.updates import (
     refit_bootstrap_update,
     refit_epoch_update,
     transfer_update,

@@ -7,13 +7,14 @@ group's agents and a route. The line that plugs it in is ``FOLDPLANE_FACETS=test
 """
 
 from foldplane.coordinator.fold.registry import FacetPlugin
-from tests.facets.toy.fold import CounterBumped, Counters, counter_row
+from tests.facets.toy.fold import CounterBumped, Counters, CounterUpdate, counter_row
 
 PLUGIN = FacetPlugin(
     name=Counters.name,
     kinds=Counters.kinds,
     fold=Counters,
     rows={CounterBumped: counter_row},
+    updates=(CounterUpdate,),
     projection_kinds=("toy_counter",),
     host="tests.facets.toy.host",
     routes="tests.facets.toy.routes",

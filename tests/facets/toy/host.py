@@ -5,16 +5,11 @@ from __future__ import annotations
 
 from foldplane.coordinator.host.facets import FacetHost
 from foldplane.coordinator.host.ready import HostState, Ready
-from tests.facets.toy.fold import CounterBumped
+from tests.facets.toy.fold import CounterBumped, CounterUpdate
 
 
 def _bumped(state: HostState, effect: CounterBumped, ready: Ready) -> None:
-    update = {
-        "offset": effect.offset,
-        "type": "toy_counter",
-        "group": effect.group,
-        "count": effect.count,
-    }
+    update = CounterUpdate(offset=effect.offset, group=effect.group, count=effect.count)
     state.latest.setdefault(effect.group, {})["toy"] = update
     ready.updates.append((effect.group, None, update))
 
