@@ -211,3 +211,30 @@ def test_each_update_is_kept_as_its_json_with_its_offset():
         upd(1),
         {"offset": 2, "type": "rank_state", "state": "ACTIVE"},
     ]
+
+
+def test_a_held_shutdown_reaches_its_checkpoint_rank_before_the_others():
+    j = UpdateJournals()
+    j.publish_group("g", upd(3))
+    j.wake()
+    j.hold("g", 1, 5)
+    j.publish_group("g", upd(5, "shutdown_with_save"))
+    j.wake()
+    assert [u["offset"] for u in j.since("g", [2], 0)] == [3]  # not yet: rank 1 first
+    assert j.horizon("g", [2], 5) == 4 and j.horizon("g", [0, 1], 5) == 5
+    assert [u["offset"] for u in j.since("g", [0, 1], 3)] == [5]  # a host carrying rank 1
+    j.mark_delivered("g", [2], 5)  # another rank's delivery ends no hold
+    assert j.since("g", [2], 3) == []
+    j.mark_delivered("g", [0, 1], 5)
+    assert [u["type"] for u in j.since("g", [2], 3)] == ["shutdown_with_save"]
+    assert j.horizon("g", [2], 5) == 5
+
+
+def test_twin_a_hold_let_go_at_its_bound_shows_the_shutdown_to_every_rank():
+    j = UpdateJournals()
+    j.hold("g", 1, 5)
+    j.publish_group("g", upd(5, "shutdown_with_save"))
+    j.wake()
+    assert j.since("g", [2], 0) == []
+    assert j.let_go("g") and not j.let_go("g")
+    assert [u["offset"] for u in j.since("g", [2], 0)] == [5]
