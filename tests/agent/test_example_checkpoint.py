@@ -55,11 +55,23 @@ def _train(coordinator, group: str, checkpoint, dataset_size: int) -> list[subpr
     ]
 
 
+def _outputs(workers: list[subprocess.Popen]) -> list[str]:
+    """Each worker's output once it exited; one still running at the deadline is killed (the
+    test fails on the timeout and leaves no process behind)."""
+    try:
+        return [w.communicate(timeout=240)[0] for w in workers]
+    finally:
+        for w in workers:
+            if w.poll() is None:
+                w.kill()
+                w.wait()
+
+
 def test_the_checkpoint_is_saved_by_the_lowest_live_rank_after_rank_0_dies(coordinator, tmp_path):
     coordinator.create_group("ckpt", 3)
     checkpoint = tmp_path / "model.pt"
     workers = _train(coordinator, "ckpt", checkpoint, 512)
-    outs = [w.communicate(timeout=240)[0] for w in workers]
+    outs = _outputs(workers)
     assert [w.returncode for w in workers] == [-9, 0, 0], outs
     assert coordinator.history("ckpt")[0]["checkpoint_rank"] == 0
     last = coordinator.view("ckpt")
@@ -80,7 +92,7 @@ def test_at_a_shutdown_the_failover_checkpoint_rank_saves_the_last_committed_ste
     coordinator.create_group("ckpt-shut", 3, max_failure=1, auto_deactivate_on_failure=False)
     checkpoint = tmp_path / "model.pt"
     workers = _train(coordinator, "ckpt-shut", checkpoint, 6144)
-    outs = [w.communicate(timeout=240)[0] for w in workers]
+    outs = _outputs(workers)
     assert [w.returncode for w in workers] == [-9, 0, 0], outs
     for rank in (1, 2):
         directive = f"rank {rank}: shutdown_with_save (max_failure_exceeded); checkpoint rank 1"
