@@ -642,6 +642,9 @@ class Agent:
             threading.Thread(
                 target=callback, args=(action.reason, action.detail), daemon=True
             ).start()
+        plane = self._data_plane
+        if plane is not None:  # no view follows: a step on a failed view stops waiting for one
+            plane.no_more_views()
 
     def _publish(
         self, *, view: View | None = None, state: str | None = None, stopped: Stopped | None = None

@@ -19,6 +19,7 @@ old ones.
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -30,6 +31,11 @@ from foldplane.wire.updates import RefitBootstrapUpdate, RefitEpochUpdate, Trans
 
 #: How long a call waits for the coordinator's answer to one of its events.
 ANSWER_S = 30.0
+#: How many epochs' causes a tracker keeps per refit.
+_CAUSES_KEPT = 16
+#: The cause of an epoch that a member's loss began, as the fold words it
+#: (``coordinator.fold.refits``: ``publisher slot 0 (train rank 0) went OFFLINE (...)``).
+_LOST = re.compile(r"(publisher|subscriber) slot (\d+) \([^)]*\) went OFFLINE")
 
 
 class RefitRefused(RuntimeError):
@@ -97,6 +103,9 @@ class RefitTracker:
         self._send = send
         self._cond = threading.Condition()
         self.epochs: dict[str, RefitEpochUpdate] = {}
+        #: why each of a refit's recent epochs began (the cause that ended the one before),
+        #: by epoch number: several epochs may pass between two looks at :attr:`epochs`
+        self.causes: dict[str, dict[int, str]] = {}
         self.transfers: dict[str, dict[int, TransferUpdate]] = {}
         self.bootstraps: dict[str, RefitBootstrapUpdate] = {}
         #: the epoch of each refit whose bootstrap this rank offered with its join
@@ -110,6 +119,10 @@ class RefitTracker:
         name = update.refit
         with self._cond:
             if isinstance(update, RefitEpochUpdate):
+                causes = self.causes.setdefault(name, {})
+                causes.setdefault(update.epoch, update.cause)
+                while len(causes) > _CAUSES_KEPT:
+                    del causes[min(causes)]
                 held = self.epochs.get(name)
                 if held is None or (update.epoch, update.offset) >= (held.epoch, held.offset):
                     self.epochs[name] = update
@@ -286,6 +299,35 @@ class RefitClient:
             publisher_ranks=pubs,
             subscriber_ranks=subs,
         )
+
+    def verdict(self, admitted: Admission) -> Callable[[], Any]:
+        """The coordinator's word on ``admitted``'s epoch, for the refit world's watch
+        (``open_world(..., verdict=client.verdict(admitted))``): a function that returns None
+        while the epoch stands, else why it is over (the refit moved to a newer epoch: a member
+        went OFFLINE, whom it names as dead, or a view committed). It reads what the agent
+        already heard, asking nobody, so a transfer sees the death of the store's host
+        (publisher slot 0) as any member's. (An ``agent.refit.Verdict``; that package, and
+        torch with it, is imported only here, by a worker that opens a refit world.)"""
+        from foldplane.agent.refit.errors import Peer, Verdict
+
+        def moved() -> Verdict | None:
+            epoch = self.tracker.epochs.get(self.name)
+            if epoch is None or epoch.epoch <= admitted.epoch:
+                return None
+            # what ended this epoch: the cause of the next one (later ones may follow at once:
+            # a lost member's view change moves the epoch again)
+            nxt = admitted.epoch + 1
+            cause = self.tracker.causes.get(self.name, {}).get(nxt)
+            if cause is None:  # not heard (a resync sends the latest epoch only)
+                nxt, cause = epoch.epoch, epoch.cause
+            lost = _LOST.match(cause)
+            return Verdict(
+                f"the coordinator moved refit {self.name!r} from epoch {admitted.epoch} to "
+                f"{nxt}: {cause}",
+                () if lost is None else (Peer(lost[1], int(lost[2])),),
+            )
+
+        return moved
 
     def check(self, admitted: Admission) -> None:
         """Raise :class:`RefitEpochMoved` if the refit has moved past ``admitted``'s epoch."""

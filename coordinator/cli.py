@@ -155,6 +155,13 @@ def _parser() -> argparse.ArgumentParser:
         default=0.5,
         help="how long heartbeats wait to share one record, in seconds (default 0.5)",
     )
+    s.add_argument(
+        "--shutdown-lead-s",
+        type=float,
+        default=2.0,
+        help="how long a shutdown_with_save waits for its checkpoint rank to be handed it "
+        "before the group's other ranks get it, at most, in seconds (default 2)",
+    )
     s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     s.add_argument(
         "--retain",
@@ -374,6 +381,12 @@ def _serve(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    if not args.shutdown_lead_s >= 0:
+        print(
+            f"coordinator: --shutdown-lead-s must be >= 0 seconds, got {args.shutdown_lead_s}",
+            file=sys.stderr,
+        )
+        return 2
     if args.retain is not None:
         from foldplane.coordinator.host.retention import parse_policy
 
@@ -405,6 +418,7 @@ async def _serve_async(args: argparse.Namespace, auth: Any) -> int:
             snapshot_every=args.snapshot_every,
             snapshot_beats=args.snapshot_beats,
             heartbeat_flush_s=args.heartbeat_flush_s,
+            shutdown_lead_s=args.shutdown_lead_s,
         )
     except (LogError, OSError, ValueError) as exc:
         print(f"coordinator: cannot open the log {args.db!r}: {exc}", file=sys.stderr)

@@ -114,6 +114,8 @@ class Ready:
     resolved: list[Proposal] = field(default_factory=list)
     #: inputs the fold fenced while stepping, by offset
     refused: dict[int, Refused] = field(default_factory=dict)
+    #: shutdown directives to show their checkpoint rank first: (group, rank, offset)
+    saver_first: list[tuple[str, int, int]] = field(default_factory=list)
 
 
 class ReadyBuilder:
@@ -186,9 +188,13 @@ class ReadyBuilder:
         ready.updates.append((effect.group, effect.rank, update))
 
     def _shutdown(self, effect: ShutdownWithSave, ready: Ready) -> None:
+        """Every rank gets the directive, its checkpoint rank first (``Host._carry_out``): it
+        saves while the others still hold their state."""
         update = shutdown_update(effect)
         self.state.shutdown[effect.group] = update
         ready.updates.append((effect.group, None, update))
+        if effect.checkpoint_rank is not None:
+            ready.saver_first.append((effect.group, effect.checkpoint_rank, effect.offset))
 
     def _resolved(self, effect: ProposalResolved, ready: Ready) -> None:
         ready.resolved.append(effect.proposal)

@@ -6,6 +6,7 @@ of the log derives it again, its route answers and an agent's long poll receives
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
@@ -13,14 +14,26 @@ from pathlib import Path
 
 import httpx
 
-from foldplane.agent.client import CoordinatorClient
 from foldplane.eventlog import open_log
-from foldplane.wire.updates import declare_update
-from tests.facets.toy.fold import CounterUpdate
 from tests.service.conftest import ROOT, make_server
 
 #: The one line that plugs the toy facet in (coordinator/fold/registry.py).
 TOY = {"FOLDPLANE_FACETS": "tests.facets.toy"}
+
+#: A worker that follows the toy facet's updates: it declares their Struct (wire.updates) and
+#: prints the counters its long poll receives.
+AGENT = """
+import json, sys
+from foldplane.agent.client import CoordinatorClient
+from foldplane.wire.updates import declare_update
+from tests.facets.toy.fold import CounterUpdate
+
+declare_update(CounterUpdate)
+client = CoordinatorClient(sys.argv[1])
+answer = client.updates("g", 0, 0, 0.0)
+client.close()
+print(json.dumps([[u.group, u.count] for u in answer.updates if isinstance(u, CounterUpdate)]))
+"""
 
 
 def replay(db: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
@@ -67,16 +80,17 @@ def test_the_toy_facet_plugs_in_with_its_folder_and_one_line(tmp_path: Path) -> 
         events = httpx.get(url + "/events", params={"kind": "toy_bump"}).json()["events"]
         assert [(e["group"], e["payload"]) for e in events] == [("g", {"by": 3}), ("g", {"by": 4})]
 
-        # an agent of the group receives the facet's updates (a worker that follows them
-        # reads their Struct, as the coordinator's registry declared it there)
-        declare_update(CounterUpdate)
-        client = CoordinatorClient(url)
-        try:
-            answer = client.updates("g", 0, 0, 0.0)
-        finally:
-            client.close()
-        toy = [u for u in answer.updates if isinstance(u, CounterUpdate)]
-        assert [(u.group, u.count) for u in toy] == [("g", 3), ("g", 7)]
+        # an agent of the group receives the facet's updates: a worker process that follows
+        # them declares their Struct and long-polls with the agent's own client
+        worker = subprocess.run(
+            [sys.executable, "-c", AGENT, url],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert worker.returncode == 0, worker.stderr
+        assert json.loads(worker.stdout) == [["g", 3], ["g", 7]]
 
         # the OpenAPI document has its route and its bodies
         doc = httpx.get(url + "/openapi.json").json()

@@ -8,6 +8,7 @@ from foldplane.coordinator.host.journal import UpdateJournals, encoded
 from foldplane.wire.updates import (
     RankSetDelta,
     RankStateUpdate,
+    ShutdownUpdate,
     Update,
     ViewCommittedUpdate,
     ViewPrepareUpdate,
@@ -38,6 +39,10 @@ def upd(offset: int, type_: str = "view_committed", rank: int = 0, pad: str = ""
             active_ranks=EMPTY,
             absent=[],
             ack_deadline_ts=0,
+        )
+    if type_ == "shutdown_with_save":
+        return ShutdownUpdate(
+            offset=offset, group="g", reason="max_failure_exceeded", detail="", checkpoint_rank=1
         )
     assert type_ == "view_committed"
     return ViewCommittedUpdate(
@@ -255,3 +260,30 @@ def test_each_update_is_kept_as_its_json_with_its_offset():
         msgspec.json.encode(upd(2, "rank_state")),
     ]
     assert j.since("g", [0], 0) == [upd(1), upd(2, "rank_state")]
+
+
+def test_a_held_shutdown_reaches_its_checkpoint_rank_before_the_others():
+    j = UpdateJournals()
+    j.publish_group("g", upd(3))
+    j.wake()
+    j.hold("g", 1, 5)
+    j.publish_group("g", upd(5, "shutdown_with_save"))
+    j.wake()
+    assert [u.offset for u in j.since("g", [2], 0)] == [3]  # not yet: rank 1 first
+    assert j.horizon("g", [2], 5) == 4 and j.horizon("g", [0, 1], 5) == 5
+    assert [u.offset for u in j.since("g", [0, 1], 3)] == [5]  # a host carrying rank 1
+    j.mark_delivered("g", [2], 5)  # another rank's delivery ends no hold
+    assert j.since("g", [2], 3) == []
+    j.mark_delivered("g", [0, 1], 5)
+    assert [u.type for u in j.since("g", [2], 3)] == ["shutdown_with_save"]
+    assert j.horizon("g", [2], 5) == 5
+
+
+def test_twin_a_hold_let_go_at_its_bound_shows_the_shutdown_to_every_rank():
+    j = UpdateJournals()
+    j.hold("g", 1, 5)
+    j.publish_group("g", upd(5, "shutdown_with_save"))
+    j.wake()
+    assert j.since("g", [2], 0) == []
+    assert j.let_go("g") and not j.let_go("g")
+    assert [u.offset for u in j.since("g", [2], 0)] == [5]
