@@ -47,6 +47,7 @@ from foldplane.agent.machine import (
     DataUpdate,
     EventsAnswered,
     EventsFailed,
+    FacetUpdate,
     InstallView,
     LinkEvidence,
     MoveDataPlane,
@@ -192,6 +193,8 @@ class Agent:
         self._plane_store: StoreAddress | None = None
         self._move_retry_at: float | None = None
         self._started = False
+        #: who follows which facet's updates (:meth:`on_update`), by the update's Struct
+        self._followers: dict[type, list[Callable[[Any], None]]] = {}
         self._data: Any = None
         self._refits: Any = None
 
@@ -447,6 +450,15 @@ class Agent:
     def _send_refit(self, kind: str, fields: dict[str, Any]) -> None:
         self._inbox.put(SendRefit(time.monotonic(), kind, fields))
 
+    # -- a facet's updates -----------------------------------------------------------------------
+
+    def on_update(self, update_type: type, follow: Callable[[Any], None]) -> None:
+        """Call ``follow(update)`` for each update of ``update_type`` the group or this rank
+        receives, in offset order, on the agent's own thread: the updates of a facet beside
+        membership that this worker follows (declare its Struct first, with
+        ``wire.updates.declare_update``, so the agent reads it)."""
+        self._followers.setdefault(update_type, []).append(follow)
+
     # -- the data plane --------------------------------------------------------------------------
 
     def process_group(self, backend: str | None = None, timeout_s: float = 60.0) -> Any:
@@ -540,6 +552,9 @@ class Agent:
             )
         elif isinstance(action, RefitUpdate):
             self.refits.on_update(action.update)
+        elif isinstance(action, FacetUpdate):
+            for follow in self._followers.get(type(action.update), ()):
+                follow(action.update)
         elif isinstance(action, RefitAnswered):
             self.refits.on_answer(action.kind, dict(action.fields), action.error, action.detail)
         elif isinstance(action, Stopped):

@@ -110,6 +110,7 @@ from foldplane.wire.updates import (
     Update,
     ViewCommittedUpdate,
     ViewPrepareUpdate,
+    addressed_rank,
 )
 
 __all__ = ["HEALTHY", "OFFLINE", "SYNCED", "View"]
@@ -357,6 +358,15 @@ class RefitUpdate:
 
 
 @dataclass(frozen=True)
+class FacetUpdate:
+    """An update of a facet the machine does not follow itself (a Struct a worker declared with
+    ``wire.updates.declare_update``), for the group or for this rank: handed on, in offset
+    order, to whoever follows it (``Agent.on_update``)."""
+
+    update: Update
+
+
+@dataclass(frozen=True)
 class RefitAnswered:
     """The coordinator's answer to a refit event: ``error`` None when it was appended (or
     answered with the earlier record it repeats, ``offset``)."""
@@ -387,6 +397,7 @@ Action = (
     | DataUpdate
     | ProgressAnswered
     | RefitUpdate
+    | FacetUpdate
     | RefitAnswered
     | Stopped
 )
@@ -524,7 +535,7 @@ class AgentMachine:
         for update in event.updates:
             if update.offset <= self.after and not event.resync:
                 continue  # already processed before a reconnect
-            on_update = _ON_UPDATE[type(update)]
+            on_update = _ON_UPDATE.get(type(update), AgentMachine._on_facet)
             try:
                 action = on_update(self, update)
             except (StaleBase, RankSetError) as exc:
@@ -761,6 +772,11 @@ class AgentMachine:
 
     def _on_refit(self, update: RefitEpochUpdate | TransferUpdate | RefitBootstrapUpdate) -> Action:
         return RefitUpdate(update)
+
+    def _on_facet(self, update: Update) -> Action | None:
+        """Another facet's update: handed on, unless it names another rank."""
+        rank = addressed_rank(update)
+        return FacetUpdate(update) if rank in (None, self.config.rank) else None
 
     def _on_shutdown(self, update: ShutdownUpdate) -> Action | None:
         """The group's directive, acted on once."""

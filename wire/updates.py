@@ -285,9 +285,12 @@ def convert_update(item: Any) -> AgentUpdate:
 
 
 def addressed_rank(update: Update) -> int | None:
-    """The rank an update names as its reader (``rank_state``, ``data_assignment``), or None
-    for an update the group's ranks share."""
-    return update.rank if isinstance(update, _ADDRESSED) else None
+    """The rank an update names as its reader (``rank_state``, ``data_assignment``, a facet's
+    update whose :attr:`~Update.audience` is :data:`OWN_RANK`), or None for an update the
+    group's ranks share."""
+    if isinstance(update, _ADDRESSED):
+        return update.rank
+    return getattr(update, "rank", None) if update.audience == OWN_RANK else None
 
 
 def encode(update: Update) -> bytes:

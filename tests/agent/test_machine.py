@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import msgspec
 import pytest
@@ -21,6 +21,7 @@ from foldplane.agent.machine import (
     DataUpdate,
     EventsAnswered,
     EventsFailed,
+    FacetUpdate,
     InstallView,
     LinkEvidence,
     MoveDataPlane,
@@ -39,6 +40,7 @@ from foldplane.agent.machine import (
 )
 from foldplane.wire.protocol import CAUSE_DEATH_REPORTED, View, prepare_update, view_update
 from foldplane.wire.updates import (
+    OWN_RANK,
     UPDATE_TYPES,
     AgentUpdate,
     DataAssignmentUpdate,
@@ -50,6 +52,7 @@ from foldplane.wire.updates import (
     RefitEpochUpdate,
     ShutdownUpdate,
     TransferUpdate,
+    Update,
     ViewCommittedUpdate,
     ViewPrepareUpdate,
 )
@@ -1043,3 +1046,30 @@ def test_the_epochs_and_refits_updates_are_handed_on_and_only_this_ranks_part() 
     actions = m.step(updates(handed[0], mine, theirs, *handed[2:], *refits))
     assert [a.update for a in actions if isinstance(a, DataUpdate)] == handed
     assert [a.update for a in actions if isinstance(a, RefitUpdate)] == refits
+
+
+class _CounterUpdate(Update, frozen=True, kw_only=True, tag="test_counter"):
+    """A facet's update the machine does not follow itself (its group's)."""
+
+    group: str
+    count: int
+
+
+class _OwnCounterUpdate(Update, frozen=True, kw_only=True, tag="test_own_counter"):
+    """A facet's update for one rank."""
+
+    audience: ClassVar[str] = OWN_RANK
+
+    group: str
+    rank: int
+    count: int
+
+
+def test_a_facets_update_is_handed_on_and_only_this_ranks() -> None:
+    m = joined()
+    group = _CounterUpdate(offset=21, group="g", count=3)
+    mine = _OwnCounterUpdate(offset=22, group="g", rank=1, count=4)
+    theirs = _OwnCounterUpdate(offset=23, group="g", rank=2, count=5)
+    actions = m.step(updates(group, mine, theirs))
+    assert [a.update for a in actions if isinstance(a, FacetUpdate)] == [group, mine]
+    assert m.after == 23

@@ -20,19 +20,29 @@ from tests.service.conftest import ROOT, make_server
 #: The one line that plugs the toy facet in (coordinator/fold/registry.py).
 TOY = {"FOLDPLANE_FACETS": "tests.facets.toy"}
 
-#: A worker that follows the toy facet's updates: it declares their Struct (wire.updates) and
-#: prints the counters its long poll receives.
+#: A worker that follows the toy facet's updates: it declares their Struct (wire.updates), asks
+#: its agent for them (``Agent.on_update``) and prints the counters its agent receives.
 AGENT = """
-import json, sys
-from foldplane.agent.client import CoordinatorClient
+import json, sys, threading
+from foldplane.agent import Agent
 from foldplane.wire.updates import declare_update
 from tests.facets.toy.fold import CounterUpdate
 
 declare_update(CounterUpdate)
-client = CoordinatorClient(sys.argv[1])
-answer = client.updates("g", 0, 0, 0.0)
-client.close()
-print(json.dumps([[u.group, u.count] for u in answer.updates if isinstance(u, CounterUpdate)]))
+got, seven = [], threading.Event()
+
+def follow(update):
+    got.append([update.group, update.count])
+    if update.count == 7:
+        seven.set()
+
+agent = Agent(sys.argv[1], group="g", rank=0, backend="gloo")
+agent.on_update(CounterUpdate, follow)
+agent.start()
+received = seven.wait(30)
+agent.close()
+print(json.dumps(got))
+sys.exit(0 if received else 1)
 """
 
 
@@ -81,7 +91,7 @@ def test_the_toy_facet_plugs_in_with_its_folder_and_one_line(tmp_path: Path) -> 
         assert [(e["group"], e["payload"]) for e in events] == [("g", {"by": 3}), ("g", {"by": 4})]
 
         # an agent of the group receives the facet's updates: a worker process that follows
-        # them declares their Struct and long-polls with the agent's own client
+        # them declares their Struct and runs an agent of rank 0
         worker = subprocess.run(
             [sys.executable, "-c", AGENT, url],
             cwd=ROOT,
@@ -89,7 +99,7 @@ def test_the_toy_facet_plugs_in_with_its_folder_and_one_line(tmp_path: Path) -> 
             text=True,
             timeout=60,
         )
-        assert worker.returncode == 0, worker.stderr
+        assert worker.returncode == 0, worker.stdout + worker.stderr
         assert json.loads(worker.stdout) == [["g", 3], ["g", 7]]
 
         # the OpenAPI document has its route and its bodies
