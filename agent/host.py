@@ -44,7 +44,6 @@ from foldplane.agent.machine import (
     Close,
     ConnectDataPlane,
     DataPlaneReady,
-    DataUpdate,
     EventsAnswered,
     EventsFailed,
     FacetUpdate,
@@ -56,7 +55,6 @@ from foldplane.agent.machine import (
     ProgressAnswered,
     RankStateChanged,
     RefitAnswered,
-    RefitUpdate,
     Rejoin,
     ReportProgress,
     SendEvents,
@@ -70,6 +68,15 @@ from foldplane.agent.machine import (
     View,
 )
 from foldplane.wire.codes import APPLIED_STATUSES, FATAL_ERRORS, NOT_FOLDPLANE, error_body
+from foldplane.wire.updates import (
+    DataAssignmentUpdate,
+    DataMovesUpdate,
+    EpochCompleteUpdate,
+    EpochPlanUpdate,
+    RefitBootstrapUpdate,
+    RefitEpochUpdate,
+    TransferUpdate,
+)
 
 log = logging.getLogger("foldplane.agent")
 
@@ -193,8 +200,14 @@ class Agent:
         self._plane_store: StoreAddress | None = None
         self._move_retry_at: float | None = None
         self._started = False
-        #: who follows which facet's updates (:meth:`on_update`), by the update's Struct
+        #: who follows which facet's updates (:meth:`on_update`), by the update's Struct: the
+        #: data (``agent.data``) the epochs facet's, the refit client (``agent.refits``) the
+        #: refits facet's, each made when its first update comes
         self._followers: dict[type, list[Callable[[Any], None]]] = {}
+        for struct in (EpochPlanUpdate, DataAssignmentUpdate, DataMovesUpdate, EpochCompleteUpdate):
+            self.on_update(struct, lambda update: self.data.on_update(update))
+        for struct in (RefitEpochUpdate, TransferUpdate, RefitBootstrapUpdate):
+            self.on_update(struct, lambda update: self.refits.on_update(update))
         self._data: Any = None
         self._refits: Any = None
 
@@ -544,14 +557,10 @@ class Agent:
             self._publish(state=action.state)
         elif isinstance(action, ShutdownWithSave):
             self._shutdown_with_save(action)
-        elif isinstance(action, DataUpdate):
-            self.data.on_update(action.update)
         elif isinstance(action, ProgressAnswered):
             self.data.on_answer(
                 action.epoch, action.assignment, action.processed, action.error, action.detail
             )
-        elif isinstance(action, RefitUpdate):
-            self.refits.on_update(action.update)
         elif isinstance(action, FacetUpdate):
             for follow in self._followers.get(type(action.update), ()):
                 follow(action.update)

@@ -57,13 +57,17 @@ The rules, in one place:
   outbox and is resent after an exponential backoff.
 - **A clean exit is not a death.** ``Close`` sends ``exit`` (after an in-flight join, if any)
   and stops when it is appended.
+- **A facet's updates are its followers'.** Every update the machine does not follow itself
+  (the epochs' and refits' Structs, any other facet's declared one) is handed on as a
+  ``FacetUpdate`` in offset order, unless it names another rank; the agent gives it to whoever
+  follows its Struct (``Agent.on_update``).
 - **Epoch plans are the data's.** ``epoch_plan``, this rank's ``data_assignment``, the
-  group's ``data_moves`` and ``epoch_complete`` updates are handed on (``DataUpdate``) in offset order; a progress report
+  group's ``data_moves`` and ``epoch_complete`` updates go to the data; a progress report
   (``ReportProgress``) goes in the events lane, the newest replacing one not yet sent, and its
   answer comes back as ``ProgressAnswered``. A refused report never ends the agent: it is the
   data's to act on (a ``stale_assignment`` is reported again against the part received).
 - **Refits are the refit client's.** ``refit_epoch``, ``transfer`` and this rank's
-  ``refit_bootstrap`` updates are handed on (``RefitUpdate``); a refit event (``SendRefit``:
+  ``refit_bootstrap`` updates go to the refit client; a refit event (``SendRefit``:
   a join, a bootstrap, a transfer, a transfer's status) goes in the events lane and its answer
   comes back as ``RefitAnswered``, accepted or refused: a refused one never ends the agent
   (``stale_refit_epoch`` means join the current epoch, ``digest_mismatch`` is the user's plan).
@@ -98,15 +102,8 @@ from foldplane.wire.protocol import (
 from foldplane.wire.ranks import RankSetError
 from foldplane.wire.updates import (
     AgentUpdate,
-    DataAssignmentUpdate,
-    DataMovesUpdate,
-    EpochCompleteUpdate,
-    EpochPlanUpdate,
     RankStateUpdate,
-    RefitBootstrapUpdate,
-    RefitEpochUpdate,
     ShutdownUpdate,
-    TransferUpdate,
     Update,
     ViewCommittedUpdate,
     ViewPrepareUpdate,
@@ -332,14 +329,6 @@ class ShutdownWithSave:
 
 
 @dataclass(frozen=True)
-class DataUpdate:
-    """An ``epoch_plan``, ``data_assignment`` (this rank's part), ``data_moves`` (a decision's
-    moves, the group's) or ``epoch_complete`` update."""
-
-    update: EpochPlanUpdate | DataAssignmentUpdate | DataMovesUpdate | EpochCompleteUpdate
-
-
-@dataclass(frozen=True)
 class ProgressAnswered:
     """The coordinator's answer to a progress report: ``error`` None when it was accepted."""
 
@@ -348,13 +337,6 @@ class ProgressAnswered:
     processed: int
     error: str | None = None
     detail: str = ""
-
-
-@dataclass(frozen=True)
-class RefitUpdate:
-    """A ``refit_epoch``, ``transfer`` or (this rank's) ``refit_bootstrap`` update."""
-
-    update: RefitEpochUpdate | TransferUpdate | RefitBootstrapUpdate
 
 
 @dataclass(frozen=True)
@@ -394,9 +376,7 @@ Action = (
     | InstallView
     | RankStateChanged
     | ShutdownWithSave
-    | DataUpdate
     | ProgressAnswered
-    | RefitUpdate
     | FacetUpdate
     | RefitAnswered
     | Stopped
@@ -763,16 +743,6 @@ class AgentMachine:
         if self.own_state == OFFLINE:
             self._own_offline_offset = offset
 
-    def _on_data(self, update: DataMovesUpdate | EpochPlanUpdate | EpochCompleteUpdate) -> Action:
-        return DataUpdate(update)
-
-    def _on_assignment(self, update: DataAssignmentUpdate) -> Action | None:
-        """Only this rank's own part is its data's (a host's poll may carry its neighbours')."""
-        return DataUpdate(update) if update.rank == self.config.rank else None
-
-    def _on_refit(self, update: RefitEpochUpdate | TransferUpdate | RefitBootstrapUpdate) -> Action:
-        return RefitUpdate(update)
-
     def _on_facet(self, update: Update) -> Action | None:
         """Another facet's update: handed on, unless it names another rank."""
         rank = addressed_rank(update)
@@ -976,21 +946,15 @@ _HANDLERS = {
     SendRefit: AgentMachine._send_refit,
 }
 
-#: What the machine does with each update it may receive (``wire.updates.AgentUpdate``), by
-#: class: the view's and this rank's state are its own; the data (``agent.data``) follows the
+#: What the machine does with the updates it follows itself, by class: the view's, this rank's
+#: state and the shutdown directive. Every other update is a facet's, handed on as a
+#: ``FacetUpdate`` (``_on_facet``) to whoever follows it: the data (``agent.data``) the
 #: epoch's, the refit client (``agent.refits``) the refits'.
 _ON_UPDATE: dict[type[Update], Callable[[AgentMachine, Any], Action | None]] = {
     ViewPrepareUpdate: AgentMachine._on_prepare,
     ViewCommittedUpdate: AgentMachine._on_committed,
     RankStateUpdate: AgentMachine._on_rank_state,
     ShutdownUpdate: AgentMachine._on_shutdown,
-    EpochPlanUpdate: AgentMachine._on_data,
-    DataAssignmentUpdate: AgentMachine._on_assignment,
-    DataMovesUpdate: AgentMachine._on_data,
-    EpochCompleteUpdate: AgentMachine._on_data,
-    RefitEpochUpdate: AgentMachine._on_refit,
-    TransferUpdate: AgentMachine._on_refit,
-    RefitBootstrapUpdate: AgentMachine._on_refit,
 }
 _ENVELOPE = frozenset({"type", "group", "rank", "incarnation", "token"})
 

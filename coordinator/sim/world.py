@@ -72,9 +72,9 @@ from foldplane.agent.machine import (
     Close,
     ConnectDataPlane,
     DataPlaneReady,
-    DataUpdate,
     EventsAnswered,
     EventsFailed,
+    FacetUpdate,
     InstallView,
     LinkEvidence,
     MoveDataPlane,
@@ -126,6 +126,8 @@ POLL_TIMEOUT_NS = POLL_WAIT_NS + 2 * S
 SETTLE_NS = 25 * S
 _ENVELOPE = ("type", "group", "rank", "token")
 _OUTSIDE = (SUPERVISOR, OPERATOR)
+#: The epochs facet's updates, which a simulated worker's reader follows.
+_DATA_UPDATES = (EpochPlanUpdate, DataAssignmentUpdate, DataMovesUpdate, EpochCompleteUpdate)
 #: What a timer returns when it found nothing to do: it does not count as a step.
 _STALE = object()
 
@@ -721,7 +723,7 @@ class Process:
         elif isinstance(action, Stopped):
             self.alive = False
             w.stopped.append((self.rank, self.incarnation, action.reason))
-        elif isinstance(action, DataUpdate):
+        elif isinstance(action, FacetUpdate) and isinstance(action.update, _DATA_UPDATES):
             if self.reader.on_update(action.update):
                 self.read_later()
         elif isinstance(action, ProgressAnswered):

@@ -18,7 +18,6 @@ from foldplane.agent.machine import (
     Close,
     ConnectDataPlane,
     DataPlaneReady,
-    DataUpdate,
     EventsAnswered,
     EventsFailed,
     FacetUpdate,
@@ -28,7 +27,6 @@ from foldplane.agent.machine import (
     PollFailed,
     PollUpdates,
     RankStateChanged,
-    RefitUpdate,
     Rejoin,
     SendEvents,
     ShutdownWithSave,
@@ -985,9 +983,11 @@ def test_the_shutdown_directive_names_the_checkpoint_rank_and_views_carry_it():
 # -- every update, by class ----------------------------------------------------------------------
 
 
-def test_every_update_an_agent_may_receive_has_its_handler() -> None:
-    """The machine dispatches on the update's class: every Struct of the union has a handler."""
-    assert set(_ON_UPDATE) == set(UPDATE_TYPES.values())
+def test_the_machine_follows_membership_updates_and_hands_on_the_facets() -> None:
+    """The machine dispatches on the update's class: the view's, the rank's state and the
+    shutdown are its own; every other Struct of the union is a facet's, handed on (below)."""
+    own = {ViewPrepareUpdate, ViewCommittedUpdate, RankStateUpdate, ShutdownUpdate}
+    assert set(_ON_UPDATE) == own and own < set(UPDATE_TYPES.values())
 
 
 def test_the_epochs_and_refits_updates_are_handed_on_and_only_this_ranks_part() -> None:
@@ -1044,8 +1044,10 @@ def test_the_epochs_and_refits_updates_are_handed_on_and_only_this_ranks_part() 
         RefitBootstrapUpdate(offset=26, refit="rl", epoch=1, bootstrap={"store": "h:1"}),
     ]
     actions = m.step(updates(handed[0], mine, theirs, *handed[2:], *refits))
-    assert [a.update for a in actions if isinstance(a, DataUpdate)] == handed
-    assert [a.update for a in actions if isinstance(a, RefitUpdate)] == refits
+    data = (EpochPlanUpdate, DataAssignmentUpdate, DataMovesUpdate, EpochCompleteUpdate)
+    facets = [a.update for a in actions if isinstance(a, FacetUpdate)]
+    assert [u for u in facets if isinstance(u, data)] == handed
+    assert [u for u in facets if not isinstance(u, data)] == refits
 
 
 class _CounterUpdate(Update, frozen=True, kw_only=True, tag="test_counter"):
