@@ -17,6 +17,7 @@ import httpx
 
 from foldplane.coordinator.host.loop import Appended, Host
 from foldplane.eventlog import NewRecord
+from foldplane.wire.updates import ShutdownUpdate
 from tests.service.conftest import FAST, make_server
 
 GROUP = "save"
@@ -125,7 +126,7 @@ async def test_a_checkpoint_rank_that_never_polls_holds_the_others_back_only_the
         waiting = asyncio.create_task(host.updates(GROUP, (2,), formed, timeout=30))
         await host.submit(_rec("death_reported", 0))
         answer = await asyncio.wait_for(waiting, 10)  # rank 1 never polls
-        assert "shutdown_with_save" in [u["type"] for u in answer.updates]
+        assert any(isinstance(u, ShutdownUpdate) for u in answer.updates)
     finally:
         await host.close()
 
@@ -138,6 +139,6 @@ async def test_twin_a_poll_of_the_checkpoint_rank_is_answered_at_once(tmp_path):
         await host.submit(_rec("death_reported", 0))
         for ranks in ((1,), (1, 2)):
             answer = await asyncio.wait_for(host.updates(GROUP, ranks, formed, timeout=30), 10)
-            assert "shutdown_with_save" in [u["type"] for u in answer.updates]
+            assert any(isinstance(u, ShutdownUpdate) for u in answer.updates)
     finally:
         await host.close()
