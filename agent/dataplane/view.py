@@ -27,20 +27,25 @@ import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import Protocol
 
-from torch.distributed import DistStoreError, PrefixStore, Store
+from torch.distributed import PrefixStore, Store
 
 from foldplane.agent.dataplane import keys
-from foldplane.agent.dataplane.backend import BackendKind, abort_nccl, bury, connect_nccl
+from foldplane.agent.dataplane.backend import (
+    BackendKind,
+    abort_nccl,
+    bury,
+    connect_nccl,
+    end_gloo_operations,
+)
 from foldplane.agent.dataplane.liveness import find_dead
 from foldplane.agent.dataplane.poison import PoisonNotice
 
 log = logging.getLogger(__name__)
 
-# How often the watch of a view this rank moved on from looks whether its operations there ended.
-RETIRED_WATCH_SLICE_S = 0.5
+# How often the watch of a view this rank moved on from looks for the view's poison notice.
+RETIRED_WATCH_SLICE_S = 0.02
 
 
 class ViewContext(Protocol):
@@ -485,9 +490,31 @@ class ViewGroup:
             self._ctx.kind.abandon(cuda)
 
     def wait_idle(self, timeout: float) -> bool:
-        """Wait until no operation of this rank runs in the view's backend; False on timeout."""
+        """Wait until no operation of this rank runs in the view's backend, and the watch of a
+        view this rank moved on from has left; False on timeout."""
         with self._cond:
-            return self._cond.wait_for(lambda: self._inflight == 0, timeout)
+            return self._cond.wait_for(
+                lambda: self._inflight == 0 and not self._retired_watch, timeout
+            )
+
+    @property
+    def busy(self) -> bool:
+        """An operation of this rank still runs in the view's backend."""
+        return self._inflight > 0
+
+    def end_operations(self) -> None:
+        """The data plane is closing: end this rank's operations in flight on the view's gloo
+        backend now (they fail; see :func:`agent.dataplane.backend.end_gloo_operations`).
+
+        Not done when the view merely fails: a member whose operation ends by a closed
+        connection fails the view on its own account, before the poison notice says whom to
+        blame. At close, the process's exit would close the connections anyway.
+        """
+        with self._cond:
+            backend = self._backend if self._backend is not None else self._orphan
+            busy = self._inflight > 0 and self.active
+        if backend is not None and busy:
+            end_gloo_operations(backend, self.index(self._ctx.rank), len(self.members))
 
     # -- failure ------------------------------------------------------------------------------
 
@@ -688,25 +715,34 @@ class ViewGroup:
         ).start()
 
     def _watch_retired(self) -> None:
-        """Wait on ``poisoned/<v>`` while this rank still has operations in flight on the view:
+        """Look for ``poisoned/<v>`` while this rank still has operations in flight on the view:
         a member that has not moved on poisons it when its own operation fails, and the
-        operations here fail from that notice. Leaves once none is in flight (looking every
-        ``RETIRED_WATCH_SLICE_S``), or once the view failed."""
+        operations here fail from that notice. Leaves once none is in flight, once the view
+        failed, or once the data plane closes.
+
+        It looks every ``RETIRED_WATCH_SLICE_S`` (``check``: one short round trip), never
+        waits inside the store: a wait that times out makes torch's store client log a warning,
+        and a thread inside a store call when the interpreter shuts down aborts the process.
+        """
         key = keys.poisoned(self.version)
-        slice_ = timedelta(seconds=RETIRED_WATCH_SLICE_S)
+        closed = self._ctx.closed
         raw: bytes | None = None
         try:
             with self._ctx.rendezvous_store() as store:
                 while raw is None:
                     with self._cond:
-                        if self._failure is not None or self._inflight == 0:
+                        self._cond.wait_for(
+                            lambda: (
+                                self._failure is not None or self._inflight == 0 or closed.is_set()
+                            ),
+                            RETIRED_WATCH_SLICE_S,
+                        )
+                        if self._failure is not None or self._inflight == 0 or closed.is_set():
                             self._retired_watch = False
+                            self._cond.notify_all()
                             return
-                    try:
-                        store.wait([key], slice_)
-                    except DistStoreError:  # this slice timed out: look again
-                        continue
-                    raw = store.get(key)
+                    if store.check([key]):
+                        raw = store.get(key)
         except RuntimeError as e:  # the store is down or moved: the deadline still ends the ops
             log.warning(
                 "rank %d: cannot watch view %d it moved on from: %s",
@@ -716,5 +752,9 @@ class ViewGroup:
             )
             with self._cond:
                 self._retired_watch = False
+                self._cond.notify_all()
             return
+        with self._cond:
+            self._retired_watch = False
+            self._cond.notify_all()
         self.fail_from(PoisonNotice.read(self.version, raw))
