@@ -21,6 +21,7 @@ coordinator that hosts it restarted or failed over) and every later view rendezv
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import os
 import threading
@@ -50,7 +51,11 @@ LinkEvidence = Callable[[int, dict[int, str], list[int]], None]
 
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
 _CPU = torch.device("cpu")
-_WATCH_SLICE = timedelta(seconds=30)
+#: The longest wait of the poison watch. Whatever ends a watch writes its key (a newer view
+#: or ``close()``: ``RETIRED``; a failure: the poison notice; a move to another store:
+#: ``RETIRED`` on the old one), so it never times out in practice: a store wait that times
+#: out makes torch's store client log a warning.
+_WATCH_SLICE = timedelta(hours=24)
 #: How long ``close()`` waits for the operations it ended to come back from gloo.
 _CLOSE_OPS_WAIT_S = 5.0
 #: how many views' failure counts ``ops_at_failure`` keeps
@@ -218,6 +223,10 @@ class DataPlane:
             except RuntimeError as e:
                 log.warning("rank %d: cannot register view %d: %s", self.rank, view.version, e)
         old.heartbeat.stop(wait=False)  # the old store may be gone: never wait on it
+        if view is not None and view.active:
+            # free the old watcher if the old store still answers (if not, its wait fails)
+            with contextlib.suppress(RuntimeError):
+                old.control.set(keys.fail(view.version, self.rank), keys.RETIRED)
         bury(old.watch)  # the old watcher may still be blocked on it
         self._start_watcher(session)
         log.info(

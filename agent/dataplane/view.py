@@ -12,6 +12,8 @@ Rules:
 - The hint is decided off the caller's thread: a local failure first poisons every member's
   ``fail/<v>/<rank>`` key (so they fail fast too), then the liveness counters say which peers are
   dead. The hint is the union of those and the ranks blamed directly; it never names this rank.
+  A failure the hint explains is logged at INFO (the layers above say what the group does
+  about it, in a line); one with an empty hint (every member alive) is a warning.
 - A view this rank moved on from (a newer one is installed) may still have operations of this
   rank in flight, issued before the move (an operation issued later pinned to it fails at once:
   the rank leaves the view). Its poison key then belongs to the watcher of the new view, so a
@@ -539,8 +541,10 @@ class ViewGroup:
             self._failure = Failure(reason, blamed, notice, report, ops)
             pending, self._pending = self._pending, set()
             self._cond.notify_all()
-        level = logging.WARNING if report else logging.INFO
-        log.log(level, "rank %d: view %d failed: %s", self._ctx.rank, self.version, reason)
+        # At INFO: a failure the hint explains (it names the ranks that failed) is the elastic
+        # path at work, which the layers above report in a line; ``_decide`` warns of one it
+        # cannot explain.
+        log.info("rank %d: view %d failed: %s", self._ctx.rank, self.version, reason)
         if self._ctx.nccl_shrink and self._cuda is not None and not self._aborted:
             self._defer_abort()
         else:
@@ -625,6 +629,15 @@ class ViewGroup:
         failed = sorted((set(failure.blamed) | set(dead)) - {ctx.rank})
         self._failed_ranks = tuple(failed)
         self._decided.set()
+        if failure.report and not failed:
+            log.warning(
+                "rank %d: view %d failed and every member is alive: %s",
+                ctx.rank,
+                self.version,
+                failure.reason,
+            )
+        elif failure.report:
+            log.info("rank %d: view %d: failed ranks %s", ctx.rank, self.version, failed)
         if failure.report:
             ctx.report_links(self.version, {r: "down" for r in failed}, failed, failure.ops)
 
