@@ -32,6 +32,7 @@ from foldplane.wire.codes import (
     error_body,
 )
 from foldplane.wire.protocol import FEATURES, PROTOCOL
+from foldplane.wire.updates import AgentUpdate, UpdateError, decode_updates
 
 #: How long one plain request may take; long polls add their own timeout on top.
 DEFAULT_TIMEOUT_S = 10.0
@@ -80,7 +81,7 @@ class CoordinatorUnavailable(Exception):
 class UpdatesAnswer:
     """One answer of ``GET /agents/updates``."""
 
-    updates: tuple[Mapping[str, Any], ...]
+    updates: tuple[AgentUpdate, ...]
     next_after: int
     resync: bool
     store: tuple[str, int, str] | None
@@ -182,8 +183,12 @@ class CoordinatorClient:
             "GET", "/agents/updates", params=params, timeout_s=timeout_s + self._timeout_s
         )
         store = body.get("store")
+        try:
+            updates = tuple(decode_updates(body.get("updates") or ()))
+        except UpdateError as exc:
+            raise CoordinatorError(200, BAD_ANSWER, str(exc), self.address) from None
         return UpdatesAnswer(
-            updates=tuple(body.get("updates", ())),
+            updates=updates,
             next_after=int(body.get("next_after") or after),
             resync=bool(body.get("resync", False)),
             restored=bool(body.get("restored", False)),

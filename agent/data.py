@@ -11,7 +11,7 @@ reads it (docs/data.md).
 ...             sampler.mark_processed(len(batch))    # these samples are done: reported
 
 The coordinator gives each active rank a *sequence* of ranges of the epoch's permutation
-(``coordinator/fold/epochs.py``); this module follows it:
+(``coordinator/facets/epochs/fold.py``); this module follows it:
 
 - :class:`EpochTracker` (one per agent, ``agent.data``) holds what the coordinator said about
   this rank's part (the plan, the latest assignment, the epoch's end) and reports progress
@@ -48,6 +48,12 @@ from torch.utils.data import Sampler
 
 from foldplane.wire.codes import NOT_JOINED, RANK_OFFLINE, STALE_ASSIGNMENT
 from foldplane.wire.data import PartMismatch, ReadCursor, apply_moves
+from foldplane.wire.updates import (
+    DataAssignmentUpdate,
+    DataMovesUpdate,
+    EpochCompleteUpdate,
+    EpochPlanUpdate,
+)
 
 log = logging.getLogger("foldplane.data")
 
@@ -100,7 +106,7 @@ class EpochTracker:
         self.rank = rank
         self._report = report
         self._cond = threading.Condition()
-        self.plans: dict[int, dict[str, Any]] = {}
+        self.plans: dict[int, EpochPlanUpdate] = {}
         self.parts: dict[int, Part] = {}
         self.complete: set[int] = set()
         #: where the sampler stands in this rank's part, per epoch it reads (what it reports)
@@ -120,46 +126,37 @@ class EpochTracker:
 
     # -- from the agent's driver ------------------------------------------------------------
 
-    def on_update(self, update: dict[str, Any]) -> None:
-        kind = update.get("type")
+    def on_update(
+        self, update: EpochPlanUpdate | DataAssignmentUpdate | DataMovesUpdate | EpochCompleteUpdate
+    ) -> None:
         with self._cond:
-            if kind == "epoch_plan":
-                epoch = int(update["epoch"])
-                self.plans[epoch] = dict(update)
+            if isinstance(update, EpochPlanUpdate):
+                self.plans[update.epoch] = update
                 # the first split (assignment 1) gives a rank that holds a part its own
                 # data_assignment, at the plan's offset; one that gets none holds nothing
-                self.parts.setdefault(epoch, Part(epoch, 1))
-            elif kind == "data_moves":
+                self.parts.setdefault(update.epoch, Part(update.epoch, 1))
+            elif isinstance(update, DataMovesUpdate):
                 self._on_moves(update)
-            elif kind == "data_assignment":
+            elif isinstance(update, DataAssignmentUpdate):
                 # the whole part (the plan's, a resync's or a new incarnation's: the current
                 # state, even when it is behind what this agent heard from a log restored from
                 # an older copy)
-                epoch = int(update["epoch"])
-                base = int(update["processed"])
-                self._set_part(
-                    Part(
-                        epoch,
-                        int(update["assignment"]),
-                        base,
-                        [(int(s), int(n)) for s, n in update["remaining"]],
-                    )
-                )
+                epoch, base = update.epoch, update.processed
+                self._set_part(Part(epoch, update.assignment, base, list(update.remaining)))
                 if base > self.accepted.get(epoch, 0):
                     self.accepted[epoch] = base
-            elif kind == "epoch_complete":
-                self.complete.add(int(update["epoch"]))
+            elif isinstance(update, EpochCompleteUpdate):
+                self.complete.add(update.epoch)
             self._cond.notify_all()
         self._maybe_send()
 
-    def _on_moves(self, update: dict[str, Any]) -> None:
+    def _on_moves(self, update: DataMovesUpdate) -> None:
         """A later decision of the epoch, applied to this rank's part (``wire.data``). Its
         number is the part's next one; an older one is already in the part (a resync sent the
         part as of a later decision). A gap, or moves that do not fit, leave the part as it
         was and say so: the coordinator then refuses this rank's reports against it, and the
         error names why."""
-        epoch = int(update["epoch"])
-        assignment = int(update["assignment"])
+        epoch, assignment = update.epoch, update.assignment
         part = self.parts.get(epoch)
         if part is None or assignment <= part.assignment:
             return
@@ -367,13 +364,13 @@ class ElasticSampler(Sampler[int]):
         self._wait(lambda: epoch in self.tracker.plans, f"the plan of epoch {epoch}")
         self.epoch = epoch
         plan = self.tracker.plans[epoch]
-        if int(plan["lookahead"]) < 1:
+        if plan.lookahead < 1:
             raise EpochError(
-                f"epoch {epoch}'s lookahead is {plan['lookahead']}: a sampler needs at least one "
+                f"epoch {epoch}'s lookahead is {plan.lookahead}: a sampler needs at least one "
                 "position (a batch and the loader's prefetch is a good size)"
             )
-        if plan.get("shuffle", True):
-            gen = torch.Generator().manual_seed(int(plan["seed"]) + epoch)
+        if plan.shuffle:
+            gen = torch.Generator().manual_seed(plan.seed + epoch)
             self._perm = torch.randperm(self.dataset_size, generator=gen)
         else:
             self._perm = None
@@ -384,7 +381,7 @@ class ElasticSampler(Sampler[int]):
     @property
     def lookahead(self) -> int:
         assert self.epoch is not None
-        return int(self.tracker.plans[self.epoch]["lookahead"])
+        return self.tracker.plans[self.epoch].lookahead
 
     def __len__(self) -> int:
         """What this rank holds of the epoch and has not yet read (it may grow or shrink as

@@ -44,9 +44,9 @@ from foldplane.agent.machine import (
     Close,
     ConnectDataPlane,
     DataPlaneReady,
-    DataUpdate,
     EventsAnswered,
     EventsFailed,
+    FacetUpdate,
     InstallView,
     LinkEvidence,
     MoveDataPlane,
@@ -55,7 +55,6 @@ from foldplane.agent.machine import (
     ProgressAnswered,
     RankStateChanged,
     RefitAnswered,
-    RefitUpdate,
     Rejoin,
     ReportProgress,
     SendEvents,
@@ -69,6 +68,15 @@ from foldplane.agent.machine import (
     View,
 )
 from foldplane.wire.codes import APPLIED_STATUSES, FATAL_ERRORS, NOT_FOLDPLANE, error_body
+from foldplane.wire.updates import (
+    DataAssignmentUpdate,
+    DataMovesUpdate,
+    EpochCompleteUpdate,
+    EpochPlanUpdate,
+    RefitBootstrapUpdate,
+    RefitEpochUpdate,
+    TransferUpdate,
+)
 
 log = logging.getLogger("foldplane.agent")
 
@@ -192,6 +200,14 @@ class Agent:
         self._plane_store: StoreAddress | None = None
         self._move_retry_at: float | None = None
         self._started = False
+        #: who follows which facet's updates (:meth:`on_update`), by the update's Struct: the
+        #: data (``agent.data``) the epochs facet's, the refit client (``agent.refits``) the
+        #: refits facet's, each made when its first update comes
+        self._followers: dict[type, list[Callable[[Any], None]]] = {}
+        for struct in (EpochPlanUpdate, DataAssignmentUpdate, DataMovesUpdate, EpochCompleteUpdate):
+            self.on_update(struct, lambda update: self.data.on_update(update))
+        for struct in (RefitEpochUpdate, TransferUpdate, RefitBootstrapUpdate):
+            self.on_update(struct, lambda update: self.refits.on_update(update))
         self._data: Any = None
         self._refits: Any = None
 
@@ -447,6 +463,15 @@ class Agent:
     def _send_refit(self, kind: str, fields: dict[str, Any]) -> None:
         self._inbox.put(SendRefit(time.monotonic(), kind, fields))
 
+    # -- a facet's updates -----------------------------------------------------------------------
+
+    def on_update(self, update_type: type, follow: Callable[[Any], None]) -> None:
+        """Call ``follow(update)`` for each update of ``update_type`` the group or this rank
+        receives, in offset order, on the agent's own thread: the updates of a facet beside
+        membership that this worker follows (declare its Struct first, with
+        ``wire.updates.declare_update``, so the agent reads it)."""
+        self._followers.setdefault(update_type, []).append(follow)
+
     # -- the data plane --------------------------------------------------------------------------
 
     def process_group(self, backend: str | None = None, timeout_s: float = 60.0) -> Any:
@@ -532,14 +557,13 @@ class Agent:
             self._publish(state=action.state)
         elif isinstance(action, ShutdownWithSave):
             self._shutdown_with_save(action)
-        elif isinstance(action, DataUpdate):
-            self.data.on_update(dict(action.update))
         elif isinstance(action, ProgressAnswered):
             self.data.on_answer(
                 action.epoch, action.assignment, action.processed, action.error, action.detail
             )
-        elif isinstance(action, RefitUpdate):
-            self.refits.on_update(dict(action.update))
+        elif isinstance(action, FacetUpdate):
+            for follow in self._followers.get(type(action.update), ()):
+                follow(action.update)
         elif isinstance(action, RefitAnswered):
             self.refits.on_answer(action.kind, dict(action.fields), action.error, action.detail)
         elif isinstance(action, Stopped):
@@ -642,6 +666,9 @@ class Agent:
             threading.Thread(
                 target=callback, args=(action.reason, action.detail), daemon=True
             ).start()
+        plane = self._data_plane
+        if plane is not None:  # no view follows: a step on a failed view stops waiting for one
+            plane.no_more_views()
 
     def _publish(
         self, *, view: View | None = None, state: str | None = None, stopped: Stopped | None = None

@@ -25,6 +25,7 @@ The rules, in one place:
   *restored* from an older copy (it is behind this rank) also drops what the newer log told
   it (view, offsets) and joins again, since the restored log may not know this incarnation. A batch is
   folded before acting, so catching up on a long history installs only the latest view.
+  Each update is a Struct of ``wire.updates``, handled by its class (``_ON_UPDATE``).
 - **The barrier.** A ``view_prepare`` is ACKed with ``(version, incarnation)`` when this rank is
   a participant, it has joined, and, if it is in the new ``active_ranks``, its data plane is
   ready (a view that names a rank whose data plane cannot build it would fail on every member).
@@ -56,13 +57,17 @@ The rules, in one place:
   outbox and is resent after an exponential backoff.
 - **A clean exit is not a death.** ``Close`` sends ``exit`` (after an in-flight join, if any)
   and stops when it is appended.
+- **A facet's updates are its followers'.** Every update the machine does not follow itself
+  (the epochs' and refits' Structs, any other facet's declared one) is handed on as a
+  ``FacetUpdate`` in offset order, unless it names another rank; the agent gives it to whoever
+  follows its Struct (``Agent.on_update``).
 - **Epoch plans are the data's.** ``epoch_plan``, this rank's ``data_assignment``, the
-  group's ``data_moves`` and ``epoch_complete`` updates are handed on (``DataUpdate``) in offset order; a progress report
+  group's ``data_moves`` and ``epoch_complete`` updates go to the data; a progress report
   (``ReportProgress``) goes in the events lane, the newest replacing one not yet sent, and its
   answer comes back as ``ProgressAnswered``. A refused report never ends the agent: it is the
   data's to act on (a ``stale_assignment`` is reported again against the part received).
 - **Refits are the refit client's.** ``refit_epoch``, ``transfer`` and this rank's
-  ``refit_bootstrap`` updates are handed on (``RefitUpdate``); a refit event (``SendRefit``:
+  ``refit_bootstrap`` updates go to the refit client; a refit event (``SendRefit``:
   a join, a bootstrap, a transfer, a transfer's status) goes in the events lane and its answer
   comes back as ``RefitAnswered``, accepted or refused: a refused one never ends the agent
   (``stale_refit_epoch`` means join the current epoch, ``digest_mismatch`` is the user's plan).
@@ -70,7 +75,7 @@ The rules, in one place:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -95,6 +100,15 @@ from foldplane.wire.protocol import (
     links_event,
 )
 from foldplane.wire.ranks import RankSetError
+from foldplane.wire.updates import (
+    AgentUpdate,
+    RankStateUpdate,
+    ShutdownUpdate,
+    Update,
+    ViewCommittedUpdate,
+    ViewPrepareUpdate,
+    addressed_rank,
+)
 
 __all__ = ["HEALTHY", "OFFLINE", "SYNCED", "View"]
 
@@ -150,7 +164,8 @@ class UpdatesReceived:
     """An answer of ``GET /agents/updates``: the updates, where to resume, the store."""
 
     now: float
-    updates: tuple[Mapping[str, Any], ...]
+    #: each decoded into its Struct (``wire.updates.decode_updates``)
+    updates: tuple[AgentUpdate, ...]
     next_after: int
     store: StoreAddress | None = None
     resync: bool = False
@@ -314,14 +329,6 @@ class ShutdownWithSave:
 
 
 @dataclass(frozen=True)
-class DataUpdate:
-    """An ``epoch_plan``, ``data_assignment`` (this rank's part), ``data_moves`` (a decision's
-    moves, the group's) or ``epoch_complete`` update."""
-
-    update: Mapping[str, Any]
-
-
-@dataclass(frozen=True)
 class ProgressAnswered:
     """The coordinator's answer to a progress report: ``error`` None when it was accepted."""
 
@@ -333,10 +340,12 @@ class ProgressAnswered:
 
 
 @dataclass(frozen=True)
-class RefitUpdate:
-    """A ``refit_epoch``, ``transfer`` or (this rank's) ``refit_bootstrap`` update."""
+class FacetUpdate:
+    """An update of a facet the machine does not follow itself (a Struct a worker declared with
+    ``wire.updates.declare_update``), for the group or for this rank: handed on, in offset
+    order, to whoever follows it (``Agent.on_update``)."""
 
-    update: Mapping[str, Any]
+    update: Update
 
 
 @dataclass(frozen=True)
@@ -367,9 +376,8 @@ Action = (
     | InstallView
     | RankStateChanged
     | ShutdownWithSave
-    | DataUpdate
     | ProgressAnswered
-    | RefitUpdate
+    | FacetUpdate
     | RefitAnswered
     | Stopped
 )
@@ -505,39 +513,19 @@ class AgentMachine:
         if event.restored:
             self._forget_newer_log()
         for update in event.updates:
-            if update.get("offset", 0) <= self.after and not event.resync:
+            if update.offset <= self.after and not event.resync:
                 continue  # already processed before a reconnect
-            kind = update.get("type")
+            on_update = _ON_UPDATE.get(type(update), AgentMachine._on_facet)
             try:
-                if kind == "view_prepare":
-                    self._on_prepare(update)
-                elif kind == "view_committed":
-                    self._on_committed(update)
+                action = on_update(self, update)
             except (StaleBase, RankSetError) as exc:
                 # Only a coordinator restored from an older copy can send a delta that does not
                 # fit: start over from its current state.
-                self.last_error = f"{kind}: {exc}; reading the updates again from the start"
+                self.last_error = f"{update.type}: {exc}; reading the updates again from the start"
                 self.view, self._preparing, self.after = None, None, 0
                 return [*actions, PollUpdates(0)]
-            if kind in ("view_prepare", "view_committed"):
-                continue
-            if kind == "rank_state":
-                self._on_rank_state(update)
-            elif kind in _DATA_UPDATES:
-                if kind != "data_assignment" or update.get("rank") == self.config.rank:
-                    actions.append(DataUpdate(update))
-            elif kind in _REFIT_UPDATES:
-                actions.append(RefitUpdate(update))
-            elif kind == "shutdown_with_save" and not self._shutdown_seen:
-                self._shutdown_seen = True
-                saver = update.get("checkpoint_rank")
-                actions.append(
-                    ShutdownWithSave(
-                        str(update.get("reason", "")),
-                        str(update.get("detail", "")),
-                        saver if type(saver) is int else None,
-                    )
-                )
+            if action is not None:
+                actions.append(action)
         # A resync names where the log now stands, which is behind us after a restore.
         self.after = event.next_after if event.resync else max(self.after, event.next_after)
         if self.view is not None and self.view is not old_view:
@@ -715,16 +703,15 @@ class AgentMachine:
 
     # -- updates ---------------------------------------------------------------------------------
 
-    def _on_prepare(self, update: Mapping[str, Any]) -> None:
-        version = int(update["version"])
-        if self.view is not None and version <= self.view.version:
+    def _on_prepare(self, update: ViewPrepareUpdate) -> None:
+        if self.view is not None and update.version <= self.view.version:
             return
         prepared = apply_prepare(self.view, update, self.config.world_size)
-        self._preparing = _Prepare(prepared, int(update.get("offset", 0)))
+        self._preparing = _Prepare(prepared, update.offset)
 
-    def _on_committed(self, update: Mapping[str, Any]) -> None:
-        version = int(update["version"])
-        if update.get("base") == 0:
+    def _on_committed(self, update: ViewCommittedUpdate) -> None:
+        version = update.version
+        if update.base == 0:
             base = None  # the full view (a resync, or the group's first view)
         elif self.view is not None and version <= self.view.version:
             return
@@ -736,25 +723,37 @@ class AgentMachine:
         if self._preparing is not None and self._preparing.version <= version:
             self._preparing = None
 
-    def _on_rank_state(self, update: Mapping[str, Any]) -> None:
+    def _on_rank_state(self, update: RankStateUpdate) -> None:
         """Track this incarnation's own state, and note when another incarnation takes the rank."""
-        if update.get("rank") != self.config.rank:
+        if update.rank != self.config.rank:
             return
-        offset = int(update.get("offset", 0))
-        incarnation = update.get("incarnation")
+        offset = update.offset
+        incarnation = update.incarnation
         if incarnation != self.config.incarnation:
             if incarnation is not None and offset > self._successor_offset:
                 self._successor_offset = offset
                 self._successor = (
                     f"rank {self.config.rank} is now incarnation {incarnation} "
-                    f"(rank_epoch {update.get('rank_epoch')}); {self.config.incarnation} is stale"
+                    f"(rank_epoch {update.rank_epoch}); {self.config.incarnation} is stale"
                 )
             return
-        self.own_state = str(update.get("state", OFFLINE))
-        self.own_state_reason = str(update.get("reason", ""))
-        self._own_state_cause = update.get("cause")
+        self.own_state = update.state
+        self.own_state_reason = update.reason
+        self._own_state_cause = update.cause
         if self.own_state == OFFLINE:
             self._own_offline_offset = offset
+
+    def _on_facet(self, update: Update) -> Action | None:
+        """Another facet's update: handed on, unless it names another rank."""
+        rank = addressed_rank(update)
+        return FacetUpdate(update) if rank in (None, self.config.rank) else None
+
+    def _on_shutdown(self, update: ShutdownUpdate) -> Action | None:
+        """The group's directive, acted on once."""
+        if self._shutdown_seen:
+            return None
+        self._shutdown_seen = True
+        return ShutdownWithSave(update.reason, update.detail, update.checkpoint_rank)
 
     def _settle_own_state(self) -> list[Action]:
         """What the coordinator said about this rank since our join, acted on once.
@@ -947,10 +946,16 @@ _HANDLERS = {
     SendRefit: AgentMachine._send_refit,
 }
 
-#: The updates the data (``agent.data``) follows.
-_DATA_UPDATES = frozenset({"epoch_plan", "data_assignment", "data_moves", "epoch_complete"})
-#: The updates the refit client (``agent.refits``) follows.
-_REFIT_UPDATES = frozenset({"refit_epoch", "transfer", "refit_bootstrap"})
+#: What the machine does with the updates it follows itself, by class: the view's, this rank's
+#: state and the shutdown directive. Every other update is a facet's, handed on as a
+#: ``FacetUpdate`` (``_on_facet``) to whoever follows it: the data (``agent.data``) the
+#: epoch's, the refit client (``agent.refits``) the refits'.
+_ON_UPDATE: dict[type[Update], Callable[[AgentMachine, Any], Action | None]] = {
+    ViewPrepareUpdate: AgentMachine._on_prepare,
+    ViewCommittedUpdate: AgentMachine._on_committed,
+    RankStateUpdate: AgentMachine._on_rank_state,
+    ShutdownUpdate: AgentMachine._on_shutdown,
+}
 _ENVELOPE = frozenset({"type", "group", "rank", "incarnation", "token"})
 
 

@@ -9,7 +9,7 @@
 >>> refit.report(t, ok=True)
 >>> refit.wait_transfer(t)                                  # completed, or TransferFailed(detail)
 
-The coordinator decides everything (``coordinator/fold/refits.py``); this module follows its
+The coordinator decides everything (``coordinator/facets/refits/fold.py``); this module follows its
 updates (``refit_epoch``, ``transfer``, this rank's ``refit_bootstrap``) and sends the worker's
 events through the agent. Every wait ends early with :class:`RefitEpochMoved` when the
 refit's epoch moves past the one the caller holds (a view of either group, a member lost, a
@@ -19,6 +19,7 @@ old ones.
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -26,9 +27,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from foldplane.wire.codes import AGENT_STOPPED, REFIT_NOT_READY, STALE_REFIT_EPOCH
+from foldplane.wire.updates import RefitBootstrapUpdate, RefitEpochUpdate, TransferUpdate
 
 #: How long a call waits for the coordinator's answer to one of its events.
 ANSWER_S = 30.0
+#: How many epochs' causes a tracker keeps per refit.
+_CAUSES_KEPT = 16
+#: The cause of an epoch that a member's loss began, as the fold words it
+#: (``coordinator.fold.refits``: ``publisher slot 0 (train rank 0) went OFFLINE (...)``).
+_LOST = re.compile(r"(publisher|subscriber) slot (\d+) \([^)]*\) went OFFLINE")
 
 
 class RefitRefused(RuntimeError):
@@ -95,9 +102,12 @@ class RefitTracker:
         self.rank = rank
         self._send = send
         self._cond = threading.Condition()
-        self.epochs: dict[str, dict[str, Any]] = {}
-        self.transfers: dict[str, dict[int, dict[str, Any]]] = {}
-        self.bootstraps: dict[str, dict[str, Any]] = {}
+        self.epochs: dict[str, RefitEpochUpdate] = {}
+        #: why each of a refit's recent epochs began (the cause that ended the one before),
+        #: by epoch number: several epochs may pass between two looks at :attr:`epochs`
+        self.causes: dict[str, dict[int, str]] = {}
+        self.transfers: dict[str, dict[int, TransferUpdate]] = {}
+        self.bootstraps: dict[str, RefitBootstrapUpdate] = {}
         #: the epoch of each refit whose bootstrap this rank offered with its join
         self.offered: dict[str, int] = {}
         self._answers: dict[tuple[Any, ...], tuple[str | None, str]] = {}
@@ -105,20 +115,20 @@ class RefitTracker:
 
     # -- from the agent's driver -----------------------------------------------------------
 
-    def on_update(self, update: dict[str, Any]) -> None:
-        kind = update.get("type")
-        name = str(update.get("refit"))
+    def on_update(self, update: RefitEpochUpdate | TransferUpdate | RefitBootstrapUpdate) -> None:
+        name = update.refit
         with self._cond:
-            if kind == "refit_epoch":
+            if isinstance(update, RefitEpochUpdate):
+                causes = self.causes.setdefault(name, {})
+                causes.setdefault(update.epoch, update.cause)
+                while len(causes) > _CAUSES_KEPT:
+                    del causes[min(causes)]
                 held = self.epochs.get(name)
-                if held is None or (update["epoch"], update["offset"]) >= (
-                    held["epoch"],
-                    held["offset"],
-                ):
+                if held is None or (update.epoch, update.offset) >= (held.epoch, held.offset):
                     self.epochs[name] = update
-            elif kind == "transfer":
-                self.transfers.setdefault(name, {})[int(update["transfer"])] = update
-            elif kind == "refit_bootstrap":
+            elif isinstance(update, TransferUpdate):
+                self.transfers.setdefault(name, {})[update.transfer] = update
+            elif isinstance(update, RefitBootstrapUpdate):
                 self.bootstraps[name] = update
             self._cond.notify_all()
 
@@ -150,8 +160,8 @@ class RefitTracker:
             error, detail = self._answers.pop(key)
         if error is not None:
             if error == STALE_REFIT_EPOCH:
-                epoch = self.epochs.get(fields["refit"], {}).get("epoch", -1)
-                raise RefitEpochMoved(epoch, detail)
+                held = self.epochs.get(fields["refit"])
+                raise RefitEpochMoved(-1 if held is None else held.epoch, detail)
             raise RefitRefused(error, detail)
 
     def wait(self, predicate: Callable[[], Any], timeout: float, what: str) -> Any:
@@ -180,7 +190,7 @@ class RefitClient:
         self.tracker = tracker
         self.name = name
 
-    def current_epoch(self, timeout: float = ANSWER_S) -> dict[str, Any]:
+    def current_epoch(self, timeout: float = ANSWER_S) -> RefitEpochUpdate:
         """The refit's epoch as last heard (waits for the first word of it)."""
         return self.tracker.wait(
             lambda: self.tracker.epochs.get(self.name), timeout, f"refit {self.name!r}'s epoch"
@@ -204,12 +214,12 @@ class RefitClient:
         deadline = time.monotonic() + timeout
         while True:
             epoch = self.current_epoch(max(0.1, deadline - time.monotonic()))
-            number = int(epoch["epoch"])
-            if epoch["status"] == "timed_out":
+            number = epoch.epoch
+            if epoch.status == "timed_out":
                 raise RefitRefused(
                     REFIT_NOT_READY,
                     f"refit {self.name!r} epoch {number} timed out waiting for "
-                    f"{', '.join(epoch['missing'])}",
+                    f"{', '.join(epoch.missing)}",
                 )
             try:
                 if not self._holds(epoch, slot):
@@ -248,40 +258,40 @@ class RefitClient:
 
     def _moved_past(self, number: int) -> bool | None:
         epoch = self.tracker.epochs.get(self.name)
-        return True if epoch is not None and epoch["epoch"] > number else None
+        return True if epoch is not None and epoch.epoch > number else None
 
-    def _holds(self, epoch: dict[str, Any], slot: int) -> bool:
-        if epoch["status"] != "admitted":
+    def _holds(self, epoch: RefitEpochUpdate, slot: int) -> bool:
+        if epoch.status != "admitted":
             return False
-        ranks = epoch[f"{self._role()}_ranks"]
+        ranks = epoch.publisher_ranks if self._role() == "publisher" else epoch.subscriber_ranks
         return slot < len(ranks) and ranks[slot] == self.tracker.rank
 
     def _role(self) -> str:
         epoch = self.tracker.epochs.get(self.name)
         assert epoch is not None
-        return "publisher" if self.tracker.group == epoch["groups"][0] else "subscriber"
+        return "publisher" if self.tracker.group == epoch.groups[0] else "subscriber"
 
     def _admitted(self, number: int, slot: int) -> Admission | None:
         epoch = self.tracker.epochs.get(self.name)
         if epoch is None:
             return None
-        if epoch["epoch"] > number:
-            raise RefitEpochMoved(epoch["epoch"], epoch["cause"])
-        if epoch["status"] == "timed_out":
+        if epoch.epoch > number:
+            raise RefitEpochMoved(epoch.epoch, epoch.cause)
+        if epoch.status == "timed_out":
             raise RefitRefused(
                 REFIT_NOT_READY,
                 f"refit {self.name!r} epoch {number} timed out waiting for "
-                f"{', '.join(epoch['missing'])}",
+                f"{', '.join(epoch.missing)}",
             )
-        if epoch["status"] != "admitted":
+        if epoch.status != "admitted":
             return None
         role = self._role()
-        pubs, subs = tuple(epoch["publisher_ranks"]), tuple(epoch["subscriber_ranks"])
+        pubs, subs = epoch.publisher_ranks, epoch.subscriber_ranks
         return Admission(
             refit=self.name,
             epoch=number,
-            lanes=int(epoch["lanes"]),
-            digest=str(epoch["digest"]),
+            lanes=epoch.lanes,
+            digest=str(epoch.digest),
             role=role,
             slot=slot,
             refit_rank=slot if role == "publisher" else len(pubs) + slot,
@@ -290,11 +300,40 @@ class RefitClient:
             subscriber_ranks=subs,
         )
 
+    def verdict(self, admitted: Admission) -> Callable[[], Any]:
+        """The coordinator's word on ``admitted``'s epoch, for the refit world's watch
+        (``open_world(..., verdict=client.verdict(admitted))``): a function that returns None
+        while the epoch stands, else why it is over (the refit moved to a newer epoch: a member
+        went OFFLINE, whom it names as dead, or a view committed). It reads what the agent
+        already heard, asking nobody, so a transfer sees the death of the store's host
+        (publisher slot 0) as any member's. (An ``agent.refit.Verdict``; that package, and
+        torch with it, is imported only here, by a worker that opens a refit world.)"""
+        from foldplane.agent.refit.errors import Peer, Verdict
+
+        def moved() -> Verdict | None:
+            epoch = self.tracker.epochs.get(self.name)
+            if epoch is None or epoch.epoch <= admitted.epoch:
+                return None
+            # what ended this epoch: the cause of the next one (later ones may follow at once:
+            # a lost member's view change moves the epoch again)
+            nxt = admitted.epoch + 1
+            cause = self.tracker.causes.get(self.name, {}).get(nxt)
+            if cause is None:  # not heard (a resync sends the latest epoch only)
+                nxt, cause = epoch.epoch, epoch.cause
+            lost = _LOST.match(cause)
+            return Verdict(
+                f"the coordinator moved refit {self.name!r} from epoch {admitted.epoch} to "
+                f"{nxt}: {cause}",
+                () if lost is None else (Peer(lost[1], int(lost[2])),),
+            )
+
+        return moved
+
     def check(self, admitted: Admission) -> None:
         """Raise :class:`RefitEpochMoved` if the refit has moved past ``admitted``'s epoch."""
         epoch = self.tracker.epochs.get(self.name)
-        if epoch is not None and epoch["epoch"] > admitted.epoch:
-            raise RefitEpochMoved(epoch["epoch"], epoch["cause"])
+        if epoch is not None and epoch.epoch > admitted.epoch:
+            raise RefitEpochMoved(epoch.epoch, epoch.cause)
 
     def bootstrap(
         self,
@@ -307,8 +346,8 @@ class RefitClient:
         the admission); every member waits for it. Asked again in the same epoch, it is the
         same one (open the world once an epoch; it carries many transfers)."""
         held = self.tracker.bootstraps.get(self.name)
-        if held is not None and held["epoch"] == admitted.epoch:
-            return held["bootstrap"]  # one bootstrap an epoch: its world carries every transfer
+        if held is not None and held.epoch == admitted.epoch:
+            return held.bootstrap  # one bootstrap an epoch: its world carries every transfer
         if admitted.refit_rank == 0 and self.tracker.offered.get(self.name) != admitted.epoch:
             if make is None:
                 raise ValueError("refit rank 0 publishes the bootstrap: pass make=")
@@ -320,7 +359,7 @@ class RefitClient:
         def published() -> dict[str, Any] | None:
             self.check(admitted)
             b = self.tracker.bootstraps.get(self.name)
-            return b["bootstrap"] if b is not None and b["epoch"] == admitted.epoch else None
+            return b.bootstrap if b is not None and b.epoch == admitted.epoch else None
 
         return self.tracker.wait(published, timeout, f"refit {self.name!r}'s bootstrap")
 
@@ -334,21 +373,12 @@ class RefitClient:
         def running() -> Transfer | None:
             self.check(admitted)
             for t in self.tracker.transfers.get(self.name, {}).values():
-                if t["key"] != key:
+                if t.key != key:
                     continue
-                if t["status"] == "completed":
-                    return Transfer(
-                        self.name,
-                        int(t["transfer"]),
-                        key,
-                        int(t["attempt"]),
-                        int(t["epoch"]),
-                        "completed",
-                    )
-                if t["epoch"] == admitted.epoch and t["status"] == "running":
-                    return Transfer(
-                        self.name, int(t["transfer"]), key, int(t["attempt"]), admitted.epoch
-                    )
+                if t.status == "completed":
+                    return Transfer(self.name, t.transfer, key, t.attempt, t.epoch, "completed")
+                if t.epoch == admitted.epoch and t.status == "running":
+                    return Transfer(self.name, t.transfer, key, t.attempt, admitted.epoch)
             return None
 
         return self.tracker.wait(running, timeout, f"transfer {key!r} to start")
@@ -366,18 +396,18 @@ class RefitClient:
             fields["detail"] = detail[:1000]
         self.tracker.send("transfer_status", fields)
 
-    def wait_transfer(self, t: Transfer, timeout: float = 600.0) -> dict[str, Any]:
+    def wait_transfer(self, t: Transfer, timeout: float = 600.0) -> TransferUpdate:
         """Wait until ``t``'s attempt completes (every member reported done); raise
         :class:`TransferFailed` with the coordinator's reason when it fails."""
 
-        def outcome() -> dict[str, Any] | None:
+        def outcome() -> TransferUpdate | None:
             held = self.tracker.transfers.get(self.name, {}).get(t.id)
-            if held is None or held["attempt"] < t.attempt:
+            if held is None or held.attempt < t.attempt:
                 return None
-            if held["attempt"] > t.attempt:
-                raise TransferFailed(t.key, t.attempt, f"attempt {held['attempt']} started since")
-            if held["status"] == "failed":
-                raise TransferFailed(t.key, t.attempt, held["detail"])
-            return held if held["status"] == "completed" else None
+            if held.attempt > t.attempt:
+                raise TransferFailed(t.key, t.attempt, f"attempt {held.attempt} started since")
+            if held.status == "failed":
+                raise TransferFailed(t.key, t.attempt, held.detail)
+            return held if held.status == "completed" else None
 
         return self.tracker.wait(outcome, timeout, f"transfer {t.key!r} to complete")

@@ -59,6 +59,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, TypeVar
 from urllib.parse import parse_qs, urlsplit
 
+import msgspec
+
 from foldplane.agent.channel import ChannelClosed, ChannelLink, ChannelRefused, HostChannel
 from foldplane.agent.client import (
     CoordinatorClient,
@@ -80,6 +82,8 @@ from foldplane.wire.codes import (
 )
 from foldplane.wire.protocol import MAX_EVENTS, QUERY
 from foldplane.wire.ranks import MAX_QUERY_RANKS
+from foldplane.wire.updates import AgentUpdate, UpdateError, addressed_rank, decode_updates
+from foldplane.wire.updates import encode as encode_update
 
 log = logging.getLogger("foldplane.relay")
 
@@ -239,17 +243,11 @@ class Span:
 class Served:
     """What the cache answers one rank's poll: updates after its ``after``, and where to resume."""
 
-    updates: tuple[Body, ...]
+    updates: tuple[AgentUpdate, ...]
     next_after: int
     resync: bool = False
     #: the resync says the coordinator's log is behind the reader (restored from a copy)
     restored: bool = False
-
-
-def update_rank(update: Mapping[str, Any]) -> int | None:
-    """The rank an update is about (``rank_state``), or None for the group's own updates."""
-    rank = update.get("rank")
-    return rank if isinstance(rank, int) else None
 
 
 class UpdateCache:
@@ -271,14 +269,15 @@ class UpdateCache:
         self.dropped = 0  # updates dropped to stay within max_bytes
         self.group: Span | None = None
         self.ranks: dict[int, Span] = {}
-        self._entries: list[tuple[int, int, int | None, Body, int]] = []  # offset, seq, rank, ...
+        #: offset, seq, rank (``wire.updates.addressed_rank``), update, size
+        self._entries: list[tuple[int, int, int | None, AgentUpdate, int]] = []
         self._keys: set[tuple[int, int | None, str]] = set()
         self._seq = 0
         # a resync answer, until each rank it named has polled past it
         self._resync_at = 0
-        self._resync_group: tuple[Body, ...] = ()
+        self._resync_group: tuple[AgentUpdate, ...] = ()
         self._resync_restored = False
-        self._resync: dict[int, tuple[Body, ...]] = {}
+        self._resync: dict[int, tuple[AgentUpdate, ...]] = {}
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -291,7 +290,7 @@ class UpdateCache:
         self,
         ranks: Iterable[int],
         after: int,
-        updates: Sequence[Mapping[str, Any]],
+        updates: Sequence[AgentUpdate],
         next_after: int,
         resync: bool = False,
         restored: bool = False,
@@ -301,12 +300,12 @@ class UpdateCache:
         if resync:
             self._clear()
             self.group = Span(next_after, next_after)
-            shared = tuple(dict(u) for u in updates if update_rank(u) is None)
+            shared = tuple(u for u in updates if addressed_rank(u) is None)
             self._resync_at, self._resync_group = next_after, shared
             self._resync_restored = restored
             self.nbytes += sum(_size(u) for u in shared)
             for rank in ranks:
-                own = tuple(dict(u) for u in updates if update_rank(u) == rank)
+                own = tuple(u for u in updates if addressed_rank(u) == rank)
                 self._resync[rank] = own
                 self.nbytes += sum(_size(u) for u in own)
                 self.ranks[rank] = Span(next_after, next_after)
@@ -342,7 +341,7 @@ class UpdateCache:
             # A restored log is behind its readers: an ``after`` past its head is no offset of
             # it, and only the reader that resumed at the head has taken the resync in.
             if after < at or (self._resync_restored and after > at):
-                merged = sorted(self._resync_group + own, key=lambda u: int(u["offset"]))
+                merged = sorted(self._resync_group + own, key=_offset)
                 return Served(tuple(merged), at, resync=True, restored=self._resync_restored)
             self._drop_resync(rank)
         span, group = self.ranks.get(rank), self.group
@@ -375,7 +374,7 @@ class UpdateCache:
             self._drop(cut)
         self._raise_floor(offset)
 
-    def _insert(self, update: Mapping[str, Any]) -> None:
+    def _insert(self, update: AgentUpdate) -> None:
         key = _key(update)
         if key in self._keys:
             return
@@ -384,7 +383,7 @@ class UpdateCache:
         size = _size(update)
         bisect.insort(
             self._entries,
-            (int(update["offset"]), self._seq, update_rank(update), dict(update), size),
+            (update.offset, self._seq, addressed_rank(update), update, size),
         )
         self.nbytes += size
 
@@ -440,12 +439,16 @@ def _join(span: Span, lo: int, hi: int) -> None:
     span.hi = max(span.hi, hi)
 
 
-def _key(update: Mapping[str, Any]) -> tuple[int, int | None, str]:
-    return int(update["offset"]), update_rank(update), str(update.get("type"))
+def _key(update: AgentUpdate) -> tuple[int, int | None, str]:
+    return update.offset, addressed_rank(update), update.type
 
 
-def _size(update: Mapping[str, Any]) -> int:
-    return len(json.dumps(update, separators=(",", ":")))
+def _offset(update: AgentUpdate) -> int:
+    return update.offset
+
+
+def _size(update: AgentUpdate) -> int:
+    return len(encode_update(update))
 
 
 # -- the upstream side: one event loop for every channel -------------------------------------
@@ -1027,7 +1030,14 @@ class UpdatesLane:
 
     def _pushed(self, stream: Stream, body: Mapping[str, Any]) -> None:
         """A push of the channel carrying ``stream``: into the cache, as the fact it states
-        about the span from the previous push on, and the waiting polls woken."""
+        about the span from the previous push on, and the waiting polls woken. A push whose
+        updates are not the protocol's fails the lane like a channel that could not open (its
+        polls then go upstream on their own)."""
+        try:
+            updates = decode_updates(body.get("updates") or ())
+        except UpdateError as exc:
+            self._failed(stream, exc)
+            return
         with self._cond:
             if self._stream is not stream:
                 return  # a channel being closed: the next one carries what matters
@@ -1041,7 +1051,7 @@ class UpdatesLane:
             self.cache.add(
                 sorted(stream.ranks),
                 after,
-                body.get("updates") or (),
+                updates,
                 next_after,
                 bool(body.get("resync")),
                 bool(body.get("restored")),
@@ -1346,7 +1356,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _reply(self, reply: Reply) -> None:
         status, body = reply
-        data = json.dumps(body, separators=(",", ":")).encode()
+        data = msgspec.json.encode(body)  # its updates are Structs
         self.send_response(status)
         self.send_header("content-type", "application/json")
         self.send_header("content-length", str(len(data)))

@@ -64,6 +64,7 @@ from foldplane.agent.machine import (
 )
 from foldplane.wire import ranks as rank_sets
 from foldplane.wire.protocol import FEATURES, MAX_EVENTS, PROTOCOL, View
+from foldplane.wire.updates import AgentUpdate, addressed_rank, decode_updates
 
 #: How long one long poll waits on the coordinator before answering empty.
 POLL_TIMEOUT_S = 10.0
@@ -487,13 +488,14 @@ class SimulatedHost:
         is alive and hears: the group's updates and its own."""
         store = body.get("store")
         address = StoreAddress(store["host"], store["port"], store.get("id", "")) if store else None
-        shared: list[Mapping[str, Any]] = []
-        own: dict[int, list[Mapping[str, Any]]] = {}
-        for u in body["updates"]:
-            if u.get("type") == "rank_state":
-                own.setdefault(u["rank"], []).append(u)
-            else:
+        shared: list[AgentUpdate] = []
+        own: dict[int, list[AgentUpdate]] = {}
+        for u in decode_updates(body["updates"]):
+            rank = addressed_rank(u)
+            if rank is None:
                 shared.append(u)
+            else:
+                own.setdefault(rank, []).append(u)
         next_after, resync, restored = (
             body["next_after"],
             body["resync"],
@@ -757,8 +759,8 @@ def _address(url: str) -> tuple[str, int]:
     return parts.hostname or "127.0.0.1", parts.port or 80
 
 
-def _offset(update: Mapping[str, Any]) -> int:
-    return int(update.get("offset", 0))
+def _offset(update: AgentUpdate) -> int:
+    return update.offset
 
 
 class SimulatedCluster:

@@ -11,8 +11,9 @@ from fastapi import FastAPI
 from foldplane.api import errors, metrics, openapi
 from foldplane.api.fastpath import Service
 from foldplane.api.limits import Limits
-from foldplane.api.routes import agents, audit, console, epochs, operator, refits, story
+from foldplane.api.routes import agents, audit, console, operator, story
 from foldplane.coordinator.auth import Authenticator
+from foldplane.coordinator.fold import registry
 from foldplane.coordinator.host.loop import Host
 
 DESCRIPTION = """An event-sourced control plane for elastic torch.distributed process groups.
@@ -35,8 +36,10 @@ def create_app(
     app.state.admitted_groups = {}  # POST /groups admitted, not yet answered (api.routes.operator)
     errors.install(app)
     app.include_router(operator.router)
-    app.include_router(epochs.router)
-    app.include_router(refits.router)
+    for plugin in registry.plugins():  # each facet's routes (coordinator/fold/registry.py)
+        routes = registry.part(plugin, "routes")
+        if routes is not None:
+            app.include_router(routes.router)
     app.include_router(agents.router)
     app.include_router(audit.router)
     app.include_router(story.router)

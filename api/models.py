@@ -17,12 +17,10 @@ import msgspec
 from msgspec import UNSET, Meta, Struct, UnsetType
 
 from foldplane.wire.protocol import (
-    MAX_DATASET,
     MAX_EVENTS,
     AckEvent,
     AgentEvent,
     AgentEventsRequest,
-    Digest,
     ExitEvent,
     GroupName,
     HeartbeatEvent,
@@ -31,9 +29,7 @@ from foldplane.wire.protocol import (
     LinksEvent,
     LooseEventsRequest,
     Rank,
-    RefitName,
     ShortText,
-    TransferKey,
     Version,
 )
 
@@ -95,53 +91,6 @@ class ProposalRequest(Struct, kw_only=True):
     ranks: Annotated[list[Rank], Meta(min_length=1, max_length=65_536)]
     proposer: ShortText | None = None
     idempotency_key: Annotated[str, Meta(min_length=1, max_length=256)] | None = None
-
-
-class EpochPlanRequest(Struct, kw_only=True, forbid_unknown_fields=True):
-    """``POST /groups/{group}/epochs``: one pass over a dataset (docs/data.md). Fields left
-    out take their defaults (``coordinator.fold.epochs.PLAN_DEFAULTS``; ``reclaim`` is on
-    for a throughput split)."""
-
-    epoch: Annotated[int, Meta(ge=0, le=MAX_DATASET)]
-    dataset_size: Annotated[int, Meta(ge=1, le=MAX_DATASET)]
-    seed: Annotated[int, Meta(ge=0, le=2**63 - 1)] | UnsetType = UNSET
-    shuffle: bool | UnsetType = UNSET
-    split: Literal["equal", "ratios", "throughput"] | UnsetType = UNSET
-    partition_ratios: (
-        Annotated[list[Annotated[float, Meta(ge=0, le=1e9)]], Meta(min_length=1, max_length=65_536)]
-        | None
-        | UnsetType
-    ) = UNSET
-    grain: Annotated[int, Meta(ge=1, le=MAX_DATASET)] | UnsetType = UNSET
-    lookahead: Annotated[int, Meta(ge=0, le=MAX_DATASET)] | UnsetType = UNSET
-    reclaim: bool | UnsetType = UNSET
-
-
-class RefitRequest(Struct, kw_only=True, forbid_unknown_fields=True):
-    """``POST /refits``: a weight refit from ``publisher`` (M slots) to ``subscriber`` (N slots)
-    (docs/refit.md). Fields left out take ``coordinator.fold.refits.SPEC_DEFAULTS``."""
-
-    refit: RefitName
-    publisher: GroupName
-    subscriber: GroupName
-    publisher_slots: Annotated[int, Meta(ge=1, le=8192)]
-    subscriber_slots: Annotated[int, Meta(ge=1, le=8192)]
-    lanes: Annotated[int, Meta(ge=1, le=64)] | UnsetType = UNSET
-    readiness_timeout_s: Annotated[float, Meta(gt=0, le=3600)] | UnsetType = UNSET
-    transfer_timeout_s: Annotated[float, Meta(gt=0, le=86_400)] | UnsetType = UNSET
-    digest: Digest | None | UnsetType = UNSET
-
-
-class TransferRequest(Struct, kw_only=True, forbid_unknown_fields=True):
-    """``POST /refits/{refit}/transfers``: start transfer ``key`` (again, after a failure)."""
-
-    key: TransferKey
-
-
-class RefitRestartRequest(Struct, kw_only=True, forbid_unknown_fields=True):
-    """``POST /refits/{refit}/restart``: a new epoch; ``reason`` goes into its cause."""
-
-    reason: Annotated[str, Meta(max_length=256)] | None = None
 
 
 class DeathReport(Struct, kw_only=True):
@@ -275,93 +224,6 @@ class GroupList(Struct, kw_only=True):
     groups: list[GroupLine]
 
 
-class EpochRankBody(Struct, kw_only=True):
-    rank: int
-    #: positions it was given in the epoch (its sequence), and reported processed
-    held: int
-    processed: int
-    #: what it still holds: ``[start, length]`` segments of the permutation, in reading order
-    remaining: list[list[int]]
-    assignment: int
-    fence: int
-    rate: float | None
-
-
-class EpochBody(Struct, kw_only=True):
-    """``GET /groups/{group}/epochs``: the open (or last) epoch, one page of its ranks."""
-
-    group: str
-    epoch: int
-    plan: dict[str, Any]
-    offset: int
-    version: int
-    assignment: int
-    status: Literal["open", "complete"]
-    completed_offset: int | None
-    dataset_size: int
-    unprocessed: int
-    ranks: list[EpochRankBody]
-    next_ranks_after: int | None
-
-
-class RefitMemberBody(Struct, kw_only=True):
-    role: Literal["publisher", "subscriber"]
-    slot: int
-    group: str
-    rank: int
-    refit_rank: int
-
-
-class RefitJoinedBody(Struct, kw_only=True):
-    role: Literal["publisher", "subscriber"]
-    slot: int
-    group: str
-    rank: int
-    digest: str
-
-
-class TransferBody(Struct, kw_only=True):
-    id: int
-    key: str
-    attempt: int
-    epoch: int
-    status: Literal["running", "completed", "failed"]
-    detail: str
-    deadline: int | None
-    offset: int
-    done: list[str]
-
-
-class RefitBody(Struct, kw_only=True):
-    """``GET /refits/{refit}``: the definition, the current epoch and the transfers (never the
-    bootstrap: only admitted members receive it)."""
-
-    refit: str
-    spec: dict[str, Any]
-    created_offset: int
-    epoch: int
-    status: Literal["waiting", "admitted", "timed_out"]
-    cause: str
-    deadline_ts: int | None
-    digest: str | None
-    joined: list[RefitJoinedBody]
-    missing: list[str]
-    members: list[RefitMemberBody]
-    bootstrap_published: bool
-    transfers: list[TransferBody]
-
-
-class RefitSummary(Struct, kw_only=True):
-    refit: str
-    epoch: int
-    status: str
-    cause: str
-
-
-class RefitList(Struct, kw_only=True):
-    refits: list[RefitSummary]
-
-
 class EventRecord(Struct, kw_only=True):
     offset: int
     ts: int
@@ -430,31 +292,10 @@ class StoryBody(Struct, kw_only=True):
     omitted: dict[str, int]
 
 
-class RefitStoryBody(Struct, kw_only=True):
-    """``GET /refits/{refit}/story``: what happened to a refit (docs/refit.md, "Seen")."""
-
-    refit: str
-    until: int
-    epoch: int
-    status: Literal["waiting", "admitted", "timed_out"]
-    members: list[dict[str, Any]]
-    transfers: list[dict[str, Any]]
-    summary: str
-    entries: list[StoryEntry]
-    omitted: dict[str, int]
-
-
 #: Every Struct that appears in the OpenAPI document's components.
 SCHEMA_TYPES: tuple[Any, ...] = (
     CreateGroupRequest,
     ProposalRequest,
-    EpochPlanRequest,
-    EpochBody,
-    RefitRequest,
-    TransferRequest,
-    RefitRestartRequest,
-    RefitBody,
-    RefitList,
     DeathReport,
     AgentEventsRequest,
     ErrorBody,
@@ -470,7 +311,6 @@ SCHEMA_TYPES: tuple[Any, ...] = (
     EventsPage,
     Health,
     StoryBody,
-    RefitStoryBody,
 )
 
 

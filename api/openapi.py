@@ -17,6 +17,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
 from foldplane.api.models import SCHEMA_TYPES
+from foldplane.coordinator.fold import registry
 
 REF = "#/components/schemas/{name}"
 
@@ -68,8 +69,20 @@ def answers(ok: dict[int, str], *errors: int) -> dict[int | str, dict[str, Any]]
     return out
 
 
+def schema_types() -> tuple[Any, ...]:
+    """Every Struct of the document's components: the API's own (``api.models``) and those
+    each facet's routes declare (their ``SCHEMA_TYPES``, ``coordinator/fold/registry.py``)."""
+    facets = (
+        t
+        for p in registry.plugins()
+        if (routes := registry.part(p, "routes")) is not None
+        for t in getattr(routes, "SCHEMA_TYPES", ())
+    )
+    return (*SCHEMA_TYPES, *facets)
+
+
 def components() -> dict[str, Any]:
-    _, schemas = msgspec.json.schema_components(SCHEMA_TYPES, ref_template=REF)
+    _, schemas = msgspec.json.schema_components(schema_types(), ref_template=REF)
     # The server validates each event on its own (api.routes.agents): an object that is no
     # valid event gets its own invalid_event result, and the batch is still answered 200.
     events = schemas["AgentEventsRequest"]["properties"]["events"]

@@ -71,6 +71,7 @@ from foldplane.benchmarks.harness import Result, lower_is_better_ratio, median
 from foldplane.benchmarks.kit.kills import time_recovery
 from foldplane.benchmarks.kit.service import Service
 from foldplane.benchmarks.kit.workers import Lines, emit, say, start_agent
+from foldplane.wire.updates import DataAssignmentUpdate, DataMovesUpdate
 
 WORLD = 4
 KILL_AT = 0.3
@@ -119,18 +120,12 @@ def _worker(argv: list[str]) -> int:
     tracker = agent.data
     on_update = tracker.on_update
 
-    def observed(update: dict[str, Any]) -> None:
+    def observed(update: Any) -> None:
         on_update(update)  # first: the sampler holds it from now on
-        kind = update.get("type")
-        if kind == "data_assignment" or (
-            kind == "data_moves" and any(m[1] == agent.rank for m in update["moves"])
+        if isinstance(update, DataAssignmentUpdate) or (
+            isinstance(update, DataMovesUpdate) and any(m[1] == agent.rank for m in update.moves)
         ):
-            _emit(
-                "assignment",
-                rank=agent.rank,
-                epoch=int(update["epoch"]),
-                assignment=int(update["assignment"]),
-            )
+            _emit("assignment", rank=agent.rank, epoch=update.epoch, assignment=update.assignment)
 
     tracker.on_update = observed  # type: ignore[method-assign]
 
@@ -432,8 +427,9 @@ def _plan_bytes(n: int, dataset_size: int, grain: int = 1) -> dict[str, Any]:
     """The data plan's bytes on the view change that removes one rank of ``n``, 30 % into an
     epoch of ``dataset_size`` positions handed out in grains of ``grain`` (see the module
     docstring)."""
-    from foldplane.coordinator.fold.effects import AssignmentChanged, ViewCommitted, ViewPrepare
-    from foldplane.coordinator.fold.epochs import complete_plan
+    from foldplane.coordinator.facets.epochs.effects import AssignmentChanged
+    from foldplane.coordinator.facets.epochs.fold import complete_plan
+    from foldplane.coordinator.fold.effects import ViewCommitted, ViewPrepare
     from foldplane.coordinator.fold.machine import Coordinator as Fold
     from foldplane.coordinator.host.journal import encoded
     from foldplane.coordinator.host.ready import HostState, ReadyBuilder
@@ -475,7 +471,7 @@ def _plan_bytes(n: int, dataset_size: int, grain: int = 1) -> dict[str, Any]:
     carry(effects)
     carry(step(t0, "epoch_plan", "g", None, complete_plan({"epoch": 0, "dataset_size": dataset_size, "grain": grain})))  # fmt: skip
     effects = []
-    epoch = fold.epochs.epoch("g")
+    epoch = fold.facet("epochs").epoch("g")
     assert epoch is not None
     for r, held in sorted(epoch.holdings.items()):
         done = held.held * 3 // 10
@@ -495,7 +491,9 @@ def _plan_bytes(n: int, dataset_size: int, grain: int = 1) -> dict[str, Any]:
     ready = carry(effects)
     rows = [row for row in ready.rows.values() if row.kind == "assignment"]
     row_bytes = sum(len(encode_projection(i, row)) for i, row in enumerate(rows))
-    updates = [u for _, _, u in ready.updates if u.get("type") in ("data_assignment", "data_moves")]
+    updates = [
+        u for _, _, u in ready.updates if isinstance(u, DataAssignmentUpdate | DataMovesUpdate)
+    ]
     update_bytes = sum(len(encoded(u)) for u in updates)
     return {
         "ranks": n,

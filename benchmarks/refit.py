@@ -477,12 +477,12 @@ def _worker(out_dir: str, controls: int, kills: int) -> int:
     for key in keys:
         if key.startswith("control-") and last is not None:
             tracker.wait(
-                lambda last=last: True if tracker.epochs[REFIT]["epoch"] > last else None,
+                lambda last=last: True if tracker.epochs[REFIT].epoch > last else None,
                 300,
                 "the refit's next epoch",
             )
         held = tracker.epochs.get(REFIT)
-        if world is not None and held is not None and held["epoch"] != world_epoch:
+        if world is not None and held is not None and held.epoch != world_epoch:
             world.close()  # the epoch moved: its world is of no further use
         while True:
             for t in tensors.values() if side == "subscriber" else ():
@@ -492,9 +492,9 @@ def _worker(out_dir: str, controls: int, kills: int) -> int:
             admitted = client.join(slot=slot, digest=digest(plan), timeout=300, make_bootstrap=make)
             joined_at = time.time()
             held = tracker.epochs[REFIT]
-            if held["epoch"] != admitted.epoch:
+            if held.epoch != admitted.epoch:
                 continue
-            admitted_offset = held["offset"]
+            admitted_offset = held.offset
             # The transfer starts (an event through the log) while the world forms.
             starting = starter.submit(started, admitted, key)
             try:
@@ -548,7 +548,7 @@ def _worker(out_dir: str, controls: int, kills: int) -> int:
                 attempt=t.attempt,
                 epoch=admitted.epoch,
                 admitted_offset=admitted_offset,
-                completed_offset=outcome["offset"],
+                completed_offset=outcome.offset,
                 joined_at=joined_at,
                 bootstrap_at=bootstrap_at,
                 transfer_at=transfer_at,

@@ -17,7 +17,7 @@
   records that brought it to its state and its place in or out of ``active_ranks``
   (:mod:`coordinator.host.story`, the same story as ``GET /groups/{group}/ranks/{rank}/story``).
   ``explain log.db --refit NAME`` tells a refit's story instead: its epochs, joins and
-  transfers (:mod:`coordinator.host.refit_story`).
+  transfers (:mod:`coordinator.facets.refits.story`).
 - ``group list|show|end|delete [NAME] [--coordinator URL]`` asks a running coordinator: every
   group with where its run stands, one group's document, or ends a group's run (its ranks are
   told to stop; its history stays) or deletes it (ended, and gone from the listings and the
@@ -82,11 +82,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
+        if args.command not in ("token", "group") and (error := _install_facets()):
+            print(f"{args.command}: {error}", file=sys.stderr)
+            return 2
         return args.run(args)
     except ImportError as exc:
         if not _is_server_module(exc):
             raise
         return _without_server(args.command, exc)
+
+
+def _install_facets() -> str | None:
+    """Plug in the facets ``FOLDPLANE_FACETS`` names (``coordinator/fold/registry.py``) before
+    any log is opened or folded; what is wrong with a name, or None."""
+    from foldplane.coordinator.fold import registry
+
+    try:
+        registry.install(os.environ.get(registry.FACETS_ENV))
+    except ValueError as exc:
+        return f"{registry.FACETS_ENV}: {exc}"
+    return None
 
 
 def _is_server_module(exc: ImportError) -> bool:
@@ -139,6 +154,13 @@ def _parser() -> argparse.ArgumentParser:
         type=float,
         default=0.5,
         help="how long heartbeats wait to share one record, in seconds (default 0.5)",
+    )
+    s.add_argument(
+        "--shutdown-lead-s",
+        type=float,
+        default=2.0,
+        help="how long a shutdown_with_save waits for its checkpoint rank to be handed it "
+        "before the group's other ranks get it, at most, in seconds (default 2)",
     )
     s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     s.add_argument(
@@ -359,6 +381,12 @@ def _serve(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    if not args.shutdown_lead_s >= 0:
+        print(
+            f"coordinator: --shutdown-lead-s must be >= 0 seconds, got {args.shutdown_lead_s}",
+            file=sys.stderr,
+        )
+        return 2
     if args.retain is not None:
         from foldplane.coordinator.host.retention import parse_policy
 
@@ -390,6 +418,7 @@ async def _serve_async(args: argparse.Namespace, auth: Any) -> int:
             snapshot_every=args.snapshot_every,
             snapshot_beats=args.snapshot_beats,
             heartbeat_flush_s=args.heartbeat_flush_s,
+            shutdown_lead_s=args.shutdown_lead_s,
         )
     except (LogError, OSError, ValueError) as exc:
         print(f"coordinator: cannot open the log {args.db!r}: {exc}", file=sys.stderr)
@@ -457,9 +486,9 @@ def _replay(args: argparse.Namespace) -> int:
     bar = _ProgressBar(args.progress)
     timeline = None
     if args.plot is not None:
-        from foldplane.coordinator.plot import EpochTimeline
+        from foldplane.coordinator.plot import Timeline
 
-        timeline = EpochTimeline(args.group)
+        timeline = Timeline(args.group)
     try:
         report = asyncio.run(
             replay(
@@ -588,7 +617,7 @@ def _audit_warnings(command: str, db: str, records: int) -> None:
 
 
 def _explain(args: argparse.Namespace) -> int:
-    from foldplane.coordinator.host.refit_story import RefitStoryError, refit_story_from
+    from foldplane.coordinator.facets.refits.story import RefitStoryError, refit_story_from
     from foldplane.coordinator.host.story import StoryError, format_story, story_from
     from foldplane.eventlog import LogError
 

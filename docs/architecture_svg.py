@@ -185,7 +185,7 @@ def draw() -> str:
     s.box(375, 610, 145, 44, ["replica.py", "a standby's fold"], "inner")
     s.box(
         65, 664, 455, 34,
-        ["compaction · retention · replay · story · metrics"],
+        ["compaction · retention · replay · story · metrics · facets.py"],
         "inner",
     )  # fmt: skip
     s.arrow([(90, 220), (90, 550)], both=True)  # drawn over the boxes it crosses
@@ -198,7 +198,7 @@ def draw() -> str:
         50, 728, 900, 56,
         ["coordinator/fold/ — the pure fold: step(record) → effects; deterministic, no I/O, no clock",
          "machine.py dispatches to its rules: fencing · ranks · healthy_set · proposals · barrier · budget · deadlines",
-         "time is the record's ts; the host appends a tick when next_deadline() has passed"],
+         "facets beside membership, one folder each (coordinator/facets/: epochs · refits), plugged in by registry.py"],
         "fold",
     )  # fmt: skip
     s.arrow([(700, 600), (700, 728)])

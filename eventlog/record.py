@@ -16,9 +16,9 @@ from zlib import crc32
 
 import msgspec
 
-#: Every kind of input the log accepts. Views and proposal outcomes are *derived* (projections),
-#: never appended.
-KINDS: frozenset[str] = frozenset(
+#: The kinds of input of membership, which the log accepts from the start. Views and proposal
+#: outcomes are *derived* (projections), never appended.
+MEMBERSHIP_KINDS: frozenset[str] = frozenset(
     {
         "group_created",
         "group_ended",
@@ -30,18 +30,22 @@ KINDS: frozenset[str] = frozenset(
         "death_reported",
         "proposal",
         "tick",
-        # epoch plans and the progress against them (coordinator/fold/epochs.py)
-        "epoch_plan",
-        "progress",
-        # weight refits between two groups (coordinator/fold/refits.py)
-        "refit_created",
-        "refit_restart",
-        "refit_join",
-        "refit_bootstrap",
-        "transfer",
-        "transfer_status",
     }
 )
+
+#: Every kind of input the log accepts: membership's, and each facet's own, which the facet
+#: registry (``coordinator/fold/registry.py``) adds through :func:`accept_kinds` as it loads a
+#: facet. The log does not know the facets; it refuses any kind nobody declared.
+KINDS: set[str] = set(MEMBERSHIP_KINDS)
+
+
+def accept_kinds(kinds: frozenset[str] | set[str]) -> None:
+    """Accept a facet's record kinds from now on (each is a name of ``[a-z_]``)."""
+    for kind in kinds:
+        if not (isinstance(kind, str) and _KIND_RE.fullmatch(kind)):
+            raise ValueError(f"record kind {kind!r} is not a name of 1-32 of a-z and _")
+    KINDS.update(kinds)
+
 
 #: The largest encoded payload a single record may carry.
 MAX_PAYLOAD_BYTES = 64 * 1024
@@ -52,6 +56,7 @@ MAX_PAYLOAD_BYTES = 64 * 1024
 #: (10,000 was a few percent slower here).
 READ_PAGE = 5000
 
+_KIND_RE = re.compile(r"^[a-z][a-z_]{0,31}$")
 _GROUP_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 _encoder = msgspec.json.Encoder(order="sorted")

@@ -30,8 +30,9 @@ processed, ``{"epoch", "cursor", "indices"}`` to ``DIR/<rank>-<incarnation>.json
 ``--checkpoint PATH``: the group's **checkpoint rank** (``agent.is_checkpoint_rank()``, which the
 committed view names: the lowest active rank or the rank the group pins with
 ``checkpoint_rank``, failing over to the lowest live one) saves the model there at the end, or
-when a ``shutdown_with_save`` directive stops training; ``if rank == 0`` would save nothing
-once rank 0 had died.
+when a ``shutdown_with_save`` directive stops training (the directive reaches that rank before
+the others, and names it; a step that failed on a dead member is then the last: no view
+follows it); ``if rank == 0`` would save nothing once rank 0 had died.
 
 Compared with a torch DDP script, the lines that change are marked ``# foldplane``.
 """
@@ -204,7 +205,9 @@ class Trainer:
             (loss + self.net.reading.sum() * float(reading)).backward()
             if not self.opt.step():  # foldplane: False when the step failed on some member
                 self.skipped += 1  # the same batch is tried again in the next step (foldplane
-                continue  # logs the skip, with the failed ranks, on every member)
+                if self.stop.is_set():  # logs the skip, with the failed ranks, on every member)
+                    return  # foldplane: shut down: no view follows the failed one
+                continue
             if pending is not None:
                 self.done_with(epoch, pending, loss.item() * self.args.batch_size / len(pending[2]))
                 pending = None
@@ -288,8 +291,15 @@ def main() -> int:
             return 0
 
     t = Trainer(args, rank, fp_agent)
-    # foldplane: a shutdown_with_save directive stops every rank at its next step
-    fp_agent.on_shutdown_with_save = lambda reason, detail: t.stop.set()
+
+    def shut_down(reason: str, detail: str) -> None:
+        """foldplane: a shutdown_with_save directive stops every rank at its next step; it
+        reaches the rank that saves (its ``checkpoint_rank``) first."""
+        t.stop.set()
+        saver = fp_agent.shutdown_directive.checkpoint_rank
+        say(f"rank {rank}: shutdown_with_save ({reason}); checkpoint rank {saver}")
+
+    fp_agent.on_shutdown_with_save = shut_down
     t.run()
     t.save()
     first, last = (t.losses[0], t.losses[-1]) if t.losses else (float("nan"),) * 2

@@ -32,13 +32,16 @@ IO_MODULES = (
 
 
 def test_importing_the_pure_machines_loads_no_io_module() -> None:
-    """Importing ``coordinator.fold.machine`` and ``agent.machine`` (packages included) loads no I/O.
+    """Importing ``coordinator.fold.machine`` and ``agent.machine`` (packages included), and
+    making a fold (which loads every facet's declaration and fold parts), loads no I/O.
 
     import-linter checks the machines' own imports; this checks what the packages'
     ``__init__`` modules drag in at run time, in a fresh interpreter.
     """
     code = (
         "import foldplane.coordinator.fold.machine, foldplane.agent.machine, sys; "
+        # a fold loads every registered facet's declaration and fold parts
+        "foldplane.coordinator.fold.machine.Coordinator(); "
         f"print(','.join(m for m in {IO_MODULES!r} if m in sys.modules))"
     )
     done = subprocess.run(

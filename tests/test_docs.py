@@ -264,8 +264,10 @@ def test_the_readme_lists_every_page() -> None:
 
 
 def test_the_protocol_reference_is_what_the_types_say() -> None:
-    """docs/protocol.md's event fields and codes are written from ``wire.protocol``'s event
-    types and ``wire.codes``; a change to either changes the page (``reference.REGENERATE``)."""
+    """docs/protocol.md's event fields, updates and codes are written from ``wire.protocol``'s
+    event types, ``wire.updates``' update types and ``wire.codes``; a change to any of them
+    changes the page (``reference.REGENERATE``)."""
     page = (DOCS / "protocol.md").read_text()
-    assert "<!-- generated: events -->" in page and "<!-- generated: codes -->" in page
+    for block in ("events", "updates", "codes"):
+        assert f"<!-- generated: {block} -->" in page, block
     assert reference.render(page) == page, f"docs/protocol.md is stale; run {reference.REGENERATE}"

@@ -23,8 +23,9 @@ This module is pure: no I/O, clock, threads or randomness.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from collections.abc import Iterable, Sequence
+
+from foldplane.wire.updates import DataMovesUpdate
 
 Segment = tuple[int, int]
 
@@ -65,34 +66,34 @@ def split_at(segments: Sequence[Segment], count: int) -> tuple[list[Segment], li
 
 
 def apply_moves(
-    rank: int, base: int, remaining: Sequence[Segment], update: Mapping[str, Any]
+    rank: int, base: int, remaining: Sequence[Segment], update: DataMovesUpdate
 ) -> tuple[int, list[Segment]]:
     """``rank``'s part (``base``, ``remaining``) after the decision ``update`` (a
     ``data_moves``) describes: the new ``(base, remaining)``. Raises :class:`PartMismatch`
     when what the update says ``rank`` gave is not the end of ``remaining``."""
     gave: list[Segment] = []
     got: list[Segment] = []
-    for from_rank, to_rank, start, length in update["moves"]:
-        if int(from_rank) == rank:
-            gave.append((int(start), int(length)))
-        if int(to_rank) == rank:
-            got.append((int(start), int(length)))
+    for from_rank, to_rank, start, length in update.moves:
+        if from_rank == rank:
+            gave.append((start, length))
+        if to_rank == rank:
+            got.append((start, length))
     held = sum(n for _, n in remaining)
     keep = list(remaining)
     if gave:
         total = sum(n for _, n in gave)
         if total > held:
             raise PartMismatch(
-                f"rank {rank} gave {total} positions at assignment {update['assignment']} but "
+                f"rank {rank} gave {total} positions at assignment {update.assignment} but "
                 f"holds {held}"
             )
         keep, tail = split_at(remaining, held - total)
         if normalized(tail) != normalized(gave):
             raise PartMismatch(
-                f"rank {rank} gave {normalized(gave)[:3]} at assignment {update['assignment']}, "
+                f"rank {rank} gave {normalized(gave)[:3]} at assignment {update.assignment}, "
                 f"which is not the end of its part ({normalized(tail)[:3]})"
             )
-    if rank in update.get("reported", ()):
+    if rank in update.reported:
         base += sum(n for _, n in keep)
         keep = []
     return base, normalized([*keep, *got])

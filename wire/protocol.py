@@ -1,9 +1,10 @@
 """The agent wire protocol, version 2: the one module both sides speak (docs/protocol.md).
 
-Everything an agent sends (events) and everything it receives (updates, views) is declared
-here once; every code it may be answered with is declared once in ``wire.codes``. The
-coordinator, the HTTP surface, the in-process agent and the simulated agent host all import
-them, so a change to the protocol is a change to these two files.
+Everything an agent sends (events) and the views it holds are declared here once; everything
+it receives is declared once in ``wire.updates`` (one Struct per update, built here for the
+view and its barrier), every code it may be answered with in ``wire.codes``. The coordinator,
+the HTTP surface, the in-process agent and the simulated agent host all import them, so a
+change to the protocol is a change to these files.
 
 Costs that do not grow with the group, by construction:
 
@@ -37,7 +38,8 @@ from typing import Annotated, Any
 from msgspec import Meta, Struct
 
 from foldplane.wire import ranks as rank_sets
-from foldplane.wire.ranks import RankSetError
+from foldplane.wire.ranks import RankSetError, RankSetField
+from foldplane.wire.updates import RankSetDelta, ViewCommittedUpdate, ViewPrepareUpdate
 
 #: The protocol version this module speaks. Agents send it as ``protocol`` on the updates long
 #: poll; a poll without it (protocol 1) is refused with ``protocol_mismatch``.
@@ -136,13 +138,6 @@ Rank = Annotated[int, Meta(ge=0, le=QUERY.max_rank)]
 Incarnation = Annotated[str, Meta(min_length=1, max_length=128)]
 Version = Annotated[int, Meta(ge=0)]
 ShortText = Annotated[str, Meta(max_length=256)]
-#: A rank set (``wire.ranks``): a sorted list of ranks and ``[first, last]`` runs, or a
-#: ``"b64:"`` bitmap. The longest, a bitmap of 65,536 ranks, is 10,928 characters.
-RankSetField = Annotated[
-    list[int | Annotated[list[int], Meta(min_length=2, max_length=2)]]
-    | Annotated[str, Meta(pattern=r"^b64:[A-Za-z0-9+/=]*$", max_length=10_932)],
-    Meta(description="a rank set: sorted ranks and [first, last] runs, or a b64: bitmap"),
-]
 
 #: The most events one ``POST /agents/events`` may carry.
 MAX_EVENTS = 4096
@@ -413,34 +408,29 @@ def _contains(ordered: tuple[int, ...], rank: int) -> bool:
     return i < len(ordered) and ordered[i] == rank
 
 
-#: The rank-set fields of a view, each sent as a delta {"add": set, "remove": set}.
-_SET_FIELDS = ("active_ranks", "healthy_set", "acked_ranks", "dropped_ranks")
-
-
 class StaleBase(ValueError):
     """A delta made against another view than the one the reader holds: resync."""
 
 
-def _set_delta(old: Iterable[int], new: Iterable[int]) -> dict[str, Any]:
+def _set_delta(old: Iterable[int], new: Iterable[int]) -> RankSetDelta:
     old_s, new_s = set(old), set(new)
-    delta: dict[str, Any] = {}
-    if add := new_s - old_s:
-        delta["add"] = rank_sets.encode(add)
-    if remove := old_s - new_s:
-        delta["remove"] = rank_sets.encode(remove)
-    return delta
+    add, remove = new_s - old_s, old_s - new_s
+    return RankSetDelta(
+        add=rank_sets.encode(add) if add else None,
+        remove=rank_sets.encode(remove) if remove else None,
+    )
 
 
-def _apply_set(old: Iterable[int], delta: Mapping[str, Any], ws: int, name: str) -> tuple[int, ...]:
+def _apply_set(old: Iterable[int], delta: RankSetDelta, ws: int, name: str) -> tuple[int, ...]:
     out = set(old)
-    if "remove" in delta:
-        out.difference_update(rank_sets.decode(delta["remove"], ws, name=f"{name}.remove"))
-    if "add" in delta:
-        out.update(rank_sets.decode(delta["add"], ws, name=f"{name}.add"))
+    if delta.remove is not None:
+        out.difference_update(rank_sets.decode(delta.remove, ws, name=f"{name}.remove"))
+    if delta.add is not None:
+        out.update(rank_sets.decode(delta.add, ws, name=f"{name}.add"))
     return tuple(sorted(out))
 
 
-def view_update(base: View | None, view: View) -> dict[str, Any]:
+def view_update(base: View | None, view: View) -> ViewCommittedUpdate:
     """The ``view_committed`` update for ``view``: what changed since ``base`` (None: since
     nothing, which makes it the full view)."""
     old_states: Mapping[int, str] = base.rank_states if base is not None else {}
@@ -448,41 +438,42 @@ def view_update(base: View | None, view: View) -> dict[str, Any]:
     for rank, state in view.rank_states.items():
         if old_states.get(rank) != state:
             changed.setdefault(state, []).append(rank)
-    update: dict[str, Any] = {
-        "offset": view.offset,
-        "type": "view_committed",
-        "group": view.group,
-        "version": view.version,
-        "base": base.version if base is not None else 0,
-        "states": {state: rank_sets.encode(rs) for state, rs in sorted(changed.items())},
-        "cause": view.cause,
-        "ts": view.ts,
-    }
-    if view.checkpoint_rank is not None:
-        update["checkpoint_rank"] = view.checkpoint_rank
-    for name in _SET_FIELDS:
-        update[name] = _set_delta(
-            getattr(base, name) if base is not None else (), getattr(view, name)
-        )
-    return update
+    return ViewCommittedUpdate(
+        offset=view.offset,
+        group=view.group,
+        version=view.version,
+        base=base.version if base is not None else 0,
+        states={state: rank_sets.encode(rs) for state, rs in sorted(changed.items())},
+        cause=view.cause,
+        ts=view.ts,
+        checkpoint_rank=view.checkpoint_rank,
+        active_ranks=_set_delta(base.active_ranks if base else (), view.active_ranks),
+        healthy_set=_set_delta(base.healthy_set if base else (), view.healthy_set),
+        acked_ranks=_set_delta(base.acked_ranks if base else (), view.acked_ranks),
+        dropped_ranks=_set_delta(base.dropped_ranks if base else (), view.dropped_ranks),
+    )
 
 
 #: The last folds: (base, update, result). Many ranks in one process (a simulated host, a
 #: relay's workers) fold the same update onto the same base view; they get the same result,
 #: so it is computed once and the view is shared, not copied per rank (a view of 16,384 ranks
 #: is rebuilt in milliseconds, and 16,384 copies of it would be gigabytes). The cache holds
-#: values only: the result for a given base and update is always the same.
-_FOLDED: list[tuple[Any, Mapping[str, Any], Any]] = []
+#: values only: the result for a given base and update is always the same (updates are frozen).
+_FOLDED: list[tuple[Any, Any, Any]] = []
 _FOLDED_KEEP = 16
 
 
-def _memo(fold: Callable[[Any, Mapping[str, Any], int], Any]) -> Callable[..., Any]:
-    def folded(base: Any, update: Mapping[str, Any], world_size: int) -> Any:
+def _memo(fold: Callable[[Any, Any, int], Any]) -> Callable[..., Any]:
+    def folded(base: Any, update: Any, world_size: int) -> Any:
         for seen_base, seen_update, result in _FOLDED:
-            if seen_base is base and seen_update == update and result[0] == world_size:
+            if (
+                seen_base is base
+                and (seen_update is update or seen_update == update)
+                and result[0] == world_size
+            ):
                 return result[1]
         value = fold(base, update, world_size)
-        _FOLDED.append((base, dict(update), (world_size, value)))
+        _FOLDED.append((base, update, (world_size, value)))
         if len(_FOLDED) > _FOLDED_KEEP:
             del _FOLDED[0]
         return value
@@ -493,48 +484,53 @@ def _memo(fold: Callable[[Any, Mapping[str, Any], int], Any]) -> Callable[..., A
 
 
 @_memo
-def apply_view_update(base: View | None, update: Mapping[str, Any], world_size: int) -> View:
+def apply_view_update(base: View | None, update: ViewCommittedUpdate, world_size: int) -> View:
     """The view a ``view_committed`` update makes of ``base`` (raises :class:`StaleBase` when
     it was made against another version, :class:`RankSetError` when it is malformed).
     Memoized for the many ranks of one process that fold the same update onto one view."""
     return fold_view_update(base, update, world_size)
 
 
-def fold_view_update(base: View | None, update: Mapping[str, Any], world_size: int) -> View:
+def fold_view_update(base: View | None, update: ViewCommittedUpdate, world_size: int) -> View:
     """:func:`apply_view_update` without the memo, for a fold done once (the coordinator's
     stored view rows): nothing of it is kept."""
     have = base.version if base is not None else 0
-    if update.get("base") != have:
+    if update.base != have:
         raise StaleBase(
-            f"version {update.get('version')} is a delta from version {update.get('base')}, "
+            f"version {update.version} is a delta from version {update.base}, "
             f"but this rank holds version {have}"
         )
     states = dict(base.rank_states) if base is not None else {}
-    for state, encoded in update.get("states", {}).items():
+    for state, encoded in update.states.items():
         for rank in rank_sets.decode(encoded, world_size, name=f"states.{state}"):
             states[rank] = state
-    sets = {
-        name: _apply_set(
-            getattr(base, name) if base is not None else (), update.get(name, {}), world_size, name
-        )
-        for name in _SET_FIELDS
-    }
     return View(
-        group=str(update["group"]),
-        version=int(update["version"]),
+        group=update.group,
+        version=update.version,
         rank_states=dict(sorted(states.items())),
-        cause=dict(update.get("cause", {})),
-        offset=int(update["offset"]),
-        ts=int(update.get("ts", 0)),
-        checkpoint_rank=_checkpoint_rank(update.get("checkpoint_rank"), world_size),
-        **sets,
+        cause=dict(update.cause),
+        offset=update.offset,
+        ts=update.ts,
+        checkpoint_rank=_checkpoint_rank(update.checkpoint_rank, world_size),
+        active_ranks=_apply_set(
+            base.active_ranks if base else (), update.active_ranks, world_size, "active_ranks"
+        ),
+        healthy_set=_apply_set(
+            base.healthy_set if base else (), update.healthy_set, world_size, "healthy_set"
+        ),
+        acked_ranks=_apply_set(
+            base.acked_ranks if base else (), update.acked_ranks, world_size, "acked_ranks"
+        ),
+        dropped_ranks=_apply_set(
+            base.dropped_ranks if base else (), update.dropped_ranks, world_size, "dropped_ranks"
+        ),
     )
 
 
-def _checkpoint_rank(value: Any, world_size: int) -> int | None:
+def _checkpoint_rank(value: int | None, world_size: int) -> int | None:
     if value is None:
         return None
-    if type(value) is not int or not 0 <= value < world_size:
+    if not 0 <= value < world_size:
         raise RankSetError(f"checkpoint_rank {value!r} is not a rank of a group of {world_size}")
     return value
 
@@ -551,23 +547,23 @@ def prepare_update(
     participants: Iterable[int],
     ack_deadline_ts: int,
     offset: int,
-) -> dict[str, Any]:
+) -> ViewPrepareUpdate:
     """The ``view_prepare`` update: the next active set as a delta from the current view
     (``base``), and ``absent``: the members of the old or new view that are not participants
     (they are OFFLINE and need not ACK)."""
     old = base.active_ranks if base is not None else ()
+    active_ranks = tuple(active_ranks)
     members = set(old) | set(active_ranks)
     absent = members - set(participants)
-    return {
-        "offset": offset,
-        "type": "view_prepare",
-        "group": group,
-        "version": version,
-        "base": base.version if base is not None else 0,
-        "active_ranks": _set_delta(old, active_ranks),
-        "absent": rank_sets.encode(absent),
-        "ack_deadline_ts": ack_deadline_ts,
-    }
+    return ViewPrepareUpdate(
+        offset=offset,
+        group=group,
+        version=version,
+        base=base.version if base is not None else 0,
+        active_ranks=_set_delta(old, active_ranks),
+        absent=rank_sets.encode(absent),
+        ack_deadline_ts=ack_deadline_ts,
+    )
 
 
 class Prepared(Struct, frozen=True, kw_only=True):
@@ -585,20 +581,20 @@ class Prepared(Struct, frozen=True, kw_only=True):
 
 
 @_memo
-def apply_prepare(base: View | None, update: Mapping[str, Any], world_size: int) -> Prepared:
+def apply_prepare(base: View | None, update: ViewPrepareUpdate, world_size: int) -> Prepared:
     """The active ranks and participants a ``view_prepare`` names, given the current view."""
     have = base.version if base is not None else 0
-    if update.get("base") != have:
+    if update.base != have:
         raise StaleBase(
-            f"prepare of version {update.get('version')} is a delta from version "
-            f"{update.get('base')}, but this rank holds version {have}"
+            f"prepare of version {update.version} is a delta from version "
+            f"{update.base}, but this rank holds version {have}"
         )
     old = base.active_ranks if base is not None else ()
-    active = _apply_set(old, update.get("active_ranks", {}), world_size, "active_ranks")
-    absent = rank_sets.decode_set(update.get("absent", []), world_size, name="absent")
+    active = _apply_set(old, update.active_ranks, world_size, "active_ranks")
+    absent = rank_sets.decode_set(update.absent, world_size, name="absent")
     members = sorted(set(old) | set(active))
     return Prepared(
-        version=int(update["version"]),
+        version=update.version,
         active_ranks=active,
         participants=tuple(r for r in members if r not in absent),
     )

@@ -18,7 +18,9 @@ from __future__ import annotations
 import base64
 import binascii
 from collections.abc import Iterable
-from typing import Any
+from typing import Annotated, Any
+
+from msgspec import Meta
 
 PREFIX = "b64:"
 
@@ -26,6 +28,14 @@ PREFIX = "b64:"
 _BITS = tuple(tuple(b for b in range(8) if value >> b & 1) for value in range(256))
 
 RankSet = list[Any] | str
+#: A rank set as a field of a message (``wire.protocol``'s events, ``wire.updates``): a sorted
+#: list of ranks and ``[first, last]`` runs, or a ``"b64:"`` bitmap. The longest, a bitmap of
+#: 65,536 ranks, is 10,928 characters.
+RankSetField = Annotated[
+    list[int | Annotated[list[int], Meta(min_length=2, max_length=2)]]
+    | Annotated[str, Meta(pattern=r"^b64:[A-Za-z0-9+/=]*$", max_length=10_932)],
+    Meta(description="a rank set: sorted ranks and [first, last] runs, or a b64: bitmap"),
+]
 
 
 class RankSetError(ValueError):

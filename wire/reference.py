@@ -2,8 +2,9 @@
 
 ``render(page)`` replaces each generated block of the page (between ``<!-- generated: NAME -->``
 and ``<!-- end generated -->``) with what the types say now: the events an agent sends (their
-``type`` and fields, from the Structs of ``wire.protocol``) and every code with its status and
-meaning (``wire.codes``). ``tests/test_docs.py`` fails when the page and the types differ;
+``type`` and fields, from the Structs of ``wire.protocol``), the updates it receives (from the
+Structs of ``wire.updates``: their ``type``, who receives each, its fields and its docstring)
+and every code with its status and meaning (``wire.codes``). ``tests/test_docs.py`` fails when the page and the types differ;
 ``python -m wire.reference docs/protocol.md`` writes the page again.
 
 This module is pure: ``render`` takes and returns text.
@@ -19,7 +20,7 @@ from typing import Any
 
 from msgspec import inspect
 
-from foldplane.wire import codes, protocol
+from foldplane.wire import codes, protocol, updates
 
 #: The names the reference gives the protocol's field types, by the name a field is declared
 #: with in ``wire.protocol`` (a type written out in place is described by its bounds).
@@ -92,6 +93,79 @@ def events_reference() -> str:
     return "\n".join(rows) + "\n"
 
 
+def _shape(info: Any) -> str:
+    """What a field of an update holds, from its type (the updates are read, not validated,
+    so their fields are described by shape, not by bounds)."""
+    if isinstance(info, inspect.Metadata):
+        return _shape(info.type)
+    if isinstance(info, inspect.UnionType):
+        kinds = [_bare(t) for t in info.types if not isinstance(t, inspect.NoneType)]
+        if any(
+            isinstance(t, inspect.StrType) and (t.pattern or "").startswith("^b64") for t in kinds
+        ):
+            return "rank set"  # ``wire.ranks.RankSetField``: a list of ranks and runs, or a bitmap
+        return " or ".join(_shape(t) for t in kinds)
+    if isinstance(info, inspect.StructType):  # RankSetDelta: "rank set delta (`add`, `remove`)"
+        words = re.sub(r"(?<!^)(?=[A-Z])", " ", info.cls.__name__).lower()
+        return f"{words} ({', '.join(f'`{f.name}`' for f in info.fields)})"
+    if isinstance(info, inspect.VarTupleType | inspect.ListType):
+        return f"list of {_shape(info.item_type)}"
+    if isinstance(info, inspect.TupleType):
+        return f"[{', '.join(_shape(t) for t in info.item_types)}]"
+    if isinstance(info, inspect.DictType):
+        return f"object of {_shape(info.value_type)}"
+    if isinstance(info, inspect.AnyType):
+        return "any"
+    simple = {
+        inspect.IntType: "integer",
+        inspect.StrType: "text",
+        inspect.BoolType: "boolean",
+        inspect.FloatType: "number",
+    }
+    return simple.get(type(info), type(info).__name__)
+
+
+def _bare(info: Any) -> Any:
+    """A type's info without its constraints."""
+    return _bare(info.type) if isinstance(info, inspect.Metadata) else info
+
+
+def _meaning(cls: type) -> str:
+    """A class's docstring on one line, in Markdown."""
+    return " ".join((cls.__doc__ or "").split()).replace("``", "`").replace("|", "\\|")
+
+
+def updates_reference() -> str:
+    """One row per update (``wire.updates``): its ``type``, who receives it, its fields (every
+    update also has ``offset``), the optional ones (absent when null) and what it says."""
+    rows = [
+        "| `type` | to | fields | optional fields | meaning |",
+        "|---|---|---|---|---|",
+    ]
+    for kind, cls in updates.UPDATE_TYPES.items():
+        required, optional = [], []
+        for field in inspect.type_info(cls).fields:  # type: ignore[attr-defined]
+            if field.name == "offset":
+                continue
+            hint, nullable = _optional_info(field.type)
+            text = f"`{field.name}`: {_shape(hint)}" + (" or null" if nullable else "")
+            (required if field.required else optional).append(text)
+        rows.append(
+            f"| `{kind}` | {cls.audience} | {'; '.join(required)} | "
+            f"{'; '.join(optional) or '-'} | {_meaning(cls)} |"
+        )
+    return "\n".join(rows) + "\n"
+
+
+def _optional_info(info: Any) -> tuple[Any, bool]:
+    """``(the type info without None, whether None was allowed)``."""
+    if isinstance(info, inspect.UnionType):
+        kinds = [t for t in info.types if not isinstance(t, inspect.NoneType)]
+        if len(kinds) < len(info.types):
+            return (kinds[0] if len(kinds) == 1 else inspect.UnionType(types=tuple(kinds))), True
+    return info, False
+
+
 _FAMILIES = {
     "refusal": "refused by the fold or the host (one event's result, or a request's answer)",
     "request": "the request itself",
@@ -112,7 +186,11 @@ def codes_reference() -> str:
     return "\n".join(rows) + "\n"
 
 
-_BLOCKS = {"events": events_reference, "codes": codes_reference}
+_BLOCKS = {
+    "events": events_reference,
+    "updates": updates_reference,
+    "codes": codes_reference,
+}
 
 
 def render(page: str) -> str:

@@ -167,6 +167,8 @@ class DataPlane:
         self._view: ViewGroup | None = None
         #: every view installed and still referenced (by an operation in flight, say)
         self._views: weakref.WeakSet[ViewGroup] = weakref.WeakSet()
+        #: the group was shut down (``shutdown_with_save``): no view follows the installed one
+        self._final = False
         self._failed_ops: dict[int, tuple[int, int]] = {}  # see ops_at_failure
         self._rendezvous_lock = threading.Lock()
         self._session = self._open_session(store_host, store_port)
@@ -378,16 +380,28 @@ class DataPlane:
     def wait_for_view(
         self, predicate: Callable[[ViewGroup], bool], timeout: float | None
     ) -> ViewGroup | None:
-        """Block until the installed view passes ``predicate`` (or the plane closes); return it.
+        """Block until the installed view passes ``predicate`` (or the plane closes, or the
+        group is shut down: no other view will come); return it.
 
         Returns the installed view (None before the first one) at the deadline either way.
         """
         with self._lock:
             self._lock.wait_for(
-                lambda: self.closed.is_set() or (self._view is not None and predicate(self._view)),
+                lambda: (
+                    self.closed.is_set()
+                    or self._final
+                    or (self._view is not None and predicate(self._view))
+                ),
                 timeout,
             )
             return self._view
+
+    def no_more_views(self) -> None:
+        """The group was shut down: no view follows the installed one, so nobody waits for
+        one (a step on a failed view is skipped at once, and the caller sees its shutdown)."""
+        with self._lock:
+            self._final = True
+            self._lock.notify_all()
 
     def view_for_op(self, op: str) -> ViewGroup:
         """The view an operation runs on; local misuse (closed, no view yet) raises."""

@@ -9,7 +9,7 @@ calls :func:`open_world` with the same plan, bootstrap and lane count, then
 
 from foldplane.agent.dataplane.backend import drain_released
 from foldplane.agent.refit.bootstrap import RefitStore, make_bootstrap
-from foldplane.agent.refit.errors import Peer, RefitClosed, RefitError, RefitFailed
+from foldplane.agent.refit.errors import Peer, RefitClosed, RefitError, RefitFailed, Verdict
 from foldplane.agent.refit.tensors import (
     dtype_name,
     dtype_of,
@@ -29,6 +29,7 @@ __all__ = [
     "RefitStore",
     "RefitWorld",
     "TransferReport",
+    "Verdict",
     "drain_released",
     "dtype_name",
     "dtype_of",

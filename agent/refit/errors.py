@@ -1,4 +1,5 @@
-"""What the refit data plane raises: a failed transfer (naming who died), a closed world."""
+"""What the refit data plane raises: a failed transfer (naming who died), a closed world; and
+the coordinator's verdict it reads."""
 
 from __future__ import annotations
 
@@ -14,6 +15,15 @@ class Peer:
 
     def __str__(self) -> str:
         return f"{self.side} slot {self.slot}"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The coordinator's word that a refit world's epoch is over: why (``reason``), and the
+    members it took OFFLINE (``dead``), if that is why."""
+
+    reason: str
+    dead: tuple[Peer, ...] = ()
 
 
 class RefitError(RuntimeError):

@@ -21,7 +21,12 @@ transfers, one at a time.
 Failure, bounded in seconds: each member's liveness thread bumps a counter in the store every
 ``heartbeat_s``. A transfer fails when one of its operations fails (a peer's connection broke),
 when a member's counter stalls for ``stall_s``, when another member left a failure notice in the
-store, or at ``timeout_s``. The first member to fail leaves the notice, so the others fail at
+store, when the coordinator's verdict says the world's epoch is over (``verdict``: a member went
+OFFLINE, a view committed), or at ``timeout_s``. The verdict is what covers the store's own
+host, publisher slot 0: when it dies the store dies with it, so no counter or notice can be
+read; the coordinator sees that death as any member's (its launcher's report, its heartbeats)
+and moves the refit's epoch, which every member's agent hears, and each member's watch reads it
+without asking the store. The first member to fail leaves the notice, so the others fail at
 their next look (every ``heartbeat_s``) instead of at a timeout; each one then compares the
 counters over three heartbeats and raises :class:`RefitFailed` naming the members whose counter
 did not move. The world is then closed, for good: its backends are abandoned (released in a
@@ -47,7 +52,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -57,7 +62,7 @@ from torch.distributed import PrefixStore, TCPStore
 
 from foldplane.agent.dataplane.backend import BackendKind, bury
 from foldplane.agent.dataplane.cuda import EndEvents, nccl_error
-from foldplane.agent.refit.errors import Peer, RefitClosed, RefitError, RefitFailed
+from foldplane.agent.refit.errors import Peer, RefitClosed, RefitError, RefitFailed, Verdict
 from foldplane.agent.refit.tensors import dtype_of
 from foldplane.wire.refit import (
     SIDES,
@@ -78,6 +83,10 @@ NCCL_POLL_S = 0.0005
 _END_EVENTS = EndEvents()
 #: The least bound on a store client's connect and on a store reply.
 STORE_TIMEOUT_S = 30.0
+#: How long a member that found the store gone waits for the coordinator's verdict, which
+#: names who died: a launcher's death report reaches it in well under a second, a stopped
+#: heartbeat within the group's ``heartbeat_timeout_s``.
+VERDICT_WAIT_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -131,8 +140,10 @@ class RefitWorld:
         stall_s: float,
         gloo_hostname: str | None,
         device: torch.device | str | None = None,
+        verdict: Callable[[], Verdict | None] | None = None,
     ) -> None:
         self.plan = plan
+        self._verdict = verdict
         self.peer = Peer(side, slot)
         self.bootstrap = bootstrap
         self.lanes = lanes
@@ -437,18 +448,40 @@ class RefitWorld:
 
     # -- failure -----------------------------------------------------------------------------
 
-    def _fail(self, t: int, reason: str) -> None:
-        """Leave the notice, find the dead, close the world, raise :class:`RefitFailed`."""
-        try:
-            self._store.set(f"t{t}/alive/{self.rank}", "1")
-            if self._store.add(f"t{t}/failed", 1) == 1:
-                self._store.set(f"t{t}/failure", f"{self.peer}: {reason}")
-        except RuntimeError as e:
-            reason += f" (and the store at {self.bootstrap.store} is unreachable: {e})"
-        dead = self._find_dead(t)
+    def _fail(self, t: int, reason: str, *, store: bool = True) -> None:
+        """Leave the notice, find the dead, close the world, raise :class:`RefitFailed`.
+
+        ``store=False``: the coordinator's verdict ended the world (every member hears it), so
+        the store, which may have died with its host, is not asked. A store found unreachable
+        here waits up to :data:`VERDICT_WAIT_S` for that verdict, which names who died."""
+        dead: tuple[Peer, ...] = ()
+        verdict = None if self._verdict is None else self._verdict()
+        if store and verdict is None:
+            try:
+                self._store.set(f"t{t}/alive/{self.rank}", "1")
+                if self._store.add(f"t{t}/failed", 1) == 1:
+                    self._store.set(f"t{t}/failure", f"{self.peer}: {reason}")
+            except RuntimeError as e:
+                reason += f" (and the store at {self.bootstrap.store} is unreachable: {e})"
+                verdict = self._await_verdict()  # the store's host may be who died
+            else:
+                dead = self._find_dead(t)
+        if verdict is not None:  # every member hears it: no notice, no counters
+            dead, reason = verdict.dead, f"{reason}; {verdict.reason}"
         self._failed = True
         self._close_quietly()
         raise RefitFailed(t, dead, reason)
+
+    def _await_verdict(self) -> Verdict | None:
+        """The coordinator's verdict on this world's epoch, waited for up to
+        :data:`VERDICT_WAIT_S`: the store is gone, and only the coordinator can say who died
+        (None: no verdict came)."""
+        if self._verdict is None:
+            return None
+        until = time.monotonic() + VERDICT_WAIT_S
+        while (verdict := self._verdict()) is None and time.monotonic() < until:
+            time.sleep(self._heartbeat_s)
+        return verdict
 
     def _find_dead(self, t: int) -> tuple[Peer, ...]:
         """The members whose liveness counter did not move over three heartbeats, less those
@@ -492,8 +525,8 @@ class RefitWorld:
 
 
 class _Watch:
-    """A transfer's look at the rest of the world, at most once per heartbeat: a failure notice,
-    a stalled liveness counter, the deadline."""
+    """A transfer's look at the rest of the world: the coordinator's verdict and the deadline
+    at every look; at most once per heartbeat, a failure notice and a stalled liveness counter."""
 
     def __init__(self, world: RefitWorld, t: int) -> None:
         self._world = world
@@ -503,6 +536,10 @@ class _Watch:
 
     def look(self, deadline: float, doing: str) -> None:
         w = self._world
+        # First the coordinator's verdict, read from what the agent already heard (no request):
+        # it covers the store's host, whose death leaves the store below unreadable.
+        if w._verdict is not None and w._verdict() is not None:
+            w._fail(self._t, f"the world's epoch ended ({doing})", store=False)
         now = time.monotonic()
         if now > deadline:
             w._fail(self._t, f"timed out after {w._timeout_s} s ({doing})")
@@ -546,6 +583,7 @@ def open_world(
     stall_s: float = 2.0,
     gloo_hostname: str | None = None,
     device: torch.device | str | None = None,
+    verdict: Callable[[], Verdict | None] | None = None,
 ) -> RefitWorld:
     """Join the refit world of ``bootstrap`` as ``side`` slot ``slot`` and connect its lanes.
 
@@ -553,6 +591,10 @@ def open_world(
     not within ``timeout_s``). ``timeout_s`` bounds formation and each transfer; ``stall_s`` is
     how long a member's liveness counter may stand still before the member is taken for dead.
     ``device``: the GPU of a NCCL world (default ``cuda:LOCAL_RANK``, as the data plane's).
+    ``verdict``: the coordinator's word on the world's epoch, read at every look of a transfer:
+    None while the epoch stands, else a :class:`Verdict` (why it ended, and who died, if a
+    member did; ``RefitClient.verdict(admitted)``). Without it the death of the store's host
+    (publisher slot 0) is seen only when the store fails, and names no one.
     """
     if side not in SIDES:
         raise RefitError(f"side must be one of {SIDES}, got {side!r}")
@@ -567,5 +609,15 @@ def open_world(
     if not isinstance(bootstrap, Bootstrap):
         bootstrap = decode_bootstrap(bootstrap)
     return RefitWorld(
-        plan, side, slot, bootstrap, lanes, timeout_s, heartbeat_s, stall_s, gloo_hostname, device
+        plan,
+        side,
+        slot,
+        bootstrap,
+        lanes,
+        timeout_s,
+        heartbeat_s,
+        stall_s,
+        gloo_hostname,
+        device,
+        verdict,
     )

@@ -38,6 +38,7 @@ from foldplane.api.models import (
 )
 from foldplane.api.openapi import answers, body
 from foldplane.coordinator.auth import Authenticator, AuthError, Principal
+from foldplane.coordinator.host.facets import facet_hosts
 from foldplane.coordinator.host.loop import Appended, Host, Outcome, Refusal
 from foldplane.coordinator.host.polls import UpdatesAnswer
 from foldplane.eventlog import NewRecord
@@ -348,13 +349,25 @@ async def updates_answer(state: Any, principal: Principal, query: UpdatesQuery) 
 
 def refuse_unnamed_revisions(host: Host, group: str, features: str | None, what: str) -> None:
     """A reader that does not name ``data_moves`` would ignore every data decision of the
-    group's epochs and never see the work it is given: once the group has an epoch plan, it is
-    refused by name (``protocol_mismatch``), as a protocol-1 agent is."""
+    group's epochs and never see the work it is given: once a facet says the group's readers
+    need the revisions (``FacetHost.readers_need``: the group has an epoch plan), it is refused
+    by name (``protocol_mismatch``), as a protocol-1 agent is."""
     missing = missing_features(features)
-    if missing and host.machine.epochs.epoch(group) is not None:
+    if not missing:
+        return
+    needs = next(
+        (
+            need
+            for facet in facet_hosts()
+            if facet.readers_need is not None
+            and (need := facet.readers_need(host.machine, group)) is not None
+        ),
+        None,
+    )
+    if needs is not None:
         raise ApiError(
             PROTOCOL_MISMATCH,
-            f"group {group!r} reads epoch plans, whose decisions protocol {PROTOCOL} sends as "
+            f"group {group!r} {needs}, whose decisions protocol {PROTOCOL} sends as "
             f"{', '.join(missing)} updates; the {what} names features "
             f"{features or 'none'}: an agent built before them would ignore them silently. "
             "Upgrade the agent (docs/protocol.md)",

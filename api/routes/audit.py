@@ -14,8 +14,9 @@ from foldplane.api.deps import host_of, require_operator
 from foldplane.api.errors import ApiError
 from foldplane.api.openapi import answers
 from foldplane.api.paging import read_page
+from foldplane.coordinator.fold.registry import all_kinds
 from foldplane.coordinator.host.loop import HostUnavailable
-from foldplane.eventlog import KINDS, LogError, Record
+from foldplane.eventlog import LogError, Record
 from foldplane.wire.codes import INVALID_REQUEST, NOT_LEADER
 from foldplane.wire.protocol import QUERY
 
@@ -24,6 +25,9 @@ router = APIRouter(tags=["audit"])
 #: An offset as text: ASCII digits only (``str.isdigit`` also accepts ``"\u00b2"``).
 _OFFSET = re.compile(r"[0-9]{1,19}")
 
+
+#: The record kinds of the log: membership's and the facets' (``coordinator/fold/registry.py``).
+KINDS = all_kinds()
 
 #: One server-sent event as an SSE reader parses it (``api.sse.format_event``).
 _SSE_EVENT = {

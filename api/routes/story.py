@@ -1,15 +1,17 @@
-"""``GET /groups/{group}/ranks/{rank}/story``: why a rank is where it is; ``GET
-/refits/{refit}/story``: what happened to a refit.
+"""``GET /groups/{group}/ranks/{rank}/story``: why a rank is where it is.
 
-The story is folded from the log by :mod:`coordinator.host.story` (a refit's by
-:mod:`coordinator.host.refit_story`), the same code ``python -m coordinator explain`` runs, up to the offset the coordinator has applied (or ``?until=``). The
-fold of a long log is CPU work, so each page of records is stepped in a worker thread, and at
-most :data:`CONCURRENT` stories are folded at once. With auth on it needs the operator token.
+The story is folded from the log by :mod:`coordinator.host.story`, the same code ``python -m
+coordinator explain`` runs, up to the offset the coordinator has applied (or ``?until=``). The
+fold of a long log is CPU work, so each page of records is stepped in a worker thread
+(:func:`step_page`), and at most :data:`CONCURRENT` stories are folded at once
+(:func:`story_turn`; a facet's own stories, such as a refit's, wait their turn too). With auth
+on it needs the operator token.
 """
 
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 from fastapi import APIRouter, Path, Query, Request
 from starlette.responses import Response
@@ -18,14 +20,9 @@ from foldplane.api.codec import json_response
 from foldplane.api.deps import host_of, require_group, require_operator
 from foldplane.api.errors import ApiError
 from foldplane.api.openapi import answers
-from foldplane.coordinator.host.refit_story import (
-    RefitStoryBuilder,
-    RefitStoryError,
-    refit_story_of,
-)
-from foldplane.coordinator.host.story import StoryBuilder, StoryError, story_of
+from foldplane.coordinator.host.story import StoryError, story_of
 from foldplane.eventlog import Record
-from foldplane.wire.codes import RANK_OUT_OF_RANGE, UNKNOWN_REFIT
+from foldplane.wire.codes import RANK_OUT_OF_RANGE
 from foldplane.wire.protocol import QUERY
 
 router = APIRouter(tags=["console"])
@@ -35,7 +32,8 @@ CONCURRENT = 2
 _folding: asyncio.Semaphore | None = None
 
 
-async def _step_page(builder: StoryBuilder | RefitStoryBuilder, page: list[Record]) -> None:
+async def step_page(builder: Any, page: list[Record]) -> None:
+    """Step one page of records into a story builder, in a worker thread."""
     await asyncio.to_thread(builder.feed, page)
 
 
@@ -60,41 +58,15 @@ async def rank_story(
     if rank >= world_size:
         raise ApiError(RANK_OUT_OF_RANGE, f"rank {rank} is not in 0..{world_size - 1} of {group!r}")
     stop = host.applied_offset if until is None else min(until, host.applied_offset)
-    async with _turn():
+    async with story_turn():
         try:
-            story = await story_of(host.log, group, rank, until=stop, fold_page=_step_page)
+            story = await story_of(host.log, group, rank, until=stop, fold_page=step_page)
         except StoryError as exc:
             raise ApiError(exc.code, exc.detail) from None
     return json_response(story)
 
 
-@router.get(
-    "/refits/{refit}/story",
-    summary="What happened to a refit: its creation, each epoch (why it began, its admission), "
-    "each join and each transfer attempt and report, with offset, time and the fold's reason",
-    responses=answers({200: "RefitStoryBody"}, 401, 403, 404, 422),
-)
-async def refit_story(
-    request: Request,
-    refit: str = Path(..., max_length=64),
-    until: int | None = Query(
-        None, ge=1, le=QUERY.max_offset, description="fold only up to this offset"
-    ),
-) -> Response:
-    require_operator(request, "reading a refit's story")
-    host = host_of(request)
-    if host.machine.refits.refit(refit) is None:
-        raise ApiError(UNKNOWN_REFIT, f"no refit named {refit!r}")
-    stop = host.applied_offset if until is None else min(until, host.applied_offset)
-    async with _turn():
-        try:
-            story = await refit_story_of(host.log, refit, until=stop, fold_page=_step_page)
-        except RefitStoryError as exc:
-            raise ApiError(exc.code, exc.detail) from None
-    return json_response(story)
-
-
-def _turn() -> asyncio.Semaphore:
+def story_turn() -> asyncio.Semaphore:
     """The semaphore every story waits on (made in the serving event loop)."""
     global _folding
     if _folding is None:

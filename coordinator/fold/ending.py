@@ -3,7 +3,8 @@
 The rule. Ending a group's run takes its online ranks OFFLINE as after a clean exit (never a
 failure), drops the change in flight and rejects its proposals and the queued ones; unless the
 group already failed or was shut down, its ranks get the group's one ``shutdown_with_save``
-(reason ``ended``). From then on every rank input, and creating the group again, is refused
+(reason ``ended``), naming the checkpoint rank of the view in force, as every shutdown does.
+From then on every rank input, and creating the group again, is refused
 with ``group_ended`` (``fencing.py``): a name is used once, so the old run's history (views,
 proposals, stories) stays readable under it. Ending it again changes nothing; ``delete`` also
 takes it out of the listings.
@@ -54,7 +55,13 @@ class GroupEnd:
         if g.shutdown is None and g.formation != FAILED:
             g.shutdown = "ended"
             effects.append(
-                ShutdownWithSave(group=g.name, reason="ended", detail=reason, offset=record.offset)
+                ShutdownWithSave(
+                    group=g.name,
+                    reason="ended",
+                    detail=reason,
+                    offset=record.offset,
+                    checkpoint_rank=self._checkpoint_rank(g, g.active),
+                )
             )
         while g.queue:
             pid, _ = g.queue.popleft()

@@ -1,9 +1,10 @@
 """Facets: the kinds of state the fold keeps beside membership, added in one way.
 
 Membership (ranks, links, the Healthy Set, views, proposals, the barrier) is the fold's core
-(``machine.py``). Everything else a job brings is a *facet*: epoch plans and the data
-partitions that survive a dead rank (``epochs.py``), weight refits between two groups
-(``refits.py``). A facet
+(``machine.py``). Everything else a job brings is a *facet*, one folder of its own plugged in
+through the registry (``registry.py``): epoch plans and the data partitions that survive a
+dead rank (``coordinator/facets/epochs/``), weight refits between two groups
+(``coordinator/facets/refits/``). Its fold object is what this protocol describes; a facet
 
 - owns some record kinds (``kinds``): the fold hands their checks (:meth:`Facet.refusal`,
   :meth:`Facet.repeat_of`) and their steps (:meth:`Facet.apply`) to it;
@@ -16,10 +17,10 @@ partitions that survive a dead rank (``epochs.py``), weight refits between two g
   wait on the ranks when the coordinator resumes serving (:meth:`Facet.resume`);
 - snapshots to plain JSON data under its ``name`` and restores from it.
 
-Its effects are declared in ``effects.py`` and become projection rows and
-agent updates in ``projections.py``, like membership's. A facet is as pure as the fold: no
-I/O, no clock, no randomness; it reads the fold's groups through :class:`FoldContext` and
-never changes them.
+Its effects are declared in its folder and become projection rows and agent updates through
+what its plugin registers (``registry.FacetPlugin``), like membership's. A facet is as pure as
+the fold: no I/O, no clock, no randomness; it reads the fold's groups through
+:class:`FoldContext` and never changes them.
 """
 
 from __future__ import annotations

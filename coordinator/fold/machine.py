@@ -33,10 +33,10 @@ them and dispatches to them:
 
 ``stalls.py`` decides a view that failed with nobody blamed; ``barrier.py`` applies it.
 
-State beside membership lives in *facets* (``coordinator/fold/facets.py``): epoch plans
-(``epochs.py``) and weight refits (``refits.py``). A record of a facet's kind is checked and
-stepped by the facet; every facet hears of each committed view, each rank lost and each tick at
-fixed points of a step.
+State beside membership lives in *facets* (``coordinator/fold/facets.py``), each a package
+the registry (``registry.py``) names: epoch plans and weight refits are two. A record of a
+facet's kind is checked and stepped by the facet; every facet hears of each committed view,
+each rank lost and each tick at fixed points of a step.
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ from typing import Any
 
 import msgspec
 
+from foldplane.coordinator.fold import registry
 from foldplane.coordinator.fold.admission import admission_problem
 from foldplane.coordinator.fold.barrier import ViewChange
 from foldplane.coordinator.fold.budget import FailureBudget
@@ -52,13 +53,11 @@ from foldplane.coordinator.fold.config import GroupConfig
 from foldplane.coordinator.fold.deadlines import Deadlines
 from foldplane.coordinator.fold.effects import Effect, GroupCreated, Proposal, View
 from foldplane.coordinator.fold.ending import GroupEnd
-from foldplane.coordinator.fold.epochs import Epochs
 from foldplane.coordinator.fold.facets import Facet
 from foldplane.coordinator.fold.fencing import REPEATABLE, Fences, parse_group_created
 from foldplane.coordinator.fold.healthy_set import HealthySetRule
 from foldplane.coordinator.fold.proposals import ProposalQueue
 from foldplane.coordinator.fold.ranks import RankLifecycle
-from foldplane.coordinator.fold.refits import Refits
 from foldplane.coordinator.fold.state import FAILED, FORMING, GroupState
 from foldplane.coordinator.fold.status import group_status
 from foldplane.eventlog.record import Record
@@ -96,10 +95,9 @@ class Coordinator(
             "death_reported": self._on_death_reported,
             "proposal": self._on_proposal,
         }
-        self.epochs = Epochs()
-        self.refits = Refits()
-        #: the facets, in the fixed order their hooks run
-        self.facets: tuple[Facet, ...] = (self.epochs, self.refits)
+        #: the facets (``registry.py``), in the fixed order their hooks run
+        self.facets: tuple[Facet, ...] = tuple(p.fold() for p in registry.plugins())
+        self._facet_named: dict[str, Facet] = {f.name: f for f in self.facets}
         self._facet_of: dict[str, Facet] = {k: f for f in self.facets for k in f.kinds}
         #: the kinds :meth:`repeat_of` may find an earlier input for
         self.repeatable: frozenset[str] = REPEATABLE.union(*(f.repeatable for f in self.facets))
@@ -115,6 +113,10 @@ class Coordinator(
     def group_states(self) -> dict[str, GroupState]:
         """Every group's internal state (facets read it; nothing outside the fold should)."""
         return self._groups
+
+    def facet(self, name: str) -> Any:
+        """The facet named ``name`` (``registry.py``); KeyError if none is registered."""
+        return self._facet_named[name]
 
     # ------------------------------------------------------------------ stepping
 

@@ -4,7 +4,9 @@ Both the execution host and ``replay`` turn effects into projection rows through
 module, so "what the host stored" and "what a fold from scratch gives" are computed the same way
 and can be compared byte for byte.
 
-Projection kinds, keyed ``(kind, group, seq)`` and upserted:
+Projection kinds, keyed ``(kind, group, seq)`` and upserted; membership's are below, and each
+facet adds its own (its ``rows`` module, registered through ``coordinator/fold/registry.py``:
+:func:`projection_kinds` lists them all):
 
 ==============  =========  ==========================================================
 kind            seq        document
@@ -17,18 +19,6 @@ kind            seq        document
 ``failure``     0          why formation failed (``group_failed``)
 ``ended``       0          why the operator ended the group, and whether it was deleted
 ``shutdown``    offset     a ``shutdown_with_save`` directive
-``epoch``       epoch      an epoch's plan, over the view it was made for (``epoch_planned``)
-``assignment``  change     one decision about a group's epochs: the first split (every
-                           rank's part), or the moves alone (each rank's part after it is
-                           its part before with the moves applied, see docs/data.md)
-``epoch_end``   epoch      every position reported processed, by rank (``epoch_completed``)
-``refit``       0          a refit's definition (``refit_created``); ``group`` is the refit's
-                           name, as in the two rows below
-``refit_epoch`` epoch      a refit epoch, rewritten as its status moves (waiting, admitted
-                           with its members and lanes, timed out with the missing slots);
-                           never the bootstrap, which only the admitted members receive
-``transfer``    transfer   a transfer, rewritten per attempt and outcome (running, failed,
-                           completed: final)
 ==============  =========  ==========================================================
 
 View rows
@@ -39,8 +29,9 @@ to the next is a few ranks. So a view row is one of two documents:
 - **full**: the view itself, ``view_doc(view)`` (every row of a log written before delta rows
   existed is one);
 - **delta**: what changed since the version before, marked by ``"delta_from": version - 1``:
-  the wire's ``view_committed`` update (:func:`wire.protocol.view_update`) without its
-  ``type``, its ``base`` renamed ``delta_from``; ``group``, ``version``, ``offset``, ``ts`` and
+  the wire's ``view_committed`` update (:func:`wire.protocol.view_update`, a
+  ``wire.updates.ViewCommittedUpdate``) without its ``type``, its ``base`` renamed
+  ``delta_from``; ``group``, ``version``, ``offset``, ``ts`` and
   ``cause`` as in the full view, ``states`` (the ranks whose state changed, by state) and the
   rank sets as ``{"add", "remove"}`` deltas in the wire's rank-set encoding.
 
@@ -54,16 +45,13 @@ version it wants and folds the deltas after it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import msgspec
 
+from foldplane.coordinator.fold import registry
 from foldplane.coordinator.fold.effects import (
-    AssignmentChanged,
     Effect,
-    EpochCompleted,
-    EpochPlanned,
     GroupCreated,
     GroupEnded,
     GroupFailed,
@@ -71,32 +59,27 @@ from foldplane.coordinator.fold.effects import (
     ProposalAccepted,
     ProposalResolved,
     RankState,
-    RefitBootstrap,
-    RefitCreated,
-    RefitEpochChanged,
     ShutdownWithSave,
-    TransferChanged,
     View,
     ViewCommitted,
 )
 from foldplane.eventlog import LogError, ProjectionRow
 from foldplane.wire.protocol import fold_view_update, view_update
 from foldplane.wire.ranks import RankSetError
-
-PROJECTION_KINDS = (
-    "group",
-    "view",
-    "proposal",
-    "rank_state",
-    "failure",
-    "shutdown",
-    "epoch",
-    "assignment",
-    "epoch_end",
-    "refit",
-    "refit_epoch",
-    "transfer",
+from foldplane.wire.updates import (
+    RankStateUpdate,
+    ShutdownUpdate,
+    ViewCommittedUpdate,
 )
+
+#: Membership's projection kinds that ``replay`` compares (``ended`` rows are the operator's).
+MEMBERSHIP_PROJECTION_KINDS = ("group", "view", "proposal", "rank_state", "failure", "shutdown")
+
+
+def projection_kinds() -> tuple[str, ...]:
+    """The projection kinds ``replay`` compares: membership's, then each facet's."""
+    return MEMBERSHIP_PROJECTION_KINDS + registry.projection_kinds()
+
 
 _encoder = msgspec.json.Encoder(order="sorted")
 _decoder = msgspec.json.Decoder(dict)
@@ -171,9 +154,10 @@ def _view_delta(view: View, base: View | None) -> dict[str, Any] | None:
         return None
     if rebuilt != view:
         return None
-    del update["type"]
-    update[DELTA_FROM] = update.pop("base")
     doc = to_doc(update)
+    del doc["type"]
+    doc[DELTA_FROM] = doc.pop("base")
+    doc = dict(sorted(doc.items()))  # the order ``to_doc`` gives a row
     size = len(_encoder.encode(doc))
     if size < _MIN_ENTRY_BYTES * len(view.rank_states):
         return doc  # smaller than the full row, which need not be encoded to know it
@@ -194,11 +178,14 @@ def apply_view_delta(base: View, seq: int, doc: dict[str, Any]) -> View:
             f"{name}: a delta from version {doc.get(DELTA_FROM)!r} (of version "
             f"{doc.get('version')!r}), but the row before it is version {base.version}"
         )
-    update = dict(doc)
-    update["base"] = update.pop(DELTA_FROM)
+    fields = {k: v for k, v in doc.items() if k != DELTA_FROM}
     try:
+        update = msgspec.convert(
+            {**fields, "type": ViewCommittedUpdate.__struct_config__.tag, "base": base.version},
+            ViewCommittedUpdate,
+        )
         return fold_view_update(base, update, len(base.rank_states))
-    except (RankSetError, ValueError, KeyError, TypeError) as exc:
+    except (RankSetError, ValueError) as exc:
         raise ViewRowError(
             f"{name}: the delta does not apply to version {base.version}: {exc}"
         ) from None
@@ -272,159 +259,34 @@ def rows_for(effect: Effect) -> list[ProjectionRow]:
         return [ProjectionRow("ended", effect.group, 0, to_doc(effect))]
     if isinstance(effect, ShutdownWithSave):
         return [ProjectionRow("shutdown", effect.group, effect.offset, to_doc(effect))]
-    if isinstance(effect, EpochPlanned):
-        plan = {k: v for k, v in to_doc(effect).items() if k != "ranges"}
-        return [
-            ProjectionRow("epoch", effect.group, effect.epoch, plan),
-            ProjectionRow("assignment", effect.group, effect.change, to_doc(effect)),
-        ]
-    if isinstance(effect, AssignmentChanged):
-        return [ProjectionRow("assignment", effect.group, effect.change, to_doc(effect))]
-    if isinstance(effect, EpochCompleted):
-        return [ProjectionRow("epoch_end", effect.group, effect.epoch, to_doc(effect))]
-    if isinstance(effect, RefitCreated):
-        return [ProjectionRow("refit", effect.refit, 0, to_doc(effect))]
-    if isinstance(effect, RefitEpochChanged):
-        return [ProjectionRow("refit_epoch", effect.refit, effect.epoch, to_doc(effect))]
-    if isinstance(effect, TransferChanged):
-        return [ProjectionRow("transfer", effect.refit, effect.transfer, to_doc(effect))]
-    return []
+    rows = registry.rows_table().get(type(effect))
+    return [] if rows is None else rows(effect)
 
 
 # -- agent updates (docs/protocol.md, GET /agents/updates) ------------------------------------
-# The view updates (deltas) are the wire protocol's: ``wire.protocol.view_update`` and
-# ``prepare_update``. The two below are per rank or per group and small.
+# Each is a Struct of ``wire.updates``. The view updates (deltas) are the wire protocol's:
+# ``wire.protocol.view_update`` and ``prepare_update``. The two below are per rank or per
+# group and small.
 
 
-def rank_state_update(effect: RankState) -> dict[str, Any]:
-    update = {
-        "offset": effect.offset,
-        "type": "rank_state",
-        "group": effect.group,
-        "rank": effect.rank,
-        "state": effect.state,
-        "incarnation": effect.incarnation,
-        "rank_epoch": effect.rank_epoch,
-        "reason": effect.reason,
-    }
-    if effect.cause is not None:
-        update["cause"] = effect.cause
-    return update
+def rank_state_update(effect: RankState) -> RankStateUpdate:
+    return RankStateUpdate(
+        offset=effect.offset,
+        group=effect.group,
+        rank=effect.rank,
+        state=effect.state,
+        incarnation=effect.incarnation,
+        rank_epoch=effect.rank_epoch,
+        reason=effect.reason,
+        cause=effect.cause,
+    )
 
 
-def shutdown_update(effect: ShutdownWithSave) -> dict[str, Any]:
-    return {
-        "offset": effect.offset,
-        "type": "shutdown_with_save",
-        "group": effect.group,
-        "reason": effect.reason,
-        "detail": effect.detail,
-        "checkpoint_rank": effect.checkpoint_rank,
-    }
-
-
-# -- epoch plans (docs/data.md) ----------------------------------------------------------------
-# The plan, each later decision's moves and the epoch's end go to the group's journal, once;
-# a rank's whole part (``data_assignment``) goes to its own journal at the plan, and in a
-# resync (``coordinator.host.ready``), where it stands for every decision before it.
-
-
-def epoch_plan_update(effect: EpochPlanned) -> dict[str, Any]:
-    return {
-        "offset": effect.offset,
-        "type": "epoch_plan",
-        "group": effect.group,
-        "version": effect.version,
-        **{k: v for k, v in effect.plan.items() if k != "partition_ratios"},
-    }
-
-
-def data_assignment_update(
-    *,
-    group: str,
-    rank: int,
-    epoch: int,
-    assignment: int,
-    processed: int,
-    remaining: Sequence[tuple[int, int]],
-    offset: int,
-) -> dict[str, Any]:
-    """A rank's whole part as of decision ``assignment`` of the epoch: its cursor and the
-    segments it still holds."""
-    return {
-        "offset": offset,
-        "type": "data_assignment",
-        "group": group,
-        "rank": rank,
-        "epoch": epoch,
-        "assignment": assignment,
-        "processed": processed,
-        "remaining": [[s, n] for s, n in remaining],
-    }
-
-
-def data_assignment_updates(effect: EpochPlanned) -> list[dict[str, Any]]:
-    """The first split: one update per rank that holds a part."""
-    return [
-        data_assignment_update(
-            group=effect.group,
-            rank=r.rank,
-            epoch=effect.epoch,
-            assignment=effect.assignment,
-            processed=r.processed,
-            remaining=r.remaining,
-            offset=effect.offset,
-        )
-        for r in effect.ranges
-    ]
-
-
-def data_moves_update(effect: AssignmentChanged) -> dict[str, Any]:
-    """A later decision, once for the whole group: the moves, ``[from_rank, to_rank, start,
-    length]`` in the order they apply, and the ranks whose cursor is then the end of what they
-    kept (``reported``; ``agent.data`` applies them to its own part)."""
-    return {
-        "offset": effect.offset,
-        "type": "data_moves",
-        "group": effect.group,
-        "epoch": effect.epoch,
-        "assignment": effect.assignment,
-        "moves": [[m.from_rank, m.to_rank, m.start, m.length] for m in effect.moves],
-        "reported": list(effect.reported),
-    }
-
-
-def epoch_complete_update(effect: EpochCompleted) -> dict[str, Any]:
-    return {
-        "offset": effect.offset,
-        "type": "epoch_complete",
-        "group": effect.group,
-        "epoch": effect.epoch,
-    }
-
-
-# -- weight refits (docs/refit.md) -------------------------------------------------------------
-# Both groups' journals carry the refit's epochs and transfers (every worker of either side
-# follows them); the bootstrap goes to the journals of the admitted members only.
-
-
-def refit_epoch_update(effect: RefitEpochChanged) -> dict[str, Any]:
-    doc = to_doc(effect)
-    doc["type"] = "refit_epoch"
-    return doc
-
-
-def transfer_update(effect: TransferChanged) -> dict[str, Any]:
-    doc = to_doc(effect)
-    doc["type"] = "transfer"
-    return doc
-
-
-def refit_bootstrap_update(effect: RefitBootstrap) -> dict[str, Any]:
-    return {
-        "offset": effect.offset,
-        "type": "refit_bootstrap",
-        "refit": effect.refit,
-        "epoch": effect.epoch,
-        "bootstrap": effect.bootstrap,
-    }
+def shutdown_update(effect: ShutdownWithSave) -> ShutdownUpdate:
+    return ShutdownUpdate(
+        offset=effect.offset,
+        group=effect.group,
+        reason=effect.reason,
+        detail=effect.detail,
+        checkpoint_rank=effect.checkpoint_rank,
+    )

@@ -2,9 +2,10 @@
 
 A rank lost and why (a clean exit or an ended run is not a loss, and says nothing), a view
 committed with its members, cause and time, a group that failed to form, shut down or was
-ended, a refit epoch's status. Each line is built from one effect, so the log reads as the
-story the fold decided; what only changes a rank's readiness stays quiet. The host says them
-for what it decides while serving, not again for what it re-folds at a restart.
+ended, and what each facet decides (``FacetHost.decisions``: a refit epoch's status). Each
+line is built from one effect, so the log reads as the story the fold decided; what only
+changes a rank's readiness stays quiet. The host says them for what it decides while serving,
+not again for what it re-folds at a restart.
 """
 
 from __future__ import annotations
@@ -18,11 +19,11 @@ from foldplane.coordinator.fold.effects import (
     GroupEnded,
     GroupFailed,
     RankState,
-    RefitEpochChanged,
     ShutdownWithSave,
     ViewCommitted,
 )
 from foldplane.coordinator.fold.reasons import ranks_text
+from foldplane.coordinator.host.facets import facet_decisions
 
 log = logging.getLogger("foldplane.decisions")
 
@@ -52,9 +53,8 @@ def decision(effect: Effect) -> str | None:
         return f"group {effect.group} shut down ({effect.reason}): {effect.detail}"
     if isinstance(effect, GroupEnded):
         return f"group {effect.group} {'deleted' if effect.deleted else 'ended'}: {effect.reason}"
-    if isinstance(effect, RefitEpochChanged):
-        return f"refit {effect.refit} epoch {effect.epoch} {effect.status} ({effect.cause})"
-    return None
+    line = facet_decisions().get(type(effect))
+    return None if line is None else line(effect)
 
 
 def say(effects: list[Effect]) -> None:

@@ -16,6 +16,7 @@ from typing import Any
 
 import msgspec
 
+from foldplane.coordinator.fold import registry
 from foldplane.coordinator.fold.machine import Coordinator
 from foldplane.eventlog import InvalidRecord, NewRecord
 from foldplane.eventlog.record import decode_payload, validate
@@ -223,13 +224,13 @@ class Input:
         self.reply.fail(exc)
 
 
-def transfer_key(record: NewRecord) -> tuple[Any, ...] | None:
-    """An agent's start of a refit transfer, keyed as ``POST /refits/{refit}/transfers`` keys
-    the operator's: two starts of one transfer never share a batch (``batching.take_batch``)."""
-    if record.kind != "transfer" or not isinstance(record.payload, dict):
-        return None
-    refit, key = record.payload.get("refit"), record.payload.get("key")
-    return ("transfer", refit, key) if isinstance(refit, str) and isinstance(key, str) else None
+def batch_key(record: NewRecord) -> tuple[Any, ...] | None:
+    """The key that keeps an input out of a batch that holds another of the same key, as a
+    facet declares it for its kinds (``FacetPlugin.batch_key``: a refit transfer's start is
+    keyed as ``POST /refits/{refit}/transfers`` keys the operator's, so two starts of one
+    transfer never share a batch, ``batching.take_batch``)."""
+    of = registry.batch_keys().get(record.kind)
+    return None if of is None or not isinstance(record.payload, dict) else of(record.payload)
 
 
 def queue_submission(
@@ -250,7 +251,7 @@ def queue_submission(
     may take it as it is; otherwise the fold gets the decoded JSON, exactly what a reader of
     the log decodes. A beat is never appended as it is (it waits for a shared record, which is
     validated when it is built), so a normalized beat is not encoded at all. An input without
-    a caller's ``key`` that starts a refit transfer gets the transfer's (:func:`transfer_key`)."""
+    a caller's ``key`` gets the one its facet declares (:func:`batch_key`)."""
     beats: Beats | None = None
     for index, record in enumerate(records):
         heartbeat = (
@@ -278,5 +279,5 @@ def queue_submission(
             beats.add(record.rank, record.payload, index)  # type: ignore[arg-type]
             continue
         beats = None
-        own = key if key is not None else transfer_key(record)
+        own = key if key is not None else batch_key(record)
         queue.append(Input(record, payload_bytes, reply, index, own, precheck, now))

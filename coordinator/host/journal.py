@@ -27,6 +27,12 @@ Rules:
   written, which queues the group's waiting polls, and then :meth:`UpdateJournals.release`,
   which answers them oldest first, all at once or a limited number at a time (the host paces a
   view change's burst of answers while heartbeats are queued, see ``coordinator.host.pacing``).
+- **The saver hears of a shutdown first.** The host can :meth:`UpdateJournals.hold` a group's
+  ``shutdown_with_save`` for its checkpoint rank: until a reader of that rank has been handed
+  it (:meth:`UpdateJournals.mark_delivered`) or the host lets it go (:meth:`UpdateJournals.
+  let_go`, at its bound), a reader of the group's other ranks sees nothing from its offset on,
+  and an empty answer never moves such a reader past it (:meth:`UpdateJournals.horizon`). A
+  resync names the directive at once (it is the current state).
 
 This module is plain data plus those futures; the host owns it.
 """
@@ -36,25 +42,27 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import Sequence
-from typing import Any
 
 import msgspec
 
-Update = dict[str, Any]
+from foldplane.wire.updates import AgentUpdate, decode_update
+
+#: An update: one of ``wire.updates``' Structs.
+Update = AgentUpdate
 #: An update as the journal keeps it: its offset and its JSON.
 Entry = tuple[int, msgspec.Raw]
 
 _encode = msgspec.json.Encoder().encode
-_decode = msgspec.json.Decoder(dict).decode
 
 
 def encoded(update: Update) -> msgspec.Raw:
-    """An update's JSON, ready to be spliced into an answer."""
+    """An update's JSON, ready to be spliced into an answer (encoded by msgspec, once)."""
     return msgspec.Raw(_encode(update))
 
 
 def decoded(raw: msgspec.Raw) -> Update:
-    return _decode(raw)
+    """The update an entry's JSON is (its Struct: the protocol's, or a facet's declared one)."""
+    return decode_update(raw)
 
 
 class _Journal:
@@ -118,6 +126,8 @@ class UpdateJournals:
         self._published = floor
         self._visible = floor
         self.undelivered = 0
+        #: per group, a shutdown directive held for its checkpoint rank: (rank, offset)
+        self._held: dict[str, tuple[int, int]] = {}
 
     def set_world_size(self, group: str, world_size: int) -> None:
         self._world[group] = world_size
@@ -135,8 +145,9 @@ class UpdateJournals:
         journal = self._groups.get(group)
         if journal is None:
             journal = self._groups[group] = _Journal(self._start_floor)
-        self._published = max(self._published, update["offset"])
-        for dropped in journal.append(update["offset"], encoded(update), self._group_limit):
+        offset = update.offset
+        self._published = max(self._published, offset)
+        for dropped in journal.append(offset, encoded(update), self._group_limit):
             delivered = self._delivered
             self.undelivered += sum(
                 1
@@ -150,13 +161,38 @@ class UpdateJournals:
         journal = self._ranks.get(key)
         if journal is None:
             journal = self._ranks[key] = _Journal(self._start_floor)
-        self._published = max(self._published, update["offset"])
-        for dropped in journal.append(update["offset"], encoded(update), self._rank_limit):
+        offset = update.offset
+        self._published = max(self._published, offset)
+        for dropped in journal.append(offset, encoded(update), self._rank_limit):
             if self._delivered.get(key, -1) < dropped:
                 self.undelivered += 1
-        self._ranks_top[group] = max(self._ranks_top.get(group, 0), update["offset"])
+        self._ranks_top[group] = max(self._ranks_top.get(group, 0), offset)
         self._ranks_floor[group] = max(self._ranks_floor.get(group, 0), journal.floor)
         self._dirty.add(group)
+
+    def hold(self, group: str, rank: int, offset: int) -> None:
+        """Show the updates of ``group`` from ``offset`` on (its ``shutdown_with_save``) to a
+        reader of ``rank`` (the checkpoint rank) before any other reader of the group: the
+        others see them once that rank has been handed them, or at :meth:`let_go`."""
+        self._held[group] = (rank, offset)
+
+    def let_go(self, group: str) -> bool:
+        """End ``group``'s hold: its waiting readers are answered now (the host's wake already
+        made the held updates visible); whether there was a hold."""
+        if self._held.pop(group, None) is None:
+            return False
+        for future in self._waiting.pop(group, {}):
+            if not future.done():
+                future.set_result(None)
+        return True
+
+    def horizon(self, group: str, ranks: Sequence[int], applied: int) -> int:
+        """How far a reader of ``ranks`` that got nothing may move on: ``applied``, or just
+        before a shutdown held for a rank it does not read."""
+        held = self._held.get(group)
+        if held is not None and held[0] not in ranks:
+            return min(applied, held[1] - 1)
+        return applied
 
     def wake(self) -> None:
         """Queue, for release, the long polls of every group that got updates since the last
@@ -196,6 +232,7 @@ class UpdateJournals:
 
     def wake_all(self) -> None:
         self._visible = self._published
+        self._held.clear()
         for waiting in self._waiting.values():
             self._releasing.extend(waiting)
         self._waiting.clear()
@@ -234,16 +271,24 @@ class UpdateJournals:
         if len(merged) > 1:
             merged.sort(key=_offset)  # stable: updates of one offset keep their publish order
         visible = self._visible
+        held = self._held.get(group)
+        if held is not None and held[0] not in ranks:
+            visible = min(visible, held[1] - 1)
         if merged and merged[-1][0] > visible:
             merged = [entry for entry in merged if entry[0] <= visible]
         return merged
 
     def mark_delivered(self, group: str, ranks: Sequence[int], offset: int) -> None:
+        """``ranks`` have been handed ``group``'s updates up to ``offset``; a hold for one of
+        them ends once it reaches the held offset (the group's other readers are answered)."""
         delivered = self._delivered
         for rank in ranks:
             key = (group, rank)
             if offset > delivered.get(key, -1):
                 delivered[key] = offset
+        held = self._held.get(group)
+        if held is not None and offset >= held[1] and held[0] in ranks:
+            self.let_go(group)
 
     def waiter(self, group: str) -> asyncio.Future[None]:
         """A future that the next publish to ``group`` resolves, once :meth:`wake` has queued

@@ -90,6 +90,12 @@ __all__ = [
 
 log = logging.getLogger("foldplane.host")
 
+#: How long, at most, a ``shutdown_with_save`` waits for its checkpoint rank to be handed it
+#: before the group's other ranks get it too (a live rank's agent polls at all times, so it is
+#: handed the directive within a round trip; this bounds a checkpoint rank that is hung or
+#: dead but not yet OFFLINE).
+SHUTDOWN_LEAD_S = 2.0
+
 #: How many queued inputs (beats of as many host batches) wake the loop even before the oldest
 #: of them is due: few enough that admitting them is a short turn at any group size.
 QUEUED_BEATS_WAKE = 256
@@ -165,6 +171,7 @@ class Host:
         poll_release: int = 8,
         poll_spread: int = 8,
         heartbeat_flush_s: float = 0.5,
+        shutdown_lead_s: float = SHUTDOWN_LEAD_S,
         role: Role | None = None,
     ) -> None:
         self.log = log_
@@ -187,6 +194,9 @@ class Host:
             interval_s=snapshot_interval_s,
         )
         self.pacing = PollPacing(release=poll_release, spread=poll_spread)
+        if not shutdown_lead_s >= 0:
+            raise ValueError(f"shutdown_lead_s must be >= 0 seconds, got {shutdown_lead_s}")
+        self._shutdown_lead_s = shutdown_lead_s
         #: the inputs waiting for the loop, in arrival order
         self.queue: deque[Input] = deque()
         self.admission = Admission(machine, HeartbeatBuffer(heartbeat_flush_s), self.metrics)
@@ -473,7 +483,9 @@ class Host:
                 return answer
             remaining = deadline - loop.time()
             if remaining <= 0 or self._unavailable is not None or self._draining:
-                return UpdatesAnswer([], max(after, self._applied), False)
+                # never past a shutdown held for another rank (``journal.py``)
+                horizon = journals.horizon(group, ranks, self._applied)
+                return UpdatesAnswer([], max(after, horizon), False)
             # nothing runs between the check above and registering here, so no publish is missed
             waiter = journals.waiter(group)
             expiry = loop.call_later(remaining, _expire, waiter)
@@ -653,11 +665,17 @@ class Host:
             metrics.proposals[proposal.status] += 1
         for refused in ready.refused.values():
             metrics.fenced[refused.code] += 1
-        publish(self.journals, ready)
+        journals = self.journals
+        for group, rank, offset in ready.saver_first:
+            # the checkpoint rank hears of the shutdown first; the rest once it has, or at the
+            # bound (``journal.py``)
+            journals.hold(group, rank, offset)
+            asyncio.get_running_loop().call_later(self._shutdown_lead_s, journals.let_go, group)
+        publish(journals, ready)
         self.projections.add(ready.rows)
         await self.projections.write(ready.offset)
         self._applied = ready.offset
-        self.journals.wake()
+        journals.wake()
         for proposal in ready.resolved:
             for future in self._proposal_waiters.pop(proposal.id, []):
                 if not future.done():

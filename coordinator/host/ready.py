@@ -13,42 +13,25 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from foldplane.coordinator.fold.effects import (
-    AssignmentChanged,
     Effect,
-    EpochCompleted,
-    EpochPlanned,
     GroupCreated,
     GroupEnded,
     GroupFailed,
-    PartSent,
     Proposal,
     ProposalResolved,
     RankState,
-    RefitBootstrap,
-    RefitEpochChanged,
     Refused,
     ShutdownWithSave,
-    TransferChanged,
     ViewCommitted,
     ViewPrepare,
 )
 from foldplane.coordinator.fold.machine import Coordinator
-from foldplane.coordinator.fold.projections import (
-    data_assignment_update,
-    data_assignment_updates,
-    data_moves_update,
-    epoch_complete_update,
-    epoch_plan_update,
-    rank_state_update,
-    refit_bootstrap_update,
-    refit_epoch_update,
-    rows_for,
-    shutdown_update,
-    transfer_update,
-)
+from foldplane.coordinator.fold.projections import rank_state_update, rows_for, shutdown_update
+from foldplane.coordinator.host.facets import facet_carry, facet_hosts
 from foldplane.coordinator.host.journal import Update, UpdateJournals
 from foldplane.eventlog import ProjectionRow
 from foldplane.wire.protocol import View, prepare_update, view_update
+from foldplane.wire.updates import RankStateUpdate, ShutdownUpdate, ViewPrepareUpdate
 
 #: A projection row's identity: (kind, group, seq).
 RowKey = tuple[str, str, int]
@@ -59,9 +42,9 @@ class HostState:
     """Host-side state derived from effects, kept in the snapshot so that a resync after a
     restart can still name the change in flight, each rank's state and a shutdown directive."""
 
-    in_flight: dict[str, Update] = field(default_factory=dict)
-    rank_states: dict[str, dict[str, Update]] = field(default_factory=dict)
-    shutdown: dict[str, Update] = field(default_factory=dict)
+    in_flight: dict[str, ViewPrepareUpdate] = field(default_factory=dict)
+    rank_states: dict[str, dict[str, RankStateUpdate]] = field(default_factory=dict)
+    shutdown: dict[str, ShutdownUpdate] = field(default_factory=dict)
     world_sizes: dict[str, int] = field(default_factory=dict)
     #: the latest update of each facet kind that stands for the current state, per group
     #: (``epoch_plan``, ``epoch_complete``, a refit's epoch and transfer) and per rank (a
@@ -75,16 +58,16 @@ class HostState:
     ) -> list[Update]:
         """The current state of ``group`` for ``ranks``, in offset order, instead of updates a
         journal no longer holds: the view (in full, as a delta from nothing, unless the reader
-        already holds its version ``view``), the change in flight, each rank's state, each
-        rank's whole part of the group's epoch as the fold holds it now (``data_assignment``
-        as of the epoch's latest decision: it stands for every ``data_moves`` before it) and
-        the shutdown directive."""
+        already holds its version ``view``), the change in flight, each rank's state, the
+        facets' latest updates (:attr:`latest`, :attr:`latest_by_rank`) and what each facet
+        reads from the fold now (:attr:`FacetHost.resync`: the epochs facet's parts) and the
+        shutdown directive."""
         updates: list[Update] = []
         current = machine.current_view(group)
         if current is not None and current.version != view:
             updates.append(view_update(None, current))
         prepare = self.in_flight.get(group)
-        if prepare is not None and (current is None or prepare["version"] > current.version):
+        if prepare is not None and (current is None or prepare.version > current.version):
             updates.append(prepare)
         states = self.rank_states.get(group, {})
         facet_ranks = self.latest_by_rank.get(group, {})
@@ -95,35 +78,18 @@ class HostState:
                 updates.append(state)
             # "data": a rank's part as snapshots before the fold was read here kept it
             updates.extend(u for k, u in facet_ranks.get(str(rank), {}).items() if k != "data")
-        updates.extend(_parts(machine, group, ranks))
+        for facet in facet_hosts():
+            if facet.resync is not None:
+                updates.extend(facet.resync(machine, group, ranks))
         shutdown = self.shutdown.get(group)
         if shutdown is not None:
             updates.append(shutdown)
-        updates.sort(key=lambda u: u["offset"])
+        updates.sort(key=_offset)
         return updates
 
 
-def _parts(machine: Coordinator, group: str, ranks: Sequence[int]) -> list[Update]:
-    """Each of ``ranks``' whole part of ``group``'s open (or last) epoch, as of its latest
-    decision (a rank that holds nothing gets an empty part: what it held is no longer its)."""
-    e = machine.epochs.epoch(group)
-    if e is None:
-        return []
-    out = []
-    for rank in ranks:
-        h = e.holdings.get(rank)
-        out.append(
-            data_assignment_update(
-                group=group,
-                rank=rank,
-                epoch=e.number,
-                assignment=e.assignment,
-                processed=0 if h is None else h.processed,
-                remaining=[] if h is None else h.remaining_segments(),
-                offset=e.decided,
-            )
-        )
-    return out
+def _offset(update: Update) -> int:
+    return update.offset
 
 
 @dataclass(slots=True)
@@ -148,6 +114,8 @@ class Ready:
     resolved: list[Proposal] = field(default_factory=list)
     #: inputs the fold fenced while stepping, by offset
     refused: dict[int, Refused] = field(default_factory=dict)
+    #: shutdown directives to show their checkpoint rank first: (group, rank, offset)
+    saver_first: list[tuple[str, int, int]] = field(default_factory=list)
 
 
 class ReadyBuilder:
@@ -175,6 +143,7 @@ class ReadyBuilder:
         ready = Ready(offset)
         rows = ready.rows
         carry = _CARRY
+        facets = facet_carry()
         for effect in effects:
             if effect.offset > projected:
                 for row in rows_for(effect):
@@ -182,6 +151,8 @@ class ReadyBuilder:
             handler = carry.get(type(effect))
             if handler is not None:
                 handler(self, effect, ready)
+            elif (facet_handler := facets.get(type(effect))) is not None:
+                facet_handler(self.state, effect, ready)
         return ready
 
     # -- one handler per kind of effect; each returns nothing but what it adds to ``ready`` --
@@ -204,7 +175,7 @@ class ReadyBuilder:
         """What a rank receives is what changed since the version before (``wire.protocol``)."""
         view = effect.view
         prepare = self.state.in_flight.get(view.group)
-        if prepare is not None and prepare["version"] <= view.version:
+        if prepare is not None and prepare.version <= view.version:
             del self.state.in_flight[view.group]
         update = view_update(self.views.get(view.group), view)
         self.views[view.group] = view
@@ -217,77 +188,19 @@ class ReadyBuilder:
         ready.updates.append((effect.group, effect.rank, update))
 
     def _shutdown(self, effect: ShutdownWithSave, ready: Ready) -> None:
+        """Every rank gets the directive, its checkpoint rank first (``Host._carry_out``): it
+        saves while the others still hold their state."""
         update = shutdown_update(effect)
         self.state.shutdown[effect.group] = update
         ready.updates.append((effect.group, None, update))
+        if effect.checkpoint_rank is not None:
+            ready.saver_first.append((effect.group, effect.checkpoint_rank, effect.offset))
 
     def _resolved(self, effect: ProposalResolved, ready: Ready) -> None:
         ready.resolved.append(effect.proposal)
 
     def _refused(self, effect: Refused, ready: Ready) -> None:
         ready.refused[effect.offset] = effect
-
-    def _epoch_planned(self, effect: EpochPlanned, ready: Ready) -> None:
-        """A new epoch: its plan replaces the last one's (and its end) in a resync."""
-        update = epoch_plan_update(effect)
-        latest = self.state.latest.setdefault(effect.group, {})
-        latest.pop("epoch_end", None)
-        latest["epoch"] = update
-        ready.updates.append((effect.group, None, update))
-        self._assignments(effect, ready)
-
-    def _assignments(self, effect: EpochPlanned, ready: Ready) -> None:
-        """The first split: each rank's part, on its own journal."""
-        for update in data_assignment_updates(effect):
-            ready.updates.append((effect.group, update["rank"], update))
-
-    def _moves(self, effect: AssignmentChanged, ready: Ready) -> None:
-        """A later decision: its moves, once, on the group's journal (every agent applies them
-        to its own part; a resync sends the parts instead)."""
-        ready.updates.append((effect.group, None, data_moves_update(effect)))
-
-    def _part_sent(self, effect: PartSent, ready: Ready) -> None:
-        """A new incarnation's part, whole, on its own journal (after the decisions it may
-        read first: the part stands for them and for its predecessors' reports)."""
-        update = data_assignment_update(
-            group=effect.group,
-            rank=effect.rank,
-            epoch=effect.epoch,
-            assignment=effect.assignment,
-            processed=effect.processed,
-            remaining=effect.remaining,
-            offset=effect.offset,
-        )
-        ready.updates.append((effect.group, effect.rank, update))
-
-    def _epoch_completed(self, effect: EpochCompleted, ready: Ready) -> None:
-        update = epoch_complete_update(effect)
-        self.state.latest.setdefault(effect.group, {})["epoch_end"] = update
-        ready.updates.append((effect.group, None, update))
-
-    def _refit_epoch(self, effect: RefitEpochChanged, ready: Ready) -> None:
-        """Every worker of both groups follows the refit's epoch; a new epoch's bootstrap is
-        not its predecessor's, so a resync stops sending the old one."""
-        update = refit_epoch_update(effect)
-        for group in effect.groups:
-            self.state.latest.setdefault(group, {})[f"refit:{effect.refit}"] = update
-            for by_kind in self.state.latest_by_rank.get(group, {}).values():
-                by_kind.pop(f"refit_bootstrap:{effect.refit}", None)
-            ready.updates.append((group, None, update))
-
-    def _transfer(self, effect: TransferChanged, ready: Ready) -> None:
-        update = transfer_update(effect)
-        for group in effect.groups:
-            self.state.latest.setdefault(group, {})[f"transfer:{effect.refit}"] = update
-            ready.updates.append((group, None, update))
-
-    def _refit_bootstrap(self, effect: RefitBootstrap, ready: Ready) -> None:
-        """The rendezvous goes to the admitted members' own journals, nowhere else."""
-        update = refit_bootstrap_update(effect)
-        for group, rank in effect.members:
-            by_rank = self.state.latest_by_rank.setdefault(group, {})
-            by_rank.setdefault(str(rank), {})[f"refit_bootstrap:{effect.refit}"] = update
-            ready.updates.append((group, rank, update))
 
     def _group_created(self, effect: GroupCreated, ready: Ready) -> None:
         # A group is created once (a second identical create changes nothing), before any
@@ -324,11 +237,4 @@ _CARRY: dict[type[Effect], Callable[[ReadyBuilder, Any, Ready], None]] = {
     GroupCreated: ReadyBuilder._group_created,
     GroupFailed: ReadyBuilder._group_failed,
     GroupEnded: ReadyBuilder._group_failed,
-    EpochPlanned: ReadyBuilder._epoch_planned,
-    AssignmentChanged: ReadyBuilder._moves,
-    EpochCompleted: ReadyBuilder._epoch_completed,
-    PartSent: ReadyBuilder._part_sent,
-    RefitEpochChanged: ReadyBuilder._refit_epoch,
-    TransferChanged: ReadyBuilder._transfer,
-    RefitBootstrap: ReadyBuilder._refit_bootstrap,
 }

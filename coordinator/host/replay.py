@@ -38,9 +38,9 @@ from foldplane.coordinator.fold.effects import Effect, View, ViewCommitted
 from foldplane.coordinator.fold.machine import Coordinator
 from foldplane.coordinator.fold.projections import (
     DELTA_FROM,
-    PROJECTION_KINDS,
     ViewRowError,
     is_delta,
+    projection_kinds,
     proposal_doc,
     rows_for,
     view_doc,
@@ -382,7 +382,7 @@ async def _replay_once(
     if group is not None:
         groups = [g for g in groups if g == group]
     stored, full, unfolded = await _stored(
-        log, groups, ["view"] if until is not None else list(PROJECTION_KINDS)
+        log, groups, ["view"] if until is not None else list(projection_kinds())
     )
     if until is not None:
         stored = {k: d for k, d in stored.items() if d.get("offset", 0) <= until}
@@ -440,12 +440,11 @@ async def _stored(
                 if len(rows) < 1000:
                     break
                 after = rows[-1].seq
-            if kind in ("group", "failure", "rank_state", "epoch", "epoch_end", "refit"):
-                # seq 0 is a real row for these kinds (epochs are numbered from 0, a refit has
-                # one row), and after_seq is exclusive
-                row0 = await log.get_projection(kind, g, 0)
-                if row0 is not None:
-                    out[(kind, g, 0)] = row0.doc
+            # after_seq is exclusive, and seq 0 is a real row of many kinds (a group's, rank
+            # 0's state, epoch 0, a refit's definition, a facet's one row per group)
+            row0 = await log.get_projection(kind, g, 0)
+            if row0 is not None:
+                out[(kind, g, 0)] = row0.doc
     return out, full, unfolded
 
 

@@ -17,13 +17,20 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from foldplane.coordinator.fold import registry
 from foldplane.coordinator.fold.effects import Effect, Refused
 from foldplane.eventlog.record import Record
 
-#: The kinds retention may remove: liveness and evidence that, once folded into a snapshot,
-#: decided nothing on their own (a progress report whose step moved only a cursor is in the
-#: snapshot that lies before it).
-HEARTBEAT_CLASS = frozenset({"heartbeat", "tick", "links", "progress"})
+#: Membership's kinds retention may remove: liveness and evidence that, once folded into a
+#: snapshot, decided nothing on their own.
+MEMBERSHIP_HEARTBEAT_CLASS = frozenset({"heartbeat", "tick", "links"})
+
+
+def heartbeat_class() -> frozenset[str]:
+    """The kinds retention may remove: membership's and the facets' ``compactable`` ones
+    (``coordinator/fold/registry.py``; the epochs facet's ``progress``: a report whose step
+    moved only a cursor is in the snapshot that lies before it)."""
+    return MEMBERSHIP_HEARTBEAT_CLASS | registry.compactable()
 
 
 def has_down_evidence(payload: Mapping[str, Any]) -> bool:
@@ -50,7 +57,7 @@ def removable(record: Record, effects: Sequence[Effect]) -> bool:
     anyone was told about (no effect, or only its own refusal) may go. A refusal is allowed:
     a fenced heartbeat from a stale incarnation decided nothing.
     """
-    if record.kind not in HEARTBEAT_CLASS:
+    if record.kind not in heartbeat_class():
         return False
     if has_down_evidence(record.payload):
         return False

@@ -11,6 +11,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
+from typing import Any
 
 import msgspec
 
@@ -18,6 +19,7 @@ from foldplane.coordinator.fold.machine import Coordinator
 from foldplane.coordinator.host.metrics import HostMetrics
 from foldplane.coordinator.host.ready import HostState
 from foldplane.eventlog import Log, LogError
+from foldplane.wire.updates import convert_update
 
 log = logging.getLogger("foldplane.host")
 
@@ -56,7 +58,21 @@ def decode_snapshot(data: bytes) -> tuple[Coordinator, HostState]:
     doc = msgspec.json.decode(data)
     if doc.get("format") != SNAPSHOT_FORMAT:
         raise ValueError(f"snapshot format {doc.get('format')!r}, expected {SNAPSHOT_FORMAT}")
-    return Coordinator.from_snapshot(doc["fold"]), msgspec.convert(doc["host"], HostState)
+    host = doc["host"]
+    # the facets' latest updates are Structs of every declared type (wire.updates), a facet's
+    # own among them: each is converted by its type, the rest of the state as declared
+    latest = {g: _updates(by) for g, by in host.pop("latest", {}).items()}
+    by_rank = {
+        g: {r: _updates(by) for r, by in ranks.items()}
+        for g, ranks in host.pop("latest_by_rank", {}).items()
+    }
+    state = msgspec.convert(host, HostState)
+    state.latest, state.latest_by_rank = latest, by_rank
+    return Coordinator.from_snapshot(doc["fold"]), state
+
+
+def _updates(by_kind: dict[str, Any]) -> dict[str, Any]:
+    return {kind: convert_update(u) for kind, u in by_kind.items()}
 
 
 async def restore_state(log_: Log) -> tuple[Coordinator, HostState]:

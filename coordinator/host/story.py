@@ -19,15 +19,9 @@ Entry shape (plain JSON): ``{"offset", "ts", "record", "event", "reason", ...}``
 ``record`` is the kind of the log record that was folded and ``event`` what the story saw:
 ``group_created``, ``rank_state``, ``heartbeat``, ``links``, ``down_report``, ``up_report``,
 ``ack``, ``refused``, ``proposal``, ``proposal_resolved``, ``view_prepare``,
-``view_committed``, ``group_failed``, ``shutdown_with_save``; the rank's part of an epoch
-(:mod:`coordinator.host.epoch_story`): ``epoch_planned`` (the range it was given),
-``assignment_changed`` (what it held and who took over the rest when it left, or what it got
-and from whom when it joined, took over a leaver's remainder or reclaimed), ``epoch_completed``
-(how many it processed); the refits over its group (:mod:`coordinator.host.refit_story`):
-``refit_created``, ``refit_epoch`` (why each epoch began; when admitted, the rank's slot and
-refit rank or that it is not a member; which slots never joined), ``transfer`` (started,
-completed, failed and why), and the rank's own ``refit_join`` and ``transfer_status``
-reports; and on a compacted log, first,
+``view_committed``, ``group_failed``, ``shutdown_with_save``; what each facet tells of the
+rank (its ``RankStoryPart``, ``coordinator.host.facets``: the rank's part of an epoch, the
+refits over its group, with the events their modules list); and on a compacted log, first,
 ``kept_snapshot``: the story starts from the kept snapshot the removed records lie behind.
 """
 
@@ -53,8 +47,7 @@ from foldplane.coordinator.fold.effects import (
 from foldplane.coordinator.fold.machine import Coordinator
 from foldplane.coordinator.fold.reasons import ranks_text
 from foldplane.coordinator.fold.state import GroupState
-from foldplane.coordinator.host.epoch_story import Holding, epoch_entry, holding_of, part_summary
-from foldplane.coordinator.host.refit_story import REFIT_INPUTS, refit_entries
+from foldplane.coordinator.host.facets import facet_hosts
 from foldplane.coordinator.host.replay import CompactedLog, find_start
 from foldplane.eventlog import READ_PAGE, Log, Record, open_log
 from foldplane.wire import ranks as rank_sets
@@ -144,6 +137,8 @@ class StoryBuilder:
         self.omitted = {"heartbeats": 0, "evidence": 0}
         self.state_since: dict[str, Any] | None = None
         self.membership_since: dict[str, Any] | None = None
+        #: the facets' parts of the story (``coordinator.host.facets.RankStoryPart``)
+        self.parts = [h.story(group, rank) for h in facet_hosts() if h.story is not None]
 
     # .. stepping
 
@@ -157,9 +152,10 @@ class StoryBuilder:
         concerns_group = record.group == group or record.group is None
         before = None
         was_active = False
-        held: Holding | None = None
-        if g is not None and concerns_group and rank < len(g.ranks):
-            held = holding_of(self.machine, group, rank)
+        concerned = g is not None and concerns_group and rank < len(g.ranks)
+        for part in self.parts:
+            part.before(self.machine, concerned)
+        if g is not None and concerned:
             reporter = record.rank if record.kind == "links" and record.group == group else None
             if reporter is not None and not 0 <= reporter < len(g.ranks):
                 reporter = None
@@ -170,7 +166,12 @@ class StoryBuilder:
             )
             was_active = rank in g.active
         effects = self.machine.step(record)
-        self._refits(record, effects)
+        for part in self.parts:
+            decisions, evidence = part.stepped(record, effects, self.machine)
+            for event, reason, fields in evidence:
+                self._evidence_entry(record, event, reason, **fields)
+            for event, reason, fields in decisions:
+                self._decision(_entry(record, event, reason, **fields))
         if not concerns_group:
             return
         g = _group_state(self.machine, group)
@@ -184,15 +185,17 @@ class StoryBuilder:
         elif record.kind == "ack" and record.rank == rank and not _refused(effects, rank):
             version = record.payload.get("version")
             self._evidence_entry(record, "ack", f"ACKed version {version}", version=version)
+        active = rank in g.active
         for effect in effects:
             self._effect(record, effect, was_active)
             if getattr(effect, "group", None) == group:
-                told = epoch_entry(
-                    effect, rank, held, self.machine, was_active=was_active, active=rank in g.active
-                )
-                if told is not None:
-                    event, reason, extra = told
-                    self._decision(_entry(record, event, reason, **extra))
+                for part in self.parts:
+                    told = part.effect(
+                        record, effect, self.machine, was_active=was_active, active=active
+                    )
+                    if told is not None:
+                        event, reason, extra = told
+                        self._decision(_entry(record, event, reason, **extra))
 
     def _beat(self, record: Record) -> None:
         self.heartbeats += 1
@@ -246,28 +249,6 @@ class StoryBuilder:
                 f"rank {reporter} no longer reports rank {rank} down",
                 reporter=reporter,
             )
-
-    def _refits(self, record: Record, effects: list[Any]) -> None:
-        """The refits over the rank's group (coordinator/host/refit_story.py): each decision,
-        with the rank's place in an admitted epoch, and the rank's own joins and reports."""
-        if not effects and record.kind not in REFIT_INPUTS:
-            return  # most records (heartbeats) say nothing about refits
-        decisions, evidence = refit_entries(record, effects, self.machine, groups=(self.group,))
-        if record.group == self.group and record.rank == self.rank:
-            for event, reason, fields in evidence:
-                self._evidence_entry(record, event, reason, **fields)
-        for event, reason, fields in decisions:
-            if event == "refit_epoch" and fields["status"] == "admitted":
-                reason += f"; {self._refit_place(fields['refit'])}"
-            self._decision(_entry(record, event, reason, **fields))
-
-    def _refit_place(self, name: str) -> str:
-        r = self.machine.refits.refit(name)
-        member = None if r is None else r.member_slot(self.group, self.rank)
-        if r is None or member is None:
-            return f"rank {self.rank} is not a member"
-        refit_rank = r.every_slot().index(member)
-        return f"rank {self.rank} is {member[0]} slot {member[1]} (refit rank {refit_rank})"
 
     def _effect(self, record: Record, effect: Any, was_active: bool) -> None:
         rank = self.rank
@@ -452,9 +433,10 @@ class StoryBuilder:
         if self.membership_since is not None and version:
             m = self.membership_since
             text += f"; {place} since version {m['version']} (offset {m['offset']}, {m['cause']})"
-        part = part_summary(self.machine, self.group, self.rank)
-        if part is not None:
-            text += f"; {part}"
+        for facet in self.parts:
+            part = facet.summary(self.machine)
+            if part is not None:
+                text += f"; {part}"
         return text
 
 
@@ -561,7 +543,7 @@ async def story_from(
 
 
 def format_story(story: dict[str, Any]) -> str:
-    """The story (of a rank, or of a refit: coordinator/host/refit_story.py) as lines for a
+    """The story (of a rank, or of a refit: coordinator/facets/refits/story.py) as lines for a
     terminal: the summary, then one line per entry."""
     lines = [story["summary"], ""]
     header = ("offset", "time (UTC)", "record", "event", "reason")
@@ -592,12 +574,10 @@ def _event_label(entry: dict[str, Any]) -> str:
         return f"{entry['event']} {entry['state']}"
     if entry["event"] in ("view_prepare", "view_committed"):
         return f"{entry['event']} v{entry['version']}"
-    if entry["event"] in ("epoch_planned", "assignment_changed", "epoch_completed"):
-        return f"{entry['event']} e{entry['epoch']}"
-    if entry["event"] == "refit_epoch":
-        return f"refit_epoch e{entry['epoch']} {entry['status']}"
-    if entry["event"] in ("transfer", "transfer_status"):
-        return f"{entry['event']} {entry['status']}"
+    for host in facet_hosts():
+        label = host.labels.get(entry["event"])
+        if label is not None:
+            return label(entry)
     return entry["event"]
 
 

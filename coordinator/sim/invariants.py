@@ -18,6 +18,7 @@ from typing import Any
 
 import msgspec
 
+from foldplane.coordinator.facets.epochs.partition import covers_exactly, split_at
 from foldplane.coordinator.fold.effects import (
     HEALTHY,
     OFFLINE,
@@ -33,7 +34,6 @@ from foldplane.coordinator.fold.effects import (
     ViewCommitted,
     ViewPrepare,
 )
-from foldplane.coordinator.fold.partition import covers_exactly, split_at
 from foldplane.eventlog.record import Record
 from foldplane.wire import ranks as rank_sets
 from foldplane.wire.protocol import View, links_down

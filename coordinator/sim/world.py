@@ -72,9 +72,9 @@ from foldplane.agent.machine import (
     Close,
     ConnectDataPlane,
     DataPlaneReady,
-    DataUpdate,
     EventsAnswered,
     EventsFailed,
+    FacetUpdate,
     InstallView,
     LinkEvidence,
     MoveDataPlane,
@@ -91,7 +91,7 @@ from foldplane.agent.machine import (
     Tick,
     UpdatesReceived,
 )
-from foldplane.coordinator.fold.epochs import complete_plan
+from foldplane.coordinator.facets.epochs.fold import complete_plan
 from foldplane.coordinator.fold.machine import Coordinator
 from foldplane.coordinator.fold.projections import rows_for
 from foldplane.coordinator.host.batching import MAX_BATCH, decisions_first, take_batch
@@ -104,6 +104,12 @@ from foldplane.coordinator.host.snapshots import decode_snapshot, encode_snapsho
 from foldplane.coordinator.sim.invariants import Invariants, Violation
 from foldplane.eventlog.record import NewRecord, Record
 from foldplane.wire.data import ReadCursor, apply_moves
+from foldplane.wire.updates import (
+    DataAssignmentUpdate,
+    DataMovesUpdate,
+    EpochCompleteUpdate,
+    EpochPlanUpdate,
+)
 
 S = 1_000_000_000
 MS = 1_000_000
@@ -120,6 +126,8 @@ POLL_TIMEOUT_NS = POLL_WAIT_NS + 2 * S
 SETTLE_NS = 25 * S
 _ENVELOPE = ("type", "group", "rank", "token")
 _OUTSIDE = (SUPERVISOR, OPERATOR)
+#: The epochs facet's updates, which a simulated worker's reader follows.
+_DATA_UPDATES = (EpochPlanUpdate, DataAssignmentUpdate, DataMovesUpdate, EpochCompleteUpdate)
 #: What a timer returns when it found nothing to do: it does not count as a step.
 _STALE = object()
 
@@ -571,26 +579,27 @@ class _Reader:
         self.accepted = 0
         self.finished = False
 
-    def on_update(self, update: Any) -> bool:
+    def on_update(
+        self, update: EpochPlanUpdate | DataAssignmentUpdate | DataMovesUpdate | EpochCompleteUpdate
+    ) -> bool:
         """Take an update; True when there is now something to read."""
-        kind = update.get("type")
-        if kind == "epoch_plan":
-            if self.epoch != int(update["epoch"]):
+        if isinstance(update, EpochPlanUpdate):
+            if self.epoch != update.epoch:
                 self.assignment, self.base, self.remaining = 1, 0, []
                 self.cursor = ReadCursor()
                 self.accepted = 0
-            self.epoch = int(update["epoch"])
-            self.lookahead = int(update["lookahead"])
-            self.grain = int(update["grain"])
-        elif kind == "data_assignment":  # the whole part: the plan's, or a resync's
-            self.epoch = int(update["epoch"])
-            self.assignment = int(update["assignment"])
-            self._part(int(update["processed"]), [(int(s), int(n)) for s, n in update["remaining"]])
-        elif kind == "data_moves" and int(update["assignment"]) == self.assignment + 1:
+            self.epoch = update.epoch
+            self.lookahead = update.lookahead
+            self.grain = update.grain
+        elif isinstance(update, DataAssignmentUpdate):  # the whole part: the plan's, a resync's
+            self.epoch = update.epoch
+            self.assignment = update.assignment
+            self._part(update.processed, list(update.remaining))
+        elif isinstance(update, DataMovesUpdate) and update.assignment == self.assignment + 1:
             # (an older decision is already in the part; a gap cannot come from the journals)
             self.assignment += 1
             self._part(*apply_moves(self.rank, self.base, self.remaining, update))
-        elif kind == "epoch_complete":
+        elif isinstance(update, EpochCompleteUpdate):
             self.finished = True
         return not self.finished and self.cursor.yielded < self.held
 
@@ -714,7 +723,7 @@ class Process:
         elif isinstance(action, Stopped):
             self.alive = False
             w.stopped.append((self.rank, self.incarnation, action.reason))
-        elif isinstance(action, DataUpdate):
+        elif isinstance(action, FacetUpdate) and isinstance(action.update, _DATA_UPDATES):
             if self.reader.on_update(action.update):
                 self.read_later()
         elif isinstance(action, ProgressAnswered):
@@ -1200,7 +1209,7 @@ class World:
                 assert status is not None
                 inv.check_status(GROUP, status)
                 inv.check_terminal_still(coord.machine.proposal)
-                epoch = coord.machine.epochs.epoch(GROUP)
+                epoch = coord.machine.facet("epochs").epoch(GROUP)
                 if epoch is not None:
                     inv.check_epoch(epoch, coord.machine.current_view(GROUP), status, self.read)
                     for p in self.procs.values():

@@ -1,16 +1,19 @@
 """A refit worker: a real Agent of the trainer or generator group, the refit's control plane
 through ``agent.refits`` and its data plane through ``agent.refit``.
 
-Arguments: ``OUT KEYS [DIE_AT RANK]``. For each transfer key in ``KEYS`` (comma-separated) the
+Arguments: ``OUT KEYS [DIE_AT RANK [SIDE]]``. For each transfer key in ``KEYS`` (comma-separated) the
 worker joins the refit's current epoch with its slot (its rank) and the plan's digest, shares
 the bootstrap (publisher slot 0 hosts the store and offers it with its join), takes the
 transfer's running attempt, moves its shards and reports; an attempt that fails (a dead member,
 an epoch that moved) is joined again and retried until the transfer completes. The trainers'
 weights for key ``k`` are ``tests.refit.worker.full_state(seed_of(k))``; a generator writes
-what it received as tensor digests, one JSON line per event to stdout. With ``DIE_AT`` equal to
-a key, generator ``RANK`` SIGKILLs itself in that transfer's first attempt, once its world is
+what it received as tensor digests, one JSON line per event to stdout (with the wall clock,
+``at``). With ``DIE_AT`` equal to a key, ``SIDE`` (``subscriber``, the default, or
+``publisher``) slot ``RANK`` SIGKILLs itself in that transfer's first attempt, once its world is
 open and before it moves a byte (the others are then mid-transfer); only once (a marker file in
-``OUT``), so its replacement, started with the same arguments, lives. A replacement (its rank
+``OUT``), so its replacement, started with the same arguments, lives. Publisher slot 0 hosts the
+world's store: its death takes the store with it. Every world follows the coordinator's verdict
+on its epoch (``RefitClient.verdict``). A replacement (its rank
 not active when it starts) activates itself once HEALTHY.
 
 With ``GPU_TEST_DEVICE=cuda:0`` (the GPU suite, ``tests/gpu``) the worlds are NCCL worlds and the
@@ -24,6 +27,7 @@ import json
 import os
 import signal
 import sys
+import time
 import zlib
 
 from foldplane.agent import Agent
@@ -39,7 +43,7 @@ GPU = os.environ.get("GPU_TEST_DEVICE") or None
 
 
 def emit(event: str, **fields: object) -> None:
-    print(json.dumps({"event": event, **fields}), flush=True)
+    print(json.dumps({"event": event, "at": time.time(), **fields}), flush=True)
 
 
 def seed_of(key: str) -> int:
@@ -78,6 +82,7 @@ def _first(out_dir: str) -> bool:
 def main() -> int:
     out_dir, keys = sys.argv[1], sys.argv[2].split(",")
     die_at, victim = (sys.argv[3], int(sys.argv[4])) if len(sys.argv) > 4 else (None, -1)
+    victim_side = sys.argv[5] if len(sys.argv) > 5 else "subscriber"
     if GPU is not None:
         from tests.gpu.worker import share_gpu
 
@@ -115,10 +120,17 @@ def main() -> int:
                     if world is not None:
                         world.close()
                     world = open_world(
-                        plan, side, slot, boot, admitted.lanes, timeout_s=30, device=GPU
+                        plan,
+                        side,
+                        slot,
+                        boot,
+                        admitted.lanes,
+                        timeout_s=30,
+                        device=GPU,
+                        verdict=client.verdict(admitted),
                     )
                     world_epoch = admitted.epoch
-                if (key, side, slot) == (die_at, "subscriber", victim) and _first(out_dir):
+                if (key, side, slot) == (die_at, victim_side, victim) and _first(out_dir):
                     emit("dying", key=key, attempt=t.attempt)
                     os.kill(os.getpid(), signal.SIGKILL)
                 if side == "publisher":

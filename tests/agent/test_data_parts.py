@@ -10,34 +10,51 @@ import pytest
 
 from foldplane.agent.data import EpochTracker, Part
 from foldplane.wire.data import PartMismatch, apply_moves
+from foldplane.wire.updates import DataAssignmentUpdate, DataMovesUpdate, EpochPlanUpdate
 
-PLAN = {"type": "epoch_plan", "epoch": 0, "lookahead": 10, "grain": 1, "seed": 0}
+PLAN = EpochPlanUpdate(
+    offset=1,
+    group="g",
+    version=1,
+    epoch=0,
+    dataset_size=1000,
+    seed=0,
+    shuffle=True,
+    split="equal",
+    grain=1,
+    lookahead=10,
+    reclaim=False,
+)
 
 
-def whole(rank: int, assignment: int, processed: int, remaining: list[list[int]]) -> dict:
-    return {
-        "type": "data_assignment",
-        "epoch": 0,
-        "rank": rank,
-        "assignment": assignment,
-        "processed": processed,
-        "remaining": remaining,
-    }
+def whole(
+    rank: int, assignment: int, processed: int, remaining: list[list[int]]
+) -> DataAssignmentUpdate:
+    return DataAssignmentUpdate(
+        offset=1,
+        group="g",
+        epoch=0,
+        rank=rank,
+        assignment=assignment,
+        processed=processed,
+        remaining=tuple((s, n) for s, n in remaining),
+    )
 
 
 def moves(
     assignment: int, *moved: tuple[int, int, int, int], reported: list[int] | None = None
-) -> dict[str, Any]:
-    return {
-        "type": "data_moves",
-        "epoch": 0,
-        "assignment": assignment,
-        "moves": [list(m) for m in moved],
-        "reported": reported or [],
-    }
+) -> DataMovesUpdate:
+    return DataMovesUpdate(
+        offset=1,
+        group="g",
+        epoch=0,
+        assignment=assignment,
+        moves=moved,
+        reported=tuple(reported or ()),
+    )
 
 
-def tracker(rank: int, *updates: dict[str, Any]) -> EpochTracker:
+def tracker(rank: int, *updates: Any) -> EpochTracker:
     t = EpochTracker(rank, lambda *_: None)
     for u in (PLAN, *updates):
         t.on_update(u)

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
+import msgspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from foldplane.agent.machine import (
+    _ON_UPDATE,
     BEATS,
     EVENTS,
     AgentConfig,
@@ -18,6 +20,7 @@ from foldplane.agent.machine import (
     DataPlaneReady,
     EventsAnswered,
     EventsFailed,
+    FacetUpdate,
     InstallView,
     LinkEvidence,
     MoveDataPlane,
@@ -34,6 +37,23 @@ from foldplane.agent.machine import (
     UpdatesReceived,
 )
 from foldplane.wire.protocol import CAUSE_DEATH_REPORTED, View, prepare_update, view_update
+from foldplane.wire.updates import (
+    OWN_RANK,
+    UPDATE_TYPES,
+    AgentUpdate,
+    DataAssignmentUpdate,
+    DataMovesUpdate,
+    EpochCompleteUpdate,
+    EpochPlanUpdate,
+    RankStateUpdate,
+    RefitBootstrapUpdate,
+    RefitEpochUpdate,
+    ShutdownUpdate,
+    TransferUpdate,
+    Update,
+    ViewCommittedUpdate,
+    ViewPrepareUpdate,
+)
 
 INC = "inc-a"
 STORE = StoreAddress("127.0.0.1", 29500)
@@ -89,7 +109,9 @@ def view(version: int, active: list[int], offset: int = 0) -> View:
     )
 
 
-def committed(offset: int, version: int, active: list[int], base: View | None = None) -> dict:
+def committed(
+    offset: int, version: int, active: list[int], base: View | None = None
+) -> ViewCommittedUpdate:
     """The ``view_committed`` update of ``view(version, active)``: a delta from ``base``, or
     the full view (``base: 0``) when there is none."""
     return view_update(base, view(version, active, offset))
@@ -97,7 +119,7 @@ def committed(offset: int, version: int, active: list[int], base: View | None = 
 
 def prepare(
     offset: int, version: int, active: list[int], participants: list[int], base: View | None = None
-) -> dict:
+) -> ViewPrepareUpdate:
     """The ``view_prepare`` of ``version``, a delta from ``base``; ``participants`` must be
     members of the old or the new view (the others are absent)."""
     return prepare_update(
@@ -111,22 +133,19 @@ def prepare(
     )
 
 
-def rank_state(offset: int, state: str, rank: int = 1, incarnation: str = INC, **kw: Any) -> dict:
-    return {
-        "offset": offset,
-        "type": "rank_state",
-        "group": "g",
-        "rank": rank,
-        "state": state,
-        "incarnation": incarnation,
-        "rank_epoch": 1,
-        "reason": f"rank {rank} is {state}",
-        **kw,
-    }
+def rank_state(
+    offset: int, state: str, rank: int = 1, incarnation: str = INC, **kw: Any
+) -> RankStateUpdate:
+    fields: dict[str, Any] = {"rank_epoch": 1, "reason": f"rank {rank} is {state}", **kw}
+    return RankStateUpdate(
+        offset=offset, group="g", rank=rank, state=state, incarnation=incarnation, **fields
+    )
 
 
-def updates(*items: dict, now: float = 0.0, store: StoreAddress | None = STORE) -> UpdatesReceived:
-    next_after = max((u["offset"] for u in items), default=0)
+def updates(
+    *items: AgentUpdate, now: float = 0.0, store: StoreAddress | None = STORE
+) -> UpdatesReceived:
+    next_after = max((u.offset for u in items), default=0)
     return UpdatesReceived(now, tuple(items), next_after, store)
 
 
@@ -573,13 +592,13 @@ def test_twin_a_resync_ahead_of_this_rank_resumes_at_its_next_after():
 
 def test_shutdown_with_save_is_reported_once():
     m = joined()
-    u = {
-        "offset": 60,
-        "type": "shutdown_with_save",
-        "group": "g",
-        "reason": "single_survivor",
-        "detail": "1 of 4 ranks left",
-    }
+    u = ShutdownUpdate(
+        offset=60,
+        group="g",
+        reason="single_survivor",
+        detail="1 of 4 ranks left",
+        checkpoint_rank=None,
+    )
     actions = m.step(updates(u))
     assert ShutdownWithSave("single_survivor", "1 of 4 ranks left") in actions
     again = m.step(UpdatesReceived(1.0, (u,), 60, STORE, resync=True))
@@ -644,7 +663,7 @@ def test_twin_a_reason_that_reads_like_a_reported_death_without_the_cause_rejoin
 
 def test_another_incarnation_after_our_join_fences_the_agent():
     m = joined()
-    successor = {**rank_state(40, "SYNCED", incarnation="inc-b"), "rank_epoch": 2}
+    successor = rank_state(40, "SYNCED", incarnation="inc-b", rank_epoch=2)
     actions = m.step(updates(successor))
     assert actions[-1] == Stopped(
         "fenced", "rank 1 is now incarnation inc-b (rank_epoch 2); inc-a is stale"
@@ -952,15 +971,107 @@ def test_the_shutdown_directive_names_the_checkpoint_rank_and_views_carry_it():
     m = joined()
     m.step(updates(committed(40, 1, [0, 1, 2])))
     assert m.view is not None and m.view.checkpoint_rank is None  # a view without one
-    named = {**committed(50, 2, [1, 2], base=m.view), "checkpoint_rank": 1}
+    named = msgspec.structs.replace(committed(50, 2, [1, 2], base=m.view), checkpoint_rank=1)
     m.step(updates(named))
     assert m.view.checkpoint_rank == 1
-    u = {
-        "offset": 60,
-        "type": "shutdown_with_save",
-        "group": "g",
-        "reason": "max_failure_exceeded",
-        "detail": "2 failed",
-        "checkpoint_rank": 2,
-    }
+    u = ShutdownUpdate(
+        offset=60, group="g", reason="max_failure_exceeded", detail="2 failed", checkpoint_rank=2
+    )
     assert ShutdownWithSave("max_failure_exceeded", "2 failed", 2) in m.step(updates(u))
+
+
+# -- every update, by class ----------------------------------------------------------------------
+
+
+def test_the_machine_follows_membership_updates_and_hands_on_the_facets() -> None:
+    """The machine dispatches on the update's class: the view's, the rank's state and the
+    shutdown are its own; every other Struct of the union is a facet's, handed on (below)."""
+    own = {ViewPrepareUpdate, ViewCommittedUpdate, RankStateUpdate, ShutdownUpdate}
+    assert set(_ON_UPDATE) == own and own < set(UPDATE_TYPES.values())
+
+
+def test_the_epochs_and_refits_updates_are_handed_on_and_only_this_ranks_part() -> None:
+    m = joined()
+    mine = DataAssignmentUpdate(
+        offset=21, group="g", rank=1, epoch=0, assignment=1, processed=0, remaining=((0, 5),)
+    )
+    theirs = msgspec.structs.replace(mine, rank=2, remaining=((5, 5),))
+    handed = [
+        EpochPlanUpdate(
+            offset=21,
+            group="g",
+            version=1,
+            epoch=0,
+            dataset_size=10,
+            seed=0,
+            shuffle=True,
+            split="equal",
+            grain=1,
+            lookahead=4,
+            reclaim=False,
+        ),
+        mine,
+        DataMovesUpdate(offset=22, group="g", epoch=0, assignment=2, moves=(), reported=(2,)),
+        EpochCompleteUpdate(offset=23, group="g", epoch=0),
+    ]
+    refits = [
+        RefitEpochUpdate(
+            offset=24,
+            refit="rl",
+            groups=("g", "h"),
+            epoch=1,
+            status="waiting",
+            cause="created",
+            deadline_ts=None,
+            digest=None,
+            lanes=1,
+            publisher_ranks=(),
+            subscriber_ranks=(),
+            missing=(),
+        ),
+        TransferUpdate(
+            offset=25,
+            refit="rl",
+            groups=("g", "h"),
+            transfer=1,
+            key="k",
+            attempt=1,
+            epoch=1,
+            status="running",
+            detail="",
+            deadline_ts=None,
+        ),
+        RefitBootstrapUpdate(offset=26, refit="rl", epoch=1, bootstrap={"store": "h:1"}),
+    ]
+    actions = m.step(updates(handed[0], mine, theirs, *handed[2:], *refits))
+    data = (EpochPlanUpdate, DataAssignmentUpdate, DataMovesUpdate, EpochCompleteUpdate)
+    facets = [a.update for a in actions if isinstance(a, FacetUpdate)]
+    assert [u for u in facets if isinstance(u, data)] == handed
+    assert [u for u in facets if not isinstance(u, data)] == refits
+
+
+class _CounterUpdate(Update, frozen=True, kw_only=True, tag="test_counter"):
+    """A facet's update the machine does not follow itself (its group's)."""
+
+    group: str
+    count: int
+
+
+class _OwnCounterUpdate(Update, frozen=True, kw_only=True, tag="test_own_counter"):
+    """A facet's update for one rank."""
+
+    audience: ClassVar[str] = OWN_RANK
+
+    group: str
+    rank: int
+    count: int
+
+
+def test_a_facets_update_is_handed_on_and_only_this_ranks() -> None:
+    m = joined()
+    group = _CounterUpdate(offset=21, group="g", count=3)
+    mine = _OwnCounterUpdate(offset=22, group="g", rank=1, count=4)
+    theirs = _OwnCounterUpdate(offset=23, group="g", rank=2, count=5)
+    actions = m.step(updates(group, mine, theirs))
+    assert [a.update for a in actions if isinstance(a, FacetUpdate)] == [group, mine]
+    assert m.after == 23

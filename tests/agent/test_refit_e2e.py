@@ -2,6 +2,9 @@
 TP=2) refit 4 generator ranks (TP=4) over gloo through a real coordinator; then a generator is
 SIGKILLed mid-transfer, the refit reports who died, and the retry on the new view (with the
 launcher's replacement) completes. Every generator's tensors equal the trainers' exactly.
+The same when the one that dies is publisher slot 0, which hosts the world's store: the
+coordinator's verdict (the refit's epoch moved) fails the attempt on every generator within
+seconds, naming slot 0, not at the store's timeout.
 
 Real processes throughout: the coordinator server, two launchers (one per group; the
 generators' replaces a failed worker), and the workers of ``refit_worker.py``."""
@@ -22,7 +25,9 @@ from typing import Any
 import pytest
 
 from foldplane.agent.launch import Launcher, WorkerExit
-from foldplane.coordinator.fold.effects import TransferChanged
+from foldplane.coordinator.facets.refits.effects import (
+    TransferChanged,
+)
 from foldplane.coordinator.fold.machine import Coordinator as Fold
 from foldplane.eventlog import open_log
 from tests.agent.conftest import ROOT, Coordinator, _base_env
@@ -105,9 +110,8 @@ def collect(sides: list[Side], want_done: int, timeout: float = 480.0) -> list[t
     return got
 
 
-def test_tp2_trainers_refit_tp4_generators_then_a_generator_dies_and_the_retry_completes(
-    coordinator: Coordinator, tmp_path: Path
-) -> None:
+def create_refit(coordinator: Coordinator) -> None:
+    """Groups ``train`` (2) and ``gen`` (4) and refit ``rl`` between them."""
     # six torch processes start at once: formation and liveness bounds for a loaded machine
     patient = {"formation_timeout_s": 300.0, "heartbeat_timeout_s": 10.0}
     coordinator.create_group("train", 2, **patient)
@@ -125,6 +129,21 @@ def test_tp2_trainers_refit_tp4_generators_then_a_generator_dies_and_the_retry_c
             "readiness_timeout_s": 120,
         },
     )
+
+
+def expected(key: str, slot: int) -> dict[str, str]:
+    """The digests of generator ``slot``'s shards of the trainers' weights for ``key``."""
+    from foldplane.agent.refit import local_shards
+
+    full = full_state(seed_of(key))
+    plan = the_plan()
+    return {n: tensor_hash(t) for n, t in local_shards(full, plan, "subscriber", slot).items()}
+
+
+def test_tp2_trainers_refit_tp4_generators_then_a_generator_dies_and_the_retry_completes(
+    coordinator: Coordinator, tmp_path: Path
+) -> None:
+    create_refit(coordinator)
     trainers = Side(coordinator, "train", 2, tmp_path)
     generators = Side(coordinator, "gen", 4, tmp_path, "step-2", "3", replace=True)
     trainers.launcher.start()
@@ -134,13 +153,6 @@ def test_tp2_trainers_refit_tp4_generators_then_a_generator_dies_and_the_retry_c
     finally:
         generators.launcher.stop()
         trainers.launcher.stop()
-
-    plan = the_plan()
-    from foldplane.agent.refit import local_shards
-
-    def expected(key: str, slot: int) -> dict[str, str]:
-        full = full_state(seed_of(key))
-        return {n: tensor_hash(t) for n, t in local_shards(full, plan, "subscriber", slot).items()}
 
     by_kind: dict[str, list[tuple]] = {}
     for side, rank, inc, ev in events:
@@ -178,3 +190,59 @@ def test_tp2_trainers_refit_tp4_generators_then_a_generator_dies_and_the_retry_c
     assert failed_attempt, "the survivors saw attempt 1 fail"
     named = [ev["why"] for ev in failed_attempt]
     assert any(f"subscriber slot {victim}" in why for why in named), named
+
+
+#: the refit world's store bound (``agent.refit.world.STORE_TIMEOUT_S``, which the worker's
+#: ``timeout_s=30`` matches): what a member waited for before the coordinator's verdict
+STORE_TIMEOUT_S = 30.0
+
+
+def test_the_store_hosts_death_fails_the_attempt_at_once_naming_it_and_the_retry_completes(
+    coordinator: Coordinator, tmp_path: Path
+) -> None:
+    """Publisher slot 0 (trainer rank 0) SIGKILLs itself mid-transfer of ``step-2``, taking
+    the world's store with it. Its launcher reports the death, the coordinator moves the
+    refit's epoch, and every generator's transfer reads that verdict: the attempt fails well
+    before the store's timeout, naming slot 0; the launcher's replacement of trainer 0 hosts a
+    new store and the transfer completes on the next epoch."""
+    create_refit(coordinator)
+    trainers = Side(coordinator, "train", 2, tmp_path, "step-2", "0", "publisher", replace=True)
+    generators = Side(coordinator, "gen", 4, tmp_path)
+    trainers.launcher.start()
+    generators.launcher.start()
+    try:
+        events = collect([trainers, generators], want_done=6)
+    finally:
+        generators.launcher.stop()
+        trainers.launcher.stop()
+
+    by_kind: dict[str, list[tuple]] = {}
+    for side, rank, inc, ev in events:
+        by_kind.setdefault(ev["event"], []).append((side, rank, inc, ev))
+    [(side, victim, victim_inc, dying)] = by_kind["dying"]
+    assert (side, victim, dying["key"], dying["attempt"]) == (trainers, 0, "step-2", 1)
+
+    failed: dict[int, dict] = {}
+    for side, rank, _, ev in by_kind.get("attempt_failed", []):
+        if side is generators and (ev["key"], ev["attempt"]) == ("step-2", 1):
+            failed.setdefault(rank, ev)  # each generator's first word of the failure
+    assert sorted(failed) == [0, 1, 2, 3], by_kind.get("attempt_failed")
+    for rank, ev in failed.items():
+        assert "publisher slot 0 dead" in ev["why"], (rank, ev["why"])
+        took = ev["at"] - dying["at"]
+        assert took < STORE_TIMEOUT_S / 3, f"generator {rank} failed {took:.1f} s after: {ev}"
+
+    got = {}
+    for side, rank, inc, ev in by_kind["transferred"]:
+        got[(side is generators, ev["key"], rank, inc)] = ev
+    for rank in range(GENERATOR.size):
+        second = [ev for (gen, k, r, _), ev in got.items() if gen and k == "step-2" and r == rank]
+        assert len(second) == 1 and second[0]["attempt"] >= 2, (rank, second)
+        assert second[0]["hashes"] == expected("step-2", rank), f"generator {rank}, step-2"
+    replacement = [ev for (gen, k, r, i), ev in got.items() if not gen and k == "step-2" and r == 0]
+    assert replacement and all(
+        i != victim_inc for (gen, k, r, i) in got if not gen and k == "step-2" and r == 0
+    )
+    status = coordinator.client.request("GET", "/refits/rl")
+    transfers = {t["key"]: t for t in status["transfers"]}
+    assert transfers["step-2"]["status"] == "completed" and transfers["step-2"]["attempt"] >= 2

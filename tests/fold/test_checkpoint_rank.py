@@ -49,7 +49,7 @@ def test_the_checkpoint_rank_travels_in_the_view_delta():
     s.form(world_size=4, checkpoint_rank=3)
     view = s.m.current_view("g")
     update = view_update(None, view)
-    assert update["checkpoint_rank"] == 3
+    assert update.checkpoint_rank == 3
     assert apply_view_update(None, update, 4).checkpoint_rank == 3
 
 
@@ -63,3 +63,23 @@ def test_a_config_without_a_pin_reads_as_before():
     assert "checkpoint_rank" not in GroupConfig.from_request({"world_size": 4}).to_dict()
     pinned = GroupConfig.from_request({"world_size": 4, "checkpoint_rank": 1})
     assert pinned.to_dict()["checkpoint_rank"] == 1
+
+
+def test_every_shutdown_names_the_failover_checkpoint_rank_of_the_view_in_force():
+    """The backend's floor: the lowest rank died (view 2 names rank 1), then rank 1 died too:
+    the one survivor, rank 2, is the rank that saves."""
+    s = Script()
+    s.form(world_size=3, backend="nccl")
+    s.at(1).death(0)
+    assert one(s.ack_all(), ViewCommitted).view.checkpoint_rank == 1
+    shutdown = one(s.at(2).death(1), ShutdownWithSave)
+    assert (shutdown.reason, shutdown.checkpoint_rank) == ("single_survivor", 2)
+
+
+def test_a_run_ended_by_the_operator_names_the_checkpoint_rank_too():
+    s = Script()
+    s.form(world_size=4, checkpoint_rank=0)
+    s.at(1).death(0)
+    assert one(s.ack_all(), ViewCommitted).view.checkpoint_rank == 1
+    shutdown = one(s.at(2).record("group_ended", "g", None, {}), ShutdownWithSave)
+    assert (shutdown.reason, shutdown.checkpoint_rank) == ("ended", 1)

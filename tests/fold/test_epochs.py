@@ -7,16 +7,16 @@ from typing import Any
 
 import pytest
 
-from foldplane.coordinator.fold.effects import (
+from foldplane.coordinator.facets.epochs.effects import (
     AssignmentChanged,
     EpochCompleted,
     EpochPlanned,
     PartSent,
-    Refused,
 )
-from foldplane.coordinator.fold.epochs import complete_plan
+from foldplane.coordinator.facets.epochs.fold import complete_plan
+from foldplane.coordinator.facets.epochs.partition import covers_exactly
+from foldplane.coordinator.fold.effects import Refused
 from foldplane.coordinator.fold.machine import Coordinator
-from foldplane.coordinator.fold.partition import covers_exactly
 from tests.fold.script import Script, of, one
 
 
@@ -35,7 +35,7 @@ def progress(
     rate: float | None = None,
     group: str = "g",
 ) -> list[Any]:
-    e = s.m.epochs.epoch(group)
+    e = s.m.facet("epochs").epoch(group)
     if assignment is None:
         assignment = e.holdings[rank].assignment if e and rank in e.holdings else 1
     payload: dict[str, Any] = {
@@ -50,13 +50,13 @@ def progress(
 
 
 def sequences(m: Coordinator, group: str = "g") -> dict[int, list[tuple[int, int]]]:
-    e = m.epochs.epoch(group)
+    e = m.facet("epochs").epoch(group)
     assert e is not None
     return {r: list(h.sequence) for r, h in e.holdings.items()}
 
 
 def assert_covers(m: Coordinator, group: str = "g") -> None:
-    e = m.epochs.epoch(group)
+    e = m.facet("epochs").epoch(group)
     assert e is not None
     assert covers_exactly(sequences(m, group).values(), e.plan.dataset_size) is None
     assert e.unprocessed == sum(h.remaining for h in e.holdings.values())
@@ -110,7 +110,7 @@ def test_progress_moves_the_cursor_and_the_last_report_completes_the_epoch() -> 
     plan(s)
     for r in range(4):
         assert progress(s, r, 100) == []
-    e = s.m.epochs.epoch("g")
+    e = s.m.facet("epochs").epoch("g")
     assert e.unprocessed == 600
     out: list[Any] = []
     for r in range(4):
@@ -137,7 +137,7 @@ def test_a_rank_leaving_the_view_gives_its_remainder_to_the_survivors() -> None:
     ]
     # the change is its moves and whose cursor is the end of its part; the parts are the fold's
     assert changed.reported == (2,)
-    e = s.m.epochs.epoch("g")
+    e = s.m.facet("epochs").epoch("g")
     assert e.holdings[2].remaining == 0 and e.holdings[2].processed == 100
     assert e.holdings[0].remaining_segments() == [(100, 150), (600, 50)]
     assert "rank 2 left the view" in changed.detail
@@ -160,7 +160,7 @@ def test_a_replacement_gets_a_fair_share_from_the_others_tails_not_the_dead_rank
     out += s.ack_all()
     changed = one(out, AssignmentChanged)
     assert changed.cause == "view_committed"
-    e = s.m.epochs.epoch("g")
+    e = s.m.facet("epochs").epoch("g")
     # 3 x (300 + 67ish - 200) left, the joiner takes about a quarter of it
     got = e.holdings[3].remaining
     assert got > 0
@@ -184,7 +184,7 @@ def test_a_donor_report_against_the_assignment_before_the_move_is_stale() -> Non
     s.links(3)
     s.propose("activate", [3])
     s.ack_all()
-    e = s.m.epochs.epoch("g")
+    e = s.m.facet("epochs").epoch("g")
     fence = e.holdings[0].fence
     assert fence > 1
     refused = one(progress(s, 0, 150, assignment=1), Refused)
@@ -206,7 +206,7 @@ def test_a_report_from_before_a_deactivation_and_reactivation_is_never_credited_
         progress(s, r, 57)
     s.propose("deactivate", [0])
     s.ack_all()
-    e = s.m.epochs.epoch("g")
+    e = s.m.facet("epochs").epoch("g")
     cut = e.assignment
     assert e.holdings[0].held == 57 and e.holdings[0].fence == cut
     s.propose("activate", [0])
@@ -235,7 +235,7 @@ def test_growth_binds_only_reports_that_reach_into_it() -> None:
     progress(s, 1, 100, rate=100.0)
     out = progress(s, 0, 500, rate=200.0)  # rank 0 ran dry and reclaimed from rank 1
     changed = one(out, AssignmentChanged)
-    e = s.m.epochs.epoch("g")
+    e = s.m.facet("epochs").epoch("g")
     assert e.holdings[0].grown == [(changed.assignment, 500)]
     assert one(progress(s, 0, 501, assignment=1), Refused).code == "stale_assignment"
     assert progress(s, 0, 501, assignment=changed.assignment) == []
@@ -253,7 +253,7 @@ def test_a_replacement_of_a_rank_that_finished_its_part_is_sent_it_whole() -> No
     kill(s, 2)
     joined = s.join(2, incarnation="g-2-b")
     sent = one(joined, PartSent)
-    e = s.m.epochs.epoch("g")
+    e = s.m.facet("epochs").epoch("g")
     assert (sent.rank, sent.processed, sent.remaining) == (2, 250, ())
     assert sent.assignment == e.assignment
     s.links(2)
@@ -292,7 +292,7 @@ def test_a_move_fences_only_the_ranks_it_shortens() -> None:
     changed = one(out, AssignmentChanged)
     (donor,) = {m.from_rank for m in changed.moves}
     other = 3 - donor  # the rank the move did not touch
-    e = s.m.epochs.epoch("g")
+    e = s.m.facet("epochs").epoch("g")
     assert e.holdings[other].fence == 0 and e.holdings[donor].fence == changed.assignment
     # the untouched rank's report against the first split is still good; the donor's is stale
     assert progress(s, other, 20, assignment=1) == []
@@ -305,7 +305,7 @@ def test_reclaim_never_takes_the_donors_lookahead() -> None:
     s = formed(world_size=2)
     plan(s, split="throughput", lookahead=390)
     progress(s, 0, 500, rate=200.0)  # rank 1 has 500 left, 390 of them inside its lookahead
-    e = s.m.epochs.epoch("g")
+    e = s.m.facet("epochs").epoch("g")
     # a third of 500 would balance the rates, but only 110 lie beyond the lookahead
     assert e.holdings[1].remaining == 390
     assert e.holdings[0].remaining == 110
@@ -338,7 +338,7 @@ def test_a_malformed_plan_is_refused_naming_the_field(fields: dict, code: str, t
     s = formed()
     refused = one(plan(s, **fields), Refused)
     assert refused.code == code and text in refused.message
-    assert s.m.epochs.epoch("g") is None
+    assert s.m.facet("epochs").epoch("g") is None
 
 
 def test_plans_for_unknown_or_unformed_groups_and_overlapping_epochs_are_refused() -> None:
@@ -384,7 +384,7 @@ def test_bad_progress_is_refused_and_changes_nothing() -> None:
         {"incarnation": s.inc(0), "epoch": 0, "assignment": 1, "processed": -1},
     )
     assert one(negative, Refused).code == "invalid_event"
-    assert s.m.epochs.epoch("g").holdings[0].processed == 100
+    assert s.m.facet("epochs").epoch("g").holdings[0].processed == 100
 
 
 def test_snapshot_and_tail_give_the_full_replay() -> None:

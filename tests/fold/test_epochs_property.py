@@ -25,11 +25,13 @@ import msgspec
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from foldplane.coordinator.fold.effects import Effect, EpochCompleted, Refused
-from foldplane.coordinator.fold.epochs import complete_plan
-from foldplane.coordinator.fold.partition import covers_exactly, split_at
+from foldplane.coordinator.facets.epochs.effects import EpochCompleted
+from foldplane.coordinator.facets.epochs.fold import complete_plan
+from foldplane.coordinator.facets.epochs.partition import covers_exactly, split_at
+from foldplane.coordinator.fold.effects import Effect, Refused
 from foldplane.coordinator.host.ready import HostState, ReadyBuilder
 from foldplane.wire.data import apply_moves
+from foldplane.wire.updates import DataAssignmentUpdate, DataMovesUpdate, EpochPlanUpdate, Update
 from tests.fold.script import Script
 
 N = 5
@@ -56,17 +58,16 @@ class Reader:
         self.base = 0
         self.remaining: list[tuple[int, int]] = []
 
-    def on_update(self, update: dict[str, Any]) -> None:
-        kind = update["type"]
-        if kind == "epoch_plan":
+    def on_update(self, update: Update) -> None:
+        if isinstance(update, EpochPlanUpdate):
             self.assignment = max(self.assignment, 1)
-        elif kind == "data_assignment":
-            self.assignment = update["assignment"]
-            self.base = update["processed"]
-            self.remaining = [(s, n) for s, n in update["remaining"]]
-        elif kind == "data_moves" and update["assignment"] > self.assignment:
-            assert update["assignment"] == self.assignment + 1, "a decision was skipped"
-            self.assignment = update["assignment"]
+        elif isinstance(update, DataAssignmentUpdate):
+            self.assignment = update.assignment
+            self.base = update.processed
+            self.remaining = list(update.remaining)
+        elif isinstance(update, DataMovesUpdate) and update.assignment > self.assignment:
+            assert update.assignment == self.assignment + 1, "a decision was skipped"
+            self.assignment = update.assignment
             self.base, self.remaining = apply_moves(self.rank, self.base, self.remaining, update)
 
 
@@ -133,7 +134,7 @@ class Run:
 
     @property
     def epoch(self) -> Any:
-        e = self.s.m.epochs.epoch("g")
+        e = self.s.m.facet("epochs").epoch("g")
         assert e is not None
         return e
 
@@ -178,10 +179,10 @@ class Run:
     # -- the schedule's operations -----------------------------------------------------------
 
     def refused_unchanged(self, payload: dict[str, Any], rank: int) -> None:
-        before = msgspec.json.encode(self.s.m.epochs.snapshot())
+        before = msgspec.json.encode(self.s.m.facet("epochs").snapshot())
         out = self.step().record("progress", "g", rank, payload)
         assert any(isinstance(x, Refused) for x in out), out
-        assert msgspec.json.encode(self.s.m.epochs.snapshot()) == before
+        assert msgspec.json.encode(self.s.m.facet("epochs").snapshot()) == before
 
     def report(self, rank: int, processed: int) -> list[Any]:
         h = self.epoch.holdings[rank]

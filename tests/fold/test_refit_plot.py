@@ -11,23 +11,23 @@ from typing import Any
 
 from PIL import Image
 
-from foldplane.coordinator.fold.effects import ViewCommitted
-from foldplane.coordinator.fold.machine import Coordinator
-from foldplane.coordinator.plot import (
+from foldplane.coordinator.facets.refits.plot import (
     ADMITTED_COLOUR,
     TRANSFER_COLOURS,
-    EpochTimeline,
+    RefitPanel,
     TransferSpan,
-    plot_views,
 )
+from foldplane.coordinator.fold.effects import ViewCommitted
+from foldplane.coordinator.fold.machine import Coordinator
+from foldplane.coordinator.plot import Timeline, plot_views
 from tests.fold.script import T0, S
 from tests.fold.test_refit_story import scenario
 
 
-def folded(group: str | None = None) -> tuple[EpochTimeline, list[dict[str, Any]]]:
+def folded(group: str | None = None) -> tuple[Timeline, list[dict[str, Any]]]:
     """The panel's data, and the view documents replay would report, from one fold."""
     s = scenario()
-    timeline = EpochTimeline(group)
+    timeline = Timeline(group)
     hook = timeline.fresh()
     m = Coordinator()
     views: list[dict[str, Any]] = []
@@ -49,8 +49,8 @@ def folded(group: str | None = None) -> tuple[EpochTimeline, list[dict[str, Any]
     return timeline, views
 
 
-def gathered(group: str | None = None) -> EpochTimeline:
-    return folded(group)[0]
+def gathered(group: str | None = None) -> RefitPanel:
+    return folded(group)[0].panel("refits")
 
 
 def test_the_refit_panel_gathers_epochs_and_transfer_attempts():
@@ -89,7 +89,7 @@ def test_the_refit_panel_is_drawn_below_the_views(tmp_path: Path):
     with_refits = tmp_path / "with.png"
     plot_views(views, str(with_refits), timeline)
     without = tmp_path / "without.png"
-    plot_views(views, str(without), gathered("other"))
+    plot_views(views, str(without), folded("other")[0])
     tall, short = Image.open(with_refits), Image.open(without)
     assert tall.width == short.width and tall.height > short.height
     # the admitted epochs and both attempts' bars are drawn, not just the axes

@@ -1,4 +1,4 @@
-"""A refit's story (coordinator/host/refit_story.py) and the refit part of a rank's story, told
+"""A refit's story (coordinator/facets/refits/story.py) and the refit part of a rank's story, told
 from a scripted log folded by the real fold: a transfer fails when a subscriber dies, the epoch
 moves twice (the loss, then the view), the replacement joins and the retry completes."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from foldplane.coordinator.host.refit_story import RefitStoryBuilder, RefitStoryError
+from foldplane.coordinator.facets.refits.story import RefitStoryBuilder, RefitStoryError
 from foldplane.coordinator.host.story import StoryBuilder, format_story
 from tests.fold.script import Script
 from tests.fold.test_refits import (
@@ -189,7 +189,14 @@ def test_explain_refit_prints_the_story_from_a_log_file(tmp_path):
 
     def explain(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, "-m", "foldplane.coordinator", "explain", str(tmp_path / "refit.db"), *args],
+            [
+                sys.executable,
+                "-m",
+                "foldplane.coordinator",
+                "explain",
+                str(tmp_path / "refit.db"),
+                *args,
+            ],
             capture_output=True,
             text=True,
             timeout=60,

@@ -9,15 +9,17 @@ from typing import Any
 import msgspec
 import pytest
 
-from foldplane.coordinator.fold.effects import (
+from foldplane.coordinator.facets.refits.effects import (
     RefitBootstrap,
     RefitCreated,
     RefitEpochChanged,
-    Refused,
     TransferChanged,
 )
+from foldplane.coordinator.facets.refits.fold import complete_spec
+from foldplane.coordinator.fold.effects import (
+    Refused,
+)
 from foldplane.coordinator.fold.machine import Coordinator
-from foldplane.coordinator.fold.refits import complete_spec
 from tests.fold.script import Script, of, one
 
 D1 = "a" * 64
@@ -46,7 +48,7 @@ def world(**fields: Any) -> Script:
 
 
 def epoch_of(s: Script, name: str = "rl") -> int:
-    r = s.m.refits.refit(name)
+    r = s.m.facet("refits").refit(name)
     assert r is not None
     return r.epoch
 
@@ -168,7 +170,7 @@ def test_a_bad_definition_is_refused_naming_the_field(fields: dict, code: str, t
     s.form("train", world_size=2)
     s.form("gen", world_size=4)
     refused(s.record("refit_created", None, None, refit_spec(**fields)), code, text)
-    assert s.m.refits.names() == []
+    assert s.m.facet("refits").names() == []
 
 
 # -- admission ------------------------------------------------------------------------------------
@@ -180,7 +182,7 @@ def test_every_slot_joined_with_one_digest_admits_the_epoch_publishers_first() -
     admitted = one(out, RefitEpochChanged)
     assert admitted.status == "admitted" and admitted.digest == D1 and admitted.lanes == 4
     assert (admitted.publisher_ranks, admitted.subscriber_ranks) == ((0, 1), (0, 1, 2, 3))
-    members = s.m.refits.refit("rl").members()  # type: ignore[union-attr]
+    members = s.m.facet("refits").refit("rl").members()  # type: ignore[union-attr]
     assert [(m["role"], m["slot"], m["group"], m["rank"], m["refit_rank"]) for m in members] == [
         ("publisher", 0, "train", 0, 0),
         ("publisher", 1, "train", 1, 1),
@@ -346,10 +348,10 @@ def test_a_completed_transfer_is_final_and_a_key_is_idempotent() -> None:
     assert report(s, "gen", 0, t) == []  # the same member again: nothing changes
     out = report_all(s, t)
     assert one(out, TransferChanged).status == "completed"
-    before = msgspec.json.encode(s.m.refits.snapshot())
+    before = msgspec.json.encode(s.m.facet("refits").snapshot())
     refused(report(s, "gen", 1, t), "transfer_final", "completed")
     refused(report(s, "gen", 1, t, status="failed", detail="late"), "transfer_final")
-    assert msgspec.json.encode(s.m.refits.snapshot()) == before
+    assert msgspec.json.encode(s.m.facet("refits").snapshot()) == before
     # creating it again is answered with the completed transfer, not a new attempt
     assert s.m.repeat_of("transfer", None, None, {"refit": "rl", "key": "step-1"}) == t.offset
 
@@ -388,7 +390,7 @@ def test_a_transfer_comes_from_a_publisher_or_the_operator_never_a_subscriber() 
     join_all(s)
     r = refused(event(s, "transfer", "gen", 0, key="k"), "not_refit_member", "subscriber slot 0")
     assert "a transfer comes from a publisher of the admitted epoch or the operator" in r.message
-    assert s.m.refits.refit("rl").running is None
+    assert s.m.facet("refits").refit("rl").running is None
     assert one(event(s, "transfer", "train", 1, key="k"), TransferChanged).status == "running"
     s2 = world()
     join_all(s2)
@@ -434,7 +436,7 @@ def test_the_bootstrap_is_refit_rank_0s_once_per_epoch_and_reaches_only_the_memb
         "invalid_event",
         "bytes",
     )
-    status = s.m.refits.status("rl")
+    status = s.m.facet("refits").status("rl")
     assert status is not None and status["bootstrap_published"] is True
     assert "h:1" not in msgspec.json.encode(status).decode()
 
@@ -454,7 +456,7 @@ def join_others(s: Script, skip: tuple[str, int]) -> list[Any]:
 def test_a_bootstrap_offered_with_the_join_is_published_in_the_step_that_admits() -> None:
     s = world()
     assert of(join(s, "train", 0, bootstrap=BOOT), RefitBootstrap) == []  # not before admission
-    status = s.m.refits.status("rl")
+    status = s.m.facet("refits").status("rl")
     assert status is not None and status["bootstrap_published"] is False
     assert "h:1" not in msgspec.json.encode(status).decode()
     out = join_others(s, ("train", 0))
@@ -465,7 +467,7 @@ def test_a_bootstrap_offered_with_the_join_is_published_in_the_step_that_admits(
     assert b.offset == admitted[0].offset and b.epoch == admitted[0].epoch
     assert b.bootstrap == BOOT
     assert b.members == (("train", 0), ("train", 1), ("gen", 0), ("gen", 1), ("gen", 2), ("gen", 3))
-    status = s.m.refits.status("rl")
+    status = s.m.facet("refits").status("rl")
     assert status is not None and status["bootstrap_published"] is True
     assert "h:1" not in msgspec.json.encode(status).decode()
     # one bootstrap an epoch: publishing another after admission is a conflict
@@ -491,7 +493,7 @@ def test_an_epoch_that_moves_before_admission_drops_the_offer() -> None:
     out = join_all(s)
     assert one(out, RefitEpochChanged).status == "admitted"
     assert of(out, RefitBootstrap) == []  # the old epoch's offer names an old world
-    status = s.m.refits.status("rl")
+    status = s.m.facet("refits").status("rl")
     assert status is not None and status["bootstrap_published"] is False
 
 
@@ -505,7 +507,7 @@ def test_only_publisher_slot_0_offers_a_bootstrap_and_only_a_small_object() -> N
         )
     refused(join(s, "train", 0, bootstrap={"x": "y" * 5000}), "invalid_event", "bytes")
     refused(join(s, "train", 0, bootstrap="h:1"), "invalid_event", "must be an object")
-    assert s.m.refits.status("rl")["joined"] == []  # type: ignore[index]
+    assert s.m.facet("refits").status("rl")["joined"] == []  # type: ignore[index]
 
 
 def test_a_join_repeats_only_with_the_same_offer() -> None:

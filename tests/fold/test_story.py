@@ -274,7 +274,7 @@ def test_the_data_story_tells_a_reclaim_and_the_epoch_s_end():
     progress(s, 0, 100, rate=200.0)
     progress(s, 1, 100, rate=100.0)
     progress(s, 0, 500, rate=200.0)  # rank 0 ran dry; it reclaims from rank 1's tail
-    e = s.m.epochs.epoch("g")
+    e = s.m.facet("epochs").epoch("g")
     while e.completed is None:  # each report of a whole part may reclaim again
         for r in (0, 1):
             if e.completed is None:

@@ -130,11 +130,14 @@ class HSDPJob:
 
 @pytest.fixture
 def hsdp(coordinator: Coordinator) -> Iterator[Any]:
-    """A factory: ``hsdp("job", 2, 2)`` creates the job's groups and starts every replica."""
+    """A factory: ``hsdp("job", 2, 2)`` creates the job's groups and starts every replica
+    (``collective_timeout_s``: its processes' collective timeout, 5 s by default)."""
     made: list[HSDPJob] = []
 
-    def make(name: str, replicas: int, shards: int, **config: Any) -> HSDPJob:
-        job = HSDPJob(coordinator, name, replicas, shards)
+    def make(
+        name: str, replicas: int, shards: int, collective_timeout_s: float = 5.0, **config: Any
+    ) -> HSDPJob:
+        job = HSDPJob(coordinator, name, replicas, shards, collective_timeout_s)
         for shard in range(shards):
             coordinator.create_group(job.group(shard), replicas, **config)
         made.append(job)

@@ -3,10 +3,12 @@
 Started by the launcher with ``FOLDPLANE_REPLICA_ID``, ``FOLDPLANE_SHARD`` and
 ``FOLDPLANE_SHARDS`` set; its agent's group is its shard index's, its rank the replica's.
 Driven by one JSON command per line on stdin, one JSON event per line on stdout. Commands:
-``steps {n | until} [with_rank] [die_at]`` (as ``tests/agent/ddp_worker.py``: n steps, or
-steps until ``until`` are committed, and on until a committed step had replica ``with_rank``
-among its members; one ``step`` event each; with ``die_at`` the process SIGKILLs itself after
-the backward pass of the first step begun with ``die_at`` steps committed, before it votes),
+``steps {n | until} [with_rank] [die_at] [stall_s, stall_steps]`` (as
+``tests/agent/ddp_worker.py``: n steps, or steps until ``until`` are committed, and on until a
+committed step had replica ``with_rank`` among its members; one ``step`` event each; with
+``die_at`` the process SIGKILLs itself after the backward pass of the first step begun with
+``die_at`` steps committed, before it votes; the first ``stall_steps`` steps sleep ``stall_s``
+before the forward pass, in the training thread only: a gray failure, alive but not stepping),
 ``activate_self``, ``close``.
 
 A ``step`` event carries the digests of this process's parameter shards and optimizer state
@@ -136,6 +138,9 @@ def main() -> int:
                     x, y = batch(seed)
                     if GPU is not None:
                         x, y = x.to(GPU), y.to(GPU)
+                    if done <= cmd.get("stall_steps", 0):
+                        model.begin_step()  # the view is pinned: the stall is on it
+                        time.sleep(cmd["stall_s"])
                     loss = torch.nn.functional.mse_loss(model(x), y)
                     loss.backward()
                     if cmd.get("die_at") is not None and model.committed_steps >= cmd["die_at"]:

@@ -8,12 +8,13 @@ import pytest
 
 from foldplane.coordinator.host.journal import UpdateJournals
 from foldplane.coordinator.host.pacing import PollPacing
+from foldplane.wire.updates import EpochCompleteUpdate
 
 
 async def woken(journals: UpdateJournals, n: int) -> list[asyncio.Future[None]]:
     """``n`` long polls of group g, woken by one publish."""
     polls = [journals.waiter("g") for _ in range(n)]
-    journals.publish_group("g", {"type": "noop", "offset": 1})
+    journals.publish_group("g", EpochCompleteUpdate(offset=1, group="g", epoch=0))
     journals.wake()
     return polls
 

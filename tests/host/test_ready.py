@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import msgspec
+
 from foldplane.coordinator.fold.effects import ProposalResolved, Refused, ViewCommitted, ViewPrepare
 from foldplane.coordinator.host.journal import UpdateJournals, decoded
 from foldplane.coordinator.host.ready import HostState, ReadyBuilder, publish
+from foldplane.wire.updates import DataAssignmentUpdate, DataMovesUpdate
 from tests.fold.script import Script, of
 
 
@@ -25,11 +28,11 @@ def test_a_formed_group_asks_for_its_rows_size_updates_and_one_commit() -> None:
     assert {("rank_state", "g", 0), ("rank_state", "g", 1)} <= set(ready.rows)
     # the prepare, then the commit, on the group's journal, in offset order
     group_updates = [u for g, rank, u in ready.updates if rank is None]
-    assert [u["offset"] for u in group_updates] == sorted(u["offset"] for u in group_updates)
+    assert [u.offset for u in group_updates] == sorted(u.offset for u in group_updates)
     assert len(group_updates) == 2
     prepare = one_of(effects, ViewPrepare)
     commit = one_of(effects, ViewCommitted)
-    assert [u["offset"] for u in group_updates] == [prepare.offset, commit.offset]
+    assert [u.offset for u in group_updates] == [prepare.offset, commit.offset]
     # each rank's own state on its own journal
     assert {rank for _, rank, _ in ready.updates if rank is not None} == {0, 1}
     assert ready.resolved == [] and ready.refused == {}
@@ -54,10 +57,10 @@ def test_a_change_in_flight_is_named_until_it_commits() -> None:
     proposed = script.propose("deactivate", [2])
     prepared = builder.ready(script.offset, proposed, projected=0)
     [prepare] = of(proposed, ViewPrepare)
-    assert builder.state.in_flight["g"]["version"] == prepare.version == 2
+    assert builder.state.in_flight["g"].version == prepare.version == 2
     # a resync names the view and the change in flight, in offset order
     resync = builder.state.resync(script.m, "g", [0], view=None)
-    assert [u["offset"] for u in resync] == sorted(u["offset"] for u in resync)
+    assert [u.offset for u in resync] == sorted(u.offset for u in resync)
     assert builder.state.in_flight["g"] in resync
     # ... and leaves out the full view a reader already holds
     held = builder.state.resync(script.m, "g", [0], view=1)
@@ -96,7 +99,10 @@ def test_publish_hands_the_updates_to_the_journals_visible_at_the_wake() -> None
     got = journals.entries_since("g", [0], 0)
     assert got
     mine = [(g, u) for g, rank, u in ready.updates if rank in (None, 0)]
-    assert [decoded(raw) for _, raw in got] == [u for _, u in mine]
+    assert [bytes(raw) for _, raw in got] == [msgspec.json.encode(u) for _, u in mine]
+    assert [msgspec.to_builtins(decoded(raw)) for _, raw in got] == [
+        msgspec.to_builtins(u) for _, u in mine
+    ]
 
 
 def one_of(effects: list, cls: type):
@@ -105,7 +111,7 @@ def one_of(effects: list, cls: type):
 
 
 def test_a_view_change_sends_its_moves_once_and_a_resync_each_rank_its_whole_part() -> None:
-    from foldplane.coordinator.fold.epochs import complete_plan
+    from foldplane.coordinator.facets.epochs.fold import complete_plan
 
     script, effects = formed(world_size=4)
     builder = ReadyBuilder(HostState(), {})
@@ -115,7 +121,7 @@ def test_a_view_change_sends_its_moves_once_and_a_resync_each_rank_its_whole_par
         script.offset, script.record("epoch_plan", "g", None, complete_plan(plan)), projected=0
     )
     # the first split: each rank's part on its own journal
-    assert sorted(r for _, r, u in planned.updates if u["type"] == "data_assignment") == [
+    assert sorted(r for _, r, u in planned.updates if u.type == "data_assignment") == [
         0,
         1,
         2,
@@ -127,20 +133,20 @@ def test_a_view_change_sends_its_moves_once_and_a_resync_each_rank_its_whole_par
     out += script.at(1).tick()
     out += script.ack_all()
     ready = builder.ready(script.offset, out, projected=0)
-    data = [(rank, u) for _, rank, u in ready.updates if u["type"].startswith("data_")]
+    data = [(rank, u) for _, rank, u in ready.updates if u.type.startswith("data_")]
     [(rank, update)] = data  # one update, on the group's journal: the moves, not the parts
-    assert rank is None and update["type"] == "data_moves" and update["reported"] == [2]
-    assert update["moves"] == [[2, 0, 600, 50], [2, 1, 650, 50], [2, 3, 700, 50]]
+    assert rank is None and isinstance(update, DataMovesUpdate) and update.reported == (2,)
+    assert update.moves == ((2, 0, 600, 50), (2, 1, 650, 50), (2, 3, 700, 50))
     row = next(r for k, r in ready.rows.items() if k[0] == "assignment")
-    assert "ranges" not in row.doc and row.doc["moves"] == update["moves"]
+    assert "ranges" not in row.doc and row.doc["moves"] == [list(m) for m in update.moves]
     # a resync: each rank's whole part, as the fold holds it, as of the latest decision
-    e = script.m.epochs.epoch("g")
+    e = script.m.facet("epochs").epoch("g")
     parts = {
-        u["rank"]: u
+        u.rank: u
         for u in builder.state.resync(script.m, "g", [0, 2], view=None)
-        if u["type"] == "data_assignment"
+        if isinstance(u, DataAssignmentUpdate)
     }
-    assert parts[0]["assignment"] == parts[2]["assignment"] == e.assignment == 2
-    assert parts[0]["processed"] == 0 and parts[0]["remaining"] == [[0, 250], [600, 50]]
-    assert parts[2]["processed"] == 100 and parts[2]["remaining"] == []
-    assert parts[0]["offset"] == e.decided
+    assert parts[0].assignment == parts[2].assignment == e.assignment == 2
+    assert parts[0].processed == 0 and parts[0].remaining == ((0, 250), (600, 50))
+    assert parts[2].processed == 100 and parts[2].remaining == ()
+    assert parts[0].offset == e.decided

@@ -14,7 +14,7 @@ from foldplane.coordinator.host.compaction import compact_log
 from foldplane.coordinator.host.loop import CONSUMER, Host
 from foldplane.coordinator.host.ready import HostState
 from foldplane.coordinator.host.replay import CompactedLog, is_summary, replay_log
-from foldplane.coordinator.host.retention import HEARTBEAT_CLASS, RetainPolicy, has_down_evidence
+from foldplane.coordinator.host.retention import RetainPolicy, has_down_evidence, heartbeat_class
 from foldplane.eventlog import Log, LogError, NewRecord, ProjectionRow, Record, open_log
 from tests.retention.history import Life
 
@@ -83,12 +83,12 @@ async def test_compaction_keeps_every_decision_and_replay_after_it_equals_the_pr
             if rec.offset in kept:
                 continue
             # what went is heartbeat-class, said nothing was down, and decided nothing
-            assert rec.kind in HEARTBEAT_CLASS, rec
+            assert rec.kind in heartbeat_class(), rec
             assert not has_down_evidence(rec.payload), rec
             assert all(type(e).__name__ == "Refused" for e in decided[rec.offset]), rec
             assert rec.offset <= report.region_end
         for rec in before:
-            if rec.kind not in HEARTBEAT_CLASS or has_down_evidence(rec.payload):
+            if rec.kind not in heartbeat_class() or has_down_evidence(rec.payload):
                 assert rec.offset in kept, rec
             if any(type(e).__name__ != "Refused" for e in decided[rec.offset]):
                 assert rec.offset in kept, rec

@@ -8,14 +8,15 @@ from typing import Any
 import pytest
 
 from foldplane.coordinator.fold.effects import RankState, Refused
+from foldplane.coordinator.fold.registry import all_kinds
 from foldplane.coordinator.host.retention import (
-    HEARTBEAT_CLASS,
     RetainPolicy,
     has_down_evidence,
+    heartbeat_class,
     parse_policy,
     removable,
 )
-from foldplane.eventlog.record import KINDS, Record
+from foldplane.eventlog.record import Record
 
 
 def rec(kind: str, payload: dict[str, Any] | None = None) -> Record:
@@ -31,12 +32,12 @@ STATE = RankState(
 UP = {"incarnation": "a", "peers": {"1": "up", "2": "up"}, "self_ready": True}
 
 
-@pytest.mark.parametrize("kind", sorted(HEARTBEAT_CLASS))
+@pytest.mark.parametrize("kind", sorted(heartbeat_class()))
 def test_a_heartbeat_class_record_that_decided_nothing_goes(kind: str) -> None:
     assert removable(rec(kind, UP if kind == "links" else {}), [])
 
 
-@pytest.mark.parametrize("kind", sorted(KINDS - HEARTBEAT_CLASS))
+@pytest.mark.parametrize("kind", sorted(all_kinds() - heartbeat_class()))
 def test_twin_every_other_kind_stays_even_when_its_step_produced_nothing(kind: str) -> None:
     assert not removable(rec(kind), [])
 

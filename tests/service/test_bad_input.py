@@ -17,7 +17,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from foldplane.coordinator.fold.machine import Coordinator
-from foldplane.eventlog import KINDS, open_log
+from foldplane.coordinator.fold.registry import all_kinds
+from foldplane.eventlog import open_log
 from foldplane.wire.codes import status_of
 from tests.service.conftest import FAST, make_server, replay
 from tests.service.schema_strategies import JSON, from_schema, near_misses
@@ -411,7 +412,7 @@ def test_the_openapi_document_states_the_real_error_shape_and_bounds(openapi):
             if "requestBody" in operation:
                 assert {"400", "413", "415", "422"} <= set(operation["responses"]), path
     kind = next(p for p in openapi["paths"]["/events"]["get"]["parameters"] if p["name"] == "kind")
-    assert sorted(kind["schema"]["enum"]) == sorted(KINDS)
+    assert sorted(kind["schema"]["enum"]) == sorted(all_kinds())
     rank = next(
         p for p in openapi["paths"]["/agents/updates"]["get"]["parameters"] if p["name"] == "rank"
     )
@@ -463,7 +464,7 @@ async def test_the_log_holds_nothing_malformed_after_the_fuzzing(fuzz_server):
     assert records, "the fuzzing appended nothing at all"
     fold = Coordinator()
     for rec in records:
-        assert rec.kind in KINDS and isinstance(rec.payload, dict)
+        assert rec.kind in all_kinds() and isinstance(rec.payload, dict)
         for effect in fold.step(rec):
             code = getattr(effect, "code", None)
             assert code != "invalid_event", f"malformed record at offset {rec.offset}: {effect}"

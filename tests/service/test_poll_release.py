@@ -51,7 +51,7 @@ async def _polls(host: Host, after: int) -> tuple[list[asyncio.Task], list[int]]
     async def poll(rank: int) -> list[str]:
         answer = await host.updates(GROUP, (rank,), after, timeout=30)
         answered_at.append(host.metrics.append_batches)
-        return [u["type"] for u in answer.updates]
+        return [u.type for u in answer.updates]
 
     tasks = [asyncio.create_task(poll(i % 2)) for i in range(POLLS)]
     await asyncio.sleep(0)  # every poll finds nothing yet and waits
@@ -118,7 +118,7 @@ async def test_a_poll_times_out_empty_and_leaves_no_waiter_behind(tmp_path):
         assert all(isinstance(o, Appended) for o in outcomes), outcomes
         assert host.journals.releasing == 0  # the expired poll was not queued for a release
         answer = await host.updates(GROUP, (0,), after, timeout=0)
-        assert "view_prepare" in [u["type"] for u in answer.updates]
+        assert "view_prepare" in [u.type for u in answer.updates]
     finally:
         await host.close()
 
@@ -178,7 +178,7 @@ async def test_a_committed_view_reaches_every_host_at_once_while_heartbeats_wait
 
         async def wait_for_commit(its: list[int]) -> None:
             answer = await host.updates("big", its, after, timeout=30)
-            types = [u["type"] for u in answer.updates]
+            types = [u.type for u in answer.updates]
             seen.append((types, host.applied_offset, any(f.done() for f in beats)))
 
         polls = [asyncio.create_task(wait_for_commit(its)) for its in hosts]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 
+import msgspec
 import pytest
 
 from foldplane.api.app import create_app
@@ -17,6 +18,7 @@ from foldplane.api.errors import ApiError
 from foldplane.coordinator.host.loop import Appended, Host
 from foldplane.eventlog import NewRecord
 from foldplane.wire.protocol import apply_view_update, view_update
+from foldplane.wire.updates import AgentUpdate, RankStateUpdate, ViewCommittedUpdate
 from tests.service.conftest import asgi_client
 
 GROUP = "w"
@@ -49,12 +51,12 @@ async def _formed(host: Host) -> int:
     return host.applied_offset
 
 
-def _group_updates(updates: list[dict]) -> list[dict]:
-    return [u for u in updates if u["type"] != "rank_state"]
+def _group_updates(updates: list[AgentUpdate]) -> list[AgentUpdate]:
+    return [u for u in updates if not isinstance(u, RankStateUpdate)]
 
 
-def _states(updates: list[dict]) -> list[tuple[int, int, str]]:
-    return [(u["offset"], u["rank"], u["state"]) for u in updates if u["type"] == "rank_state"]
+def _states(updates: list[AgentUpdate]) -> list[tuple[int, int, str]]:
+    return [(u.offset, u.rank, u.state) for u in updates if isinstance(u, RankStateUpdate)]
 
 
 async def test_a_poll_for_several_ranks_gets_the_groups_updates_once_and_each_ranks_own(host):
@@ -65,17 +67,17 @@ async def test_a_poll_for_several_ranks_gets_the_groups_updates_once_and_each_ra
     assert not both.resync and both.next_after == one.next_after == two.next_after == head
     # the group's updates once: the prepare and the commit, as each rank alone reads them
     group = _group_updates(both.updates)
-    assert [u["type"] for u in group] == ["view_prepare", "view_committed"]
+    assert [u.type for u in group] == ["view_prepare", "view_committed"]
     assert group == _group_updates(one.updates) == _group_updates(two.updates)
     # each rank's own states, and no other rank's
     assert _states(both.updates) == sorted(_states(one.updates) + _states(two.updates))
     assert {rank for _, rank, _ in _states(both.updates)} == {1, 2}
     assert (1, "HEALTHY") in {(r, s) for _, r, s in _states(both.updates)}
-    offsets = [u["offset"] for u in both.updates]
+    offsets = [u.offset for u in both.updates]
     assert offsets == sorted(offsets)
     # the committed update is a delta from nothing that folds into the coordinator's view
-    [commit] = [u for u in group if u["type"] == "view_committed"]
-    assert commit["base"] == 0
+    [commit] = [u for u in group if isinstance(u, ViewCommittedUpdate)]
+    assert commit.base == 0
     assert apply_view_update(None, commit, WORLD) == host.machine.current_view(GROUP)
 
     async with asgi_client(host) as client:
@@ -86,7 +88,8 @@ async def test_a_poll_for_several_ranks_gets_the_groups_updates_once_and_each_ra
             )
             assert r.status_code == 200, r.text
             body = r.json()
-            assert body["updates"] == both.updates and body["next_after"] == head
+            assert body["updates"] == msgspec.to_builtins(both.updates)
+            assert body["next_after"] == head
             assert body["resync"] is False and "restored" not in body
 
 
@@ -98,10 +101,11 @@ async def test_a_reader_past_the_logs_head_is_resynced_and_told_restored(host):
     # name another view in the copy it came from
     answer = await host.updates(GROUP, (0, 3), head + 100, timeout=30, view=1)
     assert answer.resync and answer.restored and answer.next_after == head
-    assert [u for u in answer.updates if u["type"] == "view_committed"] == [
+    assert [u for u in answer.updates if isinstance(u, ViewCommittedUpdate)] == [
         view_update(None, current)
     ]
-    assert sorted((u["rank"], u["state"]) for u in answer.updates if u["type"] == "rank_state") == [
+    states = [u for u in answer.updates if isinstance(u, RankStateUpdate)]
+    assert sorted((u.rank, u.state) for u in states) == [
         (0, "HEALTHY"),
         (3, "HEALTHY"),
     ]
@@ -142,13 +146,14 @@ async def test_a_resync_leaves_out_the_view_its_reader_holds_and_sends_any_other
         full = view_update(None, current)
         holding = await host.updates(GROUP, (2,), 0, timeout=0, view=1)
         assert holding.resync and not holding.restored and holding.next_after == head
-        assert [u["type"] for u in holding.updates] == ["rank_state"]
-        assert holding.updates[0]["rank"] == 2 and holding.updates[0]["state"] == "HEALTHY"
+        [state] = holding.updates
+        assert isinstance(state, RankStateUpdate)
+        assert state.rank == 2 and state.state == "HEALTHY"
         for view in (None, 0):  # nothing held, or an older version
             answer = await host.updates(GROUP, (2,), 0, timeout=0, view=view)
             assert answer.resync
-            assert [u for u in answer.updates if u["type"] == "view_committed"] == [full]
-            assert [u for u in answer.updates if u["type"] != "view_committed"] == holding.updates
+            assert [u for u in answer.updates if u.type == "view_committed"] == [full]
+            assert [u for u in answer.updates if u.type != "view_committed"] == holding.updates
         async with asgi_client(host) as client:
             params = {"group": GROUP, "rank": 2, "timeout": 0, "protocol": 2}
             held = (await client.get("/agents/updates", params={**params, "view": 1})).json()
@@ -156,7 +161,9 @@ async def test_a_resync_leaves_out_the_view_its_reader_holds_and_sends_any_other
         assert held["resync"] is True and fresh["resync"] is True
         assert [u["type"] for u in held["updates"]] == ["rank_state"]
         assert sorted(u["type"] for u in fresh["updates"]) == ["rank_state", "view_committed"]
-        assert [u for u in fresh["updates"] if u["type"] == "view_committed"] == [full]
+        assert [u for u in fresh["updates"] if u["type"] == "view_committed"] == [
+            msgspec.to_builtins(full)
+        ]
     finally:
         await host.close()
 

@@ -58,15 +58,15 @@ async def test_restart_replays_only_the_tail_after_the_last_snapshot(tmp_path):
         assert again.journals.since("big", [0], 0) is None  # older updates: resync
         answer = await again.updates("big", (0,), 0, timeout=0)
         assert answer.resync and answer.next_after == head and not answer.restored
-        assert [u["type"] for u in answer.updates] == ["rank_state"]
-        assert answer.updates[0]["incarnation"] == inc[0]
+        assert [u.type for u in answer.updates] == ["rank_state"]
+        assert answer.updates[0].incarnation == inc[0]
         both = await again.updates("big", (0, 5), 0, timeout=0)
         assert both.resync and both.next_after == head
-        assert sorted((u["type"], u["rank"], u["incarnation"]) for u in both.updates) == [
+        assert sorted((u.type, u.rank, u.incarnation) for u in both.updates) == [
             ("rank_state", 0, inc[0]),
             ("rank_state", 5, inc[5]),
         ]
-        offsets = [u["offset"] for u in both.updates]
+        offsets = [u.offset for u in both.updates]
         assert offsets == sorted(offsets)
     finally:
         await again.close()

@@ -28,12 +28,12 @@ from typing import Any
 import msgspec
 import pytest
 
+from foldplane.coordinator.facets.epochs.effects import AssignmentChanged, EpochCompleted
+from foldplane.coordinator.facets.epochs.fold import Epoch, EpochPlan, Epochs, Holding
 from foldplane.coordinator.fold import machine as machine_module
 from foldplane.coordinator.fold.config import GroupConfig
 from foldplane.coordinator.fold.effects import (
-    AssignmentChanged,
     Effect,
-    EpochCompleted,
     GroupCreated,
     Proposal,
     ProposalAccepted,
@@ -43,7 +43,6 @@ from foldplane.coordinator.fold.effects import (
     ViewCommitted,
     ViewPrepare,
 )
-from foldplane.coordinator.fold.epochs import Epoch, EpochPlan, Epochs, Holding
 from foldplane.coordinator.fold.state import RankInfo
 from foldplane.coordinator.sim import world as sim
 from foldplane.coordinator.sim.invariants import NAMES, Invariants, Violation

@@ -13,10 +13,18 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from foldplane.coordinator.fold.effects import AssignmentChanged, EpochCompleted, EpochPlanned, Move
+from foldplane.coordinator.facets.epochs.effects import (
+    AssignmentChanged,
+    EpochCompleted,
+    EpochPlanned,
+    Move,
+)
+from foldplane.coordinator.facets.epochs.partition import split_at
+from foldplane.coordinator.fold.effects import Effect
 from foldplane.coordinator.fold.machine import Coordinator
-from foldplane.coordinator.fold.partition import split_at
 from foldplane.coordinator.fold.reasons import abridged
+from foldplane.coordinator.host.facets import Entry, RankStoryPart
+from foldplane.eventlog import Record
 
 #: Segments listed in one phrase before the rest are counted.
 SEGMENTS_LISTED = 3
@@ -27,7 +35,7 @@ Holding = tuple[tuple[tuple[int, int], ...], int]
 
 def holding_of(machine: Coordinator, group: str, rank: int) -> Holding | None:
     """``rank``'s part of ``group``'s open epoch in the fold now (read only), or None."""
-    e = machine.epochs.epoch(group)
+    e = machine.facet("epochs").epoch(group)
     if e is None or e.completed is not None:
         return None
     h = e.holdings.get(rank)
@@ -55,7 +63,7 @@ def epoch_entry(
             effect, rank, before, after, joined=active and not was_active, left=not active
         )
     if isinstance(effect, EpochCompleted):
-        e = machine.epochs.epoch(effect.group)
+        e = machine.facet("epochs").epoch(effect.group)
         size = f" of {e.plan.dataset_size:,}" if e is not None else ""
         n = effect.processed.get(rank, 0)
         return (
@@ -65,6 +73,35 @@ def epoch_entry(
             {"epoch": effect.epoch, "processed": n},
         )
     return None
+
+
+class EpochStory(RankStoryPart):
+    """The epochs facet's part of a rank's story: each decision about its part."""
+
+    held: Holding | None = None
+
+    def before(self, machine: Coordinator, concerned: bool) -> None:
+        self.held = holding_of(machine, self.group, self.rank) if concerned else None
+
+    def effect(
+        self,
+        record: Record,
+        effect: Effect,
+        machine: Coordinator,
+        *,
+        was_active: bool,
+        active: bool,
+    ) -> Entry | None:
+        return epoch_entry(
+            effect, self.rank, self.held, machine, was_active=was_active, active=active
+        )
+
+    def summary(self, machine: Coordinator) -> str | None:
+        return part_summary(machine, self.group, self.rank)
+
+
+def epoch_label(entry: dict[str, Any]) -> str:
+    return f"{entry['event']} e{entry['epoch']}"
 
 
 def _planned(effect: EpochPlanned, rank: int) -> tuple[str, str, dict[str, Any]]:
@@ -169,7 +206,7 @@ def segments_text(segments: Iterable[tuple[int, int]]) -> str:
 
 def part_summary(machine: Coordinator, group: str, rank: int) -> str | None:
     """``epoch 0: processed 4,200, 800 remaining``: the rank's part of the group's epoch."""
-    e = machine.epochs.epoch(group)
+    e = machine.facet("epochs").epoch(group)
     if e is None:
         return None
     h = e.holdings.get(rank)

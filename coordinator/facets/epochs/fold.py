@@ -4,7 +4,7 @@ An epoch plan (``epoch_plan`` record) declares one pass over a dataset: its size
 whether the epoch's permutation is shuffled, how it is split, the grain (positions handed out
 together) and the lookahead (how far a rank's sampler may read ahead of what it reported).
 The fold gives each active rank of the committed view a **sequence** of ranges of the epoch's
-permutation (``coordinator.fold.partition``); ranks report how far they are (``progress``:
+permutation (``coordinator.facets.epochs.partition``); ranks report how far they are (``progress``:
 ``processed`` positions from the front of their sequence); and when the view changes, or a rank
 runs dry, ranges move, each move a committed decision (``AssignmentChanged``).
 
@@ -51,20 +51,15 @@ from typing import Any
 
 import msgspec
 
-from foldplane.coordinator.fold.effects import (
-    OFFLINE,
+from foldplane.coordinator.facets.epochs.effects import (
     AssignmentChanged,
-    Effect,
     EpochCompleted,
     EpochPlanned,
     Move,
     PartSent,
     RankRange,
-    View,
 )
-from foldplane.coordinator.fold.facets import FoldContext, Refusal
-from foldplane.coordinator.fold.fencing import online_rank_refusal
-from foldplane.coordinator.fold.partition import (
+from foldplane.coordinator.facets.epochs.partition import (
     Segment,
     apportion,
     deal,
@@ -73,6 +68,9 @@ from foldplane.coordinator.fold.partition import (
     normalized,
     split_at,
 )
+from foldplane.coordinator.fold.effects import OFFLINE, Effect, View
+from foldplane.coordinator.fold.facets import FoldContext, Refusal
+from foldplane.coordinator.fold.fencing import online_rank_refusal
 from foldplane.coordinator.fold.payloads import MAX_ID_LEN
 from foldplane.coordinator.fold.reasons import abridged, ranks_text
 from foldplane.coordinator.fold.state import FAILED, GroupState

@@ -19,15 +19,16 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from foldplane.coordinator.fold.effects import (
+from foldplane.coordinator.facets.refits.effects import (
     RefitCreated,
     RefitEpochChanged,
-    Refused,
     TransferChanged,
 )
+from foldplane.coordinator.facets.refits.fold import ADMITTED, TIMED_OUT, WAITING, Refit
+from foldplane.coordinator.fold.effects import Refused
 from foldplane.coordinator.fold.machine import Coordinator
 from foldplane.coordinator.fold.reasons import abridged, ranks_text
-from foldplane.coordinator.fold.refits import ADMITTED, TIMED_OUT, WAITING, Refit
+from foldplane.coordinator.host.facets import RankStoryPart
 from foldplane.coordinator.host.replay import CompactedLog, find_start
 from foldplane.eventlog import READ_PAGE, Log, Record, open_log
 from foldplane.wire.codes import COMPACTED, UNKNOWN_REFIT
@@ -37,7 +38,7 @@ EVIDENCE_LIMIT = 32
 #: Record kinds a refit's evidence comes from.
 REFIT_INPUTS = ("refit_join", "transfer_status")
 
-Entry = tuple[str, str, dict[str, Any]]
+Entry = tuple[str, str, dict[str, Any]]  # as coordinator.host.facets.Entry
 
 
 class RefitStoryError(Exception):
@@ -183,12 +184,45 @@ def refit_entries(
     evidence: list[Entry] = []
     if record.kind in REFIT_INPUTS and not any(isinstance(e, Refused) for e in effects):
         name = record.payload.get("refit") if isinstance(record.payload, dict) else None
-        r = machine.refits.refit(name) if isinstance(name, str) else None
+        r = machine.facet("refits").refit(name) if isinstance(name, str) else None
         if r is not None and concerns(r.name, r.groups):
             entry = _input(record, r)
             if entry is not None:
                 evidence.append(entry)
     return decisions, evidence
+
+
+class RefitRankStory(RankStoryPart):
+    """The refits facet's part of a rank's story: the refits over the rank's group, each
+    decision with the rank's place in an admitted epoch, and the rank's own joins and
+    reports."""
+
+    def stepped(
+        self, record: Record, effects: list[Any], machine: Coordinator
+    ) -> tuple[list[Entry], list[Entry]]:
+        if not effects and record.kind not in REFIT_INPUTS:
+            return [], []  # most records (heartbeats) say nothing about refits
+        decisions, evidence = refit_entries(record, effects, machine, groups=(self.group,))
+        if record.group != self.group or record.rank != self.rank:
+            evidence = []
+        placed = []
+        for event, reason, fields in decisions:
+            if event == "refit_epoch" and fields["status"] == "admitted":
+                reason += f"; {self._place(machine, fields['refit'])}"
+            placed.append((event, reason, fields))
+        return placed, evidence
+
+    def _place(self, machine: Coordinator, name: str) -> str:
+        r = machine.facet("refits").refit(name)
+        member = None if r is None else r.member_slot(self.group, self.rank)
+        if r is None or member is None:
+            return f"rank {self.rank} is not a member"
+        refit_rank = r.every_slot().index(member)
+        return f"rank {self.rank} is {member[0]} slot {member[1]} (refit rank {refit_rank})"
+
+
+def refit_epoch_label(entry: dict[str, Any]) -> str:
+    return f"refit_epoch e{entry['epoch']} {entry['status']}"
 
 
 def _entry(record: Record, entry: Entry) -> dict[str, Any]:
@@ -238,7 +272,7 @@ class RefitStoryBuilder:
     def result(self) -> dict[str, Any]:
         """The story as plain JSON data: ``refit``, ``until``, ``epoch``, ``status``,
         ``members``, ``transfers``, a one-line ``summary``, ``entries`` and ``omitted``."""
-        r = self.machine.refits.refit(self.name)
+        r = self.machine.facet("refits").refit(self.name)
         if r is None:
             raise RefitStoryError(
                 UNKNOWN_REFIT,

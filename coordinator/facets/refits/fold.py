@@ -46,15 +46,13 @@ from typing import Any
 
 import msgspec
 
-from foldplane.coordinator.fold.effects import (
-    Effect,
-    RankState,
+from foldplane.coordinator.facets.refits.effects import (
     RefitBootstrap,
     RefitCreated,
     RefitEpochChanged,
     TransferChanged,
-    View,
 )
+from foldplane.coordinator.fold.effects import Effect, RankState, View
 from foldplane.coordinator.fold.facets import FoldContext, Refusal
 from foldplane.coordinator.fold.fencing import online_rank_refusal
 from foldplane.coordinator.fold.reasons import abridged
@@ -116,6 +114,14 @@ _S = 1_000_000_000
 def complete_spec(request: dict[str, Any]) -> dict[str, Any]:
     """A refit request with the defaults filled in: the ``refit_created`` payload."""
     return {**SPEC_DEFAULTS, **request}
+
+
+def transfer_key(payload: dict[str, Any]) -> tuple[Any, ...] | None:
+    """An agent's start of a refit transfer, keyed as ``POST /refits/{refit}/transfers`` keys
+    the operator's: two starts of one transfer never share a batch (the host's
+    ``batching.take_batch``): the second is decided against the state after the first."""
+    refit, key = payload.get("refit"), payload.get("key")
+    return ("transfer", refit, key) if isinstance(refit, str) and isinstance(key, str) else None
 
 
 def spec_problem(payload: dict[str, Any]) -> str | None:

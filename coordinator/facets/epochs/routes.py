@@ -14,19 +14,22 @@ from fastapi import APIRouter, Path, Query, Request
 from starlette.responses import Response
 
 from foldplane.api.codec import json_response, read_json
-from foldplane.api.deps import host_of, principal_of, require_group
+from foldplane.api.deps import host_of, principal_of, require_group, require_operator
 from foldplane.api.errors import ApiError
 from foldplane.api.limits import MAX_RANKS_PAGE
-from foldplane.api.models import EpochPlanRequest
 from foldplane.api.openapi import answers, body
-from foldplane.coordinator.fold.epochs import complete_plan
+from foldplane.coordinator.facets.epochs.fold import complete_plan
+from foldplane.coordinator.facets.epochs.models import EpochBody, EpochPlanRequest
 from foldplane.coordinator.fold.projections import to_doc
 from foldplane.coordinator.host.loop import Appended, Host, Refusal
 from foldplane.eventlog import NewRecord
 from foldplane.wire.codes import FORBIDDEN, UNKNOWN_EPOCH
 from foldplane.wire.protocol import QUERY
 
-router = APIRouter(tags=["epochs"])
+# each route names its tag: the console reads the decisions
+router = APIRouter()
+#: the bodies it adds to the OpenAPI document's components
+SCHEMA_TYPES = (EpochPlanRequest, EpochBody)
 
 GroupPath = Annotated[str, Path(max_length=QUERY.group_chars)]
 
@@ -36,6 +39,7 @@ GroupPath = Annotated[str, Path(max_length=QUERY.group_chars)]
     summary="Declare an epoch plan (idempotent for the same plan); each active rank gets a part",
     openapi_extra=body("EpochPlanRequest"),
     responses=answers({201: "EpochBody", 200: "EpochBody"}, 401, 403, 404, 409, 413, 422),
+    tags=["epochs"],
 )
 async def plan_epoch(request: Request, group: GroupPath) -> Response:
     principal = principal_of(request)
@@ -61,6 +65,7 @@ async def plan_epoch(request: Request, group: GroupPath) -> Response:
     "/groups/{group}/epochs",
     summary="The open (or last) epoch: its plan, and one page of the ranks' parts and progress",
     responses=answers({200: "EpochBody"}, 404, 422),
+    tags=["epochs"],
 )
 async def get_epoch(
     request: Request,
@@ -79,10 +84,62 @@ async def get_epoch(
 
 
 def _epoch_body(host: Host, group: str, after: int | None, limit: int) -> dict:
-    status = host.machine.epochs.status(group)
+    status = host.machine.facet("epochs").status(group)
     if status is None:
         raise ApiError(UNKNOWN_EPOCH, f"group {group!r} has no epoch plan")
     ranks = [r for r in status["ranks"] if after is None or r["rank"] > after]
     status["ranks"] = ranks[:limit]
     status["next_ranks_after"] = ranks[limit - 1]["rank"] if len(ranks) > limit else None
     return to_doc(status)
+
+
+#: Moves listed per decision; the rest are counted (a view change at scale moves thousands).
+MOVES_SHOWN = 32
+
+
+@router.get(
+    "/ui/api/groups/{group}/epochs/changes",
+    summary="The latest decisions about a group's epochs (plans and moves), newest first",
+    responses=answers({}, 401, 403, 404, 422),
+    tags=["console"],
+)
+async def epoch_changes(
+    request: Request, group: str, limit: int = Query(20, ge=1, le=200)
+) -> Response:
+    """The group's ``assignment`` rows (docs/data.md): each epoch's first split and every
+    committed move, with its cause and the fold's reason; the moves of one decision are
+    grouped per pair of ranks."""
+    require_operator(request, "reading the console")
+    host = host_of(request)
+    require_group(host, group)
+    latest = host.machine.facet("epochs").changes(group)
+    rows = await host.log.read_projections(
+        "assignment", group, after_seq=max(0, latest - limit), limit=limit
+    )
+    out = []
+    for row in reversed(rows):
+        doc = row.doc
+        pairs: dict[tuple[int, int], list[int]] = {}
+        for giver, taker, start, length in doc.get("moves", []):
+            pair = pairs.setdefault((giver, taker), [0, start])
+            pair[0] += length
+        moves = [
+            {"from_rank": a, "to_rank": b, "positions": n, "first": first}
+            for (a, b), (n, first) in pairs.items()
+        ]
+        out.append(
+            {
+                "change": doc["change"],
+                "type": doc["type"],
+                "epoch": doc["epoch"],
+                "assignment": doc["assignment"],
+                "version": doc["version"],
+                "offset": doc["offset"],
+                "cause": doc.get("cause", "planned"),
+                "detail": doc.get("detail", ""),
+                "ranks": len(doc.get("ranges", [])),
+                "moves": moves[:MOVES_SHOWN],
+                "moves_count": len(moves),
+            }
+        )
+    return json_response({"group": group, "latest": latest, "changes": out})

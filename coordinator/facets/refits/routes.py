@@ -12,21 +12,41 @@ from __future__ import annotations
 from typing import Annotated
 
 import msgspec
-from fastapi import APIRouter, Path, Request
+from fastapi import APIRouter, Path, Query, Request
 from starlette.responses import Response
 
 from foldplane.api.codec import json_response, read_json
-from foldplane.api.deps import host_of, principal_of
+from foldplane.api.deps import host_of, principal_of, require_operator
 from foldplane.api.errors import ApiError
-from foldplane.api.models import RefitRequest, RefitRestartRequest, TransferRequest
 from foldplane.api.openapi import answers, body
+from foldplane.api.routes.story import step_page, story_turn
+from foldplane.coordinator.facets.refits.fold import complete_spec
+from foldplane.coordinator.facets.refits.models import (
+    RefitBody,
+    RefitList,
+    RefitRequest,
+    RefitRestartRequest,
+    RefitStoryBody,
+    TransferRequest,
+)
+from foldplane.coordinator.facets.refits.story import RefitStoryError, refit_story_of
 from foldplane.coordinator.fold.projections import to_doc
-from foldplane.coordinator.fold.refits import complete_spec
 from foldplane.coordinator.host.loop import Appended, Host, Refusal
 from foldplane.eventlog import NewRecord
 from foldplane.wire.codes import FORBIDDEN, UNKNOWN_REFIT
+from foldplane.wire.protocol import QUERY
 
-router = APIRouter(tags=["refits"])
+# each route names its tag: the story is the console's
+router = APIRouter()
+#: the bodies it adds to the OpenAPI document's components
+SCHEMA_TYPES = (
+    RefitRequest,
+    TransferRequest,
+    RefitRestartRequest,
+    RefitBody,
+    RefitList,
+    RefitStoryBody,
+)
 
 RefitPath = Annotated[str, Path(max_length=64)]
 
@@ -42,6 +62,7 @@ def _operator(request: Request, what: str) -> None:
     summary="Declare a weight refit from a publisher group to a subscriber group (idempotent)",
     openapi_extra=body("RefitRequest"),
     responses=answers({201: "RefitBody", 200: "RefitBody"}, 401, 403, 404, 409, 413, 422),
+    tags=["refits"],
 )
 async def create_refit(request: Request) -> Response:
     _operator(request, "create refits")
@@ -63,9 +84,10 @@ async def create_refit(request: Request) -> Response:
     "/refits",
     summary="Every refit's name and where it stands",
     responses=answers({200: "RefitList"}),
+    tags=["refits"],
 )
 async def list_refits(request: Request) -> Response:
-    refits = host_of(request).machine.refits
+    refits = host_of(request).machine.facet("refits")
     items = []
     for name in refits.names():
         status = refits.status(name)
@@ -78,6 +100,7 @@ async def list_refits(request: Request) -> Response:
     "/refits/{refit}",
     summary="A refit: its definition, its epoch (who joined, who is missing) and its transfers",
     responses=answers({200: "RefitBody"}, 404, 422),
+    tags=["refits"],
 )
 async def get_refit(request: Request, refit: RefitPath) -> Response:
     return json_response(_refit_body(host_of(request), refit))
@@ -88,6 +111,7 @@ async def get_refit(request: Request, refit: RefitPath) -> Response:
     summary="Start a transfer in the admitted epoch (idempotent by key; a failed one retries)",
     openapi_extra=body("TransferRequest"),
     responses=answers({201: "RefitBody", 200: "RefitBody"}, 401, 403, 404, 409, 413, 422),
+    tags=["refits"],
 )
 async def start_transfer(request: Request, refit: RefitPath) -> Response:
     _operator(request, "start transfers")
@@ -107,6 +131,7 @@ async def start_transfer(request: Request, refit: RefitPath) -> Response:
     summary="Open a new epoch (after a readiness timeout): every worker joins again",
     openapi_extra=body("RefitRestartRequest"),
     responses=answers({201: "RefitBody"}, 401, 403, 404, 409, 413, 422),
+    tags=["refits"],
 )
 async def restart_refit(request: Request, refit: RefitPath) -> Response:
     _operator(request, "restart refits")
@@ -120,7 +145,34 @@ async def restart_refit(request: Request, refit: RefitPath) -> Response:
 
 
 def _refit_body(host: Host, name: str) -> dict:
-    status = host.machine.refits.status(name)
+    status = host.machine.facet("refits").status(name)
     if status is None:
         raise ApiError(UNKNOWN_REFIT, f"no refit named {name!r}")
     return to_doc(status)
+
+
+@router.get(
+    "/refits/{refit}/story",
+    summary="What happened to a refit: its creation, each epoch (why it began, its admission), "
+    "each join and each transfer attempt and report, with offset, time and the fold's reason",
+    responses=answers({200: "RefitStoryBody"}, 401, 403, 404, 422),
+    tags=["console"],
+)
+async def refit_story(
+    request: Request,
+    refit: str = Path(..., max_length=64),
+    until: int | None = Query(
+        None, ge=1, le=QUERY.max_offset, description="fold only up to this offset"
+    ),
+) -> Response:
+    require_operator(request, "reading a refit's story")
+    host = host_of(request)
+    if host.machine.facet("refits").refit(refit) is None:
+        raise ApiError(UNKNOWN_REFIT, f"no refit named {refit!r}")
+    stop = host.applied_offset if until is None else min(until, host.applied_offset)
+    async with story_turn():
+        try:
+            story = await refit_story_of(host.log, refit, until=stop, fold_page=step_page)
+        except RefitStoryError as exc:
+            raise ApiError(exc.code, exc.detail) from None
+    return json_response(story)

@@ -1,5 +1,5 @@
 """Ranges of an epoch's permutation and how they are shared out: pure arithmetic for the epoch
-plans (``coordinator/fold/epochs.py``).
+plans (``coordinator/facets/epochs/fold.py``).
 
 A *position* is an index into the epoch's permutation of the dataset (0..dataset_size-1); the
 sampler maps position ``p`` to dataset index ``perm[p]``. A rank holds a **sequence**: the

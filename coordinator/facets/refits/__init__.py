@@ -1,0 +1,20 @@
+"""The ``refits`` facet: weight refits between two groups (docs/refit.md). Registered in
+``coordinator/fold/registry.py``."""
+
+from foldplane.coordinator.facets.refits.fold import Refits, transfer_key
+from foldplane.coordinator.facets.refits.rows import PROJECTION_KINDS, ROWS
+from foldplane.coordinator.fold.registry import FacetPlugin
+from foldplane.wire.updates import RefitBootstrapUpdate, RefitEpochUpdate, TransferUpdate
+
+PLUGIN = FacetPlugin(
+    name=Refits.name,
+    kinds=Refits.kinds,
+    fold=Refits,
+    rows=ROWS,
+    updates=(RefitEpochUpdate, TransferUpdate, RefitBootstrapUpdate),
+    projection_kinds=PROJECTION_KINDS,
+    batch_key={"transfer": transfer_key},
+    host="foldplane.coordinator.facets.refits.host",
+    routes="foldplane.coordinator.facets.refits.routes",
+    plot="foldplane.coordinator.facets.refits.plot",
+)

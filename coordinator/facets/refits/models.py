@@ -1,0 +1,110 @@
+"""The refits facet's request and answer bodies (docs/protocol.md); its routes add them to
+the OpenAPI document's components (``SCHEMA_TYPES`` in ``routes.py``)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from msgspec import UNSET, Meta, Struct, UnsetType
+
+from foldplane.api.models import StoryEntry
+from foldplane.wire.protocol import Digest, GroupName, RefitName, TransferKey
+
+
+class RefitRequest(Struct, kw_only=True, forbid_unknown_fields=True):
+    """``POST /refits``: a weight refit from ``publisher`` (M slots) to ``subscriber`` (N slots)
+    (docs/refit.md). Fields left out take ``coordinator.facets.refits.fold.SPEC_DEFAULTS``."""
+
+    refit: RefitName
+    publisher: GroupName
+    subscriber: GroupName
+    publisher_slots: Annotated[int, Meta(ge=1, le=8192)]
+    subscriber_slots: Annotated[int, Meta(ge=1, le=8192)]
+    lanes: Annotated[int, Meta(ge=1, le=64)] | UnsetType = UNSET
+    readiness_timeout_s: Annotated[float, Meta(gt=0, le=3600)] | UnsetType = UNSET
+    transfer_timeout_s: Annotated[float, Meta(gt=0, le=86_400)] | UnsetType = UNSET
+    digest: Digest | None | UnsetType = UNSET
+
+
+class TransferRequest(Struct, kw_only=True, forbid_unknown_fields=True):
+    """``POST /refits/{refit}/transfers``: start transfer ``key`` (again, after a failure)."""
+
+    key: TransferKey
+
+
+class RefitRestartRequest(Struct, kw_only=True, forbid_unknown_fields=True):
+    """``POST /refits/{refit}/restart``: a new epoch; ``reason`` goes into its cause."""
+
+    reason: Annotated[str, Meta(max_length=256)] | None = None
+
+
+class RefitMemberBody(Struct, kw_only=True):
+    role: Literal["publisher", "subscriber"]
+    slot: int
+    group: str
+    rank: int
+    refit_rank: int
+
+
+class RefitJoinedBody(Struct, kw_only=True):
+    role: Literal["publisher", "subscriber"]
+    slot: int
+    group: str
+    rank: int
+    digest: str
+
+
+class TransferBody(Struct, kw_only=True):
+    id: int
+    key: str
+    attempt: int
+    epoch: int
+    status: Literal["running", "completed", "failed"]
+    detail: str
+    deadline: int | None
+    offset: int
+    done: list[str]
+
+
+class RefitBody(Struct, kw_only=True):
+    """``GET /refits/{refit}``: the definition, the current epoch and the transfers (never the
+    bootstrap: only admitted members receive it)."""
+
+    refit: str
+    spec: dict[str, Any]
+    created_offset: int
+    epoch: int
+    status: Literal["waiting", "admitted", "timed_out"]
+    cause: str
+    deadline_ts: int | None
+    digest: str | None
+    joined: list[RefitJoinedBody]
+    missing: list[str]
+    members: list[RefitMemberBody]
+    bootstrap_published: bool
+    transfers: list[TransferBody]
+
+
+class RefitSummary(Struct, kw_only=True):
+    refit: str
+    epoch: int
+    status: str
+    cause: str
+
+
+class RefitList(Struct, kw_only=True):
+    refits: list[RefitSummary]
+
+
+class RefitStoryBody(Struct, kw_only=True):
+    """``GET /refits/{refit}/story``: what happened to a refit (docs/refit.md, "Seen")."""
+
+    refit: str
+    until: int
+    epoch: int
+    status: Literal["waiting", "admitted", "timed_out"]
+    members: list[dict[str, Any]]
+    transfers: list[dict[str, Any]]
+    summary: str
+    entries: list[StoryEntry]
+    omitted: dict[str, int]

@@ -1,0 +1,141 @@
+"""A facet is one folder plugged in by one line: the toy facet (``tests/facets/toy/``), plugged
+in by ``FOLDPLANE_FACETS`` alone, runs end to end through a real coordinator process: its record
+is appended, the fold refuses a bad one with a code, its projection row is written and a replay
+of the log derives it again, its route answers and an agent's long poll receives its update."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+
+from foldplane.eventlog import open_log
+from tests.service.conftest import ROOT, make_server
+
+#: The one line that plugs the toy facet in (coordinator/fold/registry.py).
+TOY = {"FOLDPLANE_FACETS": "tests.facets.toy"}
+
+#: A worker that follows the toy facet's updates: it declares their Struct (wire.updates), asks
+#: its agent for them (``Agent.on_update``) and prints the counters its agent receives.
+AGENT = """
+import json, sys, threading
+from foldplane.agent import Agent
+from foldplane.wire.updates import declare_update
+from tests.facets.toy.fold import CounterUpdate
+
+declare_update(CounterUpdate)
+got, seven = [], threading.Event()
+
+def follow(update):
+    got.append([update.group, update.count])
+    if update.count == 7:
+        seven.set()
+
+agent = Agent(sys.argv[1], group="g", rank=0, backend="gloo")
+agent.on_update(CounterUpdate, follow)
+agent.start()
+received = seven.wait(30)
+agent.close()
+print(json.dumps(got))
+sys.exit(0 if received else 1)
+"""
+
+
+def replay(db: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "foldplane.coordinator", "replay", str(db)],
+        cwd=ROOT,
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+async def stored_row(db: Path) -> dict | None:
+    log = await open_log(db, read_only=True)
+    try:
+        row = await log.get_projection("toy_counter", "g", 0)
+        return None if row is None else row.doc
+    finally:
+        await log.close()
+
+
+def test_the_toy_facet_plugs_in_with_its_folder_and_one_line(tmp_path: Path) -> None:
+    srv = make_server(tmp_path, env=TOY).start()
+    try:
+        url = srv.url
+        created = httpx.post(url + "/groups", json={"group": "g", "world_size": 2})
+        assert created.status_code == 201, created.text
+
+        # the route answers, and each bump is a record the fold applies
+        for by, count in ((3, 3), (4, 7)):
+            r = httpx.post(url + "/groups/g/toy", json={"by": by})
+            assert r.status_code == 201, r.text
+            assert r.json() == {"group": "g", "count": count}
+        # the fold refuses a bad bump with a code, and nothing is logged
+        bad = httpx.post(url + "/groups/g/toy", json={"by": 0})
+        assert bad.status_code == 422, bad.text
+        assert bad.json()["error"] == "invalid_event" and "by must be" in bad.json()["detail"]
+        unknown = httpx.post(url + "/groups/nope/toy", json={"by": 1})
+        assert unknown.status_code == 404 and unknown.json()["error"] == "unknown_group"
+        assert httpx.get(url + "/groups/g/toy").json() == {"group": "g", "count": 7}
+
+        # the log holds the two bumps (its kinds are the facet's)
+        events = httpx.get(url + "/events", params={"kind": "toy_bump"}).json()["events"]
+        assert [(e["group"], e["payload"]) for e in events] == [("g", {"by": 3}), ("g", {"by": 4})]
+
+        # an agent of the group receives the facet's updates: a worker process that follows
+        # them declares their Struct and runs an agent of rank 0
+        worker = subprocess.run(
+            [sys.executable, "-c", AGENT, url],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert worker.returncode == 0, worker.stdout + worker.stderr
+        assert json.loads(worker.stdout) == [["g", 3], ["g", 7]]
+
+        # the OpenAPI document has its route and its bodies
+        doc = httpx.get(url + "/openapi.json").json()
+        assert "/groups/{group}/toy" in doc["paths"]
+        assert {"BumpRequest", "CounterBody"} <= set(doc["components"]["schemas"])
+    finally:
+        assert srv.stop() == 0, srv.output()
+
+    # a restart restores the facet from the snapshot (its state, its latest update)
+    srv.start()
+    try:
+        assert httpx.get(srv.url + "/groups/g/toy").json() == {"group": "g", "count": 7}
+    finally:
+        assert srv.stop() == 0, srv.output()
+
+    # the projection row the host wrote, which a replay of the log derives again, byte for byte
+    row = asyncio.run(stored_row(srv.db))
+    assert row is not None and row["count"] == 7 and row["by"] == 4
+    done = replay(srv.db, TOY)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "OK: replay matches" in done.stdout
+
+
+def test_twin_without_the_line_nothing_of_the_toy_facet_is_served(tmp_path: Path) -> None:
+    srv = make_server(tmp_path).start()
+    try:
+        url = srv.url
+        assert httpx.post(url + "/groups", json={"group": "g", "world_size": 2}).status_code == 201
+        assert httpx.post(url + "/groups/g/toy", json={"by": 3}).status_code == 404
+        assert "/groups/{group}/toy" not in httpx.get(url + "/openapi.json").json()["paths"]
+    finally:
+        srv.stop()
+
+
+def test_a_facet_that_cannot_be_imported_stops_the_command_naming_it(tmp_path: Path) -> None:
+    done = replay(tmp_path / "log.db", {"FOLDPLANE_FACETS": "tests.facets.nosuch"})
+    assert done.returncode == 2
+    assert "FOLDPLANE_FACETS" in done.stderr and "tests.facets.nosuch" in done.stderr

@@ -1,0 +1,21 @@
+"""A toy facet that plugs into foldplane the way every facet does: one folder, one line.
+
+Its kind of state is a per-group counter the operator bumps (``POST /groups/{group}/toy``):
+one record kind (``toy_bump``), a refusal, a projection row (``toy_counter``), an update to the
+group's agents and a route. The line that plugs it in is ``FOLDPLANE_FACETS=tests.facets.toy``
+(``coordinator/fold/registry.py``); nothing of foldplane names it.
+"""
+
+from foldplane.coordinator.fold.registry import FacetPlugin
+from tests.facets.toy.fold import CounterBumped, Counters, CounterUpdate, counter_row
+
+PLUGIN = FacetPlugin(
+    name=Counters.name,
+    kinds=Counters.kinds,
+    fold=Counters,
+    rows={CounterBumped: counter_row},
+    updates=(CounterUpdate,),
+    projection_kinds=("toy_counter",),
+    host="tests.facets.toy.host",
+    routes="tests.facets.toy.routes",
+)

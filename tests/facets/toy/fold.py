@@ -1,0 +1,113 @@
+"""The toy facet's fold: a counter per group that a ``toy_bump`` record raises by ``by``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from foldplane.coordinator.fold.effects import Effect, View
+from foldplane.coordinator.fold.facets import FoldContext, Refusal
+from foldplane.coordinator.fold.projections import to_doc
+from foldplane.coordinator.fold.state import GroupState
+from foldplane.eventlog import ProjectionRow, Record
+from foldplane.wire.codes import INVALID_EVENT, UNKNOWN_GROUP
+from foldplane.wire.updates import Update
+
+#: The most one bump may add.
+MAX_BY = 1000
+
+
+class CounterBumped(Effect, frozen=True, kw_only=True, tag="toy_bumped"):
+    """``group``'s counter is ``count`` now, after a bump of ``by``."""
+
+    group: str
+    count: int
+    by: int
+    offset: int
+
+
+class CounterUpdate(Update, frozen=True, kw_only=True, tag="toy_counter"):
+    """The agents' update: ``group``'s counter is ``count`` now."""
+
+    group: str
+    count: int
+
+
+def counter_row(effect: CounterBumped) -> list[ProjectionRow]:
+    return [ProjectionRow("toy_counter", effect.group, 0, to_doc(effect))]
+
+
+class Counters:
+    """The ``toy`` facet (``coordinator.fold.facets.Facet``)."""
+
+    name = "toy"
+    kinds = frozenset({"toy_bump"})
+    repeatable: frozenset[str] = frozenset()
+
+    def __init__(self) -> None:
+        self.counts: dict[str, int] = {}
+
+    def count(self, group: str) -> int:
+        return self.counts.get(group, 0)
+
+    def refusal(
+        self, fold: FoldContext, kind: str, group: str | None, rank: int | None, payload: Any
+    ) -> Refusal | None:
+        """A bump names a known group, no rank, and ``by`` from 1 to :data:`MAX_BY`."""
+        if group is None or rank is not None:
+            return INVALID_EVENT, f"{kind} names a group and no rank"
+        if group not in fold.group_states:
+            return UNKNOWN_GROUP, f"no group named {group!r}"
+        by = payload.get("by") if isinstance(payload, dict) else None
+        if type(by) is not int or not 1 <= by <= MAX_BY:
+            return INVALID_EVENT, f"{kind}: by must be an integer from 1 to {MAX_BY}, got {by!r}"
+        return None
+
+    def repeat_of(
+        self, fold: FoldContext, kind: str, group: str | None, rank: int | None, payload: Any
+    ) -> int | None:
+        return None
+
+    def apply(self, fold: FoldContext, record: Record, effects: list[Effect]) -> None:
+        group, by = record.group, record.payload["by"]
+        assert group is not None
+        self.counts[group] = count = self.count(group) + by
+        effects.append(CounterBumped(group=group, count=count, by=by, offset=record.offset))
+
+    def view_committed(
+        self,
+        fold: FoldContext,
+        g: GroupState,
+        view: View,
+        base: View | None,
+        record: Record,
+        effects: list[Effect],
+    ) -> None:
+        pass
+
+    def rank_lost(
+        self, fold: FoldContext, g: GroupState, rank: int, record: Record, effects: list[Effect]
+    ) -> None:
+        pass
+
+    def rank_joined(
+        self, fold: FoldContext, g: GroupState, rank: int, record: Record, effects: list[Effect]
+    ) -> None:
+        pass
+
+    def tick(self, fold: FoldContext, record: Record, effects: list[Effect]) -> None:
+        pass
+
+    def next_deadline(self) -> int | None:
+        return None
+
+    def waits_on_ranks(self) -> bool:
+        return False
+
+    def resume(self, now: int) -> None:
+        pass
+
+    def snapshot(self) -> dict[str, Any]:
+        return {"counts": dict(self.counts)}
+
+    def restore(self, data: dict[str, Any]) -> None:
+        self.counts = dict(data["counts"])

@@ -1,0 +1,70 @@
+"""The facet registry (coordinator/fold/registry.py): the one list of facets every layer reads,
+and what it refuses: a package that is not a facet, two facets that claim one record kind."""
+
+from __future__ import annotations
+
+import sys
+import types
+from collections.abc import Iterator
+
+import pytest
+
+from foldplane.coordinator.fold import registry
+from foldplane.coordinator.fold.machine import Coordinator
+from foldplane.coordinator.fold.registry import FacetPlugin
+from foldplane.eventlog.record import KINDS, MEMBERSHIP_KINDS, accept_kinds
+
+
+@pytest.fixture
+def restore() -> Iterator[None]:
+    before = registry.installed()
+    yield
+    registry.install(before)
+
+
+def _package(name: str, plugin: object) -> str:
+    module = types.ModuleType(name)
+    module.PLUGIN = plugin  # type: ignore[attr-defined]
+    sys.modules[name] = module
+    return name
+
+
+def test_the_fold_has_one_object_per_registered_facet_in_the_registry_order() -> None:
+    m = Coordinator()
+    assert [f.name for f in m.facets] == [p.name for p in registry.plugins()]
+    assert [p.name for p in registry.plugins()][:2] == ["epochs", "refits"]
+    assert m.facet("epochs") is m.facets[0]
+
+
+def test_the_log_accepts_the_kinds_of_every_loaded_facet_and_no_other() -> None:
+    assert registry.kinds() <= KINDS
+    assert registry.all_kinds() == MEMBERSHIP_KINDS | registry.kinds()
+    assert "epoch_plan" in registry.kinds() and "epoch_plan" not in MEMBERSHIP_KINDS
+    with pytest.raises(ValueError, match="not a name"):
+        accept_kinds({"Bad-Kind"})
+
+
+def test_a_package_that_cannot_be_imported_is_named(restore: None) -> None:
+    with pytest.raises(ValueError, match="tests.fold.nosuch_facet"):
+        registry.install("tests.fold.nosuch_facet")
+    assert registry.installed() == ()
+
+
+def test_a_package_without_a_plugin_is_named(restore: None) -> None:
+    name = _package("facet_without_plugin", None)
+    with pytest.raises(ValueError, match="facet_without_plugin.*declares no PLUGIN"):
+        registry.install(name)
+
+
+def test_two_facets_may_not_claim_one_record_kind(restore: None) -> None:
+    twin = FacetPlugin(name="twin", kinds=frozenset({"progress"}), fold=lambda: None)  # type: ignore[arg-type,return-value]
+    registry.install(_package("facet_twin", twin))
+    with pytest.raises(ValueError, match="'epochs' and facet 'twin' both declare record kind"):
+        registry.plugins()
+
+
+def test_a_facet_may_not_claim_a_kind_of_membership(restore: None) -> None:
+    joiner = FacetPlugin(name="joiner", kinds=frozenset({"join"}), fold=lambda: None)  # type: ignore[arg-type,return-value]
+    registry.install(_package("facet_joiner", joiner))
+    with pytest.raises(ValueError, match="'membership' and facet 'joiner'"):
+        registry.plugins()

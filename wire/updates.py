@@ -1,0 +1,357 @@
+"""Every update the coordinator sends an agent, declared once (docs/protocol.md).
+
+An update is a Struct tagged by its ``type``: the JSON on the wire is the Struct encoded by
+msgspec (``{"type": "view_committed", "offset": ..., ...}``), and a reader decodes it into the
+same Struct with :data:`AgentUpdate`, the tagged union of them all (:func:`decode_updates`).
+The coordinator builds them (``wire.protocol.view_update`` and ``prepare_update``, the
+``*_update`` functions of ``coordinator.fold.projections`` and of each facet's ``updates.py``);
+a facet's own Structs join the union read here through :func:`declare_update`. The agent's
+machine, its data and refit trackers, the relay, the simulated hosts and the simulator read
+them by class, never by a ``type`` string.
+
+Each update carries ``offset``, the offset of the log record whose fold produced it (a reader
+resumes after it). Who receives it is the class's :attr:`audience`: the group's journal (every
+rank of the group reads it) or the journal of one rank.
+
+A field that a Struct leaves out when it is None (``omit_defaults``) is absent from the JSON, as
+it always was: a ``rank_state`` without a ``cause``, a view without a ``checkpoint_rank``.
+
+This module is pure: no I/O, clock, threads or randomness.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any, ClassVar, Union
+
+import msgspec
+from msgspec import Struct
+
+from foldplane.wire.ranks import RankSetField
+
+#: The audiences of an update: which journals it is published to.
+GROUP = "every rank of the group"
+OWN_RANK = "the rank it names (`rank`)"
+REFIT_GROUPS = "every rank of the refit's publisher and subscriber groups"
+REFIT_MEMBERS = "the refit epoch's admitted members only"
+
+
+class Update(Struct, frozen=True, kw_only=True, tag_field="type", omit_defaults=True):
+    """Base of every update: ``offset`` is that of the record whose fold produced it."""
+
+    #: who receives it (the journals it is published to), for the reference
+    audience: ClassVar[str] = GROUP
+
+    offset: int
+
+    @property
+    def type(self) -> str:
+        """The update's wire ``type`` (its tag)."""
+        return self.__struct_config__.tag  # type: ignore[return-value]
+
+
+class RankSetDelta(Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """How a rank set changed: the ranks that entered it (``add``) and left it (``remove``);
+    an empty delta is ``{}``."""
+
+    add: RankSetField | None = None
+    remove: RankSetField | None = None
+
+
+# -- the view and its barrier (wire.protocol) -------------------------------------------------
+
+
+class ViewPrepareUpdate(Update, frozen=True, kw_only=True, tag="view_prepare"):
+    """Phase one of a view change: the next ``active_ranks`` as a delta from view ``base``,
+    and ``absent``, the members of the old or new view that are not participants (OFFLINE:
+    they need not ACK). A participant ACKs ``(version, incarnation)`` by ``ack_deadline_ts``."""
+
+    group: str
+    version: int
+    base: int
+    active_ranks: RankSetDelta
+    absent: RankSetField
+    ack_deadline_ts: int
+
+
+class ViewCommittedUpdate(Update, frozen=True, kw_only=True, tag="view_committed"):
+    """View ``version`` committed: what changed since version ``base`` (0: nothing, so this is
+    the full view). ``states``: the ranks whose state changed, by their new state; each rank
+    set of the view as a delta; ``checkpoint_rank`` is absent from views committed before it
+    existed."""
+
+    group: str
+    version: int
+    base: int
+    states: dict[str, RankSetField]
+    cause: dict[str, Any]
+    ts: int
+    checkpoint_rank: int | None = None
+    active_ranks: RankSetDelta
+    healthy_set: RankSetDelta
+    acked_ranks: RankSetDelta
+    dropped_ranks: RankSetDelta
+
+
+class RankStateUpdate(Update, frozen=True, kw_only=True, tag="rank_state"):
+    """A rank's physical state changed (or its incarnation did). ``cause`` is a code where a
+    program needs one: ``death_reported`` (a supervisor reported that incarnation dead; its
+    agent stops rather than rejoin)."""
+
+    audience: ClassVar[str] = OWN_RANK
+
+    group: str
+    rank: int
+    state: str
+    incarnation: str | None
+    rank_epoch: int
+    reason: str
+    cause: str | None = None
+
+
+class ShutdownUpdate(Update, frozen=True, kw_only=True, tag="shutdown_with_save"):
+    """The group's one shutdown directive: save and stop. ``reason`` is
+    ``max_failure_exceeded``, ``single_survivor``, ``all_ranks_lost`` or
+    ``unresolved_view_failure``; ``checkpoint_rank`` is the rank that saves."""
+
+    group: str
+    reason: str
+    detail: str
+    checkpoint_rank: int | None
+
+
+# -- epoch plans (docs/data.md) ---------------------------------------------------------------
+
+
+class EpochPlanUpdate(Update, frozen=True, kw_only=True, tag="epoch_plan"):
+    """Epoch ``epoch`` was planned over view ``version``: the plan, every field explicit (a
+    ratios split's ``partition_ratios`` stay in the log)."""
+
+    group: str
+    version: int
+    epoch: int
+    dataset_size: int
+    seed: int
+    shuffle: bool
+    split: str
+    grain: int
+    lookahead: int
+    reclaim: bool
+
+
+class DataAssignmentUpdate(Update, frozen=True, kw_only=True, tag="data_assignment"):
+    """A rank's whole part of ``epoch`` as of decision ``assignment``: how many positions of its
+    sequence were reported ``processed``, and the ``(start, length)`` segments it still holds,
+    in reading order. Sent at the plan, in a resync and to a new incarnation."""
+
+    audience: ClassVar[str] = OWN_RANK
+
+    group: str
+    rank: int
+    epoch: int
+    assignment: int
+    processed: int
+    remaining: tuple[tuple[int, int], ...]
+
+
+class DataMovesUpdate(Update, frozen=True, kw_only=True, tag="data_moves"):
+    """Decision ``assignment`` of ``epoch``, once for the group: ``moves``
+    (``[from_rank, to_rank, start, length]``, in the order they apply) and ``reported``, the
+    ranks whose cursor is then the end of what they kept (``wire.data.apply_moves``)."""
+
+    group: str
+    epoch: int
+    assignment: int
+    moves: tuple[tuple[int, int, int, int], ...]
+    reported: tuple[int, ...]
+
+
+class EpochCompleteUpdate(Update, frozen=True, kw_only=True, tag="epoch_complete"):
+    """Every position of ``epoch`` was reported processed, exactly once."""
+
+    group: str
+    epoch: int
+
+
+# -- weight refits (docs/refit.md) ------------------------------------------------------------
+
+
+class RefitEpochUpdate(Update, frozen=True, kw_only=True, tag="refit_epoch"):
+    """A refit's epoch, whole, each time its ``status`` changes: ``waiting`` (slots may join
+    until ``deadline_ts``), ``admitted`` (with the plan's ``digest``, the data plane's
+    ``lanes`` and each side's ranks by slot), ``timed_out`` (``missing`` names the slots that
+    never joined). ``groups``: the publisher and the subscriber group."""
+
+    audience: ClassVar[str] = REFIT_GROUPS
+
+    refit: str
+    groups: tuple[str, str]
+    epoch: int
+    status: str
+    cause: str
+    deadline_ts: int | None
+    digest: str | None
+    lanes: int
+    publisher_ranks: tuple[int, ...]
+    subscriber_ranks: tuple[int, ...]
+    missing: tuple[str, ...]
+
+
+class TransferUpdate(Update, frozen=True, kw_only=True, tag="transfer"):
+    """A transfer, whole, each time it changes: ``running`` (``attempt`` in refit epoch
+    ``epoch``, due by ``deadline_ts``), ``completed`` (final) or ``failed`` (``detail`` says
+    who or what)."""
+
+    audience: ClassVar[str] = REFIT_GROUPS
+
+    refit: str
+    groups: tuple[str, str]
+    transfer: int
+    key: str
+    attempt: int
+    epoch: int
+    status: str
+    detail: str
+    deadline_ts: int | None
+
+
+class RefitBootstrapUpdate(Update, frozen=True, kw_only=True, tag="refit_bootstrap"):
+    """The data plane's rendezvous of refit epoch ``epoch`` (a flat object)."""
+
+    audience: ClassVar[str] = REFIT_MEMBERS
+
+    refit: str
+    epoch: int
+    bootstrap: dict[str, Any]
+
+
+#: Every update an agent may receive: decode with this union, dispatch on the class.
+AgentUpdate = (
+    ViewPrepareUpdate
+    | ViewCommittedUpdate
+    | RankStateUpdate
+    | ShutdownUpdate
+    | EpochPlanUpdate
+    | DataAssignmentUpdate
+    | DataMovesUpdate
+    | EpochCompleteUpdate
+    | RefitEpochUpdate
+    | TransferUpdate
+    | RefitBootstrapUpdate
+)
+
+#: Each update class by its wire ``type``, in the order of :data:`AgentUpdate`.
+UPDATE_TYPES: dict[str, type[Update]] = {
+    cls.__struct_config__.tag: cls  # type: ignore[misc]
+    for cls in AgentUpdate.__args__  # type: ignore[attr-defined]
+}
+
+#: The updates that name the one rank they are for (the rest are the group's).
+_ADDRESSED = (RankStateUpdate, DataAssignmentUpdate)
+
+_encode = msgspec.json.Encoder().encode
+_list: Any = list[AgentUpdate]
+_decoder = msgspec.json.Decoder(_list)
+_one = msgspec.json.Decoder(AgentUpdate)
+
+
+def declare_update(cls: type[Update]) -> None:
+    """Read updates of ``cls`` from now on, beside the protocol's own: the updates a facet
+    beside membership sends (``coordinator/fold/registry.py`` declares each facet's as it
+    loads it; a worker that follows a facet's updates declares them too). Its ``type`` may not
+    be one already declared for another Struct."""
+    global _list, _decoder, _one
+    tag = cls.__struct_config__.tag
+    known = UPDATE_TYPES.get(tag)  # type: ignore[arg-type]
+    if known is cls:
+        return
+    if known is not None or not isinstance(tag, str):
+        raise ValueError(f"update type {tag!r} of {cls.__name__} is declared already: {known}")
+    UPDATE_TYPES[tag] = cls
+    union = Union[tuple(UPDATE_TYPES.values())]  # noqa: UP007 - built from the declared ones
+    _list = list[union]  # type: ignore[valid-type]
+    _decoder = msgspec.json.Decoder(_list)
+    _one = msgspec.json.Decoder(union)
+
+
+def decode_update(data: bytes) -> AgentUpdate:
+    """One update's JSON, as a journal keeps it, into its Struct (every declared type)."""
+    return _one.decode(data)
+
+
+def convert_update(item: Any) -> AgentUpdate:
+    """One update as decoded JSON (a snapshot's) into its Struct (every declared type)."""
+    return msgspec.convert(item, _one.type)
+
+
+def addressed_rank(update: Update) -> int | None:
+    """The rank an update names as its reader (``rank_state``, ``data_assignment``, a facet's
+    update whose :attr:`~Update.audience` is :data:`OWN_RANK`), or None for an update the
+    group's ranks share."""
+    if isinstance(update, _ADDRESSED):
+        return update.rank
+    return getattr(update, "rank", None) if update.audience == OWN_RANK else None
+
+
+def encode(update: Update) -> bytes:
+    """An update's JSON, as it goes on the wire."""
+    return _encode(update)
+
+
+class UpdateError(ValueError):
+    """Updates that are not the protocol's (the message says which and why)."""
+
+
+def decode_updates(items: Iterable[Mapping[str, Any]] | bytes) -> list[AgentUpdate]:
+    """The updates of an answer (its ``updates`` list, decoded JSON or its bytes), typed.
+
+    An update whose ``type`` this install does not declare is left out, as a reader of an
+    older revision ignores what it does not know; a declared one that does not match its
+    Struct raises :class:`UpdateError`, naming it."""
+    try:
+        if isinstance(items, bytes | bytearray | memoryview):
+            return _decoder.decode(items)
+        return msgspec.convert(items, _list)
+    except msgspec.ValidationError:
+        pass  # find the one at fault, or the unknown ones to leave out
+    if isinstance(items, bytes | bytearray | memoryview):
+        items = msgspec.json.decode(items)
+    out: list[AgentUpdate] = []
+    for item in items:
+        kind = item.get("type") if isinstance(item, Mapping) else None
+        cls = UPDATE_TYPES.get(kind) if isinstance(kind, str) else None
+        if cls is None:
+            if isinstance(kind, str):
+                continue  # a newer coordinator's update: not this reader's
+            raise UpdateError(f"an update without a type: {str(item)[:200]}")
+        try:
+            out.append(msgspec.convert(item, cls))
+        except msgspec.ValidationError as exc:
+            raise UpdateError(f"a malformed {kind} update ({exc}): {str(item)[:200]}") from None
+    return out
+
+
+__all__ = [
+    "AgentUpdate",
+    "DataAssignmentUpdate",
+    "DataMovesUpdate",
+    "EpochCompleteUpdate",
+    "EpochPlanUpdate",
+    "RankSetDelta",
+    "RankStateUpdate",
+    "RefitBootstrapUpdate",
+    "RefitEpochUpdate",
+    "ShutdownUpdate",
+    "TransferUpdate",
+    "UPDATE_TYPES",
+    "Update",
+    "UpdateError",
+    "ViewCommittedUpdate",
+    "ViewPrepareUpdate",
+    "addressed_rank",
+    "convert_update",
+    "declare_update",
+    "decode_update",
+    "decode_updates",
+    "encode",
+]
