@@ -39,6 +39,7 @@ The rules (see ``docs/ddp.md``):
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import io
 import logging
@@ -46,7 +47,7 @@ import math
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any, Protocol, cast
 
@@ -77,8 +78,12 @@ from foldplane.agent.heal import (
 
 log = logging.getLogger("foldplane.ddp")
 
-#: How often a member waiting for the step's decision looks at its view's health.
+#: How often a member waiting for the step's decision looks at its view's health (locally:
+#: the wait itself is one store wait that the decision, or the watch's ``skip``, ends).
 DECISION_SLICE_S = 0.02
+#: How long past the collective timeout a decision wait may last before it gives up on the
+#: watch (whose ``skip`` at the deadline normally ends it first).
+DECISION_GRACE_S = 5.0
 COMMIT, SKIP = b"commit", b"skip"
 
 
@@ -134,6 +139,7 @@ class DistributedDataParallel(_TorchDDP):
         self.committed_steps = 0
         self._optimizers: list[torch.optim.Optimizer] = []
         self._view: ViewGroup | None = None  # the view this rank entered (synced state on)
+        self._entered: tuple[int, ...] | None = None  # the members of the last view entered
         self._index = 0  # the next step's number within ``_view``
         self._step_view: ViewGroup | None = None  # the view of the step in progress
         self._in_step = False
@@ -371,6 +377,8 @@ class DistributedDataParallel(_TorchDDP):
                 top,
             )
         self._view, self._index = view, 0
+        say_entered(rank, view, self._entered, self.committed_steps)
+        self._entered = view.members
         return True
 
     def state_for_healing(self) -> dict[str, Any]:
@@ -535,6 +543,38 @@ class DistributedDataParallel(_TorchDDP):
             optimizer.load_state_dict(saved)  # keeps the received tensors (no copy)
 
 
+def say_entered(
+    rank: int, view: ViewGroup, before: tuple[int, ...] | None, committed_steps: int
+) -> None:
+    """One line as ``rank`` enters ``view`` after a view of members ``before``: a warning when
+    some of them are gone (what a recovery did, in its own words), INFO when ranks joined."""
+    if before is None:
+        return
+    left = sorted(set(before) - set(view.members))
+    joined = sorted(set(view.members) - set(before))
+    if left:
+        log.warning(
+            "rank %d: view %d: ranks %s go on from step %d without %s",
+            rank,
+            view.version,
+            list(view.members),
+            committed_steps + 1,
+            _ranks_text(left),
+        )
+    if joined:
+        log.info(
+            "rank %d: view %d: %s joined at step %d",
+            rank,
+            view.version,
+            _ranks_text(joined),
+            committed_steps + 1,
+        )
+
+
+def _ranks_text(ranks: list[int]) -> str:
+    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {ranks}"
+
+
 class StateHolder(Protocol):
     """What healing needs of whatever holds the state: the state, and a way to load it."""
 
@@ -659,6 +699,7 @@ class StepAgreement:
         self._prefix = prefix
         self._store: Any = None
         self._store_address: tuple[str, int] | None = None
+        self._watch: DecisionWatch | None = None
 
     def agree(self, view: ViewGroup, index: int, ok: bool) -> bool:
         """True if step ``index`` of ``view`` is committed on every member (False: skipped)."""
@@ -684,20 +725,20 @@ class StepAgreement:
             return False
 
     def _await_decision(self, store: Any, view: ViewGroup, decision: str) -> bool:
+        """Wait for ``decision`` in one store wait: the last "ok" vote ends it with ``commit``,
+        the watch (:class:`DecisionWatch`) with ``skip`` once the view fails, a member leaves
+        or the deadline passes. A wait that ends by its own timeout makes torch's store client
+        log a warning; this one times out only if the watch could not write (the store is
+        gone), so a worker's recovery stays quiet."""
         plane = self._plane
         deadline = time.monotonic() + plane.collective_timeout_s
-        slice_ = timedelta(seconds=DECISION_SLICE_S)
-        while True:
-            try:
-                store.wait([decision], slice_)
-            except DistStoreError:
-                current = plane.current_view()
-                gone = current is not None and not set(view.members) <= set(current.members)
-                if view.failure is not None or gone or time.monotonic() > deadline:
-                    return store.compare_set(decision, "", SKIP) == COMMIT
-                continue
-            # Present now: compare_set answers its value in one round trip (get takes two).
-            return store.compare_set(decision, "", SKIP) == COMMIT
+        limit = timedelta(seconds=plane.collective_timeout_s + DECISION_GRACE_S)
+        assert self._watch is not None  # made with the store
+        # A timeout: nobody wrote it, not even the watch (the store is gone): skipped.
+        with self._watch.watching(view, decision, deadline), contextlib.suppress(DistStoreError):
+            store.wait([decision], limit)
+        # Present now: compare_set answers its value in one round trip (get takes two).
+        return store.compare_set(decision, "", SKIP) == COMMIT
 
     def reset(self) -> None:
         """Forget the store client (it failed): the next use connects again."""
@@ -712,7 +753,72 @@ class StepAgreement:
             self._store = plane.connect_store(*address)
             self._store_address = address
             self._janitor = Janitor(plane.connect_store(*address))
+            if self._watch is not None:
+                self._watch.close()
+            self._watch = DecisionWatch(plane, plane.connect_store(*address))
         return self._store
+
+
+class DecisionWatch:
+    """Ends a member's wait for a step's decision when no vote will: writes ``skip`` (first
+    write wins, as any member's) once the view fails, one of its members is left out of the
+    installed view, or the deadline passes.
+
+    It looks locally every ``DECISION_SLICE_S`` while a wait is in progress (no store round
+    trip), from a thread of its own with a store client of its own: the waiting thread is
+    blocked in the store's wait on the other client.
+    """
+
+    def __init__(self, plane: DataPlane, store: Any) -> None:
+        self._plane = plane
+        self._store = store
+        self._cond = threading.Condition()
+        self._watched: tuple[ViewGroup, str, float] | None = None
+        self._closed = False
+        threading.Thread(target=self._run, name="foldplane-decision-watch", daemon=True).start()
+
+    def close(self) -> None:
+        """Stop the thread (the agreement moved to another store)."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def watching(self, view: ViewGroup, decision: str, deadline: float) -> Iterator[None]:
+        with self._cond:
+            self._watched = (view, decision, deadline)
+            self._cond.notify_all()
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._watched = None
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._watched is not None or self._closed)
+                if self._closed:
+                    return
+                watched = self._watched
+                assert watched is not None
+                view, decision, deadline = watched
+                while self._watched is watched and not self._ends(view, deadline):
+                    self._cond.wait(DECISION_SLICE_S)
+                if self._watched is not watched:
+                    continue  # decided meanwhile
+            try:
+                self._store.compare_set(decision, "", SKIP)
+            except RuntimeError as e:  # the waiter's own wait times out instead
+                log.info("rank %d: cannot end the wait for %s: %s", self._plane.rank, decision, e)
+            with self._cond:  # the same wait is not ended twice
+                self._cond.wait_for(lambda w=watched: self._watched is not w or self._closed)
+
+    def _ends(self, view: ViewGroup, deadline: float) -> bool:
+        """No vote will end the wait: the view failed, lost a member, or its time is up."""
+        current = self._plane.current_view()
+        gone = current is not None and not set(view.members) <= set(current.members)
+        return view.failure is not None or gone or time.monotonic() > deadline
 
 
 class Janitor:

@@ -56,7 +56,7 @@ from foldplane.agent.dataplane.group import ElasticProcessGroup
 from foldplane.agent.dataplane.plane import DataPlane
 from foldplane.agent.dataplane.view import ViewGroup
 from foldplane.agent.dataplane.work import Work
-from foldplane.agent.ddp import Janitor, StepAgreement, sync_state
+from foldplane.agent.ddp import Janitor, StepAgreement, say_entered, sync_state
 
 log = logging.getLogger("foldplane.fsdp")
 
@@ -408,6 +408,7 @@ class ElasticFSDP:
         self._optimizers: list[torch.optim.Optimizer] = []
         self._agreement = StepAgreement(self._plane, f"fsdp/{name}")
         self._view: ViewGroup | None = None  # the view this rank entered (synced state on)
+        self._entered: tuple[int, ...] | None = None  # the members of the last view entered
         self._index = 0  # the next step's number within ``_view``
         self._step_view: ViewGroup | None = None
         self._in_step = False
@@ -492,6 +493,8 @@ class ElasticFSDP:
                 if steps is not None:
                     self.committed_steps = steps
                     self._view, self._index = current, 0
+                    say_entered(plane.rank, current, self._entered, steps)
+                    self._entered = current.members
         self._start(self._view if self._view is not None else current)
 
     def _replica_sees(self, view: ViewGroup) -> bool:

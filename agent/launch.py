@@ -16,8 +16,8 @@ The rules:
   coordinator takes it OFFLINE at once instead of after the heartbeat timeout. The incarnation
   fences the report: a late report can never take down the replacement.
 - **A clean exit is not a death.** Exit code 0 is never reported; the agent said ``exit``.
-  Nor is a SIGABRT after the agent left: a gloo backend torn down while its peers close theirs
-  can abort the process (docs/dataplane.md, known limits). When a worker ends by SIGABRT and the
+  Nor is a SIGABRT after the agent left: a process that exits while a view's rendezvous is
+  still stuck on a dead peer can abort (docs/dataplane.md, known limits). When a worker ends by SIGABRT and the
   coordinator already holds that incarnation's clean ``exit``, the rank's work was done: it is
   not reported, not replaced and not counted as a failure (the log line says what happened).
 - **A group runs once; the launcher says what it found.** Before it starts a worker it looks

@@ -62,6 +62,7 @@ def free_port() -> int:
 #: pytest 9.2 ignores the ``xdist_group`` mark: xdist 3.8 tags a test by rewriting its node id,
 #: which pytest 9.2 no longer lets a plugin do.)
 HEAVY = (
+    "tests/agent/test_clean_exit.py",
     "tests/agent/test_ddp.py",
     "tests/agent/test_demo.py",
     "tests/agent/test_dist.py",

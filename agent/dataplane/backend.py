@@ -7,9 +7,17 @@ without the dead rank, and a replacement process can join a later view.
 
 An abandoned backend may still have an operation in flight that never ends (a peer died mid-op);
 deleting it blocks until the backend's timeout, so the last reference is dropped in a reaper
-thread. NCCL backends are aborted first, which unblocks their kernels; gloo cannot be unblocked
-(``abort()`` returns but the op waits out its timeout), which is why no wait on a gloo operation
-is ever left to gloo alone: the failure path can always end it (see :mod:`agent.dataplane.work`).
+thread. NCCL backends are aborted first, which unblocks their kernels. gloo's ``abort()``
+returns but leaves the operation waiting; :func:`end_gloo_operations` ends it instead, by
+closing the backend's connections (a failed view's, and every view's at close). No wait on a
+gloo operation is left to gloo alone either: the failure path ends the caller's wait at once
+(see :mod:`agent.dataplane.work`).
+
+An operation must not outlive the process's interpreter: when it ends, gloo's worker thread
+runs the operation's callbacks, which take the GIL, and a thread that reaches for the GIL while
+the interpreter shuts down is ended inside gloo's error handler (``terminate called after
+throwing an instance of 'gloo::IoException'``, exit -6). So ``DataPlane.close()`` ends every
+operation of its views before it returns.
 """
 
 from __future__ import annotations
@@ -244,6 +252,33 @@ class BackendKind:
             bury(backend)
             return
         _reaper.take(backend)
+
+
+#: The tag of the receive that closes a gloo backend's connections (no operation uses it).
+_CLOSING_TAG = 0x7F0DC105
+#: How long that receive waits: its timeout is what closes the connections.
+_CLOSING_WAIT = timedelta(milliseconds=5)
+
+
+def end_gloo_operations(backend: object, index: int, size: int) -> None:
+    """End the operations in flight on a gloo ``backend`` (in-group rank ``index`` of
+    ``size``) now: each fails with gloo's "Application timeout caused pair closure".
+
+    gloo has no abort that reaches an operation in flight, but a receive that times out closes
+    every connection of its context and fails whatever waits on one. So a receive from each peer
+    in turn, with a tiny timeout: the first that reaches a live connection times out and closes
+    them all; a connection closed already (by its own error, or that timeout) raises at once.
+    The peers see their connections to this rank close: only for a backend that nobody may use
+    any more (a failed view's, or any view's at close).
+    """
+    probe = torch.empty(1)
+    for peer in range(size):
+        if peer == index:
+            continue
+        try:
+            backend.recv([probe], peer, _CLOSING_TAG).wait(_CLOSING_WAIT)  # type: ignore[attr-defined]
+        except RuntimeError:  # the timeout that closed the connections, or a closed one
+            continue
 
 
 def is_nccl(backend: object) -> bool:

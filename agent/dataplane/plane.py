@@ -21,9 +21,11 @@ coordinator that hosts it restarted or failed over) and every later view rendezv
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import os
 import threading
+import time
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -49,7 +51,13 @@ LinkEvidence = Callable[[int, dict[int, str], list[int]], None]
 
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
 _CPU = torch.device("cpu")
-_WATCH_SLICE = timedelta(seconds=30)
+#: The longest wait of the poison watch. Whatever ends a watch writes its key (a newer view
+#: or ``close()``: ``RETIRED``; a failure: the poison notice; a move to another store:
+#: ``RETIRED`` on the old one), so it never times out in practice: a store wait that times
+#: out makes torch's store client log a warning.
+_WATCH_SLICE = timedelta(hours=24)
+#: How long ``close()`` waits for the operations it ended to come back from gloo.
+_CLOSE_OPS_WAIT_S = 5.0
 #: how many views' failure counts ``ops_at_failure`` keeps
 _FAILED_OPS_KEPT = 8
 
@@ -157,6 +165,8 @@ class DataPlane:
 
         self._lock = threading.Condition()
         self._view: ViewGroup | None = None
+        #: every view installed and still referenced (by an operation in flight, say)
+        self._views: weakref.WeakSet[ViewGroup] = weakref.WeakSet()
         #: the group was shut down (``shutdown_with_save``): no view follows the installed one
         self._final = False
         self._failed_ops: dict[int, tuple[int, int]] = {}  # see ops_at_failure
@@ -215,6 +225,10 @@ class DataPlane:
             except RuntimeError as e:
                 log.warning("rank %d: cannot register view %d: %s", self.rank, view.version, e)
         old.heartbeat.stop(wait=False)  # the old store may be gone: never wait on it
+        if view is not None and view.active:
+            # free the old watcher if the old store still answers (if not, its wait fails)
+            with contextlib.suppress(RuntimeError):
+                old.control.set(keys.fail(view.version, self.rank), keys.RETIRED)
         bury(old.watch)  # the old watcher may still be blocked on it
         self._start_watcher(session)
         log.info(
@@ -248,6 +262,7 @@ class DataPlane:
                 return
             view = ViewGroup(version, members, self, parent=old)
             self._view = view
+            self._views.add(view)
             self._lock.notify_all()
         if old is not None:
             old.retire(next_members=members)
@@ -315,12 +330,21 @@ class DataPlane:
         view.inject_link_failure(peer)
 
     def close(self) -> None:
-        """Stop the threads and abandon the backend; operations still running raise in ``wait``."""
+        """Stop the threads, end this rank's operations still running on any view (their
+        ``wait`` raises) and release every backend.
+
+        Nothing of the data plane outlives it in gloo: an operation left waiting on a view the
+        group moved on from (a peer never joined it, and a peer's forked child, such as a
+        ``DataLoader`` worker, may hold that peer's connections open) would end when that peer's
+        process tree exits, perhaps while this interpreter shuts down, and abort this process
+        (see :mod:`agent.dataplane.backend`).
+        """
         with self._lock:
             if self.closed.is_set():
                 return
             self.closed.set()
             view, self._view = self._view, None
+            views = list(self._views)
             self._lock.notify_all()
         if view is not None:
             view.retire(wake=True)
@@ -328,6 +352,17 @@ class DataPlane:
         session.heartbeat.stop()
         if session.watcher is not None:
             session.watcher.join(timeout=2.0)
+        busy = [v for v in views if v.busy]
+        for v in busy:
+            v.end_operations()
+        deadline = time.monotonic() + _CLOSE_OPS_WAIT_S
+        for v in views:  # their operations ended, the watches of views left behind are gone
+            if not v.wait_idle(max(0.0, deadline - time.monotonic())):
+                log.warning(
+                    "rank %d: an operation of view %d still runs in gloo after close",
+                    self.rank,
+                    v.version,
+                )
         drain_released(timeout=5.0)  # a backend destroyed during interpreter exit aborts it
         bury(session.watch)  # the watcher may still be blocked on it if the store is gone
 

@@ -12,6 +12,8 @@ Rules:
 - The hint is decided off the caller's thread: a local failure first poisons every member's
   ``fail/<v>/<rank>`` key (so they fail fast too), then the liveness counters say which peers are
   dead. The hint is the union of those and the ranks blamed directly; it never names this rank.
+  A failure the hint explains is logged at INFO (the layers above say what the group does
+  about it, in a line); one with an empty hint (every member alive) is a warning.
 - A view this rank moved on from (a newer one is installed) may still have operations of this
   rank in flight, issued before the move (an operation issued later pinned to it fails at once:
   the rank leaves the view). Its poison key then belongs to the watcher of the new view, so a
@@ -27,20 +29,25 @@ import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import Protocol
 
-from torch.distributed import DistStoreError, PrefixStore, Store
+from torch.distributed import PrefixStore, Store
 
 from foldplane.agent.dataplane import keys
-from foldplane.agent.dataplane.backend import BackendKind, abort_nccl, bury, connect_nccl
+from foldplane.agent.dataplane.backend import (
+    BackendKind,
+    abort_nccl,
+    bury,
+    connect_nccl,
+    end_gloo_operations,
+)
 from foldplane.agent.dataplane.liveness import find_dead
 from foldplane.agent.dataplane.poison import PoisonNotice
 
 log = logging.getLogger(__name__)
 
-# How often the watch of a view this rank moved on from looks whether its operations there ended.
-RETIRED_WATCH_SLICE_S = 0.5
+# How often the watch of a view this rank moved on from looks for the view's poison notice.
+RETIRED_WATCH_SLICE_S = 0.02
 
 
 class ViewContext(Protocol):
@@ -485,9 +492,31 @@ class ViewGroup:
             self._ctx.kind.abandon(cuda)
 
     def wait_idle(self, timeout: float) -> bool:
-        """Wait until no operation of this rank runs in the view's backend; False on timeout."""
+        """Wait until no operation of this rank runs in the view's backend, and the watch of a
+        view this rank moved on from has left; False on timeout."""
         with self._cond:
-            return self._cond.wait_for(lambda: self._inflight == 0, timeout)
+            return self._cond.wait_for(
+                lambda: self._inflight == 0 and not self._retired_watch, timeout
+            )
+
+    @property
+    def busy(self) -> bool:
+        """An operation of this rank still runs in the view's backend."""
+        return self._inflight > 0
+
+    def end_operations(self) -> None:
+        """The data plane is closing: end this rank's operations in flight on the view's gloo
+        backend now (they fail; see :func:`agent.dataplane.backend.end_gloo_operations`).
+
+        Not done when the view merely fails: a member whose operation ends by a closed
+        connection fails the view on its own account, before the poison notice says whom to
+        blame. At close, the process's exit would close the connections anyway.
+        """
+        with self._cond:
+            backend = self._backend if self._backend is not None else self._orphan
+            busy = self._inflight > 0 and self.active
+        if backend is not None and busy:
+            end_gloo_operations(backend, self.index(self._ctx.rank), len(self.members))
 
     # -- failure ------------------------------------------------------------------------------
 
@@ -512,8 +541,10 @@ class ViewGroup:
             self._failure = Failure(reason, blamed, notice, report, ops)
             pending, self._pending = self._pending, set()
             self._cond.notify_all()
-        level = logging.WARNING if report else logging.INFO
-        log.log(level, "rank %d: view %d failed: %s", self._ctx.rank, self.version, reason)
+        # At INFO: a failure the hint explains (it names the ranks that failed) is the elastic
+        # path at work, which the layers above report in a line; ``_decide`` warns of one it
+        # cannot explain.
+        log.info("rank %d: view %d failed: %s", self._ctx.rank, self.version, reason)
         if self._ctx.nccl_shrink and self._cuda is not None and not self._aborted:
             self._defer_abort()
         else:
@@ -598,6 +629,15 @@ class ViewGroup:
         failed = sorted((set(failure.blamed) | set(dead)) - {ctx.rank})
         self._failed_ranks = tuple(failed)
         self._decided.set()
+        if failure.report and not failed:
+            log.warning(
+                "rank %d: view %d failed and every member is alive: %s",
+                ctx.rank,
+                self.version,
+                failure.reason,
+            )
+        elif failure.report:
+            log.info("rank %d: view %d: failed ranks %s", ctx.rank, self.version, failed)
         if failure.report:
             ctx.report_links(self.version, {r: "down" for r in failed}, failed, failure.ops)
 
@@ -688,25 +728,34 @@ class ViewGroup:
         ).start()
 
     def _watch_retired(self) -> None:
-        """Wait on ``poisoned/<v>`` while this rank still has operations in flight on the view:
+        """Look for ``poisoned/<v>`` while this rank still has operations in flight on the view:
         a member that has not moved on poisons it when its own operation fails, and the
-        operations here fail from that notice. Leaves once none is in flight (looking every
-        ``RETIRED_WATCH_SLICE_S``), or once the view failed."""
+        operations here fail from that notice. Leaves once none is in flight, once the view
+        failed, or once the data plane closes.
+
+        It looks every ``RETIRED_WATCH_SLICE_S`` (``check``: one short round trip), never
+        waits inside the store: a wait that times out makes torch's store client log a warning,
+        and a thread inside a store call when the interpreter shuts down aborts the process.
+        """
         key = keys.poisoned(self.version)
-        slice_ = timedelta(seconds=RETIRED_WATCH_SLICE_S)
+        closed = self._ctx.closed
         raw: bytes | None = None
         try:
             with self._ctx.rendezvous_store() as store:
                 while raw is None:
                     with self._cond:
-                        if self._failure is not None or self._inflight == 0:
+                        self._cond.wait_for(
+                            lambda: (
+                                self._failure is not None or self._inflight == 0 or closed.is_set()
+                            ),
+                            RETIRED_WATCH_SLICE_S,
+                        )
+                        if self._failure is not None or self._inflight == 0 or closed.is_set():
                             self._retired_watch = False
+                            self._cond.notify_all()
                             return
-                    try:
-                        store.wait([key], slice_)
-                    except DistStoreError:  # this slice timed out: look again
-                        continue
-                    raw = store.get(key)
+                    if store.check([key]):
+                        raw = store.get(key)
         except RuntimeError as e:  # the store is down or moved: the deadline still ends the ops
             log.warning(
                 "rank %d: cannot watch view %d it moved on from: %s",
@@ -716,5 +765,9 @@ class ViewGroup:
             )
             with self._cond:
                 self._retired_watch = False
+                self._cond.notify_all()
             return
+        with self._cond:
+            self._retired_watch = False
+            self._cond.notify_all()
         self.fail_from(PoisonNotice.read(self.version, raw))

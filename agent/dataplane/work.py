@@ -98,6 +98,8 @@ class Work(dist.Work):
         self._lock = threading.Lock()
         self._backend_work: object | None = None
         self._finished = False
+        #: it ended with an error after the data plane closed (``close()`` ended it)
+        self._ended_by_close = False
         self._error: str | None = None
         self._outcome: bool | None = None
         self._blamed: tuple[int, ...] | None = None
@@ -225,6 +227,7 @@ class Work(dist.Work):
                 return
             self._error = error
             self._finished = True
+            self._ended_by_close = error is not None and self._closed.is_set()
         assert self._view is not None
         self._view.unregister(self)
         self._view.op_ended(ok=error is None)
@@ -343,7 +346,7 @@ class Work(dist.Work):
         with self._lock:
             if self._outcome is not None:
                 return self._outcome
-            if self._finished:
+            if self._finished and not self._ended_by_close:
                 if self._error is None:
                     self._outcome = True
                     return True
@@ -362,7 +365,7 @@ class Work(dist.Work):
             return True
         if not self._event.is_set():
             return False
-        if self._closed.is_set() and not self._finished:
+        if self._closed.is_set() and (not self._finished or self._ended_by_close):
             return True
         self._resolve()
         return True

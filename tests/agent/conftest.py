@@ -137,9 +137,13 @@ class Workers:
     world_size: int
     collective_timeout_s: float = 5.0
     script: Path = WORKER
+    #: keep each process's stderr (``stderr_of``) instead of passing it through
+    capture_stderr: bool = False
     launcher: Launcher = field(init=False)
     events: dict[int, queue.Queue[dict[str, Any]]] = field(default_factory=dict)
     exits: queue.Queue[WorkerExit] = field(default_factory=queue.Queue)
+    #: what each process wrote to stderr, by pid (with ``capture_stderr``)
+    stderr: dict[int, list[str]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.launcher = Launcher(
@@ -149,6 +153,7 @@ class Workers:
             ranks=range(self.world_size),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE if self.capture_stderr else None,
             on_exit=self.exits.put,
             env={"PYTHONPATH": str(ROOT), **_base_env()},
         )
@@ -163,7 +168,14 @@ class Workers:
         q: queue.Queue[dict[str, Any]] = queue.Queue()
         self.events[rank] = q
         threading.Thread(target=_read_events, args=(worker.process, q), daemon=True).start()
+        if self.capture_stderr:
+            lines = self.stderr.setdefault(worker.process.pid, [])
+            threading.Thread(target=_read_lines, args=(worker.process, lines), daemon=True).start()
         return worker.incarnation
+
+    def stderr_of(self, rank: int) -> str:
+        """What the process now serving ``rank`` wrote to stderr so far."""
+        return "".join(self.stderr[self.launcher.worker(rank).process.pid])
 
     def send(self, targets: int | list[int], cmd: str, **args: Any) -> None:
         for rank in [targets] if isinstance(targets, int) else targets:
@@ -214,6 +226,12 @@ def _base_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith("FOLDPLANE_")}
 
 
+def _read_lines(process: subprocess.Popen[bytes], lines: list[str]) -> None:
+    assert process.stderr is not None
+    for raw in process.stderr:
+        lines.append(raw.decode(errors="replace"))
+
+
 def _read_events(process: subprocess.Popen[bytes], q: queue.Queue[dict[str, Any]]) -> None:
     assert process.stdout is not None
     for raw in process.stdout:
@@ -236,10 +254,11 @@ def workers(coordinator: Coordinator) -> Iterator[Any]:
         start: bool = True,
         collective_timeout_s: float = 5.0,
         script: Path = WORKER,
+        capture_stderr: bool = False,
         **config: Any,
     ) -> Workers:
         coordinator.create_group(group, world_size, **config)
-        w = Workers(coordinator, group, world_size, collective_timeout_s, script)
+        w = Workers(coordinator, group, world_size, collective_timeout_s, script, capture_stderr)
         made.append(w)
         if start:
             w.start()

@@ -4,7 +4,9 @@ Driven by one JSON command per line on stdin, one JSON event per line on stdout.
 ``steps {n | until} [with_rank] [stall_s, stall_steps]`` (n training steps, or steps until
 ``until`` are committed, and in either case on until a committed step had ``with_rank`` among
 its members; one ``step`` event each; the first ``stall_steps`` of them sleep ``stall_s`` before
-the forward pass, in the training thread only), ``activate_self`` (wait until
+the forward pass, in the training thread only, and the first ``vote_late_steps`` sleep
+``vote_late_s`` between the backward pass and the optimizer step, so the other members wait
+for this rank's vote), ``activate_self`` (wait until
 HEALTHY, then propose this rank's activation), ``wait_view {active}``, ``close``.
 
 Each ``step`` event carries what a test needs to check the step from outside: the batch's seed,
@@ -126,6 +128,8 @@ def main() -> int:
                     loss = loss_of(model, seed)
                     loss.backward()
                     grads = flat([p.grad for p in model.parameters()])
+                    if done <= cmd.get("vote_late_steps", 0):  # a slow host: a late vote
+                        time.sleep(cmd["vote_late_s"])
                     committed = opt.step()
                     joined = joined or (committed and with_rank in model.members)
                     params = list(model.parameters())

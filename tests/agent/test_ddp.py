@@ -8,6 +8,7 @@ bit-identical (digests)."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -121,9 +122,12 @@ def drain(w, rank: int) -> list[dict]:
             out.append({**e, "rank": rank})
 
 
-def kill_rank_3_and_heal(w, until: int, until_healed: int) -> tuple[list, dict, dict]:
+def kill_rank_3_and_heal(
+    w, until: int, until_healed: int, **replacement: object
+) -> tuple[list, dict, dict]:
     """Everyone trains towards ``until`` committed steps; rank 3 is SIGKILLed after two of them.
-    Its replacement asks to be activated, then trains; the survivors keep training meanwhile,
+    Its replacement asks to be activated, then trains (``replacement``: more arguments of its
+    ``steps``); the survivors keep training meanwhile,
     past ``until_healed`` if they get there first, until a step with the replacement has
     committed (stopping earlier would leave it alone in its first view, waiting for them).
     Returns the victim's events, the survivors' until ``until``, and everyone's after."""
@@ -137,7 +141,7 @@ def kill_rank_3_and_heal(w, until: int, until_healed: int) -> tuple[list, dict, 
     w.spawn(3)
     w.expect(3, "started", timeout=120)
     w.send([3], "activate_self")
-    w.send([3], "steps", until=until_healed)
+    w.send([3], "steps", until=until_healed, **replacement)
     w.send([0, 1, 2], "steps", until=until_healed, with_rank=3)
     assert w.expect(3, "proposal", timeout=120)["status"] == "applied"
     healed = {r: collect(w, r, until_healed, exact=False) for r in range(4)}
@@ -199,3 +203,25 @@ def test_ddp_survives_a_sigkill_and_a_replacement_heals_to_identical_state(worke
     assert held_out_loss(end) < held_out_loss(start), (held_out_loss(start), held_out_loss(end))
     versions = [(v["version"], v["active_ranks"]) for v in coordinator.history("ddpkill")]
     assert versions[-1][1] == [0, 1, 2, 3] and [0, 1, 2] in [a for _, a in versions], versions
+
+
+@pytest.mark.slow
+def test_a_survivors_recovery_says_what_happened_without_store_or_gloo_noise(workers):
+    """A kill and a recovery, heard from a survivor's stderr: the line that says the group goes
+    on without the dead rank, and none of the noise that used to bury it: torch's store client
+    warning of each 20 ms slice of the wait for a step's decision (the replacement votes late
+    in its first steps, as a cold process does, so the survivors wait), nor gloo's text about
+    the connection to the rank known dead."""
+    w = workers("quiet", 4, script=DDP_WORKER, capture_stderr=True)
+    for r in range(4):
+        w.expect(r, "started")
+    steps_of(w, [0, 1, 2, 3], 2)
+    kill_rank_3_and_heal(w, 6, 10, vote_late_s=0.3, vote_late_steps=3)
+    for r in (0, 1, 2):
+        err = w.stderr_of(r)
+        for noise in ("waitForInput", "timed out after", "Connection reset", "closed by peer"):
+            assert noise not in err, err
+        assert "GLHF" not in err, err
+        assert re.search(
+            rf"rank {r}: view \d+: ranks \[0, 1, 2\] go on from step \d+ without rank 3", err
+        ), err

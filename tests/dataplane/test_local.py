@@ -6,6 +6,8 @@ two data planes of one group in this process.
 
 from __future__ import annotations
 
+import threading
+import weakref
 from datetime import timedelta
 
 import pytest
@@ -13,6 +15,7 @@ import torch
 from torch.distributed import ReduceOp
 
 from foldplane.agent.dataplane import DataPlaneError, Work, keys
+from foldplane.agent.dataplane.backend import BackendKind
 from foldplane.agent.dataplane.liveness import find_dead
 from foldplane.agent.dataplane.poison import PoisonNotice
 
@@ -339,3 +342,45 @@ def test_an_op_left_in_flight_on_a_view_this_rank_moved_on_from_still_fails_fast
     # gloo ends the operation rank 0 left running at its own timeout (5 s): no backend is
     # destroyed with an operation inside it when the test's process exits.
     assert old.wait_idle(15), "rank 0's operation on view 1 still runs in gloo"
+
+
+def test_close_ends_an_operation_left_on_an_old_view_and_leaves_no_gloo_backend(
+    make_plane, monkeypatch
+) -> None:
+    # Rank 0 moved on to view 2 with an all-reduce still waiting on view 1 (rank 1, still on
+    # view 1, never joins it; gloo alone would wait its 60 s timeout). After close() nothing
+    # of rank 0's data plane is left in gloo: the operation ended (its wait says the plane was
+    # closed), no gloo backend it built is alive, and the watch of view 1 is gone. An
+    # operation that ended later, during the interpreter's shutdown, would abort the process
+    # (tests/agent/test_clean_exit.py shows it with real workers).
+    built: dict[int, list[weakref.ref]] = {}
+    create_for = BackendKind.create_for
+
+    def recording(kind: BackendKind, *args: object, **kwargs: object) -> object:
+        backend = create_for(kind, *args, **kwargs)
+        built.setdefault(id(kind), []).append(weakref.ref(backend))
+        return backend
+
+    monkeypatch.setattr(BackendKind, "create_for", recording)
+    a = make_plane(rank=0, world_size=2, collective_timeout_s=60.0)
+    b = make_plane(rank=1, world_size=2, collective_timeout_s=60.0)
+    for dp in (a, b):
+        dp.install_view(1, [0, 1])
+    pa, pb = a.process_group(), b.process_group()
+    assert all(w.wait() for w in (pa.barrier(async_op=True), pb.barrier(async_op=True)))
+    old = a.current_view()
+    left = pa.all_reduce(torch.ones(2), async_op=True)  # rank 1 never joins it
+    a.install_view(2, [0])
+    assert pa.all_reduce(torch.ones(2)).wait()
+    assert not old.wait_idle(0) and "dataplane-retired-watch-v1" in _thread_names()
+    a.close()
+    assert old.wait_idle(0), "the operation left on view 1 still runs in gloo"
+    with pytest.raises(DataPlaneError, match="still running when the data plane was closed"):
+        left.wait()
+    assert len(built[id(a.kind)]) == 2  # view 1's and view 2's
+    assert [r for r in built[id(a.kind)] if r() is not None] == [], "a gloo backend is alive"
+    assert "dataplane-retired-watch-v1" not in _thread_names()
+
+
+def _thread_names() -> set[str]:
+    return {t.name for t in threading.enumerate() if t.is_alive()}
