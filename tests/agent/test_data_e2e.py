@@ -162,7 +162,7 @@ def counted_indices(db: Path, group: str) -> dict[int, list[int]]:
             await log.close()
         return machine
 
-    e = asyncio.run(fold()).epochs.epoch(group)
+    e = asyncio.run(fold()).facet("epochs").epoch(group)
     assert e is not None
     perm = torch.randperm(e.plan.dataset_size, generator=torch.Generator().manual_seed(
         e.plan.seed + e.plan.epoch))  # fmt: skip
