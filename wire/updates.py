@@ -22,7 +22,7 @@ This module is pure: no I/O, clock, threads or randomness.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any, ClassVar, Union
+from typing import Any, ClassVar, TypeVar, Union
 
 import msgspec
 from msgspec import Struct
@@ -253,6 +253,15 @@ _encode = msgspec.json.Encoder().encode
 _list: Any = list[AgentUpdate]
 _decoder = msgspec.json.Decoder(_list)
 _one = msgspec.json.Decoder(AgentUpdate)
+
+
+U = TypeVar("U", bound="Update")
+
+
+def update_from(cls: type[U], source: object) -> U:
+    """A ``cls`` whose every field is the same-named attribute of ``source`` (an effect of the
+    fold that carries them all): the builders of updates that copy their effect."""
+    return cls(**{name: getattr(source, name) for name in cls.__struct_fields__})
 
 
 def declare_update(cls: type[Update]) -> None:

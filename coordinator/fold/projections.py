@@ -70,6 +70,7 @@ from foldplane.wire.updates import (
     RankStateUpdate,
     ShutdownUpdate,
     ViewCommittedUpdate,
+    update_from,
 )
 
 #: Membership's projection kinds that ``replay`` compares (``ended`` rows are the operator's).
@@ -270,23 +271,8 @@ def rows_for(effect: Effect) -> list[ProjectionRow]:
 
 
 def rank_state_update(effect: RankState) -> RankStateUpdate:
-    return RankStateUpdate(
-        offset=effect.offset,
-        group=effect.group,
-        rank=effect.rank,
-        state=effect.state,
-        incarnation=effect.incarnation,
-        rank_epoch=effect.rank_epoch,
-        reason=effect.reason,
-        cause=effect.cause,
-    )
+    return update_from(RankStateUpdate, effect)
 
 
 def shutdown_update(effect: ShutdownWithSave) -> ShutdownUpdate:
-    return ShutdownUpdate(
-        offset=effect.offset,
-        group=effect.group,
-        reason=effect.reason,
-        detail=effect.detail,
-        checkpoint_rank=effect.checkpoint_rank,
-    )
+    return update_from(ShutdownUpdate, effect)

@@ -20,6 +20,7 @@ from foldplane.wire.updates import (
     DataMovesUpdate,
     EpochCompleteUpdate,
     EpochPlanUpdate,
+    update_from,
 )
 
 
@@ -95,4 +96,4 @@ def data_moves_update(effect: AssignmentChanged) -> DataMovesUpdate:
 
 
 def epoch_complete_update(effect: EpochCompleted) -> EpochCompleteUpdate:
-    return EpochCompleteUpdate(offset=effect.offset, group=effect.group, epoch=effect.epoch)
+    return update_from(EpochCompleteUpdate, effect)

@@ -12,42 +12,21 @@ from foldplane.coordinator.facets.refits.effects import (
     RefitEpochChanged,
     TransferChanged,
 )
-from foldplane.wire.updates import RefitBootstrapUpdate, RefitEpochUpdate, TransferUpdate
+from foldplane.wire.updates import (
+    RefitBootstrapUpdate,
+    RefitEpochUpdate,
+    TransferUpdate,
+    update_from,
+)
 
 
 def refit_epoch_update(effect: RefitEpochChanged) -> RefitEpochUpdate:
-    return RefitEpochUpdate(
-        offset=effect.offset,
-        refit=effect.refit,
-        groups=effect.groups,
-        epoch=effect.epoch,
-        status=effect.status,
-        cause=effect.cause,
-        deadline_ts=effect.deadline_ts,
-        digest=effect.digest,
-        lanes=effect.lanes,
-        publisher_ranks=effect.publisher_ranks,
-        subscriber_ranks=effect.subscriber_ranks,
-        missing=effect.missing,
-    )
+    return update_from(RefitEpochUpdate, effect)
 
 
 def transfer_update(effect: TransferChanged) -> TransferUpdate:
-    return TransferUpdate(
-        offset=effect.offset,
-        refit=effect.refit,
-        groups=effect.groups,
-        transfer=effect.transfer,
-        key=effect.key,
-        attempt=effect.attempt,
-        epoch=effect.epoch,
-        status=effect.status,
-        detail=effect.detail,
-        deadline_ts=effect.deadline_ts,
-    )
+    return update_from(TransferUpdate, effect)
 
 
 def refit_bootstrap_update(effect: RefitBootstrap) -> RefitBootstrapUpdate:
-    return RefitBootstrapUpdate(
-        offset=effect.offset, refit=effect.refit, epoch=effect.epoch, bootstrap=effect.bootstrap
-    )
+    return update_from(RefitBootstrapUpdate, effect)
