@@ -28,7 +28,7 @@ fold cannot reproduce are covered by that check, not reported.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -173,6 +173,16 @@ async def replay_log(
         if report.ok or await log.get_consumer_offset(CONSUMER) == report.projected:
             return report
     return report
+
+
+async def read_pages(log: Log, position: int, stop: int) -> AsyncIterator[list[Record]]:
+    """The records of ``log`` after ``position`` up to ``stop``, a page at a time."""
+    while position < stop:
+        page = await log.read(position, READ_PAGE, until=stop)
+        if not page:
+            return
+        yield page
+        position = page[-1].offset
 
 
 async def find_start(

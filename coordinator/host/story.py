@@ -48,8 +48,8 @@ from foldplane.coordinator.fold.machine import Coordinator
 from foldplane.coordinator.fold.reasons import ranks_text
 from foldplane.coordinator.fold.state import GroupState
 from foldplane.coordinator.host.facets import facet_hosts
-from foldplane.coordinator.host.replay import CompactedLog, find_start
-from foldplane.eventlog import READ_PAGE, Log, Record, open_log
+from foldplane.coordinator.host.replay import CompactedLog, find_start, read_pages
+from foldplane.eventlog import Log, Record, open_log
 from foldplane.wire import ranks as rank_sets
 from foldplane.wire.codes import COMPACTED, RANK_OUT_OF_RANGE, UNKNOWN_GROUP
 from foldplane.wire.protocol import links_down
@@ -484,18 +484,13 @@ async def story_of(
     except CompactedLog as exc:
         raise StoryError(COMPACTED, str(exc)) from None
     builder = StoryBuilder(group, rank, machine=machine)
-    position = start.offset
-    if position:
+    if start.offset:
         _start_entry(builder, start)
-    while position < stop:
-        page = await log.read(position, READ_PAGE, until=stop)
-        if not page:
-            break
+    async for page in read_pages(log, start.offset, stop):
         if fold_page is None:
             builder.feed(page)
         else:
             await fold_page(builder, page)
-        position = page[-1].offset
     return builder.result()
 
 

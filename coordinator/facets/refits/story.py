@@ -29,8 +29,8 @@ from foldplane.coordinator.fold.effects import Refused
 from foldplane.coordinator.fold.machine import Coordinator
 from foldplane.coordinator.fold.reasons import abridged, ranks_text
 from foldplane.coordinator.host.facets import RankStoryPart
-from foldplane.coordinator.host.replay import CompactedLog, find_start
-from foldplane.eventlog import READ_PAGE, Log, Record, open_log
+from foldplane.coordinator.host.replay import CompactedLog, find_start, read_pages
+from foldplane.eventlog import Log, Record, open_log
 from foldplane.wire.codes import COMPACTED, UNKNOWN_REFIT
 
 #: Joins and reports kept before each decision.
@@ -325,16 +325,11 @@ async def refit_story_of(
     except CompactedLog as exc:
         raise RefitStoryError(COMPACTED, str(exc)) from None
     builder = RefitStoryBuilder(name, machine=machine)
-    position = start.offset
-    while position < stop:
-        page = await log.read(position, READ_PAGE, until=stop)
-        if not page:
-            break
+    async for page in read_pages(log, start.offset, stop):
         if fold_page is None:
             builder.feed(page)
         else:
             await fold_page(builder, page)
-        position = page[-1].offset
     return builder.result()
 
 
