@@ -140,12 +140,8 @@ def expected(key: str, slot: int) -> dict[str, str]:
     return {n: tensor_hash(t) for n, t in local_shards(full, plan, "subscriber", slot).items()}
 
 
-def test_tp2_trainers_refit_tp4_generators_then_a_generator_dies_and_the_retry_completes(
-    coordinator: Coordinator, tmp_path: Path
-) -> None:
-    create_refit(coordinator)
-    trainers = Side(coordinator, "train", 2, tmp_path)
-    generators = Side(coordinator, "gen", 4, tmp_path, "step-2", "3", replace=True)
+def _run_by_kind(trainers: Side, generators: Side) -> dict[str, list[tuple]]:
+    """Run both sides until six transfers are done; their events, by kind."""
     trainers.launcher.start()
     generators.launcher.start()
     try:
@@ -153,10 +149,19 @@ def test_tp2_trainers_refit_tp4_generators_then_a_generator_dies_and_the_retry_c
     finally:
         generators.launcher.stop()
         trainers.launcher.stop()
-
     by_kind: dict[str, list[tuple]] = {}
     for side, rank, inc, ev in events:
         by_kind.setdefault(ev["event"], []).append((side, rank, inc, ev))
+    return by_kind
+
+
+def test_tp2_trainers_refit_tp4_generators_then_a_generator_dies_and_the_retry_completes(
+    coordinator: Coordinator, tmp_path: Path
+) -> None:
+    create_refit(coordinator)
+    trainers = Side(coordinator, "train", 2, tmp_path)
+    generators = Side(coordinator, "gen", 4, tmp_path, "step-2", "3", replace=True)
+    by_kind = _run_by_kind(trainers, generators)
     [(_, victim, victim_inc, dying)] = by_kind["dying"]
     assert dying["key"] == "step-2" and dying["attempt"] == 1
 
@@ -208,17 +213,7 @@ def test_the_store_hosts_death_fails_the_attempt_at_once_naming_it_and_the_retry
     create_refit(coordinator)
     trainers = Side(coordinator, "train", 2, tmp_path, "step-2", "0", "publisher", replace=True)
     generators = Side(coordinator, "gen", 4, tmp_path)
-    trainers.launcher.start()
-    generators.launcher.start()
-    try:
-        events = collect([trainers, generators], want_done=6)
-    finally:
-        generators.launcher.stop()
-        trainers.launcher.stop()
-
-    by_kind: dict[str, list[tuple]] = {}
-    for side, rank, inc, ev in events:
-        by_kind.setdefault(ev["event"], []).append((side, rank, inc, ev))
+    by_kind = _run_by_kind(trainers, generators)
     [(side, victim, victim_inc, dying)] = by_kind["dying"]
     assert (side, victim, dying["key"], dying["attempt"]) == (trainers, 0, "step-2", 1)
 
