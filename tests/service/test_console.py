@@ -90,6 +90,19 @@ async def _until(page: Any, expression: str, timeout: float = 20) -> None:
             await page.wait_for_timeout(50)
 
 
+async def _rows(page: Any, table: str) -> list[list[str]]:
+    """The cells' text of every body row of ``table``, read in one evaluation (reading row by
+    row through locators could straddle a re-render of the table)."""
+    return await page.evaluate(
+        f"() => [...document.querySelectorAll('{table} tbody tr')]"
+        ".map((tr) => [...tr.cells].map((td) => td.textContent))"
+    )
+
+
+#: the number of the newest decision the data panel's changes table shows
+_FIRST_CHANGE = "document.querySelector('#d-changes tbody tr td')?.textContent"
+
+
 async def _wait_pixel(page: Any, rank: int, code: str, active: bool, timeout: float = 20) -> None:
     want = await _colour(page, code, active)
     async with asyncio.timeout(timeout):
@@ -166,10 +179,7 @@ async def test_the_console_shows_the_group_and_a_kill_live(console_server: Serve
             assert bad.json()["status"] == "rejected", bad.text
             await _wait_pixel(page, 30, HEALTHY, False)
             await _until(page, "document.querySelectorAll('#proposals tbody tr').length === 2")
-            proposals = [
-                await row.locator("td").all_text_contents()
-                for row in await page.locator("#proposals tbody tr").all()
-            ]
+            proposals = await _rows(page, "#proposals")
             assert [(p[1], p[2], p[3], p[4]) for p in proposals] == [
                 ("activate", "[99]", "typo", "rejected"),
                 ("deactivate", "[30]", "scheduler", "applied"),
@@ -211,10 +221,7 @@ async def test_the_console_shows_the_group_and_a_kill_live(console_server: Serve
             )
 
             # the timeline names what left and why, newest first
-            rows = [
-                await row.locator("td").all_text_contents()
-                for row in await page.locator("#timeline tbody tr").all()
-            ]
+            rows = await _rows(page, "#timeline")
             assert [(r[0], r[2], r[3], r[4]) for r in rows] == [
                 ("v3", "auto_deactivation", "29", "[5]"),
                 ("v2", f"proposal {out.json()['id']}", "30", "[30]"),
@@ -224,11 +231,9 @@ async def test_the_console_shows_the_group_and_a_kill_live(console_server: Serve
 
             # the data plan followed both departures: what ranks 30 and 5 held went to the
             # others, each move a committed decision, newest first
-            await _until(page, "document.getElementById('d-assignment').textContent === '3'")
-            changes = [
-                await row.locator("td").all_text_contents()
-                for row in await page.locator("#d-changes tbody tr").all()
-            ]
+            # the changes table is fetched after the plan it explains: wait for its newest row
+            await _until(page, _FIRST_CHANGE + " === '3'")
+            changes = await _rows(page, "#d-changes")
             assert [(c[0], c[1], c[2]) for c in changes] == [
                 ("3", "v3", "view_committed"),
                 ("2", "v2", "view_committed"),
@@ -238,13 +243,7 @@ async def test_the_console_shows_the_group_and_a_kill_live(console_server: Serve
             assert changes[1][3].startswith("30 → 0: ") and "rank 30 left" in changes[1][4]
             assert changes[2][3] == "epoch 0 split over 31 ranks"
             epoch = (await client.get("/groups/train/epochs")).json()
-            shown = {
-                int(r[0]): (r[1], r[3])
-                for r in [
-                    await row.locator("td").all_text_contents()
-                    for row in await page.locator("#d-ranks tbody tr").all()
-                ]
-            }
+            shown = {int(r[0]): (r[1], r[3]) for r in await _rows(page, "#d-ranks")}
             for r in epoch["ranks"]:
                 held = r["held"]
                 left = sum(n for _, n in r["remaining"])
@@ -258,10 +257,7 @@ async def test_the_console_shows_the_group_and_a_kill_live(console_server: Serve
                 "document.getElementById('story-summary').textContent"
                 ".startsWith(\"rank 5 of 'train' is OFFLINE, outside active_ranks of version 3\")",
             )
-            rows = [
-                await row.locator("td").all_text_contents()
-                for row in await page.locator("#story-table tbody tr").all()
-            ]
+            rows = await _rows(page, "#story-table")
             events = [r[2] for r in rows]
             death = events.index("death_reported → rank_state OFFLINE")
             assert rows[death][3] == "death reported by launcher@node3"
@@ -386,10 +382,7 @@ async def test_the_data_plan_shows_progress_and_moves_live(tmp_path: Path, brows
         )
 
         async def ranks() -> dict[int, list[str]]:
-            rows = [
-                await row.locator("td").all_text_contents()
-                for row in await page.locator("#d-ranks tbody tr").all()
-            ]
+            rows = await _rows(page, "#d-ranks")
             return {int(r[0]): r for r in rows}
 
         shown = await ranks()
@@ -401,11 +394,8 @@ async def test_the_data_plan_shows_progress_and_moves_live(tmp_path: Path, brows
         assert width == f"{100 * FIRST[3] // (SIZE // 4)}%"  # 350 of 1,000
 
         await asyncio.to_thread(scenario.leave_and_return_after_reading)
-        await _until(page, "document.getElementById('d-assignment').textContent === '3'")
-        changes = [
-            await row.locator("td").all_text_contents()
-            for row in await page.locator("#d-changes tbody tr").all()
-        ]
+        await _until(page, _FIRST_CHANGE + " === '3'")
+        changes = await _rows(page, "#d-changes")
         assert [c[1] for c in changes] == ["v3", "v2", "v1"]
         assert changes[1][3] == "1 → 0: 250, 1 → 2: 250, 1 → 3: 250"
         assert "rank 1 joined" in changes[0][4] and changes[0][3].count("→ 1:") == 3
