@@ -19,7 +19,6 @@ old ones.
 
 from __future__ import annotations
 
-import re
 import threading
 import time
 from collections.abc import Callable
@@ -31,11 +30,8 @@ from foldplane.wire.updates import RefitBootstrapUpdate, RefitEpochUpdate, Trans
 
 #: How long a call waits for the coordinator's answer to one of its events.
 ANSWER_S = 30.0
-#: How many epochs' causes a tracker keeps per refit.
+#: How many epochs' first updates a tracker keeps per refit.
 _CAUSES_KEPT = 16
-#: The cause of an epoch that a member's loss began, as the fold words it
-#: (``coordinator.fold.refits``: ``publisher slot 0 (train rank 0) went OFFLINE (...)``).
-_LOST = re.compile(r"(publisher|subscriber) slot (\d+) \([^)]*\) went OFFLINE")
 
 
 class RefitRefused(RuntimeError):
@@ -103,9 +99,10 @@ class RefitTracker:
         self._send = send
         self._cond = threading.Condition()
         self.epochs: dict[str, RefitEpochUpdate] = {}
-        #: why each of a refit's recent epochs began (the cause that ended the one before),
-        #: by epoch number: several epochs may pass between two looks at :attr:`epochs`
-        self.causes: dict[str, dict[int, str]] = {}
+        #: the first update of each of a refit's recent epochs (its ``cause`` and ``lost`` say
+        #: what ended the one before), by epoch number: several epochs may pass between two
+        #: looks at :attr:`epochs`
+        self.causes: dict[str, dict[int, RefitEpochUpdate]] = {}
         self.transfers: dict[str, dict[int, TransferUpdate]] = {}
         self.bootstraps: dict[str, RefitBootstrapUpdate] = {}
         #: the epoch of each refit whose bootstrap this rank offered with its join
@@ -120,7 +117,7 @@ class RefitTracker:
         with self._cond:
             if isinstance(update, RefitEpochUpdate):
                 causes = self.causes.setdefault(name, {})
-                causes.setdefault(update.epoch, update.cause)
+                causes.setdefault(update.epoch, update)
                 while len(causes) > _CAUSES_KEPT:
                     del causes[min(causes)]
                 held = self.epochs.get(name)
@@ -316,15 +313,13 @@ class RefitClient:
                 return None
             # what ended this epoch: the cause of the next one (later ones may follow at once:
             # a lost member's view change moves the epoch again)
-            nxt = admitted.epoch + 1
-            cause = self.tracker.causes.get(self.name, {}).get(nxt)
-            if cause is None:  # not heard (a resync sends the latest epoch only)
-                nxt, cause = epoch.epoch, epoch.cause
-            lost = _LOST.match(cause)
+            began = self.tracker.causes.get(self.name, {}).get(admitted.epoch + 1)
+            if began is None:  # not heard (a resync sends the latest epoch only)
+                began = epoch
             return Verdict(
                 f"the coordinator moved refit {self.name!r} from epoch {admitted.epoch} to "
-                f"{nxt}: {cause}",
-                () if lost is None else (Peer(lost[1], int(lost[2])),),
+                f"{began.epoch}: {began.cause}",
+                () if began.lost is None else (Peer(*began.lost),),
             )
 
         return moved

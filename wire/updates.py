@@ -180,7 +180,9 @@ class RefitEpochUpdate(Update, frozen=True, kw_only=True, tag="refit_epoch"):
     """A refit's epoch, whole, each time its ``status`` changes: ``waiting`` (slots may join
     until ``deadline_ts``), ``admitted`` (with the plan's ``digest``, the data plane's
     ``lanes`` and each side's ranks by slot), ``timed_out`` (``missing`` names the slots that
-    never joined). ``groups``: the publisher and the subscriber group."""
+    never joined). ``cause`` says why the epoch began; ``lost`` names the member whose loss
+    began it (``[side, slot]``), if one did. ``groups``: the publisher and the subscriber
+    group."""
 
     audience: ClassVar[str] = REFIT_GROUPS
 
@@ -195,6 +197,7 @@ class RefitEpochUpdate(Update, frozen=True, kw_only=True, tag="refit_epoch"):
     publisher_ranks: tuple[int, ...]
     subscriber_ranks: tuple[int, ...]
     missing: tuple[str, ...]
+    lost: tuple[str, int] | None = None
 
 
 class TransferUpdate(Update, frozen=True, kw_only=True, tag="transfer"):

@@ -16,6 +16,7 @@ from foldplane.coordinator.facets.refits.effects import (
     TransferChanged,
 )
 from foldplane.coordinator.facets.refits.fold import complete_spec
+from foldplane.coordinator.facets.refits.rows import ROWS
 from foldplane.coordinator.fold.effects import (
     Refused,
 )
@@ -288,6 +289,7 @@ def test_a_view_of_either_group_moves_the_epoch_and_stale_members_are_told_why()
     moved = one(out, RefitEpochChanged)
     assert moved.epoch == 2 and moved.status == "waiting"
     assert moved.cause == "view 2 of subscriber group 'gen' committed"
+    assert moved.lost is None
     stale = {"incarnation": s.inc(0, "train"), "refit": "rl", "epoch": 1, "key": "k"}
     refused(s.record("transfer", "train", 0, stale), "stale_refit_epoch", "epoch 2", "view 2 of")
 
@@ -305,6 +307,9 @@ def test_a_member_lost_mid_transfer_fails_the_attempt_naming_it_and_the_retry_co
     epochs = of(out, RefitEpochChanged)
     assert [e.epoch for e in epochs] == [2, 3]  # the loss, then gen's new view
     assert "went OFFLINE" in epochs[0].cause and "view" in epochs[1].cause
+    # the member the loss names, as a value for the workers' data plane; its row keeps words
+    assert epochs[0].lost == ("subscriber", 2) and epochs[1].lost is None
+    assert all("lost" not in row.doc for e in epochs for row in ROWS[RefitEpochChanged](e))
     # a late report of the failed attempt, from the old epoch, is refused saying why
     late = {
         "incarnation": s.inc(0, "gen"),
@@ -563,3 +568,17 @@ def test_snapshot_and_tail_give_the_full_replay() -> None:
     kill(s, "gen", 1, at=4)
     whole, resumed, _ = replayed_through_a_snapshot(s.records, cut)
     assert msgspec.json.encode(resumed.snapshot()) == msgspec.json.encode(whole.snapshot())
+
+
+def test_the_member_whose_loss_began_an_epoch_survives_a_snapshot() -> None:
+    """A coordinator restarted from a snapshot sends the same ``lost`` with the epoch a
+    resync carries: the member is part of the refit's state, not only of one effect."""
+    s = world()
+    join_all(s)
+    out = s.at(3).death(2, "gen")
+    assert one(out, RefitEpochChanged).lost == ("subscriber", 2)
+    data = msgspec.json.decode(msgspec.json.encode(s.m.snapshot()))
+    (refit,) = data["facets"]["refits"]["refits"]
+    assert refit["lost"] == ["subscriber", 2]
+    resumed = Coordinator.from_snapshot(data)
+    assert msgspec.json.encode(resumed.snapshot()) == msgspec.json.encode(s.m.snapshot())

@@ -23,8 +23,9 @@ class RefitEpochChanged(Effect, frozen=True, kw_only=True, tag="refit_epoch"):
     until ``deadline_ts``), ``admitted`` (every slot joined with ``digest``, and the data
     plane's ``lanes``), ``timed_out`` (``missing`` names the slots that never joined).
     ``cause`` says why this epoch began (the refit's creation, a view of either group, a
-    member lost, a transfer timed out, an operator's restart). ``groups``: the publisher and
-    the subscriber group, whose workers all hear of it."""
+    member lost, a transfer timed out, an operator's restart); ``lost`` names the member whose
+    loss began it (its side and slot), for the workers' data plane to name as dead.
+    ``groups``: the publisher and the subscriber group, whose workers all hear of it."""
 
     refit: str
     groups: tuple[str, str]
@@ -38,6 +39,7 @@ class RefitEpochChanged(Effect, frozen=True, kw_only=True, tag="refit_epoch"):
     subscriber_ranks: tuple[int, ...]
     missing: tuple[str, ...]
     offset: int
+    lost: tuple[str, int] | None = None
 
 
 class RefitBootstrap(Effect, frozen=True, kw_only=True, tag="refit_bootstrap"):

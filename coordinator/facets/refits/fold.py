@@ -263,6 +263,8 @@ class Refit:
         self.by_key: dict[str, int] = {}
         #: the transfer whose attempt is running, if any
         self.running: int | None = None
+        #: the member whose loss began the current epoch (side, slot), if one did
+        self.lost: tuple[str, int] | None = None
 
     @property
     def groups(self) -> tuple[str, str]:
@@ -325,6 +327,7 @@ class Refit:
             subscriber_ranks=self.ranks_of(SUBSCRIBER),
             missing=self.missing,
             offset=offset,
+            lost=self.lost,
         )
 
     def transfer_effect(self, t: _Transfer, offset: int) -> TransferChanged:
@@ -355,7 +358,7 @@ class Refit:
             "missing": list(self.missing),
             "transfers": [self.transfers[t].to_dict() for t in sorted(self.transfers)],
             "running": self.running,
-        }
+        } | ({} if self.lost is None else {"lost": list(self.lost)})
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Refit:
@@ -367,6 +370,8 @@ class Refit:
         r.transfers = {t["id"]: _Transfer.from_dict(t) for t in d["transfers"]}
         r.by_key = {t.key: t.id for t in r.transfers.values()}
         r.running = d["running"]
+        lost = d.get("lost")
+        r.lost = None if lost is None else (str(lost[0]), int(lost[1]))
         return r
 
 
@@ -792,11 +797,18 @@ class Refits:
             self._status(r, record, effects)
 
     def _new_epoch(
-        self, fold: FoldContext, r: Refit, cause: str, record: Record, effects: list[Effect]
+        self,
+        fold: FoldContext,
+        r: Refit,
+        cause: str,
+        record: Record,
+        effects: list[Effect],
+        lost: tuple[str, int] | None = None,
     ) -> None:
         r.epoch += 1
         r.status = WAITING
         r.cause = cause
+        r.lost = lost
         r.joined = {}
         r.bootstrap = None
         r.missing = ()
@@ -949,7 +961,7 @@ class Refits:
             )
             what = f"{who} went OFFLINE" + (f" ({reason})" if reason else "")
             self._fail_running(r, what, record, effects)
-            self._new_epoch(fold, r, what, record, effects)
+            self._new_epoch(fold, r, what, record, effects, lost=slot)
 
     def tick(self, fold: FoldContext, record: Record, effects: list[Effect]) -> None:
         now = fold.now

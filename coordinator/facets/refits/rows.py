@@ -31,7 +31,12 @@ def _created(effect: RefitCreated) -> list[ProjectionRow]:
 
 
 def _epoch(effect: RefitEpochChanged) -> list[ProjectionRow]:
-    return [ProjectionRow("refit_epoch", effect.refit, effect.epoch, to_doc(effect))]
+    """The row says why the epoch began in words (``cause``), as it always did; ``lost``,
+    the same member as a value, is for the workers' update only (so a log written before it
+    replays with the same rows)."""
+    doc = to_doc(effect)
+    doc.pop("lost", None)
+    return [ProjectionRow("refit_epoch", effect.refit, effect.epoch, doc)]
 
 
 def _transfer(effect: TransferChanged) -> list[ProjectionRow]:
