@@ -117,6 +117,8 @@ def run_from_user_folder(python: str, folder: Path) -> None:
             assert views.json(), "no view committed"
             console = http.get("/ui")
             assert console.status_code == 200 and "<html" in console.text.lower(), console.text
+            # the facets' panels are package data of their folders, installed with them
+            assert 'id="data-panel"' in console.text and 'id="refit-panel"' in console.text
     finally:
         server.terminate()
         try:

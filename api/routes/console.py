@@ -1,7 +1,7 @@
 """The operator's console: ``GET /ui`` (one self-contained page) and the data it reads.
 
 The page (``api/console.html``, package data: HTML, CSS and JS inline, nothing fetched from
-elsewhere) reads ``/ui/api/*`` for the fold's picture of each group and follows
+elsewhere, with each facet's panel put in its place) reads ``/ui/api/*`` for the fold's picture of each group and follows
 ``/events/stream`` to know when to read it again. The page itself holds nothing of a group, so
 it is served to anyone; everything it reads needs the operator token when auth is on, sent as
 an ``Authorization`` header (never in a URL). See docs/console.md.
@@ -19,6 +19,7 @@ from foldplane.api.codec import json_response
 from foldplane.api.deps import host_of, require_group, require_operator
 from foldplane.api.openapi import answers
 from foldplane.coordinator.fold.overview import group_list, group_overview, ranks_brief
+from foldplane.coordinator.fold.registry import FacetPlugin, console_fragment, plugins
 from foldplane.coordinator.host.loop import HostUnavailable
 from foldplane.coordinator.host.views import read_views
 from foldplane.eventlog import LogError
@@ -26,14 +27,22 @@ from foldplane.wire.codes import NOT_LEADER
 
 router = APIRouter(tags=["console"])
 
-_page: bytes | None = None
+#: the page as assembled for the facets it was assembled for
+_page: tuple[tuple[FacetPlugin, ...], bytes] | None = None
+
+#: where the facets' panels go in the page, in the order of the registry
+PANELS = b"<!-- facet panels -->"
 
 
 def page() -> bytes:
+    """The console page with each facet's panel (``FacetPlugin.console``) in its place."""
     global _page
-    if _page is None:
-        _page = resources.files("foldplane.api").joinpath("console.html").read_bytes()
-    return _page
+    facets = plugins()
+    if _page is None or _page[0] != facets:
+        core = resources.files("foldplane.api").joinpath("console.html").read_bytes()
+        panels = [f for f in map(console_fragment, facets) if f is not None]
+        _page = facets, core.replace(PANELS, b"\n".join(panels))
+    return _page[1]
 
 
 @router.get("/ui", summary="The operator's console (an HTML page)", response_class=Response)

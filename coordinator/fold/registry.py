@@ -19,6 +19,7 @@ given): their hooks run in it, so a replay decides exactly as the live fold did.
 from __future__ import annotations
 
 import importlib
+import importlib.resources
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -76,6 +77,9 @@ class FacetPlugin:
     routes: str | None = None
     #: the module of its panel in ``replay --plot``: a ``PANEL`` (``coordinator.plot.FacetPanel``)
     plot: str | None = None
+    #: its panel in the operator's console: ``"package:file"``, an HTML fragment (its section,
+    #: style and script; docs/console.md "A facet's panel") the console page includes
+    console: str | None = None
 
 
 _installed: tuple[str, ...] = ()
@@ -165,6 +169,20 @@ def compactable() -> frozenset[str]:
     if out is None:
         out = _cache["compactable"] = frozenset().union(*(p.compactable for p in plugins()))
     return out
+
+
+def console_fragment(plugin: FacetPlugin) -> bytes | None:
+    """The bytes of a plugin's console panel (None if it has none); a name that does not
+    resolve fails naming it."""
+    if plugin.console is None:
+        return None
+    package, _, name = plugin.console.partition(":")
+    try:
+        return importlib.resources.files(package).joinpath(name).read_bytes()
+    except (ImportError, OSError) as exc:
+        raise ValueError(
+            f"facet {plugin.name!r}: its console panel {plugin.console!r} cannot be read: {exc}"
+        ) from None
 
 
 def part(plugin: FacetPlugin, which: str) -> Any:

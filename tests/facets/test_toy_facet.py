@@ -1,7 +1,8 @@
 """A facet is one folder plugged in by one line: the toy facet (``tests/facets/toy/``), plugged
 in by ``FOLDPLANE_FACETS`` alone, runs end to end through a real coordinator process: its record
 is appended, the fold refuses a bad one with a code, its projection row is written and a replay
-of the log derives it again, its route answers and an agent's long poll receives its update."""
+of the log derives it again, its route answers, an agent's long poll receives its update and the
+console page holds its panel."""
 
 from __future__ import annotations
 
@@ -106,6 +107,12 @@ def test_the_toy_facet_plugs_in_with_its_folder_and_one_line(tmp_path: Path) -> 
         doc = httpx.get(url + "/openapi.json").json()
         assert "/groups/{group}/toy" in doc["paths"]
         assert {"BumpRequest", "CounterBody"} <= set(doc["components"]["schemas"])
+
+        # the console page holds its panel after the built-in facets' (the browser draws it:
+        # tests/service/test_console.py)
+        page = httpx.get(url + "/ui").text
+        assert page.index('id="data-panel"') < page.index('id="refit-panel"')
+        assert page.index('id="refit-panel"') < page.index('id="toy-panel"') < page.index("</main>")
     finally:
         assert srv.stop() == 0, srv.output()
 
@@ -131,6 +138,7 @@ def test_twin_without_the_line_nothing_of_the_toy_facet_is_served(tmp_path: Path
         assert httpx.post(url + "/groups", json={"group": "g", "world_size": 2}).status_code == 201
         assert httpx.post(url + "/groups/g/toy", json={"by": 3}).status_code == 404
         assert "/groups/{group}/toy" not in httpx.get(url + "/openapi.json").json()["paths"]
+        assert 'id="toy-panel"' not in httpx.get(url + "/ui").text
     finally:
         srv.stop()
 

@@ -543,3 +543,31 @@ async def test_an_ended_group_is_shown_as_such_and_the_page_ends_and_deletes(
         await _until(page, "document.getElementById('g-action').textContent === 'deleted'")
         listed = (await client.get("/groups")).json()["groups"]
         assert [g["group"] for g in listed] == ["old"]
+
+
+async def test_a_facet_s_panel_is_drawn_by_the_page_and_follows_its_state_live(
+    tmp_path: Path, browser
+):
+    """The toy facet (tests/facets/toy/, plugged in by ``FOLDPLANE_FACETS``) brings its panel
+    in its folder: the page draws it beside the built-in facets' panels, and a bump of its
+    counter shows without a reload (the stream says a record came; the panel reads its route)."""
+    from tests.facets.test_toy_facet import TOY
+
+    srv = make_server(tmp_path, env=TOY).start()
+    try:
+        async with httpx.AsyncClient(base_url=srv.url, timeout=10) as c:
+            r = await c.post("/groups", json={"group": "g", "world_size": 2})
+            assert r.status_code == 201, r.text
+            assert (await c.post("/groups/g/toy", json={"by": 5})).status_code == 201
+            page = await browser.new_page()
+            await page.goto(srv.url + "/ui#g")
+            await _until(page, "document.getElementById('toy-count').textContent === '5'")
+            assert await page.text_content("#toy-group") == "in group g"
+            await page.evaluate("window.__same_page = 'not reloaded'")
+            assert (await c.post("/groups/g/toy", json={"by": 995})).status_code == 201
+            await _until(page, "document.getElementById('toy-count').textContent === '1,000'")
+            assert await page.evaluate("window.__same_page") == "not reloaded"
+            # the built-in panels are drawn as before: no epoch plan, no refit
+            assert await page.is_visible("#d-none") and await page.is_visible("#r-none")
+    finally:
+        srv.stop()

@@ -23,4 +23,5 @@ PLUGIN = FacetPlugin(
     host="foldplane.coordinator.facets.epochs.host",
     routes="foldplane.coordinator.facets.epochs.routes",
     plot="foldplane.coordinator.facets.epochs.plot",
+    console="foldplane.coordinator.facets.epochs:console.html",
 )

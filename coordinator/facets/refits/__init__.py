@@ -17,4 +17,5 @@ PLUGIN = FacetPlugin(
     host="foldplane.coordinator.facets.refits.host",
     routes="foldplane.coordinator.facets.refits.routes",
     plot="foldplane.coordinator.facets.refits.plot",
+    console="foldplane.coordinator.facets.refits:console.html",
 )

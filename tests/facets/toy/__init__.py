@@ -2,7 +2,7 @@
 
 Its kind of state is a per-group counter the operator bumps (``POST /groups/{group}/toy``):
 one record kind (``toy_bump``), a refusal, a projection row (``toy_counter``), an update to the
-group's agents and a route. The line that plugs it in is ``FOLDPLANE_FACETS=tests.facets.toy``
+group's agents, a route and a panel in the operator's console. The line that plugs it in is ``FOLDPLANE_FACETS=tests.facets.toy``
 (``coordinator/fold/registry.py``); nothing of foldplane names it.
 """
 
@@ -18,4 +18,5 @@ PLUGIN = FacetPlugin(
     projection_kinds=("toy_counter",),
     host="tests.facets.toy.host",
     routes="tests.facets.toy.routes",
+    console="tests.facets.toy:console.html",
 )
