@@ -14,12 +14,14 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from foldplane.agent.events import EventRefused
     from foldplane.agent.host import Agent, AgentStopped
     from foldplane.agent.machine import View
 
 _LAZY = {
     "Agent": "foldplane.agent.host",
     "AgentStopped": "foldplane.agent.host",
+    "EventRefused": "foldplane.agent.events",
     "View": "foldplane.agent.machine",
 }
 
@@ -33,4 +35,4 @@ def __getattr__(name: str) -> Any:
     return value
 
 
-__all__ = ["Agent", "AgentStopped", "View"]
+__all__ = ["Agent", "AgentStopped", "EventRefused", "View"]

@@ -34,16 +34,19 @@ from foldplane.agent.client import (
     CoordinatorUnavailable,
     start_timeout_s,
 )
+from foldplane.agent.events import ANSWER_S, EventAnswers, EventRefused, event_fields
 from foldplane.agent.machine import (
     BEATS,
     EVENTS,
     OFFLINE,
+    REFIT_EVENTS,
     Action,
     AgentConfig,
     AgentMachine,
     Close,
     ConnectDataPlane,
     DataPlaneReady,
+    EventAnswered,
     EventsAnswered,
     EventsFailed,
     FacetUpdate,
@@ -54,11 +57,10 @@ from foldplane.agent.machine import (
     PollUpdates,
     ProgressAnswered,
     RankStateChanged,
-    RefitAnswered,
     Rejoin,
     ReportProgress,
+    SendEvent,
     SendEvents,
-    SendRefit,
     ShutdownWithSave,
     Start,
     Stopped,
@@ -67,7 +69,13 @@ from foldplane.agent.machine import (
     UpdatesReceived,
     View,
 )
-from foldplane.wire.codes import APPLIED_STATUSES, FATAL_ERRORS, NOT_FOLDPLANE, error_body
+from foldplane.wire.codes import (
+    APPLIED_STATUSES,
+    FATAL_ERRORS,
+    NOT_FOLDPLANE,
+    NOT_JOINED,
+    error_body,
+)
 from foldplane.wire.updates import (
     DataAssignmentUpdate,
     DataMovesUpdate,
@@ -208,6 +216,8 @@ class Agent:
             self.on_update(struct, lambda update: self.data.on_update(update))
         for struct in (RefitEpochUpdate, TransferUpdate, RefitBootstrapUpdate):
             self.on_update(struct, lambda update: self.refits.on_update(update))
+        #: the answers to the facets' events its callers send (:meth:`send_event`)
+        self._events = EventAnswers(self._send_event)
         self._data: Any = None
         self._refits: Any = None
 
@@ -452,7 +462,7 @@ class Agent:
         if self._refits is None:
             from foldplane.agent.refits import RefitTracker
 
-            self._refits = RefitTracker(self.group, self.rank, self._send_refit)
+            self._refits = RefitTracker(self.group, self.rank, self._send_event)
         return self._refits
 
     def create_refit(self, refit: str, publisher: str, subscriber: str, **spec: Any) -> dict:
@@ -460,10 +470,37 @@ class Agent:
         body = {"refit": refit, "publisher": publisher, "subscriber": subscriber, **spec}
         return self._ops.request("POST", "/refits", json=body)
 
-    def _send_refit(self, kind: str, fields: dict[str, Any]) -> None:
-        self._inbox.put(SendRefit(time.monotonic(), kind, fields))
+    def _send_event(self, kind: str, fields: dict[str, Any]) -> None:
+        self._inbox.put(SendEvent(time.monotonic(), kind, fields))
 
-    # -- a facet's updates -----------------------------------------------------------------------
+    # -- a facet's updates and events ------------------------------------------------------------
+
+    def send_event(
+        self, event_type: type, *, timeout: float = ANSWER_S, **fields: Any
+    ) -> int | None:
+        """Send an event of a facet beside membership (``event_type``: its Struct, a
+        ``wire.protocol.AgentEventBase`` the facet declares; ``fields``: all but the envelope,
+        which the agent fills) and wait for the coordinator's answer: the offset of its record.
+        Sent while the agent is still joining, it goes once the join is appended (all within
+        ``timeout``). A refusal raises ``agent.events.EventRefused`` with the fold's code and
+        reason and never ends the agent; fields that do not fit the Struct are a ValueError,
+        sent nowhere (docs/agent.md, "A facet's events")."""
+        envelope = {"group": self.group, "rank": self.rank, "incarnation": self.incarnation}
+        payload = event_fields(event_type, fields, envelope)
+        kind = event_type.__struct_config__.tag  # type: ignore[attr-defined]
+        deadline = time.monotonic() + timeout
+        pause = 0.02
+        while True:
+            try:
+                return self._events.send(kind, payload, max(0.0, deadline - time.monotonic()))
+            except EventRefused as exc:
+                # the machine answers at once while the join is in flight: send it again after
+                # the join (a pause that doubles, woken early if the agent stops)
+                left = deadline - time.monotonic()
+                if exc.code != NOT_JOINED or exc.detail != "joining" or left <= 0:
+                    raise
+                self._stop.wait(min(pause, left))
+                pause = min(2 * pause, 0.5)
 
     def on_update(self, update_type: type, follow: Callable[[Any], None]) -> None:
         """Call ``follow(update)`` for each update of ``update_type`` the group or this rank
@@ -564,8 +601,14 @@ class Agent:
         elif isinstance(action, FacetUpdate):
             for follow in self._followers.get(type(action.update), ()):
                 follow(action.update)
-        elif isinstance(action, RefitAnswered):
-            self.refits.on_answer(action.kind, dict(action.fields), action.error, action.detail)
+        elif isinstance(action, EventAnswered):
+            fields = dict(action.fields)
+            if action.kind in REFIT_EVENTS:
+                self.refits.on_answer(action.kind, fields, action.error, action.detail)
+            else:
+                self._events.on_answer(
+                    action.kind, fields, action.offset, action.error, action.detail
+                )
         elif isinstance(action, Stopped):
             log.info("rank %d: agent %s: %s", self.rank, action.reason, action.detail)
             self._publish(stopped=action)
@@ -574,6 +617,7 @@ class Agent:
                 self._data.on_stopped(f"{action.reason}: {action.detail}")
             if self._refits is not None:
                 self._refits.on_stopped(f"{action.reason}: {action.detail}")
+            self._events.on_stopped(f"{action.reason}: {action.detail}")
 
     def _connect_data_plane(self, store: StoreAddress) -> None:
         from foldplane.agent.dataplane import DataPlane

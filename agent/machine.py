@@ -67,10 +67,13 @@ The rules, in one place:
   answer comes back as ``ProgressAnswered``. A refused report never ends the agent: it is the
   data's to act on (a ``stale_assignment`` is reported again against the part received).
 - **Refits are the refit client's.** ``refit_epoch``, ``transfer`` and this rank's
-  ``refit_bootstrap`` updates go to the refit client; a refit event (``SendRefit``:
-  a join, a bootstrap, a transfer, a transfer's status) goes in the events lane and its answer
-  comes back as ``RefitAnswered``, accepted or refused: a refused one never ends the agent
-  (``stale_refit_epoch`` means join the current epoch, ``digest_mismatch`` is the user's plan).
+  ``refit_bootstrap`` updates go to the refit client; its events (a join, a bootstrap, a
+  transfer, a transfer's status) are facets' events, below (``stale_refit_epoch`` means join
+  the current epoch, ``digest_mismatch`` is the user's plan).
+- **A facet's events are its sender's.** An event of any kind but membership's own and
+  ``progress`` (``SendEvent``: a refit's, any other facet's declared one) goes in the events
+  lane and its answer comes back as ``EventAnswered``, accepted or refused: a refused one never
+  ends the agent (a stale incarnation does, as for every event).
 """
 
 from __future__ import annotations
@@ -90,6 +93,7 @@ from foldplane.wire.codes import (
 from foldplane.wire.protocol import (
     CAUSE_DEATH_REPORTED,
     HEALTHY,
+    MEMBERSHIP_EVENTS,
     OFFLINE,
     SYNCED,
     Prepared,
@@ -238,13 +242,17 @@ class ReportProgress:
     rate: float | None = None
 
 
-#: The refit events (``wire.protocol``): each is answered by a ``RefitAnswered``.
+#: The refit events (``wire.protocol``): their answers go to the refit client.
 REFIT_EVENTS = frozenset({"refit_join", "refit_bootstrap", "transfer", "transfer_status"})
+#: The events the machine sends and answers itself; every other kind is a facet's
+#: (``SendEvent``, answered by ``EventAnswered``).
+OWN_EVENTS = MEMBERSHIP_EVENTS | {"progress"}
 
 
 @dataclass(frozen=True)
-class SendRefit:
-    """Send a refit event (``kind`` one of :data:`REFIT_EVENTS`, with its fields)."""
+class SendEvent:
+    """Send a facet's event (any kind but :data:`OWN_EVENTS`), with its fields but the
+    envelope, which the machine adds."""
 
     now: float
     kind: str
@@ -263,7 +271,7 @@ Input = (
     | Rejoin
     | Close
     | ReportProgress
-    | SendRefit
+    | SendEvent
 )
 
 # ---------------------------------------------------------------------------------------------
@@ -349,9 +357,9 @@ class FacetUpdate:
 
 
 @dataclass(frozen=True)
-class RefitAnswered:
-    """The coordinator's answer to a refit event: ``error`` None when it was appended (or
-    answered with the earlier record it repeats, ``offset``)."""
+class EventAnswered:
+    """The coordinator's answer to a facet's event (``SendEvent``): ``error`` None when it was
+    appended (or answered with the earlier record it repeats, ``offset``)."""
 
     kind: str
     fields: Mapping[str, Any]
@@ -378,7 +386,7 @@ Action = (
     | ShutdownWithSave
     | ProgressAnswered
     | FacetUpdate
-    | RefitAnswered
+    | EventAnswered
     | Stopped
 )
 
@@ -674,12 +682,12 @@ class AgentMachine:
         self._queue("progress", **fields)
         return []
 
-    def _send_refit(self, event: SendRefit) -> list[Action]:
-        """Queue a refit event; before the join there is nobody to send it for."""
-        if event.kind not in REFIT_EVENTS:
-            raise ValueError(f"{event.kind!r} is not a refit event ({sorted(REFIT_EVENTS)})")
+    def _send_event(self, event: SendEvent) -> list[Action]:
+        """Queue a facet's event; before the join there is nobody to send it for."""
+        if event.kind in OWN_EVENTS:
+            raise ValueError(f"{event.kind!r} is not a facet's event (it is the agent's own)")
         if self.phase != _JOINED:
-            return [RefitAnswered(event.kind, dict(event.fields), None, NOT_JOINED, self.phase)]
+            return [EventAnswered(event.kind, dict(event.fields), None, NOT_JOINED, self.phase)]
         self._queue(event.kind, **event.fields)
         return []
 
@@ -814,17 +822,17 @@ class AgentMachine:
             return self._stop("closed", f"rank {self.config.rank} left the group")
         elif kind == "progress":
             return [ProgressAnswered(ev["epoch"], ev["assignment"], ev["processed"])]
-        elif kind in REFIT_EVENTS:
+        elif kind not in OWN_EVENTS:
             offset = result.get("offset")
-            return [RefitAnswered(kind, _refit_fields(ev), None if offset is None else int(offset))]
+            return [EventAnswered(kind, _fields(ev), None if offset is None else int(offset))]
         return []
 
     def _refused(self, ev: Mapping[str, Any], error: str, detail: str, now: float) -> list[Action]:
         kind = ev["type"]
         if kind == "progress" and error != STALE_INCARNATION:
             return [ProgressAnswered(ev["epoch"], ev["assignment"], ev["processed"], error, detail)]
-        if kind in REFIT_EVENTS and error != STALE_INCARNATION:
-            return [RefitAnswered(kind, _refit_fields(ev), None, error, detail)]
+        if kind not in OWN_EVENTS and error != STALE_INCARNATION:
+            return [EventAnswered(kind, _fields(ev), None, error, detail)]
         self.last_error = f"{kind} refused: {error}: {detail}"
         if error == STALE_INCARNATION:
             return self._stop("fenced", self.last_error)
@@ -943,7 +951,7 @@ _HANDLERS = {
     Rejoin: AgentMachine._rejoin,
     Close: AgentMachine._close,
     ReportProgress: AgentMachine._progress,
-    SendRefit: AgentMachine._send_refit,
+    SendEvent: AgentMachine._send_event,
 }
 
 #: What the machine does with the updates it follows itself, by class: the view's, this rank's
@@ -959,5 +967,5 @@ _ON_UPDATE: dict[type[Update], Callable[[AgentMachine, Any], Action | None]] = {
 _ENVELOPE = frozenset({"type", "group", "rank", "incarnation", "token"})
 
 
-def _refit_fields(ev: Mapping[str, Any]) -> dict[str, Any]:
+def _fields(ev: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in ev.items() if k not in _ENVELOPE}

@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from foldplane.agent.events import EventRefused, answer_key
 from foldplane.wire.codes import AGENT_STOPPED, REFIT_NOT_READY, STALE_REFIT_EPOCH
 from foldplane.wire.updates import RefitBootstrapUpdate, RefitEpochUpdate, TransferUpdate
 
@@ -34,13 +35,8 @@ ANSWER_S = 30.0
 _CAUSES_KEPT = 16
 
 
-class RefitRefused(RuntimeError):
+class RefitRefused(EventRefused):
     """The coordinator refused a refit event; ``code`` is its error code."""
-
-    def __init__(self, code: str, detail: str) -> None:
-        super().__init__(f"{code}: {detail}")
-        self.code = code
-        self.detail = detail
 
 
 class RefitEpochMoved(RefitRefused):
@@ -131,7 +127,7 @@ class RefitTracker:
 
     def on_answer(self, kind: str, fields: dict[str, Any], error: str | None, detail: str) -> None:
         with self._cond:
-            self._answers[_key(kind, fields)] = (error, detail)
+            self._answers[answer_key(kind, fields)] = (error, detail)
             self._cond.notify_all()
 
     def on_stopped(self, why: str) -> None:
@@ -143,7 +139,7 @@ class RefitTracker:
 
     def send(self, kind: str, fields: dict[str, Any], timeout: float = ANSWER_S) -> None:
         """Send one event and wait for its answer; raise :class:`RefitRefused` on a refusal."""
-        key = _key(kind, fields)
+        key = answer_key(kind, fields)
         with self._cond:
             self._answers.pop(key, None)
         self._send(kind, fields)
@@ -174,10 +170,6 @@ class RefitTracker:
                 if left <= 0:
                     raise TimeoutError(f"rank {self.rank}: {what} within {timeout:g} s")
                 self._cond.wait(left)
-
-
-def _key(kind: str, fields: dict[str, Any]) -> tuple[Any, ...]:
-    return (kind, *sorted((k, repr(v)) for k, v in fields.items()))
 
 
 class RefitClient:

@@ -33,8 +33,9 @@ import re
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Annotated, Any, Union
 
+import msgspec
 from msgspec import Meta, Struct
 
 from foldplane.wire import ranks as rank_sets
@@ -147,7 +148,11 @@ MAX_EVENTS = 4096
 MAX_UPDATE_BYTES = 128 * 1024
 
 
-class _AgentEvent(Struct, kw_only=True, tag_field="type", omit_defaults=True):
+class AgentEventBase(Struct, kw_only=True, tag_field="type", omit_defaults=True):
+    """What every agent event carries: whose it is. Each event is a subclass tagged with its
+    ``type``, the kind of the record it becomes; a facet beside membership declares its own
+    (:func:`declare_event`)."""
+
     #: matched by :func:`group_problem`, not by the decoder (see :data:`EventGroupName`)
     group: EventGroupName
     rank: Rank
@@ -157,17 +162,17 @@ class _AgentEvent(Struct, kw_only=True, tag_field="type", omit_defaults=True):
     token: Annotated[str, Meta(max_length=512)] | None = None
 
 
-class JoinEvent(_AgentEvent, tag="join", kw_only=True, omit_defaults=True):
+class JoinEvent(AgentEventBase, tag="join", kw_only=True, omit_defaults=True):
     host: ShortText | None = None
     pid: Annotated[int, Meta(ge=0)] | None = None
 
 
-class HeartbeatEvent(_AgentEvent, tag="heartbeat", kw_only=True, omit_defaults=True):
+class HeartbeatEvent(AgentEventBase, tag="heartbeat", kw_only=True, omit_defaults=True):
     version: Version | None = None
 
 
 class LinksEvent(
-    _AgentEvent, tag="links", kw_only=True, omit_defaults=True, forbid_unknown_fields=True
+    AgentEventBase, tag="links", kw_only=True, omit_defaults=True, forbid_unknown_fields=True
 ):
     """A rank's evidence about its data-plane links; it replaces its previous report. Every
     peer not named in ``down`` or ``hint`` is up."""
@@ -187,11 +192,11 @@ class LinksEvent(
     completed: Annotated[int, Meta(ge=0)] | None = None
 
 
-class AckEvent(_AgentEvent, tag="ack", kw_only=True, omit_defaults=True):
+class AckEvent(AgentEventBase, tag="ack", kw_only=True, omit_defaults=True):
     version: Version
 
 
-class ExitEvent(_AgentEvent, tag="exit", kw_only=True, omit_defaults=True):
+class ExitEvent(AgentEventBase, tag="exit", kw_only=True, omit_defaults=True):
     pass
 
 
@@ -200,7 +205,7 @@ MAX_DATASET = 2**48
 
 
 class ProgressEvent(
-    _AgentEvent, tag="progress", kw_only=True, omit_defaults=True, forbid_unknown_fields=True
+    AgentEventBase, tag="progress", kw_only=True, omit_defaults=True, forbid_unknown_fields=True
 ):
     """How far this rank has read its part of the open epoch (``wire.data``): ``processed``
     positions from the front of its sequence, against the assignment it holds; ``rate`` is
@@ -231,7 +236,7 @@ FlatBootstrap = Annotated[
 
 
 class RefitJoinEvent(
-    _AgentEvent, tag="refit_join", kw_only=True, omit_defaults=True, forbid_unknown_fields=True
+    AgentEventBase, tag="refit_join", kw_only=True, omit_defaults=True, forbid_unknown_fields=True
 ):
     """This worker takes ``slot`` of its group's side of ``refit`` in ``epoch``, holding the
     plan whose digest is ``digest`` (``wire.refit.ReshardPlan.digest``). Publisher slot 0 may
@@ -246,7 +251,7 @@ class RefitJoinEvent(
 
 
 class RefitBootstrapEvent(
-    _AgentEvent,
+    AgentEventBase,
     tag="refit_bootstrap",
     kw_only=True,
     omit_defaults=True,
@@ -260,7 +265,7 @@ class RefitBootstrapEvent(
 
 
 class TransferEvent(
-    _AgentEvent, tag="transfer", kw_only=True, omit_defaults=True, forbid_unknown_fields=True
+    AgentEventBase, tag="transfer", kw_only=True, omit_defaults=True, forbid_unknown_fields=True
 ):
     """Start (or, after a failure, retry) the transfer ``key`` in the admitted ``epoch``."""
 
@@ -270,7 +275,7 @@ class TransferEvent(
 
 
 class TransferStatusEvent(
-    _AgentEvent,
+    AgentEventBase,
     tag="transfer_status",
     kw_only=True,
     omit_defaults=True,
@@ -298,22 +303,30 @@ AgentEvent = (
     | TransferEvent
     | TransferStatusEvent
 )
-#: Each event type's wire ``type``, the kind of the record it becomes.
+#: The protocol's own events: membership's, and those of the facets foldplane ships.
+PROTOCOL_EVENTS: tuple[type[AgentEventBase], ...] = (
+    JoinEvent,
+    HeartbeatEvent,
+    LinksEvent,
+    AckEvent,
+    ExitEvent,
+    ProgressEvent,
+    RefitJoinEvent,
+    RefitBootstrapEvent,
+    TransferEvent,
+    TransferStatusEvent,
+)
+#: Each event type's wire ``type``, the kind of the record it becomes: the protocol's own, then
+#: the facets' (:func:`declare_event`).
 EVENT_KINDS: dict[type, str] = {
     cls: cls.__struct_config__.tag  # type: ignore[misc]
-    for cls in (
-        JoinEvent,
-        HeartbeatEvent,
-        LinksEvent,
-        AckEvent,
-        ExitEvent,
-        ProgressEvent,
-        RefitJoinEvent,
-        RefitBootstrapEvent,
-        TransferEvent,
-        TransferStatusEvent,
-    )
+    for cls in PROTOCOL_EVENTS
 }
+#: The event Struct of each wire ``type`` this process reads.
+EVENT_TYPES: dict[str, type[AgentEventBase]] = {kind: cls for cls, kind in EVENT_KINDS.items()}
+#: The events of membership itself; the agent answers every other kind to its sender
+#: (``agent.machine``: a facet's event, a refit's).
+MEMBERSHIP_EVENTS = frozenset({"join", "heartbeat", "links", "ack", "exit"})
 
 
 class AgentEventsRequest(Struct, kw_only=True):
@@ -327,6 +340,57 @@ class LooseEventsRequest(Struct, kw_only=True):
     that one bad event gets its own ``invalid_event`` result instead of failing the batch."""
 
     events: Annotated[list[dict[str, Any]], Meta(max_length=MAX_EVENTS)]
+
+
+def _batch_decoder() -> msgspec.json.Decoder:
+    union = Union[tuple(EVENT_TYPES.values())]  # noqa: UP007 - built from the declared ones
+    batch = msgspec.defstruct(
+        "AgentEventsRequest",
+        [("events", Annotated[list[union], Meta(max_length=MAX_EVENTS)])],  # type: ignore[valid-type]
+        kw_only=True,
+    )
+    return msgspec.json.Decoder(batch)
+
+
+_batch = _batch_decoder()
+
+
+def declare_event(cls: type[AgentEventBase]) -> None:
+    """Read events of ``cls`` from now on, beside the protocol's own: the events a facet
+    beside membership takes from the agents (``coordinator/fold/registry.py`` declares each
+    facet's as it loads it; the agent of a worker that sends one declares it too, through
+    ``Agent.send_event``). Its ``type`` may not be one already declared for another Struct."""
+    global _batch
+    tag = getattr(getattr(cls, "__struct_config__", None), "tag", None)
+    if not (isinstance(cls, type) and issubclass(cls, AgentEventBase)) or not isinstance(tag, str):
+        raise ValueError(f"{cls!r} is not an agent event (a tagged wire.protocol.AgentEventBase)")
+    known = EVENT_TYPES.get(tag)
+    if known is cls:
+        return
+    if known is not None:
+        raise ValueError(f"event type {tag!r} of {cls.__name__} is declared already: {known}")
+    EVENT_TYPES[tag] = cls
+    EVENT_KINDS[cls] = tag
+    _batch = _batch_decoder()
+
+
+def decode_events(body: bytes) -> list[AgentEventBase]:
+    """A ``POST /agents/events`` body whose every event is valid, typed (every declared
+    type); ``msgspec.ValidationError`` or ``DecodeError`` otherwise (then read it loosely:
+    :class:`LooseEventsRequest` and :func:`event_type_of`, one event at a time)."""
+    return _batch.decode(body).events
+
+
+def event_type_of(item: Mapping[str, Any]) -> type[AgentEventBase]:
+    """The Struct of one event as decoded JSON, by its ``type`` (every declared type); a
+    ``type`` nobody declared is a ``msgspec.ValidationError`` that lists the known ones."""
+    kind = item.get("type")
+    cls = EVENT_TYPES.get(kind) if isinstance(kind, str) else None
+    if cls is None:
+        raise msgspec.ValidationError(
+            f"Invalid value {kind!r} - at `$.type`; the event types are {sorted(EVENT_TYPES)}"
+        )
+    return cls
 
 
 def legacy_problem(event: Mapping[str, Any]) -> str | None:
@@ -603,11 +667,15 @@ def apply_prepare(base: View | None, update: ViewPrepareUpdate, world_size: int)
 __all__ = [
     "PROTOCOL",
     "AgentEvent",
+    "AgentEventBase",
     "RankSetError",
     "StaleBase",
     "View",
     "apply_prepare",
     "apply_view_update",
+    "declare_event",
+    "decode_events",
+    "event_type_of",
     "fold_view_update",
     "links_down",
     "links_event",

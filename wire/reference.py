@@ -80,9 +80,11 @@ def _describe(hint: Any, written: str) -> str:
 
 
 def events_reference() -> str:
-    """One row per event type: its ``type``, required fields, then optional ones."""
+    """One row per event type of the protocol: its ``type``, required fields, then optional
+    ones (a deployment's facet documents its own)."""
     rows = ["| `type` | fields | optional fields |", "|---|---|---|"]
-    for cls, kind in protocol.EVENT_KINDS.items():
+    for cls in protocol.PROTOCOL_EVENTS:
+        kind = protocol.EVENT_KINDS[cls]
         hints = typing.get_type_hints(cls, include_extras=True)
         required, optional = [], []
         for field in inspect.type_info(cls).fields:  # type: ignore[attr-defined]
@@ -142,7 +144,8 @@ def updates_reference() -> str:
         "| `type` | to | fields | optional fields | meaning |",
         "|---|---|---|---|---|",
     ]
-    for kind, cls in updates.UPDATE_TYPES.items():
+    for cls in updates.AgentUpdate.__args__:  # the protocol's own (a facet documents its own)
+        kind = cls.__struct_config__.tag
         required, optional = [], []
         for field in inspect.type_info(cls).fields:  # type: ignore[attr-defined]
             if field.name == "offset":

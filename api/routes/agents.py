@@ -30,8 +30,6 @@ from foldplane.api.codec import (
 from foldplane.api.deps import host_of, principal_of, require_group
 from foldplane.api.errors import ApiError
 from foldplane.api.models import (
-    AgentEvent,
-    AgentEventsRequest,
     DeathReport,
     HeartbeatEvent,
     LooseEventsRequest,
@@ -56,6 +54,9 @@ from foldplane.wire.protocol import (
     FEATURES,
     PROTOCOL,
     QUERY,
+    AgentEventBase,
+    decode_events,
+    event_type_of,
     group_problem,
     legacy_problem,
     missing_features,
@@ -65,8 +66,6 @@ from foldplane.wire.ranks import MAX_QUERY_RANKS, RankSetError
 router = APIRouter(prefix="/agents", tags=["agents"])
 
 _ENVELOPE = ("type", "group", "rank", "token")
-#: A Decoder made once: ``msgspec.json.decode(body, type=...)`` looks the type up on every call.
-_decode_batch = msgspec.json.Decoder(AgentEventsRequest).decode
 
 
 @router.post(
@@ -150,7 +149,7 @@ class EventsBatch:
         return encode_json({"id": batch_id, "term": term, "results": answered})
 
 
-def payload_of(event: AgentEvent) -> dict[str, Any]:
+def payload_of(event: AgentEventBase) -> dict[str, Any]:
     """The record payload of a validated event: its fields but the envelope. ``to_builtins``
     of a validated Struct already equals what decoding the payload's JSON gives back, so the
     host may hand it to the fold as it is (``submit_many(normalized=True)``)."""
@@ -164,12 +163,12 @@ def payload_of(event: AgentEvent) -> dict[str, Any]:
     return payload
 
 
-def _decode_events(body: bytes) -> list[AgentEvent | str]:
+def _decode_events(body: bytes) -> list[AgentEventBase | str]:
     """The batch's events, each validated on its own: a bad one becomes its error text (its
     own ``invalid_event`` result) instead of failing the batch. The common case, a batch that
     is entirely valid, takes one typed decode."""
     try:
-        events: list[AgentEvent | str] = list(_decode_batch(body).events)
+        events: list[AgentEventBase | str] = list(decode_events(body))
     except (msgspec.ValidationError, msgspec.DecodeError):
         pass
     else:
@@ -178,13 +177,13 @@ def _decode_events(body: bytes) -> list[AgentEvent | str]:
                 events[i] = problem
         return events
     loose = decode_json(body, LooseEventsRequest)
-    out: list[AgentEvent | str] = []
+    out: list[AgentEventBase | str] = []
     for raw in loose.events:
         if (legacy := legacy_problem(raw)) is not None:
             out.append(legacy)
             continue
         try:
-            event = convert(raw, AgentEvent)
+            event = convert(raw, event_type_of(raw))
         except msgspec.ValidationError as exc:
             out.append(str(exc))
             continue

@@ -5,7 +5,7 @@ named ``PLUGIN`` in its ``__init__``. It is plugged in by one line: its package'
 :data:`BUILTIN_FACETS` (a facet of foldplane) or in ``FOLDPLANE_FACETS`` (a comma-separated list
 a deployment sets; the command line hands it to :func:`install`). Nothing else names it: the fold
 builds its facet objects from the registry, the log accepts its record kinds, the journals and
-readers decode its updates, the projections write its rows, the host carries out its effects and answers its resyncs, the API serves its
+readers decode its updates, ``POST /agents/events`` reads its agents' events, the projections write its rows, the host carries out its effects and answers its resyncs, the API serves its
 routes, ``replay`` compares its rows and retention knows which of its kinds are heartbeat-class.
 
 The plugin itself is pure (it names its fold object, its kinds and its rows); the parts that do
@@ -28,6 +28,7 @@ from foldplane.coordinator.fold.effects import Effect
 from foldplane.coordinator.fold.facets import Facet
 from foldplane.eventlog import ProjectionRow
 from foldplane.eventlog.record import MEMBERSHIP_KINDS, accept_kinds
+from foldplane.wire.protocol import AgentEventBase, declare_event
 from foldplane.wire.updates import Update, declare_update
 
 #: The facets of foldplane, by package, in the order their hooks run.
@@ -59,6 +60,10 @@ class FacetPlugin:
     #: the Structs of its agent updates (``wire.updates.Update`` subclasses): every reader of
     #: this process decodes them (``wire.updates.declare_update``)
     updates: tuple[type[Update], ...] = ()
+    #: the Structs of the agent events it takes (``wire.protocol.AgentEventBase`` subclasses,
+    #: each ``type`` one of its ``kinds``): ``POST /agents/events`` reads them, and a worker
+    #: sends one with ``Agent.send_event`` (``wire.protocol.declare_event``)
+    events: tuple[type[AgentEventBase], ...] = ()
     #: the kinds of its projection rows, which ``replay`` compares like membership's
     projection_kinds: tuple[str, ...] = ()
     #: those of its kinds that are heartbeat-class: retention may remove one behind a kept
@@ -202,8 +207,17 @@ def _load(package: str) -> FacetPlugin:
         plugin = getattr(module, "PLUGIN", None)
         if not isinstance(plugin, FacetPlugin):
             raise ValueError(f"facet package {package!r} declares no PLUGIN (a FacetPlugin)")
+        for event in plugin.events:
+            kind = getattr(getattr(event, "__struct_config__", None), "tag", None)
+            if kind not in plugin.kinds:
+                raise ValueError(
+                    f"facet {plugin.name!r} takes agent event {kind!r} ({event!r}), which is "
+                    f"not one of its record kinds {sorted(plugin.kinds)}"
+                )
         accept_kinds(plugin.kinds)
         for update in plugin.updates:
             declare_update(update)
+        for event in plugin.events:
+            declare_event(event)
         _loaded[package] = plugin
     return plugin

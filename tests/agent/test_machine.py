@@ -18,6 +18,7 @@ from foldplane.agent.machine import (
     Close,
     ConnectDataPlane,
     DataPlaneReady,
+    EventAnswered,
     EventsAnswered,
     EventsFailed,
     FacetUpdate,
@@ -28,6 +29,7 @@ from foldplane.agent.machine import (
     PollUpdates,
     RankStateChanged,
     Rejoin,
+    SendEvent,
     SendEvents,
     ShutdownWithSave,
     Start,
@@ -1075,3 +1077,48 @@ def test_a_facets_update_is_handed_on_and_only_this_ranks() -> None:
     actions = m.step(updates(group, mine, theirs))
     assert [a.update for a in actions if isinstance(a, FacetUpdate)] == [group, mine]
     assert m.after == 23
+
+
+# -- a facet's events --------------------------------------------------------------------------
+
+
+def test_a_facet_s_event_goes_in_the_events_lane_and_its_answer_comes_back_to_its_sender() -> None:
+    m = joined()
+    out = m.step(SendEvent(1.0, "toy_add", {"by": 2}))
+    assert sent(out, EVENTS) == [
+        {"type": "toy_add", "group": "g", "rank": 1, "incarnation": INC, "by": 2}
+    ]
+    answered = m.step(ok(1, 40, now=1.1))
+    assert [a for a in answered if isinstance(a, EventAnswered)] == [
+        EventAnswered("toy_add", {"by": 2}, 40)
+    ]
+
+
+def test_a_facet_s_event_refused_is_answered_and_the_agent_goes_on() -> None:
+    m = joined()
+    m.step(SendEvent(1.0, "toy_add", {"by": 0}))
+    refused = EventsAnswered(1.1, ({"error": "invalid_event", "detail": "by must be"},), EVENTS)
+    out = m.step(refused)
+    assert [a for a in out if isinstance(a, EventAnswered)] == [
+        EventAnswered("toy_add", {"by": 0}, None, "invalid_event", "by must be")
+    ]
+    assert not [a for a in out if isinstance(a, Stopped)] and m.phase == "joined"
+
+
+def test_twin_a_facet_s_event_refused_as_stale_stops_the_agent_like_any_event() -> None:
+    m = joined()
+    m.step(SendEvent(1.0, "toy_add", {"by": 1}))
+    stale = EventsAnswered(1.1, ({"error": "stale_incarnation", "detail": "newer"},), EVENTS)
+    out = m.step(stale)
+    assert [a.reason for a in out if isinstance(a, Stopped)] == ["fenced"]
+    assert not [a for a in out if isinstance(a, EventAnswered)]
+
+
+def test_a_facet_s_event_before_the_join_is_answered_at_once_and_the_agent_s_own_are_refused():
+    m = machine()
+    m.step(Start(0.0))
+    out = m.step(SendEvent(0.1, "toy_add", {"by": 1}))
+    assert out == [EventAnswered("toy_add", {"by": 1}, None, "not_joined", "joining")]
+    for own in ("join", "heartbeat", "links", "ack", "exit", "progress"):
+        with pytest.raises(ValueError, match="not a facet's event"):
+            joined().step(SendEvent(1.0, own, {}))

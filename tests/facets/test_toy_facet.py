@@ -21,29 +21,42 @@ from tests.service.conftest import ROOT, make_server
 #: The one line that plugs the toy facet in (coordinator/fold/registry.py).
 TOY = {"FOLDPLANE_FACETS": "tests.facets.toy"}
 
-#: A worker that follows the toy facet's updates: it declares their Struct (wire.updates), asks
-#: its agent for them (``Agent.on_update``) and prints the counters its agent receives.
+#: A worker that follows the toy facet's updates and sends its event: it declares the updates'
+#: Struct (wire.updates), asks its agent for them (``Agent.on_update``), adds to the counter
+#: through its agent (``Agent.send_event``: one accepted, one the fold refuses, one that does
+#: not fit the event's Struct) and prints what it saw.
 AGENT = """
 import json, sys, threading
-from foldplane.agent import Agent
+from foldplane.agent import Agent, EventRefused
 from foldplane.wire.updates import declare_update
-from tests.facets.toy.fold import CounterUpdate
+from tests.facets.toy.fold import AddEvent, CounterUpdate
 
 declare_update(CounterUpdate)
-got, seven = [], threading.Event()
+got, seen = [], {7: threading.Event(), 9: threading.Event()}
 
 def follow(update):
     got.append([update.group, update.count])
-    if update.count == 7:
-        seven.set()
+    if update.count in seen:
+        seen[update.count].set()
 
 agent = Agent(sys.argv[1], group="g", rank=0, backend="gloo")
 agent.on_update(CounterUpdate, follow)
 agent.start()
-received = seven.wait(30)
+out = {"seven": seen[7].wait(30)}
+out["offset"] = agent.send_event(AddEvent, by=2)
+out["nine"] = seen[9].wait(30)
+try:
+    agent.send_event(AddEvent, by=0)
+except EventRefused as exc:
+    out["refused"] = [exc.code, exc.detail]
+try:
+    agent.send_event(AddEvent, by="two")
+except ValueError as exc:
+    out["unfit"] = str(exc)
+out["alive"] = agent.stopped is None
 agent.close()
-print(json.dumps(got))
-sys.exit(0 if received else 1)
+out["got"] = got
+print(json.dumps(out))
 """
 
 
@@ -101,7 +114,18 @@ def test_the_toy_facet_plugs_in_with_its_folder_and_one_line(tmp_path: Path) -> 
             timeout=60,
         )
         assert worker.returncode == 0, worker.stdout + worker.stderr
-        assert json.loads(worker.stdout) == [["g", 3], ["g", 7]]
+        out = json.loads(worker.stdout.splitlines()[-1])
+        assert out["seven"] and out["nine"], out
+        # its event is a record of the log, of rank 0, that the fold applied
+        added = httpx.get(url + "/events", params={"kind": "toy_add"}).json()["events"]
+        assert [(e["offset"], e["rank"], e["payload"]["by"]) for e in added] == [
+            (out["offset"], 0, 2)
+        ]
+        # the fold's refusal comes back to the sender with its code, and the agent lives on
+        assert out["refused"][0] == "invalid_event" and "by must be" in out["refused"][1]
+        assert "not a valid 'toy_add' event" in out["unfit"] and out["alive"]
+        assert out["got"] == [["g", 3], ["g", 7], ["g", 9]]
+        assert httpx.get(url + "/groups/g/toy").json() == {"group": "g", "count": 9}
 
         # the OpenAPI document has its route and its bodies
         doc = httpx.get(url + "/openapi.json").json()
@@ -119,13 +143,13 @@ def test_the_toy_facet_plugs_in_with_its_folder_and_one_line(tmp_path: Path) -> 
     # a restart restores the facet from the snapshot (its state, its latest update)
     srv.start()
     try:
-        assert httpx.get(srv.url + "/groups/g/toy").json() == {"group": "g", "count": 7}
+        assert httpx.get(srv.url + "/groups/g/toy").json() == {"group": "g", "count": 9}
     finally:
         assert srv.stop() == 0, srv.output()
 
     # the projection row the host wrote, which a replay of the log derives again, byte for byte
     row = asyncio.run(stored_row(srv.db))
-    assert row is not None and row["count"] == 7 and row["by"] == 4
+    assert row is not None and row["count"] == 9 and row["by"] == 2
     done = replay(srv.db, TOY)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "OK: replay matches" in done.stdout

@@ -68,3 +68,28 @@ def test_a_facet_may_not_claim_a_kind_of_membership(restore: None) -> None:
     registry.install(_package("facet_joiner", joiner))
     with pytest.raises(ValueError, match="'membership' and facet 'joiner'"):
         registry.plugins()
+
+
+def test_a_facet_takes_only_agent_events_of_its_own_kinds(restore: None) -> None:
+    from foldplane.wire.protocol import EVENT_TYPES, AgentEventBase
+
+    class Stray(AgentEventBase, tag="stray_event", kw_only=True):
+        n: int
+
+    stray = FacetPlugin(
+        name="stray",
+        kinds=frozenset({"stray_kind"}),
+        fold=lambda: None,  # type: ignore[arg-type,return-value]
+        events=(Stray,),
+    )
+    with pytest.raises(ValueError, match="'stray_event'.*not one of its record kinds"):
+        registry.install(_package("facet_with_stray_event", stray))
+    assert "stray_event" not in EVENT_TYPES  # refused before anything was declared
+
+
+def test_the_built_in_facets_declare_the_agent_events_they_take() -> None:
+    from foldplane.wire.protocol import EVENT_KINDS
+
+    taken = {EVENT_KINDS[e] for p in registry.plugins() for e in p.events}
+    assert {"progress", "refit_join", "refit_bootstrap", "transfer", "transfer_status"} <= taken
+    assert taken <= registry.kinds()

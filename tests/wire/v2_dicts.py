@@ -184,6 +184,10 @@ def epoch_complete_update(effect: EpochCompleted) -> dict[str, Any]:
 def refit_epoch_update(effect: RefitEpochChanged) -> dict[str, Any]:
     doc = to_doc(effect)
     doc["type"] = "refit_epoch"
+    # ``lost`` came later within protocol 2: optional, sent only when set (a reader that does
+    # not know it ignores it, as every update Struct does with a field it does not declare)
+    if doc.get("lost") is None:
+        doc.pop("lost", None)
     return doc
 
 

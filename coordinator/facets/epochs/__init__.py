@@ -4,6 +4,7 @@
 from foldplane.coordinator.facets.epochs.fold import Epochs
 from foldplane.coordinator.facets.epochs.rows import PROJECTION_KINDS, ROWS
 from foldplane.coordinator.fold.registry import FacetPlugin
+from foldplane.wire.protocol import ProgressEvent
 from foldplane.wire.updates import (
     DataAssignmentUpdate,
     DataMovesUpdate,
@@ -17,6 +18,7 @@ PLUGIN = FacetPlugin(
     fold=Epochs,
     rows=ROWS,
     updates=(EpochPlanUpdate, DataAssignmentUpdate, DataMovesUpdate, EpochCompleteUpdate),
+    events=(ProgressEvent,),
     projection_kinds=PROJECTION_KINDS,
     # a report that moved only a cursor is in the snapshot that lies before it
     compactable=frozenset({"progress"}),

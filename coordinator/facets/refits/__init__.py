@@ -4,6 +4,12 @@
 from foldplane.coordinator.facets.refits.fold import Refits, transfer_key
 from foldplane.coordinator.facets.refits.rows import PROJECTION_KINDS, ROWS
 from foldplane.coordinator.fold.registry import FacetPlugin
+from foldplane.wire.protocol import (
+    RefitBootstrapEvent,
+    RefitJoinEvent,
+    TransferEvent,
+    TransferStatusEvent,
+)
 from foldplane.wire.updates import RefitBootstrapUpdate, RefitEpochUpdate, TransferUpdate
 
 PLUGIN = FacetPlugin(
@@ -12,6 +18,7 @@ PLUGIN = FacetPlugin(
     fold=Refits,
     rows=ROWS,
     updates=(RefitEpochUpdate, TransferUpdate, RefitBootstrapUpdate),
+    events=(RefitJoinEvent, RefitBootstrapEvent, TransferEvent, TransferStatusEvent),
     projection_kinds=PROJECTION_KINDS,
     batch_key={"transfer": transfer_key},
     host="foldplane.coordinator.facets.refits.host",

@@ -1,13 +1,14 @@
 """A toy facet that plugs into foldplane the way every facet does: one folder, one line.
 
-Its kind of state is a per-group counter the operator bumps (``POST /groups/{group}/toy``):
-one record kind (``toy_bump``), a refusal, a projection row (``toy_counter``), an update to the
-group's agents, a route and a panel in the operator's console. The line that plugs it in is ``FOLDPLANE_FACETS=tests.facets.toy``
+Its kind of state is a per-group counter the operator bumps (``POST /groups/{group}/toy``) and
+the group's ranks add to (``Agent.send_event(AddEvent, by=...)``): two record kinds
+(``toy_bump``, ``toy_add``), an agent event, refusals, a projection row (``toy_counter``), an
+update to the group's agents, a route and a panel in the operator's console. The line that plugs it in is ``FOLDPLANE_FACETS=tests.facets.toy``
 (``coordinator/fold/registry.py``); nothing of foldplane names it.
 """
 
 from foldplane.coordinator.fold.registry import FacetPlugin
-from tests.facets.toy.fold import CounterBumped, Counters, CounterUpdate, counter_row
+from tests.facets.toy.fold import AddEvent, CounterBumped, Counters, CounterUpdate, counter_row
 
 PLUGIN = FacetPlugin(
     name=Counters.name,
@@ -15,6 +16,7 @@ PLUGIN = FacetPlugin(
     fold=Counters,
     rows={CounterBumped: counter_row},
     updates=(CounterUpdate,),
+    events=(AddEvent,),
     projection_kinds=("toy_counter",),
     host="tests.facets.toy.host",
     routes="tests.facets.toy.routes",

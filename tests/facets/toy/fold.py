@@ -1,15 +1,20 @@
-"""The toy facet's fold: a counter per group that a ``toy_bump`` record raises by ``by``."""
+"""The toy facet's fold: a counter per group that a ``toy_bump`` record (the operator's) or a
+``toy_add`` record (a rank's, sent by its agent) raises by ``by``."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
+
+from msgspec import Meta
 
 from foldplane.coordinator.fold.effects import Effect, View
 from foldplane.coordinator.fold.facets import FoldContext, Refusal
+from foldplane.coordinator.fold.fencing import online_rank_refusal
 from foldplane.coordinator.fold.projections import to_doc
 from foldplane.coordinator.fold.state import GroupState
 from foldplane.eventlog import ProjectionRow, Record
 from foldplane.wire.codes import INVALID_EVENT, UNKNOWN_GROUP
+from foldplane.wire.protocol import AgentEventBase
 from foldplane.wire.updates import Update
 
 #: The most one bump may add.
@@ -23,6 +28,13 @@ class CounterBumped(Effect, frozen=True, kw_only=True, tag="toy_bumped"):
     count: int
     by: int
     offset: int
+
+
+class AddEvent(AgentEventBase, tag="toy_add", kw_only=True, forbid_unknown_fields=True):
+    """A rank adds ``by`` to its group's counter (``Agent.send_event(AddEvent, by=...)``); the
+    fold bounds ``by``, as it does the operator's bump."""
+
+    by: Annotated[int, Meta(ge=-(2**31), le=2**31)]
 
 
 class CounterUpdate(Update, frozen=True, kw_only=True, tag="toy_counter"):
@@ -40,7 +52,7 @@ class Counters:
     """The ``toy`` facet (``coordinator.fold.facets.Facet``)."""
 
     name = "toy"
-    kinds = frozenset({"toy_bump"})
+    kinds = frozenset({"toy_bump", "toy_add"})
     repeatable: frozenset[str] = frozenset()
 
     def __init__(self) -> None:
@@ -52,11 +64,18 @@ class Counters:
     def refusal(
         self, fold: FoldContext, kind: str, group: str | None, rank: int | None, payload: Any
     ) -> Refusal | None:
-        """A bump names a known group, no rank, and ``by`` from 1 to :data:`MAX_BY`."""
-        if group is None or rank is not None:
-            return INVALID_EVENT, f"{kind} names a group and no rank"
-        if group not in fold.group_states:
+        """A bump names a known group and no rank (the operator's), an add a rank's current
+        online incarnation (an agent's); each ``by`` from 1 to :data:`MAX_BY`."""
+        if group is None or (rank is not None) != (kind == "toy_add"):
+            return (
+                INVALID_EVENT,
+                f"{kind} names a group and {'a' if kind == 'toy_add' else 'no'} rank",
+            )
+        g = fold.group_states.get(group)
+        if g is None:
             return UNKNOWN_GROUP, f"no group named {group!r}"
+        if kind == "toy_add" and (refused := online_rank_refusal(g, kind, rank, payload)):
+            return refused
         by = payload.get("by") if isinstance(payload, dict) else None
         if type(by) is not int or not 1 <= by <= MAX_BY:
             return INVALID_EVENT, f"{kind}: by must be an integer from 1 to {MAX_BY}, got {by!r}"
