@@ -604,7 +604,9 @@ class Agent:
         elif isinstance(action, EventAnswered):
             fields = dict(action.fields)
             if action.kind in REFIT_EVENTS:
-                self.refits.on_answer(action.kind, fields, action.error, action.detail)
+                self.refits.on_answer(
+                    action.kind, fields, action.offset, action.error, action.detail
+                )
             else:
                 self._events.on_answer(
                     action.kind, fields, action.offset, action.error, action.detail

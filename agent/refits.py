@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from foldplane.agent.events import EventRefused, answer_key
+from foldplane.agent.events import EventAnswers, EventRefused
 from foldplane.wire.codes import AGENT_STOPPED, REFIT_NOT_READY, STALE_REFIT_EPOCH
 from foldplane.wire.updates import RefitBootstrapUpdate, RefitEpochUpdate, TransferUpdate
 
@@ -92,7 +92,6 @@ class RefitTracker:
     def __init__(self, group: str, rank: int, send: Callable[[str, dict[str, Any]], None]) -> None:
         self.group = group
         self.rank = rank
-        self._send = send
         self._cond = threading.Condition()
         self.epochs: dict[str, RefitEpochUpdate] = {}
         #: the first update of each of a refit's recent epochs (its ``cause`` and ``lost`` say
@@ -103,7 +102,8 @@ class RefitTracker:
         self.bootstraps: dict[str, RefitBootstrapUpdate] = {}
         #: the epoch of each refit whose bootstrap this rank offered with its join
         self.offered: dict[str, int] = {}
-        self._answers: dict[tuple[Any, ...], tuple[str | None, str]] = {}
+        #: the answers to this rank's refit events (``agent.events``: a refit's are a facet's)
+        self._answers = EventAnswers(send)
         self.stopped: str | None = None
 
     # -- from the agent's driver -----------------------------------------------------------
@@ -125,37 +125,30 @@ class RefitTracker:
                 self.bootstraps[name] = update
             self._cond.notify_all()
 
-    def on_answer(self, kind: str, fields: dict[str, Any], error: str | None, detail: str) -> None:
-        with self._cond:
-            self._answers[answer_key(kind, fields)] = (error, detail)
-            self._cond.notify_all()
+    def on_answer(
+        self, kind: str, fields: dict[str, Any], offset: int | None, error: str | None, detail: str
+    ) -> None:
+        self._answers.on_answer(kind, fields, offset, error, detail)
 
     def on_stopped(self, why: str) -> None:
         with self._cond:
             self.stopped = why
             self._cond.notify_all()
+        self._answers.on_stopped(why)
 
     # -- for the client ----------------------------------------------------------------------
 
     def send(self, kind: str, fields: dict[str, Any], timeout: float = ANSWER_S) -> None:
-        """Send one event and wait for its answer; raise :class:`RefitRefused` on a refusal."""
-        key = answer_key(kind, fields)
-        with self._cond:
-            self._answers.pop(key, None)
-        self._send(kind, fields)
-        with self._cond:
-            if not self._cond.wait_for(
-                lambda: key in self._answers or self.stopped is not None, timeout
-            ):
-                raise TimeoutError(f"no answer to {kind} within {timeout:g} s")
-            if key not in self._answers:
-                raise RefitRefused(AGENT_STOPPED, str(self.stopped))
-            error, detail = self._answers.pop(key)
-        if error is not None:
-            if error == STALE_REFIT_EPOCH:
-                held = self.epochs.get(fields["refit"])
-                raise RefitEpochMoved(-1 if held is None else held.epoch, detail)
-            raise RefitRefused(error, detail)
+        """Send one event and wait for its answer; raise :class:`RefitRefused` on a refusal
+        (:class:`RefitEpochMoved` when the refit is at a newer epoch)."""
+        try:
+            self._answers.send(kind, fields, timeout)
+        except EventRefused as exc:
+            if exc.code == STALE_REFIT_EPOCH:
+                with self._cond:
+                    held = self.epochs.get(fields["refit"])
+                raise RefitEpochMoved(-1 if held is None else held.epoch, exc.detail) from None
+            raise RefitRefused(exc.code, exc.detail) from None
 
     def wait(self, predicate: Callable[[], Any], timeout: float, what: str) -> Any:
         deadline = time.monotonic() + timeout
