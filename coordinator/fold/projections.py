@@ -73,8 +73,16 @@ from foldplane.wire.updates import (
     update_from,
 )
 
-#: Membership's projection kinds that ``replay`` compares (``ended`` rows are the operator's).
-MEMBERSHIP_PROJECTION_KINDS = ("group", "view", "proposal", "rank_state", "failure", "shutdown")
+#: Membership's projection kinds, which ``replay`` compares.
+MEMBERSHIP_PROJECTION_KINDS = (
+    "group",
+    "view",
+    "proposal",
+    "rank_state",
+    "failure",
+    "ended",
+    "shutdown",
+)
 
 
 def projection_kinds() -> tuple[str, ...]:
