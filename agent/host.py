@@ -197,13 +197,17 @@ class Agent:
         self._to_poll: queue.Queue[PollUpdates | None] = queue.Queue()
         self._changed = threading.Condition()
         self._view: View | None = None
+        #: whether this incarnation is one of the active members of ``_view`` (``is_active``)
+        self._view_member = False
         self._state = OFFLINE
         self._stopped: Stopped | None = None
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._data_plane: Any = None
         self._data_plane_error: BaseException | None = None
-        self._pending_view: View | None = None
+        #: a view to install once the data plane is on the store, and whether this rank is
+        #: one of its members (``InstallView.member``)
+        self._pending_view: tuple[View, bool] | None = None
         #: the store the data plane is on (address and id)
         self._plane_store: StoreAddress | None = None
         self._move_retry_at: float | None = None
@@ -304,6 +308,15 @@ class Agent:
             return shutdown.checkpoint_rank
         view = self._view
         return None if view is None else view.checkpoint_rank
+
+    def is_active(self) -> bool:
+        """Whether this process is an active member of the latest committed view: the view
+        lists its rank and was committed after this incarnation joined. A replacement that
+        starts before the coordinator has seen the death of the process it replaces first
+        reads a view that lists its rank for that process: it is not active in it, and asks
+        to be activated (``activate_ranks([rank])``) like any replacement."""
+        with self._changed:
+            return self._view is not None and self._view_member
 
     def is_checkpoint_rank(self) -> bool:
         """Whether this rank saves the group's checkpoints (``checkpoint_rank``): the elastic
@@ -589,7 +602,7 @@ class Agent:
         elif isinstance(action, MoveDataPlane):
             self._move_data_plane(action.store)
         elif isinstance(action, InstallView):
-            self._install(action.view)
+            self._install(action.view, action.member)
         elif isinstance(action, RankStateChanged):
             self._publish(state=action.state)
         elif isinstance(action, ShutdownWithSave):
@@ -648,7 +661,7 @@ class Agent:
             self._data_plane_error = None
             self._plane_store = store
             if self._pending_view is not None:
-                self._install(self._pending_view)
+                self._install(*self._pending_view)
         self._publish()
 
     def _move_data_plane(self, store: StoreAddress) -> None:
@@ -670,23 +683,28 @@ class Agent:
             return
         self._plane_store = store
         if self._pending_view is not None:
-            self._install(self._pending_view)
+            self._install(*self._pending_view)
 
     def _data_plane_ready(self) -> bool:
         """The data plane is ready, on the store the coordinator advertised last."""
         plane, store = self._data_plane, self._machine.store
         return plane is not None and plane.ready and (store is None or self._plane_store == store)
 
-    def _install(self, view: View) -> None:
+    def _install(self, view: View, member: bool) -> None:
         store = self._machine.store
+        members = list(view.active_ranks)
+        if not member and view.is_active(self.rank):
+            # the view names the process this one replaced: this one follows it as a rank
+            # outside it (a later view, once this rank is activated, takes this one in)
+            members.remove(self.rank)
         if self._data_plane is None or (store is not None and self._plane_store != store):
-            self._pending_view = view  # installed once the data plane is on the store
-        elif not view.active_ranks:
+            self._pending_view = (view, member)  # installed once the data plane is on the store
+        elif not members:
             pass  # every rank left: there is no group to build
         else:
             self._pending_view = None
-            self._data_plane.install_view(view.version, list(view.active_ranks))
-        self._publish(view=view)
+            self._data_plane.install_view(view.version, members)
+        self._publish(view=view, member=member)
 
     def _on_link_evidence(self, version: int, peers: dict[int, str], failed: list[int]) -> None:
         """Called from a data-plane thread: queue it, never block. A failure that blames
@@ -717,11 +735,16 @@ class Agent:
             plane.no_more_views()
 
     def _publish(
-        self, *, view: View | None = None, state: str | None = None, stopped: Stopped | None = None
+        self,
+        *,
+        view: View | None = None,
+        member: bool = False,
+        state: str | None = None,
+        stopped: Stopped | None = None,
     ) -> None:
         with self._changed:
             if view is not None:
-                self._view = view
+                self._view, self._view_member = view, member
             if state is not None:
                 self._state = state
             if stopped is not None:

@@ -314,9 +314,13 @@ class MoveDataPlane:
 
 @dataclass(frozen=True)
 class InstallView:
-    """A view committed: the data plane builds its group over ``view.active_ranks``."""
+    """A view committed: the data plane builds its group over ``view.active_ranks``.
+    ``member``: this incarnation is one of them (``AgentMachine.member_of``); a view that
+    lists the rank but was committed before this incarnation joined names the process it
+    replaced, and this one must not enter its group."""
 
     view: View
+    member: bool = False
 
 
 @dataclass(frozen=True)
@@ -423,6 +427,8 @@ class AgentMachine:
     _preparing: _Prepare | None = None
     _acked: tuple[int, int] = (0, 0)  # (version, offset) of the last prepare ACKed
     _join_offset: int | None = None
+    #: the offset of this incarnation's first join (a rejoin in place keeps it)
+    _first_join_offset: int | None = None
     _own_offline_offset: int = 0
     _successor_offset: int = 0
     _successor: str = ""
@@ -537,7 +543,7 @@ class AgentMachine:
         # A resync names where the log now stands, which is behind us after a restore.
         self.after = event.next_after if event.resync else max(self.after, event.next_after)
         if self.view is not None and self.view is not old_view:
-            actions.append(InstallView(self.view))
+            actions.append(InstallView(self.view, self.member_of(self.view)))
         if self.own_state != old_state:
             actions.append(RankStateChanged(self.own_state, self.own_state_reason))
         actions.extend(self._settle_own_state())
@@ -555,7 +561,18 @@ class AgentMachine:
         self.view, self._preparing = None, None
         self._acked = (0, 0)
         self._join_offset = None if self.phase != _JOINED else 0
+        self._first_join_offset = self._join_offset
         self._own_offline_offset = self._successor_offset = 0
+
+    def member_of(self, view: View) -> bool:
+        """Whether this incarnation is an active member of ``view``: the view lists its rank
+        and was committed after this incarnation first joined. A view committed before (the
+        one a replacement reads first, while the coordinator has not yet seen the death of the
+        process it replaces) lists the rank for that process: only a later view, after an
+        activation, takes this one in. A view that takes it in always comes after its join:
+        its prepare waits for this rank's ACK, which follows the join."""
+        first = self._first_join_offset
+        return first is not None and view.offset > first and view.is_active(self.config.rank)
 
     def _poll(self, delay_s: float = 0.0) -> PollUpdates:
         return PollUpdates(self.after, delay_s, self.view.version if self.view else None)
@@ -806,6 +823,8 @@ class AgentMachine:
         kind = ev["type"]
         if kind == "join":
             self._join_offset = int(result.get("offset", 0))
+            if self._first_join_offset is None:
+                self._first_join_offset = self._join_offset
             self.phase = _JOINED
             self.last_error = None
             if self._close_requested:

@@ -282,7 +282,7 @@ def main() -> int:
     dist.init_process_group("foldplane")  # foldplane: instead of "gloo"/"nccl"
     rank = dist.get_rank()
     fp_agent = dist.group.WORLD.agent  # foldplane: the coordinator's view of this rank
-    if rank not in fp_agent.view.active_ranks:  # foldplane: a replacement asks to be activated
+    if not fp_agent.is_active():  # foldplane: a replacement asks to be activated
         fp_agent.wait_for_state("HEALTHY", timeout=120)
         proposal = fp_agent.activate_ranks([rank])
         if proposal.get("status") not in ("applied", "applied_with_dropped_ranks"):

@@ -86,8 +86,8 @@ def train(args: argparse.Namespace) -> int:
     shard, shards = int(os.environ[SHARD_ENV]), int(os.environ[SHARDS_ENV])
     fp_agent = Agent().start(timeout_s=120)  # foldplane: the group of this shard index
     replica = fp_agent.rank
-    view = fp_agent.wait_for_view(timeout=120)
-    if replica not in view.active_ranks:  # foldplane: a replacement asks to be activated
+    fp_agent.wait_for_view(timeout=120)
+    if not fp_agent.is_active():  # foldplane: a replacement asks to be activated
         fp_agent.wait_for_state("HEALTHY", timeout=120)
         fp_agent.activate_ranks([replica])
     mesh = hsdp_mesh(fp_agent, shards=shards, shard=shard, replica_id=os.environ[REPLICA_ID_ENV])

@@ -1122,3 +1122,41 @@ def test_a_facet_s_event_before_the_join_is_answered_at_once_and_the_agent_s_own
     for own in ("join", "heartbeat", "links", "ack", "exit", "progress"):
         with pytest.raises(ValueError, match="not a facet's event"):
             joined().step(SendEvent(1.0, own, {}))
+
+
+# -- a replacement and the views before it -----------------------------------------------------
+
+
+def _installs(actions: list) -> list[tuple[int, bool]]:
+    return [(a.view.version, a.member) for a in actions if isinstance(a, InstallView)]
+
+
+def test_a_view_committed_before_this_incarnation_joined_does_not_take_it_in() -> None:
+    """A replacement of rank 1 starts before the coordinator has seen the death of the
+    process it replaces: the view it reads first (a resync, before its join is answered)
+    lists rank 1 for that process; the deactivation that follows its join, and only a later
+    activation, take this process in."""
+    m = machine()
+    m.step(Start(0.0))
+    first = m.step(UpdatesReceived(0.1, (committed(5, 1, [0, 1]),), 5, STORE, resync=True))
+    assert _installs(first) == [(1, False)] and not m.member_of(m.view)
+    m.step(ok(1, 20, now=0.2))  # the join, appended after view 1
+    assert not m.member_of(m.view)
+    deactivated = m.step(updates(committed(25, 2, [0], m.view)))
+    assert _installs(deactivated) == [(2, False)]
+    activated = m.step(updates(committed(40, 3, [0, 1], m.view)))
+    assert _installs(activated) == [(3, True)] and m.member_of(m.view)
+
+
+def test_twin_a_rank_that_joined_before_the_formation_is_a_member_of_it() -> None:
+    m = joined()  # the join at offset 10
+    formed = m.step(updates(committed(12, 1, [0, 1])))
+    assert _installs(formed) == [(1, True)]
+
+
+def test_twin_a_rejoin_in_place_keeps_the_view_this_incarnation_is_in() -> None:
+    m = joined()
+    m.step(updates(committed(12, 1, [0, 1])))
+    m.step(Rejoin(1.0))
+    m.step(ok(1, 30, now=1.1))  # the same incarnation's join again, after view 1
+    assert m.member_of(m.view)
