@@ -497,7 +497,7 @@ class Agent:
         Sent while the agent is still joining, it goes once the join is appended (all within
         ``timeout``). A refusal raises ``agent.events.EventRefused`` with the fold's code and
         reason and never ends the agent; fields that do not fit the Struct are a ValueError,
-        sent nowhere (docs/agent.md, "A facet's events")."""
+        sent nowhere (docs/agent.md; docs/fold.md, "Facets: state beside membership")."""
         envelope = {"group": self.group, "rank": self.rank, "incarnation": self.incarnation}
         payload = event_fields(event_type, fields, envelope)
         kind = event_type.__struct_config__.tag  # type: ignore[attr-defined]

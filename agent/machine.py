@@ -30,6 +30,11 @@ The rules, in one place:
   a participant, it has joined, and, if it is in the new ``active_ranks``, its data plane is
   ready (a view that names a rank whose data plane cannot build it would fail on every member).
   ``view_committed`` installs the view in the data plane.
+- **A view before the join names another process.** A view committed before this
+  incarnation first joined (the one a replacement reads while the process it replaces still
+  holds the rank) does not take it in, though it lists the rank (``member_of``,
+  ``InstallView.member``): the data plane follows it as a rank outside it, and only a later
+  view (an activation) takes this process in.
 - **The store moves with the coordinator.** Every answer of the updates names the rendezvous
   store. The first address connects the data plane; another one (the coordinator restarted, or
   another one leads) moves it there before anything else of that answer is acted on, and no
