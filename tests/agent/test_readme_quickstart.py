@@ -47,8 +47,9 @@ def test_the_readme_quick_start_runs_as_written(tmp_path: Path):
             adapt(shells[0]),
             adapt(shells[1]),
             # the person reads the workers' "view 1" lines before step 4
-            'until [ "$(grep -c "view 1, all_reduce gave 4" workers.out 2>/dev/null)" = 4 ]; '
-            "do sleep 0.5; done",
+            # (or one says its all_reduce failed: then the assertions below show it)
+            'until [ "$(grep -c "view 1, all_reduce gave 4" workers.out 2>/dev/null)" = 4 ] '
+            '|| grep -q "failed ranks" workers.out 2>/dev/null; do sleep 0.5; done',
             adapt(shells[2]),
             # (jobs -p in a command substitution runs in a subshell, which has no jobs)
             "jobs -p >pids",
@@ -61,12 +62,16 @@ def test_the_readme_quick_start_runs_as_written(tmp_path: Path):
         ["bash", str(script)], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
         stderr=subprocess.PIPE, text=True, start_new_session=True,
     )  # fmt: skip
+    timed_out = None
     try:
         out, err = shell.communicate(timeout=360)
+    except subprocess.TimeoutExpired as exc:
+        timed_out = exc
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(shell.pid, signal.SIGKILL)  # whatever the script left running
     workers = (tmp_path / "workers.out").read_text() if (tmp_path / "workers.out").exists() else ""
+    assert timed_out is None, (f"the quick start did not end in {timed_out.timeout} s", workers)
     assert shell.returncode == 0, (out, err, workers)
     assert workers.count("view 1, all_reduce gave 4") == 4, workers
     assert workers.count("view 2, active ranks [0, 1, 2]") == 4, workers
