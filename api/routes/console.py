@@ -1,8 +1,8 @@
 """The operator's console: ``GET /ui`` (one self-contained page) and the data it reads.
 
 The page (``api/console.html``, package data: HTML, CSS and JS inline, nothing fetched from
-elsewhere, with each facet's panel put in its place) reads ``/ui/api/*`` for the fold's picture of each group and follows
-``/events/stream`` to know when to read it again. The page itself holds nothing of a group, so
+elsewhere, with each facet's panel put in its place) reads ``/ui/api/*`` for the fold's
+picture of each group and follows ``/events/stream`` to know when to read it again. The page itself holds nothing of a group, so
 it is served to anyone; everything it reads needs the operator token when auth is on, sent as
 an ``Authorization`` header (never in a URL). See docs/console.md.
 """

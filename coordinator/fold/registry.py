@@ -5,8 +5,10 @@ named ``PLUGIN`` in its ``__init__``. It is plugged in by one line: its package'
 :data:`BUILTIN_FACETS` (a facet of foldplane) or in ``FOLDPLANE_FACETS`` (a comma-separated list
 a deployment sets; the command line hands it to :func:`install`). Nothing else names it: the fold
 builds its facet objects from the registry, the log accepts its record kinds, the journals and
-readers decode its updates, ``POST /agents/events`` reads its agents' events, the projections write its rows, the host carries out its effects and answers its resyncs, the API serves its
-routes, ``replay`` compares its rows and retention knows which of its kinds are heartbeat-class.
+readers decode its updates, ``POST /agents/events`` reads its agents' events, the projections
+write its rows, the host carries out its effects and answers its resyncs, the API serves its
+routes and the console its panel, ``replay`` compares its rows and retention knows which of its
+kinds are heartbeat-class.
 
 The plugin itself is pure (it names its fold object, its kinds and its rows); the parts that do
 I/O are modules it names (``host``, ``routes``) and that only the layers allowed to do I/O
