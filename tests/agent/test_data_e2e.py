@@ -41,17 +41,26 @@ WORKER = Path(__file__).with_name("data_worker.py")
 SIZE = 20_000
 BATCH = 25
 PACE_S = 0.05  # per batch: 200 batches a rank, about 10 s of reading with 4 ranks
+#: per batch where a replacement must be activated while work is left: a replacement takes
+#: up to 8 s to start and report ready on a loaded 2-core machine, and the survivors of a kill
+#: at 40 % read the rest in about 16 s at this pace (7 s at ``PACE_S``)
+REPLACEMENT_PACE_S = 0.1
 
 
 class DataWorkers:
     def __init__(
-        self, coordinator: Coordinator, group: str, out: Path, loader_workers: int
+        self,
+        coordinator: Coordinator,
+        group: str,
+        out: Path,
+        loader_workers: int,
+        pace_s: float = PACE_S,
     ) -> None:
         self.coordinator, self.group, self.out = coordinator, group, out
         self.exits: queue.Queue[WorkerExit] = queue.Queue()
         self.events: dict[str, queue.Queue[dict[str, Any]]] = {}
         self.launcher = Launcher(
-            [sys.executable, str(WORKER), str(out), str(SIZE), str(BATCH), str(PACE_S),
+            [sys.executable, str(WORKER), str(out), str(SIZE), str(BATCH), str(pace_s),
              str(loader_workers)],
             coordinator=coordinator.url,
             group=group,
@@ -203,12 +212,13 @@ def run(
     script: Any,
     *,
     loader_workers: int = 0,
+    pace_s: float = PACE_S,
 ) -> dict[tuple[int, str], int]:
     """Run ``script`` against 4 workers; check the epoch; the accepted cursors."""
     out = tmp_path / group
     out.mkdir()
     coordinator.create_group(group, 4)
-    w = DataWorkers(coordinator, group, out, loader_workers)
+    w = DataWorkers(coordinator, group, out, loader_workers, pace_s)
     try:
         first = {rank: w.spawn(rank) for rank in range(4)}
         for inc in first.values():
@@ -247,7 +257,9 @@ def test_a_kill_and_a_replacement_lose_and_repeat_nothing(
         incarnations.update(dead=first[2], replacement=replacement)
         return [first[0], first[1], first[3], replacement]
 
-    accepted = run(coordinator, tmp_path, f"kill{int(kill_at * 100)}", script)
+    accepted = run(
+        coordinator, tmp_path, f"kill{int(kill_at * 100)}", script, pace_s=REPLACEMENT_PACE_S
+    )
     # the replacement read a share of its own (its cursor went on from the dead one's)
     assert accepted[(2, incarnations["replacement"])] > accepted[(2, incarnations["dead"])]
 
