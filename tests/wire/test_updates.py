@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import typing
+from types import SimpleNamespace
 from typing import Any
 
 import msgspec
@@ -103,15 +104,16 @@ def progress(s: Script, group: str, rank: int, processed: int) -> list[Effect]:
     return s.record("progress", group, rank, payload)
 
 
-def oracle(effects: list[Effect]) -> list[dict[str, Any]]:
-    """The updates protocol 2's dict builders gave for ``effects``; each view also in full
-    (``base: 0``, as a resync sends it)."""
+def _walk(effects: list[Effect], b: Any) -> list[Any]:
+    """The updates the builders of ``b`` (a module or namespace with one builder per update,
+    named as ``tests/wire/v2_dicts.py`` names them) give for ``effects``; each view also in
+    full (``base: 0``, as a resync sends it)."""
     views: dict[str, View] = {}
-    out: list[dict[str, Any]] = []
+    out: list[Any] = []
     for e in effects:
         if isinstance(e, ViewPrepare):
             out.append(
-                v2.prepare_update(
+                b.prepare_update(
                     group=e.group,
                     version=e.version,
                     base=views.get(e.group),
@@ -122,21 +124,21 @@ def oracle(effects: list[Effect]) -> list[dict[str, Any]]:
                 )
             )
         elif isinstance(e, ViewCommitted):
-            out.append(v2.view_update(views.get(e.view.group), e.view))
-            out.append(v2.view_update(None, e.view))
+            out.append(b.view_update(views.get(e.view.group), e.view))
+            out.append(b.view_update(None, e.view))
             views[e.view.group] = e.view
         elif isinstance(e, RankState):
-            out.append(v2.rank_state_update(e))
+            out.append(b.rank_state_update(e))
         elif isinstance(e, ShutdownWithSave):
-            out.append(v2.shutdown_update(e))
+            out.append(b.shutdown_update(e))
         elif isinstance(e, EpochPlanned):
-            out.append(v2.epoch_plan_update(e))
-            out.extend(v2.data_assignment_updates(e))
+            out.append(b.epoch_plan_update(e))
+            out.extend(b.data_assignment_updates(e))
         elif isinstance(e, AssignmentChanged):
-            out.append(v2.data_moves_update(e))
+            out.append(b.data_moves_update(e))
         elif isinstance(e, PartSent):
             out.append(
-                v2.data_assignment_update(
+                b.data_assignment_update(
                     group=e.group,
                     rank=e.rank,
                     epoch=e.epoch,
@@ -147,67 +149,41 @@ def oracle(effects: list[Effect]) -> list[dict[str, Any]]:
                 )
             )
         elif isinstance(e, EpochCompleted):
-            out.append(v2.epoch_complete_update(e))
+            out.append(b.epoch_complete_update(e))
         elif isinstance(e, RefitEpochChanged):
-            out.append(v2.refit_epoch_update(e))
+            out.append(b.refit_epoch_update(e))
         elif isinstance(e, TransferChanged):
-            out.append(v2.transfer_update(e))
+            out.append(b.transfer_update(e))
         elif isinstance(e, RefitBootstrap):
-            out.append(v2.refit_bootstrap_update(e))
+            out.append(b.refit_bootstrap_update(e))
     return out
+
+
+#: today's builders, under the names of protocol 2's dict builders
+TYPED = SimpleNamespace(
+    prepare_update=protocol.prepare_update,
+    view_update=protocol.view_update,
+    rank_state_update=projections.rank_state_update,
+    shutdown_update=projections.shutdown_update,
+    epoch_plan_update=epoch_updates.epoch_plan_update,
+    data_assignment_updates=epoch_updates.data_assignment_updates,
+    data_moves_update=epoch_updates.data_moves_update,
+    data_assignment_update=epoch_updates.data_assignment_update,
+    epoch_complete_update=epoch_updates.epoch_complete_update,
+    refit_epoch_update=refit_updates.refit_epoch_update,
+    transfer_update=refit_updates.transfer_update,
+    refit_bootstrap_update=refit_updates.refit_bootstrap_update,
+)
+
+
+def oracle(effects: list[Effect]) -> list[dict[str, Any]]:
+    """The updates protocol 2's dict builders gave for ``effects``."""
+    return _walk(effects, v2)
 
 
 def typed(effects: list[Effect]) -> list[AgentUpdate]:
     """The updates the builders give for ``effects``, in the order of :func:`oracle`."""
-    views: dict[str, View] = {}
-    out: list[AgentUpdate] = []
-    for e in effects:
-        if isinstance(e, ViewPrepare):
-            out.append(
-                protocol.prepare_update(
-                    group=e.group,
-                    version=e.version,
-                    base=views.get(e.group),
-                    active_ranks=e.active_ranks,
-                    participants=e.participants,
-                    ack_deadline_ts=e.ack_deadline_ts,
-                    offset=e.offset,
-                )
-            )
-        elif isinstance(e, ViewCommitted):
-            out.append(protocol.view_update(views.get(e.view.group), e.view))
-            out.append(protocol.view_update(None, e.view))
-            views[e.view.group] = e.view
-        elif isinstance(e, RankState):
-            out.append(projections.rank_state_update(e))
-        elif isinstance(e, ShutdownWithSave):
-            out.append(projections.shutdown_update(e))
-        elif isinstance(e, EpochPlanned):
-            out.append(epoch_updates.epoch_plan_update(e))
-            out.extend(epoch_updates.data_assignment_updates(e))
-        elif isinstance(e, AssignmentChanged):
-            out.append(epoch_updates.data_moves_update(e))
-        elif isinstance(e, PartSent):
-            out.append(
-                epoch_updates.data_assignment_update(
-                    group=e.group,
-                    rank=e.rank,
-                    epoch=e.epoch,
-                    assignment=e.assignment,
-                    processed=e.processed,
-                    remaining=e.remaining,
-                    offset=e.offset,
-                )
-            )
-        elif isinstance(e, EpochCompleted):
-            out.append(epoch_updates.epoch_complete_update(e))
-        elif isinstance(e, RefitEpochChanged):
-            out.append(refit_updates.refit_epoch_update(e))
-        elif isinstance(e, TransferChanged):
-            out.append(refit_updates.transfer_update(e))
-        elif isinstance(e, RefitBootstrap):
-            out.append(refit_updates.refit_bootstrap_update(e))
-    return out
+    return _walk(effects, TYPED)
 
 
 @pytest.fixture(scope="module")
