@@ -137,17 +137,7 @@ def _walk(effects: list[Effect], b: Any) -> list[Any]:
         elif isinstance(e, AssignmentChanged):
             out.append(b.data_moves_update(e))
         elif isinstance(e, PartSent):
-            out.append(
-                b.data_assignment_update(
-                    group=e.group,
-                    rank=e.rank,
-                    epoch=e.epoch,
-                    assignment=e.assignment,
-                    processed=e.processed,
-                    remaining=e.remaining,
-                    offset=e.offset,
-                )
-            )
+            out.append(b.part_sent_update(e))
         elif isinstance(e, EpochCompleted):
             out.append(b.epoch_complete_update(e))
         elif isinstance(e, RefitEpochChanged):
@@ -168,7 +158,7 @@ TYPED = SimpleNamespace(
     epoch_plan_update=epoch_updates.epoch_plan_update,
     data_assignment_updates=epoch_updates.data_assignment_updates,
     data_moves_update=epoch_updates.data_moves_update,
-    data_assignment_update=epoch_updates.data_assignment_update,
+    part_sent_update=epoch_updates.part_sent_update,
     epoch_complete_update=epoch_updates.epoch_complete_update,
     refit_epoch_update=refit_updates.refit_epoch_update,
     transfer_update=refit_updates.transfer_update,

@@ -12,6 +12,7 @@ from foldplane.coordinator.facets.epochs.effects import (
     AssignmentChanged,
     EpochCompleted,
     EpochPlanned,
+    PartSent,
 )
 from foldplane.coordinator.facets.refits.effects import (
     RefitBootstrap,
@@ -143,6 +144,18 @@ def data_assignment_update(
         "processed": processed,
         "remaining": [[s, n] for s, n in remaining],
     }
+
+
+def part_sent_update(effect: PartSent) -> dict[str, Any]:
+    return data_assignment_update(
+        group=effect.group,
+        rank=effect.rank,
+        epoch=effect.epoch,
+        assignment=effect.assignment,
+        processed=effect.processed,
+        remaining=effect.remaining,
+        offset=effect.offset,
+    )
 
 
 def data_assignment_updates(effect: EpochPlanned) -> list[dict[str, Any]]:

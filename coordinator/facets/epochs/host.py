@@ -22,6 +22,7 @@ from foldplane.coordinator.facets.epochs.updates import (
     data_moves_update,
     epoch_complete_update,
     epoch_plan_update,
+    part_sent_update,
 )
 from foldplane.coordinator.fold.machine import Coordinator
 from foldplane.coordinator.host.facets import FacetHost
@@ -50,16 +51,7 @@ def _moves(state: HostState, effect: AssignmentChanged, ready: Ready) -> None:
 def _part_sent(state: HostState, effect: PartSent, ready: Ready) -> None:
     """A new incarnation's part, whole, on its own journal (after the decisions it may
     read first: the part stands for them and for its predecessors' reports)."""
-    update = data_assignment_update(
-        group=effect.group,
-        rank=effect.rank,
-        epoch=effect.epoch,
-        assignment=effect.assignment,
-        processed=effect.processed,
-        remaining=effect.remaining,
-        offset=effect.offset,
-    )
-    ready.updates.append((effect.group, effect.rank, update))
+    ready.updates.append((effect.group, effect.rank, part_sent_update(effect)))
 
 
 def _completed(state: HostState, effect: EpochCompleted, ready: Ready) -> None:

@@ -14,6 +14,7 @@ from foldplane.coordinator.facets.epochs.effects import (
     AssignmentChanged,
     EpochCompleted,
     EpochPlanned,
+    PartSent,
 )
 from foldplane.wire.updates import (
     DataAssignmentUpdate,
@@ -79,6 +80,11 @@ def data_assignment_updates(effect: EpochPlanned) -> list[DataAssignmentUpdate]:
         )
         for r in effect.ranges
     ]
+
+
+def part_sent_update(effect: PartSent) -> DataAssignmentUpdate:
+    """A new incarnation's part, whole (``PartSent`` carries every field of it)."""
+    return update_from(DataAssignmentUpdate, effect)
 
 
 def data_moves_update(effect: AssignmentChanged) -> DataMovesUpdate:
