@@ -50,13 +50,14 @@ from foldplane.coordinator.host.replay import (
     Start,
     compaction_meta,
     find_start,
+    read_pages,
     replay_log,
     summary,
     views_digest,
 )
 from foldplane.coordinator.host.retention import RetainPolicy, removable
 from foldplane.coordinator.host.snapshots import CONSUMER, decode_snapshot, encode_snapshot
-from foldplane.eventlog import READ_PAGE, Log, Record, RemovedRange, open_log
+from foldplane.eventlog import Log, Record, RemovedRange, open_log
 
 log = logging.getLogger("foldplane.compaction")
 
@@ -276,11 +277,7 @@ async def _remove(
     boundaries = set(plan.boundaries)
     pending: list[int] = []
     views: list[dict[str, Any]] = []
-    position = after
-    while position < plan.region_end:
-        page = await log_.read(position, READ_PAGE, until=plan.region_end)
-        if not page:
-            break
+    async for page in read_pages(log_, after, plan.region_end):
         for rec in page:
             effects = machine.step(rec)
             # the host's own bookkeeping, so the kept snapshot restores a host exactly (the
@@ -301,7 +298,6 @@ async def _remove(
                 if on_step is not None:
                     on_step(rec.offset, removed)
                 after, after_meta, pending, views = rec.offset, meta, [], []
-        position = page[-1].offset
 
 
 def _kept_snapshot(machine: Coordinator, state: HostState, meta: dict[str, Any]) -> bytes:

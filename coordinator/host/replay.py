@@ -368,10 +368,7 @@ async def _replay_once(
         for p in _proposals(machine):
             expected[("proposal", p["group"], p["id"])] = p
     position = start.offset
-    while position < stop:
-        page = await log.read(position, READ_PAGE, until=stop)
-        if not page:
-            break
+    async for page in read_pages(log, position, stop):
         for rec in page:
             effects = machine.step(rec)
             if on_record is not None:
