@@ -34,7 +34,7 @@ from foldplane.agent.client import (
     CoordinatorUnavailable,
     start_timeout_s,
 )
-from foldplane.agent.events import ANSWER_S, EventAnswers, EventRefused, event_fields
+from foldplane.agent.events import ANSWER_S, EventAnswers, event_fields
 from foldplane.agent.machine import (
     BEATS,
     EVENTS,
@@ -73,7 +73,6 @@ from foldplane.wire.codes import (
     APPLIED_STATUSES,
     FATAL_ERRORS,
     NOT_FOLDPLANE,
-    NOT_JOINED,
     error_body,
 )
 from foldplane.wire.updates import (
@@ -501,19 +500,7 @@ class Agent:
         envelope = {"group": self.group, "rank": self.rank, "incarnation": self.incarnation}
         payload = event_fields(event_type, fields, envelope)
         kind = event_type.__struct_config__.tag  # type: ignore[attr-defined]
-        deadline = time.monotonic() + timeout
-        pause = 0.02
-        while True:
-            try:
-                return self._events.send(kind, payload, max(0.0, deadline - time.monotonic()))
-            except EventRefused as exc:
-                # the machine answers at once while the join is in flight: send it again after
-                # the join (a pause that doubles, woken early if the agent stops)
-                left = deadline - time.monotonic()
-                if exc.code != NOT_JOINED or exc.detail != "joining" or left <= 0:
-                    raise
-                self._stop.wait(min(pause, left))
-                pause = min(2 * pause, 0.5)
+        return self._events.send(kind, payload, timeout)
 
     def on_update(self, update_type: type, follow: Callable[[Any], None]) -> None:
         """Call ``follow(update)`` for each update of ``update_type`` the group or this rank

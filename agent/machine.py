@@ -632,7 +632,7 @@ class AgentMachine:
             self.last_error = event.detail
             return []
         sent, self._in_flight = self._in_flight or (), None
-        keep = [e for e in sent if self.phase != _JOINING or e["type"] == "join"]
+        keep = [e for e in sent if self.phase != _JOINING or _waits_for_join(e)]
         self._outbox[:0] = keep
         self._backoff_s = self._grow(self._backoff_s)
         self._send_at = event.now + self._backoff_s
@@ -705,10 +705,11 @@ class AgentMachine:
         return []
 
     def _send_event(self, event: SendEvent) -> list[Action]:
-        """Queue a facet's event; before the join there is nobody to send it for."""
+        """Queue a facet's event. Before the join is appended it waits behind it (only the join
+        goes first, and a rejoin keeps it); a closing or stopped agent sends nothing more."""
         if event.kind in OWN_EVENTS:
             raise ValueError(f"{event.kind!r} is not a facet's event (it is the agent's own)")
-        if self.phase != _JOINED:
+        if self.phase in (_CLOSING, _STOPPED):
             return [EventAnswered(event.kind, dict(event.fields), None, NOT_JOINED, self.phase)]
         self._queue(event.kind, **event.fields)
         return []
@@ -877,13 +878,13 @@ class AgentMachine:
 
     def _begin_join(self) -> None:
         self.phase = _JOINING
-        self._outbox = [e for e in self._outbox if e["type"] == "join"]
+        self._outbox = [e for e in self._outbox if _waits_for_join(e)]
         self._join_retry_at = None
         self._next_heartbeat = None
         self._beat = None
         self._last_links = None  # the join clears this rank's evidence at the coordinator
-        if not self._outbox:
-            self._outbox.append(self._event("join"))
+        if not any(e["type"] == "join" for e in self._outbox):
+            self._outbox.insert(0, self._event("join"))
 
     def _queue_self_ready(self) -> None:
         version = self.view.version if self.view is not None else 0
@@ -911,8 +912,9 @@ class AgentMachine:
     def _on_timers(self, now: float) -> None:
         if self._join_retry_at is not None and now >= self._join_retry_at:
             self._join_retry_at = None
-            if self.phase == _JOINING and not self._outbox and self._in_flight is None:
-                self._outbox.append(self._event("join"))
+            joining = self.phase == _JOINING and self._in_flight is None
+            if joining and not any(e["type"] == "join" for e in self._outbox):
+                self._outbox.insert(0, self._event("join"))
         if (
             self.phase == _JOINED
             and self._next_heartbeat is not None
@@ -989,6 +991,12 @@ _ON_UPDATE: dict[type[Update], Callable[[AgentMachine, Any], Action | None]] = {
     ShutdownUpdate: AgentMachine._on_shutdown,
 }
 _ENVELOPE = frozenset({"type", "group", "rank", "incarnation", "token"})
+
+
+def _waits_for_join(ev: Mapping[str, Any]) -> bool:
+    """Whether an event stays queued through a (re)join: the join itself, and a facet's event,
+    whose caller waits for its answer (the agent's own are made again after the join)."""
+    return ev["type"] == "join" or ev["type"] not in OWN_EVENTS
 
 
 def _fields(ev: Mapping[str, Any]) -> dict[str, Any]:

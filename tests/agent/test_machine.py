@@ -1114,14 +1114,30 @@ def test_twin_a_facet_s_event_refused_as_stale_stops_the_agent_like_any_event() 
     assert not [a for a in out if isinstance(a, EventAnswered)]
 
 
-def test_a_facet_s_event_before_the_join_is_answered_at_once_and_the_agent_s_own_are_refused():
+def test_a_facet_s_event_before_the_join_waits_behind_it_and_the_agent_s_own_are_refused():
     m = machine()
     m.step(Start(0.0))
-    out = m.step(SendEvent(0.1, "toy_add", {"by": 1}))
-    assert out == [EventAnswered("toy_add", {"by": 1}, None, "not_joined", "joining")]
+    assert m.step(SendEvent(0.1, "toy_add", {"by": 1})) == []  # queued, not answered
+    assert kinds(m.step(Tick(0.2))) == []  # the join is in flight: nothing goes beside it
+    after_join = m.step(ok(1, 10, now=0.3))
+    assert "toy_add" in kinds(after_join) + kinds(m.step(Tick(0.4)))
     for own in ("join", "heartbeat", "links", "ack", "exit", "progress"):
         with pytest.raises(ValueError, match="not a facet's event"):
             joined().step(SendEvent(1.0, own, {}))
+
+
+def test_a_facet_s_event_is_kept_through_a_rejoin_and_refused_once_the_agent_closes() -> None:
+    m = joined()
+    m.step(updates(committed(12, 1, [0, 1])))
+    m.step(SendEvent(1.0, "toy_add", {"by": 1}))  # in flight
+    m.step(Rejoin(1.1))
+    resent = m.step(EventsFailed(1.2, "connection reset"))
+    later = m.step(Tick(5.0))
+    assert kinds(resent + later)[:1] == ["join"]  # the join first, the event kept behind it
+    assert "toy_add" in kinds(m.step(ok(1, 30, now=5.1)) + m.step(Tick(10.0)))
+    m.step(Close(11.0))
+    closing = m.step(SendEvent(11.1, "toy_add", {"by": 2}))
+    assert closing == [EventAnswered("toy_add", {"by": 2}, None, "not_joined", "closing")]
 
 
 # -- a replacement and the views before it -----------------------------------------------------
