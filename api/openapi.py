@@ -36,6 +36,7 @@ _DESCRIPTIONS = {
     426: "Not a WebSocket upgrade (the host channel is one)",
     429: "Over a server limit (--max-groups, --max-ranks)",
     503: "Not the leader, or shutting down",
+    504: "Not answered before the caller's deadline",
 }
 
 

@@ -60,6 +60,7 @@ SERVER_MODULES = frozenset(
         "asyncpg",
         "alembic",
         "prometheus_client",
+        "grpc",
     }
 )
 INSTALL_SERVER = "pip install 'foldplane[server]'"
@@ -202,6 +203,56 @@ def _parser() -> argparse.ArgumentParser:
         type=float,
         default=0.1,
         help="how often a standby looks at the lease, in seconds (default 0.1)",
+    )
+    lh = s.add_argument_group(
+        "torchft's lighthouse (docs/torchft.md): its quorum rule's settings are named and "
+        "defaulted as torchft_lighthouse's own"
+    )
+    lh.add_argument(
+        "--lighthouse-port",
+        type=int,
+        default=None,
+        metavar="N",
+        help="serve torchft's LighthouseService (gRPC) on this port (0: any free port); "
+        "torchft's managers find it through TORCHFT_LIGHTHOUSE=http://HOST:N",
+    )
+    lh.add_argument(
+        "--lighthouse-host",
+        default="127.0.0.1",
+        metavar="ADDRESS",
+        help="where the lighthouse binds (default 127.0.0.1). Its protocol carries no token: "
+        "whoever reaches it may take part in quorums",
+    )
+    lh.add_argument(
+        "--lighthouse-min-replicas",
+        type=int,
+        default=None,
+        metavar="N",
+        help="the fewest replica groups a new quorum may have (torchft's --min_replicas; "
+        "required with --lighthouse-port, as torchft requires it)",
+    )
+    lh.add_argument(
+        "--lighthouse-join-timeout-ms",
+        type=int,
+        default=60_000,
+        metavar="MS",
+        help="how long a quorum waits for heartbeating replica groups that have not asked yet "
+        "(default 60000)",
+    )
+    lh.add_argument(
+        "--lighthouse-quorum-tick-ms",
+        type=int,
+        default=100,
+        metavar="MS",
+        help="the least time between two ticks of the quorum rule while a quorum waits "
+        "(default 100)",
+    )
+    lh.add_argument(
+        "--lighthouse-heartbeat-timeout-ms",
+        type=int,
+        default=5_000,
+        metavar="MS",
+        help="how long after its last heartbeat a replica group counts as dead (default 5000)",
     )
     s.set_defaults(run=_serve)
 
@@ -387,6 +438,9 @@ def _serve(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    if (problem := _lighthouse_settings(args)) is not None:
+        print(f"coordinator: {problem}", file=sys.stderr)
+        return 2
     if args.retain is not None:
         from foldplane.coordinator.host.retention import parse_policy
 
@@ -402,6 +456,60 @@ def _serve(args: argparse.Namespace) -> int:
             return 2
     with asyncio.Runner(loop_factory=loop_factory()) as runner:
         return runner.run(_serve_async(args, auth))
+
+
+def _lighthouse_settings(args: argparse.Namespace) -> str | None:
+    """Check the ``--lighthouse-*`` options; ``args.lighthouse`` becomes the quorum rule's
+    settings (None without ``--lighthouse-port``). What is wrong, or None."""
+    args.lighthouse = None
+    if args.lighthouse_port is None:
+        return None
+    if not 0 <= args.lighthouse_port <= 65535:
+        return f"--lighthouse-port must be from 0 to 65535, got {args.lighthouse_port}"
+    if args.lighthouse_min_replicas is None:
+        return (
+            "--lighthouse-port needs --lighthouse-min-replicas (torchft's lighthouse has no "
+            "default for --min_replicas either)"
+        )
+    from foldplane.coordinator.facets.lighthouse.effects import Settings
+
+    settings = Settings(
+        min_replicas=args.lighthouse_min_replicas,
+        join_timeout_ms=args.lighthouse_join_timeout_ms,
+        quorum_tick_ms=args.lighthouse_quorum_tick_ms,
+        heartbeat_timeout_ms=args.lighthouse_heartbeat_timeout_ms,
+    )
+    if (problem := settings.problem()) is not None:
+        return f"--lighthouse-*: {problem}"
+    args.lighthouse = settings
+    return None
+
+
+async def _serve_lighthouse(args: argparse.Namespace, host: Any, auth: Any) -> Any:
+    """Start torchft's lighthouse service on this coordinator (``--lighthouse-port``): the
+    gRPC server and the lighthouse it serves, or None without the option. Raises OSError when
+    its address cannot be bound."""
+    if args.lighthouse is None:
+        return None
+    from foldplane.coordinator.auth import is_loopback
+    from foldplane.coordinator.facets.lighthouse import service
+    from foldplane.coordinator.facets.lighthouse.host import serve_lighthouse
+
+    lighthouse = serve_lighthouse(
+        host, args.lighthouse, flush_s=args.heartbeat_flush_s, token=auth.operator_token
+    )
+    server, port = await service.start(lighthouse, args.lighthouse_host, args.lighthouse_port)
+    where = service.bind_address(args.lighthouse_host, port)
+    log = logging.getLogger("foldplane")
+    log.info("torchft lighthouse on %s (TORCHFT_LIGHTHOUSE=http://%s)", where, where)
+    if not is_loopback(args.lighthouse_host):
+        log.warning(
+            "the torchft lighthouse binds %s: its protocol carries no token, so any process "
+            "that reaches it may ask for quorums and heartbeat as any replica group "
+            "(docs/torchft.md, Exposure)",
+            where,
+        )
+    return server, lighthouse
 
 
 async def _serve_async(args: argparse.Namespace, auth: Any) -> int:
@@ -425,6 +533,7 @@ async def _serve_async(args: argparse.Namespace, auth: Any) -> int:
         return 2
     store = None
     retention = None
+    lighthouse = None
     if args.retain is not None:
         from foldplane.coordinator.host.compaction import retain_periodically
 
@@ -443,6 +552,11 @@ async def _serve_async(args: argparse.Namespace, auth: Any) -> int:
             store, host.store_address = start_store(
                 args.host, args.store_port, advertise=args.store_host
             )
+        try:
+            lighthouse = await _serve_lighthouse(args, host, auth)
+        except OSError as exc:
+            print(f"coordinator: --lighthouse-port: {exc}", file=sys.stderr)
+            return 2
         app = create_app(host, auth, limits=args.limits)
         server = Server(config(app, args.host, args.port, args.log_level, args.limits))
         tune_for_latency()
@@ -464,6 +578,10 @@ async def _serve_async(args: argparse.Namespace, auth: Any) -> int:
             retention.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await retention
+        if lighthouse is not None:
+            grpc_server, served = lighthouse
+            await grpc_server.stop(1.0)
+            await served.close()
         await host.close()
         del store
 

@@ -191,6 +191,15 @@ TRANSFER_FINAL = _declare(
     "a transfer report after the transfer completed (its state is final)",
 )
 TRANSFER_BUSY = _declare("transfer_busy", 409, "refusal", "a second transfer while one runs")
+REPLICA_LOST = _declare(
+    "replica_lost",
+    409,
+    "refusal",
+    "a lighthouse call from a replica group incarnation that a launcher reported dead",
+)
+QUORUM_TIMEOUT = _declare(
+    "quorum_timeout", 504, "refusal", "no lighthouse quorum took the caller in before its deadline"
+)
 
 # -- the request itself ----------------------------------------------------------------------------
 

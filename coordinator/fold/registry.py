@@ -37,6 +37,7 @@ from foldplane.wire.updates import Update, declare_update
 BUILTIN_FACETS: tuple[str, ...] = (
     "foldplane.coordinator.facets.epochs",
     "foldplane.coordinator.facets.refits",
+    "foldplane.coordinator.facets.lighthouse",
 )
 
 #: The environment variable that names a deployment's own facets (packages, comma-separated);

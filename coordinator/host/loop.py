@@ -31,7 +31,7 @@ import contextlib
 import logging
 import time
 from collections import defaultdict, deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import msgspec
@@ -208,6 +208,9 @@ class Host:
         self._beats_wake: asyncio.TimerHandle | None = None
         self._changed = asyncio.Event()
         self._proposal_waiters: dict[int, list[asyncio.Future[Proposal]]] = defaultdict(list)
+        #: who hears of each effect of ``Ready.notices`` once its batch is carried out (a
+        #: facet's calls waiting in this process: the lighthouse's quorum calls)
+        self.listeners: list[Callable[[Effect], None]] = []
         self._last_ts = 0
         self._unavailable: HostUnavailable | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -680,6 +683,9 @@ class Host:
             for future in self._proposal_waiters.pop(proposal.id, []):
                 if not future.done():
                     future.set_result(proposal)
+        for effect in ready.notices:
+            for listener in self.listeners:
+                listener(effect)
         self._changed.set()
 
     def _answer(self, accepted: list[Input], offsets: list[int], ready: Ready) -> None:

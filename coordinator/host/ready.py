@@ -97,8 +97,9 @@ class Ready:
     """Everything the effects of the records up to ``offset`` ask of the host.
 
     Carried out in this order: the projection rows are written (with the consumer offset)
-    before the updates become visible to long polls and before the proposals' waiters are
-    answered, so whoever hears of a view can also read it in ``/views/history``.
+    before the updates become visible to long polls and before the proposals' waiters and the
+    listeners of the notices are answered, so whoever hears of a view can also read it in
+    ``/views/history``.
     """
 
     offset: int
@@ -116,6 +117,9 @@ class Ready:
     refused: dict[int, Refused] = field(default_factory=dict)
     #: shutdown directives to show their checkpoint rank first: (group, rank, offset)
     saver_first: list[tuple[str, int, int]] = field(default_factory=list)
+    #: effects the calls waiting in this process hear of, last (``Host.listeners``): a
+    #: facet's carry asks for it (the lighthouse answers its quorum calls so)
+    notices: list[Effect] = field(default_factory=list)
 
 
 class ReadyBuilder:

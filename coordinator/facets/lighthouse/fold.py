@@ -1,0 +1,517 @@
+"""The lighthouse facet's fold: torchft's quorum rule over the log.
+
+torchft's lighthouse (``src/lighthouse.rs``) keeps, in one process's memory, who heartbeats,
+who asks for a quorum and the last quorum, and decides each quorum with ``quorum_compute``.
+Here the same facts are records, and the same rule is a pure function of them
+(:func:`quorum_compute`): a quorum is decided by the fold, at the step of a record, so
+``replay`` decides every quorum again, identically, and a standby that takes over holds the
+lighthouse's whole state.
+
+The records (none names a group or a rank; the lighthouse is the coordinator's):
+
+=========================  ================================================================
+``lighthouse_configured``  the rule's settings (``effects.Settings``), appended by the
+                           serving coordinator when the log holds other ones
+``lighthouse_request``     a replica group asks for a quorum: its ``QuorumMember`` (also a
+                           heartbeat)
+``lighthouse_heartbeat``   the replica groups that heartbeat within one flush interval, in
+                           one shared record (``{"replicas": [ids]}``)
+``lighthouse_lost``        a launcher saw replica group ``replica`` die (``reason``): every
+                           incarnation of it (``replica`` or ``replica:<uuid>``) is out at
+                           once, without waiting out its heartbeat timeout
+``lighthouse_withdrawn``   the call that made request ``request`` of ``replica_id`` ended
+                           unanswered (the caller's deadline, a cancel): it asks no more
+=========================  ================================================================
+
+Time is the records' ``ts``; a ``tick`` is appended when :meth:`Lighthouse.next_deadline`
+(a heartbeat running out, the join timeout) has passed, no sooner than ``quorum_tick_ms``
+after the previous one.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from foldplane.coordinator.facets.lighthouse.effects import (
+    LighthouseConfigured,
+    QuorumDecided,
+    ReplicaLost,
+    Settings,
+    Verdict,
+)
+from foldplane.coordinator.facets.lighthouse.messages import (
+    MAX_ID_BYTES,
+    QuorumMember,
+)
+from foldplane.coordinator.fold.effects import Effect, View
+from foldplane.coordinator.fold.facets import FoldContext, Refusal
+from foldplane.coordinator.fold.state import GroupState
+from foldplane.eventlog import Record
+from foldplane.wire.codes import INVALID_EVENT, REPLICA_LOST
+
+CONFIGURED = "lighthouse_configured"
+REQUEST = "lighthouse_request"
+HEARTBEAT = "lighthouse_heartbeat"
+LOST = "lighthouse_lost"
+WITHDRAWN = "lighthouse_withdrawn"
+
+#: A lost incarnation's id is refused for this many heartbeat timeouts after its loss (a
+#: beat still in flight from the dead process), then forgotten, so the set stays bounded.
+LOST_KEPT_TIMEOUTS = 10
+#: A replica group silent for this many heartbeat timeouts is forgotten.
+SILENT_KEPT_TIMEOUTS = 10
+MAX_REASON_BYTES = 1024
+_MS = 1_000_000
+
+
+class Request(msgspec.Struct, frozen=True, kw_only=True):
+    """A replica group's pending request: what it asked, when (``joined``, ns) and where."""
+
+    member: QuorumMember
+    joined: int
+    offset: int
+
+
+class LastQuorum(msgspec.Struct, frozen=True, kw_only=True):
+    """The last quorum decided: its id, its participants' ids, its record and time."""
+
+    quorum_id: int
+    replica_ids: tuple[str, ...]
+    offset: int
+    ts: int
+
+
+class Decision(msgspec.Struct, frozen=True, kw_only=True):
+    """What :func:`quorum_compute` decided: the participants (replica ids, sorted) or None
+    when no quorum can be issued yet, and why, in torchft's words; and each replica group's
+    verdict."""
+
+    participants: tuple[str, ...] | None
+    reason: str
+    verdicts: tuple[Verdict, ...]
+
+
+def _ms(ns: int) -> str:
+    return f"{ns / _MS:.0f} ms"
+
+
+def quorum_compute(
+    now: int,
+    requests: dict[str, Request],
+    beats: dict[str, int],
+    last: LastQuorum | None,
+    settings: Settings,
+) -> Decision:
+    """torchft's quorum rule (``quorum_compute`` in its ``src/lighthouse.rs``), as a function of
+    the fold's state at ``now`` (ns):
+
+    1. A replica group is *healthy* while its last heartbeat (a request is one) is less than
+       ``heartbeat_timeout_ms`` old; the *participants* are the healthy ones that asked.
+    2. If a participant asked ``shrink_only``, only members of the last quorum may take part.
+    3. **Fast quorum**: when every member of the last quorum is a participant again, the
+       participants are the quorum at once (no waiting for anyone else).
+    4. Otherwise a new quorum needs at least ``min_replicas`` participants, and more than half
+       of the healthy replica groups (no split brain: two halves cannot both form one).
+    5. While some healthy replica groups have not asked yet, it waits for them, until
+       ``join_timeout_ms`` after the first participant asked; then the participants are the
+       quorum without them.
+
+    Every replica group it knows of gets a verdict: in, or out and why.
+    """
+    timeout = settings.heartbeat_timeout_ms * _MS
+    healthy = {r for r, t in beats.items() if now - t < timeout}
+    participants = sorted(r for r in requests if r in healthy)
+    candidates = participants
+    shrink_only = any(requests[r].member.shrink_only for r in participants)
+    meta = (
+        f"[{len(participants)}/{len(requests)} participants healthy]"
+        f"[{len(healthy)} heartbeating][shrink_only={str(shrink_only).lower()}]"
+    )
+    last_ids = set(last.replica_ids) if last is not None else set()
+    if last is not None and shrink_only:
+        candidates = [r for r in participants if r in last_ids]
+
+    def verdicts(chosen: list[str] | None) -> tuple[Verdict, ...]:
+        inside = set(chosen or ())
+        out = []
+        for r in sorted(set(beats) | set(requests)):
+            beat = beats.get(r)
+            age = f"last heartbeat {_ms(now - beat)} ago" if beat is not None else "no heartbeat"
+            request = requests.get(r)
+            if r in inside:
+                assert request is not None
+                why = (f"asked at offset {request.offset} at step {request.member.step}; "
+                       f"{age}")  # fmt: skip
+            elif r not in healthy:
+                why = (f"{age}, past heartbeat_timeout_ms {settings.heartbeat_timeout_ms}"
+                       + (f" (asked at offset {request.offset})" if request else ""))  # fmt: skip
+            elif request is None:
+                why = f"heartbeating ({age}) but not asking for a quorum"
+            elif shrink_only and r not in last_ids:
+                why = (f"asked at offset {request.offset}, but a participant asked shrink_only "
+                       f"and it is not in quorum {last.quorum_id if last else '-'}")  # fmt: skip
+            else:
+                why = f"asked at offset {request.offset}; waiting: no quorum yet"
+            out.append(Verdict(replica_id=r, included=r in inside, why=why))
+        return tuple(out)
+
+    if last is not None and last_ids <= set(participants):
+        return Decision(
+            participants=tuple(candidates),
+            reason=f"Fast quorum found! {meta}",
+            verdicts=verdicts(candidates),
+        )
+    if len(participants) < settings.min_replicas:
+        return Decision(
+            participants=None,
+            reason=(
+                f"New quorum not ready, only have {len(participants)} participants, need "
+                f"min_replicas {settings.min_replicas} {meta}"
+            ),  # fmt: skip
+            verdicts=verdicts(None),
+        )
+    if len(participants) <= len(healthy) // 2:
+        return Decision(
+            participants=None,
+            reason=(
+                f"New quorum not ready, only have {len(participants)} participants, need "
+                f"at least half of {len(healthy)} healthy workers {meta}"
+            ),  # fmt: skip
+            verdicts=verdicts(None),
+        )
+    first_joined = min((requests[r].joined for r in participants), default=now)
+    waited = now - first_joined
+    if len(participants) < len(healthy) and waited < settings.join_timeout_ms * _MS:
+        return Decision(
+            participants=None,
+            reason=(
+                f"Valid quorum with {len(participants)} participants, waiting for "
+                f"{len(healthy) - len(participants)} healthy but not participating "
+                f"stragglers due to join timeout {meta}"
+            ),  # fmt: skip
+            verdicts=verdicts(None),
+        )
+    return Decision(
+        participants=tuple(candidates),
+        reason=f"Valid quorum found {meta}",
+        verdicts=verdicts(candidates),
+    )
+
+
+def _member(payload: Any) -> QuorumMember:
+    return msgspec.convert(payload, QuorumMember)
+
+
+class _Heartbeat(msgspec.Struct, forbid_unknown_fields=True):
+    replicas: list[str]
+
+
+class _Lost(msgspec.Struct, forbid_unknown_fields=True):
+    replica: str
+    reason: str
+
+
+class _Withdrawn(msgspec.Struct, forbid_unknown_fields=True):
+    replica_id: str
+    request: int
+
+
+class Lighthouse:
+    """The ``lighthouse`` facet (``coordinator.fold.facets.Facet``): see the module docstring."""
+
+    name = "lighthouse"
+    kinds = frozenset({CONFIGURED, REQUEST, HEARTBEAT, LOST, WITHDRAWN})
+    repeatable: frozenset[str] = frozenset()
+
+    def __init__(self) -> None:
+        self.settings: Settings | None = None
+        #: replica id -> its last heartbeat (ns), oldest first
+        self.beats: dict[str, int] = {}
+        #: replica id -> its pending request
+        self.requests: dict[str, Request] = {}
+        self.last: LastQuorum | None = None
+        self.quorum_id = 0
+        #: replica id -> (the offset of the record that lost it, its time)
+        self.lost: dict[str, tuple[int, int]] = {}
+        #: the rule's last answer (why no quorum yet, or the last one's reason)
+        self.status = "no replica group has asked for a quorum"
+        self.now = 0
+        self._last_tick = 0
+
+    # -- reading -----------------------------------------------------------------------------
+
+    def decision(self, now: int | None = None) -> Decision | None:
+        """What the rule says at ``now`` (the fold's time by default), or None unconfigured."""
+        if self.settings is None:
+            return None
+        when = self.now if now is None else now
+        return quorum_compute(when, self.requests, self.beats, self.last, self.settings)
+
+    def lost_at(self, replica_id: str) -> int | None:
+        """The offset that lost this incarnation, or None."""
+        entry = self.lost.get(replica_id)
+        return None if entry is None else entry[0]
+
+    # -- the Facet protocol ------------------------------------------------------------------
+
+    def refusal(
+        self, fold: FoldContext, kind: str, group: str | None, rank: int | None, payload: Any
+    ) -> Refusal | None:
+        """A lighthouse record names no group and no rank, and its payload is its kind's
+        (each field typed and bounded as ``messages`` bounds the wire's). A request needs the
+        rule's settings (``lighthouse_configured``) and may not come from an incarnation a
+        launcher reported lost: its process is dead, and a new one has a new id."""
+        if group is not None or rank is not None:
+            return INVALID_EVENT, f"{kind} names no group and no rank"
+        try:
+            if kind == CONFIGURED:
+                settings = msgspec.convert(payload, Settings)
+                problem = settings.problem()
+                return None if problem is None else (INVALID_EVENT, f"{kind}: {problem}")
+            if kind == REQUEST:
+                if self.settings is None:
+                    return INVALID_EVENT, (
+                        f"{kind}: the lighthouse has no settings yet "
+                        "(a lighthouse_configured record comes first)"
+                    )
+                member = _member(payload)
+                return self._lost_refusal(kind, member.replica_id) or _id_refusal(
+                    kind, member.replica_id
+                )
+            if kind == HEARTBEAT:
+                beat = msgspec.convert(payload, _Heartbeat)
+                if not beat.replicas:
+                    return INVALID_EVENT, f"{kind} names no replica"
+                for r in beat.replicas:
+                    if refused := _id_refusal(kind, r):
+                        return refused
+                return None
+            if kind == LOST:
+                lost = msgspec.convert(payload, _Lost)
+                if len(lost.reason.encode()) > MAX_REASON_BYTES:
+                    return INVALID_EVENT, f"{kind}: reason over {MAX_REASON_BYTES} bytes"
+                return _id_refusal(kind, lost.replica)
+            withdrawn = msgspec.convert(payload, _Withdrawn)
+            return _id_refusal(kind, withdrawn.replica_id)
+        except (msgspec.ValidationError, TypeError) as exc:
+            return INVALID_EVENT, f"{kind}: {exc}"
+
+    def _lost_refusal(self, kind: str, replica_id: str) -> Refusal | None:
+        offset = self.lost_at(replica_id)
+        if offset is None:
+            return None
+        return REPLICA_LOST, (
+            f"{kind}: replica {replica_id!r} was reported lost at offset {offset}; a "
+            "restarted replica group asks under a new id"
+        )
+
+    def repeat_of(
+        self, fold: FoldContext, kind: str, group: str | None, rank: int | None, payload: Any
+    ) -> int | None:
+        return None
+
+    def apply(self, fold: FoldContext, record: Record, effects: list[Effect]) -> None:
+        """Record the fact, then decide (a fact may complete a quorum)."""
+        now = self.now = fold.now
+        kind, payload = record.kind, record.payload
+        if kind == CONFIGURED:
+            self.settings = msgspec.convert(payload, Settings)
+            effects.append(LighthouseConfigured(settings=self.settings, offset=record.offset))
+        elif kind == REQUEST:
+            member = _member(payload)
+            rid = member.replica_id
+            self._beat(rid, now)
+            self.requests[rid] = Request(member=member, joined=now, offset=record.offset)
+        elif kind == HEARTBEAT:
+            for rid in payload["replicas"]:
+                if rid not in self.lost:  # a dead incarnation's beat still in flight
+                    self._beat(rid, now)
+        elif kind == LOST:
+            self._lose(payload["replica"], payload["reason"], record, effects)
+        else:  # WITHDRAWN
+            rid = payload["replica_id"]
+            pending = self.requests.get(rid)
+            if pending is not None and pending.offset == payload["request"]:
+                del self.requests[rid]
+        self._decide(record, effects)
+
+    def _beat(self, rid: str, now: int) -> None:
+        self.beats.pop(rid, None)  # oldest first: the forgetting below stops at the first kept
+        self.beats[rid] = now
+
+    def _lose(self, name: str, reason: str, record: Record, effects: list[Effect]) -> None:
+        """Every known incarnation of ``name`` (``name`` itself, or ``name:<uuid>`` as torchft's
+        manager names a replica group) is out: no heartbeat, no request. Its id is refused
+        for a while after (:data:`LOST_KEPT_TIMEOUTS`)."""
+        prefix = name + ":"
+        known = sorted(
+            r for r in set(self.beats) | set(self.requests) if r == name or r.startswith(prefix)
+        )
+        for rid in known:
+            self.beats.pop(rid, None)
+            self.requests.pop(rid, None)
+            self.lost[rid] = (record.offset, self.now)
+        effects.append(
+            ReplicaLost(replica=name, replica_ids=tuple(known), reason=reason, offset=record.offset)
+        )
+
+    def _decide(self, record: Record, effects: list[Effect]) -> None:
+        """Run the rule when someone waits; issue the quorum it finds.
+
+        The quorum id goes up only when the participants differ from the last quorum's, or
+        when one of them reports commit failures (torchft's rule: an unchanged quorum keeps its
+        id, so its members keep their process groups). The participants' requests are
+        answered; a request left out stays pending from now (torchft's waiter asks again) if
+        its replica group is healthy, and is dropped if not (its heartbeats stopped: no live
+        caller waits on it)."""
+        settings = self.settings
+        if settings is None or not self.requests:
+            return
+        decision = quorum_compute(self.now, self.requests, self.beats, self.last, settings)
+        self.status = decision.reason
+        if decision.participants is None:
+            return
+        chosen = decision.participants
+        taken = [self.requests[r] for r in chosen]
+        failures = any(req.member.commit_failures > 0 for req in taken)
+        changed = self.last is None or self.last.replica_ids != chosen
+        if changed or failures:
+            self.quorum_id += 1
+        self.last = LastQuorum(
+            quorum_id=self.quorum_id, replica_ids=chosen, offset=record.offset, ts=self.now
+        )
+        timeout = settings.heartbeat_timeout_ms * _MS
+        left: dict[str, Request] = {}
+        for rid, req in self.requests.items():
+            if rid not in chosen and self.now - self.beats.get(rid, -timeout) < timeout:
+                left[rid] = msgspec.structs.replace(req, joined=self.now)
+        self.requests = left
+        effects.append(
+            QuorumDecided(
+                quorum_id=self.quorum_id,
+                changed=changed or failures,
+                participants=tuple(req.member for req in taken),
+                requests=tuple(req.offset for req in taken),
+                reason=decision.reason,
+                verdicts=decision.verdicts,
+                created=self.now,
+                offset=record.offset,
+            )
+        )
+        self._forget()
+
+    def _forget(self) -> None:
+        """Forget what can no longer matter: lost ids past :data:`LOST_KEPT_TIMEOUTS`, and
+        replica groups silent past :data:`SILENT_KEPT_TIMEOUTS` (unless they wait)."""
+        if self.settings is None:
+            return
+        timeout = self.settings.heartbeat_timeout_ms * _MS
+        for rid in [
+            r for r, (_, t) in self.lost.items() if self.now - t > LOST_KEPT_TIMEOUTS * timeout
+        ]:
+            del self.lost[rid]
+        silent = []
+        for rid, t in self.beats.items():
+            if self.now - t <= SILENT_KEPT_TIMEOUTS * timeout:
+                break
+            if rid not in self.requests:
+                silent.append(rid)
+        for rid in silent:
+            del self.beats[rid]
+
+    def view_committed(
+        self,
+        fold: FoldContext,
+        g: GroupState,
+        view: View,
+        base: View | None,
+        record: Record,
+        effects: list[Effect],
+    ) -> None:
+        pass
+
+    def rank_lost(
+        self, fold: FoldContext, g: GroupState, rank: int, record: Record, effects: list[Effect]
+    ) -> None:
+        pass
+
+    def rank_joined(
+        self, fold: FoldContext, g: GroupState, rank: int, record: Record, effects: list[Effect]
+    ) -> None:
+        pass
+
+    def tick(self, fold: FoldContext, record: Record, effects: list[Effect]) -> None:
+        """Time passed: a heartbeat may have run out, or the join timeout."""
+        self.now = fold.now
+        if self.requests:
+            self._last_tick = self.now
+            self._decide(record, effects)
+
+    def next_deadline(self) -> int | None:
+        """While someone waits and no quorum is issued: the next time the rule's answer can
+        change with no new record (a heartbeat running out, the join timeout running out), but
+        no sooner than ``quorum_tick_ms`` after the last tick."""
+        settings = self.settings
+        if settings is None or not self.requests:
+            return None
+        now = self.now
+        timeout = settings.heartbeat_timeout_ms * _MS
+        due = [t + timeout for t in self.beats.values() if t + timeout > now]
+        joined = [
+            req.joined + settings.join_timeout_ms * _MS
+            for rid, req in self.requests.items()
+            if now - self.beats.get(rid, -timeout) < timeout
+        ]
+        if joined and min(joined) > now:
+            due.append(min(joined))
+        if not due:
+            return None
+        return max(min(due), self._last_tick + settings.quorum_tick_ms * _MS)
+
+    def waits_on_ranks(self) -> bool:
+        return bool(self.beats or self.requests)
+
+    def resume(self, now: int) -> None:
+        """The coordinator (re)started serving at ``now``: no replica group could reach it
+        while none served, so every heartbeat counts from ``now``; and the calls that held the
+        pending requests ended with the coordinator that served them (a caller still alive asks
+        again, through this one)."""
+        self.now = max(self.now, now)
+        for rid in self.beats:
+            self.beats[rid] = now
+        self.requests = {}
+
+    def snapshot(self) -> dict[str, Any]:
+        return {
+            "settings": None if self.settings is None else msgspec.to_builtins(self.settings),
+            "beats": [[r, t] for r, t in self.beats.items()],
+            "requests": [msgspec.to_builtins(req) for req in self.requests.values()],
+            "last": None if self.last is None else msgspec.to_builtins(self.last),
+            "quorum_id": self.quorum_id,
+            "lost": [[r, o, t] for r, (o, t) in self.lost.items()],
+            "status": self.status,
+            "now": self.now,
+            "last_tick": self._last_tick,
+        }
+
+    def restore(self, data: dict[str, Any]) -> None:
+        settings = data["settings"]
+        self.settings = None if settings is None else msgspec.convert(settings, Settings)
+        self.beats = {r: t for r, t in data["beats"]}
+        requests = [msgspec.convert(req, Request) for req in data["requests"]]
+        self.requests = {req.member.replica_id: req for req in requests}
+        last = data["last"]
+        self.last = None if last is None else msgspec.convert(last, LastQuorum)
+        self.quorum_id = data["quorum_id"]
+        self.lost = {r: (o, t) for r, o, t in data["lost"]}
+        self.status = data["status"]
+        self.now = data["now"]
+        self._last_tick = data["last_tick"]
+
+
+def _id_refusal(kind: str, replica_id: str) -> Refusal | None:
+    if not replica_id or len(replica_id.encode()) > MAX_ID_BYTES:
+        return INVALID_EVENT, f"{kind}: a replica id is 1 to {MAX_ID_BYTES} bytes"
+    return None
