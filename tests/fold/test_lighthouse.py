@@ -202,6 +202,8 @@ def test_a_lost_replica_group_is_out_at_once() -> None:
     assert lost.replica_ids == ("train1:u2",)
     [q] = quorums(effects)
     assert members(q) == ["train0:u1"] and q.quorum_id == 2
+    [gone] = [v for v in q.verdicts if v.replica_id == "train1:u2"]
+    assert not gone.included and f"reported it dead at offset {s.offset}" in gone.why
     # its beat still in flight is ignored; a request from it is refused
     beat(s.at(1.1), "train1:u2")
     assert "train1:u2" not in facet(s).beats

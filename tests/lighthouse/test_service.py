@@ -121,9 +121,7 @@ def test_a_quorum_is_decided_in_the_log_and_replays_identically(served: Server) 
 
 def test_a_launcher_death_report_takes_a_replica_group_out_at_once(served: Server) -> None:
     ask_together(served, member("a:1"), member("b:1"))
-    lost = httpx.post(
-        served.url + "/lighthouse/replicas/b/lost", json={"reason": "exit code -9"}
-    )
+    lost = httpx.post(served.url + "/lighthouse/replicas/b/lost", json={"reason": "exit code -9"})
     assert lost.status_code == 201, lost.text
     # a asks alone: b is gone, so a is more than half of the healthy, and min_replicas is 2:
     # the rule waits for a second member, and says why
@@ -231,8 +229,14 @@ def test_the_json_calls_refuse_a_malformed_body(hostile: Server) -> None:
         (["--lighthouse-port", "70000", "--lighthouse-min-replicas", "1"], "0 to 65535"),
         (["--lighthouse-port", "0", "--lighthouse-min-replicas", "0"], "min_replicas"),
         (
-            ["--lighthouse-port", "0", "--lighthouse-min-replicas", "1",
-             "--lighthouse-heartbeat-timeout-ms", "0"],
+            [
+                "--lighthouse-port",
+                "0",
+                "--lighthouse-min-replicas",
+                "1",
+                "--lighthouse-heartbeat-timeout-ms",
+                "0",
+            ],
             "heartbeat_timeout_ms",
         ),  # fmt: skip
     ],

@@ -103,6 +103,7 @@ def quorum_compute(
     beats: dict[str, int],
     last: LastQuorum | None,
     settings: Settings,
+    lost: dict[str, tuple[int, int]] | None = None,
 ) -> Decision:
     """torchft's quorum rule (``quorum_compute`` in its ``src/lighthouse.rs``), as a function of
     the fold's state at ``now`` (ns):
@@ -118,7 +119,9 @@ def quorum_compute(
        ``join_timeout_ms`` after the first participant asked; then the participants are the
        quorum without them.
 
-    Every replica group it knows of gets a verdict: in, or out and why.
+    Every replica group it knows of gets a verdict: in, or out and why (``lost``: the
+    incarnations a launcher reported dead, by id: the offset of the report and its time; those
+    reported since the last quorum are named too).
     """
     timeout = settings.heartbeat_timeout_ms * _MS
     healthy = {r for r, t in beats.items() if now - t < timeout}
@@ -155,6 +158,11 @@ def quorum_compute(
             else:
                 why = f"asked at offset {request.offset}; waiting: no quorum yet"
             out.append(Verdict(replica_id=r, included=r in inside, why=why))
+        since = last.ts if last is not None else 0
+        for r, (offset, at) in sorted((lost or {}).items()):
+            if at >= since:
+                why = f"a launcher reported it dead at offset {offset}"
+                out.append(Verdict(replica_id=r, included=False, why=why))
         return tuple(out)
 
     if last is not None and last_ids <= set(participants):
@@ -247,7 +255,7 @@ class Lighthouse:
         if self.settings is None:
             return None
         when = self.now if now is None else now
-        return quorum_compute(when, self.requests, self.beats, self.last, self.settings)
+        return quorum_compute(when, self.requests, self.beats, self.last, self.settings, self.lost)
 
     def lost_at(self, replica_id: str) -> int | None:
         """The offset that lost this incarnation, or None."""
@@ -369,7 +377,9 @@ class Lighthouse:
         settings = self.settings
         if settings is None or not self.requests:
             return
-        decision = quorum_compute(self.now, self.requests, self.beats, self.last, settings)
+        decision = quorum_compute(
+            self.now, self.requests, self.beats, self.last, settings, self.lost
+        )
         self.status = decision.reason
         if decision.participants is None:
             return
