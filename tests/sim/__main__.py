@@ -1,6 +1,9 @@
 """``python -m tests.sim --seed N [--steps M] [--faults i,j,...]``: run one seed of the simulator.
 
-``--seeds A:B`` runs seeds A to B-1 instead. A failing seed prints the invariant it broke, its
+``--seeds A:B`` runs seeds A to B-1 instead; ``--digest A:B`` prints one SHA-256 of those seeds'
+logs (every record's stored frame) and one of their replays (the projection rows a fresh fold
+writes for each record, then its snapshot and every group's status), so a change that must
+keep the log and its replay byte-identical is checked by running it before and after. A failing seed prints the invariant it broke, its
 one-line reproduction and a shrunk schedule (the run cut at the failing step, and only the
 faults without which it no longer fails). ``--faults`` keeps only those faults of the seed's
 schedule (``none``: no fault at all); ``--trace`` prints the log of a single seed's run.
@@ -9,10 +12,35 @@ schedule (``none``: no fault at all); ``--trace`` prints the log of a single see
 from __future__ import annotations
 
 import argparse
+import hashlib
 import sys
 import time
 
+import msgspec
+
+from foldplane.coordinator.fold.machine import Coordinator
+from foldplane.coordinator.fold.projections import rows_for
 from foldplane.coordinator.sim.world import HORIZON_STEPS, T0, S, World, describe, run_seed, setup
+from foldplane.eventlog.record import encode_payload, frame_body
+
+
+def digest(first: int, last: int, steps: int) -> tuple[str, str, int]:
+    """SHA-256 of the seeds' logs and of their replays by a fresh fold, and the records' count."""
+    log, replay, records = hashlib.sha256(), hashlib.sha256(), 0
+    for seed in range(first, last):
+        world = World(seed, steps, None).run()
+        fresh = Coordinator()
+        for rec in world.log:
+            records += 1
+            payload = encode_payload(rec.payload)
+            log.update(frame_body(rec.offset, rec.ts, rec.term, rec.kind, rec.group, rec.rank, payload))
+            for effect in fresh.step(rec):
+                for row in rows_for(effect):
+                    replay.update(msgspec.json.encode([row.kind, row.group, row.seq, row.doc]))
+        replay.update(
+            msgspec.json.encode([fresh.snapshot(), *map(fresh.group_status, fresh.groups())])
+        )
+    return log.hexdigest(), replay.hexdigest(), records
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -22,7 +50,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=HORIZON_STEPS)
     p.add_argument("--faults", help="indices of the seed's faults to keep, or 'none'")
     p.add_argument("--trace", action="store_true", help="print the schedule and the log")
+    p.add_argument("--digest", metavar="A:B", help="digest seeds A..B-1's logs and replays")
     args = p.parse_args(argv)
+    if args.digest:
+        first, _, last = args.digest.partition(":")
+        logs, replays, records = digest(int(first), int(last), args.steps)
+        print(f"seeds {first}:{last}, {records} records: log {logs}, replay {replays}")
+        return 0
     keep = None
     if args.faults is not None:
         keep = set() if args.faults == "none" else {int(i) for i in args.faults.split(",")}
