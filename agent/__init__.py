@@ -14,9 +14,9 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from foldplane.agent.events import EventRefused
-    from foldplane.agent.host import Agent, AgentStopped
-    from foldplane.agent.machine import View
+    from .events import EventRefused
+    from .host import Agent, AgentStopped
+    from .machine import View
 
 _LAZY = {
     "Agent": "foldplane.agent.host",

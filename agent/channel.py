@@ -22,9 +22,9 @@ from urllib.parse import quote, urlsplit
 
 import msgspec
 
-from foldplane.wire import ranks as rank_sets
-from foldplane.wire import websocket as ws
-from foldplane.wire.protocol import FEATURES, PROTOCOL
+from ..wire import ranks as rank_sets
+from ..wire import websocket as ws
+from ..wire.protocol import FEATURES, PROTOCOL
 
 PATH = "/agents/channel"
 #: A channel that has sent nothing for this long pings, so the coordinator (whose limit is

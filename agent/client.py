@@ -22,8 +22,8 @@ from typing import Any
 
 import httpx
 
-from foldplane.wire import ranks as rank_sets
-from foldplane.wire.codes import (
+from ..wire import ranks as rank_sets
+from ..wire.codes import (
     BAD_ANSWER,
     HTTP_ERROR,
     NOT_FOLDPLANE,
@@ -31,8 +31,8 @@ from foldplane.wire.codes import (
     TERMINAL,
     error_body,
 )
-from foldplane.wire.protocol import FEATURES, PROTOCOL
-from foldplane.wire.updates import AgentUpdate, UpdateError, decode_updates
+from ..wire.protocol import FEATURES, PROTOCOL
+from ..wire.updates import AgentUpdate, UpdateError, decode_updates
 
 #: How long one plain request may take; long polls add their own timeout on top.
 DEFAULT_TIMEOUT_S = 10.0

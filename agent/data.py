@@ -46,9 +46,9 @@ from typing import Any
 import torch
 from torch.utils.data import Sampler
 
-from foldplane.wire.codes import NOT_JOINED, RANK_OFFLINE, STALE_ASSIGNMENT
-from foldplane.wire.data import PartMismatch, ReadCursor, apply_moves
-from foldplane.wire.updates import (
+from ..wire.codes import NOT_JOINED, RANK_OFFLINE, STALE_ASSIGNMENT
+from ..wire.data import PartMismatch, ReadCursor, apply_moves
+from ..wire.updates import (
     DataAssignmentUpdate,
     DataMovesUpdate,
     EpochCompleteUpdate,

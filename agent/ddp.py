@@ -56,11 +56,11 @@ import torch.distributed as dist
 from torch.distributed import DistStoreError
 from torch.nn.parallel import DistributedDataParallel as _TorchDDP
 
-from foldplane.agent.dataplane.group import ElasticProcessGroup
-from foldplane.agent.dataplane.plane import DataPlane
-from foldplane.agent.dataplane.view import ViewGroup
-from foldplane.agent.dataplane.work import Work
-from foldplane.agent.heal import (
+from .dataplane.group import ElasticProcessGroup
+from .dataplane.plane import DataPlane
+from .dataplane.view import ViewGroup
+from .dataplane.work import Work
+from .heal import (
     SLOT,
     HealError,
     HealServer,

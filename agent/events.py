@@ -21,9 +21,9 @@ from typing import Any
 
 import msgspec
 
-from foldplane.agent.machine import OWN_EVENTS, REFIT_EVENTS
-from foldplane.wire.codes import AGENT_STOPPED
-from foldplane.wire.protocol import declare_event
+from ..wire.codes import AGENT_STOPPED
+from ..wire.protocol import declare_event
+from .machine import OWN_EVENTS, REFIT_EVENTS
 
 #: How long a call waits for the coordinator's answer to its event, by default.
 ANSWER_S = 30.0

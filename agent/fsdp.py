@@ -52,11 +52,11 @@ from torch.distributed import PrefixStore, TCPStore
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
-from foldplane.agent.dataplane.group import ElasticProcessGroup
-from foldplane.agent.dataplane.plane import DataPlane
-from foldplane.agent.dataplane.view import ViewGroup
-from foldplane.agent.dataplane.work import Work
-from foldplane.agent.ddp import Janitor, StepAgreement, say_entered, sync_state
+from .dataplane.group import ElasticProcessGroup
+from .dataplane.plane import DataPlane
+from .dataplane.view import ViewGroup
+from .dataplane.work import Work
+from .ddp import Janitor, StepAgreement, say_entered, sync_state
 
 log = logging.getLogger("foldplane.fsdp")
 

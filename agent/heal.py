@@ -45,7 +45,7 @@ from typing import Any
 
 import torch
 
-from foldplane.wire.heal import (
+from ..wire.heal import (
     LENGTH,
     OK,
     REFUSED,

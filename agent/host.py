@@ -27,15 +27,30 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from foldplane.agent.client import (
+from ..wire.codes import (
+    APPLIED_STATUSES,
+    FATAL_ERRORS,
+    NOT_FOLDPLANE,
+    error_body,
+)
+from ..wire.updates import (
+    DataAssignmentUpdate,
+    DataMovesUpdate,
+    EpochCompleteUpdate,
+    EpochPlanUpdate,
+    RefitBootstrapUpdate,
+    RefitEpochUpdate,
+    TransferUpdate,
+)
+from .client import (
     START_LOG_EVERY_S,
     CoordinatorClient,
     CoordinatorError,
     CoordinatorUnavailable,
     start_timeout_s,
 )
-from foldplane.agent.events import ANSWER_S, EventAnswers, event_fields
-from foldplane.agent.machine import (
+from .events import ANSWER_S, EventAnswers, event_fields
+from .machine import (
     BEATS,
     EVENTS,
     OFFLINE,
@@ -68,21 +83,6 @@ from foldplane.agent.machine import (
     Tick,
     UpdatesReceived,
     View,
-)
-from foldplane.wire.codes import (
-    APPLIED_STATUSES,
-    FATAL_ERRORS,
-    NOT_FOLDPLANE,
-    error_body,
-)
-from foldplane.wire.updates import (
-    DataAssignmentUpdate,
-    DataMovesUpdate,
-    EpochCompleteUpdate,
-    EpochPlanUpdate,
-    RefitBootstrapUpdate,
-    RefitEpochUpdate,
-    TransferUpdate,
 )
 
 log = logging.getLogger("foldplane.agent")
@@ -117,7 +117,7 @@ def default_backend() -> str:
 class Agent:
     """The agent inside one worker process: speaks for ``(group, rank)`` to the coordinator.
 
-    Arguments left out come from the environment (set by ``python -m agent.launch``):
+    Arguments left out come from the environment (set by ``python -m foldplane.agent.launch``):
     ``FOLDPLANE_COORDINATOR`` (comma-separated URLs), ``FOLDPLANE_GROUP``, ``FOLDPLANE_RANK``,
     ``FOLDPLANE_TOKEN`` (this rank's agent token) and ``FOLDPLANE_INCARNATION`` (otherwise a
     new uuid: a restarted process is a new incarnation). The world size comes from the group.
@@ -436,7 +436,7 @@ class Agent:
     def data(self) -> Any:
         """This rank's epochs (``agent.data.EpochTracker``), which ``ElasticSampler`` reads."""
         if self._data is None:
-            from foldplane.agent.data import EpochTracker
+            from .data import EpochTracker
 
             self._data = EpochTracker(self.rank, self._report_progress)
         return self._data
@@ -445,7 +445,7 @@ class Agent:
         """``POST /groups/{group}/epochs``: declare an epoch (the same plan again is the same
         epoch); returns the epoch as the coordinator answered. Raises ``agent.data.EpochError``
         with the coordinator's reason when it refuses."""
-        from foldplane.agent.data import EpochError
+        from .data import EpochError
 
         self.data  # noqa: B018  (updates are handed on from now on)
         body = {"epoch": epoch, "dataset_size": dataset_size, **plan}
@@ -464,7 +464,7 @@ class Agent:
     def refit(self, name: str) -> Any:
         """This rank's client of refit ``name`` (``agent.refits.RefitClient``): join it, wait
         for admission, share the bootstrap, run and report transfers (docs/refit.md)."""
-        from foldplane.agent.refits import RefitClient
+        from .refits import RefitClient
 
         return RefitClient(self.refits, name)
 
@@ -472,7 +472,7 @@ class Agent:
     def refits(self) -> Any:
         """What the coordinator said of the refits (``agent.refits.RefitTracker``)."""
         if self._refits is None:
-            from foldplane.agent.refits import RefitTracker
+            from .refits import RefitTracker
 
             self._refits = RefitTracker(self.group, self.rank, self._send_event)
         return self._refits
@@ -547,7 +547,7 @@ class Agent:
                 f"rank {self.rank}: no data plane after {timeout_s} s (the store address comes "
                 f"with the first update; last error: {self._machine.last_error or 'none'})"
             )
-        from foldplane.agent.dataplane.c10d import adopt
+        from .dataplane.c10d import adopt
 
         return adopt(self._data_plane.process_group(), self)
 
@@ -622,7 +622,7 @@ class Agent:
             self._events.on_stopped(f"{action.reason}: {action.detail}")
 
     def _connect_data_plane(self, store: StoreAddress) -> None:
-        from foldplane.agent.dataplane import DataPlane
+        from .dataplane import DataPlane
 
         assert self.world_size is not None and self._backend is not None
         try:

@@ -1,6 +1,6 @@
 """The launcher: start N worker processes, report a child's death at once, replace it if asked.
 
-``python -m agent.launch --coordinator URL --group G --nproc 4 train.py --lr 0.1`` starts ranks
+``python -m foldplane.agent.launch --coordinator URL --group G --nproc 4 train.py --lr 0.1`` starts ranks
 0..3 of group ``G``, each with the environment ``Agent()`` reads (``FOLDPLANE_COORDINATOR``,
 ``FOLDPLANE_GROUP``, ``FOLDPLANE_RANK``, ``FOLDPLANE_INCARNATION`` and, when the launcher knows
 ``FOLDPLANE_SECRET``, the rank's own agent token as ``FOLDPLANE_TOKEN``), torchrun's ``RANK``,
@@ -45,7 +45,9 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from foldplane.agent.client import (
+from ..wire.auth import agent_token
+from ..wire.codes import NOT_FOLDPLANE, UNKNOWN_GROUP
+from .client import (
     START_LOG_EVERY_S,
     CoordinatorClient,
     CoordinatorError,
@@ -54,9 +56,7 @@ from foldplane.agent.client import (
     parse_addresses,
     start_timeout_s,
 )
-from foldplane.agent.relay import Relay
-from foldplane.wire.auth import agent_token
-from foldplane.wire.codes import NOT_FOLDPLANE, UNKNOWN_GROUP
+from .relay import Relay
 
 log = logging.getLogger("foldplane.launch")
 
@@ -413,7 +413,7 @@ def _parse_ranks(text: str) -> list[int]:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m agent.launch",
+        prog="python -m foldplane.agent.launch",
         description="Start the worker processes of a foldplane group, report deaths at once, "
         "and optionally replace failed workers.",
     )
@@ -524,7 +524,5 @@ def main(argv: list[str] | None = None) -> int:
             launcher.relay.close()
 
 
-if __name__ == "__main__":  # run the package's module, not this __main__ copy of it
-    from foldplane.agent.launch import main as _main
-
-    raise SystemExit(_main())
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -87,7 +87,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from foldplane.wire.codes import (
+from ..wire.codes import (
     FATAL_ERRORS,
     NOT_JOINED,
     RANK_OFFLINE,
@@ -95,7 +95,7 @@ from foldplane.wire.codes import (
     STALE_INCARNATION,
     STALE_VERSION,
 )
-from foldplane.wire.protocol import (
+from ..wire.protocol import (
     CAUSE_DEATH_REPORTED,
     HEALTHY,
     MEMBERSHIP_EVENTS,
@@ -108,8 +108,8 @@ from foldplane.wire.protocol import (
     apply_view_update,
     links_event,
 )
-from foldplane.wire.ranks import RankSetError
-from foldplane.wire.updates import (
+from ..wire.ranks import RankSetError
+from ..wire.updates import (
     AgentUpdate,
     RankStateUpdate,
     ShutdownUpdate,

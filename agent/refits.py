@@ -25,9 +25,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from foldplane.agent.events import EventAnswers, EventRefused
-from foldplane.wire.codes import AGENT_STOPPED, REFIT_NOT_READY, STALE_REFIT_EPOCH
-from foldplane.wire.updates import RefitBootstrapUpdate, RefitEpochUpdate, TransferUpdate
+from ..wire.codes import AGENT_STOPPED, REFIT_NOT_READY, STALE_REFIT_EPOCH
+from ..wire.updates import RefitBootstrapUpdate, RefitEpochUpdate, TransferUpdate
+from .events import EventAnswers, EventRefused
 
 #: How long a call waits for the coordinator's answer to one of its events.
 ANSWER_S = 30.0
@@ -290,7 +290,7 @@ class RefitClient:
         already heard, asking nobody, so a transfer sees the death of the store's host
         (publisher slot 0) as any member's. (An ``agent.refit.Verdict``; that package, and
         torch with it, is imported only here, by a worker that opens a refit world.)"""
-        from foldplane.agent.refit.errors import Peer, Verdict
+        from .refit.errors import Peer, Verdict
 
         def moved() -> Verdict | None:
             epoch = self.tracker.epochs.get(self.name)

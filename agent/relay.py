@@ -1,6 +1,6 @@
 """The per-host relay: one channel to the coordinator for every worker process on this host.
 
-The launcher runs it (``python -m agent.launch`` does by default) as a small HTTP server on
+The launcher runs it (``python -m foldplane.agent.launch`` does by default) as a small HTTP server on
 ``127.0.0.1`` at a free port, and gives its workers ``FOLDPLANE_RELAY``; each worker's agent then
 sends its events and long-polls its updates through the relay as it would to a coordinator
 (docs/protocol.md, "The per-host relay"), while the relay speaks to the coordinator over host
@@ -61,14 +61,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import msgspec
 
-from foldplane.agent.channel import ChannelClosed, ChannelLink, ChannelRefused, HostChannel
-from foldplane.agent.client import (
-    CoordinatorClient,
-    CoordinatorError,
-    CoordinatorUnavailable,
-    parse_addresses,
-)
-from foldplane.wire.codes import (
+from ..wire.codes import (
     BAD_ANSWER,
     BODY_TOO_LARGE,
     COORDINATOR_UNAVAILABLE,
@@ -80,10 +73,17 @@ from foldplane.wire.codes import (
     error_body,
     status_of,
 )
-from foldplane.wire.protocol import MAX_EVENTS, QUERY
-from foldplane.wire.ranks import MAX_QUERY_RANKS
-from foldplane.wire.updates import AgentUpdate, UpdateError, addressed_rank, decode_updates
-from foldplane.wire.updates import encode as encode_update
+from ..wire.protocol import MAX_EVENTS, QUERY
+from ..wire.ranks import MAX_QUERY_RANKS
+from ..wire.updates import AgentUpdate, UpdateError, addressed_rank, decode_updates
+from ..wire.updates import encode as encode_update
+from .channel import ChannelClosed, ChannelLink, ChannelRefused, HostChannel
+from .client import (
+    CoordinatorClient,
+    CoordinatorError,
+    CoordinatorUnavailable,
+    parse_addresses,
+)
 
 log = logging.getLogger("foldplane.relay")
 

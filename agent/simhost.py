@@ -35,9 +35,12 @@ from urllib.parse import urlsplit
 
 import msgspec
 
-from foldplane.agent.channel import ChannelClosed, ChannelLink, ChannelRefused, HostChannel
-from foldplane.agent.httplite import Connection, HttpError
-from foldplane.agent.machine import (
+from ..wire import ranks as rank_sets
+from ..wire.protocol import FEATURES, MAX_EVENTS, PROTOCOL, View
+from ..wire.updates import AgentUpdate, addressed_rank, decode_updates
+from .channel import ChannelClosed, ChannelLink, ChannelRefused, HostChannel
+from .httplite import Connection, HttpError
+from .machine import (
     BEATS,
     EVENTS,
     Action,
@@ -62,9 +65,6 @@ from foldplane.agent.machine import (
     Tick,
     UpdatesReceived,
 )
-from foldplane.wire import ranks as rank_sets
-from foldplane.wire.protocol import FEATURES, MAX_EVENTS, PROTOCOL, View
-from foldplane.wire.updates import AgentUpdate, addressed_rank, decode_updates
 
 #: How long one long poll waits on the coordinator before answering empty.
 POLL_TIMEOUT_S = 10.0

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 from fastapi import FastAPI
 
-from foldplane.api import errors, metrics, openapi
-from foldplane.api.fastpath import Service
-from foldplane.api.limits import Limits
-from foldplane.api.routes import agents, audit, console, operator, story
-from foldplane.coordinator.auth import Authenticator
-from foldplane.coordinator.fold import registry
-from foldplane.coordinator.host.loop import Host
+from ..coordinator.auth import Authenticator
+from ..coordinator.fold import registry
+from ..coordinator.host.loop import Host
+from . import errors, metrics, openapi
+from .fastpath import Service
+from .limits import Limits
+from .routes import agents, audit, console, operator, story
 
 DESCRIPTION = """An event-sourced control plane for elastic torch.distributed process groups.
 

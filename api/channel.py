@@ -37,19 +37,11 @@ from urllib.parse import parse_qsl
 import msgspec
 from msgspec import Meta
 
-from foldplane.api.codec import check_depth, encode_json
-from foldplane.api.errors import ApiError, answer_of
-from foldplane.api.routes.agents import (
-    EventsBatch,
-    poll_ranks,
-    refuse_unnamed_revisions,
-    updates_body,
-)
-from foldplane.coordinator.auth import Authenticator, Principal
-from foldplane.coordinator.host.loop import Host, HostUnavailable
-from foldplane.coordinator.host.polls import UpdatesAnswer
-from foldplane.wire import websocket as ws
-from foldplane.wire.codes import (
+from ..coordinator.auth import Authenticator, Principal
+from ..coordinator.host.loop import Host, HostUnavailable
+from ..coordinator.host.polls import UpdatesAnswer
+from ..wire import websocket as ws
+from ..wire.codes import (
     BAD_REQUEST,
     FORBIDDEN,
     INVALID_QUERY,
@@ -60,9 +52,17 @@ from foldplane.wire.codes import (
     UNKNOWN_GROUP,
     UPGRADE_REQUIRED,
 )
-from foldplane.wire.protocol import (
+from ..wire.protocol import (
     PROTOCOL,
     QUERY,
+)
+from .codec import check_depth, encode_json
+from .errors import ApiError, answer_of
+from .routes.agents import (
+    EventsBatch,
+    poll_ranks,
+    refuse_unnamed_revisions,
+    updates_body,
 )
 
 PATH = b"/agents/channel"

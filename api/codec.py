@@ -22,8 +22,8 @@ import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 
-from foldplane.api.errors import ApiError
-from foldplane.wire.codes import INVALID_REQUEST, NESTING_TOO_DEEP
+from ..wire.codes import INVALID_REQUEST, NESTING_TOO_DEEP
+from .errors import ApiError
 
 T = TypeVar("T")
 

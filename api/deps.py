@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from starlette.requests import Request
 
-from foldplane.api.errors import ApiError
-from foldplane.coordinator.auth import Authenticator, Principal
-from foldplane.coordinator.host.loop import Host
-from foldplane.wire.codes import FORBIDDEN, UNKNOWN_GROUP
+from ..coordinator.auth import Authenticator, Principal
+from ..coordinator.host.loop import Host
+from ..wire.codes import FORBIDDEN, UNKNOWN_GROUP
+from .errors import ApiError
 
 
 def host_of(request: Request) -> Host:

@@ -17,9 +17,9 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
-from foldplane.coordinator.auth import AuthError
-from foldplane.coordinator.host.loop import HostUnavailable
-from foldplane.wire.codes import (
+from ..coordinator.auth import AuthError
+from ..coordinator.host.loop import HostUnavailable
+from ..wire.codes import (
     BAD_REQUEST,
     BODY_TOO_LARGE,
     FORBIDDEN,

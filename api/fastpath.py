@@ -25,19 +25,19 @@ from fastapi import FastAPI
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from foldplane.api.errors import ApiError, BodyTooLarge, answer_of, body_response, error_response
-from foldplane.api.limits import BodySizeLimit, JsonBodies, length_problem, media_problem
-from foldplane.api.routes.agents import (
+from ..coordinator.auth import Authenticator, Principal
+from ..coordinator.host.loop import Outcome
+from ..wire.codes import INTERNAL, status_of
+from ..wire.protocol import QUERY
+from .errors import ApiError, BodyTooLarge, answer_of, body_response, error_response
+from .limits import BodySizeLimit, JsonBodies, length_problem, media_problem
+from .routes.agents import (
     EventsBatch,
     UpdatesQuery,
     events_answer,
     poll_ranks,
     updates_answer,
 )
-from foldplane.coordinator.auth import Authenticator, Principal
-from foldplane.coordinator.host.loop import Outcome
-from foldplane.wire.codes import INTERNAL, status_of
-from foldplane.wire.protocol import QUERY
 
 PATH = "/agents/events"
 UPDATES = "/agents/updates"

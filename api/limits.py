@@ -25,8 +25,8 @@ from dataclasses import dataclass
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from foldplane.api.errors import ApiError, BodyTooLarge, error_response
-from foldplane.wire.codes import BAD_REQUEST, BODY_TOO_LARGE, UNSUPPORTED_MEDIA_TYPE
+from ..wire.codes import BAD_REQUEST, BODY_TOO_LARGE, UNSUPPORTED_MEDIA_TYPE
+from .errors import ApiError, BodyTooLarge, error_response
 
 #: The default body limit: 1 MiB, room for a full batch of 4,096 heartbeats.
 DEFAULT_MAX_BODY_BYTES = 1 << 20

@@ -39,7 +39,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from foldplane.coordinator.host.loop import Host
+from ..coordinator.host.loop import Host
 
 #: The text format ``generate_latest`` writes (what Prometheus asks for by default).
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"

@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import UNSET, Meta, Struct, UnsetType
 
-from foldplane.wire.protocol import (
+from ..wire.protocol import (
     MAX_EVENTS,
     AckEvent,
     AgentEvent,

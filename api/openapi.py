@@ -16,8 +16,8 @@ import msgspec
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
-from foldplane.api.models import SCHEMA_TYPES
-from foldplane.coordinator.fold import registry
+from ..coordinator.fold import registry
+from .models import SCHEMA_TYPES
 
 REF = "#/components/schemas/{name}"
 

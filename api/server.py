@@ -42,20 +42,20 @@ from uvicorn.protocols.http.httptools_impl import (
     RequestResponseCycle,
 )
 
-from foldplane.api import channel
-from foldplane.api.errors import ApiError, answer_of
-from foldplane.api.fastpath import Answer, OnConnection
-from foldplane.api.limits import Limits
-from foldplane.api.routes.agents import UpdatesQuery
-from foldplane.coordinator.auth import AuthError
-from foldplane.coordinator.host.loop import HostUnavailable
-from foldplane.wire.codes import (
+from ..coordinator.auth import AuthError
+from ..coordinator.host.loop import HostUnavailable
+from ..wire.codes import (
     HEADERS_TOO_LARGE,
     REQUEST_TIMEOUT,
     TOO_MANY_CONNECTIONS,
     error_body,
     status_of,
 )
+from . import channel
+from .errors import ApiError, answer_of
+from .fastpath import Answer, OnConnection
+from .limits import Limits
+from .routes.agents import UpdatesQuery
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 

@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 
 import msgspec
 
-from foldplane.eventlog import Log, LogClosed, Record
+from ..eventlog import Log, LogClosed, Record
 
 _encoder = msgspec.json.Encoder()
 

@@ -41,11 +41,11 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from foldplane.benchmarks.harness import Result, median, percentile
-from foldplane.benchmarks.kit.floors import fsync_floor
-from foldplane.benchmarks.kit.kills import time_recovery
-from foldplane.benchmarks.kit.service import Service
-from foldplane.benchmarks.kit.workers import Lines, all_reduce_loop, emit, say, start_agent
+from .harness import Result, median, percentile
+from .kit.floors import fsync_floor
+from .kit.kills import time_recovery
+from .kit.service import Service
+from .kit.workers import Lines, all_reduce_loop, emit, say, start_agent
 
 WORLD = 4
 STEP_PAUSE_S = 0.005
@@ -296,7 +296,7 @@ def _reap_floor(n: int) -> list[float]:
 
 
 async def _channel_round_trip(port: int, n: int) -> list[float]:
-    from foldplane.agent.channel import ChannelLink
+    from ..agent.channel import ChannelLink
 
     channel = await ChannelLink([("127.0.0.1", port)]).open()
     try:

@@ -67,11 +67,11 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from foldplane.benchmarks.harness import Result, lower_is_better_ratio, median
-from foldplane.benchmarks.kit.kills import time_recovery
-from foldplane.benchmarks.kit.service import Service
-from foldplane.benchmarks.kit.workers import Lines, emit, say, start_agent
-from foldplane.wire.updates import DataAssignmentUpdate, DataMovesUpdate
+from ..wire.updates import DataAssignmentUpdate, DataMovesUpdate
+from .harness import Result, lower_is_better_ratio, median
+from .kit.kills import time_recovery
+from .kit.service import Service
+from .kit.workers import Lines, emit, say, start_agent
 
 WORLD = 4
 KILL_AT = 0.3
@@ -110,7 +110,7 @@ def _worker(argv: list[str]) -> int:
     indices before marking it processed; say when each new assignment and view reached it."""
     from torch.utils.data import DataLoader
 
-    from foldplane.agent.data import ElasticSampler
+    from ..agent.data import ElasticSampler
 
     out, size, batch = Path(argv[0]), int(argv[1]), int(argv[2])
     costs = [float(c) for c in argv[3].split(",")]
@@ -277,9 +277,9 @@ def _kill_trial(service: Service, k: int) -> dict[str, Any]:
 async def _accepted(db: str, group: str) -> dict[tuple[int, str], int]:
     """(rank, incarnation) -> the highest progress the fold accepted from it: the log folded
     from its first record by the real fold."""
-    from foldplane.coordinator.fold.effects import Refused
-    from foldplane.coordinator.fold.machine import Coordinator as Fold
-    from foldplane.eventlog import open_log
+    from ..coordinator.fold.effects import Refused
+    from ..coordinator.fold.machine import Coordinator as Fold
+    from ..eventlog import open_log
 
     log = await open_log(db, create=False)
     fold = Fold()
@@ -427,14 +427,14 @@ def _plan_bytes(n: int, dataset_size: int, grain: int = 1) -> dict[str, Any]:
     """The data plan's bytes on the view change that removes one rank of ``n``, 30 % into an
     epoch of ``dataset_size`` positions handed out in grains of ``grain`` (see the module
     docstring)."""
-    from foldplane.coordinator.facets.epochs.effects import AssignmentChanged
-    from foldplane.coordinator.facets.epochs.fold import complete_plan
-    from foldplane.coordinator.fold.effects import ViewCommitted, ViewPrepare
-    from foldplane.coordinator.fold.machine import Coordinator as Fold
-    from foldplane.coordinator.host.journal import encoded
-    from foldplane.coordinator.host.ready import HostState, ReadyBuilder
-    from foldplane.eventlog.projection import encode_projection
-    from foldplane.eventlog.record import Record
+    from ..coordinator.facets.epochs.effects import AssignmentChanged
+    from ..coordinator.facets.epochs.fold import complete_plan
+    from ..coordinator.fold.effects import ViewCommitted, ViewPrepare
+    from ..coordinator.fold.machine import Coordinator as Fold
+    from ..coordinator.host.journal import encoded
+    from ..coordinator.host.ready import HostState, ReadyBuilder
+    from ..eventlog.projection import encode_projection
+    from ..eventlog.record import Record
 
     s = 1_000_000_000
     t0 = 1_764_000_000 * s
@@ -512,7 +512,7 @@ def _plan_bytes(n: int, dataset_size: int, grain: int = 1) -> dict[str, Any]:
 
 
 def run(quick: bool) -> list[Result]:
-    from foldplane.benchmarks import recovery
+    from . import recovery
 
     kills, split_trials, recoveries = (1, 1, 2) if quick else (5, 3, 5)
     plan = [_plan_bytes(n, n * PLAN_PER_RANK) for n in PLAN_SIZES]

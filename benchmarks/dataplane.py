@@ -23,7 +23,7 @@ import warnings
 from datetime import timedelta
 from typing import Any
 
-from foldplane.benchmarks.harness import Result, lower_is_better_ratio, median, percentile
+from .harness import Result, lower_is_better_ratio, median, percentile
 
 WORLD = 4
 NUMEL = 262_144  # 1 MB of float32
@@ -36,7 +36,7 @@ def _overhead_worker(rank: int, port: int, ops: int, out: Any) -> None:
     import torch.distributed as dist
     from torch.distributed import PrefixStore, TCPStore
 
-    from foldplane.agent.dataplane import DataPlane
+    from ..agent.dataplane import DataPlane
 
     store = TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=60))
     dist.init_process_group("gloo", store=PrefixStore("raw/", store), rank=rank, world_size=WORLD)
@@ -75,7 +75,7 @@ def _failure_worker(rank: int, port: int, conn: Any) -> None:
     warnings.filterwarnings("ignore")
     import torch
 
-    from foldplane.agent.dataplane import DataPlane
+    from ..agent.dataplane import DataPlane
 
     dp = DataPlane(
         rank, WORLD, "127.0.0.1", port, incarnation=uuid.uuid4().hex, collective_timeout_s=10.0

@@ -52,17 +52,17 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from foldplane.benchmarks.harness import Result, lower_is_better_ratio, median, percentile
-from foldplane.benchmarks.kit.baselines import (
+from .harness import Result, lower_is_better_ratio, median, percentile
+from .kit.baselines import (
     ReplicaGroups,
     measured,
     restart_all,
     restart_all_worker,
     torchft_manager,
 )
-from foldplane.benchmarks.kit.kills import time_recovery
-from foldplane.benchmarks.kit.service import Service, free_port
-from foldplane.benchmarks.kit.workers import Lines, abba, emit, say, start_agent
+from .kit.kills import time_recovery
+from .kit.service import Service, free_port
+from .kit.workers import Lines, abba, emit, say, start_agent
 
 WORLD = 4
 BATCH = 32  # recovery and heal; the overhead is measured at 256 and 32
@@ -127,7 +127,7 @@ def _launch(
     group = service.new_group("ddp", world)
     lines = Lines()
     launcher = service.launch(
-        [sys.executable, __file__, mode, *args], group, range(world), lines.follow,
+        [sys.executable, "-m", __name__, mode, *args], group, range(world), lines.follow,
         env={"OMP_NUM_THREADS": "1", **(env or {})},
     )  # fmt: skip
     return launcher, lines
@@ -159,7 +159,7 @@ def _fp_overhead_worker(blocks: int, steps: int, batch: int) -> int:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
-    from foldplane.agent.ddp import DistributedDataParallel, ElasticOptimizer
+    from ..agent.ddp import DistributedDataParallel, ElasticOptimizer
 
     agent = start_agent()
     rank = agent.rank
@@ -232,7 +232,7 @@ def _fp_trial(
 
 
 def _fp_train_worker(state_mb: int) -> int:
-    from foldplane.agent.ddp import DistributedDataParallel, ElasticOptimizer
+    from ..agent.ddp import DistributedDataParallel, ElasticOptimizer
 
     agent = start_agent()
     rank = agent.rank
@@ -275,7 +275,7 @@ def _fp_train_worker(state_mb: int) -> int:
 def _torchft_trial(state_mb: int, world: int = WORLD) -> tuple[float, float]:
     """4 replica groups; kill one; (kill -> survivors committed with 3, the restarted one's heal)."""
     with ReplicaGroups(
-        lambda r, address: [sys.executable, __file__, "ft-train", str(r), address, str(state_mb)],
+        lambda r, address: [sys.executable, "-m", __name__, "ft-train", str(r), address, str(state_mb)],
         world,
     ) as replicas:
         try:
@@ -362,7 +362,7 @@ def _ft_train_worker(replica: int, lighthouse: str, state_mb: int) -> int:
 
 
 def _torchrun(trials: int) -> list[float]:
-    return restart_all(__file__, "torchrun-train", "BENCH_OUT", WORLD, trials, _log)
+    return restart_all(__name__, "torchrun-train", "BENCH_OUT", WORLD, trials, _log)
 
 
 def _torchrun_step(rank: int) -> Callable[[int], object]:
@@ -394,7 +394,7 @@ def run(quick: bool) -> list[Result]:
     results = [_overhead_row(batch, times) for batch, times in overhead.items()]
     results += _recovery_rows(fp_recovery[4], ft_recovery[4], torchrun)
     results += _heal_rows(fp_recovery, fp_heal, ft_recovery, ft_heal)
-    from foldplane.benchmarks import fsdp  # the HSDP rows belong to this run too
+    from . import fsdp  # the HSDP rows belong to this run too
 
     results.extend(fsdp.run(quick))
     return results

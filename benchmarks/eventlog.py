@@ -32,14 +32,14 @@ from typing import Any
 import asyncpg
 import msgspec
 
-from foldplane.benchmarks.harness import (
+from ..eventlog import READ_PAGE, Log, NewRecord, open_log
+from ..eventlog.record import encode_payload, frame_body, seal
+from .harness import (
     Result,
     higher_is_better_ratio,
     median,
     percentile,
 )
-from foldplane.eventlog import READ_PAGE, Log, NewRecord, open_log
-from foldplane.eventlog.record import encode_payload, frame_body, seal
 
 BENCH = "eventlog"
 PG_URL = os.environ.get("FOLDPLANE_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/test")

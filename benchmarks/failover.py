@@ -34,10 +34,10 @@ from urllib.parse import urlsplit
 
 import asyncpg
 
-from foldplane.agent.client import CoordinatorClient, CoordinatorUnavailable
-from foldplane.benchmarks.harness import Result, lower_is_better_ratio, median, percentile
-from foldplane.benchmarks.kit.service import Service
-from foldplane.benchmarks.kit.simulated import TimedCluster
+from ..agent.client import CoordinatorClient, CoordinatorUnavailable
+from .harness import Result, lower_is_better_ratio, median, percentile
+from .kit.service import Service
+from .kit.simulated import TimedCluster
 
 BENCH = "failover"
 PG_URL = os.environ.get("FOLDPLANE_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/test")

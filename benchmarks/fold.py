@@ -29,11 +29,11 @@ from typing import Any
 
 import msgspec
 
-from foldplane.benchmarks.harness import Result, lower_is_better_ratio, median
-from foldplane.coordinator.fold.effects import RankState, ViewPrepare
-from foldplane.coordinator.fold.machine import Coordinator
-from foldplane.eventlog import READ_PAGE, open_log
-from foldplane.eventlog.record import NewRecord, Record
+from ..coordinator.fold.effects import RankState, ViewPrepare
+from ..coordinator.fold.machine import Coordinator
+from ..eventlog import READ_PAGE, open_log
+from ..eventlog.record import NewRecord, Record
+from .harness import Result, lower_is_better_ratio, median
 
 S = 1_000_000_000
 T0 = 1_764_000_000 * S

@@ -28,10 +28,10 @@ import time
 import uuid
 from typing import Any
 
-from foldplane.benchmarks.harness import Result, median, percentile
-from foldplane.benchmarks.kit.kills import time_recovery
-from foldplane.benchmarks.kit.service import Service
-from foldplane.benchmarks.kit.workers import Lines, abba, emit, say, start_agent
+from .harness import Result, median, percentile
+from .kit.kills import time_recovery
+from .kit.service import Service
+from .kit.workers import Lines, abba, emit, say, start_agent
 
 REPLICAS, SHARDS = 2, 2
 DIM, LAYERS, BATCH, SEQ = 128, 2, 8, 32
@@ -124,7 +124,7 @@ class _Job:
 
 
 def _hsdp() -> tuple[Any, Any]:
-    from foldplane.agent.fsdp import environment, hsdp_mesh
+    from ..agent.fsdp import environment, hsdp_mesh
 
     agent = start_agent()
     replica_id, shard, shards = environment()
@@ -142,7 +142,7 @@ def _plain_mesh(agent: Any, mesh: Any) -> Any:
     from torch.distributed import PrefixStore, TCPStore
     from torch.distributed.device_mesh import DeviceMesh
 
-    from foldplane.agent.fsdp import plain_group, register_group
+    from ..agent.fsdp import plain_group, register_group
 
     plane = agent.data_plane
     host, port = plane.store_address
@@ -166,8 +166,8 @@ def _plain_mesh(agent: Any, mesh: Any) -> Any:
 def _fp_overhead_worker(blocks: int, steps: int) -> int:
     import torch
 
-    from foldplane.agent.ddp import ElasticOptimizer
-    from foldplane.agent.fsdp import ElasticFSDP
+    from ..agent.ddp import ElasticOptimizer
+    from ..agent.fsdp import ElasticFSDP
 
     agent, mesh = _hsdp()
     rank = mesh.replica * mesh.shards + mesh.shard
@@ -216,8 +216,8 @@ def _overhead(service: Service, blocks: int, steps: int) -> dict[str, Any]:
 def _fp_train_worker() -> int:
     import torch
 
-    from foldplane.agent.ddp import ElasticOptimizer
-    from foldplane.agent.fsdp import ElasticFSDP
+    from ..agent.ddp import ElasticOptimizer
+    from ..agent.fsdp import ElasticFSDP
 
     agent, mesh = _hsdp()
     rank = mesh.replica * mesh.shards + mesh.shard

@@ -36,8 +36,8 @@ import uuid
 from datetime import timedelta
 from typing import Any
 
-from foldplane.benchmarks.harness import Result, higher_is_better_ratio, median, percentile
-from foldplane.benchmarks.kit.workers import abba
+from .harness import Result, higher_is_better_ratio, median, percentile
+from .kit.workers import abba
 
 BENCH = "gpu"
 WORLD = 4
@@ -59,7 +59,7 @@ def _worker(conn: Any, rank: int, port: int, incarnation: str) -> None:
     os.environ["NCCL_HOSTID"] = f"foldplane-bench-{rank}-{incarnation[:8]}"
     import torch
 
-    from foldplane.agent.dataplane import DataPlane
+    from ..agent.dataplane import DataPlane
 
     device = torch.device("cuda", 0)
     torch.cuda.set_device(device)
@@ -241,8 +241,8 @@ def _ddp(state: dict[str, Any], conn: Any, steps: int) -> dict:
     import torch
     import torch.distributed as dist
 
-    from foldplane.agent.ddp import DistributedDataParallel as ElasticDDP
-    from foldplane.agent.ddp import ElasticOptimizer
+    from ..agent.ddp import DistributedDataParallel as ElasticDDP
+    from ..agent.ddp import ElasticOptimizer
 
     plain_backend = state.get("plain") or _plain_group(state, "ddp", list(range(WORLD)))
     group = dist.ProcessGroup(dist.HashStore(), state["rank"], WORLD)

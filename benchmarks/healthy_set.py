@@ -16,8 +16,8 @@ from __future__ import annotations
 import random
 import time
 
-from foldplane.benchmarks.harness import Result, lower_is_better_ratio, median, percentile
-from foldplane.coordinator.fold.healthy_set import healthy_set
+from ..coordinator.fold.healthy_set import healthy_set
+from .harness import Result, lower_is_better_ratio, median, percentile
 
 
 def greedy_peel(n: int, down_edges: list[tuple[int, int]]) -> tuple[int, ...]:

@@ -60,16 +60,16 @@ import tempfile
 import time
 from pathlib import Path
 
-from foldplane.benchmarks.harness import Result, higher_is_better_ratio, median, percentile
-from foldplane.benchmarks.kit.service import Service
-from foldplane.benchmarks.kit.simulated import (
+from ..eventlog import NewRecord, open_log
+from .harness import Result, higher_is_better_ratio, median, percentile
+from .kit.service import Service
+from .kit.simulated import (
     TimedCluster,
     form_group,
     pin,
     run_with_server_gc,
     split_cores,
 )
-from foldplane.eventlog import NewRecord, open_log
 
 HOSTS, PER_HOST = 64, 8
 RANKS = HOSTS * PER_HOST

@@ -26,11 +26,11 @@ import threading
 import time
 from typing import Any
 
-from foldplane.benchmarks.harness import Result, lower_is_better_ratio, median, percentile
-from foldplane.benchmarks.kit import baselines
-from foldplane.benchmarks.kit.kills import time_recovery
-from foldplane.benchmarks.kit.service import Service
-from foldplane.benchmarks.kit.workers import Lines, all_reduce_loop, emit, say, start_agent
+from .harness import Result, lower_is_better_ratio, median, percentile
+from .kit import baselines
+from .kit.kills import time_recovery
+from .kit.service import Service
+from .kit.workers import Lines, all_reduce_loop, emit, say, start_agent
 
 WORLD = 4
 STEP_PAUSE_S = 0.005
@@ -72,7 +72,7 @@ def _foldplane_trial(service: Service, victim: int) -> float:
     group = service.new_group("bench", WORLD)
     lines = Lines()
     launcher = service.launch(
-        [sys.executable, __file__, "foldplane-worker"], group, range(WORLD), lines.follow
+        [sys.executable, "-m", __name__, "foldplane-worker"], group, range(WORLD), lines.follow
     )
     try:
         everyone = set(range(WORLD))
@@ -102,7 +102,7 @@ def _foldplane_worker() -> int:
 
 
 def _torchrun(trials: int) -> list[float]:
-    return baselines.restart_all(__file__, "torchrun-worker", "RECOVERY_OUT", WORLD, trials, _log)
+    return baselines.restart_all(__name__, "torchrun-worker", "RECOVERY_OUT", WORLD, trials, _log)
 
 
 def _torchrun_step(rank: int) -> Any:

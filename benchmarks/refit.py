@@ -50,15 +50,11 @@ import sys
 import time
 import warnings
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
-if __name__ == "__main__":  # run as a worker script: the project's packages from its root
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from foldplane.benchmarks.harness import Result, lower_is_better_ratio, median
-from foldplane.benchmarks.kit.service import Service
-from foldplane.benchmarks.kit.workers import Lines, emit, say
+from .harness import Result, lower_is_better_ratio, median
+from .kit.service import Service
+from .kit.workers import Lines, emit, say
 
 BENCH = "refit"
 ROWS, COLS, MATRICES = 2048, 4096, 8
@@ -68,7 +64,7 @@ BASELINE = "torch.distributed broadcast of each full tensor from trainer rank 0,
 
 
 def _plan(rows: int = ROWS, cols: int = COLS) -> Any:
-    from foldplane.wire.refit import MeshSpec, make_plan, megatron_layout
+    from ..wire.refit import MeshSpec, make_plan, megatron_layout
 
     tensors: dict[str, tuple[str, tuple[int, ...]]] = {}
     roles: dict[str, str] = {}
@@ -103,7 +99,7 @@ def _member(
     import torch.distributed as dist
     from torch.distributed import PrefixStore, TCPStore
 
-    from foldplane.agent.refit import empty_shards, local_shards, local_view, open_world
+    from ..agent.refit import empty_shards, local_shards, local_view, open_world
 
     plan = _plan()
     rank = slot if side == "publisher" else 2 + slot
@@ -169,7 +165,7 @@ def _member(
 
 
 def _measure_transfer(quick: bool) -> list[Result]:
-    from foldplane.agent.refit import RefitStore
+    from ..agent.refit import RefitStore
 
     trials = 2 if quick else 6
     host = RefitStore()
@@ -251,7 +247,7 @@ def _record_ts(db: str, offsets: set[int]) -> dict[int, float]:
     """The ``ts`` (seconds) of the log's records at ``offsets``."""
     import asyncio
 
-    from foldplane.eventlog import open_log
+    from ..eventlog import open_log
 
     async def read() -> dict[int, float]:
         log = await open_log(db, create=False)
@@ -277,7 +273,7 @@ def _measure_control(quick: bool) -> list[Result]:
             for group, size in GROUPS:
                 launchers.append(
                     service.launch(
-                        [sys.executable, __file__, "worker", str(service.dir), str(controls),
+                        [sys.executable, "-m", __name__, "worker", str(service.dir), str(controls),
                          str(kills)],
                         group, range(size), lines.follow, replace_failed=group == "gen",
                         max_replacements=kills + 1,
@@ -434,8 +430,8 @@ def _worker(out_dir: str, controls: int, kills: int) -> int:
     warnings.filterwarnings("ignore")
     import torch
 
-    from foldplane.agent import Agent
-    from foldplane.agent.refit import (
+    from ..agent import Agent
+    from ..agent.refit import (
         RefitError,
         RefitStore,
         drain_released,
@@ -444,8 +440,8 @@ def _worker(out_dir: str, controls: int, kills: int) -> int:
         local_view,
         open_world,
     )
-    from foldplane.agent.refits import RefitEpochMoved, RefitRefused, TransferFailed
-    from foldplane.wire.refit import digest
+    from ..agent.refits import RefitEpochMoved, RefitRefused, TransferFailed
+    from ..wire.refit import digest
 
     agent = Agent(heartbeat_interval_s=0.25, backend="gloo").start()
     side = "publisher" if agent.group == "train" else "subscriber"

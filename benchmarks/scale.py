@@ -59,10 +59,10 @@ import sqlite3
 import time
 from pathlib import Path
 
-from foldplane.agent.simhost import SimulatedCluster
-from foldplane.benchmarks.harness import Result, median
-from foldplane.benchmarks.kit.service import Service
-from foldplane.benchmarks.kit.simulated import create_group, run_with_server_gc
+from ..agent.simhost import SimulatedCluster
+from .harness import Result, median
+from .kit.service import Service
+from .kit.simulated import create_group, run_with_server_gc
 
 SIZES = (1024, 4096, 16384)
 QUICK_SIZES = (1024, 4096)

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import time
 
-from foldplane.benchmarks.harness import Result, median
-from foldplane.coordinator.sim.invariants import Violation
-from foldplane.coordinator.sim.world import HORIZON_STEPS, S, World
+from ..coordinator.sim.invariants import Violation
+from ..coordinator.sim.world import HORIZON_STEPS, S, World
+from .harness import Result, median
 
 
 def _trial(first: int, count: int) -> tuple[float, float, int, int, int]:

@@ -32,11 +32,11 @@ import time
 from collections.abc import Iterator
 from datetime import timedelta
 
-from foldplane.benchmarks.harness import Result, lower_is_better_ratio, median, percentile
-from foldplane.benchmarks.kit.floors import fsync_floor
-from foldplane.benchmarks.kit.service import Service
-from foldplane.benchmarks.kit.simulated import form_group
-from foldplane.coordinator.runtime import loop_factory
+from ..coordinator.runtime import loop_factory
+from .harness import Result, lower_is_better_ratio, median, percentile
+from .kit.floors import fsync_floor
+from .kit.service import Service
+from .kit.simulated import form_group
 
 SIZES = (4, 64, 512)
 TARGETS = {4: ">= 1.0x torchft", 64: ">= 2.0x torchft", 512: ">= 2.0x torchft"}

@@ -27,9 +27,9 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
-from foldplane.wire.auth import TOKEN_PREFIX, agent_mac
-from foldplane.wire.codes import FORBIDDEN, UNAUTHORIZED, status_of
-from foldplane.wire.protocol import QUERY
+from ..wire.auth import TOKEN_PREFIX, agent_mac
+from ..wire.codes import FORBIDDEN, UNAUTHORIZED, status_of
+from ..wire.protocol import QUERY
 
 #: RFC 6750, section 2.1: the syntax of a bearer token.
 B64TOKEN = re.compile(r"[A-Za-z0-9\-._~+/]+=*")

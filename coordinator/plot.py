@@ -20,11 +20,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from foldplane.coordinator.fold import registry
-from foldplane.coordinator.fold.effects import Effect
-from foldplane.coordinator.fold.machine import Coordinator
-from foldplane.coordinator.fold.reasons import ranks_text
-from foldplane.eventlog import Record
+from ..eventlog import Record
+from .fold import registry
+from .fold.effects import Effect
+from .fold.machine import Coordinator
+from .fold.reasons import ranks_text
 
 FORMATS = {".png": "png", ".svg": "svg"}
 CAUSE_COLOURS = {

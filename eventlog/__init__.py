@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from foldplane.eventlog.record import (
+from .record import (
     KINDS,
     MAX_PAYLOAD_BYTES,
     READ_PAGE,
@@ -21,16 +21,16 @@ from foldplane.eventlog.record import (
 )
 
 if TYPE_CHECKING:
-    from foldplane.eventlog.base import Log, RemovedRange
-    from foldplane.eventlog.errors import (
+    from .base import Log, RemovedRange
+    from .errors import (
         ChecksumError,
         LogClosed,
         LogError,
         SchemaTooNewError,
         StaleTermError,
     )
-    from foldplane.eventlog.open import open_log
-    from foldplane.eventlog.projection import ProjectionRow
+    from .open import open_log
+    from .projection import ProjectionRow
 
 _LAZY = {
     "Log": "foldplane.eventlog.base",

@@ -21,9 +21,9 @@ from collections.abc import AsyncIterator, Awaitable, Collection, Sequence
 
 import msgspec
 
-from foldplane.eventlog.errors import ChecksumError, LogClosed
-from foldplane.eventlog.projection import ProjectionRow, encode_projection
-from foldplane.eventlog.record import (
+from .errors import ChecksumError, LogClosed
+from .projection import ProjectionRow, encode_projection
+from .record import (
     MAX_PAYLOAD_BYTES,
     Encoded,
     InvalidRecord,

@@ -20,8 +20,8 @@ from zlib import crc32
 
 import msgspec
 
-from foldplane.eventlog.errors import ChecksumError
-from foldplane.eventlog.record import FRAME_TAIL, Record
+from .errors import ChecksumError
+from .record import FRAME_TAIL, Record
 
 #: Column order every store selects.
 COLUMNS = "seq, frame"

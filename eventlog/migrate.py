@@ -19,8 +19,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from foldplane import migrations
-from foldplane.eventlog.errors import LogError, SchemaTooNewError
+from .. import migrations
+from .errors import LogError, SchemaTooNewError
 
 if TYPE_CHECKING:
     from alembic.config import Config

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from foldplane.eventlog.base import Log
-from foldplane.eventlog.target import PostgresTarget, parse_target
+from .base import Log
+from .target import PostgresTarget, parse_target
 
 
 async def open_log(target: str | Path, *, create: bool = True, read_only: bool = False) -> Log:
@@ -22,13 +22,13 @@ async def open_log(target: str | Path, *, create: bool = True, read_only: bool =
     """
     where = parse_target(target)
     if isinstance(where, PostgresTarget):
-        from foldplane.eventlog.postgres import open_postgres
+        from .postgres import open_postgres
 
         return await open_postgres(where, create and not read_only, read_only=read_only)
     if read_only:
-        from foldplane.eventlog.sqlite import open_sqlite_read_only
+        from .sqlite import open_sqlite_read_only
 
         return await open_sqlite_read_only(where.path)
-    from foldplane.eventlog.sqlite import open_sqlite
+    from .sqlite import open_sqlite
 
     return await open_sqlite(where.path, create)

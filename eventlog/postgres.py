@@ -29,7 +29,7 @@ from typing import Any
 
 import asyncpg
 
-from foldplane.eventlog.base import (
+from .base import (
     Log,
     RemovedRange,
     Row,
@@ -37,12 +37,12 @@ from foldplane.eventlog.base import (
     check_compaction,
     missing_offsets,
 )
-from foldplane.eventlog.codec import COLUMNS, decode_rows
-from foldplane.eventlog.errors import LogClosed, LogError, StaleTermError
-from foldplane.eventlog.migrate import check_known, code_head, migrate_postgres, postgres_revision
-from foldplane.eventlog.projection import ProjectionRow, decode_projection
-from foldplane.eventlog.record import Record, frame_body, seal
-from foldplane.eventlog.target import PostgresTarget
+from .codec import COLUMNS, decode_rows
+from .errors import LogClosed, LogError, StaleTermError
+from .migrate import check_known, code_head, migrate_postgres, postgres_revision
+from .projection import ProjectionRow, decode_projection
+from .record import Record, frame_body, seal
+from .target import PostgresTarget
 
 MAX_BATCH_ROWS = 8192
 

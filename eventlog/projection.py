@@ -11,7 +11,7 @@ from typing import Any
 
 import msgspec
 
-from foldplane.eventlog.record import InvalidRecord
+from .record import InvalidRecord
 
 _encoder = msgspec.json.Encoder(order="sorted")
 _decoder = msgspec.json.Decoder(dict)

@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from foldplane.eventlog.base import (
+from .base import (
     Log,
     RemovedRange,
     Row,
@@ -29,12 +29,12 @@ from foldplane.eventlog.base import (
     check_compaction,
     missing_offsets,
 )
-from foldplane.eventlog.codec import COLUMNS, decode_rows, gc_paused
-from foldplane.eventlog.errors import LogError
-from foldplane.eventlog.migrate import check_known, code_head, migrate_sqlite
-from foldplane.eventlog.projection import ProjectionRow, decode_projection
-from foldplane.eventlog.record import Record
-from foldplane.eventlog.sqlite_writer import Append, Call, SqliteWriter
+from .codec import COLUMNS, decode_rows, gc_paused
+from .errors import LogError
+from .migrate import check_known, code_head, migrate_sqlite
+from .projection import ProjectionRow, decode_projection
+from .record import Record
+from .sqlite_writer import Append, Call, SqliteWriter
 
 
 def _connect_reader(path: Path, read_only: bool = False) -> sqlite3.Connection:

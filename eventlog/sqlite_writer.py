@@ -41,9 +41,9 @@ from pathlib import Path
 from typing import Any
 from zlib import crc32
 
-from foldplane.eventlog.base import Sealed
-from foldplane.eventlog.errors import LogClosed, LogError, StaleTermError
-from foldplane.eventlog.record import frame_names
+from .base import Sealed
+from .errors import LogClosed, LogError, StaleTermError
+from .record import frame_names
 
 MAX_BATCH_ROWS = 8192
 MAX_BATCH_BYTES = 8 << 20

@@ -5,7 +5,7 @@ Start a coordinator, then 4 workers under the launcher (which starts a replaceme
 that dies):
 
     python -m coordinator serve --db /tmp/train.db --port 8470 &
-    python -m agent.launch --coordinator http://127.0.0.1:8470 --group train --world-size 4 \\
+    python -m foldplane.agent.launch --coordinator http://127.0.0.1:8470 --group train --world-size 4 \\
         --nproc 4 --replace-failed examples/train_ddp.py --epochs 3 --kill-rank 2 --kill-at 20
 
 Each rank reads its part of every epoch through ``agent.data.ElasticSampler`` and a

@@ -9,12 +9,34 @@ TCPStore or a coordinator's ``--store-port 0``, takes a port the kernel picks wh
 
 from __future__ import annotations
 
+import importlib.abc
 import itertools
 import os
 import random
 import socket
+import sys
+from pathlib import Path
 
 import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class _OneName(importlib.abc.MetaPathFinder):
+    """The repository's root is the package ``foldplane`` (``__init__.py``): its top folders
+    are ``foldplane.agent``, ``foldplane.eventlog``..., never the top-level ``agent`` or
+    ``eventlog`` that the root on ``sys.path`` would otherwise offer. A test that imports one
+    fails here, naming the one name, instead of loading a module's code a second time; pytest
+    asking whether ``tests/agent/test_x.py`` is ``agent.test_x`` before ``tests.agent.test_x``
+    is answered no without loading ``agent/__init__.py``."""
+
+    def find_spec(self, name: str, path: object = None, target: object = None) -> None:
+        if path is None and (ROOT / name / "__init__.py").is_file():
+            raise ModuleNotFoundError(f"{name!r} is imported as 'foldplane.{name}'", name=name)
+        return None
+
+
+sys.meta_path.insert(0, _OneName())
 
 PG_URL = os.environ.get("FOLDPLANE_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
 

@@ -91,3 +91,77 @@ def test_the_contracts_cover_the_agent_and_the_benchmarks() -> None:
         if c["type"] == "forbidden" and c["source_modules"] == ["foldplane.benchmarks"]
     ]
     assert any({"tests", "foldplane.coordinator.cli"} <= f for f in forbidden), forbidden
+
+
+#: The repository's top folders that are packages of foldplane.
+PACKAGES = tuple(
+    sorted(p.parent.name for p in ROOT.glob("*/__init__.py") if p.parent.name != "tests")
+)
+#: Modules run as ``python -m <short name>`` in the root: each imports foldplane by its long
+#: name, so that nothing it loads has a second name (``coordinator/__main__.py`` is a door).
+SHORT_FORMS = ("coordinator/__main__.py", "benchmarks/__main__.py", "benchmarks/report.py")
+
+
+def _product_modules() -> list[Path]:
+    """Every module of the package foldplane (the repository's root and its top packages),
+    but the migrations' scripts, which Alembic loads by path."""
+    return [
+        path
+        for name in PACKAGES
+        for path in (ROOT / name).rglob("*.py")
+        if not path.relative_to(ROOT).as_posix().startswith("migrations/")
+    ]
+
+
+def test_every_module_has_one_name() -> None:
+    """The root is the package ``foldplane``: no link stands in for a folder and no package's
+    ``__path__`` is extended, and the modules import each other relatively, so a tool reading
+    imports as text (no link followed) sees every arrow; ``python -m coordinator --help`` in
+    the root loads nothing under a short name but its empty door."""
+    links = subprocess.run(
+        ["git", "ls-files", "-s"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout
+    assert not [line for line in links.splitlines() if line.startswith("120000")], links
+    absolute = []
+    for path in _product_modules():
+        rel = path.relative_to(ROOT).as_posix()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Name) and node.id == "__path__":
+                raise AssertionError(f"{rel}:{node.lineno} changes its package's __path__")
+            named = (
+                [node.module or ""]
+                if isinstance(node, ast.ImportFrom) and node.level == 0
+                else [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else []
+            )
+            if rel not in SHORT_FORMS and any(n.split(".")[0] == "foldplane" for n in named):
+                absolute.append(f"{rel}:{node.lineno}")
+    assert absolute == [], f"imports of foldplane by its long name in the package: {absolute}"
+    code = (
+        "import runpy, sys; sys.argv = ['coordinator', '--help']\n"
+        "try: runpy.run_module('coordinator', run_name='__main__', alter_sys=True)\n"
+        "except SystemExit: pass\n"
+        f"print(sorted(m for m in sys.modules if m.split('.')[0] in {PACKAGES!r}))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert "serve" in done.stdout, done.stdout
+    assert done.stdout.strip().splitlines()[-1] == "['coordinator']", done.stdout
+
+
+def test_the_wheel_lists_every_package_of_the_tree() -> None:
+    """pyproject.toml lists the packages a wheel holds (the root is ``foldplane``, each folder
+    with an ``__init__.py`` below its top packages one of its packages): none left out."""
+    import tomllib
+
+    listed = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    tree = {"foldplane"} | {
+        "foldplane." + ".".join(p.parent.relative_to(ROOT).parts)
+        for name in PACKAGES
+        for p in (ROOT / name).rglob("__init__.py")
+    }
+    assert listed["package-dir"] == {"foldplane": "."}
+    assert sorted(listed["packages"]) == sorted(tree)

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from foldplane.wire.updates import DataMovesUpdate
+from .updates import DataMovesUpdate
 
 Segment = tuple[int, int]
 

@@ -38,9 +38,9 @@ from typing import Annotated, Any, Union
 import msgspec
 from msgspec import Meta, Struct
 
-from foldplane.wire import ranks as rank_sets
-from foldplane.wire.ranks import RankSetError, RankSetField
-from foldplane.wire.updates import RankSetDelta, ViewCommittedUpdate, ViewPrepareUpdate
+from . import ranks as rank_sets
+from .ranks import RankSetError, RankSetField
+from .updates import RankSetDelta, ViewCommittedUpdate, ViewPrepareUpdate
 
 #: The protocol version this module speaks. Agents send it as ``protocol`` on the updates long
 #: poll; a poll without it (protocol 1) is refused with ``protocol_mismatch``.

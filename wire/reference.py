@@ -20,7 +20,7 @@ from typing import Any
 
 from msgspec import inspect
 
-from foldplane.wire import codes, protocol, updates
+from . import codes, protocol, updates
 
 #: The names the reference gives the protocol's field types, by the name a field is declared
 #: with in ``wire.protocol`` (a type written out in place is described by its bounds).

@@ -27,7 +27,7 @@ from typing import Any, ClassVar, TypeVar, Union
 import msgspec
 from msgspec import Struct
 
-from foldplane.wire.ranks import RankSetField
+from .ranks import RankSetField
 
 #: The audiences of an update: which journals it is published to.
 GROUP = "every rank of the group"

@@ -4,13 +4,13 @@ See ``docs/dataplane.md``. The agent creates a :class:`DataPlane`, installs each
 and hands :meth:`DataPlane.process_group` to the training loop.
 """
 
-from foldplane.agent.dataplane.errors import DataPlaneError, PeerFailure
-from foldplane.agent.dataplane.group import ElasticProcessGroup
-from foldplane.agent.dataplane.plane import DataPlane
-from foldplane.agent.dataplane.work import Work
+from .errors import DataPlaneError, PeerFailure
+from .group import ElasticProcessGroup
+from .plane import DataPlane
+from .work import Work
 
 __all__ = ["DataPlane", "DataPlaneError", "ElasticProcessGroup", "PeerFailure", "Work"]
 
-from foldplane.agent.dataplane import c10d as _c10d  # noqa: E402  (registers the "foldplane" backend)
+from . import c10d as _c10d  # noqa: E402  (registers the "foldplane" backend)
 
 _c10d.register()

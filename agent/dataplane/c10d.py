@@ -30,10 +30,10 @@ from typing import TYPE_CHECKING, Any
 import torch.distributed as dist
 from torch.distributed.constants import default_pg_timeout
 
-from foldplane.agent.dataplane.group import BACKEND_NAME, ElasticProcessGroup
+from .group import BACKEND_NAME, ElasticProcessGroup
 
 if TYPE_CHECKING:
-    from foldplane.agent import Agent
+    from .. import Agent
 
 # ``torch.distributed.rendezvous`` is also the name of a function: import the module by path.
 _rdzv = importlib.import_module("torch.distributed.rendezvous")
@@ -81,7 +81,7 @@ def environment_agent(timeout: timedelta | None = None) -> Agent:
         if _env_agent is None:
             # through the package's public face: the host adopts its groups here, so this
             # module, below it, names no module of the host
-            from foldplane.agent import Agent
+            from .. import Agent
 
             _env_agent = Agent().start()
         return _env_agent

@@ -51,14 +51,14 @@ from torch._C._distributed_c10d import (
     ScatterOptions,
 )
 
-from foldplane.agent.dataplane.backend import BackendKind
-from foldplane.agent.dataplane.cuda import CudaWatch, EndEvents
-from foldplane.agent.dataplane.errors import DataPlaneError, PeerFailure
-from foldplane.agent.dataplane.hint import HintPool
-from foldplane.agent.dataplane.work import Work
+from .backend import BackendKind
+from .cuda import CudaWatch, EndEvents
+from .errors import DataPlaneError, PeerFailure
+from .hint import HintPool
+from .work import Work
 
 if TYPE_CHECKING:
-    from foldplane.agent.dataplane.view import ViewGroup
+    from .view import ViewGroup
 
 ReduceOp = dist.ReduceOp
 _GLOO_UNSUPPORTED_OPS = (ReduceOp.AVG, ReduceOp.PREMUL_SUM)

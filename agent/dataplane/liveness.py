@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 
 from torch.distributed import Store
 
-from foldplane.agent.dataplane import keys
+from . import keys
 
 log = logging.getLogger(__name__)
 

@@ -35,15 +35,15 @@ from datetime import timedelta
 import torch
 from torch.distributed import DistStoreError, PrefixStore, Store, TCPStore
 
-from foldplane.agent.dataplane import keys
-from foldplane.agent.dataplane.backend import BackendKind, bury, drain_released
-from foldplane.agent.dataplane.cuda import CudaWatch, EndEvents
-from foldplane.agent.dataplane.errors import DataPlaneError
-from foldplane.agent.dataplane.group import ElasticProcessGroup
-from foldplane.agent.dataplane.hint import HintPool
-from foldplane.agent.dataplane.liveness import Heartbeat
-from foldplane.agent.dataplane.poison import PoisonNotice
-from foldplane.agent.dataplane.view import ViewGroup
+from . import keys
+from .backend import BackendKind, bury, drain_released
+from .cuda import CudaWatch, EndEvents
+from .errors import DataPlaneError
+from .group import ElasticProcessGroup
+from .hint import HintPool
+from .liveness import Heartbeat
+from .poison import PoisonNotice
+from .view import ViewGroup
 
 log = logging.getLogger(__name__)
 

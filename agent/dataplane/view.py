@@ -33,16 +33,16 @@ from typing import Protocol
 
 from torch.distributed import PrefixStore, Store
 
-from foldplane.agent.dataplane import keys
-from foldplane.agent.dataplane.backend import (
+from . import keys
+from .backend import (
     BackendKind,
     abort_nccl,
     bury,
     connect_nccl,
     end_gloo_operations,
 )
-from foldplane.agent.dataplane.liveness import find_dead
-from foldplane.agent.dataplane.poison import PoisonNotice
+from .liveness import find_dead
+from .poison import PoisonNotice
 
 log = logging.getLogger(__name__)
 

@@ -37,9 +37,9 @@ from typing import Protocol
 import torch
 import torch.distributed as dist
 
-from foldplane.agent.dataplane.cuda import CudaWatch, EndEvents, nccl_error
-from foldplane.agent.dataplane.errors import DataPlaneError
-from foldplane.agent.dataplane.hint import HintPool, fill
+from .cuda import CudaWatch, EndEvents, nccl_error
+from .errors import DataPlaneError
+from .hint import HintPool, fill
 
 #: How often a synchronous operation waiting inside gloo looks up from it (poison, close).
 INLINE_SLICE_S = 0.01

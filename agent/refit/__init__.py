@@ -7,10 +7,10 @@ calls :func:`open_world` with the same plan, bootstrap and lane count, then
 :meth:`RefitWorld.transfer` with its local tensors.
 """
 
-from foldplane.agent.dataplane.backend import drain_released
-from foldplane.agent.refit.bootstrap import RefitStore, make_bootstrap
-from foldplane.agent.refit.errors import Peer, RefitClosed, RefitError, RefitFailed, Verdict
-from foldplane.agent.refit.tensors import (
+from ..dataplane.backend import drain_released
+from .bootstrap import RefitStore, make_bootstrap
+from .errors import Peer, RefitClosed, RefitError, RefitFailed, Verdict
+from .tensors import (
     dtype_name,
     dtype_of,
     empty_shards,
@@ -19,7 +19,7 @@ from foldplane.agent.refit.tensors import (
     roles_from_modules,
     tensors_of,
 )
-from foldplane.agent.refit.world import RefitWorld, TransferReport, open_world
+from .world import RefitWorld, TransferReport, open_world
 
 __all__ = [
     "Peer",

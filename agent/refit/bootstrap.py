@@ -14,7 +14,7 @@ from datetime import timedelta
 import torch
 from torch.distributed import TCPStore
 
-from foldplane.wire.refit import Bootstrap
+from ...wire.refit import Bootstrap
 
 
 class RefitStore:

@@ -8,7 +8,7 @@ from collections.abc import Iterable, Mapping
 import torch
 from torch import nn
 
-from foldplane.wire.refit import DTYPES, Layout, PlanError, ReshardPlan, Side
+from ...wire.refit import DTYPES, Layout, PlanError, ReshardPlan, Side
 
 
 def dtype_of(name: str) -> torch.dtype:

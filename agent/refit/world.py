@@ -60,11 +60,7 @@ from typing import Any
 import torch
 from torch.distributed import PrefixStore, TCPStore
 
-from foldplane.agent.dataplane.backend import BackendKind, bury
-from foldplane.agent.dataplane.cuda import EndEvents, nccl_error
-from foldplane.agent.refit.errors import Peer, RefitClosed, RefitError, RefitFailed, Verdict
-from foldplane.agent.refit.tensors import dtype_of
-from foldplane.wire.refit import (
+from ...wire.refit import (
     SIDES,
     Bootstrap,
     Piece,
@@ -74,6 +70,10 @@ from foldplane.wire.refit import (
     digest,
     schedule,
 )
+from ..dataplane.backend import BackendKind, bury
+from ..dataplane.cuda import EndEvents, nccl_error
+from .errors import Peer, RefitClosed, RefitError, RefitFailed, Verdict
+from .tensors import dtype_of
 
 #: How often a member polls the store while it waits for the others to finish a transfer.
 POLL_S = 0.005

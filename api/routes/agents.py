@@ -18,30 +18,13 @@ import msgspec
 from fastapi import APIRouter, Query, Request
 from starlette.responses import Response
 
-from foldplane.api.codec import (
-    check_depth,
-    convert,
-    decode_json,
-    encode_json,
-    json_response,
-    raw_json_response,
-    read_json,
-)
-from foldplane.api.deps import host_of, principal_of, require_group
-from foldplane.api.errors import ApiError
-from foldplane.api.models import (
-    DeathReport,
-    HeartbeatEvent,
-    LooseEventsRequest,
-)
-from foldplane.api.openapi import answers, body
-from foldplane.coordinator.auth import Authenticator, AuthError, Principal
-from foldplane.coordinator.host.facets import facet_hosts
-from foldplane.coordinator.host.loop import Appended, Host, Outcome, Refusal
-from foldplane.coordinator.host.polls import UpdatesAnswer
-from foldplane.eventlog import NewRecord
-from foldplane.wire import ranks as rank_sets
-from foldplane.wire.codes import (
+from ...coordinator.auth import Authenticator, AuthError, Principal
+from ...coordinator.host.facets import facet_hosts
+from ...coordinator.host.loop import Appended, Host, Outcome, Refusal
+from ...coordinator.host.polls import UpdatesAnswer
+from ...eventlog import NewRecord
+from ...wire import ranks as rank_sets
+from ...wire.codes import (
     FORBIDDEN,
     INVALID_EVENT,
     INVALID_QUERY,
@@ -49,7 +32,7 @@ from foldplane.wire.codes import (
     RANK_OUT_OF_RANGE,
     UPGRADE_REQUIRED,
 )
-from foldplane.wire.protocol import (
+from ...wire.protocol import (
     EVENT_KINDS,
     FEATURES,
     PROTOCOL,
@@ -61,7 +44,24 @@ from foldplane.wire.protocol import (
     legacy_problem,
     missing_features,
 )
-from foldplane.wire.ranks import MAX_QUERY_RANKS, RankSetError
+from ...wire.ranks import MAX_QUERY_RANKS, RankSetError
+from ..codec import (
+    check_depth,
+    convert,
+    decode_json,
+    encode_json,
+    json_response,
+    raw_json_response,
+    read_json,
+)
+from ..deps import host_of, principal_of, require_group
+from ..errors import ApiError
+from ..models import (
+    DeathReport,
+    HeartbeatEvent,
+    LooseEventsRequest,
+)
+from ..openapi import answers, body
 
 router = APIRouter(prefix="/agents", tags=["agents"])
 

@@ -8,17 +8,17 @@ from typing import Literal
 from fastapi import APIRouter, Header, Query, Request
 from starlette.responses import Response, StreamingResponse
 
-from foldplane.api import metrics, sse
-from foldplane.api.codec import encode_json, json_response, raw_json_response
-from foldplane.api.deps import host_of, require_operator
-from foldplane.api.errors import ApiError
-from foldplane.api.openapi import answers
-from foldplane.api.paging import read_page
-from foldplane.coordinator.fold.registry import all_kinds
-from foldplane.coordinator.host.loop import HostUnavailable
-from foldplane.eventlog import LogError, Record
-from foldplane.wire.codes import INVALID_REQUEST, NOT_LEADER
-from foldplane.wire.protocol import QUERY
+from ...coordinator.fold.registry import all_kinds
+from ...coordinator.host.loop import HostUnavailable
+from ...eventlog import LogError, Record
+from ...wire.codes import INVALID_REQUEST, NOT_LEADER
+from ...wire.protocol import QUERY
+from .. import metrics, sse
+from ..codec import encode_json, json_response, raw_json_response
+from ..deps import host_of, require_operator
+from ..errors import ApiError
+from ..openapi import answers
+from ..paging import read_page
 
 router = APIRouter(tags=["audit"])
 

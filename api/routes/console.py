@@ -15,15 +15,15 @@ from typing import Any
 from fastapi import APIRouter, Query, Request
 from starlette.responses import Response
 
-from foldplane.api.codec import json_response
-from foldplane.api.deps import host_of, require_group, require_operator
-from foldplane.api.openapi import answers
-from foldplane.coordinator.fold.overview import group_list, group_overview, ranks_brief
-from foldplane.coordinator.fold.registry import FacetPlugin, console_fragment, plugins
-from foldplane.coordinator.host.loop import HostUnavailable
-from foldplane.coordinator.host.views import read_views
-from foldplane.eventlog import LogError
-from foldplane.wire.codes import NOT_LEADER
+from ...coordinator.fold.overview import group_list, group_overview, ranks_brief
+from ...coordinator.fold.registry import FacetPlugin, console_fragment, plugins
+from ...coordinator.host.loop import HostUnavailable
+from ...coordinator.host.views import read_views
+from ...eventlog import LogError
+from ...wire.codes import NOT_LEADER
+from ..codec import json_response
+from ..deps import host_of, require_group, require_operator
+from ..openapi import answers
 
 router = APIRouter(tags=["console"])
 

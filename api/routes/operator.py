@@ -8,21 +8,14 @@ import msgspec
 from fastapi import APIRouter, Path, Query, Request
 from starlette.responses import Response
 
-from foldplane.api.codec import encode_json, json_response, raw_json_response, read_json
-from foldplane.api.deps import host_of, principal_of, require_group, require_operator
-from foldplane.api.errors import ApiError
-from foldplane.api.limits import MAX_RANKS_PAGE, Limits, is_json
-from foldplane.api.models import CreateGroupRequest, EndGroupRequest, ProposalRequest
-from foldplane.api.openapi import answers, body
-from foldplane.api.paging import read_page
-from foldplane.coordinator.fold.config import ConfigError, GroupConfig
-from foldplane.coordinator.fold.machine import Coordinator
-from foldplane.coordinator.fold.overview import group_list
-from foldplane.coordinator.fold.projections import proposal_doc, to_doc, view_doc
-from foldplane.coordinator.host.loop import Appended, Host, Outcome, Refusal
-from foldplane.coordinator.host.views import ViewReader
-from foldplane.eventlog import NewRecord
-from foldplane.wire.codes import (
+from ...coordinator.fold.config import ConfigError, GroupConfig
+from ...coordinator.fold.machine import Coordinator
+from ...coordinator.fold.overview import group_list
+from ...coordinator.fold.projections import proposal_doc, to_doc, view_doc
+from ...coordinator.host.loop import Appended, Host, Outcome, Refusal
+from ...coordinator.host.views import ViewReader
+from ...eventlog import NewRecord
+from ...wire.codes import (
     FORBIDDEN,
     INTERNAL,
     INVALID_CONFIG,
@@ -33,7 +26,14 @@ from foldplane.wire.codes import (
     UNSUPPORTED_MEDIA_TYPE,
     status_of,
 )
-from foldplane.wire.protocol import QUERY
+from ...wire.protocol import QUERY
+from ..codec import encode_json, json_response, raw_json_response, read_json
+from ..deps import host_of, principal_of, require_group, require_operator
+from ..errors import ApiError
+from ..limits import MAX_RANKS_PAGE, Limits, is_json
+from ..models import CreateGroupRequest, EndGroupRequest, ProposalRequest
+from ..openapi import answers, body
+from ..paging import read_page
 
 router = APIRouter(tags=["operator"])
 

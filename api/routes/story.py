@@ -16,14 +16,14 @@ from typing import Any
 from fastapi import APIRouter, Path, Query, Request
 from starlette.responses import Response
 
-from foldplane.api.codec import json_response
-from foldplane.api.deps import host_of, require_group, require_operator
-from foldplane.api.errors import ApiError
-from foldplane.api.openapi import answers
-from foldplane.coordinator.host.story import StoryError, story_of
-from foldplane.eventlog import Record
-from foldplane.wire.codes import RANK_OUT_OF_RANGE
-from foldplane.wire.protocol import QUERY
+from ...coordinator.host.story import StoryError, story_of
+from ...eventlog import Record
+from ...wire.codes import RANK_OUT_OF_RANGE
+from ...wire.protocol import QUERY
+from ..codec import json_response
+from ..deps import host_of, require_group, require_operator
+from ..errors import ApiError
+from ..openapi import answers
 
 router = APIRouter(tags=["console"])
 

@@ -24,9 +24,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from foldplane.benchmarks.kit.kills import time_recovery
-from foldplane.benchmarks.kit.service import ROOT, free_port
-from foldplane.benchmarks.kit.workers import Lines
+from .kills import time_recovery
+from .service import ROOT, free_port
+from .workers import Lines
 
 
 def measured(what: str, fn: Callable[[], Any], log: Callable[[str], None]) -> Any:
@@ -42,14 +42,14 @@ def measured(what: str, fn: Callable[[], Any], log: Callable[[str], None]) -> An
 
 
 def restart_all(
-    script: str,
+    module: str,
     mode: str,
     out_env: str,
     world: int,
     trials: int,
     log: Callable[[str], None],
 ) -> list[float]:
-    """Per trial, run torchrun over ``world`` copies of ``script mode``; the seconds from the
+    """Per trial, run torchrun over ``world`` copies of ``python -m module mode``; the seconds from the
     moment the victim wrote ``killed`` into the directory named by ``$out_env`` to the last
     restarted worker's ``restarted-<rank>`` file (:func:`restart_all_worker` writes both)."""
     samples = []
@@ -64,7 +64,7 @@ def restart_all(
             cmd = [
                 sys.executable, "-m", "torch.distributed.run", "--nnodes=1",
                 f"--nproc-per-node={world}", "--max-restarts=1", "--rdzv-backend=c10d",
-                f"--rdzv-endpoint=127.0.0.1:{free_port()}", script, mode,
+                f"--rdzv-endpoint=127.0.0.1:{free_port()}", "-m", module, mode,
             ]  # fmt: skip
             proc = subprocess.run(
                 cmd, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,

@@ -8,7 +8,7 @@ import time
 async def fsync_floor(path: str, n: int) -> list[float]:
     """Milliseconds of ``n`` durable appends of one record each (fsync included) to a SQLite
     log at ``path``, after two that warm up: the floor under every decision of the fold."""
-    from foldplane.eventlog import NewRecord, open_log
+    from ...eventlog import NewRecord, open_log
 
     log = await open_log(f"sqlite:///{path}")
     try:

@@ -13,7 +13,7 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Any
 
-from foldplane.benchmarks.kit.workers import Lines
+from .workers import Lines
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from typing import Any
 
 import httpx
 
-from foldplane.coordinator.commands import serve_argv
+from ...coordinator.commands import serve_argv
 
 ROOT = Path(__file__).resolve().parents[2]
 #: The environment of the coordinator and of its workers: no authentication on loopback.
@@ -169,14 +169,14 @@ class Service:
     def client(self) -> Any:
         """An ``agent.client.CoordinatorClient`` of this service (made on first use)."""
         if self._client is None:
-            from foldplane.agent.client import CoordinatorClient
+            from ...agent.client import CoordinatorClient
 
             self._client = CoordinatorClient(self.url, timeout_s=30.0)
         return self._client
 
     async def connect(self) -> Any:
         """A keep-alive ``agent.httplite.Connection`` to the service, for async load."""
-        from foldplane.agent.httplite import Connection
+        from ...agent.httplite import Connection
 
         return await Connection("127.0.0.1", self.port).open()
 
@@ -207,7 +207,7 @@ class Service:
         """Start an ``agent.launch.Launcher`` of ``command`` for ``ranks`` of ``group``: the
         workers' stdout piped to ``on_spawn`` (a :class:`~benchmarks.kit.workers.Lines`'s
         ``follow``), their stderr to ``workers.log``; ``options`` are the launcher's."""
-        from foldplane.agent.launch import Launcher
+        from ...agent.launch import Launcher
 
         return Launcher(
             list(command),

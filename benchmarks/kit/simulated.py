@@ -20,10 +20,10 @@ from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from foldplane.agent.machine import Action, AgentMachine, EventsAnswered, EventsFailed, SendEvents
-from foldplane.agent.simhost import SimulatedCluster, SimulatedHost
-from foldplane.benchmarks.kit.service import Service
-from foldplane.coordinator.runtime import GC_THRESHOLDS, loop_factory
+from ...agent.machine import Action, AgentMachine, EventsAnswered, EventsFailed, SendEvents
+from ...agent.simhost import SimulatedCluster, SimulatedHost
+from ...coordinator.runtime import GC_THRESHOLDS, loop_factory
+from .service import Service
 
 ROOT = Path(__file__).resolve().parents[1]
 T = TypeVar("T")

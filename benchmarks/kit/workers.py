@@ -36,7 +36,7 @@ def start_agent(timeout_s: float = 30.0, **options: Any) -> Any:
     heartbeats every 0.5 s, collectives and point-to-point ops bounded by ``timeout_s``;
     ``options`` are more of the Agent's. Its log goes to stderr at ``$BENCH_LOG_LEVEL``
     (ERROR unless set)."""
-    from foldplane.agent import Agent
+    from ...agent import Agent
 
     logging.basicConfig(
         level=os.environ.get("BENCH_LOG_LEVEL", "ERROR"),

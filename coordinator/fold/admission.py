@@ -8,9 +8,9 @@ possible; only ``min_active`` bounds it (checked by the fold).
 
 from __future__ import annotations
 
-from foldplane.coordinator.fold.effects import HEALTHY, Proposal
-from foldplane.coordinator.fold.reasons import abridged, ranks_text
-from foldplane.coordinator.fold.state import GroupState
+from .effects import HEALTHY, Proposal
+from .reasons import abridged, ranks_text
+from .state import GroupState
 
 
 def requested(proposal: Proposal, active: tuple[int, ...]) -> tuple[int, ...]:

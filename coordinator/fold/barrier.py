@@ -25,7 +25,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from foldplane.coordinator.fold.effects import (
+from ...eventlog.record import Record
+from ...wire.codes import APPLIED, APPLIED_WITH_DROPPED_RANKS, REJECTED
+from .effects import (
     HEALTHY,
     OFFLINE,
     Effect,
@@ -35,14 +37,12 @@ from foldplane.coordinator.fold.effects import (
     ViewCommitted,
     ViewPrepare,
 )
-from foldplane.coordinator.fold.facets import Facet
-from foldplane.coordinator.fold.reasons import ranks_text
-from foldplane.coordinator.fold.stalls import FAILED as VIEW_FAILED
-from foldplane.coordinator.fold.stalls import RETRY as VIEW_RETRY
-from foldplane.coordinator.fold.stalls import UNRESOLVED, Stall, decide
-from foldplane.coordinator.fold.state import FAILED, FORMED, FORMING, Change, GroupState
-from foldplane.eventlog.record import Record
-from foldplane.wire.codes import APPLIED, APPLIED_WITH_DROPPED_RANKS, REJECTED
+from .facets import Facet
+from .reasons import ranks_text
+from .stalls import FAILED as VIEW_FAILED
+from .stalls import RETRY as VIEW_RETRY
+from .stalls import UNRESOLVED, Stall, decide
+from .state import FAILED, FORMED, FORMING, Change, GroupState
 
 
 class ViewChange:

@@ -15,17 +15,17 @@ is judged in every step that lost a rank or committed a view (``budget_due``).
 
 from __future__ import annotations
 
-from foldplane.coordinator.fold.effects import (
+from ...eventlog.record import Record
+from ...wire.codes import REJECTED
+from .effects import (
     OFFLINE,
     Effect,
     Proposal,
     ShutdownWithSave,
 )
-from foldplane.coordinator.fold.facets import Facet
-from foldplane.coordinator.fold.reasons import ranks_text
-from foldplane.coordinator.fold.state import FAILED, GroupState
-from foldplane.eventlog.record import Record
-from foldplane.wire.codes import REJECTED
+from .facets import Facet
+from .reasons import ranks_text
+from .state import FAILED, GroupState
 
 
 class FailureBudget:

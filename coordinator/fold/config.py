@@ -22,7 +22,7 @@ import msgspec
 
 # The largest group the fold accepts is the protocol's MAX_WORLD_SIZE; larger values are almost
 # certainly a typo.
-from foldplane.wire.protocol import MAX_WORLD_SIZE
+from ...wire.protocol import MAX_WORLD_SIZE
 
 #: Survivor floor per backend: NCCL cannot run a communicator of one rank, gloo can.
 BACKEND_FLOOR: dict[str, int] = {"gloo": 1, "nccl": 2}

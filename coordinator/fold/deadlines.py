@@ -13,13 +13,13 @@ from __future__ import annotations
 
 from collections import deque
 
-from foldplane.coordinator.fold.effects import (
+from ...eventlog.record import Record
+from .effects import (
     Effect,
     Proposal,
 )
-from foldplane.coordinator.fold.facets import Facet
-from foldplane.coordinator.fold.state import FORMED, FORMING, GroupState
-from foldplane.eventlog.record import Record
+from .facets import Facet
+from .state import FORMED, FORMING, GroupState
 
 
 class Deadlines:

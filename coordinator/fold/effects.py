@@ -17,9 +17,9 @@ from typing import Any
 
 import msgspec
 
-from foldplane.coordinator.fold.config import GroupConfig
-from foldplane.wire.codes import APPLIED, APPLIED_WITH_DROPPED_RANKS, PENDING, REJECTED, TERMINAL
-from foldplane.wire.protocol import HEALTHY, OFFLINE, SYNCED, View
+from ...wire.codes import APPLIED, APPLIED_WITH_DROPPED_RANKS, PENDING, REJECTED, TERMINAL
+from ...wire.protocol import HEALTHY, OFFLINE, SYNCED, View
+from .config import GroupConfig
 
 # The physical states, the committed view and the proposal statuses are the wire's, re-exported
 # for the fold's readers; the codes are read from ``wire.codes`` itself.

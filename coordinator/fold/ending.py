@@ -12,11 +12,11 @@ takes it out of the listings.
 
 from __future__ import annotations
 
-from foldplane.coordinator.fold.effects import Effect, GroupEnded, Proposal, ShutdownWithSave
-from foldplane.coordinator.fold.facets import Facet
-from foldplane.coordinator.fold.state import FAILED, GroupState
-from foldplane.eventlog.record import Record
-from foldplane.wire.codes import REJECTED
+from ...eventlog.record import Record
+from ...wire.codes import REJECTED
+from .effects import Effect, GroupEnded, Proposal, ShutdownWithSave
+from .facets import Facet
+from .state import FAILED, GroupState
 
 
 class GroupEnd:

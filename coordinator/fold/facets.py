@@ -28,9 +28,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from foldplane.coordinator.fold.effects import Effect, View
-from foldplane.coordinator.fold.state import GroupState
-from foldplane.eventlog.record import Record
+from ...eventlog.record import Record
+from .effects import Effect, View
+from .state import GroupState
 
 #: (code, message)
 Refusal = tuple[str, str]

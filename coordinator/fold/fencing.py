@@ -14,14 +14,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from foldplane.coordinator.fold.config import ConfigError, GroupConfig
-from foldplane.coordinator.fold.effects import HEALTHY, OFFLINE, Proposal, Refused
-from foldplane.coordinator.fold.facets import Facet
-from foldplane.coordinator.fold.payloads import CHECKS, MAX_ID_LEN
-from foldplane.coordinator.fold.reasons import ranks_text
-from foldplane.coordinator.fold.state import FAILED, GroupState, RankInfo
-from foldplane.eventlog.record import KINDS, Record
-from foldplane.wire.codes import (
+from ...eventlog.record import KINDS, Record
+from ...wire.codes import (
     DUPLICATE_PROPOSAL,
     GROUP_CONFLICT,
     GROUP_ENDED,
@@ -35,6 +29,12 @@ from foldplane.wire.codes import (
     STALE_VERSION,
     UNKNOWN_GROUP,
 )
+from .config import ConfigError, GroupConfig
+from .effects import HEALTHY, OFFLINE, Proposal, Refused
+from .facets import Facet
+from .payloads import CHECKS, MAX_ID_LEN
+from .reasons import ranks_text
+from .state import FAILED, GroupState, RankInfo
 
 #: (code, message)
 Refusal = tuple[str, str]

@@ -30,10 +30,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Set
 
-from foldplane.coordinator.fold.effects import HEALTHY, SYNCED, Effect
-from foldplane.coordinator.fold.reasons import ranks_text
-from foldplane.coordinator.fold.state import GroupState
-from foldplane.eventlog.record import Record
+from ...eventlog.record import Record
+from .effects import HEALTHY, SYNCED, Effect
+from .reasons import ranks_text
+from .state import GroupState
 
 
 def healthy_set(

@@ -45,22 +45,22 @@ from typing import Any
 
 import msgspec
 
-from foldplane.coordinator.fold import registry
-from foldplane.coordinator.fold.admission import admission_problem
-from foldplane.coordinator.fold.barrier import ViewChange
-from foldplane.coordinator.fold.budget import FailureBudget
-from foldplane.coordinator.fold.config import GroupConfig
-from foldplane.coordinator.fold.deadlines import Deadlines
-from foldplane.coordinator.fold.effects import Effect, GroupCreated, Proposal, View
-from foldplane.coordinator.fold.ending import GroupEnd
-from foldplane.coordinator.fold.facets import Facet
-from foldplane.coordinator.fold.fencing import REPEATABLE, Fences, parse_group_created
-from foldplane.coordinator.fold.healthy_set import HealthySetRule
-from foldplane.coordinator.fold.proposals import ProposalQueue
-from foldplane.coordinator.fold.ranks import RankLifecycle
-from foldplane.coordinator.fold.state import FAILED, FORMING, GroupState
-from foldplane.coordinator.fold.status import group_status
-from foldplane.eventlog.record import Record
+from ...eventlog.record import Record
+from . import registry
+from .admission import admission_problem
+from .barrier import ViewChange
+from .budget import FailureBudget
+from .config import GroupConfig
+from .deadlines import Deadlines
+from .effects import Effect, GroupCreated, Proposal, View
+from .ending import GroupEnd
+from .facets import Facet
+from .fencing import REPEATABLE, Fences, parse_group_created
+from .healthy_set import HealthySetRule
+from .proposals import ProposalQueue
+from .ranks import RankLifecycle
+from .state import FAILED, FORMING, GroupState
+from .status import group_status
 
 #: Format 2 adds the facets' state, format 3 each rank's ``joined_version``; a snapshot of an
 #: older format still restores (without facets; every links report counting, as it then did).

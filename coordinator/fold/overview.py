@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from foldplane.coordinator.fold.effects import HEALTHY, OFFLINE, SYNCED
-from foldplane.coordinator.fold.machine import Coordinator
-from foldplane.coordinator.fold.projections import proposal_doc
-from foldplane.coordinator.fold.state import GroupState
+from .effects import HEALTHY, OFFLINE, SYNCED
+from .machine import Coordinator
+from .projections import proposal_doc
+from .state import GroupState
 
 #: How many ranks a list in the overview names before it only counts.
 RANKS_SHOWN = 64

@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from foldplane.wire import ranks as rank_sets
-from foldplane.wire.ranks import RankSetError
+from ...wire import ranks as rank_sets
+from ...wire.ranks import RankSetError
 
 MAX_ID_LEN = 256
 OPS = ("activate", "deactivate")

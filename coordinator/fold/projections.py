@@ -49,8 +49,17 @@ from typing import Any
 
 import msgspec
 
-from foldplane.coordinator.fold import registry
-from foldplane.coordinator.fold.effects import (
+from ...eventlog import LogError, ProjectionRow
+from ...wire.protocol import fold_view_update, view_update
+from ...wire.ranks import RankSetError
+from ...wire.updates import (
+    RankStateUpdate,
+    ShutdownUpdate,
+    ViewCommittedUpdate,
+    update_from,
+)
+from . import registry
+from .effects import (
     Effect,
     GroupCreated,
     GroupEnded,
@@ -62,15 +71,6 @@ from foldplane.coordinator.fold.effects import (
     ShutdownWithSave,
     View,
     ViewCommitted,
-)
-from foldplane.eventlog import LogError, ProjectionRow
-from foldplane.wire.protocol import fold_view_update, view_update
-from foldplane.wire.ranks import RankSetError
-from foldplane.wire.updates import (
-    RankStateUpdate,
-    ShutdownUpdate,
-    ViewCommittedUpdate,
-    update_from,
 )
 
 #: Membership's projection kinds, which ``replay`` compares.

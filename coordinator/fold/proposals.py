@@ -14,18 +14,18 @@ from __future__ import annotations
 
 import msgspec
 
-from foldplane.coordinator.fold.admission import requested, static_problem
-from foldplane.coordinator.fold.effects import (
+from ...eventlog.record import Record
+from ...wire.codes import APPLIED, PENDING, REJECTED
+from .admission import requested, static_problem
+from .effects import (
     Effect,
     Proposal,
     ProposalAccepted,
     ProposalResolved,
 )
-from foldplane.coordinator.fold.facets import Facet
-from foldplane.coordinator.fold.reasons import ranks_text
-from foldplane.coordinator.fold.state import FAILED, GroupState
-from foldplane.eventlog.record import Record
-from foldplane.wire.codes import APPLIED, PENDING, REJECTED
+from .facets import Facet
+from .reasons import ranks_text
+from .state import FAILED, GroupState
 
 
 class ProposalQueue:

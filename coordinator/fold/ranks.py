@@ -22,18 +22,18 @@ HEALTHY (SYNCED and inside the Healthy Set, ``healthy_set.py``).
 
 from __future__ import annotations
 
-from foldplane.coordinator.fold.effects import (
+from ...eventlog.record import Record
+from ...wire import ranks as rank_sets
+from ...wire.protocol import CAUSE_DEATH_REPORTED, links_down
+from .effects import (
     OFFLINE,
     SYNCED,
     Effect,
     Proposal,
     RankState,
 )
-from foldplane.coordinator.fold.facets import Facet
-from foldplane.coordinator.fold.state import GroupState
-from foldplane.eventlog.record import Record
-from foldplane.wire import ranks as rank_sets
-from foldplane.wire.protocol import CAUSE_DEATH_REPORTED, links_down
+from .facets import Facet
+from .state import GroupState
 
 
 class RankLifecycle:

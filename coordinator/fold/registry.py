@@ -26,12 +26,12 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from foldplane.coordinator.fold.effects import Effect
-from foldplane.coordinator.fold.facets import Facet
-from foldplane.eventlog import ProjectionRow
-from foldplane.eventlog.record import MEMBERSHIP_KINDS, accept_kinds
-from foldplane.wire.protocol import AgentEventBase, declare_event
-from foldplane.wire.updates import Update, declare_update
+from ...eventlog import ProjectionRow
+from ...eventlog.record import MEMBERSHIP_KINDS, accept_kinds
+from ...wire.protocol import AgentEventBase, declare_event
+from ...wire.updates import Update, declare_update
+from .effects import Effect
+from .facets import Facet
 
 #: The facets of foldplane, by package, in the order their hooks run.
 BUILTIN_FACETS: tuple[str, ...] = (

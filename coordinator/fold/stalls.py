@@ -35,7 +35,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from foldplane.coordinator.fold.reasons import ranks_text
+from .reasons import ranks_text
 
 RETRY = "view_retry"
 FAILED = "view_failed"

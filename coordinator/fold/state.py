@@ -15,9 +15,9 @@ from typing import Any
 
 import msgspec
 
-from foldplane.coordinator.fold.config import GroupConfig, Resolved
-from foldplane.coordinator.fold.effects import OFFLINE, View
-from foldplane.coordinator.fold.stalls import Stall
+from .config import GroupConfig, Resolved
+from .effects import OFFLINE, View
+from .stalls import Stall
 
 FORMING = "forming"
 FORMED = "formed"

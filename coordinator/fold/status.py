@@ -10,7 +10,7 @@ from typing import Any
 
 import msgspec
 
-from foldplane.coordinator.fold.state import GroupState
+from .state import GroupState
 
 
 def plain(value: Any) -> Any:

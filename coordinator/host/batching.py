@@ -14,13 +14,13 @@ from typing import Any
 
 import msgspec
 
-from foldplane.coordinator.fold.heartbeats import HeartbeatBuffer
-from foldplane.coordinator.fold.machine import Coordinator
-from foldplane.coordinator.host.inputs import Beats, Existing, Input, Outcome, Refusal, SharedReply
-from foldplane.coordinator.host.metrics import HostMetrics
-from foldplane.eventlog import NewRecord
-from foldplane.eventlog.record import decode_payload, validate
-from foldplane.wire import ranks as rank_sets
+from ...eventlog import NewRecord
+from ...eventlog.record import decode_payload, validate
+from ...wire import ranks as rank_sets
+from ..fold.heartbeats import HeartbeatBuffer
+from ..fold.machine import Coordinator
+from .inputs import Beats, Existing, Input, Outcome, Refusal, SharedReply
+from .metrics import HostMetrics
 
 #: How many inputs one append takes at most, by default.
 MAX_BATCH = 4096

@@ -40,11 +40,12 @@ from typing import Any
 
 import msgspec
 
-from foldplane.coordinator.fold.effects import Effect, ViewCommitted
-from foldplane.coordinator.fold.machine import Coordinator
-from foldplane.coordinator.fold.projections import view_doc
-from foldplane.coordinator.host.ready import HostState, ReadyBuilder
-from foldplane.coordinator.host.replay import (
+from ...eventlog import Log, Record, RemovedRange, open_log
+from ..fold.effects import Effect, ViewCommitted
+from ..fold.machine import Coordinator
+from ..fold.projections import view_doc
+from .ready import HostState, ReadyBuilder
+from .replay import (
     CompactedLog,
     OnRecord,
     Start,
@@ -55,9 +56,8 @@ from foldplane.coordinator.host.replay import (
     summary,
     views_digest,
 )
-from foldplane.coordinator.host.retention import RetainPolicy, removable
-from foldplane.coordinator.host.snapshots import CONSUMER, decode_snapshot, encode_snapshot
-from foldplane.eventlog import Log, Record, RemovedRange, open_log
+from .retention import RetainPolicy, removable
+from .snapshots import CONSUMER, decode_snapshot, encode_snapshot
 
 log = logging.getLogger("foldplane.compaction")
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 
-from foldplane.coordinator.fold.effects import (
+from ..fold.effects import (
     OFFLINE,
     Effect,
     GroupEnded,
@@ -22,8 +22,8 @@ from foldplane.coordinator.fold.effects import (
     ShutdownWithSave,
     ViewCommitted,
 )
-from foldplane.coordinator.fold.reasons import ranks_text
-from foldplane.coordinator.host.facets import facet_decisions
+from ..fold.reasons import ranks_text
+from .facets import facet_decisions
 
 log = logging.getLogger("foldplane.decisions")
 

@@ -9,11 +9,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from foldplane.coordinator.fold import registry
-from foldplane.coordinator.fold.effects import Effect
-from foldplane.coordinator.fold.machine import Coordinator
-from foldplane.coordinator.host.journal import Update
-from foldplane.eventlog import Record
+from ...eventlog import Record
+from ..fold import registry
+from ..fold.effects import Effect
+from ..fold.machine import Coordinator
+from .journal import Update
 
 #: What one of a facet's effects asks of the host: ``(state, effect, ready)``: add its updates
 #: to ``ready`` (``coordinator.host.ready.Ready``) and keep in ``state`` (``HostState``) what a

@@ -16,11 +16,11 @@ from typing import Any
 
 import msgspec
 
-from foldplane.coordinator.fold import registry
-from foldplane.coordinator.fold.machine import Coordinator
-from foldplane.eventlog import InvalidRecord, NewRecord
-from foldplane.eventlog.record import decode_payload, validate
-from foldplane.wire.codes import INVALID_EVENT, NOT_LEADER
+from ...eventlog import InvalidRecord, NewRecord
+from ...eventlog.record import decode_payload, validate
+from ...wire.codes import INVALID_EVENT, NOT_LEADER
+from ..fold import registry
+from ..fold.machine import Coordinator
 
 # -- what an input gets back ------------------------------------------------------------------
 

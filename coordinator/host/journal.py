@@ -45,7 +45,7 @@ from collections.abc import Sequence
 
 import msgspec
 
-from foldplane.wire.updates import AgentUpdate, decode_update
+from ...wire.updates import AgentUpdate, decode_update
 
 #: An update: one of ``wire.updates``' Structs.
 Update = AgentUpdate

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import asyncpg
 
-from foldplane.eventlog.target import PostgresTarget
+from ...eventlog.target import PostgresTarget
 
 _CLAIM = """
 WITH claimed AS (

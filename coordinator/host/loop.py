@@ -36,12 +36,15 @@ from typing import Any, Protocol
 
 import msgspec
 
-from foldplane.coordinator.fold.effects import Effect, Proposal
-from foldplane.coordinator.fold.heartbeats import HeartbeatBuffer
-from foldplane.coordinator.fold.machine import Coordinator
-from foldplane.coordinator.host.batching import MAX_BATCH, Admission, decisions_first, take_batch
-from foldplane.coordinator.host.decisions import say
-from foldplane.coordinator.host.inputs import (
+from ...eventlog import Log, LogError, NewRecord, Record, StaleTermError, open_log
+from ...eventlog.record import READ_PAGE, Encoded
+from ...wire.codes import CLOSED, FOLD_FAILED, LOG_UNAVAILABLE, NOT_LEADER, TERMINAL
+from ..fold.effects import Effect, Proposal
+from ..fold.heartbeats import HeartbeatBuffer
+from ..fold.machine import Coordinator
+from .batching import MAX_BATCH, Admission, decisions_first, take_batch
+from .decisions import say
+from .inputs import (
     Appended,
     Beats,
     Existing,
@@ -53,13 +56,13 @@ from foldplane.coordinator.host.inputs import (
     Reply,
     queue_submission,
 )
-from foldplane.coordinator.host.journal import UpdateJournals
-from foldplane.coordinator.host.metrics import HostMetrics
-from foldplane.coordinator.host.pacing import PollPacing
-from foldplane.coordinator.host.polls import UpdatesAnswer, resync_answer
-from foldplane.coordinator.host.ready import HostState, Ready, ReadyBuilder, publish
-from foldplane.coordinator.host.rows import ProjectionRows
-from foldplane.coordinator.host.snapshots import (
+from .journal import UpdateJournals
+from .metrics import HostMetrics
+from .pacing import PollPacing
+from .polls import UpdatesAnswer, resync_answer
+from .ready import HostState, Ready, ReadyBuilder, publish
+from .rows import ProjectionRows
+from .snapshots import (
     CONSUMER,
     SNAPSHOT_BEATS,
     SNAPSHOT_EVERY,
@@ -68,10 +71,7 @@ from foldplane.coordinator.host.snapshots import (
     Snapshots,
     restore_state,
 )
-from foldplane.coordinator.host.ticks import Ticker
-from foldplane.eventlog import Log, LogError, NewRecord, Record, StaleTermError, open_log
-from foldplane.eventlog.record import READ_PAGE, Encoded
-from foldplane.wire.codes import CLOSED, FOLD_FAILED, LOG_UNAVAILABLE, NOT_LEADER, TERMINAL
+from .ticks import Ticker
 
 __all__ = [
     "CONSUMER",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from foldplane.coordinator.host.journal import UpdateJournals
+from .journal import UpdateJournals
 
 
 class PollPacing:

@@ -8,9 +8,9 @@ from dataclasses import dataclass
 
 import msgspec
 
-from foldplane.coordinator.fold.machine import Coordinator
-from foldplane.coordinator.host.journal import Update, UpdateJournals, decoded, encoded
-from foldplane.coordinator.host.ready import HostState
+from ..fold.machine import Coordinator
+from .journal import Update, UpdateJournals, decoded, encoded
+from .ready import HostState
 
 
 @dataclass(frozen=True, slots=True)

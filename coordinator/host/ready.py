@@ -12,7 +12,10 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from foldplane.coordinator.fold.effects import (
+from ...eventlog import ProjectionRow
+from ...wire.protocol import View, prepare_update, view_update
+from ...wire.updates import RankStateUpdate, ShutdownUpdate, ViewPrepareUpdate
+from ..fold.effects import (
     Effect,
     GroupCreated,
     GroupEnded,
@@ -25,13 +28,10 @@ from foldplane.coordinator.fold.effects import (
     ViewCommitted,
     ViewPrepare,
 )
-from foldplane.coordinator.fold.machine import Coordinator
-from foldplane.coordinator.fold.projections import rank_state_update, rows_for, shutdown_update
-from foldplane.coordinator.host.facets import facet_carry, facet_hosts
-from foldplane.coordinator.host.journal import Update, UpdateJournals
-from foldplane.eventlog import ProjectionRow
-from foldplane.wire.protocol import View, prepare_update, view_update
-from foldplane.wire.updates import RankStateUpdate, ShutdownUpdate, ViewPrepareUpdate
+from ..fold.machine import Coordinator
+from ..fold.projections import rank_state_update, rows_for, shutdown_update
+from .facets import facet_carry, facet_hosts
+from .journal import Update, UpdateJournals
 
 #: A projection row's identity: (kind, group, seq).
 RowKey = tuple[str, str, int]

@@ -34,9 +34,10 @@ from typing import Any
 
 import msgspec
 
-from foldplane.coordinator.fold.effects import Effect, View, ViewCommitted
-from foldplane.coordinator.fold.machine import Coordinator
-from foldplane.coordinator.fold.projections import (
+from ...eventlog import READ_PAGE, Log, Record, RemovedRange, open_log
+from ..fold.effects import Effect, View, ViewCommitted
+from ..fold.machine import Coordinator
+from ..fold.projections import (
     DELTA_FROM,
     ViewRowError,
     is_delta,
@@ -45,9 +46,8 @@ from foldplane.coordinator.fold.projections import (
     rows_for,
     view_doc,
 )
-from foldplane.coordinator.host.snapshots import CONSUMER, decode_snapshot
-from foldplane.coordinator.host.views import every_view, get_view, read_views
-from foldplane.eventlog import READ_PAGE, Log, Record, RemovedRange, open_log
+from .snapshots import CONSUMER, decode_snapshot
+from .views import every_view, get_view, read_views
 
 Key = tuple[str, str, int]
 

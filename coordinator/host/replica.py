@@ -44,12 +44,12 @@ import logging
 import uuid
 from typing import Any
 
-from foldplane.coordinator.host.inputs import HostUnavailable
-from foldplane.coordinator.host.leadership import Lease, LeaseError, LeaseSettings
-from foldplane.coordinator.host.loop import Host
-from foldplane.eventlog import LogError, open_log
-from foldplane.eventlog.target import PostgresTarget, parse_target
-from foldplane.wire.codes import FOLD_FAILED, NOT_LEADER
+from ...eventlog import LogError, open_log
+from ...eventlog.target import PostgresTarget, parse_target
+from ...wire.codes import FOLD_FAILED, NOT_LEADER
+from .inputs import HostUnavailable
+from .leadership import Lease, LeaseError, LeaseSettings
+from .loop import Host
 
 log = logging.getLogger("foldplane.replica")
 

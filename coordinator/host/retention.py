@@ -17,9 +17,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from foldplane.coordinator.fold import registry
-from foldplane.coordinator.fold.effects import Effect, Refused
-from foldplane.eventlog.record import Record
+from ...eventlog.record import Record
+from ..fold import registry
+from ..fold.effects import Effect, Refused
 
 #: Membership's kinds retention may remove: liveness and evidence that, once folded into a
 #: snapshot, decided nothing on their own.

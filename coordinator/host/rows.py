@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import logging
 
-from foldplane.coordinator.host.ready import RowKey
-from foldplane.coordinator.host.snapshots import CONSUMER
-from foldplane.eventlog import Log, LogError, ProjectionRow
+from ...eventlog import Log, LogError, ProjectionRow
+from .ready import RowKey
+from .snapshots import CONSUMER
 
 log = logging.getLogger("foldplane.host")
 

@@ -15,11 +15,11 @@ from typing import Any
 
 import msgspec
 
-from foldplane.coordinator.fold.machine import Coordinator
-from foldplane.coordinator.host.metrics import HostMetrics
-from foldplane.coordinator.host.ready import HostState
-from foldplane.eventlog import Log, LogError
-from foldplane.wire.updates import convert_update
+from ...eventlog import Log, LogError
+from ...wire.updates import convert_update
+from ..fold.machine import Coordinator
+from .metrics import HostMetrics
+from .ready import HostState
 
 log = logging.getLogger("foldplane.host")
 

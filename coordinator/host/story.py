@@ -32,7 +32,12 @@ from collections import deque
 from collections.abc import Callable, Container, Iterable
 from typing import Any
 
-from foldplane.coordinator.fold.effects import (
+from ...eventlog import Log, Record, open_log
+from ...wire import ranks as rank_sets
+from ...wire.codes import COMPACTED, RANK_OUT_OF_RANGE, UNKNOWN_GROUP
+from ...wire.protocol import links_down
+from ...wire.ranks import RankSetError
+from ..fold.effects import (
     OFFLINE,
     GroupCreated,
     GroupFailed,
@@ -44,16 +49,11 @@ from foldplane.coordinator.fold.effects import (
     ViewCommitted,
     ViewPrepare,
 )
-from foldplane.coordinator.fold.machine import Coordinator
-from foldplane.coordinator.fold.reasons import ranks_text
-from foldplane.coordinator.fold.state import GroupState
-from foldplane.coordinator.host.facets import facet_hosts
-from foldplane.coordinator.host.replay import CompactedLog, find_start, read_pages
-from foldplane.eventlog import Log, Record, open_log
-from foldplane.wire import ranks as rank_sets
-from foldplane.wire.codes import COMPACTED, RANK_OUT_OF_RANGE, UNKNOWN_GROUP
-from foldplane.wire.protocol import links_down
-from foldplane.wire.ranks import RankSetError
+from ..fold.machine import Coordinator
+from ..fold.reasons import ranks_text
+from ..fold.state import GroupState
+from .facets import facet_hosts
+from .replay import CompactedLog, find_start, read_pages
 
 #: Evidence items (links reports, ACKs, fenced inputs) kept before each decision.
 EVIDENCE_LIMIT = 32

@@ -14,13 +14,13 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-from foldplane.coordinator.fold.projections import (
+from ...eventlog import Log, ProjectionRow
+from ..fold.projections import (
     VIEW_CHECKPOINT_EVERY,
     ViewFold,
     is_delta,
     view_checkpoint_at,
 )
-from foldplane.eventlog import Log, ProjectionRow
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,8 +18,11 @@ from typing import Any
 
 import msgspec
 
-from foldplane.coordinator.facets.epochs.partition import covers_exactly, split_at
-from foldplane.coordinator.fold.effects import (
+from ...eventlog.record import Record
+from ...wire import ranks as rank_sets
+from ...wire.protocol import View, links_down
+from ..facets.epochs.partition import covers_exactly, split_at
+from ..fold.effects import (
     HEALTHY,
     OFFLINE,
     TERMINAL,
@@ -34,9 +37,6 @@ from foldplane.coordinator.fold.effects import (
     ViewCommitted,
     ViewPrepare,
 )
-from foldplane.eventlog.record import Record
-from foldplane.wire import ranks as rank_sets
-from foldplane.wire.protocol import View, links_down
 
 _encode = msgspec.json.Encoder().encode
 

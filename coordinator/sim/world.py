@@ -64,7 +64,7 @@ from typing import Any, NamedTuple
 
 import msgspec
 
-from foldplane.agent.machine import (
+from ...agent.machine import (
     BEATS,
     EVENTS,
     AgentConfig,
@@ -91,25 +91,25 @@ from foldplane.agent.machine import (
     Tick,
     UpdatesReceived,
 )
-from foldplane.coordinator.facets.epochs.fold import complete_plan
-from foldplane.coordinator.fold.machine import Coordinator
-from foldplane.coordinator.fold.projections import rows_for
-from foldplane.coordinator.host.batching import MAX_BATCH, decisions_first, take_batch
-from foldplane.coordinator.host.inputs import Input, queue_submission
-from foldplane.coordinator.host.journal import UpdateJournals, decoded
-from foldplane.coordinator.host.loop import Appended, Existing, Host, Refusal, UpdatesAnswer
-from foldplane.coordinator.host.polls import resync_answer
-from foldplane.coordinator.host.ready import HostState, publish
-from foldplane.coordinator.host.snapshots import decode_snapshot, encode_snapshot
-from foldplane.coordinator.sim.invariants import Invariants, Violation
-from foldplane.eventlog.record import NewRecord, Record
-from foldplane.wire.data import ReadCursor, apply_moves
-from foldplane.wire.updates import (
+from ...eventlog.record import NewRecord, Record
+from ...wire.data import ReadCursor, apply_moves
+from ...wire.updates import (
     DataAssignmentUpdate,
     DataMovesUpdate,
     EpochCompleteUpdate,
     EpochPlanUpdate,
 )
+from ..facets.epochs.fold import complete_plan
+from ..fold.machine import Coordinator
+from ..fold.projections import rows_for
+from ..host.batching import MAX_BATCH, decisions_first, take_batch
+from ..host.inputs import Input, queue_submission
+from ..host.journal import UpdateJournals, decoded
+from ..host.loop import Appended, Existing, Host, Refusal, UpdatesAnswer
+from ..host.polls import resync_answer
+from ..host.ready import HostState, publish
+from ..host.snapshots import decode_snapshot, encode_snapshot
+from .invariants import Invariants, Violation
 
 S = 1_000_000_000
 MS = 1_000_000

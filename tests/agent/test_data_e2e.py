@@ -308,7 +308,7 @@ def test_a_rank_deactivated_and_activated_again_counts_only_what_it_read(
     coordinator: Coordinator, tmp_path: Path, seed: int
 ) -> None:
     """The schedule of docs/data.md's promise "whatever the view history": 4 workers on
-    ``ElasticSampler`` under ``python -m agent.launch --replace-failed``; at about 23 % of the
+    ``ElasticSampler`` under ``python -m foldplane.agent.launch --replace-failed``; at about 23 % of the
     epoch rank 0 is deactivated by proposal, at about 50 % activated again, its process running
     throughout. At the end, every index is counted processed exactly once (the fold's parts)
     and each was read by the rank it is counted for: a report made before the reassignment

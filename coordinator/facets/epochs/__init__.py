@@ -1,16 +1,16 @@
 """The ``epochs`` facet: epoch plans and the data partitions that survive a dead rank
 (docs/data.md). Registered in ``coordinator/fold/registry.py``."""
 
-from foldplane.coordinator.facets.epochs.fold import Epochs
-from foldplane.coordinator.facets.epochs.rows import PROJECTION_KINDS, ROWS
-from foldplane.coordinator.fold.registry import FacetPlugin
-from foldplane.wire.protocol import ProgressEvent
-from foldplane.wire.updates import (
+from ....wire.protocol import ProgressEvent
+from ....wire.updates import (
     DataAssignmentUpdate,
     DataMovesUpdate,
     EpochCompleteUpdate,
     EpochPlanUpdate,
 )
+from ...fold.registry import FacetPlugin
+from .fold import Epochs
+from .rows import PROJECTION_KINDS, ROWS
 
 PLUGIN = FacetPlugin(
     name=Epochs.name,

@@ -51,31 +51,8 @@ from typing import Any
 
 import msgspec
 
-from foldplane.coordinator.facets.epochs.effects import (
-    AssignmentChanged,
-    EpochCompleted,
-    EpochPlanned,
-    Move,
-    PartSent,
-    RankRange,
-)
-from foldplane.coordinator.facets.epochs.partition import (
-    Segment,
-    apportion,
-    deal,
-    integer_weights,
-    length,
-    normalized,
-    split_at,
-)
-from foldplane.coordinator.fold.effects import OFFLINE, Effect, View
-from foldplane.coordinator.fold.facets import FoldContext, Refusal
-from foldplane.coordinator.fold.fencing import online_rank_refusal
-from foldplane.coordinator.fold.payloads import MAX_ID_LEN
-from foldplane.coordinator.fold.reasons import abridged, ranks_text
-from foldplane.coordinator.fold.state import FAILED, GroupState
-from foldplane.eventlog.record import Record
-from foldplane.wire.codes import (
+from ....eventlog.record import Record
+from ....wire.codes import (
     EPOCH_CONFLICT,
     GROUP_FAILED,
     GROUP_NOT_FORMED,
@@ -84,7 +61,30 @@ from foldplane.wire.codes import (
     UNKNOWN_EPOCH,
     UNKNOWN_GROUP,
 )
-from foldplane.wire.protocol import MAX_DATASET
+from ....wire.protocol import MAX_DATASET
+from ...fold.effects import OFFLINE, Effect, View
+from ...fold.facets import FoldContext, Refusal
+from ...fold.fencing import online_rank_refusal
+from ...fold.payloads import MAX_ID_LEN
+from ...fold.reasons import abridged, ranks_text
+from ...fold.state import FAILED, GroupState
+from .effects import (
+    AssignmentChanged,
+    EpochCompleted,
+    EpochPlanned,
+    Move,
+    PartSent,
+    RankRange,
+)
+from .partition import (
+    Segment,
+    apportion,
+    deal,
+    integer_weights,
+    length,
+    normalized,
+    split_at,
+)
 
 SPLITS = ("equal", "ratios", "throughput")
 #: The plan's fields and their defaults where the request leaves them out (``reclaim``'s

@@ -9,14 +9,18 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from foldplane.coordinator.facets.epochs.effects import (
+from ...fold.machine import Coordinator
+from ...host.facets import FacetHost
+from ...host.journal import Update
+from ...host.ready import HostState, Ready
+from .effects import (
     AssignmentChanged,
     EpochCompleted,
     EpochPlanned,
     PartSent,
 )
-from foldplane.coordinator.facets.epochs.story import EpochStory, epoch_label
-from foldplane.coordinator.facets.epochs.updates import (
+from .story import EpochStory, epoch_label
+from .updates import (
     data_assignment_update,
     data_assignment_updates,
     data_moves_update,
@@ -24,10 +28,6 @@ from foldplane.coordinator.facets.epochs.updates import (
     epoch_plan_update,
     part_sent_update,
 )
-from foldplane.coordinator.fold.machine import Coordinator
-from foldplane.coordinator.host.facets import FacetHost
-from foldplane.coordinator.host.journal import Update
-from foldplane.coordinator.host.ready import HostState, Ready
 
 
 def _planned(state: HostState, effect: EpochPlanned, ready: Ready) -> None:

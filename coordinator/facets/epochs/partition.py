@@ -19,8 +19,8 @@ from collections.abc import Iterable, Mapping, Sequence
 
 # ``Segment`` (``(start, length)``: positions ``start .. start + length - 1`` of the
 # permutation), ``normalized`` and ``split_at`` are the wire's: agents apply moves with them.
-from foldplane.wire.data import Segment, split_at
-from foldplane.wire.data import (
+from ....wire.data import Segment, split_at
+from ....wire.data import (
     normalized as normalized,  # re-exported: the fold imports it from here
 )
 

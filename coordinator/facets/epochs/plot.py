@@ -11,15 +11,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from foldplane.coordinator.facets.epochs.effects import (
+from ....eventlog import Record
+from ...fold.effects import Effect, Refused, ViewCommitted
+from ...fold.machine import Coordinator
+from ...plot import FacetPanel
+from .effects import (
     AssignmentChanged,
     EpochCompleted,
     EpochPlanned,
 )
-from foldplane.coordinator.fold.effects import Effect, Refused, ViewCommitted
-from foldplane.coordinator.fold.machine import Coordinator
-from foldplane.coordinator.plot import FacetPanel
-from foldplane.eventlog import Record
 
 #: Rank lanes drawn in the data panel (the lowest ranks that held a part; the rest are counted).
 LANES = 32

@@ -13,18 +13,18 @@ import msgspec
 from fastapi import APIRouter, Path, Query, Request
 from starlette.responses import Response
 
-from foldplane.api.codec import json_response, read_json
-from foldplane.api.deps import host_of, principal_of, require_group, require_operator
-from foldplane.api.errors import ApiError
-from foldplane.api.limits import MAX_RANKS_PAGE
-from foldplane.api.openapi import answers, body
-from foldplane.coordinator.facets.epochs.fold import complete_plan
-from foldplane.coordinator.facets.epochs.models import EpochBody, EpochPlanRequest
-from foldplane.coordinator.fold.projections import to_doc
-from foldplane.coordinator.host.loop import Appended, Host, Refusal
-from foldplane.eventlog import NewRecord
-from foldplane.wire.codes import FORBIDDEN, UNKNOWN_EPOCH
-from foldplane.wire.protocol import QUERY
+from ....api.codec import json_response, read_json
+from ....api.deps import host_of, principal_of, require_group, require_operator
+from ....api.errors import ApiError
+from ....api.limits import MAX_RANKS_PAGE
+from ....api.openapi import answers, body
+from ....eventlog import NewRecord
+from ....wire.codes import FORBIDDEN, UNKNOWN_EPOCH
+from ....wire.protocol import QUERY
+from ...fold.projections import to_doc
+from ...host.loop import Appended, Host, Refusal
+from .fold import complete_plan
+from .models import EpochBody, EpochPlanRequest
 
 # each route names its tag: the console reads the decisions
 router = APIRouter()

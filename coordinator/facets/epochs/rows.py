@@ -13,13 +13,13 @@ kind            seq        document
 
 from __future__ import annotations
 
-from foldplane.coordinator.facets.epochs.effects import (
+from ....eventlog import ProjectionRow
+from ...fold.projections import to_doc
+from .effects import (
     AssignmentChanged,
     EpochCompleted,
     EpochPlanned,
 )
-from foldplane.coordinator.fold.projections import to_doc
-from foldplane.eventlog import ProjectionRow
 
 PROJECTION_KINDS = ("epoch", "assignment", "epoch_end")
 

@@ -13,18 +13,18 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from foldplane.coordinator.facets.epochs.effects import (
+from ....eventlog import Record
+from ...fold.effects import Effect
+from ...fold.machine import Coordinator
+from ...fold.reasons import abridged
+from ...host.facets import Entry, RankStoryPart
+from .effects import (
     AssignmentChanged,
     EpochCompleted,
     EpochPlanned,
     Move,
 )
-from foldplane.coordinator.facets.epochs.partition import split_at
-from foldplane.coordinator.fold.effects import Effect
-from foldplane.coordinator.fold.machine import Coordinator
-from foldplane.coordinator.fold.reasons import abridged
-from foldplane.coordinator.host.facets import Entry, RankStoryPart
-from foldplane.eventlog import Record
+from .partition import split_at
 
 #: Segments listed in one phrase before the rest are counted.
 SEGMENTS_LISTED = 3

@@ -10,18 +10,18 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from foldplane.coordinator.facets.epochs.effects import (
-    AssignmentChanged,
-    EpochCompleted,
-    EpochPlanned,
-    PartSent,
-)
-from foldplane.wire.updates import (
+from ....wire.updates import (
     DataAssignmentUpdate,
     DataMovesUpdate,
     EpochCompleteUpdate,
     EpochPlanUpdate,
     update_from,
+)
+from .effects import (
+    AssignmentChanged,
+    EpochCompleted,
+    EpochPlanned,
+    PartSent,
 )
 
 

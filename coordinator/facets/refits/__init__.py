@@ -1,16 +1,16 @@
 """The ``refits`` facet: weight refits between two groups (docs/refit.md). Registered in
 ``coordinator/fold/registry.py``."""
 
-from foldplane.coordinator.facets.refits.fold import Refits, transfer_key
-from foldplane.coordinator.facets.refits.rows import PROJECTION_KINDS, ROWS
-from foldplane.coordinator.fold.registry import FacetPlugin
-from foldplane.wire.protocol import (
+from ....wire.protocol import (
     RefitBootstrapEvent,
     RefitJoinEvent,
     TransferEvent,
     TransferStatusEvent,
 )
-from foldplane.wire.updates import RefitBootstrapUpdate, RefitEpochUpdate, TransferUpdate
+from ....wire.updates import RefitBootstrapUpdate, RefitEpochUpdate, TransferUpdate
+from ...fold.registry import FacetPlugin
+from .fold import Refits, transfer_key
+from .rows import PROJECTION_KINDS, ROWS
 
 PLUGIN = FacetPlugin(
     name=Refits.name,

@@ -46,19 +46,8 @@ from typing import Any
 
 import msgspec
 
-from foldplane.coordinator.facets.refits.effects import (
-    RefitBootstrap,
-    RefitCreated,
-    RefitEpochChanged,
-    TransferChanged,
-)
-from foldplane.coordinator.fold.effects import Effect, RankState, View
-from foldplane.coordinator.fold.facets import FoldContext, Refusal
-from foldplane.coordinator.fold.fencing import online_rank_refusal
-from foldplane.coordinator.fold.reasons import abridged
-from foldplane.coordinator.fold.state import GroupState
-from foldplane.eventlog.record import Record
-from foldplane.wire.codes import (
+from ....eventlog.record import Record
+from ....wire.codes import (
     DIGEST_MISMATCH,
     INVALID_EVENT,
     INVALID_SLOT,
@@ -72,6 +61,17 @@ from foldplane.wire.codes import (
     UNKNOWN_GROUP,
     UNKNOWN_REFIT,
     UNKNOWN_TRANSFER,
+)
+from ...fold.effects import Effect, RankState, View
+from ...fold.facets import FoldContext, Refusal
+from ...fold.fencing import online_rank_refusal
+from ...fold.reasons import abridged
+from ...fold.state import GroupState
+from .effects import (
+    RefitBootstrap,
+    RefitCreated,
+    RefitEpochChanged,
+    TransferChanged,
 )
 
 PUBLISHER, SUBSCRIBER = "publisher", "subscriber"

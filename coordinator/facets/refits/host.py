@@ -9,19 +9,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from foldplane.coordinator.facets.refits.effects import (
+from ...host.facets import FacetHost
+from ...host.ready import HostState, Ready
+from .effects import (
     RefitBootstrap,
     RefitEpochChanged,
     TransferChanged,
 )
-from foldplane.coordinator.facets.refits.story import RefitRankStory, refit_epoch_label
-from foldplane.coordinator.facets.refits.updates import (
+from .story import RefitRankStory, refit_epoch_label
+from .updates import (
     refit_bootstrap_update,
     refit_epoch_update,
     transfer_update,
 )
-from foldplane.coordinator.host.facets import FacetHost
-from foldplane.coordinator.host.ready import HostState, Ready
 
 
 def _epoch(state: HostState, effect: RefitEpochChanged, ready: Ready) -> None:

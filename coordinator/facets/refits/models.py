@@ -7,8 +7,8 @@ from typing import Annotated, Any, Literal
 
 from msgspec import UNSET, Meta, Struct, UnsetType
 
-from foldplane.api.models import StoryEntry
-from foldplane.wire.protocol import Digest, GroupName, RefitName, TransferKey
+from ....api.models import StoryEntry
+from ....wire.protocol import Digest, GroupName, RefitName, TransferKey
 
 
 class RefitRequest(Struct, kw_only=True, forbid_unknown_fields=True):

@@ -8,11 +8,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from foldplane.coordinator.facets.refits.effects import RefitEpochChanged, TransferChanged
-from foldplane.coordinator.fold.effects import Effect
-from foldplane.coordinator.fold.machine import Coordinator
-from foldplane.coordinator.plot import FacetPanel
-from foldplane.eventlog import Record
+from ....eventlog import Record
+from ...fold.effects import Effect
+from ...fold.machine import Coordinator
+from ...plot import FacetPanel
+from .effects import RefitEpochChanged, TransferChanged
 
 #: Refit lanes drawn in the refit panel (the first by name; the rest are counted).
 REFIT_LANES = 8

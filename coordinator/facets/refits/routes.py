@@ -15,13 +15,18 @@ import msgspec
 from fastapi import APIRouter, Path, Query, Request
 from starlette.responses import Response
 
-from foldplane.api.codec import json_response, read_json
-from foldplane.api.deps import host_of, principal_of, require_operator
-from foldplane.api.errors import ApiError
-from foldplane.api.openapi import answers, body
-from foldplane.api.routes.story import step_page, story_turn
-from foldplane.coordinator.facets.refits.fold import complete_spec
-from foldplane.coordinator.facets.refits.models import (
+from ....api.codec import json_response, read_json
+from ....api.deps import host_of, principal_of, require_operator
+from ....api.errors import ApiError
+from ....api.openapi import answers, body
+from ....api.routes.story import step_page, story_turn
+from ....eventlog import NewRecord
+from ....wire.codes import FORBIDDEN, UNKNOWN_REFIT
+from ....wire.protocol import QUERY
+from ...fold.projections import to_doc
+from ...host.loop import Appended, Host, Refusal
+from .fold import complete_spec
+from .models import (
     RefitBody,
     RefitList,
     RefitRequest,
@@ -29,12 +34,7 @@ from foldplane.coordinator.facets.refits.models import (
     RefitStoryBody,
     TransferRequest,
 )
-from foldplane.coordinator.facets.refits.story import RefitStoryError, refit_story_of
-from foldplane.coordinator.fold.projections import to_doc
-from foldplane.coordinator.host.loop import Appended, Host, Refusal
-from foldplane.eventlog import NewRecord
-from foldplane.wire.codes import FORBIDDEN, UNKNOWN_REFIT
-from foldplane.wire.protocol import QUERY
+from .story import RefitStoryError, refit_story_of
 
 # each route names its tag: the story is the console's
 router = APIRouter()

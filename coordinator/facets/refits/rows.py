@@ -15,13 +15,13 @@ kind             seq        document
 
 from __future__ import annotations
 
-from foldplane.coordinator.facets.refits.effects import (
+from ....eventlog import ProjectionRow
+from ...fold.projections import to_doc
+from .effects import (
     RefitCreated,
     RefitEpochChanged,
     TransferChanged,
 )
-from foldplane.coordinator.fold.projections import to_doc
-from foldplane.eventlog import ProjectionRow
 
 PROJECTION_KINDS = ("refit", "refit_epoch", "transfer")
 

@@ -19,19 +19,19 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from foldplane.coordinator.facets.refits.effects import (
+from ....eventlog import Log, Record, open_log
+from ....wire.codes import COMPACTED, UNKNOWN_REFIT
+from ...fold.effects import Refused
+from ...fold.machine import Coordinator
+from ...fold.reasons import abridged, ranks_text
+from ...host.facets import RankStoryPart
+from ...host.replay import CompactedLog, find_start, read_pages
+from .effects import (
     RefitCreated,
     RefitEpochChanged,
     TransferChanged,
 )
-from foldplane.coordinator.facets.refits.fold import ADMITTED, TIMED_OUT, WAITING, Refit
-from foldplane.coordinator.fold.effects import Refused
-from foldplane.coordinator.fold.machine import Coordinator
-from foldplane.coordinator.fold.reasons import abridged, ranks_text
-from foldplane.coordinator.host.facets import RankStoryPart
-from foldplane.coordinator.host.replay import CompactedLog, find_start, read_pages
-from foldplane.eventlog import Log, Record, open_log
-from foldplane.wire.codes import COMPACTED, UNKNOWN_REFIT
+from .fold import ADMITTED, TIMED_OUT, WAITING, Refit
 
 #: Joins and reports kept before each decision.
 EVIDENCE_LIMIT = 32

@@ -7,16 +7,16 @@ follows them); the bootstrap goes to the journals of the admitted members only (
 
 from __future__ import annotations
 
-from foldplane.coordinator.facets.refits.effects import (
-    RefitBootstrap,
-    RefitEpochChanged,
-    TransferChanged,
-)
-from foldplane.wire.updates import (
+from ....wire.updates import (
     RefitBootstrapUpdate,
     RefitEpochUpdate,
     TransferUpdate,
     update_from,
+)
+from .effects import (
+    RefitBootstrap,
+    RefitEpochChanged,
+    TransferChanged,
 )
 
 
