@@ -10,5 +10,5 @@ not packages of it.
 
 The one short name left is the card's ``python -m coordinator ...`` in the repository's root:
 ``coordinator/__init__.py`` is empty and ``coordinator/__main__.py`` a door to
-``foldplane.coordinator.cli``'s ``main``, so no code is loaded under the name ``coordinator``.
+``foldplane.cli``'s ``main``, so no code is loaded under the name ``coordinator``.
 """

@@ -11,7 +11,7 @@ reads it (docs/data.md).
 ...             sampler.mark_processed(len(batch))    # these samples are done: reported
 
 The coordinator gives each active rank a *sequence* of ranges of the epoch's permutation
-(``coordinator/facets/epochs/fold.py``); this module follows it:
+(``facets/epochs/fold.py``); this module follows it:
 
 - :class:`EpochTracker` (one per agent, ``agent.data``) holds what the coordinator said about
   this rank's part (the plan, the latest assignment, the epoch's end) and reports progress

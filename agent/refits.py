@@ -9,7 +9,7 @@
 >>> refit.report(t, ok=True)
 >>> refit.wait_transfer(t)                                  # completed, or TransferFailed(detail)
 
-The coordinator decides everything (``coordinator/facets/refits/fold.py``); this module follows its
+The coordinator decides everything (``facets/refits/fold.py``); this module follows its
 updates (``refit_epoch``, ``transfer``, this rank's ``refit_bootstrap``) and sends the worker's
 events through the agent. Every wait ends early with :class:`RefitEpochMoved` when the
 refit's epoch moves past the one the caller holds (a view of either group, a member lost, a

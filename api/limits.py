@@ -2,7 +2,7 @@
 ones about a request's body (they cost nothing per request).
 
 :data:`LIMITS` names every limit with its default, its ``serve`` flag and environment
-variable, and the answer a request over it gets; ``coordinator.cli`` builds its options from
+variable, and the answer a request over it gets; ``foldplane.cli`` builds its options from
 it and docs/operations.md ("Limits") lists the same table. Where each is enforced: the request
 time, header size and connection limits by the HTTP protocol (``api.server.GuardedHttp``), the
 nesting depth by the decoder (``api.codec.check_depth``), groups and ranks by the precheck of

@@ -427,14 +427,14 @@ def _plan_bytes(n: int, dataset_size: int, grain: int = 1) -> dict[str, Any]:
     """The data plan's bytes on the view change that removes one rank of ``n``, 30 % into an
     epoch of ``dataset_size`` positions handed out in grains of ``grain`` (see the module
     docstring)."""
-    from ..coordinator.facets.epochs.effects import AssignmentChanged
-    from ..coordinator.facets.epochs.fold import complete_plan
     from ..coordinator.fold.effects import ViewCommitted, ViewPrepare
     from ..coordinator.fold.machine import Coordinator as Fold
     from ..coordinator.host.journal import encoded
     from ..coordinator.host.ready import HostState, ReadyBuilder
     from ..eventlog.projection import encode_projection
     from ..eventlog.record import Record
+    from ..facets.epochs.effects import AssignmentChanged
+    from ..facets.epochs.fold import complete_plan
 
     s = 1_000_000_000
     t0 = 1_764_000_000 * s

@@ -1,4 +1,4 @@
-"""The deterministic simulator (``coordinator/sim``): how many seeds, and how much simulated time, a
+"""The deterministic simulator (``sim/``): how many seeds, and how much simulated time, a
 core runs per second.
 
 Each seed is a whole cluster (4 to 8 ranks, the real fold and ``AgentMachine``s, a lossy
@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import time
 
-from ..coordinator.sim.invariants import Violation
-from ..coordinator.sim.world import HORIZON_STEPS, S, World
+from ..sim.invariants import Violation
+from ..sim.world import HORIZON_STEPS, S, World
 from .harness import Result, median
 
 

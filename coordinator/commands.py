@@ -1,5 +1,5 @@
 """The coordinator's command lines, for the processes that start one: the demo, the benchmarks
-and the tests (``coordinator/cli.py`` parses them)."""
+and the tests (``cli.py`` parses them)."""
 
 from __future__ import annotations
 

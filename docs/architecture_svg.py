@@ -160,7 +160,7 @@ def draw() -> str:
     )  # fmt: skip
     s.box(
         690, 452, 260, 56,
-        ["the composition roots", "coordinator/cli.py · demo.py", "commands.py · __main__.py"],
+        ["the composition roots", "cli.py · demo.py", "commands.py · __main__.py"],
         "roots",
     )  # fmt: skip
     s.arrow([(460, 332), (460, 452)], both=True)
@@ -198,7 +198,7 @@ def draw() -> str:
         50, 728, 900, 56,
         ["coordinator/fold/ — the pure fold: step(record) → effects; deterministic, no I/O, no clock",
          "machine.py dispatches to its rules: fencing · ranks · healthy_set · proposals · barrier · budget · deadlines",
-         "facets beside membership, one folder each (coordinator/facets/: epochs · refits), plugged in by registry.py"],
+         "facets beside membership, one folder each (facets/: epochs · refits), plugged in by registry.py"],
         "fold",
     )  # fmt: skip
     s.arrow([(700, 600), (700, 728)])

@@ -90,7 +90,7 @@ def test_the_contracts_cover_the_agent_and_the_benchmarks() -> None:
         for c in contracts
         if c["type"] == "forbidden" and c["source_modules"] == ["foldplane.benchmarks"]
     ]
-    assert any({"tests", "foldplane.coordinator.cli"} <= f for f in forbidden), forbidden
+    assert any({"tests", "foldplane.cli"} <= f for f in forbidden), forbidden
 
 
 #: The repository's top folders that are packages of foldplane.

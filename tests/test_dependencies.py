@@ -14,7 +14,7 @@ import sys
 import tomllib
 from pathlib import Path
 
-from foldplane.coordinator.cli import SERVER_MODULES
+from foldplane.cli import SERVER_MODULES
 
 ROOT = Path(__file__).resolve().parent.parent
 LOCAL = {"foldplane", "eventlog", "coordinator", "agent", "api", "wire", "migrations", "benchmarks", "tests"}
@@ -93,7 +93,7 @@ def _cli_without_server(*argv: str) -> subprocess.CompletedProcess[str]:
         "import sys\n"
         f"for m in {sorted(SERVER_MODULES)!r}:\n"
         "    sys.modules[m] = None\n"
-        "from foldplane.coordinator.cli import main\n"
+        "from foldplane.cli import main\n"
         f"sys.exit(main({list(argv)!r}))\n"
     )
     return subprocess.run(

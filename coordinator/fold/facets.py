@@ -3,8 +3,8 @@
 Membership (ranks, links, the Healthy Set, views, proposals, the barrier) is the fold's core
 (``machine.py``). Everything else a job brings is a *facet*, one folder of its own plugged in
 through the registry (``registry.py``): epoch plans and the data partitions that survive a
-dead rank (``coordinator/facets/epochs/``), weight refits between two groups
-(``coordinator/facets/refits/``). Its fold object is what this protocol describes; a facet
+dead rank (``facets/epochs/``), weight refits between two groups
+(``facets/refits/``). Its fold object is what this protocol describes; a facet
 
 - owns some record kinds (``kinds``): the fold hands their checks (:meth:`Facet.refusal`,
   :meth:`Facet.repeat_of`) and their steps (:meth:`Facet.apply`) to it;

@@ -35,13 +35,13 @@ from .facets import Facet
 
 #: The facets of foldplane, by package, in the order their hooks run.
 BUILTIN_FACETS: tuple[str, ...] = (
-    "foldplane.coordinator.facets.epochs",
-    "foldplane.coordinator.facets.refits",
-    "foldplane.coordinator.facets.lighthouse",
+    "foldplane.facets.epochs",
+    "foldplane.facets.refits",
+    "foldplane.facets.lighthouse",
 )
 
 #: The environment variable that names a deployment's own facets (packages, comma-separated);
-#: the command line reads it (``coordinator.cli``) and calls :func:`install`.
+#: the command line reads it (``foldplane.cli``) and calls :func:`install`.
 FACETS_ENV = "FOLDPLANE_FACETS"
 
 #: An effect's projection rows.

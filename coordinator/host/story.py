@@ -538,7 +538,7 @@ async def story_from(
 
 
 def format_story(story: dict[str, Any]) -> str:
-    """The story (of a rank, or of a refit: coordinator/facets/refits/story.py) as lines for a
+    """The story (of a rank, or of a refit: facets/refits/story.py) as lines for a
     terminal: the summary, then one line per entry."""
     lines = [story["summary"], ""]
     header = ("offset", "time (UTC)", "record", "event", "reason")

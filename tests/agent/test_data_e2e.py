@@ -29,10 +29,10 @@ import pytest
 import torch
 
 from foldplane.agent.launch import Launcher, WorkerExit
-from foldplane.coordinator.facets.epochs.partition import split_at
 from foldplane.coordinator.fold.effects import Refused
 from foldplane.coordinator.fold.machine import Coordinator as Fold
 from foldplane.eventlog import open_log
+from foldplane.facets.epochs.partition import split_at
 from tests.agent.conftest import ROOT, Coordinator, _base_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]

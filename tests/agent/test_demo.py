@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from foldplane.coordinator.demo import WAIT_NOTE_S
+from foldplane.demo import WAIT_NOTE_S
 from tests.agent.conftest import ROOT
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -60,7 +60,7 @@ def test_the_demo_refuses_to_overwrite_a_log(tmp_path: Path):
     db = tmp_path / "old.db"
     db.write_bytes(b"")
     demo = subprocess.run(
-        [sys.executable, "-m", "foldplane.coordinator.demo", "--db", str(db)],
+        [sys.executable, "-m", "foldplane.demo", "--db", str(db)],
         cwd=ROOT, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert demo.returncode == 2

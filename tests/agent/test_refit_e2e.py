@@ -25,11 +25,11 @@ from typing import Any
 import pytest
 
 from foldplane.agent.launch import Launcher, WorkerExit
-from foldplane.coordinator.facets.refits.effects import (
-    TransferChanged,
-)
 from foldplane.coordinator.fold.machine import Coordinator as Fold
 from foldplane.eventlog import open_log
+from foldplane.facets.refits.effects import (
+    TransferChanged,
+)
 from tests.agent.conftest import ROOT, Coordinator, _base_env
 from tests.agent.refit_worker import GENERATOR, seed_of, the_plan
 from tests.refit.worker import full_state, tensor_hash

@@ -7,16 +7,16 @@ from typing import Any
 
 import pytest
 
-from foldplane.coordinator.facets.epochs.effects import (
+from foldplane.coordinator.fold.effects import Refused
+from foldplane.coordinator.fold.machine import Coordinator
+from foldplane.facets.epochs.effects import (
     AssignmentChanged,
     EpochCompleted,
     EpochPlanned,
     PartSent,
 )
-from foldplane.coordinator.facets.epochs.fold import complete_plan
-from foldplane.coordinator.facets.epochs.partition import covers_exactly
-from foldplane.coordinator.fold.effects import Refused
-from foldplane.coordinator.fold.machine import Coordinator
+from foldplane.facets.epochs.fold import complete_plan
+from foldplane.facets.epochs.partition import covers_exactly
 from tests.fold.script import Script, of, one
 
 

@@ -25,11 +25,11 @@ import msgspec
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from foldplane.coordinator.facets.epochs.effects import EpochCompleted
-from foldplane.coordinator.facets.epochs.fold import complete_plan
-from foldplane.coordinator.facets.epochs.partition import covers_exactly, split_at
 from foldplane.coordinator.fold.effects import Effect, Refused
 from foldplane.coordinator.host.ready import HostState, ReadyBuilder
+from foldplane.facets.epochs.effects import EpochCompleted
+from foldplane.facets.epochs.fold import complete_plan
+from foldplane.facets.epochs.partition import covers_exactly, split_at
 from foldplane.wire.data import apply_moves
 from foldplane.wire.updates import DataAssignmentUpdate, DataMovesUpdate, EpochPlanUpdate, Update
 from tests.fold.script import Script

@@ -11,15 +11,15 @@ from typing import Any
 
 from PIL import Image
 
-from foldplane.coordinator.facets.refits.plot import (
+from foldplane.coordinator.fold.effects import ViewCommitted
+from foldplane.coordinator.fold.machine import Coordinator
+from foldplane.coordinator.plot import Timeline, plot_views
+from foldplane.facets.refits.plot import (
     ADMITTED_COLOUR,
     TRANSFER_COLOURS,
     RefitPanel,
     TransferSpan,
 )
-from foldplane.coordinator.fold.effects import ViewCommitted
-from foldplane.coordinator.fold.machine import Coordinator
-from foldplane.coordinator.plot import Timeline, plot_views
 from tests.fold.script import T0, S
 from tests.fold.test_refit_story import scenario
 

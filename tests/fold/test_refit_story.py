@@ -1,4 +1,4 @@
-"""A refit's story (coordinator/facets/refits/story.py) and the refit part of a rank's story, told
+"""A refit's story (facets/refits/story.py) and the refit part of a rank's story, told
 from a scripted log folded by the real fold: a transfer fails when a subscriber dies, the epoch
 moves twice (the loss, then the view), the replacement joins and the retry completes."""
 
@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from foldplane.coordinator.facets.refits.story import RefitStoryBuilder, RefitStoryError
 from foldplane.coordinator.host.story import StoryBuilder, format_story
+from foldplane.facets.refits.story import RefitStoryBuilder, RefitStoryError
 from tests.fold.script import Script
 from tests.fold.test_refits import (
     D1,

@@ -9,18 +9,18 @@ from typing import Any
 import msgspec
 import pytest
 
-from foldplane.coordinator.facets.refits.effects import (
+from foldplane.coordinator.fold.effects import (
+    Refused,
+)
+from foldplane.coordinator.fold.machine import Coordinator
+from foldplane.facets.refits.effects import (
     RefitBootstrap,
     RefitCreated,
     RefitEpochChanged,
     TransferChanged,
 )
-from foldplane.coordinator.facets.refits.fold import complete_spec
-from foldplane.coordinator.facets.refits.rows import ROWS
-from foldplane.coordinator.fold.effects import (
-    Refused,
-)
-from foldplane.coordinator.fold.machine import Coordinator
+from foldplane.facets.refits.fold import complete_spec
+from foldplane.facets.refits.rows import ROWS
 from tests.fold.script import Script, of, one
 
 D1 = "a" * 64

@@ -89,7 +89,7 @@ def test_plot_without_matplotlib_is_refused_before_the_replay(tmp_path: Path):
     db = tmp_path / "missing.db"  # the replay would refuse this: the plot's check comes first
     hide = (
         "import sys; sys.modules['matplotlib'] = None; "
-        "from foldplane.coordinator.cli import main; raise SystemExit(main(sys.argv[1:]))"
+        "from foldplane.cli import main; raise SystemExit(main(sys.argv[1:]))"
     )
     run = subprocess.run(
         [sys.executable, "-c", hide, "replay", str(db), "--plot", str(tmp_path / "t.png")],

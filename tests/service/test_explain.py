@@ -291,7 +291,7 @@ def test_replay_plots_each_rank_s_part_of_the_epoch(epoch_log, tmp_path):
         assert img.format == "PNG" and img.size[0] == 1000 and img.size[1] > 450
         colours = dict((c, n) for n, c in img.convert("RGB").getcolors(maxcolors=1 << 16) or [])
     # the held and processed fills and the moves' arrows are drawn, not just the axes
-    from foldplane.coordinator.facets.epochs.plot import HELD_COLOUR, MOVE_COLOUR, PROCESSED_COLOUR
+    from foldplane.facets.epochs.plot import HELD_COLOUR, MOVE_COLOUR, PROCESSED_COLOUR
 
     for name, hex_colour in (
         ("held", HELD_COLOUR),

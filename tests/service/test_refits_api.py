@@ -436,8 +436,8 @@ async def test_a_refit_s_story_over_http_is_the_one_explain_prints(
 ) -> None:
     import msgspec
 
-    from foldplane.coordinator.facets.refits.models import RefitStoryBody
-    from foldplane.coordinator.facets.refits.story import refit_story_of
+    from foldplane.facets.refits.models import RefitStoryBody
+    from foldplane.facets.refits.story import refit_story_of
 
     host, c = api
     assert (await c.post("/refits", json=REFIT, headers=OP)).status_code == 201

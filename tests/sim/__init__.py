@@ -1,1 +1,1 @@
-"""The deterministic simulator's seeds, run and shrunk (the simulator is ``coordinator/sim``)."""
+"""The deterministic simulator's seeds, run and shrunk (the simulator is ``sim``)."""

@@ -20,8 +20,8 @@ import msgspec
 
 from foldplane.coordinator.fold.machine import Coordinator
 from foldplane.coordinator.fold.projections import rows_for
-from foldplane.coordinator.sim.world import HORIZON_STEPS, T0, S, World, describe, run_seed, setup
 from foldplane.eventlog.record import encode_payload, frame_body
+from foldplane.sim.world import HORIZON_STEPS, T0, S, World, describe, run_seed, setup
 
 
 def digest(first: int, last: int, steps: int) -> tuple[str, str, int]:

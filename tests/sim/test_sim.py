@@ -28,8 +28,6 @@ from typing import Any
 import msgspec
 import pytest
 
-from foldplane.coordinator.facets.epochs.effects import AssignmentChanged, EpochCompleted
-from foldplane.coordinator.facets.epochs.fold import Epoch, EpochPlan, Epochs, Holding
 from foldplane.coordinator.fold import machine as machine_module
 from foldplane.coordinator.fold.config import GroupConfig
 from foldplane.coordinator.fold.effects import (
@@ -44,10 +42,12 @@ from foldplane.coordinator.fold.effects import (
     ViewPrepare,
 )
 from foldplane.coordinator.fold.state import RankInfo
-from foldplane.coordinator.sim import world as sim
-from foldplane.coordinator.sim.invariants import NAMES, Invariants, Violation
-from foldplane.coordinator.sim.world import HORIZON_STEPS, World, describe, run_seed, shrink
 from foldplane.eventlog.record import Record
+from foldplane.facets.epochs.effects import AssignmentChanged, EpochCompleted
+from foldplane.facets.epochs.fold import Epoch, EpochPlan, Epochs, Holding
+from foldplane.sim import world as sim
+from foldplane.sim.invariants import NAMES, Invariants, Violation
+from foldplane.sim.world import HORIZON_STEPS, World, describe, run_seed, shrink
 from foldplane.wire.data import ReadCursor
 from foldplane.wire.protocol import View
 

@@ -15,20 +15,6 @@ from typing import Any
 import msgspec
 import pytest
 
-from foldplane.coordinator.facets.epochs import updates as epoch_updates
-from foldplane.coordinator.facets.epochs.effects import (
-    AssignmentChanged,
-    EpochCompleted,
-    EpochPlanned,
-    PartSent,
-)
-from foldplane.coordinator.facets.epochs.fold import complete_plan
-from foldplane.coordinator.facets.refits import updates as refit_updates
-from foldplane.coordinator.facets.refits.effects import (
-    RefitBootstrap,
-    RefitEpochChanged,
-    TransferChanged,
-)
 from foldplane.coordinator.fold import projections
 from foldplane.coordinator.fold.effects import (
     Effect,
@@ -39,6 +25,20 @@ from foldplane.coordinator.fold.effects import (
     ViewPrepare,
 )
 from foldplane.coordinator.host.ready import HostState, ReadyBuilder
+from foldplane.facets.epochs import updates as epoch_updates
+from foldplane.facets.epochs.effects import (
+    AssignmentChanged,
+    EpochCompleted,
+    EpochPlanned,
+    PartSent,
+)
+from foldplane.facets.epochs.fold import complete_plan
+from foldplane.facets.refits import updates as refit_updates
+from foldplane.facets.refits.effects import (
+    RefitBootstrap,
+    RefitEpochChanged,
+    TransferChanged,
+)
 from foldplane.wire import protocol, reference
 from foldplane.wire import updates as wire_updates
 from foldplane.wire.updates import UPDATE_TYPES, AgentUpdate, UpdateError, decode_updates

@@ -8,19 +8,19 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from foldplane.coordinator.facets.epochs.effects import (
+from foldplane.coordinator.fold.effects import RankState, ShutdownWithSave
+from foldplane.coordinator.fold.projections import to_doc
+from foldplane.facets.epochs.effects import (
     AssignmentChanged,
     EpochCompleted,
     EpochPlanned,
     PartSent,
 )
-from foldplane.coordinator.facets.refits.effects import (
+from foldplane.facets.refits.effects import (
     RefitBootstrap,
     RefitEpochChanged,
     TransferChanged,
 )
-from foldplane.coordinator.fold.effects import RankState, ShutdownWithSave
-from foldplane.coordinator.fold.projections import to_doc
 from foldplane.wire import ranks as rank_sets
 from foldplane.wire.protocol import View
 

@@ -4,7 +4,7 @@ An epoch plan (``epoch_plan`` record) declares one pass over a dataset: its size
 whether the epoch's permutation is shuffled, how it is split, the grain (positions handed out
 together) and the lookahead (how far a rank's sampler may read ahead of what it reported).
 The fold gives each active rank of the committed view a **sequence** of ranges of the epoch's
-permutation (``coordinator.facets.epochs.partition``); ranks report how far they are (``progress``:
+permutation (``facets.epochs.partition``); ranks report how far they are (``progress``:
 ``processed`` positions from the front of their sequence); and when the view changes, or a rank
 runs dry, ranges move, each move a committed decision (``AssignmentChanged``).
 
@@ -51,8 +51,14 @@ from typing import Any
 
 import msgspec
 
-from ....eventlog.record import Record
-from ....wire.codes import (
+from ...coordinator.fold.effects import OFFLINE, Effect, View
+from ...coordinator.fold.facets import FoldContext, Refusal
+from ...coordinator.fold.fencing import online_rank_refusal
+from ...coordinator.fold.payloads import MAX_ID_LEN
+from ...coordinator.fold.reasons import abridged, ranks_text
+from ...coordinator.fold.state import FAILED, GroupState
+from ...eventlog.record import Record
+from ...wire.codes import (
     EPOCH_CONFLICT,
     GROUP_FAILED,
     GROUP_NOT_FORMED,
@@ -61,13 +67,7 @@ from ....wire.codes import (
     UNKNOWN_EPOCH,
     UNKNOWN_GROUP,
 )
-from ....wire.protocol import MAX_DATASET
-from ...fold.effects import OFFLINE, Effect, View
-from ...fold.facets import FoldContext, Refusal
-from ...fold.fencing import online_rank_refusal
-from ...fold.payloads import MAX_ID_LEN
-from ...fold.reasons import abridged, ranks_text
-from ...fold.state import FAILED, GroupState
+from ...wire.protocol import MAX_DATASET
 from .effects import (
     AssignmentChanged,
     EpochCompleted,

@@ -1,5 +1,5 @@
-"""The deterministic simulator of the whole system (:mod:`coordinator.sim.world`) and the
-invariants it checks after every step (:mod:`coordinator.sim.invariants`).
+"""The deterministic simulator of the whole system (:mod:`sim.world`) and the
+invariants it checks after every step (:mod:`sim.invariants`).
 
 A composition root like the demo: it runs the real fold, the host's decisions and the agents'
 real ``AgentMachine``s in one process, so it imports both sides. ``tests/sim`` runs its seeds

@@ -1,5 +1,5 @@
 """Ranges of an epoch's permutation and how they are shared out: pure arithmetic for the epoch
-plans (``coordinator/facets/epochs/fold.py``).
+plans (``facets/epochs/fold.py``).
 
 A *position* is an index into the epoch's permutation of the dataset (0..dataset_size-1); the
 sampler maps position ``p`` to dataset index ``perm[p]``. A rank holds a **sequence**: the
@@ -19,8 +19,8 @@ from collections.abc import Iterable, Mapping, Sequence
 
 # ``Segment`` (``(start, length)``: positions ``start .. start + length - 1`` of the
 # permutation), ``normalized`` and ``split_at`` are the wire's: agents apply moves with them.
-from ....wire.data import Segment, split_at
-from ....wire.data import (
+from ...wire.data import Segment, split_at
+from ...wire.data import (
     normalized as normalized,  # re-exported: the fold imports it from here
 )
 

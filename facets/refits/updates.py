@@ -7,7 +7,7 @@ follows them); the bootstrap goes to the journals of the admitted members only (
 
 from __future__ import annotations
 
-from ....wire.updates import (
+from ...wire.updates import (
     RefitBootstrapUpdate,
     RefitEpochUpdate,
     TransferUpdate,

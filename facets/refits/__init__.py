@@ -1,14 +1,14 @@
 """The ``refits`` facet: weight refits between two groups (docs/refit.md). Registered in
 ``coordinator/fold/registry.py``."""
 
-from ....wire.protocol import (
+from ...coordinator.fold.registry import FacetPlugin
+from ...wire.protocol import (
     RefitBootstrapEvent,
     RefitJoinEvent,
     TransferEvent,
     TransferStatusEvent,
 )
-from ....wire.updates import RefitBootstrapUpdate, RefitEpochUpdate, TransferUpdate
-from ...fold.registry import FacetPlugin
+from ...wire.updates import RefitBootstrapUpdate, RefitEpochUpdate, TransferUpdate
 from .fold import Refits, transfer_key
 from .rows import PROJECTION_KINDS, ROWS
 
@@ -21,8 +21,8 @@ PLUGIN = FacetPlugin(
     events=(RefitJoinEvent, RefitBootstrapEvent, TransferEvent, TransferStatusEvent),
     projection_kinds=PROJECTION_KINDS,
     batch_key={"transfer": transfer_key},
-    host="foldplane.coordinator.facets.refits.host",
-    routes="foldplane.coordinator.facets.refits.routes",
-    plot="foldplane.coordinator.facets.refits.plot",
-    console="foldplane.coordinator.facets.refits:console.html",
+    host="foldplane.facets.refits.host",
+    routes="foldplane.facets.refits.routes",
+    plot="foldplane.facets.refits.plot",
+    console="foldplane.facets.refits:console.html",
 )

@@ -8,7 +8,7 @@ from typing import Any
 
 import msgspec
 
-from ...fold.effects import Effect
+from ...coordinator.fold.effects import Effect
 
 
 class RankRange(msgspec.Struct, frozen=True, kw_only=True, array_like=True):

@@ -18,11 +18,7 @@ from typing import Any
 
 import msgspec
 
-from ...eventlog.record import Record
-from ...wire import ranks as rank_sets
-from ...wire.protocol import View, links_down
-from ..facets.epochs.partition import covers_exactly, split_at
-from ..fold.effects import (
+from ..coordinator.fold.effects import (
     HEALTHY,
     OFFLINE,
     TERMINAL,
@@ -37,6 +33,10 @@ from ..fold.effects import (
     ViewCommitted,
     ViewPrepare,
 )
+from ..eventlog.record import Record
+from ..facets.epochs.partition import covers_exactly, split_at
+from ..wire import ranks as rank_sets
+from ..wire.protocol import View, links_down
 
 _encode = msgspec.json.Encoder().encode
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...host.facets import FacetHost
-from ...host.ready import HostState, Ready
+from ...coordinator.host.facets import FacetHost
+from ...coordinator.host.ready import HostState, Ready
 from .effects import (
     RefitBootstrap,
     RefitEpochChanged,

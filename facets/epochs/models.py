@@ -7,12 +7,12 @@ from typing import Annotated, Any, Literal
 
 from msgspec import UNSET, Meta, Struct, UnsetType
 
-from ....wire.protocol import MAX_DATASET
+from ...wire.protocol import MAX_DATASET
 
 
 class EpochPlanRequest(Struct, kw_only=True, forbid_unknown_fields=True):
     """``POST /groups/{group}/epochs``: one pass over a dataset (docs/data.md). Fields left
-    out take their defaults (``coordinator.facets.epochs.fold.PLAN_DEFAULTS``; ``reclaim`` is on
+    out take their defaults (``facets.epochs.fold.PLAN_DEFAULTS``; ``reclaim`` is on
     for a throughput split)."""
 
     epoch: Annotated[int, Meta(ge=0, le=MAX_DATASET)]

@@ -53,7 +53,7 @@ seeds also *reassign* a rank: it is deactivated by proposal while it reads and a
 a little later, its process reading throughout (the schedule of a late report about an old
 share). The invariants check that every position the fold counts for a rank was read by it.
 
-The invariants (``coordinator/sim/invariants.py``) are checked after every step.
+The invariants (``sim/invariants.py``) are checked after every step.
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ from typing import Any, NamedTuple
 
 import msgspec
 
-from ...agent.machine import (
+from ..agent.machine import (
     BEATS,
     EVENTS,
     AgentConfig,
@@ -91,24 +91,24 @@ from ...agent.machine import (
     Tick,
     UpdatesReceived,
 )
-from ...eventlog.record import NewRecord, Record
-from ...wire.data import ReadCursor, apply_moves
-from ...wire.updates import (
+from ..coordinator.fold.machine import Coordinator
+from ..coordinator.fold.projections import rows_for
+from ..coordinator.host.batching import MAX_BATCH, decisions_first, take_batch
+from ..coordinator.host.inputs import Input, queue_submission
+from ..coordinator.host.journal import UpdateJournals, decoded
+from ..coordinator.host.loop import Appended, Existing, Host, Refusal, UpdatesAnswer
+from ..coordinator.host.polls import resync_answer
+from ..coordinator.host.ready import HostState, publish
+from ..coordinator.host.snapshots import decode_snapshot, encode_snapshot
+from ..eventlog.record import NewRecord, Record
+from ..facets.epochs.fold import complete_plan
+from ..wire.data import ReadCursor, apply_moves
+from ..wire.updates import (
     DataAssignmentUpdate,
     DataMovesUpdate,
     EpochCompleteUpdate,
     EpochPlanUpdate,
 )
-from ..facets.epochs.fold import complete_plan
-from ..fold.machine import Coordinator
-from ..fold.projections import rows_for
-from ..host.batching import MAX_BATCH, decisions_first, take_batch
-from ..host.inputs import Input, queue_submission
-from ..host.journal import UpdateJournals, decoded
-from ..host.loop import Appended, Existing, Host, Refusal, UpdatesAnswer
-from ..host.polls import resync_answer
-from ..host.ready import HostState, publish
-from ..host.snapshots import decode_snapshot, encode_snapshot
 from .invariants import Invariants, Violation
 
 S = 1_000_000_000

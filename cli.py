@@ -17,7 +17,7 @@
   records that brought it to its state and its place in or out of ``active_ranks``
   (:mod:`coordinator.host.story`, the same story as ``GET /groups/{group}/ranks/{rank}/story``).
   ``explain log.db --refit NAME`` tells a refit's story instead: its epochs, joins and
-  transfers (:mod:`coordinator.facets.refits.story`).
+  transfers (:mod:`facets.refits.story`).
 - ``group list|show|end|delete [NAME] [--coordinator URL]`` asks a running coordinator: every
   group with where its run stands, one group's document, or ends a group's run (its ranks are
   told to stop; its history stays) or deletes it (ended, and gone from the listings and the
@@ -43,7 +43,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from .runtime import loop_factory, tune_for_latency
+from .coordinator.runtime import loop_factory, tune_for_latency
 
 DEFAULT_PORT = 8470
 #: Logs at least this long get a progress bar on stderr even when it is not a terminal.
@@ -96,7 +96,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _install_facets() -> str | None:
     """Plug in the facets ``FOLDPLANE_FACETS`` names (``coordinator/fold/registry.py``) before
     any log is opened or folded; what is wrong with a name, or None."""
-    from .fold import registry
+    from .coordinator.fold import registry
 
     try:
         registry.install(os.environ.get(registry.FACETS_ENV))
@@ -343,7 +343,7 @@ def _parser() -> argparse.ArgumentParser:
 def _limit_options(group: Any) -> None:
     """One option per limit of ``api.limits.LIMITS``; each defaults to its environment variable,
     else to the built-in default."""
-    from ..api.limits import LIMITS, Limits
+    from .api.limits import LIMITS, Limits
 
     defaults = Limits()
     for doc in LIMITS:
@@ -378,13 +378,13 @@ def _check_open_files(max_connections: int) -> None:
 
 
 def _limits(args: argparse.Namespace) -> Any:
-    from ..api.limits import LIMITS, Limits
+    from .api.limits import LIMITS, Limits
 
     return Limits(**{doc.field: getattr(args, doc.field) for doc in LIMITS})
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from .auth import Authenticator, BindRefused, check_bind
+    from .coordinator.auth import Authenticator, BindRefused, check_bind
 
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -399,7 +399,7 @@ def _serve(args: argparse.Namespace) -> int:
     except BindRefused as exc:
         print(f"coordinator: {exc}", file=sys.stderr)
         return 2
-    from .host.leadership import LeaseSettings
+    from .coordinator.host.leadership import LeaseSettings
 
     try:
         args.limits = _limits(args)
@@ -442,7 +442,7 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"coordinator: {problem}", file=sys.stderr)
         return 2
     if args.retain is not None:
-        from .host.retention import parse_policy
+        from .coordinator.host.retention import parse_policy
 
         try:
             parse_policy(args.retain)
@@ -513,10 +513,10 @@ async def _serve_lighthouse(args: argparse.Namespace, host: Any, auth: Any) -> A
 
 
 async def _serve_async(args: argparse.Namespace, auth: Any) -> int:
-    from ..api.app import create_app
-    from ..api.server import Server, config
-    from ..eventlog import LogError
-    from .host.replica import open_host
+    from .api.app import create_app
+    from .api.server import Server, config
+    from .coordinator.host.replica import open_host
+    from .eventlog import LogError
 
     try:
         host = await open_host(
@@ -535,7 +535,7 @@ async def _serve_async(args: argparse.Namespace, auth: Any) -> int:
     retention = None
     lighthouse = None
     if args.retain is not None:
-        from .host.compaction import retain_periodically
+        from .coordinator.host.compaction import retain_periodically
 
         retention = asyncio.get_running_loop().create_task(
             retain_periodically(
@@ -547,7 +547,7 @@ async def _serve_async(args: argparse.Namespace, auth: Any) -> int:
         )
     try:
         if args.store_port >= 0:
-            from .host.store_server import start_store
+            from .coordinator.host.store_server import start_store
 
             store, host.store_address = start_store(
                 args.host, args.store_port, advertise=args.store_host
@@ -590,11 +590,11 @@ async def _serve_async(args: argparse.Namespace, auth: Any) -> int:
 
 
 def _replay(args: argparse.Namespace) -> int:
-    from ..eventlog import LogError
-    from .host.replay import CompactedLog, replay
+    from .coordinator.host.replay import CompactedLog, replay
+    from .eventlog import LogError
 
     if args.plot is not None:
-        from .plot import PlotError, check_target
+        from .coordinator.plot import PlotError, check_target
 
         try:
             check_target(args.plot)
@@ -604,7 +604,7 @@ def _replay(args: argparse.Namespace) -> int:
     bar = _ProgressBar(args.progress)
     timeline = None
     if args.plot is not None:
-        from .plot import Timeline
+        from .coordinator.plot import Timeline
 
         timeline = Timeline(args.group)
     try:
@@ -647,7 +647,7 @@ def _replay(args: argparse.Namespace) -> int:
             else f"FAILED: {len(report.divergences)} divergence(s)"
         )
     if args.plot is not None:
-        from .plot import PlotError, plot_views
+        from .coordinator.plot import PlotError, plot_views
 
         try:
             plot_views(report.views, args.plot, timeline)
@@ -659,10 +659,10 @@ def _replay(args: argparse.Namespace) -> int:
 
 
 def _compact(args: argparse.Namespace) -> int:
-    from ..eventlog import LogError
-    from .host.compaction import STEP_RECORDS, compact
-    from .host.replay import CompactedLog
-    from .host.retention import parse_policy
+    from .coordinator.host.compaction import STEP_RECORDS, compact
+    from .coordinator.host.replay import CompactedLog
+    from .coordinator.host.retention import parse_policy
+    from .eventlog import LogError
 
     try:
         policy = parse_policy(args.retain)
@@ -723,7 +723,7 @@ def _audit_warnings(command: str, db: str, records: int) -> None:
         print(f"{command}: warning: {db} holds no records", file=sys.stderr)
     if db.startswith("postgresql"):
         return
-    from ..eventlog.target import parse_target
+    from .eventlog.target import parse_target
 
     path = parse_target(db).path  # type: ignore[union-attr]
     if records == 0 and not os.path.exists(f"{path}-wal"):
@@ -735,9 +735,9 @@ def _audit_warnings(command: str, db: str, records: int) -> None:
 
 
 def _explain(args: argparse.Namespace) -> int:
-    from ..eventlog import LogError
+    from .coordinator.host.story import StoryError, format_story, story_from
+    from .eventlog import LogError
     from .facets.refits.story import RefitStoryError, refit_story_from
-    from .host.story import StoryError, format_story, story_from
 
     if args.refit is not None and (args.group is not None or args.rank is not None):
         print("explain: give either --refit NAME or --group G --rank R, not both", file=sys.stderr)
@@ -841,7 +841,7 @@ def _ranks(ranks: list[int]) -> str:
 
 
 def _group(args: argparse.Namespace) -> int:
-    from ..agent.client import (
+    from .agent.client import (
         CoordinatorClient,
         CoordinatorError,
         CoordinatorUnavailable,
@@ -911,7 +911,7 @@ def _line_state(line: dict[str, Any]) -> str:
 
 
 def _token(args: argparse.Namespace) -> int:
-    from ..wire.auth import agent_token
+    from .wire.auth import agent_token
 
     secret = args.secret or os.environ.get("FOLDPLANE_SECRET")
     if not secret:

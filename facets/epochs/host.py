@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ...fold.machine import Coordinator
-from ...host.facets import FacetHost
-from ...host.journal import Update
-from ...host.ready import HostState, Ready
+from ...coordinator.fold.machine import Coordinator
+from ...coordinator.host.facets import FacetHost
+from ...coordinator.host.journal import Update
+from ...coordinator.host.ready import HostState, Ready
 from .effects import (
     AssignmentChanged,
     EpochCompleted,

@@ -13,16 +13,16 @@ import msgspec
 from fastapi import APIRouter, Path, Query, Request
 from starlette.responses import Response
 
-from ....api.codec import json_response, read_json
-from ....api.deps import host_of, principal_of, require_group, require_operator
-from ....api.errors import ApiError
-from ....api.limits import MAX_RANKS_PAGE
-from ....api.openapi import answers, body
-from ....eventlog import NewRecord
-from ....wire.codes import FORBIDDEN, UNKNOWN_EPOCH
-from ....wire.protocol import QUERY
-from ...fold.projections import to_doc
-from ...host.loop import Appended, Host, Refusal
+from ...api.codec import json_response, read_json
+from ...api.deps import host_of, principal_of, require_group, require_operator
+from ...api.errors import ApiError
+from ...api.limits import MAX_RANKS_PAGE
+from ...api.openapi import answers, body
+from ...coordinator.fold.projections import to_doc
+from ...coordinator.host.loop import Appended, Host, Refusal
+from ...eventlog import NewRecord
+from ...wire.codes import FORBIDDEN, UNKNOWN_EPOCH
+from ...wire.protocol import QUERY
 from .fold import complete_plan
 from .models import EpochBody, EpochPlanRequest
 

@@ -13,8 +13,8 @@ kind            seq        document
 
 from __future__ import annotations
 
-from ....eventlog import ProjectionRow
-from ...fold.projections import to_doc
+from ...coordinator.fold.projections import to_doc
+from ...eventlog import ProjectionRow
 from .effects import (
     AssignmentChanged,
     EpochCompleted,

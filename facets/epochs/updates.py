@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ....wire.updates import (
+from ...wire.updates import (
     DataAssignmentUpdate,
     DataMovesUpdate,
     EpochCompleteUpdate,

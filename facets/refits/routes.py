@@ -15,16 +15,16 @@ import msgspec
 from fastapi import APIRouter, Path, Query, Request
 from starlette.responses import Response
 
-from ....api.codec import json_response, read_json
-from ....api.deps import host_of, principal_of, require_operator
-from ....api.errors import ApiError
-from ....api.openapi import answers, body
-from ....api.routes.story import step_page, story_turn
-from ....eventlog import NewRecord
-from ....wire.codes import FORBIDDEN, UNKNOWN_REFIT
-from ....wire.protocol import QUERY
-from ...fold.projections import to_doc
-from ...host.loop import Appended, Host, Refusal
+from ...api.codec import json_response, read_json
+from ...api.deps import host_of, principal_of, require_operator
+from ...api.errors import ApiError
+from ...api.openapi import answers, body
+from ...api.routes.story import step_page, story_turn
+from ...coordinator.fold.projections import to_doc
+from ...coordinator.host.loop import Appended, Host, Refusal
+from ...eventlog import NewRecord
+from ...wire.codes import FORBIDDEN, UNKNOWN_REFIT
+from ...wire.protocol import QUERY
 from .fold import complete_spec
 from .models import (
     RefitBody,

@@ -13,11 +13,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from ....eventlog import Record
-from ...fold.effects import Effect
-from ...fold.machine import Coordinator
-from ...fold.reasons import abridged
-from ...host.facets import Entry, RankStoryPart
+from ...coordinator.fold.effects import Effect
+from ...coordinator.fold.machine import Coordinator
+from ...coordinator.fold.reasons import abridged
+from ...coordinator.host.facets import Entry, RankStoryPart
+from ...eventlog import Record
 from .effects import (
     AssignmentChanged,
     EpochCompleted,

@@ -1,14 +1,14 @@
 """The ``epochs`` facet: epoch plans and the data partitions that survive a dead rank
 (docs/data.md). Registered in ``coordinator/fold/registry.py``."""
 
-from ....wire.protocol import ProgressEvent
-from ....wire.updates import (
+from ...coordinator.fold.registry import FacetPlugin
+from ...wire.protocol import ProgressEvent
+from ...wire.updates import (
     DataAssignmentUpdate,
     DataMovesUpdate,
     EpochCompleteUpdate,
     EpochPlanUpdate,
 )
-from ...fold.registry import FacetPlugin
 from .fold import Epochs
 from .rows import PROJECTION_KINDS, ROWS
 
@@ -22,8 +22,8 @@ PLUGIN = FacetPlugin(
     projection_kinds=PROJECTION_KINDS,
     # a report that moved only a cursor is in the snapshot that lies before it
     compactable=frozenset({"progress"}),
-    host="foldplane.coordinator.facets.epochs.host",
-    routes="foldplane.coordinator.facets.epochs.routes",
-    plot="foldplane.coordinator.facets.epochs.plot",
-    console="foldplane.coordinator.facets.epochs:console.html",
+    host="foldplane.facets.epochs.host",
+    routes="foldplane.facets.epochs.routes",
+    plot="foldplane.facets.epochs.plot",
+    console="foldplane.facets.epochs:console.html",
 )

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...fold.effects import Effect
+from ...coordinator.fold.effects import Effect
 
 
 class RefitCreated(Effect, frozen=True, kw_only=True, tag="refit_created"):

@@ -6,7 +6,7 @@ with a hint naming the dead rank, the coordinator commits a view without it and 
 carry on; a replacement process joins and is activated; the view history is printed, and the
 user is told how to replay the log.
 
-The same module is the demo's worker (``python -m coordinator.demo worker``), so the demo needs
+The same module is the demo's worker (``python -m foldplane.demo worker``), so the demo needs
 nothing but the installed package.
 """
 
@@ -25,7 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .commands import serve_argv
+from .coordinator.commands import serve_argv
 
 GROUP = "demo"
 WORLD_SIZE = 4
@@ -81,7 +81,7 @@ class Demo:
         print(f"[{self.last_said - self.t0:5.1f}s] {text}", flush=True)
 
     def run(self) -> int:
-        from ..agent.client import CoordinatorClient
+        from .agent.client import CoordinatorClient
 
         self.client = CoordinatorClient(self.url, timeout_s=10.0)
         try:
@@ -93,7 +93,7 @@ class Demo:
             self._clean_up()
 
     def _story(self) -> int:
-        from ..agent.launch import Launcher
+        from .agent.launch import Launcher
 
         logging.getLogger("foldplane.launch").setLevel(logging.ERROR)  # _on_exit tells the story
         print("foldplane demo: an elastic process group, a failure, and a recovery\n")
@@ -104,7 +104,7 @@ class Demo:
         self.client.create_group(GROUP, WORLD_SIZE, **GROUP_CONFIG)
         self.say(f"2. group {GROUP!r} of {WORLD_SIZE} ranks created; the launcher starts 4 workers")
         self.launcher = Launcher(
-            [sys.executable, "-m", "foldplane.coordinator.demo", "worker"],
+            [sys.executable, "-m", "foldplane.demo", "worker"],
             coordinator=self.url,
             group=GROUP,
             ranks=range(WORLD_SIZE),
@@ -272,7 +272,7 @@ def worker() -> int:
     """One rank: all_reduce in a loop, saying what happens to it; SIGTERM ends it cleanly."""
     import torch
 
-    from ..agent import Agent
+    from .agent import Agent
 
     logging.getLogger("foldplane.agent.dataplane").setLevel(logging.ERROR)  # the loop says what happened
     stop = threading.Event()
@@ -317,7 +317,7 @@ def worker() -> int:
 
 
 if __name__ == "__main__":  # run the package's module, not this __main__ copy of it
-    from . import demo as _demo
+    from .coordinator import demo as _demo
 
     if sys.argv[1:] == ["worker"]:
         os.environ.setdefault("PYTHONUNBUFFERED", "1")

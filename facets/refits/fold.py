@@ -46,8 +46,13 @@ from typing import Any
 
 import msgspec
 
-from ....eventlog.record import Record
-from ....wire.codes import (
+from ...coordinator.fold.effects import Effect, RankState, View
+from ...coordinator.fold.facets import FoldContext, Refusal
+from ...coordinator.fold.fencing import online_rank_refusal
+from ...coordinator.fold.reasons import abridged
+from ...coordinator.fold.state import GroupState
+from ...eventlog.record import Record
+from ...wire.codes import (
     DIGEST_MISMATCH,
     INVALID_EVENT,
     INVALID_SLOT,
@@ -62,11 +67,6 @@ from ....wire.codes import (
     UNKNOWN_REFIT,
     UNKNOWN_TRANSFER,
 )
-from ...fold.effects import Effect, RankState, View
-from ...fold.facets import FoldContext, Refusal
-from ...fold.fencing import online_rank_refusal
-from ...fold.reasons import abridged
-from ...fold.state import GroupState
 from .effects import (
     RefitBootstrap,
     RefitCreated,

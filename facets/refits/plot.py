@@ -8,10 +8,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ....eventlog import Record
-from ...fold.effects import Effect
-from ...fold.machine import Coordinator
-from ...plot import FacetPanel
+from ...coordinator.fold.effects import Effect
+from ...coordinator.fold.machine import Coordinator
+from ...coordinator.plot import FacetPanel
+from ...eventlog import Record
 from .effects import RefitEpochChanged, TransferChanged
 
 #: Refit lanes drawn in the refit panel (the first by name; the rest are counted).

@@ -19,13 +19,13 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from ....eventlog import Log, Record, open_log
-from ....wire.codes import COMPACTED, UNKNOWN_REFIT
-from ...fold.effects import Refused
-from ...fold.machine import Coordinator
-from ...fold.reasons import abridged, ranks_text
-from ...host.facets import RankStoryPart
-from ...host.replay import CompactedLog, find_start, read_pages
+from ...coordinator.fold.effects import Refused
+from ...coordinator.fold.machine import Coordinator
+from ...coordinator.fold.reasons import abridged, ranks_text
+from ...coordinator.host.facets import RankStoryPart
+from ...coordinator.host.replay import CompactedLog, find_start, read_pages
+from ...eventlog import Log, Record, open_log
+from ...wire.codes import COMPACTED, UNKNOWN_REFIT
 from .effects import (
     RefitCreated,
     RefitEpochChanged,
