@@ -316,10 +316,8 @@ def worker() -> int:
     return 0
 
 
-if __name__ == "__main__":  # run the package's module, not this __main__ copy of it
-    from .coordinator import demo as _demo
-
+if __name__ == "__main__":
     if sys.argv[1:] == ["worker"]:
         os.environ.setdefault("PYTHONUNBUFFERED", "1")
-        raise SystemExit(_demo.worker())
-    raise SystemExit(_demo.main(sys.argv[1:]))
+        raise SystemExit(worker())
+    raise SystemExit(main(sys.argv[1:]))

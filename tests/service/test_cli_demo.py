@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from foldplane.coordinator import cli
+from foldplane import cli
 
 
 def test_demo_help_lists_its_options(capsys):
