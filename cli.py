@@ -471,7 +471,7 @@ def _lighthouse_settings(args: argparse.Namespace) -> str | None:
             "--lighthouse-port needs --lighthouse-min-replicas (torchft's lighthouse has no "
             "default for --min_replicas either)"
         )
-    from foldplane.coordinator.facets.lighthouse.effects import Settings
+    from .facets.lighthouse.effects import Settings
 
     settings = Settings(
         min_replicas=args.lighthouse_min_replicas,
@@ -491,9 +491,9 @@ async def _serve_lighthouse(args: argparse.Namespace, host: Any, auth: Any) -> A
     its address cannot be bound."""
     if args.lighthouse is None:
         return None
-    from foldplane.coordinator.auth import is_loopback
-    from foldplane.coordinator.facets.lighthouse import service
-    from foldplane.coordinator.facets.lighthouse.host import serve_lighthouse
+    from .coordinator.auth import is_loopback
+    from .facets.lighthouse import service
+    from .facets.lighthouse.host import serve_lighthouse
 
     lighthouse = serve_lighthouse(
         host, args.lighthouse, flush_s=args.heartbeat_flush_s, token=auth.operator_token

@@ -1,4 +1,4 @@
-"""torchft's quorum rule in the fold (``coordinator/facets/lighthouse/fold.py``): records at chosen
+"""torchft's quorum rule in the fold (``facets/lighthouse/fold.py``): records at chosen
 times in, quorums out, no clock. Each guard of the rule has a twin: one case where it holds the
 quorum back, one where it lets it through, so a later change cannot silently disable it. The
 same rule reaches torchft's own managers in tests/lighthouse/."""
@@ -11,11 +11,11 @@ from typing import Any
 import msgspec
 import pytest
 
-from foldplane.coordinator.facets.lighthouse.effects import QuorumDecided, ReplicaLost
-from foldplane.coordinator.facets.lighthouse.fold import Lighthouse, quorum_compute
-from foldplane.coordinator.facets.lighthouse.rows import ROWS
 from foldplane.coordinator.fold.effects import Refused
 from foldplane.coordinator.fold.machine import Coordinator
+from foldplane.facets.lighthouse.effects import QuorumDecided, ReplicaLost
+from foldplane.facets.lighthouse.fold import Lighthouse, quorum_compute
+from foldplane.facets.lighthouse.rows import ROWS
 from tests.fold.script import Script, of
 
 SETTINGS = {

@@ -1,4 +1,4 @@
-"""torchft's lighthouse messages as bytes (``coordinator/facets/lighthouse/messages.py``): what
+"""torchft's lighthouse messages as bytes (``facets/lighthouse/messages.py``): what
 torchft's own client writes is read, what we write torchft reads (tests/lighthouse/
 test_service.py checks both against its real client), and every way a message can be wrong is a
 :class:`MessageError` that names the message and the field, never another exception."""
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from foldplane.coordinator.facets.lighthouse import messages as m
+from foldplane.facets.lighthouse import messages as m
 
 #: A request torchft-nightly's manager sent (captured from its ``ManagerServer``): replica
 #: ``r0:uuid`` at step 3, world size 2, its two ranks' reconfigure handles ``H0`` and ``H1``.

@@ -25,7 +25,7 @@ import grpc
 import httpx
 import pytest
 
-from foldplane.coordinator.facets.lighthouse import messages as m
+from foldplane.facets.lighthouse import messages as m
 from tests.conftest import free_port
 from tests.service.conftest import ROOT, Server, make_server, replay
 

@@ -13,18 +13,19 @@ import msgspec
 from fastapi import APIRouter, Path, Query, Request
 from starlette.responses import Response
 
-from foldplane.api.codec import json_response, read_json
-from foldplane.api.deps import host_of, require_operator
-from foldplane.api.errors import ApiError
-from foldplane.api.openapi import answers, body
-from foldplane.coordinator.facets.lighthouse.fold import MAX_ID_BYTES
-from foldplane.coordinator.facets.lighthouse.host import (
+from ...api.codec import json_response, read_json
+from ...api.deps import host_of, require_operator
+from ...api.errors import ApiError
+from ...api.openapi import answers, body
+from ...wire.codes import LOG_UNAVAILABLE, QUORUM_TIMEOUT
+from .fold import MAX_ID_BYTES
+from .host import (
     LighthouseRefused,
     LighthouseUnavailable,
     lighthouse_of,
 )
-from foldplane.coordinator.facets.lighthouse.messages import Quorum
-from foldplane.coordinator.facets.lighthouse.models import (
+from .messages import Quorum
+from .models import (
     HeartbeatBody,
     HeartbeatCall,
     LastQuorumBody,
@@ -35,8 +36,7 @@ from foldplane.coordinator.facets.lighthouse.models import (
     QuorumCall,
     QuorumList,
 )
-from foldplane.coordinator.facets.lighthouse.rows import ROWS_GROUP
-from foldplane.wire.codes import LOG_UNAVAILABLE, QUORUM_TIMEOUT
+from .rows import ROWS_GROUP
 
 router = APIRouter(tags=["lighthouse"])
 #: the bodies it adds to the OpenAPI document's components

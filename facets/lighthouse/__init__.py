@@ -3,9 +3,9 @@ rule is torchft's, decided by the fold over the log (``fold.py``); ``serve --lig
 serves torchft's gRPC service (``service.py``). Registered in
 ``coordinator/fold/registry.py``."""
 
-from foldplane.coordinator.facets.lighthouse.fold import HEARTBEAT, Lighthouse
-from foldplane.coordinator.facets.lighthouse.rows import PROJECTION_KINDS, ROWS
-from foldplane.coordinator.fold.registry import FacetPlugin
+from ...coordinator.fold.registry import FacetPlugin
+from .fold import HEARTBEAT, Lighthouse
+from .rows import PROJECTION_KINDS, ROWS
 
 PLUGIN = FacetPlugin(
     name=Lighthouse.name,
@@ -15,6 +15,6 @@ PLUGIN = FacetPlugin(
     projection_kinds=PROJECTION_KINDS,
     # a shared beat whose step decided nothing is in the snapshot that lies after it
     compactable=frozenset({HEARTBEAT}),
-    host="foldplane.coordinator.facets.lighthouse.host",
-    routes="foldplane.coordinator.facets.lighthouse.routes",
+    host="foldplane.facets.lighthouse.host",
+    routes="foldplane.facets.lighthouse.routes",
 )

@@ -7,9 +7,9 @@ from typing import Annotated
 
 from msgspec import Meta, Struct
 
-from foldplane.coordinator.facets.lighthouse.effects import Settings, Verdict
-from foldplane.coordinator.facets.lighthouse.fold import MAX_REASON_BYTES
-from foldplane.coordinator.facets.lighthouse.messages import MAX_ID_BYTES, QuorumMember
+from .effects import Settings, Verdict
+from .fold import MAX_REASON_BYTES
+from .messages import MAX_ID_BYTES, QuorumMember
 
 ReplicaIds = Annotated[
     list[Annotated[str, Meta(min_length=1, max_length=MAX_ID_BYTES)]],

@@ -31,12 +31,13 @@ from typing import Any
 
 import grpc
 
-from foldplane.coordinator.facets.lighthouse.host import (
+from ...wire.codes import INVALID_EVENT
+from .host import (
     LighthouseHost,
     LighthouseRefused,
     LighthouseUnavailable,
 )
-from foldplane.coordinator.facets.lighthouse.messages import (
+from .messages import (
     HEARTBEAT_RESPONSE,
     MAX_MESSAGE_BYTES,
     SERVICE,
@@ -45,7 +46,6 @@ from foldplane.coordinator.facets.lighthouse.messages import (
     decode_quorum_request,
     encode_quorum_response,
 )
-from foldplane.wire.codes import INVALID_EVENT
 
 log = logging.getLogger("foldplane.lighthouse")
 

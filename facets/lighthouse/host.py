@@ -31,13 +31,19 @@ from typing import Any
 
 import msgspec
 
-from foldplane.coordinator.facets.lighthouse.effects import (
+from ...coordinator.host.facets import FacetHost
+from ...coordinator.host.inputs import Appended, Existing, HostUnavailable, Refusal
+from ...coordinator.host.loop import Host
+from ...coordinator.host.ready import HostState, Ready
+from ...eventlog import NewRecord
+from ...wire.codes import NOT_LEADER, REPLICA_LOST
+from .effects import (
     LighthouseConfigured,
     QuorumDecided,
     ReplicaLost,
     Settings,
 )
-from foldplane.coordinator.facets.lighthouse.fold import (
+from .fold import (
     CONFIGURED,
     HEARTBEAT,
     LOST,
@@ -45,13 +51,7 @@ from foldplane.coordinator.facets.lighthouse.fold import (
     WITHDRAWN,
     Lighthouse,
 )
-from foldplane.coordinator.facets.lighthouse.messages import Quorum, QuorumMember
-from foldplane.coordinator.host.facets import FacetHost
-from foldplane.coordinator.host.inputs import Appended, Existing, HostUnavailable, Refusal
-from foldplane.coordinator.host.loop import Host
-from foldplane.coordinator.host.ready import HostState, Ready
-from foldplane.eventlog import NewRecord
-from foldplane.wire.codes import NOT_LEADER, REPLICA_LOST
+from .messages import Quorum, QuorumMember
 
 log = logging.getLogger("foldplane.lighthouse")
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import msgspec
 
-from foldplane.coordinator.facets.lighthouse.messages import QuorumMember
-from foldplane.coordinator.fold.effects import Effect
+from ...coordinator.fold.effects import Effect
+from .messages import QuorumMember
 
 
 class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

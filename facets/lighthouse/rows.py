@@ -15,9 +15,9 @@ the log (``replay`` and ``explain --lighthouse`` tell them) but write no row.
 
 from __future__ import annotations
 
-from foldplane.coordinator.facets.lighthouse.effects import QuorumDecided
-from foldplane.coordinator.fold.projections import to_doc
-from foldplane.eventlog import ProjectionRow
+from ...coordinator.fold.projections import to_doc
+from ...eventlog import ProjectionRow
+from .effects import QuorumDecided
 
 PROJECTION_KINDS = ("lighthouse_quorum",)
 #: the group name the lighthouse's rows are filed under

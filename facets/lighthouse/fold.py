@@ -34,22 +34,22 @@ from typing import Any
 
 import msgspec
 
-from foldplane.coordinator.facets.lighthouse.effects import (
+from ...coordinator.fold.effects import Effect, View
+from ...coordinator.fold.facets import FoldContext, Refusal
+from ...coordinator.fold.state import GroupState
+from ...eventlog import Record
+from ...wire.codes import INVALID_EVENT, REPLICA_LOST
+from .effects import (
     LighthouseConfigured,
     QuorumDecided,
     ReplicaLost,
     Settings,
     Verdict,
 )
-from foldplane.coordinator.facets.lighthouse.messages import (
+from .messages import (
     MAX_ID_BYTES,
     QuorumMember,
 )
-from foldplane.coordinator.fold.effects import Effect, View
-from foldplane.coordinator.fold.facets import FoldContext, Refusal
-from foldplane.coordinator.fold.state import GroupState
-from foldplane.eventlog import Record
-from foldplane.wire.codes import INVALID_EVENT, REPLICA_LOST
 
 CONFIGURED = "lighthouse_configured"
 REQUEST = "lighthouse_request"
