@@ -1,0 +1,85 @@
+"""A torch outside the tested range gets one warning when the worker side is imported.
+
+The rule on version strings is checked on its own; the import is checked in fresh interpreters,
+once with this environment's torch (in the range: no warning, even with every warning an error)
+and once with a torch distribution of version 2.99.0 put first on the path (its metadata is
+what the check reads: one warning per process, however many worker modules are imported).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from foldplane.agent.torch_range import TESTED, range_text, untested
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.parametrize(
+    "version",
+    ["2.11.0", "2.13.0+cpu", "2.14.1", "2.15.0+cu132", "2.15.0.dev20260101+cpu", "2.15.3"],
+)
+def test_a_torch_in_the_range_is_not_warned_about(version: str) -> None:
+    assert untested(version) is None
+
+
+@pytest.mark.parametrize(
+    "version", ["2.10.1", "2.16.0", "2.16.0a0+git1234", "3.0.0", "1.15.0", "nightly"]
+)
+def test_a_torch_outside_the_range_is_named_with_the_range(version: str) -> None:
+    message = untested(version)
+    assert message is not None
+    assert f"torch {version} is installed" in message
+    assert "tested with torch 2.11 through 2.15" in message
+
+
+def test_the_range_is_the_one_the_docs_and_the_install_state() -> None:
+    assert TESTED == ((2, 11), (2, 15)) and range_text() == "2.11 through 2.15"
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    assert '"torch>=2.11",' in pyproject  # no upper bound: an install keeps the user's torch
+    assert "torch 2.11 through 2.15" in (ROOT / "docs" / "torch-compat.md").read_text()
+
+
+def _import_worker_side(*env_path: str) -> subprocess.CompletedProcess[str]:
+    code = (
+        "import warnings, importlib\n"
+        "warnings.simplefilter('always')\n"
+        "with warnings.catch_warnings(record=True) as seen:\n"
+        "    warnings.simplefilter('always')\n"
+        "    import foldplane.agent\n"
+        "    import foldplane.agent.machine\n"
+        "    import foldplane.agent.dataplane\n"
+        "    from foldplane.agent import Agent\n"
+        "    foldplane.agent.torch_range.warn_if_untested()\n"
+        "for w in seen:\n"
+        "    print(f'{w.category.__name__}: {w.message}')\n"
+    )
+    env = {**os.environ, "PYTHONPATH": ":".join([*env_path, str(ROOT)])}
+    return subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
+
+
+def test_importing_the_worker_side_with_a_tested_torch_warns_nothing() -> None:
+    done = _import_worker_side()
+    assert done.returncode == 0, done.stderr
+    assert "TorchVersionWarning" not in done.stdout, done.stdout
+
+
+def test_importing_the_worker_side_with_an_untested_torch_warns_once(tmp_path: Path) -> None:
+    info = tmp_path / "torch-2.99.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: torch\nVersion: 2.99.0\n")
+    done = _import_worker_side(str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    warned = [line for line in done.stdout.splitlines() if "TorchVersionWarning" in line]
+    assert warned == [
+        "TorchVersionWarning: foldplane is tested with torch 2.11 through 2.15, and torch "
+        "2.99.0 is installed: it may work, but no suite has run on it "
+        "(docs/torch-compat.md#torch-versions)"
+    ], done.stdout
