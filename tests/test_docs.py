@@ -245,15 +245,36 @@ def test_the_targets_column_checks_plain_bounds_only(row: dict, expected: str) -
 
 
 def test_ci_runs_the_readmes_test_command_verbatim() -> None:
-    """.ci/run's test line is the README's, byte for byte, and runs both suites on xdist."""
+    """.ci/run's test line is the README's, byte for byte: it installs torch 2.14.1 into
+    ``.venv`` and 2.13.0 into ``.venv-2.13``, runs the default suite on both and the slow suite
+    on 2.14.1, each on xdist and bounded, and lets a run that collects nothing (exit code 5)
+    pass while any other failure stops the command."""
     [command] = [
         line
         for line in (ROOT / ".ci" / "run").read_text().splitlines()
         if line.startswith("python3 -m venv .venv") and "pytest" in line
     ]
     assert f"\n{command}\n" in (ROOT / "README.md").read_text()
-    assert "-m 'not slow' -n 2 --dist loadgroup" in command
-    assert "-m slow -n 2 --dist loadgroup" in command
+    assert "python3 -m venv .venv && .venv/bin/pip install -q -c constraints-dev.txt" in command
+    assert (
+        "python3 -m venv .venv-2.13 && .venv-2.13/bin/pip install -q -c constraints-2.13.txt"
+        in command
+    )
+    runs = re.findall(
+        r"\{ timeout (\d+) (\S+)/bin/python -m pytest (.*?) \|\| \[ \$\? -eq 5 \]; \}", command
+    )
+    assert [(venv, args) for _, venv, args in runs] == [
+        (".venv", "-q -m 'not slow' -n 2 --dist loadgroup"),
+        (".venv-2.13", "-q -m 'not slow' -n 2 --dist loadgroup"),
+        (".venv", "-q -m slow -n 2 --dist loadgroup"),
+    ], command
+    assert command.count("pytest") == 3 and command.count(" && ") == 6, command
+    assert sum(int(limit) for limit, _, _ in runs) <= 60 * 60, "CI's runs must fit in an hour"
+    pins = {
+        name: (ROOT / name).read_text() for name in ("constraints-dev.txt", "constraints-2.13.txt")
+    }
+    assert "\ntorch==2.14.1\n" in pins["constraints-dev.txt"]
+    assert "\ntorch==2.13.0\n" in pins["constraints-2.13.txt"]
 
 
 def test_the_readme_lists_every_page() -> None:
