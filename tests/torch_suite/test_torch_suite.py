@@ -1,10 +1,11 @@
 """torch's backend suite on foldplane: every test gloo passes passes on foldplane too, unless
 foldplane declares it unsupported (``tests/torch_suite/declared.py``, each with its reason).
 
-The gloo reference is the recorded run in ``docs/torch-compat-runs/`` (the same torch version);
-foldplane runs here, in a fresh interpreter, against a real coordinator: at 2 processes every
-test gloo passes (the others cannot show a difference), at 4 those whose outcome on gloo changes
-with the world size plus a core of collectives and DDP. A test that fails is run once more on its own (the machine is shared and
+The gloo reference is the recorded run in ``docs/torch-compat-runs/<torch>/`` of the torch this
+runs on (2.13.0+cpu and 2.14.1 are recorded); foldplane runs here, in a fresh interpreter,
+against a real coordinator: at 2 processes every test gloo passes (the others cannot show a
+difference), at 4 those whose outcome on gloo changes with the world size plus a core of
+collectives and DDP. A test that fails is run once more on its own (the machine is shared and
 slow; the page's recorded runs show every first failure); it must pass then.
 """
 
@@ -46,11 +47,13 @@ CORE_AT_4 = (
 
 
 def _reference(world: int) -> dict:
-    run = json.loads((report.RUNS / f"gloo-{world}.json").read_text())
-    assert run["torch"] == torch.__version__, (
-        f"the gloo reference was recorded on torch {run['torch']}, this is {torch.__version__}: "
-        f"record it again ({report.RECORD.format(backend='gloo', world=world, out='...')})"
+    path = report.run_path(torch.__version__, "gloo", world)
+    assert path.exists(), (
+        f"no gloo reference is recorded for torch {torch.__version__} at {world} processes: "
+        f"record it ({report.RECORD.format(backend='gloo', world=world, torch=torch.__version__)})"
     )
+    run = json.loads(path.read_text())
+    assert run["torch"] == torch.__version__, (path, run["torch"])
     return run
 
 
