@@ -93,6 +93,7 @@ HEAVY = (
     "tests/agent/test_relay_workers.py",
     "tests/agent/test_store_move.py",
     "tests/dataplane/test_processes.py",
+    "tests/dataplane/test_torch_callers.py",
     "tests/sim/test_sim.py::test_seeds",
     "tests/sim/test_sim.py::test_more_seeds",
     "tests/test_install.py",

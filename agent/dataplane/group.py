@@ -43,6 +43,7 @@ from torch._C._distributed_c10d import (
     AllgatherOptions,
     AllreduceCoalescedOptions,
     AllreduceOptions,
+    AllToAllOptions,
     BarrierOptions,
     BroadcastOptions,
     GatherOptions,
@@ -55,7 +56,7 @@ from .backend import BackendKind
 from .cuda import CudaWatch, EndEvents
 from .errors import DataPlaneError, PeerFailure
 from .hint import HintPool
-from .work import Work
+from .work import CoalescedWork, Work
 
 if TYPE_CHECKING:
     from .view import ViewGroup
@@ -112,6 +113,8 @@ class ElasticProcessGroup(dist.ProcessGroup):
         #: The ``Agent`` whose data plane this is (None for a data plane used on its own).
         self.agent: object | None = None
         self._capture_view: ViewGroup | None = None  # the view of the capture under way
+        #: per thread: the operations issued since ``start_coalescing`` (None: no region open)
+        self._coalescing = threading.local()
         self._graph_views: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
     # -- what c10d asks of every process group ------------------------------------------------
@@ -391,6 +394,8 @@ class ElasticProcessGroup(dist.ProcessGroup):
         work._any_source = True
         return self._p2p_outcome(work, "recv")
 
+    recvAnysource = recv_anysource  # noqa: N815 (the name torch 2.14's C++ looks up)
+
     def _p2p(
         self,
         name: str,
@@ -501,6 +506,139 @@ class ElasticProcessGroup(dist.ProcessGroup):
 
     _reduce_scatter_base = reduce_scatter_single
 
+    def all_gather_single_coalesced(
+        self,
+        outputs: list[torch.Tensor],
+        inputs: list[torch.Tensor],
+        opts: AllgatherOptions | None = None,
+    ) -> Work:
+        """Several ``all_gather_single`` as one operation (functional collectives'
+        ``all_gather_into_tensor``, which DTensor's ``full_tensor()`` runs; the coalescing
+        manager): ``outputs[i]`` holds ``world_size`` slots of ``inputs[i]``."""
+        opts = opts if opts is not None else AllgatherOptions()
+        if not isinstance(outputs, list) or not isinstance(inputs, list):
+            raise TypeError("all_gather_single_coalesced takes two lists of tensors")
+        if len(outputs) != len(inputs):
+            raise ValueError(
+                f"all_gather_single_coalesced: {len(outputs)} outputs for {len(inputs)} inputs"
+            )
+        slots = [
+            self._slots(f"outputs[{i}]", o, x)
+            for i, (o, x) in enumerate(zip(outputs, inputs, strict=True))
+        ]
+        rows = [[slot[r] for slot in slots] for r in range(self.world_size)]
+        return self.allgather_coalesced(rows, list(inputs), opts)
+
+    allgather_into_tensor_coalesced = all_gather_single_coalesced  # torch 2.13's name
+
+    def reduce_scatter_single_coalesced(
+        self,
+        outputs: list[torch.Tensor],
+        inputs: list[torch.Tensor],
+        opts: ReduceScatterOptions | None = None,
+    ) -> CoalescedWork:
+        """Several ``reduce_scatter_single`` answered together (functional collectives'
+        ``reduce_scatter_tensor``; the coalescing manager): ``inputs[i]`` holds
+        ``world_size`` slots of ``outputs[i]``."""
+        opts = opts if opts is not None else ReduceScatterOptions()
+        if not isinstance(outputs, list) or not isinstance(inputs, list):
+            raise TypeError("reduce_scatter_single_coalesced takes two lists of tensors")
+        if len(outputs) != len(inputs):
+            raise ValueError(
+                f"reduce_scatter_single_coalesced: {len(outputs)} outputs for {len(inputs)} inputs"
+            )
+        slots = [
+            self._slots(f"inputs[{i}]", x, o)
+            for i, (o, x) in enumerate(zip(outputs, inputs, strict=True))
+        ]
+        op = opts.reduceOp
+        works = [
+            self.reduce_scatter(o, slot, op, async_op=True)
+            for o, slot in zip(outputs, slots, strict=True)
+        ]
+        name = f"reduce_scatter_single_coalesced (rank {self._rank}, {len(works)} operations)"
+        return self._c10d_outcome(CoalescedWork(name, works, self.world_size), opts)
+
+    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced  # torch 2.13's name
+
+    def alltoall(
+        self,
+        output_tensors: list[torch.Tensor],
+        input_tensors: list[torch.Tensor],
+        opts: AllToAllOptions | None = None,
+    ) -> Work:
+        """``dist.all_to_all``: ``input_tensors[r]`` goes to global rank ``r`` and
+        ``output_tensors[r]`` comes from it (``world_size`` entries each, of one dtype; their
+        sizes may differ); the entries of ranks outside the view are neither sent nor written."""
+        opts = opts if opts is not None else AllToAllOptions()
+        for what, tensors in (("output_tensors", output_tensors), ("input_tensors", input_tensors)):
+            if not isinstance(tensors, list) or len(tensors) != self.world_size:
+                got = len(tensors) if isinstance(tensors, list) else type(tensors).__name__
+                raise ValueError(
+                    f"{what} must have world_size={self.world_size} entries (one per rank), "
+                    f"got {got}"
+                )
+            for i, t in enumerate(tensors):
+                self._check_tensor(f"{what}[{i}]", t)
+        outputs, inputs = list(output_tensors), list(input_tensors)
+        _one_dtype("alltoall", outputs + inputs)
+
+        def launch(be: object, v: ViewGroup) -> object:
+            outs, ins = [outputs[m] for m in v.members], [inputs[m] for m in v.members]
+            if len({t.numel() for t in outs + ins}) == 1:  # gloo's alltoall: equal sizes
+                return be.alltoall(outs, ins, AllToAllOptions())  # type: ignore[attr-defined]
+            return _all_to_all_flat(be, outs, ins)
+
+        return self._c10d_outcome(self._run("alltoall", launch, True, result=outputs), opts)
+
+    def all_to_all_single(
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,
+        output_split_sizes: list[int],
+        input_split_sizes: list[int],
+        opts: AllToAllOptions | None = None,
+    ) -> Work:
+        """``dist.all_to_all_single``: ``input`` is cut along its first dimension into
+        ``world_size`` chunks (``input_split_sizes``, or equal ones), chunk ``r`` going to global
+        rank ``r``; ``output``'s chunks (``output_split_sizes``) come from each rank. The
+        chunks of ranks outside the view are neither sent nor written."""
+        opts = opts if opts is not None else AllToAllOptions()
+        outputs = self._chunks("output", output, output_split_sizes)
+        inputs = self._chunks("input", input, input_split_sizes)
+        _one_dtype("all_to_all_single", [output, input])
+        out_rows = [len(c) for c in outputs]
+        in_rows = [len(c) for c in inputs]
+
+        def launch(be: object, v: ViewGroup) -> object:
+            if len(v.members) == self.world_size:  # the whole tensors, as torch's own call
+                return be.alltoall_base(output, input, out_rows, in_rows, AllToAllOptions())  # type: ignore[attr-defined]
+            outs, ins = [outputs[m] for m in v.members], [inputs[m] for m in v.members]
+            return _all_to_all_flat(be, outs, ins)
+
+        work = self._run("all_to_all_single", launch, True, result=[output])
+        return self._c10d_outcome(work, opts)
+
+    alltoall_base = all_to_all_single  # torch 2.13's name
+
+    def _chunks(self, what: str, flat: torch.Tensor, splits: Sequence[int]) -> list[torch.Tensor]:
+        """``flat`` cut along its first dimension into one chunk per global rank."""
+        self._check_tensor(what, flat)
+        rows = flat.shape[0] if flat.dim() else 0
+        if not splits:
+            if rows % self.world_size:
+                raise ValueError(
+                    f"{what}'s first dimension ({rows}) is not divisible by "
+                    f"world_size={self.world_size}; give split sizes"
+                )
+            splits = [rows // self.world_size] * self.world_size
+        if len(splits) != self.world_size or sum(splits) != rows or min(splits) < 0:
+            raise ValueError(
+                f"{what} split sizes {list(splits)} must be world_size={self.world_size} "
+                f"sizes that add up to its first dimension ({rows})"
+            )
+        return list(flat.split(list(splits)))
+
     def _slots(self, what: str, flat: torch.Tensor, like: torch.Tensor) -> list[torch.Tensor]:
         self._check_tensor(what, flat)
         if flat.numel() != self.world_size * like.numel() or flat.dtype != like.dtype:
@@ -528,6 +666,44 @@ class ElasticProcessGroup(dist.ProcessGroup):
         hint = work.failed_ranks_hint()
         failed = [r for r, bad in enumerate(hint.tolist()) if bad]
         raise PeerFailure(work.name, failed, hint.clone())
+
+    # -- coalescing (torch's coalescing manager, batch_isend_irecv) ---------------------------
+
+    #: ``dist.batch_isend_irecv`` (torch 2.14) coalesces through ``_get_backend(device)``
+    supports_coalescing = True
+    #: torch never splits this group's backend (``dist.split_group``: docs/torch-compat.md)
+    supports_splitting = False
+
+    def _get_backend(self, device: object) -> ElasticProcessGroup:
+        """The group is its own backend on every device: torch 2.14 asks a group's backend
+        whether it coalesces (``dist.batch_isend_irecv``, the abort of the default group),
+        which a Python group does not register."""
+        return self
+
+    def supports_tensor_alloc(self, device: object) -> bool:
+        """No allocator of its own (FSDP2 asks the backend): tensors are plain torch ones."""
+        return False
+
+    def start_coalescing(self, device: object) -> None:
+        """Open a coalescing region on this thread (torch's ``_start_coalescing``): the
+        operations issued until :meth:`end_coalescing` run as they are issued, and its
+        :class:`CoalescedWork` answers for all of them.
+
+        Regions do not nest: a region left open (torch's coalescing manager does not close it
+        when its body raised) is replaced; its operations keep their own ``Work``."""
+        self._coalescing.works = []
+
+    def end_coalescing(self, device: object) -> CoalescedWork:
+        """Close this thread's coalescing region: one handle on every operation issued in it
+        (an empty region's succeeded)."""
+        works = getattr(self._coalescing, "works", None)
+        if works is None:
+            raise DataPlaneError(
+                f"end_coalescing on rank {self._rank} without start_coalescing on this thread"
+            )
+        self._coalescing.works = None
+        name = f"coalesced (rank {self._rank}, {len(works)} operations)"
+        return CoalescedWork(name, works, self.world_size)
 
     # -- CUDA graphs --------------------------------------------------------------------------
 
@@ -594,14 +770,14 @@ class ElasticProcessGroup(dist.ProcessGroup):
 
     # -- hints and knobs ----------------------------------------------------------------------
 
-    def get_failed_ranks_hint(self, work: Work) -> torch.Tensor:
+    def get_failed_ranks_hint(self, work: Work | CoalescedWork) -> torch.Tensor:
         """``work``'s hint: int32, shape ``(world_size,)``, 1 = failed in THIS operation.
 
         Waits for the operation, and on failure for the liveness decision (about
         ``liveness_window_periods * liveness_period_s``). The tensor is ``work``'s own buffer:
         valid while ``work`` is alive; ``clone()`` it to keep it longer.
         """
-        if not isinstance(work, Work):
+        if not isinstance(work, Work | CoalescedWork):
             raise TypeError(f"expected a Work from this group, got {type(work).__name__}")
         return work.failed_ranks_hint()
 
@@ -669,6 +845,9 @@ class ElasticProcessGroup(dist.ProcessGroup):
             timeout_s,
             result,
         )
+        region = getattr(self._coalescing, "works", None)
+        if region is not None:
+            region.append(work)
         if not view.active:
             return work._complete_locally(True)
         if peer is not None and peer not in view.members:
@@ -763,6 +942,63 @@ def _single(op: str, tensors: list) -> object:
         got = len(tensors) if isinstance(tensors, list) else type(tensors).__name__
         raise ValueError(f"{op}: the foldplane group takes exactly one tensor (list), got {got}")
     return tensors[0]
+
+
+def _one_dtype(op: str, tensors: list[torch.Tensor]) -> None:
+    dtypes = sorted({str(t.dtype) for t in tensors})
+    if len(dtypes) > 1:
+        raise ValueError(f"{op}: every tensor must have one dtype, got {', '.join(dtypes)}")
+
+
+def _all_to_all_flat(
+    be: object, outputs: list[torch.Tensor], inputs: list[torch.Tensor]
+) -> _ThenCopy:
+    """One all-to-all of the view's members whose chunks differ in size or do not lie side by
+    side: their inputs copied into one flat tensor, gloo's ``alltoall_base`` with the chunks'
+    sizes, and each output copied from the flat result once it arrived."""
+    flat_in = torch.cat([t.reshape(-1) for t in inputs])
+    flat_out = flat_in.new_empty(sum(t.numel() for t in outputs))
+    out_sizes, in_sizes = [t.numel() for t in outputs], [t.numel() for t in inputs]
+    work = be.alltoall_base(flat_out, flat_in, out_sizes, in_sizes, AllToAllOptions())  # type: ignore[attr-defined]
+
+    def copy_out() -> None:
+        for out, piece in zip(outputs, flat_out.split(out_sizes), strict=True):
+            out.view(-1).copy_(piece)
+
+    return _ThenCopy(work, copy_out)
+
+
+class _ThenCopy:
+    """A backend operation followed by a copy into the caller's tensors: its end (``wait``,
+    ``get_future``) is the copy's, which runs once, only after the operation succeeded."""
+
+    def __init__(self, work: object, copy: Callable[[], None]) -> None:
+        self._work = work
+        self._copy = copy
+        self._lock = threading.Lock()
+        self._copied = False
+
+    def _copy_once(self) -> None:
+        with self._lock:
+            if not self._copied:
+                self._copied = True
+                self._copy()
+
+    def wait(self, timeout: object = None) -> bool:
+        done = self._work.wait() if timeout is None else self._work.wait(timeout)  # type: ignore[attr-defined]
+        self._copy_once()
+        return done
+
+    def is_completed(self) -> bool:
+        return self._work.is_completed()  # type: ignore[attr-defined]
+
+    def get_future(self) -> torch.futures.Future:
+        def copied(fut: torch.futures.Future) -> object:
+            value = fut.value()  # raises the operation's error: no copy then
+            self._copy_once()
+            return value
+
+        return self._work.get_future().then(copied)  # type: ignore[attr-defined]
 
 
 _C10D = "torch.distributed.distributed_c10d"

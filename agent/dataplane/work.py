@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Protocol
 
@@ -435,6 +435,73 @@ class Work(dist.Work):
         state = "pending" if self._outcome is None else ("ok" if self._outcome else "failed")
         version = self._view.version if self._view is not None else None
         return f"<Work {self.name} view={version} {state}>"
+
+
+class CoalescedWork(dist.Work):
+    """The operations issued on a group between ``start_coalescing`` and ``end_coalescing``, as
+    one handle (what ``end_coalescing`` returns to torch's coalescing manager and
+    ``batch_isend_irecv``).
+
+    The rules of :class:`Work` hold for the set: ``wait()`` waits for every operation and is
+    True only if all succeeded (it never raises for a peer's failure); the hint names every rank
+    that failed in any of them; ``get_future()`` completes, always with a result (the
+    operations' tensors), once all have ended. An empty set succeeded.
+    """
+
+    def __init__(self, name: str, works: Sequence[Work], world_size: int) -> None:
+        super().__init__()
+        self.name = name
+        self.works = tuple(works)
+        self._world_size = world_size
+
+    def wait(self, timeout: float | timedelta | None = None) -> bool:
+        outcomes = [w.wait(timeout) for w in self.works]  # every one, even after a failure
+        return all(outcomes)
+
+    def is_completed(self) -> bool:
+        return all(w.is_completed() for w in self.works)
+
+    def is_success(self) -> bool:
+        return all(w.is_success() for w in self.works)
+
+    def exception(self) -> None:
+        """Always None: a peer's failure is an outcome (``wait()`` False), not an exception."""
+        return None
+
+    def result(self) -> list[torch.Tensor]:
+        self.wait()
+        return [t for w in self.works for t in w.result()]
+
+    def synchronize(self) -> None:
+        self.wait()
+
+    def source_rank(self) -> int:
+        raise ValueError(f"{self.name}: source_rank is only known for a recv from any source")
+
+    _source_rank = source_rank
+
+    def get_future(self) -> torch.futures.Future:
+        """Completes with every operation's tensors once all have ended, failed or not."""
+        if not self.works:
+            done: torch.futures.Future = torch.futures.Future()
+            done.set_result([])
+            return done
+        both = torch.futures.collect_all([w.get_future() for w in self.works])
+        return both.then(lambda f: [t for part in f.value() for t in part.value()])
+
+    def failed_ranks_hint(self) -> torch.Tensor:
+        """int32, shape ``(world_size,)``: 1 for each rank that failed in any operation (a
+        tensor of its own, on the device of the operations' hints)."""
+        hints = [w.failed_ranks_hint() for w in self.works]
+        out = torch.zeros(self._world_size, dtype=torch.int32)
+        if hints:
+            out = out.to(hints[0].device)
+            for hint in hints:
+                torch.maximum(out, hint.to(out.device), out=out)
+        return out
+
+    def __repr__(self) -> str:
+        return f"<CoalescedWork {self.name}: {len(self.works)} operations>"
 
 
 def when_ended(backend_work: object, callback: Callable[[str | None], None]) -> None:
