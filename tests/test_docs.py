@@ -245,8 +245,9 @@ def test_the_targets_column_checks_plain_bounds_only(row: dict, expected: str) -
 
 
 def test_ci_runs_the_readmes_test_command_verbatim() -> None:
-    """.ci/run's test line is the README's, byte for byte: it installs torch 2.14.1 into
-    ``.venv`` and 2.13.0 into ``.venv-2.13``, runs the default suite on both and the slow suite
+    """.ci/run's test line is the README's, byte for byte: it installs torch 2.14.1 (and
+    torchft's nightly, which the lighthouse tests run) into ``.venv`` and 2.13.0 into
+    ``.venv-2.13``, runs the default suite on both and the slow suite
     on 2.14.1, each on xdist and bounded, and lets a run that collects nothing (exit code 5)
     pass while any other failure stops the command."""
     [command] = [
@@ -255,7 +256,10 @@ def test_ci_runs_the_readmes_test_command_verbatim() -> None:
         if line.startswith("python3 -m venv .venv") and "pytest" in line
     ]
     assert f"\n{command}\n" in (ROOT / "README.md").read_text()
-    assert "python3 -m venv .venv && .venv/bin/pip install -q -c constraints-dev.txt" in command
+    assert (
+        "python3 -m venv .venv && .venv/bin/pip install -q -c constraints-dev.txt -e '.[dev,torchft]'"
+        in command
+    )
     assert (
         "python3 -m venv .venv-2.13 && .venv-2.13/bin/pip install -q -c constraints-2.13.txt"
         in command
