@@ -5,17 +5,13 @@
 >>> agent = Agent("http://127.0.0.1:8470", group="train", rank=0).start()
 
 The host (threads, HTTP, torch) is imported lazily, on first use of one of its names, so that
-importing the pure :mod:`agent.machine` loads none of them. Importing this package warns once
-(``TorchVersionWarning``) when the installed torch is outside the tested range
-(:mod:`agent.torch_range`).
+importing the pure :mod:`agent.machine` loads none of them.
 """
 
 from __future__ import annotations
 
 import importlib
 from typing import TYPE_CHECKING, Any
-
-from foldplane.agent import torch_range
 
 if TYPE_CHECKING:
     from .events import EventRefused
@@ -28,8 +24,6 @@ _LAZY = {
     "EventRefused": "foldplane.agent.events",
     "View": "foldplane.agent.machine",
 }
-
-torch_range.warn_if_untested()
 
 
 def __getattr__(name: str) -> Any:

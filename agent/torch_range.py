@@ -1,19 +1,19 @@
 """The torch versions foldplane is tested with, and the one warning for any other.
 
 pyproject.toml puts no upper bound on torch, so installing foldplane never replaces the torch a
-user already has. A torch outside the tested range is still used: importing ``foldplane.agent``
-(the worker side) warns once per process, naming the version found and the range
-(docs/torch-compat.md#torch-versions says which version ran what).
+user already has. A torch outside the tested range is still used: importing foldplane's torch
+data plane (``foldplane.agent.dataplane``, which an ``Agent``'s process group and
+``init_process_group("foldplane")`` load; the first foldplane module that imports torch) warns
+once per process, naming the version found and the range (docs/torch-compat.md#torch-versions
+says which version ran what).
 
-The version is read from the installed distribution's metadata, so the check imports no torch:
-``foldplane.agent.machine`` stays importable without it.
+This module imports nothing but the standard library, so the pure machine can name it.
 """
 
 from __future__ import annotations
 
 import re
 import warnings
-from importlib import metadata
 
 #: The oldest and newest (major, minor) torch releases the suites have run on.
 TESTED = ((2, 11), (2, 15))
@@ -47,21 +47,12 @@ def untested(version: str) -> str | None:
     )
 
 
-def installed_torch() -> str | None:
-    """The installed torch's version, from its distribution's metadata (None: no torch)."""
-    try:
-        return metadata.version("torch")
-    except metadata.PackageNotFoundError:
-        return None
-
-
-def warn_if_untested() -> None:
-    """Warn (``TorchVersionWarning``) once per process if the installed torch is untested."""
+def warn_if_untested(version: str) -> None:
+    """Warn (``TorchVersionWarning``) once per process if torch ``version`` is untested."""
     global _warned
     if _warned:
         return
     _warned = True
-    version = installed_torch()
-    message = None if version is None else untested(version)
+    message = untested(version)
     if message is not None:
         warnings.warn(message, TorchVersionWarning, stacklevel=2)

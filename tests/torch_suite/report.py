@@ -306,9 +306,11 @@ VERSIONS = """\
 foldplane asks for `torch>=2.11` (pyproject.toml) with no upper bound, so installing it never
 replaces the torch an environment already has
 (`tests/test_install.py::test_the_wheel_keeps_the_users_torch_and_a_users_own_modules_do_not_break_it`).
-It is tested with torch 2.11 through 2.15 (`foldplane.agent.torch_range.TESTED`). Importing
-`foldplane.agent` (the worker side) with a torch outside that range warns once per process, and
-the worker runs on:
+It is tested with torch 2.11 through 2.15 (`foldplane.agent.torch_range.TESTED`). A worker
+with a torch outside that range runs, and gets one warning per process when foldplane's data
+plane (`foldplane.agent.dataplane`: what an `Agent`'s process group and
+`init_process_group("foldplane")` load, the first foldplane module that imports torch) is
+imported:
 
 ```
 TorchVersionWarning: foldplane is tested with torch 2.11 through 2.15, and torch 2.16.0 is
