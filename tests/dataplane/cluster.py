@@ -45,6 +45,8 @@ class Cluster:
             "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=30)
         )
         self.version = 0
+        #: how long a worker may take to answer a command
+        self.reply_timeout_s = REPLY_TIMEOUT_S
         self._ctx = mp.get_context("spawn")
         self.procs: dict[int, Any] = {}
         self.conns: dict[int, Any] = {}
@@ -114,8 +116,8 @@ class Cluster:
 
     def _reply(self, rank: int) -> Any:
         conn = self.conns[rank]
-        if not conn.poll(REPLY_TIMEOUT_S):
-            raise WorkerFailed(f"rank {rank} did not answer within {REPLY_TIMEOUT_S} s")
+        if not conn.poll(self.reply_timeout_s):
+            raise WorkerFailed(f"rank {rank} did not answer within {self.reply_timeout_s} s")
         try:
             answer = conn.recv()
         except EOFError:

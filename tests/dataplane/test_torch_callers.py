@@ -26,6 +26,9 @@ TORCH_2_14 = tuple(int(n) for n in torch.__version__.split(".")[:2]) >= (2, 14)
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Cluster]:
     c = Cluster(WORLD, target=callers_worker.main)
+    # a first call imports torch's functional collectives and DTensor: on a loaded 2-core
+    # machine that alone has taken 20 s and more
+    c.reply_timeout_s = 240.0
     c.spawn(*RANKS)
     c.commit(RANKS)
     names = c.call_all({r: ("adopt", ()) for r in RANKS})
