@@ -59,6 +59,7 @@ from .kit.baselines import (
     restart_all,
     restart_all_worker,
     torchft_manager,
+    torchft_version,
 )
 from .kit.kills import time_recovery
 from .kit.service import Service, free_port
@@ -459,7 +460,7 @@ def _recovery_rows(ours: list[float], torchft: list[float], torchrun: Any) -> li
         return []
     rows = []
     for name, theirs in (
-        ("torchft 0.2.0 DDP (lighthouse, 4 replica groups of 1)", torchft),
+        (f"{torchft_version()} DDP (lighthouse, 4 replica groups of 1)", torchft),
         ("torchrun --max-restarts=1 (restart all, DDP rebuilt)", torchrun),
     ):
         ok = isinstance(theirs, list) and bool(theirs)
@@ -492,7 +493,7 @@ def _heal_rows(
         rows.append(
             Result(
                 "ddp", _heal_name(size), "s", median(mine),
-                baseline="torchft 0.2.0 checkpoint heal (HTTP)",
+                baseline=f"{torchft_version()} checkpoint heal (HTTP)",
                 baseline_median=median(theirs) if theirs else None,
                 ratio=lower_is_better_ratio(median(mine), median(theirs)) if theirs else None,
                 target=">= 1.5x torchft" if size == 256 else ">= 1.0x torchft",

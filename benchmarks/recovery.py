@@ -11,7 +11,8 @@ Three systems, measured in the same run on the same machine:
   ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``, without which restarts often fail:
   pytorch/pytorch#135712): rank 3 SIGKILLs itself; torchrun restarts every worker. Measured:
   from the kill to the moment every restarted worker has finished its first all_reduce.
-- **torchft 0.2.0**: a lighthouse and 4 replica groups of 1 worker each, each step a quorum,
+- **torchft** (the ``bench`` extra: torchft-nightly; the row names the version it ran): a
+  lighthouse and 4 replica groups of 1 worker each, each step a quorum,
   an allreduce and a commit. One replica is SIGKILLed. Measured: from the kill to the moment
   every survivor has committed a step whose quorum has the 3 survivors.
 
@@ -127,7 +128,7 @@ def _torchft(trials: int) -> list[float]:
     samples = []
     for k in range(trials):
         with baselines.ReplicaGroups(
-            lambda r, address: [sys.executable, __file__, "torchft-worker", str(r), address],
+            lambda r, address: [sys.executable, "-m", __name__, "torchft-worker", str(r), address],
             WORLD,
         ) as replicas:
             replicas.formed()
@@ -159,7 +160,7 @@ def _torchft_worker(replica: int, lighthouse: str) -> int:
 
 BASELINES = {
     "torchrun --max-restarts=1 (TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1)": _torchrun,
-    "torchft 0.2.0 (lighthouse, 4 replica groups of 1)": _torchft,
+    f"{baselines.torchft_version()} (lighthouse, 4 replica groups of 1)": _torchft,
 }
 
 

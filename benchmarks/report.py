@@ -59,7 +59,7 @@ clock from a kill to the last survivor's recovery (`kills`), the torchrun and to
 
 REPRODUCE = """\
 ```bash
-.venv/bin/pip install -q -c constraints-dev.txt -e '.[dev,bench]'   # bench adds torchft 0.2.0
+.venv/bin/pip install -q -c constraints-dev.txt -e '.[dev,bench]'   # bench adds torchft-nightly (cp311)
 .venv/bin/python -m benchmarks --quick --json bench.json            # all of them, smaller sizes
 .venv/bin/python -m benchmarks eventlog fold healthy_set            # full sizes, a few at a time
 .venv/bin/python -m benchmarks --help

@@ -8,7 +8,7 @@ one really changes the view. The agents are simulated hosts (``agent.simhost``: 
 ``AgentMachine`` per rank), 8 ranks to a host (4 agents: one host), each on its channel: its ACKs
 batched in one message, its ranks' updates pushed to it.
 
-Baseline, measured in the same run: torchft's lighthouse (``torchft==0.2.0``, the ``bench``
+Baseline, measured in the same run: torchft's lighthouse (torchft-nightly, the ``bench``
 extra) forming a quorum of the same number of replicas, each replica a thread calling
 ``LighthouseClient.quorum`` at once; a round is timed from the first call to the last answer.
 The lighthouse keeps its state in memory only (nothing is made durable), and it answers a
@@ -27,13 +27,12 @@ import asyncio
 import contextlib
 import os
 import tempfile
-import threading
 import time
 from collections.abc import Iterator
-from datetime import timedelta
 
 from ..coordinator.runtime import loop_factory
 from .harness import Result, lower_is_better_ratio, median, percentile
+from .kit.baselines import quorum_rounds
 from .kit.floors import fsync_floor
 from .kit.service import Service
 from .kit.simulated import form_group
@@ -92,47 +91,16 @@ def _lighthouse(replicas: int, rounds: int) -> tuple[list[float] | None, str]:
 
 def _lighthouse_rounds(replicas: int, rounds: int) -> tuple[list[float] | None, str]:
     try:
-        from torchft._torchft import LighthouseClient, LighthouseServer
+        from torchft._torchft import LighthouseServer
     except ImportError as exc:
         return None, f"torchft not installed ({exc}); pip install -c constraints-dev.txt '.[bench]'"
     server = LighthouseServer(
         bind="[::]:0", min_replicas=replicas, join_timeout_ms=60_000, quorum_tick_ms=1
     )
     try:
-        clients = [
-            LighthouseClient(addr=server.address(), connect_timeout=timedelta(seconds=5))
-            for _ in range(replicas)
-        ]
-        times: list[float] = []
-        for step in range(rounds + 2):
-            barrier = threading.Barrier(replicas + 1)
-            done: list[float] = []
-
-            def join(
-                i: int,
-                step: int = step,
-                barrier: threading.Barrier = barrier,
-                done: list[float] = done,
-            ) -> None:
-                barrier.wait()
-                clients[i].quorum(
-                    replica_id=f"replica-{i}",
-                    timeout=timedelta(seconds=30),
-                    step=step,
-                    world_size=1,
-                )
-                done.append(time.perf_counter())
-
-            threads = [threading.Thread(target=join, args=(i,)) for i in range(replicas)]
-            for t in threads:
-                t.start()
-            barrier.wait()
-            t0 = time.perf_counter()
-            for t in threads:
-                t.join()
-            if step >= 2:
-                times.append((max(done) - t0) * 1000)
-        return times, "in-memory quorum, quorum_tick_ms=1"
+        return quorum_rounds(server.address(), replicas, rounds), (
+            "in-memory quorum, quorum_tick_ms=1"
+        )
     finally:
         server.shutdown()
 

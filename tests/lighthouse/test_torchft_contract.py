@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("torchft", reason="the torchft contract needs torchft-nightly (cp311)")
+pytest.importorskip("parameterized", reason="torchft's manager_integ_test imports parameterized")
 
 from torchft import manager_integ_test  # noqa: E402
 
