@@ -86,11 +86,23 @@ class CreateGroupRequest(Struct, kw_only=True, forbid_unknown_fields=True):
 
 
 class ProposalRequest(Struct, kw_only=True):
+    """``POST /proposals``. ``op: reconfigure`` is one member's call of torch's
+    ``ProcessGroup.reconfigure`` (docs/reconfigure.md): ``ranks`` are the members in the order of
+    their handles, ``incarnations`` each member's incarnation in the same order, ``uuid`` the
+    call's uuid, ``caller`` the member calling, ``call`` the id of this call (sent again with
+    the same id, it is the same call), ``timeout_s`` how long it may wait to be admitted; only a
+    reconfigure carries those fields, and it takes no idempotency key."""
+
     group: GroupName
-    op: Literal["activate", "deactivate"]
+    op: Literal["activate", "deactivate", "reconfigure"]
     ranks: Annotated[list[Rank], Meta(min_length=1, max_length=65_536)]
     proposer: ShortText | None = None
     idempotency_key: Annotated[str, Meta(min_length=1, max_length=256)] | None = None
+    incarnations: Annotated[list[Incarnation], Meta(min_length=1, max_length=65_536)] | None = None
+    uuid: Annotated[int, Meta(ge=-(2**63), le=2**63 - 1)] | None = None
+    caller: Rank | None = None
+    call: Annotated[str, Meta(min_length=1, max_length=256)] | None = None
+    timeout_s: Annotated[float, Meta(gt=0, le=604_800)] | None = None
 
 
 class DeathReport(Struct, kw_only=True):
@@ -175,6 +187,14 @@ class ProposalBody(Struct, kw_only=True):
     dropped_ranks: list[int]
     offset: int
     resolved_offset: int | None
+    #: a reconfigure's (absent from other proposals): its uuid, each member's incarnation in
+    #: the order of ``ranks``, the members that called it so far and their call ids, its own
+    #: admission timeout
+    uuid: int | None = None
+    incarnations: list[str] | None = None
+    callers: list[int] | None = None
+    calls: list[str | None] | None = None
+    timeout_s: float | None = None
 
 
 class GroupBody(Struct, kw_only=True):

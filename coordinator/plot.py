@@ -31,6 +31,7 @@ CAUSE_COLOURS = {
     "formation": "#2b7bba",
     "proposal": "#3a9d4a",
     "auto_deactivation": "#d0452f",
+    "reconfigure": "#8a5bb5",
 }
 #: Labels beyond this many versions per group would overlap; only the changes are labelled then.
 LABEL_ALL = 40

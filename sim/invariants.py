@@ -315,15 +315,15 @@ class Invariants:
     # -- 5 -------------------------------------------------------------------------------------
 
     def check_activation_healthy_clique(self, g: _Group, p: ViewPrepare) -> None:
-        """An activation (formation, or an ``activate`` proposal) prepares only HEALTHY ranks
-        forming a clique of usable edges: no rank of it has a current report of another rank
-        of it being down."""
+        """An activation (formation, an ``activate`` proposal, or a ``reconfigure``, which
+        may add ranks) prepares only HEALTHY ranks forming a clique of usable edges: no rank of
+        it has a current report of another rank of it being down."""
         kind = p.cause.get("kind")
         if kind == "proposal":
             ids = p.cause.get("proposals") or []
             if not ids or self.ops.get(ids[0]) != "activate":
                 return
-        elif kind != "formation":
+        elif kind not in ("formation", "reconfigure"):
             return
         name = "activation_healthy_clique"
         bad = [r for r in p.active_ranks if g.state[r] != HEALTHY]

@@ -102,6 +102,12 @@ IDEMPOTENCY_CONFLICT = _declare(
 DUPLICATE_PROPOSAL = _declare(
     "duplicate_proposal", 409, "refusal", "the same change is already pending"
 )
+RECONFIGURE_UUID_USED = _declare(
+    "reconfigure_uuid_used",
+    409,
+    "refusal",
+    "a reconfigure's uuid was used before in this group by a proposal that is over (pass a fresh uuid each time)",
+)
 FORBIDDEN = _declare(
     "forbidden",
     403,

@@ -19,6 +19,7 @@ from ...wire.codes import (
     FORBIDDEN,
     INTERNAL,
     INVALID_CONFIG,
+    INVALID_REQUEST,
     NO_VIEW,
     TOO_MANY_GROUPS,
     TOO_MANY_RANKS,
@@ -231,7 +232,8 @@ async def _end(request: Request, group: str, payload: dict[str, Any]) -> Respons
 
 @router.post(
     "/proposals",
-    summary="Propose to activate or deactivate ranks; wait up to ?wait= seconds for the outcome",
+    summary="Propose to activate or deactivate ranks, or call a reconfigure; wait up to ?wait= "
+    "seconds for the outcome",
     openapi_extra=body("ProposalRequest"),
     responses=answers({200: "ProposalBody", 202: "ProposalBody"}, 401, 403, 404, 409, 413, 422),
 )
@@ -251,8 +253,17 @@ async def create_proposal(
     payload: dict[str, Any] = {"op": req.op, "ranks": req.ranks, "proposer": proposer}
     if req.idempotency_key is not None:
         payload["idempotency_key"] = req.idempotency_key
-    host = host_of(request)
     key = ("idempotency", req.group, req.idempotency_key) if req.idempotency_key else None
+    if req.op == "reconfigure":
+        payload.update(_reconfigure_call(req, principal))
+        # The calls of one uuid never share an append: each is checked against the last.
+        key = ("reconfigure", req.group, req.uuid)
+    else:
+        fields = ("incarnations", "uuid", "caller", "call", "timeout_s")
+        extra = [n for n in fields if getattr(req, n) is not None]
+        if extra:
+            raise ApiError(INVALID_REQUEST, f"{', '.join(extra)} belong to a reconfigure")
+    host = host_of(request)
     # A known idempotency key: the fold answers the same body with its proposal (Existing),
     # another body with idempotency_conflict.
     outcome = await host.submit(
@@ -260,11 +271,46 @@ async def create_proposal(
     )
     if isinstance(outcome, Refusal):
         raise ApiError(outcome.code, outcome.detail)
-    proposal_id = outcome.offset if isinstance(outcome, Appended) else outcome.id
+    if isinstance(outcome, Appended) and req.op == "reconfigure":
+        # a member's call joins the proposal of its uuid (docs/reconfigure.md)
+        joined = host.machine.proposal_by_uuid(req.group, req.uuid)  # type: ignore[arg-type]
+        proposal_id = outcome.offset if joined is None else joined.id
+    else:
+        proposal_id = outcome.offset if isinstance(outcome, Appended) else outcome.id
     proposal = await host.wait_proposal(proposal_id, wait)
     if proposal is None:  # the fold did not record it: a bug worth a clear answer
         raise ApiError(INTERNAL, f"proposal {proposal_id} was appended but is unknown to the fold")
     return json_response(proposal_doc(proposal), status_of(proposal.status))
+
+
+def _reconfigure_call(req: ProposalRequest, principal: Any) -> dict[str, Any]:
+    """A reconfigure's own fields: every one given, and an agent calls only for its own rank."""
+    missing = [n for n in ("incarnations", "uuid", "caller") if getattr(req, n) is None]
+    if missing:
+        raise ApiError(INVALID_REQUEST, f"a reconfigure needs {', '.join(missing)}")
+    if req.idempotency_key is not None:
+        raise ApiError(
+            INVALID_REQUEST, "a reconfigure takes no idempotency_key: its uuid is its key"
+        )
+    assert req.caller is not None
+    if not principal.speaks_for(req.group, req.caller):
+        raise ApiError(
+            FORBIDDEN,
+            f"{principal.describe()} may not call reconfigure for rank {req.caller} of group "
+            f"{req.group!r}: a member calls for itself",
+        )
+    fields: dict[str, Any] = {
+        "incarnations": req.incarnations,
+        "uuid": req.uuid,
+        "caller": req.caller,
+    }
+    if not principal.is_operator:
+        fields["proposer"] = f"rank:{req.caller}"
+    if req.call is not None:
+        fields["call"] = req.call
+    if req.timeout_s is not None:
+        fields["timeout_s"] = req.timeout_s
+    return fields
 
 
 @router.get(

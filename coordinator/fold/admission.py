@@ -14,7 +14,10 @@ from .state import GroupState
 
 
 def requested(proposal: Proposal, active: tuple[int, ...]) -> tuple[int, ...]:
-    """The active ranks ``proposal`` asks for, starting from ``active`` (sorted)."""
+    """The active ranks ``proposal`` asks for, starting from ``active`` (sorted): a
+    reconfigure asks for its members, whatever is active now."""
+    if proposal.op == "reconfigure":
+        return tuple(sorted(set(proposal.ranks)))
     if proposal.op == "activate":
         return tuple(sorted(set(active) | set(proposal.ranks)))
     leaving = set(proposal.ranks)

@@ -63,9 +63,12 @@ class ViewChange:
         detail: str,
         record: Record,
         effects: list[Effect],
+        *,
+        extra: dict[str, Any] | None = None,
     ) -> None:
         """Phase one: send ``view_prepare(version + 1)`` to the participants, the online ranks
-        active in the old view or the new one."""
+        active in the old view or the new one. ``extra``: more of the cause (a reconfigure's
+        uuid and order)."""
         members = set(g.active) | set(target)
         participants = tuple(r for r in sorted(members) if g.ranks[r].state != OFFLINE)
         change = Change(
@@ -76,6 +79,7 @@ class ViewChange:
             kind,
             proposals,
             detail,
+            extra,
         )
         g.change = change
         effects.append(

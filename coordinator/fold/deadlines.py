@@ -19,6 +19,7 @@ from .effects import (
     Proposal,
 )
 from .facets import Facet
+from .proposals import admission_timeout_ns
 from .state import FORMED, FORMING, GroupState
 
 
@@ -115,7 +116,9 @@ class Deadlines:
                 g.alive[rank] = now
             if g.change is not None:
                 g.change.ack_deadline = now + g.cfg.ack_timeout_ns
-            g.queue = deque((pid, now + g.cfg.admission_timeout_ns) for pid, _ in g.queue)
+            g.queue = deque(
+                (pid, now + admission_timeout_ns(g, self._proposals[pid])) for pid, _ in g.queue
+            )
             if g.stall is not None:  # its reports could not arrive either
                 g.stall.first_ts = now
         for facet in self.facets:

@@ -36,8 +36,17 @@ __all__ = [
 ]
 
 
-class Proposal(msgspec.Struct, frozen=True, kw_only=True):
-    """A proposal to change ``active_ranks``; ``id`` is the offset of its record."""
+class Proposal(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """A proposal to change ``active_ranks``; ``id`` is the offset of its record.
+
+    A ``reconfigure`` (torch's ``ProcessGroup.reconfigure``, ``coordinator/fold/reconfigure.py``)
+    names its members in ``ranks`` in the order of their handles, and adds ``uuid``, each
+    member's ``incarnations`` (in the same order), the members that have ``callers`` so far
+    (in the order they called) with each one's ``calls`` id (None where a call gave none), and
+    its own ``timeout_s`` if its first call gave one. The other
+    ops leave those fields out of every document (``omit_defaults``), so their rows read as
+    they always did.
+    """
 
     id: int
     group: str
@@ -51,6 +60,11 @@ class Proposal(msgspec.Struct, frozen=True, kw_only=True):
     dropped_ranks: tuple[int, ...]
     offset: int
     resolved_offset: int | None
+    uuid: int | None = None
+    incarnations: tuple[str, ...] = ()
+    callers: tuple[int, ...] = ()
+    calls: tuple[str | None, ...] = ()
+    timeout_s: float | None = None
 
 
 class Effect(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):

@@ -32,8 +32,14 @@ from ...wire.codes import (
 from .config import ConfigError, GroupConfig
 from .effects import HEALTHY, OFFLINE, Proposal, Refused
 from .facets import Facet
-from .payloads import CHECKS, MAX_ID_LEN
+from .payloads import CHECKS, MAX_ID_LEN, RECONFIGURE
 from .reasons import ranks_text
+from .reconfigure import (
+    caller_incarnation,
+    caller_problem,
+    repeated_call,
+    uuid_refusal,
+)
 from .state import FAILED, GroupState, RankInfo
 
 #: (code, message)
@@ -294,6 +300,8 @@ def repeat_of(
         return g.ended_offset
     if CHECKS[kind](payload, g.config.world_size) is not None:
         return None
+    if payload["op"] == RECONFIGURE:
+        return repeated_call(g, proposals, payload)
     seen = _keyed(g, proposals, payload)
     return seen.id if seen is not None and _same_body(seen, payload) else None
 
@@ -392,7 +400,20 @@ def _ack(g: GroupState, rank: int, version: int) -> Refusal | None:
 def _proposal(
     g: GroupState, proposals: Mapping[int, Proposal], payload: dict[str, Any]
 ) -> Refusal | None:
-    """A known idempotency key: the same body is the same proposal, another body a conflict."""
+    """A known idempotency key: the same body is the same proposal, another body a conflict.
+
+    A reconfigure is one member's call (``coordinator/fold/reconfigure.py``): the caller is a
+    member, speaking as its current, online incarnation (fenced as every rank input), and its
+    uuid is new or names a pending proposal with the same members."""
+    if payload["op"] == RECONFIGURE:
+        caller = payload["caller"]
+        return (
+            caller_problem(payload)
+            or online_rank_refusal(
+                g, "reconfigure", caller, {"incarnation": caller_incarnation(payload)}
+            )
+            or uuid_refusal(g, proposals, payload)
+        )
     seen = _keyed(g, proposals, payload)
     if seen is None:
         return None

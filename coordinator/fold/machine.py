@@ -25,7 +25,7 @@ them and dispatches to them:
 ``ranks.py``        rank lifecycle and link evidence; the death chain
 ``healthy_set.py``  the Healthy Set: who is HEALTHY
 ``budget.py``       the failure budget: when a group shuts down for good
-``proposals.py``    the proposal queue and what starts the next change
+``proposals.py``    the proposal queue, what starts the next change (``reconfigure.py``: torch's)
 ``barrier.py``      the view change: prepare, ACKs, commit; formation failing
 ``deadlines.py``    ticks: the deadlines and what a resumed tick restarts
 ``ending.py``       a group's run ended by the operator

@@ -8,6 +8,7 @@ world size.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -15,7 +16,14 @@ from ...wire import ranks as rank_sets
 from ...wire.ranks import RankSetError
 
 MAX_ID_LEN = 256
-OPS = ("activate", "deactivate")
+RECONFIGURE = "reconfigure"
+OPS = ("activate", "deactivate", RECONFIGURE)
+#: A reconfigure's uuid is torch's ``ReconfigureOptions.uuid``: a signed 64-bit integer.
+UUID_RANGE = (-(2**63), 2**63)
+#: The longest a reconfigure may wait to be admitted (``timeout_s``), as for every duration.
+MAX_TIMEOUT_S = 7 * 24 * 3600.0
+#: The fields only a reconfigure carries.
+RECONFIGURE_FIELDS = ("incarnations", "uuid", "caller", "call", "timeout_s")
 
 
 def _is_int(value: Any) -> bool:
@@ -159,7 +167,14 @@ def _check_each_peer(peers: dict[Any, Any], world_size: int) -> str | None:
 
 def check_proposal(payload: dict[str, Any], world_size: int) -> str | None:
     """Malformed proposals are refused; well-formed ones naming bad ranks are logged and
-    rejected later (so audits see them), hence ranks are not range-checked here."""
+    rejected later (so audits see them), hence ranks are not range-checked here.
+
+    A ``reconfigure`` (torch's ``ProcessGroup.reconfigure``, one member's call) also carries
+    ``incarnations`` (one per rank, in the same order: the members' handles), ``uuid`` (an
+    integer), ``caller`` (the member whose call this is, an integer), an optional ``call``
+    (the id of this call of the member: the same id again is the same call, sent again) and an
+    optional ``timeout_s``; it takes no ``idempotency_key``. The other ops carry none of those
+    fields."""
     op = payload.get("op")
     if op not in OPS:
         return f"op must be one of {list(OPS)}, got {op!r}"
@@ -171,9 +186,52 @@ def check_proposal(payload: dict[str, Any], world_size: int) -> str | None:
         return f"ranks must be integers; got {bad!r}"
     if len(ranks) > 65_536:
         return f"ranks names {len(ranks)} ranks; at most 65536"
-    return _text(payload, "proposer", required=False) or _text(
+    err = _text(payload, "proposer", required=False) or _text(
         payload, "idempotency_key", required=False
     )
+    if err is not None:
+        return err
+    if op == RECONFIGURE:
+        return _check_reconfigure(payload, ranks)
+    extra = [name for name in RECONFIGURE_FIELDS if name in payload]
+    if extra:
+        return f"{', '.join(extra)} belong to a reconfigure, not to {op}"
+    return None
+
+
+def _check_reconfigure(payload: dict[str, Any], ranks: list[int]) -> str | None:
+    if payload.get("idempotency_key") is not None:
+        return "a reconfigure takes no idempotency_key: its uuid is its key"
+    incarnations = payload.get("incarnations")
+    if not isinstance(incarnations, list) or len(incarnations) != len(ranks):
+        return (
+            f"incarnations must be a list of {len(ranks)} incarnations, one per rank in the "
+            f"order of ranks, got {incarnations!r}"
+        )
+    for i, inc in enumerate(incarnations):
+        if not isinstance(inc, str) or not inc or len(inc) > MAX_ID_LEN:
+            return (
+                f"incarnations[{i}] must be a non-empty string of at most {MAX_ID_LEN} "
+                f"characters, got {inc!r}"
+            )
+    uuid = payload.get("uuid")
+    lo, hi = UUID_RANGE
+    if not _is_int(uuid) or not lo <= uuid < hi:
+        return f"uuid must be a signed 64-bit integer, got {uuid!r}"
+    caller = payload.get("caller")
+    if not _is_int(caller):
+        return f"caller must be the calling member's rank, got {caller!r}"
+    if (err := _text(payload, "call", required=False)) is not None:
+        return err
+    timeout = payload.get("timeout_s")
+    if timeout is not None and (
+        isinstance(timeout, bool)
+        or not isinstance(timeout, int | float)
+        or not math.isfinite(timeout)
+        or not 0 < timeout <= MAX_TIMEOUT_S
+    ):
+        return f"timeout_s must be a number of seconds in (0, {MAX_TIMEOUT_S:.0f}], got {timeout!r}"
+    return None
 
 
 def check_group_ended(payload: dict[str, Any], world_size: int) -> str | None:

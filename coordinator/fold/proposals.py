@@ -8,6 +8,8 @@ the Healthy Set (never emptying the view), then the head of the queue, checked i
 in range and distinct; no change needed: applied at once; a deactivation keeping
 ``min_active``; an activation whose ranks are HEALTHY and fully linked, else it waits until its
 admission deadline). While a change is in flight, heads it already satisfies ride along with it.
+A reconfigure (torch's ``ProcessGroup.reconfigure``) queues here too; ``reconfigure.py`` says
+how its members' calls make one proposal and how its head is decided.
 """
 
 from __future__ import annotations
@@ -24,12 +26,14 @@ from .effects import (
     ProposalResolved,
 )
 from .facets import Facet
+from .payloads import RECONFIGURE
 from .reasons import ranks_text
+from .reconfigure import ReconfigureRule
 from .state import FAILED, GroupState
 
 
-class ProposalQueue:
-    """See the module docstring."""
+class ProposalQueue(ReconfigureRule):
+    """See the module docstring; a reconfigure's own steps are ``ReconfigureRule``'s."""
 
     # A part of the Coordinator (machine.py), whose methods run on it: the fold's state.
     _groups: dict[str, GroupState]
@@ -40,10 +44,14 @@ class ProposalQueue:
     def _on_proposal(self, record: Record, effects: list[Effect]) -> None:
         """A proposal is logged and queued (first in, first out); ``_settle`` decides it.
 
-        A group that failed to form or was shut down rejects it at once.
+        A group that failed to form or was shut down rejects it at once. A reconfigure's
+        further members' calls join the proposal of their uuid (``reconfigure.py``).
         """
         g = self._groups[record.group]  # type: ignore[index]
         payload = record.payload
+        reconfigure = payload["op"] == RECONFIGURE
+        if reconfigure and self._join_reconfigure(g, payload, record, effects):
+            return
         proposal = Proposal(
             id=record.offset,
             group=g.name,
@@ -58,6 +66,16 @@ class ProposalQueue:
             offset=record.offset,
             resolved_offset=None,
         )
+        if reconfigure:
+            proposal = msgspec.structs.replace(
+                proposal,
+                uuid=payload["uuid"],
+                incarnations=tuple(payload["incarnations"]),
+                callers=(payload["caller"],),
+                calls=(payload.get("call"),),
+                timeout_s=payload.get("timeout_s"),
+            )
+            g.uuids[proposal.uuid] = proposal.id  # type: ignore[index]
         self._proposals[proposal.id] = proposal
         if proposal.idempotency_key is not None:
             g.keys[proposal.idempotency_key] = proposal.id
@@ -83,7 +101,7 @@ class ProposalQueue:
                 effects,
             )
         else:
-            g.queue.append((proposal.id, self._now + g.cfg.admission_timeout_ns))
+            g.queue.append((proposal.id, self._now + admission_timeout_ns(g, proposal)))
 
     def _auto_deactivate(self, g: GroupState, record: Record, effects: list[Effect]) -> bool:
         """Active ranks outside the Healthy Set are removed through the barrier; this takes
@@ -114,11 +132,14 @@ class ProposalQueue:
         for deactivate, at least ``min_active`` ranks left; for activate, every rank of the
         result HEALTHY and the result a clique of usable edges. A head that is not admissible
         yet waits until its admission deadline, then is rejected naming each rank and state.
+        A reconfigure has rules of its own (``reconfigure.py``).
         """
         if not g.queue:
             return False
         pid, deadline = g.queue[0]
         proposal = self._proposals[pid]
+        if proposal.op == RECONFIGURE:
+            return self._decide_reconfigure(g, proposal, deadline, record, effects)
         invalid = static_problem(g, proposal)
         if invalid is not None:
             g.queue.popleft()
@@ -193,6 +214,8 @@ class ProposalQueue:
                 g.queue.popleft()
                 self._resolve(g, pid, REJECTED, None, invalid, record, effects)
                 continue
+            if proposal.op == RECONFIGURE:  # a new configuration: a view change of its own
+                return
             if requested(proposal, change.active) != change.active:
                 return
             g.queue.popleft()
@@ -236,3 +259,11 @@ class ProposalQueue:
         )
         self._proposals[pid] = resolved
         effects.append(ProposalResolved(proposal=resolved, offset=record.offset))
+
+
+def admission_timeout_ns(g: GroupState, proposal: Proposal) -> int:
+    """How long ``proposal`` may wait at the head to become admissible: a reconfigure's own
+    ``timeout_s`` (its first call's), else the group's ``admission_timeout_s``."""
+    if proposal.timeout_s is not None:
+        return round(proposal.timeout_s * 1_000_000_000)
+    return g.cfg.admission_timeout_ns

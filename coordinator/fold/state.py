@@ -115,6 +115,7 @@ class Change:
         "kind",
         "proposals",
         "detail",
+        "extra",
     )
 
     def __init__(
@@ -126,6 +127,7 @@ class Change:
         kind: str,
         proposals: list[int],
         detail: str,
+        extra: dict[str, Any] | None = None,
     ) -> None:
         self.version = version
         self.active = active
@@ -142,13 +144,20 @@ class Change:
         self.kind = kind
         self.proposals = proposals
         self.detail = detail
+        #: more of the cause, for a change that carries it (a reconfigure: its uuid and order)
+        self.extra = extra or {}
 
     def outstanding(self) -> list[int]:
         """Participants whose ACK is still awaited, in rank order."""
         return sorted(self.waiting)
 
     def cause(self) -> dict[str, Any]:
-        return {"kind": self.kind, "proposals": list(self.proposals), "detail": self.detail}
+        return {
+            "kind": self.kind,
+            "proposals": list(self.proposals),
+            "detail": self.detail,
+            **self.extra,
+        }
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -162,6 +171,7 @@ class Change:
             "kind": self.kind,
             "proposals": list(self.proposals),
             "detail": self.detail,
+            **({"extra": self.extra} if self.extra else {}),
         }
 
     @classmethod
@@ -174,6 +184,7 @@ class Change:
             d["kind"],
             list(d["proposals"]),
             d["detail"],
+            d.get("extra"),
         )
         change.acked = set(d["acked"])
         change.dropped = set(d["dropped"])
@@ -231,6 +242,8 @@ class GroupState:
         self.queue: deque[tuple[int, int]] = deque()
         #: idempotency key -> proposal id
         self.keys: dict[str, int] = {}
+        #: a reconfigure's uuid -> its proposal id (``coordinator/fold/reconfigure.py``)
+        self.uuids: dict[int, int] = {}
         #: the committed view failed with every member alive (``coordinator.fold.stalls``)
         self.stall: Stall | None = None
         #: why the operator ended the group's run, and the offset of that record (None: it runs)
@@ -267,6 +280,8 @@ class GroupState:
             "change": None if self.change is None else self.change.to_dict(),
             "queue": [list(item) for item in self.queue],
             "keys": dict(sorted(self.keys.items())),
+            # only once a reconfigure came, so a snapshot of any other group reads as it did
+            **({"uuids": [list(item) for item in self.uuids.items()]} if self.uuids else {}),
             # only once ended, so a snapshot of a running group reads as it always did
             **(
                 {}
@@ -300,6 +315,7 @@ class GroupState:
         g.change = None if d["change"] is None else Change.from_dict(d["change"])
         g.queue = deque((pid, deadline) for pid, deadline in d["queue"])
         g.keys = dict(d["keys"])
+        g.uuids = {uuid: pid for uuid, pid in d.get("uuids", ())}
         stall = d.get("stall")  # absent from snapshots taken before stalls were resolved
         g.stall = None if stall is None else Stall.from_dict(stall)
         g.ended = d.get("ended")

@@ -307,16 +307,32 @@ class StoryBuilder:
             if p.group != self.group or rank not in p.ranks:
                 return
             accepted = isinstance(effect, ProposalAccepted)
-            what = f"proposal {p.id}: {p.op} {ranks_text(p.ranks)} by {p.proposer or 'operator'}"
+            extra: dict[str, Any] = {}
+            if p.op == "reconfigure":
+                # torch's reconfigure: each member's call is a record (docs/reconfigure.md)
+                what = (
+                    f"proposal {p.id}: reconfigure uuid {p.uuid} to members {list(p.ranks)} "
+                    f"(in that order)"
+                )
+                queued = f"{what} called by rank {p.callers[-1]}" + (
+                    "" if len(p.callers) == 1 else f" (called so far: {list(p.callers)})"
+                )
+                extra = {"uuid": p.uuid, "callers": list(p.callers)}
+            else:
+                what = (
+                    f"proposal {p.id}: {p.op} {ranks_text(p.ranks)} by {p.proposer or 'operator'}"
+                )
+                queued = f"{what} queued"
             self._decision(
                 _entry(
                     record,
                     "proposal" if accepted else "proposal_resolved",
-                    f"{what} queued" if accepted else f"{what} {p.status}: {p.reason}",
+                    queued if accepted else f"{what} {p.status}: {p.reason}",
                     proposal=p.id,
                     op=p.op,
                     status=p.status,
                     version=p.version,
+                    **extra,
                 )
             )
         elif isinstance(effect, Refused):

@@ -92,8 +92,11 @@ class FoldMachine(RuleBasedStateMachine):
                 self.committed[v.group] = v.version
                 self.in_flight[v.group] = None
             elif isinstance(e, ProposalAccepted):
-                assert e.proposal.id not in self.accepted
-                self.accepted.add(e.proposal.id)
+                p = e.proposal
+                if p.id in self.accepted:  # only a reconfigure's further member joins it
+                    assert p.op == "reconfigure" and p.id not in self.outcomes
+                    assert len(p.callers) == len(set(p.callers)) > 1
+                self.accepted.add(p.id)
             elif isinstance(e, ProposalResolved):
                 p = e.proposal
                 assert p.id in self.accepted and p.id not in self.outcomes, "a second outcome"
@@ -233,6 +236,41 @@ class FoldMachine(RuleBasedStateMachine):
         if key is not None:
             payload["idempotency_key"] = key
         self.feed("proposal", group, None, payload)
+
+    @rule(
+        gi=groups_st,
+        odd=st.none() | st.lists(st.integers(min_value=0, max_value=5), min_size=1, max_size=4),
+        who=st.integers(min_value=0, max_value=5),
+        uuid=st.integers(min_value=0, max_value=5),
+        stale=st.sampled_from([False, False, False, True]),
+        everyone=st.booleans(),
+    )
+    def reconfigure(
+        self, gi: int, odd: list[int] | None, who: int, uuid: int, stale: bool, everyone: bool
+    ) -> None:
+        """One member's call of torch's reconfigure. Each uuid has its members (so the members'
+        calls join and the view commits), unless ``odd`` names others (a conflict, ranks out of
+        range or twice); few uuids, so they are reused; sometimes a handle of another
+        incarnation, sometimes a caller left out; ``everyone``: each member calls in turn."""
+        group, _ = self.pick(gi, 0)
+        world = self.world[group]
+        ranks = odd or [(uuid + i) % world for i in range(1 + uuid % world)][::-1]
+        incarnations = [self.s.inc(r, group) for r in ranks]
+        if stale:
+            incarnations[-1] = "gone"
+        callers = ranks if everyone else [ranks[who % len(ranks)] if who < 5 else who]
+        for caller in callers:
+            payload = {
+                "op": "reconfigure",
+                "ranks": ranks,
+                "incarnations": incarnations,
+                "uuid": uuid,
+                "caller": caller,
+                "call": f"{caller}-{who % 2}",
+                "timeout_s": 5.0,
+            }
+            if self.s.m.repeat_of("proposal", group, None, payload) is None:
+                self.feed("proposal", group, None, payload)
 
     @rule(gi=groups_st, rank=ranks_st)
     def bring_up(self, gi: int, rank: int) -> None:
