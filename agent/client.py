@@ -250,14 +250,16 @@ class CoordinatorClient:
         proposer: str | None = None,
         idempotency_key: str | None = None,
         wait_s: float = 30.0,
+        fields: Mapping[str, Any] | None = None,
     ) -> dict[str, Any]:
         """``POST /proposals`` and wait (up to ``wait_s``) for the terminal outcome.
 
         Returns the proposal as the coordinator answered it: terminal, or ``pending`` if
         ``wait_s`` passed first. The server waits at most 60 s per request, so longer waits
-        poll ``GET /proposals/{id}``.
+        poll ``GET /proposals/{id}``. ``fields``: the op's own (a reconfigure's ``uuid``,
+        ``incarnations``, ``caller``, ``timeout_s``).
         """
-        body: dict[str, Any] = {"group": group, "op": op, "ranks": list(ranks)}
+        body: dict[str, Any] = {"group": group, "op": op, "ranks": list(ranks), **(fields or {})}
         if proposer is not None:
             body["proposer"] = proposer
         if idempotency_key is not None:

@@ -31,6 +31,7 @@ from ..wire.codes import (
     APPLIED_STATUSES,
     FATAL_ERRORS,
     NOT_FOLDPLANE,
+    TERMINAL,
     error_body,
 )
 from ..wire.updates import (
@@ -164,6 +165,8 @@ class Agent:
         self.rank = rank
         self.incarnation = incarnation or _env("FOLDPLANE_INCARNATION") or uuid.uuid4().hex
         self.world_size: int | None = None
+        #: the group's configuration as the coordinator answered it at ``start``
+        self._group_config: dict[str, Any] = {}
         self.on_shutdown_with_save = on_shutdown_with_save
         self._shutdown_directive: ShutdownWithSave | None = None
         token = token or _env("FOLDPLANE_TOKEN")
@@ -203,6 +206,8 @@ class Agent:
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._data_plane: Any = None
+        #: the group of torch's reconfigure model (``process_group(reconfigure=True)``)
+        self._reconfigurable: Any = None
         self._data_plane_error: BaseException | None = None
         #: a view to install once the data plane is on the store, and whether this rank is
         #: one of its members (``InstallView.member``)
@@ -270,6 +275,8 @@ class Agent:
             with self._changed:
                 self._changed.wait_for(lambda: self._stopped is not None, timeout_s)
         self._shutdown()
+        if self._reconfigurable is not None:
+            self._reconfigurable.shutdown()
         if self._data_plane is not None:
             self._data_plane.close()
         self._ops.close()
@@ -430,6 +437,74 @@ class Agent:
                 self.wait_for_view(version, timeout=left)
         return proposal
 
+    # -- torch's reconfigure ---------------------------------------------------------------------
+
+    def reconfigure(
+        self, uuid: int, members: Sequence[tuple[int, str]], *, timeout_s: float | None = None
+    ) -> View:
+        """This rank's call of torch's reconfigure: ``members`` are the ``(rank, incarnation)``
+        of each member's handle, in handle order; this rank must be one of them. All the
+        members' calls of ``uuid`` are one proposal (docs/reconfigure.md); returns the view it
+        committed once this agent has seen it, or raises ``ReconfigureError`` naming why it did
+        not take effect (a refusal, a rejection, a member lost while the view changed).
+
+        ``timeout_s`` bounds its admission (default: the group's ``admission_timeout_s``); the
+        call waits for that, the view change's ACKs, and the coordinator's answers."""
+        from .dataplane.errors import ReconfigureError
+
+        config = self._group_config
+        admission = timeout_s if timeout_s is not None else config.get("admission_timeout_s", 30.0)
+        deadline = time.monotonic() + admission + config.get("ack_timeout_s", 30.0) + 30.0
+        fields: dict[str, Any] = {
+            "incarnations": [inc for _, inc in members],
+            "uuid": int(uuid),
+            "caller": self.rank,
+            # this call's id: sent again (a lost answer, a long wait), it is the same call; a
+            # later reconfigure() with the same uuid is a reused uuid, refused
+            "call": os.urandom(12).hex(),
+        }
+        if timeout_s is not None:
+            fields["timeout_s"] = float(timeout_s)
+        ranks = [int(r) for r, _ in members]
+        proposal: dict[str, Any] = {}
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                # The same call sent again is answered with the proposal and appends nothing,
+                # so sending it again is how this waits (at most 55 s per request).
+                proposal = self._ops.propose(
+                    self.group,
+                    "reconfigure",
+                    ranks,
+                    wait_s=max(0.0, min(left, 55.0)),
+                    fields=fields,
+                )
+            except CoordinatorError as exc:
+                raise ReconfigureError(exc.code, exc.detail) from None
+            except CoordinatorUnavailable as exc:
+                if left <= 0:
+                    raise ReconfigureError("coordinator_unavailable", str(exc)) from None
+                self._stop.wait(min(1.0, max(0.0, left)))
+                continue
+            if proposal.get("status") in TERMINAL or time.monotonic() >= deadline:
+                break
+        status, version = proposal.get("status"), proposal.get("version")
+        if status == "applied" and isinstance(version, int):
+            return self.wait_for_view(version, timeout=max(1.0, deadline - time.monotonic()))
+        if status == "applied_with_dropped_ranks":
+            raise ReconfigureError(
+                status,
+                f"version {version} committed without members "
+                f"{proposal.get('dropped_ranks')} (lost before they ACKed): {proposal.get('reason')}",
+            )
+        if status == "rejected":
+            raise ReconfigureError(status, str(proposal.get("reason")))
+        raise ReconfigureError(
+            "timeout",
+            f"proposal {proposal.get('id')} (reconfigure uuid {uuid}) is still "
+            f"{status} after the admission and ACK deadlines",
+        )
+
     # -- epoch plans -----------------------------------------------------------------------------
 
     @property
@@ -511,7 +586,9 @@ class Agent:
 
     # -- the data plane --------------------------------------------------------------------------
 
-    def process_group(self, backend: str | None = None, timeout_s: float = 60.0) -> Any:
+    def process_group(
+        self, backend: str | None = None, timeout_s: float = 60.0, *, reconfigure: bool = False
+    ) -> Any:
         """The elastic process group over the committed views (one object per process).
 
         Blocks until the data plane is connected: the store's address comes with the first
@@ -519,6 +596,10 @@ class Agent:
         with torch (the default group when there is none yet), so ``dist.*(..., group=pg)``
         works on it. ``backend="gloo"`` is accepted by a ``"nccl"`` data plane too: it serves CPU
         tensors through gloo in every view.
+
+        ``reconfigure=True``: the group of torch's reconfigure model instead
+        (``ReconfigurableProcessGroup``, one per process; docs/reconfigure.md): ranks and size
+        follow this process's reconfigures, and its collectives wait for the first.
         """
         if not self._started:
             raise RuntimeError("call agent.start() before agent.process_group()")
@@ -549,6 +630,23 @@ class Agent:
             )
         from .dataplane.c10d import adopt
 
+        if reconfigure:
+            from .dataplane.reconfigure import (
+                SUPPORTED,
+                ReconfigurableProcessGroup,
+            )
+
+            if not SUPPORTED:
+                import torch
+
+                raise RuntimeError(
+                    f"process_group(reconfigure=True) needs torch's reconfigure API (torch >= "
+                    f"2.14); this is torch {torch.__version__}"
+                )
+            with self._changed:
+                if self._reconfigurable is None:
+                    self._reconfigurable = ReconfigurableProcessGroup(self._data_plane, self)
+            return adopt(self._reconfigurable, self)
         return adopt(self._data_plane.process_group(), self)
 
     # -- the driver ------------------------------------------------------------------------------
@@ -829,6 +927,7 @@ class Agent:
                         f"{ended.get('offset')} ({ended.get('reason')}); its history stays under "
                         "its name, so run again under another group name"
                     )
+                self._group_config = info.get("config") or {}
                 size = info.get("world_size", (info.get("config") or {}).get("world_size"))
                 if not isinstance(size, int):
                     raise RuntimeError(f"group {self.group!r}: no world_size in {info!r}")

@@ -134,6 +134,8 @@ def _create(opts: Any, _backend_options: Any = None) -> object:
 
     The first call in a process makes the agent's group (once a view is committed); a call
     while a foldplane group is torch's default group (``dist.new_group``) makes a subgroup.
+    ``init_process_group(..., enable_reconfigure=True)`` (torch >= 2.14 passes it here) makes
+    the group of torch's reconfigure model instead (``agent.dataplane.reconfigure``).
     """
     global _in_creator
     rank, size, timeout = opts.group_rank, opts.group_size, opts.timeout
@@ -147,7 +149,10 @@ def _create(opts: Any, _backend_options: Any = None) -> object:
         with _lock:
             _in_creator = True
             try:
-                pg = agent.process_group(timeout_s=timeout.total_seconds())
+                pg = agent.process_group(
+                    timeout_s=timeout.total_seconds(),
+                    reconfigure=bool(getattr(opts, "enable_reconfigure", False)),
+                )
             finally:
                 _in_creator = False
         if _is_registered(pg):

@@ -25,3 +25,16 @@ class PeerFailure(RuntimeError):
         self.hint = hint
         who = f"rank(s) {failed_ranks} failed" if failed_ranks else "a peer failed or timed out"
         super().__init__(f"{op}: {who}; the output is unspecified until the next view")
+
+
+class ReconfigureError(RuntimeError):
+    """A reconfigure did not take effect (torch's ``ProcessGroup.reconfigure``: its ``Work``
+    raises this). ``code`` is the coordinator's (a refusal such as ``reconfigure_uuid_used``,
+    or the proposal's status ``rejected`` / ``applied_with_dropped_ranks``), ``detail`` why,
+    with the ranks, incarnations and versions involved. The process keeps the configuration it
+    had; the members call again with a fresh uuid."""
+
+    def __init__(self, code: str, detail: str) -> None:
+        self.code = code
+        self.detail = detail
+        super().__init__(f"reconfigure failed ({code}): {detail}")

@@ -56,6 +56,7 @@ from .backend import BackendKind
 from .cuda import CudaWatch, EndEvents
 from .errors import DataPlaneError, PeerFailure
 from .hint import HintPool
+from .reconfigure import Reconfigurable, ReconfigurePlane, Request
 from .work import CoalescedWork, Work
 
 if TYPE_CHECKING:
@@ -101,8 +102,11 @@ class GroupPlane(Protocol):
     ) -> object: ...
 
 
-class ElasticProcessGroup(dist.ProcessGroup):
-    """The process group of one rank, following the committed views of its data plane."""
+class ElasticProcessGroup(Reconfigurable, dist.ProcessGroup):
+    """The process group of one rank, following the committed views of its data plane.
+
+    It answers torch's reconfigure API (``agent.dataplane.reconfigure``) in foldplane's model:
+    a reconfigure makes its members the active ranks of a new view; ranks stay global."""
 
     def __init__(self, plane: GroupPlane) -> None:
         super().__init__(plane.rank, plane.world_size)
@@ -146,6 +150,24 @@ class ElasticProcessGroup(dist.ProcessGroup):
     def plane(self) -> GroupPlane:
         """The data plane that owns this group (a ``DataPlane``)."""
         return self._plane
+
+    # -- torch's reconfigure (foldplane's model) -------------------------------------------------
+
+    @property
+    def _reconfigure_plane(self) -> ReconfigurePlane:
+        return self._plane  # type: ignore[return-value]  (a DataPlane)
+
+    def _take(self, view: object, request: Request) -> None:
+        """The view committed: done once this data plane installed it (ranks stay global)."""
+        version = int(view.version)  # type: ignore[attr-defined]
+        installed = self._plane.wait_for_view(  # type: ignore[attr-defined]
+            lambda v: v.version >= version, self._plane.backend_timeout_s
+        )
+        if installed is None or installed.version < version:
+            raise DataPlaneError(
+                f"rank {self._rank}: version {version} committed but this data plane did not "
+                f"install it (installed: {None if installed is None else installed.version})"
+            )
 
     # -- the current view ---------------------------------------------------------------------
 

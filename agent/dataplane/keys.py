@@ -19,6 +19,9 @@ serves several groups from one store hands each group its own prefix).
   (``view/<version>/cuda/`` its NCCL communicator, when it is built fresh).
 - ``subgroup/<version>/<name>/``: the prefix under which torch's subgroup ``name`` (from
   ``dist.new_group``) rendezvouses, made while view ``version`` was installed.
+- ``reconfigure/<version>/``: the prefix under which the members of a reconfigure that view
+  ``version`` committed build its backend, in handle order (torch's model:
+  :mod:`agent.dataplane.reconfigure`; ``reconfigure/<version>/cuda/`` its NCCL communicator).
 """
 
 from __future__ import annotations
@@ -56,3 +59,7 @@ def rendezvous_prefix(version: int) -> str:
 
 def subgroup_prefix(version: int, name: str) -> str:
     return f"subgroup/{version}/{name}/"
+
+
+def reconfigure_prefix(version: int) -> str:
+    return f"reconfigure/{version}/"
