@@ -97,6 +97,7 @@ HEAVY = (
     "tests/sim/test_sim.py::test_seeds",
     "tests/sim/test_sim.py::test_more_seeds",
     "tests/test_install.py",
+    "tests/torch_suite/test_reconfigure.py",
 )
 
 

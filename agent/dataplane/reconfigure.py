@@ -375,10 +375,16 @@ def _device_type(args: tuple[Any, ...]) -> str:
     return "cpu"
 
 
+#: Entry points torch 2.14's C++ calls by another name than the backend's.
+RENAMED = {"start_coalescing": "_start_coalescing", "end_coalescing": "_end_coalescing"}
+
+
 def _forward(name: str) -> Callable[..., Any]:
+    target = RENAMED.get(name, name)
+
     def run(self: ReconfigurableProcessGroup, *args: Any, **kwargs: Any) -> Any:
         backend = self._backend_for(name, _device_type(args))
-        return getattr(backend, name)(*args, **kwargs)
+        return getattr(backend, target)(*args, **kwargs)
 
     run.__name__ = name
     run.__doc__ = f"``{name}`` on this process's configuration (torch's model)."
@@ -462,7 +468,9 @@ class ReconfigurableProcessGroup(Reconfigurable, dist.ProcessGroup):
         backends: dict[str, object] = {}
         try:
             for device_type in plane.kind.device_types:
-                prefix = keys.reconfigure_prefix(version) + ("cuda/" if device_type == "cuda" else "")
+                prefix = keys.reconfigure_prefix(version) + (
+                    "cuda/" if device_type == "cuda" else ""
+                )
                 with plane.rendezvous_store() as store:
                     backends[device_type] = plane.kind.create_for(
                         device_type, PrefixStore(prefix, store), position, len(members), timeout_s
@@ -514,6 +522,12 @@ class ReconfigurableProcessGroup(Reconfigurable, dist.ProcessGroup):
             )
         return backend
 
+    def _get_backend(self, device: object) -> object:
+        """The configuration's backend for ``device`` (``dist.get_backend_impl``,
+        ``dist.batch_isend_irecv``): the one ``_take`` built, so each reconfigure gives
+        another; ``DataPlaneError`` (a ``RuntimeError``) before the first."""
+        return self._backend_for("_get_backend", torch.device(device).type)  # type: ignore[arg-type]
+
     def abort(self) -> None:
         """End this configuration (torch's revoke): its operations in flight end with an error
         and later ones raise until the next reconfigure, which recovers with a fresh uuid."""
@@ -535,7 +549,7 @@ class ReconfigurableProcessGroup(Reconfigurable, dist.ProcessGroup):
     close = shutdown
 
 
-for _name in FORWARDED:
+for _name in (*FORWARDED, *RENAMED):
     setattr(ReconfigurableProcessGroup, _name, _forward(_name))
 
 

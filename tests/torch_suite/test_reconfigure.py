@@ -10,6 +10,9 @@ environment. The cases are written from the list of torch's own fault-tolerance 
 (``test/distributed/test_c10d_fault_tolerance.py``): basic, all_reduce, ring send/recv, shrink
 excluding the last rank, excluding the middle rank, scale 3->1->3->1, singletons to all, the same
 members with a new uuid, a late join, a merge of {0} and {1, 2}, reconfigure after abort.
+
+torch's cases are in the slow suite (22 runs of 3 processes); the default suite keeps the
+shrink that drops the middle rank, checked in the log, and the bad calls.
 """
 
 from __future__ import annotations
@@ -125,17 +128,20 @@ def run(
     return group
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", list(cases.TORCH_CASES))
 def test_torch_case_on_gloo(ctx, tmp_path, case):
     """The reference: torch's own gloo, ``enable_reconfigure=True``."""
     run(ctx, "gloo", case, tmp_path)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", list(cases.TORCH_CASES))
 def test_torch_case_on_foldplane(ctx, coordinator, tmp_path, case):
     run(ctx, "foldplane", case, tmp_path, coordinator)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["gloo", "foldplane"])
 def test_a_reused_uuid(ctx, coordinator, tmp_path, backend):
     """(``reconfigure_cases.reused_uuid``) a uuid the process used is refused by both; one
@@ -163,6 +169,7 @@ def test_bad_handles_raise_at_the_call_and_a_stale_one_is_refused(ctx, coordinat
     assert done.returncode == 0, done.stdout + done.stderr
 
 
+@pytest.mark.slow
 def test_the_default_group_keeps_foldplanes_model(ctx, coordinator, tmp_path):
     run(ctx, "foldplane", "foldplane_model", tmp_path, coordinator)
 
