@@ -31,6 +31,7 @@ import torch.distributed as dist
 from torch.distributed.constants import default_pg_timeout
 
 from .group import BACKEND_NAME, ElasticProcessGroup
+from .reconfigure import ReconfigurableProcessGroup
 
 if TYPE_CHECKING:
     from .. import Agent
@@ -144,6 +145,12 @@ def _create(opts: Any, _backend_options: Any = None) -> object:
         default = _default_group()
         if default is not None:
             return _subgroup(default, opts)
+        if dist.is_initialized() and isinstance(_c10d_default(), ReconfigurableProcessGroup):
+            raise ValueError(
+                "dist.new_group on a foldplane group of torch's reconfigure model is not "
+                "supported: torch maps a subgroup's ranks once, at its creation, and this "
+                "group's ranks follow its reconfigures (docs/reconfigure.md)"
+            )
         agent = environment_agent(timeout)
         agent.wait_for_view(timeout=timeout.total_seconds())
         with _lock:
@@ -163,6 +170,12 @@ def _create(opts: Any, _backend_options: Any = None) -> object:
             f"torch asked for rank {rank} of {size}"
         )
     return pg
+
+
+def _c10d_default() -> object:
+    from torch.distributed.distributed_c10d import _get_default_group
+
+    return _get_default_group()
 
 
 def _default_group() -> ElasticProcessGroup | None:

@@ -293,6 +293,13 @@ def bad_calls(r: Rank) -> None:
     assert (dist.get_world_size(), dist.get_rank()) == (WORLD, r.rank)
     r.reconfigure(1310, r.handles("bad/after"))  # the uuids refused at the call are unused
     r.assert_sum(6.0)
+    try:  # torch would map a subgroup's ranks once, and this group's follow its reconfigures
+        dist.new_group(backend="foldplane")
+    except ValueError as e:
+        assert "not supported" in str(e), e
+    else:
+        raise AssertionError("dist.new_group made a subgroup of a group of torch's model")
+    r.assert_sum(6.0)
 
 
 def foldplane_model(r: Rank) -> None:
