@@ -17,7 +17,8 @@
   records that brought it to its state and its place in or out of ``active_ranks``
   (:mod:`coordinator.host.story`, the same story as ``GET /groups/{group}/ranks/{rank}/story``).
   ``explain log.db --refit NAME`` tells a refit's story instead: its epochs, joins and
-  transfers (:mod:`facets.refits.story`).
+  transfers (:mod:`facets.refits.story`); ``explain log.db --rdzv JOB`` a torchrun job's
+  rendezvous: every join, round, leave and the closing (:mod:`facets.rendezvous.story`).
 - ``group list|show|end|delete [NAME] [--coordinator URL]`` asks a running coordinator: every
   group with where its run stands, one group's document, or ends a group's run (its ranks are
   told to stop; its history stays) or deletes it (ended, and gone from the listings and the
@@ -299,13 +300,21 @@ def _parser() -> argparse.ArgumentParser:
     c.set_defaults(run=_compact)
 
     e = sub.add_parser(
-        "explain", help="why a rank (or a refit) is where it is: its story from the log"
+        "explain",
+        help="why a rank (or a refit, or a torchrun job's rendezvous) is where it is: its story "
+        "from the log",
     )
     e.add_argument("db", help="the log: a SQLite path, sqlite:/// or postgresql:// URL")
     e.add_argument("--group", default=None)
     e.add_argument("--rank", type=int, default=None)
     e.add_argument(
         "--refit", default=None, metavar="NAME", help="tell this refit's story (not a rank's)"
+    )
+    e.add_argument(
+        "--rdzv",
+        default=None,
+        metavar="JOB",
+        help="tell this torchrun job's rendezvous story (its --rdzv-id; not a rank's)",
     )
     e.add_argument("--until", type=int, default=None, metavar="OFFSET", help="stop at this offset")
     e.add_argument("--json", action="store_true", help="print the story as JSON")
@@ -738,19 +747,29 @@ def _explain(args: argparse.Namespace) -> int:
     from .coordinator.host.story import StoryError, format_story, story_from
     from .eventlog import LogError
     from .facets.refits.story import RefitStoryError, refit_story_from
+    from .facets.rendezvous.story import RendezvousStoryError, rendezvous_story_from
 
-    if args.refit is not None and (args.group is not None or args.rank is not None):
-        print("explain: give either --refit NAME or --group G --rank R, not both", file=sys.stderr)
+    whose = [x for x in (args.refit, args.rdzv) if x is not None]
+    if len(whose) > 1 or (whose and (args.group is not None or args.rank is not None)):
+        print(
+            "explain: give one of --group G --rank R, --refit NAME or --rdzv JOB, not both",
+            file=sys.stderr,
+        )
         return 2
-    if args.refit is None and (args.group is None or args.rank is None):
-        print("explain: give --group G --rank R (a rank's story) or --refit NAME", file=sys.stderr)
+    if not whose and (args.group is None or args.rank is None):
+        print(
+            "explain: give --group G --rank R (a rank's story), --refit NAME or --rdzv JOB",
+            file=sys.stderr,
+        )
         return 2
     try:
         if args.refit is not None:
             story = asyncio.run(refit_story_from(args.db, args.refit, until=args.until))
+        elif args.rdzv is not None:
+            story = asyncio.run(rendezvous_story_from(args.db, args.rdzv, until=args.until))
         else:
             story = asyncio.run(story_from(args.db, args.group, args.rank, until=args.until))
-    except (StoryError, RefitStoryError) as exc:
+    except (StoryError, RefitStoryError, RendezvousStoryError) as exc:
         print(f"explain: {exc.detail}", file=sys.stderr)
         return 2
     except (LogError, OSError, ValueError) as exc:
@@ -759,6 +778,13 @@ def _explain(args: argparse.Namespace) -> int:
     if args.json:
         json.dump(story, sys.stdout, indent=2)
         sys.stdout.write("\n")
+    elif args.rdzv is not None:
+        kept = story["keepalives"]
+        print(
+            format_story(
+                {**story, "heartbeats": kept, "omitted": {"heartbeats": kept, "evidence": 0}}
+            )
+        )
     else:
         print(format_story(story))
     return 0

@@ -206,6 +206,31 @@ REPLICA_LOST = _declare(
 QUORUM_TIMEOUT = _declare(
     "quorum_timeout", 504, "refusal", "no lighthouse quorum took the caller in before its deadline"
 )
+#: torchrun's rendezvous (``facets/rendezvous``, docs/torchrun.md).
+UNKNOWN_RENDEZVOUS = _declare(
+    "unknown_rendezvous", 404, "refusal", "no torchrun rendezvous has this id (--rdzv-id)"
+)
+RENDEZVOUS_CLOSED = _declare(
+    "rendezvous_closed",
+    409,
+    "refusal",
+    "the rendezvous was closed (a node's torchrun shut it down: the job ended); it takes no more nodes, so a new run takes a new --rdzv-id",
+)
+RENDEZVOUS_CONFLICT = _declare(
+    "rendezvous_conflict",
+    409,
+    "refusal",
+    "a node joins with other settings (--nnodes, timeouts) than the rendezvous's first node (the detail names each)",
+)
+NODE_GONE = _declare(
+    "node_gone",
+    409,
+    "refusal",
+    "the node is not part of the rendezvous (it left, went silent past its keep-alive timeout, or its join timed out: the detail says which); it may join again",
+)
+TOO_MANY_NODES = _declare(
+    "too_many_nodes", 429, "refusal", "more nodes would wait for a round than the rendezvous holds"
+)
 
 # -- the request itself ----------------------------------------------------------------------------
 

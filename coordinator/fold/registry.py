@@ -38,6 +38,7 @@ BUILTIN_FACETS: tuple[str, ...] = (
     "foldplane.facets.epochs",
     "foldplane.facets.refits",
     "foldplane.facets.lighthouse",
+    "foldplane.facets.rendezvous",
 )
 
 #: The environment variable that names a deployment's own facets (packages, comma-separated);

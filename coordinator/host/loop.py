@@ -347,6 +347,12 @@ class Host:
         self.journals.wake_all()
 
     @property
+    def draining(self) -> bool:
+        """Whether long polls are answered at once (:meth:`stop_waiting`): a facet's own long
+        polls stop waiting too."""
+        return self._draining
+
+    @property
     def queue_depth(self) -> int:
         return len(self.queue)
 

@@ -42,6 +42,10 @@ NOT_CODES = {
     ("api/models.py", "applied_with_dropped_ranks"),
     ("api/models.py", "rejected"),
     ("agent/dataplane/work.py", "pending"),
+    ("facets/rendezvous/fold.py", "closed"),
+    ("facets/rendezvous/routes.py", "closed"),
+    ("facets/rendezvous/story.py", "closed"),
+    ("agent/rendezvous/handler.py", "closed"),
 }
 
 

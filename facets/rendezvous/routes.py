@@ -1,0 +1,256 @@
+"""torchrun's rendezvous over HTTP (docs/protocol.md, "torchrun's rendezvous"): what
+``agent/rendezvous.py``, the handler torchrun runs in each node, calls.
+
+Every route needs the operator token when auth is on: the node has no rank to hold an agent
+token for, and a job's state names the address of each round's store (an open ``TCPStore``).
+The writes go through the fold like every input (a refusal is the fold's code and words); the
+long poll ``GET /rendezvous/{job}?after=VERSION`` answers once the job moved past ``VERSION``
+(woken by the job's notices, ``host.py``), or at its timeout, and only a leader answers it,
+so a node moves to the leader after a failover.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Annotated, Any
+
+import msgspec
+from fastapi import APIRouter, Path, Query, Request
+from starlette.responses import Response
+
+from ...api.codec import json_response, read_json
+from ...api.deps import host_of, require_operator
+from ...api.errors import ApiError
+from ...api.openapi import answers, body
+from ...api.routes.story import step_page, story_turn
+from ...coordinator.host.loop import Appended, Host, Refusal
+from ...eventlog import NewRecord
+from ...wire.codes import UNKNOWN_RENDEZVOUS
+from ...wire.protocol import QUERY
+from .fold import JOB_PATTERN, Rendezvous, job_status
+from .host import waiters_of
+from .models import (
+    JoinRequest,
+    LeaveRequest,
+    NodeRequest,
+    OffsetBody,
+    RendezvousBody,
+    RendezvousList,
+    RendezvousStoryBody,
+    RoundsBody,
+)
+from .story import (
+    RendezvousStoryError,
+    rendezvous_story_of,
+)
+
+router = APIRouter(tags=["torchrun"])
+#: the bodies it adds to the OpenAPI document's components
+SCHEMA_TYPES = (
+    JoinRequest,
+    NodeRequest,
+    LeaveRequest,
+    RendezvousBody,
+    RendezvousList,
+    OffsetBody,
+    RoundsBody,
+    RendezvousStoryBody,
+)
+
+JobPath = Annotated[str, Path(pattern=JOB_PATTERN, description="torchrun's --rdzv-id")]
+#: How often a long poll checks that its coordinator still leads and serves.
+LEAD_CHECK_S = 0.5
+
+
+def _facet(host: Host) -> Rendezvous:
+    return host.machine.facet("rendezvous")
+
+
+def _status(host: Host, job: str) -> dict[str, Any]:
+    found = _facet(host).job(job)
+    if found is None:
+        raise ApiError(UNKNOWN_RENDEZVOUS, f"no rendezvous {job!r}: no node ever joined it")
+    return job_status(found)
+
+
+async def _submit(host: Host, kind: str, job: str, payload: dict[str, Any]) -> int:
+    outcome = await host.submit(NewRecord(kind=kind, group=None, payload={"job": job, **payload}))
+    if isinstance(outcome, Refusal):
+        raise ApiError(outcome.code, outcome.detail)
+    return outcome.offset if isinstance(outcome, Appended) else outcome.id
+
+
+@router.post(
+    "/rendezvous/{job}/join",
+    summary="A torchrun node waits for the next round of its job (the answer is the job now; "
+    "the round forms when the fold's rule allows it)",
+    openapi_extra=body("JoinRequest"),
+    responses=answers({200: "RendezvousBody"}, 401, 403, 409, 413, 422, 429),
+)
+async def join(request: Request, job: JobPath) -> Response:
+    require_operator(request, "joining a rendezvous")
+    req = await read_json(request, JoinRequest)
+    host = host_of(request)
+    offset = await _submit(host, "rdzv_join", job, msgspec.to_builtins(req))
+    return json_response({**_status(host, job), "offset": offset})
+
+
+@router.post(
+    "/rendezvous/{job}/keepalive",
+    summary="A torchrun node is alive (a node silent for the job's keep-alive timeout is lost)",
+    openapi_extra=body("NodeRequest"),
+    responses=answers({200: "OffsetBody"}, 401, 403, 404, 409, 413, 422),
+)
+async def keepalive(request: Request, job: JobPath) -> Response:
+    require_operator(request, "keeping a rendezvous node alive")
+    req = await read_json(request, NodeRequest)
+    offset = await _submit(host_of(request), "rdzv_keepalive", job, {"node": req.node})
+    return json_response({"offset": offset})
+
+
+@router.post(
+    "/rendezvous/{job}/leave",
+    summary="A torchrun node leaves its job's rendezvous (the others go on)",
+    openapi_extra=body("LeaveRequest"),
+    responses=answers({200: "RendezvousBody"}, 401, 403, 404, 409, 413, 422),
+)
+async def leave(request: Request, job: JobPath) -> Response:
+    require_operator(request, "leaving a rendezvous")
+    req = await read_json(request, LeaveRequest)
+    host = host_of(request)
+    offset = await _submit(host, "rdzv_leave", job, msgspec.to_builtins(req))
+    return json_response({**_status(host, job), "offset": offset})
+
+
+@router.post(
+    "/rendezvous/{job}/close",
+    summary="Close a job's rendezvous for every node (torchrun's shutdown: the run ended); "
+    "closing a closed one answers its closing",
+    openapi_extra=body("LeaveRequest"),
+    responses=answers({200: "RendezvousBody"}, 401, 403, 404, 409, 413, 422),
+)
+async def close(request: Request, job: JobPath) -> Response:
+    require_operator(request, "closing a rendezvous")
+    req = await read_json(request, LeaveRequest)
+    host = host_of(request)
+    offset = await _submit(host, "rdzv_close", job, msgspec.to_builtins(req))
+    return json_response({**_status(host, job), "offset": offset})
+
+
+@router.get(
+    "/rendezvous",
+    summary="Every torchrun job's rendezvous: its round, its nodes and whether it is closed",
+    responses=answers({200: "RendezvousList"}, 401, 403),
+)
+async def list_rendezvous(request: Request) -> Response:
+    require_operator(request, "reading the rendezvous")
+    facet = _facet(host_of(request))
+    items = []
+    for name in facet.names():
+        job = facet.job(name)
+        assert job is not None
+        items.append(
+            {
+                "job": name,
+                "round": job.round,
+                "nodes": [m.node for m in job.members],
+                "waiting": len(job.pending),
+                "closed": job.closed is not None,
+            }
+        )
+    return json_response({"rendezvous": items})
+
+
+@router.get(
+    "/rendezvous/{job}",
+    summary="A job's rendezvous; with after=VERSION a long poll that answers once the job moved "
+    "past VERSION, or at the timeout",
+    responses=answers({200: "RendezvousBody"}, 401, 403, 404, 422),
+)
+async def get_rendezvous(
+    request: Request,
+    job: JobPath,
+    after: int | None = Query(
+        None, ge=0, le=QUERY.max_offset, description="wait until the job's version is past this"
+    ),
+    timeout: float = Query(
+        QUERY.poll_timeout_s, ge=0, le=QUERY.max_poll_s, description="seconds to wait, at most"
+    ),
+) -> Response:
+    require_operator(request, "reading a rendezvous")
+    host = host_of(request)
+    status = _status(host, job)
+    if after is None or status["version"] > after or timeout <= 0:
+        return json_response(status)
+    host.role.check_polls("not leading")
+    # nothing is awaited between reading the version above and taking the waiter, so no move
+    # of the job falls between the two (``host.JobWaiters.waiter``)
+    waiters = waiters_of(host)
+    moved = waiters.waiter(job)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    try:
+        while not moved.done() and host.available() is None and not host.draining:
+            left = deadline - loop.time()
+            if left <= 0:
+                break
+            # a coordinator that stops leading or shuts down answers within LEAD_CHECK_S
+            await asyncio.wait({moved}, timeout=min(left, LEAD_CHECK_S))
+            host.role.check_polls("stepped down")
+    finally:
+        waiters.forget(job, moved)
+    return json_response(_status(host, job))
+
+
+@router.get(
+    "/rendezvous/{job}/rounds",
+    summary="A job's formed rounds in order: each with its nodes in rank order, its store and "
+    "the fold's reason",
+    responses=answers({200: "RoundsBody"}, 401, 403, 404, 422),
+)
+async def rounds(
+    request: Request,
+    job: JobPath,
+    after_round: int = Query(0, ge=0, le=QUERY.max_offset),
+    limit: int = Query(100, ge=1, le=1000),
+) -> Response:
+    require_operator(request, "reading a rendezvous")
+    host = host_of(request)
+    _status(host, job)
+    rows = await host.log.read_projections(
+        "rdzv_round", job, after_seq=after_round, limit=limit + 1
+    )
+    more = len(rows) > limit
+    rows = rows[:limit]
+    return json_response(
+        {
+            "job": job,
+            "rounds": [row.doc for row in rows],
+            "next_after_round": rows[-1].seq if more else None,
+        }
+    )
+
+
+@router.get(
+    "/rendezvous/{job}/story",
+    summary="What happened to a job's rendezvous: every join, round, leave, refusal and the "
+    "closing, with offset, time and the fold's reason",
+    responses=answers({200: "RendezvousStoryBody"}, 401, 403, 404, 422),
+)
+async def story(
+    request: Request,
+    job: JobPath,
+    until: int | None = Query(
+        None, ge=1, le=QUERY.max_offset, description="fold only up to this offset"
+    ),
+) -> Response:
+    require_operator(request, "reading a rendezvous's story")
+    host = host_of(request)
+    _status(host, job)
+    stop = host.applied_offset if until is None else min(until, host.applied_offset)
+    async with story_turn():
+        try:
+            told = await rendezvous_story_of(host.log, job, until=stop, fold_page=step_page)
+        except RendezvousStoryError as exc:
+            raise ApiError(exc.code, exc.detail) from None
+    return json_response(told)
