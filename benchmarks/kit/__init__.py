@@ -9,6 +9,9 @@
 - :mod:`~benchmarks.kit.baselines`: the peers measured in the same run: torchrun restarting
   every worker, torchft replica groups under a lighthouse (driver and worker side), and the
   rule that a peer that cannot be measured is said so, never faked.
+- :mod:`~benchmarks.kit.torchrun`: one torchrun job of several nodes on this machine, on any
+  rendezvous backend (foldplane's or torch's c10d), a worker killed, and the time until every
+  worker of the new round trained again (the rendezvous benchmark and its tests).
 - :mod:`~benchmarks.kit.simulated`: the service benchmarks' simulated agent hosts
   (``agent.simhost``'s, with per-kind wait timing), cores split between them and the
   coordinator, and the server's event loop and GC thresholds for the simulator.

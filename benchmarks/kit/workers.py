@@ -141,6 +141,14 @@ class Lines:
         while not holds():
             self._next(deadline, timeout, what)
 
+    def drain(self) -> None:
+        """Read every line already queued, without waiting (:attr:`seen` is then current)."""
+        while True:
+            try:
+                self.seen.append(self.queue.get_nowait())
+            except queue.Empty:
+                return
+
     def _next(self, deadline: float, timeout: float, what: str) -> dict[str, Any]:
         while True:
             left = deadline - time.monotonic()

@@ -2,7 +2,9 @@
 
 ``python join_and_exit.py CODE [wait]``: joins as ``FOLDPLANE_RANK`` with
 ``FOLDPLANE_INCARNATION``, prints the coordinator's answer as one JSON line, waits for a line
-on stdin if asked (the line printed carries torchrun's variables as ``torchrun``), then leaves cleanly (``exit`` event) for code 0 or just exits with CODE.
+on stdin if asked (the line printed carries torchrun's variables as ``torchrun``, and its
+restart count and store as ``elastic``), then leaves cleanly (``exit`` event) for code 0 or just
+exits with CODE (saying so on stderr).
 CODE ``abort`` leaves cleanly, then aborts (SIGABRT, as a gloo teardown can); ``abort-early``
 aborts without leaving. No torch: the launcher's behaviour does not depend on the data plane.
 """
@@ -33,10 +35,32 @@ def main() -> int:
     torchrun = {
         k: os.environ.get(k) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
     }
+    elastic = {
+        k: os.environ.get(k)
+        for k in (
+            "TORCHELASTIC_RESTART_COUNT",
+            "TORCHELASTIC_MAX_RESTARTS",
+            "TORCHELASTIC_RUN_ID",
+            "TORCHELASTIC_USE_AGENT_STORE",
+            "MASTER_ADDR",
+            "MASTER_PORT",
+        )
+    }
     print(
-        json.dumps({"status": answer.status_code, **answer.json(), "torchrun": torchrun}),
+        json.dumps(
+            {
+                "status": answer.status_code,
+                **answer.json(),
+                "torchrun": torchrun,
+                "elastic": elastic,
+            }
+        ),
         flush=True,
     )
+    if code not in (0, -1):
+        print(
+            f"rank {me['rank']}: failing with code {code} on purpose", file=sys.stderr, flush=True
+        )
     if sys.argv[2:] == ["wait"]:
         sys.stdin.readline()
     if code == 0:

@@ -209,8 +209,12 @@ def test_workers_get_torchruns_variables_and_a_replacement_keeps_its_local_rank(
     first.process.kill()  # a death: the replacement takes the same local rank (the same GPU)
     first.process.wait(timeout=30)
     launch.replace(5)
-    assert joined(launch, 5)["torchrun"] == seen[5]
+    again = joined(launch, 5)
+    assert again["torchrun"] == seen[5]
     assert launch.worker(5).incarnation != first.incarnation
+    # torchrun's restart count: the rank's second process is its first replacement
+    assert again["elastic"]["TORCHELASTIC_RESTART_COUNT"] == "1"
+    assert again["elastic"]["TORCHELASTIC_RUN_ID"] == "torchrun"
     for r in (4, 5, 7):
         stdin = launch.worker(r).process.stdin
         assert stdin is not None
@@ -228,7 +232,12 @@ def test_the_command_line_sets_world_size_from_the_group_it_joins(coordinator: C
     ]  # fmt: skip
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, timeout=90)
     assert done.returncode == 0, done.stderr.decode()
-    lines = [json.loads(x) for x in done.stdout.decode().splitlines() if x.startswith("{")]
+    # each worker's lines come prefixed with its rank
+    lines = [
+        json.loads(x.partition("]: ")[2])
+        for x in done.stdout.decode().splitlines()
+        if x.startswith("[rank ")
+    ]
     assert sorted((x["torchrun"]["RANK"], x["torchrun"]["WORLD_SIZE"]) for x in lines) == [
         ("1", "3"),
         ("2", "3"),
