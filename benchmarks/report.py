@@ -55,7 +55,8 @@ Each benchmark is one module of `benchmarks/`: its scenario (its workers are the
 script) and its rows. What they share is written once in `benchmarks/kit/`: the coordinator
 process and the launchers of workers on it (`service`), the workers' JSON lines (`workers`), the
 clock from a kill to the last survivor's recovery (`kills`), the torchrun and torchft peers
-(`baselines`), and the simulated agent hosts of the service benchmarks (`simulated`)."""
+(`baselines`), a torchrun job of several nodes on any rendezvous backend (`torchrun`), and the
+simulated agent hosts of the service benchmarks (`simulated`)."""
 
 REPRODUCE = """\
 ```bash
