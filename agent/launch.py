@@ -31,11 +31,12 @@ The rules:
   machine as any process, and the upper layer (or an operator) activates it. Its
   ``TORCHELASTIC_RESTART_COUNT`` says how many times the rank was replaced, its
   ``TORCHELASTIC_MAX_RESTARTS`` the budget.
-- **An unchanged torch script runs.** The command line hosts a ``TCPStore`` for the run (the
-  launcher that runs rank 0, on ``--master-port`` or a free port) and gives every worker
-  ``MASTER_ADDR`` and ``MASTER_PORT`` with ``TORCHELASTIC_USE_AGENT_STORE=True``, as torchrun
-  does: a plain ``init_process_group("gloo")`` (or ``"nccl"``) forms a static group over it, and
-  ``init_process_group("foldplane")`` makes the same script elastic (it says so once).
+- **An unchanged torch script runs.** The command line gives every worker ``MASTER_ADDR`` and
+  ``MASTER_PORT`` (the launcher that runs rank 0 picks a free port, or takes
+  ``--master-port``), where rank 0's ``init_process_group`` hosts the store, as torch's
+  ``env://`` does: a plain ``init_process_group("gloo")`` (or ``"nccl"``) forms a static group
+  over it, and ``init_process_group("foldplane")`` makes the same script elastic (it says so
+  once). The launcher itself never imports torch.
 - **Each rank's output is its own.** Every line a worker writes goes out prefixed with its
   rank (``[rank 2]: ...``), or into a file of its own under ``--log-dir`` (``rank-2.log``, its
   replacements ``rank-2.replacement-1.log``, ...); the end of each is kept for the summary.
@@ -56,6 +57,7 @@ import datetime as dt
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -274,8 +276,8 @@ class Launcher:
         predecessor's), ``LOCAL_WORLD_SIZE``, ``TORCHELASTIC_RESTART_COUNT`` (``attempt``: how
         many times the rank was replaced), ``TORCHELASTIC_MAX_RESTARTS`` (the budget),
         ``TORCHELASTIC_RUN_ID`` (the group) and, when known, ``WORLD_SIZE`` and the store of
-        an unchanged ``init_process_group`` (``MASTER_ADDR``, ``MASTER_PORT``, reached as a
-        client: ``TORCHELASTIC_USE_AGENT_STORE=True``)."""
+        an unchanged ``init_process_group`` (``MASTER_ADDR``, ``MASTER_PORT``: rank 0 hosts
+        it)."""
         env = {
             "RANK": str(rank),
             "LOCAL_RANK": str(self.ranks.index(rank)),
@@ -288,7 +290,6 @@ class Launcher:
             env["WORLD_SIZE"] = str(self.world_size)
         if self.master is not None:
             env["MASTER_ADDR"], env["MASTER_PORT"] = self.master[0], str(self.master[1])
-            env["TORCHELASTIC_USE_AGENT_STORE"] = "True"
         return env
 
     def _print_output(self, worker: Worker) -> None:
@@ -716,8 +717,8 @@ def build_parser() -> argparse.ArgumentParser:
         *_spellings("--master-addr"),
         dest="master_addr",
         default=None,
-        help="where the store of an unchanged init_process_group listens: the machine whose "
-        "launcher runs rank 0 (default 127.0.0.1, when this launcher runs rank 0)",
+        help="where the store of an unchanged init_process_group listens: the machine of rank 0 "
+        "(default 127.0.0.1, when this launcher runs rank 0)",
     )
     p.add_argument(
         *_spellings("--master-port"),
@@ -773,14 +774,12 @@ def _count(flag: str, *, zero: bool = False) -> Callable[[str], int]:
     return parse
 
 
-def host_store(addr: str, port: int) -> tuple[Any, int]:
-    """A ``TCPStore`` for the run's unchanged ``init_process_group`` (the launcher of rank 0
-    hosts it, as torchrun's agent does): the store (keep it; it stops when collected) and its
-    port. torch is imported here, only by the command line."""
-    from torch.distributed import TCPStore
-
-    store = TCPStore(addr, port, is_master=True, wait_for_workers=False)
-    return store, int(store.port)
+def free_port(addr: str) -> int:
+    """A port free on ``addr`` now, for rank 0's store (torchrun picks its ``MASTER_PORT`` so
+    when its agent does not host the store: ``get_free_port``)."""
+    with socket.socket(socket.AF_INET6 if ":" in addr else socket.AF_INET) as s:
+        s.bind((addr, 0))
+        return int(s.getsockname()[1])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -867,15 +866,12 @@ def main(argv: list[str] | None = None) -> int:
             launcher.world_size = int(launcher.client.group(a.group)["config"]["world_size"])
         except (CoordinatorError, CoordinatorUnavailable, KeyError, TypeError, ValueError) as exc:
             log.warning("group %r: world size unknown (%s); WORLD_SIZE is not set", a.group, exc)
-    store = None
     if 0 in ranks:
         addr = a.master_addr or "127.0.0.1"
         try:
-            store, port = host_store(addr, a.master_port or 0)
-        except (RuntimeError, ValueError) as exc:
-            print(
-                f"launch: cannot host the store at {addr}:{a.master_port}: {exc}", file=sys.stderr
-            )
+            port = a.master_port or free_port(addr)
+        except OSError as exc:
+            print(f"launch: no free port for rank 0's store on {addr}: {exc}", file=sys.stderr)
             return 2
         launcher.master = (addr, port)
     elif a.master_addr and a.master_port:
@@ -904,7 +900,6 @@ def main(argv: list[str] | None = None) -> int:
         if launcher.relay is not None:
             launcher.relay.close()
         print(launcher.summary(), file=sys.stderr, flush=True)
-        del store  # the run's store stops with the run
     return code
 
 

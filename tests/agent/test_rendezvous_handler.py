@@ -9,7 +9,6 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -28,9 +27,11 @@ from tests.service.conftest import Server, make_server
 TOKEN = "rdzv-token"
 
 
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[Server]:
-    srv = make_server(tmp_path, env={"FOLDPLANE_TOKEN": TOKEN, "FOLDPLANE_SECRET": ""}).start()
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """One coordinator for the module; each test's job has a name of its own."""
+    tmp = tmp_path_factory.mktemp("rdzv")
+    srv = make_server(tmp, env={"FOLDPLANE_TOKEN": TOKEN, "FOLDPLANE_SECRET": ""}).start()
     yield srv
     srv.stop()
 
@@ -75,7 +76,7 @@ def test_torchrun_finds_the_backend_through_its_entry_point() -> None:
 def test_two_nodes_form_rounds_each_with_a_fresh_store_and_a_restart_is_seen(
     server: Server,
 ) -> None:
-    a, b = create_handler(params(server.url)), create_handler(params(server.url))
+    a, b = create_handler(params(server.url, "two")), create_handler(params(server.url, "two"))
     ta, oa = in_thread(a.next_rendezvous)
     tb, ob = in_thread(b.next_rendezvous)
     ia, ib = result(ta, oa), result(tb, ob)
@@ -110,17 +111,17 @@ def test_two_nodes_form_rounds_each_with_a_fresh_store_and_a_restart_is_seen(
     # torchrun's run ended on a: the job is closed for every node
     assert a.shutdown() is True
     assert b.is_closed() is True
-    late = create_handler(params(server.url))
+    late = create_handler(params(server.url, "two"))
     with pytest.raises(RendezvousClosedError, match="new --rdzv-id"):
         late.next_rendezvous()
     assert b.shutdown() is True  # closing a closed job is no error
 
 
 def test_without_the_token_the_coordinator_refuses_it_clearly(server: Server) -> None:
-    handler = create_handler(params(server.url, token=""))
+    handler = create_handler(params(server.url, "token", token=""))
     with pytest.raises(RendezvousError, match="401 unauthorized.*--rdzv-conf token="):
         handler.next_rendezvous()
-    wrong = create_handler(params(server.url, token="not-the-token"))
+    wrong = create_handler(params(server.url, "token", token="not-the-token"))
     with pytest.raises(RendezvousError, match="403 forbidden"):
         wrong.next_rendezvous()
 
