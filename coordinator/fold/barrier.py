@@ -27,6 +27,7 @@ from typing import Any
 
 from ...eventlog.record import Record
 from ...wire.codes import APPLIED, APPLIED_WITH_DROPPED_RANKS, REJECTED
+from ...wire.inputs import LinksInput
 from .effects import (
     HEALTHY,
     OFFLINE,
@@ -231,10 +232,10 @@ class ViewChange:
 
     # ------------------------------------------------------------------ a stalled view
 
-    def _note_stall(self, g: GroupState, rank: int, payload: dict[str, Any]) -> None:
+    def _note_stall(self, g: GroupState, rank: int, links: LinksInput) -> None:
         """A member says the committed view failed here blaming nobody (``fold/stalls.py``).
         Only a report about the current view of a formed group, from an active rank, counts."""
-        version = payload["failed"]
+        version = links.failed
         if (
             g.formation != FORMED
             or g.shutdown is not None
@@ -246,7 +247,7 @@ class ViewChange:
         stall = g.stall
         if stall is None or stall.version != version:
             stall = g.stall = Stall(version, g.view.cause.get("kind") == VIEW_RETRY, self._now)
-        stall.reports[rank] = (payload.get("issued") or 0, payload.get("completed") or 0)
+        stall.reports[rank] = (links.issued or 0, links.completed or 0)
 
     def _resolve_stall(self, g: GroupState, record: Record, effects: list[Effect]) -> bool:
         """Decide a view that failed with every member alive (``fold/stalls.py``); True if a

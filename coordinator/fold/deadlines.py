@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections import deque
 
 from ...eventlog.record import Record
+from ...wire.inputs import TickInput
 from .effects import (
     Effect,
     Proposal,
@@ -57,14 +58,14 @@ class Deadlines:
             g.alive or g.change is not None or g.queue for g in self._groups.values()
         ) or any(f.waits_on_ranks() for f in self.facets)
 
-    def _on_tick(self, record: Record) -> list[Effect]:
+    def _on_tick(self, record: Record, tick: TickInput) -> list[Effect]:
         """Time passed: fire every deadline that is due, group by group in name order.
 
         A tick with payload ``{"resumed": true}`` says the coordinator (re)started serving: the
         deadlines that measure the ranks' silence restart first (see :meth:`_resume`)."""
         effects: list[Effect] = []
         now = self._now
-        if record.payload.get("resumed") is True:
+        if tick.resumed is True:
             self._resume()
         for name in sorted(self._groups):
             g = self._groups[name]

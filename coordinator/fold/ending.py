@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from ...eventlog.record import Record
 from ...wire.codes import REJECTED
+from ...wire.inputs import GroupEndedInput
 from .effects import Effect, GroupEnded, Proposal, ShutdownWithSave
 from .facets import Facet
 from .state import FAILED, GroupState
@@ -28,17 +29,19 @@ class GroupEnd:
     _now: int
     facets: tuple[Facet, ...]
 
-    def _on_group_ended(self, record: Record, effects: list[Effect]) -> None:
+    def _on_group_ended(
+        self, record: Record, ended: GroupEndedInput, effects: list[Effect]
+    ) -> None:
         """The operator ends the group's run (see the module docstring)."""
         g = self._groups[record.group]  # type: ignore[index]
-        delete = record.payload.get("delete") is True
+        delete = ended.delete
         if g.ended is not None:
             g.deleted = g.deleted or delete
             effects.append(
                 GroupEnded(group=g.name, reason=g.ended, deleted=g.deleted, offset=record.offset)
             )
             return
-        reason = str(record.payload.get("reason") or "ended by the operator")
+        reason = ended.reason or "ended by the operator"
         g.ended, g.ended_offset, g.deleted = reason, record.offset, delete
         change, g.change, g.window_end = g.change, None, None
         if change is not None:

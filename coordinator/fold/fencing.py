@@ -14,6 +14,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import msgspec
+
 from ...eventlog.record import KINDS, Record
 from ...wire.codes import (
     DUPLICATE_PROPOSAL,
@@ -29,13 +31,19 @@ from ...wire.codes import (
     STALE_VERSION,
     UNKNOWN_GROUP,
 )
+from ...wire.inputs import (
+    MAX_ID_LEN,
+    RECONFIGURE,
+    GroupCreatedInput,
+    ProposalInput,
+    decode,
+    problem,
+)
 from .config import ConfigError, GroupConfig
 from .effects import HEALTHY, OFFLINE, Proposal, Refused
 from .facets import Facet
-from .payloads import CHECKS, MAX_ID_LEN, RECONFIGURE
 from .reasons import ranks_text
 from .reconfigure import (
-    caller_incarnation,
     caller_problem,
     repeated_call,
     uuid_refusal,
@@ -103,10 +111,10 @@ def checked_refusal(
     g = groups.get(group)
     if g is None:
         return UNKNOWN_GROUP, f"no group named {group!r}"
-    ws = g.config.world_size
-    err = CHECKS[kind](payload, ws)
+    err = problem(kind, payload, g.config.world_size)
     if err is not None:
         return INVALID_EVENT, f"{kind}: {err}"
+    inp: Any = decode(kind, payload)
     if kind == "group_ended":
         if rank is not None:
             return INVALID_EVENT, f"group_ended must not name a rank, got rank={rank}"
@@ -114,10 +122,10 @@ def checked_refusal(
     if kind == "proposal":
         if rank is not None:
             return INVALID_EVENT, f"a proposal names its ranks in the payload, not rank={rank}"
-        return _proposal(g, proposals, payload)
+        return _proposal(g, proposals, inp)
     if kind not in _RANK_KINDS:
         return None
-    if kind == "heartbeat" and rank is None and "ranks" in payload:
+    if kind == "heartbeat" and rank is None and inp.ranks is not None:
         # Beats that share a record: the host checked each one against the fold right before
         # appending it (coordinator.fold.heartbeats), so the record only names the ranks.
         return None
@@ -126,32 +134,31 @@ def checked_refusal(
     if kind == "join":
         if (refused := _rank_in_group(g, rank)) is not None:
             return refused
-        return _join(g, rank, g.ranks[rank], payload.get("incarnation"), now)
-    if kind == "death_reported" and payload.get("incarnation") is None:
+        return _join(g, rank, g.ranks[rank], inp.incarnation, now)
+    if kind == "death_reported" and inp.incarnation is None:
         return _rank_in_group(g, rank)
     if kind in ("exit", "death_reported"):
-        return _rank_in_group(g, rank) or _current_incarnation(g, rank, payload)
-    refused = online_rank_refusal(g, kind, rank, payload)
+        return _rank_in_group(g, rank) or _current_incarnation(g, rank, inp.incarnation)
+    refused = online_rank_refusal(g, kind, rank, inp.incarnation)
     if refused is None and kind == "ack":
-        return _ack(g, rank, payload["version"])
+        return _ack(g, rank, inp.version)
     return refused
 
 
-def online_rank_refusal(g: GroupState, kind: str, rank: Any, payload: Any) -> Refusal | None:
+def online_rank_refusal(g: GroupState, kind: str, rank: Any, incarnation: Any) -> Refusal | None:
     """Why an input of ``rank`` (a heartbeat, a links report, an ACK, a progress report, ...)
     is not from the rank's current, online incarnation of a group that has not failed, or
-    None: a rank in range, the group not failed, the payload's incarnation the rank's current
+    None: a rank in range, the group not failed, the input's ``incarnation`` the rank's current
     one, the rank not OFFLINE. Facets (``coordinator.fold.facets``) fence their rank inputs
     by the same checks."""
     if isinstance(rank, bool) or not isinstance(rank, int):
         return INVALID_EVENT, f"a {kind} record must name a rank, got {rank!r}"
-    refused = _rank_in_group(g, rank) or _current_incarnation(g, rank, payload)
+    refused = _rank_in_group(g, rank) or _current_incarnation(g, rank, incarnation)
     if refused is not None:
         return refused
     if g.ranks[rank].state == OFFLINE:
         return RANK_OFFLINE, (
-            f"rank {rank} incarnation {payload.get('incarnation')} is OFFLINE; send join to "
-            "come back"
+            f"rank {rank} incarnation {incarnation} is OFFLINE; send join to come back"
         )
     return None
 
@@ -175,9 +182,8 @@ def ended_text(g: GroupState) -> str:
     )
 
 
-def _current_incarnation(g: GroupState, rank: int, payload: Any) -> Refusal | None:
+def _current_incarnation(g: GroupState, rank: int, inc: Any) -> Refusal | None:
     info = g.ranks[rank]
-    inc = payload.get("incarnation")
     if inc != info.incarnation:
         return STALE_INCARNATION, _stale_text(rank, info, inc)
     return None
@@ -288,37 +294,37 @@ def repeat_of(
         return None
     if kind == "group_created":
         try:
-            config = parse_group_created(payload)
+            config = parse_group_created(decode(kind, payload))  # type: ignore[arg-type]
         except ConfigError:
             return None
         return g.created_offset if _same_config(g.config, config) and g.ended is None else None
+    if problem(kind, payload, 0 if kind == "group_ended" else g.config.world_size) is not None:
+        return None
+    inp: Any = decode(kind, payload)
     if kind == "group_ended":
-        if CHECKS[kind](payload, 0) is not None or g.ended is None:
-            return None
-        if payload.get("delete") is True and not g.deleted:
+        if g.ended is None or (inp.delete and not g.deleted):
             return None
         return g.ended_offset
-    if CHECKS[kind](payload, g.config.world_size) is not None:
-        return None
-    if payload["op"] == RECONFIGURE:
-        return repeated_call(g, proposals, payload)
-    seen = _keyed(g, proposals, payload)
-    return seen.id if seen is not None and _same_body(seen, payload) else None
+    if inp.op == RECONFIGURE:
+        return repeated_call(g, proposals, inp)
+    seen = _keyed(g, proposals, inp)
+    return seen.id if seen is not None and _same_body(seen, inp) else None
 
 
-def parse_group_created(payload: dict[str, Any]) -> GroupConfig:
-    """The config of a ``group_created`` payload ``{"world_size": N, "config": {...}}``."""
-    config = payload.get("config", {})
+def parse_group_created(created: GroupCreatedInput) -> GroupConfig:
+    """The config of a ``group_created`` input ``{"world_size": N, "config": {...}}``."""
+    config = {} if created.config is msgspec.UNSET else created.config
     if not isinstance(config, dict):
         raise ConfigError("config", f"must be an object, got {config!r}")
-    if "world_size" not in payload:
+    world_size = created.world_size
+    if world_size is msgspec.UNSET:
         raise ConfigError("world_size", "is required")
-    if "world_size" in config and config["world_size"] != payload["world_size"]:
+    if "world_size" in config and config["world_size"] != world_size:
         raise ConfigError(
             "world_size",
-            f"payload says {payload['world_size']!r} but config says {config['world_size']!r}",
+            f"payload says {world_size!r} but config says {config['world_size']!r}",
         )
-    return GroupConfig.from_request({**config, "world_size": payload["world_size"]})
+    return GroupConfig.from_request({**config, "world_size": world_size})
 
 
 def _group_created(
@@ -327,7 +333,7 @@ def _group_created(
     """Creating an identical group again is accepted (and changes nothing); another
     configuration under the same name is a conflict."""
     try:
-        config = parse_group_created(payload)
+        config = parse_group_created(decode("group_created", payload))  # type: ignore[arg-type]
     except ConfigError as exc:
         return INVALID_EVENT, f"group_created: {exc}"
     if rank is not None:
@@ -398,53 +404,50 @@ def _ack(g: GroupState, rank: int, version: int) -> Refusal | None:
 
 
 def _proposal(
-    g: GroupState, proposals: Mapping[int, Proposal], payload: dict[str, Any]
+    g: GroupState, proposals: Mapping[int, Proposal], proposal: ProposalInput
 ) -> Refusal | None:
     """A known idempotency key: the same body is the same proposal, another body a conflict.
 
     A reconfigure is one member's call (``coordinator/fold/reconfigure.py``): the caller is a
     member, speaking as its current, online incarnation (fenced as every rank input), and its
     uuid is new or names a pending proposal with the same members."""
-    if payload["op"] == RECONFIGURE:
-        caller = payload["caller"]
+    if proposal.op == RECONFIGURE:
         return (
-            caller_problem(payload)
-            or online_rank_refusal(
-                g, "reconfigure", caller, {"incarnation": caller_incarnation(payload)}
-            )
-            or uuid_refusal(g, proposals, payload)
+            caller_problem(proposal)
+            or online_rank_refusal(g, "reconfigure", proposal.caller, proposal.caller_incarnation)
+            or uuid_refusal(g, proposals, proposal)
         )
-    seen = _keyed(g, proposals, payload)
+    seen = _keyed(g, proposals, proposal)
     if seen is None:
         return None
-    key = payload["idempotency_key"]
-    if _same_body(seen, payload):
+    key = proposal.idempotency_key
+    if _same_body(seen, proposal):
         return DUPLICATE_PROPOSAL, (
             f"idempotency key {key!r} already names proposal {seen.id} (status {seen.status})"
         )
     return IDEMPOTENCY_CONFLICT, (
         f"idempotency key {key!r} already names proposal {seen.id} "
         f"({seen.op} {list(seen.ranks)}, proposer {seen.proposer!r}); this one is "
-        f"{payload['op']} {list(payload['ranks'])}, proposer {payload.get('proposer')!r}"
+        f"{proposal.op} {list(proposal.ranks)}, proposer {proposal.proposer!r}"
     )
 
 
 def _keyed(
-    g: GroupState, proposals: Mapping[int, Proposal], payload: dict[str, Any]
+    g: GroupState, proposals: Mapping[int, Proposal], proposal: ProposalInput
 ) -> Proposal | None:
-    """The proposal of the group that the payload's idempotency key already names, if any."""
-    key = payload.get("idempotency_key")
+    """The proposal of the group that the input's idempotency key already names, if any."""
+    key = proposal.idempotency_key
     if key is None or key not in g.keys:
         return None
     return proposals[g.keys[key]]
 
 
-def _same_body(seen: Proposal, payload: dict[str, Any]) -> bool:
+def _same_body(seen: Proposal, proposal: ProposalInput) -> bool:
     """The same body is the same request: the same op, set of ranks and proposer."""
     return (seen.op, sorted(set(seen.ranks)), seen.proposer) == (
-        payload["op"],
-        sorted(set(payload["ranks"])),
-        payload.get("proposer"),
+        proposal.op,
+        sorted(set(proposal.ranks)),
+        proposal.proposer,
     )
 
 

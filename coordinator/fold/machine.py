@@ -8,8 +8,10 @@ effects, and ``snapshot()`` + the tail gives exactly what a full replay gives.
 
 A step has two halves:
 
-* a *handler* per record kind records the fact (a rank joined, beat, reported links, ACKed,
-  exited, died; a proposal arrived; time passed) and runs the *death chain* when a rank is lost;
+* the rule of its input (``TRANSITIONS``: the record's payload decoded into its Struct, one
+  per kind in ``wire/inputs.py``) records the fact (a rank joined, beat, reported links,
+  ACKed, exited, died; a proposal arrived; time passed) and runs the *death chain* when a rank
+  is lost;
 * :meth:`Coordinator._settle` then makes every decision that the new facts allow, in one fixed
   order: recompute the Healthy Set (unless a reconciliation window is open), enforce the failure
   budget, commit the change in flight once its barrier is complete, and otherwise start the next
@@ -41,11 +43,14 @@ each rank lost and each tick at fixed points of a step.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
 
 from ...eventlog.record import Record
+from ...wire import inputs
+from ...wire.inputs import Input, decode
 from . import registry
 from .admission import admission_problem
 from .barrier import ViewChange
@@ -67,6 +72,20 @@ from .status import group_status
 SNAPSHOT_FORMAT = 3
 _READABLE_FORMATS = (1, 2, 3)
 
+#: The transition table: each input (``wire/inputs.py``), the rule that steps it and what it
+#: moves. A heartbeat (``_on_heartbeat``: liveness alone) and a tick (``_on_tick``: the
+#: deadlines) take their own paths in :meth:`Coordinator.step`, without ``_settle``.
+TRANSITIONS: dict[type[Input], str] = {
+    inputs.GroupCreatedInput: "_on_group_created",  # a new group: FORMING
+    inputs.GroupEndedInput: "_on_group_ended",  # the group: ended, its changes rejected
+    inputs.JoinInput: "_on_join",  # the rank: OFFLINE or another incarnation -> SYNCED
+    inputs.LinksInput: "_on_links",  # the rank's evidence (worse: the window opens)
+    inputs.AckInput: "_on_ack",  # the change in flight: the rank ACKed
+    inputs.ExitInput: "_on_exit",  # the rank: -> OFFLINE, exited (no failure)
+    inputs.DeathReportedInput: "_on_death_reported",  # the rank: -> OFFLINE, a failure
+    inputs.ProposalInput: "_on_proposal",  # the queue: a proposal (or a call joins one)
+}
+
 
 class Coordinator(
     Fences,
@@ -85,15 +104,8 @@ class Coordinator(
         self._now = 0
         self._groups: dict[str, GroupState] = {}
         self._proposals: dict[int, Proposal] = {}
-        self._handlers = {
-            "group_created": self._on_group_created,
-            "group_ended": self._on_group_ended,
-            "join": self._on_join,
-            "links": self._on_links,
-            "ack": self._on_ack,
-            "exit": self._on_exit,
-            "death_reported": self._on_death_reported,
-            "proposal": self._on_proposal,
+        self._transitions: dict[type[Input], Callable[[Record, Any, list[Effect]], None]] = {
+            cls: getattr(self, rule) for cls, rule in TRANSITIONS.items()
         }
         #: the facets (``registry.py``), in the fixed order their hooks run
         self.facets: tuple[Facet, ...] = tuple(p.fold() for p in registry.plugins())
@@ -141,23 +153,9 @@ class Coordinator(
             now = self._now
         kind = record.kind
         if kind == "heartbeat":
-            # Fast path: a beat from the current incarnation of an online rank (exactly the
-            # ranks in ``alive``) only moves the rank to the back of the liveness order.
-            # Anything else takes the checked path below and is refused with a reason.
-            g = self._groups.get(record.group)  # type: ignore[arg-type]
-            if g is not None:
-                rank = record.rank
-                if rank is None and "ranks" in record.payload:
-                    return self._on_shared_heartbeat(g, record, now)
-                alive = g.alive
-                if rank in alive and g.ranks[rank].incarnation == record.payload.get("incarnation"):
-                    alive.move_to_end(rank)  # type: ignore[arg-type]
-                    alive[rank] = now  # type: ignore[index]
-                    return []
-            refusal = self._refusal(kind, record.group, record.rank, record.payload)
-            return [self._refused(record, refusal)] if refusal else []
+            return self._on_heartbeat(record, now)
         if kind == "tick":
-            return self._on_tick(record)
+            return self._on_tick(record, decode(kind, record.payload))  # type: ignore[arg-type]
         refusal = self._refusal(kind, record.group, record.rank, record.payload)
         if refusal is not None:
             return [self._refused(record, refusal)]
@@ -166,7 +164,8 @@ class Coordinator(
         if facet is not None:
             facet.apply(self, record, effects)
             return effects
-        self._handlers[kind](record, effects)
+        inp = decode(kind, record.payload)
+        self._transitions[type(inp)](record, inp, effects)
         g = self._groups.get(record.group)  # type: ignore[arg-type]
         if g is not None:
             self._settle(g, record, effects)
@@ -288,12 +287,14 @@ class Coordinator(
 
     # ------------------------------------------------------------------ a group's creation
 
-    def _on_group_created(self, record: Record, effects: list[Effect]) -> None:
+    def _on_group_created(
+        self, record: Record, created: inputs.GroupCreatedInput, effects: list[Effect]
+    ) -> None:
         """A new group starts FORMING; creating an identical group again changes nothing."""
         group = record.group
         assert group is not None
         if group in self._groups:
             return
-        config = parse_group_created(record.payload)
+        config = parse_group_created(created)
         self._groups[group] = GroupState(group, config, self._now, record.offset)
         effects.append(GroupCreated(group=group, config=config, offset=record.offset))

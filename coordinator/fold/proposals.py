@@ -18,6 +18,7 @@ import msgspec
 
 from ...eventlog.record import Record
 from ...wire.codes import APPLIED, PENDING, REJECTED
+from ...wire.inputs import RECONFIGURE, ProposalInput
 from .admission import requested, static_problem
 from .effects import (
     Effect,
@@ -26,7 +27,6 @@ from .effects import (
     ProposalResolved,
 )
 from .facets import Facet
-from .payloads import RECONFIGURE
 from .reasons import ranks_text
 from .reconfigure import ReconfigureRule
 from .state import FAILED, GroupState
@@ -41,24 +41,23 @@ class ProposalQueue(ReconfigureRule):
     _now: int
     facets: tuple[Facet, ...]
 
-    def _on_proposal(self, record: Record, effects: list[Effect]) -> None:
+    def _on_proposal(self, record: Record, call: ProposalInput, effects: list[Effect]) -> None:
         """A proposal is logged and queued (first in, first out); ``_settle`` decides it.
 
         A group that failed to form or was shut down rejects it at once. A reconfigure's
         further members' calls join the proposal of their uuid (``reconfigure.py``).
         """
         g = self._groups[record.group]  # type: ignore[index]
-        payload = record.payload
-        reconfigure = payload["op"] == RECONFIGURE
-        if reconfigure and self._join_reconfigure(g, payload, record, effects):
+        reconfigure = call.op == RECONFIGURE
+        if reconfigure and self._join_reconfigure(g, call, record, effects):
             return
         proposal = Proposal(
             id=record.offset,
             group=g.name,
-            op=payload["op"],
-            ranks=tuple(payload["ranks"]),
-            proposer=payload.get("proposer"),
-            idempotency_key=payload.get("idempotency_key"),
+            op=call.op,
+            ranks=tuple(call.ranks),
+            proposer=call.proposer,
+            idempotency_key=call.idempotency_key,
             status=PENDING,
             version=None,
             reason="queued",
@@ -69,11 +68,11 @@ class ProposalQueue(ReconfigureRule):
         if reconfigure:
             proposal = msgspec.structs.replace(
                 proposal,
-                uuid=payload["uuid"],
-                incarnations=tuple(payload["incarnations"]),
-                callers=(payload["caller"],),
-                calls=(payload.get("call"),),
-                timeout_s=payload.get("timeout_s"),
+                uuid=call.uuid,
+                incarnations=tuple(call.incarnations),  # type: ignore[arg-type]
+                callers=(call.caller,),
+                calls=(call.call,),
+                timeout_s=call.timeout_s,
             )
             g.uuids[proposal.uuid] = proposal.id  # type: ignore[index]
         self._proposals[proposal.id] = proposal

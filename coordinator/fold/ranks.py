@@ -22,9 +22,19 @@ HEALTHY (SYNCED and inside the Healthy Set, ``healthy_set.py``).
 
 from __future__ import annotations
 
+from msgspec import UNSET
+
 from ...eventlog.record import Record
 from ...wire import ranks as rank_sets
-from ...wire.protocol import CAUSE_DEATH_REPORTED, links_down
+from ...wire.inputs import (
+    AckInput,
+    DeathReportedInput,
+    ExitInput,
+    JoinInput,
+    LinksInput,
+    decode,
+)
+from ...wire.protocol import CAUSE_DEATH_REPORTED
 from .effects import (
     OFFLINE,
     SYNCED,
@@ -45,7 +55,7 @@ class RankLifecycle:
     _now: int
     facets: tuple[Facet, ...]
 
-    def _on_join(self, record: Record, effects: list[Effect]) -> None:
+    def _on_join(self, record: Record, join: JoinInput, effects: list[Effect]) -> None:
         """An OFFLINE rank, or a new incarnation, becomes SYNCED (not yet self-ready).
 
         A new incarnation bumps ``rank_epoch``, replaces the old one through the death chain if
@@ -58,10 +68,11 @@ class RankLifecycle:
         rank = record.rank
         assert rank is not None
         info = g.ranks[rank]
-        payload = record.payload
-        inc = payload["incarnation"]
-        info.host = payload.get("host", info.host)
-        info.pid = payload.get("pid", info.pid)
+        inc = join.incarnation
+        if join.host is not UNSET:
+            info.host = join.host
+        if join.pid is not UNSET:
+            info.pid = join.pid
         new = inc != info.incarnation
         if not new:
             if info.state != OFFLINE:
@@ -94,6 +105,28 @@ class RankLifecycle:
             for facet in self.facets:
                 facet.rank_joined(self, g, rank, record, effects)
 
+    def _on_heartbeat(self, record: Record, now: int) -> list[Effect]:
+        """A beat: a sign of life of the rank's current incarnation (beats that arrived
+        together share one record: :meth:`_on_shared_heartbeat`). It only moves ranks to the
+        back of the liveness order, so it never reaches ``_settle``.
+
+        Fast path: a beat from the current incarnation of an online rank (exactly the ranks in
+        ``alive``) is decided by one look-up of its incarnation, without decoding the rest
+        (most records are beats). Anything else takes the checked path and is refused with a
+        reason."""
+        g = self._groups.get(record.group)  # type: ignore[arg-type]
+        if g is not None:
+            rank = record.rank
+            if rank is None and "ranks" in record.payload:
+                return self._on_shared_heartbeat(g, record, now)
+            alive = g.alive
+            if rank in alive and g.ranks[rank].incarnation == record.payload.get("incarnation"):
+                alive.move_to_end(rank)  # type: ignore[arg-type]
+                alive[rank] = now  # type: ignore[index]
+                return []
+        refusal = self._refusal("heartbeat", record.group, record.rank, record.payload)
+        return [self._refused(record, refusal)] if refusal else []
+
     def _on_shared_heartbeat(self, g: GroupState, record: Record, now: int) -> list[Effect]:
         """The beats of many ranks that arrived together, in one record: each listed rank that
         is online is alive as of the record's time. The host checked every beat against this
@@ -102,14 +135,15 @@ class RankLifecycle:
         refusal = self._refusal("heartbeat", record.group, None, record.payload)
         if refusal is not None:
             return [self._refused(record, refusal)]
+        beat = decode("heartbeat", record.payload)
         alive = g.alive
-        for rank in rank_sets.decode(record.payload["ranks"], g.cfg.world_size):
+        for rank in rank_sets.decode(beat.ranks, g.cfg.world_size):  # type: ignore[attr-defined]
             if rank in alive:
                 alive.move_to_end(rank)
                 alive[rank] = now
         return []
 
-    def _on_links(self, record: Record, effects: list[Effect]) -> None:
+    def _on_links(self, record: Record, links: LinksInput, effects: list[Effect]) -> None:
         """A rank's latest links report replaces its previous one.
 
         Down evidence (a peer reported down, a failure hint, or the rank saying it is not
@@ -127,23 +161,17 @@ class RankLifecycle:
         g = self._groups[record.group]  # type: ignore[index]
         rank = record.rank
         assert rank is not None
-        payload = record.payload
-        if "peers" in payload or "failed_ranks_hint" in payload:  # a protocol-1 record
-            peers = payload.get("peers", {})
-            down = {int(p) for p, status in peers.items() if status == "down"}
-            down.update(payload.get("failed_ranks_hint") or ())
-        else:
-            down = set(links_down(payload, g.cfg.world_size))
-            about = payload.get("version")
-            if about is not None:
-                down = {p for p in down if about > g.ranks[p].joined_version}
+        down = links.down_ranks(g.cfg.world_size)
+        about = links.version
+        if about is not None and not links.legacy:
+            down = {p for p in down if about > g.ranks[p].joined_version}
         down.discard(rank)
         self._touch(g, rank)
-        if not down and payload.get("failed") is not None:
-            self._note_stall(g, rank, payload)
+        if not down and links.failed is not None:
+            self._note_stall(g, rank, links)
         info = g.ranks[rank]
         new_down = frozenset(down)
-        ready = payload["self_ready"]
+        ready = links.self_ready
         if new_down == info.down and ready == info.self_ready:
             return
         worse = bool(new_down - info.down) or (info.self_ready and not ready)
@@ -151,7 +179,7 @@ class RankLifecycle:
         if worse and g.window_end is None and g.cfg.reconcile_window_ns > 0:
             g.window_end = self._now + g.cfg.reconcile_window_ns
 
-    def _on_ack(self, record: Record, effects: list[Effect]) -> None:
+    def _on_ack(self, record: Record, ack: AckInput, effects: list[Effect]) -> None:
         """A participant ACKs the version being prepared (a repeated ACK changes nothing)."""
         g = self._groups[record.group]  # type: ignore[index]
         assert g.change is not None and record.rank is not None
@@ -159,7 +187,7 @@ class RankLifecycle:
         g.change.waiting.discard(record.rank)
         self._touch(g, record.rank)
 
-    def _on_exit(self, record: Record, effects: list[Effect]) -> None:
+    def _on_exit(self, record: Record, exit: ExitInput, effects: list[Effect]) -> None:
         """A clean exit: OFFLINE and marked exited; it never counts against ``max_failure``."""
         g = self._groups[record.group]  # type: ignore[index]
         rank = record.rank
@@ -171,14 +199,16 @@ class RankLifecycle:
         info.exited = True
         self._go_offline(g, rank, "exited cleanly", False, record, effects)
 
-    def _on_death_reported(self, record: Record, effects: list[Effect]) -> None:
+    def _on_death_reported(
+        self, record: Record, death: DeathReportedInput, effects: list[Effect]
+    ) -> None:
         """A supervisor's death report takes the same death chain as a heartbeat timeout."""
         g = self._groups[record.group]  # type: ignore[index]
         rank = record.rank
         assert rank is not None
         if g.ranks[rank].state == OFFLINE:
             return
-        reporter = record.payload.get("reporter")
+        reporter = death.reporter
         by = f" by {reporter}" if reporter else ""
         self._go_offline(
             g, rank, f"death reported{by}", True, record, effects, cause=CAUSE_DEATH_REPORTED

@@ -63,6 +63,7 @@ from ...wire.codes import (
     RECONFIGURE_UUID_USED,
     REJECTED,
 )
+from ...wire.inputs import RECONFIGURE, ProposalInput
 from .admission import static_problem
 from .effects import (
     OFFLINE,
@@ -70,7 +71,6 @@ from .effects import (
     Proposal,
     ProposalAccepted,
 )
-from .payloads import RECONFIGURE
 from .reasons import LIMIT, abridged, ranks_text
 from .state import GroupState
 
@@ -81,34 +81,29 @@ Refusal = tuple[str, str]
 # -- a call, before it is logged ------------------------------------------------------------------
 
 
-def caller_problem(payload: dict[str, Any]) -> Refusal | None:
+def caller_problem(call: ProposalInput) -> Refusal | None:
     """A call from a rank that is not one of the members: ranks left out do not call."""
-    caller, ranks = payload["caller"], payload["ranks"]
+    caller, ranks = call.caller, call.ranks
     if caller not in ranks:
         return INVALID_EVENT, (
-            f"reconfigure uuid {payload['uuid']}: caller {caller} is not one of the members "
+            f"reconfigure uuid {call.uuid}: caller {caller} is not one of the members "
             f"{ranks_text(ranks)}; a rank the reconfigure leaves out does not call it"
         )
     return None
 
 
-def caller_incarnation(payload: dict[str, Any]) -> str:
-    """The incarnation the caller's own handle names (``caller_problem`` found it a member)."""
-    return payload["incarnations"][payload["ranks"].index(payload["caller"])]
-
-
 def uuid_refusal(
-    g: GroupState, proposals: Mapping[int, Proposal], payload: dict[str, Any]
+    g: GroupState, proposals: Mapping[int, Proposal], call: ProposalInput
 ) -> Refusal | None:
     """Why a call cannot join or start the proposal of its uuid (None: it may)."""
-    seen = uuid_proposal(g, proposals, payload["uuid"])
+    seen = uuid_proposal(g, proposals, call.uuid)  # type: ignore[arg-type]
     if seen is None:
         return None
-    caller = payload["caller"]
-    same = same_members(seen, payload)
-    if same and same_call(seen, payload):
+    caller = call.caller
+    same = same_members(seen, call)
+    if same and same_call(seen, call):
         return DUPLICATE_PROPOSAL, (
-            f"call {payload['call']} of rank {caller} is already in proposal {seen.id} "
+            f"call {call.call} of rank {caller} is already in proposal {seen.id} "
             f"(reconfigure uuid {seen.uuid}, status {seen.status})"
         )
     if caller in seen.callers:
@@ -123,28 +118,27 @@ def uuid_refusal(
             f"reconfigure uuid {seen.uuid} already names proposal {seen.id} with members "
             f"{members_text(seen.ranks, seen.incarnations)} (called by "
             f"{ranks_text(seen.callers)}); rank {caller} calls it with members "
-            f"{members_text(payload['ranks'], payload['incarnations'])}"
+            f"{members_text(call.ranks, call.incarnations)}"
         )
     return None
 
 
 def repeated_call(
-    g: GroupState, proposals: Mapping[int, Proposal], payload: dict[str, Any]
+    g: GroupState, proposals: Mapping[int, Proposal], call: ProposalInput
 ) -> int | None:
     """The proposal a call repeats (the same call of the same member, sent again: the same
     uuid, members and call id), so the host answers with it and logs nothing; None otherwise."""
-    seen = uuid_proposal(g, proposals, payload["uuid"])
-    if seen is None or not same_members(seen, payload) or not same_call(seen, payload):
+    seen = uuid_proposal(g, proposals, call.uuid)  # type: ignore[arg-type]
+    if seen is None or not same_members(seen, call) or not same_call(seen, call):
         return None
     return seen.id
 
 
-def same_call(seen: Proposal, payload: dict[str, Any]) -> bool:
+def same_call(seen: Proposal, call: ProposalInput) -> bool:
     """The caller called before with this very call id (a call without one is never the same)."""
-    call, caller = payload.get("call"), payload["caller"]
-    if call is None or caller not in seen.callers:
+    if call.call is None or call.caller not in seen.callers:
         return False
-    return seen.calls[seen.callers.index(caller)] == call
+    return seen.calls[seen.callers.index(call.caller)] == call.call
 
 
 def uuid_proposal(g: GroupState, proposals: Mapping[int, Proposal], uuid: int) -> Proposal | None:
@@ -153,10 +147,10 @@ def uuid_proposal(g: GroupState, proposals: Mapping[int, Proposal], uuid: int) -
     return None if pid is None else proposals[pid]
 
 
-def same_members(seen: Proposal, payload: dict[str, Any]) -> bool:
+def same_members(seen: Proposal, call: ProposalInput) -> bool:
     """The same reconfigure: the same ranks in the same order, as the same incarnations."""
-    return seen.ranks == tuple(payload["ranks"]) and seen.incarnations == tuple(
-        payload["incarnations"]
+    return seen.ranks == tuple(call.ranks) and seen.incarnations == tuple(
+        call.incarnations  # type: ignore[arg-type]
     )
 
 
@@ -227,19 +221,19 @@ class ReconfigureRule:
         return None if g is None else uuid_proposal(g, self._proposals, uuid)
 
     def _join_reconfigure(
-        self, g: GroupState, payload: dict[str, Any], record: Record, effects: list[Effect]
+        self, g: GroupState, call: ProposalInput, record: Record, effects: list[Effect]
     ) -> bool:
         """A further member's call of a pending reconfigure joins its proposal (its checks let
         it through: the same members, a member that had not called). True if it did; False
         for the first call of its uuid."""
-        pid = g.uuids.get(payload["uuid"])
+        pid = g.uuids.get(call.uuid)  # type: ignore[arg-type]
         if pid is None:
             return False
         proposal = self._proposals[pid]
         joined = msgspec.structs.replace(
             proposal,
-            callers=(*proposal.callers, payload["caller"]),
-            calls=(*proposal.calls, payload.get("call")),
+            callers=(*proposal.callers, call.caller),
+            calls=(*proposal.calls, call.call),
         )
         self._proposals[pid] = joined
         effects.append(ProposalAccepted(proposal=joined, offset=record.offset))

@@ -54,7 +54,6 @@ import msgspec
 from ...coordinator.fold.effects import OFFLINE, Effect, View
 from ...coordinator.fold.facets import FoldContext, Refusal
 from ...coordinator.fold.fencing import online_rank_refusal
-from ...coordinator.fold.payloads import MAX_ID_LEN
 from ...coordinator.fold.reasons import abridged, ranks_text
 from ...coordinator.fold.state import FAILED, GroupState
 from ...eventlog.record import Record
@@ -67,6 +66,7 @@ from ...wire.codes import (
     UNKNOWN_EPOCH,
     UNKNOWN_GROUP,
 )
+from ...wire.inputs import MAX_ID_LEN
 from ...wire.protocol import MAX_DATASET
 from .effects import (
     AssignmentChanged,
@@ -486,7 +486,9 @@ class Epochs:
         it holds. A report equal to the last accepted one is accepted and changes nothing."""
         if (err := progress_problem(payload)) is not None:
             return INVALID_EVENT, f"progress: {err}"
-        if (refused := online_rank_refusal(g, "progress", rank, payload)) is not None:
+        if (
+            refused := online_rank_refusal(g, "progress", rank, payload.get("incarnation"))
+        ) is not None:
             return refused
         assert rank is not None
         number = payload["epoch"]

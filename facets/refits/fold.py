@@ -464,7 +464,7 @@ class Refits:
         g = fold.group_states.get(group)
         if g is None:
             return UNKNOWN_GROUP, f"no group named {group!r}"
-        if (refused := online_rank_refusal(g, kind, rank, payload)) is not None:
+        if (refused := online_rank_refusal(g, kind, rank, payload.get("incarnation"))) is not None:
             return refused
         assert rank is not None
         role = r.role_of(group)

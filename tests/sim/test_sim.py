@@ -271,7 +271,7 @@ def test_a_broken_host_is_caught(
 # -- the simulator catches a broken fold -------------------------------------------------------
 
 
-def _exit_counted(self: Any, record: Any, effects: Any) -> None:
+def _exit_counted(self: Any, record: Any, exit: Any, effects: Any) -> None:
     """A clean exit taken down the death chain as a failure."""
     g = self._groups[record.group]
     info = g.ranks[record.rank]

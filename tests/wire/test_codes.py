@@ -33,7 +33,7 @@ NOT_CODES = {
     ("coordinator/fold/effects.py", "group_ended"),
     ("coordinator/fold/fencing.py", "group_ended"),
     ("coordinator/fold/machine.py", "group_ended"),
-    ("coordinator/fold/payloads.py", "group_ended"),
+    ("wire/inputs.py", "group_ended"),
     ("eventlog/record.py", "group_ended"),
     ("api/routes/operator.py", "group_ended"),
     ("coordinator/host/story.py", "group_failed"),

@@ -74,7 +74,9 @@ class Counters:
         g = fold.group_states.get(group)
         if g is None:
             return UNKNOWN_GROUP, f"no group named {group!r}"
-        if kind == "toy_add" and (refused := online_rank_refusal(g, kind, rank, payload)):
+        if kind == "toy_add" and (
+            refused := online_rank_refusal(g, kind, rank, payload.get("incarnation"))
+        ):
             return refused
         by = payload.get("by") if isinstance(payload, dict) else None
         if type(by) is not int or not 1 <= by <= MAX_BY:

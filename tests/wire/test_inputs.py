@@ -5,7 +5,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from foldplane.coordinator.fold.payloads import _check_each_peer, check_links
+from foldplane.wire.inputs import _check_each_peer
+from foldplane.wire.inputs import _check_links as check_links
 
 WORLD = 16
 

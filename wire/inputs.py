@@ -1,19 +1,29 @@
-"""Shape checks for record payloads: the ``invalid_event`` rules, one function per kind.
+"""The inputs of membership: one Struct per record kind, declared once, here.
 
-Each check returns ``None`` when the payload is well formed, or a message naming the field that
-is missing or has the wrong type. Checks that need the group (ranks in range, current
-incarnation, version in flight) live with the fold; these only need the payload and the group's
-world size.
+A record's ``payload`` is one of these, encoded (``eventlog.record``: the log stores the payload's
+canonical JSON, so a Struct with the same fields stores the same bytes). The fold decodes each
+input it steps into its Struct (:func:`decode`) and dispatches on the class; the agent's events
+(``wire.protocol``) carry the same fields inside their envelope.
+
+Each Struct's :meth:`Input.problem` is its ``invalid_event`` rule: ``None`` when a payload is well
+formed, or a message naming the field that is missing or has the wrong type. A payload it
+accepts always decodes. Checks that need the group (ranks in range, current incarnation, version
+in flight) live with the fold; these only need the payload and the group's world size.
+
+This module is pure: the fold, the host and the agent may import it.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
-from ...wire import ranks as rank_sets
-from ...wire.ranks import RankSetError
+import msgspec
+from msgspec import UNSET, Struct, UnsetType
+
+from . import ranks as rank_sets
+from .ranks import RankSet, RankSetError
 
 MAX_ID_LEN = 256
 RECONFIGURE = "reconfigure"
@@ -48,7 +58,7 @@ def _optional_int(payload: dict[str, Any], name: str) -> str | None:
     return None
 
 
-def check_join(payload: dict[str, Any], world_size: int) -> str | None:
+def _check_join(payload: dict[str, Any], world_size: int) -> str | None:
     if (err := _text(payload, "incarnation", required=True)) is not None:
         return err
     if "host" in payload and payload["host"] is not None and not isinstance(payload["host"], str):
@@ -56,13 +66,13 @@ def check_join(payload: dict[str, Any], world_size: int) -> str | None:
     return _optional_int(payload, "pid")
 
 
-def check_heartbeat(payload: dict[str, Any], world_size: int) -> str | None:
+def _check_heartbeat(payload: dict[str, Any], world_size: int) -> str | None:
     """One rank's beat (``incarnation``, from an older log), or the beats of many ranks that
     arrived together, sharing one record: ``ranks``, a rank set (``wire.ranks``)."""
     if "ranks" in payload:
         if "incarnation" in payload:
             return "a shared heartbeat record names ranks, not an incarnation"
-        return _rank_set(payload, "ranks", world_size)
+        return _rank_set(payload, "ranks", world_size) or _optional_int(payload, "version")
     return _text(payload, "incarnation", required=True) or _optional_int(payload, "version")
 
 
@@ -74,7 +84,7 @@ def _rank_set(payload: dict[str, Any], name: str, world_size: int) -> str | None
     return None
 
 
-def check_ack(payload: dict[str, Any], world_size: int) -> str | None:
+def _check_ack(payload: dict[str, Any], world_size: int) -> str | None:
     if (err := _text(payload, "incarnation", required=True)) is not None:
         return err
     version = payload.get("version")
@@ -83,17 +93,17 @@ def check_ack(payload: dict[str, Any], world_size: int) -> str | None:
     return None
 
 
-def check_exit(payload: dict[str, Any], world_size: int) -> str | None:
+def _check_exit(payload: dict[str, Any], world_size: int) -> str | None:
     return _text(payload, "incarnation", required=True)
 
 
-def check_death(payload: dict[str, Any], world_size: int) -> str | None:
+def _check_death(payload: dict[str, Any], world_size: int) -> str | None:
     return _text(payload, "incarnation", required=False) or _text(
         payload, "reporter", required=False
     )
 
 
-def check_links(payload: dict[str, Any], world_size: int) -> str | None:
+def _check_links(payload: dict[str, Any], world_size: int) -> str | None:
     """A links report: ``down`` and ``hint`` rank sets (protocol 2), or, in records of an
     older log, ``peers`` {rank: "up"|"down"} and a ``failed_ranks_hint`` list."""
     if (err := _text(payload, "incarnation", required=True)) is not None:
@@ -115,7 +125,14 @@ def check_links(payload: dict[str, Any], world_size: int) -> str | None:
             ),
             None,
         )
-    return err or _optional_int(payload, "version") or _optional_int(payload, "reached")
+    return err or next(
+        (
+            e
+            for n in ("version", "reached", "failed", "issued", "completed")
+            if (e := _optional_int(payload, n))
+        ),
+        None,
+    )
 
 
 def _check_legacy_links(payload: dict[str, Any], world_size: int) -> str | None:
@@ -165,7 +182,7 @@ def _check_each_peer(peers: dict[Any, Any], world_size: int) -> str | None:
     return None
 
 
-def check_proposal(payload: dict[str, Any], world_size: int) -> str | None:
+def _check_proposal(payload: dict[str, Any], world_size: int) -> str | None:
     """Malformed proposals are refused; well-formed ones naming bad ranks are logged and
     rejected later (so audits see them), hence ranks are not range-checked here.
 
@@ -234,20 +251,192 @@ def _check_reconfigure(payload: dict[str, Any], ranks: list[int]) -> str | None:
     return None
 
 
-def check_group_ended(payload: dict[str, Any], world_size: int) -> str | None:
+def _check_group_ended(payload: dict[str, Any], world_size: int) -> str | None:
     """``{"reason"?: text, "delete"?: bool}``."""
     if "delete" in payload and not isinstance(payload["delete"], bool):
         return f"delete must be true or false, got {payload['delete']!r}"
     return _text(payload, "reason", required=False)
 
 
-CHECKS: dict[str, Callable[[dict[str, Any], int], str | None]] = {
-    "group_ended": check_group_ended,
-    "join": check_join,
-    "heartbeat": check_heartbeat,
-    "ack": check_ack,
-    "exit": check_exit,
-    "death_reported": check_death,
-    "links": check_links,
-    "proposal": check_proposal,
+def _no_problem(payload: dict[str, Any], world_size: int) -> str | None:
+    return None
+
+
+# -- the inputs --------------------------------------------------------------------------------
+
+
+class Input(Struct, frozen=True, kw_only=True, gc=False):
+    """A record's payload, typed: the base of every input's Struct."""
+
+    #: the record kind whose payload this is
+    kind: ClassVar[str]
+    #: the ``invalid_event`` rule: ``(payload, world_size) -> message | None``
+    problem: ClassVar[Callable[[dict[str, Any], int], str | None]]
+
+
+class GroupCreatedInput(Input, frozen=True, kw_only=True, gc=False):
+    """``group_created``: ``world_size`` and the group's ``config`` (an object the fold's
+    ``GroupConfig`` reads and words the problems of; so both are taken as they come here)."""
+
+    kind = "group_created"
+    problem = staticmethod(_no_problem)
+    world_size: Any = UNSET
+    config: Any = UNSET
+
+
+class GroupEndedInput(Input, frozen=True, kw_only=True, gc=False):
+    """``group_ended``: the operator ends the group's run, and may delete it."""
+
+    kind = "group_ended"
+    problem = staticmethod(_check_group_ended)
+    reason: str | None = None
+    delete: bool = False
+
+
+class JoinInput(Input, frozen=True, kw_only=True, gc=False):
+    """``join``: an incarnation of the record's rank joins; ``host`` and ``pid`` say where it
+    runs (absent: what the fold knew stays)."""
+
+    kind = "join"
+    problem = staticmethod(_check_join)
+    incarnation: str
+    host: str | None | UnsetType = UNSET
+    pid: int | None | UnsetType = UNSET
+
+
+class HeartbeatInput(Input, frozen=True, kw_only=True, gc=False):
+    """``heartbeat``: one rank's beat (``incarnation``, the view ``version`` it holds), or the
+    beats of many ranks that arrived together (``ranks``, a rank set; the record names no rank)."""
+
+    kind = "heartbeat"
+    problem = staticmethod(_check_heartbeat)
+    incarnation: str | None = None
+    version: int | None = None
+    ranks: RankSet | None = None
+
+
+class LinksInput(Input, frozen=True, kw_only=True, gc=False):
+    """``links``: a rank's evidence about its data-plane links, replacing its previous report
+    (``wire.protocol.LinksEvent`` says what each field means). ``peers`` and
+    ``failed_ranks_hint`` are protocol 1's, in records of an older log."""
+
+    kind = "links"
+    problem = staticmethod(_check_links)
+    incarnation: str
+    self_ready: bool
+    down: RankSet | None = None
+    hint: RankSet | None = None
+    version: int | None = None
+    reached: int | None = None
+    failed: int | None = None
+    issued: int | None = None
+    completed: int | None = None
+    peers: dict[str, str] | None = None
+    failed_ranks_hint: list[int] | None = None
+
+    @property
+    def legacy(self) -> bool:
+        """A protocol-1 report (``peers``/``failed_ranks_hint``)."""
+        return self.peers is not None or self.failed_ranks_hint is not None
+
+    def down_ranks(self, world_size: int) -> set[int]:
+        """The ranks it reports down: ``down`` and ``hint`` (protocol 1: the peers it calls
+        down and ``failed_ranks_hint``)."""
+        if self.legacy:
+            out = {int(p) for p, status in (self.peers or {}).items() if status == "down"}
+            out.update(self.failed_ranks_hint or ())
+            return out
+        out = set()
+        if self.down:
+            out.update(rank_sets.decode(self.down, world_size, name="down"))
+        if self.hint:
+            out.update(rank_sets.decode(self.hint, world_size, name="hint"))
+        return out
+
+
+class AckInput(Input, frozen=True, kw_only=True, gc=False):
+    """``ack``: the rank holds view ``version`` prepared."""
+
+    kind = "ack"
+    problem = staticmethod(_check_ack)
+    incarnation: str
+    version: int
+
+
+class ExitInput(Input, frozen=True, kw_only=True, gc=False):
+    """``exit``: the rank's incarnation leaves cleanly."""
+
+    kind = "exit"
+    problem = staticmethod(_check_exit)
+    incarnation: str
+
+
+class DeathReportedInput(Input, frozen=True, kw_only=True, gc=False):
+    """``death_reported``: a supervisor (``reporter``) saw the rank's process die; without an
+    ``incarnation``, whichever incarnation the rank has."""
+
+    kind = "death_reported"
+    problem = staticmethod(_check_death)
+    incarnation: str | None = None
+    reporter: str | None = None
+
+
+class ProposalInput(Input, frozen=True, kw_only=True, gc=False):
+    """``proposal``: activate or deactivate ``ranks``, or one member's call of torch's
+    reconfigure (which alone carries ``incarnations``, ``uuid``, ``caller``, ``call`` and
+    ``timeout_s``; see :func:`_check_proposal`)."""
+
+    kind = "proposal"
+    problem = staticmethod(_check_proposal)
+    op: str
+    ranks: list[int]
+    proposer: str | None = None
+    idempotency_key: str | None = None
+    incarnations: list[str] | None = None
+    uuid: int | None = None
+    caller: int | None = None
+    call: str | None = None
+    timeout_s: int | float | None = None
+
+    @property
+    def caller_incarnation(self) -> str:
+        """A reconfigure's caller's own handle's incarnation (the caller is a member)."""
+        assert self.incarnations is not None
+        return self.incarnations[self.ranks.index(self.caller)]  # type: ignore[arg-type]
+
+
+class TickInput(Input, frozen=True, kw_only=True, gc=False):
+    """``tick``: time passed; ``resumed`` true says the coordinator (re)started serving. The
+    host alone appends ticks, so nothing about one is refused."""
+
+    kind = "tick"
+    problem = staticmethod(_no_problem)
+    resumed: Any = None
+
+
+#: The Struct of each membership kind.
+INPUTS: dict[str, type[Input]] = {
+    cls.kind: cls
+    for cls in (
+        GroupCreatedInput,
+        GroupEndedInput,
+        JoinInput,
+        HeartbeatInput,
+        LinksInput,
+        AckInput,
+        ExitInput,
+        DeathReportedInput,
+        ProposalInput,
+        TickInput,
+    )
 }
+
+
+def decode(kind: str, payload: dict[str, Any]) -> Input:
+    """The typed input of a payload its Struct's :meth:`Input.problem` accepted."""
+    return msgspec.convert(payload, INPUTS[kind])
+
+
+def problem(kind: str, payload: dict[str, Any], world_size: int) -> str | None:
+    """The ``invalid_event`` message of a membership payload, or None."""
+    return INPUTS[kind].problem(payload, world_size)
