@@ -28,9 +28,13 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..wire.codes import (
+    APPLIED,
     APPLIED_STATUSES,
+    APPLIED_WITH_DROPPED_RANKS,
+    COORDINATOR_UNAVAILABLE,
     FATAL_ERRORS,
     NOT_FOLDPLANE,
+    REJECTED,
     TERMINAL,
     error_body,
 )
@@ -483,21 +487,21 @@ class Agent:
                 raise ReconfigureError(exc.code, exc.detail) from None
             except CoordinatorUnavailable as exc:
                 if left <= 0:
-                    raise ReconfigureError("coordinator_unavailable", str(exc)) from None
+                    raise ReconfigureError(COORDINATOR_UNAVAILABLE, str(exc)) from None
                 self._stop.wait(min(1.0, max(0.0, left)))
                 continue
             if proposal.get("status") in TERMINAL or time.monotonic() >= deadline:
                 break
         status, version = proposal.get("status"), proposal.get("version")
-        if status == "applied" and isinstance(version, int):
+        if status == APPLIED and isinstance(version, int):
             return self.wait_for_view(version, timeout=max(1.0, deadline - time.monotonic()))
-        if status == "applied_with_dropped_ranks":
+        if status == APPLIED_WITH_DROPPED_RANKS:
             raise ReconfigureError(
                 status,
                 f"version {version} committed without members "
                 f"{proposal.get('dropped_ranks')} (lost before they ACKed): {proposal.get('reason')}",
             )
-        if status == "rejected":
+        if status == REJECTED:
             raise ReconfigureError(status, str(proposal.get("reason")))
         raise ReconfigureError(
             "timeout",
