@@ -16,6 +16,7 @@ import asyncio
 import base64
 import os
 import ssl
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 from urllib.parse import quote, urlsplit
@@ -30,6 +31,10 @@ PATH = "/agents/channel"
 #: A channel that has sent nothing for this long pings, so the coordinator (whose limit is
 #: ``--channel-idle-s``, 60 s by default) does not close it as idle.
 PING_S = 20.0
+#: The header of the ``101`` in which a coordinator with a lease names it: a channel that
+#: hears nothing from it for that long (it pings more often) is aborted as silent, and its
+#: address is tried last for as long again (``api.channel.LIVENESS_HEADER``).
+LIVENESS_HEADER = b"foldplane-liveness-s"
 #: The largest message the coordinator may send (a resync of a 65,536-rank view is ~0.5 MB).
 MAX_MESSAGE = 64 << 20
 
@@ -84,6 +89,14 @@ class HostChannel(asyncio.Protocol):
         self._next_id = 0
         self._ping: asyncio.TimerHandle | None = None
         self._sent_at = self._loop.time()
+        #: the coordinator's lease, when it named one: the longest it may stay silent
+        self.liveness_s: float | None = None
+        self._heard_at = self._sent_at
+        self._watch: asyncio.TimerHandle | None = None
+        #: the channel was aborted because the coordinator sent nothing for ``liveness_s``
+        self.silent = False
+        #: where it is open (set by :func:`open_channel`)
+        self.address: tuple[str, int] | None = None
         #: why the channel ended, once it has
         self.closed: ChannelClosed | None = None
         #: an error message the coordinator sent without an id (it closes after it)
@@ -165,6 +178,7 @@ class HostChannel(asyncio.Protocol):
             if not data:
                 return
         self.bytes_received += len(data)
+        self._heard_at = self._loop.time()
         try:
             messages = self._reader.feed(data)
         except ws.FrameError as exc:
@@ -213,8 +227,12 @@ class HostChannel(asyncio.Protocol):
         if headers.get(b"sec-websocket-accept", b"").decode("latin-1") != ws.accept_key(self._key):
             self._fail_opening(ChannelClosed("the coordinator's Sec-WebSocket-Accept is wrong"))
             return False
+        self.liveness_s = _seconds(headers.get(LIVENESS_HEADER))
+        self._heard_at = self._loop.time()
         self._opening.set_result(None)
         self._ping = self._loop.call_later(PING_S, self._maybe_ping)
+        if self.liveness_s is not None:
+            self._watch = self._loop.call_later(self.liveness_s, self._check_heard)
         return True
 
     def _fail_opening(self, exc: Exception) -> None:
@@ -262,10 +280,33 @@ class HostChannel(asyncio.Protocol):
             idle = 0.0
         self._ping = self._loop.call_later(PING_S - idle, self._maybe_ping)
 
+    def _check_heard(self) -> None:
+        """Abort the channel once the coordinator has sent nothing for its lease: a leader
+        that lives writes (at least a ping) several times per lease, and one silent that long
+        cannot have renewed its lease either: frozen, cut off, or deposed."""
+        assert self.liveness_s is not None
+        if self.closed is not None:
+            return
+        silent_s = self._loop.time() - self._heard_at
+        if silent_s < self.liveness_s:
+            self._watch = self._loop.call_later(self.liveness_s - silent_s, self._check_heard)
+            return
+        self.silent = True
+        if self.transport is not None:
+            self.transport.abort()
+        self._end(
+            ChannelClosed(
+                f"the coordinator sent nothing for {silent_s:.2f} s, longer than its "
+                f"{self.liveness_s:g} s lease: frozen or cut off"
+            )
+        )
+
     def _end(self, why: ChannelClosed) -> None:
         if self.closed is not None:
             return
         self.closed = why
+        if self._watch is not None:
+            self._watch.cancel()
         if self._ping is not None:
             self._ping.cancel()
         if not self._opening.done():
@@ -275,6 +316,15 @@ class HostChannel(asyncio.Protocol):
                 future.set_exception(why)
         if not self.ended.done():
             self.ended.set_result(None)
+
+
+def _seconds(value: bytes | None) -> float | None:
+    """A positive number of seconds from a header, or None (absent or not such a number)."""
+    try:
+        seconds = float(value) if value else None
+    except ValueError:
+        return None
+    return seconds if seconds is not None and 0 < seconds < float("inf") else None
 
 
 def _expire(future: asyncio.Future[Answered]) -> None:
@@ -338,6 +388,7 @@ async def open_channel(
         except BaseException:
             transport.close()
             raise
+    channel.address = (host, port)
     return channel
 
 
@@ -345,7 +396,14 @@ class ChannelLink:
     """Opens host channels to whichever coordinator of a list leads: a refused connection moves
     on to the next address, a ``503 not_leader`` (at the opening, or in the error a channel
     closed with) to the leader it names, and the next opening starts where the last one
-    succeeded (the rules of ``agent.client.CoordinatorClient``)."""
+    succeeded (the rules of ``agent.client.CoordinatorClient``).
+
+    A channel aborted as silent (its coordinator sent nothing for its lease: frozen, cut off)
+    makes its address a *suspect* for one more lease: openings try the other addresses first,
+    and a standby that still names the suspect as the leader (its lease has not run out yet)
+    does not send the host back there; the opening fails instead, and the caller's retry soon
+    finds the standby that took over. Once the suspicion ends the address is tried again, so a
+    leader that was only slow gets its hosts back."""
 
     def __init__(
         self,
@@ -363,6 +421,8 @@ class ChannelLink:
         #: the coordinators are behind ``https://`` addresses
         self.tls = tls
         self._at = 0
+        #: address -> until when (``time.monotonic()``) it is tried last
+        self._suspects: dict[tuple[str, int], float] = {}
 
     async def open(
         self,
@@ -377,6 +437,7 @@ class ChannelLink:
         tries = 0
         redirects = 0
         while True:
+            self._avoid_suspects()
             host, port = self.addresses[self._at]
             try:
                 return await open_channel(
@@ -408,17 +469,41 @@ class ChannelLink:
                     raise
 
     def closed(self, channel: HostChannel) -> None:
-        """A channel ended: if the coordinator said who leads, the next opening goes there."""
+        """A channel ended: if the coordinator said who leads, the next opening goes there; if
+        it fell silent, its address is a suspect (see the class docstring)."""
         if channel.error is not None:
             self.follow(channel.error)
+        if channel.silent and channel.address is not None and channel.liveness_s is not None:
+            self._suspects[channel.address] = time.monotonic() + channel.liveness_s
+            self._avoid_suspects()
+
+    def suspect(self, address: tuple[str, int]) -> bool:
+        """Whether ``address`` fell silent less than a lease ago."""
+        until = self._suspects.get(address)
+        if until is None:
+            return False
+        if time.monotonic() >= until:
+            del self._suspects[address]
+            return False
+        return True
+
+    def _avoid_suspects(self) -> None:
+        """Move off a suspect address to the next one that is not, if there is one."""
+        n = len(self.addresses)
+        for step in range(n):
+            at = (self._at + step) % n
+            if not self.suspect(self.addresses[at]):
+                self._at = at
+                return
 
     def follow(self, error: Any) -> bool:
-        """Move to the leader an error body names; whether it named another address."""
+        """Move to the leader an error body names; whether it named another address (one that
+        is not a suspect)."""
         leader = error.get("leader") if isinstance(error, dict) else None
         if not leader:
             return False
         address = _address(str(leader))
-        if address == self.addresses[self._at]:
+        if address == self.addresses[self._at] or self.suspect(address):
             return False
         if address not in self.addresses:
             self.addresses.append(address)

@@ -69,6 +69,13 @@ PATH = b"/agents/channel"
 
 log = logging.getLogger("foldplane.api")
 
+#: The ``101`` of a coordinator that leads only while it holds a lease names the lease here:
+#: the host may take a channel silent that long for a frozen or deposed leader
+#: (``agent.channel``), and this side writes something at least ``KEEPALIVES_PER_LIVENESS``
+#: times as often (a ping when it has nothing else to send), so a live leader is never silent.
+LIVENESS_HEADER = b"foldplane-liveness-s"
+KEEPALIVES_PER_LIVENESS = 4
+
 #: The most batches of one channel waiting for their answers before it is read no further (a
 #: host has two lanes, one batch in flight each; a relay a few more).
 MAX_IN_FLIGHT = 64
@@ -195,13 +202,19 @@ def accept(
     if (unavailable := host.available()) is not None:
         raise unavailable
     host.role.check_polls("not leading")
+    liveness_s = host.role.liveness_s
     response = (
         b"HTTP/1.1 101 Switching Protocols\r\n"
         b"upgrade: websocket\r\n"
         b"connection: Upgrade\r\n"
-        b"sec-websocket-accept: %s\r\n\r\n" % ws.accept_key(key).encode("ascii")
+        b"sec-websocket-accept: %s\r\n" % ws.accept_key(key).encode("ascii")
     )
-    return Opened(response, HostChannel(state, principal, asked, **options))
+    if liveness_s is not None:
+        response += b"%s: %s\r\n" % (LIVENESS_HEADER, repr(float(liveness_s)).encode("ascii"))
+    response += b"\r\n"
+    keepalive_s = None if liveness_s is None else liveness_s / KEEPALIVES_PER_LIVENESS
+    channel = HostChannel(state, principal, asked, keepalive_s=keepalive_s, **options)
+    return Opened(response, channel)
 
 
 class _Head(NamedTuple):
@@ -244,7 +257,9 @@ class HostChannel(asyncio.Protocol):
 
     Time limits, on one timer: a frame begun must arrive whole within ``frame_timeout_s``
     (else close ``1008``), and a channel that sends nothing at all, not even a ping, for
-    ``idle_s`` is closed (``1001``). Back pressure: while the client does not read (the
+    ``idle_s`` is closed (``1001``). With ``keepalive_s`` (a leader with a lease), a ping goes
+    out whenever nothing else was written for that long, so the host can tell a live leader
+    from a frozen one by silence alone. Back pressure: while the client does not read (the
     transport's write buffer over its high-water mark) pushes wait, to resume from the journals
     once it drained, and nothing more is read from it; nor while :data:`MAX_IN_FLIGHT` of its
     batches wait for their answers. So a client that sends without reading holds a bounded
@@ -262,6 +277,7 @@ class HostChannel(asyncio.Protocol):
         max_depth: int,
         frame_timeout_s: float,
         idle_s: float,
+        keepalive_s: float | None = None,
         on_close: Callable[[HostChannel], None] | None = None,
     ) -> None:
         self.state = state
@@ -272,6 +288,7 @@ class HostChannel(asyncio.Protocol):
         self.max_depth = max_depth
         self.frame_timeout_s = frame_timeout_s
         self.idle_s = idle_s
+        self.keepalive_s = keepalive_s
         self._on_close = on_close
         self._reader = ws.FrameReader(masked=True, max_message=max_message)
         self.transport: asyncio.Transport | None = None
@@ -287,6 +304,7 @@ class HostChannel(asyncio.Protocol):
         self._waiter: asyncio.Future[None] | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._heard = self._loop.time()
+        self._written = self._heard
         #: since when a frame has been half-received (None: nothing pending)
         self._partial_since: float | None = None
 
@@ -398,6 +416,8 @@ class HostChannel(asyncio.Protocol):
         transport = self.transport
         if transport is not None and not transport.is_closing():
             transport.write(data)
+            if self.keepalive_s is not None:
+                self._written = self._loop.time()
 
     # -- time limits (one timer: the next deadline of either kind) ---------------------------------
 
@@ -408,6 +428,8 @@ class HostChannel(asyncio.Protocol):
         at = self._heard + self.idle_s
         if self._partial_since is not None:
             at = min(at, self._partial_since + self.frame_timeout_s)
+        if self.keepalive_s is not None:
+            at = min(at, self._written + self.keepalive_s)
         return at
 
     def _on_timer(self) -> None:
@@ -429,6 +451,9 @@ class HostChannel(asyncio.Protocol):
         if now >= self._heard + self.idle_s:
             self.close(ws.GOING_AWAY, f"nothing received for {self.idle_s:g} s")
             return
+        if self.keepalive_s is not None and now >= self._written + self.keepalive_s:
+            self._write(ws.frame(ws.PING, b""))
+            self._written = now  # even when nothing could be written: no busy timer
         self._arm()
 
     # -- events ------------------------------------------------------------------------------------

@@ -7,7 +7,9 @@ addresses as the real client does; its event loop in a thread of its own) keeps 
 of heartbeats and ACKs every view change. In each trial the leader is
 
 - **crashed** (SIGKILL): its database session ends, so the standby may claim at its next poll;
-- **frozen** (SIGSTOP): its session stays open, so the standby waits for the lease to run out.
+- **frozen** (SIGSTOP): its session stays open, so the standby waits for the lease to run out;
+  the agent host's channel to it falls silent (a leader pings every channel each quarter
+  lease), so the host drops it after a lease and opens its next one on the standby first.
 
 Measured from the signal: the first heartbeat the new leader acknowledges, and the first
 committed view change (a proposal sent at the signal, retried until a leader takes it, and

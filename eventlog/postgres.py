@@ -11,6 +11,11 @@ Rules, and why:
   expected ``next_seq``. Checksums cover the offset, so the writer computes them for the offsets
   it expects. If the term moved, the batch fails with StaleTermError (nothing written); if only
   ``next_seq`` moved (another writer under the same term), the writer re-reads it and retries.
+- The other writes (projection rows with the consumer offset, the offset alone, the snapshot)
+  are fenced by the same term: each is one statement whose rows come from the head row locked
+  ``FOR KEY SHARE`` while it holds the writer's term, and ``claim_term`` locks that row ``FOR
+  UPDATE`` before it moves the term, so it waits for such a write in flight and every later
+  one writes nothing (StaleTermError). Appends neither wait for them nor block them.
 - Group commit: one writer task sends whatever appends queued up while the previous statement
   was in flight, as one statement (up to ``MAX_BATCH_ROWS``).
 - Wake-ups across processes: LISTEN on a channel named after the schema; a NOTIFY is only a
@@ -61,18 +66,32 @@ SELECT i.n, CASE WHEN i.n > 0 THEN pg_notify($7, i.last::text) END
 FROM (SELECT count(*) AS n, max(seq) AS last FROM ins) AS i
 """
 
-_STORE_OFFSET = """
-INSERT INTO consumer_offset (consumer, seq) VALUES ($1, $2)
+#: The fence of every write besides the append: the statement's rows come from this one, so it
+#: writes nothing unless the head row still holds the writer's term (``$term``). ``FOR KEY
+#: SHARE`` does not wait for appends (they update ``next_seq``, no key), but the claim of a
+#: new term locks the row ``FOR UPDATE`` first, so it waits for a fenced write in flight, and
+#: a fenced write that comes after it finds the new term and writes nothing.
+_FENCE = "SELECT 1 FROM log_head WHERE id = 1 AND term = $term FOR KEY SHARE"
+
+_STORE_OFFSET_UPSERT = """
+INSERT INTO consumer_offset (consumer, seq) SELECT $1, $2 FROM f
 ON CONFLICT (consumer) DO UPDATE SET seq = excluded.seq
 WHERE consumer_offset.seq <= excluded.seq
 RETURNING seq
 """
 
+#: Moves the consumer's offset (never back); nothing when refused or fenced.
+_STORE_OFFSET = f"""
+WITH f AS ({_FENCE.replace("$term", "$3")})
+{_STORE_OFFSET_UPSERT.strip()}
+"""
+
 #: Moves the consumer's offset and upserts the projection rows in one statement; the rows are
 #: joined to the offset's upsert, so a refused offset writes no row either. Returns how many
-#: offsets moved (0: refused).
+#: offsets moved (0: refused or fenced).
 _WRITE_PROJECTIONS = f"""
-WITH o AS ({_STORE_OFFSET.strip()}),
+WITH f AS ({_FENCE.replace("$term", "$7")}),
+o AS ({_STORE_OFFSET_UPSERT.strip()}),
 p AS (
     INSERT INTO projection (kind, grp, seq, doc)
     SELECT u.kind, u.grp, u.seq, u.doc
@@ -80,6 +99,21 @@ p AS (
     ON CONFLICT (kind, grp, seq) DO UPDATE SET doc = excluded.doc
 )
 SELECT count(*) FROM o
+"""
+
+_SAVE_SNAPSHOT = f"""
+WITH f AS ({_FENCE.replace("$term", "$4")})
+INSERT INTO snapshot (name, seq, data) SELECT $1, $2, $3 FROM f
+ON CONFLICT (name) DO UPDATE SET seq = excluded.seq, data = excluded.data
+RETURNING seq
+"""
+
+#: The row is locked ``FOR UPDATE`` before the term moves, so the claim waits for the fenced
+#: writes in flight (see ``_FENCE``); an append in flight is waited for as before.
+_CLAIM_TERM = """
+WITH l AS (SELECT id FROM log_head WHERE id = 1 FOR UPDATE)
+UPDATE log_head SET term = term + 1 FROM l WHERE log_head.id = l.id
+RETURNING log_head.term, log_head.next_seq
 """
 
 
@@ -197,9 +231,7 @@ class PostgresLog(Log):
     async def _claim_term(self) -> int:
         async with self._write_lock:
             conn = await self._writer()
-            term, next_seq = await conn.fetchrow(
-                "UPDATE log_head SET term = term + 1 WHERE id = 1 RETURNING term, next_seq"
-            )
+            term, next_seq = await conn.fetchrow(_CLAIM_TERM)
             self._next_seq = next_seq
             return term
 
@@ -210,10 +242,11 @@ class PostgresLog(Log):
             await self._store_offset(conn, name, offset)
 
     async def _store_offset(self, conn: asyncpg.Connection, name: str, offset: int) -> None:
-        if await conn.fetchval(_STORE_OFFSET, name, offset) is None:
+        if await conn.fetchval(_STORE_OFFSET, name, offset, self._term) is None:
             await self._refuse_offset(conn, name, offset)
 
     async def _refuse_offset(self, conn: asyncpg.Connection, name: str, offset: int) -> None:
+        await self._check_term(conn)
         stored = await conn.fetchval("SELECT seq FROM consumer_offset WHERE consumer = $1", name)
         raise ValueError(
             f"consumer {name!r} of {self.where} is at offset {stored}; "
@@ -237,18 +270,22 @@ class PostgresLog(Log):
                 [k[1] for k in latest],
                 [k[2] for k in latest],
                 list(latest.values()),
+                self._term,
             )
             if not moved:
                 await self._refuse_offset(conn, consumer, offset)
 
     async def _save_snapshot(self, name: str, offset: int, data: bytes) -> None:
-        await self._pool.execute(
-            "INSERT INTO snapshot (name, seq, data) VALUES ($1, $2, $3) "
-            "ON CONFLICT (name) DO UPDATE SET seq = excluded.seq, data = excluded.data",
-            name,
-            offset,
-            data,
-        )
+        async with self._pool.acquire() as conn:
+            if await conn.fetchval(_SAVE_SNAPSHOT, name, offset, data, self._term) is None:
+                await self._check_term(conn)
+
+    async def _check_term(self, conn: asyncpg.Connection) -> None:
+        """Raise StaleTermError if another writer claimed the log since this one did (a fenced
+        write then wrote nothing)."""
+        head_term = await conn.fetchval("SELECT term FROM log_head WHERE id = 1")
+        if head_term != self._term:
+            raise StaleTermError(self._term, head_term)
 
     async def _compact(
         self, name: str, offset: int, data: bytes, remove: list[int], previous: bytes | None

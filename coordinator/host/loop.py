@@ -111,6 +111,10 @@ class Role(Protocol):
     name: str
     #: the leader's address when this coordinator knows it and does not lead
     leader: str | None
+    #: how long a host's channel may hear nothing from this coordinator before the host looks
+    #: for another leader (the lease: a leader silent that long cannot have renewed it); None
+    #: where there is no other coordinator to look for
+    liveness_s: float | None
 
     def attach(self, host: Host) -> None:
         """The host this role drives (called once, when the host is built)."""
@@ -133,6 +137,7 @@ class SoleLeader:
 
     name = "leader"
     leader: str | None = None
+    liveness_s: float | None = None
 
     def __init__(self) -> None:
         self.host: Host | None = None

@@ -106,6 +106,7 @@ class Replica:
 
     def __init__(self, lease: Lease) -> None:
         self.lease = lease
+        self.liveness_s: float | None = lease.settings.lease_s
         self.name = "standby"
         #: The leader's address as the lease row last named it (ours while we lead).
         self.leader: str | None = None

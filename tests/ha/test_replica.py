@@ -12,7 +12,8 @@ import pytest
 from foldplane.coordinator.host.leadership import LeaseSettings
 from foldplane.coordinator.host.loop import CONSUMER, Appended, Host, HostUnavailable
 from foldplane.coordinator.host.replica import NotLeader, Replica, open_host, open_replica
-from foldplane.eventlog import NewRecord, open_log
+from foldplane.eventlog import NewRecord, StaleTermError, open_log
+from foldplane.eventlog.projection import ProjectionRow
 from tests.ha.cluster import ROOT, drop_schema, new_schema, schema_url
 
 pytestmark = pytest.mark.postgres
@@ -112,6 +113,39 @@ async def test_leader_fenced_by_a_newer_term_steps_down_and_writes_nothing(url: 
     finally:
         await rogue.close()
         await a.close()
+
+
+async def test_a_deposed_writer_writes_no_projection_offset_or_snapshot(url: str) -> None:
+    """Every write of a leader besides the append is fenced by its term too: once another
+    writer claimed the log, the old one's projection rows, consumer offset and snapshot are
+    refused with StaleTermError and nothing of them reaches the tables."""
+    old = await open_log(url)
+    new = await open_log(url)
+    try:
+        term = await old.claim_term()
+        (offset,) = await old.append([group_created("g")])
+        row = ProjectionRow(kind="group", group="g", seq=1, doc={"v": 1})
+        await old.write_projections([row], consumer=CONSUMER, offset=offset)
+        await old.save_snapshot(CONSUMER, offset, b"state at 1")
+        taken = await new.claim_term()
+        assert taken == term + 1
+        stale = ProjectionRow(kind="group", group="g", seq=1, doc={"v": 2})
+        with pytest.raises(StaleTermError):
+            await old.write_projections([stale], consumer=CONSUMER, offset=offset + 1)
+        with pytest.raises(StaleTermError):
+            await old.set_consumer_offset(CONSUMER, offset + 1)
+        with pytest.raises(StaleTermError):
+            await old.save_snapshot(CONSUMER, offset + 1, b"stale state")
+        assert [r.doc for r in await new.read_projections("group", "g")] == [{"v": 1}]
+        assert await new.get_consumer_offset(CONSUMER) == offset
+        assert await new.load_snapshot(CONSUMER) == (offset, b"state at 1")
+        # The new term's writer is not fenced.
+        await new.write_projections([stale], consumer=CONSUMER, offset=offset + 1)
+        await new.save_snapshot(CONSUMER, offset + 1, b"new state")
+        assert await new.load_snapshot(CONSUMER) == (offset + 1, b"new state")
+    finally:
+        await old.close()
+        await new.close()
 
 
 async def test_a_sqlite_log_has_one_coordinator(tmp_path) -> None:
