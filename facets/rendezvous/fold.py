@@ -60,7 +60,6 @@ insertion order (arrival order), which the snapshot keeps.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -85,36 +84,22 @@ from .effects import (
     RoundFormed,
     RoundNode,
 )
+from .inputs import (
+    INPUTS,
+    CloseInput,
+    JoinInput,
+    KeepaliveInput,
+    LeaveInput,
+    RendezvousInput,
+    decode,
+)
+from .inputs import SETTINGS as SETTINGS
 
-#: What a job's id (torchrun's ``--rdzv-id``) must match.
-JOB_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$"
-#: What a node's id and a store's host must match (a host name, an IPv4 or IPv6 address, a pid).
-NODE_PATTERN = r"^[A-Za-z0-9_.:%\[\]-]{1,256}$"
-HOST_PATTERN = r"^[A-Za-z0-9_.:%\[\]-]{1,255}$"
-#: What a join's ``attempt`` must match (the handler sends a uuid's hex).
-ATTEMPT_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
-_JOB = re.compile(JOB_PATTERN)
-_NODE = re.compile(NODE_PATTERN)
-_HOST = re.compile(HOST_PATTERN)
-_ATTEMPT = re.compile(ATTEMPT_PATTERN)
-
-#: Why a node joins, as it says (``agent/rendezvous.py`` knows which).
-CAUSES = ("first", "workers_failed", "nodes_waiting")
-#: The most nodes one round may take (``max_nodes``), and the most that may wait at once.
-MAX_NODES = 4096
+#: The most nodes that may wait at once.
 MAX_PENDING = 4096
-#: The most workers one node may run (``--nproc-per-node``).
-MAX_LOCAL_WORLD_SIZE = 65536
-#: Bounds of the settings, in seconds.
-MAX_LAST_CALL_S = 3600.0
-MAX_JOIN_TIMEOUT_S = 7 * 86400.0
-MAX_KEEPALIVE_TIMEOUT_S = 3600.0
-#: The longest reason a node may give for leaving or closing.
-MAX_REASON = 512
 #: The nodes that left a job, kept to say why when they speak again (the oldest forgotten).
 LEFT_KEPT = 64
 
-SETTINGS = ("min_nodes", "max_nodes", "last_call_s", "join_timeout_s", "keepalive_timeout_s")
 _NS = 1_000_000_000
 
 
@@ -240,83 +225,13 @@ def _round_node_dict(m: RoundNode) -> dict[str, Any]:
     return {f: getattr(m, f) for f in m.__struct_fields__}
 
 
-# -- the inputs' shapes ----------------------------------------------------------------------------
-
-
-def _text(payload: dict[str, Any], name: str, pattern: re.Pattern[str], what: str) -> str | None:
-    value = payload.get(name)
-    if not isinstance(value, str) or not pattern.fullmatch(value):
-        return f"{name} must be {what}, got {_shown(value)}"
-    return None
-
-
-def _shown(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
-
-
-def _integer(payload: dict[str, Any], name: str, lo: int, hi: int) -> str | None:
-    value = payload.get(name)
-    if type(value) is not int or not lo <= value <= hi:
-        return f"{name} must be an integer from {lo} to {hi}, got {_shown(value)}"
-    return None
-
-
-def _seconds(payload: dict[str, Any], name: str, lo: float, hi: float, *, zero: bool) -> str | None:
-    value = payload.get(name)
-    ok = type(value) in (int, float) and (lo <= value if zero else lo < value) and value <= hi
-    if not ok:
-        bound = f"{'from' if zero else 'over'} {lo:g} {'to' if zero else 'up to'} {hi:g}"
-        return f"{name} must be a number of seconds {bound}, got {_shown(value)}"
-    return None
-
-
-def join_problem(payload: Any) -> str | None:
-    """What is wrong with an ``rdzv_join`` payload's shape, or None."""
-    if not isinstance(payload, dict):
-        return "the payload must be an object"
-    checks = (
-        _text(payload, "job", _JOB, f"a rendezvous id matching {JOB_PATTERN}"),
-        _text(payload, "node", _NODE, f"a node id matching {NODE_PATTERN}"),
-        _text(payload, "attempt", _ATTEMPT, f"an attempt id matching {ATTEMPT_PATTERN}"),
-        _text(payload, "host", _HOST, f"the store's host matching {HOST_PATTERN}"),
-        _integer(payload, "store_port", 1, 65535),
-        _integer(payload, "local_world_size", 0, MAX_LOCAL_WORLD_SIZE),
-        _integer(payload, "restart_count", 0, 2**31),
-        _integer(payload, "min_nodes", 1, MAX_NODES),
-        _integer(payload, "max_nodes", 1, MAX_NODES),
-        _seconds(payload, "last_call_s", 0.0, MAX_LAST_CALL_S, zero=True),
-        _seconds(payload, "join_timeout_s", 0.0, MAX_JOIN_TIMEOUT_S, zero=False),
-        _seconds(payload, "keepalive_timeout_s", 0.0, MAX_KEEPALIVE_TIMEOUT_S, zero=False),
-    )
-    for problem in checks:
-        if problem is not None:
-            return problem
-    if payload.get("cause") not in CAUSES:
-        return f"cause must be one of {list(CAUSES)}, got {_shown(payload.get('cause'))}"
-    if payload["max_nodes"] < payload["min_nodes"]:
-        return (
-            f"max_nodes {payload['max_nodes']} is below min_nodes {payload['min_nodes']} "
-            "(torchrun's --nnodes MIN:MAX)"
-        )
-    return None
-
-
-def node_problem(payload: Any, *, reason: bool) -> str | None:
-    """What is wrong with a keep-alive's, a leave's or a close's payload, or None."""
-    if not isinstance(payload, dict):
-        return "the payload must be an object"
-    for problem in (
-        _text(payload, "job", _JOB, f"a rendezvous id matching {JOB_PATTERN}"),
-        _text(payload, "node", _NODE, f"a node id matching {NODE_PATTERN}"),
-    ):
-        if problem is not None:
-            return problem
-    if reason:
-        why = payload.get("reason")
-        if not isinstance(why, str) or not 1 <= len(why) <= MAX_REASON:
-            return f"reason must be text of 1 to {MAX_REASON} characters, got {_shown(why)}"
-    return None
+#: The transition table: each input (``inputs.py``), the rule that steps it and what it moves.
+TRANSITIONS: dict[type[RendezvousInput], str] = {
+    JoinInput: "_on_join",  # the node waits for the next round (the first join: a new job)
+    KeepaliveInput: "_on_keepalive",  # the node's liveness only
+    LeaveInput: "_on_leave",  # the node leaves; the next round may form
+    CloseInput: "_on_close",  # the job closes for every node
+}
 
 
 # -- the facet -------------------------------------------------------------------------------------
@@ -353,34 +268,31 @@ class Rendezvous:
         why it left)."""
         if group is not None or rank is not None:
             return INVALID_EVENT, f"{kind} names no group and no rank (its job is in the payload)"
-        problem = (
-            join_problem(payload)
-            if kind == "rdzv_join"
-            else node_problem(payload, reason=kind in ("rdzv_leave", "rdzv_close"))
-        )
+        problem = INPUTS[kind].problem(payload)
         if problem is not None:
             return INVALID_EVENT, f"{kind}: {problem}"
-        job = self.jobs.get(payload["job"])
+        inp = decode(kind, payload)
+        job = self.jobs.get(inp.job)
         if job is None:
-            if kind == "rdzv_join":
+            if isinstance(inp, JoinInput):
                 return None
-            return UNKNOWN_RENDEZVOUS, f"no rendezvous {payload['job']!r}: no node ever joined it"
+            return UNKNOWN_RENDEZVOUS, f"no rendezvous {inp.job!r}: no node ever joined it"
         if job.closed is not None:
-            if kind == "rdzv_close":
+            if isinstance(inp, CloseInput):
                 return None  # a repeat (repeat_of answers it)
             return RENDEZVOUS_CLOSED, _closed_text(job)
-        node = payload["node"]
-        if kind == "rdzv_join":
-            return self._join_refusal(job, node, payload)
-        if kind in ("rdzv_keepalive", "rdzv_leave") and node not in job.alive:
+        node = inp.node
+        if isinstance(inp, JoinInput):
+            return self._join_refusal(job, node, inp)
+        if isinstance(inp, KeepaliveInput | LeaveInput) and node not in job.alive:
             return NODE_GONE, _gone_text(job, node)
         return None
 
-    def _join_refusal(self, job: Job, node: str, payload: dict[str, Any]) -> Refusal | None:
+    def _join_refusal(self, job: Job, node: str, join: JoinInput) -> Refusal | None:
         differ = [
-            f"{k} {payload[k]:g} (the rendezvous has {getattr(job, k):g})"
+            f"{k} {getattr(join, k):g} (the rendezvous has {getattr(job, k):g})"
             for k in SETTINGS
-            if payload[k] != getattr(job, k)
+            if getattr(join, k) != getattr(job, k)
         ]
         if differ:
             return RENDEZVOUS_CONFLICT, (
@@ -400,80 +312,84 @@ class Rendezvous:
     ) -> int | None:
         """A join sent again with the same ``attempt`` is that join; a close of a closed job is
         its closing."""
-        if not isinstance(payload, dict) or not isinstance(payload.get("job"), str):
+        if INPUTS[kind].problem(payload) is not None:
             return None
-        job = self.jobs.get(payload["job"])
+        inp = decode(kind, payload)
+        job = self.jobs.get(inp.job)
         if job is None:
             return None
-        if kind == "rdzv_close":
+        if isinstance(inp, CloseInput):
             return None if job.closed is None else int(job.closed["offset"])
-        node, attempt = payload.get("node"), payload.get("attempt")
-        if kind == "rdzv_join" and isinstance(node, str) and isinstance(attempt, str):
-            latest = job.attempts.get(node)
-            if latest is not None and latest[0] == attempt and job.closed is None:
+        if isinstance(inp, JoinInput):
+            latest = job.attempts.get(inp.node)
+            if latest is not None and latest[0] == inp.attempt and job.closed is None:
                 return latest[1]
         return None
 
     # -- steps ---------------------------------------------------------------------------------
 
     def apply(self, fold: FoldContext, record: Record, effects: list[Effect]) -> None:
-        payload = record.payload
-        now = fold.now
-        job = self.jobs.get(payload["job"])
-        if record.kind == "rdzv_join":
-            if job is None:
-                job = self._create(payload, record, effects)
-            self._join(job, payload, record, now, effects)
-        elif record.kind == "rdzv_keepalive":
-            assert job is not None
-            job.alive.pop(payload["node"], None)
-            job.alive[payload["node"]] = now
-            return  # liveness only: nothing a node waits on changed
-        elif record.kind == "rdzv_leave":
-            assert job is not None
-            self._drop(
-                job, payload["node"], "left", f"it left: {payload['reason']}", record, effects
-            )
-        else:
-            assert job is not None
-            self._close(job, payload, record, effects)
-            return
+        """Step an input: its Struct (``inputs.py``) picks the rule (:data:`TRANSITIONS`)."""
+        inp = decode(record.kind, record.payload)
+        getattr(self, TRANSITIONS[type(inp)])(inp, record, fold.now, effects)
+
+    def _on_join(self, join: JoinInput, record: Record, now: int, effects: list[Effect]) -> None:
+        job = self.jobs.get(join.job)
+        if job is None:
+            job = self._create(join, record, effects)
+        self._join(job, join, record, now, effects)
         self._decide(job, record, now, effects)
 
-    def _create(self, payload: dict[str, Any], record: Record, effects: list[Effect]) -> Job:
+    def _on_keepalive(
+        self, beat: KeepaliveInput, record: Record, now: int, effects: list[Effect]
+    ) -> None:
+        """Liveness only: nothing a node waits on changed."""
+        job = self.jobs[beat.job]
+        job.alive.pop(beat.node, None)
+        job.alive[beat.node] = now
+
+    def _on_leave(self, leave: LeaveInput, record: Record, now: int, effects: list[Effect]) -> None:
+        job = self.jobs[leave.job]
+        self._drop(job, leave.node, "left", f"it left: {leave.reason}", record, effects)
+        self._decide(job, record, now, effects)
+
+    def _on_close(self, close: CloseInput, record: Record, now: int, effects: list[Effect]) -> None:
+        self._close(self.jobs[close.job], close, record, effects)
+
+    def _create(self, join: JoinInput, record: Record, effects: list[Effect]) -> Job:
         """Rule 1: the first join fixes the job's settings."""
         job = Job(
-            job=payload["job"],
-            **{k: payload[k] for k in SETTINGS},
+            job=join.job,
+            **{k: getattr(join, k) for k in SETTINGS},
             created_offset=record.offset,
         )
         self.jobs[job.job] = job
         effects.append(
-            JobCreated(job=job.job, node=payload["node"], **job.settings(), offset=record.offset)
+            JobCreated(job=job.job, node=join.node, **job.settings(), offset=record.offset)
         )
         return job
 
     def _join(
-        self, job: Job, payload: dict[str, Any], record: Record, now: int, effects: list[Effect]
+        self, job: Job, join: JoinInput, record: Record, now: int, effects: list[Effect]
     ) -> None:
         """Rule 2: the node waits for the next round; a member of the latest round has left it."""
-        node = payload["node"]
+        node = join.node
         left_round = job.round if any(m.node == node for m in job.members) else 0
         job.pending.pop(node, None)
         job.pending[node] = Waiting(
             node=node,
-            attempt=payload["attempt"],
-            host=payload["host"],
-            store_port=payload["store_port"],
-            local_world_size=payload["local_world_size"],
-            cause=payload["cause"],
-            restart_count=payload["restart_count"],
+            attempt=join.attempt,
+            host=join.host,
+            store_port=join.store_port,
+            local_world_size=join.local_world_size,
+            cause=join.cause,
+            restart_count=join.restart_count,
             offset=record.offset,
             joined_ts=now,
             join_deadline=now + job.join_timeout_ns,
         )
         job.attempts.pop(node, None)
-        job.attempts[node] = (payload["attempt"], record.offset)
+        job.attempts[node] = (join.attempt, record.offset)
         job.left.pop(node, None)
         job.alive.pop(node, None)
         job.alive[node] = now
@@ -483,11 +399,11 @@ class Rendezvous:
                 job=job.job,
                 node=node,
                 round=job.round + 1,
-                cause=payload["cause"],
-                restart_count=payload["restart_count"],
+                cause=join.cause,
+                restart_count=join.restart_count,
                 left_round=left_round,
                 pending=len(job.pending),
-                reason=_join_text(job, node, payload, left_round),
+                reason=_join_text(job, node, join, left_round),
                 seq=_next_event(job),
                 offset=record.offset,
             )
@@ -519,11 +435,9 @@ class Rendezvous:
             )
         )
 
-    def _close(
-        self, job: Job, payload: dict[str, Any], record: Record, effects: list[Effect]
-    ) -> None:
+    def _close(self, job: Job, close: CloseInput, record: Record, effects: list[Effect]) -> None:
         """Rule 8: a closed job tells its waiting nodes and takes no more."""
-        job.closed = {"node": payload["node"], "reason": payload["reason"], "offset": record.offset}
+        job.closed = {"node": close.node, "reason": close.reason, "offset": record.offset}
         job.pending.clear()
         job.alive.clear()
         job.last_call = None
@@ -531,9 +445,9 @@ class Rendezvous:
         effects.append(
             JobClosed(
                 job=job.job,
-                node=payload["node"],
+                node=close.node,
                 round=job.round,
-                reason=payload["reason"],
+                reason=close.reason,
                 offset=record.offset,
             )
         )
@@ -751,12 +665,12 @@ def _names(nodes: Iterable[str]) -> str:
     return ", ".join(listed) if listed else "none"
 
 
-def _join_text(job: Job, node: str, payload: dict[str, Any], left_round: int) -> str:
-    cause = payload["cause"]
+def _join_text(job: Job, node: str, join: JoinInput, left_round: int) -> str:
+    cause = join.cause
     if cause == "first":
         why = "arrived"
     elif cause == "workers_failed":
-        why = f"restarts after its workers failed (restart {payload['restart_count']})"
+        why = f"restarts after its workers failed (restart {join.restart_count})"
     else:
         why = "restarts to admit the nodes that wait"
     left = f", leaving round {left_round}" if left_round else ""

@@ -10,7 +10,7 @@ from typing import Annotated, Any, Literal
 from msgspec import Meta, Struct
 
 from ...api.models import StoryEntry
-from .fold import (
+from .inputs import (
     ATTEMPT_PATTERN,
     HOST_PATTERN,
     MAX_JOIN_TIMEOUT_S,

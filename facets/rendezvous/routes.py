@@ -27,8 +27,16 @@ from ...coordinator.host.loop import Appended, Host, Refusal
 from ...eventlog import NewRecord
 from ...wire.codes import UNKNOWN_RENDEZVOUS
 from ...wire.protocol import QUERY
-from .fold import JOB_PATTERN, Rendezvous, job_status
+from .fold import Rendezvous, job_status
 from .host import waiters_of
+from .inputs import (
+    JOB_PATTERN,
+    CloseInput,
+    JoinInput,
+    KeepaliveInput,
+    LeaveInput,
+    RendezvousInput,
+)
 from .models import (
     JoinRequest,
     LeaveRequest,
@@ -73,8 +81,10 @@ def _status(host: Host, job: str) -> dict[str, Any]:
     return job_status(found)
 
 
-async def _submit(host: Host, kind: str, job: str, payload: dict[str, Any]) -> int:
-    outcome = await host.submit(NewRecord(kind=kind, group=None, payload={"job": job, **payload}))
+async def _submit(host: Host, inp: RendezvousInput) -> int:
+    """Submit a typed input (``inputs.py``): the record's payload is the Struct's fields."""
+    payload = msgspec.to_builtins(inp)
+    outcome = await host.submit(NewRecord(kind=inp.kind, group=None, payload=payload))
     if isinstance(outcome, Refusal):
         raise ApiError(outcome.code, outcome.detail)
     return outcome.offset if isinstance(outcome, Appended) else outcome.id
@@ -91,7 +101,7 @@ async def join(request: Request, job: JobPath) -> Response:
     require_operator(request, "joining a rendezvous")
     req = await read_json(request, JoinRequest)
     host = host_of(request)
-    offset = await _submit(host, "rdzv_join", job, msgspec.to_builtins(req))
+    offset = await _submit(host, JoinInput(job=job, **msgspec.structs.asdict(req)))
     return json_response({**_status(host, job), "offset": offset})
 
 
@@ -104,7 +114,7 @@ async def join(request: Request, job: JobPath) -> Response:
 async def keepalive(request: Request, job: JobPath) -> Response:
     require_operator(request, "keeping a rendezvous node alive")
     req = await read_json(request, NodeRequest)
-    offset = await _submit(host_of(request), "rdzv_keepalive", job, {"node": req.node})
+    offset = await _submit(host_of(request), KeepaliveInput(job=job, node=req.node))
     return json_response({"offset": offset})
 
 
@@ -118,7 +128,7 @@ async def leave(request: Request, job: JobPath) -> Response:
     require_operator(request, "leaving a rendezvous")
     req = await read_json(request, LeaveRequest)
     host = host_of(request)
-    offset = await _submit(host, "rdzv_leave", job, msgspec.to_builtins(req))
+    offset = await _submit(host, LeaveInput(job=job, node=req.node, reason=req.reason))
     return json_response({**_status(host, job), "offset": offset})
 
 
@@ -133,7 +143,7 @@ async def close(request: Request, job: JobPath) -> Response:
     require_operator(request, "closing a rendezvous")
     req = await read_json(request, LeaveRequest)
     host = host_of(request)
-    offset = await _submit(host, "rdzv_close", job, msgspec.to_builtins(req))
+    offset = await _submit(host, CloseInput(job=job, node=req.node, reason=req.reason))
     return json_response({**_status(host, job), "offset": offset})
 
 
