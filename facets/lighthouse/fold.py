@@ -257,6 +257,24 @@ class Lighthouse:
         when = self.now if now is None else now
         return quorum_compute(when, self.requests, self.beats, self.last, self.settings, self.lost)
 
+    def awaited(self, now: int, asking: frozenset[str] | set[str] = frozenset()) -> list[str]:
+        """The members of the last quorum that a fast quorum still waits for at ``now``: those
+        heartbeating within the timeout, not reported lost, and not asking yet (neither a
+        pending request here nor one of ``asking``). Empty: no fast quorum is to come, or
+        every member of it has asked."""
+        settings, last = self.settings, self.last
+        if settings is None or last is None:
+            return []
+        timeout = settings.heartbeat_timeout_ms * _MS
+        return [
+            r
+            for r in last.replica_ids
+            if r not in self.requests
+            and r not in asking
+            and r not in self.lost
+            and now - self.beats.get(r, now - timeout) < timeout
+        ]
+
     def lost_at(self, replica_id: str) -> int | None:
         """The offset that lost this incarnation, or None."""
         entry = self.lost.get(replica_id)

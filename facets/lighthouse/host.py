@@ -3,9 +3,10 @@ a coordinator (``service.py`` serves them over gRPC, ``routes.py`` over HTTP).
 
 - **A quorum call** (:meth:`LighthouseHost.quorum`) appends the member's request and waits
   until a quorum decided by the fold names that request (``fold.quorum_compute``); the answer
-  is sent once the records that decided it are durable. A call that ends unanswered (its
-  deadline, a cancel) is withdrawn in the log, so no later quorum counts on a caller that no
-  longer waits.
+  is sent once the records that decided it are durable. The requests of a fast quorum's members
+  share one append (one fsync per quorum): a request waits for the other members of the last
+  quorum, briefly (:meth:`LighthouseHost._gather`). A call that ends unanswered (its deadline, a
+  cancel) is withdrawn in the log, so no later quorum counts on a caller that no longer waits.
 - **Heartbeats** (:meth:`LighthouseHost.heartbeat`) wait for one shared record per flush
   interval, like the agents' (``coordinator/fold/heartbeats.py``): the log grows by one record
   per interval whatever the number of replica groups, and each beat is answered once that
@@ -26,13 +27,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 import weakref
 from typing import Any
 
 import msgspec
 
 from ...coordinator.host.facets import FacetHost
-from ...coordinator.host.inputs import Appended, Existing, HostUnavailable, Refusal
+from ...coordinator.host.inputs import Appended, Existing, HostUnavailable, Outcome, Refusal
 from ...coordinator.host.loop import Host
 from ...coordinator.host.ready import HostState, Ready
 from ...eventlog import NewRecord
@@ -61,6 +63,9 @@ RETRY_S = 0.05
 LEAD_CHECK_S = 0.25
 #: The flush interval of the shared heartbeat record, at most this share of the timeout.
 FLUSH_SHARE = 0.1
+#: How long, at most, a quorum request waits on the leader for the other members of the last
+#: quorum before it is appended without them (see :meth:`LighthouseHost._gather`).
+GATHER_S = 0.005
 
 
 class LighthouseRefused(Exception):
@@ -169,6 +174,9 @@ class LighthouseHost:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._configuring = asyncio.Lock()
         self._http: Any = None
+        #: quorum requests waiting to share one append (``_gather``), with their callers
+        self._gathered: list[tuple[NewRecord, asyncio.Future[Outcome]]] = []
+        self._gather_due: asyncio.TimerHandle | None = None
         host.listeners.append(self._heard)
 
     @property
@@ -184,6 +192,12 @@ class LighthouseHost:
             self.host.listeners.remove(self._heard)
         if self._flush is not None:
             self._flush.cancel()
+        if self._gather_due is not None:
+            self._gather_due.cancel()
+        gathered, self._gathered = self._gathered, []
+        for _, asked in gathered:
+            if not asked.done():
+                asked.set_exception(LighthouseUnavailable("the coordinator is shutting down"))
         for futures in self._beats.values():
             for f in futures:
                 if not f.done():
@@ -225,10 +239,9 @@ class LighthouseHost:
         waiter = _Waiter(rid)
         self._waiters.setdefault(rid, []).append(waiter)
         loop = asyncio.get_running_loop()
+        asked = self._gather(member)
         try:
-            outcome = await self.host.submit(
-                NewRecord(kind=REQUEST, group=None, payload=msgspec.to_builtins(member))
-            )
+            outcome = await asked
             if isinstance(outcome, Refusal):
                 raise LighthouseRefused(outcome.code, outcome.detail)
             assert isinstance(outcome, Appended)
@@ -246,6 +259,7 @@ class LighthouseHost:
         except (TimeoutError, asyncio.CancelledError):
             if waiter.offset is not None and not waiter.future.done():
                 self._withdraw(rid, waiter.offset)
+            self._gathered = [(r, f) for r, f in self._gathered if f is not asked]
             raise
         finally:
             waiters = self._waiters.get(rid, [])
@@ -253,6 +267,64 @@ class LighthouseHost:
                 waiters.remove(waiter)
             if not waiters:
                 self._waiters.pop(rid, None)
+
+    def _gather(self, member: QuorumMember) -> asyncio.Future[Outcome]:
+        """Append ``member``'s request: the future of its outcome.
+
+        A fast quorum is decided at the request of the last of its members to ask, and not
+        before, so the requests of the members that ask first can wait for it without
+        delaying anyone's answer. They wait here, at most :data:`GATHER_S`, while a member of
+        the last quorum that still heartbeats has not asked (``Lighthouse.awaited``); the
+        request that completes the set is appended with them, in one batch: one fsync per
+        quorum instead of one per member. Nothing is decided from a request still waiting
+        here, and its caller is answered only from the log, as every caller is."""
+        loop = asyncio.get_running_loop()
+        asked: asyncio.Future[Outcome] = loop.create_future()
+        record = NewRecord(kind=REQUEST, group=None, payload=msgspec.to_builtins(member))
+        self._gathered.append((record, asked))
+        asking = {r.payload["replica_id"] for r, _ in self._gathered}
+        if self.fold.awaited(time.time_ns(), asking):
+            if self._gather_due is None:
+                self._gather_due = loop.call_later(GATHER_S, self._append_gathered)
+        else:
+            self._append_gathered()
+        return asked
+
+    def _append_gathered(self) -> None:
+        """Hand the gathered requests to the host, in one submission (one batch, one append);
+        each caller gets its own outcome."""
+        if self._gather_due is not None:
+            self._gather_due.cancel()
+            self._gather_due = None
+        gathered, self._gathered = self._gathered, []
+        gathered = [(r, f) for r, f in gathered if not f.done()]
+        if not gathered:
+            return
+        try:
+            outcomes = self.host.enqueue_many([r for r, _ in gathered], normalized=True)
+        except HostUnavailable as exc:
+            for _, asked in gathered:
+                asked.set_exception(exc)
+            return
+        outcomes.add_done_callback(lambda done: self._hand_out(gathered, done))
+
+    def _hand_out(
+        self,
+        gathered: list[tuple[NewRecord, asyncio.Future[Outcome]]],
+        done: asyncio.Future[list[Outcome]],
+    ) -> None:
+        failed = done.exception() if not done.cancelled() else asyncio.CancelledError()
+        for at, (record, asked) in enumerate(gathered):
+            if failed is not None:
+                if not asked.done():
+                    asked.set_exception(failed)
+                continue
+            outcome = done.result()[at]
+            if not asked.done():
+                asked.set_result(outcome)
+            elif isinstance(outcome, Appended):
+                # its caller went away while the request was on its way: it asks no more
+                self._withdraw(record.payload["replica_id"], outcome.offset)
 
     def _heard(self, effect: Any) -> None:
         if not isinstance(effect, QuorumDecided):
@@ -358,6 +430,9 @@ class LighthouseHost:
         """A launcher saw replica group ``replica`` die: its offset in the log. Only the leader
         appends it (a standby's caller is told ``not_leader``, as for every write)."""
         await self._configure()
+        # the requests gathered for a fast quorum that the lost group was part of: it will
+        # not ask, so they go first, in the same batch
+        self._append_gathered()
         outcome = await self.host.submit(
             NewRecord(kind=LOST, group=None, payload={"replica": replica, "reason": reason})
         )

@@ -166,6 +166,30 @@ def test_a_newcomer_asking_with_the_last_members_joins_the_fast_quorum() -> None
     assert members(q) == ["a", "b", "c"] and q.quorum_id == 2 and q.changed
 
 
+def test_a_fast_quorum_awaits_the_last_members_that_have_not_asked() -> None:
+    s = formed("a", "b", "c")
+    assert facet(s).awaited(s.now) == ["a", "b", "c"]
+    ask(s.at(1), "a", step=1)
+    assert facet(s).awaited(s.now) == ["b", "c"]
+    assert facet(s).awaited(s.now, {"b"}) == ["c"]  # b's request is on its way
+    assert facet(s).awaited(s.now, {"b", "c"}) == []
+
+
+def test_a_fast_quorum_awaits_no_member_that_is_silent_or_lost() -> None:
+    s = formed("train0:u1", "train1:u2", "train2:u3")
+    beat(s.at(4), "train0:u1", "train1:u2")  # train2's last beat: t=0
+    assert facet(s).awaited(s.at(4.9).now) == ["train0:u1", "train1:u2", "train2:u3"]
+    assert facet(s).awaited(s.at(5).now) == ["train0:u1", "train1:u2"]  # past 5000 ms
+    s.record("lighthouse_lost", None, None, {"replica": "train1", "reason": "exit code -9"})
+    assert facet(s).awaited(s.now) == ["train0:u1"]
+
+
+def test_before_any_quorum_nothing_is_awaited() -> None:
+    s = lighthouse().at(0)
+    beat(s, "a", "b")
+    assert facet(s).awaited(s.now) == []
+
+
 # -- heartbeat timeout -------------------------------------------------------------------------
 
 
