@@ -40,9 +40,7 @@ def member(replica: str, step: int) -> QuorumMember:
 
 
 async def ask_together(lighthouse: LighthouseHost, step: int, *replicas: str) -> list[Quorum]:
-    return list(
-        await asyncio.gather(*(lighthouse.quorum(member(r, step), 10.0) for r in replicas))
-    )
+    return list(await asyncio.gather(*(lighthouse.quorum(member(r, step), 10.0) for r in replicas)))
 
 
 async def formed(lighthouse: LighthouseHost, *replicas: str) -> list[Quorum]:
@@ -59,9 +57,7 @@ async def requests_in_log(lighthouse: LighthouseHost) -> list[tuple[int, int, st
     """(offset, ts, replica id) of every quorum request the log holds."""
     records = await lighthouse.host.log.read(after=0, limit=1000)
     return [
-        (r.offset, r.ts, r.payload["replica_id"])
-        for r in records
-        if r.kind == "lighthouse_request"
+        (r.offset, r.ts, r.payload["replica_id"]) for r in records if r.kind == "lighthouse_request"
     ]
 
 
