@@ -4,10 +4,11 @@
 - **torchft quorum latency**: two replica groups, each a thread calling torchft's
   ``LighthouseClient.quorum`` at once, round after round with the same members (a fast quorum:
   every member of the last quorum is back); a round is timed from the release of the threads
-  to the last answer. foldplane appends each request to its SQLite log (durable, fsynced)
-  before the fold decides, so its floor is the lighthouse's time plus two durable appends; the
-  row's target is that floor plus 1 ms, with the fsync cost measured in the same run (``fsync
-  floor``: one ``Log.append`` of one record).
+  to the last answer. foldplane answers a quorum only once the requests that decided it are
+  durable in its SQLite log (fsynced); the requests of a fast quorum's members share one append,
+  so its floor is the lighthouse's time plus one durable append. The row's target allows two
+  appends plus 1 ms, with the fsync cost measured in the same run (``fsync floor``: one
+  ``Log.append`` of one record).
 - **torchft recovery kill 1 of 2 replica groups**: two replica groups of one process each,
   torchft's ``Manager`` over torch's native gloo group (``enable_reconfigure``), each step a
   quorum, an allreduce and a commit; the second one is SIGKILLed. Measured: from the kill to

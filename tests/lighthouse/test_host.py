@@ -62,11 +62,16 @@ async def requests_in_log(lighthouse: LighthouseHost) -> list[tuple[int, int, st
 
 
 async def in_the_log_by(lighthouse: LighthouseHost, replica: str, bound_s: float) -> bool:
-    """Whether ``replica``'s request reaches the fold within ``bound_s`` (checked as each
-    batch of the host is carried out)."""
+    """Whether ``replica``'s request reaches the fold within ``bound_s``."""
+    return await by(lighthouse, lambda: replica in lighthouse.fold.requests, bound_s)
+
+
+async def by(lighthouse: LighthouseHost, done: Callable[[], bool], bound_s: float) -> bool:
+    """Whether ``done()`` holds within ``bound_s`` (checked as each batch of the host is
+    carried out)."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + bound_s
-    while replica not in lighthouse.fold.requests:
+    while not done():
         if loop.time() >= deadline:
             return False
         await barrier(lighthouse)
@@ -175,3 +180,24 @@ async def test_a_caller_that_goes_away_while_its_request_waits_leaves_nothing(
     await barrier(lighthouse)
     assert await requests_in_log(lighthouse) == before
     assert "a" not in lighthouse.fold.requests
+
+
+async def test_a_caller_that_goes_away_while_its_request_is_appended_withdraws_it(
+    lighthouse: LighthouseHost, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await formed(lighthouse, "a", "b")
+    monkeypatch.setattr(lighthouse_host, "GATHER_S", 3600.0)
+    a = spawn(lighthouse.quorum(member("a", 1), 10.0))
+    await started(a, lambda: bool(lighthouse._gathered))
+    lighthouse._append_gathered()  # on its way to the log
+    a.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await a
+    withdrawn = await by(
+        lighthouse, lambda: lighthouse.host.metrics.appends["lighthouse_withdrawn"] == 1, 10.0
+    )
+    assert withdrawn and "a" not in lighthouse.fold.requests
+    records = await lighthouse.host.log.read(after=0, limit=1000)
+    [request] = [r for r in records if r.kind == "lighthouse_request"][-1:]
+    [gone] = [r for r in records if r.kind == "lighthouse_withdrawn"]
+    assert gone.payload == {"replica_id": "a", "request": request.offset}
