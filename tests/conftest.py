@@ -95,6 +95,7 @@ HEAVY = (
     "tests/agent/test_torchrun.py",
     "tests/agent/test_launch_torchrun.py::test_an_unchanged_gloo_script_runs_on_the_launchers_master_addr_and_port",
     "tests/dataplane/test_processes.py",
+    "tests/dataplane/test_gloo_reconfigure_processes.py",
     "tests/dataplane/test_torch_callers.py",
     "tests/sim/test_sim.py::test_seeds",
     "tests/sim/test_sim.py::test_more_seeds",

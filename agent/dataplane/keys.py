@@ -17,6 +17,9 @@ serves several groups from one store hands each group its own prefix).
   ``shrink:<next>`` (the members of view ``next``, a subset, shrink it into theirs).
 - ``view/<version>/``: the prefix under which the backend of view ``version`` rendezvouses
   (``view/<version>/cuda/`` its NCCL communicator, when it is built fresh).
+- ``gloo-handle/<version>/<rank>``: ``rank``'s reconfigure handle of its gloo backend for view
+  ``version``, when views reconfigure one backend (:mod:`agent.dataplane.persistent`); that
+  backend rendezvouses under ``gloo/reconfigure/<uuid>/`` (gloo's own layout).
 - ``subgroup/<version>/<name>/``: the prefix under which torch's subgroup ``name`` (from
   ``dist.new_group``) rendezvouses, made while view ``version`` was installed.
 - ``reconfigure/<version>/``: the prefix under which the members of a reconfigure that view
@@ -63,3 +66,7 @@ def subgroup_prefix(version: int, name: str) -> str:
 
 def reconfigure_prefix(version: int) -> str:
     return f"reconfigure/{version}/"
+
+
+def gloo_handle(version: int, rank: int) -> str:
+    return f"gloo-handle/{version}/{rank}"

@@ -42,6 +42,8 @@ from .errors import DataPlaneError
 from .group import ElasticProcessGroup
 from .hint import HintPool
 from .liveness import Heartbeat
+from .persistent import SUPPORTED as GLOO_RECONFIGURE_SUPPORTED
+from .persistent import PersistentGloo
 from .poison import PoisonNotice
 from .view import ViewGroup
 
@@ -73,6 +75,8 @@ class _StoreSession:
     heartbeat: Heartbeat
     rendezvous_idle: list[Store] = field(default_factory=list)
     watcher: threading.Thread | None = None
+    #: the gloo backend that each view reconfigures (``gloo_reconfigure``), else None
+    gloo: PersistentGloo | None = None
 
 
 class DataPlane:
@@ -108,6 +112,7 @@ class DataPlane:
         eager_cuda: bool = True,
         nccl_shrink: bool | None = None,
         abort_grace_s: float | None = None,
+        gloo_reconfigure: bool | None = None,
     ) -> None:
         if not isinstance(world_size, int) or world_size < 1:
             raise ValueError(f"world_size must be a positive int, got {world_size!r}")
@@ -158,6 +163,19 @@ class DataPlane:
             if abort_grace_s is None
             else float(abort_grace_s)
         )
+        if gloo_reconfigure is None:  # FOLDPLANE_GLOO_RECONFIGURE=1 turns it on
+            gloo_reconfigure = (
+                os.environ.get("FOLDPLANE_GLOO_RECONFIGURE", "0") == "1"
+                and GLOO_RECONFIGURE_SUPPORTED
+            )
+        elif gloo_reconfigure and not GLOO_RECONFIGURE_SUPPORTED:
+            raise ValueError(
+                f"gloo_reconfigure needs torch's reconfigure API (torch >= 2.14), not torch "
+                f"{torch.__version__}"
+            )
+        #: every view reconfigures one gloo backend (agent.dataplane.persistent) instead of
+        #: building a fresh one
+        self.gloo_reconfigure = bool(gloo_reconfigure)
         self.cuda_watch = CudaWatch(
             self.closed, self.liveness_period_s * self.liveness_window_periods
         )
@@ -225,6 +243,8 @@ class DataPlane:
             except RuntimeError as e:
                 log.warning("rank %d: cannot register view %d: %s", self.rank, view.version, e)
         old.heartbeat.stop(wait=False)  # the old store may be gone: never wait on it
+        if old.gloo is not None:  # its bootstrap store is the old one
+            old.gloo.close()
         if view is not None and view.active:
             # free the old watcher if the old store still answers (if not, its wait fails)
             with contextlib.suppress(RuntimeError):
@@ -350,6 +370,8 @@ class DataPlane:
             view.retire(wake=True)
         session = self._session
         session.heartbeat.stop()
+        if session.gloo is not None:
+            session.gloo.close()
         if session.watcher is not None:
             session.watcher.join(timeout=2.0)
         busy = [v for v in views if v.busy]
@@ -427,6 +449,11 @@ class DataPlane:
     def control_store(self) -> Store:
         return self._session.control
 
+    @property
+    def persistent_gloo(self) -> PersistentGloo | None:
+        """The gloo backend views reconfigure (``gloo_reconfigure``), else None: fresh ones."""
+        return self._session.gloo
+
     @contextmanager
     def rendezvous_store(self) -> Iterator[Store]:
         """A store client for one backend's rendezvous, not shared with a rendezvous in progress.
@@ -476,7 +503,19 @@ class DataPlane:
             raise DataPlaneError(
                 f"rank {self.rank}: cannot register at the rendezvous store {host}:{port}: {e}"
             ) from e
-        return _StoreSession(host, port, control, watch, heartbeat, [rendezvous])
+        session = _StoreSession(host, port, control, watch, heartbeat, [rendezvous])
+        if self.gloo_reconfigure:
+            try:  # the backend's bootstrap store: a client of its own, kept for its life
+                bootstrap = self.connect_store(host, port)
+            except RuntimeError as e:
+                heartbeat.stop(wait=False)
+                raise DataPlaneError(
+                    f"rank {self.rank}: cannot reach the rendezvous store at {host}:{port}: {e}"
+                ) from e
+            session.gloo = PersistentGloo(
+                self.rank, self.world_size, self.kind, bootstrap, self.backend_timeout_s
+            )
+        return session
 
     def _start_watcher(self, session: _StoreSession) -> None:
         session.watcher = threading.Thread(

@@ -42,6 +42,7 @@ from .backend import (
     end_gloo_operations,
 )
 from .liveness import find_dead
+from .persistent import PersistentGloo
 from .poison import PoisonNotice
 
 log = logging.getLogger(__name__)
@@ -68,6 +69,9 @@ class ViewContext(Protocol):
 
     @property
     def backend_timeout_s(self) -> float: ...
+
+    @property
+    def persistent_gloo(self) -> PersistentGloo | None: ...
 
     def control_store(self) -> Store: ...
 
@@ -138,6 +142,8 @@ class ViewGroup:
         self._issued = 0  # operations started in the backend
         self._completed = 0  # ... and ended successfully
         self._orphan: object | None = None  # a retired backend, released once it is idle
+        #: who lent this view its gloo backend (views reconfigure one backend), else None
+        self._lender: PersistentGloo | None = None
         self._retired_watch = False  # a thread waits on ``poisoned/<v>`` for the ops left here
 
     # -- queries ------------------------------------------------------------------------------
@@ -183,14 +189,18 @@ class ViewGroup:
                 self._cuda_state = "building"
         try:
             ctx.control_store().set(keys.member(self.version, ctx.rank), ctx.incarnation)
+            lender = self._lender = ctx.persistent_gloo
             with ctx.rendezvous_store() as store:
-                backend = ctx.kind.create_for(  # gloo, for CPU tensors (NCCL comes after)
-                    "cpu",
-                    PrefixStore(keys.rendezvous_prefix(self.version), store),
-                    self.index(ctx.rank),
-                    len(self.members),
-                    ctx.backend_timeout_s,
-                )
+                if lender is not None:  # the one gloo backend, reconfigured for this view
+                    backend = lender.build(store, self.version, self.members, ctx.backend_timeout_s)
+                else:
+                    backend = ctx.kind.create_for(  # gloo, for CPU tensors (NCCL comes after)
+                        "cpu",
+                        PrefixStore(keys.rendezvous_prefix(self.version), store),
+                        self.index(ctx.rank),
+                        len(self.members),
+                        ctx.backend_timeout_s,
+                    )
         except RuntimeError as e:
             with self._cond:
                 superseded = self._retired
@@ -204,7 +214,7 @@ class ViewGroup:
                 self._cond.notify_all()
             failed = self._failure is not None
         if not keep:
-            ctx.kind.abandon(backend)
+            self._release_gloo(backend)
             return
         if cuda and not self._build_cuda():
             return
@@ -487,7 +497,7 @@ class ViewGroup:
                     cuda, self._cuda = self._cuda, None
                 self._cond.notify_all()
         if orphan is not None:
-            self._ctx.kind.abandon(orphan)
+            self._release_gloo(orphan)
         if cuda is not None:
             self._ctx.kind.abandon(cuda)
 
@@ -666,8 +676,14 @@ class ViewGroup:
             self._retired = True
             parent, self._parent = self._parent, None  # never built: the parent goes as usual
             backend, self._backend = self._backend, None  # the reaper must hold the last reference
+            ending = None
             if backend is not None and self._inflight > 0:
                 self._orphan, backend = backend, None  # released by the last op_ended()
+                if self._lender is not None and self._failure is not None and not wake:
+                    # a lent backend of a failed view: its operations end now, so the next
+                    # view reconfigures it instead of building another (nobody uses this view)
+                    ending = self._orphan
+                    self._lender.returning(ending)
             cuda = connecting = None
             self._cuda_reserved = (
                 self._ctx.nccl_shrink
@@ -699,11 +715,26 @@ class ViewGroup:
                 )
         if parent is not None:
             parent.release_cuda()
-        self._ctx.kind.abandon(backend)
+        if ending is not None:
+            threading.Thread(
+                target=end_gloo_operations,
+                args=(ending, self.index(self._ctx.rank), len(self.members)),
+                name=f"dataplane-end-v{self.version}",
+                daemon=True,
+            ).start()
+        self._release_gloo(backend)
         for nccl in (cuda, connecting):
             self._ctx.kind.abandon(nccl)  # aborted (again: idempotent) and kept, never destroyed
         for work in pending:
             work.wake()
+
+    def _release_gloo(self, backend: object | None) -> None:
+        """Let the view's gloo backend go: back to its lender (views reconfigure one backend),
+        else released (:meth:`BackendKind.abandon`)."""
+        if self._lender is not None:
+            self._lender.give_back(backend)
+        else:
+            self._ctx.kind.abandon(backend)
 
     # -- operations left on a view this rank moved on from ------------------------------------
 

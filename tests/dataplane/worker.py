@@ -60,6 +60,12 @@ def serve(
         "install": lambda _pg, _conn, *a: dp.install_view(*a),
         "op": lambda pg, conn, *a: run_op(pg, rank, world_size, *a),
         "inject": lambda _pg, _conn, *a: dp.inject_link_failure(*a),
+        # (backends built, reconfigures done) of the gloo backend views reconfigure, or None
+        "gloo": lambda _pg, _conn: (
+            None
+            if dp.persistent_gloo is None
+            else (dp.persistent_gloo.built, dp.persistent_gloo.reconfigured)
+        ),
         **(commands or {}),
     }
     conn.send({"pid": os.getpid(), "incarnation": incarnation})

@@ -1,0 +1,97 @@
+"""Views that reconfigure one gloo backend (``gloo_reconfigure``, torch >= 2.14) inside one
+process: two data planes of one group, a real TCPStore, real gloo; the cases across processes
+with real SIGKILLs are in ``test_gloo_reconfigure_processes.py``."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from foldplane.agent.dataplane import DataPlaneError
+from foldplane.agent.dataplane.persistent import SUPPORTED, view_uuid
+
+pytestmark = pytest.mark.skipif(
+    not SUPPORTED, reason=f"gloo is reconfigurable from torch 2.14 (this is {torch.__version__})"
+)
+
+
+def _both(planes, version: int, members: list[int]) -> None:
+    for dp in planes:  # every rank follows every view, as its agent installs them
+        dp.install_view(version, members)
+
+
+def test_every_view_reconfigures_the_same_gloo_backend(make_plane) -> None:
+    a = make_plane(rank=0, world_size=2, gloo_reconfigure=True)
+    b = make_plane(rank=1, world_size=2, gloo_reconfigure=True)
+    pa, pb = a.process_group(), b.process_group()
+    for version in (1, 2, 3):
+        _both((a, b), version, [0, 1])
+        ta, tb = torch.full((3,), 1.0), torch.full((3,), 2.0)
+        wa, wb = pa.all_reduce(ta, async_op=True), pb.all_reduce(tb, async_op=True)
+        assert wa.wait() and wb.wait()
+        assert ta.tolist() == tb.tolist() == [3.0] * 3
+    for dp in (a, b):
+        gloo = dp.persistent_gloo
+        assert gloo is not None and (gloo.built, gloo.reconfigured) == (1, 3)
+    assert a.current_view()._backend is a.persistent_gloo._lent  # lent to the installed view
+
+
+def test_a_failed_view_gives_its_backend_back_and_the_next_view_reconfigures_it(
+    make_plane,
+) -> None:
+    a = make_plane(rank=0, world_size=2, gloo_reconfigure=True)
+    b = make_plane(rank=1, world_size=2, gloo_reconfigure=True)
+    pa, pb = a.process_group(), b.process_group()
+    _both((a, b), 1, [0, 1])
+    first = pa.barrier(async_op=True)
+    assert pb.barrier().wait() and first.wait()
+    # rank 0 alone enters an all_reduce; its link to rank 1 breaks: the op is still in gloo
+    stuck = pa.all_reduce(torch.ones(2), async_op=True)
+    a.inject_link_failure(1)
+    assert stuck.wait() is False
+    _both((a, b), 2, [0, 1])  # the failed view's operation is ended, its backend comes back
+    ta, tb = torch.full((2,), 1.0), torch.full((2,), 5.0)
+    wa, wb = pa.all_reduce(ta, async_op=True), pb.all_reduce(tb, async_op=True)
+    assert wa.wait() and wb.wait() and ta.tolist() == [6.0, 6.0]
+    assert (a.persistent_gloo.built, a.persistent_gloo.reconfigured) == (1, 2)
+
+
+def test_a_view_of_fewer_ranks_renumbers_them_in_the_same_backend(make_plane) -> None:
+    planes = [make_plane(rank=r, world_size=3, gloo_reconfigure=True) for r in range(3)]
+    _both(planes, 1, [0, 1, 2])
+    _both(planes, 2, [0, 2])  # rank 2 is in-view rank 1 now
+    t0, t2 = torch.full((1,), 1.0), torch.full((1,), 2.0)
+    w0 = planes[0].process_group().broadcast(t0, src=2, async_op=True)
+    w2 = planes[2].process_group().broadcast(t2, src=2, async_op=True)
+    assert w0.wait() and w2.wait() and t0.tolist() == [2.0]
+    assert planes[2].persistent_gloo._lent.rank() == 1
+    assert planes[2].persistent_gloo._lent.size() == 2
+
+
+def test_the_uuid_of_a_view_is_its_version_and_attempt() -> None:
+    assert view_uuid(1) == 256 and view_uuid(7, 3) == 7 * 256 + 3
+    with pytest.raises(ValueError, match="attempt must be in 0..255, got 256"):
+        view_uuid(1, 256)
+
+
+def test_the_setting_is_off_by_default_and_refused_on_a_torch_without_it(
+    make_plane, monkeypatch
+) -> None:
+    monkeypatch.delenv("FOLDPLANE_GLOO_RECONFIGURE", raising=False)
+    assert make_plane(rank=0, world_size=1).persistent_gloo is None
+    monkeypatch.setenv("FOLDPLANE_GLOO_RECONFIGURE", "1")
+    assert make_plane(rank=0, world_size=1).persistent_gloo is not None
+    monkeypatch.setattr("foldplane.agent.dataplane.plane.GLOO_RECONFIGURE_SUPPORTED", False)
+    with pytest.raises(ValueError, match=r"needs torch's reconfigure API \(torch >= 2.14\)"):
+        make_plane(rank=0, world_size=1, gloo_reconfigure=True)
+
+
+def test_a_closed_plane_releases_its_backend(make_plane) -> None:
+    dp = make_plane(rank=0, world_size=1, gloo_reconfigure=True)
+    dp.install_view(1, [0])
+    assert dp.process_group().barrier().wait()
+    gloo = dp.persistent_gloo
+    dp.close()
+    assert gloo._idle is None and gloo._lent is None
+    with pytest.raises(DataPlaneError):
+        dp.process_group().barrier()
