@@ -56,7 +56,7 @@ def test_kill_one_of_four_the_survivors_reconfigure_their_backend_then_a_replace
     v = cluster.commit(survivors)
     recovered = cluster.op(survivors, "all_reduce")
     for rank, res in recovered.items():
-        assert res["ok"] and res["out"] == total(survivors) and res["version"] == v, res
+        assert res["ok"] and res["out"] == total(survivors) and res["version"] == v, (rank, res)
     got = cluster.op(survivors, "broadcast", src=3)
     assert all(r["ok"] and r["out"] == [3.0] * 4 for r in got.values()), got
     for r in survivors:
@@ -68,6 +68,6 @@ def test_kill_one_of_four_the_survivors_reconfigure_their_backend_then_a_replace
     v = cluster.commit(everyone)
     rejoined = cluster.op(everyone, "all_reduce")
     for rank, res in rejoined.items():
-        assert res["ok"] and res["out"] == total(everyone) and res["version"] == v, res
+        assert res["ok"] and res["out"] == total(everyone) and res["version"] == v, (rank, res)
     assert cluster.call(2, "gloo") == (1, 1)
     assert all(cluster.call(r, "gloo")[0] == 1 for r in survivors)
