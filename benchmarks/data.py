@@ -434,7 +434,7 @@ def _plan_bytes(n: int, dataset_size: int, grain: int = 1) -> dict[str, Any]:
     from ..eventlog.projection import encode_projection
     from ..eventlog.record import Record
     from ..facets.epochs.effects import AssignmentChanged
-    from ..facets.epochs.fold import complete_plan
+    from ..facets.epochs.inputs import complete_plan
 
     s = 1_000_000_000
     t0 = 1_764_000_000 * s

@@ -101,7 +101,7 @@ from ..coordinator.host.polls import resync_answer
 from ..coordinator.host.ready import HostState, publish
 from ..coordinator.host.snapshots import decode_snapshot, encode_snapshot
 from ..eventlog.record import NewRecord, Record
-from ..facets.epochs.fold import complete_plan
+from ..facets.epochs.inputs import complete_plan
 from ..wire.data import ReadCursor, apply_moves
 from ..wire.updates import (
     DataAssignmentUpdate,

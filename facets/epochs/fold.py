@@ -66,8 +66,6 @@ from ...wire.codes import (
     UNKNOWN_EPOCH,
     UNKNOWN_GROUP,
 )
-from ...wire.inputs import MAX_ID_LEN
-from ...wire.protocol import MAX_DATASET
 from .effects import (
     AssignmentChanged,
     EpochCompleted,
@@ -75,6 +73,14 @@ from .effects import (
     Move,
     PartSent,
     RankRange,
+)
+from .inputs import (
+    EpochPlan,
+    EpochsInput,
+    ProgressInput,
+    decode,
+    plan_problem,
+    progress_problem,
 )
 from .partition import (
     Segment,
@@ -86,121 +92,11 @@ from .partition import (
     split_at,
 )
 
-SPLITS = ("equal", "ratios", "throughput")
-#: The plan's fields and their defaults where the request leaves them out (``reclaim``'s
-#: default depends on ``split``: on for a throughput split, off otherwise).
-PLAN_DEFAULTS: dict[str, Any] = {
-    "seed": 0,
-    "shuffle": True,
-    "split": "equal",
-    "partition_ratios": None,
-    "grain": 1,
-    "lookahead": 1024,
+#: The transition table: each input (``inputs.py``), the rule that steps it and what it moves.
+TRANSITIONS: dict[type[EpochsInput], str] = {
+    EpochPlan: "_plan",  # a new epoch: the active ranks' first parts
+    ProgressInput: "_progress",  # the rank's cursor (dry: it may reclaim; the last: complete)
 }
-_PLAN_FIELDS = frozenset({"epoch", "dataset_size", "reclaim", *PLAN_DEFAULTS})
-
-
-class EpochPlan(msgspec.Struct, frozen=True, kw_only=True):
-    """One epoch's plan, as the ``epoch_plan`` record carries it (every field explicit)."""
-
-    epoch: int
-    dataset_size: int
-    seed: int
-    shuffle: bool
-    split: str
-    partition_ratios: tuple[float, ...] | None
-    grain: int
-    lookahead: int
-    reclaim: bool
-
-
-def complete_plan(request: dict[str, Any]) -> dict[str, Any]:
-    """A plan request with the defaults filled in: the payload the ``epoch_plan`` record
-    carries, so the log says exactly what was decided."""
-    out = {**PLAN_DEFAULTS, **request}
-    out.setdefault("reclaim", out.get("split") == "throughput")
-    return out
-
-
-def plan_problem(payload: dict[str, Any], world_size: int) -> str | None:
-    """Why an ``epoch_plan`` payload is malformed (naming the field), or None."""
-    unknown = sorted(set(payload) - _PLAN_FIELDS)
-    if unknown:
-        return f"unknown field(s) {unknown}; a plan has {sorted(_PLAN_FIELDS)}"
-    missing = sorted(_PLAN_FIELDS - set(payload))
-    if missing:
-        return f"missing field(s) {missing}"
-
-    def integer(name: str, low: int, high: int) -> str | None:
-        value = payload[name]
-        if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
-            return f"{name} must be an integer in {low}..{high}, got {value!r}"
-        return None
-
-    err = (
-        integer("epoch", 0, MAX_DATASET)
-        or integer("dataset_size", 1, MAX_DATASET)
-        or integer("seed", 0, 2**63 - 1)
-        or integer("grain", 1, MAX_DATASET)
-        or integer("lookahead", 0, MAX_DATASET)
-    )
-    if err is not None:
-        return err
-    for name in ("shuffle", "reclaim"):
-        if not isinstance(payload[name], bool):
-            return f"{name} must be true or false, got {payload[name]!r}"
-    split = payload["split"]
-    if split not in SPLITS:
-        return f"split must be one of {list(SPLITS)}, got {split!r}"
-    if payload["grain"] > payload["dataset_size"]:
-        return (
-            f"grain {payload['grain']} is larger than the dataset ({payload['dataset_size']} "
-            "positions)"
-        )
-    ratios = payload["partition_ratios"]
-    if split != "ratios":
-        if ratios is not None:
-            return f"partition_ratios is for split 'ratios', not {split!r}"
-        return None
-    if not isinstance(ratios, list) or len(ratios) != world_size:
-        got = len(ratios) if isinstance(ratios, list) else repr(ratios)
-        return f"partition_ratios must list one ratio per rank ({world_size}), got {got}"
-    for rank, r in enumerate(ratios):
-        if (
-            not isinstance(r, int | float)
-            or isinstance(r, bool)
-            or not math.isfinite(r)
-            or not 0 <= r <= 1e9
-        ):
-            return f"partition_ratios[{rank}] must be a number in 0..1e9, got {r!r}"
-    return None
-
-
-def progress_problem(payload: dict[str, Any]) -> str | None:
-    """Why a ``progress`` payload is malformed (naming the field), or None."""
-    inc = payload.get("incarnation")
-    if not isinstance(inc, str) or not inc or len(inc) > MAX_ID_LEN:
-        return f"incarnation must be a non-empty string of at most {MAX_ID_LEN} characters"
-    for name, low in (("epoch", 0), ("assignment", 1), ("processed", 0)):
-        value = payload.get(name)
-        if (
-            not isinstance(value, int)
-            or isinstance(value, bool)
-            or not low <= value <= MAX_DATASET * 4
-        ):
-            return f"{name} must be an integer >= {low}, got {value!r}"
-    rate = payload.get("rate")
-    if rate is not None and (
-        not isinstance(rate, int | float)
-        or isinstance(rate, bool)
-        or not math.isfinite(rate)
-        or not 0 <= rate <= 1e12
-    ):
-        return f"rate must be a number of positions a second in 0..1e12, got {rate!r}"
-    unknown = sorted(set(payload) - {"incarnation", "epoch", "assignment", "processed", "rate"})
-    if unknown:
-        return f"unknown field(s) {unknown}"
-    return None
 
 
 # -- state -------------------------------------------------------------------------------------
@@ -444,6 +340,8 @@ class Epochs:
             return INVALID_EVENT, f"an epoch plan is the group's, not rank {rank}'s"
         if (err := plan_problem(payload, g.config.world_size)) is not None:
             return INVALID_EVENT, f"epoch_plan: {err}"
+        plan = decode("epoch_plan", payload)
+        assert isinstance(plan, EpochPlan)
         if g.formation == FAILED:
             return GROUP_FAILED, f"group {g.name!r} failed to form: {g.formation_error}"
         if g.shutdown is not None:
@@ -453,15 +351,15 @@ class Epochs:
                 f"group {g.name!r} has no committed view yet: an epoch is planned over the "
                 "active ranks of one"
             )
-        number = payload["epoch"]
+        number = plan.epoch
         e = self.epoch(g.name)
         if e is not None:
             if number == e.number:
-                if _plan_of(payload) == e.plan:
+                if plan == e.plan:
                     return EPOCH_CONFLICT, f"epoch {number} is already planned (offset {e.offset})"
                 return EPOCH_CONFLICT, (
                     f"epoch {number} is already planned (offset {e.offset}) with another plan: "
-                    f"{_plan_diff(e.plan, _plan_of(payload))}"
+                    f"{_plan_diff(e.plan, plan)}"
                 )
             if number < e.number:
                 return EPOCH_CONFLICT, (
@@ -469,8 +367,9 @@ class Epochs:
                 )
             if e.completed is None:
                 return EPOCH_CONFLICT, f"epoch {e.number} is still open: {_left_text(e)}"
-        if payload["split"] == "ratios" and not any(
-            payload["partition_ratios"][r] > 0 for r in g.view.active_ranks
+        if plan.split == "ratios" and not any(
+            plan.partition_ratios[r] > 0  # type: ignore[index]
+            for r in g.view.active_ranks
         ):
             return INVALID_EVENT, (
                 "epoch_plan: partition_ratios gives no active rank of version "
@@ -486,12 +385,12 @@ class Epochs:
         it holds. A report equal to the last accepted one is accepted and changes nothing."""
         if (err := progress_problem(payload)) is not None:
             return INVALID_EVENT, f"progress: {err}"
-        if (
-            refused := online_rank_refusal(g, "progress", rank, payload.get("incarnation"))
-        ) is not None:
+        progress = decode("progress", payload)
+        assert isinstance(progress, ProgressInput)
+        if (refused := online_rank_refusal(g, "progress", rank, progress.incarnation)) is not None:
             return refused
         assert rank is not None
-        number = payload["epoch"]
+        number = progress.epoch
         e = self.epoch(g.name)
         if e is None:
             return UNKNOWN_EPOCH, f"group {g.name!r} has no epoch plan; progress is for one"
@@ -501,8 +400,8 @@ class Epochs:
                 f"{'complete' if e.completed is not None else 'open'})"
             )
         h = e.holdings.get(rank)
-        processed = payload["processed"]
-        assignment = payload["assignment"]
+        processed = progress.processed
+        assignment = progress.assignment
         if assignment > e.assignment:
             return INVALID_EVENT, (
                 f"progress: assignment {assignment} of epoch {number} does not exist (the "
@@ -551,22 +450,21 @@ class Epochs:
             return None
         if plan_problem(payload, g.config.world_size) is not None:
             return None
-        return e.offset if payload["epoch"] == e.number and _plan_of(payload) == e.plan else None
+        plan = decode(kind, payload)
+        return e.offset if plan == e.plan else None
 
     # -- steps ------------------------------------------------------------------------------
 
     def apply(self, fold: FoldContext, record: Record, effects: list[Effect]) -> None:
+        """Step an input: its Struct (``inputs.py``) picks the rule (:data:`TRANSITIONS`)."""
         g = fold.group_states[record.group]  # type: ignore[index]
-        if record.kind == "epoch_plan":
-            self._plan(g, record, effects)
-        else:
-            self._progress(fold, g, record, effects)
+        inp = decode(record.kind, record.payload)
+        getattr(self, TRANSITIONS[type(inp)])(g, inp, record, effects)
 
-    def _plan(self, g: GroupState, record: Record, effects: list[Effect]) -> None:
+    def _plan(self, g: GroupState, plan: EpochPlan, record: Record, effects: list[Effect]) -> None:
         """The first split: the active ranks of the committed view get contiguous ranges of
         the permutation, in rank order, sized by the plan's weights in whole grains."""
         assert g.view is not None
-        plan = _plan_of(record.payload)
         ge = self._groups.setdefault(g.name, GroupEpochs())
         e = Epoch(plan, record.offset, g.view.version)
         ge.current = e
@@ -592,24 +490,22 @@ class Epochs:
         )
 
     def _progress(
-        self, fold: FoldContext, g: GroupState, record: Record, effects: list[Effect]
+        self, g: GroupState, progress: ProgressInput, record: Record, effects: list[Effect]
     ) -> None:
         """The rank's cursor moves; a rank that ran dry may reclaim; the last report of the
         epoch completes it."""
         rank = record.rank
         assert rank is not None
-        payload = record.payload
         ge = self._groups[g.name]
         e = ge.current
         assert e is not None
-        rate = payload.get("rate")
-        if rate is not None:
-            ge.rates[rank] = float(rate)
+        if progress.rate is not None:
+            ge.rates[rank] = float(progress.rate)
         h = e.holdings.get(rank)
-        if h is None or payload["processed"] == h.processed:
+        if h is None or progress.processed == h.processed:
             return
-        e.unprocessed -= payload["processed"] - h.processed
-        h.processed = payload["processed"]
+        e.unprocessed -= progress.processed - h.processed
+        h.processed = progress.processed
         if e.unprocessed == 0:
             self._complete(g, e, record, effects)
         elif h.remaining == 0 and e.plan.reclaim and g.view is not None and g.view.is_active(rank):
@@ -917,21 +813,6 @@ class Epochs:
 
     def restore(self, data: dict[str, Any]) -> None:
         self._groups = {name: GroupEpochs.from_dict(d) for name, d in data.items()}
-
-
-def _plan_of(payload: dict[str, Any]) -> EpochPlan:
-    ratios = payload["partition_ratios"]
-    return EpochPlan(
-        epoch=payload["epoch"],
-        dataset_size=payload["dataset_size"],
-        seed=payload["seed"],
-        shuffle=payload["shuffle"],
-        split=payload["split"],
-        partition_ratios=None if ratios is None else tuple(float(r) for r in ratios),
-        grain=payload["grain"],
-        lookahead=payload["lookahead"],
-        reclaim=payload["reclaim"],
-    )
 
 
 def _plan_diff(old: EpochPlan, new: EpochPlan) -> str:

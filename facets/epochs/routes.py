@@ -23,7 +23,7 @@ from ...coordinator.host.loop import Appended, Host, Refusal
 from ...eventlog import NewRecord
 from ...wire.codes import FORBIDDEN, UNKNOWN_EPOCH
 from ...wire.protocol import QUERY
-from .fold import complete_plan
+from .inputs import complete_plan
 from .models import EpochBody, EpochPlanRequest
 
 # each route names its tag: the console reads the decisions

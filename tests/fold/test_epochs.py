@@ -15,7 +15,7 @@ from foldplane.facets.epochs.effects import (
     EpochPlanned,
     PartSent,
 )
-from foldplane.facets.epochs.fold import complete_plan
+from foldplane.facets.epochs.inputs import complete_plan
 from foldplane.facets.epochs.partition import covers_exactly
 from tests.fold.script import Script, of, one
 

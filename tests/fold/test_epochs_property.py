@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 from foldplane.coordinator.fold.effects import Effect, Refused
 from foldplane.coordinator.host.ready import HostState, ReadyBuilder
 from foldplane.facets.epochs.effects import EpochCompleted
-from foldplane.facets.epochs.fold import complete_plan
+from foldplane.facets.epochs.inputs import complete_plan
 from foldplane.facets.epochs.partition import covers_exactly, split_at
 from foldplane.wire.data import apply_moves
 from foldplane.wire.updates import DataAssignmentUpdate, DataMovesUpdate, EpochPlanUpdate, Update

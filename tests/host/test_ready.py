@@ -111,7 +111,7 @@ def one_of(effects: list, cls: type):
 
 
 def test_a_view_change_sends_its_moves_once_and_a_resync_each_rank_its_whole_part() -> None:
-    from foldplane.facets.epochs.fold import complete_plan
+    from foldplane.facets.epochs.inputs import complete_plan
 
     script, effects = formed(world_size=4)
     builder = ReadyBuilder(HostState(), {})

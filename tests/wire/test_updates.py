@@ -32,7 +32,7 @@ from foldplane.facets.epochs.effects import (
     EpochPlanned,
     PartSent,
 )
-from foldplane.facets.epochs.fold import complete_plan
+from foldplane.facets.epochs.inputs import complete_plan
 from foldplane.facets.refits import updates as refit_updates
 from foldplane.facets.refits.effects import (
     RefitBootstrap,
