@@ -41,10 +41,10 @@ Every rule is a method below; iteration is in a fixed order, so a replay decides
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import msgspec
+from msgspec import UNSET
 
 from ...coordinator.fold.effects import Effect, RankState, View
 from ...coordinator.fold.facets import FoldContext, Refusal
@@ -73,47 +73,26 @@ from .effects import (
     RefitEpochChanged,
     TransferChanged,
 )
+from .inputs import (
+    _DIGEST,
+    _KEY,
+    MAX_BOOTSTRAP_BYTES,
+    RefitBootstrapInput,
+    RefitCreatedInput,
+    RefitJoinInput,
+    RefitRestartInput,
+    RefitsInput,
+    TransferInput,
+    TransferStatusInput,
+    decode,
+    spec_problem,
+)
 
 PUBLISHER, SUBSCRIBER = "publisher", "subscriber"
 WAITING, ADMITTED, TIMED_OUT = "waiting", "admitted", "timed_out"
 RUNNING, COMPLETED, FAILED = "running", "completed", "failed"
 
-#: The bounds of a refit's definition: a worker that never joins must not hold the others for
-#: a day, and a transfer deadline of years is a typo, not a plan. 8,192 slots a side keeps an
-#: admitted epoch's update (every slot's rank) well inside ``wire.protocol.MAX_UPDATE_BYTES``.
-MAX_SLOTS = 8192
-MAX_LANES = 64
-MAX_READINESS_S = 3600.0
-MAX_TRANSFER_S = 86_400.0
-#: The bootstrap's encoded size (a store address, an NCCL unique id: well under this).
-MAX_BOOTSTRAP_BYTES = 4096
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$")
-_DIGEST = re.compile(r"^[0-9a-f]{64}$")
-_KEY = re.compile(r"^[\x21-\x7e]{1,128}$")
-_SPEC_FIELDS = {
-    "refit": str,
-    "publisher": str,
-    "subscriber": str,
-    "publisher_slots": int,
-    "subscriber_slots": int,
-    "lanes": int,
-    "readiness_timeout_s": float,
-    "transfer_timeout_s": float,
-    "digest": str,
-}
-#: Defaults filled in where ``POST /refits`` leaves a field out (the record says them all).
-SPEC_DEFAULTS: dict[str, Any] = {
-    "lanes": 4,
-    "readiness_timeout_s": 60.0,
-    "transfer_timeout_s": 600.0,
-    "digest": None,
-}
 _S = 1_000_000_000
-
-
-def complete_spec(request: dict[str, Any]) -> dict[str, Any]:
-    """A refit request with the defaults filled in: the ``refit_created`` payload."""
-    return {**SPEC_DEFAULTS, **request}
 
 
 def transfer_key(payload: dict[str, Any]) -> tuple[Any, ...] | None:
@@ -122,48 +101,6 @@ def transfer_key(payload: dict[str, Any]) -> tuple[Any, ...] | None:
     ``batching.take_batch``): the second is decided against the state after the first."""
     refit, key = payload.get("refit"), payload.get("key")
     return ("transfer", refit, key) if isinstance(refit, str) and isinstance(key, str) else None
-
-
-def spec_problem(payload: dict[str, Any]) -> str | None:
-    """Why a ``refit_created`` payload is malformed (naming the field), or None."""
-    unknown = sorted(set(payload) - set(_SPEC_FIELDS))
-    if unknown:
-        return f"unknown field(s) {unknown}; a refit has {sorted(_SPEC_FIELDS)}"
-    missing = sorted(set(_SPEC_FIELDS) - set(payload))
-    if missing:
-        return f"missing field(s) {missing}"
-    for name in ("refit", "publisher", "subscriber"):
-        value = payload[name]
-        if not isinstance(value, str) or not _NAME.match(value):
-            return (
-                f"{name} must be 1-64 characters of letters, digits and _.:- (starting with a "
-                f"letter or digit), got {value!r}"
-            )
-    if payload["publisher"] == payload["subscriber"]:
-        return f"publisher and subscriber are the same group {payload['publisher']!r}"
-    for name, high in (
-        ("publisher_slots", MAX_SLOTS),
-        ("subscriber_slots", MAX_SLOTS),
-        ("lanes", MAX_LANES),
-    ):
-        value = payload[name]
-        if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= high:
-            return f"{name} must be an integer in 1..{high}, got {value!r}"
-    for name, high in (
-        ("readiness_timeout_s", MAX_READINESS_S),
-        ("transfer_timeout_s", MAX_TRANSFER_S),
-    ):
-        value = payload[name]
-        if (
-            not isinstance(value, int | float)
-            or isinstance(value, bool)
-            or not 0 < value <= high  # NaN compares false: refused too
-        ):
-            return f"{name} must be a number of seconds in (0, {high:g}], got {value!r}"
-    digest = payload["digest"]
-    if digest is not None and (not isinstance(digest, str) or not _DIGEST.match(digest)):
-        return f"digest must be 64 lowercase hex characters (sha256) or null, got {digest!r}"
-    return None
 
 
 def _slot_name(role: str, slot: int, group: str | None = None, rank: int | None = None) -> str:
@@ -375,6 +312,17 @@ class Refit:
         return r
 
 
+#: The transition table: each input (``inputs.py``), the rule that steps it and what it moves.
+TRANSITIONS: dict[type[RefitsInput], str] = {
+    RefitCreatedInput: "_on_created",  # a new refit: its first epoch, waiting for its slots
+    RefitRestartInput: "_on_restart",  # the running transfer fails; a new epoch
+    RefitJoinInput: "_join",  # a slot held (the last one: the epoch admitted)
+    RefitBootstrapInput: "_on_bootstrap",  # the epoch's rendezvous, to its members
+    TransferInput: "_transfer",  # a transfer starts (or retries)
+    TransferStatusInput: "_status",  # a member's outcome (failed: the transfer fails)
+}
+
+
 class Refits:
     """The refits facet (see the module docstring)."""
 
@@ -442,6 +390,21 @@ class Refits:
     # -- checks ------------------------------------------------------------------------------
 
     def refusal(
+        self, fold: FoldContext, kind: str, group: str | None, rank: int | None, payload: Any
+    ) -> Refusal | None:
+        """Why an input must not be applied (its checks, each with its code, in order), or
+        None; an input the checks pass still decodes into its Struct (``inputs.py``), or it is
+        refused naming the field of the wrong type."""
+        refused = self._checked_refusal(fold, kind, group, rank, payload)
+        if refused is not None:
+            return refused
+        try:
+            decode(kind, payload)
+        except msgspec.ValidationError as exc:
+            return INVALID_EVENT, f"{kind}: {exc}"
+        return None
+
+    def _checked_refusal(
         self, fold: FoldContext, kind: str, group: str | None, rank: int | None, payload: Any
     ) -> Refusal | None:
         if not isinstance(payload, dict):
@@ -776,25 +739,30 @@ class Refits:
     # -- steps -------------------------------------------------------------------------------
 
     def apply(self, fold: FoldContext, record: Record, effects: list[Effect]) -> None:
-        payload = record.payload
-        if record.kind == "refit_created":
-            r = self._refits[payload["refit"]] = Refit(dict(payload), record.offset)
-            effects.append(RefitCreated(refit=r.name, spec=r.spec, offset=record.offset))
-            self._new_epoch(fold, r, "the refit was created", record, effects)
-            return
-        r = self._refits[payload["refit"]]
-        if record.kind == "refit_restart":
-            reason = payload.get("reason") or "an operator restarted it"
-            self._fail_running(r, f"the refit was restarted ({reason})", record, effects)
-            self._new_epoch(fold, r, f"restarted by an operator: {reason}", record, effects)
-        elif record.kind == "refit_join":
-            self._join(fold, r, record, effects)
-        elif record.kind == "refit_bootstrap":
-            self._publish(r, payload["bootstrap"], record, effects)
-        elif record.kind == "transfer":
-            self._transfer(fold, r, record, effects)
-        else:
-            self._status(r, record, effects)
+        """Step an input: its Struct (``inputs.py``) picks the rule (:data:`TRANSITIONS`)."""
+        inp = decode(record.kind, record.payload)
+        getattr(self, TRANSITIONS[type(inp)])(fold, inp, record, effects)
+
+    def _on_created(
+        self, fold: FoldContext, created: RefitCreatedInput, record: Record, effects: list[Effect]
+    ) -> None:
+        # the definition is the record's payload as logged (every field explicit)
+        r = self._refits[created.refit] = Refit(dict(record.payload), record.offset)
+        effects.append(RefitCreated(refit=r.name, spec=r.spec, offset=record.offset))
+        self._new_epoch(fold, r, "the refit was created", record, effects)
+
+    def _on_restart(
+        self, fold: FoldContext, restart: RefitRestartInput, record: Record, effects: list[Effect]
+    ) -> None:
+        r = self._refits[restart.refit]
+        reason = restart.reason or "an operator restarted it"
+        self._fail_running(r, f"the refit was restarted ({reason})", record, effects)
+        self._new_epoch(fold, r, f"restarted by an operator: {reason}", record, effects)
+
+    def _on_bootstrap(
+        self, fold: FoldContext, boot: RefitBootstrapInput, record: Record, effects: list[Effect]
+    ) -> None:
+        self._publish(self._refits[boot.refit], boot.bootstrap, record, effects)
 
     def _new_epoch(
         self,
@@ -816,23 +784,25 @@ class Refits:
         r.deadline = fold.now + round(r.spec["readiness_timeout_s"] * _S)
         effects.append(r.epoch_effect(record.offset))
 
-    def _join(self, fold: FoldContext, r: Refit, record: Record, effects: list[Effect]) -> None:
+    def _join(
+        self, fold: FoldContext, join: RefitJoinInput, record: Record, effects: list[Effect]
+    ) -> None:
         """The last slot's join admits the epoch; a bootstrap publisher slot 0 offered with its
         join is published in the same step, after the admission (to the members it names)."""
-        p = record.payload
+        r = self._refits[join.refit]
         role = r.role_of(record.group)  # type: ignore[arg-type]
         assert role is not None and record.rank is not None
-        offered = p.get("bootstrap")
-        r.joined[(role, p["slot"])] = _Joined(
+        offered = join.bootstrap
+        r.joined[(role, join.slot)] = _Joined(
             record.group,  # type: ignore[arg-type]
             record.rank,
-            p["incarnation"],
-            p["digest"],
+            join.incarnation,
+            join.digest,
             record.offset,
-            None if offered is None else dict(offered),
+            None if offered is UNSET else dict(offered),
         )
         if r.digest is None:
-            r.digest = p["digest"]
+            r.digest = join.digest
         if len(r.joined) == len(r.every_slot()):
             r.status = ADMITTED
             r.deadline = None
@@ -857,8 +827,11 @@ class Refits:
             )
         )
 
-    def _transfer(self, fold: FoldContext, r: Refit, record: Record, effects: list[Effect]) -> None:
-        key = record.payload["key"]
+    def _transfer(
+        self, fold: FoldContext, start: TransferInput, record: Record, effects: list[Effect]
+    ) -> None:
+        r = self._refits[start.refit]
+        key = start.key
         t = self._transfer_by_key(r, key)
         if t is None:
             number = len(r.transfers) + 1
@@ -874,14 +847,16 @@ class Refits:
         r.running = t.id
         effects.append(r.transfer_effect(t, record.offset))
 
-    def _status(self, r: Refit, record: Record, effects: list[Effect]) -> None:
-        p = record.payload
-        t = r.transfers[p["transfer"]]
+    def _status(
+        self, fold: FoldContext, report: TransferStatusInput, record: Record, effects: list[Effect]
+    ) -> None:
+        r = self._refits[report.refit]
+        t = r.transfers[report.transfer]
         slot = r.member_slot(record.group, record.rank)  # type: ignore[arg-type]
         assert slot is not None
-        if p["status"] == "failed":
+        if report.status == "failed":
             j = r.joined[slot]
-            said = f": {p['detail']}" if p.get("detail") else ""
+            said = f": {report.detail}" if report.detail else ""
             self._fail(
                 r,
                 t,

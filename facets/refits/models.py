@@ -13,7 +13,7 @@ from ...wire.protocol import Digest, GroupName, RefitName, TransferKey
 
 class RefitRequest(Struct, kw_only=True, forbid_unknown_fields=True):
     """``POST /refits``: a weight refit from ``publisher`` (M slots) to ``subscriber`` (N slots)
-    (docs/refit.md). Fields left out take ``facets.refits.fold.SPEC_DEFAULTS``."""
+    (docs/refit.md). Fields left out take ``facets.refits.inputs.SPEC_DEFAULTS``."""
 
     refit: RefitName
     publisher: GroupName

@@ -25,7 +25,7 @@ from ...coordinator.host.loop import Appended, Host, Refusal
 from ...eventlog import NewRecord
 from ...wire.codes import FORBIDDEN, UNKNOWN_REFIT
 from ...wire.protocol import QUERY
-from .fold import complete_spec
+from .inputs import complete_spec
 from .models import (
     RefitBody,
     RefitList,

@@ -19,7 +19,7 @@ from foldplane.facets.refits.effects import (
     RefitEpochChanged,
     TransferChanged,
 )
-from foldplane.facets.refits.fold import complete_spec
+from foldplane.facets.refits.inputs import complete_spec
 from foldplane.facets.refits.rows import ROWS
 from tests.fold.script import Script, of, one
 

@@ -1,0 +1,192 @@
+"""The refits facet's inputs: one Struct per record kind, declared here, by their owner.
+
+An operator creates a refit (``refit_created``: :class:`RefitCreatedInput`, every field explicit,
+:func:`complete_spec`), restarts it (``refit_restart``) or starts a transfer (``transfer``); a
+worker joins an epoch (``refit_join``), publishes its bootstrap (``refit_bootstrap``), starts a
+transfer and reports its outcome (``transfer_status``). The log stores each as its payload; the
+fold (``fold.py``) checks it (``spec_problem`` here, the rest against the refit's state, each with
+its code), then decodes it into its Struct and dispatches on the class. Pure: the agent may
+import it.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, ClassVar
+
+import msgspec
+from msgspec import UNSET, UnsetType
+
+#: The bounds of a refit's definition: a worker that never joins must not hold the others for
+#: a day, and a transfer deadline of years is a typo, not a plan. 8,192 slots a side keeps an
+#: admitted epoch's update (every slot's rank) well inside ``wire.protocol.MAX_UPDATE_BYTES``.
+MAX_SLOTS = 8192
+MAX_LANES = 64
+MAX_READINESS_S = 3600.0
+MAX_TRANSFER_S = 86_400.0
+#: The bootstrap's encoded size (a store address, an NCCL unique id: well under this).
+MAX_BOOTSTRAP_BYTES = 4096
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$")
+_DIGEST = re.compile(r"^[0-9a-f]{64}$")
+_KEY = re.compile(r"^[\x21-\x7e]{1,128}$")
+_SPEC_FIELDS = {
+    "refit": str,
+    "publisher": str,
+    "subscriber": str,
+    "publisher_slots": int,
+    "subscriber_slots": int,
+    "lanes": int,
+    "readiness_timeout_s": float,
+    "transfer_timeout_s": float,
+    "digest": str,
+}
+#: Defaults filled in where ``POST /refits`` leaves a field out (the record says them all).
+SPEC_DEFAULTS: dict[str, Any] = {
+    "lanes": 4,
+    "readiness_timeout_s": 60.0,
+    "transfer_timeout_s": 600.0,
+    "digest": None,
+}
+
+
+def complete_spec(request: dict[str, Any]) -> dict[str, Any]:
+    """A refit request with the defaults filled in: the ``refit_created`` payload."""
+    return {**SPEC_DEFAULTS, **request}
+
+
+def spec_problem(payload: dict[str, Any]) -> str | None:
+    """Why a ``refit_created`` payload is malformed (naming the field), or None."""
+    unknown = sorted(set(payload) - set(_SPEC_FIELDS))
+    if unknown:
+        return f"unknown field(s) {unknown}; a refit has {sorted(_SPEC_FIELDS)}"
+    missing = sorted(set(_SPEC_FIELDS) - set(payload))
+    if missing:
+        return f"missing field(s) {missing}"
+    for name in ("refit", "publisher", "subscriber"):
+        value = payload[name]
+        if not isinstance(value, str) or not _NAME.match(value):
+            return (
+                f"{name} must be 1-64 characters of letters, digits and _.:- (starting with a "
+                f"letter or digit), got {value!r}"
+            )
+    if payload["publisher"] == payload["subscriber"]:
+        return f"publisher and subscriber are the same group {payload['publisher']!r}"
+    for name, high in (
+        ("publisher_slots", MAX_SLOTS),
+        ("subscriber_slots", MAX_SLOTS),
+        ("lanes", MAX_LANES),
+    ):
+        value = payload[name]
+        if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= high:
+            return f"{name} must be an integer in 1..{high}, got {value!r}"
+    for name, high in (
+        ("readiness_timeout_s", MAX_READINESS_S),
+        ("transfer_timeout_s", MAX_TRANSFER_S),
+    ):
+        value = payload[name]
+        if (
+            not isinstance(value, int | float)
+            or isinstance(value, bool)
+            or not 0 < value <= high  # NaN compares false: refused too
+        ):
+            return f"{name} must be a number of seconds in (0, {high:g}], got {value!r}"
+    digest = payload["digest"]
+    if digest is not None and (not isinstance(digest, str) or not _DIGEST.match(digest)):
+        return f"digest must be 64 lowercase hex characters (sha256) or null, got {digest!r}"
+    return None
+
+
+# -- the inputs --------------------------------------------------------------------------------
+
+
+class RefitsInput(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """An input of the facet: every one names its refit."""
+
+    #: the record kind whose payload this is
+    kind: ClassVar[str]
+    refit: str
+
+
+class RefitCreatedInput(RefitsInput, frozen=True, kw_only=True, gc=False):
+    """``refit_created``: the refit's definition (``spec_problem`` checks it)."""
+
+    kind = "refit_created"
+    publisher: str
+    subscriber: str
+    publisher_slots: int
+    subscriber_slots: int
+    lanes: int
+    readiness_timeout_s: int | float
+    transfer_timeout_s: int | float
+    digest: str | None
+
+
+class RefitRestartInput(RefitsInput, frozen=True, kw_only=True, gc=False):
+    """``refit_restart``: an operator opens a new epoch, saying why."""
+
+    kind = "refit_restart"
+    reason: Any = None
+
+
+class RefitJoinInput(RefitsInput, frozen=True, kw_only=True, gc=False):
+    """``refit_join``: a worker takes ``slot`` of its group's side in ``epoch``, holding the plan
+    whose digest is ``digest``; publisher slot 0 may offer the epoch's ``bootstrap``."""
+
+    kind = "refit_join"
+    incarnation: str
+    epoch: int
+    slot: int
+    digest: str
+    bootstrap: dict[str, Any] | UnsetType = UNSET
+
+
+class RefitBootstrapInput(RefitsInput, frozen=True, kw_only=True, gc=False):
+    """``refit_bootstrap``: refit rank 0 publishes the admitted epoch's rendezvous."""
+
+    kind = "refit_bootstrap"
+    incarnation: str
+    epoch: int
+    bootstrap: dict[str, Any]
+
+
+class TransferInput(RefitsInput, frozen=True, kw_only=True, gc=False):
+    """``transfer``: start (or retry) the transfer ``key``; from an operator (no incarnation,
+    no epoch) or a publisher of the admitted ``epoch``."""
+
+    kind = "transfer"
+    key: str
+    incarnation: str | None = None
+    epoch: int | None = None
+
+
+class TransferStatusInput(RefitsInput, frozen=True, kw_only=True, gc=False):
+    """``transfer_status``: a member's outcome (``done`` or ``failed``) of ``attempt`` of
+    ``transfer``."""
+
+    kind = "transfer_status"
+    incarnation: str
+    epoch: int
+    transfer: int
+    attempt: int
+    status: str
+    detail: str = ""
+
+
+#: The Struct of each of the facet's kinds.
+INPUTS: dict[str, type[RefitsInput]] = {
+    cls.kind: cls
+    for cls in (
+        RefitCreatedInput,
+        RefitRestartInput,
+        RefitJoinInput,
+        RefitBootstrapInput,
+        TransferInput,
+        TransferStatusInput,
+    )
+}
+
+
+def decode(kind: str, payload: dict[str, Any]) -> RefitsInput:
+    """The typed input of a payload; ``msgspec.ValidationError`` names a field of the wrong
+    type (the fold refuses such an input as ``invalid_event``)."""
+    return msgspec.convert(payload, INPUTS[kind])
