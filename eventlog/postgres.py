@@ -44,6 +44,7 @@ from .base import (
 )
 from .codec import COLUMNS, decode_rows
 from .errors import LogClosed, LogError, StaleTermError
+from .failpoints import stop_point
 from .migrate import check_known, code_head, migrate_postgres, postgres_revision
 from .projection import ProjectionRow, decode_projection
 from .record import Record, frame_body, seal
@@ -106,6 +107,21 @@ WITH f AS ({_FENCE.replace("$term", "$4")})
 INSERT INTO snapshot (name, seq, data) SELECT $1, $2, $3 FROM f
 ON CONFLICT (name) DO UPDATE SET seq = excluded.seq, data = excluded.data
 RETURNING seq
+"""
+
+#: The claim of a coordinator elected by the lease: it moves the term only while the lease row
+#: still holds its generation, unexpired (locked ``FOR SHARE``, so no claim of the lease
+#: commits meanwhile). A claimant paused between winning the lease and this statement, and
+#: outlived by its lease, moves nothing.
+_CLAIM_TERM_UNDER_LEASE = """
+WITH l AS (SELECT id FROM log_head WHERE id = 1 FOR UPDATE),
+k AS (
+    SELECT 1 FROM leader_lease
+    WHERE id = 1 AND holder = $1 AND generation = $2 AND expires_at > now()
+    FOR SHARE
+)
+UPDATE log_head SET term = term + 1 FROM l, k WHERE log_head.id = l.id
+RETURNING log_head.term, log_head.next_seq
 """
 
 #: The row is locked ``FOR UPDATE`` before the term moves, so the claim waits for the fenced
@@ -207,6 +223,7 @@ class PostgresLog(Log):
                 for i, (t, k, g, r, p) in enumerate(rows)
             ]
             frames = [frame for frame, _ in sealed]
+            stop_point("append")
             n, _ = await conn.fetchrow(
                 _APPEND, term, first, len(rows), kinds, groups, frames, self._channel
             )
@@ -235,6 +252,21 @@ class PostgresLog(Log):
             self._next_seq = next_seq
             return term
 
+    async def claim_term_under_lease(self, holder: str, generation: int) -> int:
+        """:meth:`claim_term`, only while the lease row (migration 0003) holds ``generation``
+        of ``holder`` and has not run out; LogError, nothing changed, otherwise."""
+        self._check_open()
+        async with self._write_lock:
+            conn = await self._writer()
+            row = await conn.fetchrow(_CLAIM_TERM_UNDER_LEASE, holder, generation)
+            if row is None:
+                raise LogError(
+                    f"{self.where}: lease generation {generation} of {holder} is no longer "
+                    "held; the term was not claimed"
+                )
+            self._term, self._next_seq = row["term"], row["next_seq"]
+            return self._term
+
     # -- other writes -----------------------------------------------------------------------
 
     async def _set_consumer_offset(self, name: str, offset: int) -> None:
@@ -261,6 +293,7 @@ class PostgresLog(Log):
         # (``durable`` is not used): the coordinators outlive a crash of the server, which could
         # undo a commit made with synchronous_commit off after a standby saw it.
         latest = {(kind, grp, seq): doc for kind, grp, seq, doc in rows}  # the last one wins
+        stop_point("projections")
         async with self._pool.acquire() as conn:
             moved = await conn.fetchval(
                 _WRITE_PROJECTIONS,
@@ -276,6 +309,7 @@ class PostgresLog(Log):
                 await self._refuse_offset(conn, consumer, offset)
 
     async def _save_snapshot(self, name: str, offset: int, data: bytes) -> None:
+        stop_point("snapshot")
         async with self._pool.acquire() as conn:
             if await conn.fetchval(_SAVE_SNAPSHOT, name, offset, data, self._term) is None:
                 await self._check_term(conn)

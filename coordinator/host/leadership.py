@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 import asyncpg
 
+from ...eventlog.failpoints import stop_point
 from ...eventlog.target import PostgresTarget
 
 _CLAIM = """
@@ -186,6 +187,7 @@ class Lease:
 
     async def renew(self, generation: int, term: int | None = None) -> bool:
         """Extend the lease of ``generation`` (recording ``term`` if given); False if lost."""
+        stop_point("renew")
         row = await self._fetchrow(_RENEW, self.holder, generation, self.settings.lease_s, term)
         return row is not None
 

@@ -45,6 +45,8 @@ import uuid
 from typing import Any
 
 from ...eventlog import LogError, open_log
+from ...eventlog.failpoints import stop_point
+from ...eventlog.postgres import PostgresLog
 from ...eventlog.target import PostgresTarget, parse_target
 from ...wire.codes import FOLD_FAILED, NOT_LEADER
 from .inputs import HostUnavailable
@@ -229,7 +231,8 @@ class Replica:
         settings = self.lease.settings
         self._generation = generation
         try:
-            term = await self.host.log.claim_term()
+            stop_point("claim")
+            term = await self._claim_term(generation)
             confirmed_at = loop.time()
             confirmed = await self.lease.renew(generation, term)
         except (LogError, LeaseError) as exc:
@@ -248,6 +251,15 @@ class Replica:
             return
         reason = await self._hold(generation, confirmed_at + settings.lease_s)
         await self._step_down(reason)
+
+    async def _claim_term(self, generation: int) -> int:
+        """Take the log's term, only while the lease is still ours (a PostgreSQL log): a
+        coordinator paused between winning the lease and this claim, whose lease ran out
+        meanwhile, must not fence the leader elected after it."""
+        log_ = self.host.log
+        if isinstance(log_, PostgresLog):
+            return await log_.claim_term_under_lease(self.lease.holder, generation)
+        return await log_.claim_term()
 
     async def _promote(self) -> None:
         # Every record of the previous term first (nobody else appends now), still as a

@@ -78,6 +78,8 @@ class Node:
     log_path: Path
     port: int = field(default_factory=free_port)
     args: list[str] = field(default_factory=list)
+    #: more environment for the process (the failover tests' stop points)
+    env: dict[str, str] = field(default_factory=dict)
     process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -101,7 +103,7 @@ class Node:
                     *self.args,
                 ),
                 cwd=ROOT,
-                env={**os.environ, "FOLDPLANE_TOKEN": "", "FOLDPLANE_SECRET": ""},
+                env={**os.environ, "FOLDPLANE_TOKEN": "", "FOLDPLANE_SECRET": "", **self.env},
                 stdout=out,
                 stderr=subprocess.STDOUT,
             )
@@ -148,6 +150,15 @@ class Node:
     def freeze(self) -> None:
         assert self.process is not None
         self.process.send_signal(signal.SIGSTOP)
+
+    def stopped(self) -> bool:
+        """Whether the process is stopped (by a signal, or by itself at a stop point)."""
+        assert self.process is not None
+        try:
+            stat = Path(f"/proc/{self.process.pid}/stat").read_text()
+        except FileNotFoundError:
+            return False
+        return stat.rsplit(")", 1)[1].split()[0] in ("T", "t")
 
     def resume(self) -> None:
         assert self.process is not None

@@ -21,11 +21,13 @@ def schema() -> Iterator[str]:
 
 @pytest.fixture
 def nodes(schema: str, tmp_path: Path) -> Iterator[Callable[..., Node]]:
-    """``nodes()`` makes a coordinator process on the test's schema (not started yet)."""
+    """``nodes(*args, env=...)`` makes a coordinator process on the test's schema (not started
+    yet)."""
     made: list[Node] = []
 
-    def make(*args: str) -> Node:
-        node = Node(schema, tmp_path / f"coordinator-{len(made)}.log", args=list(args))
+    def make(*args: str, env: dict[str, str] | None = None) -> Node:
+        log_path = tmp_path / f"coordinator-{len(made)}.log"
+        node = Node(schema, log_path, args=list(args), env=dict(env or {}))
         made.append(node)
         return node
 
