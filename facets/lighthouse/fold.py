@@ -46,23 +46,28 @@ from .effects import (
     Settings,
     Verdict,
 )
+from .inputs import (
+    CONFIGURED,
+    HEARTBEAT,
+    LOST,
+    MAX_REASON_BYTES,
+    REQUEST,
+    WITHDRAWN,
+    HeartbeatInput,
+    LostInput,
+    WithdrawnInput,
+    decode,
+)
 from .messages import (
     MAX_ID_BYTES,
     QuorumMember,
 )
-
-CONFIGURED = "lighthouse_configured"
-REQUEST = "lighthouse_request"
-HEARTBEAT = "lighthouse_heartbeat"
-LOST = "lighthouse_lost"
-WITHDRAWN = "lighthouse_withdrawn"
 
 #: A lost incarnation's id is refused for this many heartbeat timeouts after its loss (a
 #: beat still in flight from the dead process), then forgotten, so the set stays bounded.
 LOST_KEPT_TIMEOUTS = 10
 #: A replica group silent for this many heartbeat timeouts is forgotten.
 SILENT_KEPT_TIMEOUTS = 10
-MAX_REASON_BYTES = 1024
 _MS = 1_000_000
 
 
@@ -208,22 +213,15 @@ def quorum_compute(
     )
 
 
-def _member(payload: Any) -> QuorumMember:
-    return msgspec.convert(payload, QuorumMember)
-
-
-class _Heartbeat(msgspec.Struct, forbid_unknown_fields=True):
-    replicas: list[str]
-
-
-class _Lost(msgspec.Struct, forbid_unknown_fields=True):
-    replica: str
-    reason: str
-
-
-class _Withdrawn(msgspec.Struct, forbid_unknown_fields=True):
-    replica_id: str
-    request: int
+#: The transition table: each input (``inputs.py``), the rule that steps it and what it moves;
+#: then the quorum is decided (a fact may complete one).
+TRANSITIONS: dict[type, str] = {
+    Settings: "_on_configured",  # the rule's settings
+    QuorumMember: "_on_request",  # a replica group asks for a quorum (and beats)
+    HeartbeatInput: "_on_heartbeat",  # replica groups beat (a lost incarnation's beat: nothing)
+    LostInput: "_on_lost",  # every incarnation of a replica group is out
+    WithdrawnInput: "_on_withdrawn",  # a pending request is withdrawn
+}
 
 
 class Lighthouse:
@@ -293,7 +291,7 @@ class Lighthouse:
             return INVALID_EVENT, f"{kind} names no group and no rank"
         try:
             if kind == CONFIGURED:
-                settings = msgspec.convert(payload, Settings)
+                settings = decode(kind, payload)
                 problem = settings.problem()
                 return None if problem is None else (INVALID_EVENT, f"{kind}: {problem}")
             if kind == REQUEST:
@@ -302,12 +300,12 @@ class Lighthouse:
                         f"{kind}: the lighthouse has no settings yet "
                         "(a lighthouse_configured record comes first)"
                     )
-                member = _member(payload)
+                member = decode(kind, payload)
                 return self._lost_refusal(kind, member.replica_id) or _id_refusal(
                     kind, member.replica_id
                 )
             if kind == HEARTBEAT:
-                beat = msgspec.convert(payload, _Heartbeat)
+                beat = decode(kind, payload)
                 if not beat.replicas:
                     return INVALID_EVENT, f"{kind} names no replica"
                 for r in beat.replicas:
@@ -315,11 +313,11 @@ class Lighthouse:
                         return refused
                 return None
             if kind == LOST:
-                lost = msgspec.convert(payload, _Lost)
+                lost = decode(kind, payload)
                 if len(lost.reason.encode()) > MAX_REASON_BYTES:
                     return INVALID_EVENT, f"{kind}: reason over {MAX_REASON_BYTES} bytes"
                 return _id_refusal(kind, lost.replica)
-            withdrawn = msgspec.convert(payload, _Withdrawn)
+            withdrawn = decode(kind, payload)
             return _id_refusal(kind, withdrawn.replica_id)
         except (msgspec.ValidationError, TypeError) as exc:
             return INVALID_EVENT, f"{kind}: {exc}"
@@ -340,28 +338,34 @@ class Lighthouse:
 
     def apply(self, fold: FoldContext, record: Record, effects: list[Effect]) -> None:
         """Record the fact, then decide (a fact may complete a quorum)."""
-        now = self.now = fold.now
-        kind, payload = record.kind, record.payload
-        if kind == CONFIGURED:
-            self.settings = msgspec.convert(payload, Settings)
-            effects.append(LighthouseConfigured(settings=self.settings, offset=record.offset))
-        elif kind == REQUEST:
-            member = _member(payload)
-            rid = member.replica_id
-            self._beat(rid, now)
-            self.requests[rid] = Request(member=member, joined=now, offset=record.offset)
-        elif kind == HEARTBEAT:
-            for rid in payload["replicas"]:
-                if rid not in self.lost:  # a dead incarnation's beat still in flight
-                    self._beat(rid, now)
-        elif kind == LOST:
-            self._lose(payload["replica"], payload["reason"], record, effects)
-        else:  # WITHDRAWN
-            rid = payload["replica_id"]
-            pending = self.requests.get(rid)
-            if pending is not None and pending.offset == payload["request"]:
-                del self.requests[rid]
+        self.now = fold.now
+        inp = decode(record.kind, record.payload)
+        getattr(self, TRANSITIONS[type(inp)])(inp, record, effects)
         self._decide(record, effects)
+
+    def _on_configured(self, settings: Settings, record: Record, effects: list[Effect]) -> None:
+        self.settings = settings
+        effects.append(LighthouseConfigured(settings=settings, offset=record.offset))
+
+    def _on_request(self, member: QuorumMember, record: Record, effects: list[Effect]) -> None:
+        rid = member.replica_id
+        self._beat(rid, self.now)
+        self.requests[rid] = Request(member=member, joined=self.now, offset=record.offset)
+
+    def _on_heartbeat(self, beat: HeartbeatInput, record: Record, effects: list[Effect]) -> None:
+        for rid in beat.replicas:
+            if rid not in self.lost:  # a dead incarnation's beat still in flight
+                self._beat(rid, self.now)
+
+    def _on_lost(self, lost: LostInput, record: Record, effects: list[Effect]) -> None:
+        self._lose(lost.replica, lost.reason, record, effects)
+
+    def _on_withdrawn(
+        self, withdrawn: WithdrawnInput, record: Record, effects: list[Effect]
+    ) -> None:
+        pending = self.requests.get(withdrawn.replica_id)
+        if pending is not None and pending.offset == withdrawn.request:
+            del self.requests[withdrawn.replica_id]
 
     def _beat(self, rid: str, now: int) -> None:
         self.beats.pop(rid, None)  # oldest first: the forgetting below stops at the first kept
