@@ -24,6 +24,7 @@ from starlette.responses import Response
 
 from ..wire.codes import INVALID_REQUEST, NESTING_TOO_DEEP
 from .errors import ApiError
+from .limits import media_refusal
 
 T = TypeVar("T")
 
@@ -69,6 +70,11 @@ def check_depth(body: bytes, limit: int) -> None:
 
 
 async def read_json(request: Request, type_: type[T]) -> T:
+    """A ``POST``'s JSON body as ``type_``: ``415`` unless it says ``Content-Type:
+    application/json`` (as every route with a body requires), ``422`` naming what is wrong."""
+    declared = request.headers.get("content-type", "").encode("latin-1")
+    if (problem := media_refusal(request.url.path, declared)) is not None:
+        raise problem
     body = await request.body()
     check_depth(body, request.app.state.limits.max_json_depth)
     return decode_json(body, type_)

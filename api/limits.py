@@ -10,7 +10,9 @@ nesting depth by the decoder (``api.codec.check_depth``), groups and ranks by th
 body's type and size here:
 
 - :class:`JsonBodies`: a ``POST`` to an endpoint that takes a body must say
-  ``Content-Type: application/json``, else ``415``. The form and text types a web page may send
+  ``Content-Type: application/json``, else ``415``: before the body is read for the core
+  endpoints (:data:`JSON_ENDPOINTS`), and for every other route with a JSON body (a facet's:
+  epochs, refits, ...) in ``api.codec.read_json``, which each of them reads its body with. The form and text types a web page may send
   without a CORS preflight are refused, so a page the operator opens cannot write to a loopback
   coordinator with auth off.
 - :class:`BodySizeLimit`: a declared ``Content-Length`` over the limit is answered ``413`` before
@@ -203,7 +205,15 @@ def is_json(content_type: bytes) -> bool:
 def media_problem(path: str, declared: bytes) -> ApiError | None:
     """The ``415`` for a ``POST`` to ``path`` whose ``Content-Type`` is ``declared`` (``b""``:
     none), or None when the body may be read."""
-    if path not in JSON_ENDPOINTS or is_json(declared):
+    if path not in JSON_ENDPOINTS:
+        return None
+    return media_refusal(path, declared)
+
+
+def media_refusal(path: str, declared: bytes) -> ApiError | None:
+    """The ``415`` for a JSON body posted to ``path`` with ``Content-Type`` ``declared``
+    (``b""``: none), or None when it says JSON."""
+    if is_json(declared):
         return None
     said = repr(declared.decode("latin-1")) if declared else "none"
     return ApiError(

@@ -152,6 +152,27 @@ def test_bodies_a_web_page_may_send_without_a_preflight_are_refused(
     assert client.get("/healthz").json()["head"] == head  # nothing reached the log
 
 
+#: The facets' routes with a JSON body, and a body each would take.
+FACET_BODY_PATHS = {
+    "/groups/lim/epochs": {"epoch": 1, "items": 8},
+    "/refits": {"refit": "r", "publisher": "lim", "subscriber": "lim"},
+    "/refits/r/transfers": {"key": "k"},
+    "/refits/r/restart": {"reason": "r"},
+}
+
+
+@pytest.mark.parametrize("path", sorted(FACET_BODY_PATHS))
+@pytest.mark.parametrize("content_type", ["text/plain", "application/x-www-form-urlencoded", None])
+def test_the_facets_bodies_of_another_type_are_refused_too(plain_server, path, content_type):
+    _, client = plain_server
+    head = client.get("/healthz").json()["head"]
+    headers = {"content-type": content_type} if content_type else {}
+    r = client.post(path, content=json.dumps(FACET_BODY_PATHS[path]).encode(), headers=headers)
+    detail = _error(r, 415, "unsupported_media_type")["detail"]
+    assert "application/json" in detail and path in detail
+    assert client.get("/healthz").json()["head"] == head  # nothing reached the log
+
+
 @pytest.mark.parametrize("content_type", ["application/json", "Application/JSON; charset=utf-8"])
 def test_json_bodies_are_served(plain_server, content_type):
     _, client = plain_server
