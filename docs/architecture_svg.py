@@ -160,7 +160,7 @@ def draw() -> str:
     )  # fmt: skip
     s.box(
         690, 452, 260, 56,
-        ["the composition roots", "cli.py · demo.py", "commands.py · __main__.py"],
+        ["the composition roots", "cli.py · demo.py (the root)", "coordinator/__main__.py · commands.py"],
         "roots",
     )  # fmt: skip
     s.arrow([(460, 332), (460, 452)], both=True)
@@ -197,8 +197,8 @@ def draw() -> str:
     s.box(
         50, 728, 900, 56,
         ["coordinator/fold/ — the pure fold: step(record) → effects; deterministic, no I/O, no clock",
-         "machine.py dispatches to its rules: fencing · ranks · healthy_set · proposals · barrier · budget · deadlines",
-         "facets beside membership, one folder each (facets/: epochs · refits), plugged in by registry.py"],
+         "machine.py: each input (wire/inputs.py) to its rule: fencing · ranks · healthy_set · proposals · barrier · …",
+         "facets beside membership, one folder each (facets/: epochs · refits · lighthouse · rendezvous)"],
         "fold",
     )  # fmt: skip
     s.arrow([(700, 600), (700, 728)])

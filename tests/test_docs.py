@@ -219,6 +219,29 @@ def test_architecture_picture_is_what_its_source_draws() -> None:
         assert layer in drawn, layer
 
 
+def test_the_layers_picture_is_the_import_graph() -> None:
+    """docs/layers.svg is exactly what ``python docs/layers_svg.py`` draws from the import
+    graph as it is now, every module has its box, and no arrow points up a layer."""
+    import runpy
+
+    import grimp
+
+    source = runpy.run_path(str(DOCS / "layers_svg.py"))
+    pairs = source["edges"]()
+    assert (DOCS / "layers.svg").read_text() == source["draw"](pairs), (
+        "docs/layers.svg is stale; run: python docs/layers_svg.py"
+    )
+    assert "](layers.svg)" in (DOCS / "architecture.md").read_text()
+    nodes = source["NODES"]
+    unplaced = [
+        m for m in grimp.build_graph("foldplane").modules
+        if m != "foldplane" and source["node_of"](m) is None
+    ]  # fmt: skip
+    assert unplaced == [], unplaced
+    up = [(a, b) for a, b in pairs if nodes[b][3] < nodes[a][3]]
+    assert up == [], f"imports up a layer: {up}"
+
+
 @pytest.mark.parametrize(
     ("row", "expected"),
     [
