@@ -125,7 +125,16 @@ def _parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("serve", help="run the coordinator service")
     s.add_argument(
-        "--db", required=True, help="the log: a SQLite path, sqlite:/// or postgresql:// URL"
+        "--db",
+        required=True,
+        help="the log: a SQLite path, sqlite:/// or postgresql:// URL; a new SQLite log is "
+        "created only where no file is, and any file that is not a foldplane log is refused",
+    )
+    s.add_argument(
+        "--init-empty",
+        action="store_true",
+        help="make the new log in --db's file although it exists, when it is empty (no byte, "
+        "or a SQLite database without a table)",
     )
     s.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
     s.add_argument(
@@ -536,6 +545,7 @@ async def _serve_async(args: argparse.Namespace, auth: Any) -> int:
             snapshot_beats=args.snapshot_beats,
             heartbeat_flush_s=args.heartbeat_flush_s,
             shutdown_lead_s=args.shutdown_lead_s,
+            adopt_empty=args.init_empty,
         )
     except (LogError, OSError, ValueError) as exc:
         print(f"coordinator: cannot open the log {args.db!r}: {exc}", file=sys.stderr)

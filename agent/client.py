@@ -395,6 +395,8 @@ def group_run(body: Mapping[str, Any]) -> tuple[str, str]:
     formation = body.get("formation") or {}
     if ended:
         deleted = ", deleted" if ended.get("deleted") else ""
+        if ended.get("finished"):
+            return "over", f"group {name!r} finished (every rank exited cleanly{deleted})"
         return "over", f"group {name!r} was ended ({ended.get('reason')}{deleted})"
     if formation.get("status") == "failed":
         return "over", f"group {name!r} failed to form: {formation.get('error')}"

@@ -926,8 +926,9 @@ class Agent:
             else:
                 ended = info.get("ended")
                 if ended:  # nothing joins it again: say so now, not at the first wait
+                    how = "finished" if ended.get("finished") else "was ended"
                     raise RuntimeError(
-                        f"rank {self.rank}: group {self.group!r} at {where} was ended at offset "
+                        f"rank {self.rank}: group {self.group!r} at {where} {how} at offset "
                         f"{ended.get('offset')} ({ended.get('reason')}); its history stays under "
                         "its name, so run again under another group name"
                     )

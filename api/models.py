@@ -201,6 +201,8 @@ class GroupBody(Struct, kw_only=True):
     """``GET /groups/{group}``: the fold's view of a group (see docs/protocol.md)."""
 
     group: str
+    #: the run's id: the offset of the group's ``group_created`` record (a name runs once)
+    run: int
     config: dict[str, Any]
     formation: dict[str, Any]
     view: ViewBody | None
@@ -212,7 +214,8 @@ class GroupBody(Struct, kw_only=True):
     change_in_flight: dict[str, Any] | None
     #: the reason of the group's ``shutdown_with_save``, or None
     shutdown: str | None
-    #: ``{reason, offset, deleted}`` once the group was ended, else None
+    #: ``{reason, offset, deleted, finished}`` once the run is over (``finished``: every rank
+    #: exited cleanly; else the operator ended it), else None
     ended: dict[str, Any] | None
     #: The last rank of this page when more follow (``?ranks_after=`` it); None on the last.
     next_ranks_after: int | None
@@ -222,6 +225,8 @@ class GroupLine(Struct, kw_only=True):
     """One group in ``GET /groups``."""
 
     group: str
+    #: the run's id (the offset of the group's ``group_created`` record)
+    run: int
     world_size: int
     #: the current view's version (0 before the group formed)
     version: int
@@ -234,7 +239,7 @@ class GroupLine(Struct, kw_only=True):
     failures: int
     #: the reason of the group's ``shutdown_with_save``, or None
     shutdown: str | None
-    #: why the group was ended (``POST /groups/{group}/end``), or None while it runs
+    #: why the run is over (ended by ``POST /groups/{group}/end``, or finished), or None
     ended: str | None
 
 

@@ -8,7 +8,9 @@ from .base import Log
 from .target import PostgresTarget, parse_target
 
 
-async def open_log(target: str | Path, *, create: bool = True, read_only: bool = False) -> Log:
+async def open_log(
+    target: str | Path, *, create: bool = True, read_only: bool = False, adopt_empty: bool = False
+) -> Log:
     """Open the log at ``target`` (a path, ``sqlite:///...`` or ``postgresql://...``).
 
     Migrations are applied first; a schema newer than this code raises SchemaTooNewError. With
@@ -19,6 +21,10 @@ async def open_log(target: str | Path, *, create: bool = True, read_only: bool =
     created nor migrated, and a file that is not a foldplane log at this code's revision is
     refused naming what it is; a PostgreSQL log's sessions are read-only transactions, with
     the same refusals.
+
+    A file that is not a foldplane log is never written to: a new SQLite log is made only where
+    no file is (``create``), or in an empty file when ``adopt_empty`` says so (serve's
+    ``--init-empty``); any other file is refused, naming what it is.
     """
     where = parse_target(target)
     if isinstance(where, PostgresTarget):
@@ -31,4 +37,4 @@ async def open_log(target: str | Path, *, create: bool = True, read_only: bool =
         return await open_sqlite_read_only(where.path)
     from .sqlite import open_sqlite
 
-    return await open_sqlite(where.path, create)
+    return await open_sqlite(where.path, create, adopt_empty=adopt_empty)

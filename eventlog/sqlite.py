@@ -16,10 +16,11 @@ import asyncio
 import json
 import sqlite3
 import threading
+import time
 import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from .base import (
     Log,
@@ -334,8 +335,12 @@ def _store_offset(conn: sqlite3.Connection, where: str, name: str, offset: int) 
     )
 
 
-async def open_sqlite(path: Path, create: bool) -> SqliteLog:
-    """Open (creating and migrating as needed) the SQLite log at ``path``."""
+async def open_sqlite(path: Path, create: bool, *, adopt_empty: bool = False) -> SqliteLog:
+    """Open (creating and migrating as needed) the SQLite log at ``path``.
+
+    A log is created only where no file is (with ``create``), or in an empty file (no byte, or
+    a SQLite database without a table) when ``adopt_empty`` says so. Any other file that is not
+    a foldplane log is refused, naming what it is, before anything is written to it."""
     where = f"SQLite log {str(path)!r}"
     if not path.exists():
         if not create:
@@ -344,6 +349,18 @@ async def open_sqlite(path: Path, create: bool) -> SqliteLog:
             raise LogError(f"cannot create {where}: directory {str(path.parent)!r} does not exist")
     elif path.is_dir():
         raise LogError(f"{where} is a directory, not a SQLite file")
+    else:
+        found = await asyncio.to_thread(_what_is, path)
+        blank = found is not None and found.empty and create and not adopt_empty
+        if blank and not await asyncio.to_thread(_stays_blank, path):
+            found = None  # another opener was creating the log in it: it is one now
+        if found is not None and not (found.empty and create and adopt_empty):
+            if found.empty and create:
+                raise LogError(
+                    f"{found.text}; a new log is created only where no file is (give a path "
+                    "that does not exist), or in an empty file with serve's --init-empty"
+                )
+            raise LogError(found.text)
 
     def prepare() -> tuple[int, int]:
         migrate_sqlite(path, where)
@@ -366,6 +383,78 @@ _SQLITE_HEADER = b"SQLite format 3\x00"
 _LOG_TABLES = frozenset({"log", "alembic_version"})
 
 
+class _Found(NamedTuple):
+    """What a file that is not a foldplane log is: ``text`` names it; ``empty``: no byte, or a
+    SQLite database without a table (a new log may be made in it when asked)."""
+
+    text: str
+    empty: bool
+
+
+def _what_is(path: Path) -> _Found | None:
+    """None for a foldplane log (a SQLite database with its tables), else what the file is.
+    Reads only: the file is opened read-only, and as immutable (no -wal or -shm file is
+    made) unless a writer's -wal file is beside it."""
+    with open(path, "rb") as f:
+        header = f.read(len(_SQLITE_HEADER))
+    if not header:
+        return _Found(f"{str(path)!r} is an empty file, not a foldplane log", True)
+    if header != _SQLITE_HEADER:
+        return _Found(
+            f"{str(path)!r} is not a foldplane log: not a SQLite database (it starts with "
+            f"{header[:12]!r})",
+            False,
+        )
+    conn = _connect_reader(path, read_only=True)
+    try:
+        tables = sorted(
+            row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")
+        )
+    except sqlite3.DatabaseError as exc:
+        return _Found(
+            f"{str(path)!r} is not a foldplane log: an unreadable SQLite file ({exc})", False
+        )
+    finally:
+        conn.close()
+    if not tables:
+        return _Found(f"{str(path)!r} is an empty SQLite database, not a foldplane log", True)
+    if not set(tables) >= _LOG_TABLES:
+        shown = ", ".join(tables[:12]) + (", ..." if len(tables) > 12 else "")
+        return _Found(
+            f"{str(path)!r} is not a foldplane log: a SQLite database with tables "
+            f"[{shown}] and no foldplane log table",
+            False,
+        )
+    return None
+
+
+def _stays_blank(path: Path) -> bool:
+    """Whether a blank file (no byte, or no table) stays blank, or was another opener's new
+    log in the making (two openers of a path that did not exist: the first one's file is blank
+    until its migration commits). Waits for the write lock its migration holds, and up to a
+    second for one that has not taken it yet; reads only, writes nothing."""
+    deadline = time.monotonic() + BLANK_WAIT_S
+    while True:
+        conn = sqlite3.connect(path, isolation_level=None, timeout=30)
+        try:
+            conn.execute("BEGIN IMMEDIATE")  # waits while a migration holds the lock
+            tables = conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
+            conn.execute("ROLLBACK")
+        except sqlite3.DatabaseError:
+            return False  # not blank after all: what it is, the migration will say
+        finally:
+            conn.close()
+        if tables:
+            return False
+        if time.monotonic() >= deadline:
+            return True
+        time.sleep(0.05)
+
+
+#: How long a blank file is watched for another opener's new log (``_stays_blank``).
+BLANK_WAIT_S = 1.0
+
+
 async def open_sqlite_read_only(path: Path) -> SqliteLog:
     """Open the SQLite log at ``path`` for reading only, as audits do: nothing is created,
     migrated or written (SQLite opens the file with ``mode=ro``). A file that is not a foldplane
@@ -375,28 +464,13 @@ async def open_sqlite_read_only(path: Path) -> SqliteLog:
         raise LogError(f"{where} does not exist")
     if path.is_dir():
         raise LogError(f"{where} is a directory, not a SQLite file")
-    with open(path, "rb") as f:
-        header = f.read(len(_SQLITE_HEADER))
-    if not header:
-        raise LogError(f"{str(path)!r} is an empty file, not a foldplane log")
-    if header != _SQLITE_HEADER:
-        raise LogError(
-            f"{str(path)!r} is not a foldplane log: not a SQLite database (it starts with "
-            f"{header[:12]!r})"
-        )
 
     def prepare() -> tuple[int, int]:
+        found = _what_is(path)
+        if found is not None:
+            raise LogError(found.text)
         conn = _connect_reader(path, read_only=True)
         try:
-            tables = sorted(
-                row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")
-            )
-            if not set(tables) >= _LOG_TABLES:
-                shown = ", ".join(tables[:12]) + (", ..." if len(tables) > 12 else "")
-                raise LogError(
-                    f"{str(path)!r} is not a foldplane log: a SQLite database with tables "
-                    f"[{shown}] and no foldplane log table"
-                )
             row = conn.execute("SELECT version_num FROM alembic_version").fetchone()
             revision = None if row is None else row[0]
             check_known(where, revision)

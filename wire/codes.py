@@ -91,7 +91,7 @@ GROUP_ENDED = _declare(
     "group_ended",
     409,
     "refusal",
-    "the group's run was ended (POST /groups/{group}/end); it takes no more rank events and its name is not reused",
+    "the group's run is over: it finished (every rank exited cleanly), was ended (POST /groups/{group}/end) or deleted; it takes no more joins, heartbeats, reports or proposals and its name is not reused: run again under another group name",
 )
 IDEMPOTENCY_CONFLICT = _declare(
     "idempotency_conflict",

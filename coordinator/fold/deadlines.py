@@ -126,6 +126,8 @@ class Deadlines:
             facet.resume(now)
 
     def _group_deadline(self, g: GroupState) -> int | None:
+        if g.ended is not None:  # a run that is over waits for nothing (ending.py)
+            return None
         best: int | None = None
 
         def consider(t: int) -> None:

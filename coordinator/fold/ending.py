@@ -1,13 +1,19 @@
-"""A group's run ended by the operator (``POST /groups/{group}/end``).
+"""A group's run is over: ended by the operator (``POST /groups/{group}/end``), or finished.
 
-The rule. Ending a group's run takes its online ranks OFFLINE as after a clean exit (never a
+The rule. A run of a group (its id: the offset of its ``group_created`` record) is over once
+the operator ended it, or once it *finished*: it formed and every rank that joined has exited
+cleanly (the last ``exit`` ends it, in the same step). Ending a group's run takes its online ranks OFFLINE as after a clean exit (never a
 failure), drops the change in flight and rejects its proposals and the queued ones; unless the
 group already failed or was shut down, its ranks get the group's one ``shutdown_with_save``
 (reason ``ended``), naming the checkpoint rank of the view in force, as every shutdown does.
-From then on every rank input, and creating the group again, is refused
-with ``group_ended`` (``fencing.py``): a name is used once, so the old run's history (views,
-proposals, stories) stays readable under it. Ending it again changes nothing; ``delete`` also
-takes it out of the listings.
+A finished run has no rank left to tell, so it sends no ``shutdown_with_save``; its
+queued proposals are rejected as an ended run's are.
+From then on every input that names the group (a join, heartbeat, links report, ACK, exit,
+death report, proposal, a facet's report or plan), and creating the group again, is refused
+with ``group_ended`` (``fencing.py``), and no tick visits it (``deadlines.py``): a name is used
+once, so the old run's history (views, proposals, stories) stays as it was when the run ended,
+readable under its name. Ending it again changes nothing; ``delete`` also takes it out of the
+listings.
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ from ...wire.codes import REJECTED
 from ...wire.inputs import GroupEndedInput
 from .effects import Effect, GroupEnded, Proposal, ShutdownWithSave
 from .facets import Facet
-from .state import FAILED, GroupState
+from .state import FAILED, FINISHED, GroupState
 
 
 class GroupEnd:
@@ -42,6 +48,21 @@ class GroupEnd:
             )
             return
         reason = ended.reason or "ended by the operator"
+        self._end(g, reason, delete, record, effects)
+
+    def _finish_if_done(self, g: GroupState, record: Record, effects: list[Effect]) -> None:
+        """A formed run whose every joined rank has exited cleanly is finished (module doc)."""
+        if g.ended is not None or g.view is None or g.alive:
+            return
+        ranks = g.ranks
+        if any(info.incarnation is not None and not info.exited for info in ranks):
+            return
+        g.finished, g.stall = True, None
+        self._end(g, FINISHED, False, record, effects)
+
+    def _end(
+        self, g: GroupState, reason: str, delete: bool, record: Record, effects: list[Effect]
+    ) -> None:
         g.ended, g.ended_offset, g.deleted = reason, record.offset, delete
         change, g.change, g.window_end = g.change, None, None
         if change is not None:
@@ -55,7 +76,7 @@ class GroupEnd:
                     record,
                     effects,
                 )
-        if g.shutdown is None and g.formation != FAILED:
+        if g.shutdown is None and g.formation != FAILED and not g.finished:
             g.shutdown = "ended"
             effects.append(
                 ShutdownWithSave(

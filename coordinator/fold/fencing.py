@@ -176,10 +176,32 @@ def _rank_in_group(g: GroupState, rank: int) -> Refusal | None:
 
 def ended_text(g: GroupState) -> str:
     """Why nothing joins ``g`` any more, and what to do instead."""
+    how = "finished" if g.finished else "was ended"
+    why = "every rank exited cleanly" if g.finished else g.ended
+    deleted = ", then deleted" if g.deleted else ""
     return (
-        f"group {g.name!r} was ended at offset {g.ended_offset} ({g.ended}); its history stays "
-        "in the log and a group name is used once: run again under another group name"
+        f"group {g.name!r} (run {g.created_offset}) {how} at offset {g.ended_offset} ({why}"
+        f"{deleted}); its history stays in the log as it was and a group name is used once: "
+        "run again under another group name"
     )
+
+
+#: The kinds that may still name a group whose run is over: ending it again (to delete it), and
+#: ticks (which name no group).
+_AFTER_THE_END = frozenset({"group_ended", "tick"})
+
+
+def over_refusal(groups: Mapping[str, GroupState], kind: str, group: str | None) -> Refusal | None:
+    """``group_ended`` for any input but ``group_ended`` that names a group whose run is over
+    (finished, ended or deleted: ``ending.py``), whatever the input and whoever sends it: one
+    code, checked before every other check of the fold and of its facets, so nothing that
+    arrives after the end can change the run's record."""
+    if group is None or kind in _AFTER_THE_END:
+        return None
+    g = groups.get(group)
+    if g is None or g.ended is None:
+        return None
+    return GROUP_ENDED, ended_text(g)
 
 
 def _current_incarnation(g: GroupState, rank: int, inc: Any) -> Refusal | None:
@@ -518,6 +540,8 @@ class Fences:
     def _refusal(
         self, kind: str, group: str | None, rank: int | None, payload: Any
     ) -> tuple[str, str] | None:
+        if (over := over_refusal(self._groups, kind, group)) is not None:
+            return over
         facet = self._facet_of.get(kind)
         if facet is not None:
             return facet.refusal(self, kind, group, rank, payload)

@@ -30,7 +30,7 @@ them and dispatches to them:
 ``proposals.py``    the proposal queue, what starts the next change (``reconfigure.py``: torch's)
 ``barrier.py``      the view change: prepare, ACKs, commit; formation failing
 ``deadlines.py``    ticks: the deadlines and what a resumed tick restarts
-``ending.py``       a group's run ended by the operator
+``ending.py``       a group's run over: ended by the operator, or finished
 ==================  =======================================================================
 
 ``stalls.py`` decides a view that failed with nobody blamed; ``barrier.py`` applies it.
@@ -169,6 +169,7 @@ class Coordinator(
         g = self._groups.get(record.group)  # type: ignore[arg-type]
         if g is not None:
             self._settle(g, record, effects)
+            self._finish_if_done(g, record, effects)  # after a clean exit (ending.py)
         return effects
 
     def _settle(self, g: GroupState, record: Record, effects: list[Effect]) -> None:

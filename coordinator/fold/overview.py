@@ -50,6 +50,7 @@ def group_list(machine: Coordinator) -> list[dict[str, Any]]:
         out.append(
             {
                 "group": name,
+                "run": g.created_offset,
                 "world_size": g.config.world_size,
                 "version": g.version,
                 "formation": g.formation,
@@ -77,6 +78,7 @@ def group_overview(machine: Coordinator, group: str) -> dict[str, Any] | None:
     cfg = g.cfg
     return {
         "group": g.name,
+        "run": g.created_offset,
         "offset": machine.offset,
         "config": g.config.to_dict(),
         "formation": {"status": g.formation, "error": g.formation_error},
@@ -108,7 +110,12 @@ def group_overview(machine: Coordinator, group: str) -> dict[str, Any] | None:
         "reconcile_window_end_ts": g.window_end,
         "ended": None
         if g.ended is None
-        else {"reason": g.ended, "offset": g.ended_offset, "deleted": g.deleted},
+        else {
+            "reason": g.ended,
+            "offset": g.ended_offset,
+            "deleted": g.deleted,
+            "finished": g.finished,
+        },
         "budget": {
             "failures": g.failures,
             "max_failure": g.config.max_failure,

@@ -22,6 +22,8 @@ from .stalls import Stall
 FORMING = "forming"
 FORMED = "formed"
 FAILED = "failed"
+#: the ``ended`` reason of a run that finished: formed, and every rank that joined exited cleanly
+FINISHED = "finished: every rank exited cleanly"
 
 
 class RankInfo:
@@ -251,6 +253,8 @@ class GroupState:
         self.ended_offset: int | None = None
         #: ended and gone from the listings (its history stays)
         self.deleted = False
+        #: the run ended because it finished (``ended`` is FINISHED), not by the operator
+        self.finished = False
 
     @property
     def active(self) -> tuple[int, ...]:
@@ -290,6 +294,7 @@ class GroupState:
                     "ended": self.ended,
                     "ended_offset": self.ended_offset,
                     "deleted": self.deleted,
+                    **({"finished": True} if self.finished else {}),
                 }
             ),
         }
@@ -321,6 +326,7 @@ class GroupState:
         g.ended = d.get("ended")
         g.ended_offset = d.get("ended_offset")
         g.deleted = bool(d.get("deleted", False))
+        g.finished = bool(d.get("finished", False))
         g.candidates = {
             r for r, info in enumerate(g.ranks) if info.state != OFFLINE and info.self_ready
         }

@@ -28,6 +28,8 @@ def group_status(g: GroupState) -> dict[str, Any]:
         counts["exited"] += info.exited and info.state == "OFFLINE"
     return {
         "group": g.name,
+        #: the run's id: the offset of the group's ``group_created`` record (a name runs once)
+        "run": g.created_offset,
         "config": g.config.to_dict(),
         "formation": {"status": g.formation, "error": g.formation_error},
         "view": None if g.view is None else plain(g.view),
@@ -66,6 +68,11 @@ def group_status(g: GroupState) -> dict[str, Any]:
         "shutdown": g.shutdown,
         "ended": None
         if g.ended is None
-        else {"reason": g.ended, "offset": g.ended_offset, "deleted": g.deleted},
+        else {
+            "reason": g.ended,
+            "offset": g.ended_offset,
+            "deleted": g.deleted,
+            "finished": g.finished,
+        },
         "reconcile_window_end_ts": g.window_end,
     }

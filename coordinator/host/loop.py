@@ -232,9 +232,10 @@ class Host:
     # -- lifecycle -------------------------------------------------------------------------------
 
     @classmethod
-    async def open(cls, target: str, **options: Any) -> Host:
-        """Open the log, claim its term, restore the snapshot, replay the tail and start."""
-        log_ = await open_log(target)
+    async def open(cls, target: str, *, adopt_empty: bool = False, **options: Any) -> Host:
+        """Open the log, claim its term, restore the snapshot, replay the tail and start.
+        ``adopt_empty``: a new log may be made in an empty file (``open_log``)."""
+        log_ = await open_log(target, adopt_empty=adopt_empty)
         try:
             await log_.claim_term()
             host = await cls.restore(log_, **options)

@@ -87,7 +87,12 @@ async def open_host(
 
 
 async def open_replica(
-    target: str, *, address: str, settings: LeaseSettings, **options: Any
+    target: str,
+    *,
+    address: str,
+    settings: LeaseSettings,
+    adopt_empty: bool = False,
+    **options: Any,
 ) -> Host:
     """Open the log (no term claimed), restore the snapshot and fold the tail as a standby."""
     where = parse_target(target)

@@ -109,7 +109,7 @@ def test_ending_a_running_group_stops_its_ranks_and_keeps_its_history(coordinato
         pair[0].wait_for_view(2, timeout=60)
         ended = coordinator.client.request("POST", "/groups/run/end", json={"reason": "rerun"})
         assert ended["ended"] == {"reason": "rerun", "offset": ended["ended"]["offset"],
-                                  "deleted": False}  # fmt: skip
+                                  "deleted": False, "finished": False}  # fmt: skip
         assert ended["rank_counts"]["OFFLINE"] == 2 and ended["shutdown"] == "ended"
         again = httpx.post(coordinator.url + "/groups/run/end", json={})
         assert again.status_code == 200  # ending again: the same answer, nothing appended

@@ -229,7 +229,7 @@ async def test_two_openers_of_a_new_log_create_it_once(fresh_target: str) -> Non
 async def test_a_file_that_is_not_a_database_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "notes.txt"
     path.write_bytes(b"this is not a SQLite database, just some text " * 100)
-    with pytest.raises(LogError, match=r"notes.txt.*file is not a database"):
+    with pytest.raises(LogError, match=r"notes.txt.*not a foldplane log: not a SQLite database"):
         await open_log(str(path))
     assert path.read_bytes().startswith(b"this is not a SQLite database")
 

@@ -32,7 +32,12 @@ def test_ending_a_formed_group_stops_its_ranks_without_counting_failures():
     status = s.m.group_status("g")
     assert [r["state"] for r in status["ranks"]] == [OFFLINE] * 4
     assert status["failures"] == 0
-    assert status["ended"] == {"reason": "rerun", "offset": s.offset, "deleted": False}
+    assert status["ended"] == {
+        "reason": "rerun",
+        "offset": s.offset,
+        "deleted": False,
+        "finished": False,
+    }
     assert s.m.next_deadline() is None  # nothing waits on an ended group
     assert of(effects, ViewCommitted) == []
 
@@ -99,3 +104,60 @@ def test_a_malformed_ending_is_refused():
     bad = s.m.check("group_ended", "g", None, {"delete": "yes"})
     assert bad is not None and "delete must be true or false" in bad.message
     assert s.m.check("group_ended", "nope", None, {}).code == "unknown_group"
+
+
+# -- a run that finished: every rank that joined exited cleanly ---------------------------------
+
+
+def test_the_last_clean_exit_finishes_the_run_and_nothing_joins_it_again():
+    s = Script()
+    s.form(world_size=2)
+    assert of(s.exit(0), GroupEnded) == []  # one rank still runs
+    effects = s.exit(1)
+    ended = one(effects, GroupEnded)
+    assert (ended.reason, ended.deleted) == ("finished: every rank exited cleanly", False)
+    assert of(effects, ShutdownWithSave) == []  # nobody is left to save
+    status = s.m.group_status("g")
+    assert status["ended"]["finished"] and status["ended"]["offset"] == s.offset
+    assert status["run"] == 1  # the offset of its group_created
+    assert s.m.next_deadline() is None
+    refused = one(s.join(0, incarnation="stray"), Refused)
+    assert refused.code == GROUP_ENDED
+    assert "finished" in refused.message and "another group name" in refused.message
+    for kind, rank, payload in (
+        ("heartbeat", 0, {"incarnation": "g-0-a"}),
+        ("exit", 1, {"incarnation": "g-1-a"}),
+        ("death_reported", 1, {}),
+        ("proposal", None, {"op": "activate", "ranks": [0, 1]}),
+        ("group_created", None, {"world_size": 2, "config": {}}),
+        ("epoch_plan", None, {"epoch": 0, "dataset_size": 10}),
+    ):
+        refused = s.m.check(kind, "g", rank, payload)
+        assert refused is not None and refused.code == GROUP_ENDED, (kind, refused)
+    assert s.m.repeat_of("group_created", "g", None, {"world_size": 2, "config": {}}) is None
+
+
+def test_twin_a_run_with_a_dead_rank_or_not_formed_does_not_finish():
+    s = Script()
+    s.form(world_size=3)
+    s.death(2)
+    s.exit(0)
+    assert of(s.exit(1), GroupEnded) == []  # rank 2 died: a replacement may still come
+    assert of(s.join(2, incarnation="replacement"), Refused) == []
+    unformed = Script()
+    unformed.create(world_size=2)
+    unformed.join(0)
+    assert of(unformed.exit(0), GroupEnded) == []  # never formed: not a finished run
+    assert of(unformed.join(0, incarnation="again"), Refused) == []
+
+
+def test_a_finished_run_can_still_be_deleted_and_survives_a_snapshot():
+    s = Script()
+    s.form(world_size=1)
+    s.exit(0)
+    effects = end(s, delete=True)
+    assert one(effects, GroupEnded).deleted and of(effects, ShutdownWithSave) == []
+    restored = Coordinator.from_snapshot(s.m.snapshot())
+    assert restored.snapshot() == s.m.snapshot()
+    assert restored.group_status("g")["ended"]["finished"]
+    assert restored.check("join", "g", 0, {"incarnation": "x"}).code == GROUP_ENDED

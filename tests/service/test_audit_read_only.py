@@ -98,3 +98,47 @@ def test_plot_without_matplotlib_is_refused_before_the_replay(tmp_path: Path):
     assert run.returncode == 2, run
     assert "--plot: matplotlib is not installed" in run.stderr, run.stderr
     assert "does not exist" not in run.stderr, run.stderr
+
+
+def test_compact_and_serve_refuse_a_foreign_sqlite_database_and_an_empty_file(
+    tmp_path: Path, capsys
+):
+    """The commands that write (``compact``, ``serve``) check what they open too, before
+    anything is written: an application's database and an empty file stay byte-identical."""
+    from foldplane.cli import main
+    from tests.conftest import free_port
+
+    other = tmp_path / "app.db"
+    conn = sqlite3.connect(other)
+    conn.execute("CREATE TABLE users (id INTEGER PRIMARY KEY, name TEXT)")
+    conn.commit()
+    conn.close()
+    empty = tmp_path / "empty.db"
+    empty.write_bytes(b"")
+    before = snapshot_dir(tmp_path)
+    port = str(free_port())
+    for args in (["compact", str(other)], ["serve", "--db", str(other), "--port", port]):
+        assert main(args) == 2, args
+        err = capsys.readouterr().err
+        assert "is not a foldplane log: a SQLite database with tables [users]" in err, err
+    assert main(["compact", str(empty)]) == 2
+    assert "is an empty file, not a foldplane log" in capsys.readouterr().err
+    assert main(["serve", "--db", str(empty), "--port", port]) == 2
+    err = capsys.readouterr().err
+    assert "is an empty file" in err and "only where no file is" in err and "--init-empty" in err
+    assert snapshot_dir(tmp_path) == before  # the same files, byte for byte
+
+
+async def test_a_new_log_is_made_in_an_empty_file_only_when_asked(tmp_path: Path):
+    """The twin: ``--init-empty`` (``adopt_empty``) makes the log in an empty file; a path
+    that does not exist gets one without asking."""
+    from foldplane.eventlog import NewRecord, open_log
+
+    empty = tmp_path / "empty.db"
+    empty.write_bytes(b"")
+    for path, options in ((empty, {"adopt_empty": True}), (tmp_path / "new.db", {})):
+        log = await open_log(path, **options)
+        try:
+            assert await log.append([NewRecord(kind="tick")]) == [1]
+        finally:
+            await log.close()
