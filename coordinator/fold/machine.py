@@ -166,8 +166,7 @@ class Coordinator(
             return effects
         inp = decode(kind, record.payload)
         self._transitions[type(inp)](record, inp, effects)
-        g = self._groups.get(record.group)  # type: ignore[arg-type]
-        if g is not None:
+        if (g := self._groups.get(record.group)) is not None:  # type: ignore[arg-type]
             self._settle(g, record, effects)
             self._finish_if_done(g, record, effects)  # after a clean exit (ending.py)
         return effects
