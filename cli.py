@@ -120,7 +120,12 @@ def _without_server(command: str, exc: ImportError) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m coordinator", description=__doc__.split("\n\n")[0])
+    from .agent.invocation import invoked_as
+
+    p = argparse.ArgumentParser(
+        prog=invoked_as("foldplane.coordinator", "foldplane-coordinator"),
+        description="foldplane's coordinator: serve, replay, compact, explain, group, token, demo.",
+    )
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
 
     s = sub.add_parser("serve", help="run the coordinator service")
@@ -458,6 +463,12 @@ def _serve(args: argparse.Namespace) -> int:
         return 2
     if (problem := _lighthouse_settings(args)) is not None:
         print(f"coordinator: {problem}", file=sys.stderr)
+        return 2
+    if args.advertise is not None and not args.advertise.startswith(("http://", "https://")):
+        print(
+            f"coordinator: --advertise {args.advertise!r} must start with http:// or https://",
+            file=sys.stderr,
+        )
         return 2
     if args.retain is not None:
         from .coordinator.host.retention import parse_policy

@@ -25,6 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from .agent.invocation import invoked_as
 from .coordinator.commands import serve_argv
 
 GROUP = "demo"
@@ -45,7 +46,7 @@ GROUP_CONFIG = {
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m coordinator demo",
+        prog=f"{invoked_as('foldplane.coordinator', 'foldplane-coordinator')} demo",
         description="Start a coordinator and 4 gloo workers, kill one, recover, show the history.",
     )
     p.add_argument("--db", help="the SQLite log to write (default: a new temporary directory)")
@@ -154,7 +155,7 @@ class Demo:
         self._print_history()
         print(
             f"\nThe log holds every input. Re-derive and check the history with:\n"
-            f"  python -m coordinator replay {self.db}\n"
+            f"  {invoked_as('foldplane.coordinator', 'foldplane-coordinator')} replay {self.db}\n"
         )
         return 0
 

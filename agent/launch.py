@@ -80,6 +80,7 @@ from .client import (
     parse_addresses,
     start_timeout_s,
 )
+from .invocation import invoked_as
 from .relay import Relay
 
 log = logging.getLogger("foldplane.launch")
@@ -560,7 +561,8 @@ def prepare_group(
     if stage == "running" and world_size is not None:
         return (
             f"{found}; a second launch would contend for its ranks. Stop that run or end it "
-            f"(python -m coordinator group end {group} --coordinator {client.addresses[0]}), "
+            f"(python -m foldplane.coordinator group end {group} --coordinator "
+            f"{client.addresses[0]}), "
             f"and {new_name}"
         )
     if world_size is not None:
@@ -622,7 +624,7 @@ class _Unsupported(argparse.Action):
     def __call__(self, parser: Any, namespace: Any, values: Any, option: str | None = None) -> None:
         flag = (option or self.option_strings[0]).replace("_", "-")
         parser.error(
-            f"torchrun's {option} is not supported by python -m foldplane.agent.launch: "
+            f"torchrun's {option} is not supported by {parser.prog}: "
             f"{UNSUPPORTED.get(flag, 'not supported')} (docs/torchrun.md)"
         )
 
@@ -638,7 +640,7 @@ def _spellings(flag: str) -> list[str]:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m foldplane.agent.launch",
+        prog=invoked_as("foldplane.agent.launch", "foldplane-launch"),
         description="Start the worker processes of a foldplane group, report deaths at once, "
         "and optionally replace failed workers. torchrun's flags are accepted where they mean "
         "the same (docs/torchrun.md).",
@@ -787,7 +789,7 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     if a.rdzv_backend not in (None, "foldplane"):
         p.error(
-            f"--rdzv-backend {a.rdzv_backend}: python -m foldplane.agent.launch always uses the foldplane "
+            f"--rdzv-backend {a.rdzv_backend}: {p.prog} always uses the foldplane "
             "coordinator; torchrun --rdzv-backend foldplane runs torchrun on it (docs/torchrun.md)"
         )
     if not a.coordinator:
@@ -803,7 +805,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.nnodes is not None:
         if not a.nnodes.isdecimal() or int(a.nnodes) < 1:
             p.error(
-                f"--nnodes {a.nnodes}: python -m foldplane.agent.launch takes a number of nodes; a range "
+                f"--nnodes {a.nnodes}: {p.prog} takes a number of nodes; a range "
                 "(MIN:MAX) is torchrun's elastic rendezvous: a foldplane group has a fixed world "
                 "size and changes its members inside it; for elastic node counts run torchrun "
                 "--rdzv-backend foldplane (docs/torchrun.md)"

@@ -555,5 +555,5 @@ async def _refuse_for_audit(conn: asyncpg.Connection, where: str, revision: str 
     check_known(where, revision)
     raise LogError(
         f"{where} has schema revision {revision!r}, older than this code's {code_head()!r}; "
-        "`python -m coordinator serve` migrates it (a write), a read-only audit does not"
+        "the coordinator's `serve` migrates it (a write), a read-only audit does not"
     )

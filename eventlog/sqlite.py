@@ -477,7 +477,7 @@ async def open_sqlite_read_only(path: Path) -> SqliteLog:
             if revision != code_head():
                 raise LogError(
                     f"{where} has schema revision {revision!r}, older than this code's "
-                    f"{code_head()!r}; `python -m coordinator serve` migrates it (a write), "
+                    f"{code_head()!r}; the coordinator's `serve` migrates it (a write), "
                     "a read-only audit does not"
                 )
             return conn.execute("SELECT term, next_seq - 1 FROM log_head WHERE id = 1").fetchone()
