@@ -792,7 +792,7 @@ class Agent:
             pass  # every rank left: there is no group to build
         else:
             self._pending_view = None
-            self._data_plane.install_view(view.version, members)
+            self._data_plane.install_view(view.version, members, _handle_order(view, members))
         self._publish(view=view, member=member)
 
     def _on_link_evidence(self, version: int, peers: dict[int, str], failed: list[int]) -> None:
@@ -977,3 +977,12 @@ def _describe(view: View | None) -> str:
     if view is None:
         return "none"
     return f"v{view.version} active_ranks={list(view.active_ranks)}"
+
+
+def _handle_order(view: View, members: list[int]) -> list[int] | None:
+    """The members of a view that torch's reconfigure committed, in the order of its handles
+    (the view's backend numbers them so, for the group of torch's model); None otherwise."""
+    order = view.cause.get("order") if view.cause.get("kind") == "reconfigure" else None
+    if not isinstance(order, list) or sorted(order) != sorted(members):
+        return None
+    return order

@@ -16,15 +16,14 @@ serves several groups from one store hands each group its own prefix).
   up, decided once for every member by the first to write it (``compare_set``): ``abort``, or
   ``shrink:<next>`` (the members of view ``next``, a subset, shrink it into theirs).
 - ``view/<version>/``: the prefix under which the backend of view ``version`` rendezvouses
-  (``view/<version>/cuda/`` its NCCL communicator, when it is built fresh).
+  (``view/<version>/cuda/`` its NCCL communicator, when it is built fresh). A view that torch's
+  reconfigure committed numbers its members in the handles' order, and the group of torch's
+  model takes its backends (:mod:`agent.dataplane.reconfigure`).
 - ``gloo-handle/<version>/<rank>``: ``rank``'s reconfigure handle of its gloo backend for view
   ``version``, when views reconfigure one backend (:mod:`agent.dataplane.persistent`); that
   backend rendezvouses under ``gloo/reconfigure/<uuid>/`` (gloo's own layout).
 - ``subgroup/<version>/<name>/``: the prefix under which torch's subgroup ``name`` (from
   ``dist.new_group``) rendezvouses, made while view ``version`` was installed.
-- ``reconfigure/<version>/``: the prefix under which the members of a reconfigure that view
-  ``version`` committed build its backend, in handle order (torch's model:
-  :mod:`agent.dataplane.reconfigure`; ``reconfigure/<version>/cuda/`` its NCCL communicator).
 """
 
 from __future__ import annotations
@@ -62,10 +61,6 @@ def rendezvous_prefix(version: int) -> str:
 
 def subgroup_prefix(version: int, name: str) -> str:
     return f"subgroup/{version}/{name}/"
-
-
-def reconfigure_prefix(version: int) -> str:
-    return f"reconfigure/{version}/"
 
 
 def gloo_handle(version: int, rank: int) -> str:

@@ -13,11 +13,13 @@ is active in reconfigures it, in three steps that every member takes alike:
    store, under ``gloo/``) in ``reconfigure/<uuid>/``, and refuses a uuid used before there.
 
 A backend is lent to one view at a time. The view gives it back when it lets its backend go
-(retired with nothing in flight, or when its last operation ends); a failed view's operations
-are ended first (:func:`agent.dataplane.backend.end_gloo_operations`), so a survivors' view finds
-the backend back within milliseconds. When the backend is still lent (a superseded view still
-runs an operation on it) or a reconfigure of it failed (gloo leaves its state undefined), the
-next view gets a new reconfigurable backend; the old one is released like any abandoned one.
+(retired with nothing in flight, or when its last operation ends); the operations of a failed
+view this rank moved on from are ended (:func:`agent.dataplane.backend.end_gloo_operations`) as
+soon as both are true, so a survivors' view gets the backend back within milliseconds of the
+failure being known. The next view waits up to ``RETURN_WAIT_S`` for a lent backend; past that
+(a superseded view that did not fail runs a long operation), or after a failed reconfigure
+(gloo leaves the backend's state undefined), it gets a new reconfigurable backend, and the old
+one is released like any abandoned backend.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ SUPPORTED = hasattr(_c10d, "ReconfigureOptions")
 BOOTSTRAP_PREFIX = "gloo/"
 #: the low bits of a view's uuid: its attempt (see :func:`view_uuid`)
 ATTEMPT_BITS = 8
-#: how long a view waits for a backend whose failed view's operations are being ended
+#: how long a view waits for the backend a superseded view still runs an operation on
 RETURN_WAIT_S = 1.0
 
 
@@ -81,7 +83,6 @@ class PersistentGloo:
         self._cond = threading.Condition()
         self._idle: object | None = None  # ready to be lent
         self._lent: object | None = None  # lent to a view
-        self._returning = False  # the lent one's operations are being ended: it comes back soon
         self._closed = False
         self.built = 0
         self.reconfigured = 0
@@ -113,12 +114,6 @@ class PersistentGloo:
             self.reconfigured += 1
         return backend
 
-    def returning(self, backend: object) -> None:
-        """``backend``'s operations are being ended: the next view waits for it to come back."""
-        with self._cond:
-            if backend is self._lent:
-                self._returning = True
-
     def give_back(self, backend: object | None) -> None:
         """A view lets ``backend`` go: the lent one becomes idle (the next view reconfigures
         it); any other (forgotten, or of a closed session) is released."""
@@ -127,10 +122,18 @@ class PersistentGloo:
         with self._cond:
             mine = backend is self._lent and not self._closed
             if mine:
-                self._idle, self._lent, self._returning = backend, None, False
+                self._idle, self._lent = backend, None
                 self._cond.notify_all()
         if not mine:
             self._kind.abandon(backend)
+
+    def hand_over(self, backend: object) -> None:
+        """The lent ``backend`` leaves for good (torch's model took a view's backend): the next
+        view gets a new one."""
+        with self._cond:
+            if backend is self._lent:
+                self._lent = None
+                self._cond.notify_all()
 
     def close(self) -> None:
         """The session ends: release the idle backend; a lent one is released when given back."""
@@ -150,7 +153,9 @@ class PersistentGloo:
                 self._timeout_s, stale, self._idle = timeout_s, self._idle, None
         self._kind.abandon(stale)
         with self._cond:
-            if self._idle is None and self._lent is not None and self._returning:
+            if self._idle is None and self._lent is not None:
+                # a superseded view still runs an operation on it: a failed one's are ended
+                # (within milliseconds once it is known to have failed), another's may finish
                 self._cond.wait_for(lambda: self._lent is None or self._closed, RETURN_WAIT_S)
             if self._idle is not None:
                 backend, self._idle = self._idle, None
@@ -158,7 +163,7 @@ class PersistentGloo:
                 return backend
             # none yet, or the one there is still lent: a new one (the lent one is then
             # released when its view gives it back)
-            self._lent, self._returning = None, False
+            self._lent = None
         backend = self._create()
         with self._cond:
             self._lent = backend
@@ -168,7 +173,7 @@ class PersistentGloo:
     def _forget(self, backend: object) -> None:
         with self._cond:
             if backend is self._lent:
-                self._lent, self._returning = None, False
+                self._lent = None
         self._kind.abandon(backend)
 
     def _create(self) -> object:

@@ -189,6 +189,10 @@ class DataPlane:
         self._final = False
         self._failed_ops: dict[int, tuple[int, int]] = {}  # see ops_at_failure
         self._rendezvous_lock = threading.Lock()
+        #: a group of torch's reconfigure model runs here (serve_configurations)
+        self.configurations = False
+        #: backends of reconfigure views retired before their group claimed them, by version
+        self._parked: dict[int, tuple[tuple[int, ...], dict[str, object]]] = {}
         self._session = self._open_session(store_host, store_port)
         self._group = ElasticProcessGroup(self)
         self._start_watcher(self._session)
@@ -260,13 +264,28 @@ class DataPlane:
             port,
         )
 
-    def install_view(self, version: int, active_ranks: Sequence[int]) -> None:
+    def install_view(
+        self, version: int, active_ranks: Sequence[int], order: Sequence[int] | None = None
+    ) -> None:
         """Follow committed view ``version``; returns at once (the backend builds in the background).
+
+        ``order``: the active ranks in the order of a reconfigure's handles (the view's cause);
+        the view's backend then numbers them so (every member gets the same ``order`` from the
+        committed view), and the group of torch's model takes that backend as its
+        configuration's (:meth:`claim_view`). Otherwise global rank order.
 
         A version not newer than the installed one is ignored (a replayed update), unless it
         names other ranks than the installed view of that version: that is a conflict.
         """
         members = self._check_view(version, active_ranks)
+        if order is not None:
+            ordered = tuple(order)
+            if sorted(ordered) != list(members):
+                raise ValueError(
+                    f"view {version}: order {list(ordered)} is not the active ranks "
+                    f"{list(members)} in some order"
+                )
+            members = ordered
         with self._lock:
             if self.closed.is_set():
                 raise DataPlaneError(
@@ -280,7 +299,7 @@ class DataPlane:
                         f"not {list(members)}"
                     )
                 return
-            view = ViewGroup(version, members, self, parent=old)
+            view = ViewGroup(version, members, self, parent=old, ordered=order is not None)
             self._view = view
             self._views.add(view)
             self._lock.notify_all()
@@ -368,6 +387,11 @@ class DataPlane:
             self._lock.notify_all()
         if view is not None:
             view.retire(wake=True)
+        with self._lock:
+            parked, self._parked = list(self._parked.values()), {}
+        for _, backends in parked:
+            for backend in backends.values():
+                self.kind.abandon(backend)
         session = self._session
         session.heartbeat.stop()
         if session.gloo is not None:
@@ -448,6 +472,58 @@ class DataPlane:
 
     def control_store(self) -> Store:
         return self._session.control
+
+    def serve_configurations(self) -> None:
+        """A group of torch's reconfigure model runs on this plane: the backends of views a
+        reconfigure committed are kept for it until it claims them (:meth:`claim_view`), even
+        if a newer view is installed first."""
+        self.configurations = True
+
+    def park(self, version: int, members: tuple[int, ...], backends: dict[str, object]) -> None:
+        """Keep the backends of reconfigure view ``version`` (retired unclaimed) for a claim."""
+        with self._lock:
+            if not self.closed.is_set():
+                self._parked[version] = (members, backends)
+                return
+        for backend in backends.values():
+            self.kind.abandon(backend)
+
+    def claim_view(
+        self, version: int, members: Sequence[int], deadline: float
+    ) -> dict[str, object]:
+        """The backends of reconfigure view ``version`` over ``members`` (in handle order),
+        now the caller's: the view itself runs nothing more on them. Waits for the view's
+        build until ``deadline`` (``time.monotonic()``); ``DataPlaneError`` naming why when the
+        view has no such backend (its build failed, it was installed with another order, or
+        this rank never installed it). Parked backends of older views are released."""
+        members = tuple(members)
+        with self._lock:
+            parked = self._parked.pop(version, None)
+            released = [self._parked.pop(v) for v in [v for v in self._parked if v < version]]
+            view = next((v for v in self._views if v.version == version), None)
+        for _, old in released:
+            for backend in old.values():
+                self.kind.abandon(backend)
+        backends: dict[str, object] | None = None
+        if parked is not None:
+            if parked[0] == members:
+                backends = parked[1]
+            else:
+                for backend in parked[1].values():
+                    self.kind.abandon(backend)
+        elif view is not None and view.members == members:
+            backends = view.hand_over(deadline)
+        if backends is None:
+            if view is not None and view.failure is not None:
+                reason = f"its build failed: {view.failure.reason}"
+            elif view is not None and view.members != members:
+                reason = f"it was installed over {list(view.members)}"
+            else:
+                reason = "this rank did not build it"
+            raise DataPlaneError(
+                f"rank {self.rank}: view {version} has no backend over {list(members)}: {reason}"
+            )
+        return backends
 
     @property
     def persistent_gloo(self) -> PersistentGloo | None:

@@ -34,6 +34,7 @@ import atexit
 import contextlib
 import logging
 import threading
+import time
 import weakref
 from collections.abc import Callable, Sequence, Set
 from contextlib import AbstractContextManager
@@ -43,10 +44,9 @@ from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
-from torch.distributed import PrefixStore, Store
+from torch.distributed import Store
 from torch.distributed import distributed_c10d as _c10d
 
-from . import keys
 from .backend import BackendKind, end_gloo_operations
 from .errors import DataPlaneError, ReconfigureError
 
@@ -111,6 +111,12 @@ class ReconfigurePlane(Protocol):
     def backend_timeout_s(self) -> float: ...
 
     def rendezvous_store(self) -> AbstractContextManager[Store]: ...
+
+    def serve_configurations(self) -> None: ...
+
+    def claim_view(
+        self, version: int, members: Sequence[int], deadline: float
+    ) -> dict[str, object]: ...
 
 
 @dataclass(frozen=True)
@@ -408,6 +414,7 @@ class ReconfigurableProcessGroup(Reconfigurable, dist.ProcessGroup):
         super().__init__(plane.rank, plane.world_size)
         self._plane = plane
         self.agent = agent
+        plane.serve_configurations()  # the views of its reconfigures keep their backends for it
         self._group_name = ""
         self._config: Configuration | None = None
         self._lock = threading.Lock()
@@ -458,29 +465,21 @@ class ReconfigurableProcessGroup(Reconfigurable, dist.ProcessGroup):
         return () if config is None else config.members
 
     def _take(self, view: Any, request: Request) -> None:
-        """Build the configuration's backend (every member does, as its view committed) and
-        make it this process's, unless a newer one was taken meanwhile."""
+        """Take the backends the data plane built for view ``view`` (every member built them
+        as the view committed, numbered in handle order: one backend per reconfigure) and make
+        them this process's configuration, unless a newer one was taken meanwhile."""
         plane = self._plane
         members = request.ranks
         position = members.index(plane.rank)
         version = int(view.version)
         timeout_s = request.timeout_s or plane.backend_timeout_s
-        backends: dict[str, object] = {}
         try:
-            for device_type in plane.kind.device_types:
-                prefix = keys.reconfigure_prefix(version) + (
-                    "cuda/" if device_type == "cuda" else ""
-                )
-                with plane.rendezvous_store() as store:
-                    backends[device_type] = plane.kind.create_for(
-                        device_type, PrefixStore(prefix, store), position, len(members), timeout_s
-                    )
-        except RuntimeError as e:
-            _release(plane.kind, backends, position, len(members))
+            backends = plane.claim_view(version, members, time.monotonic() + timeout_s)
+        except DataPlaneError as e:
             raise ReconfigureError(
                 "build_failed",
-                f"version {version} committed, but building its backend (rank {position} of "
-                f"{len(members)}) failed: {e}",
+                f"version {version} committed, but its backend (rank {position} of "
+                f"{len(members)}) is not there: {e}",
             ) from None
         config = Configuration(version, request.uuid, members, position, backends)
         with self._lock:

@@ -41,6 +41,7 @@ from .backend import (
     connect_nccl,
     end_gloo_operations,
 )
+from .errors import DataPlaneError
 from .liveness import find_dead
 from .persistent import PersistentGloo
 from .poison import PoisonNotice
@@ -72,6 +73,11 @@ class ViewContext(Protocol):
 
     @property
     def persistent_gloo(self) -> PersistentGloo | None: ...
+
+    #: a group of torch's reconfigure model runs on the plane (it claims reconfigure views)
+    configurations: bool
+
+    def park(self, version: int, members: tuple[int, ...], backends: dict[str, object]) -> None: ...
 
     def control_store(self) -> Store: ...
 
@@ -114,9 +120,17 @@ class ViewGroup:
         members: tuple[int, ...],
         ctx: ViewContext,
         parent: ViewGroup | None = None,
+        *,
+        ordered: bool = False,
     ) -> None:
         self.version = version
+        #: the view's ranks in in-view rank order: global rank order, or a reconfigure's
+        #: handle order (``ordered``)
         self.members = members
+        #: a reconfigure committed this view: its backends are kept for the group of torch's
+        #: model, which takes them (``hand_over``)
+        self.ordered = ordered
+        self._handed_over = False
         self.active = ctx.rank in members
         self._ctx = ctx
         self._index = {rank: i for i, rank in enumerate(members)}
@@ -144,6 +158,8 @@ class ViewGroup:
         self._orphan: object | None = None  # a retired backend, released once it is idle
         #: who lent this view its gloo backend (views reconfigure one backend), else None
         self._lender: PersistentGloo | None = None
+        self._ending = False  # the lent backend's operations were ended (once)
+        self._ending_now = False  # ... and the thread that ends them still runs
         self._retired_watch = False  # a thread waits on ``poisoned/<v>`` for the ops left here
 
     # -- queries ------------------------------------------------------------------------------
@@ -351,6 +367,27 @@ class ViewGroup:
             self._cuda_state = state
             self._cond.notify_all()
 
+    def hand_over(self, deadline: float) -> dict[str, object] | None:
+        """Give the view's backends (gloo, and NCCL if built with the view) to the group of
+        torch's model once built; None if the build failed, the view was retired unclaimed
+        meanwhile (then they are parked with the plane), or ``deadline`` passed."""
+        with self._cond:
+            self._cond.wait_for(
+                lambda: self._built or self._failure is not None or self._retired,
+                max(0.0, deadline - time.monotonic()),
+            )
+            if not self._built or self._failure is not None or self._retired:
+                return None
+            backends = {"cpu": self._backend}
+            if self._cuda is not None and not self._aborted:
+                backends["cuda"] = self._cuda
+            self._backend = self._cuda = None
+            self._handed_over = True
+            lender, self._lender = self._lender, None
+        if lender is not None:
+            lender.hand_over(backends["cpu"])
+        return backends
+
     def _watch_build(self) -> None:
         """While the backend is not built, look for members that died: fail the view early.
 
@@ -397,6 +434,11 @@ class ViewGroup:
 
         Past ``deadline`` (a ``time.monotonic()`` value) the view fails: a member never came.
         """
+        if self._handed_over:
+            raise DataPlaneError(
+                f"view {self.version}'s backend belongs to the group of torch's reconfigure "
+                "model now (the reconfigure that committed the view took it)"
+            )
         if device_type == "cuda":
             return self._cuda_backend(deadline)
         backend = self._backend
@@ -488,7 +530,8 @@ class ViewGroup:
         with self._cond:
             self._inflight -= 1
             self._completed += ok
-            orphan = self._orphan if self._inflight == 0 else None
+            # (while its operations are being ended, the thread that ends them releases it)
+            orphan = self._orphan if self._inflight == 0 and not self._ending_now else None
             if orphan is not None:
                 self._orphan = None
             cuda = None
@@ -550,7 +593,9 @@ class ViewGroup:
             ops = (self._issued, self._completed)
             self._failure = Failure(reason, blamed, notice, report, ops)
             pending, self._pending = self._pending, set()
+            ending = self._lent_orphan_to_end()  # this rank moved on already
             self._cond.notify_all()
+        self._end_lent_orphan(ending)
         # At INFO: a failure the hint explains (it names the ranks that failed) is the elastic
         # path at work, which the layers above report in a line; ``_decide`` warns of one it
         # cannot explain.
@@ -676,14 +721,25 @@ class ViewGroup:
             self._retired = True
             parent, self._parent = self._parent, None  # never built: the parent goes as usual
             backend, self._backend = self._backend, None  # the reaper must hold the last reference
-            ending = None
+            parked: dict[str, object] | None = None
+            if (
+                self.ordered
+                and self._ctx.configurations
+                and backend is not None
+                and self._built
+                and self._failure is None
+                and self._inflight == 0
+            ):  # torch's model has not taken them yet: they are kept for it
+                parked = {"cpu": backend}
+                if self._cuda is not None and not self._aborted:
+                    parked["cuda"], self._cuda = self._cuda, None
+                backend = None
+                lender, self._lender = self._lender, None
+                if lender is not None:
+                    lender.hand_over(parked["cpu"])
             if backend is not None and self._inflight > 0:
                 self._orphan, backend = backend, None  # released by the last op_ended()
-                if self._lender is not None and self._failure is not None and not wake:
-                    # a lent backend of a failed view: its operations end now, so the next
-                    # view reconfigures it instead of building another (nobody uses this view)
-                    ending = self._orphan
-                    self._lender.returning(ending)
+            ending = None if wake else self._lent_orphan_to_end()
             cuda = connecting = None
             self._cuda_reserved = (
                 self._ctx.nccl_shrink
@@ -715,18 +771,55 @@ class ViewGroup:
                 )
         if parent is not None:
             parent.release_cuda()
-        if ending is not None:
-            threading.Thread(
-                target=end_gloo_operations,
-                args=(ending, self.index(self._ctx.rank), len(self.members)),
-                name=f"dataplane-end-v{self.version}",
-                daemon=True,
-            ).start()
+        self._end_lent_orphan(ending)
+        if parked is not None:
+            self._ctx.park(self.version, self.members, parked)
         self._release_gloo(backend)
         for nccl in (cuda, connecting):
             self._ctx.kind.abandon(nccl)  # aborted (again: idempotent) and kept, never destroyed
         for work in pending:
             work.wake()
+
+    def _lent_orphan_to_end(self) -> object | None:
+        """Under ``_cond``: the lent backend of a failed view this rank moved on from, whose
+        operations are still in gloo, marked as coming back to its lender; else None.
+
+        Nobody may use such a view any more, so its operations are ended (the next view then
+        reconfigures the backend instead of building another); once only.
+        """
+        orphan = self._orphan
+        if (
+            orphan is None
+            or self._lender is None
+            or self._failure is None
+            or not self._retired
+            or self._ending
+        ):
+            return None
+        self._ending = self._ending_now = True
+        return orphan
+
+    def _end_lent_orphan(self, orphan: object | None) -> None:
+        """End the operations of ``orphan`` (see :meth:`_lent_orphan_to_end`) in a thread of
+        its own, and only then let it go: ending them probes each peer's connection in turn,
+        which must not reach the next view's (the backend, once back, is reconfigured)."""
+        if orphan is None:
+            return
+
+        def end() -> None:
+            try:
+                end_gloo_operations(orphan, self.index(self._ctx.rank), len(self.members))
+            finally:
+                with self._cond:
+                    self._ending_now = False
+                    idle = self._inflight == 0 and self._orphan is orphan
+                    if idle:
+                        self._orphan = None
+                    self._cond.notify_all()
+                if idle:
+                    self._release_gloo(orphan)
+
+        threading.Thread(target=end, name=f"dataplane-end-v{self.version}", daemon=True).start()
 
     def _release_gloo(self, backend: object | None) -> None:
         """Let the view's gloo backend go: back to its lender (views reconfigure one backend),

@@ -95,3 +95,55 @@ def test_a_closed_plane_releases_its_backend(make_plane) -> None:
     assert gloo._idle is None and gloo._lent is None
     with pytest.raises(DataPlaneError):
         dp.process_group().barrier()
+
+
+# -- a view that torch's reconfigure committed: one backend, taken by torch's model ------------
+
+
+def test_a_reconfigure_view_numbers_its_members_in_handle_order_and_hands_its_backend_over(
+    make_plane,
+) -> None:
+    import time
+
+    planes = [make_plane(rank=r, world_size=3) for r in range(3)]
+    for dp in planes:
+        dp.serve_configurations()
+        dp.install_view(1, [0, 1, 2], order=[2, 0, 1])  # rank 2 is in-view rank 0
+    deadline = time.monotonic() + 10
+    taken = {dp.rank: dp.claim_view(1, [2, 0, 1], deadline) for dp in planes}
+    assert {dp.rank: taken[dp.rank]["cpu"].rank() for dp in planes} == {2: 0, 0: 1, 1: 2}
+    # the view's own backend is the one taken (no second backend was built for it)
+    assert all(dp.current_view()._backend is None for dp in planes)
+    ts = {r: torch.full((1,), float(r)) for r in range(3)}
+    works = [taken[r]["cpu"].broadcast([ts[r]]) for r in range(3)]  # root: position 0 = rank 2
+    for w in works:
+        w.wait()
+    assert [t.item() for t in ts.values()] == [2.0, 2.0, 2.0]
+    with pytest.raises(DataPlaneError, match="belongs to the group of torch's reconfigure model"):
+        planes[0].process_group().barrier()
+
+
+def test_a_reconfigure_view_retired_before_it_is_claimed_keeps_its_backend_for_the_claim(
+    make_plane,
+) -> None:
+    import time
+
+    planes = [make_plane(rank=r, world_size=2) for r in range(2)]
+    for dp in planes:
+        dp.serve_configurations()
+        dp.install_view(1, [0, 1], order=[1, 0])
+    deadline = time.monotonic() + 10
+    while not all(dp.current_view()._built for dp in planes) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    for dp in planes:
+        dp.install_view(2, [0, 1])
+    taken = [dp.claim_view(1, [1, 0], time.monotonic() + 5)["cpu"] for dp in planes]
+    assert [b.rank() for b in taken] == [1, 0]
+    with pytest.raises(DataPlaneError, match=r"view 1 has no backend over \[1, 0\]"):
+        planes[0].claim_view(1, [1, 0], time.monotonic() + 1)  # taken already
+
+
+def test_install_view_refuses_an_order_that_is_not_its_members(make_plane) -> None:
+    dp = make_plane(rank=0, world_size=3)
+    with pytest.raises(ValueError, match=r"order \[0, 2\] is not the active ranks \[0, 1\]"):
+        dp.install_view(1, [0, 1], order=[0, 2])
