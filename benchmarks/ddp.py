@@ -276,15 +276,7 @@ def _fp_train_worker(state_mb: int) -> int:
 def _torchft_trial(state_mb: int, world: int = WORLD) -> tuple[float, float]:
     """4 replica groups; kill one; (kill -> survivors committed with 3, the restarted one's heal)."""
     with ReplicaGroups(
-        lambda r, address: [
-            sys.executable,
-            "-m",
-            __name__,
-            "ft-train",
-            str(r),
-            address,
-            str(state_mb),
-        ],
+        lambda r, address: [sys.executable, "-m", __name__, "ft-train", str(r), address, str(state_mb)],
         world,
     ) as replicas:
         try:
