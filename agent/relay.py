@@ -75,7 +75,13 @@ from ..wire.codes import (
 )
 from ..wire.protocol import MAX_EVENTS, QUERY
 from ..wire.ranks import MAX_QUERY_RANKS
-from ..wire.updates import AgentUpdate, UpdateError, addressed_rank, decode_updates
+from ..wire.updates import (
+    AgentUpdate,
+    ShutdownUpdate,
+    UpdateError,
+    addressed_rank,
+    decode_updates,
+)
 from ..wire.updates import encode as encode_update
 from .channel import ChannelClosed, ChannelLink, ChannelRefused, HostChannel
 from .client import (
@@ -112,6 +118,10 @@ CACHE_BYTES = 4 * 1024 * 1024
 #: ``BACKOFF_MAX_S``; a channel that brought a push, or stayed open that long, starts it again.
 BACKOFF_S = 0.05
 BACKOFF_MAX_S = 2.0
+#: How long a lane keeps a ``shutdown_with_save`` from its other ranks' workers while the
+#: worker of its checkpoint rank has not been handed it (the coordinator's default
+#: ``--shutdown-lead-s``, which orders the hosts; this orders the workers of one host).
+SHUTDOWN_LEAD_S = 2.0
 #: Statuses of a request refused as a whole: a merged one is retried piece by piece.
 REFUSED = frozenset({400, 401, 403, 404, 413, 422})
 
@@ -261,10 +271,21 @@ class UpdateCache:
     :meth:`serve` says None and the poll must go upstream on its own. A ``resync`` answer replaces
     everything: each rank it names gets that answer (its own part of it) once for any ``after``
     below N.
+
+    The saver first: a ``shutdown_with_save`` whose checkpoint rank the push carries is held
+    from the push's other ranks (their answers end before its offset) until that rank has been
+    served it, or for ``shutdown_lead_s`` at most (:meth:`held_until`), so the worker that saves
+    hears of the shutdown while the others still hold their state, as the coordinator orders
+    the hosts (docs/protocol.md).
     """
 
-    def __init__(self, max_bytes: int = CACHE_BYTES) -> None:
+    def __init__(
+        self, max_bytes: int = CACHE_BYTES, shutdown_lead_s: float = SHUTDOWN_LEAD_S
+    ) -> None:
         self.max_bytes = max_bytes
+        self.shutdown_lead_s = shutdown_lead_s
+        #: (checkpoint rank, the shutdown's offset, held until this ``time.monotonic()``)
+        self._saver: tuple[int, int, float] | None = None
         self.nbytes = 0
         self.dropped = 0  # updates dropped to stay within max_bytes
         self.group: Span | None = None
@@ -294,9 +315,19 @@ class UpdateCache:
         next_after: int,
         resync: bool = False,
         restored: bool = False,
+        now: float | None = None,
     ) -> None:
         """Record a push (or a poll's answer) for ``ranks`` after ``after``."""
         ranks = list(ranks)
+        for update in updates:
+            if (
+                isinstance(update, ShutdownUpdate)
+                and update.checkpoint_rank in ranks
+                and len(ranks) > 1
+                and self._saver is None
+            ):
+                until = (time.monotonic() if now is None else now) + self.shutdown_lead_s
+                self._saver = (update.checkpoint_rank, update.offset, until)
         if resync:
             self._clear()
             self.group = Span(next_after, next_after)
@@ -332,9 +363,31 @@ class UpdateCache:
             self._insert(update)
         self._trim_to_bytes()
 
-    def serve(self, rank: int, after: int) -> Served | None:
+    def held_until(self, now: float | None = None) -> float | None:
+        """Until when a shutdown is held for its checkpoint rank (None: nothing is held)."""
+        saver = self._saver
+        if saver is not None and (time.monotonic() if now is None else now) >= saver[2]:
+            self._saver = saver = None
+        return None if saver is None else saver[2]
+
+    def serve(self, rank: int, after: int, now: float | None = None) -> Served | None:
         """The answer for ``rank`` after ``after`` (its updates may be none yet: then wait), or
         None when the cache does not hold everything since ``after`` for that rank."""
+        served = self._serve(rank, after)
+        if served is None or self.held_until(now) is None:
+            return served
+        assert self._saver is not None
+        saver, offset, _ = self._saver
+        if rank == saver:
+            if served.next_after >= offset:
+                self._saver = None  # handed to the checkpoint rank: the others may have it
+            return served
+        if served.next_after < offset:
+            return served
+        kept = tuple(u for u in served.updates if u.offset < offset)
+        return Served(kept, max(after, offset - 1))
+
+    def _serve(self, rank: int, after: int) -> Served | None:
         own = self._resync.get(rank)
         if own is not None:
             at = self._resync_at
@@ -859,7 +912,10 @@ class UpdatesLane:
             member.waiting += 1
             try:
                 while True:
+                    held = self.cache.held_until()
                     served = self.cache.serve(args.rank, args.after)
+                    if held is not None and self.cache.held_until() is None:
+                        self._cond.notify_all()  # the checkpoint rank was handed the shutdown
                     if served is not None and (served.updates or served.resync):
                         self.trim()
                         return 200, self._body(served)
@@ -878,6 +934,10 @@ class UpdatesLane:
                 member.seen = time.monotonic()
             args.timeout = max(0.0, deadline - time.monotonic())
             return self._solo(args, token)  # trimmed away, or refused together with others
+
+    def _notify(self) -> None:
+        with self._cond:
+            self._cond.notify_all()
 
     def _lane_serves(self, rank: int, after: int) -> bool:
         """The cache holds ``rank``'s updates since ``after``, or the lane's channel brings
@@ -1056,6 +1116,11 @@ class UpdatesLane:
                 bool(body.get("resync")),
                 bool(body.get("restored")),
             )
+            if (until := self.cache.held_until()) is not None:
+                # the others' polls wait for the checkpoint rank's, or for the lead's end
+                self._upstream.loop.call_later(
+                    max(0.0, until - time.monotonic()) + 0.001, self._notify
+                )
             self.trim()
             self._cond.notify_all()
         self._stats.add("lane_pushes")

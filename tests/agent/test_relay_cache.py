@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from foldplane.agent.relay import (
     EventsRequest,
+    Served,
     UpdateCache,
     split_results,
     take_batch,
@@ -21,6 +22,7 @@ from foldplane.wire.updates import (
     AgentUpdate,
     RankSetDelta,
     RankStateUpdate,
+    ShutdownUpdate,
     ViewCommittedUpdate,
     addressed_rank,
 )
@@ -269,3 +271,51 @@ def test_what_the_cache_serves_is_exactly_the_coordinators_answer(steps, max_byt
                 if served is not None and not served.resync:
                     assert served.next_after >= after
                     assert served.updates == truth(rank, after, served.next_after), (rank, after)
+
+
+# -- the saver first ---------------------------------------------------------------------------
+
+
+def shutdown(offset: int, checkpoint_rank: int | None) -> ShutdownUpdate:
+    return ShutdownUpdate(
+        offset=offset,
+        group="g",
+        reason="max_failure_exceeded",
+        detail="",
+        checkpoint_rank=checkpoint_rank,
+    )
+
+
+def test_a_shutdown_reaches_the_checkpoint_ranks_worker_before_the_others_of_its_host() -> None:
+    cache = UpdateCache(shutdown_lead_s=2.0)
+    cache.add([0, 1, 2], 0, [view(1, 1), shutdown(2, 1)], 2, now=100.0)
+    # rank 2's poll gets what comes before the shutdown, and waits for the rest
+    held = cache.serve(2, 0, now=100.5)
+    assert held is not None and [u.offset for u in held.updates] == [1]
+    assert held.next_after == 1
+    assert cache.serve(2, 1, now=100.5) == Served((), 1)
+    assert cache.held_until(now=100.5) == 102.0
+    # the checkpoint rank is handed it; from then on the others get it too
+    saver = cache.serve(1, 0, now=100.6)
+    assert saver is not None and [u.offset for u in saver.updates] == [1, 2]
+    assert cache.held_until(now=100.6) is None
+    after = cache.serve(2, 1, now=100.7)
+    assert after is not None and [u.offset for u in after.updates] == [2]
+
+
+def test_a_checkpoint_rank_that_never_polls_holds_the_others_back_only_the_lead() -> None:
+    cache = UpdateCache(shutdown_lead_s=2.0)
+    cache.add([0, 1, 2], 0, [shutdown(1, 1)], 1, now=100.0)
+    assert cache.serve(0, 0, now=101.9).updates == ()
+    served = cache.serve(0, 0, now=102.0)
+    assert served is not None and [u.offset for u in served.updates] == [1]
+
+
+def test_twin_no_hold_for_a_checkpoint_rank_the_lane_does_not_carry_or_carries_alone() -> None:
+    elsewhere = UpdateCache()
+    elsewhere.add([0, 2], 0, [shutdown(1, 1)], 1, now=100.0)  # rank 1 lives on another host
+    assert [u.offset for u in elsewhere.serve(2, 0, now=100.0).updates] == [1]
+    alone = UpdateCache()
+    alone.add([1], 0, [shutdown(1, 1)], 1, now=100.0)
+    assert alone.held_until(now=100.0) is None
+    assert [u.offset for u in alone.serve(1, 0, now=100.0).updates] == [1]
