@@ -30,6 +30,7 @@ after the previous one.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import msgspec
@@ -273,6 +274,31 @@ class Lighthouse:
             and now - self.beats.get(r, now - timeout) < timeout
         ]
 
+    def gather_until(self, now: int, asking: Sequence[QuorumMember], bound_ns: int) -> int | None:
+        """Until when (ns) the requests ``asking``, not in the log yet, may wait for the rest of
+        the last quorum (``LighthouseHost._gather``), so that the request that completes a fast
+        quorum is appended with them; None: append them now.
+
+        They wait only while that changes no decision: while a member of the last quorum is
+        :meth:`awaited` (the fast quorum is decided at its request, not before), while they
+        would not decide a quorum by themselves now, and never past the next moment the rule's
+        answer could change with no new record (a heartbeat or the join timeout running out,
+        counting theirs); and at most ``bound_ns``."""
+        settings = self.settings
+        if settings is None or not self.awaited(now, {m.replica_id for m in asking}):
+            return None
+        requests = dict(self.requests)
+        beats = dict(self.beats)
+        for m in asking:
+            requests[m.replica_id] = Request(member=m, joined=now, offset=0)
+            beats.pop(m.replica_id, None)
+            beats[m.replica_id] = now
+        decision = quorum_compute(now, requests, beats, self.last, settings, self.lost)
+        if decision.participants is not None:
+            return None
+        change = _next_change(now, requests, beats, settings)
+        return now + bound_ns if change is None else min(now + bound_ns, change)
+
     def lost_at(self, replica_id: str) -> int | None:
         """The offset that lost this incarnation, or None."""
         entry = self.lost.get(replica_id)
@@ -488,19 +514,10 @@ class Lighthouse:
         settings = self.settings
         if settings is None or not self.requests:
             return None
-        now = self.now
-        timeout = settings.heartbeat_timeout_ms * _MS
-        due = [t + timeout for t in self.beats.values() if t + timeout > now]
-        joined = [
-            req.joined + settings.join_timeout_ms * _MS
-            for rid, req in self.requests.items()
-            if now - self.beats.get(rid, -timeout) < timeout
-        ]
-        if joined and min(joined) > now:
-            due.append(min(joined))
-        if not due:
+        change = _next_change(self.now, self.requests, self.beats, settings)
+        if change is None:
             return None
-        return max(min(due), self._last_tick + settings.quorum_tick_ms * _MS)
+        return max(change, self._last_tick + settings.quorum_tick_ms * _MS)
 
     def waits_on_ranks(self) -> bool:
         return bool(self.beats or self.requests)
@@ -541,6 +558,23 @@ class Lighthouse:
         self.status = data["status"]
         self.now = data["now"]
         self._last_tick = data["last_tick"]
+
+
+def _next_change(
+    now: int, requests: dict[str, Request], beats: dict[str, int], settings: Settings
+) -> int | None:
+    """The next time after ``now`` that :func:`quorum_compute` can answer otherwise with no new
+    record: a heartbeat running out, or the join timeout of the first healthy request."""
+    timeout = settings.heartbeat_timeout_ms * _MS
+    due = [t + timeout for t in beats.values() if t + timeout > now]
+    joined = [
+        req.joined + settings.join_timeout_ms * _MS
+        for rid, req in requests.items()
+        if now - beats.get(rid, -timeout) < timeout
+    ]
+    if joined and min(joined) > now:
+        due.append(min(joined))
+    return min(due) if due else None
 
 
 def _id_refusal(kind: str, replica_id: str) -> Refusal | None:

@@ -5,7 +5,8 @@ a coordinator (``service.py`` serves them over gRPC, ``routes.py`` over HTTP).
   until a quorum decided by the fold names that request (``fold.quorum_compute``); the answer
   is sent once the records that decided it are durable. The requests of a fast quorum's members
   share one append (one fsync per quorum): a request waits for the other members of the last
-  quorum, briefly (:meth:`LighthouseHost._gather`). A call that ends unanswered (its deadline, a
+  quorum while that changes no decision, at most a tick of the rule
+  (:meth:`LighthouseHost._gather`). A call that ends unanswered (its deadline, a
   cancel) is withdrawn in the log, so no later quorum counts on a caller that no longer waits.
 - **Heartbeats** (:meth:`LighthouseHost.heartbeat`) wait for one shared record per flush
   interval, like the agents' (``coordinator/fold/heartbeats.py``): the log grows by one record
@@ -64,8 +65,9 @@ LEAD_CHECK_S = 0.25
 #: The flush interval of the shared heartbeat record, at most this share of the timeout.
 FLUSH_SHARE = 0.1
 #: How long, at most, a quorum request waits on the leader for the other members of the last
-#: quorum before it is appended without them (see :meth:`LighthouseHost._gather`).
-GATHER_S = 0.005
+#: quorum (:meth:`LighthouseHost._gather`), in ticks of the rule (``quorum_tick_ms``): the
+#: rule's own granularity of time.
+GATHER_TICKS = 1
 
 
 class LighthouseRefused(Exception):
@@ -149,6 +151,20 @@ class _Waiter:
         self.early.clear()
 
 
+class _Gathered:
+    """A quorum request waiting to share an append (``LighthouseHost._gather``): the member, its
+    record, and the future its caller waits on for the outcome."""
+
+    __slots__ = ("member", "record", "asked")
+
+    def __init__(
+        self, member: QuorumMember, record: NewRecord, asked: asyncio.Future[Outcome]
+    ) -> None:
+        self.member = member
+        self.record = record
+        self.asked = asked
+
+
 class LighthouseHost:
     """One coordinator's lighthouse: see the module docstring. ``settings``: the rule's
     settings this coordinator serves with (None: whatever the log holds); ``token``: the
@@ -175,7 +191,7 @@ class LighthouseHost:
         self._configuring = asyncio.Lock()
         self._http: Any = None
         #: quorum requests waiting to share one append (``_gather``), with their callers
-        self._gathered: list[tuple[NewRecord, asyncio.Future[Outcome]]] = []
+        self._gathered: list[_Gathered] = []
         self._gather_due: asyncio.TimerHandle | None = None
         host.listeners.append(self._heard)
 
@@ -195,9 +211,9 @@ class LighthouseHost:
         if self._gather_due is not None:
             self._gather_due.cancel()
         gathered, self._gathered = self._gathered, []
-        for _, asked in gathered:
-            if not asked.done():
-                asked.set_exception(LighthouseUnavailable("the coordinator is shutting down"))
+        for g in gathered:
+            if not g.asked.done():
+                g.asked.set_exception(LighthouseUnavailable("the coordinator is shutting down"))
         for futures in self._beats.values():
             for f in futures:
                 if not f.done():
@@ -259,7 +275,7 @@ class LighthouseHost:
         except (TimeoutError, asyncio.CancelledError):
             if waiter.offset is not None and not waiter.future.done():
                 self._withdraw(rid, waiter.offset)
-            self._gathered = [(r, f) for r, f in self._gathered if f is not asked]
+            self._gathered = [g for g in self._gathered if g.asked is not asked]
             raise
         finally:
             waiters = self._waiters.get(rid, [])
@@ -273,21 +289,33 @@ class LighthouseHost:
 
         A fast quorum is decided at the request of the last of its members to ask, and not
         before, so the requests of the members that ask first can wait for it without
-        delaying anyone's answer. They wait here, at most :data:`GATHER_S`, while a member of
-        the last quorum that still heartbeats has not asked (``Lighthouse.awaited``); the
-        request that completes the set is appended with them, in one batch: one fsync per
-        quorum instead of one per member. Nothing is decided from a request still waiting
-        here, and its caller is answered only from the log, as every caller is."""
+        delaying anyone's answer: they wait here while the fold says that changes no decision
+        (``Lighthouse.gather_until``: a member of the last quorum that still heartbeats has not
+        asked, they decide no quorum by themselves, and no timeout runs out meanwhile), at most
+        :data:`GATHER_TICKS` ticks of the rule. The request that completes the set is appended
+        with them, in one batch: one fsync per quorum instead of one per member. Nothing is
+        decided from a request still waiting here, and its caller is answered only from the
+        log, as every caller is."""
         loop = asyncio.get_running_loop()
         asked: asyncio.Future[Outcome] = loop.create_future()
         record = NewRecord(kind=REQUEST, group=None, payload=msgspec.to_builtins(member))
-        self._gathered.append((record, asked))
-        asking = {r.payload["replica_id"] for r, _ in self._gathered}
-        if self.fold.awaited(time.time_ns(), asking):
-            if self._gather_due is None:
-                self._gather_due = loop.call_later(GATHER_S, self._append_gathered)
-        else:
+        self._gathered.append(_Gathered(member, record, asked))
+        fold = self.fold
+        assert fold.settings is not None  # configured before the first call (_configure)
+        now = time.time_ns()
+        until = fold.gather_until(
+            now,
+            [g.member for g in self._gathered],
+            GATHER_TICKS * fold.settings.quorum_tick_ms * 1_000_000,
+        )
+        if until is None:
             self._append_gathered()
+            return asked
+        at = loop.time() + (until - now) / 1e9
+        if self._gather_due is None or at < self._gather_due.when():
+            if self._gather_due is not None:
+                self._gather_due.cancel()
+            self._gather_due = loop.call_at(at, self._append_gathered)
         return asked
 
     def _append_gathered(self) -> None:
@@ -296,35 +324,31 @@ class LighthouseHost:
         if self._gather_due is not None:
             self._gather_due.cancel()
             self._gather_due = None
-        gathered, self._gathered = self._gathered, []
-        gathered = [(r, f) for r, f in gathered if not f.done()]
+        gathered = [g for g in self._gathered if not g.asked.done()]
+        self._gathered = []
         if not gathered:
             return
         try:
-            outcomes = self.host.enqueue_many([r for r, _ in gathered], normalized=True)
+            outcomes = self.host.enqueue_many([g.record for g in gathered], normalized=True)
         except HostUnavailable as exc:
-            for _, asked in gathered:
-                asked.set_exception(exc)
+            for g in gathered:
+                g.asked.set_exception(exc)
             return
         outcomes.add_done_callback(lambda done: self._hand_out(gathered, done))
 
-    def _hand_out(
-        self,
-        gathered: list[tuple[NewRecord, asyncio.Future[Outcome]]],
-        done: asyncio.Future[list[Outcome]],
-    ) -> None:
+    def _hand_out(self, gathered: list[_Gathered], done: asyncio.Future[list[Outcome]]) -> None:
         failed = done.exception() if not done.cancelled() else asyncio.CancelledError()
-        for at, (record, asked) in enumerate(gathered):
+        for at, g in enumerate(gathered):
             if failed is not None:
-                if not asked.done():
-                    asked.set_exception(failed)
+                if not g.asked.done():
+                    g.asked.set_exception(failed)
                 continue
             outcome = done.result()[at]
-            if not asked.done():
-                asked.set_result(outcome)
+            if not g.asked.done():
+                g.asked.set_result(outcome)
             elif isinstance(outcome, Appended):
                 # its caller went away while the request was on its way: it asks no more
-                self._withdraw(record.payload["replica_id"], outcome.offset)
+                self._withdraw(g.member.replica_id, outcome.offset)
 
     def _heard(self, effect: Any) -> None:
         if not isinstance(effect, QuorumDecided):

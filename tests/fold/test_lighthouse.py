@@ -15,6 +15,7 @@ from foldplane.coordinator.fold.effects import Refused
 from foldplane.coordinator.fold.machine import Coordinator
 from foldplane.facets.lighthouse.effects import QuorumDecided, ReplicaLost
 from foldplane.facets.lighthouse.fold import Lighthouse, quorum_compute
+from foldplane.facets.lighthouse.messages import QuorumMember
 from foldplane.facets.lighthouse.rows import ROWS
 from tests.fold.script import Script, of
 
@@ -182,6 +183,40 @@ def test_a_fast_quorum_awaits_no_member_that_is_silent_or_lost() -> None:
     assert facet(s).awaited(s.at(5).now) == ["train0:u1", "train1:u2"]  # past 5000 ms
     s.record("lighthouse_lost", None, None, {"replica": "train1", "reason": "exit code -9"})
     assert facet(s).awaited(s.now) == ["train0:u1"]
+
+
+def member(replica: str, step: int = 1) -> QuorumMember:
+    return QuorumMember(replica_id=replica, step=step, world_size=1)
+
+
+MS = 1_000_000
+
+
+def test_requests_that_decide_nothing_may_wait_for_the_rest_of_the_last_quorum() -> None:
+    s = formed("a", "b")  # all beat at t=0: b's heartbeat runs out at t=5
+    now = s.at(1).now
+    assert facet(s).gather_until(now, [member("a")], 100 * MS) == now + 100 * MS
+    # never past the next moment the rule could answer otherwise on its own
+    assert facet(s).gather_until(now, [member("a")], 10_000 * MS) == s.at(5).now
+
+
+def test_twin_requests_that_would_decide_a_quorum_wait_for_nobody() -> None:
+    s = formed("a", "b", join_timeout_ms=1_000)
+    ask(s.at(1), "c")  # a newcomer waits: one of three healthy is no majority
+    beat(s.at(2), "a", "b")
+    # a and c are a majority of the three, and c has waited past the join timeout: a's
+    # request decides a quorum at once, without b, so it waits for nobody
+    assert facet(s).gather_until(s.now, [member("a")], 100 * MS) is None
+    [q] = quorums(ask(s, "a", step=1))
+    assert members(q) == ["a", "c"]
+
+
+def test_twin_nothing_waits_once_the_last_quorum_is_complete_or_gone() -> None:
+    s = formed("a", "b")
+    assert facet(s).gather_until(s.at(1).now, [member("a"), member("b")], 100 * MS) is None
+    assert facet(s).gather_until(s.at(6).now, [member("a")], 100 * MS) is None  # b silent
+    s2 = lighthouse().at(0)
+    assert facet(s2).gather_until(s2.now, [member("a")], 100 * MS) is None  # no quorum yet
 
 
 def test_before_any_quorum_nothing_is_awaited() -> None:

@@ -2,7 +2,7 @@
 process, without gRPC: how quorum requests reach the log.
 
 The requests of a fast quorum's members share one append (one fsync per quorum): a request
-waits for the other members of the last quorum that still heartbeat, at most ``GATHER_S``; a
+waits for the other members of the last quorum that still heartbeat, at most a tick of the rule; a
 request that no fast quorum waits with is appended at once; a launcher's death report lets
 the waiting requests go with it. Each answer still comes only from the log.
 """
@@ -17,7 +17,6 @@ import pytest
 
 from foldplane.coordinator.host.loop import Host
 from foldplane.eventlog import NewRecord
-from foldplane.facets.lighthouse import host as lighthouse_host
 from foldplane.facets.lighthouse.effects import Settings
 from foldplane.facets.lighthouse.host import LighthouseHost
 from foldplane.facets.lighthouse.messages import Quorum, QuorumMember
@@ -25,14 +24,37 @@ from foldplane.facets.lighthouse.messages import Quorum, QuorumMember
 SETTINGS = Settings(min_replicas=2, join_timeout_ms=60_000, heartbeat_timeout_ms=5_000)
 
 
+#: the rule's settings under which a waiting request waits for the rest of the last quorum for
+#: longer than any test runs (one tick of an hour, and no timeout within it)
+PATIENT = Settings(
+    min_replicas=2,
+    join_timeout_ms=3_600_000,
+    quorum_tick_ms=3_600_000,
+    heartbeat_timeout_ms=3_600_000,
+)
+
+
+async def serve(path: Path, settings: Settings) -> LighthouseHost:
+    host = await Host.open(str(path))
+    served = LighthouseHost(host, settings, flush_s=0.01)
+    await served._configure()  # the settings in the log: a call's first step is its request
+    return served
+
+
 @pytest.fixture
 async def lighthouse(tmp_path: Path) -> AsyncIterator[LighthouseHost]:
-    host = await Host.open(str(tmp_path / "log.db"))
-    served = LighthouseHost(host, SETTINGS, flush_s=0.01)
-    await served._configure()  # the settings in the log: a call's first step is its request
+    served = await serve(tmp_path / "log.db", SETTINGS)
     yield served
     await served.close()
-    await host.close()
+    await served.host.close()
+
+
+@pytest.fixture
+async def patient(tmp_path: Path) -> AsyncIterator[LighthouseHost]:
+    served = await serve(tmp_path / "log.db", PATIENT)
+    yield served
+    await served.close()
+    await served.host.close()
 
 
 def member(replica: str, step: int) -> QuorumMember:
@@ -96,24 +118,26 @@ async def started(task: asyncio.Task[Quorum], until: Callable[[], bool]) -> None
     raise AssertionError(f"{task!r} did not get as far as asked")
 
 
-async def test_the_requests_of_a_fast_quorum_share_one_append(
-    lighthouse: LighthouseHost,
-) -> None:
+async def test_the_requests_of_a_fast_quorum_share_one_append(patient: LighthouseHost) -> None:
+    lighthouse = patient
     first = await formed(lighthouse, "a", "b")
+    a = spawn(lighthouse.quorum(member("a", 1), 10.0))
+    await started(a, lambda: bool(lighthouse._gathered))
+    await barrier(lighthouse)  # a batch goes by: a's request waits for b's
     batches = lighthouse.host.metrics.append_batches
-    again = await ask_together(lighthouse, 1, "a", "b")
-    assert again[0] == again[1] and again[0].quorum_id == first[0].quorum_id
-    assert [m.step for m in again[0].participants] == [1, 1]
+    [q] = await ask_together(lighthouse, 1, "b")
+    assert (await a) == q and q.quorum_id == first[0].quorum_id
+    assert [m.step for m in q.participants] == [1, 1]
     # one batch: both requests, at consecutive offsets with one timestamp
     assert lighthouse.host.metrics.append_batches == batches + 1
-    *_, (off_a, ts_a, a), (off_b, ts_b, b) = await requests_in_log(lighthouse)
-    assert {a, b} == {"a", "b"} and off_b == off_a + 1 and ts_a == ts_b
+    *_, (off_a, ts_a, ra), (off_b, ts_b, rb) = await requests_in_log(lighthouse)
+    assert (ra, rb) == ("a", "b") and off_b == off_a + 1 and ts_a == ts_b
 
 
 async def test_twin_a_request_no_fast_quorum_waits_with_is_appended_at_once(
-    lighthouse: LighthouseHost, monkeypatch: pytest.MonkeyPatch
+    patient: LighthouseHost,
 ) -> None:
-    monkeypatch.setattr(lighthouse_host, "GATHER_S", 3600.0)
+    lighthouse = patient
     # no quorum yet, so no fast one: a's request goes to the log without waiting for b's
     a = spawn(lighthouse.quorum(member("a", 0), 10.0))
     await started(a, lambda: bool(lighthouse._gathered) or lighthouse.host.queue_depth > 0)
@@ -125,10 +149,10 @@ async def test_twin_a_request_no_fast_quorum_waits_with_is_appended_at_once(
 
 
 async def test_a_request_waits_for_the_rest_of_the_last_quorum_at_most_the_bound(
-    lighthouse: LighthouseHost, monkeypatch: pytest.MonkeyPatch
+    patient: LighthouseHost,
 ) -> None:
+    lighthouse = patient
     await formed(lighthouse, "a", "b")
-    monkeypatch.setattr(lighthouse_host, "GATHER_S", 3600.0)
     a = spawn(lighthouse.quorum(member("a", 1), 10.0))
     await started(a, lambda: bool(lighthouse._gathered))
     await barrier(lighthouse)
@@ -144,16 +168,16 @@ async def test_the_bound_lets_a_waiting_request_go(lighthouse: LighthouseHost) -
     a = spawn(lighthouse.quorum(member("a", 1), 10.0))
     await started(a, lambda: bool(lighthouse._gathered))
     assert "a" not in lighthouse.fold.requests
-    # GATHER_S is milliseconds: a 10 s bound on seeing it fails only if it never goes
+    # one tick is 100 ms: a 10 s bound on seeing it fails only if it never goes
     assert await in_the_log_by(lighthouse, "a", 10.0)
     a.cancel()
 
 
 async def test_a_death_report_lets_the_requests_that_waited_for_it_go(
-    lighthouse: LighthouseHost, monkeypatch: pytest.MonkeyPatch
+    patient: LighthouseHost,
 ) -> None:
+    lighthouse = patient
     await formed(lighthouse, "train0:u1", "train1:u2", "train2:u3")
-    monkeypatch.setattr(lighthouse_host, "GATHER_S", 3600.0)
     asking = [spawn(lighthouse.quorum(member(r, 1), 10.0)) for r in ("train0:u1", "train1:u2")]
     await started(asking[1], lambda: len(lighthouse._gathered) == 2)
     batches = lighthouse.host.metrics.append_batches
@@ -165,10 +189,10 @@ async def test_a_death_report_lets_the_requests_that_waited_for_it_go(
 
 
 async def test_a_caller_that_goes_away_while_its_request_waits_leaves_nothing(
-    lighthouse: LighthouseHost, monkeypatch: pytest.MonkeyPatch
+    patient: LighthouseHost,
 ) -> None:
+    lighthouse = patient
     await formed(lighthouse, "a", "b")
-    monkeypatch.setattr(lighthouse_host, "GATHER_S", 3600.0)
     before = await requests_in_log(lighthouse)
     a = spawn(lighthouse.quorum(member("a", 1), 10.0))
     await started(a, lambda: bool(lighthouse._gathered))
@@ -183,10 +207,10 @@ async def test_a_caller_that_goes_away_while_its_request_waits_leaves_nothing(
 
 
 async def test_a_caller_that_goes_away_while_its_request_is_appended_withdraws_it(
-    lighthouse: LighthouseHost, monkeypatch: pytest.MonkeyPatch
+    patient: LighthouseHost,
 ) -> None:
+    lighthouse = patient
     await formed(lighthouse, "a", "b")
-    monkeypatch.setattr(lighthouse_host, "GATHER_S", 3600.0)
     a = spawn(lighthouse.quorum(member("a", 1), 10.0))
     await started(a, lambda: bool(lighthouse._gathered))
     lighthouse._append_gathered()  # on its way to the log
