@@ -24,7 +24,8 @@ The rules, each a method below with its reason:
   and holds nothing takes its weighted share of what is left from the members with the most to
   spare.
 - **Reclaim**: with ``reclaim`` on, a rank that reported its whole sequence processed takes from
-  the tail of the rank expected to finish last, enough that both finish together.
+  the tail of the rank expected to finish last, enough that both finish together; so does a
+  dry rank that reports again, and a rank's new process sent an empty part.
 - **A move never takes what a live rank may already be reading.** A rank's sampler hands out at
   most ``lookahead`` positions beyond what the fold has accepted from it, so a move takes only
   positions past a donor's ``processed + lookahead``. A donor's reports against an assignment
@@ -502,14 +503,18 @@ class Epochs:
         if progress.rate is not None:
             ge.rates[rank] = float(progress.rate)
         h = e.holdings.get(rank)
-        if h is None or progress.processed == h.processed:
+        if h is None:
+            return
+        if progress.processed == h.processed:
+            # a dry rank that reports again asks again: what was not spare may be now
+            self._reclaim_if_dry(g, ge, e, rank, record, effects)
             return
         e.unprocessed -= progress.processed - h.processed
         h.processed = progress.processed
         if e.unprocessed == 0:
             self._complete(g, e, record, effects)
-        elif h.remaining == 0 and e.plan.reclaim and g.view is not None and g.view.is_active(rank):
-            self._reclaim(g, ge, e, rank, record, effects)
+        else:
+            self._reclaim_if_dry(g, ge, e, rank, record, effects)
 
     def _complete(self, g: GroupState, e: Epoch, record: Record, effects: list[Effect]) -> None:
         e.completed = record.offset
@@ -521,6 +526,27 @@ class Epochs:
                 offset=record.offset,
             )
         )
+
+    def _reclaim_if_dry(
+        self,
+        g: GroupState,
+        ge: GroupEpochs,
+        e: Epoch,
+        rank: int,
+        record: Record,
+        effects: list[Effect],
+    ) -> None:
+        """With ``reclaim`` on, an active rank that holds nothing more to process while the
+        epoch still has work reclaims (at its report, or as a new process sent an empty part)."""
+        h = e.holdings[rank]
+        if (
+            h.remaining == 0
+            and e.unprocessed > 0
+            and e.plan.reclaim
+            and g.view is not None
+            and g.view.is_active(rank)
+        ):
+            self._reclaim(g, ge, e, rank, record, effects)
 
     def _reclaim(
         self,
@@ -742,7 +768,8 @@ class Epochs:
         """A new incarnation of a rank that holds a part of the open epoch is sent that part
         whole (``PartSent``): what its predecessors reported is in no decision of the log (a
         rank that finished its part and then died left no move behind), so a replacement
-        starts from what is unclaimed, not from the plan's cursor."""
+        starts from what is unclaimed, not from the plan's cursor. A part sent empty reclaims
+        at once (with ``reclaim`` on), instead of the process waiting for the epoch's end."""
         ge = self._groups.get(g.name)
         e = None if ge is None else ge.current
         if e is None or e.completed is not None:
@@ -761,6 +788,8 @@ class Epochs:
                 offset=record.offset,
             )
         )
+        assert ge is not None
+        self._reclaim_if_dry(g, ge, e, rank, record, effects)
 
     def tick(self, fold: FoldContext, record: Record, effects: list[Effect]) -> None:
         """No epoch rule waits on time."""

@@ -401,3 +401,36 @@ def test_snapshot_and_tail_give_the_full_replay() -> None:
         b = progress(tail, r, 200, rate=20.0)
         assert a == b
     assert s.m.snapshot() == restored.snapshot()
+
+
+def test_a_replacement_with_an_empty_part_reclaims_at_once() -> None:
+    """Rank 1 finished its part while rank 0 looked much faster, so reclaim took nothing then;
+    rank 0 has slowed down since. Rank 1 dies and, the group not deactivating on failure, stays
+    in the view; its replacement is sent its part, empty, and reclaims from rank 0 at once
+    instead of waiting for the epoch's end."""
+    s = formed(world_size=2, auto_deactivate_on_failure=False)
+    plan(s, split="throughput", lookahead=0)
+    progress(s, 0, 10, rate=1000.0)
+    assert of(progress(s, 1, 500, rate=1.0), AssignmentChanged) == []  # too slow to help
+    progress(s, 0, 20, rate=1.0)  # rank 0 slowed down to rank 1's pace
+    e = s.m.facet("epochs").epoch("g")
+    assert e.holdings[1].remaining == 0 and e.holdings[0].remaining == 480
+    s.death(1)
+    joined = s.join(1, incarnation="g-1-b")
+    sent = one(joined, PartSent)
+    assert (sent.rank, sent.remaining) == (1, ())
+    changed = one(joined, AssignmentChanged)
+    assert changed.cause == "reclaim"
+    assert [(m.from_rank, m.to_rank, m.length) for m in changed.moves] == [(0, 1, 240)]
+    assert_covers(s.m)
+
+
+def test_twin_a_dry_rank_that_reports_again_reclaims_what_became_spare() -> None:
+    s = formed(world_size=2)
+    plan(s, split="throughput", lookahead=0)
+    progress(s, 0, 10, rate=1000.0)
+    assert of(progress(s, 1, 500, rate=1.0), AssignmentChanged) == []
+    progress(s, 0, 20, rate=1.0)
+    changed = one(progress(s, 1, 500, rate=1.0), AssignmentChanged)
+    assert changed.cause == "reclaim" and {m.to_rank for m in changed.moves} == {1}
+    assert_covers(s.m)
