@@ -190,7 +190,7 @@ def accept(
                 FORBIDDEN,
                 f"{principal.describe()} may not carry ranks {denied[:8]} of {group!r}",
             )
-        config = host.machine.group_config(group)
+        config = host.reads.group_config(group)
         if config is None:
             raise ApiError(UNKNOWN_GROUP, f"no group {group!r}")
         if asked.ranks[-1] >= config.world_size:

@@ -29,5 +29,5 @@ def require_operator(request: Request, action: str) -> Principal:
 
 
 def require_group(host: Host, group: str) -> None:
-    if host.machine.group_config(group) is None:
+    if host.reads.group_config(group) is None:
         raise ApiError(UNKNOWN_GROUP, f"no group {group!r}")

@@ -98,12 +98,12 @@ class HostCollector(Collector):
         )
         yield _counter("updates_resync_total", "Long-poll answers that had to resync.", m.resyncs)
         yield _counter("snapshots_total", "Fold snapshots written.", m.snapshots)
-        offset = host.machine.offset
+        offset = host.reads.offset
         yield _gauge("fold_lag_records", "Durable records not yet folded.", max(0, head - offset))
         yield _gauge("log_head", "The last durable offset.", head)
         yield _gauge("fold_offset", "The offset the fold has applied.", offset)
         yield _gauge("term", "The leadership term this coordinator appends under.", host.log.term)
-        yield _gauge("groups", "Groups known to the fold.", len(list(host.machine.groups())))
+        yield _gauge("groups", "Groups known to the fold.", len(list(host.reads.groups())))
         yield _gauge("queue_depth", "Inputs waiting for the host loop.", host.queue_depth)
         hist = m.fold_latency
         buckets: list[tuple[str, float]] = []

@@ -336,7 +336,7 @@ async def updates_answer(state: Any, principal: Principal, query: UpdatesQuery) 
     host: Host = state.host
     require_group(host, group)
     refuse_unnamed_revisions(host, group, query.features, "poll")
-    config = host.machine.group_config(group)
+    config = host.reads.group_config(group)
     if ranks[-1] >= config.world_size:
         raise ApiError(
             RANK_OUT_OF_RANGE,
@@ -359,7 +359,7 @@ def refuse_unnamed_revisions(host: Host, group: str, features: str | None, what:
             need
             for facet in facet_hosts()
             if facet.readers_need is not None
-            and (need := facet.readers_need(host.machine, group)) is not None
+            and (need := facet.readers_need(host.reads, group)) is not None
         ),
         None,
     )

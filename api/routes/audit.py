@@ -152,7 +152,7 @@ async def healthz(request: Request) -> Response:
         "role": role,
         "term": host.log.term,
         "head": head,
-        "fold_offset": host.machine.offset,
+        "fold_offset": host.reads.offset,
     }
     if role == "standby":
         body["leader"] = host.role.leader

@@ -15,7 +15,7 @@ from typing import Any
 from fastapi import APIRouter, Query, Request
 from starlette.responses import Response
 
-from ...coordinator.fold.overview import group_list, group_overview, ranks_brief
+from ...coordinator.fold.overview import ranks_brief
 from ...coordinator.fold.registry import FacetPlugin, console_fragment, plugins
 from ...coordinator.host.loop import HostUnavailable
 from ...coordinator.host.views import read_views
@@ -71,7 +71,7 @@ async def _coordinator(request: Request) -> dict[str, Any]:
         head = await host.log.head() if not host.log.closed else host.applied_offset
     except LogError as exc:
         head, down = host.applied_offset, down or exc
-    fold = host.machine.offset
+    fold = host.reads.offset
     return {
         "status": "ok" if down is None else "unavailable",
         "detail": None if down is None else str(down),
@@ -94,7 +94,7 @@ async def overview(request: Request) -> Response:
     require_operator(request, "reading the console")
     host = host_of(request)
     return json_response(
-        {"coordinator": await _coordinator(request), "groups": group_list(host.machine)}
+        {"coordinator": await _coordinator(request), "groups": host.reads.group_list()}
     )
 
 
@@ -108,7 +108,7 @@ async def group_picture(request: Request, group: str) -> Response:
     require_operator(request, "reading the console")
     host = host_of(request)
     require_group(host, group)
-    body = group_overview(host.machine, group)
+    body = host.reads.group_overview(group)
     return json_response({**body, "coordinator": await _coordinator(request)})  # type: ignore[dict-item]
 
 
@@ -121,7 +121,7 @@ async def timeline(request: Request, group: str, limit: int = Query(30, ge=1, le
     require_operator(request, "reading the console")
     host = host_of(request)
     require_group(host, group)
-    view = host.machine.current_view(group)
+    view = host.reads.current_view(group)
     latest = 0 if view is None else view.version
     first = max(1, latest - limit + 1)
     stored = await read_views(

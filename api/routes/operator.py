@@ -9,10 +9,9 @@ from fastapi import APIRouter, Path, Query, Request
 from starlette.responses import Response
 
 from ...coordinator.fold.config import ConfigError, GroupConfig
-from ...coordinator.fold.machine import Coordinator
-from ...coordinator.fold.overview import group_list
 from ...coordinator.fold.projections import proposal_doc, to_doc, view_doc
 from ...coordinator.host.loop import Appended, Host, Outcome, Refusal
+from ...coordinator.host.reads import Reads
 from ...coordinator.host.views import ViewReader
 from ...eventlog import NewRecord
 from ...wire.codes import (
@@ -92,7 +91,7 @@ def _room(
     (``admitted``, which the route empties of its own entry when it has its answer): two
     creations in one batch cannot both take the last room."""
 
-    def check(machine: Coordinator) -> Outcome | None:
+    def check(machine: Reads) -> Outcome | None:
         if machine.group_config(group) is not None:
             return None
         pending = {
@@ -107,7 +106,7 @@ def _room(
 
 
 def _room_for(
-    machine: Coordinator, world_size: int, limits: Limits, pending: dict[str, int]
+    machine: Reads, world_size: int, limits: Limits, pending: dict[str, int]
 ) -> Refusal | None:
     groups = [g for g in machine.groups() if not machine.group_deleted(g)]
     held = len(groups) + len(pending)
@@ -131,8 +130,9 @@ def _group_body(host: Host, group: str, after: int | None, limit: int) -> dict[s
     """The group's document with one page of its ``ranks``: those after rank ``after`` (from
     rank 0 when None), at most ``limit``; ``next_ranks_after`` says where the next page starts
     (None on the last). The per-rank part is what grows with the group; the rest is whole."""
-    status = host.machine.group_status(group)
+    status = host.reads.group_status(group)
     assert status is not None
+    status = dict(status)  # the read model's answer is shared: page a copy
     start = 0 if after is None else after + 1
     ranks = status["ranks"]
     status["ranks"] = ranks[start : start + limit]
@@ -148,7 +148,7 @@ def _group_body(host: Host, group: str, after: int | None, limit: int) -> dict[s
 )
 async def list_groups(request: Request) -> Response:
     host = host_of(request)
-    return json_response({"groups": group_list(host.machine)})
+    return json_response({"groups": host.reads.group_list()})
 
 
 @router.get(
@@ -273,7 +273,7 @@ async def create_proposal(
         raise ApiError(outcome.code, outcome.detail)
     if isinstance(outcome, Appended) and req.op == "reconfigure":
         # a member's call joins the proposal of its uuid (docs/reconfigure.md)
-        joined = host.machine.proposal_by_uuid(req.group, req.uuid)  # type: ignore[arg-type]
+        joined = host.reads.proposal_by_uuid(req.group, req.uuid)  # type: ignore[arg-type]
         proposal_id = outcome.offset if joined is None else joined.id
     else:
         proposal_id = outcome.offset if isinstance(outcome, Appended) else outcome.id
@@ -319,7 +319,7 @@ def _reconfigure_call(req: ProposalRequest, principal: Any) -> dict[str, Any]:
     responses=answers({200: "ProposalBody"}, 404),
 )
 async def get_proposal(request: Request, proposal_id: int) -> Response:
-    proposal = host_of(request).machine.proposal(proposal_id)
+    proposal = host_of(request).reads.proposal(proposal_id)
     if proposal is None:
         raise ApiError(UNKNOWN_PROPOSAL, f"no proposal with id {proposal_id}")
     return json_response(proposal_doc(proposal))
@@ -336,7 +336,7 @@ async def current_view(
 ) -> Response:
     host = host_of(request)
     require_group(host, group)
-    view = host.machine.current_view(group)
+    view = host.reads.current_view(group)
     if view is None:
         raise ApiError(NO_VIEW, f"group {group!r} has not formed yet (no committed view)")
     return json_response(view_doc(view))

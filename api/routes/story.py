@@ -54,7 +54,7 @@ async def rank_story(
     require_operator(request, "reading a rank's story")
     host = host_of(request)
     require_group(host, group)
-    world_size = host.machine.group_config(group).world_size  # type: ignore[union-attr]
+    world_size = host.reads.group_config(group).world_size  # type: ignore[union-attr]
     if rank >= world_size:
         raise ApiError(RANK_OUT_OF_RANGE, f"rank {rank} is not in 0..{world_size - 1} of {group!r}")
     stop = host.applied_offset if until is None else min(until, host.applied_offset)

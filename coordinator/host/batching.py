@@ -21,6 +21,7 @@ from ..fold.heartbeats import HeartbeatBuffer
 from ..fold.machine import Coordinator
 from .inputs import Beats, Existing, Input, Outcome, Refusal, SharedReply
 from .metrics import HostMetrics
+from .reads import Reads
 
 #: How many inputs one append takes at most, by default.
 MAX_BATCH = 4096
@@ -124,13 +125,15 @@ class Admission:
         self, machine: Coordinator, beats: HeartbeatBuffer[Input], metrics: HostMetrics
     ) -> None:
         self.machine = machine
+        #: what a caller's own check reads (``Input.precheck``)
+        self.reads = Reads(machine)
         self.beats = beats
         self.metrics = metrics
 
     def precheck(self, item: Input) -> Outcome | None:
         """The caller's own check, then the fold's: a repeat of an earlier record is that record
         (``Existing``), a refused input its ``Refusal``; None when the input may go in."""
-        if item.precheck is not None and (outcome := item.precheck(self.machine)) is not None:
+        if item.precheck is not None and (outcome := item.precheck(self.reads)) is not None:
             return outcome
         rec = item.record
         if rec.kind == "tick":

@@ -14,6 +14,7 @@ from ..fold import registry
 from ..fold.effects import Effect
 from ..fold.machine import Coordinator
 from .journal import Update
+from .reads import Reads
 
 #: What one of a facet's effects asks of the host: ``(state, effect, ready)``: add its updates
 #: to ``ready`` (``coordinator.host.ready.Ready``) and keep in ``state`` (``HostState``) what a
@@ -78,7 +79,7 @@ class FacetHost:
     #: what a group's update readers must understand because of it, as a phrase (``"reads
     #: epoch plans"``), or None: a reader that does not name every revision of the protocol is
     #: refused then (``api.routes.agents.refuse_unnamed_revisions``)
-    readers_need: Callable[[Coordinator, str], str | None] | None = None
+    readers_need: Callable[[Reads, str], str | None] | None = None
     #: the operator's log line of its effects that decide something (``decisions.py``), by type
     decisions: dict[type[Effect], Callable[[Any], str | None]] = field(default_factory=dict)
 

@@ -20,7 +20,7 @@ from ...eventlog import InvalidRecord, NewRecord
 from ...eventlog.record import decode_payload, validate
 from ...wire.codes import INVALID_EVENT, NOT_LEADER
 from ..fold import registry
-from ..fold.machine import Coordinator
+from .reads import Reads
 
 # -- what an input gets back ------------------------------------------------------------------
 
@@ -55,7 +55,7 @@ class Existing:
 Outcome = Appended | Refusal | Existing
 #: A caller's own check against the fold before the append (an idempotency key's earlier
 #: record, say): an outcome answers the input at once, None lets it through.
-Precheck = Callable[[Coordinator], Outcome | None]
+Precheck = Callable[[Reads], Outcome | None]
 
 
 class HostUnavailable(Exception):

@@ -60,6 +60,7 @@ from .journal import UpdateJournals
 from .metrics import HostMetrics
 from .pacing import PollPacing
 from .polls import UpdatesAnswer, resync_answer
+from .reads import Reads
 from .ready import HostState, Ready, ReadyBuilder, publish
 from .rows import ProjectionRows
 from .snapshots import (
@@ -181,6 +182,8 @@ class Host:
     ) -> None:
         self.log = log_
         self.machine = machine
+        #: what the API reads of the fold (``reads.py``): never the machine itself
+        self.reads = Reads(machine)
         self.metrics = HostMetrics()
         self.journals = UpdateJournals(floor=machine.offset)
         self.store_address: dict[str, Any] | None = None

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from ...coordinator.fold.machine import Coordinator
 from ...coordinator.host.facets import FacetHost
 from ...coordinator.host.journal import Update
+from ...coordinator.host.reads import Reads
 from ...coordinator.host.ready import HostState, Ready
 from .effects import (
     AssignmentChanged,
@@ -83,9 +84,9 @@ def resync(machine: Coordinator, group: str, ranks: Sequence[int]) -> list[Updat
     return out
 
 
-def _readers_need(machine: Coordinator, group: str) -> str | None:
+def _readers_need(reads: Reads, group: str) -> str | None:
     """Once a group has an epoch plan, its readers must apply its ``data_moves``."""
-    return "reads epoch plans" if machine.facet("epochs").epoch(group) is not None else None
+    return "reads epoch plans" if reads.facet("epochs").epoch(group) is not None else None
 
 
 HOST = FacetHost(

@@ -84,7 +84,7 @@ async def get_epoch(
 
 
 def _epoch_body(host: Host, group: str, after: int | None, limit: int) -> dict:
-    status = host.machine.facet("epochs").status(group)
+    status = host.reads.facet("epochs").status(group)
     if status is None:
         raise ApiError(UNKNOWN_EPOCH, f"group {group!r} has no epoch plan")
     ranks = [r for r in status["ranks"] if after is None or r["rank"] > after]
@@ -112,7 +112,7 @@ async def epoch_changes(
     require_operator(request, "reading the console")
     host = host_of(request)
     require_group(host, group)
-    latest = host.machine.facet("epochs").changes(group)
+    latest = host.reads.facet("epochs").changes(group)
     rows = await host.log.read_projections(
         "assignment", group, after_seq=max(0, latest - limit), limit=limit
     )

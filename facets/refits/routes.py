@@ -87,7 +87,7 @@ async def create_refit(request: Request) -> Response:
     tags=["refits"],
 )
 async def list_refits(request: Request) -> Response:
-    refits = host_of(request).machine.facet("refits")
+    refits = host_of(request).reads.facet("refits")
     items = []
     for name in refits.names():
         status = refits.status(name)
@@ -145,7 +145,7 @@ async def restart_refit(request: Request, refit: RefitPath) -> Response:
 
 
 def _refit_body(host: Host, name: str) -> dict:
-    status = host.machine.facet("refits").status(name)
+    status = host.reads.facet("refits").status(name)
     if status is None:
         raise ApiError(UNKNOWN_REFIT, f"no refit named {name!r}")
     return to_doc(status)
@@ -167,7 +167,7 @@ async def refit_story(
 ) -> Response:
     require_operator(request, "reading a refit's story")
     host = host_of(request)
-    if host.machine.facet("refits").refit(refit) is None:
+    if host.reads.facet("refits").refit(refit) is None:
         raise ApiError(UNKNOWN_REFIT, f"no refit named {refit!r}")
     stop = host.applied_offset if until is None else min(until, host.applied_offset)
     async with story_turn():

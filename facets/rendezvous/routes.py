@@ -71,7 +71,7 @@ LEAD_CHECK_S = 0.5
 
 
 def _facet(host: Host) -> Rendezvous:
-    return host.machine.facet("rendezvous")
+    return host.reads.facet("rendezvous")
 
 
 def _status(host: Host, job: str) -> dict[str, Any]:
