@@ -87,6 +87,8 @@ STORE_TIMEOUT_S = 30.0
 #: names who died: a launcher's death report reaches it in well under a second, a stopped
 #: heartbeat within the group's ``heartbeat_timeout_s``.
 VERDICT_WAIT_S = 10.0
+#: The longest a formation waits on the store before it looks at the coordinator's verdict.
+FORM_SLICE_S = 0.25
 
 
 @dataclass(frozen=True)
@@ -191,21 +193,41 @@ class RefitWorld:
         me = json.dumps({"digest": self.digest, "lanes": self.lanes}, sort_keys=True)
         self._store.set(f"join/{self.rank}", me)
         keys = [f"join/{r}" for r in range(self.world_size)]
-        try:  # the store answers the moment the last key is set: no poll
-            self._store.wait(keys, timedelta(seconds=self._timeout_s))
-        except RuntimeError as exc:  # the deadline (or the store gone): name who is missing
+        deadline = time.monotonic() + self._timeout_s
+        while True:
+            # The store answers the moment the last key is set; the wait is cut in slices so
+            # that the coordinator's verdict (a member that will never join: it went OFFLINE,
+            # the store's host among them) ends it at once instead of at the deadline.
+            left = deadline - time.monotonic()
             try:
-                absent = [self._peer(r) for r, k in enumerate(keys) if not self._store.check([k])]
-            except RuntimeError:
-                raise RefitFailed(
-                    0, (), f"the store at {self.bootstrap.store} is unreachable: {exc}"
-                ) from exc
-            if absent:  # else the last one joined as the wait gave up: go on
-                raise RefitFailed(
-                    0,
-                    (),
-                    f"{', '.join(map(str, absent))} never joined within {self._timeout_s} s",
-                ) from exc
+                self._store.wait(keys, timedelta(seconds=max(0.001, min(FORM_SLICE_S, left))))
+                break
+            except RuntimeError as exc:  # a slice, the deadline, or the store gone
+                try:
+                    absent = [
+                        self._peer(r) for r, k in enumerate(keys) if not self._store.check([k])
+                    ]
+                except RuntimeError:
+                    verdict = self._await_verdict()  # the store's host may be who died
+                    reason = f"the store at {self.bootstrap.store} is unreachable: {exc}"
+                    if verdict is None:
+                        raise RefitFailed(0, (), reason) from exc
+                    raise RefitFailed(0, verdict.dead, f"{reason}; {verdict.reason}") from exc
+                if not absent:
+                    break  # the last one joined as the slice ended: go on
+                verdict = None if self._verdict is None else self._verdict()
+                if verdict is not None:
+                    raise RefitFailed(
+                        0,
+                        verdict.dead,
+                        f"{', '.join(map(str, absent))} had not joined; {verdict.reason}",
+                    ) from exc
+                if time.monotonic() >= deadline:
+                    raise RefitFailed(
+                        0,
+                        (),
+                        f"{', '.join(map(str, absent))} never joined within {self._timeout_s} s",
+                    ) from exc
         joined = [json.loads(v) for v in self._store.multi_get(keys)]
         differ = [self._peer(r) for r, j in enumerate(joined) if j != json.loads(me)]
         if differ:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -10,13 +11,17 @@ import torch
 from torch import nn
 
 from foldplane.agent.refit import (
+    Peer,
     RefitClosed,
     RefitError,
+    RefitFailed,
     RefitStore,
+    Verdict,
     dtype_name,
     empty_shards,
     local_shards,
     local_view,
+    make_bootstrap,
     open_world,
     roles_from_modules,
     tensors_of,
@@ -140,3 +145,50 @@ def test_roles_come_from_the_modules_the_user_marks() -> None:
         roles_from_modules(model, column=[model[3]])
     with pytest.raises(PlanError, match="marked both column and row"):
         roles_from_modules(model, column=[model[0]], row=[model[0]], rest="replicated")
+
+
+def _form_alone(plan: Any, boot: dict, verdict: Any, timeout_s: float) -> BaseException | None:
+    """Subscriber slot 0 opens the world alone (the others never join); what it raised."""
+    caught: list[BaseException] = []
+
+    def member() -> None:
+        try:
+            open_world(plan, "subscriber", 0, boot, 1, timeout_s=timeout_s, verdict=verdict)
+        except BaseException as exc:  # noqa: BLE001 (handed to the test)
+            caught.append(exc)
+
+    thread = threading.Thread(target=member)
+    thread.start()
+    thread.join(timeout_s + 30)
+    return caught[0] if caught else None
+
+
+def test_formation_ends_at_the_coordinators_verdict_naming_who_died() -> None:
+    """Publisher slot 0 went OFFLINE before it joined: the coordinator moved the refit's
+    epoch. A member forming the world reads that verdict while it waits, and fails at once
+    naming the dead member, instead of waiting out its deadline and naming no one."""
+    store, boot = make_bootstrap("gloo")
+    dead = Peer("publisher", 0)
+    moved = Verdict(
+        "the coordinator moved refit 'rl' from epoch 1 to 2: publisher slot 0 went OFFLINE", (dead,)
+    )
+    told_at = time.monotonic() + 0.5
+    try:
+        exc = _form_alone(
+            plan_1_to_2(), boot, lambda: moved if time.monotonic() >= told_at else None, 15.0
+        )
+        assert isinstance(exc, RefitFailed), exc
+        assert exc.transfer == 0 and exc.dead == (dead,)
+        assert "had not joined" in exc.reason and "went OFFLINE" in exc.reason
+    finally:
+        store.close()
+
+
+def test_twin_formation_without_a_verdict_names_the_absent_at_its_deadline() -> None:
+    store, boot = make_bootstrap("gloo")
+    try:
+        exc = _form_alone(plan_1_to_2(), boot, lambda: None, 1.0)
+        assert isinstance(exc, RefitFailed), exc
+        assert exc.dead == () and "never joined within 1.0 s" in exc.reason
+    finally:
+        store.close()
