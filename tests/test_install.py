@@ -4,9 +4,10 @@ A user's folder holds its own ``agent.py``, ``api/``, ``wire.py`` and ``eventlog
 fail when imported, two define something else under foldplane's old top-level names). From that
 folder as the working directory (first on ``sys.path``), a real coordinator serves (``python -m
 foldplane.coordinator serve``), the README's worker snippet runs as two real worker processes, the
-console page is served and the log replays: against foldplane installed editable (this
-checkout's ``.venv``) and, marked slow, from a wheel built here into a fresh virtual environment
-that already holds a torch, which the install must leave in place.
+console page is served and the log replays (slow: against foldplane installed editable, this
+checkout's ``.venv``, and from a wheel built here into a fresh virtual environment that already
+holds a torch, which the install must leave in place). The default suite checks, from the same
+folder, that every side of the editable install imports and its command answers.
 """
 
 from __future__ import annotations
@@ -160,6 +161,58 @@ def test_a_users_own_modules_beside_the_script_do_not_break_an_editable_install(
         "pip install -c constraints-dev.txt -e '.[dev]'"
     )
     assert where == dict.fromkeys(FOLDERS), f"installed at top level: {where}"
+    # from the user's folder (first on sys.path) every side of foldplane imports, its commands
+    # answer, and the user's files are what the user's own names import
+    folder = user_folder(tmp_path)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONSAFEPATH")}
+    code = (
+        "import foldplane.agent, foldplane.agent.dataplane, foldplane.api.app, foldplane.cli\n"
+        "import wire, eventlog\n"
+        "print(wire.FORMAT, len(eventlog.EVENTS))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=folder, env=env, capture_output=True, text=True,
+        timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "the user's own wire format 0", done.stdout
+    helped = subprocess.run(
+        [sys.executable, "-m", "foldplane.coordinator", "serve", "--help"], cwd=folder, env=env,
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert helped.returncode == 0 and "--db" in helped.stdout, helped.stdout + helped.stderr
+
+
+def test_pip_would_install_foldplane_beside_the_torch_this_environment_has(tmp_path: Path) -> None:
+    """``pip install --dry-run --report`` of this checkout with its server extra, into this
+    interpreter's environment (torch 2.14.1 in the README's ``.venv``, 2.13.0 in ``.venv-2.13``),
+    with no constraints file (not the machine's either) and no index beyond the wheels on disk:
+    what pip would install holds no torch and nothing of torch's, so the user's torch stays.
+    (A cap below the installed torch makes pip pick an older torch here, or fail to find one.)"""
+    import torch
+
+    report = tmp_path / "report.json"
+    env = os.environ | {"PIP_CONSTRAINT": "/dev/null"}
+    done = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--dry-run", "--no-build-isolation", "--no-index",
+         "--quiet", "--report", str(report), f"{ROOT}[server]"],
+        env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    names = {item["metadata"]["name"].lower() for item in json.loads(report.read_text())["install"]}
+    assert "foldplane" in names, names
+    assert not {n for n in names if n.startswith(("torch", "nvidia-", "triton"))}, (
+        f"installing foldplane would replace torch {torch.__version__}: {sorted(names)}"
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_an_editable_install_serves_the_readmes_worker_from_a_users_folder(
+    tmp_path: Path,
+) -> None:
+    """The same folder as the working directory of a real coordinator, the README's worker as
+    two processes, the console and a replay (the wheel's twin below runs the same)."""
     run_from_user_folder(sys.executable, user_folder(tmp_path))
 
 

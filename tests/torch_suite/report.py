@@ -304,8 +304,14 @@ VERSIONS = """\
 ## torch versions
 
 foldplane asks for `torch>=2.11` (pyproject.toml) with no upper bound, so installing it never
-replaces the torch an environment already has
-(`tests/test_install.py::test_the_wheel_keeps_the_users_torch_and_a_users_own_modules_do_not_break_it`).
+replaces the torch an environment already has: in the default suite, on torch 2.14.1 and
+2.13.0 alike, `pip install --dry-run --report` of the checkout into the suite's own environment
+would install no torch
+(`tests/test_install.py::test_pip_would_install_foldplane_beside_the_torch_this_environment_has`);
+in the slow suite, foldplane's wheel installed by a plain `pip install` into a new environment
+holding torch 2.14.1 leaves it there
+(`tests/test_install.py::test_the_wheel_keeps_the_users_torch_and_a_users_own_modules_do_not_break_it`);
+and `scripts/torch-run` checks the same for the release it runs (below).
 It is tested with torch 2.11 through 2.15 (`foldplane.agent.torch_range.TESTED`). A worker
 with a torch outside that range runs, and gets one warning per process when foldplane's data
 plane (`foldplane.agent.dataplane`: what an `Agent`'s process group and
