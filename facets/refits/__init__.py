@@ -9,8 +9,9 @@ from ...wire.protocol import (
     TransferStatusEvent,
 )
 from ...wire.updates import RefitBootstrapUpdate, RefitEpochUpdate, TransferUpdate
-from .fold import Refits, transfer_key
+from .fold import Refits
 from .rows import PROJECTION_KINDS, ROWS
+from .state import transfer_key
 
 PLUGIN = FacetPlugin(
     name=Refits.name,

@@ -43,40 +43,19 @@ from __future__ import annotations
 
 from typing import Any
 
-import msgspec
 from msgspec import UNSET
 
 from ...coordinator.fold.effects import Effect, RankState, View
 from ...coordinator.fold.facets import FoldContext, Refusal
-from ...coordinator.fold.fencing import online_rank_refusal
 from ...coordinator.fold.reasons import abridged
 from ...coordinator.fold.state import GroupState
 from ...eventlog.record import Record
-from ...wire.codes import (
-    DIGEST_MISMATCH,
-    INVALID_EVENT,
-    INVALID_SLOT,
-    NOT_REFIT_MEMBER,
-    REFIT_CONFLICT,
-    REFIT_NOT_READY,
-    STALE_ATTEMPT,
-    STALE_REFIT_EPOCH,
-    TRANSFER_BUSY,
-    TRANSFER_FINAL,
-    UNKNOWN_GROUP,
-    UNKNOWN_REFIT,
-    UNKNOWN_TRANSFER,
-)
+from .checks import RefitChecks
 from .effects import (
     RefitBootstrap,
     RefitCreated,
-    RefitEpochChanged,
-    TransferChanged,
 )
 from .inputs import (
-    _DIGEST,
-    _KEY,
-    MAX_BOOTSTRAP_BYTES,
     RefitBootstrapInput,
     RefitCreatedInput,
     RefitJoinInput,
@@ -85,232 +64,21 @@ from .inputs import (
     TransferInput,
     TransferStatusInput,
     decode,
-    spec_problem,
 )
-
-PUBLISHER, SUBSCRIBER = "publisher", "subscriber"
-WAITING, ADMITTED, TIMED_OUT = "waiting", "admitted", "timed_out"
-RUNNING, COMPLETED, FAILED = "running", "completed", "failed"
-
-_S = 1_000_000_000
-
-
-def transfer_key(payload: dict[str, Any]) -> tuple[Any, ...] | None:
-    """An agent's start of a refit transfer, keyed as ``POST /refits/{refit}/transfers`` keys
-    the operator's: two starts of one transfer never share a batch (the host's
-    ``batching.take_batch``): the second is decided against the state after the first."""
-    refit, key = payload.get("refit"), payload.get("key")
-    return ("transfer", refit, key) if isinstance(refit, str) and isinstance(key, str) else None
-
-
-def _slot_name(role: str, slot: int, group: str | None = None, rank: int | None = None) -> str:
-    who = f"{role} slot {slot}"
-    return who if group is None else f"{who} ({group} rank {rank})"
-
-
-class _Joined:
-    __slots__ = ("group", "rank", "incarnation", "digest", "offset", "bootstrap")
-
-    def __init__(
-        self,
-        group: str,
-        rank: int,
-        incarnation: str,
-        digest: str,
-        offset: int,
-        bootstrap: dict[str, Any] | None = None,
-    ) -> None:
-        self.group = group
-        self.rank = rank
-        self.incarnation = incarnation
-        self.digest = digest
-        self.offset = offset
-        #: the bootstrap publisher slot 0 offered with its join (published on admission)
-        self.bootstrap = bootstrap
-
-    def to_list(self) -> list[Any]:
-        out = [self.group, self.rank, self.incarnation, self.digest, self.offset]
-        return out if self.bootstrap is None else [*out, self.bootstrap]
-
-
-class _Transfer:
-    __slots__ = (
-        "id",
-        "key",
-        "attempt",
-        "epoch",
-        "status",
-        "detail",
-        "deadline",
-        "done",
-        "offset",
-    )
-
-    def __init__(self, id: int, key: str, offset: int) -> None:
-        self.id = id
-        self.key = key
-        self.attempt = 0
-        self.epoch = 0
-        self.status = RUNNING
-        self.detail = ""
-        self.deadline: int | None = None
-        #: members that reported the current attempt done: (role, slot)
-        self.done: set[tuple[str, int]] = set()
-        #: the offset of the record that started the current attempt
-        self.offset = offset
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "key": self.key,
-            "attempt": self.attempt,
-            "epoch": self.epoch,
-            "status": self.status,
-            "detail": self.detail,
-            "deadline": self.deadline,
-            "done": sorted([list(d) for d in self.done]),
-            "offset": self.offset,
-        }
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> _Transfer:
-        t = cls(d["id"], d["key"], d["offset"])
-        t.attempt, t.epoch, t.status = d["attempt"], d["epoch"], d["status"]
-        t.detail, t.deadline = d["detail"], d["deadline"]
-        t.done = {(str(r), int(s)) for r, s in d["done"]}
-        return t
-
-
-class Refit:
-    """One refit: its definition, its current epoch and its transfers."""
-
-    def __init__(self, spec: dict[str, Any], offset: int) -> None:
-        self.spec = spec
-        self.name: str = spec["refit"]
-        self.offset = offset
-        self.epoch = 0
-        self.status = WAITING
-        self.cause = ""
-        self.deadline: int | None = None
-        self.digest: str | None = spec["digest"]
-        self.joined: dict[tuple[str, int], _Joined] = {}
-        self.bootstrap: dict[str, Any] | None = None
-        self.missing: tuple[str, ...] = ()
-        self.transfers: dict[int, _Transfer] = {}
-        self.by_key: dict[str, int] = {}
-        #: the transfer whose attempt is running, if any
-        self.running: int | None = None
-        #: the member whose loss began the current epoch (side, slot), if one did
-        self.lost: tuple[str, int] | None = None
-
-    @property
-    def groups(self) -> tuple[str, str]:
-        return self.spec["publisher"], self.spec["subscriber"]
-
-    def role_of(self, group: str) -> str | None:
-        if group == self.spec["publisher"]:
-            return PUBLISHER
-        if group == self.spec["subscriber"]:
-            return SUBSCRIBER
-        return None
-
-    def slots(self, role: str) -> int:
-        return self.spec[f"{role}_slots"]
-
-    def every_slot(self) -> list[tuple[str, int]]:
-        return [(PUBLISHER, s) for s in range(self.slots(PUBLISHER))] + [
-            (SUBSCRIBER, s) for s in range(self.slots(SUBSCRIBER))
-        ]
-
-    def member_slot(self, group: str, rank: int) -> tuple[str, int] | None:
-        """The slot ``rank`` of ``group`` joined in the current epoch, if any."""
-        for key, j in self.joined.items():
-            if j.group == group and j.rank == rank:
-                return key
-        return None
-
-    def ranks_of(self, role: str) -> tuple[int, ...]:
-        """The group rank in each slot of ``role``, once the epoch is admitted."""
-        if self.status != ADMITTED:
-            return ()
-        return tuple(self.joined[(role, slot)].rank for slot in range(self.slots(role)))
-
-    def members(self) -> list[dict[str, Any]]:
-        """The admitted members, in refit-rank order (publishers first, by slot)."""
-        if self.status != ADMITTED:
-            return []
-        return [
-            {
-                "role": role,
-                "slot": slot,
-                "group": self.joined[(role, slot)].group,
-                "rank": self.joined[(role, slot)].rank,
-                "refit_rank": i,
-            }
-            for i, (role, slot) in enumerate(self.every_slot())
-        ]
-
-    def epoch_effect(self, offset: int) -> RefitEpochChanged:
-        return RefitEpochChanged(
-            refit=self.name,
-            groups=self.groups,
-            epoch=self.epoch,
-            status=self.status,
-            cause=self.cause,
-            deadline_ts=self.deadline,
-            digest=self.digest if self.status == ADMITTED else None,
-            lanes=self.spec["lanes"],
-            publisher_ranks=self.ranks_of(PUBLISHER),
-            subscriber_ranks=self.ranks_of(SUBSCRIBER),
-            missing=self.missing,
-            offset=offset,
-            lost=self.lost,
-        )
-
-    def transfer_effect(self, t: _Transfer, offset: int) -> TransferChanged:
-        return TransferChanged(
-            refit=self.name,
-            groups=self.groups,
-            transfer=t.id,
-            key=t.key,
-            attempt=t.attempt,
-            epoch=t.epoch,
-            status=t.status,
-            detail=t.detail,
-            deadline_ts=t.deadline,
-            offset=offset,
-        )
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "spec": self.spec,
-            "offset": self.offset,
-            "epoch": self.epoch,
-            "status": self.status,
-            "cause": self.cause,
-            "deadline": self.deadline,
-            "digest": self.digest,
-            "joined": [[r, s, *j.to_list()] for (r, s), j in sorted(self.joined.items())],
-            "bootstrap": self.bootstrap,
-            "missing": list(self.missing),
-            "transfers": [self.transfers[t].to_dict() for t in sorted(self.transfers)],
-            "running": self.running,
-        } | ({} if self.lost is None else {"lost": list(self.lost)})
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Refit:
-        r = cls(d["spec"], d["offset"])
-        r.epoch, r.status, r.cause = d["epoch"], d["status"], d["cause"]
-        r.deadline, r.digest, r.bootstrap = d["deadline"], d["digest"], d["bootstrap"]
-        r.joined = {(str(item[0]), int(item[1])): _Joined(*item[2:]) for item in d["joined"]}
-        r.missing = tuple(d["missing"])
-        r.transfers = {t["id"]: _Transfer.from_dict(t) for t in d["transfers"]}
-        r.by_key = {t.key: t.id for t in r.transfers.values()}
-        r.running = d["running"]
-        lost = d.get("lost")
-        r.lost = None if lost is None else (str(lost[0]), int(lost[1]))
-        return r
-
+from .state import (
+    _S,
+    ADMITTED,
+    COMPLETED,
+    FAILED,
+    PUBLISHER,
+    RUNNING,
+    TIMED_OUT,
+    WAITING,
+    Refit,
+    _Joined,
+    _slot_name,
+    _Transfer,
+)
 
 #: The transition table: each input (``inputs.py``), the rule that steps it and what it moves.
 TRANSITIONS: dict[type[RefitsInput], str] = {
@@ -341,6 +109,8 @@ class Refits:
 
     def __init__(self) -> None:
         self._refits: dict[str, Refit] = {}
+        #: its refusals and repeats (``checks.py``), reading the same refits
+        self._checks = RefitChecks(self._refits)
 
     # -- reading -----------------------------------------------------------------------------
 
@@ -377,7 +147,7 @@ class Refits:
                     joined.items(), key=lambda kv: (kv[0].split(":")[0], int(kv[0].split(":")[1]))
                 )
             ],
-            "missing": list(r.missing) or self._missing(r),
+            "missing": list(r.missing) or RefitChecks.missing(r),
             "members": r.members(),
             "bootstrap_published": r.bootstrap is not None,
             "transfers": [
@@ -387,354 +157,17 @@ class Refits:
             ],
         }
 
-    # -- checks ------------------------------------------------------------------------------
+    # -- checks (checks.py) -------------------------------------------------------------------
 
     def refusal(
         self, fold: FoldContext, kind: str, group: str | None, rank: int | None, payload: Any
     ) -> Refusal | None:
-        """Why an input must not be applied (its checks, each with its code, in order), or
-        None; an input the checks pass still decodes into its Struct (``inputs.py``), or it is
-        refused naming the field of the wrong type."""
-        refused = self._checked_refusal(fold, kind, group, rank, payload)
-        if refused is not None:
-            return refused
-        try:
-            decode(kind, payload)
-        except msgspec.ValidationError as exc:
-            return INVALID_EVENT, f"{kind}: {exc}"
-        return None
-
-    def _checked_refusal(
-        self, fold: FoldContext, kind: str, group: str | None, rank: int | None, payload: Any
-    ) -> Refusal | None:
-        if not isinstance(payload, dict):
-            return INVALID_EVENT, f"payload must be an object, got {type(payload).__name__}"
-        if kind == "refit_created":
-            return self._create_refusal(fold, group, rank, payload)
-        name = payload.get("refit")
-        if not isinstance(name, str):
-            return INVALID_EVENT, f"{kind}: refit must be a refit's name, got {name!r}"
-        r = self._refits.get(name)
-        if r is None:
-            return UNKNOWN_REFIT, f"no refit named {name[:80]!r}"
-        if kind == "refit_restart" or (kind == "transfer" and rank is None):
-            if group is not None or rank is not None:
-                return INVALID_EVENT, f"a {kind} from an operator names no group or rank"
-            return self._operator_refusal(r, kind, payload)
-        # a worker's input: fenced like every rank input, and by the refit's epoch
-        if group is None:
-            return INVALID_EVENT, f"a {kind} record must name the worker's group"
-        g = fold.group_states.get(group)
-        if g is None:
-            return UNKNOWN_GROUP, f"no group named {group!r}"
-        if (refused := online_rank_refusal(g, kind, rank, payload.get("incarnation"))) is not None:
-            return refused
-        assert rank is not None
-        role = r.role_of(group)
-        if role is None:
-            return NOT_REFIT_MEMBER, (
-                f"rank {rank} of group {group!r} is not in refit {r.name!r}, which is from "
-                f"{r.spec['publisher']!r} to {r.spec['subscriber']!r}"
-            )
-        epoch = payload.get("epoch")
-        if not isinstance(epoch, int) or isinstance(epoch, bool):
-            return INVALID_EVENT, f"{kind}: epoch must be an integer, got {epoch!r}"
-        if epoch != r.epoch:
-            return STALE_REFIT_EPOCH, (
-                f"refit {r.name!r} is at epoch {r.epoch} ({r.cause}); this {kind} is for epoch "
-                f"{epoch}: join the current epoch again"
-            )
-        if kind == "refit_join":
-            return self._join_refusal(r, g, role, rank, payload)
-        slot = r.member_slot(group, rank)
-        if r.status != ADMITTED:
-            return REFIT_NOT_READY, f"refit {r.name!r} epoch {r.epoch} {self._not_admitted(r)}"
-        if slot is None:
-            return NOT_REFIT_MEMBER, (
-                f"refit {r.name!r}: rank {rank} of {group!r} is not a member of epoch {r.epoch}"
-            )
-        if r.joined[slot].incarnation != payload.get("incarnation"):
-            return NOT_REFIT_MEMBER, (
-                f"refit {r.name!r}: {_slot_name(*slot)} joined epoch {r.epoch} as incarnation "
-                f"{r.joined[slot].incarnation}, not {payload.get('incarnation')}"
-            )
-        if kind == "refit_bootstrap":
-            return self._bootstrap_refusal(r, slot, payload)
-        if kind == "transfer":
-            if slot[0] != PUBLISHER:
-                return NOT_REFIT_MEMBER, (
-                    f"refit {r.name!r}: {_slot_name(*slot)} ({group} rank {rank}) may not start "
-                    "a transfer: a transfer comes from a publisher of the admitted epoch or the "
-                    "operator (a subscriber waits for it to start)"
-                )
-            return self._transfer_refusal(r, payload)
-        return self._status_refusal(r, slot, payload)
-
-    def _create_refusal(
-        self, fold: FoldContext, group: str | None, rank: int | None, payload: dict[str, Any]
-    ) -> Refusal | None:
-        if group is not None or rank is not None:
-            return INVALID_EVENT, "a refit is created by an operator, not by a rank of a group"
-        if (err := spec_problem(payload)) is not None:
-            return INVALID_EVENT, f"refit_created: {err}"
-        for role in (PUBLISHER, SUBSCRIBER):
-            name = payload[role]
-            g = fold.group_states.get(name)
-            if g is None:
-                return UNKNOWN_GROUP, f"refit {payload['refit']!r}: no {role} group named {name!r}"
-            slots = payload[f"{role}_slots"]
-            if slots > g.config.world_size:
-                return INVALID_SLOT, (
-                    f"refit {payload['refit']!r}: {slots} {role} slots, but group {name!r} has "
-                    f"{g.config.world_size} ranks"
-                )
-        r = self._refits.get(payload["refit"])
-        if r is not None:
-            diff = sorted(k for k in payload if payload[k] != r.spec[k])
-            return REFIT_CONFLICT, (
-                f"refit {r.name!r} exists (offset {r.offset})"
-                + (f" with another {', '.join(diff)}" if diff else "")
-            )
-        return None
-
-    def _operator_refusal(self, r: Refit, kind: str, payload: dict[str, Any]) -> Refusal | None:
-        if kind == "refit_restart":
-            if set(payload) - {"refit", "reason"}:
-                return INVALID_EVENT, "refit_restart has only refit and reason"
-            return None
-        return self._transfer_refusal(r, payload)
-
-    def _join_refusal(
-        self, r: Refit, g: GroupState, role: str, rank: int, payload: dict[str, Any]
-    ) -> Refusal | None:
-        if set(payload) - {"incarnation", "refit", "epoch", "slot", "digest", "bootstrap"}:
-            return INVALID_EVENT, (
-                "refit_join has incarnation, refit, epoch, slot, digest and (publisher slot 0 "
-                "only) bootstrap"
-            )
-        slot = payload.get("slot")
-        slots = r.slots(role)
-        if not isinstance(slot, int) or isinstance(slot, bool) or not 0 <= slot < slots:
-            return INVALID_SLOT, (
-                f"refit {r.name!r} has {role} slots 0..{slots - 1}; rank {rank} of {g.name!r} "
-                f"asked for {slot!r}"
-            )
-        digest = payload.get("digest")
-        if not isinstance(digest, str) or not _DIGEST.match(digest):
-            return (
-                INVALID_EVENT,
-                f"refit_join: digest must be 64 lowercase hex characters, got {digest!r}",
-            )
-        if g.view is None or not g.view.is_active(rank):
-            where = "no committed view" if g.view is None else f"view {g.view.version}"
-            return NOT_REFIT_MEMBER, (
-                f"rank {rank} of {g.name!r} is not active in {where}; only active ranks take part "
-                f"in refit {r.name!r}"
-            )
-        if r.status == TIMED_OUT:
-            return REFIT_NOT_READY, (
-                f"refit {r.name!r} epoch {r.epoch} timed out waiting for {abridged(list(r.missing))}; "
-                "it starts again when either group's view changes or an operator restarts it"
-            )
-        held = r.joined.get((role, slot))
-        mine = r.member_slot(g.name, rank)
-        if held is not None and (held.group, held.rank) != (g.name, rank):
-            return INVALID_SLOT, (
-                f"refit {r.name!r} epoch {r.epoch}: {role} slot {slot} is held by rank "
-                f"{held.rank} of {held.group!r}"
-            )
-        if mine is not None and mine != (role, slot):
-            return INVALID_SLOT, (
-                f"refit {r.name!r} epoch {r.epoch}: rank {rank} of {g.name!r} already holds "
-                f"{_slot_name(*mine)}"
-            )
-        reference = self._reference(r)
-        if reference is not None and digest != reference[0]:
-            return DIGEST_MISMATCH, (
-                f"refit {r.name!r}: {_slot_name(role, slot, g.name, rank)} holds plan digest "
-                f"{digest[:12]}…, but {reference[1]} {'hold' if ',' in reference[1] else 'holds'} "
-                f"{reference[0][:12]}…"
-            )
-        if "bootstrap" in payload:
-            if (role, slot) != (PUBLISHER, 0):
-                return NOT_REFIT_MEMBER, (
-                    f"refit {r.name!r}: only refit rank 0 (publisher slot 0) offers the "
-                    f"bootstrap, not {_slot_name(role, slot)}"
-                )
-            return self._bootstrap_problem(r, "refit_join", payload["bootstrap"])
-        if held is not None and held.incarnation != payload.get("incarnation"):
-            return None  # a new incarnation of the same rank takes its slot over
-        return None
-
-    def _reference(self, r: Refit) -> tuple[str, str] | None:
-        """The digest a join must have, and who holds it (for the refusal's message)."""
-        if r.spec["digest"] is not None:
-            return r.spec["digest"], "the refit's definition"
-        holders = [
-            _slot_name(role, slot, j.group, j.rank) for (role, slot), j in sorted(r.joined.items())
-        ]
-        if not holders:
-            return None
-        first = next(iter(sorted(r.joined.items())))[1]
-        return first.digest, abridged(holders)
-
-    def _bootstrap_refusal(
-        self, r: Refit, slot: tuple[str, int], payload: dict[str, Any]
-    ) -> Refusal | None:
-        if slot != (PUBLISHER, 0):
-            return NOT_REFIT_MEMBER, (
-                f"refit {r.name!r}: only refit rank 0 (publisher slot 0) publishes the "
-                f"bootstrap, not {_slot_name(*slot)}"
-            )
-        return self._bootstrap_problem(r, "refit_bootstrap", payload.get("bootstrap"))
-
-    @staticmethod
-    def _bootstrap_problem(r: Refit, kind: str, bootstrap: Any) -> Refusal | None:
-        """One bootstrap an epoch, a small object, whether offered with the join or published
-        after admission."""
-        if not isinstance(bootstrap, dict):
-            return (
-                INVALID_EVENT,
-                f"{kind}: bootstrap must be an object, got {type(bootstrap).__name__}",
-            )
-        size = len(msgspec.json.encode(bootstrap))
-        if size > MAX_BOOTSTRAP_BYTES:
-            return INVALID_EVENT, (
-                f"{kind}: bootstrap of {size} bytes encoded, more than {MAX_BOOTSTRAP_BYTES}"
-            )
-        if r.bootstrap is not None and r.bootstrap != bootstrap:
-            return REFIT_CONFLICT, (
-                f"refit {r.name!r} epoch {r.epoch} already has a bootstrap; a new one comes with "
-                "the next epoch"
-            )
-        return None
-
-    def _transfer_refusal(self, r: Refit, payload: dict[str, Any]) -> Refusal | None:
-        key = payload.get("key")
-        if not isinstance(key, str) or not _KEY.match(key):
-            return INVALID_EVENT, (
-                f"transfer: key must be 1-128 printable ASCII characters without spaces, got "
-                f"{key!r}"
-            )
-        t = self._transfer_by_key(r, key)
-        if t is not None and t.status in (RUNNING, COMPLETED):
-            return None  # a repeat: answered with the transfer's record
-        if r.status != ADMITTED:
-            return REFIT_NOT_READY, (
-                f"refit {r.name!r} epoch {r.epoch} {self._not_admitted(r)}; a transfer starts in "
-                "an admitted epoch"
-            )
-        if r.running is not None:
-            busy = r.transfers[r.running]
-            return TRANSFER_BUSY, (
-                f"refit {r.name!r}: transfer {busy.key!r} (attempt {busy.attempt}) is running"
-            )
-        return None
-
-    def _status_refusal(
-        self, r: Refit, slot: tuple[str, int], payload: dict[str, Any]
-    ) -> Refusal | None:
-        if set(payload) - {
-            "incarnation",
-            "refit",
-            "epoch",
-            "transfer",
-            "attempt",
-            "status",
-            "detail",
-        }:
-            return INVALID_EVENT, (
-                "transfer_status has incarnation, refit, epoch, transfer, attempt, status, detail"
-            )
-        number = payload.get("transfer")
-        t = r.transfers.get(number) if isinstance(number, int) else None
-        if t is None:
-            return UNKNOWN_TRANSFER, f"refit {r.name!r} has no transfer {number!r}"
-        status = payload.get("status")
-        if status not in ("done", "failed"):
-            return (
-                INVALID_EVENT,
-                f"transfer_status: status must be 'done' or 'failed', got {status!r}",
-            )
-        detail = payload.get("detail", "")
-        if not isinstance(detail, str) or len(detail) > 1000:
-            return (
-                INVALID_EVENT,
-                "transfer_status: detail must be a string of at most 1000 characters",
-            )
-        if t.status == COMPLETED:
-            return TRANSFER_FINAL, (
-                f"refit {r.name!r}: transfer {t.key!r} completed (attempt {t.attempt}); its state "
-                "is final"
-            )
-        if payload.get("attempt") != t.attempt:
-            return STALE_ATTEMPT, (
-                f"refit {r.name!r}: transfer {t.key!r} is at attempt {t.attempt}; this report is "
-                f"for attempt {payload.get('attempt')!r}"
-            )
-        if t.status == FAILED:
-            return STALE_ATTEMPT, (
-                f"refit {r.name!r}: attempt {t.attempt} of transfer {t.key!r} failed ({t.detail}); "
-                "create the transfer again for a new attempt"
-            )
-        return None
+        return self._checks.refusal(fold, kind, group, rank, payload)
 
     def repeat_of(
         self, fold: FoldContext, kind: str, group: str | None, rank: int | None, payload: Any
     ) -> int | None:
-        """The earlier record an identical input repeats: the same refit created again, the same
-        join (slot, digest, incarnation, epoch, offered bootstrap), the same bootstrap, a
-        transfer key that is running or completed."""
-        if not isinstance(payload, dict):
-            return None
-        r = (
-            self._refits.get(payload.get("refit"))
-            if isinstance(payload.get("refit"), str)
-            else None
-        )
-        if r is None:
-            return None
-        if kind == "refit_created":
-            return r.offset if payload == r.spec else None
-        if kind == "transfer":
-            key = payload.get("key")
-            t = self._transfer_by_key(r, key) if isinstance(key, str) else None
-            return t.offset if t is not None and t.status in (RUNNING, COMPLETED) else None
-        if payload.get("epoch") != r.epoch or group is None or rank is None:
-            return None
-        if kind == "refit_join":
-            slot = payload.get("slot")
-            role = r.role_of(group)
-            j = r.joined.get((role, slot)) if role is not None and isinstance(slot, int) else None
-            if j is not None and (j.group, j.rank, j.incarnation, j.digest, j.bootstrap) == (
-                group,
-                rank,
-                payload.get("incarnation"),
-                payload.get("digest"),
-                payload.get("bootstrap"),
-            ):
-                return j.offset
-        return None
-
-    @staticmethod
-    def _transfer_by_key(r: Refit, key: str) -> _Transfer | None:
-        number = r.by_key.get(key)
-        return None if number is None else r.transfers[number]
-
-    def _not_admitted(self, r: Refit) -> str:
-        """Why the epoch is not admitted, naming the slots it waits for or never had."""
-        if r.status == WAITING:
-            return f"is waiting for {abridged(self._missing(r))}"
-        return (
-            f"timed out: {abridged(list(r.missing))} never joined (a view change of either "
-            "group or a restart opens a new epoch)"
-        )
-
-    @staticmethod
-    def _missing(r: Refit) -> list[str]:
-        return [
-            _slot_name(role, slot) for role, slot in r.every_slot() if (role, slot) not in r.joined
-        ]
+        return self._checks.repeat_of(fold, kind, group, rank, payload)
 
     # -- steps -------------------------------------------------------------------------------
 
@@ -832,7 +265,7 @@ class Refits:
     ) -> None:
         r = self._refits[start.refit]
         key = start.key
-        t = self._transfer_by_key(r, key)
+        t = RefitChecks.transfer_by_key(r, key)
         if t is None:
             number = len(r.transfers) + 1
             t = r.transfers[number] = _Transfer(number, key, record.offset)
@@ -944,7 +377,7 @@ class Refits:
             r = self._refits[name]
             if r.status == WAITING and r.deadline is not None and now >= r.deadline:
                 r.status = TIMED_OUT
-                r.missing = tuple(self._missing(r))
+                r.missing = tuple(RefitChecks.missing(r))
                 r.deadline = None
                 effects.append(r.epoch_effect(record.offset))
             if r.running is not None:
@@ -990,4 +423,7 @@ class Refits:
         return {"refits": [self._refits[n].to_dict() for n in sorted(self._refits)]}
 
     def restore(self, data: dict[str, Any]) -> None:
-        self._refits = {d["spec"]["refit"]: Refit.from_dict(d) for d in data.get("refits", [])}
+        self._refits.clear()  # in place: the checks read the same dict
+        self._refits.update(
+            {d["spec"]["refit"]: Refit.from_dict(d) for d in data.get("refits", [])}
+        )

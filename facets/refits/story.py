@@ -31,7 +31,7 @@ from .effects import (
     RefitEpochChanged,
     TransferChanged,
 )
-from .fold import ADMITTED, TIMED_OUT, WAITING, Refit
+from .state import ADMITTED, TIMED_OUT, WAITING, Refit
 
 #: Joins and reports kept before each decision.
 EVIDENCE_LIMIT = 32
