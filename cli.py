@@ -894,6 +894,7 @@ def _group(args: argparse.Namespace) -> int:
         CoordinatorUnavailable,
         group_run,
     )
+    from .wire.life import run_text
 
     if (args.name is None) != (args.action == "list"):
         print(
@@ -936,25 +937,10 @@ def _group(args: argparse.Namespace) -> int:
         if not lines:
             print(f"no groups at {args.coordinator}")
         for line in lines:
-            print(f"{line['group']}: {_line_state(line)}")
+            print(f"{line['group']}: {run_text(line)}")
     else:
-        done = {"end": "ended: ", "delete": "deleted: "}.get(args.action, "")
-        print(done + group_run(body)[1])
+        print(group_run(body)[1])
     return 0
-
-
-def _line_state(line: dict[str, Any]) -> str:
-    """One ``GET /groups`` line in words."""
-    states = line.get("states", {})
-    online = states.get("HEALTHY", 0) + states.get("SYNCED", 0)
-    size = f"{line['world_size']} ranks, view {line['version']}, {online} online"
-    if line.get("ended"):
-        return f"ended ({line['ended']}); {size}"
-    if line.get("formation") == "failed":
-        return f"failed to form; {size}"
-    if line.get("shutdown"):
-        return f"shut down ({line['shutdown']}); {size}"
-    return f"{line.get('formation')}; {size}"
 
 
 def _token(args: argparse.Namespace) -> int:

@@ -22,6 +22,7 @@ from typing import Any
 
 import httpx
 
+from ..wire import life
 from ..wire import ranks as rank_sets
 from ..wire.codes import (
     BAD_ANSWER,
@@ -198,11 +199,20 @@ class CoordinatorClient:
             term=body.get("term"),
         )
 
-    def report_death(self, group: str, rank: int, incarnation: str | None = None) -> dict[str, Any]:
-        """``POST /agents/deaths``: the rank goes OFFLINE at once (a stale incarnation is 409)."""
+    def report_death(
+        self,
+        group: str,
+        rank: int,
+        incarnation: str | None = None,
+        reporter: str | None = None,
+    ) -> dict[str, Any]:
+        """``POST /agents/deaths``: the rank goes OFFLINE at once (a stale incarnation is 409).
+        ``reporter`` says who saw it die and how, for the rank's story and the decision log."""
         body: dict[str, Any] = {"group": group, "rank": rank}
         if incarnation is not None:
             body["incarnation"] = incarnation
+        if reporter is not None:
+            body["reporter"] = reporter
         return self.request("POST", "/agents/deaths", json=body)
 
     # -- operator calls --------------------------------------------------------------------------
@@ -383,37 +393,14 @@ def _json_body(response: httpx.Response, url: str, call: str) -> dict[str, Any]:
 def group_run(body: Mapping[str, Any]) -> tuple[str, str]:
     """Where a group's run stands, from its ``GET /groups/{group}`` document: ``(stage, text)``
     with stage ``forming`` (no view yet, still waiting for its ranks), ``running`` (formed,
-    some rank online), or ``over`` (ended, failed to form, shut down, or formed and no rank
-    online any more: every rank exited or died). ``text`` says it in words for a person."""
-    name = body.get("group")
-    counts = body.get("rank_counts") or {}
-    world_size = (body.get("config") or {}).get("world_size", "?")
-    online = int(counts.get("HEALTHY", 0)) + int(counts.get("SYNCED", 0))
-    view = body.get("view") or {}
-    version = view.get("version", 0)
-    ended = body.get("ended")
-    formation = body.get("formation") or {}
-    if ended:
-        deleted = ", deleted" if ended.get("deleted") else ""
-        if ended.get("finished"):
-            return "over", f"group {name!r} finished (every rank exited cleanly{deleted})"
-        return "over", f"group {name!r} was ended ({ended.get('reason')}{deleted})"
-    if formation.get("status") == "failed":
-        return "over", f"group {name!r} failed to form: {formation.get('error')}"
-    if body.get("shutdown"):
-        return "over", (
-            f"group {name!r} was shut down ({body['shutdown']}) at view {version}, "
-            f"{online}/{world_size} ranks online"
-        )
-    if not version:
-        return "forming", f"group {name!r} is forming: {online}/{world_size} ranks joined"
-    if online == 0:
-        exited = int(counts.get("exited", 0))
-        return "over", (
-            f"group {name!r} ran before: view {version}, no rank online "
-            f"({exited}/{world_size} exited cleanly, the others died)"
-        )
-    return (
-        "running",
-        f"group {name!r} is running: view {version}, {online}/{world_size} ranks online",
-    )
+    some rank online), or ``over`` (finished, ended, deleted, failed to form, shut down, or
+    formed and no rank online any more: its ranks exited or died). ``text`` says it in the one
+    vocabulary (``wire.life``): ``group 'train' finished; view 2; 4 ranks: 4 exited cleanly``."""
+    text = f"group {body.get('group')!r} {life.run_text(body)}"
+    status = body.get("status")
+    if status == life.FORMING:
+        return "forming", text
+    online = int((body.get("rank_counts") or {}).get(life.ONLINE, 0))
+    if status == life.RUNNING and online:
+        return "running", text
+    return "over", text

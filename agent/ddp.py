@@ -259,15 +259,22 @@ class DistributedDataParallel(_TorchDDP):
             self._failed_works = []
         else:
             self._failed_works = [w for w in works if not w.wait()]
+            failed = self.last_failed_ranks
+            if failed:
+                why = f"failed ranks {failed}"
+            elif newer is not None and newer.version > view.version:
+                why = f"view {newer.version} committed during it"
+            else:
+                why = "another member's operation failed"
             # Numbered as ``committed_steps`` counts (the step after the last committed one),
             # the one numbering a script and its heal see; ``index`` is the agreement's key.
             log.warning(
-                "rank %d: step %d of view %d skipped on every member (failed ranks %s); "
+                "rank %d: step %d of view %d skipped on every member (%s); "
                 "its batch goes again in the next step",
                 self._plane.rank,
                 self.committed_steps + 1,
                 view.version,
-                self.last_failed_ranks,
+                why,
             )
         return committed
 

@@ -926,11 +926,15 @@ class Agent:
             else:
                 ended = info.get("ended")
                 if ended:  # nothing joins it again: say so now, not at the first wait
-                    how = "finished" if ended.get("finished") else "was ended"
+                    how, why = (
+                        ("finished", "every rank exited cleanly")
+                        if ended.get("finished")
+                        else ("was ended", ended.get("reason"))
+                    )
                     raise RuntimeError(
                         f"rank {self.rank}: group {self.group!r} at {where} {how} at offset "
-                        f"{ended.get('offset')} ({ended.get('reason')}); its history stays under "
-                        "its name, so run again under another group name"
+                        f"{ended.get('offset')} ({why}); its history stays under its name, so "
+                        "run again under another group name"
                     )
                 self._group_config = info.get("config") or {}
                 size = info.get("world_size", (info.get("config") or {}).get("world_size"))

@@ -23,7 +23,7 @@ The rules:
 - **A group runs once; the launcher says what it found.** Before it starts a worker it looks
   the group up (waiting up to ``--start-timeout`` for the coordinator and, without
   ``--world-size``, for the group) and says what it found: a new group, one that is forming,
-  or one that ran before. A group whose run is over (ended, shut down, failed to form, or no
+  or one that ran before. A group whose run is over (finished, ended, shut down, failed to form, or no
   rank online any more) or, with ``--world-size``, one that is running is refused at once, with
   what to do: its history stays in the log under its name, so a new run takes a new name.
 - **Replacement is a new incarnation.** ``replace(rank)`` (or ``--replace-failed``) starts the
@@ -373,7 +373,7 @@ class Launcher:
         if returncode == -signal.SIGABRT and not stopping:
             left = self._left_cleanly(worker)
         if returncode != 0 and not stopping and not left:
-            reported, error = self._report_death(worker)
+            reported, error = self._report_death(worker, returncode)
         if worker.reader is not None:
             worker.reader.join(5.0)  # the last lines it wrote, for the summary
         tail = tuple(worker.tail) if worker.log_file is None else _file_tail(worker.log_file)
@@ -476,9 +476,17 @@ class Launcher:
             and ranks[0].get("incarnation") == worker.incarnation
         )
 
-    def _report_death(self, worker: Worker) -> tuple[bool, str | None]:
+    def _report_death(self, worker: Worker, returncode: int) -> tuple[bool, str | None]:
+        how = (
+            f"killed by {signal.Signals(-returncode).name}"
+            if returncode < 0 and -returncode in signal.valid_signals()
+            else f"exit status {returncode}"
+        )
+        reporter = f"the launcher on {socket.gethostname()} (pid {worker.process.pid} {how})"
         try:
-            self.client.report_death(self.group, worker.rank, worker.incarnation)
+            self.client.report_death(
+                self.group, worker.rank, worker.incarnation, reporter=reporter[:200]
+            )
         except (CoordinatorError, CoordinatorUnavailable) as exc:
             # A 409 stale_incarnation means a newer process already speaks for the rank.
             return False, str(exc)

@@ -203,11 +203,15 @@ class GroupBody(Struct, kw_only=True):
     group: str
     #: the run's id: the offset of the group's ``group_created`` record (a name runs once)
     run: int
+    #: where the run stands, in the one vocabulary of ``wire/life.py`` (``forming``,
+    #: ``running``, ``shut down``, ``failed to form``, ``finished``, ``ended``, ``deleted``)
+    status: str
     config: dict[str, Any]
     formation: dict[str, Any]
     view: ViewBody | None
     healthy_set: list[int]
-    #: ranks in each state over the whole group (``exited``: OFFLINE after a clean exit)
+    #: ranks in each state over the whole group (``exited``: OFFLINE after a clean exit), and
+    #: what became of them (``online``, ``exited``, ``died``, ``not_joined``; ``wire/life.py``)
     rank_counts: dict[str, int]
     ranks: list[dict[str, Any]]
     pending_proposals: list[int]
@@ -227,6 +231,8 @@ class GroupLine(Struct, kw_only=True):
     group: str
     #: the run's id (the offset of the group's ``group_created`` record)
     run: int
+    #: where the run stands (``wire/life.py``), as in ``GET /groups/{group}``
+    status: str
     world_size: int
     #: the current view's version (0 before the group formed)
     version: int
@@ -234,6 +240,8 @@ class GroupLine(Struct, kw_only=True):
     formation: str
     #: how many ranks are in each physical state
     states: dict[str, int]
+    #: those counts and what became of the ranks, as in ``GET /groups/{group}``
+    rank_counts: dict[str, int]
     #: how many ranks are in ``active_ranks``
     active: int
     failures: int

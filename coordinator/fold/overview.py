@@ -16,6 +16,7 @@ from .effects import HEALTHY, OFFLINE, SYNCED
 from .machine import Coordinator
 from .projections import proposal_doc
 from .state import GroupState
+from .status import rank_counts, run_status
 
 #: How many ranks a list in the overview names before it only counts.
 RANKS_SHOWN = 64
@@ -51,10 +52,12 @@ def group_list(machine: Coordinator) -> list[dict[str, Any]]:
             {
                 "group": name,
                 "run": g.created_offset,
+                "status": run_status(g),
                 "world_size": g.config.world_size,
                 "version": g.version,
                 "formation": g.formation,
                 "states": counts,
+                "rank_counts": rank_counts(g),
                 "active": len(g.active),
                 "failures": g.failures,
                 "shutdown": g.shutdown,
@@ -79,6 +82,7 @@ def group_overview(machine: Coordinator, group: str) -> dict[str, Any] | None:
     return {
         "group": g.name,
         "run": g.created_offset,
+        "status": run_status(g),
         "offset": machine.offset,
         "config": g.config.to_dict(),
         "formation": {"status": g.formation, "error": g.formation_error},

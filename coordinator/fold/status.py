@@ -10,7 +10,8 @@ from typing import Any
 
 import msgspec
 
-from .state import GroupState
+from ...wire import life
+from .state import FAILED, GroupState
 
 
 def plain(value: Any) -> Any:
@@ -18,18 +19,45 @@ def plain(value: Any) -> Any:
     return msgspec.json.decode(msgspec.json.encode(value))
 
 
+def run_status(g: GroupState) -> str:
+    """Where the group's run stands, in the one vocabulary (``wire.life``)."""
+    return life.run_status(
+        formed=g.view is not None,
+        failed=g.formation == FAILED,
+        shutdown=g.shutdown,
+        ended=g.ended is not None,
+        finished=g.finished,
+        deleted=g.deleted,
+    )
+
+
+def rank_counts(g: GroupState) -> dict[str, int]:
+    """How many ranks are in each physical state, and what became of them in the one
+    vocabulary (``wire.life``): online, exited cleanly, died, never joined."""
+    counts = {"HEALTHY": 0, "SYNCED": 0, "OFFLINE": 0, "exited": 0, "online": 0, "died": 0}
+    for info in g.ranks:
+        counts[info.state] += 1
+        if info.state != "OFFLINE":
+            counts["online"] += 1
+        elif info.exited:
+            counts["exited"] += 1
+        elif info.incarnation is not None:
+            counts["died"] += 1
+    counts["not_joined"] = len(g.ranks) - counts["online"] - counts["exited"] - counts["died"]
+    return counts
+
+
 def group_status(g: GroupState) -> dict[str, Any]:
     """Config, formation status, current view, per-rank state, queue and change in flight."""
     active = set(g.active)
     change = g.change
-    counts = {"HEALTHY": 0, "SYNCED": 0, "OFFLINE": 0, "exited": 0}
-    for info in g.ranks:
-        counts[info.state] += 1
-        counts["exited"] += info.exited and info.state == "OFFLINE"
+    counts = rank_counts(g)
     return {
         "group": g.name,
         #: the run's id: the offset of the group's ``group_created`` record (a name runs once)
         "run": g.created_offset,
+        #: where the run stands, in the one vocabulary (``wire.life``)
+        "status": run_status(g),
         "config": g.config.to_dict(),
         "formation": {"status": g.formation, "error": g.formation_error},
         "view": None if g.view is None else plain(g.view),

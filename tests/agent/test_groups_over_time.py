@@ -173,13 +173,16 @@ def test_the_cli_lists_ends_and_deletes_groups(coordinator: Coordinator):
     coordinator.create_group("b", 2)
     url = ["--coordinator", coordinator.url]
     listed = cli("list", *url)
-    assert listed.returncode == 0 and "a: forming; 1 ranks" in listed.stdout, listed
+    assert listed.returncode == 0 and "a: forming; 1 ranks: 1 never joined" in listed.stdout
     ended = cli("end", "a", "--reason", "done", *url)
-    assert ended.returncode == 0 and "ended: group 'a' was ended (done)" in ended.stdout, ended
+    assert ended.returncode == 0, ended
+    assert ended.stdout.strip() == "group 'a' ended (done); 1 ranks: 1 never joined", ended
     deleted = cli("delete", "b", *url)
-    assert deleted.returncode == 0 and "deleted" in deleted.stdout, deleted
+    assert deleted.returncode == 0, deleted
+    deleted_text = "group 'b' deleted (deleted by the operator); 2 ranks: 2 never joined"
+    assert deleted.stdout.strip() == deleted_text, deleted
     listed = cli("list", *url)
-    assert "a: ended (done)" in listed.stdout and "b:" not in listed.stdout, listed
+    assert "a: ended (done); 1 ranks" in listed.stdout and "b:" not in listed.stdout, listed
     # deleted, its history stays readable
     assert httpx.get(coordinator.url + "/groups/b").json()["ended"]["deleted"] is True
     missing = cli("end", "nope", *url)
@@ -197,7 +200,7 @@ def test_the_launcher_refuses_a_group_whose_run_is_over_and_says_what_to_do(
         assert prepare_group(client, "train", 2, timeout_s=5) is None  # forming: join it
         client.request("POST", "/groups/train/end", json={})
         refused = prepare_group(client, "train", 2, timeout_s=5)
-        assert refused is not None and "was ended" in refused and "another --group" in refused
+        assert refused is not None and "'train' ended (" in refused and "another --group" in refused
         missing = prepare_group(client, "nope", None, timeout_s=0.5)
         assert missing is not None and "no group 'nope'" in missing and "(groups: train)" in missing
         assert prepare_group(client, "fresh", 2, timeout_s=5) is None
@@ -209,4 +212,4 @@ def test_the_launcher_refuses_a_group_whose_run_is_over_and_says_what_to_do(
          "train", "--world-size", "2", "--nproc", "2", "examples/train_ddp.py"],
         cwd=ROOT, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
-    assert run.returncode == 2 and "was ended" in run.stderr, run
+    assert run.returncode == 2 and "'train' ended (" in run.stderr, run

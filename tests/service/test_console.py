@@ -523,7 +523,7 @@ async def test_an_ended_group_is_shown_as_such_and_the_page_ends_and_deletes(
         page = await browser.new_page(viewport={"width": 1400, "height": 1000})
         page.on("dialog", lambda dialog: asyncio.ensure_future(dialog.accept()))
         await page.goto(srv.url + "/ui#old")
-        await _until(page, "document.getElementById('g-run').textContent === 'ended: rerun'")
+        await _until(page, "document.getElementById('g-run').textContent === 'ended (rerun)'")
         buttons = await page.eval_on_selector_all(
             "#groups button", "bs => bs.map(b => b.textContent)"
         )
