@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from foldplane.coordinator.fold.effects import Effect, Refused
 from foldplane.coordinator.fold.projections import rows_for
-from foldplane.facets.epochs.fold import complete_plan
+from foldplane.facets.epochs.inputs import complete_plan
 from foldplane.wire.codes import GROUP_ENDED
 from tests.fold.script import Script
 
