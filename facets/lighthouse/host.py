@@ -301,12 +301,16 @@ class LighthouseHost:
         record = NewRecord(kind=REQUEST, group=None, payload=msgspec.to_builtins(member))
         self._gathered.append(_Gathered(member, record, asked))
         fold = self.fold
-        assert fold.settings is not None  # configured before the first call (_configure)
         now = time.time_ns()
-        until = fold.gather_until(
-            now,
-            [g.member for g in self._gathered],
-            GATHER_TICKS * fold.settings.quorum_tick_ms * 1_000_000,
+        # no settings in the log: the fold refuses the request, at once
+        until = (
+            None
+            if fold.settings is None
+            else fold.gather_until(
+                now,
+                [g.member for g in self._gathered],
+                GATHER_TICKS * fold.settings.quorum_tick_ms * 1_000_000,
+            )
         )
         if until is None:
             self._append_gathered()

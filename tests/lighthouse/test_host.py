@@ -18,7 +18,7 @@ import pytest
 from foldplane.coordinator.host.loop import Host
 from foldplane.eventlog import NewRecord
 from foldplane.facets.lighthouse.effects import Settings
-from foldplane.facets.lighthouse.host import LighthouseHost
+from foldplane.facets.lighthouse.host import LighthouseHost, LighthouseRefused
 from foldplane.facets.lighthouse.messages import Quorum, QuorumMember
 
 SETTINGS = Settings(min_replicas=2, join_timeout_ms=60_000, heartbeat_timeout_ms=5_000)
@@ -225,3 +225,15 @@ async def test_a_caller_that_goes_away_while_its_request_is_appended_withdraws_i
     [request] = [r for r in records if r.kind == "lighthouse_request"][-1:]
     [gone] = [r for r in records if r.kind == "lighthouse_withdrawn"]
     assert gone.payload == {"replica_id": "a", "request": request.offset}
+
+
+async def test_a_request_before_any_settings_is_refused_at_once(tmp_path: Path) -> None:
+    host = await Host.open(str(tmp_path / "log.db"))
+    served = LighthouseHost(host, None)  # a leader a standby carries calls to, never configured
+    try:
+        with pytest.raises(LighthouseRefused, match="no settings"):
+            await served.quorum(member("a", 0), 10.0)
+        assert served._gathered == []
+    finally:
+        await served.close()
+        await host.close()
