@@ -38,12 +38,14 @@ def rank_counts(g: GroupState) -> dict[str, int]:
     for info in g.ranks:
         counts[info.state] += 1
         if info.state != "OFFLINE":
-            counts["online"] += 1
+            counts[life.ONLINE] += 1
         elif info.exited:
-            counts["exited"] += 1
+            counts[life.EXITED] += 1
         elif info.incarnation is not None:
-            counts["died"] += 1
-    counts["not_joined"] = len(g.ranks) - counts["online"] - counts["exited"] - counts["died"]
+            counts[life.DIED] += 1
+    counts[life.NOT_JOINED] = (
+        len(g.ranks) - counts[life.ONLINE] - counts[life.EXITED] - counts[life.DIED]
+    )
     return counts
 
 
