@@ -23,7 +23,8 @@ def test_the_demo_tells_the_whole_story_and_its_log_replays():
     )  # fmt: skip
     out = demo.stdout
     assert demo.returncode == 0, out + demo.stderr
-    found = re.search(r"python -m coordinator replay (\S+demo\.db)", out)
+    # the closing hint names the command that started the demo, which works where it ran
+    found = re.search(r"\n  python -m foldplane\.coordinator replay (\S+demo\.db)", out)
     assert found, out
     db = Path(found.group(1))
     assert db.exists() and db.parent.name.startswith("foldplane-demo-")
@@ -33,6 +34,7 @@ def test_the_demo_tells_the_whole_story_and_its_log_replays():
     # the victim is frozen before the kill, so every survivor is inside an all_reduce then
     failed = re.findall(r"\] all_reduce FAILED in view 1: failed_ranks_hint \[0, 0, 1, 0\]\n", out)
     assert len(failed) == 3, out
+    assert out.count("all_reduce FAILED") == 3, out  # the kill's; stopping cleanly fails nothing
     assert re.search(
         r"proposal \d+: applied in view 3; an identical proposal \d+: applied in view 3", out
     )
