@@ -29,7 +29,8 @@ AGENT = """
 import json, sys, threading
 from foldplane.agent import Agent, EventRefused
 from foldplane.wire.updates import declare_update
-from tests.facets.toy.fold import AddEvent, CounterUpdate
+from tests.facets.toy.fold import CounterUpdate
+from tests.facets.toy.inputs import AddEvent
 
 declare_update(CounterUpdate)
 got, seen = [], {7: threading.Event(), 9: threading.Event()}

@@ -8,7 +8,8 @@ update to the group's agents, a route and a panel in the operator's console. The
 """
 
 from foldplane.coordinator.fold.registry import FacetPlugin
-from tests.facets.toy.fold import AddEvent, CounterBumped, Counters, CounterUpdate, counter_row
+from tests.facets.toy.fold import CounterBumped, Counters, CounterUpdate, counter_row
+from tests.facets.toy.inputs import AddEvent
 
 PLUGIN = FacetPlugin(
     name=Counters.name,

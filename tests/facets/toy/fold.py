@@ -3,9 +3,9 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Any
 
-from msgspec import Meta
+import msgspec
 
 from foldplane.coordinator.fold.effects import Effect, View
 from foldplane.coordinator.fold.facets import FoldContext, Refusal
@@ -14,11 +14,8 @@ from foldplane.coordinator.fold.projections import to_doc
 from foldplane.coordinator.fold.state import GroupState
 from foldplane.eventlog import ProjectionRow, Record
 from foldplane.wire.codes import INVALID_EVENT, UNKNOWN_GROUP
-from foldplane.wire.protocol import AgentEventBase
 from foldplane.wire.updates import Update
-
-#: The most one bump may add.
-MAX_BY = 1000
+from tests.facets.toy.inputs import INPUTS, by_problem
 
 
 class CounterBumped(Effect, frozen=True, kw_only=True, tag="toy_bumped"):
@@ -28,13 +25,6 @@ class CounterBumped(Effect, frozen=True, kw_only=True, tag="toy_bumped"):
     count: int
     by: int
     offset: int
-
-
-class AddEvent(AgentEventBase, tag="toy_add", kw_only=True, forbid_unknown_fields=True):
-    """A rank adds ``by`` to its group's counter (``Agent.send_event(AddEvent, by=...)``); the
-    fold bounds ``by``, as it does the operator's bump."""
-
-    by: Annotated[int, Meta(ge=-(2**31), le=2**31)]
 
 
 class CounterUpdate(Update, frozen=True, kw_only=True, tag="toy_counter"):
@@ -78,9 +68,8 @@ class Counters:
             refused := online_rank_refusal(g, kind, rank, payload.get("incarnation"))
         ):
             return refused
-        by = payload.get("by") if isinstance(payload, dict) else None
-        if type(by) is not int or not 1 <= by <= MAX_BY:
-            return INVALID_EVENT, f"{kind}: by must be an integer from 1 to {MAX_BY}, got {by!r}"
+        if (problem := by_problem(payload)) is not None:
+            return INVALID_EVENT, f"{kind}: {problem}"
         return None
 
     def repeat_of(
@@ -89,7 +78,8 @@ class Counters:
         return None
 
     def apply(self, fold: FoldContext, record: Record, effects: list[Effect]) -> None:
-        group, by = record.group, record.payload["by"]
+        """Both inputs raise the counter: the class says whose it is, ``by`` how much."""
+        group, by = record.group, msgspec.convert(record.payload, INPUTS[record.kind]).by
         assert group is not None
         self.counts[group] = count = self.count(group) + by
         effects.append(CounterBumped(group=group, count=count, by=by, offset=record.offset))
