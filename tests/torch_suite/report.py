@@ -279,9 +279,9 @@ def _torch_runs(records: list[dict[str, Any]]) -> list[str]:
     if not records:
         return [*lines, "No run is recorded yet.", ""]
     lines += [
-        "| date | torch | NCCL | Python | run | passed | failed | error | skipped | seconds "
-        "| failures |",
-        "|---|---|---|---|---|---:|---:|---:|---:|---:|---|",
+        "| date | torch | NCCL | Python | foldplane's install | run | passed | failed | error "
+        "| skipped | seconds | failures |",
+        "|---|---|---|---|---|---|---:|---:|---:|---:|---:|---|",
     ]
     for rec in records:
         v = rec["versions"]
@@ -290,9 +290,15 @@ def _torch_runs(records: list[dict[str, Any]]) -> list[str]:
             failures = ", ".join(f"`{f['test']}`" for f in r["failures"]) or "none"
             if r.get("cut_at_limit_s"):
                 failures += f" (cut at {r['cut_at_limit_s']:.0f} s)"
+            install = rec.get("install")
+            kept = (
+                f"kept torch {install['torch_after_foldplane']}"
+                if install and install["torch_after_foldplane"] == install["torch_before_foldplane"]
+                else ("replaced torch" if install else "–")
+            )
             lines.append(
                 f"| [{rec['date'][:10]}](torch-runs/{rec['file']}) | {v['torch']} "
-                f"| {v.get('nccl') or '–'} | {v['python']} | {r['run']} | {c['passed']} "
+                f"| {v.get('nccl') or '–'} | {v['python']} | {kept} | {r['run']} | {c['passed']} "
                 f"| {c['failed']} | {c['error']} | {c['skipped']} | {r['seconds']:.0f} "
                 f"| {failures} |"
             )

@@ -82,6 +82,7 @@ def test_the_recorded_runs_on_other_releases_are_listed_with_their_failures() ->
     record = {
         "date": "2026-12-06T23:00:00Z", "file": "2026-12-06-torch-2.15.0.json",
         "versions": {"torch": "2.15.0+cu132", "nccl": "2.30.7", "python": "3.11.7"},
+        "install": {"torch_before_foldplane": "2.15.0+cu132", "torch_after_foldplane": "2.15.0+cu132"},
         "runs": [{"run": "default", "seconds": 612.4, "cut_at_limit_s": None,
                   "counts": {"passed": 10, "failed": 1, "error": 0, "skipped": 2},
                   "failures": [{"test": "tests/x.py::test_y", "outcome": "failed", "error": "E"}]}],
@@ -89,6 +90,6 @@ def test_the_recorded_runs_on_other_releases_are_listed_with_their_failures() ->
     text = report.render([_run("gloo", [{"test": "t", "outcome": "passed"}])], [record])
     assert (
         "| [2026-12-06](torch-runs/2026-12-06-torch-2.15.0.json) | 2.15.0+cu132 | 2.30.7 | 3.11.7 "
-        "| default | 10 | 1 | 0 | 2 | 612 | `tests/x.py::test_y` |"
+        "| kept torch 2.15.0+cu132 | default | 10 | 1 | 0 | 2 | 612 | `tests/x.py::test_y` |"
     ) in text
     assert "No run is recorded yet." in report.render([_run("gloo", [])], [])
