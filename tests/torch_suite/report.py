@@ -334,9 +334,9 @@ silences it).
 
 | torch | where | what runs |
 |---|---|---|
-| 2.14.1 (the CUDA build, NCCL 2.30.7, run on the CPU) | CI and the development machines: the README's `.venv` (`constraints-dev.txt`) | the default and slow suites; torch's backend suite (this page) |
+| 2.14.1 (the CUDA build, NCCL 2.30.7, run on the CPU) | CI and the development machines: the README's `.venv` (`constraints-dev.txt`) | the default and slow suites (the slow suite runs the demo, `tests/agent/test_demo.py`, and the examples, `tests/agent/test_example.py`, `tests/fsdp/test_example.py`, `tests/agent/test_torchrun.py`); torch's backend suite (this page) |
 | 2.13.0+cpu | CI: `.venv-2.13` (`constraints-2.13.txt`) | the default suite; torch's backend suite (this page) |
-| 2.15.0 | `scripts/torch-run 2.15.0`, by hand (it downloads about 4 GB; never in CI) | the default suite (below) |
+| 2.15.0 | `scripts/torch-run 2.15.0`, by hand (it downloads about 4 GB; never in CI) | foldplane's install beside it, the default suite and torch's reconfigure contract ([recorded runs](#recorded-runs-on-other-releases)) |
 | 2.11.0+cu130 (NCCL 2.28.9) | the GPU machine | `tests/gpu` and `python -m benchmarks gpu` through `scripts/gpu-check` ([gpu.md](gpu.md)); no run is recorded yet in [gpu-runs/](gpu-runs/) |
 
 ### What each version gives
