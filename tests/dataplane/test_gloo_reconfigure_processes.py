@@ -12,9 +12,15 @@ import torch
 from foldplane.agent.dataplane.persistent import SUPPORTED
 from tests.dataplane.cluster import Cluster
 
-pytestmark = pytest.mark.skipif(
-    not SUPPORTED, reason=f"gloo is reconfigurable from torch 2.14 (this is {torch.__version__})"
-)
+# slow: 4 torch processes, a kill and a respawn (about 36 s of CPU); the default suite keeps the
+# in-process test_gloo_reconfigure.py, and the setting is off by default
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        not SUPPORTED,
+        reason=f"gloo is reconfigurable from torch 2.14 (this is {torch.__version__})",
+    ),
+]
 
 WORLD = 4
 
