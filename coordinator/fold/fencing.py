@@ -35,6 +35,7 @@ from ...wire.inputs import (
     MAX_ID_LEN,
     RECONFIGURE,
     GroupCreatedInput,
+    Input,
     ProposalInput,
     decode,
     problem,
@@ -98,51 +99,68 @@ def checked_refusal(
     payload: Any,
 ) -> Refusal | None:
     """:func:`refusal` by its checks alone, in the order it documents."""
+    return checked_input(groups, proposals, now, kind, group, rank, payload)[0]
+
+
+def checked_input(
+    groups: Mapping[str, GroupState],
+    proposals: Mapping[int, Proposal],
+    now: int,
+    kind: str,
+    group: str | None,
+    rank: int | None,
+    payload: Any,
+) -> tuple[Refusal | None, Input | None]:
+    """:func:`checked_refusal`'s verdict and the input it decoded on the way (None when it
+    refused before, or needed no decoding), so a step decodes each input once."""
     if kind not in KINDS:
-        return INVALID_EVENT, f"unknown kind {kind!r}; expected one of {sorted(KINDS)}"
+        return (INVALID_EVENT, f"unknown kind {kind!r}; expected one of {sorted(KINDS)}"), None
     if not isinstance(payload, dict):
-        return INVALID_EVENT, f"payload must be an object, got {type(payload).__name__}"
+        return (INVALID_EVENT, f"payload must be an object, got {type(payload).__name__}"), None
     if kind == "tick":
-        return None
+        return None, None
     if group is None:
-        return INVALID_EVENT, f"a {kind} record must name a group"
+        return (INVALID_EVENT, f"a {kind} record must name a group"), None
     if kind == "group_created":
-        return _group_created(groups, group, rank, payload)
+        return (_group_created(groups, group, rank, payload)), None
     g = groups.get(group)
     if g is None:
-        return UNKNOWN_GROUP, f"no group named {group!r}"
+        return (UNKNOWN_GROUP, f"no group named {group!r}"), None
     err = problem(kind, payload, g.config.world_size)
     if err is not None:
-        return INVALID_EVENT, f"{kind}: {err}"
+        return (INVALID_EVENT, f"{kind}: {err}"), None
     inp: Any = decode(kind, payload)
     if kind == "group_ended":
         if rank is not None:
-            return INVALID_EVENT, f"group_ended must not name a rank, got rank={rank}"
-        return None
+            return (INVALID_EVENT, f"group_ended must not name a rank, got rank={rank}"), inp
+        return None, inp
     if kind == "proposal":
         if rank is not None:
-            return INVALID_EVENT, f"a proposal names its ranks in the payload, not rank={rank}"
-        return _proposal(g, proposals, inp)
+            return (
+                INVALID_EVENT,
+                f"a proposal names its ranks in the payload, not rank={rank}",
+            ), inp
+        return (_proposal(g, proposals, inp)), inp
     if kind not in _RANK_KINDS:
-        return None
+        return None, inp
     if kind == "heartbeat" and rank is None and inp.ranks is not None:
         # Beats that share a record: the host checked each one against the fold right before
         # appending it (coordinator.fold.heartbeats), so the record only names the ranks.
-        return None
+        return None, inp
     if isinstance(rank, bool) or not isinstance(rank, int):
-        return INVALID_EVENT, f"a {kind} record must name a rank, got {rank!r}"
+        return (INVALID_EVENT, f"a {kind} record must name a rank, got {rank!r}"), inp
     if kind == "join":
         if (refused := _rank_in_group(g, rank)) is not None:
-            return refused
-        return _join(g, rank, g.ranks[rank], inp.incarnation, now)
+            return refused, inp
+        return (_join(g, rank, g.ranks[rank], inp.incarnation, now)), inp
     if kind == "death_reported" and inp.incarnation is None:
-        return _rank_in_group(g, rank)
+        return (_rank_in_group(g, rank)), inp
     if kind in ("exit", "death_reported"):
-        return _rank_in_group(g, rank) or _current_incarnation(g, rank, inp.incarnation)
+        return (_rank_in_group(g, rank) or _current_incarnation(g, rank, inp.incarnation)), inp
     refused = online_rank_refusal(g, kind, rank, inp.incarnation)
     if refused is None and kind == "ack":
-        return _ack(g, rank, inp.version)
-    return refused
+        return (_ack(g, rank, inp.version)), inp
+    return refused, inp
 
 
 def online_rank_refusal(g: GroupState, kind: str, rank: Any, incarnation: Any) -> Refusal | None:
@@ -536,6 +554,20 @@ class Fences:
         if facet is not None:
             return facet.repeat_of(self, kind, group, rank, payload)
         return repeat_of(self._groups, self._proposals, kind, group, rank, payload)
+
+    def _admit(
+        self, kind: str, group: str | None, rank: int | None, payload: Any
+    ) -> tuple[Refusal | None, Input | None]:
+        """:meth:`_refusal`, with the membership input its checks decoded (None: a facet's, or
+        one a fast check accepted), so a step decodes each input once."""
+        if (over := over_refusal(self._groups, kind, group)) is not None:
+            return over, None
+        facet = self._facet_of.get(kind)
+        if facet is not None:
+            return facet.refusal(self, kind, group, rank, payload), None
+        if kind == "ack" and current_ack(self._groups, group, rank, payload):
+            return None, None
+        return checked_input(self._groups, self._proposals, self._now, kind, group, rank, payload)
 
     def _refusal(
         self, kind: str, group: str | None, rank: int | None, payload: Any

@@ -72,9 +72,8 @@ from .status import group_status
 SNAPSHOT_FORMAT = 3
 _READABLE_FORMATS = (1, 2, 3)
 
-#: The transition table: each input (``wire/inputs.py``), the rule that steps it and what it
-#: moves. A heartbeat (``_on_heartbeat``: liveness alone) and a tick (``_on_tick``: the
-#: deadlines) take their own paths in :meth:`Coordinator.step`, without ``_settle``.
+#: The transition table: each input (``wire/inputs.py``), its rule and what it moves; a heartbeat
+#: (``_on_heartbeat``) and a tick (``_on_tick``) take their own paths, without ``_settle``.
 TRANSITIONS: dict[type[Input], str] = {
     inputs.GroupCreatedInput: "_on_group_created",  # a new group: FORMING
     inputs.GroupEndedInput: "_on_group_ended",  # the group: ended, its changes rejected
@@ -156,7 +155,7 @@ class Coordinator(
             return self._on_heartbeat(record, now)
         if kind == "tick":
             return self._on_tick(record, decode(kind, record.payload))  # type: ignore[arg-type]
-        refusal = self._refusal(kind, record.group, record.rank, record.payload)
+        refusal, inp = self._admit(kind, record.group, record.rank, record.payload)
         if refusal is not None:
             return [self._refused(record, refusal)]
         effects: list[Effect] = []
@@ -164,7 +163,8 @@ class Coordinator(
         if facet is not None:
             facet.apply(self, record, effects)
             return effects
-        inp = decode(kind, record.payload)
+        if inp is None:  # accepted by a fast check, not decoded
+            inp = decode(kind, record.payload)
         self._transitions[type(inp)](record, inp, effects)
         if (g := self._groups.get(record.group)) is not None:  # type: ignore[arg-type]
             self._settle(g, record, effects)

@@ -132,10 +132,11 @@ class RankLifecycle:
         is online is alive as of the record's time. The host checked every beat against this
         very state before appending (a stale incarnation never gets into the record); a rank
         that is not online here (a malformed or hand-written record) is passed over."""
-        refusal = self._refusal("heartbeat", record.group, None, record.payload)
+        refusal, beat = self._admit("heartbeat", record.group, None, record.payload)
         if refusal is not None:
             return [self._refused(record, refusal)]
-        beat = decode("heartbeat", record.payload)
+        if beat is None:
+            beat = decode("heartbeat", record.payload)
         alive = g.alive
         for rank in rank_sets.decode(beat.ranks, g.cfg.world_size):  # type: ignore[attr-defined]
             if rank in alive:
