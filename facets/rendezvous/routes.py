@@ -27,7 +27,7 @@ from ...coordinator.host.loop import Appended, Host, Refusal
 from ...eventlog import NewRecord
 from ...wire.codes import UNKNOWN_RENDEZVOUS
 from ...wire.protocol import QUERY
-from .fold import Rendezvous, job_status
+from .fold import Rendezvous
 from .host import waiters_of
 from .inputs import (
     JOB_PATTERN,
@@ -47,6 +47,7 @@ from .models import (
     RendezvousStoryBody,
     RoundsBody,
 )
+from .state import job_status
 from .story import (
     RendezvousStoryError,
     rendezvous_story_of,

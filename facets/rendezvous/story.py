@@ -26,7 +26,7 @@ from .effects import (
     NodeLeft,
     RoundFormed,
 )
-from .fold import Job, job_status
+from .state import Job, job_status
 
 #: The record kinds of a rendezvous.
 RDZV_KINDS = frozenset({"rdzv_join", "rdzv_keepalive", "rdzv_leave", "rdzv_close"})

@@ -19,8 +19,8 @@ from foldplane.facets.rendezvous.effects import (
     NodeLeft,
     RoundFormed,
 )
-from foldplane.facets.rendezvous.fold import job_status
 from foldplane.facets.rendezvous.rows import ROWS
+from foldplane.facets.rendezvous.state import job_status
 from foldplane.wire.codes import (
     INVALID_EVENT,
     NODE_GONE,
