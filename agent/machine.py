@@ -89,6 +89,7 @@ from typing import Any
 
 from ..wire.codes import (
     FATAL_ERRORS,
+    GROUP_ENDED,
     NOT_JOINED,
     RANK_OFFLINE,
     RETRIED_JOIN_ERRORS,
@@ -861,6 +862,8 @@ class AgentMachine:
         self.last_error = f"{kind} refused: {error}: {detail}"
         if error == STALE_INCARNATION:
             return self._stop("fenced", self.last_error)
+        if error == GROUP_ENDED:  # the run is over: nothing this agent sends is taken again
+            return self._stop("closed" if self._close_requested else "failed", self.last_error)
         if error in FATAL_ERRORS:
             return self._stop("failed", self.last_error)
         if kind == "join":

@@ -221,6 +221,31 @@ def test_a_join_refused_for_good_stops_the_agent_naming_the_error(error):
     assert m.step(Tick(10.0)) == []
 
 
+def test_an_input_refused_because_the_run_is_over_stops_the_agent_at_once():
+    """``group_ended``: the run finished, was ended or deleted; a heartbeat refused so stops
+    the agent naming it, as a join refused so does (no retry: nothing is taken again)."""
+    m = joined(heartbeat_interval_s=1.0)
+    m.step(updates(committed(20, 1, [0, 1])))
+    assert m.step(Tick(1.0)) == [SendEvents((beat(1),), BEATS)]
+    detail = "group 'g' (run 1) was ended at offset 30 (rerun); ... another group name"
+    answer = EventsAnswered(1.0, ({"error": "group_ended", "detail": detail},), BEATS)
+    assert m.step(answer) == [Stopped("failed", f"heartbeat refused: group_ended: {detail}")]
+    assert m.stopped and m.step(Tick(10.0)) == []
+    m = machine()
+    m.step(Start(0.0))
+    actions = m.step(EventsAnswered(0.0, ({"error": "group_ended", "detail": detail},)))
+    assert actions == [Stopped("failed", f"join refused: group_ended: {detail}")]
+
+
+def test_twin_a_heartbeat_refused_for_a_passing_reason_keeps_the_agent_running():
+    m = joined(heartbeat_interval_s=1.0)
+    m.step(updates(committed(20, 1, [0, 1])))
+    m.step(Tick(1.0))
+    answer = EventsAnswered(1.0, ({"error": "stale_version", "detail": "..."},), BEATS)
+    m.step(answer)
+    assert not m.stopped
+
+
 # -- heartbeats, their lane and retries ---------------------------------------------------------
 
 
