@@ -1,9 +1,10 @@
 """One gloo backend for every view: torch's reconfigure under the data plane (torch >= 2.14).
 
-The fresh path (:mod:`agent.dataplane.backend`) builds a new ``ProcessGroupGloo`` for each view.
-With ``DataPlane(gloo_reconfigure=True)`` (or ``FOLDPLANE_GLOO_RECONFIGURE=1``) a rank keeps one
-``ProcessGroupGloo`` built with ``enable_reconfigure=True`` per store session, and each view it
-is active in reconfigures it, in three steps that every member takes alike:
+On torch >= 2.14 (the default there; ``DataPlane(gloo_reconfigure=False)`` or
+``FOLDPLANE_GLOO_RECONFIGURE=0`` keeps the fresh path of :mod:`agent.dataplane.backend`, a new
+``ProcessGroupGloo`` per view) a rank keeps ``ProcessGroupGloo`` backends built with
+``enable_reconfigure=True`` per store session, and each view it is active in reconfigures one,
+in three steps that every member takes alike:
 
 1. it publishes the backend's current handle under ``gloo-handle/<v>/<rank>``: a gloo handle
    names the backend's rank and uuid of its last reconfigure, so it changes with each one;
@@ -12,14 +13,16 @@ is active in reconfigures it, in three steps that every member takes alike:
    rendezvouses on the backend's bootstrap store (this rank's own client of the coordinator's
    store, under ``gloo/``) in ``reconfigure/<uuid>/``, and refuses a uuid used before there.
 
-A backend is lent to one view at a time. The view gives it back when it lets its backend go
-(retired with nothing in flight, or when its last operation ends); the operations of a failed
-view this rank moved on from are ended (:func:`agent.dataplane.backend.end_gloo_operations`) as
-soon as both are true, so a survivors' view gets the backend back within milliseconds of the
-failure being known. The next view waits up to ``RETURN_WAIT_S`` for a lent backend; past that
-(a superseded view that did not fail runs a long operation), or after a failed reconfigure
-(gloo leaves the backend's state undefined), it gets a new reconfigurable backend, and the old
-one is released like any abandoned backend.
+A rank keeps up to ``POOL`` (2) such backends, each lent to one view at a time: a view that
+follows a failure gets the other one at once, while the failed view's operation still ends on
+the first (the survivors' view is built beside the failure's detection, as a fresh one is).
+A view gives its backend back when it lets it go (retired with nothing in flight, or when its
+last operation ends); the operations of a failed view this rank moved on from are ended
+(:func:`agent.dataplane.backend.end_gloo_operations`) as soon as both are true, so the backend
+is back within milliseconds of the failure being known. When superseded views hold every
+backend, the next view waits up to ``RETURN_WAIT_S`` for one, then builds another; a backend
+whose reconfigure failed (gloo leaves its state undefined) is released, like one given back to
+a full pool.
 """
 
 from __future__ import annotations
@@ -43,7 +46,10 @@ SUPPORTED = hasattr(_c10d, "ReconfigureOptions")
 BOOTSTRAP_PREFIX = "gloo/"
 #: the low bits of a view's uuid: its attempt (see :func:`view_uuid`)
 ATTEMPT_BITS = 8
-#: how long a view waits for the backend a superseded view still runs an operation on
+#: how many reconfigurable backends a rank keeps: the installed view's, and one for the next
+#: view while a superseded view's operation still ends on the other
+POOL = 2
+#: how long a view waits for a backend when superseded views still hold all of them
 RETURN_WAIT_S = 1.0
 
 
@@ -61,10 +67,10 @@ def view_uuid(version: int, attempt: int = 0) -> int:
 
 
 class PersistentGloo:
-    """This rank's reconfigurable gloo backend of one store session (see the module doc).
+    """This rank's reconfigurable gloo backends of one store session (see the module doc).
 
-    ``bootstrap`` connects the backend's own store client (it must outlive every reconfigure:
-    gloo keeps it). ``built`` and ``reconfigured`` count backends made and reconfigures done.
+    ``bootstrap`` is the backends' own store client (it must outlive every reconfigure: gloo
+    keeps it). ``built`` and ``reconfigured`` count backends made and reconfigures done.
     """
 
     def __init__(
@@ -81,8 +87,8 @@ class PersistentGloo:
         self._bootstrap = PrefixStore(BOOTSTRAP_PREFIX, bootstrap)
         self._timeout_s = timeout_s
         self._cond = threading.Condition()
-        self._idle: object | None = None  # ready to be lent
-        self._lent: object | None = None  # lent to a view
+        self._idle: list[object] = []  # ready to be lent, the most recently used last
+        self._lent: list[object] = []  # lent to views (the installed one, superseded ones)
         self._closed = False
         self.built = 0
         self.reconfigured = 0
@@ -115,65 +121,60 @@ class PersistentGloo:
         return backend
 
     def give_back(self, backend: object | None) -> None:
-        """A view lets ``backend`` go: the lent one becomes idle (the next view reconfigures
-        it); any other (forgotten, or of a closed session) is released."""
+        """A view lets ``backend`` go: a lent one becomes idle (a later view reconfigures it)
+        unless ``POOL`` are idle already; any other (forgotten, or of a closed session) is
+        released."""
         if backend is None:
             return
         with self._cond:
-            mine = backend is self._lent and not self._closed
-            if mine:
-                self._idle, self._lent = backend, None
+            mine = _pop(self._lent, backend) and not self._closed
+            keep = mine and len(self._idle) < POOL
+            if keep:
+                self._idle.append(backend)
                 self._cond.notify_all()
-        if not mine:
+        if not keep:
             self._kind.abandon(backend)
 
     def hand_over(self, backend: object) -> None:
-        """The lent ``backend`` leaves for good (torch's model took a view's backend): the next
-        view gets a new one."""
+        """The lent ``backend`` leaves for good (torch's model took a view's backend)."""
         with self._cond:
-            if backend is self._lent:
-                self._lent = None
-                self._cond.notify_all()
+            _pop(self._lent, backend)
 
     def close(self) -> None:
-        """The session ends: release the idle backend; a lent one is released when given back."""
+        """The session ends: release the idle backends; a lent one when it is given back."""
         with self._cond:
             self._closed = True
-            idle, self._idle = self._idle, None
-            self._lent = None
-            self._cond.notify_all()
-        self._kind.abandon(idle)
+            idle, self._idle, self._lent = self._idle, [], []
+        for backend in idle:
+            self._kind.abandon(backend)
 
     def _borrow(self, timeout_s: float) -> object:
-        stale = None
         with self._cond:
             if self._closed:
                 raise RuntimeError("the data plane's store session is closed")
-            if timeout_s != self._timeout_s:  # the backend's own timeout is set at its creation
-                self._timeout_s, stale, self._idle = timeout_s, self._idle, None
-        self._kind.abandon(stale)
+            stale: list[object] = []
+            if timeout_s != self._timeout_s:  # a backend's own timeout is set at its creation
+                self._timeout_s, stale, self._idle = timeout_s, self._idle, []
+            if not self._idle and len(self._lent) >= POOL:
+                # superseded views still run operations on every backend: a failed view's are
+                # ended (within milliseconds of its failure being known), another's may finish
+                self._cond.wait_for(lambda: bool(self._idle) or self._closed, RETURN_WAIT_S)
+            backend = self._idle.pop() if self._idle else None
+            if backend is not None:
+                self._lent.append(backend)
+        for old in stale:
+            self._kind.abandon(old)
+        if backend is not None:
+            return backend
+        backend = self._create()  # none idle: one more (released when given back to a full pool)
         with self._cond:
-            if self._idle is None and self._lent is not None:
-                # a superseded view still runs an operation on it: a failed one's are ended
-                # (within milliseconds once it is known to have failed), another's may finish
-                self._cond.wait_for(lambda: self._lent is None or self._closed, RETURN_WAIT_S)
-            if self._idle is not None:
-                backend, self._idle = self._idle, None
-                self._lent = backend
-                return backend
-            # none yet, or the one there is still lent: a new one (the lent one is then
-            # released when its view gives it back)
-            self._lent = None
-        backend = self._create()
-        with self._cond:
-            self._lent = backend
+            self._lent.append(backend)
             self.built += 1
         return backend
 
     def _forget(self, backend: object) -> None:
         with self._cond:
-            if backend is self._lent:
-                self._lent = None
+            _pop(self._lent, backend)
         self._kind.abandon(backend)
 
     def _create(self) -> object:
@@ -182,3 +183,12 @@ class PersistentGloo:
         opts._devices = [self._kind.gloo_device]
         opts.enable_reconfigure = True  # connects at its first reconfigure
         return ProcessGroupGloo(self._bootstrap, self.rank, self.world_size, opts)
+
+
+def _pop(backends: list[object], backend: object) -> bool:
+    """Remove ``backend`` (by identity) from ``backends``; True if it was there."""
+    for i, b in enumerate(backends):
+        if b is backend:
+            del backends[i]
+            return True
+    return False

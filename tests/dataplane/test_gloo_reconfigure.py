@@ -33,10 +33,10 @@ def test_every_view_reconfigures_the_same_gloo_backend(make_plane) -> None:
     for dp in (a, b):
         gloo = dp.persistent_gloo
         assert gloo is not None and (gloo.built, gloo.reconfigured) == (1, 3)
-    assert a.current_view()._backend is a.persistent_gloo._lent  # lent to the installed view
+    assert a.persistent_gloo._lent == [a.current_view()._backend]  # lent to the installed view
 
 
-def test_a_failed_view_gives_its_backend_back_and_the_next_view_reconfigures_it(
+def test_a_view_after_a_failure_takes_the_second_backend_and_the_pool_stays_at_two(
     make_plane,
 ) -> None:
     a = make_plane(rank=0, world_size=2, gloo_reconfigure=True)
@@ -45,15 +45,19 @@ def test_a_failed_view_gives_its_backend_back_and_the_next_view_reconfigures_it(
     _both((a, b), 1, [0, 1])
     first = pa.barrier(async_op=True)
     assert pb.barrier().wait() and first.wait()
-    # rank 0 alone enters an all_reduce; its link to rank 1 breaks: the op is still in gloo
-    stuck = pa.all_reduce(torch.ones(2), async_op=True)
-    a.inject_link_failure(1)
-    assert stuck.wait() is False
-    _both((a, b), 2, [0, 1])  # the failed view's operation is ended, its backend comes back
-    ta, tb = torch.full((2,), 1.0), torch.full((2,), 5.0)
-    wa, wb = pa.all_reduce(ta, async_op=True), pb.all_reduce(tb, async_op=True)
-    assert wa.wait() and wb.wait() and ta.tolist() == [6.0, 6.0]
-    assert (a.persistent_gloo.built, a.persistent_gloo.reconfigured) == (1, 2)
+    for version in (2, 4):
+        # rank 0 alone enters an all_reduce; its link to rank 1 breaks: the op is still in gloo
+        stuck = pa.all_reduce(torch.ones(2), async_op=True)
+        a.inject_link_failure(1)
+        assert stuck.wait() is False
+        for v in (version, version + 1):  # the failed view's op is ended; both views run
+            _both((a, b), v, [0, 1])
+            ta, tb = torch.full((2,), 1.0), torch.full((2,), 5.0)
+            wa, wb = pa.all_reduce(ta, async_op=True), pb.all_reduce(tb, async_op=True)
+            assert wa.wait() and wb.wait() and ta.tolist() == [6.0, 6.0]
+    # the view after the first failure made the second backend; nothing else was built
+    assert (a.persistent_gloo.built, a.persistent_gloo.reconfigured) == (2, 5)
+    assert (b.persistent_gloo.built, b.persistent_gloo.reconfigured) == (1, 5)
 
 
 def test_a_view_of_fewer_ranks_renumbers_them_in_the_same_backend(make_plane) -> None:
@@ -64,8 +68,8 @@ def test_a_view_of_fewer_ranks_renumbers_them_in_the_same_backend(make_plane) ->
     w0 = planes[0].process_group().broadcast(t0, src=2, async_op=True)
     w2 = planes[2].process_group().broadcast(t2, src=2, async_op=True)
     assert w0.wait() and w2.wait() and t0.tolist() == [2.0]
-    assert planes[2].persistent_gloo._lent.rank() == 1
-    assert planes[2].persistent_gloo._lent.size() == 2
+    assert planes[2].persistent_gloo._lent[-1].rank() == 1
+    assert planes[2].persistent_gloo._lent[-1].size() == 2
 
 
 def test_the_uuid_of_a_view_is_its_version_and_attempt() -> None:
@@ -74,13 +78,14 @@ def test_the_uuid_of_a_view_is_its_version_and_attempt() -> None:
         view_uuid(1, 256)
 
 
-def test_the_setting_is_off_by_default_and_refused_on_a_torch_without_it(
+def test_the_setting_is_on_by_default_off_by_the_environment_and_refused_on_an_older_torch(
     make_plane, monkeypatch
 ) -> None:
     monkeypatch.delenv("FOLDPLANE_GLOO_RECONFIGURE", raising=False)
-    assert make_plane(rank=0, world_size=1).persistent_gloo is None
-    monkeypatch.setenv("FOLDPLANE_GLOO_RECONFIGURE", "1")
     assert make_plane(rank=0, world_size=1).persistent_gloo is not None
+    assert make_plane(rank=0, world_size=1, gloo_reconfigure=False).persistent_gloo is None
+    monkeypatch.setenv("FOLDPLANE_GLOO_RECONFIGURE", "0")
+    assert make_plane(rank=0, world_size=1).persistent_gloo is None
     monkeypatch.setattr("foldplane.agent.dataplane.plane.GLOO_RECONFIGURE_SUPPORTED", False)
     with pytest.raises(ValueError, match=r"needs torch's reconfigure API \(torch >= 2.14\)"):
         make_plane(rank=0, world_size=1, gloo_reconfigure=True)
@@ -92,7 +97,7 @@ def test_a_closed_plane_releases_its_backend(make_plane) -> None:
     assert dp.process_group().barrier().wait()
     gloo = dp.persistent_gloo
     dp.close()
-    assert gloo._idle is None and gloo._lent is None
+    assert gloo._idle == [] and gloo._lent == []
     with pytest.raises(DataPlaneError):
         dp.process_group().barrier()
 

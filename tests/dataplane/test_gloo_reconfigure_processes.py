@@ -57,17 +57,17 @@ def test_kill_one_of_four_the_survivors_reconfigure_their_backend_then_a_replace
     failed = cluster.collect(survivors)
     assert all(not r["ok"] and r["hint"] == one_hot(2) for r in failed.values()), failed
 
-    # the survivors' view reconfigures the same backend (its operation was ended): rank 3 is
-    # in-view rank 2 now
+    # the survivors' view reconfigures a backend (the other of the pool where the failed view's
+    # operation still ends on the first): rank 3 is in-view rank 2 now
     v = cluster.commit(survivors)
     recovered = cluster.op(survivors, "all_reduce")
     for rank, res in recovered.items():
         assert res["ok"] and res["out"] == total(survivors) and res["version"] == v, (rank, res)
     got = cluster.op(survivors, "broadcast", src=3)
     assert all(r["ok"] and r["out"] == [3.0] * 4 for r in got.values()), got
-    for r in survivors:
+    for r in survivors:  # the view reconfigured a backend; at most a second one was made
         built, reconfigured = cluster.call(r, "gloo")
-        assert (built, reconfigured) == (1, before[r][1] + 1), (r, built, reconfigured)
+        assert built <= 2 and reconfigured == before[r][1] + 1, (r, built, reconfigured)
 
     # a replacement for rank 2 (a new process, its own new backend) rejoins the next view
     cluster.spawn(2)
@@ -76,4 +76,5 @@ def test_kill_one_of_four_the_survivors_reconfigure_their_backend_then_a_replace
     for rank, res in rejoined.items():
         assert res["ok"] and res["out"] == total(everyone) and res["version"] == v, (rank, res)
     assert cluster.call(2, "gloo") == (1, 1)
-    assert all(cluster.call(r, "gloo")[0] == 1 for r in survivors)
+    after = {r: cluster.call(r, "gloo") for r in survivors}
+    assert all(built <= 2 and done == before[r][1] + 2 for r, (built, done) in after.items())

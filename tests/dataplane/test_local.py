@@ -14,7 +14,7 @@ import pytest
 import torch
 from torch.distributed import ReduceOp
 
-from foldplane.agent.dataplane import DataPlaneError, Work, keys
+from foldplane.agent.dataplane import DataPlaneError, Work, keys, persistent
 from foldplane.agent.dataplane.backend import BackendKind
 from foldplane.agent.dataplane.liveness import find_dead
 from foldplane.agent.dataplane.poison import PoisonNotice
@@ -344,8 +344,9 @@ def test_an_op_left_in_flight_on_a_view_this_rank_moved_on_from_still_fails_fast
     assert old.wait_idle(15), "rank 0's operation on view 1 still runs in gloo"
 
 
+@pytest.mark.parametrize("reconfigure", [False, True], ids=["fresh", "reconfigured"])
 def test_close_ends_an_operation_left_on_an_old_view_and_leaves_no_gloo_backend(
-    make_plane, monkeypatch
+    make_plane, monkeypatch, reconfigure
 ) -> None:
     # Rank 0 moved on to view 2 with an all-reduce still waiting on view 1 (rank 1, still on
     # view 1, never joins it; gloo alone would wait its 60 s timeout). After close() nothing
@@ -362,8 +363,20 @@ def test_close_ends_an_operation_left_on_an_old_view_and_leaves_no_gloo_backend(
         return backend
 
     monkeypatch.setattr(BackendKind, "create_for", recording)
-    a = make_plane(rank=0, world_size=2, collective_timeout_s=60.0)
-    b = make_plane(rank=1, world_size=2, collective_timeout_s=60.0)
+    if reconfigure:  # the views reconfigure the rank's gloo backends (torch >= 2.14)
+        if not persistent.SUPPORTED:
+            pytest.skip(f"gloo is reconfigurable from torch 2.14 (this is {torch.__version__})")
+        create = persistent.PersistentGloo._create
+
+        def recording_reconfigurable(gloo: persistent.PersistentGloo) -> object:
+            backend = create(gloo)
+            built.setdefault(id(gloo._kind), []).append(weakref.ref(backend))
+            return backend
+
+        monkeypatch.setattr(persistent.PersistentGloo, "_create", recording_reconfigurable)
+    options = {"collective_timeout_s": 60.0, "gloo_reconfigure": reconfigure}
+    a = make_plane(rank=0, world_size=2, **options)
+    b = make_plane(rank=1, world_size=2, **options)
     for dp in (a, b):
         dp.install_view(1, [0, 1])
     pa, pb = a.process_group(), b.process_group()
@@ -377,7 +390,8 @@ def test_close_ends_an_operation_left_on_an_old_view_and_leaves_no_gloo_backend(
     assert old.wait_idle(0), "the operation left on view 1 still runs in gloo"
     with pytest.raises(DataPlaneError, match="still running when the data plane was closed"):
         left.wait()
-    assert len(built[id(a.kind)]) == 2  # view 1's and view 2's
+    # view 1's and view 2's (reconfigured: the second of the pool, the first being still held)
+    assert len(built[id(a.kind)]) == 2
     assert [r for r in built[id(a.kind)] if r() is not None] == [], "a gloo backend is alive"
     assert "dataplane-retired-watch-v1" not in _thread_names()
 
