@@ -1,10 +1,10 @@
 """One gloo backend for every view: torch's reconfigure under the data plane (torch >= 2.14).
 
-On torch >= 2.14 (the default there; ``DataPlane(gloo_reconfigure=False)`` or
-``FOLDPLANE_GLOO_RECONFIGURE=0`` keeps the fresh path of :mod:`agent.dataplane.backend`, a new
-``ProcessGroupGloo`` per view) a rank keeps ``ProcessGroupGloo`` backends built with
-``enable_reconfigure=True`` per store session, and each view it is active in reconfigures one,
-in three steps that every member takes alike:
+With ``DataPlane(gloo_reconfigure=True)`` or ``FOLDPLANE_GLOO_RECONFIGURE=1`` (torch >= 2.14;
+the default is the fresh path of :mod:`agent.dataplane.backend`, a new ``ProcessGroupGloo`` per
+view) a rank keeps ``ProcessGroupGloo`` backends built with ``enable_reconfigure=True`` per
+store session, and each view it is active in reconfigures one, in three steps that every member
+takes alike:
 
 1. it publishes the backend's current handle under ``gloo-handle/<v>/<rank>``: a gloo handle
    names the backend's rank and uuid of its last reconfigure, so it changes with each one;
@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 
 from torch.distributed import PrefixStore, ProcessGroupGloo, Store
@@ -69,8 +69,10 @@ def view_uuid(version: int, attempt: int = 0) -> int:
 class PersistentGloo:
     """This rank's reconfigurable gloo backends of one store session (see the module doc).
 
-    ``bootstrap`` is the backends' own store client (it must outlive every reconfigure: gloo
-    keeps it). ``built`` and ``reconfigured`` count backends made and reconfigures done.
+    ``connect`` makes each backend's own client of the store (its bootstrap store, which gloo
+    keeps for every reconfigure; one per backend, as a client serializes its operations and a
+    reconfigure waits in the store for its peers). ``built`` and ``reconfigured`` count
+    backends made and reconfigures done.
     """
 
     def __init__(
@@ -78,13 +80,13 @@ class PersistentGloo:
         rank: int,
         world_size: int,
         kind: BackendKind,
-        bootstrap: Store,
+        connect: Callable[[], Store],
         timeout_s: float,
     ) -> None:
         self.rank = rank
         self.world_size = world_size
         self._kind = kind
-        self._bootstrap = PrefixStore(BOOTSTRAP_PREFIX, bootstrap)
+        self._connect = connect
         self._timeout_s = timeout_s
         self._cond = threading.Condition()
         self._idle: list[object] = []  # ready to be lent, the most recently used last
@@ -182,7 +184,8 @@ class PersistentGloo:
         opts._timeout = timedelta(seconds=self._timeout_s)
         opts._devices = [self._kind.gloo_device]
         opts.enable_reconfigure = True  # connects at its first reconfigure
-        return ProcessGroupGloo(self._bootstrap, self.rank, self.world_size, opts)
+        bootstrap = PrefixStore(BOOTSTRAP_PREFIX, self._connect())
+        return ProcessGroupGloo(bootstrap, self.rank, self.world_size, opts)
 
 
 def _pop(backends: list[object], backend: object) -> bool:

@@ -163,9 +163,9 @@ class DataPlane:
             if abort_grace_s is None
             else float(abort_grace_s)
         )
-        if gloo_reconfigure is None:  # on where torch has it; FOLDPLANE_GLOO_RECONFIGURE=0: off
+        if gloo_reconfigure is None:  # FOLDPLANE_GLOO_RECONFIGURE=1 turns it on
             gloo_reconfigure = (
-                os.environ.get("FOLDPLANE_GLOO_RECONFIGURE", "1") != "0"
+                os.environ.get("FOLDPLANE_GLOO_RECONFIGURE", "0") == "1"
                 and GLOO_RECONFIGURE_SUPPORTED
             )
         elif gloo_reconfigure and not GLOO_RECONFIGURE_SUPPORTED:
@@ -174,8 +174,7 @@ class DataPlane:
                 f"{torch.__version__}"
             )
         #: views reconfigure this rank's gloo backends (agent.dataplane.persistent) instead of
-        #: building a fresh one each: the default on torch >= 2.14, measured faster to recover
-        #: (docs/dataplane.md#reconfigured-gloo-backends-torch--214)
+        #: building a fresh one each; off by default (docs/dataplane.md says why)
         self.gloo_reconfigure = bool(gloo_reconfigure)
         self.cuda_watch = CudaWatch(
             self.closed, self.liveness_period_s * self.liveness_window_periods
@@ -581,16 +580,13 @@ class DataPlane:
                 f"rank {self.rank}: cannot register at the rendezvous store {host}:{port}: {e}"
             ) from e
         session = _StoreSession(host, port, control, watch, heartbeat, [rendezvous])
-        if self.gloo_reconfigure:
-            try:  # the backend's bootstrap store: a client of its own, kept for its life
-                bootstrap = self.connect_store(host, port)
-            except RuntimeError as e:
-                heartbeat.stop(wait=False)
-                raise DataPlaneError(
-                    f"rank {self.rank}: cannot reach the rendezvous store at {host}:{port}: {e}"
-                ) from e
+        if self.gloo_reconfigure:  # each backend's bootstrap store: a client of its own
             session.gloo = PersistentGloo(
-                self.rank, self.world_size, self.kind, bootstrap, self.backend_timeout_s
+                self.rank,
+                self.world_size,
+                self.kind,
+                lambda: self.connect_store(host, port),
+                self.backend_timeout_s,
             )
         return session
 
