@@ -402,6 +402,15 @@ class DataPlane:
         for v in busy:
             v.end_operations()
         deadline = time.monotonic() + _CLOSE_OPS_WAIT_S
+        for v in views:  # a build in progress (a view committed as this rank closes) ends in
+            # torch soon, its peers build it too; a daemon thread that returns from torch while
+            # the interpreter shuts down aborts the process (ViewGroup.wait_build_left)
+            if not v.wait_build_left(max(0.0, deadline - time.monotonic())):
+                log.warning(
+                    "rank %d: the backend of view %d is still being built after close",
+                    self.rank,
+                    v.version,
+                )
         for v in views:  # their operations ended, the watches of views left behind are gone
             if not v.wait_idle(max(0.0, deadline - time.monotonic())):
                 log.warning(

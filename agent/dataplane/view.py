@@ -161,6 +161,7 @@ class ViewGroup:
         self._ending = False  # the lent backend's operations were ended (once)
         self._ending_now = False  # ... and the thread that ends them still runs
         self._retired_watch = False  # a thread waits on ``poisoned/<v>`` for the ops left here
+        self._build_threads: list[threading.Thread] = []  # see wait_build_left
 
     # -- queries ------------------------------------------------------------------------------
 
@@ -195,7 +196,24 @@ class ViewGroup:
         if self.active:
             for target, what in ((self._build, "build"), (self._watch_build, "build-watch")):
                 name = f"dataplane-{what}-v{self.version}"
-                threading.Thread(target=target, name=name, daemon=True).start()
+                thread = threading.Thread(target=target, name=name, daemon=True)
+                self._build_threads.append(thread)
+                thread.start()
+
+    def wait_build_left(self, timeout: float) -> bool:
+        """Wait until the threads building this view's backend have returned from torch (a
+        store wait, gloo's connect); False if ``timeout`` passed first.
+
+        A daemon thread still inside such a call when the interpreter shuts down dies when the
+        call returns: Python ends a thread that takes the GIL during finalization, and the
+        unwinding through torch's binding ends the process (``terminate called without an
+        active exception``, exit -6). The members of a view that commits just before they close
+        (the quick start's view 2) build it while they exit.
+        """
+        deadline = time.monotonic() + timeout
+        for thread in self._build_threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        return not any(t.is_alive() for t in self._build_threads)
 
     def _build(self) -> None:
         ctx = self._ctx

@@ -398,3 +398,21 @@ def test_close_ends_an_operation_left_on_an_old_view_and_leaves_no_gloo_backend(
 
 def _thread_names() -> set[str]:
     return {t.name for t in threading.enumerate() if t.is_alive()}
+
+
+def test_close_waits_for_the_build_of_a_view_committed_as_the_rank_closes(make_plane) -> None:
+    """The quick start's end: view 2 commits and each worker closes while its members build
+    the view's backend. A build thread left inside torch (a store wait, gloo's connect) that
+    returns while the interpreter shuts down aborts the process (``terminate called without
+    an active exception``, exit -6), so ``close()`` returns only once it has left torch."""
+    a, b = make_plane(rank=0, world_size=2), make_plane(rank=1, world_size=2)
+    a.install_view(1, [0, 1])  # rank 0's build waits in the rendezvous for rank 1
+    view = a.current_view()
+    closed = threading.Event()
+    closer = threading.Thread(target=lambda: (a.close(), closed.set()), daemon=True)
+    closer.start()
+    returned_while_building = closed.wait(0.5)
+    b.install_view(1, [0, 1])  # the peer arrives: both builds end
+    closer.join(10.0)
+    assert not returned_while_building, "close() returned with view 1's build still in torch"
+    assert closed.is_set() and view.wait_build_left(0.0)
