@@ -13,7 +13,9 @@ def test_demo_help_lists_its_options(capsys):
         cli.main(["demo", "--help"])
     assert done.value.code == 0
     out = capsys.readouterr().out
-    assert "python -m coordinator demo" in out and "--db" in out and "--port" in out
+    # called from a program, the help names the form that works anywhere foldplane is installed
+    assert "usage: python -m foldplane.coordinator demo" in out
+    assert "--db" in out and "--port" in out
 
 
 def test_demo_db_reaches_the_demo(tmp_path, capsys):
@@ -32,7 +34,8 @@ def test_an_unknown_demo_option_is_named_by_the_demo(capsys):
         cli.main(["demo", "--dbb", "x"])
     assert done.value.code == 2
     err = capsys.readouterr().err
-    assert "python -m coordinator demo" in err and "unrecognized arguments: --dbb x" in err
+    assert "python -m foldplane.coordinator demo: error" in err
+    assert "unrecognized arguments: --dbb x" in err
 
 
 def test_other_commands_still_reject_unknown_options(capsys):
