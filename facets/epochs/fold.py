@@ -54,24 +54,12 @@ import msgspec
 
 from ...coordinator.fold.effects import OFFLINE, Effect, View
 from ...coordinator.fold.facets import FoldContext, Refusal
-from ...coordinator.fold.fencing import online_rank_refusal
-from ...coordinator.fold.reasons import abridged, ranks_text
-from ...coordinator.fold.state import FAILED, GroupState
+from ...coordinator.fold.state import GroupState
 from ...eventlog.record import Record
-from ...wire.codes import (
-    EPOCH_CONFLICT,
-    GROUP_FAILED,
-    GROUP_NOT_FORMED,
-    INVALID_EVENT,
-    STALE_ASSIGNMENT,
-    UNKNOWN_EPOCH,
-    UNKNOWN_GROUP,
-)
+from .checks import EpochChecks
 from .effects import (
-    AssignmentChanged,
     EpochCompleted,
     EpochPlanned,
-    Move,
     PartSent,
 )
 from .inputs import (
@@ -79,18 +67,14 @@ from .inputs import (
     EpochsInput,
     ProgressInput,
     decode,
-    plan_problem,
-    progress_problem,
 )
+from .moves import decide, movable, plan_weights, rate_weights, view_moves
 from .partition import (
     Segment,
     apportion,
     deal,
-    integer_weights,
-    normalized,
-    split_at,
 )
-from .state import Epoch, GroupEpochs, Holding
+from .state import Epoch, GroupEpochs
 
 #: The transition table: each input (``inputs.py``), the rule that steps it and what it moves.
 TRANSITIONS: dict[type[EpochsInput], str] = {
@@ -108,6 +92,7 @@ class Epochs:
 
     def __init__(self) -> None:
         self._groups: dict[str, GroupEpochs] = {}
+        self._checks = EpochChecks(self._groups)
 
     # -- queries ----------------------------------------------------------------------------
 
@@ -156,144 +141,17 @@ class Epochs:
             ],
         }
 
-    # -- checks -----------------------------------------------------------------------------
+    # -- checks (``checks.py``) -----------------------------------------------------------
 
     def refusal(
         self, fold: FoldContext, kind: str, group: str | None, rank: int | None, payload: Any
     ) -> Refusal | None:
-        if not isinstance(payload, dict):
-            return INVALID_EVENT, f"payload must be an object, got {type(payload).__name__}"
-        if group is None:
-            return INVALID_EVENT, f"a {kind} record must name a group"
-        g = fold.group_states.get(group)
-        if g is None:
-            return UNKNOWN_GROUP, f"no group named {group!r}"
-        if kind == "epoch_plan":
-            return self._plan_refusal(g, rank, payload)
-        return self._progress_refusal(g, rank, payload)
-
-    def _plan_refusal(
-        self, g: GroupState, rank: int | None, payload: dict[str, Any]
-    ) -> Refusal | None:
-        """A plan is for a formed group that is neither failed nor shut down, numbered after
-        the group's last epoch, while no epoch is open. The same plan again is the same epoch
-        (``repeat_of``); another one under the same number is a conflict."""
-        if rank is not None:
-            return INVALID_EVENT, f"an epoch plan is the group's, not rank {rank}'s"
-        if (err := plan_problem(payload, g.config.world_size)) is not None:
-            return INVALID_EVENT, f"epoch_plan: {err}"
-        plan = decode("epoch_plan", payload)
-        assert isinstance(plan, EpochPlan)
-        if g.formation == FAILED:
-            return GROUP_FAILED, f"group {g.name!r} failed to form: {g.formation_error}"
-        if g.shutdown is not None:
-            return GROUP_FAILED, f"group {g.name!r} was shut down ({g.shutdown})"
-        if g.view is None:
-            return GROUP_NOT_FORMED, (
-                f"group {g.name!r} has no committed view yet: an epoch is planned over the "
-                "active ranks of one"
-            )
-        number = plan.epoch
-        e = self.epoch(g.name)
-        if e is not None:
-            if number == e.number:
-                if plan == e.plan:
-                    return EPOCH_CONFLICT, f"epoch {number} is already planned (offset {e.offset})"
-                return EPOCH_CONFLICT, (
-                    f"epoch {number} is already planned (offset {e.offset}) with another plan: "
-                    f"{_plan_diff(e.plan, plan)}"
-                )
-            if number < e.number:
-                return EPOCH_CONFLICT, (
-                    f"epoch numbers increase: {number} is not after epoch {e.number}"
-                )
-            if e.completed is None:
-                return EPOCH_CONFLICT, f"epoch {e.number} is still open: {_left_text(e)}"
-        if plan.split == "ratios" and not any(
-            plan.partition_ratios[r] > 0  # type: ignore[index]
-            for r in g.view.active_ranks
-        ):
-            return INVALID_EVENT, (
-                "epoch_plan: partition_ratios gives no active rank of version "
-                f"{g.view.version} ({ranks_text(g.view.active_ranks)}) a positive ratio"
-            )
-        return None
-
-    def _progress_refusal(
-        self, g: GroupState, rank: int | None, payload: dict[str, Any]
-    ) -> Refusal | None:
-        """Progress is from the rank's current online incarnation, for the open epoch,
-        against an assignment the rank may still hold, never regressing and never beyond what
-        it holds. A report equal to the last accepted one is accepted and changes nothing."""
-        if (err := progress_problem(payload)) is not None:
-            return INVALID_EVENT, f"progress: {err}"
-        progress = decode("progress", payload)
-        assert isinstance(progress, ProgressInput)
-        if (refused := online_rank_refusal(g, "progress", rank, progress.incarnation)) is not None:
-            return refused
-        assert rank is not None
-        number = progress.epoch
-        e = self.epoch(g.name)
-        if e is None:
-            return UNKNOWN_EPOCH, f"group {g.name!r} has no epoch plan; progress is for one"
-        if number != e.number:
-            return UNKNOWN_EPOCH, (
-                f"epoch {number} is not group {g.name!r}'s current epoch ({e.number}, "
-                f"{'complete' if e.completed is not None else 'open'})"
-            )
-        h = e.holdings.get(rank)
-        processed = progress.processed
-        assignment = progress.assignment
-        if assignment > e.assignment:
-            return INVALID_EVENT, (
-                f"progress: assignment {assignment} of epoch {number} does not exist (the "
-                f"latest is {e.assignment})"
-            )
-        if h is None:
-            if processed == 0:
-                return None
-            return INVALID_EVENT, (
-                f"progress: rank {rank} holds nothing of epoch {number}; it cannot have "
-                f"processed {processed} positions"
-            )
-        if assignment < h.fence:
-            return STALE_ASSIGNMENT, (
-                f"rank {rank}'s part of epoch {number} was shortened at assignment {h.fence} "
-                f"(this report is against {assignment}); report against the part it holds now"
-            )
-        grown = h.grown_after(assignment) if processed != h.processed else None
-        if grown is not None and processed > grown[1]:
-            return STALE_ASSIGNMENT, (
-                f"rank {rank}'s part of epoch {number} grew at assignment {grown[0]} after its "
-                f"first {grown[1]} positions; this report against assignment {assignment} "
-                f"counts at most those, not {processed}: report against the part it holds now"
-            )
-        if processed < h.processed:
-            return INVALID_EVENT, (
-                f"progress: rank {rank} already reported {h.processed} positions of epoch "
-                f"{number} processed; {processed} would go back"
-            )
-        if processed > h.held:
-            return INVALID_EVENT, (
-                f"progress: rank {rank} holds {h.held} positions of epoch {number} (assignment "
-                f"{h.assignment}); it cannot have processed {processed}"
-            )
-        return None
+        return self._checks.refusal(fold, kind, group, rank, payload)
 
     def repeat_of(
         self, fold: FoldContext, kind: str, group: str | None, rank: int | None, payload: Any
     ) -> int | None:
-        """The plan an identical ``epoch_plan`` repeats (its offset), else None."""
-        if kind != "epoch_plan" or group is None or rank is not None:
-            return None
-        g = fold.group_states.get(group)
-        e = self.epoch(group)
-        if g is None or e is None or not isinstance(payload, dict):
-            return None
-        if plan_problem(payload, g.config.world_size) is not None:
-            return None
-        plan = decode(kind, payload)
-        return e.offset if plan == e.plan else None
+        return self._checks.repeat_of(fold, kind, group, rank, payload)
 
     # -- steps ------------------------------------------------------------------------------
 
@@ -311,7 +169,7 @@ class Epochs:
         e = Epoch(plan, record.offset, g.view.version)
         ge.current = e
         members = g.view.active_ranks
-        shares = apportion(plan.dataset_size, self._weights(ge, e, g, members), plan.grain)
+        shares = apportion(plan.dataset_size, plan_weights(ge, e, g, members), plan.grain)
         pool: list[Segment] = [(0, plan.dataset_size)]
         for rank, segments in deal(pool, shares).items():
             h = e.holding(rank)
@@ -403,7 +261,7 @@ class Epochs:
         as makes both finish together, in whole grains, never within the donor's lookahead.
         If that rank has nothing to spare, the next one is asked; with nothing to spare
         anywhere, ``rank`` waits for the epoch's end (or for a later view to give it work)."""
-        weights = self._rate_weights(ge, g, list(e.holdings))
+        weights = rate_weights(ge, g, list(e.holdings))
         mine = weights[rank]
         grain = e.plan.grain
 
@@ -412,10 +270,10 @@ class Epochs:
                 return math.inf
             return e.holdings[r].remaining / weights[r]
 
-        donors = [r for r, h in e.holdings.items() if r != rank and self._spare(e, h) >= grain]
+        donors = [r for r, h in e.holdings.items() if r != rank and movable(e, h) >= grain]
         for donor in sorted(donors, key=lambda r: (-finish(r), r)):
             h = e.holdings[donor]
-            spare = self._spare(e, h)
+            spare = movable(e, h)
             if g.ranks[donor].state == OFFLINE:
                 want = spare
                 why = "OFFLINE"
@@ -426,7 +284,7 @@ class Epochs:
             give = min(want, spare) // grain * grain
             if give < grain:
                 continue
-            self._decide(
+            decide(
                 g,
                 ge,
                 e,
@@ -458,59 +316,9 @@ class Epochs:
         e = None if ge is None else ge.current
         if ge is None or e is None or e.completed is not None:
             return
-        members = view.active_ranks
-        leavers = [
-            r for r in sorted(e.holdings) if e.holdings[r].remaining and not view.is_active(r)
-        ]
-        weights = self._weights(ge, e, g, members)
-        gives: dict[int, int] = {}
-        gets: dict[int, int] = {}
-        details: list[str] = []
-        if leavers:
-            pooled = sum(e.holdings[r].remaining for r in leavers)
-            for r in leavers:
-                gives[r] = e.holdings[r].remaining
-            shares = apportion(pooled, weights, e.plan.grain)
-            for r, n in shares.items():
-                if n:
-                    gets[r] = gets.get(r, 0) + n
-            details.append(
-                f"{_ranks_word(leavers)} left the view (version {view.version}): "
-                f"{pooled} remaining positions split across {ranks_text(r for r in shares if shares[r])}"
-            )
-        old = set(base.active_ranks) if base is not None else set()
-        joiners = [r for r in members if r not in old and not _holds(e, r) and r not in gets]
-        if joiners:
-            after = {r: _remaining_after(e, r, gives, gets) for r in members}
-            total = sum(after.values())
-            target = apportion(total, weights, e.plan.grain) if total else {}
-            for j in joiners:
-                need = target.get(j, 0)
-                taken: list[str] = []
-                spare_of = {
-                    d: min(
-                        max(0, after[d] - target.get(d, 0)),
-                        self._spare(e, e.holdings[d]) - gives.get(d, 0),
-                    )
-                    for d in members
-                    if d != j and d in e.holdings and d not in gets
-                }
-                for d in sorted(spare_of, key=lambda d: (-spare_of[d], d)):
-                    give = min(spare_of[d], need) // e.plan.grain * e.plan.grain
-                    if give <= 0:
-                        continue
-                    gives[d] = gives.get(d, 0) + give
-                    gets[j] = gets.get(j, 0) + give
-                    after[d] -= give
-                    after[j] = after.get(j, 0) + give
-                    need -= give
-                    taken.append(f"{give} from rank {d}")
-                    if need < e.plan.grain:
-                        break
-                if taken:
-                    details.append(f"rank {j} joined: it took {abridged(taken)}")
+        gives, gets, details = view_moves(e, view, base, plan_weights(ge, e, g, view.active_ranks))
         if gives:
-            self._decide(
+            decide(
                 g,
                 ge,
                 e,
@@ -522,80 +330,6 @@ class Epochs:
                 effects,
                 version=view.version,
             )
-
-    def _decide(
-        self,
-        g: GroupState,
-        ge: GroupEpochs,
-        e: Epoch,
-        gives: dict[int, int],
-        gets: dict[int, int],
-        cause: str,
-        detail: str,
-        record: Record,
-        effects: list[Effect],
-        *,
-        version: int | None = None,
-    ) -> None:
-        """One committed move: the tails ``gives`` names (positions per donor, rank order)
-        leave their sequences into one pool, dealt in rank order to the ranks of ``gets``.
-        Donors are fenced at the new assignment; a rank whose part did not change keeps its
-        fence, so its reports in flight stay good; a taker notes where its part grew, so a
-        report made before counts nothing of what it got. The effect carries the moves only: each
-        rank's new part is its old one with them applied, and ``reported`` names the ranks whose
-        cursor is then at the end of what they kept (a leaver, a rank that ran dry)."""
-        e.assignment += 1
-        e.decided = record.offset
-        a = e.assignment
-        pool: list[tuple[int, Segment]] = []
-        for donor in sorted(gives):
-            h = e.holdings[donor]
-            keep = h.held - gives[donor]
-            h.sequence, tail = split_at(h.sequence, keep)
-            pool.extend((donor, s) for s in tail)
-            h.fence = h.assignment = a
-            h.grown = []
-        reported = tuple(
-            r
-            for r in sorted(set(gives) | set(gets))
-            if r in e.holdings and e.holdings[r].remaining == 0
-        )
-        moves: list[Move] = []
-        segments = [s for _, s in pool]
-        owners = [d for d, _ in pool]
-        for taker in sorted(gets):
-            n = gets[taker]
-            h = e.holding(taker)
-            h.grown.append((a, h.held))
-            while n > 0:
-                start, size = segments[0]
-                part = min(size, n)
-                h.sequence.append((start, part))
-                moves.append(Move(from_rank=owners[0], to_rank=taker, start=start, length=part))
-                if part == size:
-                    segments.pop(0)
-                    owners.pop(0)
-                else:
-                    segments[0] = (start + part, size - part)
-                n -= part
-            h.sequence = normalized(h.sequence)
-            h.assignment = a
-        assert not segments, "every position given up is taken"
-        ge.changes += 1
-        effects.append(
-            AssignmentChanged(
-                group=g.name,
-                epoch=e.number,
-                assignment=a,
-                version=g.version if version is None else version,
-                cause=cause,
-                detail=detail,
-                change=ge.changes,
-                moves=tuple(moves),
-                reported=reported,
-                offset=record.offset,
-            )
-        )
 
     def rank_lost(
         self, fold: FoldContext, g: GroupState, rank: int, record: Record, effects: list[Effect]
@@ -644,77 +378,11 @@ class Epochs:
     def resume(self, now: int) -> None:
         """No epoch rule waits on time."""
 
-    # -- weights ----------------------------------------------------------------------------
-
-    def _weights(
-        self, ge: GroupEpochs, e: Epoch, g: GroupState, members: tuple[int, ...] | list[int]
-    ) -> dict[int, int]:
-        """The plan's weights over ``members`` (integers): 1 each for an equal split, the
-        plan's ratios (equal when no member has a positive one), or the reported rates."""
-        if e.plan.split == "ratios":
-            ratios = e.plan.partition_ratios or ()
-            weights = integer_weights({r: ratios[r] for r in members})
-            if any(weights.values()):
-                return weights
-            return {r: 1 for r in members}
-        if e.plan.split == "throughput":
-            return self._rate_weights(ge, g, members)
-        return {r: 1 for r in members}
-
-    def _rate_weights(
-        self, ge: GroupEpochs, g: GroupState, ranks: tuple[int, ...] | list[int]
-    ) -> dict[int, int]:
-        """Each rank's reported rate as an integer weight; a rank that reported none counts
-        as the mean of those that did (1 when none did)."""
-        known = [ge.rates[r] for r in ranks if ge.rates.get(r, 0) > 0]
-        mean = sum(known) / len(known) if known else 1.0
-        return integer_weights({r: ge.rates.get(r) or mean for r in ranks})
-
-    @staticmethod
-    def _spare(e: Epoch, h: Holding) -> int:
-        """What a move may take from a holding: its remaining work beyond the lookahead its
-        sampler may already be reading."""
-        return max(0, h.remaining - e.plan.lookahead)
-
     # -- snapshots --------------------------------------------------------------------------
 
     def snapshot(self) -> dict[str, Any]:
         return {name: self._groups[name].to_dict() for name in sorted(self._groups)}
 
     def restore(self, data: dict[str, Any]) -> None:
-        self._groups = {name: GroupEpochs.from_dict(d) for name, d in data.items()}
-
-
-def _plan_diff(old: EpochPlan, new: EpochPlan) -> str:
-    a, b = msgspec.to_builtins(old), msgspec.to_builtins(new)
-    return ", ".join(
-        f"{k}: {_short(a[k])} (planned) vs {_short(b[k])}" for k in sorted(a) if a[k] != b[k]
-    )
-
-
-def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-def _left_text(e: Epoch) -> str:
-    holders = [r for r, h in sorted(e.holdings.items()) if h.remaining]
-    return (
-        f"{e.unprocessed} of {e.plan.dataset_size} positions unprocessed, held by ranks "
-        f"{ranks_text(holders)}"
-    )
-
-
-def _ranks_word(ranks: list[int]) -> str:
-    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {ranks_text(ranks)}"
-
-
-def _holds(e: Epoch, rank: int) -> bool:
-    h = e.holdings.get(rank)
-    return h is not None and h.remaining > 0
-
-
-def _remaining_after(e: Epoch, rank: int, gives: dict[int, int], gets: dict[int, int]) -> int:
-    h = e.holdings.get(rank)
-    have = 0 if h is None else h.remaining
-    return have - gives.get(rank, 0) + gets.get(rank, 0)
+        self._groups.clear()  # in place: the checks read the same dict
+        self._groups.update({name: GroupEpochs.from_dict(d) for name, d in data.items()})

@@ -45,8 +45,9 @@ from foldplane.coordinator.fold.effects import (
 from foldplane.coordinator.fold.state import RankInfo
 from foldplane.eventlog.record import Record
 from foldplane.facets.epochs.effects import AssignmentChanged, EpochCompleted
-from foldplane.facets.epochs.fold import Epoch, Epochs, Holding
+from foldplane.facets.epochs.fold import Epochs
 from foldplane.facets.epochs.inputs import EpochPlan
+from foldplane.facets.epochs.state import Epoch, Holding
 from foldplane.sim import world as sim
 from foldplane.sim.invariants import NAMES, Invariants, Violation
 from foldplane.sim.world import HORIZON_STEPS, World, describe, run_seed, shrink
