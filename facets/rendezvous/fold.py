@@ -60,31 +60,20 @@ insertion order (arrival order), which the snapshot keeps.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any
 
 from ...coordinator.fold.effects import Effect, View
 from ...coordinator.fold.facets import FoldContext, Refusal
 from ...coordinator.fold.state import GroupState
 from ...eventlog.record import Record
-from ...wire.codes import (
-    INVALID_EVENT,
-    NODE_GONE,
-    RENDEZVOUS_CLOSED,
-    RENDEZVOUS_CONFLICT,
-    TOO_MANY_NODES,
-    UNKNOWN_RENDEZVOUS,
-)
+from .checks import RendezvousChecks
 from .effects import (
     JobClosed,
     JobCreated,
     NodeJoined,
     NodeLeft,
-    RoundFormed,
-    RoundNode,
 )
 from .inputs import (
-    INPUTS,
     SETTINGS,
     CloseInput,
     JoinInput,
@@ -93,10 +82,9 @@ from .inputs import (
     RendezvousInput,
     decode,
 )
-from .state import Job, Waiting, _world_size
+from .rounds import _names, form, formation
+from .state import Job, Waiting
 
-#: The most nodes that may wait at once.
-MAX_PENDING = 4096
 #: The nodes that left a job, kept to say why when they speak again (the oldest forgotten).
 LEFT_KEPT = 64
 
@@ -121,6 +109,7 @@ class Rendezvous:
 
     def __init__(self) -> None:
         self.jobs: dict[str, Job] = {}
+        self._checks = RendezvousChecks(self.jobs)
 
     # -- queries (the routes and the story read these) -----------------------------------------
 
@@ -130,76 +119,17 @@ class Rendezvous:
     def names(self) -> list[str]:
         return sorted(self.jobs)
 
-    # -- checks --------------------------------------------------------------------------------
+    # -- checks (``checks.py``) ---------------------------------------------------------------
 
     def refusal(
         self, fold: FoldContext, kind: str, group: str | None, rank: int | None, payload: Any
     ) -> Refusal | None:
-        """Why an input must not be applied: a malformed one (``invalid_event``, naming the
-        field), one for a job that is closed (``rendezvous_closed``) or unknown
-        (``unknown_rendezvous``), a join whose settings differ from the job's
-        (``rendezvous_conflict``) or that would make too many nodes wait (``too_many_nodes``),
-        a keep-alive or a leave from a node that is not part of the job (``node_gone``, saying
-        why it left)."""
-        if group is not None or rank is not None:
-            return INVALID_EVENT, f"{kind} names no group and no rank (its job is in the payload)"
-        problem = INPUTS[kind].problem(payload)
-        if problem is not None:
-            return INVALID_EVENT, f"{kind}: {problem}"
-        inp = decode(kind, payload)
-        job = self.jobs.get(inp.job)
-        if job is None:
-            if isinstance(inp, JoinInput):
-                return None
-            return UNKNOWN_RENDEZVOUS, f"no rendezvous {inp.job!r}: no node ever joined it"
-        if job.closed is not None:
-            if isinstance(inp, CloseInput):
-                return None  # a repeat (repeat_of answers it)
-            return RENDEZVOUS_CLOSED, _closed_text(job)
-        node = inp.node
-        if isinstance(inp, JoinInput):
-            return self._join_refusal(job, node, inp)
-        if isinstance(inp, KeepaliveInput | LeaveInput) and node not in job.alive:
-            return NODE_GONE, _gone_text(job, node)
-        return None
-
-    def _join_refusal(self, job: Job, node: str, join: JoinInput) -> Refusal | None:
-        differ = [
-            f"{k} {getattr(join, k):g} (the rendezvous has {getattr(job, k):g})"
-            for k in SETTINGS
-            if getattr(join, k) != getattr(job, k)
-        ]
-        if differ:
-            return RENDEZVOUS_CONFLICT, (
-                f"node {node} joins rendezvous {job.job!r} with other settings than its first "
-                f"node's: {', '.join(differ)}; start every node with the same --nnodes and "
-                "--rdzv-conf"
-            )
-        if node not in job.pending and len(job.pending) >= MAX_PENDING:
-            return TOO_MANY_NODES, (
-                f"{len(job.pending)} nodes already wait for round {job.round + 1} of "
-                f"{job.job!r}, the most a rendezvous holds"
-            )
-        return None
+        return self._checks.refusal(fold, kind, group, rank, payload)
 
     def repeat_of(
         self, fold: FoldContext, kind: str, group: str | None, rank: int | None, payload: Any
     ) -> int | None:
-        """A join sent again with the same ``attempt`` is that join; a close of a closed job is
-        its closing."""
-        if INPUTS[kind].problem(payload) is not None:
-            return None
-        inp = decode(kind, payload)
-        job = self.jobs.get(inp.job)
-        if job is None:
-            return None
-        if isinstance(inp, CloseInput):
-            return None if job.closed is None else int(job.closed["offset"])
-        if isinstance(inp, JoinInput):
-            latest = job.attempts.get(inp.node)
-            if latest is not None and latest[0] == inp.attempt and job.closed is None:
-                return latest[1]
-        return None
+        return self._checks.repeat_of(fold, kind, group, rank, payload)
 
     # -- steps ---------------------------------------------------------------------------------
 
@@ -332,96 +262,10 @@ class Rendezvous:
         call of a round being gathered."""
         if job.closed is not None:
             return
-        formed = self._formation(job, now)
+        formed = formation(job, now)
         if formed is None:
             return
-        self._form(job, formed, record, now, effects)
-
-    def _formation(self, job: Job, now: int) -> str | None:
-        """Why round R+1 forms now (rule 3), or None; sets or cancels the last call."""
-        waiting = len(job.pending)
-        live = job.live_members()
-        if live:
-            job.last_call = None
-            if job.running():
-                return None
-            if waiting >= job.max_nodes:
-                return f"max_nodes {job.max_nodes} nodes wait"
-            if waiting >= job.min_nodes:
-                return (
-                    f"every live node of round {job.round} is back ({', '.join(live)}); "
-                    f"{waiting} nodes wait (min_nodes {job.min_nodes})"
-                )
-            return None
-        if waiting >= job.max_nodes:
-            job.last_call = None
-            return f"max_nodes {job.max_nodes} nodes wait"
-        if waiting < job.min_nodes:
-            job.last_call = None
-            return None
-        if job.last_call is None:
-            job.last_call = now + job.last_call_ns
-        if job.last_call > now:
-            return None
-        gone = "" if job.round == 0 else f"no node of round {job.round} is left; "
-        return (
-            f"{gone}the last call ({job.last_call_s:g} s after the {_nth(job.min_nodes)} node "
-            f"joined) ended with {waiting} nodes waiting (min_nodes {job.min_nodes}, "
-            f"max_nodes {job.max_nodes})"
-        )
-
-    def _form(self, job: Job, why: str, record: Record, now: int, effects: list[Effect]) -> None:
-        """Rule 4: the members that wait keep their order, then the others as they joined."""
-        order = [m.node for m in job.members if m.node in job.pending]
-        order += [n for n in job.pending if n not in order]
-        chosen, spares = order[: job.max_nodes], order[job.max_nodes :]
-        nodes = tuple(
-            RoundNode(
-                node=n,
-                rank=rank,
-                host=job.pending[n].host,
-                store_port=job.pending[n].store_port,
-                local_world_size=job.pending[n].local_world_size,
-                cause=job.pending[n].cause,
-                restart_count=job.pending[n].restart_count,
-            )
-            for rank, n in enumerate(chosen)
-        )
-        previous = {m.node for m in job.members}
-        for n in chosen:
-            del job.pending[n]
-        job.round += 1
-        job.members = nodes
-        job.formed_ts = now
-        job.last_call = None
-        job.version = record.offset
-        reason = f"round {job.round} of {job.job!r} formed: {why}; rank 0 (the round's store) is "
-        reason += f"node {chosen[0]}"
-        kept = [n for n in chosen if n in previous]
-        if job.round > 1:
-            gone = [m for m in previous if m not in chosen]
-            reason += f"; back from round {job.round - 1}: {', '.join(kept) or 'none'}"
-            if gone:
-                reason += f"; gone: {', '.join(_why_gone(job, n) for n in sorted(gone))}"
-        new = [n for n in chosen if n not in previous]
-        if new and job.round > 1:
-            reason += f"; new: {', '.join(new)}"
-        if spares:
-            reason += f"; {', '.join(spares)} wait for the next round (max_nodes {job.max_nodes})"
-        effects.append(
-            RoundFormed(
-                job=job.job,
-                round=job.round,
-                nodes=nodes,
-                world_size=_world_size(nodes),
-                store_host=nodes[0].host,
-                store_port=nodes[0].store_port,
-                reason=reason,
-                spares=tuple(spares),
-                formed_ts=now,
-                offset=record.offset,
-            )
-        )
+        form(job, formed, record, now, effects)
 
     # -- time ----------------------------------------------------------------------------------
 
@@ -510,7 +354,7 @@ class Rendezvous:
         return {"jobs": [self.jobs[name].to_dict() for name in sorted(self.jobs)]}
 
     def restore(self, data: dict[str, Any]) -> None:
-        self.jobs = {}
+        self.jobs.clear()  # in place: the checks read the same dict
         for item in data.get("jobs", []):
             job = Job.from_dict(item)
             self.jobs[job.job] = job
@@ -522,16 +366,6 @@ class Rendezvous:
 def _next_event(job: Job) -> int:
     job.node_events += 1
     return job.node_events
-
-
-def _nth(n: int) -> str:
-    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
-    return f"{n}{suffix}"
-
-
-def _names(nodes: Iterable[str]) -> str:
-    listed = list(nodes)
-    return ", ".join(listed) if listed else "none"
 
 
 def _join_text(job: Job, node: str, join: JoinInput, left_round: int) -> str:
@@ -563,24 +397,3 @@ def _timed_out_text(job: Job, w: Waiting) -> str:
     if running:
         text += f"; still running round {job.round}, not back: {_names(running)}"
     return text
-
-
-def _why_gone(job: Job, node: str) -> str:
-    why = job.left.get(node)
-    return f"{node} ({why})" if why else node
-
-
-def _closed_text(job: Job) -> str:
-    closed = job.closed or {}
-    return (
-        f"rendezvous {job.job!r} was closed at offset {closed.get('offset')} by node "
-        f"{closed.get('node')} ({closed.get('reason')}) after round {job.round}; a closed "
-        "rendezvous takes no more nodes: start a new run under a new --rdzv-id"
-    )
-
-
-def _gone_text(job: Job, node: str) -> str:
-    why = job.left.get(node)
-    if why is None:
-        return f"node {node} is not part of rendezvous {job.job!r}; it may join it"
-    return f"node {node} is no longer part of rendezvous {job.job!r}: {why}; it may join again"
