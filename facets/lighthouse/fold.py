@@ -39,7 +39,7 @@ from ...coordinator.fold.effects import Effect, View
 from ...coordinator.fold.facets import FoldContext, Refusal
 from ...coordinator.fold.state import GroupState
 from ...eventlog import Record
-from ...wire.codes import INVALID_EVENT, REPLICA_LOST
+from .checks import input_refusal
 from .effects import (
     LighthouseConfigured,
     QuorumDecided,
@@ -50,7 +50,6 @@ from .inputs import (
     CONFIGURED,
     HEARTBEAT,
     LOST,
-    MAX_REASON_BYTES,
     REQUEST,
     WITHDRAWN,
     HeartbeatInput,
@@ -59,7 +58,6 @@ from .inputs import (
     decode,
 )
 from .messages import (
-    MAX_ID_BYTES,
     QuorumMember,
 )
 from .quorum import _MS, Decision, LastQuorum, Request, quorum_compute
@@ -166,53 +164,8 @@ class Lighthouse:
     def refusal(
         self, fold: FoldContext, kind: str, group: str | None, rank: int | None, payload: Any
     ) -> Refusal | None:
-        """A lighthouse record names no group and no rank, and its payload is its kind's
-        (each field typed and bounded as ``messages`` bounds the wire's). A request needs the
-        rule's settings (``lighthouse_configured``) and may not come from an incarnation a
-        launcher reported lost: its process is dead, and a new one has a new id."""
-        if group is not None or rank is not None:
-            return INVALID_EVENT, f"{kind} names no group and no rank"
-        try:
-            if kind == CONFIGURED:
-                settings = decode(kind, payload)
-                problem = settings.problem()
-                return None if problem is None else (INVALID_EVENT, f"{kind}: {problem}")
-            if kind == REQUEST:
-                if self.settings is None:
-                    return INVALID_EVENT, (
-                        f"{kind}: the lighthouse has no settings yet "
-                        "(a lighthouse_configured record comes first)"
-                    )
-                member = decode(kind, payload)
-                return self._lost_refusal(kind, member.replica_id) or _id_refusal(
-                    kind, member.replica_id
-                )
-            if kind == HEARTBEAT:
-                beat = decode(kind, payload)
-                if not beat.replicas:
-                    return INVALID_EVENT, f"{kind} names no replica"
-                for r in beat.replicas:
-                    if refused := _id_refusal(kind, r):
-                        return refused
-                return None
-            if kind == LOST:
-                lost = decode(kind, payload)
-                if len(lost.reason.encode()) > MAX_REASON_BYTES:
-                    return INVALID_EVENT, f"{kind}: reason over {MAX_REASON_BYTES} bytes"
-                return _id_refusal(kind, lost.replica)
-            withdrawn = decode(kind, payload)
-            return _id_refusal(kind, withdrawn.replica_id)
-        except (msgspec.ValidationError, TypeError) as exc:
-            return INVALID_EVENT, f"{kind}: {exc}"
-
-    def _lost_refusal(self, kind: str, replica_id: str) -> Refusal | None:
-        offset = self.lost_at(replica_id)
-        if offset is None:
-            return None
-        return REPLICA_LOST, (
-            f"{kind}: replica {replica_id!r} was reported lost at offset {offset}; a "
-            "restarted replica group asks under a new id"
-        )
+        """See ``checks.input_refusal``: it reads the rule's settings and the lost ids."""
+        return input_refusal(kind, group, rank, payload, self.settings, self.lost)
 
     def repeat_of(
         self, fold: FoldContext, kind: str, group: str | None, rank: int | None, payload: Any
@@ -432,9 +385,3 @@ def _next_change(
     if joined and min(joined) > now:
         due.append(min(joined))
     return min(due) if due else None
-
-
-def _id_refusal(kind: str, replica_id: str) -> Refusal | None:
-    if not replica_id or len(replica_id.encode()) > MAX_ID_BYTES:
-        return INVALID_EVENT, f"{kind}: a replica id is 1 to {MAX_ID_BYTES} bytes"
-    return None

@@ -8,7 +8,7 @@ from typing import Annotated
 from msgspec import Meta, Struct
 
 from .effects import Settings, Verdict
-from .fold import MAX_REASON_BYTES
+from .inputs import MAX_REASON_BYTES
 from .messages import MAX_ID_BYTES, QuorumMember
 
 ReplicaIds = Annotated[

@@ -18,13 +18,12 @@ from ...api.deps import host_of, require_operator
 from ...api.errors import ApiError
 from ...api.openapi import answers, body
 from ...wire.codes import LOG_UNAVAILABLE, QUORUM_TIMEOUT
-from .fold import MAX_ID_BYTES
 from .host import (
     LighthouseRefused,
     LighthouseUnavailable,
     lighthouse_of,
 )
-from .messages import Quorum
+from .messages import MAX_ID_BYTES, Quorum
 from .models import (
     HeartbeatBody,
     HeartbeatCall,
