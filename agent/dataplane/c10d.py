@@ -97,10 +97,14 @@ def adopt(pg: ElasticProcessGroup, agent: Agent | None = None) -> ElasticProcess
     with _lock:
         if _in_creator or _is_registered(pg):
             return pg
-        if dist.is_initialized() and dist.get_rank() != pg.rank():
-            # Another rank's group holds this process's place in torch (several agents in one
-            # process, as in tests): torch knows one rank per process, so this one stays
-            # unregistered; its own methods work, dist.*(group=pg) does not.
+        if dist.is_initialized() and (
+            dist.get_rank() != pg.rank() or dist.get_world_size() != pg.size()
+        ):
+            # Another group holds this process's place in torch (several agents in one
+            # process, as in tests, or a default group of another size made before): torch
+            # knows one default group per process, and dist.new_group would ask this one for a
+            # rank of that group, so this one stays unregistered; its own methods work,
+            # dist.*(group=pg) does not.
             return pg
         _adopting = pg
         try:

@@ -80,3 +80,29 @@ def test_a_calls_arguments_are_checked_naming_what_is_wrong():
         Handle.parse(5)
     # the incarnation may hold colons; the group and the rank may not
     assert Handle.parse("foldplane:g:1:a:b") == Handle("g", 1, "a:b")
+
+
+def test_a_default_group_of_another_size_leaves_the_agents_group_unregistered(
+    coordinator: Coordinator,
+):
+    """A process whose torch default group is another group (of 2 ranks here, made before the
+    agent's group of 1) still gets the agent's group: unregistered in torch, working on its
+    own methods, instead of dist.new_group asking it for a rank of the other group."""
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    if dist.is_initialized():  # an earlier test's agent group in this process
+        dist.destroy_process_group()
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
+    coordinator.create_group("sized", 1)
+    agent = Agent(coordinator.url, group="sized", rank=0, heartbeat_interval_s=0.2).start()
+    try:
+        agent.wait_for_view(timeout=60)
+        pg = agent.process_group()
+        assert (pg.rank(), pg.size()) == (0, 1)
+        assert dist.get_world_size() == 2  # torch's default group is still the other one
+        t = torch.ones(2)
+        assert pg.all_reduce(t, async_op=True).wait() and t.tolist() == [1.0, 1.0]
+    finally:
+        agent.close()
+        dist.destroy_process_group()
