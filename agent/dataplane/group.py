@@ -179,8 +179,10 @@ class ElasticProcessGroup(Reconfigurable, dist.ProcessGroup):
 
     @property
     def active_ranks(self) -> tuple[int, ...]:
+        """The installed view's members, in global rank order (ranks stay global in this
+        model: a reconfigure's handle order numbers only the view's backend)."""
         view = self._plane.current_view()
-        return () if view is None else view.members
+        return () if view is None else tuple(sorted(view.members))
 
     # -- collectives (the elastic API: one tensor, global ranks, ``async_op``) ----------------
 

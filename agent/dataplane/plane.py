@@ -522,6 +522,11 @@ class DataPlane:
                     self.kind.abandon(backend)
         elif view is not None and view.members == members:
             backends = view.hand_over(deadline)
+            if backends is None:  # retired while it built: the build parked its backend
+                with self._lock:
+                    late = self._parked.pop(version, None)
+                if late is not None:
+                    backends = late[1]
         if backends is None:
             if view is not None and view.failure is not None:
                 reason = f"its build failed: {view.failure.reason}"

@@ -162,6 +162,7 @@ class ViewGroup:
         self._ending_now = False  # ... and the thread that ends them still runs
         self._retired_watch = False  # a thread waits on ``poisoned/<v>`` for the ops left here
         self._build_threads: list[threading.Thread] = []  # see wait_build_left
+        self._build_over = False  # the build thread is done: built, failed, released or parked
 
     # -- queries ------------------------------------------------------------------------------
 
@@ -216,6 +217,14 @@ class ViewGroup:
         return not any(t.is_alive() for t in self._build_threads)
 
     def _build(self) -> None:
+        try:
+            self._build_backends()
+        finally:
+            with self._cond:
+                self._build_over = True
+                self._cond.notify_all()
+
+    def _build_backends(self) -> None:
         ctx = self._ctx
         cuda = ctx.kind.name == "nccl" and (ctx.kind.eager_cuda or ctx.cuda_used)
         if cuda:
@@ -247,6 +256,18 @@ class ViewGroup:
                 self._backend, self._built = backend, not cuda
                 self._cond.notify_all()
             failed = self._failure is not None
+            # A reconfigure's view retired while it built (the next view, say the other half
+            # of a merge, committed first): torch's model still takes this backend, as it takes
+            # one of a view retired once built (``retire`` parks that one).
+            lender = None
+            park = not keep and not cuda and not failed and self._kept_for_configuration()
+            if park:
+                lender, self._lender = self._lender, None
+        if park:
+            if lender is not None:
+                lender.hand_over(backend)
+            ctx.park(self.version, self.members, {"cpu": backend})
+            return
         if not keep:
             self._release_gloo(backend)
             return
@@ -385,13 +406,23 @@ class ViewGroup:
             self._cuda_state = state
             self._cond.notify_all()
 
+    def _kept_for_configuration(self) -> bool:
+        """A reconfigure committed the view and a group of torch's model runs on the plane:
+        the view's backends are that group's to take (``hand_over``), or parked for it."""
+        return self.ordered and self._ctx.configurations
+
     def hand_over(self, deadline: float) -> dict[str, object] | None:
         """Give the view's backends (gloo, and NCCL if built with the view) to the group of
         torch's model once built; None if the build failed, the view was retired unclaimed
-        meanwhile (then they are parked with the plane), or ``deadline`` passed."""
+        meanwhile (then they are parked with the plane: a build still running parks its
+        backend when it ends, and this waits for that), or ``deadline`` passed."""
         with self._cond:
             self._cond.wait_for(
-                lambda: self._built or self._failure is not None or self._retired,
+                lambda: (
+                    self._built
+                    or self._failure is not None
+                    or (self._retired and (self._build_over or not self.active))
+                ),
                 max(0.0, deadline - time.monotonic()),
             )
             if not self._built or self._failure is not None or self._retired:
@@ -741,8 +772,7 @@ class ViewGroup:
             backend, self._backend = self._backend, None  # the reaper must hold the last reference
             parked: dict[str, object] | None = None
             if (
-                self.ordered
-                and self._ctx.configurations
+                self._kept_for_configuration()
                 and backend is not None
                 and self._built
                 and self._failure is None

@@ -156,3 +156,42 @@ def test_install_view_refuses_an_order_that_is_not_its_members(make_plane) -> No
     dp = make_plane(rank=0, world_size=3)
     with pytest.raises(ValueError, match=r"order \[0, 2\] is not the active ranks \[0, 1\]"):
         dp.install_view(1, [0, 1], order=[0, 2])
+
+
+@pytest.mark.parametrize("reconfigure", [False, True], ids=["fresh", "reconfigured"])
+def test_a_reconfigure_view_retired_while_it_builds_keeps_its_backend_for_the_claim(
+    make_plane, reconfigure
+) -> None:
+    """The merge of {0} with {1, 2} in torch's model: a half's view is committed, then the other
+    half's, before a member's build of the first is done (a reconfigured backend's build is the
+    slower one: handles first). The late build's backend is kept for the member's claim, as a
+    view retired once built keeps it; a claim made while it builds waits for it."""
+    import threading
+    import time
+
+    a, b = (
+        make_plane(rank=r, world_size=2, gloo_reconfigure=reconfigure, collective_timeout_s=30.0)
+        for r in range(2)
+    )
+    for dp in (a, b):
+        dp.serve_configurations()
+    a.install_view(1, [0, 1], order=[1, 0])  # a's build waits for b's at the rendezvous
+    a.install_view(2, [0])  # a newer view retires view 1 on a while it builds
+    taken: dict[int, object] = {}
+    claim = threading.Thread(
+        target=lambda: taken.setdefault(0, a.claim_view(1, [1, 0], time.monotonic() + 20)["cpu"])
+    )
+    claim.start()  # waits for the build of the retired view
+    b.install_view(1, [0, 1], order=[1, 0])
+    taken[1] = b.claim_view(1, [1, 0], time.monotonic() + 20)["cpu"]
+    claim.join(timeout=25)
+    assert not claim.is_alive() and sorted(taken) == [0, 1]
+    assert [taken[r].rank() for r in (0, 1)] == [1, 0]
+    ts = {0: torch.zeros(2), 1: torch.full((2,), 7.0)}
+    works = [taken[r].broadcast([ts[r]]) for r in (0, 1)]  # root: position 0 = rank 1
+    for w in works:
+        w.wait()
+    assert ts[0].tolist() == [7.0, 7.0]
+    if reconfigure:  # torch's model took it: the pool lends it to no later view
+        pool = a.persistent_gloo
+        assert not any(x is taken[0] for x in (*pool._lent, *pool._idle))
