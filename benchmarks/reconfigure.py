@@ -2,11 +2,10 @@
 
 Two groups of 4 gloo worker processes run side by side over one TCPStore (hosted here, as the
 coordinator hosts it), each worker looping on a 4 KB all_reduce (5 ms between steps):
-- **reconfigure** (the data plane's default on torch >= 2.14): ``DataPlane(gloo_reconfigure=True)``:
-  every view reconfigures one ``ProcessGroupGloo(enable_reconfigure=True)`` per rank
-  (docs/dataplane.md);
-- **fresh** (the baseline: the path of every torch before 2.14, and ``gloo_reconfigure=False``
-  or ``FOLDPLANE_GLOO_RECONFIGURE=0`` on a newer one): a new ``ProcessGroupGloo`` per view.
+- **reconfigure**: ``DataPlane(gloo_reconfigure=True)``: every view reconfigures one
+  ``ProcessGroupGloo(enable_reconfigure=True)`` per rank (torch >= 2.14; docs/dataplane.md);
+- **fresh** (the baseline, the path of every torch before 2.14): a new ``ProcessGroupGloo``
+  per view.
 
 Each cycle SIGKILLs one rank (ranks 3, 2, 1 in turn) of one group while the others loop, and
 commits the survivors' view at the kill (as the launcher's death report lets the coordinator do

@@ -87,8 +87,8 @@ sessions' tests and benchmarks beside it): the samples of both paths spread from
 500 ms (the notes' samples), so the same-run ratio of the medians is the figure to read, not
 the absolute times. Reconfiguring recovered faster (the survivors' view takes a backend that no
 operation holds, while the failed view's operation still ends on the other); a replacement's
-rejoin was not faster (its first reconfigure needs the members' handles first). The faster
-recovery made it the data plane's default on torch >= 2.14 (docs/dataplane.md).""",
+rejoin was not faster (its first reconfigure needs the members' handles first). It is not the
+default yet: docs/dataplane.md says why.""",
     "budget": """\
 Reading the phases: each is the gap between two marks on the machine's wall clock; the
 benchmark's own marks (proposal or SIGKILL sent), the log's `ts` (trigger record, ACKs; the

@@ -87,9 +87,7 @@ class DataPlane:
     and with ``{peer: "up"}`` for every other member once a view's backend is built (connected).
     It must not block. ``store_prefix`` (say, the group's name) puts every key under
     ``<prefix>/`` when one store serves several groups. ``gloo_hostname`` is the address peers reach this process at (default: loopback when
-    the store is on loopback, else this host's name). ``gloo_reconfigure``: views reconfigure
-    this rank's gloo backends (:mod:`agent.dataplane.persistent`) instead of building a fresh
-    one each; the default on torch >= 2.14, unless ``FOLDPLANE_GLOO_RECONFIGURE=0``.
+    the store is on loopback, else this host's name).
     """
 
     def __init__(
@@ -165,9 +163,9 @@ class DataPlane:
             if abort_grace_s is None
             else float(abort_grace_s)
         )
-        if gloo_reconfigure is None:  # FOLDPLANE_GLOO_RECONFIGURE=0 turns it off
+        if gloo_reconfigure is None:  # FOLDPLANE_GLOO_RECONFIGURE=1 turns it on
             gloo_reconfigure = (
-                os.environ.get("FOLDPLANE_GLOO_RECONFIGURE", "1") != "0"
+                os.environ.get("FOLDPLANE_GLOO_RECONFIGURE", "0") == "1"
                 and GLOO_RECONFIGURE_SUPPORTED
             )
         elif gloo_reconfigure and not GLOO_RECONFIGURE_SUPPORTED:
@@ -176,7 +174,7 @@ class DataPlane:
                 f"{torch.__version__}"
             )
         #: views reconfigure this rank's gloo backends (agent.dataplane.persistent) instead of
-        #: building a fresh one each: the default where torch has it (docs/dataplane.md)
+        #: building a fresh one each; off by default (docs/dataplane.md says why)
         self.gloo_reconfigure = bool(gloo_reconfigure)
         self.cuda_watch = CudaWatch(
             self.closed, self.liveness_period_s * self.liveness_window_periods

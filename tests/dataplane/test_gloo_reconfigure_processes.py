@@ -13,7 +13,7 @@ from foldplane.agent.dataplane.persistent import SUPPORTED
 from tests.dataplane.cluster import Cluster
 
 # slow: 4 torch processes, a kill and a respawn (about 36 s of CPU); the default suite keeps the
-# in-process test_gloo_reconfigure.py, and test_processes.py runs on the setting (the default)
+# in-process test_gloo_reconfigure.py, and the setting is off by default
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(
