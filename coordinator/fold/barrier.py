@@ -39,6 +39,7 @@ from .effects import (
     ViewPrepare,
 )
 from .facets import Facet
+from .ranks import rank_state
 from .reasons import ranks_text
 from .stalls import FAILED as VIEW_FAILED
 from .stalls import RETRY as VIEW_RETRY
@@ -275,7 +276,7 @@ class ViewChange:
         laggards = set(decision.laggards)
         if not g.cfg.auto_deactivate:
             for rank in decision.laggards:
-                self._rank_state(g, rank, f"blamed: {decision.detail}", record, effects)
+                effects.append(rank_state(g, rank, f"blamed: {decision.detail}", record))
             return False
         target = tuple(r for r in active if r not in laggards)
         self._prepare(g, target, VIEW_FAILED, [], decision.detail, record, effects)

@@ -32,6 +32,7 @@ from collections.abc import Iterable, Mapping, Set
 
 from ...eventlog.record import Record
 from .effects import HEALTHY, SYNCED, Effect
+from .ranks import rank_state
 from .reasons import ranks_text
 from .state import GroupState
 
@@ -223,54 +224,54 @@ def _spread(seed: int, within: int, neighbours: list[int]) -> int:
     return component
 
 
-class HealthySetRule:
-    """HEALTHY = inside the Healthy Set; a self-ready candidate outside it is SYNCED. The set is
-    recomputed only when evidence changed and no reconciliation window is open, and a rank
-    whose state moves gets a ``rank_state`` naming the set's size and why it left."""
+def down_graph(g: GroupState) -> dict[int, set[int]]:
+    """The down graph among ``g``'s candidates: the reporters' current down evidence, symmetric."""
+    cand = g.candidates
+    down: dict[int, set[int]] = {}
+    for rank in g.reporters:
+        if rank not in cand:
+            continue
+        for peer in g.ranks[rank].down:
+            if peer in cand:
+                down.setdefault(rank, set()).add(peer)
+                down.setdefault(peer, set()).add(rank)
+    return down
 
-    # A part of the Coordinator (machine.py), whose methods run on it: the fold's state.
 
-    def _down_graph(self, g: GroupState) -> dict[int, set[int]]:
-        cand = g.candidates
-        down: dict[int, set[int]] = {}
-        for rank in g.reporters:
-            if rank not in cand:
-                continue
-            for peer in g.ranks[rank].down:
-                if peer in cand:
-                    down.setdefault(rank, set()).add(peer)
-                    down.setdefault(peer, set()).add(rank)
-        return down
+def recompute_healthy_set(g: GroupState, record: Record, effects: list[Effect]) -> None:
+    """HEALTHY = inside the Healthy Set; a self-ready candidate outside it is SYNCED.
 
-    def _recompute_healthy_set(self, g: GroupState, record: Record, effects: list[Effect]) -> None:
-        """HEALTHY = inside the Healthy Set; a candidate outside it is SYNCED."""
-        g.dirty = False
-        down = self._down_graph(g)
-        if not down and g.healthy_is_all:
-            # Still no down edge: every candidate is in, and only touched ranks can have moved
-            # (a group of thousands forming costs O(1) per ready report, not O(world_size)).
-            left = {r for r in g.touched if r in g.healthy and r not in g.candidates}
-            joined = {r for r in g.touched if r in g.candidates and r not in g.healthy}
-            g.healthy -= left
-            g.healthy |= joined
+    Reads ``g``'s candidates, link evidence and current HEALTHY ranks; changes each moved
+    rank's state and ``g.healthy``, and appends a ``rank_state`` for each rank that moved,
+    naming the set's size and why it left. The machine calls it only when evidence changed and
+    no reconciliation window is open."""
+    g.dirty = False
+    down = down_graph(g)
+    if not down and g.healthy_is_all:
+        # Still no down edge: every candidate is in, and only touched ranks can have moved
+        # (a group of thousands forming costs O(1) per ready report, not O(world_size)).
+        left = {r for r in g.touched if r in g.healthy and r not in g.candidates}
+        joined = {r for r in g.touched if r in g.candidates and r not in g.healthy}
+        g.healthy -= left
+        g.healthy |= joined
+    else:
+        new = g.candidates - excluded_ranks(down, g.healthy) if down else set(g.candidates)
+        left = g.healthy - new
+        joined = new - g.healthy
+        g.healthy = new
+    g.healthy_is_all = not down
+    g.touched.clear()
+    if not left and not joined:
+        return
+    size = len(g.healthy)
+    for rank in sorted(left | joined):
+        info = g.ranks[rank]
+        if rank in joined:
+            info.state = HEALTHY
+            reason = f"in the Healthy Set ({size} ranks)"
         else:
-            new = g.candidates - excluded_ranks(down, g.healthy) if down else set(g.candidates)
-            left = g.healthy - new
-            joined = new - g.healthy
-            g.healthy = new
-        g.healthy_is_all = not down
-        g.touched.clear()
-        if not left and not joined:
-            return
-        size = len(g.healthy)
-        for rank in sorted(left | joined):
-            info = g.ranks[rank]
-            if rank in joined:
-                info.state = HEALTHY
-                reason = f"in the Healthy Set ({size} ranks)"
-            else:
-                info.state = SYNCED
-                peers = down.get(rank, ())
-                why = f"links down to {ranks_text(peers)}" if peers else "not self-ready"
-                reason = f"left the Healthy Set ({size} ranks): {why}"
-            self._rank_state(g, rank, reason, record, effects)
+            info.state = SYNCED
+            peers = down.get(rank, ())
+            why = f"links down to {ranks_text(peers)}" if peers else "not self-ready"
+            reason = f"left the Healthy Set ({size} ranks): {why}"
+        effects.append(rank_state(g, rank, reason, record))

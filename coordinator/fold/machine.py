@@ -61,7 +61,7 @@ from .effects import Effect, GroupCreated, Proposal, View
 from .ending import GroupEnd
 from .facets import Facet
 from .fencing import REPEATABLE, Fences, parse_group_created
-from .healthy_set import HealthySetRule
+from .healthy_set import recompute_healthy_set
 from .proposals import ProposalQueue
 from .ranks import RankLifecycle
 from .state import FAILED, FORMING, GroupState
@@ -89,7 +89,6 @@ TRANSITIONS: dict[type[Input], str] = {
 class Coordinator(
     Fences,
     RankLifecycle,
-    HealthySetRule,
     FailureBudget,
     ProposalQueue,
     ViewChange,
@@ -174,7 +173,7 @@ class Coordinator(
     def _settle(self, g: GroupState, record: Record, effects: list[Effect]) -> None:
         """Make every decision the current facts allow, in a fixed order (see module doc)."""
         if g.dirty and g.window_end is None:
-            self._recompute_healthy_set(g, record, effects)
+            recompute_healthy_set(g, record, effects)
         self._enforce_budget(g, record, effects)
         while True:
             change = g.change

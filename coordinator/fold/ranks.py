@@ -100,7 +100,7 @@ class RankLifecycle:
         info.exited = False
         self._set_evidence(g, rank, frozenset(), False)
         self._touch(g, rank)
-        self._rank_state(g, rank, reason, record, effects)
+        effects.append(rank_state(g, rank, reason, record))
         if new:
             for facet in self.facets:
                 facet.rank_joined(self, g, rank, record, effects)
@@ -251,7 +251,7 @@ class RankLifecycle:
         if change is not None and rank in change.waiting:
             change.waiting.discard(rank)
             (change.exited if info.exited else change.dropped).add(rank)
-        self._rank_state(g, rank, reason, record, effects, cause=cause)
+        effects.append(rank_state(g, rank, reason, record, cause=cause))
         for facet in self.facets:
             facet.rank_lost(self, g, rank, record, effects)
 
@@ -303,26 +303,19 @@ class RankLifecycle:
                     g.reporters.discard(reporter)
                 g.dirty = True
 
-    def _rank_state(
-        self,
-        g: GroupState,
-        rank: int,
-        reason: str,
-        record: Record,
-        effects: list[Effect],
-        *,
-        cause: str | None = None,
-    ) -> None:
-        info = g.ranks[rank]
-        effects.append(
-            RankState(
-                group=g.name,
-                rank=rank,
-                state=info.state,
-                incarnation=info.incarnation,
-                rank_epoch=info.rank_epoch,
-                reason=reason,
-                cause=cause,
-                offset=record.offset,
-            )
-        )
+
+def rank_state(
+    g: GroupState, rank: int, reason: str, record: Record, *, cause: str | None = None
+) -> RankState:
+    """The ``rank_state`` effect that tells of ``rank``'s state in ``g`` now, and why."""
+    info = g.ranks[rank]
+    return RankState(
+        group=g.name,
+        rank=rank,
+        state=info.state,
+        incarnation=info.incarnation,
+        rank_epoch=info.rank_epoch,
+        reason=reason,
+        cause=cause,
+        offset=record.offset,
+    )
