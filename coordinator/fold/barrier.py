@@ -28,6 +28,7 @@ from typing import Any
 from ...eventlog.record import Record
 from ...wire.codes import APPLIED, APPLIED_WITH_DROPPED_RANKS, REJECTED
 from ...wire.inputs import LinksInput
+from .budget import checkpoint_rank, enforce_budget, shut_down
 from .effects import (
     HEALTHY,
     OFFLINE,
@@ -39,6 +40,7 @@ from .effects import (
     ViewPrepare,
 )
 from .facets import Facet
+from .outcomes import resolve
 from .ranks import rank_state
 from .reasons import ranks_text
 from .stalls import FAILED as VIEW_FAILED
@@ -122,8 +124,8 @@ class ViewChange:
                 reason += f"; dropped ranks {ranks_text(dropped)} (no ACK)"
             if exited != "[]":
                 reason += f"; exited cleanly before it committed: {exited}"
-            self._resolve(g, pid, status, view.version, reason, record, effects, dropped)
-        self._enforce_budget(g, record, effects)
+            resolve(self._proposals, pid, status, view.version, reason, record, effects, dropped)
+        enforce_budget(g, self._proposals, record, effects)
 
     def _commit_view(
         self,
@@ -147,7 +149,7 @@ class ViewChange:
             dropped_ranks=tuple(sorted(change.dropped)),
             offset=record.offset,
             ts=self._now,
-            checkpoint_rank=self._checkpoint_rank(g, active),
+            checkpoint_rank=checkpoint_rank(g, active),
         )
         g.view = view
         g.budget_due = True
@@ -185,8 +187,8 @@ class ViewChange:
         else:
             outcome = f"{left}; version {g.version} stays current"
         for pid in change.proposals:
-            self._resolve(g, pid, REJECTED, None, outcome, record, effects)
-        self._enforce_budget(g, record, effects)
+            resolve(self._proposals, pid, REJECTED, None, outcome, record, effects)
+        enforce_budget(g, self._proposals, record, effects)
 
     def _fail_formation(
         self, g: GroupState, deadline: int, record: Record, effects: list[Effect]
@@ -210,8 +212,8 @@ class ViewChange:
         )
         while g.queue:
             pid, _ = g.queue.popleft()
-            self._resolve(
-                g,
+            resolve(
+                self._proposals,
                 pid,
                 REJECTED,
                 None,
@@ -219,17 +221,6 @@ class ViewChange:
                 record,
                 effects,
             )
-
-    def _checkpoint_rank(self, g: GroupState, active: tuple[int, ...]) -> int | None:
-        """Who saves the group's checkpoint among ``active``: the rank the operator pinned
-        (``checkpoint_rank``) while it is active and not OFFLINE, else the lowest active rank
-        that is not OFFLINE (the lowest active rank if every one is). None with no active rank.
-        """
-        pin = g.config.checkpoint_rank
-        if pin is not None and pin in active and g.ranks[pin].state != OFFLINE:
-            return pin
-        live = (r for r in active if g.ranks[r].state != OFFLINE)
-        return next(live, active[0] if active else None)
 
     # ------------------------------------------------------------------ a stalled view
 
@@ -268,7 +259,7 @@ class ViewChange:
             return False
         g.stall = None
         if decision.kind == UNRESOLVED:
-            self._shut_down(g, UNRESOLVED, decision.detail, record, effects)
+            shut_down(g, self._proposals, UNRESOLVED, decision.detail, record, effects)
             return True
         if decision.kind == VIEW_RETRY:
             self._prepare(g, active, VIEW_RETRY, [], decision.detail, record, effects)

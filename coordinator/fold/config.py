@@ -54,7 +54,7 @@ class GroupConfig(msgspec.Struct, frozen=True, kw_only=True):
     auto_deactivate_on_failure: bool = True
     backend: str = "gloo"
     #: the rank that saves the group's checkpoints while it is active and alive (None: the
-    #: lowest active rank); see ``Coordinator._checkpoint_rank``
+    #: lowest active rank); see ``budget.checkpoint_rank``
     checkpoint_rank: int | None = None
 
     @classmethod

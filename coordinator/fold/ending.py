@@ -21,8 +21,10 @@ from __future__ import annotations
 from ...eventlog.record import Record
 from ...wire.codes import REJECTED
 from ...wire.inputs import GroupEndedInput
+from .budget import checkpoint_rank
 from .effects import Effect, GroupEnded, Proposal, ShutdownWithSave
 from .facets import Facet
+from .outcomes import resolve
 from .state import FAILED, FINISHED, GroupState
 
 
@@ -67,8 +69,8 @@ class GroupEnd:
         change, g.change, g.window_end = g.change, None, None
         if change is not None:
             for pid in change.proposals:
-                self._resolve(
-                    g,
+                resolve(
+                    self._proposals,
                     pid,
                     REJECTED,
                     None,
@@ -84,12 +86,14 @@ class GroupEnd:
                     reason="ended",
                     detail=reason,
                     offset=record.offset,
-                    checkpoint_rank=self._checkpoint_rank(g, g.active),
+                    checkpoint_rank=checkpoint_rank(g, g.active),
                 )
             )
         while g.queue:
             pid, _ = g.queue.popleft()
-            self._resolve(g, pid, REJECTED, None, f"group was ended ({reason})", record, effects)
+            resolve(
+                self._proposals, pid, REJECTED, None, f"group was ended ({reason})", record, effects
+            )
         for rank in sorted(g.alive):
             g.ranks[rank].exited = True
             self._go_offline(g, rank, f"group ended: {reason}", False, record, effects)

@@ -54,7 +54,7 @@ from ...wire.inputs import Input, decode
 from . import registry
 from .admission import admission_problem
 from .barrier import ViewChange
-from .budget import FailureBudget
+from .budget import enforce_budget
 from .config import GroupConfig
 from .deadlines import Deadlines
 from .effects import Effect, GroupCreated, Proposal, View
@@ -89,7 +89,6 @@ TRANSITIONS: dict[type[Input], str] = {
 class Coordinator(
     Fences,
     RankLifecycle,
-    FailureBudget,
     ProposalQueue,
     ViewChange,
     Deadlines,
@@ -174,7 +173,7 @@ class Coordinator(
         """Make every decision the current facts allow, in a fixed order (see module doc)."""
         if g.dirty and g.window_end is None:
             recompute_healthy_set(g, record, effects)
-        self._enforce_budget(g, record, effects)
+        enforce_budget(g, self._proposals, record, effects)
         while True:
             change = g.change
             if change is not None:

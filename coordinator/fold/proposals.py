@@ -24,9 +24,9 @@ from .effects import (
     Effect,
     Proposal,
     ProposalAccepted,
-    ProposalResolved,
 )
 from .facets import Facet
+from .outcomes import resolve
 from .reasons import ranks_text
 from .reconfigure import ReconfigureRule
 from .state import FAILED, GroupState
@@ -80,8 +80,8 @@ class ProposalQueue(ReconfigureRule):
             g.keys[proposal.idempotency_key] = proposal.id
         effects.append(ProposalAccepted(proposal=proposal, offset=record.offset))
         if g.formation == FAILED:
-            self._resolve(
-                g,
+            resolve(
+                self._proposals,
                 proposal.id,
                 REJECTED,
                 None,
@@ -90,8 +90,8 @@ class ProposalQueue(ReconfigureRule):
                 effects,
             )
         elif g.shutdown is not None:
-            self._resolve(
-                g,
+            resolve(
+                self._proposals,
                 proposal.id,
                 REJECTED,
                 None,
@@ -142,14 +142,14 @@ class ProposalQueue(ReconfigureRule):
         invalid = static_problem(g, proposal)
         if invalid is not None:
             g.queue.popleft()
-            self._resolve(g, pid, REJECTED, None, invalid, record, effects)
+            resolve(self._proposals, pid, REJECTED, None, invalid, record, effects)
             return True
         active = g.active
         target = requested(proposal, active)
         if target == active:
             g.queue.popleft()
-            self._resolve(
-                g,
+            resolve(
+                self._proposals,
                 pid,
                 APPLIED,
                 g.version,
@@ -161,8 +161,8 @@ class ProposalQueue(ReconfigureRule):
         if proposal.op == "deactivate":
             if len(target) < g.cfg.min_active:
                 g.queue.popleft()
-                self._resolve(
-                    g,
+                resolve(
+                    self._proposals,
                     pid,
                     REJECTED,
                     None,
@@ -178,8 +178,8 @@ class ProposalQueue(ReconfigureRule):
                 if self._now < deadline:
                     return False
                 g.queue.popleft()
-                self._resolve(
-                    g,
+                resolve(
+                    self._proposals,
                     pid,
                     REJECTED,
                     None,
@@ -211,7 +211,7 @@ class ProposalQueue(ReconfigureRule):
             invalid = static_problem(g, proposal)
             if invalid is not None:
                 g.queue.popleft()
-                self._resolve(g, pid, REJECTED, None, invalid, record, effects)
+                resolve(self._proposals, pid, REJECTED, None, invalid, record, effects)
                 continue
             if proposal.op == RECONFIGURE:  # a new configuration: a view change of its own
                 return
@@ -224,8 +224,8 @@ class ProposalQueue(ReconfigureRule):
         """Before formation nothing can be admitted, but admission deadlines still run."""
         while g.queue and g.queue[0][1] <= self._now:
             pid, deadline = g.queue.popleft()
-            self._resolve(
-                g,
+            resolve(
+                self._proposals,
                 pid,
                 REJECTED,
                 None,
@@ -233,31 +233,6 @@ class ProposalQueue(ReconfigureRule):
                 record,
                 effects,
             )
-
-    def _resolve(
-        self,
-        g: GroupState,
-        pid: int,
-        status: str,
-        version: int | None,
-        reason: str,
-        record: Record,
-        effects: list[Effect],
-        dropped: tuple[int, ...] = (),
-    ) -> None:
-        """Give a proposal its one terminal outcome; it never changes afterwards."""
-        proposal = self._proposals[pid]
-        assert proposal.status == PENDING, f"proposal {pid} is already {proposal.status}"
-        resolved = msgspec.structs.replace(
-            proposal,
-            status=status,
-            version=version,
-            reason=reason,
-            dropped_ranks=dropped,
-            resolved_offset=record.offset,
-        )
-        self._proposals[pid] = resolved
-        effects.append(ProposalResolved(proposal=resolved, offset=record.offset))
 
 
 def admission_timeout_ns(g: GroupState, proposal: Proposal) -> int:

@@ -71,6 +71,7 @@ from .effects import (
     Proposal,
     ProposalAccepted,
 )
+from .outcomes import resolve
 from .reasons import LIMIT, abridged, ranks_text
 from .state import GroupState
 
@@ -257,8 +258,14 @@ class ReconfigureRule:
             why = invalid or (
                 abridged(gone) + "; the members left can reconfigure with a fresh uuid"
             )
-            self._resolve(
-                g, pid, REJECTED, None, f"reconfigure uuid {proposal.uuid}: {why}", record, effects
+            resolve(
+                self._proposals,
+                pid,
+                REJECTED,
+                None,
+                f"reconfigure uuid {proposal.uuid}: {why}",
+                record,
+                effects,
             )
             return True
         target = tuple(sorted(proposal.ranks))
@@ -274,8 +281,8 @@ class ReconfigureRule:
             if self._now < deadline:
                 return False
             g.queue.popleft()
-            self._resolve(
-                g,
+            resolve(
+                self._proposals,
                 pid,
                 REJECTED,
                 None,
