@@ -33,7 +33,7 @@ from ..wire.codes import (
     error_body,
 )
 from ..wire.protocol import FEATURES, PROTOCOL
-from ..wire.updates import AgentUpdate, UpdateError, decode_updates
+from ..wire.updates import PROTOCOL_UPDATES, AgentUpdate, UpdateError, UpdateReader
 
 #: How long one plain request may take; long polls add their own timeout on top.
 DEFAULT_TIMEOUT_S = 10.0
@@ -132,6 +132,8 @@ class CoordinatorClient:
         timeout_s: float = DEFAULT_TIMEOUT_S,
     ) -> None:
         self.addresses = parse_addresses(addresses)
+        #: the updates :meth:`updates` reads: the protocol's, and the facets' its agent follows
+        self.reader: UpdateReader = PROTOCOL_UPDATES
         _OURS.update(self.addresses)
         self._current = 0
         self._timeout_s = timeout_s
@@ -185,7 +187,7 @@ class CoordinatorClient:
         )
         store = body.get("store")
         try:
-            updates = tuple(decode_updates(body.get("updates") or ()))
+            updates = tuple(self.reader.decode_updates(body.get("updates") or ()))
         except UpdateError as exc:
             raise CoordinatorError(200, BAD_ANSWER, str(exc), self.address) from None
         return UpdatesAnswer(

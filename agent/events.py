@@ -22,7 +22,7 @@ from typing import Any
 import msgspec
 
 from ..wire.codes import AGENT_STOPPED
-from ..wire.protocol import declare_event
+from ..wire.protocol import AgentEventBase
 from .machine import OWN_EVENTS, REFIT_EVENTS
 
 #: How long a call waits for the coordinator's answer to its event, by default.
@@ -47,10 +47,11 @@ def answer_key(kind: str, fields: dict[str, Any]) -> tuple[Any, ...]:
 
 
 def event_fields(event_type: type, fields: dict[str, Any], envelope: dict[str, Any]) -> dict:
-    """``fields`` validated as an event of ``event_type`` (declared here, so this process reads
-    it), as the events lane sends them: without the envelope, defaults left out. A kind the
-    agent sends itself, or a field that does not fit, is a ValueError that names it."""
-    declare_event(event_type)
+    """``fields`` validated as an event of ``event_type``, as the events lane sends them:
+    without the envelope, defaults left out. A kind the agent sends itself, or a field that
+    does not fit, is a ValueError that names it."""
+    if not (isinstance(event_type, type) and issubclass(event_type, AgentEventBase)):
+        raise ValueError(f"{event_type!r} is not an agent event (a wire.protocol.AgentEventBase)")
     kind = event_type.__struct_config__.tag  # type: ignore[attr-defined]
     if kind in OWN_EVENTS:
         raise ValueError(f"{kind!r} is the agent's own event, not a facet's; the agent sends it")

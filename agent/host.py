@@ -584,8 +584,9 @@ class Agent:
     def on_update(self, update_type: type, follow: Callable[[Any], None]) -> None:
         """Call ``follow(update)`` for each update of ``update_type`` the group or this rank
         receives, in offset order, on the agent's own thread: the updates of a facet beside
-        membership that this worker follows (declare its Struct first, with
-        ``wire.updates.declare_update``, so the agent reads it)."""
+        membership that this worker follows (its poller reads ``update_type`` from now on)."""
+        client = self._poller_client
+        client.reader = client.reader.with_types(update_type)
         self._followers.setdefault(update_type, []).append(follow)
 
     # -- the data plane --------------------------------------------------------------------------

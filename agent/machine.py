@@ -359,8 +359,8 @@ class ProgressAnswered:
 
 @dataclass(frozen=True)
 class FacetUpdate:
-    """An update of a facet the machine does not follow itself (a Struct a worker declared with
-    ``wire.updates.declare_update``), for the group or for this rank: handed on, in offset
+    """An update of a facet the machine does not follow itself (a Struct a worker follows with
+    ``Agent.on_update``), for the group or for this rank: handed on, in offset
     order, to whoever follows it (``Agent.on_update``)."""
 
     update: Update

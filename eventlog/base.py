@@ -17,18 +17,20 @@ import asyncio
 import contextlib
 import time
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Awaitable, Collection, Sequence
+from collections.abc import AsyncIterator, Awaitable, Collection, Iterable, Sequence
 
 import msgspec
 
 from .errors import ChecksumError, LogClosed
 from .projection import ProjectionRow, encode_projection
 from .record import (
+    KINDS,
     MAX_PAYLOAD_BYTES,
     Encoded,
     InvalidRecord,
     NewRecord,
     Record,
+    check_kinds,
     validate,
     validate_fields,
 )
@@ -41,7 +43,7 @@ Row = tuple[int, str, str | None, int | None, bytes]
 Sealed = tuple[list[int], list[int]]
 
 
-def prepare(records: Sequence[NewRecord | Encoded]) -> list[Row]:
+def prepare(records: Sequence[NewRecord | Encoded], kinds: frozenset[str] = KINDS) -> list[Row]:
     """Validate a whole batch before anything is written; stamp ``ts`` where the caller left it out.
 
     An :class:`Encoded` record brings its payload already encoded; its other fields are checked
@@ -61,9 +63,9 @@ def prepare(records: Sequence[NewRecord | Encoded]) -> list[Row]:
                     raise InvalidRecord("an Encoded payload must be validate()'s bytes")
                 if not isinstance(rec, NewRecord):
                     raise InvalidRecord(f"expected a NewRecord, got {type(rec).__name__}")
-                validate_fields(rec)
+                validate_fields(rec, kinds)
             elif isinstance(rec, NewRecord):
-                payload = validate(rec)
+                payload = validate(rec, kinds)
             else:
                 raise InvalidRecord(f"expected a NewRecord, got {type(rec).__name__}")
         except InvalidRecord as exc:
@@ -155,6 +157,9 @@ class Log(ABC):
 
     #: How often a waiter checks for appends made by other processes, in seconds.
     poll_interval: float = 0.05
+    #: The record kinds this log accepts: membership's, unless whoever composes the facets
+    #: hands it theirs beside them (:meth:`accept`).
+    kinds: frozenset[str] = KINDS
 
     def __init__(self, where: str, term: int, head: int) -> None:
         self.where = where
@@ -167,6 +172,11 @@ class Log(ABC):
         self._commits = 0
 
     # -- the interface ---------------------------------------------------------------------
+
+    def accept(self, kinds: Iterable[str]) -> None:
+        """Accept ``kinds`` (each a name of ``[a-z_]``) beside membership's: this log's kinds
+        are its opener's to name (the coordinator's facets), never the process's."""
+        self.kinds = KINDS | check_kinds(kinds)
 
     @property
     def term(self) -> int:
@@ -197,7 +207,7 @@ class Log(ABC):
         builds the durable records itself (the coordinator's host, which folds what it just
         appended without reading it back) need not compute them again."""
         self._check_open()
-        rows = prepare(records)
+        rows = prepare(records, self.kinds)
         if not rows:
             return [], []
         return await self._append_rows(rows)

@@ -11,6 +11,7 @@ This module is pure (no I/O) so that the fold can import it.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from typing import Any
 from zlib import crc32
 
@@ -33,18 +34,19 @@ MEMBERSHIP_KINDS: frozenset[str] = frozenset(
     }
 )
 
-#: Every kind of input the log accepts: membership's, and each facet's own, which the facet
-#: registry (``coordinator/fold/registry.py``) adds through :func:`accept_kinds` as it loads a
-#: facet. The log does not know the facets; it refuses any kind nobody declared.
-KINDS: set[str] = set(MEMBERSHIP_KINDS)
+#: What a log accepts unless its opener names more (``Log.kinds``): membership's. Whoever
+#: composes the facets hands the log theirs beside it (``coordinator.fold.registry.Facets``);
+#: the log does not know the facets, and refuses any kind it was not given.
+KINDS: frozenset[str] = MEMBERSHIP_KINDS
 
 
-def accept_kinds(kinds: frozenset[str] | set[str]) -> None:
-    """Accept a facet's record kinds from now on (each is a name of ``[a-z_]``)."""
+def check_kinds(kinds: Iterable[str]) -> frozenset[str]:
+    """``kinds`` as a set a log may accept, each a name of ``[a-z_]``; a ValueError otherwise."""
+    kinds = frozenset(kinds)
     for kind in kinds:
         if not (isinstance(kind, str) and _KIND_RE.fullmatch(kind)):
             raise ValueError(f"record kind {kind!r} is not a name of 1-32 of a-z and _")
-    KINDS.update(kinds)
+    return kinds
 
 
 #: The largest encoded payload a single record may carry.
@@ -132,7 +134,7 @@ class Encoded(msgspec.Struct, frozen=True, gc=False):
     payload: bytes
 
 
-def validate(rec: NewRecord) -> bytes:
+def validate(rec: NewRecord, kinds: frozenset[str] = KINDS) -> bytes:
     """Check a record before append; return its encoded payload. Raises InvalidRecord.
 
     Everything a store could refuse is refused here, before the record joins a batch: a bad
@@ -142,21 +144,22 @@ def validate(rec: NewRecord) -> bytes:
     before, plain ints) is decided by a few identity and set tests; anything else takes the
     full checks below, which also word the errors.
     """
-    validate_fields(rec)
+    validate_fields(rec, kinds)
     return encode_payload(rec.payload)
 
 
-def validate_fields(rec: NewRecord) -> None:
-    """:func:`validate` without the payload: kind, group, rank and ts. Raises InvalidRecord."""
+def validate_fields(rec: NewRecord, kinds: frozenset[str] = KINDS) -> None:
+    """:func:`validate` without the payload: kind (one of ``kinds``), group, rank and ts.
+    Raises InvalidRecord."""
     kind, group, rank, ts = rec.kind, rec.group, rec.rank, rec.ts
     if not (
         type(kind) is str
-        and kind in KINDS
+        and kind in kinds
         and (group is None or (type(group) is str and group in _good_groups))
         and (rank is None or (type(rank) is int and 0 <= rank <= MAX_RANK))
         and (ts is None or (type(ts) is int and 0 <= ts <= MAX_TS))
     ):
-        _check_fields(kind, group, rank, ts)
+        _check_fields(kinds, kind, group, rank, ts)
 
 
 #: Group names already found valid (the regex runs once per name, not once per record);
@@ -165,9 +168,9 @@ _good_groups: set[str] = set()
 _GOOD_GROUPS_MAX = 4096
 
 
-def _check_fields(kind: Any, group: Any, rank: Any, ts: Any) -> None:
-    if not isinstance(kind, str) or kind not in KINDS:
-        raise InvalidRecord(f"unknown kind {kind!r}; expected one of {sorted(KINDS)}")
+def _check_fields(kinds: frozenset[str], kind: Any, group: Any, rank: Any, ts: Any) -> None:
+    if not isinstance(kind, str) or kind not in kinds:
+        raise InvalidRecord(f"unknown kind {kind!r}; expected one of {sorted(kinds)}")
     if group is not None:
         if not isinstance(group, str) or not _GROUP_RE.fullmatch(group):
             raise InvalidRecord(

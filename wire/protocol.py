@@ -33,6 +33,7 @@ import re
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Annotated, Any, Union
 
 import msgspec
@@ -151,7 +152,7 @@ MAX_UPDATE_BYTES = 128 * 1024
 class AgentEventBase(Struct, kw_only=True, tag_field="type", omit_defaults=True):
     """What every agent event carries: whose it is. Each event is a subclass tagged with its
     ``type``, the kind of the record it becomes; a facet beside membership declares its own
-    (:func:`declare_event`)."""
+    (its plugin's ``events``, read by the :class:`EventReader` its composer builds)."""
 
     #: matched by :func:`group_problem`, not by the decoder (see :data:`EventGroupName`)
     group: EventGroupName
@@ -316,14 +317,6 @@ PROTOCOL_EVENTS: tuple[type[AgentEventBase], ...] = (
     TransferEvent,
     TransferStatusEvent,
 )
-#: Each event type's wire ``type``, the kind of the record it becomes: the protocol's own, then
-#: the facets' (:func:`declare_event`).
-EVENT_KINDS: dict[type, str] = {
-    cls: cls.__struct_config__.tag  # type: ignore[misc]
-    for cls in PROTOCOL_EVENTS
-}
-#: The event Struct of each wire ``type`` this process reads.
-EVENT_TYPES: dict[str, type[AgentEventBase]] = {kind: cls for cls, kind in EVENT_KINDS.items()}
 #: The events of membership itself; the agent answers every other kind to its sender
 #: (``agent.machine``: a facet's event, a refit's).
 MEMBERSHIP_EVENTS = frozenset({"join", "heartbeat", "links", "ack", "exit"})
@@ -342,55 +335,80 @@ class LooseEventsRequest(Struct, kw_only=True):
     events: Annotated[list[dict[str, Any]], Meta(max_length=MAX_EVENTS)]
 
 
-def _batch_decoder() -> msgspec.json.Decoder:
-    union = Union[tuple(EVENT_TYPES.values())]  # noqa: UP007 - built from the declared ones
-    batch = msgspec.defstruct(
-        "AgentEventsRequest",
-        [("events", Annotated[list[union], Meta(max_length=MAX_EVENTS)])],  # type: ignore[valid-type]
-        kw_only=True,
-    )
-    return msgspec.json.Decoder(batch)
+class EventReader:
+    """What one reader takes: a set of agent event Structs, each by its ``type`` (the kind of
+    the record it becomes), and the decoder of a batch of their union. A value: whoever
+    composes the facets builds one (``coordinator.fold.registry.Facets``), so two hosts in one
+    process may take different events; nothing here changes once built."""
+
+    __slots__ = ("types", "kinds", "_batch")
+
+    def __init__(self, classes: Iterable[type[AgentEventBase]]) -> None:
+        types: dict[str, type[AgentEventBase]] = {}
+        for cls in classes:
+            tag = getattr(getattr(cls, "__struct_config__", None), "tag", None)
+            if not (isinstance(cls, type) and issubclass(cls, AgentEventBase)) or not isinstance(
+                tag, str
+            ):
+                raise ValueError(
+                    f"{cls!r} is not an agent event (a tagged wire.protocol.AgentEventBase)"
+                )
+            known = types.get(tag)
+            if known is not None and known is not cls:
+                raise ValueError(
+                    f"event type {tag!r} of {cls.__name__} is declared already: {known}"
+                )
+            types[tag] = cls
+        #: the event Struct of each wire ``type`` this reader takes
+        self.types: Mapping[str, type[AgentEventBase]] = MappingProxyType(types)
+        #: each event type's wire ``type``, the kind of the record it becomes
+        self.kinds: Mapping[type, str] = MappingProxyType({c: k for k, c in types.items()})
+        union = Union[tuple(types.values())]  # noqa: UP007 - built from the declared ones
+        batch = msgspec.defstruct(
+            "AgentEventsRequest",
+            [("events", Annotated[list[union], Meta(max_length=MAX_EVENTS)])],  # type: ignore[valid-type]
+            kw_only=True,
+        )
+        self._batch = msgspec.json.Decoder(batch)
+
+    def with_types(self, *classes: type[AgentEventBase]) -> EventReader:
+        """This reader and ``classes`` besides (a facet's events)."""
+        return EventReader((*self.types.values(), *classes))
+
+    def decode_events(self, body: bytes) -> list[AgentEventBase]:
+        """A ``POST /agents/events`` body whose every event is valid, typed;
+        ``msgspec.ValidationError`` or ``DecodeError`` otherwise (then read it loosely:
+        :class:`LooseEventsRequest` and :meth:`event_type_of`, one event at a time)."""
+        return self._batch.decode(body).events
+
+    def event_type_of(self, item: Mapping[str, Any]) -> type[AgentEventBase]:
+        """The Struct of one event as decoded JSON, by its ``type``; a ``type`` this reader
+        does not take is a ``msgspec.ValidationError`` that lists the known ones."""
+        kind = item.get("type")
+        cls = self.types.get(kind) if isinstance(kind, str) else None
+        if cls is None:
+            raise msgspec.ValidationError(
+                f"Invalid value {kind!r} - at `$.type`; the event types are {sorted(self.types)}"
+            )
+        return cls
 
 
-_batch = _batch_decoder()
-
-
-def declare_event(cls: type[AgentEventBase]) -> None:
-    """Read events of ``cls`` from now on, beside the protocol's own: the events a facet
-    beside membership takes from the agents (``coordinator/fold/registry.py`` declares each
-    facet's as it loads it; the agent of a worker that sends one declares it too, through
-    ``Agent.send_event``). Its ``type`` may not be one already declared for another Struct."""
-    global _batch
-    tag = getattr(getattr(cls, "__struct_config__", None), "tag", None)
-    if not (isinstance(cls, type) and issubclass(cls, AgentEventBase)) or not isinstance(tag, str):
-        raise ValueError(f"{cls!r} is not an agent event (a tagged wire.protocol.AgentEventBase)")
-    known = EVENT_TYPES.get(tag)
-    if known is cls:
-        return
-    if known is not None:
-        raise ValueError(f"event type {tag!r} of {cls.__name__} is declared already: {known}")
-    EVENT_TYPES[tag] = cls
-    EVENT_KINDS[cls] = tag
-    _batch = _batch_decoder()
+#: The protocol's own events (:data:`PROTOCOL_EVENTS`), as one reader.
+PROTOCOL_READER = EventReader(PROTOCOL_EVENTS)
+#: Each event type's wire ``type``, the kind of the record it becomes (the protocol's own).
+EVENT_KINDS: Mapping[type, str] = PROTOCOL_READER.kinds
+#: The event Struct of each wire ``type`` of the protocol.
+EVENT_TYPES: Mapping[str, type[AgentEventBase]] = PROTOCOL_READER.types
 
 
 def decode_events(body: bytes) -> list[AgentEventBase]:
-    """A ``POST /agents/events`` body whose every event is valid, typed (every declared
-    type); ``msgspec.ValidationError`` or ``DecodeError`` otherwise (then read it loosely:
-    :class:`LooseEventsRequest` and :func:`event_type_of`, one event at a time)."""
-    return _batch.decode(body).events
+    """:meth:`EventReader.decode_events` of the protocol's own events."""
+    return PROTOCOL_READER.decode_events(body)
 
 
 def event_type_of(item: Mapping[str, Any]) -> type[AgentEventBase]:
-    """The Struct of one event as decoded JSON, by its ``type`` (every declared type); a
-    ``type`` nobody declared is a ``msgspec.ValidationError`` that lists the known ones."""
-    kind = item.get("type")
-    cls = EVENT_TYPES.get(kind) if isinstance(kind, str) else None
-    if cls is None:
-        raise msgspec.ValidationError(
-            f"Invalid value {kind!r} - at `$.type`; the event types are {sorted(EVENT_TYPES)}"
-        )
-    return cls
+    """:meth:`EventReader.event_type_of` of the protocol's own events."""
+    return PROTOCOL_READER.event_type_of(item)
 
 
 def legacy_problem(event: Mapping[str, Any]) -> str | None:
@@ -675,7 +693,7 @@ __all__ = [
     "View",
     "apply_prepare",
     "apply_view_update",
-    "declare_event",
+    "EventReader",
     "decode_events",
     "event_type_of",
     "fold_view_update",

@@ -5,7 +5,9 @@ msgspec (``{"type": "view_committed", "offset": ..., ...}``), and a reader decod
 same Struct with :data:`AgentUpdate`, the tagged union of them all (:func:`decode_updates`).
 The coordinator builds them (``wire.protocol.view_update`` and ``prepare_update``, the
 ``*_update`` functions of ``coordinator.fold.projections`` and of each facet's ``updates.py``);
-a facet's own Structs join the union read here through :func:`declare_update`. The agent's
+a facet's own Structs are read by an :class:`UpdateReader` that names them (the one its
+composer builds, ``coordinator.fold.registry.Facets``); the module's functions read the
+protocol's own (:data:`PROTOCOL_UPDATES`), and nothing here changes after import. The agent's
 machine, its data and refit trackers, the relay, the simulated hosts and the simulator read
 them by class, never by a ``type`` string.
 
@@ -22,6 +24,7 @@ This module is pure: no I/O, clock, threads or randomness.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from types import MappingProxyType
 from typing import Any, ClassVar, TypeVar, Union
 
 import msgspec
@@ -243,19 +246,10 @@ AgentUpdate = (
     | RefitBootstrapUpdate
 )
 
-#: Each update class by its wire ``type``, in the order of :data:`AgentUpdate`.
-UPDATE_TYPES: dict[str, type[Update]] = {
-    cls.__struct_config__.tag: cls  # type: ignore[misc]
-    for cls in AgentUpdate.__args__  # type: ignore[attr-defined]
-}
-
 #: The updates that name the one rank they are for (the rest are the group's).
 _ADDRESSED = (RankStateUpdate, DataAssignmentUpdate)
 
 _encode = msgspec.json.Encoder().encode
-_list: Any = list[AgentUpdate]
-_decoder = msgspec.json.Decoder(_list)
-_one = msgspec.json.Decoder(AgentUpdate)
 
 
 U = TypeVar("U", bound="Update")
@@ -267,33 +261,102 @@ def update_from(cls: type[U], source: object) -> U:
     return cls(**{name: getattr(source, name) for name in cls.__struct_fields__})
 
 
-def declare_update(cls: type[Update]) -> None:
-    """Read updates of ``cls`` from now on, beside the protocol's own: the updates a facet
-    beside membership sends (``coordinator/fold/registry.py`` declares each facet's as it
-    loads it; a worker that follows a facet's updates declares them too). Its ``type`` may not
-    be one already declared for another Struct."""
-    global _list, _decoder, _one
-    tag = cls.__struct_config__.tag
-    known = UPDATE_TYPES.get(tag)  # type: ignore[arg-type]
-    if known is cls:
-        return
-    if known is not None or not isinstance(tag, str):
-        raise ValueError(f"update type {tag!r} of {cls.__name__} is declared already: {known}")
-    UPDATE_TYPES[tag] = cls
-    union = Union[tuple(UPDATE_TYPES.values())]  # noqa: UP007 - built from the declared ones
-    _list = list[union]  # type: ignore[valid-type]
-    _decoder = msgspec.json.Decoder(_list)
-    _one = msgspec.json.Decoder(union)
+class UpdateError(ValueError):
+    """Updates that are not the protocol's (the message says which and why)."""
+
+
+class UpdateReader:
+    """What one reader decodes: a set of update Structs, each by its ``type``, and the
+    decoders of their union. A value: whoever composes the facets builds one (the
+    coordinator's ``coordinator.fold.registry.Facets``; an agent that follows a facet's updates
+    extends its own with :meth:`with_types`), so two readers in one process may read different
+    sets; nothing here changes once built."""
+
+    __slots__ = ("types", "_list", "_decoder", "_one")
+
+    def __init__(self, classes: Iterable[type[Update]]) -> None:
+        types: dict[str, type[Update]] = {}
+        for cls in classes:
+            tag = getattr(getattr(cls, "__struct_config__", None), "tag", None)
+            if not (isinstance(cls, type) and issubclass(cls, Update)) or not isinstance(tag, str):
+                raise ValueError(f"{cls!r} is not an update (a tagged wire.updates.Update)")
+            known = types.get(tag)
+            if known is not None and known is not cls:
+                raise ValueError(
+                    f"update type {tag!r} of {cls.__name__} is declared already: {known}"
+                )
+            types[tag] = cls
+        #: each update class by its wire ``type``
+        self.types: Mapping[str, type[Update]] = MappingProxyType(types)
+        union = Union[tuple(types.values())]  # noqa: UP007 - built from the declared ones
+        self._list: Any = list[union]  # type: ignore[valid-type]
+        self._decoder = msgspec.json.Decoder(self._list)
+        self._one = msgspec.json.Decoder(union)
+
+    def with_types(self, *classes: type[Update]) -> UpdateReader:
+        """This reader and ``classes`` besides (a facet's updates); ``self`` if it reads them
+        already. A ``type`` already read as another Struct is a ValueError naming both."""
+        if all(self.types.get(c.__struct_config__.tag) is c for c in classes):  # type: ignore[arg-type]
+            return self
+        return UpdateReader((*self.types.values(), *classes))
+
+    def decode_update(self, data: bytes) -> AgentUpdate:
+        """One update's JSON, as a journal keeps it, into its Struct."""
+        return self._one.decode(data)
+
+    def convert_update(self, item: Any) -> AgentUpdate:
+        """One update as decoded JSON (a snapshot's) into its Struct."""
+        return msgspec.convert(item, self._one.type)
+
+    def decode_updates(self, items: Iterable[Mapping[str, Any]] | bytes) -> list[AgentUpdate]:
+        """The updates of an answer (its ``updates`` list, decoded JSON or its bytes), typed.
+
+        An update whose ``type`` this reader does not read is left out, as a reader of an
+        older revision ignores what it does not know; one it reads that does not match its
+        Struct raises :class:`UpdateError`, naming it."""
+        try:
+            if isinstance(items, bytes | bytearray | memoryview):
+                return self._decoder.decode(items)
+            return msgspec.convert(items, self._list)
+        except msgspec.ValidationError:
+            pass  # find the one at fault, or the unknown ones to leave out
+        if isinstance(items, bytes | bytearray | memoryview):
+            items = msgspec.json.decode(items)
+        out: list[AgentUpdate] = []
+        for item in items:
+            kind = item.get("type") if isinstance(item, Mapping) else None
+            cls = self.types.get(kind) if isinstance(kind, str) else None
+            if cls is None:
+                if isinstance(kind, str):
+                    continue  # a newer coordinator's update, or a facet's: not this reader's
+                raise UpdateError(f"an update without a type: {str(item)[:200]}")
+            try:
+                out.append(msgspec.convert(item, cls))
+            except msgspec.ValidationError as exc:
+                raise UpdateError(f"a malformed {kind} update ({exc}): {str(item)[:200]}") from None
+        return out
+
+
+#: The protocol's own updates (those of :data:`AgentUpdate`), read by every reader.
+PROTOCOL_UPDATES = UpdateReader(AgentUpdate.__args__)  # type: ignore[attr-defined]
+#: Each update class of the protocol by its wire ``type``, in the order of :data:`AgentUpdate`.
+UPDATE_TYPES: Mapping[str, type[Update]] = PROTOCOL_UPDATES.types
 
 
 def decode_update(data: bytes) -> AgentUpdate:
-    """One update's JSON, as a journal keeps it, into its Struct (every declared type)."""
-    return _one.decode(data)
+    """One update's JSON into its Struct (the protocol's own; a facet's through its reader)."""
+    return PROTOCOL_UPDATES.decode_update(data)
 
 
 def convert_update(item: Any) -> AgentUpdate:
-    """One update as decoded JSON (a snapshot's) into its Struct (every declared type)."""
-    return msgspec.convert(item, _one.type)
+    """One update as decoded JSON into its Struct (the protocol's own; a facet's through its
+    reader)."""
+    return PROTOCOL_UPDATES.convert_update(item)
+
+
+def decode_updates(items: Iterable[Mapping[str, Any]] | bytes) -> list[AgentUpdate]:
+    """:meth:`UpdateReader.decode_updates` of the protocol's own updates."""
+    return PROTOCOL_UPDATES.decode_updates(items)
 
 
 def addressed_rank(update: Update) -> int | None:
@@ -310,39 +373,6 @@ def encode(update: Update) -> bytes:
     return _encode(update)
 
 
-class UpdateError(ValueError):
-    """Updates that are not the protocol's (the message says which and why)."""
-
-
-def decode_updates(items: Iterable[Mapping[str, Any]] | bytes) -> list[AgentUpdate]:
-    """The updates of an answer (its ``updates`` list, decoded JSON or its bytes), typed.
-
-    An update whose ``type`` this install does not declare is left out, as a reader of an
-    older revision ignores what it does not know; a declared one that does not match its
-    Struct raises :class:`UpdateError`, naming it."""
-    try:
-        if isinstance(items, bytes | bytearray | memoryview):
-            return _decoder.decode(items)
-        return msgspec.convert(items, _list)
-    except msgspec.ValidationError:
-        pass  # find the one at fault, or the unknown ones to leave out
-    if isinstance(items, bytes | bytearray | memoryview):
-        items = msgspec.json.decode(items)
-    out: list[AgentUpdate] = []
-    for item in items:
-        kind = item.get("type") if isinstance(item, Mapping) else None
-        cls = UPDATE_TYPES.get(kind) if isinstance(kind, str) else None
-        if cls is None:
-            if isinstance(kind, str):
-                continue  # a newer coordinator's update: not this reader's
-            raise UpdateError(f"an update without a type: {str(item)[:200]}")
-        try:
-            out.append(msgspec.convert(item, cls))
-        except msgspec.ValidationError as exc:
-            raise UpdateError(f"a malformed {kind} update ({exc}): {str(item)[:200]}") from None
-    return out
-
-
 __all__ = [
     "AgentUpdate",
     "DataAssignmentUpdate",
@@ -355,14 +385,15 @@ __all__ = [
     "RefitEpochUpdate",
     "ShutdownUpdate",
     "TransferUpdate",
+    "PROTOCOL_UPDATES",
     "UPDATE_TYPES",
     "Update",
     "UpdateError",
+    "UpdateReader",
     "ViewCommittedUpdate",
     "ViewPrepareUpdate",
     "addressed_rank",
     "convert_update",
-    "declare_update",
     "decode_update",
     "decode_updates",
     "encode",

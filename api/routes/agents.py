@@ -33,13 +33,11 @@ from ...wire.codes import (
     UPGRADE_REQUIRED,
 )
 from ...wire.protocol import (
-    EVENT_KINDS,
     FEATURES,
     PROTOCOL,
     QUERY,
     AgentEventBase,
-    decode_events,
-    event_type_of,
+    EventReader,
     group_problem,
     legacy_problem,
     missing_features,
@@ -104,7 +102,8 @@ class EventsBatch:
     def read(cls, state: Any, principal: Principal, body: bytes) -> EventsBatch:
         auth: Authenticator = state.auth
         check_depth(body, state.limits.max_json_depth)
-        events = _decode_events(body)
+        reader: EventReader = state.host.facets.events  # the host's facets' events
+        events = _decode_events(reader, body)
         results: list[dict[str, Any] | None] = []
         records: list[NewRecord] = []
         operator = principal.is_operator
@@ -119,7 +118,7 @@ class EventsBatch:
                 continue
             records.append(
                 NewRecord(
-                    kind=EVENT_KINDS[type(event)],
+                    kind=reader.kinds[type(event)],
                     group=event.group,
                     rank=event.rank,
                     payload=payload_of(event),
@@ -163,12 +162,12 @@ def payload_of(event: AgentEventBase) -> dict[str, Any]:
     return payload
 
 
-def _decode_events(body: bytes) -> list[AgentEventBase | str]:
+def _decode_events(reader: EventReader, body: bytes) -> list[AgentEventBase | str]:
     """The batch's events, each validated on its own: a bad one becomes its error text (its
     own ``invalid_event`` result) instead of failing the batch. The common case, a batch that
     is entirely valid, takes one typed decode."""
     try:
-        events: list[AgentEventBase | str] = list(decode_events(body))
+        events: list[AgentEventBase | str] = list(reader.decode_events(body))
     except (msgspec.ValidationError, msgspec.DecodeError):
         pass
     else:
@@ -183,7 +182,7 @@ def _decode_events(body: bytes) -> list[AgentEventBase | str]:
             out.append(legacy)
             continue
         try:
-            event = convert(raw, event_type_of(raw))
+            event = convert(raw, reader.event_type_of(raw))
         except msgspec.ValidationError as exc:
             out.append(str(exc))
             continue

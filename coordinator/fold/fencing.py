@@ -49,6 +49,7 @@ from .reconfigure import (
     repeated_call,
     uuid_refusal,
 )
+from .registry import Facets
 from .state import FAILED, GroupState, RankInfo
 
 #: (code, message)
@@ -509,6 +510,7 @@ class Fences:
     _proposals: dict[int, Proposal]
     _now: int
     _facet_of: dict[str, Facet]
+    composition: Facets
 
     def check(
         self, kind: str, group: str | None, rank: int | None, payload: dict[str, Any]
@@ -565,6 +567,9 @@ class Fences:
         facet = self._facet_of.get(kind)
         if facet is not None:
             return facet.refusal(self, kind, group, rank, payload), None
+        if kind not in self.composition.all_kinds:
+            known = sorted(self.composition.all_kinds)
+            return (INVALID_EVENT, f"unknown kind {kind!r}; expected one of {known}"), None
         if kind == "ack" and current_ack(self._groups, group, rank, payload):
             return None, None
         return checked_input(self._groups, self._proposals, self._now, kind, group, rank, payload)
@@ -577,6 +582,8 @@ class Fences:
         facet = self._facet_of.get(kind)
         if facet is not None:
             return facet.refusal(self, kind, group, rank, payload)
+        if kind not in (kinds := self.composition.all_kinds):
+            return INVALID_EVENT, f"unknown kind {kind!r}; expected one of {sorted(kinds)}"
         return refusal(self._groups, self._proposals, self._now, kind, group, rank, payload)
 
     def _refused(self, record: Record, refusal: tuple[str, str]) -> Refused:

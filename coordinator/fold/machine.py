@@ -51,7 +51,6 @@ import msgspec
 from ...eventlog.record import Record
 from ...wire import inputs
 from ...wire.inputs import Input, decode
-from . import registry
 from .admission import admission_problem
 from .barrier import ViewChange
 from .budget import enforce_budget
@@ -64,6 +63,7 @@ from .fencing import REPEATABLE, Fences, parse_group_created
 from .healthy_set import recompute_healthy_set
 from .proposals import ProposalQueue
 from .ranks import RankLifecycle
+from .registry import Facets, default_facets
 from .state import FAILED, FORMING, GroupState
 from .status import group_status
 
@@ -96,7 +96,9 @@ class Coordinator(
 ):
     """The fold. See the module docstring for the shape of a step."""
 
-    def __init__(self) -> None:
+    def __init__(self, facets: Facets | None = None) -> None:
+        #: its ``registry.Facets``: what it folds besides membership (the command line's if None)
+        self.composition = facets or default_facets()
         self._offset = 0
         self._now = 0
         self._groups: dict[str, GroupState] = {}
@@ -104,8 +106,7 @@ class Coordinator(
         self._transitions: dict[type[Input], Callable[[Record, Any, list[Effect]], None]] = {
             cls: getattr(self, rule) for cls, rule in TRANSITIONS.items()
         }
-        #: the facets (``registry.py``), in the fixed order their hooks run
-        self.facets: tuple[Facet, ...] = tuple(p.fold() for p in registry.plugins())
+        self.facets: tuple[Facet, ...] = tuple(p.fold() for p in self.composition.plugins)
         self._facet_named: dict[str, Facet] = {f.name: f for f in self.facets}
         self._facet_of: dict[str, Facet] = {k: f for f in self.facets for k in f.kinds}
         #: the kinds :meth:`repeat_of` may find an earlier input for
@@ -222,14 +223,14 @@ class Coordinator(
         }
 
     @classmethod
-    def from_snapshot(cls, data: dict[str, Any]) -> Coordinator:
-        """Restore a machine from :meth:`snapshot` (also after a JSON round trip)."""
+    def from_snapshot(cls, data: dict[str, Any], facets: Facets | None = None) -> Coordinator:
+        """Restore a machine of ``facets`` from :meth:`snapshot` (after a JSON round trip too)."""
         if data.get("format") not in _READABLE_FORMATS:
             raise ValueError(
                 f"snapshot format {data.get('format')!r} is not one of {_READABLE_FORMATS}; "
                 "rebuild the fold by replaying the log"
             )
-        m = cls()
+        m = cls(facets)
         m._offset = data["offset"]
         m._now = data["now"]
         for item in data["groups"]:

@@ -3,9 +3,13 @@
 A facet (``coordinator/fold/facets.py``) is one package that declares a :class:`FacetPlugin`
 named ``PLUGIN`` in its ``__init__``. It is plugged in by one line: its package's name in
 :data:`BUILTIN_FACETS` (a facet of foldplane) or in ``FOLDPLANE_FACETS`` (a comma-separated list
-a deployment sets; the command line hands it to :func:`install`). Nothing else names it: the fold
-builds its facet objects from the registry, the log accepts its record kinds, the journals and
-readers decode its updates, ``POST /agents/events`` reads its agents' events, the projections
+a deployment sets; the command line hands it to :func:`install`). Nothing else names it.
+
+A list of facets becomes a :class:`Facets`, a value that holds every table of them: whoever
+composes the facets builds one and hands it on, so loading a facet changes nothing outside the
+value (two hosts with different facets live in one process). Through it the fold builds its
+facet objects, the log accepts their record kinds, the journals and readers decode their
+updates, ``POST /agents/events`` reads its agents' events, the projections
 write its rows, the host carries out its effects and answers its resyncs, the API serves its
 routes and the console its panel, ``replay`` compares its rows and retention knows which of its
 kinds are heartbeat-class.
@@ -27,9 +31,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...eventlog import ProjectionRow
-from ...eventlog.record import MEMBERSHIP_KINDS, accept_kinds
-from ...wire.protocol import AgentEventBase, declare_event
-from ...wire.updates import Update, declare_update
+from ...eventlog.record import MEMBERSHIP_KINDS, check_kinds
+from ...wire.protocol import PROTOCOL_READER, AgentEventBase, EventReader
+from ...wire.updates import PROTOCOL_UPDATES, Update, UpdateReader
 from .effects import Effect
 from .facets import Facet
 
@@ -61,12 +65,12 @@ class FacetPlugin:
     fold: Callable[[], Facet]
     #: its effects' projection rows, by effect type (effects of no type here write none)
     rows: Mapping[type[Effect], RowsOf] = field(default_factory=dict)
-    #: the Structs of its agent updates (``wire.updates.Update`` subclasses): every reader of
-    #: this process decodes them (``wire.updates.declare_update``)
+    #: the Structs of its agent updates (``wire.updates.Update`` subclasses): the readers of
+    #: a composition that holds it decode them (:attr:`Facets.updates`)
     updates: tuple[type[Update], ...] = ()
     #: the Structs of the agent events it takes (``wire.protocol.AgentEventBase`` subclasses,
-    #: each ``type`` one of its ``kinds``): ``POST /agents/events`` reads them, and a worker
-    #: sends one with ``Agent.send_event`` (``wire.protocol.declare_event``)
+    #: each ``type`` one of its ``kinds``): ``POST /agents/events`` of a host that holds it
+    #: reads them (:attr:`Facets.events`), and a worker sends one with ``Agent.send_event``
     events: tuple[type[AgentEventBase], ...] = ()
     #: the kinds of its projection rows, which ``replay`` compares like membership's
     projection_kinds: tuple[str, ...] = ()
@@ -91,93 +95,137 @@ class FacetPlugin:
     console: str | None = None
 
 
-_installed: tuple[str, ...] = ()
+#: each facet package's plugin, once imported (a memo of the import, like ``sys.modules``)
 _loaded: dict[str, FacetPlugin] = {}
-#: what :func:`plugins` and the tables read on every effect give, until the next install
-_cache: dict[str, Any] = {}
 
 
-def install(packages: Iterable[str] | str | None) -> None:
-    """Plug in a deployment's facets (packages, or one comma-separated string), after the
-    built-in ones. Replaces what was installed before; the packages are imported at once, so a
-    wrong name fails here, naming it."""
-    global _installed
-    if isinstance(packages, str) or packages is None:
-        packages = [p.strip() for p in (packages or "").split(",")]
-    names = tuple(dict.fromkeys(p for p in packages if p and p not in BUILTIN_FACETS))
-    for name in names:
-        _load(name)
-    _installed = names
-    _cache.clear()
+class Facets:
+    """One composition of facets: the plugins of the packages it was built from (the built-in
+    ones first, in their order), and every table the layers read of them: the record kinds a
+    log accepts, the update and event readers, the rows, batch keys, projection and
+    heartbeat-class kinds. A value: whoever composes the facets builds one and hands it to the
+    log (``Log.accept``), the fold (``Coordinator(facets)``) and the readers, so two hosts with
+    different facets live in one process; building one changes nothing outside it."""
+
+    def __init__(self, packages: Iterable[str] | str | None = ()) -> None:
+        if isinstance(packages, str) or packages is None:
+            packages = [p.strip() for p in (packages or "").split(",")]
+        #: the packages beside the built-in facets, in the order given
+        self.installed: tuple[str, ...] = tuple(
+            dict.fromkeys(p for p in packages if p and p not in BUILTIN_FACETS)
+        )
+        #: every facet, in the fixed order their hooks run
+        self.plugins: tuple[FacetPlugin, ...] = tuple(
+            _load(name) for name in (*BUILTIN_FACETS, *self.installed)
+        )
+        seen: dict[str, str] = dict.fromkeys(MEMBERSHIP_KINDS, "membership")
+        names: set[str] = set()
+        for plugin in self.plugins:
+            if plugin.name in names:
+                raise ValueError(f"two facets are named {plugin.name!r}")
+            names.add(plugin.name)
+            for kind in plugin.kinds:
+                if kind in seen:
+                    raise ValueError(
+                        f"{seen[kind]!r} and facet {plugin.name!r} both declare record kind "
+                        f"{kind!r}"
+                    )
+                seen[kind] = plugin.name
+        #: every record kind the facets own
+        self.kinds: frozenset[str] = check_kinds(k for p in self.plugins for k in p.kinds)
+        #: every record kind the fold knows and the log accepts: membership's and the facets'
+        self.all_kinds: frozenset[str] = MEMBERSHIP_KINDS | self.kinds
+        #: the updates a reader of this composition decodes: the protocol's and the facets'
+        self.updates: UpdateReader = PROTOCOL_UPDATES.with_types(
+            *(u for p in self.plugins for u in p.updates)
+        )
+        #: the agent events ``POST /agents/events`` takes: the protocol's and the facets'
+        self.events: EventReader = PROTOCOL_READER.with_types(
+            *(e for p in self.plugins for e in p.events)
+        )
+        #: every facet's projection rows, by effect type
+        self.rows_table: dict[type[Effect], RowsOf] = {
+            t: f for p in self.plugins for t, f in p.rows.items()
+        }
+        #: every facet's batch keys, by record kind
+        self.batch_keys: dict[str, Callable[[dict[str, Any]], tuple[Any, ...] | None]] = {
+            k: f for p in self.plugins for k, f in p.batch_key.items()
+        }
+        #: every facet's projection kinds, in the facets' order
+        self.projection_kinds: tuple[str, ...] = tuple(
+            k for p in self.plugins for k in p.projection_kinds
+        )
+        #: the facets' heartbeat-class kinds (retention may remove them)
+        self.compactable: frozenset[str] = frozenset().union(*(p.compactable for p in self.plugins))
+
+    def __repr__(self) -> str:
+        return f"Facets({[p.name for p in self.plugins]})"
+
+
+#: The composition the command line made (:func:`install`): built-in facets until it is called.
+_default: Facets | None = None
+
+
+def install(packages: Iterable[str] | str | None) -> Facets:
+    """The command line's composition: the built-in facets and a deployment's own (packages,
+    or one comma-separated string), which the layers that take no :class:`Facets` of their
+    own read (:func:`default`). Replaces what was installed before; the packages are imported
+    at once, so a wrong name fails here, naming it."""
+    global _default
+    _default = Facets(packages)
+    return _default
+
+
+def default() -> Facets:
+    """The composition the command line installed (:func:`install`), or the built-in facets."""
+    global _default
+    if _default is None:
+        _default = Facets()
+    return _default
+
+
+#: :func:`default` by the name its readers use beside their own ``facets``
+default_facets = default
 
 
 def installed() -> tuple[str, ...]:
     """The packages installed beside the built-in facets (:func:`install`)."""
-    return _installed
+    return default().installed
 
 
 def plugins() -> tuple[FacetPlugin, ...]:
-    """Every facet, in the fixed order their hooks run."""
-    out = _cache.get("plugins")
-    if out is None:
-        out = _cache["plugins"] = _plugins()
-    return out
-
-
-def _plugins() -> tuple[FacetPlugin, ...]:
-    out = tuple(_load(name) for name in (*BUILTIN_FACETS, *_installed))
-    seen: dict[str, str] = dict.fromkeys(MEMBERSHIP_KINDS, "membership")
-    names: set[str] = set()
-    for plugin in out:
-        if plugin.name in names:
-            raise ValueError(f"two facets are named {plugin.name!r}")
-        names.add(plugin.name)
-        for kind in plugin.kinds:
-            if kind in seen:
-                raise ValueError(
-                    f"{seen[kind]!r} and facet {plugin.name!r} both declare record kind {kind!r}"
-                )
-            seen[kind] = plugin.name
-    return out
+    """Every facet of :func:`default`, in the fixed order their hooks run."""
+    return default().plugins
 
 
 def kinds() -> frozenset[str]:
-    """Every record kind the facets own."""
-    return frozenset().union(*(p.kinds for p in plugins()))
+    """Every record kind the facets of :func:`default` own."""
+    return default().kinds
 
 
 def all_kinds() -> frozenset[str]:
-    """Every record kind the fold knows: membership's and the facets'."""
-    return MEMBERSHIP_KINDS | kinds()
+    """Every record kind the fold of :func:`default` knows: membership's and the facets'."""
+    return default().all_kinds
 
 
 def rows_table() -> dict[type[Effect], RowsOf]:
-    """Every facet's projection rows, by effect type."""
-    table = _cache.get("rows")
-    if table is None:
-        table = _cache["rows"] = {t: f for p in plugins() for t, f in p.rows.items()}
-    return table
+    """Every facet's projection rows, by effect type (:func:`default`)."""
+    return default().rows_table
 
 
 def batch_keys() -> dict[str, Callable[[dict[str, Any]], tuple[Any, ...] | None]]:
-    """Every facet's batch keys, by record kind."""
-    table = _cache.get("batch_keys")
-    if table is None:
-        table = _cache["batch_keys"] = {k: f for p in plugins() for k, f in p.batch_key.items()}
-    return table
+    """Every facet's batch keys, by record kind (:func:`default`)."""
+    return default().batch_keys
 
 
 def projection_kinds() -> tuple[str, ...]:
-    """Every facet's projection kinds, in the facets' order."""
-    return tuple(k for p in plugins() for k in p.projection_kinds)
+    """Every facet's projection kinds, in the facets' order (:func:`default`)."""
+    return default().projection_kinds
 
 
 def compactable() -> frozenset[str]:
-    """The facets' heartbeat-class kinds (retention may remove them)."""
-    out = _cache.get("compactable")
-    if out is None:
-        out = _cache["compactable"] = frozenset().union(*(p.compactable for p in plugins()))
-    return out
+    """The facets' heartbeat-class kinds (retention may remove them; :func:`default`)."""
+    return default().compactable
 
 
 def console_fragment(plugin: FacetPlugin) -> bytes | None:
@@ -218,10 +266,5 @@ def _load(package: str) -> FacetPlugin:
                     f"facet {plugin.name!r} takes agent event {kind!r} ({event!r}), which is "
                     f"not one of its record kinds {sorted(plugin.kinds)}"
                 )
-        accept_kinds(plugin.kinds)
-        for update in plugin.updates:
-            declare_update(update)
-        for event in plugin.events:
-            declare_event(event)
         _loaded[package] = plugin
     return plugin

@@ -224,12 +224,13 @@ class Input:
         self.reply.fail(exc)
 
 
-def batch_key(record: NewRecord) -> tuple[Any, ...] | None:
+def batch_key(record: NewRecord, facets: registry.Facets | None = None) -> tuple[Any, ...] | None:
     """The key that keeps an input out of a batch that holds another of the same key, as a
     facet declares it for its kinds (``FacetPlugin.batch_key``: a refit transfer's start is
     keyed as ``POST /refits/{refit}/transfers`` keys the operator's, so two starts of one
-    transfer never share a batch, ``batching.take_batch``)."""
-    of = registry.batch_keys().get(record.kind)
+    transfer never share a batch, ``batching.take_batch``); ``facets``: the host's (the
+    command line's when None)."""
+    of = (facets or registry.default()).batch_keys.get(record.kind)
     return None if of is None or not isinstance(record.payload, dict) else of(record.payload)
 
 
@@ -242,6 +243,7 @@ def queue_submission(
     now: float,
     *,
     normalized: bool,
+    facets: registry.Facets | None = None,
 ) -> None:
     """Queue one submission's records for the loop (``Host.submit_many``), each validated on
     arrival: an invalid one is answered at once. Its heartbeats in a row, of one group, become
@@ -251,7 +253,9 @@ def queue_submission(
     may take it as it is; otherwise the fold gets the decoded JSON, exactly what a reader of
     the log decodes. A beat is never appended as it is (it waits for a shared record, which is
     validated when it is built), so a normalized beat is not encoded at all. An input without
-    a caller's ``key`` gets the one its facet declares (:func:`batch_key`)."""
+    a caller's ``key`` gets the one its facet declares (:func:`batch_key`). ``facets``: the
+    host's, whose kinds it accepts (the command line's when None)."""
+    facets = facets or registry.default()
     beats: Beats | None = None
     for index, record in enumerate(records):
         heartbeat = (
@@ -263,7 +267,7 @@ def queue_submission(
         )
         if not (heartbeat and normalized):
             try:
-                payload_bytes = validate(record)
+                payload_bytes = validate(record, facets.all_kinds)
             except InvalidRecord as exc:
                 reply.set(index, Refusal(INVALID_EVENT, str(exc)))
                 beats = None
@@ -279,5 +283,5 @@ def queue_submission(
             beats.add(record.rank, record.payload, index)  # type: ignore[arg-type]
             continue
         beats = None
-        own = key if key is not None else batch_key(record)
+        own = key if key is not None else batch_key(record, facets)
         queue.append(Input(record, payload_bytes, reply, index, own, precheck, now))

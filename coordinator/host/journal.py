@@ -45,7 +45,8 @@ from collections.abc import Sequence
 
 import msgspec
 
-from ...wire.updates import AgentUpdate, decode_update
+from ...wire.updates import AgentUpdate, UpdateReader
+from ..fold import registry
 
 #: An update: one of ``wire.updates``' Structs.
 Update = AgentUpdate
@@ -60,9 +61,10 @@ def encoded(update: Update) -> msgspec.Raw:
     return msgspec.Raw(_encode(update))
 
 
-def decoded(raw: msgspec.Raw) -> Update:
-    """The update an entry's JSON is (its Struct: the protocol's, or a facet's declared one)."""
-    return decode_update(raw)
+def decoded(raw: msgspec.Raw, reader: UpdateReader | None = None) -> Update:
+    """The update an entry's JSON is (its Struct: the protocol's, or one of the facets that
+    ``reader`` reads; the command line's facets when None)."""
+    return (reader or registry.default().updates).decode_update(raw)
 
 
 class _Journal:

@@ -42,6 +42,7 @@ from ...wire.codes import CLOSED, FOLD_FAILED, LOG_UNAVAILABLE, NOT_LEADER, TERM
 from ..fold.effects import Effect, Proposal
 from ..fold.heartbeats import HeartbeatBuffer
 from ..fold.machine import Coordinator
+from ..fold.registry import Facets
 from .batching import MAX_BATCH, Admission, decisions_first, take_batch
 from .decisions import say
 from .inputs import (
@@ -182,6 +183,11 @@ class Host:
     ) -> None:
         self.log = log_
         self.machine = machine
+        #: the facets this host runs (``coordinator.fold.registry.Facets``): its log accepts
+        #: their kinds, its API reads their events
+        self.facets = machine.composition
+        if log_ is not None:  # the simulator's host appends to a world of its own
+            log_.accept(self.facets.kinds)
         #: what the API reads of the fold (``reads.py``): never the machine itself
         self.reads = Reads(machine)
         self.metrics = HostMetrics()
@@ -235,13 +241,21 @@ class Host:
     # -- lifecycle -------------------------------------------------------------------------------
 
     @classmethod
-    async def open(cls, target: str, *, adopt_empty: bool = False, **options: Any) -> Host:
+    async def open(
+        cls,
+        target: str,
+        *,
+        adopt_empty: bool = False,
+        facets: Facets | None = None,
+        **options: Any,
+    ) -> Host:
         """Open the log, claim its term, restore the snapshot, replay the tail and start.
-        ``adopt_empty``: a new log may be made in an empty file (``open_log``)."""
+        ``adopt_empty``: a new log may be made in an empty file (``open_log``); ``facets``:
+        the ones it runs (the command line's when None)."""
         log_ = await open_log(target, adopt_empty=adopt_empty)
         try:
             await log_.claim_term()
-            host = await cls.restore(log_, **options)
+            host = await cls.restore(log_, facets=facets, **options)
         except BaseException:
             await log_.close()
             raise
@@ -249,9 +263,10 @@ class Host:
         return host
 
     @classmethod
-    async def restore(cls, log_: Log, **options: Any) -> Host:
-        """Build a host from the latest snapshot (if it can be read) plus the log's tail."""
-        machine, state = await restore_state(log_)
+    async def restore(cls, log_: Log, *, facets: Facets | None = None, **options: Any) -> Host:
+        """Build a host of ``facets`` (the command line's when None) from the latest snapshot
+        (if it can be read) plus the log's tail."""
+        machine, state = await restore_state(log_, facets)
         projected = await log_.get_consumer_offset(CONSUMER)
         host = cls(log_, machine, state, projected=projected, **options)
         await host.catch_up()
@@ -417,7 +432,9 @@ class Host:
         queue = self.queue
         before = len(queue)
         now = loop.time()
-        queue_submission(queue, records, reply, key, precheck, now, normalized=normalized)
+        queue_submission(
+            queue, records, reply, key, precheck, now, normalized=normalized, facets=self.facets
+        )
         if len(queue) == before:
             return reply.future  # every record was answered at once (invalid)
         flush_s = self.admission.beats.flush_s

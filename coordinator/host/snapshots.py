@@ -16,8 +16,9 @@ from typing import Any
 import msgspec
 
 from ...eventlog import Log, LogError
-from ...wire.updates import convert_update
+from ..fold import registry
 from ..fold.machine import Coordinator
+from ..fold.registry import Facets
 from .metrics import HostMetrics
 from .ready import HostState
 
@@ -53,29 +54,31 @@ def encode_snapshot(machine: Coordinator, state: HostState) -> bytes:
     )
 
 
-def decode_snapshot(data: bytes) -> tuple[Coordinator, HostState]:
-    """The fold and host state a snapshot holds; ValueError for another format."""
+def decode_snapshot(data: bytes, facets: Facets | None = None) -> tuple[Coordinator, HostState]:
+    """The fold of ``facets`` (the command line's when None) and the host state a snapshot
+    holds; ValueError for another format."""
+    facets = facets or registry.default()
     doc = msgspec.json.decode(data)
     if doc.get("format") != SNAPSHOT_FORMAT:
         raise ValueError(f"snapshot format {doc.get('format')!r}, expected {SNAPSHOT_FORMAT}")
     host = doc["host"]
-    # the facets' latest updates are Structs of every declared type (wire.updates), a facet's
-    # own among them: each is converted by its type, the rest of the state as declared
-    latest = {g: _updates(by) for g, by in host.pop("latest", {}).items()}
+    # the facets' latest updates are Structs of every type the facets read (their
+    # ``Facets.updates``): each is converted by its type, the rest of the state as declared
+    latest = {g: _updates(facets, by) for g, by in host.pop("latest", {}).items()}
     by_rank = {
-        g: {r: _updates(by) for r, by in ranks.items()}
+        g: {r: _updates(facets, by) for r, by in ranks.items()}
         for g, ranks in host.pop("latest_by_rank", {}).items()
     }
     state = msgspec.convert(host, HostState)
     state.latest, state.latest_by_rank = latest, by_rank
-    return Coordinator.from_snapshot(doc["fold"]), state
+    return Coordinator.from_snapshot(doc["fold"], facets), state
 
 
-def _updates(by_kind: dict[str, Any]) -> dict[str, Any]:
-    return {kind: convert_update(u) for kind, u in by_kind.items()}
+def _updates(facets: Facets, by_kind: dict[str, Any]) -> dict[str, Any]:
+    return {kind: facets.updates.convert_update(u) for kind, u in by_kind.items()}
 
 
-async def restore_state(log_: Log) -> tuple[Coordinator, HostState]:
+async def restore_state(log_: Log, facets: Facets | None = None) -> tuple[Coordinator, HostState]:
     """The latest usable snapshot: the host's own, or the latest one compaction kept when that
     is newer (records may have been removed behind it, so an older start cannot be folded).
     With neither, a fold from scratch; on a compacted log that is impossible, so it fails."""
@@ -90,7 +93,7 @@ async def restore_state(log_: Log) -> tuple[Coordinator, HostState]:
         if data is None:
             data = await log_.load_kept_snapshot(CONSUMER, offset)
         try:
-            return decode_snapshot(data or b"")
+            return decode_snapshot(data or b"", facets)
         except Exception as exc:  # an older format, or a damaged blob: try the next one
             log.warning("%s at offset %d unusable (%s)", what, offset, exc)
     removed = await log_.removed_ranges()
@@ -101,7 +104,7 @@ async def restore_state(log_: Log) -> tuple[Coordinator, HostState]:
         )
     if candidates:
         log.warning("no usable snapshot; replaying the whole log")
-    return Coordinator(), HostState()
+    return Coordinator(facets), HostState()
 
 
 class Snapshots:

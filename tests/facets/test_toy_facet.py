@@ -21,18 +21,16 @@ from tests.service.conftest import ROOT, make_server
 #: The one line that plugs the toy facet in (coordinator/fold/registry.py).
 TOY = {"FOLDPLANE_FACETS": "tests.facets.toy"}
 
-#: A worker that follows the toy facet's updates and sends its event: it declares the updates'
-#: Struct (wire.updates), asks its agent for them (``Agent.on_update``), adds to the counter
+#: A worker that follows the toy facet's updates and sends its event: it asks its agent for
+#: them (``Agent.on_update``, which then reads their Struct), adds to the counter
 #: through its agent (``Agent.send_event``: one accepted, one the fold refuses, one that does
 #: not fit the event's Struct) and prints what it saw.
 AGENT = """
 import json, sys, threading
 from foldplane.agent import Agent, EventRefused
-from foldplane.wire.updates import declare_update
 from tests.facets.toy.fold import CounterUpdate
 from tests.facets.toy.inputs import AddEvent
 
-declare_update(CounterUpdate)
 got, seen = [], {7: threading.Event(), 9: threading.Event()}
 
 def follow(update):

@@ -12,7 +12,7 @@ import pytest
 from foldplane.coordinator.fold import registry
 from foldplane.coordinator.fold.machine import Coordinator
 from foldplane.coordinator.fold.registry import FacetPlugin
-from foldplane.eventlog.record import KINDS, MEMBERSHIP_KINDS, accept_kinds
+from foldplane.eventlog.record import MEMBERSHIP_KINDS, check_kinds
 
 
 @pytest.fixture
@@ -36,12 +36,12 @@ def test_the_fold_has_one_object_per_registered_facet_in_the_registry_order() ->
     assert m.facet("epochs") is m.facets[0]
 
 
-def test_the_log_accepts_the_kinds_of_every_loaded_facet_and_no_other() -> None:
-    assert registry.kinds() <= KINDS
+def test_the_fold_takes_the_kinds_of_its_facets_and_no_other() -> None:
+    assert Coordinator().composition.all_kinds == registry.all_kinds()
     assert registry.all_kinds() == MEMBERSHIP_KINDS | registry.kinds()
     assert "epoch_plan" in registry.kinds() and "epoch_plan" not in MEMBERSHIP_KINDS
     with pytest.raises(ValueError, match="not a name"):
-        accept_kinds({"Bad-Kind"})
+        check_kinds({"Bad-Kind"})
 
 
 def test_a_package_that_cannot_be_imported_is_named(restore: None) -> None:
@@ -58,20 +58,19 @@ def test_a_package_without_a_plugin_is_named(restore: None) -> None:
 
 def test_two_facets_may_not_claim_one_record_kind(restore: None) -> None:
     twin = FacetPlugin(name="twin", kinds=frozenset({"progress"}), fold=lambda: None)  # type: ignore[arg-type,return-value]
-    registry.install(_package("facet_twin", twin))
     with pytest.raises(ValueError, match="'epochs' and facet 'twin' both declare record kind"):
-        registry.plugins()
+        registry.install(_package("facet_twin", twin))
+    assert registry.installed() == ()
 
 
 def test_a_facet_may_not_claim_a_kind_of_membership(restore: None) -> None:
     joiner = FacetPlugin(name="joiner", kinds=frozenset({"join"}), fold=lambda: None)  # type: ignore[arg-type,return-value]
-    registry.install(_package("facet_joiner", joiner))
     with pytest.raises(ValueError, match="'membership' and facet 'joiner'"):
-        registry.plugins()
+        registry.Facets(_package("facet_joiner", joiner))
 
 
 def test_a_facet_takes_only_agent_events_of_its_own_kinds(restore: None) -> None:
-    from foldplane.wire.protocol import EVENT_TYPES, AgentEventBase
+    from foldplane.wire.protocol import AgentEventBase
 
     class Stray(AgentEventBase, tag="stray_event", kw_only=True):
         n: int
@@ -84,12 +83,11 @@ def test_a_facet_takes_only_agent_events_of_its_own_kinds(restore: None) -> None
     )
     with pytest.raises(ValueError, match="'stray_event'.*not one of its record kinds"):
         registry.install(_package("facet_with_stray_event", stray))
-    assert "stray_event" not in EVENT_TYPES  # refused before anything was declared
+    assert "stray_event" not in registry.default().events.types
 
 
 def test_the_built_in_facets_declare_the_agent_events_they_take() -> None:
-    from foldplane.wire.protocol import EVENT_KINDS
-
-    taken = {EVENT_KINDS[e] for p in registry.plugins() for e in p.events}
+    kinds = registry.default().events.kinds
+    taken = {kinds[e] for p in registry.plugins() for e in p.events}
     assert {"progress", "refit_join", "refit_bootstrap", "transfer", "transfer_status"} <= taken
     assert taken <= registry.kinds()

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from foldplane.api.routes.agents import _decode_events
 from foldplane.wire import protocol
-from foldplane.wire.protocol import GroupName, HeartbeatEvent, group_problem
+from foldplane.wire.protocol import PROTOCOL_READER, GroupName, HeartbeatEvent, group_problem
 
 
 class _Named(msgspec.Struct):
@@ -59,7 +59,7 @@ def test_a_batch_refuses_exactly_the_events_with_a_bad_group():
         msgspec.json.encode({"events": events}),  # every event well typed: the one typed decode
         msgspec.json.encode({"events": [*events, {"type": "heartbeat"}]}),  # event by event
     ):
-        decoded = _decode_events(body)
+        decoded = _decode_events(PROTOCOL_READER, body)
         for name, got in zip(NAMES, decoded, strict=False):
             expected = _decoder_says(name)
             if expected is None:
