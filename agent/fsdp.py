@@ -24,14 +24,14 @@ the elastic one. Global ranks are ``replica * S + shard``.
   number of members, so FSDP divides the gradients by ``S * members``.
 - **Every replica commits or skips the same steps, as a whole.** After the backward pass each
   shard rank votes whether its collectives succeeded on its own group
-  (``agent.ddp.StepAgreement``: the decision is the same on all the view's members); then the
-  shard ranks of a replica exchange their decisions and their views' members
+  (``agent.agreement.StepAgreement``: the decision is the same on all the view's members); then
+  the shard ranks of a replica exchange their decisions and their views' members
   (``ReplicaExchange``, a store the replica hosts), and the replica steps only if every group
   committed and the members are the same in all of them. A replica that steps therefore knows
   that every group's view had the same members, each of which voted ok in every group and sees
   the same decisions: every replica of the view steps, or none does.
 - **Healing.** Entering a view, each shard rank syncs its own shards (parameters and optimizer
-  state, the local pieces of the DTensors) with ``agent.ddp.sync_state`` over its group: a
+  state, the local pieces of the DTensors) with ``agent.elastic.sync_state`` over its group: a
   replacement replica's shard ``s`` receives them from shard ``s`` of the replica with the most
   committed steps.
 """
@@ -52,11 +52,12 @@ from torch.distributed import PrefixStore, TCPStore
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
+from .agreement import Janitor
 from .dataplane.group import ElasticProcessGroup
 from .dataplane.plane import DataPlane
 from .dataplane.view import ViewGroup
 from .dataplane.work import Work
-from .ddp import Janitor, StepAgreement, say_entered, sync_state
+from .elastic import ElasticStep, sync_state
 
 log = logging.getLogger("foldplane.fsdp")
 
@@ -380,14 +381,18 @@ def register_group(pg: dist.ProcessGroup, backend: str, name: str, global_ranks:
     )
 
 
-class ElasticFSDP:
+class ElasticFSDP(ElasticStep):
     """A ``fully_shard``-ed module on an ``HSDPMesh``, trained step by agreed step.
 
     Wraps the module (``model(x)`` calls it; ``module`` is the FSDP module). ``name`` keeps
     the store keys of two models of one group apart. ``committed_steps``, ``view_version``,
     ``members``, ``step_index`` and ``last_failed_ranks`` say where training stands, as in
-    ``agent.ddp``.
+    ``agent.ddp`` (the step is ``agent.elastic.ElasticStep``'s).
     """
+
+    #: A move found while ``begin_step`` waits is made at the next step, once the processes of
+    #: the replica have compared their views again (see ``begin_step``).
+    moves_while_waiting = False
 
     def __init__(
         self,
@@ -401,39 +406,20 @@ class ElasticFSDP:
         self.module = module
         self.mesh = mesh
         self.elastic = mesh.replicate.elastic
-        self.inactive_wait_s = inactive_wait_s
-        self.view_wait_s = view_wait_s
-        #: Steps this replica has committed (the same on every replica of a view).
-        self.committed_steps = 0
-        self._optimizers: list[torch.optim.Optimizer] = []
-        self._agreement = StepAgreement(self._plane, f"fsdp/{name}")
-        self._view: ViewGroup | None = None  # the view this rank entered (synced state on)
-        self._entered: tuple[int, ...] | None = None  # the members of the last view entered
-        self._index = 0  # the next step's number within ``_view``
-        self._step_view: ViewGroup | None = None
-        self._in_step = False
+        # ``committed_steps``: steps this replica has committed (the same on every replica).
+        self._init_step(self.elastic, f"fsdp/{name}", inactive_wait_s, view_wait_s)
         # The view installed when the last step ended, and whether the whole replica had one of
         # the same members then: the next ``begin_step`` starts from it, with no gather of its own.
         self._next: tuple[ViewGroup, bool] | None = None
-        self._failed_works: list[Work] = []
         # Before FSDP's own pre-forward (prepend), which all-gathers the parameters: a heal
         # must land in the shards before they are gathered.
         module.register_forward_pre_hook(lambda _m, _a: self.begin_step(), prepend=True)
-
-    @property
-    def _plane(self) -> DataPlane:
-        return cast(DataPlane, self.elastic.plane)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.module(*args, **kwargs)
 
     def parameters(self) -> Any:
         return self.module.parameters()
-
-    def attach_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
-        """Heal ``optimizer``'s state together with the shards (``ElasticOptimizer`` calls it)."""
-        if optimizer not in self._optimizers:
-            self._optimizers.append(optimizer)
 
     # -- one step --------------------------------------------------------------------------------
 
@@ -446,12 +432,13 @@ class ElasticFSDP:
         round of its own here; the first step exchanges them itself). If those differ (one
         shard index's group has committed a change that another's has not yet), none of them
         moves: each runs the step on the view it is in (a local step if it is in none), and the
-        agreement skips or commits it as usual. Else the rules are ``agent.ddp``'s, one move per step:
-        a process leaves its old view and heals into the new one (``sync_state``); after a
-        failed view it waits up to ``view_wait_s`` (the collective timeout by default) for the
-        next one and runs this step on the failed view (skipped); an inactive process waits up
-        to ``inactive_wait_s`` to be activated and runs a local step, never committed. A move
-        found while waiting is made at the next step, after the replica has compared again.
+        agreement skips or commits it as usual. Else the rules are ``agent.elastic``'s, one
+        move per step (``moves_while_waiting`` is False): a process leaves its old view and
+        heals into the new one (``sync_state``); after a failed view it waits up to
+        ``view_wait_s`` (the collective timeout by default) for the next one and runs this step
+        on the failed view (skipped); an inactive process waits up to ``inactive_wait_s`` to be
+        activated and runs a local step, never committed. A move found while waiting is made at
+        the next step, after the replica has compared again.
 
         Why: a heal is a collective with the other replicas, and the step's shard-group
         collectives wait for every process of the replica. A process that healed into a view
@@ -472,30 +459,7 @@ class ElasticFSDP:
             held = self._view if self._view is not None and self._view.failure is None else None
             self._start(held)  # the replica compares again at the next step
             return
-        if self._view is not None and current is not self._view:
-            self._view.leave(f"rank {plane.rank} moved on to view {current.version}")
-            self._view = None
-        elif self._view is not None and current.failure is not None:
-            self._view = None
-        if self._view is None:
-            if current.failure is not None:
-                wait = (
-                    self.view_wait_s if self.view_wait_s is not None else plane.collective_timeout_s
-                )
-                plane.wait_for_view(lambda v, c=current: v.version > c.version, wait)
-            elif not current.active:
-                rank = plane.rank
-                plane.wait_for_view(lambda v, r=rank: r in v.members, self.inactive_wait_s)
-                self._start(None)  # inactive: a local step, never committed
-                return
-            else:
-                steps = sync_state(self.elastic, current, self.committed_steps, self)
-                if steps is not None:
-                    self.committed_steps = steps
-                    self._view, self._index = current, 0
-                    say_entered(plane.rank, current, self._entered, steps)
-                    self._entered = current.members
-        self._start(self._view if self._view is not None else current)
+        self._begin(current)
 
     def _replica_sees(self, view: ViewGroup) -> bool:
         """True if every process of this replica has installed a view of the same members."""
@@ -509,86 +473,52 @@ class ElasticFSDP:
         row[list(members)] = 1
         return row
 
-    def _start(self, view: ViewGroup | None) -> None:
-        self._step_view = view
-        self._in_step = True
+    # -- one step: ``ElasticStep``'s parts ---------------------------------------------------------
+
+    def _heal_into(self, view: ViewGroup) -> bool:
+        steps = sync_state(self.elastic, view, self.committed_steps, self)
+        if steps is None:
+            return False
+        self.committed_steps = steps
+        return True
+
+    def _pin(self, view: ViewGroup | None) -> None:
         self.mesh.replicate.pin(view)
 
-    def _end_mutation(self) -> None:
-        """``ElasticOptimizer`` calls this after the optimizer step. The elastic DDP releases its
-        heal servers' pin there; the shards here heal over the view (``agent.ddp.sync_state``),
-        with no thread serving them, so there is nothing to release."""
-
-    def should_commit(self) -> bool:
-        """End the step: True if every replica's every shard succeeded (then the caller steps).
-
-        All processes of all replicas of the view get the same answer.
-        """
-        if not self._in_step:
-            return False
-        self._in_step = False
-        view = self._step_view
+    def _collectives_outcome(self, view: ViewGroup | None) -> tuple[bool, list[Work]]:
         replicate = self.mesh.replicate
         ok = view is not None and replicate.ok and all(w.wait() for w in replicate.works)
         works = replicate.works
         replicate.pin(None)
-        decided = False
-        if view is not None:
-            index = self._index
-            self._index += 1
-            decided = self._agreement.agree(view, index, ok)
-        # The replica commits only if the group of every shard index committed the step, on
-        # views of the same members (else a replica could step in one group and not another).
-        # The same exchange carries the members of the view each process has installed now, for
-        # the next step's comparison (``begin_step``).
+        return ok, works
+
+    def _decide(self, view: ViewGroup | None, agreed: bool) -> bool:
+        """The replica steps only if the group of every shard index committed the step, on
+        views of the same members (else a replica could step in one group and not another).
+        The same exchange carries the members of the view each process has installed now, for
+        the next step's comparison (``begin_step``)."""
         replicas = self.mesh.replicas
         installed = self._plane.view_for_op("should_commit")
         mine = torch.cat(
             (
-                torch.tensor([int(decided)], dtype=torch.int64),
+                torch.tensor([int(agreed)], dtype=torch.int64),
                 self._members_row(() if view is None else view.members),
                 self._members_row(installed.members),
             )
         )
         rows = self.mesh.exchange.all_gather(mine).view(self.mesh.shards, -1)
         step_rows, next_rows = rows[:, : 1 + replicas], rows[:, 1 + replicas :]
-        committed = bool(step_rows[:, 0].all()) and bool((step_rows == step_rows[0]).all())
         self._next = (installed, bool((next_rows == next_rows[0]).all()))
-        if committed:
-            self.committed_steps += 1
-            self._failed_works = []
-        else:
-            self._failed_works = [w for w in works if not w.wait()]
-            if view is not None:
-                log.warning(
-                    "rank %d (shard %d): step %d of view %d skipped on every replica",
-                    self._plane.rank,
-                    self.mesh.shard,
-                    self._index - 1,
-                    view.version,
-                )
-        return committed
+        return bool(step_rows[:, 0].all()) and bool((step_rows == step_rows[0]).all())
 
-    @property
-    def last_failed_ranks(self) -> list[int]:
-        """The replicas the failed all-reduces of the last skipped step blamed (their hints)."""
-        failed: set[int] = set()
-        for work in self._failed_works:
-            hint = self.elastic.get_failed_ranks_hint(work)
-            failed.update(r for r, bad in enumerate(hint.tolist()) if bad)
-        return sorted(failed)
-
-    @property
-    def view_version(self) -> int | None:
-        return None if self._step_view is None else self._step_view.version
-
-    @property
-    def step_index(self) -> int:
-        return self._index - 1
-
-    @property
-    def members(self) -> tuple[int, ...]:
-        return () if self._step_view is None else self._step_view.members
+    def _say_skipped(self, view: ViewGroup) -> None:
+        log.warning(
+            "rank %d (shard %d): step %d of view %d skipped on every replica",
+            self._plane.rank,
+            self.mesh.shard,
+            self._index - 1,
+            view.version,
+        )
 
     # -- healing: this process's shards ----------------------------------------------------------
 
