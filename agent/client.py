@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
+from msgspec import to_builtins
 
 from ..wire import life
 from ..wire import ranks as rank_sets
@@ -32,7 +33,7 @@ from ..wire.codes import (
     TERMINAL,
     error_body,
 )
-from ..wire.protocol import FEATURES, PROTOCOL
+from ..wire.protocol import FEATURES, PROTOCOL, AgentEventBase
 from ..wire.updates import PROTOCOL_UPDATES, AgentUpdate, UpdateError, UpdateReader
 
 #: How long one plain request may take; long polls add their own timeout on top.
@@ -150,9 +151,12 @@ class CoordinatorClient:
 
     # -- the agent wire protocol -----------------------------------------------------------------
 
-    def post_events(self, events: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-        """``POST /agents/events``: one result per event, ``{"offset"}`` or ``{"error", "detail"}``."""
-        body = self.request("POST", "/agents/events", json={"events": list(events)})
+    def post_events(
+        self, events: Sequence[AgentEventBase | Mapping[str, Any]]
+    ) -> list[dict[str, Any]]:
+        """``POST /agents/events``: one result per event (a ``wire.protocol`` event, or its
+        JSON object), ``{"offset"}`` or ``{"error", "detail"}``."""
+        body = self.request("POST", "/agents/events", json={"events": to_builtins(events)})
         results = body.get("results")
         if not isinstance(results, list):
             raise CoordinatorError(200, BAD_ANSWER, f"no results list in {body!r}", self.address)

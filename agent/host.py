@@ -230,6 +230,8 @@ class Agent:
             self.on_update(struct, lambda update: self.refits.on_update(update))
         #: the answers to the facets' events its callers send (:meth:`send_event`)
         self._events = EventAnswers(self._send_event)
+        #: the Struct of each facet's event kind this agent has sent (``send_event``)
+        self._event_types: dict[str, type] = {}
         self._data: Any = None
         self._refits: Any = None
 
@@ -562,7 +564,8 @@ class Agent:
         return self._ops.request("POST", "/refits", json=body)
 
     def _send_event(self, kind: str, fields: dict[str, Any]) -> None:
-        self._inbox.put(SendEvent(time.monotonic(), kind, fields))
+        event_type = self._event_types.get(kind)  # a facet's; None: the protocol's (a refit's)
+        self._inbox.put(SendEvent(time.monotonic(), kind, fields, event_type))
 
     # -- a facet's updates and events ------------------------------------------------------------
 
@@ -579,6 +582,7 @@ class Agent:
         envelope = {"group": self.group, "rank": self.rank, "incarnation": self.incarnation}
         payload = event_fields(event_type, fields, envelope)
         kind = event_type.__struct_config__.tag  # type: ignore[attr-defined]
+        self._event_types[kind] = event_type
         return self._events.send(kind, payload, timeout)
 
     def on_update(self, update_type: type, follow: Callable[[Any], None]) -> None:

@@ -58,6 +58,10 @@ The rules, in one place:
   does not fit the view held (which only a coordinator restored from an older copy could cause)
   makes the machine drop its view and read the updates again from the start, where the first
   answer is a resync with the full view.
+- **Events are the wire's Structs.** Each event the machine queues is its ``wire.protocol``
+  Struct (``JoinEvent``, ``HeartbeatEvent``, ``LinksEvent``, ``AckEvent``, ``ExitEvent``,
+  ``ProgressEvent``, a facet's declared one) with this rank's envelope filled; its answer is
+  handled by its class.
 - **Retry without loss.** A batch that could not be delivered goes back to the front of the
   outbox and is resent after an exponential backoff.
 - **A clean exit is not a death.** ``Close`` sends ``exit`` (after an in-flight join, if any)
@@ -87,6 +91,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+
 from ..wire.codes import (
     FATAL_ERRORS,
     GROUP_ENDED,
@@ -98,11 +104,19 @@ from ..wire.codes import (
 )
 from ..wire.protocol import (
     CAUSE_DEATH_REPORTED,
+    EVENT_TYPES,
     HEALTHY,
     MEMBERSHIP_EVENTS,
     OFFLINE,
     SYNCED,
+    AckEvent,
+    AgentEventBase,
+    ExitEvent,
+    HeartbeatEvent,
+    JoinEvent,
+    LinksEvent,
     Prepared,
+    ProgressEvent,
     StaleBase,
     View,
     apply_prepare,
@@ -258,11 +272,13 @@ OWN_EVENTS = MEMBERSHIP_EVENTS | {"progress"}
 @dataclass(frozen=True)
 class SendEvent:
     """Send a facet's event (any kind but :data:`OWN_EVENTS`), with its fields but the
-    envelope, which the machine adds."""
+    envelope, which the machine adds. ``event_type``: its Struct (a facet's own); None for
+    the protocol's (a refit's)."""
 
     now: float
     kind: str
     fields: Mapping[str, Any]
+    event_type: type[AgentEventBase] | None = None
 
 
 Input = (
@@ -286,10 +302,11 @@ Input = (
 
 @dataclass(frozen=True)
 class SendEvents:
-    """POST these wire events as one batch, then feed back EventsAnswered or EventsFailed of
-    the same ``lane``. The two lanes are independent: one batch may be in flight in each."""
+    """POST these wire events (``wire.protocol``'s Structs, the envelope filled) as one batch,
+    then feed back EventsAnswered or EventsFailed of the same ``lane``. The two lanes are
+    independent: one batch may be in flight in each."""
 
-    events: tuple[Mapping[str, Any], ...]
+    events: tuple[AgentEventBase, ...]
     lane: str = EVENTS
 
 
@@ -439,10 +456,10 @@ class AgentMachine:
     _successor_offset: int = 0
     _successor: str = ""
     _own_state_cause: str | None = None
-    _outbox: list[dict[str, Any]] = field(default_factory=list)
-    _in_flight: tuple[dict[str, Any], ...] | None = None
+    _outbox: list[AgentEventBase] = field(default_factory=list)
+    _in_flight: tuple[AgentEventBase, ...] | None = None
     #: the heartbeat lane: the beat waiting to be sent, whether one is in flight, its backoff
-    _beat: dict[str, Any] | None = None
+    _beat: HeartbeatEvent | None = None
     _beat_in_flight: bool = False
     _beat_send_at: float = 0.0
     _beat_backoff_s: float = 0.0
@@ -484,7 +501,7 @@ class AgentMachine:
         if (
             self._in_flight is None
             and self._outbox
-            and (self.phase != _JOINING or any(e["type"] == "join" for e in self._outbox))
+            and (self.phase != _JOINING or _has_join(self._outbox))
             and (best is None or self._send_at < best)
         ):
             best = self._send_at
@@ -618,9 +635,8 @@ class AgentMachine:
         for result in event.results:
             error = result.get("error")
             if error is not None and error != RANK_OFFLINE:
-                return self._refused(
-                    {"type": "heartbeat"}, str(error), str(result.get("detail", "")), event.now
-                )
+                beat = HeartbeatEvent(**self._envelope)
+                return self._refused(beat, str(error), str(result.get("detail", "")), event.now)
         return []
 
     def _send_failed(self, event: EventsFailed) -> list[Action]:
@@ -683,7 +699,9 @@ class AgentMachine:
         if key == self._last_links:
             return
         self._last_links = key
-        self._queue("links", **links_event(down, hint, ready, version, ops))
+        self._outbox.append(
+            LinksEvent(**self._envelope, **links_event(down, hint, ready, version, ops))
+        )
 
     def _progress(self, event: ReportProgress) -> list[Action]:
         """Queue a progress report; one not sent yet is replaced (the newest says it all).
@@ -694,15 +712,16 @@ class AgentMachine:
                     event.epoch, event.assignment, event.processed, NOT_JOINED, self.phase
                 )
             ]
-        fields: dict[str, Any] = {
-            "epoch": event.epoch,
-            "assignment": event.assignment,
-            "processed": event.processed,
-        }
-        if event.rate is not None:
-            fields["rate"] = event.rate
-        self._outbox = [e for e in self._outbox if e["type"] != "progress"]
-        self._queue("progress", **fields)
+        self._outbox = [e for e in self._outbox if type(e) is not ProgressEvent]
+        self._outbox.append(
+            ProgressEvent(
+                **self._envelope,
+                epoch=event.epoch,
+                assignment=event.assignment,
+                processed=event.processed,
+                rate=event.rate,
+            )
+        )
         return []
 
     def _send_event(self, event: SendEvent) -> list[Action]:
@@ -712,7 +731,7 @@ class AgentMachine:
             raise ValueError(f"{event.kind!r} is not a facet's event (it is the agent's own)")
         if self.phase in (_CLOSING, _STOPPED):
             return [EventAnswered(event.kind, dict(event.fields), None, NOT_JOINED, self.phase)]
-        self._queue(event.kind, **event.fields)
+        self._outbox.append(self._facet_event(event))
         return []
 
     def _rejoin(self, event: Rejoin) -> list[Action]:
@@ -820,15 +839,13 @@ class AgentMachine:
         if p.prepared.is_active(self.config.rank) and self.awaiting_data_plane:
             return  # ACKed by DataPlaneReady
         self._acked = (p.version, p.offset)
-        self._queue("ack", version=p.version)
+        self._outbox.append(AckEvent(**self._envelope, version=p.version))
 
     # -- event answers ---------------------------------------------------------------------------
 
-    def _accepted(
-        self, ev: Mapping[str, Any], result: Mapping[str, Any], now: float
-    ) -> list[Action]:
-        kind = ev["type"]
-        if kind == "join":
+    def _accepted(self, ev: AgentEventBase, result: Mapping[str, Any], now: float) -> list[Action]:
+        kind = type(ev)
+        if kind is JoinEvent:
             self._join_offset = int(result.get("offset", 0))
             if self._first_join_offset is None:
                 self._first_join_offset = self._join_offset
@@ -844,20 +861,21 @@ class AgentMachine:
             if settled:
                 return settled
             self._maybe_ack()
-        elif kind == "exit":
+        elif kind is ExitEvent:
             return self._stop("closed", f"rank {self.config.rank} left the group")
-        elif kind == "progress":
-            return [ProgressAnswered(ev["epoch"], ev["assignment"], ev["processed"])]
-        elif kind not in OWN_EVENTS:
+        elif kind is ProgressEvent:
+            return [ProgressAnswered(ev.epoch, ev.assignment, ev.processed)]  # type: ignore[attr-defined]
+        elif kind not in _OWN_TYPES:
             offset = result.get("offset")
-            return [EventAnswered(kind, _fields(ev), None if offset is None else int(offset))]
+            return [EventAnswered(_kind(ev), _fields(ev), None if offset is None else int(offset))]
         return []
 
-    def _refused(self, ev: Mapping[str, Any], error: str, detail: str, now: float) -> list[Action]:
-        kind = ev["type"]
-        if kind == "progress" and error != STALE_INCARNATION:
-            return [ProgressAnswered(ev["epoch"], ev["assignment"], ev["processed"], error, detail)]
-        if kind not in OWN_EVENTS and error != STALE_INCARNATION:
+    def _refused(self, ev: AgentEventBase, error: str, detail: str, now: float) -> list[Action]:
+        cls = type(ev)
+        if cls is ProgressEvent and error != STALE_INCARNATION:
+            return [ProgressAnswered(ev.epoch, ev.assignment, ev.processed, error, detail)]  # type: ignore[attr-defined]
+        kind = _kind(ev)
+        if cls not in _OWN_TYPES and error != STALE_INCARNATION:
             return [EventAnswered(kind, _fields(ev), None, error, detail)]
         self.last_error = f"{kind} refused: {error}: {detail}"
         if error == STALE_INCARNATION:
@@ -866,14 +884,14 @@ class AgentMachine:
             return self._stop("closed" if self._close_requested else "failed", self.last_error)
         if error in FATAL_ERRORS:
             return self._stop("failed", self.last_error)
-        if kind == "join":
+        if cls is JoinEvent:
             if error in RETRIED_JOIN_ERRORS and not self._close_requested:
                 self._join_retry_at = now + self.config.join_retry_s
                 return []
             return self._stop("failed" if not self._close_requested else "closed", self.last_error)
-        if kind == "ack" and error == STALE_VERSION:
+        if cls is AckEvent and error == STALE_VERSION:
             return []  # the change committed or was dropped without us; the updates say which
-        if kind == "exit":
+        if cls is ExitEvent:
             return self._stop("closed", self.last_error)
         return []
 
@@ -886,8 +904,8 @@ class AgentMachine:
         self._next_heartbeat = None
         self._beat = None
         self._last_links = None  # the join clears this rank's evidence at the coordinator
-        if not any(e["type"] == "join" for e in self._outbox):
-            self._outbox.insert(0, self._event("join"))
+        if not _has_join(self._outbox):
+            self._outbox.insert(0, JoinEvent(**self._envelope))
 
     def _queue_self_ready(self) -> None:
         version = self.view.version if self.view is not None else 0
@@ -897,34 +915,47 @@ class AgentMachine:
         self.phase = _CLOSING
         self._next_heartbeat = None
         self._beat = None
-        self._outbox = [self._event("exit")]
+        self._outbox = [ExitEvent(**self._envelope)]
 
-    def _queue(self, kind: str, **fields: Any) -> None:
-        self._outbox.append(self._event(kind, **fields))
-
-    def _event(self, kind: str, **fields: Any) -> dict[str, Any]:
+    @property
+    def _envelope(self) -> dict[str, Any]:
+        """Whose every event is: this rank's incarnation, in its group."""
         c = self.config
-        return {
-            "type": kind,
-            "group": c.group,
-            "rank": c.rank,
-            "incarnation": c.incarnation,
-            **fields,
-        }
+        return {"group": c.group, "rank": c.rank, "incarnation": c.incarnation}
+
+    def _facet_event(self, event: SendEvent) -> AgentEventBase:
+        """A facet's event as its Struct (``SendEvent.event_type``, or the protocol's of its
+        kind), with this rank's envelope."""
+        kind, cls = event.kind, event.event_type or EVENT_TYPES.get(event.kind)
+        if cls is None:
+            raise ValueError(
+                f"{kind!r} is not an event of the protocol ({sorted(EVENT_TYPES)}); a facet's "
+                "event names its Struct (SendEvent.event_type)"
+            )
+        if _kind_of(cls) != kind:
+            raise ValueError(f"{kind!r} is not the type of {cls.__name__} ({_kind_of(cls)!r})")
+        try:
+            return msgspec.convert({**event.fields, **self._envelope, "type": kind}, cls)
+        except msgspec.ValidationError as exc:
+            raise ValueError(f"not a valid {kind!r} event: {exc}") from None
 
     def _on_timers(self, now: float) -> None:
         if self._join_retry_at is not None and now >= self._join_retry_at:
             self._join_retry_at = None
             joining = self.phase == _JOINING and self._in_flight is None
-            if joining and not any(e["type"] == "join" for e in self._outbox):
-                self._outbox.insert(0, self._event("join"))
+            if joining and not _has_join(self._outbox):
+                self._outbox.insert(0, JoinEvent(**self._envelope))
         if (
             self.phase == _JOINED
             and self._next_heartbeat is not None
             and now >= self._next_heartbeat
         ):
             version = self.view.version if self.view is not None else 0
-            self._beat = self._event("heartbeat", version=version)  # the newest replaces it
+            # the newest replaces the one waiting
+            c = self.config  # the hot path: keywords, not the envelope's dict
+            self._beat = HeartbeatEvent(
+                group=c.group, rank=c.rank, incarnation=c.incarnation, version=version
+            )
             self._next_heartbeat = now + self.config.heartbeat_interval_s
 
     def _flush(self, now: float) -> list[Action]:
@@ -946,10 +977,10 @@ class AgentMachine:
             return []
         if self.phase == _JOINING:
             # Only the join may go before the join is appended; the rest waits behind it.
-            batch = [e for e in self._outbox if e["type"] == "join"][:1]
+            batch = [e for e in self._outbox if type(e) is JoinEvent][:1]
             if not batch:
                 return []
-            self._outbox = [e for e in self._outbox if e["type"] != "join"]
+            self._outbox = [e for e in self._outbox if type(e) is not JoinEvent]
         else:
             batch, self._outbox = self._outbox, []
         self._in_flight = tuple(batch)
@@ -994,13 +1025,29 @@ _ON_UPDATE: dict[type[Update], Callable[[AgentMachine, Any], Action | None]] = {
     ShutdownUpdate: AgentMachine._on_shutdown,
 }
 _ENVELOPE = frozenset({"type", "group", "rank", "incarnation", "token"})
+#: The Structs of the events the machine sends and answers itself (:data:`OWN_EVENTS`).
+_OWN_TYPES = frozenset(EVENT_TYPES[kind] for kind in OWN_EVENTS)
 
 
-def _waits_for_join(ev: Mapping[str, Any]) -> bool:
+def _kind_of(cls: type[AgentEventBase]) -> str:
+    """An event Struct's wire ``type``: the kind of the record it becomes."""
+    return cls.__struct_config__.tag  # type: ignore[attr-defined,return-value]
+
+
+def _kind(ev: AgentEventBase) -> str:
+    return _kind_of(type(ev))
+
+
+def _has_join(events: list[AgentEventBase]) -> bool:
+    return any(type(e) is JoinEvent for e in events)
+
+
+def _waits_for_join(ev: AgentEventBase) -> bool:
     """Whether an event stays queued through a (re)join: the join itself, and a facet's event,
     whose caller waits for its answer (the agent's own are made again after the join)."""
-    return ev["type"] == "join" or ev["type"] not in OWN_EVENTS
+    return type(ev) is JoinEvent or type(ev) not in _OWN_TYPES
 
 
-def _fields(ev: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in ev.items() if k not in _ENVELOPE}
+def _fields(ev: AgentEventBase) -> dict[str, Any]:
+    """A facet's event as its sender gave it: its fields, without the envelope."""
+    return {k: v for k, v in msgspec.to_builtins(ev).items() if k not in _ENVELOPE}

@@ -34,9 +34,10 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import msgspec
+from msgspec.structs import replace
 
 from ..wire import ranks as rank_sets
-from ..wire.protocol import FEATURES, MAX_EVENTS, PROTOCOL, View
+from ..wire.protocol import FEATURES, MAX_EVENTS, PROTOCOL, AgentEventBase, View
 from ..wire.updates import AgentUpdate, addressed_rank, decode_updates
 from .channel import ChannelClosed, ChannelLink, ChannelRefused, HostChannel
 from .httplite import Connection, HttpError
@@ -118,9 +119,9 @@ class SimulatedHost:
         self.states: dict[int, str] = {}
         self.shutdowns: list[ShutdownWithSave] = []
         #: every (event, result) the coordinator answered, when a test wants an audit trail
-        self.sent: list[tuple[Mapping[str, Any], Mapping[str, Any]]] | None = None
+        self.sent: list[tuple[AgentEventBase, Mapping[str, Any]]] | None = None
         self.requests = 0
-        self._outbox: dict[str, deque[tuple[int, tuple[Mapping[str, Any], ...]]]] = {
+        self._outbox: dict[str, deque[tuple[int, tuple[AgentEventBase, ...]]]] = {
             EVENTS: deque(),
             BEATS: deque(),
         }
@@ -375,11 +376,11 @@ class SimulatedHost:
 
     # -- the wire ----------------------------------------------------------------------------------
 
-    def _take(self, lane: str) -> tuple[list[tuple[int, Any]], list[Mapping[str, Any]]]:
+    def _take(self, lane: str) -> tuple[list[tuple[int, Any]], list[AgentEventBase]]:
         """The next batch of a lane: what its ranks queued, up to ``MAX_EVENTS`` events, less
         what a muted rank sent (lost: its machine hears so); and the events to send."""
         outbox = self._outbox[lane]
-        batch: list[tuple[int, tuple[Mapping[str, Any], ...]]] = []
+        batch: list[tuple[int, tuple[AgentEventBase, ...]]] = []
         count = 0
         while outbox and count + len(outbox[0][1]) <= MAX_EVENTS:
             item = outbox.popleft()
@@ -393,7 +394,7 @@ class SimulatedHost:
                 for rank, _ in lost:
                     self._step(rank, EventsFailed(now, "the network lost it (muted)", lane))
         if self.tokens:
-            events = [{**e, "token": self.tokens[rank]} for rank, evs in batch for e in evs]
+            events = [replace(e, token=self.tokens[rank]) for rank, evs in batch for e in evs]
         else:
             events = [e for _, evs in batch for e in evs]
         return batch, events

@@ -103,6 +103,7 @@ from ..coordinator.host.snapshots import decode_snapshot, encode_snapshot
 from ..eventlog.record import NewRecord, Record
 from ..facets.epochs.inputs import complete_plan
 from ..wire.data import ReadCursor, apply_moves
+from ..wire.protocol import EVENT_KINDS, event_payload
 from ..wire.updates import (
     DataAssignmentUpdate,
     DataMovesUpdate,
@@ -124,7 +125,6 @@ POLL_TIMEOUT_NS = POLL_WAIT_NS + 2 * S
 #: How long after its current view committed a quiet cluster must have converged on it: a lost
 #: long poll is noticed at POLL_TIMEOUT_NS, and retried after at most the agent's backoff.
 SETTLE_NS = 25 * S
-_ENVELOPE = ("type", "group", "rank", "token")
 _OUTSIDE = (SUPERVISOR, OPERATOR)
 #: The epochs facet's updates, which a simulated worker's reader follows.
 _DATA_UPDATES = (EpochPlanUpdate, DataAssignmentUpdate, DataMovesUpdate, EpochCompleteUpdate)
@@ -930,10 +930,10 @@ class World:
             _, rid, events, lane = msg
             records = [
                 NewRecord(
-                    kind=ev["type"],
-                    group=ev["group"],
-                    rank=ev["rank"],
-                    payload={k: v for k, v in ev.items() if k not in _ENVELOPE},
+                    kind=EVENT_KINDS[type(ev)],
+                    group=ev.group,
+                    rank=ev.rank,
+                    payload=event_payload(ev),
                 )
                 for ev in events
             ]

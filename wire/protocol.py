@@ -320,6 +320,22 @@ PROTOCOL_EVENTS: tuple[type[AgentEventBase], ...] = (
 #: The events of membership itself; the agent answers every other kind to its sender
 #: (``agent.machine``: a facet's event, a refit's).
 MEMBERSHIP_EVENTS = frozenset({"join", "heartbeat", "links", "ack", "exit"})
+#: What says whose an event is; a record keeps the rest as its payload (:func:`event_payload`).
+_RECORD_ENVELOPE = ("type", "group", "rank", "token")
+
+
+def event_payload(event: AgentEventBase) -> dict[str, Any]:
+    """The record payload of an event: its fields but the envelope (the ``incarnation`` stays).
+    ``to_builtins`` of a valid Struct already equals what decoding the payload's JSON gives
+    back, so a host may hand it to the fold as it is (``submit_many(normalized=True)``)."""
+    if type(event) is HeartbeatEvent:  # nearly all of the traffic: its two fields directly
+        if event.version is None:
+            return {"incarnation": event.incarnation}
+        return {"incarnation": event.incarnation, "version": event.version}
+    payload = msgspec.to_builtins(event)
+    for name in _RECORD_ENVELOPE:
+        payload.pop(name, None)
+    return payload
 
 
 class AgentEventsRequest(Struct, kw_only=True):
@@ -694,6 +710,7 @@ __all__ = [
     "apply_prepare",
     "apply_view_update",
     "EventReader",
+    "event_payload",
     "decode_events",
     "event_type_of",
     "fold_view_update",

@@ -38,6 +38,7 @@ from ...wire.protocol import (
     QUERY,
     AgentEventBase,
     EventReader,
+    event_payload,
     group_problem,
     legacy_problem,
     missing_features,
@@ -56,14 +57,11 @@ from ..deps import host_of, principal_of, require_group
 from ..errors import ApiError
 from ..models import (
     DeathReport,
-    HeartbeatEvent,
     LooseEventsRequest,
 )
 from ..openapi import answers, body
 
 router = APIRouter(prefix="/agents", tags=["agents"])
-
-_ENVELOPE = ("type", "group", "rank", "token")
 
 
 @router.post(
@@ -121,7 +119,7 @@ class EventsBatch:
                     kind=reader.kinds[type(event)],
                     group=event.group,
                     rank=event.rank,
-                    payload=payload_of(event),
+                    payload=event_payload(event),
                 )
             )
             results.append(None)
@@ -146,20 +144,6 @@ class EventsBatch:
         if batch_id is None:
             return encode_json({"term": term, "results": answered})
         return encode_json({"id": batch_id, "term": term, "results": answered})
-
-
-def payload_of(event: AgentEventBase) -> dict[str, Any]:
-    """The record payload of a validated event: its fields but the envelope. ``to_builtins``
-    of a validated Struct already equals what decoding the payload's JSON gives back, so the
-    host may hand it to the fold as it is (``submit_many(normalized=True)``)."""
-    if type(event) is HeartbeatEvent:  # nearly all of the traffic: its two fields directly
-        if event.version is None:
-            return {"incarnation": event.incarnation}
-        return {"incarnation": event.incarnation, "version": event.version}
-    payload = msgspec.to_builtins(event)
-    for name in _ENVELOPE:
-        payload.pop(name, None)
-    return payload
 
 
 def _decode_events(reader: EventReader, body: bytes) -> list[AgentEventBase | str]:

@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 from ...agent.machine import Action, AgentMachine, EventsAnswered, EventsFailed, SendEvents
 from ...agent.simhost import SimulatedCluster, SimulatedHost
 from ...coordinator.runtime import GC_THRESHOLDS, loop_factory
+from ...wire.protocol import EVENT_KINDS
 from .service import Service
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -85,7 +86,7 @@ class TimedHost(SimulatedHost):
 
     def _carry_out(self, rank: int, machine: AgentMachine, action: Action) -> list[Action]:
         if isinstance(action, SendEvents):
-            kinds = tuple(str(e["type"]) for e in action.events)
+            kinds = tuple(EVENT_KINDS[type(e)] for e in action.events)
             self._handed[(rank, action.lane)] = (time.perf_counter(), kinds)
         return super()._carry_out(rank, machine, action)
 

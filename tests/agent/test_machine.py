@@ -38,7 +38,18 @@ from foldplane.agent.machine import (
     Tick,
     UpdatesReceived,
 )
-from foldplane.wire.protocol import CAUSE_DEATH_REPORTED, View, prepare_update, view_update
+from foldplane.wire.protocol import (
+    CAUSE_DEATH_REPORTED,
+    EVENT_KINDS,
+    AckEvent,
+    AgentEventBase,
+    HeartbeatEvent,
+    JoinEvent,
+    LinksEvent,
+    View,
+    prepare_update,
+    view_update,
+)
 from foldplane.wire.updates import (
     OWN_RANK,
     UPDATE_TYPES,
@@ -56,6 +67,7 @@ from foldplane.wire.updates import (
     ViewCommittedUpdate,
     ViewPrepareUpdate,
 )
+from tests.facets.toy.inputs import AddEvent
 
 INC = "inc-a"
 STORE = StoreAddress("127.0.0.1", 29500)
@@ -65,7 +77,7 @@ def machine(rank: int = 1, **kw: Any) -> AgentMachine:
     return AgentMachine(AgentConfig(group="g", rank=rank, incarnation=INC, **kw))
 
 
-def sent(actions: list, lane: str | None = None) -> list[dict]:
+def sent(actions: list, lane: str | None = None) -> list[AgentEventBase]:
     """The events of the SendEvents actions among ``actions`` (of ``lane``, or of both)."""
     return [
         e
@@ -76,7 +88,7 @@ def sent(actions: list, lane: str | None = None) -> list[dict]:
 
 
 def kinds(actions: list, lane: str | None = None) -> list[str]:
-    return [e["type"] for e in sent(actions, lane)]
+    return [type(e).__struct_config__.tag for e in sent(actions, lane)]
 
 
 def ok(n: int, first_offset: int = 10, lane: str = EVENTS, now: float = 0.0) -> EventsAnswered:
@@ -87,8 +99,8 @@ def beat_ok(now: float = 0.0) -> EventsAnswered:
     return ok(1, 0, BEATS, now)
 
 
-def beat(version: int) -> dict:
-    return {"type": "heartbeat", "group": "g", "rank": 1, "incarnation": INC, "version": version}
+def beat(version: int) -> HeartbeatEvent:
+    return HeartbeatEvent(group="g", rank=1, incarnation=INC, version=version)
 
 
 #: the ranks of group ``g`` (a view names the state of every one)
@@ -165,12 +177,12 @@ def joined(rank: int = 1, ready: bool = True, **kw: Any) -> AgentMachine:
 V1 = view(1, [0, 1])
 
 
-def links(**fields: Any) -> dict:
-    return {"type": "links", "group": "g", "rank": 1, "incarnation": INC, **fields}
+def links(**fields: Any) -> LinksEvent:
+    return LinksEvent(group="g", rank=1, incarnation=INC, **fields)
 
 
-def ack(version: int) -> dict:
-    return {"type": "ack", "group": "g", "rank": 1, "incarnation": INC, "version": version}
+def ack(version: int) -> AckEvent:
+    return AckEvent(group="g", rank=1, incarnation=INC, version=version)
 
 
 # -- join --------------------------------------------------------------------------------------
@@ -180,7 +192,7 @@ def test_start_sends_a_join_and_polls_from_offset_zero():
     m = machine()
     actions = m.step(Start(0.0))
     assert PollUpdates(0) in actions
-    assert sent(actions) == [{"type": "join", "group": "g", "rank": 1, "incarnation": INC}]
+    assert sent(actions) == [JoinEvent(group="g", rank=1, incarnation=INC)]
 
 
 def test_nothing_but_the_join_is_sent_before_it_is_appended():
@@ -190,7 +202,7 @@ def test_nothing_but_the_join_is_sent_before_it_is_appended():
     assert m.step(Tick(5.0)) == []  # no heartbeat while joining
     actions = m.step(ok(1))
     assert kinds(actions) == ["links"]
-    assert sent(actions)[0]["self_ready"] is True
+    assert sent(actions)[0].self_ready is True
 
 
 def test_self_ready_is_reported_once_the_data_plane_is_ready_after_the_join():
@@ -263,7 +275,7 @@ def test_heartbeats_every_interval_once_joined_with_the_committed_version_in_the
 def test_an_undelivered_batch_is_resent_after_a_growing_backoff():
     m = joined(retry_initial_s=0.1, retry_max_s=0.3, heartbeat_interval_s=100.0)
     batch = sent(m.step(LinkEvidence(1.0, 1, {0: "down"}, (0,))))
-    assert [e["type"] for e in batch] == ["links"]
+    assert [type(e) for e in batch] == [LinksEvent]
     assert m.step(EventsFailed(1.0, "connection refused")) == []
     assert m.next_deadline() == pytest.approx(1.1)
     assert m.step(Tick(1.09)) == []
@@ -435,7 +447,7 @@ def test_polls_resume_after_the_last_processed_offset_and_skip_repeats():
 
 def test_polls_carry_the_version_held():
     m = machine(heartbeat_interval_s=100.0)
-    join = {"type": "join", "group": "g", "rank": 1, "incarnation": INC}
+    join = JoinEvent(group="g", rank=1, incarnation=INC)
     assert m.step(Start(0.0)) == [PollUpdates(0, 0.0, None), SendEvents((join,), EVENTS)]
     m.step(ok(1, 10))
     assert m.step(updates(committed(12, 1, [0, 1])))[-1] == PollUpdates(12, 0.0, 1)
@@ -477,7 +489,7 @@ def test_an_ack_into_active_ranks_waits_for_the_data_plane():
     assert kinds(m.step(updates(prepare(20, 2, [0, 1], [0, 1])))) == []
     actions = m.step(DataPlaneReady(0.2))
     assert kinds(actions) == ["links", "ack"]
-    assert sent(actions)[1]["version"] == 2
+    assert sent(actions)[1].version == 2
 
 
 def test_twin_an_ack_out_of_active_ranks_does_not_wait_for_the_data_plane():
@@ -607,7 +619,7 @@ def test_a_restored_coordinator_makes_the_rank_forget_the_newer_log_and_join_aga
     actions = m.step(answer)
     assert m.view is not None and m.view.version == 2  # the restored log's view, not v3
     assert [a.after for a in actions if isinstance(a, PollUpdates)] == [400]
-    assert [e["type"] for e in sent(actions)] == ["join"]  # it may not know this incarnation
+    assert kinds(actions) == ["join"]  # it may not know this incarnation
 
 
 def test_twin_a_resync_ahead_of_this_rank_resumes_at_its_next_after():
@@ -651,7 +663,7 @@ def test_offline_after_our_join_rejoins_in_place_with_fresh_evidence():
     assert kinds(actions) == ["join"]
     actions = m.step(ok(1, 41))
     assert kinds(actions) == ["links"]
-    assert sent(actions)[0]["self_ready"] is True
+    assert sent(actions)[0].self_ready is True
 
 
 def test_twin_offline_from_before_our_join_does_not_rejoin():
@@ -939,7 +951,7 @@ def test_invariants_hold_for_any_input_sequence(inputs):
                 continue
             assert not in_flight[lane], f"a second batch in {lane} while one is in flight"
             in_flight[lane] = True
-            types = {e["type"] for e in batches[0].events}
+            types = {EVENT_KINDS[type(e)] for e in batches[0].events}
             if lane == BEATS:
                 assert types == {"heartbeat"} and len(batches[0].events) == 1
                 assert m.joined and was_joined
@@ -947,7 +959,7 @@ def test_invariants_hold_for_any_input_sequence(inputs):
                 assert "heartbeat" not in types
                 if not was_joined and not m.joined:
                     assert types <= {"join"}
-                acked += [e["version"] for e in batches[0].events if e["type"] == "ack"]
+                acked += [e.version for e in batches[0].events if type(e) is AckEvent]
         assert m.after >= after
         after = m.after
         current = m.view.version if m.view else 0
@@ -971,7 +983,8 @@ def test_the_same_store_address_with_a_new_id_is_another_store_and_the_data_plan
 
 
 def links_of(actions: list) -> list[dict]:
-    return [e for e in sent(actions) if e["type"] == "links"]
+    """The links reports among the actions, as the wire carries them."""
+    return [msgspec.to_builtins(e) for e in sent(actions) if type(e) is LinksEvent]
 
 
 def test_a_failure_that_blames_nobody_is_reported_once_per_view_with_its_operations():
@@ -1107,12 +1120,15 @@ def test_a_facets_update_is_handed_on_and_only_this_ranks() -> None:
 # -- a facet's events --------------------------------------------------------------------------
 
 
+def add(now: float, by: int) -> SendEvent:
+    """The toy facet's event, as ``Agent.send_event(AddEvent, by=...)`` hands it on."""
+    return SendEvent(now, "toy_add", {"by": by}, AddEvent)
+
+
 def test_a_facet_s_event_goes_in_the_events_lane_and_its_answer_comes_back_to_its_sender() -> None:
     m = joined()
-    out = m.step(SendEvent(1.0, "toy_add", {"by": 2}))
-    assert sent(out, EVENTS) == [
-        {"type": "toy_add", "group": "g", "rank": 1, "incarnation": INC, "by": 2}
-    ]
+    out = m.step(add(1.0, 2))
+    assert sent(out, EVENTS) == [AddEvent(group="g", rank=1, incarnation=INC, by=2)]
     answered = m.step(ok(1, 40, now=1.1))
     assert [a for a in answered if isinstance(a, EventAnswered)] == [
         EventAnswered("toy_add", {"by": 2}, 40)
@@ -1121,7 +1137,7 @@ def test_a_facet_s_event_goes_in_the_events_lane_and_its_answer_comes_back_to_it
 
 def test_a_facet_s_event_refused_is_answered_and_the_agent_goes_on() -> None:
     m = joined()
-    m.step(SendEvent(1.0, "toy_add", {"by": 0}))
+    m.step(add(1.0, 0))
     refused = EventsAnswered(1.1, ({"error": "invalid_event", "detail": "by must be"},), EVENTS)
     out = m.step(refused)
     assert [a for a in out if isinstance(a, EventAnswered)] == [
@@ -1132,7 +1148,7 @@ def test_a_facet_s_event_refused_is_answered_and_the_agent_goes_on() -> None:
 
 def test_twin_a_facet_s_event_refused_as_stale_stops_the_agent_like_any_event() -> None:
     m = joined()
-    m.step(SendEvent(1.0, "toy_add", {"by": 1}))
+    m.step(add(1.0, 1))
     stale = EventsAnswered(1.1, ({"error": "stale_incarnation", "detail": "newer"},), EVENTS)
     out = m.step(stale)
     assert [a.reason for a in out if isinstance(a, Stopped)] == ["fenced"]
@@ -1142,7 +1158,7 @@ def test_twin_a_facet_s_event_refused_as_stale_stops_the_agent_like_any_event() 
 def test_a_facet_s_event_before_the_join_waits_behind_it_and_the_agent_s_own_are_refused():
     m = machine()
     m.step(Start(0.0))
-    assert m.step(SendEvent(0.1, "toy_add", {"by": 1})) == []  # queued, not answered
+    assert m.step(add(0.1, 1)) == []  # queued, not answered
     assert kinds(m.step(Tick(0.2))) == []  # the join is in flight: nothing goes beside it
     after_join = m.step(ok(1, 10, now=0.3))
     assert "toy_add" in kinds(after_join) + kinds(m.step(Tick(0.4)))
@@ -1154,15 +1170,24 @@ def test_a_facet_s_event_before_the_join_waits_behind_it_and_the_agent_s_own_are
 def test_a_facet_s_event_is_kept_through_a_rejoin_and_refused_once_the_agent_closes() -> None:
     m = joined()
     m.step(updates(committed(12, 1, [0, 1])))
-    m.step(SendEvent(1.0, "toy_add", {"by": 1}))  # in flight
+    m.step(add(1.0, 1))  # in flight
     m.step(Rejoin(1.1))
     resent = m.step(EventsFailed(1.2, "connection reset"))
     later = m.step(Tick(5.0))
     assert kinds(resent + later)[:1] == ["join"]  # the join first, the event kept behind it
     assert "toy_add" in kinds(m.step(ok(1, 30, now=5.1)) + m.step(Tick(10.0)))
     m.step(Close(11.0))
-    closing = m.step(SendEvent(11.1, "toy_add", {"by": 2}))
+    closing = m.step(add(11.1, 2))
     assert closing == [EventAnswered("toy_add", {"by": 2}, None, "not_joined", "closing")]
+
+
+def test_a_facet_s_event_without_its_struct_or_not_fitting_it_is_refused_with_a_reason() -> None:
+    with pytest.raises(ValueError, match="'toy_add' is not an event of the protocol"):
+        joined().step(SendEvent(1.0, "toy_add", {"by": 1}))
+    with pytest.raises(ValueError, match="'toy_sub' is not the type of AddEvent"):
+        joined().step(SendEvent(1.0, "toy_sub", {"by": 1}, AddEvent))
+    with pytest.raises(ValueError, match="not a valid 'toy_add' event"):
+        joined().step(SendEvent(1.0, "toy_add", {"by": "two"}, AddEvent))
 
 
 # -- a replacement and the views before it -----------------------------------------------------

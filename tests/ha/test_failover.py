@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 
 import httpx
 import pytest
+from msgspec import to_builtins
 
 from foldplane.agent.client import CoordinatorClient
 from foldplane.agent.simhost import SimulatedCluster
@@ -92,7 +93,8 @@ class Agents:
         return self.final if self.final is not None else self.run(self._sent())
 
     async def _sent(self) -> list[tuple[Mapping[str, Any], Mapping[str, Any]]]:
-        return [pair for host in self.cluster.hosts for pair in host.sent or []]
+        # as the wire carried them
+        return [(to_builtins(e), r) for host in self.cluster.hosts for e, r in host.sent or []]
 
     def acked(self, since: int = 0) -> list[tuple[Mapping[str, Any], Mapping[str, Any]]]:
         """The writes acknowledged (durable at their offset), from the ``since``-th answer on."""

@@ -28,6 +28,7 @@ from typing import Any
 
 import httpx
 import pytest
+from msgspec import to_builtins
 
 from foldplane.agent.simhost import SimulatedCluster
 from foldplane.coordinator.host.replay import replay as replay_log
@@ -142,9 +143,10 @@ async def _current_version(client: httpx.AsyncClient, group: str) -> int:
 
 
 def _acknowledged(sim: SimulatedCluster) -> list[tuple[dict[str, Any], dict[str, Any]]]:
-    """The events the server acknowledged (an offset, no error), with their answers."""
+    """The events the server acknowledged (an offset, no error), as the wire carried them, with
+    their answers."""
     sent = [pair for host in sim.hosts for pair in host.sent or []]
-    return [(ev, res) for ev, res in sent if "offset" in res and "error" not in res]
+    return [(to_builtins(ev), res) for ev, res in sent if "offset" in res and "error" not in res]
 
 
 @pytest.mark.parametrize(

@@ -9,9 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from foldplane.api.models import AgentEvent
-from foldplane.api.routes.agents import payload_of
 from foldplane.eventlog.record import decode_payload, encode_payload
 from foldplane.wire import ranks as wire_ranks
+from foldplane.wire.protocol import event_payload as payload_of
 
 ranks = st.integers(0, 65_535)
 versions = st.integers(0, 2**40)
