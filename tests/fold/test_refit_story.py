@@ -171,12 +171,14 @@ def test_explain_refit_prints_the_story_from_a_log_file(tmp_path):
     import subprocess
     import sys
 
+    from foldplane.coordinator.fold import registry
     from foldplane.eventlog import NewRecord, open_log
 
     s = scenario()
 
     async def write() -> None:
         log = await open_log(str(tmp_path / "refit.db"))
+        log.accept(registry.kinds())  # the refits facet's kinds, which a host hands its log
         try:
             for r in s.records:
                 await log.append(
