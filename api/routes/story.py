@@ -11,11 +11,13 @@ on it needs the operator token.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from fastapi import APIRouter, Path, Query, Request
 from starlette.responses import Response
 
+from ...coordinator.host.loop import Host
 from ...coordinator.host.story import StoryError, story_of
 from ...eventlog import Record
 from ...wire.codes import RANK_OUT_OF_RANGE
@@ -57,10 +59,21 @@ async def rank_story(
     world_size = host.reads.group_config(group).world_size  # type: ignore[union-attr]
     if rank >= world_size:
         raise ApiError(RANK_OUT_OF_RANGE, f"rank {rank} is not in 0..{world_size - 1} of {group!r}")
+    return await told(
+        host, until, lambda stop: story_of(host.log, group, rank, until=stop, fold_page=step_page)
+    )
+
+
+async def told(
+    host: Host, until: int | None, tell: Callable[[int], Awaitable[dict[str, Any]]]
+) -> Response:
+    """Every story route's answer: ``tell(stop)``, the story folded up to ``until`` (at most
+    what the host applied), in its turn (:func:`story_turn`); its :class:`StoryError` (a
+    facet's among them) is the API's error of the same code."""
     stop = host.applied_offset if until is None else min(until, host.applied_offset)
     async with story_turn():
         try:
-            story = await story_of(host.log, group, rank, until=stop, fold_page=step_page)
+            story = await tell(stop)
         except StoryError as exc:
             raise ApiError(exc.code, exc.detail) from None
     return json_response(story)

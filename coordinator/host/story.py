@@ -29,8 +29,8 @@ from __future__ import annotations
 
 import datetime as dt
 from collections import deque
-from collections.abc import Callable, Container, Iterable
-from typing import Any
+from collections.abc import Awaitable, Callable, Container, Iterable
+from typing import Any, Protocol, TypeVar
 
 from ...eventlog import Log, Record, open_log
 from ...wire import ranks as rank_sets
@@ -58,10 +58,12 @@ from .replay import CompactedLog, find_start, read_pages
 #: Evidence items (links reports, ACKs, fenced inputs) kept before each decision.
 EVIDENCE_LIMIT = 32
 
+T = TypeVar("T")
+
 
 class StoryError(Exception):
     """The story cannot be told: no such group in the log (up to the offset asked), or a rank
-    outside it. ``code`` is the wire error code."""
+    outside it; a facet's story raises its own kind of it. ``code`` is the wire error code."""
 
     def __init__(self, code: str, detail: str) -> None:
         super().__init__(detail)
@@ -493,21 +495,66 @@ async def story_of(
     in order. Raises :class:`StoryError` for an unknown group or a rank out of range."""
     if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
         raise StoryError(RANK_OUT_OF_RANGE, f"rank {rank!r} must be a non-negative integer")
+    return await fold_story(
+        log,
+        lambda machine: StoryBuilder(group, rank, machine=machine),
+        until=until,
+        fold_page=fold_page,
+        error=StoryError,
+        begin=_start_entry,
+    )
+
+
+class Builder(Protocol):
+    """What tells a story (a rank's, a facet's): it is fed pages of records and gives the
+    story (``result``) or raises its :class:`StoryError`."""
+
+    def feed(self, records: Iterable[Record]) -> None: ...
+
+    def result(self) -> dict[str, Any]: ...
+
+
+B = TypeVar("B", bound=Builder)
+
+
+async def fold_story(
+    log: Log,
+    builder_of: Callable[[Coordinator], B],
+    *,
+    until: int | None,
+    fold_page: Callable[[B, list[Record]], Any] | None,
+    error: type[StoryError],
+    begin: Callable[[B, Any], None] | None = None,
+) -> dict[str, Any]:
+    """Every story's fold: ``log`` from offset 1 (or the kept snapshot a compacted log needs;
+    none there is ``error(COMPACTED)``) up to ``until`` (default: its head), through the
+    builder ``builder_of`` makes on the fold it starts from (``begin`` tells it where it
+    starts), page by page (``fold_page``: see :func:`story_of`); then its story."""
     head = await log.head()
     stop = head if until is None else min(until, head)
     try:
         start, machine, _ = await find_start(log, stop)
     except CompactedLog as exc:
-        raise StoryError(COMPACTED, str(exc)) from None
-    builder = StoryBuilder(group, rank, machine=machine)
-    if start.offset:
-        _start_entry(builder, start)
+        raise error(COMPACTED, str(exc)) from None
+    builder = builder_of(machine)
+    if begin is not None and start.offset:
+        begin(builder, start)
     async for page in read_pages(log, start.offset, stop):
         if fold_page is None:
             builder.feed(page)
         else:
             await fold_page(builder, page)
     return builder.result()
+
+
+async def story_at(target: str, tell: Callable[[Log], Awaitable[T]]) -> T:
+    """``tell(log)`` on the log at ``target`` (a path or URL), opened read-only and closed
+    here: ``explain``'s stories from a log file."""
+    log = await open_log(target, read_only=True)
+    try:
+        return await tell(log)
+    finally:
+        await log.close()
 
 
 def _start_entry(builder: StoryBuilder, start: Any) -> None:
@@ -543,11 +590,7 @@ async def story_from(
     target: str, group: str, rank: int, *, until: int | None = None
 ) -> dict[str, Any]:
     """:func:`story_of` on the log at ``target`` (a path or URL), opened and closed here."""
-    log = await open_log(target, read_only=True)
-    try:
-        return await story_of(log, group, rank, until=until)
-    finally:
-        await log.close()
+    return await story_at(target, lambda log: story_of(log, group, rank, until=until))
 
 
 # -- as text -------------------------------------------------------------------------------------

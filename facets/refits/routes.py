@@ -19,7 +19,7 @@ from ...api.codec import json_response, read_json
 from ...api.deps import host_of, principal_of, require_operator
 from ...api.errors import ApiError
 from ...api.openapi import answers, body
-from ...api.routes.story import step_page, story_turn
+from ...api.routes.story import step_page, told
 from ...coordinator.fold.projections import to_doc
 from ...coordinator.host.loop import Appended, Host, Refusal
 from ...eventlog import NewRecord
@@ -34,7 +34,7 @@ from .models import (
     RefitStoryBody,
     TransferRequest,
 )
-from .story import RefitStoryError, refit_story_of
+from .story import refit_story_of
 
 # each route names its tag: the story is the console's
 router = APIRouter()
@@ -169,10 +169,6 @@ async def refit_story(
     host = host_of(request)
     if host.reads.facet("refits").refit(refit) is None:
         raise ApiError(UNKNOWN_REFIT, f"no refit named {refit!r}")
-    stop = host.applied_offset if until is None else min(until, host.applied_offset)
-    async with story_turn():
-        try:
-            story = await refit_story_of(host.log, refit, until=stop, fold_page=step_page)
-        except RefitStoryError as exc:
-            raise ApiError(exc.code, exc.detail) from None
-    return json_response(story)
+    return await told(
+        host, until, lambda stop: refit_story_of(host.log, refit, until=stop, fold_page=step_page)
+    )

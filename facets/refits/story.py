@@ -23,9 +23,9 @@ from ...coordinator.fold.effects import Refused
 from ...coordinator.fold.machine import Coordinator
 from ...coordinator.fold.reasons import abridged, ranks_text
 from ...coordinator.host.facets import RankStoryPart
-from ...coordinator.host.replay import CompactedLog, find_start, read_pages
-from ...eventlog import Log, Record, open_log
-from ...wire.codes import COMPACTED, UNKNOWN_REFIT
+from ...coordinator.host.story import StoryError, fold_story, story_at
+from ...eventlog import Log, Record
+from ...wire.codes import UNKNOWN_REFIT
 from .effects import (
     RefitCreated,
     RefitEpochChanged,
@@ -41,13 +41,8 @@ REFIT_INPUTS = ("refit_join", "transfer_status")
 Entry = tuple[str, str, dict[str, Any]]  # as coordinator.host.facets.Entry
 
 
-class RefitStoryError(Exception):
+class RefitStoryError(StoryError):
     """No such refit in the log (up to the offset asked). ``code`` is the wire error code."""
-
-    def __init__(self, code: str, detail: str) -> None:
-        super().__init__(detail)
-        self.code = code
-        self.detail = detail
 
 
 def _short(digest: str | None) -> str:
@@ -318,25 +313,15 @@ async def refit_story_of(
     """Fold ``log`` from offset 1 (or the kept snapshot a compacted log needs) up to ``until``
     (default: its head) and tell refit ``name``'s story. Raises :class:`RefitStoryError` for a
     refit the log does not hold."""
-    head = await log.head()
-    stop = head if until is None else min(until, head)
-    try:
-        start, machine, _ = await find_start(log, stop)
-    except CompactedLog as exc:
-        raise RefitStoryError(COMPACTED, str(exc)) from None
-    builder = RefitStoryBuilder(name, machine=machine)
-    async for page in read_pages(log, start.offset, stop):
-        if fold_page is None:
-            builder.feed(page)
-        else:
-            await fold_page(builder, page)
-    return builder.result()
+    return await fold_story(
+        log,
+        lambda machine: RefitStoryBuilder(name, machine=machine),
+        until=until,
+        fold_page=fold_page,
+        error=RefitStoryError,
+    )
 
 
 async def refit_story_from(target: str, name: str, *, until: int | None = None) -> dict[str, Any]:
     """:func:`refit_story_of` on the log at ``target`` (a path or URL), opened and closed here."""
-    log = await open_log(target, read_only=True)
-    try:
-        return await refit_story_of(log, name, until=until)
-    finally:
-        await log.close()
+    return await story_at(target, lambda log: refit_story_of(log, name, until=until))

@@ -12,7 +12,7 @@ so a node moves to the leader after a failover.
 from __future__ import annotations
 
 import asyncio
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 import msgspec
 from fastapi import APIRouter, Path, Query, Request
@@ -22,7 +22,7 @@ from ...api.codec import json_response, read_json
 from ...api.deps import host_of, require_operator
 from ...api.errors import ApiError
 from ...api.openapi import answers, body
-from ...api.routes.story import step_page, story_turn
+from ...api.routes.story import step_page, told
 from ...coordinator.host.loop import Appended, Host, Refusal
 from ...eventlog import NewRecord
 from ...wire.codes import UNKNOWN_RENDEZVOUS
@@ -48,10 +48,7 @@ from .models import (
     RoundsBody,
 )
 from .state import job_status
-from .story import (
-    RendezvousStoryError,
-    rendezvous_story_of,
-)
+from .story import rendezvous_story_of
 
 router = APIRouter(tags=["torchrun"])
 #: the bodies it adds to the OpenAPI document's components
@@ -69,6 +66,8 @@ SCHEMA_TYPES = (
 JobPath = Annotated[str, Path(pattern=JOB_PATTERN, description="torchrun's --rdzv-id")]
 #: How often a long poll checks that its coordinator still leads and serves.
 LEAD_CHECK_S = 0.5
+
+B = TypeVar("B", bound=msgspec.Struct)
 
 
 def _facet(host: Host) -> Rendezvous:
@@ -91,6 +90,20 @@ async def _submit(host: Host, inp: RendezvousInput) -> int:
     return outcome.offset if isinstance(outcome, Appended) else outcome.id
 
 
+async def _read(request: Request, doing: str, body: type[B]) -> B:
+    """A node's request body, once the operator's token allows ``doing``."""
+    require_operator(request, doing)
+    return await read_json(request, body)
+
+
+async def _moved(request: Request, job: str, inp: RendezvousInput) -> Response:
+    """Submit a node's input of ``job`` and answer the job as it stands after it, with the
+    input's offset."""
+    host = host_of(request)
+    offset = await _submit(host, inp)
+    return json_response({**_status(host, job), "offset": offset})
+
+
 @router.post(
     "/rendezvous/{job}/join",
     summary="A torchrun node waits for the next round of its job (the answer is the job now; "
@@ -99,11 +112,8 @@ async def _submit(host: Host, inp: RendezvousInput) -> int:
     responses=answers({200: "RendezvousBody"}, 401, 403, 409, 413, 422, 429),
 )
 async def join(request: Request, job: JobPath) -> Response:
-    require_operator(request, "joining a rendezvous")
-    req = await read_json(request, JoinRequest)
-    host = host_of(request)
-    offset = await _submit(host, JoinInput(job=job, **msgspec.structs.asdict(req)))
-    return json_response({**_status(host, job), "offset": offset})
+    req = await _read(request, "joining a rendezvous", JoinRequest)
+    return await _moved(request, job, JoinInput(job=job, **msgspec.structs.asdict(req)))
 
 
 @router.post(
@@ -113,8 +123,7 @@ async def join(request: Request, job: JobPath) -> Response:
     responses=answers({200: "OffsetBody"}, 401, 403, 404, 409, 413, 422),
 )
 async def keepalive(request: Request, job: JobPath) -> Response:
-    require_operator(request, "keeping a rendezvous node alive")
-    req = await read_json(request, NodeRequest)
+    req = await _read(request, "keeping a rendezvous node alive", NodeRequest)
     offset = await _submit(host_of(request), KeepaliveInput(job=job, node=req.node))
     return json_response({"offset": offset})
 
@@ -126,11 +135,8 @@ async def keepalive(request: Request, job: JobPath) -> Response:
     responses=answers({200: "RendezvousBody"}, 401, 403, 404, 409, 413, 422),
 )
 async def leave(request: Request, job: JobPath) -> Response:
-    require_operator(request, "leaving a rendezvous")
-    req = await read_json(request, LeaveRequest)
-    host = host_of(request)
-    offset = await _submit(host, LeaveInput(job=job, node=req.node, reason=req.reason))
-    return json_response({**_status(host, job), "offset": offset})
+    req = await _read(request, "leaving a rendezvous", LeaveRequest)
+    return await _moved(request, job, LeaveInput(job=job, node=req.node, reason=req.reason))
 
 
 @router.post(
@@ -141,11 +147,8 @@ async def leave(request: Request, job: JobPath) -> Response:
     responses=answers({200: "RendezvousBody"}, 401, 403, 404, 409, 413, 422),
 )
 async def close(request: Request, job: JobPath) -> Response:
-    require_operator(request, "closing a rendezvous")
-    req = await read_json(request, LeaveRequest)
-    host = host_of(request)
-    offset = await _submit(host, CloseInput(job=job, node=req.node, reason=req.reason))
-    return json_response({**_status(host, job), "offset": offset})
+    req = await _read(request, "closing a rendezvous", LeaveRequest)
+    return await _moved(request, job, CloseInput(job=job, node=req.node, reason=req.reason))
 
 
 @router.get(
@@ -258,10 +261,8 @@ async def story(
     require_operator(request, "reading a rendezvous's story")
     host = host_of(request)
     _status(host, job)
-    stop = host.applied_offset if until is None else min(until, host.applied_offset)
-    async with story_turn():
-        try:
-            told = await rendezvous_story_of(host.log, job, until=stop, fold_page=step_page)
-        except RendezvousStoryError as exc:
-            raise ApiError(exc.code, exc.detail) from None
-    return json_response(told)
+    return await told(
+        host,
+        until,
+        lambda stop: rendezvous_story_of(host.log, job, until=stop, fold_page=step_page),
+    )

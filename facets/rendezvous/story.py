@@ -16,9 +16,9 @@ from typing import Any
 
 from ...coordinator.fold.effects import Refused
 from ...coordinator.fold.machine import Coordinator
-from ...coordinator.host.replay import CompactedLog, find_start, read_pages
-from ...eventlog import Log, Record, open_log
-from ...wire.codes import COMPACTED, UNKNOWN_RENDEZVOUS
+from ...coordinator.host.story import StoryError, fold_story, story_at
+from ...eventlog import Log, Record
+from ...wire.codes import UNKNOWN_RENDEZVOUS
 from .effects import (
     JobClosed,
     JobCreated,
@@ -32,13 +32,8 @@ from .state import Job, job_status
 RDZV_KINDS = frozenset({"rdzv_join", "rdzv_keepalive", "rdzv_leave", "rdzv_close"})
 
 
-class RendezvousStoryError(Exception):
+class RendezvousStoryError(StoryError):
     """No such rendezvous in the log (up to the offset asked). ``code``: the wire error code."""
-
-    def __init__(self, code: str, detail: str) -> None:
-        super().__init__(detail)
-        self.code = code
-        self.detail = detail
 
 
 def _entry(record: Record, event: str, reason: str, **fields: Any) -> dict[str, Any]:
@@ -185,27 +180,17 @@ async def rendezvous_story_of(
 ) -> dict[str, Any]:
     """Fold ``log`` up to ``until`` (default: its head) and tell rendezvous ``name``'s story.
     Raises :class:`RendezvousStoryError` for a rendezvous the log does not hold."""
-    head = await log.head()
-    stop = head if until is None else min(until, head)
-    try:
-        start, machine, _ = await find_start(log, stop)
-    except CompactedLog as exc:
-        raise RendezvousStoryError(COMPACTED, str(exc)) from None
-    builder = RendezvousStoryBuilder(name, machine=machine)
-    async for page in read_pages(log, start.offset, stop):
-        if fold_page is None:
-            builder.feed(page)
-        else:
-            await fold_page(builder, page)
-    return builder.result()
+    return await fold_story(
+        log,
+        lambda machine: RendezvousStoryBuilder(name, machine=machine),
+        until=until,
+        fold_page=fold_page,
+        error=RendezvousStoryError,
+    )
 
 
 async def rendezvous_story_from(
     target: str, name: str, *, until: int | None = None
 ) -> dict[str, Any]:
     """:func:`rendezvous_story_of` on the log at ``target``, opened read-only and closed here."""
-    log = await open_log(target, read_only=True)
-    try:
-        return await rendezvous_story_of(log, name, until=until)
-    finally:
-        await log.close()
+    return await story_at(target, lambda log: rendezvous_story_of(log, name, until=until))
