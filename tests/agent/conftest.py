@@ -46,6 +46,7 @@ class Coordinator:
     process: subprocess.Popen[bytes]
     client: CoordinatorClient
     log_path: Path
+    output: ServerOutput
 
     def create_group(self, group: str, world_size: int, **config: Any) -> dict[str, Any]:
         return self.client.create_group(group, world_size, **{**FAST_GROUP, **config})
@@ -69,8 +70,8 @@ def start_coordinator(tmp: Path, port: int | None = None, store_port: int = 0) -
     """A server on ``tmp/log.db``; a given ``port`` restarts one where a previous one served
     (``store_port``: its rendezvous store's, 0 for any free one).
 
-    Waits for uvicorn's "running" line on the server's output (an event, not a poll); the rest
-    of the output goes to ``tmp/coordinator.log``.
+    Waits for uvicorn's "running" line on the server's output (an event, not a poll); the
+    output goes to ``tmp/coordinator.log`` (``Coordinator.output``).
     """
     port = port or free_port()
     db = tmp / "log.db"
@@ -82,25 +83,55 @@ def start_coordinator(tmp: Path, port: int | None = None, store_port: int = 0) -
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
     )  # fmt: skip
-    running = threading.Event()
-    threading.Thread(target=_copy_output, args=(process, log_path, running), daemon=True).start()
-    deadline = time.monotonic() + 90
-    while not running.wait(timeout=1.0):
-        if process.poll() is not None or time.monotonic() > deadline:
-            process.kill()
-            raise RuntimeError(f"the coordinator did not start: {log_path.read_text()}")
+    output = ServerOutput(process, log_path)
+    if not output.wait_for("Uvicorn running on", 90):  # False at once if the server exited
+        process.kill()
+        raise RuntimeError(f"the coordinator did not start: {log_path.read_text()}")
     url = f"http://127.0.0.1:{port}"
-    return Coordinator(url, db, process, CoordinatorClient(url, timeout_s=30.0), log_path)
+    return Coordinator(url, db, process, CoordinatorClient(url, timeout_s=30.0), log_path, output)
 
 
-def _copy_output(process: subprocess.Popen[bytes], path: Path, running: threading.Event) -> None:
-    assert process.stdout is not None
-    with open(path, "wb") as out:
-        for line in process.stdout:
-            out.write(line)
-            out.flush()
-            if b"Uvicorn running on" in line:
-                running.set()
+class ServerOutput:
+    """A server's output, copied line by line to ``path`` by a thread of its own, where a line's
+    arrival is an event: ``wait_for`` a line instead of polling the file."""
+
+    def __init__(self, process: subprocess.Popen[bytes], path: Path) -> None:
+        self.path = path
+        self._lines: list[bytes] = []
+        self._ended = False  # the server closed its output (it exited)
+        self._cond = threading.Condition()
+        threading.Thread(target=self._copy, args=(process,), daemon=True).start()
+
+    def wait_for(self, text: str, timeout: float) -> bool:
+        """True once a line holding ``text`` was written; False if the output ended without
+        one, or at ``timeout``."""
+        needle = text.encode()
+        looked = 0  # the lines looked at so far
+
+        def found() -> bool:
+            nonlocal looked
+            while looked < len(self._lines):
+                if needle in self._lines[looked]:
+                    return True
+                looked += 1
+            return self._ended
+
+        with self._cond:
+            self._cond.wait_for(found, timeout)
+            return looked < len(self._lines)
+
+    def _copy(self, process: subprocess.Popen[bytes]) -> None:
+        assert process.stdout is not None
+        with open(self.path, "wb") as out:
+            for line in process.stdout:
+                out.write(line)
+                out.flush()
+                with self._cond:
+                    self._lines.append(line)
+                    self._cond.notify_all()
+        with self._cond:
+            self._ended = True
+            self._cond.notify_all()
 
 
 def stop_coordinator(c: Coordinator) -> None:

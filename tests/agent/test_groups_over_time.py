@@ -128,7 +128,9 @@ def test_ending_a_running_group_stops_its_ranks_and_keeps_its_history(coordinato
     plain = httpx.post(coordinator.url + "/groups/run/end", content=b"{}")
     assert plain.status_code == 415  # a page cannot end a group without a CORS preflight
     assert [v["version"] for v in coordinator.history("run")] == [1, 2]
-    # the operator reads each decision in one line of the coordinator's log
+    # the operator reads each decision in one line of the coordinator's log (written as the
+    # server decides, which may come after its answer)
+    assert coordinator.output.wait_for("group run ended", 30), coordinator.log_path.read_text()
     lines = [line for line in coordinator.log_path.read_text().splitlines() if "group run" in line]
     wanted = [
         r"group run view 1 committed at \S+Z: active \[0, 1\] \(formation",

@@ -10,7 +10,6 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-import time
 
 import httpx
 import pytest
@@ -113,12 +112,9 @@ def test_every_surface_says_the_same_through_a_run_s_life(coordinator: Coordinat
         rf"group {G} finished: every rank exited cleanly",
         rf"group {G} deleted \(its run had finished\)",
     ]
-    deadline = time.monotonic() + 30  # the server's output reaches the file as it writes it
-    while True:
-        lines = [x for x in c.log_path.read_text().splitlines() if f"group {G} " in x]
-        if any(f"group {G} deleted" in x for x in lines) or time.monotonic() > deadline:
-            break
-        time.sleep(0.1)
+    # the server writes the deletion's line as it decides it, after the answer to the DELETE
+    assert c.output.wait_for(f"group {G} deleted", 30), c.log_path.read_text()
+    lines = [x for x in c.log_path.read_text().splitlines() if f"group {G} " in x]
     i = 0
     for pattern in wanted:
         while i < len(lines) and not re.search(pattern, lines[i]):

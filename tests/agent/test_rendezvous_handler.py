@@ -90,6 +90,9 @@ def test_two_nodes_form_rounds_each_with_a_fresh_store_and_a_restart_is_seen(
 
     # b's workers fail: it joins again; a hears of it as a node waiting, and joins too
     tb, ob = in_thread(b.next_rendezvous)
+    # torchrun's monitor asks num_nodes_waiting() at an interval: this is that monitor, faster
+    # (bounded at 30 s). It reads the status a's watcher thread keeps by long poll, which
+    # offers no event to wait on: a wait on the coordinator's own long poll would race it.
     deadline = time.monotonic() + 30
     while a.num_nodes_waiting() == 0:
         assert time.monotonic() < deadline, "a never saw b waiting"
@@ -129,8 +132,11 @@ def test_without_the_token_the_coordinator_refuses_it_clearly(server: Server) ->
 def test_settings_that_differ_from_the_jobs_are_refused_naming_them(server: Server) -> None:
     first = create_handler(params(server.url, job="conf", nnodes=(2, 2)))
     t, out = in_thread(first.next_rendezvous)
+    # Its join landed (the job has its settings) when the handler holds the coordinator's
+    # answer. The handler offers no event for it, and the coordinator's long poll cannot wait
+    # for a job that does not exist yet (404): watched, bounded at 30 s and by the thread.
     deadline = time.monotonic() + 30
-    while first._status is None:  # its join landed: the job has its settings
+    while first._status is None:
         assert time.monotonic() < deadline and t.is_alive(), out
         time.sleep(0.02)
     other = create_handler(params(server.url, job="conf", nnodes=(1, 2)))

@@ -141,9 +141,11 @@ def test_a_reconfigure_view_retired_before_it_is_claimed_keeps_its_backend_for_t
     for dp in planes:
         dp.serve_configurations()
         dp.install_view(1, [0, 1], order=[1, 0])
-    deadline = time.monotonic() + 10
-    while not all(dp.current_view()._built for dp in planes) and time.monotonic() < deadline:
-        time.sleep(0.01)
+    for dp in planes:  # the build notifies the view's condition when it is done
+        view = dp.current_view()
+        with view._cond:
+            built = view._cond.wait_for(lambda v=view: v._built or v.failure is not None, 10)
+        assert built and view.failure is None, (dp.rank, view.failure)
     for dp in planes:
         dp.install_view(2, [0, 1])
     taken = [dp.claim_view(1, [1, 0], time.monotonic() + 5)["cpu"] for dp in planes]

@@ -59,7 +59,11 @@ async def fetch(schema: str, sql: str, *args: Any) -> list[asyncpg.Record]:
 
 
 def wait_for(predicate: Callable[[], Any], timeout: float, what: str, step: float = 0.02) -> Any:
-    """Poll ``predicate`` until it returns something truthy; fail naming ``what`` at the deadline."""
+    """Poll ``predicate`` until it returns something truthy; fail naming ``what`` at the deadline.
+
+    The predicates read real coordinator processes (a role, a health answer, the acknowledged
+    heartbeats of real agents) that change in their own time and announce it to nobody: the
+    poll paces that observation, bounded by ``timeout``."""
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
@@ -210,6 +214,8 @@ def retrying(call: Callable[[], Any], timeout: float = 30.0) -> Any:
         except CoordinatorUnavailable:
             if time.monotonic() > deadline:
                 raise
+            # The election runs in other processes, through PostgreSQL: no event reaches us
+            # when a leader is in place, so the call goes again every 50 ms until ``timeout``.
             time.sleep(0.05)
 
 

@@ -79,6 +79,9 @@ class Server:
                 pass
             if time.monotonic() > deadline:
                 raise RuntimeError(f"the coordinator did not come up:\n{self.output()}")
+            # A real server in another process: its port answering is the readiness, and it
+            # announces none we can wait on (it runs at --log-level warning), so this looks
+            # every 50 ms, until it exits or ``timeout``.
             time.sleep(0.05)
 
     def kill(self) -> None:
