@@ -249,8 +249,9 @@ def proposal_doc(proposal: Proposal) -> dict[str, Any]:
     return to_doc(proposal)
 
 
-def rows_for(effect: Effect) -> list[ProjectionRow]:
-    """The projection rows an effect writes (none for effects that only concern the moment)."""
+def rows_for(effect: Effect, facets: registry.Facets | None = None) -> list[ProjectionRow]:
+    """The projection rows an effect writes (none for effects that only concern the moment);
+    a facet's as ``facets`` registers them (the command line's when None)."""
     if isinstance(effect, ViewCommitted):
         return [view_row(effect.view, effect.base)]
     if isinstance(effect, ProposalAccepted | ProposalResolved):
@@ -268,7 +269,7 @@ def rows_for(effect: Effect) -> list[ProjectionRow]:
         return [ProjectionRow("ended", effect.group, 0, to_doc(effect))]
     if isinstance(effect, ShutdownWithSave):
         return [ProjectionRow("shutdown", effect.group, effect.offset, to_doc(effect))]
-    rows = registry.rows_table().get(type(effect))
+    rows = (facets or registry.default()).rows_table.get(type(effect))
     return [] if rows is None else rows(effect)
 
 

@@ -91,18 +91,17 @@ class _Parts:
     decisions: dict[type[Effect], Callable[[Any], str | None]]
 
 
-#: by ``registry.installed()``, the one thing that changes the facets
+#: by the packages of a composition (``Facets.installed``), the one thing that changes them
 _parts: dict[tuple[str, ...], _Parts] = {}
 
 
-def _load() -> _Parts:
-    key = registry.installed()
+def _load(facets: registry.Facets | None) -> _Parts:
+    facets = facets or registry.default()
+    key = facets.installed
     parts = _parts.get(key)
     if parts is None:
         hosts = tuple(
-            module.HOST
-            for p in registry.plugins()
-            if (module := registry.part(p, "host")) is not None
+            module.HOST for p in facets.plugins if (module := registry.part(p, "host")) is not None
         )
         parts = _parts[key] = _Parts(
             hosts,
@@ -112,16 +111,19 @@ def _load() -> _Parts:
     return parts
 
 
-def facet_hosts() -> tuple[FacetHost, ...]:
-    """Every facet's host part, in the facets' order."""
-    return _load().hosts
+def facet_hosts(facets: registry.Facets | None = None) -> tuple[FacetHost, ...]:
+    """Every facet's host part, in the facets' order (of ``facets``; the command line's when
+    None)."""
+    return _load(facets).hosts
 
 
-def facet_carry() -> dict[type[Effect], Carry]:
-    """Every facet's effect handlers, by effect type."""
-    return _load().carry
+def facet_carry(facets: registry.Facets | None = None) -> dict[type[Effect], Carry]:
+    """Every facet's effect handlers, by effect type (of ``facets``, as above)."""
+    return _load(facets).carry
 
 
-def facet_decisions() -> dict[type[Effect], Callable[[Any], str | None]]:
-    """Every facet's operator log lines, by effect type."""
-    return _load().decisions
+def facet_decisions(
+    facets: registry.Facets | None = None,
+) -> dict[type[Effect], Callable[[Any], str | None]]:
+    """Every facet's operator log lines, by effect type (of ``facets``, as above)."""
+    return _load(facets).decisions

@@ -30,6 +30,7 @@ from ..fold.effects import (
 )
 from ..fold.machine import Coordinator
 from ..fold.projections import rank_state_update, rows_for, shutdown_update
+from ..fold.registry import Facets
 from .facets import facet_carry, facet_hosts
 from .journal import Update, UpdateJournals
 
@@ -78,7 +79,7 @@ class HostState:
                 updates.append(state)
             # "data": a rank's part as snapshots before the fold was read here kept it
             updates.extend(u for k, u in facet_ranks.get(str(rank), {}).items() if k != "data")
-        for facet in facet_hosts():
+        for facet in facet_hosts(machine.composition):
             if facet.resync is not None:
                 updates.extend(facet.resync(machine, group, ranks))
         shutdown = self.shutdown.get(group)
@@ -127,9 +128,13 @@ class ReadyBuilder:
     ``state`` (the snapshot's host part) and each group's last committed view (the base of
     the next view update, a delta)."""
 
-    def __init__(self, state: HostState, views: dict[str, View]) -> None:
+    def __init__(
+        self, state: HostState, views: dict[str, View], facets: Facets | None = None
+    ) -> None:
         self.state = state
         self.views = views
+        #: the facets whose rows and effects it carries (the command line's when None)
+        self.facets = facets
 
     @classmethod
     def for_machine(cls, machine: Coordinator, state: HostState) -> ReadyBuilder:
@@ -139,7 +144,7 @@ class ReadyBuilder:
             for group in machine.groups()
             if (view := machine.current_view(group)) is not None
         }
-        return cls(state, views)
+        return cls(state, views, machine.composition)
 
     def ready(self, offset: int, effects: Iterable[Effect], *, projected: int) -> Ready:
         """The Ready value of ``effects`` (those of the records up to ``offset``, in order).
@@ -147,10 +152,10 @@ class ReadyBuilder:
         ready = Ready(offset)
         rows = ready.rows
         carry = _CARRY
-        facets = facet_carry()
+        facets = facet_carry(self.facets)
         for effect in effects:
             if effect.offset > projected:
-                for row in rows_for(effect):
+                for row in rows_for(effect, self.facets):
                     rows[(row.kind, row.group, row.seq)] = row
             handler = carry.get(type(effect))
             if handler is not None:

@@ -71,6 +71,17 @@ def test_two_compositions_in_one_process_each_read_only_their_own_kinds(tmp_path
     assert refused is not None and refused.code == INVALID_EVENT
     assert "unknown kind 'toy_bump'" in refused.message
 
+    # the projections and the host parts: each composition's own
+    from foldplane.coordinator.fold.projections import rows_for
+    from foldplane.coordinator.host.facets import facet_carry, facet_hosts
+    from tests.facets.toy.fold import CounterBumped
+
+    bumped = CounterBumped(group="g", count=1, by=1, offset=3)
+    assert [r.kind for r in rows_for(bumped, toy)] == ["toy_counter"]
+    assert rows_for(bumped, plain) == []
+    assert len(facet_hosts(toy)) == len(facet_hosts(plain)) + 1
+    assert CounterBumped in facet_carry(toy) and CounterBumped not in facet_carry(plain)
+
     # the log: each accepts the kinds its opener hands it, and no other
     async def logs() -> None:
         plain_log = await open_log(tmp_path / "plain.db")
