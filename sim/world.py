@@ -462,6 +462,7 @@ class SimHost:
         effects: list[Any] = []
         for rec in records:
             stepped = self.machine.step(rec)
+            host.published.note(rec)
             self.world.inv.on_record(rec, stepped)
             effects.extend(stepped)
         last = records[-1].offset
@@ -472,6 +473,7 @@ class SimHost:
                 self.world.projections[(row.kind, row.group, row.seq)] = row.doc
             self.world.projected = last
         self.applied = last
+        host.published.publish()
         host.journals.wake()
         for rid in list(self.parked):
             self.poll_again(rid)

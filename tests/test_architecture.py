@@ -165,3 +165,18 @@ def test_the_wheel_lists_every_package_of_the_tree() -> None:
     }
     assert listed["package-dir"] == {"foldplane": "."}
     assert sorted(listed["packages"]) == sorted(tree)
+
+
+def test_the_api_reads_the_published_read_model_never_the_live_fold() -> None:
+    """The API's modules and the facets' routes read ``host.reads`` (published once per cycle,
+    ``coordinator/host/reads.py``), never ``host.machine``: the import contract forbids them
+    the fold's modules, and this the attribute through which a host would hand them the live
+    fold anyway."""
+    sources = [*(ROOT / "api").rglob("*.py"), *ROOT.glob("facets/*/routes.py")]
+    sources += [*ROOT.glob("facets/*/models.py"), ROOT / "tests" / "facets" / "toy" / "routes.py"]
+    reaching = []
+    for path in sources:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr in {"machine", "published"}:
+                reaching.append(f"{path.relative_to(ROOT)}:{node.lineno} .{node.attr}")
+    assert not reaching, reaching

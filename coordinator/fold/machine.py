@@ -54,6 +54,7 @@ from ...wire.inputs import Input, decode
 from .admission import admission_problem
 from .barrier import ViewChange
 from .budget import enforce_budget
+from .capture import GroupCapture
 from .config import GroupConfig
 from .deadlines import Deadlines
 from .effects import Effect, GroupCreated, Proposal, View
@@ -276,7 +277,7 @@ class Coordinator(
     def group_status(self, group: str) -> dict[str, Any] | None:
         """Plain data for ``GET /groups/{group}``; None for an unknown group."""
         g = self._groups.get(group)
-        return None if g is None else group_status(g)
+        return None if g is None else group_status(GroupCapture(g))
 
     def _admission_problem(self, g: GroupState, target: tuple[int, ...]) -> str | None:
         """Why an activation to ``target`` cannot be admitted yet (``admission.py``), as the

@@ -1,21 +1,21 @@
-"""What the operator's console shows of a group, built from the fold's state on demand.
+"""What the operator's console shows of a group, rendered from a captured group (``capture.py``).
 
 Compact on purpose, so it stays cheap at 16,384 ranks: a rank's state and membership are one
 character each (``states``: ``H`` HEALTHY, ``S`` SYNCED, ``O`` OFFLINE, ``X`` OFFLINE after a
 clean exit; ``active``: ``1`` in ``active_ranks``, ``0`` not), and lists of ranks that can be
 long are abridged to their first :data:`RANKS_SHOWN` with a count.
 
-Read-only: like :mod:`coordinator.fold.status`, nothing returned here refers to what the fold mutates.
+Like :mod:`coordinator.fold.status`, it reads a :class:`~coordinator.fold.capture.GroupCapture`,
+never the live state, and nothing returned here refers to what the fold mutates.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from .effects import HEALTHY, OFFLINE, SYNCED
-from .machine import Coordinator
+from .capture import GroupCapture
+from .effects import HEALTHY, OFFLINE, SYNCED, Proposal
 from .projections import proposal_doc
-from .state import GroupState
 from .status import rank_counts, run_status
 
 #: How many ranks a list in the overview names before it only counts.
@@ -26,55 +26,41 @@ PROPOSALS_SHOWN = 20
 _CODE = {HEALTHY: "H", SYNCED: "S", OFFLINE: "O"}
 
 
-def _groups(machine: Coordinator) -> dict[str, GroupState]:
-    return machine._groups  # noqa: SLF001 - same package, read-only
-
-
 def ranks_brief(ranks: Any) -> dict[str, Any]:
     """``{"count": n, "ranks": [first RANKS_SHOWN, sorted]}``."""
     items = sorted(ranks)
     return {"count": len(items), "ranks": items[:RANKS_SHOWN]}
 
 
-def group_list(machine: Coordinator) -> list[dict[str, Any]]:
-    """One line per group that was not deleted: size, version, state counts, failures, and
-    whether it was shut down or ended."""
-    out = []
-    groups = _groups(machine)
-    for name in sorted(groups):
-        g = groups[name]
-        if g.deleted:
-            continue
-        counts = {HEALTHY: 0, SYNCED: 0, OFFLINE: 0}
-        for info in g.ranks:
-            counts[info.state] += 1
-        out.append(
-            {
-                "group": name,
-                "run": g.created_offset,
-                "status": run_status(g),
-                "world_size": g.config.world_size,
-                "version": g.version,
-                "formation": g.formation,
-                "states": counts,
-                "rank_counts": rank_counts(g),
-                "active": len(g.active),
-                "failures": g.failures,
-                "shutdown": g.shutdown,
-                "ended": g.ended,
-            }
-        )
-    return out
+def group_line(g: GroupCapture) -> dict[str, Any]:
+    """The group's line in the list of groups (``GET /groups``, the console): size, version,
+    state counts, failures, and whether it was shut down or ended."""
+    counts = {HEALTHY: 0, SYNCED: 0, OFFLINE: 0}
+    for state in g.column("state"):
+        counts[state] += 1
+    return {
+        "group": g.name,
+        "run": g.created_offset,
+        "status": run_status(g),
+        "world_size": g.config.world_size,
+        "version": g.version,
+        "formation": g.formation,
+        "states": counts,
+        "rank_counts": rank_counts(g),
+        "active": len(g.active),
+        "failures": g.failures,
+        "shutdown": g.shutdown,
+        "ended": g.ended,
+    }
 
 
-def group_overview(machine: Coordinator, group: str) -> dict[str, Any] | None:
-    """The console's picture of one group, or None for an unknown group."""
-    g = _groups(machine).get(group)
-    if g is None:
-        return None
+def group_overview(g: GroupCapture, offset: int, proposals: dict[int, Proposal]) -> dict[str, Any]:
+    """The console's picture of one group as captured at ``offset`` (``proposals``: every
+    proposal by id as of then, in the order they came)."""
     active = set(g.active)
     states = "".join(
-        "X" if info.state == OFFLINE and info.exited else _CODE[info.state] for info in g.ranks
+        "X" if state == OFFLINE and exited else _CODE[state]
+        for state, exited in zip(g.column("state"), g.column("exited"), strict=True)
     )
     view = g.view
     change = g.change
@@ -83,7 +69,7 @@ def group_overview(machine: Coordinator, group: str) -> dict[str, Any] | None:
         "group": g.name,
         "run": g.created_offset,
         "status": run_status(g),
-        "offset": machine.offset,
+        "offset": offset,
         "config": g.config.to_dict(),
         "formation": {"status": g.formation, "error": g.formation_error},
         "world_size": g.config.world_size,
@@ -131,20 +117,23 @@ def group_overview(machine: Coordinator, group: str) -> dict[str, Any] | None:
         },
         "pending_proposals": [
             proposal_doc(p)
-            for p in (machine.proposal(pid) for pid, _ in list(g.queue)[:PROPOSALS_SHOWN])
+            for p in (proposals.get(pid) for pid in g.queue[:PROPOSALS_SHOWN])
             if p is not None
         ],
         "pending_count": len(g.queue),
-        "recent_proposals": recent_proposals(machine, group),
+        "recent_proposals": recent_proposals(g, proposals),
     }
 
 
-def recent_proposals(machine: Coordinator, group: str, n: int = PROPOSALS_SHOWN) -> list[Any]:
+def recent_proposals(
+    g: GroupCapture, proposals: dict[int, Proposal], n: int = PROPOSALS_SHOWN
+) -> list[Any]:
     """The group's latest ``n`` proposals that are no longer queued, newest first (the ones
     riding on the change in flight are still ``pending``)."""
     out = []
-    queued = {pid for pid, _ in _groups(machine)[group].queue}
-    for proposal in reversed(machine._proposals.values()):  # noqa: SLF001 - read-only
+    queued = set(g.queue)
+    group = g.name
+    for proposal in reversed(proposals.values()):
         if proposal.group != group or proposal.id in queued:
             continue
         out.append(proposal_doc(proposal))

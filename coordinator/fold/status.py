@@ -1,7 +1,8 @@
 """``group_status``: a group's state as plain JSON data for ``GET /groups/{group}``.
 
-Built from the fold's internal state on demand, so the HTTP surface never holds a reference to
-anything the fold mutates.
+Rendered from a :class:`~coordinator.fold.capture.GroupCapture` (the group as captured at one
+offset), so the HTTP surface never holds a reference to anything the fold mutates, and the
+read model renders a captured group whenever it is first asked.
 """
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ from typing import Any
 import msgspec
 
 from ...wire import life
-from .state import FAILED, GroupState
+from .capture import GroupCapture
+from .state import FAILED
 
 
 def plain(value: Any) -> Any:
@@ -19,7 +21,7 @@ def plain(value: Any) -> Any:
     return msgspec.json.decode(msgspec.json.encode(value))
 
 
-def run_status(g: GroupState) -> str:
+def run_status(g: GroupCapture) -> str:
     """Where the group's run stands, in the one vocabulary (``wire.life``)."""
     return life.run_status(
         formed=g.view is not None,
@@ -31,27 +33,30 @@ def run_status(g: GroupState) -> str:
     )
 
 
-def rank_counts(g: GroupState) -> dict[str, int]:
+def rank_counts(g: GroupCapture) -> dict[str, int]:
     """How many ranks are in each physical state, and what became of them in the one
     vocabulary (``wire.life``): online, exited cleanly, died, never joined."""
     counts = {"HEALTHY": 0, "SYNCED": 0, "OFFLINE": 0, "exited": 0, "online": 0, "died": 0}
-    for info in g.ranks:
-        counts[info.state] += 1
-        if info.state != "OFFLINE":
+    for state, incarnation, exited in zip(
+        g.column("state"), g.column("incarnation"), g.column("exited"), strict=True
+    ):
+        counts[state] += 1
+        if state != "OFFLINE":
             counts[life.ONLINE] += 1
-        elif info.exited:
+        elif exited:
             counts[life.EXITED] += 1
-        elif info.incarnation is not None:
+        elif incarnation is not None:
             counts[life.DIED] += 1
     counts[life.NOT_JOINED] = (
-        len(g.ranks) - counts[life.ONLINE] - counts[life.EXITED] - counts[life.DIED]
+        g.world_size - counts[life.ONLINE] - counts[life.EXITED] - counts[life.DIED]
     )
     return counts
 
 
-def group_status(g: GroupState) -> dict[str, Any]:
+def group_status(g: GroupCapture) -> dict[str, Any]:
     """Config, formation status, current view, per-rank state, queue and change in flight."""
     active = set(g.active)
+    alive = g.alive
     change = g.change
     counts = rank_counts(g)
     return {
@@ -70,18 +75,26 @@ def group_status(g: GroupState) -> dict[str, Any]:
         "ranks": [
             {
                 "rank": r,
-                "state": info.state,
-                "incarnation": info.incarnation,
-                "rank_epoch": info.rank_epoch,
-                "last_heartbeat_ts": g.alive.get(r, info.last_heartbeat_ts),
-                "exited": info.exited,
+                "state": state,
+                "incarnation": incarnation,
+                "rank_epoch": rank_epoch,
+                "last_heartbeat_ts": alive.get(r, last_heartbeat_ts),
+                "exited": exited,
                 "active": r in active,
-                "self_ready": info.self_ready,
-                "down_peers": sorted(info.down),
+                "self_ready": self_ready,
+                "down_peers": sorted(down),
             }
-            for r, info in enumerate(g.ranks)
+            for r, (
+                state,
+                incarnation,
+                rank_epoch,
+                last_heartbeat_ts,
+                exited,
+                self_ready,
+                down,
+            ) in enumerate(g.rows())
         ],
-        "pending_proposals": [pid for pid, _ in g.queue],
+        "pending_proposals": list(g.queue),
         "change_in_flight": None
         if change is None
         else {

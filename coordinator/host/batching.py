@@ -9,7 +9,7 @@ fold's state before the batch, :func:`decisions_first` reads the batch appended.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import msgspec
@@ -21,7 +21,7 @@ from ..fold.heartbeats import HeartbeatBuffer
 from ..fold.machine import Coordinator
 from .inputs import Beats, Existing, Input, Outcome, Refusal, SharedReply
 from .metrics import HostMetrics
-from .reads import Reads
+from .reads import Reads, ReadsPublisher
 
 #: How many inputs one append takes at most, by default.
 MAX_BATCH = 4096
@@ -122,18 +122,25 @@ class Admission:
     """
 
     def __init__(
-        self, machine: Coordinator, beats: HeartbeatBuffer[Input], metrics: HostMetrics
+        self,
+        machine: Coordinator,
+        beats: HeartbeatBuffer[Input],
+        metrics: HostMetrics,
+        *,
+        reads: Callable[[], Reads] | None = None,
     ) -> None:
         self.machine = machine
-        #: what a caller's own check reads (``Input.precheck``)
-        self.reads = Reads(machine)
+        #: what a caller's own check reads (``Input.precheck``): the host's published read
+        #: model (at a batch's admission, the fold as of the last cycle); by default, for a
+        #: fold driven without a host, one built at each check
+        self.reads = reads or (lambda: ReadsPublisher(machine).current)
         self.beats = beats
         self.metrics = metrics
 
     def precheck(self, item: Input) -> Outcome | None:
         """The caller's own check, then the fold's: a repeat of an earlier record is that record
         (``Existing``), a refused input its ``Refusal``; None when the input may go in."""
-        if item.precheck is not None and (outcome := item.precheck(self.reads)) is not None:
+        if item.precheck is not None and (outcome := item.precheck(self.reads())) is not None:
             return outcome
         rec = item.record
         if rec.kind == "tick":

@@ -10,15 +10,16 @@ each turn of :meth:`Host._run` is
 3. **step** the fold over those records in offset order, which gives one
    :class:`~coordinator.host.ready.Ready` value (``ready.ReadyBuilder``);
 4. **carry out** the Ready: projection rows written with the consumer offset (before anything
-   that depends on them is answered), agent updates published and long polls woken (answered
+   that depends on them is answered), the read model published (``reads``: what the API
+   reads, one whole cycle at a time), agent updates published and long polls woken (answered
    in shares while inputs wait: ``pacing``), waiting proposals answered, then the inputs
    (the decisions before the shared heartbeat records: ``batching.decisions_first``);
    now and then a snapshot (``snapshots``), so a restart replays only a short tail.
 
 Time enters the fold only as record timestamps: the host stamps each batch with the writer's
 clock, and a ticker (``ticks``) appends a ``tick`` once ``next_deadline()`` has passed.
-Responses are served from the fold's in-memory state; the log, not this object, is the source
-of truth, and a restart rebuilds everything here from the latest snapshot plus the tail.
+Responses are served from the fold's in-memory state (the API's reads from the read model the
+loop publishes after each cycle); the log, not this object, is the source of truth, and a restart rebuilds everything here from the latest snapshot plus the tail.
 
 Whether the host leads at once or only while it holds a lease is its :class:`Role`
 (:class:`SoleLeader`, ``replica.Replica``).
@@ -61,7 +62,7 @@ from .journal import UpdateJournals
 from .metrics import HostMetrics
 from .pacing import PollPacing
 from .polls import UpdatesAnswer, resync_answer
-from .reads import Reads
+from .reads import Reads, ReadsPublisher
 from .ready import HostState, Ready, ReadyBuilder, publish
 from .rows import ProjectionRows
 from .snapshots import (
@@ -188,8 +189,9 @@ class Host:
         self.facets = machine.composition
         if log_ is not None:  # the simulator's host appends to a world of its own
             log_.accept(self.facets.kinds)
-        #: what the API reads of the fold (``reads.py``): never the machine itself
-        self.reads = Reads(machine)
+        #: what the API reads of the fold (``reads.py``), published once per cycle: never
+        #: the machine itself
+        self.published = ReadsPublisher(machine)
         self.metrics = HostMetrics()
         self.journals = UpdateJournals(floor=machine.offset)
         self.store_address: dict[str, Any] | None = None
@@ -213,7 +215,9 @@ class Host:
         self._shutdown_lead_s = shutdown_lead_s
         #: the inputs waiting for the loop, in arrival order
         self.queue: deque[Input] = deque()
-        self.admission = Admission(machine, HeartbeatBuffer(heartbeat_flush_s), self.metrics)
+        self.admission = Admission(
+            machine, HeartbeatBuffer(heartbeat_flush_s), self.metrics, reads=self._reads
+        )
         self._max_batch = max_batch
         self._applied = machine.offset
         self._has_input = asyncio.Event()
@@ -237,6 +241,15 @@ class Host:
         #: "standby"; ``role.leader``: the leader's address as far as a standby knows it)
         self.role: Role = role if role is not None else SoleLeader()
         self.role.attach(self)
+
+    @property
+    def reads(self) -> Reads:
+        """The read model of the last cycle carried out (``reads.py``): all the API reads of
+        the fold."""
+        return self.published.current
+
+    def _reads(self) -> Reads:
+        return self.published.current
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -465,7 +478,7 @@ class Host:
 
     async def wait_proposal(self, proposal_id: int, timeout: float) -> Proposal | None:
         """The proposal once terminal, or as it stands when ``timeout`` seconds have passed."""
-        proposal = self.machine.proposal(proposal_id)
+        proposal = self.reads.proposal(proposal_id)
         if proposal is None or proposal.status in TERMINAL or timeout <= 0:
             return proposal
         future: asyncio.Future[Proposal] = asyncio.get_running_loop().create_future()
@@ -475,7 +488,7 @@ class Host:
             async with asyncio.timeout(timeout):
                 return await future
         except TimeoutError:
-            return self.machine.proposal(proposal_id)
+            return self.reads.proposal(proposal_id)
         finally:
             if future in waiters:
                 waiters.remove(future)
@@ -675,9 +688,11 @@ class Host:
         ``live``: inputs decided now, whose decisions are logged (not a catch-up's)."""
         effects: list[Effect] = []
         step = self.machine.step
+        note = self.published.note
         for rec in records:
             try:
                 effects.extend(step(rec))
+                note(rec)
             except Exception as exc:  # a bug in the fold: stop before the state diverges further
                 log.exception("the fold failed at offset %d", rec.offset)
                 self._stop(
@@ -692,7 +707,8 @@ class Host:
 
     async def _carry_out(self, ready: Ready) -> None:
         """Carry out one Ready, in its order: the updates published (readers see them only at
-        the wake below), the projection rows written, long polls woken, proposals answered."""
+        the wake below), the projection rows written, the read model published, long polls
+        woken, proposals answered."""
         metrics = self.metrics
         for group in ready.committed:
             metrics.view_changes[group] += 1
@@ -710,6 +726,7 @@ class Host:
         self.projections.add(ready.rows)
         await self.projections.write(ready.offset)
         self._applied = ready.offset
+        self.published.publish()
         journals.wake()
         for proposal in ready.resolved:
             for future in self._proposal_waiters.pop(proposal.id, []):

@@ -48,7 +48,7 @@ async def bump(request: Request, group: str) -> Response:
     outcome = await host.submit(NewRecord(kind="toy_bump", group=group, payload={"by": req.by}))
     if isinstance(outcome, Refusal):
         raise ApiError(outcome.code, outcome.detail)
-    count = host.machine.facet("toy").count(group)
+    count = host.reads.facet("toy").count(group)
     return json_response({"group": group, "count": count}, 201)
 
 
@@ -60,4 +60,4 @@ async def bump(request: Request, group: str) -> Response:
 async def read(request: Request, group: str) -> Response:
     host = host_of(request)
     require_group(host, group)
-    return json_response({"group": group, "count": host.machine.facet("toy").count(group)})
+    return json_response({"group": group, "count": host.reads.facet("toy").count(group)})

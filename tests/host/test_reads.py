@@ -1,0 +1,166 @@
+"""The read model (``coordinator/host/reads.py``): published once per cycle, copy-on-write per
+group, never the live fold.
+
+- Every read of a published model equals the same read of a model captured afresh from the
+  fold at that offset, over the logs of simulator seeds folded in batches of every size (the
+  per-group reuse is exactly what a full capture gives), and a published model keeps its
+  answers while later cycles are folded.
+- A group no record of a cycle named is shared, rendered answers included; a cycle of
+  heartbeats alone recaptures only the last beats.
+- On a real host over a SQLite log, a read while a cycle is carried out (its projection rows
+  being written) sees the previous cycle's model, and the next cycle's once it is done.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from foldplane.coordinator.fold.machine import Coordinator
+from foldplane.coordinator.host.loop import Appended, Host
+from foldplane.coordinator.host.reads import Reads, ReadsPublisher
+from foldplane.eventlog.record import NewRecord, Record
+from foldplane.sim.world import World
+
+S = 1_000_000_000
+T0 = 1_764_000_000 * S
+
+
+def _answers(reads: Reads) -> bytes:
+    """Every read the API makes, for every group and proposal, as one document."""
+    out: list[object] = [reads.offset, reads.groups(), reads.group_list()]
+    for group in reads.groups():
+        out += [
+            reads.group_deleted(group),
+            reads.group_config(group),
+            reads.current_view(group),
+            reads.group_status(group),
+            reads.group_overview(group),
+        ]
+    for pid in range(1, 64):
+        out.append(reads.proposal(pid))
+    for uuid in range(1, 8):
+        out.append(reads.proposal_by_uuid("g", uuid))
+    return msgspec.json.encode(out)
+
+
+@pytest.mark.parametrize("seed", [3, 11, 17, 29])
+def test_a_published_model_reads_as_a_fresh_capture_and_keeps_its_answers(seed: int) -> None:
+    log = World(seed, 600).run().log
+    assert log, "the seed appended nothing"
+    rng = random.Random(seed)
+    machine = Coordinator()
+    publisher = ReadsPublisher(machine)
+    kept: list[tuple[Reads, bytes]] = []
+    at = 0
+    while at < len(log):
+        batch = log[at : at + rng.choice((1, 1, 2, 3, 8, 40))]
+        at += len(batch)
+        for rec in batch:
+            machine.step(rec)
+            publisher.note(rec)
+        published = publisher.publish()
+        fresh = ReadsPublisher(machine).current
+        assert _answers(published) == _answers(fresh), f"seed {seed} at offset {machine.offset}"
+        kept.append((published, _answers(published)))
+    for reads, answers in kept[:: max(1, len(kept) // 20)]:
+        assert _answers(reads) == answers, f"the model of offset {reads.offset} changed"
+
+
+class _Feed:
+    def __init__(self) -> None:
+        self.machine = Coordinator()
+        self.publisher = ReadsPublisher(self.machine)
+        self.offset = 0
+
+    def cycle(self, *records: tuple[str, str | None, int | None, dict]) -> Reads:
+        for kind, group, rank, payload in records:
+            self.offset += 1
+            rec = Record(self.offset, T0 + self.offset, 1, kind, group, rank, payload, 0)
+            self.machine.step(rec)
+            self.publisher.note(rec)
+        return self.publisher.publish()
+
+
+def _formed(feed: _Feed, group: str, n: int) -> None:
+    feed.cycle(("group_created", group, None, {"world_size": n, "config": {}}))
+    feed.cycle(*[("join", group, r, {"incarnation": f"i{r}"}) for r in range(n)])
+    feed.cycle(
+        *[
+            ("links", group, r, {"incarnation": f"i{r}", "peers": {}, "self_ready": True})
+            for r in range(n)
+        ]
+    )
+    feed.cycle(*[("ack", group, r, {"incarnation": f"i{r}", "version": 1}) for r in range(n)])
+
+
+def test_an_unchanged_group_is_shared_and_beats_alone_recapture_only_the_last_beats() -> None:
+    feed = _Feed()
+    _formed(feed, "a", 4)
+    _formed(feed, "b", 4)
+    before = feed.publisher.current
+    a_status, b_status, b_line = (
+        before.group_status("a"),
+        before.group_status("b"),
+        before.group_list()[1],
+    )
+    assert before.current_view("a") is not None and before.current_view("a").version == 1
+    after = feed.cycle(("heartbeat", "a", 2, {"incarnation": "i2"}))
+    assert after.offset == before.offset + 1
+    # b: no record named it, so its model is the one before, rendered answers and all
+    assert after.group_status("b") is b_status and after.group_list()[1] is b_line
+    # a: its beats moved, nothing else did
+    got = after.group_status("a")
+    assert got is not a_status
+    assert got["ranks"][2]["last_heartbeat_ts"] == T0 + after.offset
+    assert {**got, "ranks": None} == {**a_status, "ranks": None}
+    # the earlier model still says what it said
+    assert before.group_status("a") is a_status
+    assert a_status["ranks"][2]["last_heartbeat_ts"] != T0 + after.offset
+    # a record that names no group (a tick) may move any group: both are captured again
+    ticked = feed.cycle(("tick", None, None, {}))
+    assert ticked.group_status("b") is not b_status
+    assert ticked.group_status("b") == b_status
+
+
+async def test_a_read_during_a_cycle_sees_the_previous_cycle(tmp_path: Path) -> None:
+    host = await Host.open(str(tmp_path / "log.db"), heartbeat_flush_s=0)
+    try:
+        created = await host.submit(
+            NewRecord(kind="group_created", group="g", payload={"world_size": 2, "config": {}})
+        )
+        assert isinstance(created, Appended)
+        assert host.reads.group_status("g") is not None
+        # hold the next cycle in its carry-out, where it writes its projection rows
+        log = host.log
+        write = log.write_projections
+        writing, release = asyncio.Event(), asyncio.Event()
+
+        async def held_write(*args: object, **kwargs: object) -> None:
+            writing.set()
+            await release.wait()
+            await write(*args, **kwargs)  # type: ignore[arg-type]
+
+        log.write_projections = held_write  # type: ignore[method-assign]
+        before = host.reads
+        join = asyncio.ensure_future(
+            host.submit(NewRecord(kind="join", group="g", rank=0, payload={"incarnation": "i0"}))
+        )
+        await asyncio.wait_for(writing.wait(), 10)
+        # the fold has stepped the join; the API's reads have not moved
+        assert host.machine.offset == before.offset + 1
+        assert host.reads is before
+        assert host.reads.group_status("g")["ranks"][0]["state"] == "OFFLINE"  # type: ignore[index]
+        release.set()
+        outcome = await asyncio.wait_for(join, 10)
+        assert isinstance(outcome, Appended)
+        after = host.reads
+        assert after is not before and after.offset == outcome.offset
+        assert after.group_status("g")["ranks"][0]["state"] == "SYNCED"  # type: ignore[index]
+        assert before.group_status("g")["ranks"][0]["state"] == "OFFLINE"  # type: ignore[index]
+    finally:
+        await host.close()
