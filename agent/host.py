@@ -54,6 +54,7 @@ from .client import (
     CoordinatorUnavailable,
     start_timeout_s,
 )
+from .driver import Driver
 from .events import ANSWER_S, EventAnswers, event_fields
 from .machine import (
     BEATS,
@@ -661,7 +662,9 @@ class Agent:
     # -- the driver ------------------------------------------------------------------------------
 
     def _drive(self) -> None:
-        machine = self._machine
+        """The driver thread's loop, etcd raft's ``node.run``: the next input (or a ``Tick``
+        when the machine's deadline passes) into the one driver core (``_Driver``)."""
+        machine, driver = self._machine, _Driver(self)
         while not self._stop.is_set():
             now = time.monotonic()
             if self._move_retry_at is not None and now >= self._move_retry_at:
@@ -677,56 +680,19 @@ class Agent:
                 event = Tick(time.monotonic())
             if event is None:
                 break
-            actions = machine.step(event)
+            driver.feed(event)
             if machine.awaiting_data_plane and self._data_plane_ready():
-                actions += machine.step(DataPlaneReady(time.monotonic()))
-            for action in actions:
-                try:
-                    self._carry_out(action)
-                except Exception:  # the loop must outlive one bad action
-                    log.exception("rank %d: carrying out %r failed", self.rank, action)
+                driver.feed(DataPlaneReady(time.monotonic()))
 
-    def _carry_out(self, action: Action) -> None:
-        if isinstance(action, SendEvents):
-            (self._to_beat if action.lane == BEATS else self._to_send).put(action)
-        elif isinstance(action, PollUpdates):
-            self._to_poll.put(action)
-        elif isinstance(action, ConnectDataPlane):
-            self._connect_data_plane(action.store)
-        elif isinstance(action, MoveDataPlane):
-            self._move_data_plane(action.store)
-        elif isinstance(action, InstallView):
-            self._install(action.view, action.member)
-        elif isinstance(action, RankStateChanged):
-            self._publish(state=action.state)
-        elif isinstance(action, ShutdownWithSave):
-            self._shutdown_with_save(action)
-        elif isinstance(action, ProgressAnswered):
-            self.data.on_answer(
-                action.epoch, action.assignment, action.processed, action.error, action.detail
-            )
-        elif isinstance(action, FacetUpdate):
-            for follow in self._followers.get(type(action.update), ()):
-                follow(action.update)
-        elif isinstance(action, EventAnswered):
-            fields = dict(action.fields)
-            if action.kind in REFIT_EVENTS:
-                self.refits.on_answer(
-                    action.kind, fields, action.offset, action.error, action.detail
-                )
-            else:
-                self._events.on_answer(
-                    action.kind, fields, action.offset, action.error, action.detail
-                )
-        elif isinstance(action, Stopped):
-            log.info("rank %d: agent %s: %s", self.rank, action.reason, action.detail)
-            self._publish(stopped=action)
-            self._stop.set()
-            if self._data is not None:
-                self._data.on_stopped(f"{action.reason}: {action.detail}")
-            if self._refits is not None:
-                self._refits.on_stopped(f"{action.reason}: {action.detail}")
-            self._events.on_stopped(f"{action.reason}: {action.detail}")
+    def _on_stopped(self, action: Stopped) -> None:
+        log.info("rank %d: agent %s: %s", self.rank, action.reason, action.detail)
+        self._publish(stopped=action)
+        self._stop.set()
+        if self._data is not None:
+            self._data.on_stopped(f"{action.reason}: {action.detail}")
+        if self._refits is not None:
+            self._refits.on_stopped(f"{action.reason}: {action.detail}")
+        self._events.on_stopped(f"{action.reason}: {action.detail}")
 
     def _connect_data_plane(self, store: StoreAddress) -> None:
         from .dataplane import DataPlane
@@ -980,6 +946,58 @@ class Agent:
             return "none"
         more = f", ... (+{len(names) - 20} more)" if len(names) > 20 else ""
         return ", ".join(names[:20]) + more
+
+
+class _Driver(Driver):
+    """The agent's machine in the driver every agent host uses (``agent.driver``): each action
+    goes to the agent's helper threads, its data plane or whoever follows it."""
+
+    def __init__(self, agent: Agent) -> None:
+        super().__init__(agent._machine)
+        self.agent = agent
+
+    def failed(self, action: Action, exc: Exception) -> None:
+        # the loop must outlive one bad action
+        log.exception("rank %d: carrying out %r failed", self.agent.rank, action)
+
+    def send_events(self, action: SendEvents) -> None:
+        agent = self.agent
+        (agent._to_beat if action.lane == BEATS else agent._to_send).put(action)
+
+    def poll_updates(self, action: PollUpdates) -> None:
+        self.agent._to_poll.put(action)
+
+    def connect_data_plane(self, action: ConnectDataPlane) -> None:
+        self.agent._connect_data_plane(action.store)
+
+    def move_data_plane(self, action: MoveDataPlane) -> None:
+        self.agent._move_data_plane(action.store)
+
+    def install_view(self, action: InstallView) -> None:
+        self.agent._install(action.view, action.member)
+
+    def rank_state_changed(self, action: RankStateChanged) -> None:
+        self.agent._publish(state=action.state)
+
+    def shutdown_with_save(self, action: ShutdownWithSave) -> None:
+        self.agent._shutdown_with_save(action)
+
+    def progress_answered(self, action: ProgressAnswered) -> None:
+        self.agent.data.on_answer(
+            action.epoch, action.assignment, action.processed, action.error, action.detail
+        )
+
+    def facet_update(self, action: FacetUpdate) -> None:
+        for follow in self.agent._followers.get(type(action.update), ()):
+            follow(action.update)
+
+    def event_answered(self, action: EventAnswered) -> None:
+        agent, fields = self.agent, dict(action.fields)
+        answers = agent.refits if action.kind in REFIT_EVENTS else agent._events
+        answers.on_answer(action.kind, fields, action.offset, action.error, action.detail)
+
+    def stopped(self, action: Stopped) -> None:
+        self.agent._on_stopped(action)
 
 
 def _describe(view: View | None) -> str:

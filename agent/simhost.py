@@ -40,11 +40,11 @@ from ..wire import ranks as rank_sets
 from ..wire.protocol import FEATURES, MAX_EVENTS, PROTOCOL, AgentEventBase, View
 from ..wire.updates import AgentUpdate, addressed_rank, decode_updates
 from .channel import ChannelClosed, ChannelLink, ChannelRefused, HostChannel
+from .driver import Driver
 from .httplite import Connection, HttpError
 from .machine import (
     BEATS,
     EVENTS,
-    Action,
     AgentConfig,
     AgentMachine,
     Close,
@@ -109,8 +109,10 @@ class SimulatedHost:
         self.tokens = dict(tokens or {})
         self.on_change = on_change
         self.machines: dict[int, AgentMachine] = {}
+        #: each rank's machine in the driver every agent host uses (``agent.driver``)
+        self.drivers: dict[int, _Rank] = {}
         for rank in ranks:
-            self.machines[rank] = self._machine(rank)
+            self._add(rank)
         #: ranks whose process is gone (killed or stopped): their machines get no more input
         self.dead: set[int] = set()
         #: rank -> the directions it is cut off in (see :meth:`mute`)
@@ -154,8 +156,9 @@ class SimulatedHost:
         self.request_timeout_s = request_timeout_s
         self._tasks: list[asyncio.Task[None]] = []
 
-    def _machine(self, rank: int, incarnation: str | None = None) -> AgentMachine:
-        return AgentMachine(
+    def _add(self, rank: int, incarnation: str | None = None) -> None:
+        """A new process for ``rank``: its machine, and its driver."""
+        machine = AgentMachine(
             AgentConfig(
                 group=self.group,
                 rank=rank,
@@ -164,6 +167,8 @@ class SimulatedHost:
                 heartbeat_interval_s=self.heartbeat_interval_s,
             )
         )
+        self.machines[rank] = machine
+        self.drivers[rank] = _Rank(self, rank, machine)
 
     # -- what a test or benchmark reads ------------------------------------------------------------
 
@@ -277,7 +282,7 @@ class SimulatedHost:
     def replace(self, rank: int) -> str:
         """A new process for ``rank`` (a new incarnation) starts and joins; its incarnation."""
         incarnation = uuid.uuid4().hex
-        self.machines[rank] = self._machine(rank, incarnation)
+        self._add(rank, incarnation)
         self.dead.discard(rank)
         self.stopped.pop(rank, None)
         self._start(rank, time.monotonic())
@@ -299,14 +304,7 @@ class SimulatedHost:
     def _step(self, rank: int, event: Any) -> None:
         if rank in self.dead:
             return
-        machine = self.machines[rank]
-        actions = machine.step(event)
-        while actions:
-            follow: list[Action] = []
-            for action in actions:
-                follow.extend(self._carry_out(rank, machine, action))
-            actions = follow
-        deadline = machine.next_deadline()
+        deadline = self.drivers[rank].feed(event)
         if deadline is not None:
             scheduled = self._scheduled.get(rank)
             if scheduled is None or deadline < scheduled:
@@ -324,51 +322,51 @@ class SimulatedHost:
             heapq.heappush(self._timers, (deadline, rank))
             self._timer_changed.set()
 
-    def _carry_out(self, rank: int, machine: AgentMachine, action: Action) -> list[Action]:
-        """Carry out one action; what the simulated data plane answers at once comes back.
-        (By the action's exact type, the common ones first: a host carries thousands a second.)"""
-        kind = type(action)
-        if kind is SendEvents:
-            self._outbox[action.lane].append((rank, action.events))  # type: ignore[union-attr]
-            if self.channel:
-                self._pending()
-            else:
-                self._lane_ready[action.lane].set()  # type: ignore[union-attr]
-        elif kind is PollUpdates:
-            self._polls[rank] = action  # type: ignore[assignment]
-            if not self.channel:
-                self._poll_ready.set()
-                return []
-            stream = self._stream
-            if stream is None or rank not in stream[0] or action.after < stream[1]:  # type: ignore[union-attr]
-                # the channel does not serve this rank from its offset on: the rank is not
-                # carried, or it missed pushes (a replacement starts from 0, a reset machine
-                # reads again from the start)
-                self._relink.set()
-        elif kind is InstallView:
-            self._changed()
-            view = action.view  # type: ignore[union-attr]
-            if view.is_active(rank):
-                # a built view: every member reached, nothing down
-                if self.build_s > 0:
-                    loop = asyncio.get_running_loop()
-                    loop.call_later(self.build_s, self._built, rank, view.version)
-                    return []
-                return machine.step(LinkEvidence(time.monotonic(), view.version, {}))
-        elif kind is ConnectDataPlane or kind is MoveDataPlane:
-            if self.data_plane_ready:
-                return machine.step(DataPlaneReady(time.monotonic()))
-        elif kind is RankStateChanged:
-            self.states[rank] = action.state  # type: ignore[union-attr]
-            self._changed()
-        elif kind is ShutdownWithSave:
-            self.shutdowns.append(action)  # type: ignore[arg-type]
-        elif kind is Stopped:
-            self.stopped[rank] = action  # type: ignore[assignment]
-            self.dead.add(rank)
-            self._polls.pop(rank, None)
-            self._changed()
-        return []
+    # -- what the host does with a rank's actions (``_Rank``) --------------------------------------
+
+    def _send_events(self, rank: int, action: SendEvents) -> None:
+        self._outbox[action.lane].append((rank, action.events))
+        if self.channel:
+            self._pending()
+        else:
+            self._lane_ready[action.lane].set()
+
+    def _poll_updates(self, rank: int, action: PollUpdates) -> None:
+        self._polls[rank] = action
+        if not self.channel:
+            self._poll_ready.set()
+            return
+        stream = self._stream
+        if stream is None or rank not in stream[0] or action.after < stream[1]:
+            # the channel does not serve this rank from its offset on: the rank is not
+            # carried, or it missed pushes (a replacement starts from 0, a reset machine
+            # reads again from the start)
+            self._relink.set()
+
+    def _install_view(self, rank: int, action: InstallView) -> LinkEvidence | None:
+        """A built view: every member reached, nothing down (at once, or ``build_s`` later)."""
+        self._changed()
+        view = action.view
+        if not view.is_active(rank):
+            return None
+        if self.build_s > 0:
+            asyncio.get_running_loop().call_later(self.build_s, self._built, rank, view.version)
+            return None
+        return LinkEvidence(time.monotonic(), view.version, {})
+
+    def _data_plane(self, rank: int) -> DataPlaneReady | None:
+        """The simulated data plane is ready on any store at once (unless it never is)."""
+        return DataPlaneReady(time.monotonic()) if self.data_plane_ready else None
+
+    def _rank_state(self, rank: int, action: RankStateChanged) -> None:
+        self.states[rank] = action.state
+        self._changed()
+
+    def _stopped(self, rank: int, action: Stopped) -> None:
+        self.stopped[rank] = action
+        self.dead.add(rank)
+        self._polls.pop(rank, None)
+        self._changed()
 
     def _changed(self) -> None:
         if self.on_change is not None:
@@ -686,6 +684,39 @@ class SimulatedHost:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(timeout):
                     await self._timer_changed.wait()
+
+
+class _Rank(Driver):
+    """One rank of a simulated host: its machine in the driver every agent host uses, each
+    action handed to the host with the rank's number."""
+
+    def __init__(self, host: SimulatedHost, rank: int, machine: AgentMachine) -> None:
+        super().__init__(machine)
+        self.host, self.rank = host, rank
+
+    def send_events(self, action: SendEvents) -> None:
+        self.host._send_events(self.rank, action)
+
+    def poll_updates(self, action: PollUpdates) -> None:
+        self.host._poll_updates(self.rank, action)
+
+    def install_view(self, action: InstallView) -> LinkEvidence | None:
+        return self.host._install_view(self.rank, action)
+
+    def connect_data_plane(self, action: ConnectDataPlane) -> DataPlaneReady | None:
+        return self.host._data_plane(self.rank)
+
+    def move_data_plane(self, action: MoveDataPlane) -> DataPlaneReady | None:
+        return self.host._data_plane(self.rank)
+
+    def rank_state_changed(self, action: RankStateChanged) -> None:
+        self.host._rank_state(self.rank, action)
+
+    def shutdown_with_save(self, action: ShutdownWithSave) -> None:
+        self.host.shutdowns.append(action)
+
+    def stopped(self, action: Stopped) -> None:
+        self.host._stopped(self.rank, action)
 
 
 class Channel:

@@ -64,6 +64,7 @@ from typing import Any, NamedTuple
 
 import msgspec
 
+from ..agent.driver import Driver
 from ..agent.machine import (
     BEATS,
     EVENTS,
@@ -642,21 +643,24 @@ class _Reader:
         return self.epoch, self.assignment, cursor.processed, self.rate
 
 
-class Process:
-    """One agent process: a real ``AgentMachine`` and what its host and data plane do."""
+class Process(Driver):
+    """One agent process: a real ``AgentMachine`` in the driver the real agent runs
+    (``agent.driver``), and what its host and data plane do with each action."""
 
     def __init__(self, world: World, rank: int, incarnation: str) -> None:
         self.world = world
         self.rank = rank
         self.incarnation = incarnation
         hb = world.setup.heartbeat_s
-        self.machine = AgentMachine(
-            AgentConfig(
-                group=GROUP,
-                rank=rank,
-                incarnation=incarnation,
-                world_size=world.setup.ranks,
-                heartbeat_interval_s=hb,
+        super().__init__(
+            AgentMachine(
+                AgentConfig(
+                    group=GROUP,
+                    rank=rank,
+                    incarnation=incarnation,
+                    world_size=world.setup.ranks,
+                    heartbeat_interval_s=hb,
+                )
             )
         )
         self.alive = True  # False once killed or stopped
@@ -679,11 +683,10 @@ class Process:
     def running(self) -> bool:
         return self.alive and self.world.now >= self.paused_until
 
-    def feed(self, event: Any) -> None:
+    def feed(self, event: Any) -> None:  # type: ignore[override]
         if not self.running:
             return
-        for action in self.machine.step(event):
-            self.carry_out(action)
+        super().feed(event)
         self.schedule_tick()
 
     def schedule_tick(self) -> None:
@@ -700,36 +703,49 @@ class Process:
             return None
         return _STALE
 
-    def carry_out(self, action: Any) -> None:
+    # -- what the host and the data plane do with each action (``agent.driver.Driver``) ---------
+
+    def send_events(self, action: SendEvents) -> None:
         w = self.world
-        if isinstance(action, SendEvents):
-            rid = w.rid()
-            self.lanes[action.lane] = rid
-            w.send(self, COORD, ("events", rid, action.events, action.lane))
-            w.at(w.now + EVENTS_TIMEOUT_NS, self.events_timeout, action.lane, rid)
-        elif isinstance(action, PollUpdates):
-            rid = w.rid()
-            self.poll_rid = rid
-            at = w.now + round(action.delay_s * S)
-            w.at(at, self.send_poll, rid, action.after, action.view)
-        elif isinstance(action, ConnectDataPlane | MoveDataPlane):
-            self.store_gen += 1
-            w.at(w.now + w.rng.randrange(10 * MS, 300 * MS), self.data_plane_ready, self.store_gen)
-        elif isinstance(action, InstallView):
-            self.view = action.view
-            w.inv.check_agent_view_in_history(GROUP, self.rank, self.incarnation, action.view)
-            self.probe_later()
-        elif isinstance(action, ShutdownWithSave):
-            w.inv.check_agent_shutdown(self.rank, self.incarnation)
-            w.at(w.now + w.rng.randrange(50 * MS, 1000 * MS), self.close)
-        elif isinstance(action, Stopped):
-            self.alive = False
-            w.stopped.append((self.rank, self.incarnation, action.reason))
-        elif isinstance(action, FacetUpdate) and isinstance(action.update, _DATA_UPDATES):
-            if self.reader.on_update(action.update):
-                self.read_later()
-        elif isinstance(action, ProgressAnswered):
-            self.reader.on_answer(action)
+        rid = w.rid()
+        self.lanes[action.lane] = rid
+        w.send(self, COORD, ("events", rid, action.events, action.lane))
+        w.at(w.now + EVENTS_TIMEOUT_NS, self.events_timeout, action.lane, rid)
+
+    def poll_updates(self, action: PollUpdates) -> None:
+        w = self.world
+        rid = w.rid()
+        self.poll_rid = rid
+        at = w.now + round(action.delay_s * S)
+        w.at(at, self.send_poll, rid, action.after, action.view)
+
+    def connect_data_plane(self, action: ConnectDataPlane | MoveDataPlane) -> None:
+        w = self.world
+        self.store_gen += 1
+        w.at(w.now + w.rng.randrange(10 * MS, 300 * MS), self.data_plane_ready, self.store_gen)
+
+    move_data_plane = connect_data_plane
+
+    def install_view(self, action: InstallView) -> None:
+        self.view = action.view
+        self.world.inv.check_agent_view_in_history(GROUP, self.rank, self.incarnation, action.view)
+        self.probe_later()
+
+    def shutdown_with_save(self, action: ShutdownWithSave) -> None:
+        w = self.world
+        w.inv.check_agent_shutdown(self.rank, self.incarnation)
+        w.at(w.now + w.rng.randrange(50 * MS, 1000 * MS), self.close)
+
+    def stopped(self, action: Stopped) -> None:
+        self.alive = False
+        self.world.stopped.append((self.rank, self.incarnation, action.reason))
+
+    def facet_update(self, action: FacetUpdate) -> None:
+        if isinstance(action.update, _DATA_UPDATES) and self.reader.on_update(action.update):
+            self.read_later()
+
+    def progress_answered(self, action: ProgressAnswered) -> None:
+        self.reader.on_answer(action)
 
     def read_later(self) -> None:
         """The training loop reads its next batch a little later."""

@@ -20,7 +20,7 @@ from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from ...agent.machine import Action, AgentMachine, EventsAnswered, EventsFailed, SendEvents
+from ...agent.machine import EventsAnswered, EventsFailed, SendEvents
 from ...agent.simhost import SimulatedCluster, SimulatedHost
 from ...coordinator.runtime import GC_THRESHOLDS, loop_factory
 from ...wire.protocol import EVENT_KINDS
@@ -84,11 +84,10 @@ class TimedHost(SimulatedHost):
         self.acked_at: list[float] = []
         self._handed: dict[tuple[int, str], tuple[float, tuple[str, ...]]] = {}
 
-    def _carry_out(self, rank: int, machine: AgentMachine, action: Action) -> list[Action]:
-        if isinstance(action, SendEvents):
-            kinds = tuple(EVENT_KINDS[type(e)] for e in action.events)
-            self._handed[(rank, action.lane)] = (time.perf_counter(), kinds)
-        return super()._carry_out(rank, machine, action)
+    def _send_events(self, rank: int, action: SendEvents) -> None:
+        kinds = tuple(EVENT_KINDS[type(e)] for e in action.events)
+        self._handed[(rank, action.lane)] = (time.perf_counter(), kinds)
+        super()._send_events(rank, action)
 
     def _step(self, rank: int, event: Any) -> None:
         if isinstance(event, EventsAnswered | EventsFailed):
