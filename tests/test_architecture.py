@@ -62,16 +62,51 @@ RULE_FILES = (
     "barrier",
     "deadlines",
     "ending",
+    "outcomes",
 )
 
 
 def test_the_coordinator_is_a_dispatcher_over_files_that_state_their_rules() -> None:
     """``machine.py`` dispatches and stays short; a rule is found from the tree alone."""
     fold = ROOT / "coordinator" / "fold"
-    assert len((fold / "machine.py").read_text().splitlines()) <= 300
+    # 360: it names each rule it composes and the checks it hands the host (``check``,
+    # ``next_deadline``, ...), which it used to inherit
+    assert len((fold / "machine.py").read_text().splitlines()) <= 360
     for name in RULE_FILES:
         doc = ast.get_docstring(ast.parse((fold / f"{name}.py").read_text()))
         assert doc and len(doc.splitlines()) >= 3, f"coordinator/fold/{name}.py states no rule"
+
+
+#: What a mixin declares on its class to reach the fold's state through a shared ``self``.
+FOLD_STATE = {"_groups", "_proposals", "_now", "facets", "_facet_of"}
+
+
+def test_the_coordinator_composes_its_rules_and_inherits_none() -> None:
+    """No mixins over a shared ``self``: ``Coordinator`` has no base class, and no class of a
+    rule file inherits another rule's class or declares the fold's state on its class (the
+    mixin's ``_groups: dict[...]``): a rule is handed what it reads."""
+    fold = ROOT / "coordinator" / "fold"
+    machine = ast.parse((fold / "machine.py").read_text())
+    (coordinator,) = [
+        n for n in machine.body if isinstance(n, ast.ClassDef) and n.name == "Coordinator"
+    ]
+    bases = [ast.unparse(b) for b in coordinator.bases]
+    assert not bases, f"Coordinator inherits from {bases}; compose the rules instead"
+    classes: dict[str, tuple[str, ast.ClassDef]] = {}
+    for name in (*RULE_FILES, "reconfigure"):
+        tree = ast.parse((fold / f"{name}.py").read_text())
+        for node in tree.body:
+            if isinstance(node, ast.ClassDef):
+                classes[node.name] = (name, node)
+    for cls_name, (name, cls) in classes.items():
+        inherited = [ast.unparse(b) for b in cls.bases if ast.unparse(b) in classes]
+        assert not inherited, f"{name}.py: {cls_name} inherits the rule classes {inherited}"
+        shared = [
+            ast.unparse(n.target)
+            for n in cls.body
+            if isinstance(n, ast.AnnAssign) and ast.unparse(n.target) in FOLD_STATE
+        ]
+        assert not shared, f"{name}.py: {cls_name} expects the fold's state {shared} on self"
 
 
 def test_the_contracts_cover_the_agent_and_the_benchmarks() -> None:

@@ -39,8 +39,9 @@ from .effects import (
     ViewCommitted,
     ViewPrepare,
 )
-from .facets import Facet
+from .facets import Facet, FoldContext
 from .outcomes import resolve
+from .proposals import attach_heads
 from .ranks import rank_state
 from .reasons import ranks_text
 from .stalls import FAILED as VIEW_FAILED
@@ -50,15 +51,21 @@ from .state import FAILED, FORMED, FORMING, Change, GroupState
 
 
 class ViewChange:
-    """See the module docstring."""
+    """The view change of every group (see the module docstring).
 
-    # A part of the Coordinator (machine.py), whose methods run on it: the fold's state.
-    _groups: dict[str, GroupState]
-    _proposals: dict[int, Proposal]
-    _now: int
-    facets: tuple[Facet, ...]
+    It reads the groups it is handed, the proposals it resolves (``proposals``), the fold's
+    time (``fold.now``) and tells the facets (``facets``, given ``fold``) of each committed
+    view; it decides a change's prepare and commit, a formation's failure and a stall's end,
+    as effects appended to the step's."""
 
-    def _prepare(
+    def __init__(
+        self, fold: FoldContext, proposals: dict[int, Proposal], facets: tuple[Facet, ...]
+    ) -> None:
+        self._fold = fold
+        self._proposals = proposals
+        self._facets = facets
+
+    def prepare(
         self,
         g: GroupState,
         target: tuple[int, ...],
@@ -79,7 +86,7 @@ class ViewChange:
             g.version + 1,
             target,
             participants,
-            self._now + g.cfg.ack_timeout_ns,
+            self._fold.now + g.cfg.ack_timeout_ns,
             kind,
             proposals,
             detail,
@@ -97,9 +104,9 @@ class ViewChange:
                 offset=record.offset,
             )
         )
-        self._attach_heads(g, record, effects)
+        attach_heads(g, self._proposals, record, effects)
 
-    def _commit(self, g: GroupState, record: Record, effects: list[Effect]) -> None:
+    def commit(self, g: GroupState, record: Record, effects: list[Effect]) -> None:
         """Phase two: every participant ACKed, was dropped or exited. Dropped and exited ranks
         leave the view (only the dropped ones are reported as dropped); the proposals it
         carries resolve ``applied`` (or ``applied_with_dropped_ranks``).
@@ -148,7 +155,7 @@ class ViewChange:
             acked_ranks=tuple(sorted(change.acked)),
             dropped_ranks=tuple(sorted(change.dropped)),
             offset=record.offset,
-            ts=self._now,
+            ts=self._fold.now,
             checkpoint_rank=checkpoint_rank(g, active),
         )
         g.view = view
@@ -156,8 +163,8 @@ class ViewChange:
         if g.formation == FORMING:
             g.formation = FORMED
         effects.append(ViewCommitted(view=view, offset=record.offset, base=base))
-        for facet in self.facets:
-            facet.view_committed(self, g, view, base, record, effects)
+        for facet in self._facets:
+            facet.view_committed(self._fold, g, view, base, record, effects)
         return view
 
     def _commit_without_target(self, g: GroupState, record: Record, effects: list[Effect]) -> None:
@@ -190,7 +197,7 @@ class ViewChange:
             resolve(self._proposals, pid, REJECTED, None, outcome, record, effects)
         enforce_budget(g, self._proposals, record, effects)
 
-    def _fail_formation(
+    def fail_formation(
         self, g: GroupState, deadline: int, record: Record, effects: list[Effect]
     ) -> None:
         missing = tuple(r for r, info in enumerate(g.ranks) if info.state != HEALTHY)
@@ -224,24 +231,7 @@ class ViewChange:
 
     # ------------------------------------------------------------------ a stalled view
 
-    def _note_stall(self, g: GroupState, rank: int, links: LinksInput) -> None:
-        """A member says the committed view failed here blaming nobody (``fold/stalls.py``).
-        Only a report about the current view of a formed group, from an active rank, counts."""
-        version = links.failed
-        if (
-            g.formation != FORMED
-            or g.shutdown is not None
-            or g.view is None
-            or version != g.view.version
-            or not g.view.is_active(rank)
-        ):
-            return
-        stall = g.stall
-        if stall is None or stall.version != version:
-            stall = g.stall = Stall(version, g.view.cause.get("kind") == VIEW_RETRY, self._now)
-        stall.reports[rank] = (links.issued or 0, links.completed or 0)
-
-    def _resolve_stall(self, g: GroupState, record: Record, effects: list[Effect]) -> bool:
+    def resolve_stall(self, g: GroupState, record: Record, effects: list[Effect]) -> bool:
         """Decide a view that failed with every member alive (``fold/stalls.py``); True if a
         change was prepared or the group shut down. A stall whose view is no longer current,
         or whose view has an active rank that is not HEALTHY, is forgotten: the other rules
@@ -252,9 +242,9 @@ class ViewChange:
         if stall.version != g.version or any(g.ranks[r].state != HEALTHY for r in active):
             g.stall = None
             return False
-        deadline = self._stall_deadline(g)
+        deadline = stall_deadline(g)
         assert deadline is not None
-        decision = decide(stall, active, self._now, deadline, g.cfg.min_active)
+        decision = decide(stall, active, self._fold.now, deadline, g.cfg.min_active)
         if decision is None:
             return False
         g.stall = None
@@ -262,7 +252,7 @@ class ViewChange:
             shut_down(g, self._proposals, UNRESOLVED, decision.detail, record, effects)
             return True
         if decision.kind == VIEW_RETRY:
-            self._prepare(g, active, VIEW_RETRY, [], decision.detail, record, effects)
+            self.prepare(g, active, VIEW_RETRY, [], decision.detail, record, effects)
             return True
         laggards = set(decision.laggards)
         if not g.cfg.auto_deactivate:
@@ -270,11 +260,32 @@ class ViewChange:
                 effects.append(rank_state(g, rank, f"blamed: {decision.detail}", record))
             return False
         target = tuple(r for r in active if r not in laggards)
-        self._prepare(g, target, VIEW_FAILED, [], decision.detail, record, effects)
+        self.prepare(g, target, VIEW_FAILED, [], decision.detail, record, effects)
         return True
 
-    def _stall_deadline(self, g: GroupState) -> int | None:
-        stall = g.stall
-        if stall is None or stall.version != g.version:
-            return None
-        return stall.deadline(g.cfg.reconcile_window_ns, g.cfg.heartbeat_timeout_ns)
+
+def note_stall(g: GroupState, rank: int, links: LinksInput, now: int) -> None:
+    """A member says the committed view failed here blaming nobody (``fold/stalls.py``).
+    Only a report about the current view of a formed group, from an active rank, counts."""
+    version = links.failed
+    if (
+        g.formation != FORMED
+        or g.shutdown is not None
+        or g.view is None
+        or version != g.view.version
+        or not g.view.is_active(rank)
+    ):
+        return
+    stall = g.stall
+    if stall is None or stall.version != version:
+        stall = g.stall = Stall(version, g.view.cause.get("kind") == VIEW_RETRY, now)
+    stall.reports[rank] = (links.issued or 0, links.completed or 0)
+
+
+def stall_deadline(g: GroupState) -> int | None:
+    """When the stall of ``g``, if it is about the current view, is decided without more
+    reports; None if there is none."""
+    stall = g.stall
+    if stall is None or stall.version != g.version:
+        return None
+    return stall.deadline(g.cfg.reconcile_window_ns, g.cfg.heartbeat_timeout_ns)

@@ -12,26 +12,46 @@ coordinator's; the formation deadline and an open window keep running.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 
 from ...eventlog.record import Record
 from ...wire.inputs import TickInput
+from .barrier import ViewChange, stall_deadline
 from .effects import (
     Effect,
     Proposal,
 )
-from .facets import Facet
-from .proposals import admission_timeout_ns
+from .facets import Facet, FoldContext
+from .proposals import admission_timeout_ns, expire_unformed_heads
+from .ranks import Ranks
 from .state import FORMED, FORMING, GroupState
 
 
 class Deadlines:
-    """See the module docstring."""
+    """The deadlines of every group and facet (see the module docstring).
 
-    # A part of the Coordinator (machine.py), whose methods run on it: the fold's state.
-    _groups: dict[str, GroupState]
-    _proposals: dict[int, Proposal]
-    _now: int
-    facets: tuple[Facet, ...]
+    It reads the groups, the proposals (their admission deadlines), the facets (theirs) and
+    the fold's time (``fold.now``); what a due deadline decides is the other rules': ranks lost
+    (``ranks``), a formation failed (``views``), unformed heads rejected, and then the step's
+    decisions (``settle``, the machine's)."""
+
+    def __init__(
+        self,
+        fold: FoldContext,
+        groups: dict[str, GroupState],
+        proposals: dict[int, Proposal],
+        facets: tuple[Facet, ...],
+        ranks: Ranks,
+        views: ViewChange,
+        settle: Callable[[GroupState, Record, list[Effect]], None],
+    ) -> None:
+        self._fold = fold
+        self._groups = groups
+        self._proposals = proposals
+        self._facets = facets
+        self._ranks = ranks
+        self._views = views
+        self._settle = settle
 
     def next_deadline(self) -> int | None:
         """The earliest pending deadline (ns), or None. The host appends a tick once now >= it.
@@ -44,7 +64,7 @@ class Deadlines:
             d = self._group_deadline(g)
             if d is not None and (best is None or d < best):
                 best = d
-        for facet in self.facets:
+        for facet in self._facets:
             d = facet.next_deadline()
             if d is not None and (best is None or d < best):
                 best = d
@@ -56,15 +76,15 @@ class Deadlines:
         append one."""
         return any(
             g.alive or g.change is not None or g.queue for g in self._groups.values()
-        ) or any(f.waits_on_ranks() for f in self.facets)
+        ) or any(f.waits_on_ranks() for f in self._facets)
 
-    def _on_tick(self, record: Record, tick: TickInput) -> list[Effect]:
+    def on_tick(self, record: Record, tick: TickInput) -> list[Effect]:
         """Time passed: fire every deadline that is due, group by group in name order.
 
         A tick with payload ``{"resumed": true}`` says the coordinator (re)started serving: the
         deadlines that measure the ranks' silence restart first (see :meth:`_resume`)."""
         effects: list[Effect] = []
-        now = self._now
+        now = self._fold.now
         if tick.resumed is True:
             self._resume()
         for name in sorted(self._groups):
@@ -72,13 +92,13 @@ class Deadlines:
             due = self._group_deadline(g)
             if due is None or due > now:
                 continue
-            self._expire_heartbeats(g, record, effects)
+            self._ranks.expire_heartbeats(g, record, effects)
             if g.window_end is not None and g.window_end <= now:
                 g.window_end = None
             change = g.change
             if change is not None and change.ack_deadline <= now:
                 for rank in change.outstanding():
-                    self._go_offline(
+                    self._ranks.go_offline(
                         g,
                         rank,
                         f"did not ACK version {change.version} by its deadline {change.ack_deadline}",
@@ -89,16 +109,16 @@ class Deadlines:
             if g.formation == FORMING and g.change is None and g.shutdown is None:
                 deadline = g.created_ts + g.cfg.formation_timeout_ns
                 if deadline <= now:
-                    self._fail_formation(g, deadline, record, effects)
+                    self._views.fail_formation(g, deadline, record, effects)
             if g.formation == FORMING:
-                self._expire_unformed_heads(g, record, effects)
+                expire_unformed_heads(g, self._proposals, now, record, effects)
             self._settle(g, record, effects)
             if g.formation == FORMING and g.change is None and g.shutdown is None:
                 deadline = g.created_ts + g.cfg.formation_timeout_ns
                 if deadline <= now:  # this tick lost the formation change's last participant
-                    self._fail_formation(g, deadline, record, effects)
-        for facet in self.facets:
-            facet.tick(self, record, effects)
+                    self._views.fail_formation(g, deadline, record, effects)
+        for facet in self._facets:
+            facet.tick(self._fold, record, effects)
         return effects
 
     def _resume(self) -> None:
@@ -110,7 +130,7 @@ class Deadlines:
         reports of a view that failed with nobody blamed. The formation
         deadline (a bound on the whole start-up) and an open reconciliation window (a delay
         for more evidence, not a wait on anyone) keep running."""
-        now = self._now
+        now = self._fold.now
         for name in sorted(self._groups):
             g = self._groups[name]
             for rank in g.alive:
@@ -122,7 +142,7 @@ class Deadlines:
             )
             if g.stall is not None:  # its reports could not arrive either
                 g.stall.first_ts = now
-        for facet in self.facets:
+        for facet in self._facets:
             facet.resume(now)
 
     def _group_deadline(self, g: GroupState) -> int | None:
@@ -155,7 +175,7 @@ class Deadlines:
         ):
             consider(g.queue[0][1])
         if g.change is None and g.window_end is None and g.shutdown is None:
-            stall = self._stall_deadline(g)
+            stall = stall_deadline(g)
             if stall is not None:
                 consider(stall)
         return best

@@ -23,25 +23,25 @@ from ...wire.codes import REJECTED
 from ...wire.inputs import GroupEndedInput
 from .budget import checkpoint_rank
 from .effects import Effect, GroupEnded, Proposal, ShutdownWithSave
-from .facets import Facet
 from .outcomes import resolve
+from .ranks import DeathChain
 from .state import FAILED, FINISHED, GroupState
 
 
 class GroupEnd:
-    """See the module docstring."""
+    """The end of every group's run (see the module docstring).
 
-    # A part of the Coordinator (machine.py), whose methods run on it: the fold's state.
-    _groups: dict[str, GroupState]
-    _proposals: dict[int, Proposal]
-    _now: int
-    facets: tuple[Facet, ...]
+    It reads the group it is handed and resolves the proposals (``proposals``) the end
+    rejects; the ranks it takes OFFLINE go down the death chain (``ranks.go_offline``)."""
 
-    def _on_group_ended(
-        self, record: Record, ended: GroupEndedInput, effects: list[Effect]
+    def __init__(self, proposals: dict[int, Proposal], ranks: DeathChain) -> None:
+        self._proposals = proposals
+        self._ranks = ranks
+
+    def on_group_ended(
+        self, g: GroupState, record: Record, ended: GroupEndedInput, effects: list[Effect]
     ) -> None:
         """The operator ends the group's run (see the module docstring)."""
-        g = self._groups[record.group]  # type: ignore[index]
         delete = ended.delete
         if g.ended is not None:
             g.deleted = g.deleted or delete
@@ -52,7 +52,7 @@ class GroupEnd:
         reason = ended.reason or "ended by the operator"
         self._end(g, reason, delete, record, effects)
 
-    def _finish_if_done(self, g: GroupState, record: Record, effects: list[Effect]) -> None:
+    def finish_if_done(self, g: GroupState, record: Record, effects: list[Effect]) -> None:
         """A formed run whose every joined rank has exited cleanly is finished (module doc)."""
         if g.ended is not None or g.view is None or g.alive:
             return
@@ -96,7 +96,7 @@ class GroupEnd:
             )
         for rank in sorted(g.alive):
             g.ranks[rank].exited = True
-            self._go_offline(g, rank, f"group ended: {reason}", False, record, effects)
+            self._ranks.go_offline(g, rank, f"group ended: {reason}", False, record, effects)
         effects.append(
             GroupEnded(group=g.name, reason=reason, deleted=g.deleted, offset=record.offset)
         )

@@ -42,14 +42,13 @@ from ...wire.inputs import (
 )
 from .config import ConfigError, GroupConfig
 from .effects import HEALTHY, OFFLINE, Proposal, Refused
-from .facets import Facet
+from .facets import Facet, FoldContext
 from .reasons import ranks_text
 from .reconfigure import (
     caller_problem,
     repeated_call,
     uuid_refusal,
 )
-from .registry import Facets
 from .state import FAILED, GroupState, RankInfo
 
 #: (code, message)
@@ -503,21 +502,33 @@ def _stale_text(rank: int, info: RankInfo, inc: Any) -> str:
 
 class Fences:
     """The fold's checks as the host calls them before an append (``check``, ``repeat_of``,
-    the heartbeat fast checks); a facet's kinds go to the facet."""
+    the heartbeat fast checks) and as a step makes them again (``admit``); a facet's kinds go
+    to the facet.
 
-    # A part of the Coordinator (machine.py), whose methods run on it: the fold's state.
-    _groups: dict[str, GroupState]
-    _proposals: dict[int, Proposal]
-    _now: int
-    _facet_of: dict[str, Facet]
-    composition: Facets
+    It reads the groups, the proposals, the fold's time (``fold.now``), the kinds its
+    composition knows (``kinds``) and which facet owns a kind (``facet_of``; a facet's checks
+    are given ``fold``); it changes nothing, and returns the refusal (code, message) or None."""
+
+    def __init__(
+        self,
+        fold: FoldContext,
+        groups: Mapping[str, GroupState],
+        proposals: Mapping[int, Proposal],
+        facet_of: Mapping[str, Facet],
+        kinds: frozenset[str],
+    ) -> None:
+        self._fold = fold
+        self._groups = groups
+        self._proposals = proposals
+        self._facet_of = facet_of
+        self._kinds = kinds
 
     def check(
         self, kind: str, group: str | None, rank: int | None, payload: dict[str, Any]
     ) -> Refused | None:
         """Would ``step`` refuse this input now? The host runs this before appending, so a
         refused input never reaches the log. The Refused carries offset 0: nothing was logged."""
-        refusal = self._refusal(kind, group, rank, payload)
+        refusal = self.refusal(kind, group, rank, payload)
         if refusal is None:
             return None
         code, message = refusal
@@ -554,39 +565,41 @@ class Fences:
         one and appends nothing; a conflict under the same name is ``check``'s refusal."""
         facet = self._facet_of.get(kind)
         if facet is not None:
-            return facet.repeat_of(self, kind, group, rank, payload)
+            return facet.repeat_of(self._fold, kind, group, rank, payload)
         return repeat_of(self._groups, self._proposals, kind, group, rank, payload)
 
-    def _admit(
+    def admit(
         self, kind: str, group: str | None, rank: int | None, payload: Any
     ) -> tuple[Refusal | None, Input | None]:
-        """:meth:`_refusal`, with the membership input its checks decoded (None: a facet's, or
+        """:meth:`refusal`, with the membership input its checks decoded (None: a facet's, or
         one a fast check accepted), so a step decodes each input once."""
         if (over := over_refusal(self._groups, kind, group)) is not None:
             return over, None
         facet = self._facet_of.get(kind)
         if facet is not None:
-            return facet.refusal(self, kind, group, rank, payload), None
-        if kind not in self.composition.all_kinds:
-            known = sorted(self.composition.all_kinds)
+            return facet.refusal(self._fold, kind, group, rank, payload), None
+        if kind not in self._kinds:
+            known = sorted(self._kinds)
             return (INVALID_EVENT, f"unknown kind {kind!r}; expected one of {known}"), None
         if kind == "ack" and current_ack(self._groups, group, rank, payload):
             return None, None
-        return checked_input(self._groups, self._proposals, self._now, kind, group, rank, payload)
+        return checked_input(
+            self._groups, self._proposals, self._fold.now, kind, group, rank, payload
+        )
 
-    def _refusal(
+    def refusal(
         self, kind: str, group: str | None, rank: int | None, payload: Any
     ) -> tuple[str, str] | None:
         if (over := over_refusal(self._groups, kind, group)) is not None:
             return over
         facet = self._facet_of.get(kind)
         if facet is not None:
-            return facet.refusal(self, kind, group, rank, payload)
-        if kind not in (kinds := self.composition.all_kinds):
+            return facet.refusal(self._fold, kind, group, rank, payload)
+        if kind not in (kinds := self._kinds):
             return INVALID_EVENT, f"unknown kind {kind!r}; expected one of {sorted(kinds)}"
-        return refusal(self._groups, self._proposals, self._now, kind, group, rank, payload)
+        return refusal(self._groups, self._proposals, self._fold.now, kind, group, rank, payload)
 
-    def _refused(self, record: Record, refusal: tuple[str, str]) -> Refused:
+    def refused(self, record: Record, refusal: tuple[str, str]) -> Refused:
         code, message = refusal
         return Refused(
             group=record.group,

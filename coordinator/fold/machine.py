@@ -19,18 +19,22 @@ A step has two halves:
 
 Heartbeats take a fast path that changes only liveness, so they never reach ``_settle``.
 
-Each rule lives in a file of its own, whose docstring states it; the Coordinator is made of
-them and dispatches to them:
+Each rule lives in a file of its own, whose docstring states it. The Coordinator owns the
+state (groups, proposals, time, facets) and composes the rules; none of them inherits from
+another or reaches the rest through a shared ``self``. A rule is a function of what it is given,
+or an object built here with what it reads and the few rules it calls back (a Protocol where
+that is all it needs), and what it decides comes out as effects and changes to the group:
 
 ==================  =======================================================================
-``fencing.py``      which inputs are refused, checked before the append and again in the step
-``ranks.py``        rank lifecycle and link evidence; the death chain
-``healthy_set.py``  the Healthy Set: who is HEALTHY
-``budget.py``       the failure budget: when a group shuts down for good
-``proposals.py``    the proposal queue, what starts the next change (``reconfigure.py``: torch's)
-``barrier.py``      the view change: prepare, ACKs, commit; formation failing
-``deadlines.py``    ticks: the deadlines and what a resumed tick restarts
-``ending.py``       a group's run over: ended by the operator, or finished
+``fencing.py``      ``Fences``: which inputs are refused, before the append and in the step
+``ranks.py``        ``Ranks``: rank lifecycle and link evidence; the death chain (``go_offline``)
+``healthy_set.py``  ``recompute_healthy_set(g, record, effects)``: who is HEALTHY
+``budget.py``       ``enforce_budget`` / ``shut_down``: when a group shuts down for good
+``proposals.py``    ``ProposalQueue``: what starts the next change (``reconfigure.py``: torch's)
+``barrier.py``      ``ViewChange``: prepare, ACKs, commit; formation failing; a stall's end
+``deadlines.py``    ``Deadlines``: the deadlines a tick fires, what a resumed tick restarts
+``ending.py``       ``GroupEnd``: a group's run over, ended by the operator or finished
+``outcomes.py``     ``resolve``: a proposal's one outcome, whichever rule decides it
 ==================  =======================================================================
 
 ``stalls.py`` decides a view that failed with nobody blamed; ``barrier.py`` applies it.
@@ -43,7 +47,8 @@ each rank lost and each tick at fixed points of a step.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from functools import reduce
 from typing import Any
 
 import msgspec
@@ -52,18 +57,19 @@ from ...eventlog.record import Record
 from ...wire import inputs
 from ...wire.inputs import Input, decode
 from .admission import admission_problem
-from .barrier import ViewChange
+from .barrier import ViewChange, note_stall
 from .budget import enforce_budget
 from .capture import GroupCapture
 from .config import GroupConfig
 from .deadlines import Deadlines
-from .effects import Effect, GroupCreated, Proposal, View
+from .effects import Effect, GroupCreated, Proposal, Refused, View
 from .ending import GroupEnd
 from .facets import Facet
-from .fencing import REPEATABLE, Fences, parse_group_created
+from .fencing import REPEATABLE, Fences, beats_not_current, current_beat, parse_group_created
 from .healthy_set import recompute_healthy_set
-from .proposals import ProposalQueue
-from .ranks import RankLifecycle
+from .proposals import ProposalQueue, attach_heads
+from .ranks import Ranks
+from .reconfigure import uuid_proposal
 from .registry import Facets, default_facets
 from .state import FAILED, FORMING, GroupState
 from .status import group_status
@@ -73,29 +79,25 @@ from .status import group_status
 SNAPSHOT_FORMAT = 3
 _READABLE_FORMATS = (1, 2, 3)
 
-#: The transition table: each input (``wire/inputs.py``), its rule and what it moves; a heartbeat
-#: (``_on_heartbeat``) and a tick (``_on_tick``) take their own paths, without ``_settle``.
+#: The transition table: each input (``wire/inputs.py``), the rule object and its handler, and
+#: what it moves. A handler takes ``(g, record, input, effects)``, ``g`` the group the record
+#: names (None only for a new group). A heartbeat (``Ranks.on_heartbeat``) and a tick
+#: (``Deadlines.on_tick``) take their own paths, without ``_settle``.
 TRANSITIONS: dict[type[Input], str] = {
     inputs.GroupCreatedInput: "_on_group_created",  # a new group: FORMING
-    inputs.GroupEndedInput: "_on_group_ended",  # the group: ended, its changes rejected
-    inputs.JoinInput: "_on_join",  # the rank: OFFLINE or another incarnation -> SYNCED
-    inputs.LinksInput: "_on_links",  # the rank's evidence (worse: the window opens)
-    inputs.AckInput: "_on_ack",  # the change in flight: the rank ACKed
-    inputs.ExitInput: "_on_exit",  # the rank: -> OFFLINE, exited (no failure)
-    inputs.DeathReportedInput: "_on_death_reported",  # the rank: -> OFFLINE, a failure
-    inputs.ProposalInput: "_on_proposal",  # the queue: a proposal (or a call joins one)
+    inputs.GroupEndedInput: "_ending.on_group_ended",  # the group: ended, its changes rejected
+    inputs.JoinInput: "_ranks.on_join",  # the rank: OFFLINE or another incarnation -> SYNCED
+    inputs.LinksInput: "_ranks.on_links",  # the rank's evidence (worse: the window opens)
+    inputs.AckInput: "_ranks.on_ack",  # the change in flight: the rank ACKed
+    inputs.ExitInput: "_ranks.on_exit",  # the rank: -> OFFLINE, exited (no failure)
+    inputs.DeathReportedInput: "_ranks.on_death_reported",  # the rank: -> OFFLINE, a failure
+    inputs.ProposalInput: "_queue.on_proposal",  # the queue: a proposal (or a call joins one)
 }
 
 
-class Coordinator(
-    Fences,
-    RankLifecycle,
-    ProposalQueue,
-    ViewChange,
-    Deadlines,
-    GroupEnd,
-):
-    """The fold. See the module docstring for the shape of a step."""
+class Coordinator:
+    """The fold. See the module docstring for the shape of a step. It owns the state (groups,
+    proposals, time, facets) and composes the rule objects, each handed what it reads."""
 
     def __init__(self, facets: Facets | None = None) -> None:
         #: its ``registry.Facets``: what it folds besides membership (the command line's if None)
@@ -104,14 +106,26 @@ class Coordinator(
         self._now = 0
         self._groups: dict[str, GroupState] = {}
         self._proposals: dict[int, Proposal] = {}
-        self._transitions: dict[type[Input], Callable[[Record, Any, list[Effect]], None]] = {
-            cls: getattr(self, rule) for cls, rule in TRANSITIONS.items()
-        }
+        #: the facets (``registry.py``), in the fixed order their hooks run
         self.facets: tuple[Facet, ...] = tuple(p.fold() for p in self.composition.plugins)
         self._facet_named: dict[str, Facet] = {f.name: f for f in self.facets}
         self._facet_of: dict[str, Facet] = {k: f for f in self.facets for k in f.kinds}
         #: the kinds :meth:`repeat_of` may find an earlier input for
         self.repeatable: frozenset[str] = REPEATABLE.union(*(f.repeatable for f in self.facets))
+        # The rules, each given what it reads (``self`` as a FoldContext: the time, and what
+        # the facets' hooks are handed) and the few rules it calls back.
+        groups, proposals, facets = self._groups, self._proposals, self.facets
+        self._fences = Fences(self, groups, proposals, self._facet_of, self.composition.all_kinds)
+        self._views = ViewChange(self, proposals, facets)
+        self._ranks = Ranks(self, facets, self._fences, note_stall)
+        self._queue = ProposalQueue(self, proposals, self._views, admission_problem)
+        self._ending = GroupEnd(proposals, self._ranks)
+        self._deadlines = Deadlines(
+            self, groups, proposals, facets, self._ranks, self._views, self._settle
+        )
+        self._transitions: dict[type[Input], Callable[[Any, Record, Any, list[Effect]], None]] = {
+            cls: reduce(getattr, rule.split("."), self) for cls, rule in TRANSITIONS.items()
+        }
 
     # ------------------------------------------------------------------ what facets read
 
@@ -152,12 +166,12 @@ class Coordinator(
             now = self._now
         kind = record.kind
         if kind == "heartbeat":
-            return self._on_heartbeat(record, now)
+            return self._ranks.on_heartbeat(self._groups.get(record.group), record, now)  # type: ignore[arg-type]
         if kind == "tick":
-            return self._on_tick(record, decode(kind, record.payload))  # type: ignore[arg-type]
-        refusal, inp = self._admit(kind, record.group, record.rank, record.payload)
+            return self._deadlines.on_tick(record, decode(kind, record.payload))  # type: ignore[arg-type]
+        refusal, inp = self._fences.admit(kind, record.group, record.rank, record.payload)
         if refusal is not None:
-            return [self._refused(record, refusal)]
+            return [self._fences.refused(record, refusal)]
         effects: list[Effect] = []
         facet = self._facet_of.get(kind)
         if facet is not None:
@@ -165,10 +179,11 @@ class Coordinator(
             return effects
         if inp is None:  # accepted by a fast check, not decoded
             inp = decode(kind, record.payload)
-        self._transitions[type(inp)](record, inp, effects)
-        if (g := self._groups.get(record.group)) is not None:  # type: ignore[arg-type]
+        group = record.group
+        self._transitions[type(inp)](self._groups.get(group), record, inp, effects)  # type: ignore[arg-type]
+        if (g := self._groups.get(group)) is not None:  # type: ignore[arg-type]
             self._settle(g, record, effects)
-            self._finish_if_done(g, record, effects)  # after a clean exit (ending.py)
+            self._ending.finish_if_done(g, record, effects)  # after a clean exit
         return effects
 
     def _settle(self, g: GroupState, record: Record, effects: list[Effect]) -> None:
@@ -180,16 +195,16 @@ class Coordinator(
             change = g.change
             if change is not None:
                 if not change.waiting:
-                    self._commit(g, record, effects)
+                    self._views.commit(g, record, effects)
                     continue
-                self._attach_heads(g, record, effects)
+                attach_heads(g, self._proposals, record, effects)
                 return
             if g.formation == FAILED or g.shutdown is not None or g.window_end is not None:
                 return
             if g.formation == FORMING:
                 if len(g.healthy) < g.cfg.min_ranks:
                     return
-                self._prepare(
+                self._views.prepare(
                     g,
                     tuple(sorted(g.healthy)),
                     "formation",
@@ -200,13 +215,13 @@ class Coordinator(
                     effects,
                 )
                 continue
-            if g.cfg.auto_deactivate and self._auto_deactivate(g, record, effects):
+            if g.cfg.auto_deactivate and self._queue.auto_deactivate(g, record, effects):
                 continue
-            if g.stall is not None and self._resolve_stall(g, record, effects):
+            if g.stall is not None and self._views.resolve_stall(g, record, effects):
                 if g.shutdown is not None:
                     return
                 continue
-            if not self._decide_head(g, record, effects):
+            if not self._queue.decide_head(g, record, effects):
                 return
 
     # ------------------------------------------------------------------ snapshots
@@ -279,21 +294,62 @@ class Coordinator(
         g = self._groups.get(group)
         return None if g is None else group_status(GroupCapture(g))
 
-    def _admission_problem(self, g: GroupState, target: tuple[int, ...]) -> str | None:
-        """Why an activation to ``target`` cannot be admitted yet (``admission.py``), as the
-        queue asks the machine: one name for the rule on the machine, where a test that breaks
-        the rule on purpose replaces it."""
-        return admission_problem(g, target)
+    def proposal_by_uuid(self, group: str, uuid: int) -> Proposal | None:
+        """The reconfigure proposal of ``group`` that ``uuid`` names, if any."""
+        g = self._groups.get(group)
+        return None if g is None else uuid_proposal(g, self._proposals, uuid)
+
+    # ------------------------------------------------------------------ the host's checks
+
+    def check(
+        self, kind: str, group: str | None, rank: int | None, payload: dict[str, Any]
+    ) -> Refused | None:
+        """Would ``step`` refuse this input now? (``Fences.check``)"""
+        return self._fences.check(kind, group, rank, payload)
+
+    def repeat_of(
+        self, kind: str, group: str | None, rank: int | None, payload: dict[str, Any]
+    ) -> int | None:
+        """The offset of the earlier input this one repeats, or None (``Fences.repeat_of``)."""
+        return self._fences.repeat_of(kind, group, rank, payload)
+
+    def current_beat(self, group: str | None, rank: int | None, payload: Any) -> bool:
+        """Whether :meth:`check` accepts this heartbeat by its first test alone
+        (``fencing.current_beat``); False says nothing."""
+        return current_beat(self._groups, group, rank, payload)
+
+    def beats_not_current(
+        self, group: str, ranks: Sequence[int], payloads: Sequence[Any]
+    ) -> list[int]:
+        """The positions of the beats :meth:`current_beat` does not accept."""
+        return beats_not_current(self._groups, group, ranks, payloads)
+
+    def fence_epoch(self, group: str | None) -> int:
+        """A number that changes whenever an accepted input of ``group`` may be refused now
+        (``Fences.fence_epoch``); -1 for no such group."""
+        return self._fences.fence_epoch(group)
+
+    def next_deadline(self) -> int | None:
+        """The earliest pending deadline (ns), or None (``Deadlines.next_deadline``)."""
+        return self._deadlines.next_deadline()
+
+    def waits_on_ranks(self) -> bool:
+        """Whether a deadline waits on the ranks (``Deadlines.waits_on_ranks``)."""
+        return self._deadlines.waits_on_ranks()
 
     # ------------------------------------------------------------------ a group's creation
 
     def _on_group_created(
-        self, record: Record, created: inputs.GroupCreatedInput, effects: list[Effect]
+        self,
+        g: GroupState | None,
+        record: Record,
+        created: inputs.GroupCreatedInput,
+        effects: list[Effect],
     ) -> None:
         """A new group starts FORMING; creating an identical group again changes nothing."""
         group = record.group
         assert group is not None
-        if group in self._groups:
+        if g is not None:
             return
         config = parse_group_created(created)
         self._groups[group] = GroupState(group, config, self._now, record.offset)

@@ -14,6 +14,9 @@ how its members' calls make one proposal and how its head is decided.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any, Protocol
+
 import msgspec
 
 from ...eventlog.record import Record
@@ -25,31 +28,60 @@ from .effects import (
     Proposal,
     ProposalAccepted,
 )
-from .facets import Facet
+from .facets import FoldContext
 from .outcomes import resolve
 from .reasons import ranks_text
-from .reconfigure import ReconfigureRule
+from .reconfigure import decide_reconfigure, join_reconfigure
 from .state import FAILED, GroupState
 
 
-class ProposalQueue(ReconfigureRule):
-    """See the module docstring; a reconfigure's own steps are ``ReconfigureRule``'s."""
+class Prepares(Protocol):
+    """What the queue calls back to start the change it decided (``barrier.ViewChange``)."""
 
-    # A part of the Coordinator (machine.py), whose methods run on it: the fold's state.
-    _groups: dict[str, GroupState]
-    _proposals: dict[int, Proposal]
-    _now: int
-    facets: tuple[Facet, ...]
+    def prepare(
+        self,
+        g: GroupState,
+        target: tuple[int, ...],
+        kind: str,
+        proposals: list[int],
+        detail: str,
+        record: Record,
+        effects: list[Effect],
+        *,
+        extra: dict[str, Any] | None = None,
+    ) -> None: ...
 
-    def _on_proposal(self, record: Record, call: ProposalInput, effects: list[Effect]) -> None:
+
+class ProposalQueue:
+    """The proposal queue of every group (see the module docstring); a reconfigure's own
+    steps are ``reconfigure.py``'s functions.
+
+    It reads the groups it is handed, the proposals (which it adds to and resolves), the
+    fold's time (``fold.now``) and the admission rule (``admission_problem``); a change it
+    decides to start goes to ``views.prepare``."""
+
+    def __init__(
+        self,
+        fold: FoldContext,
+        proposals: dict[int, Proposal],
+        views: Prepares,
+        admission_problem: Callable[[GroupState, tuple[int, ...]], str | None],
+    ) -> None:
+        self._fold = fold
+        self._proposals = proposals
+        self._views = views
+        self._admission_problem = admission_problem
+
+    def on_proposal(
+        self, g: GroupState, record: Record, call: ProposalInput, effects: list[Effect]
+    ) -> None:
         """A proposal is logged and queued (first in, first out); ``_settle`` decides it.
 
         A group that failed to form or was shut down rejects it at once. A reconfigure's
         further members' calls join the proposal of their uuid (``reconfigure.py``).
         """
-        g = self._groups[record.group]  # type: ignore[index]
         reconfigure = call.op == RECONFIGURE
-        if reconfigure and self._join_reconfigure(g, call, record, effects):
+        if reconfigure and join_reconfigure(g, self._proposals, call, record, effects):
             return
         proposal = Proposal(
             id=record.offset,
@@ -100,9 +132,9 @@ class ProposalQueue(ReconfigureRule):
                 effects,
             )
         else:
-            g.queue.append((proposal.id, self._now + admission_timeout_ns(g, proposal)))
+            g.queue.append((proposal.id, self._fold.now + admission_timeout_ns(g, proposal)))
 
-    def _auto_deactivate(self, g: GroupState, record: Record, effects: list[Effect]) -> bool:
+    def auto_deactivate(self, g: GroupState, record: Record, effects: list[Effect]) -> bool:
         """Active ranks outside the Healthy Set are removed through the barrier; this takes
         precedence over queued proposals but never preempts the change in flight. It never
         empties the view: with no active rank left healthy, the group waits."""
@@ -112,7 +144,7 @@ class ProposalQueue(ReconfigureRule):
             return False
         states = ", ".join(f"{r} {g.ranks[r].state}" for r in leaving[:16])
         more = f", ... (+{len(leaving) - 16} more)" if len(leaving) > 16 else ""
-        self._prepare(
+        self._views.prepare(
             g,
             tuple(r for r in active if r in g.healthy),
             "auto_deactivation",
@@ -123,7 +155,7 @@ class ProposalQueue(ReconfigureRule):
         )
         return True
 
-    def _decide_head(self, g: GroupState, record: Record, effects: list[Effect]) -> bool:
+    def decide_head(self, g: GroupState, record: Record, effects: list[Effect]) -> bool:
         """Decide the proposal at the head of the queue; True if it was decided.
 
         Checked in order: ranks in range and distinct (else rejected); the resulting view equal
@@ -138,7 +170,21 @@ class ProposalQueue(ReconfigureRule):
         pid, deadline = g.queue[0]
         proposal = self._proposals[pid]
         if proposal.op == RECONFIGURE:
-            return self._decide_reconfigure(g, proposal, deadline, record, effects)
+            decided = decide_reconfigure(
+                g,
+                self._proposals,
+                proposal,
+                deadline,
+                self._fold.now,
+                self._admission_problem,
+                record,
+                effects,
+            )
+            if isinstance(decided, bool):
+                return decided
+            target, detail, extra = decided
+            self._views.prepare(g, target, RECONFIGURE, [pid], detail, record, effects, extra=extra)
+            return True
         invalid = static_problem(g, proposal)
         if invalid is not None:
             g.queue.popleft()
@@ -175,7 +221,7 @@ class ProposalQueue(ReconfigureRule):
         else:
             problem = self._admission_problem(g, target)
             if problem is not None:
-                if self._now < deadline:
+                if self._fold.now < deadline:
                     return False
                 g.queue.popleft()
                 resolve(
@@ -189,7 +235,7 @@ class ProposalQueue(ReconfigureRule):
                 )
                 return True
         g.queue.popleft()
-        self._prepare(
+        self._views.prepare(
             g,
             target,
             "proposal",
@@ -200,40 +246,6 @@ class ProposalQueue(ReconfigureRule):
         )
         return True
 
-    def _attach_heads(self, g: GroupState, record: Record, effects: list[Effect]) -> None:
-        """While a change is in flight, heads it already satisfies ride along with it (and
-        resolve with its version when it commits); malformed heads are rejected at once."""
-        change = g.change
-        assert change is not None
-        while g.queue:
-            pid, _ = g.queue[0]
-            proposal = self._proposals[pid]
-            invalid = static_problem(g, proposal)
-            if invalid is not None:
-                g.queue.popleft()
-                resolve(self._proposals, pid, REJECTED, None, invalid, record, effects)
-                continue
-            if proposal.op == RECONFIGURE:  # a new configuration: a view change of its own
-                return
-            if requested(proposal, change.active) != change.active:
-                return
-            g.queue.popleft()
-            change.proposals.append(pid)
-
-    def _expire_unformed_heads(self, g: GroupState, record: Record, effects: list[Effect]) -> None:
-        """Before formation nothing can be admitted, but admission deadlines still run."""
-        while g.queue and g.queue[0][1] <= self._now:
-            pid, deadline = g.queue.popleft()
-            resolve(
-                self._proposals,
-                pid,
-                REJECTED,
-                None,
-                f"group {g.name!r} had not formed by the admission deadline {deadline}",
-                record,
-                effects,
-            )
-
 
 def admission_timeout_ns(g: GroupState, proposal: Proposal) -> int:
     """How long ``proposal`` may wait at the head to become admissible: a reconfigure's own
@@ -241,3 +253,43 @@ def admission_timeout_ns(g: GroupState, proposal: Proposal) -> int:
     if proposal.timeout_s is not None:
         return round(proposal.timeout_s * 1_000_000_000)
     return g.cfg.admission_timeout_ns
+
+
+def attach_heads(
+    g: GroupState, proposals: dict[int, Proposal], record: Record, effects: list[Effect]
+) -> None:
+    """While a change is in flight, heads it already satisfies ride along with it (and
+    resolve with its version when it commits); malformed heads are rejected at once."""
+    change = g.change
+    assert change is not None
+    while g.queue:
+        pid, _ = g.queue[0]
+        proposal = proposals[pid]
+        invalid = static_problem(g, proposal)
+        if invalid is not None:
+            g.queue.popleft()
+            resolve(proposals, pid, REJECTED, None, invalid, record, effects)
+            continue
+        if proposal.op == RECONFIGURE:  # a new configuration: a view change of its own
+            return
+        if requested(proposal, change.active) != change.active:
+            return
+        g.queue.popleft()
+        change.proposals.append(pid)
+
+
+def expire_unformed_heads(
+    g: GroupState, proposals: dict[int, Proposal], now: int, record: Record, effects: list[Effect]
+) -> None:
+    """Before formation nothing can be admitted, but admission deadlines still run."""
+    while g.queue and g.queue[0][1] <= now:
+        pid, deadline = g.queue.popleft()
+        resolve(
+            proposals,
+            pid,
+            REJECTED,
+            None,
+            f"group {g.name!r} had not formed by the admission deadline {deadline}",
+            record,
+            effects,
+        )

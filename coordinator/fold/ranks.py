@@ -15,12 +15,15 @@ HEALTHY (SYNCED and inside the Healthy Set, ``healthy_set.py``).
   ranks are decided together; a report about an older view than the one a peer joined in says
   nothing about that peer's replacement.
 - Every way a rank is lost (heartbeat timeout, death report, a missed ACK, replacement, and a
-  clean exit) ends in :meth:`RankLifecycle._go_offline`, the death chain: OFFLINE, out of the
+  clean exit) ends in :meth:`Ranks.go_offline`, the death chain: OFFLINE, out of the
   Healthy Set, no longer awaited by the change in flight, and a failure counted once per
   incarnation (never for a clean exit). The budget (``budget.py``) judges it in the same step.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
 
 from msgspec import UNSET
 
@@ -39,23 +42,53 @@ from .effects import (
     OFFLINE,
     SYNCED,
     Effect,
-    Proposal,
     RankState,
 )
-from .facets import Facet
+from .facets import Facet, FoldContext
+from .fencing import Fences
 from .state import GroupState
 
 
-class RankLifecycle:
-    """See the module docstring."""
+class DeathChain(Protocol):
+    """What a rule that takes ranks offline calls back (``Ranks.go_offline``)."""
 
-    # A part of the Coordinator (machine.py), whose methods run on it: the fold's state.
-    _groups: dict[str, GroupState]
-    _proposals: dict[int, Proposal]
-    _now: int
-    facets: tuple[Facet, ...]
+    def go_offline(
+        self,
+        g: GroupState,
+        rank: int,
+        reason: str,
+        failure: bool,
+        record: Record,
+        effects: list[Effect],
+        *,
+        cause: str | None = None,
+    ) -> None: ...
 
-    def _on_join(self, record: Record, join: JoinInput, effects: list[Effect]) -> None:
+
+class Ranks:
+    """Every group's ranks (see the module docstring).
+
+    It reads the group a record names (handed to each handler), the fold's time
+    (``fold.now``) and, for a beat it does not take at once, the fences (``fences``); it
+    tells the facets (``facets``, given ``fold``) of each rank lost or joined, and a links
+    report of a view that failed with nobody blamed goes to the barrier's ``note_stall``.
+    Its decisions are the ranks' states and their ``rank_state`` effects."""
+
+    def __init__(
+        self,
+        fold: FoldContext,
+        facets: tuple[Facet, ...],
+        fences: Fences,
+        note_stall: Callable[[GroupState, int, LinksInput, int], None],
+    ) -> None:
+        self._fold = fold
+        self._facets = facets
+        self._fences = fences
+        self._note_stall = note_stall
+
+    def on_join(
+        self, g: GroupState, record: Record, join: JoinInput, effects: list[Effect]
+    ) -> None:
         """An OFFLINE rank, or a new incarnation, becomes SYNCED (not yet self-ready).
 
         A new incarnation bumps ``rank_epoch``, replaces the old one through the death chain if
@@ -64,7 +97,6 @@ class RankLifecycle:
         epochs send it the rank's part). The same incarnation joining again while online is
         only a sign of life.
         """
-        g = self._groups[record.group]  # type: ignore[index]
         rank = record.rank
         assert rank is not None
         info = g.ranks[rank]
@@ -81,7 +113,7 @@ class RankLifecycle:
             reason = f"rejoined as the same incarnation {inc} (rank_epoch {info.rank_epoch})"
         else:
             if info.state != OFFLINE:
-                self._go_offline(
+                self.go_offline(
                     g,
                     rank,
                     f"incarnation {info.incarnation} replaced by {inc}",
@@ -102,10 +134,10 @@ class RankLifecycle:
         self._touch(g, rank)
         effects.append(rank_state(g, rank, reason, record))
         if new:
-            for facet in self.facets:
-                facet.rank_joined(self, g, rank, record, effects)
+            for facet in self._facets:
+                facet.rank_joined(self._fold, g, rank, record, effects)
 
-    def _on_heartbeat(self, record: Record, now: int) -> list[Effect]:
+    def on_heartbeat(self, g: GroupState | None, record: Record, now: int) -> list[Effect]:
         """A beat: a sign of life of the rank's current incarnation (beats that arrived
         together share one record: :meth:`_on_shared_heartbeat`). It only moves ranks to the
         back of the liveness order, so it never reaches ``_settle``.
@@ -114,7 +146,6 @@ class RankLifecycle:
         ``alive``) is decided by one look-up of its incarnation, without decoding the rest
         (most records are beats). Anything else takes the checked path and is refused with a
         reason."""
-        g = self._groups.get(record.group)  # type: ignore[arg-type]
         if g is not None:
             rank = record.rank
             if rank is None and "ranks" in record.payload:
@@ -124,17 +155,17 @@ class RankLifecycle:
                 alive.move_to_end(rank)  # type: ignore[arg-type]
                 alive[rank] = now  # type: ignore[index]
                 return []
-        refusal = self._refusal("heartbeat", record.group, record.rank, record.payload)
-        return [self._refused(record, refusal)] if refusal else []
+        refusal = self._fences.refusal("heartbeat", record.group, record.rank, record.payload)
+        return [self._fences.refused(record, refusal)] if refusal else []
 
     def _on_shared_heartbeat(self, g: GroupState, record: Record, now: int) -> list[Effect]:
         """The beats of many ranks that arrived together, in one record: each listed rank that
         is online is alive as of the record's time. The host checked every beat against this
         very state before appending (a stale incarnation never gets into the record); a rank
         that is not online here (a malformed or hand-written record) is passed over."""
-        refusal, beat = self._admit("heartbeat", record.group, None, record.payload)
+        refusal, beat = self._fences.admit("heartbeat", record.group, None, record.payload)
         if refusal is not None:
-            return [self._refused(record, refusal)]
+            return [self._fences.refused(record, refusal)]
         if beat is None:
             beat = decode("heartbeat", record.payload)
         alive = g.alive
@@ -144,7 +175,9 @@ class RankLifecycle:
                 alive[rank] = now
         return []
 
-    def _on_links(self, record: Record, links: LinksInput, effects: list[Effect]) -> None:
+    def on_links(
+        self, g: GroupState, record: Record, links: LinksInput, effects: list[Effect]
+    ) -> None:
         """A rank's latest links report replaces its previous one.
 
         Down evidence (a peer reported down, a failure hint, or the rank saying it is not
@@ -159,7 +192,6 @@ class RankLifecycle:
         forgot the evidence about the old process that had arrived; this keeps what arrives
         after the join from bringing it back.
         """
-        g = self._groups[record.group]  # type: ignore[index]
         rank = record.rank
         assert rank is not None
         down = links.down_ranks(g.cfg.world_size)
@@ -169,7 +201,7 @@ class RankLifecycle:
         down.discard(rank)
         self._touch(g, rank)
         if not down and links.failed is not None:
-            self._note_stall(g, rank, links)
+            self._note_stall(g, rank, links, self._fold.now)
         info = g.ranks[rank]
         new_down = frozenset(down)
         ready = links.self_ready
@@ -178,19 +210,19 @@ class RankLifecycle:
         worse = bool(new_down - info.down) or (info.self_ready and not ready)
         self._set_evidence(g, rank, new_down, ready)
         if worse and g.window_end is None and g.cfg.reconcile_window_ns > 0:
-            g.window_end = self._now + g.cfg.reconcile_window_ns
+            g.window_end = self._fold.now + g.cfg.reconcile_window_ns
 
-    def _on_ack(self, record: Record, ack: AckInput, effects: list[Effect]) -> None:
+    def on_ack(self, g: GroupState, record: Record, ack: AckInput, effects: list[Effect]) -> None:
         """A participant ACKs the version being prepared (a repeated ACK changes nothing)."""
-        g = self._groups[record.group]  # type: ignore[index]
         assert g.change is not None and record.rank is not None
         g.change.acked.add(record.rank)
         g.change.waiting.discard(record.rank)
         self._touch(g, record.rank)
 
-    def _on_exit(self, record: Record, exit: ExitInput, effects: list[Effect]) -> None:
+    def on_exit(
+        self, g: GroupState, record: Record, exit: ExitInput, effects: list[Effect]
+    ) -> None:
         """A clean exit: OFFLINE and marked exited; it never counts against ``max_failure``."""
-        g = self._groups[record.group]  # type: ignore[index]
         rank = record.rank
         assert rank is not None
         info = g.ranks[rank]
@@ -198,24 +230,23 @@ class RankLifecycle:
             info.exited = True
             return
         info.exited = True
-        self._go_offline(g, rank, "exited cleanly", False, record, effects)
+        self.go_offline(g, rank, "exited cleanly", False, record, effects)
 
-    def _on_death_reported(
-        self, record: Record, death: DeathReportedInput, effects: list[Effect]
+    def on_death_reported(
+        self, g: GroupState, record: Record, death: DeathReportedInput, effects: list[Effect]
     ) -> None:
         """A supervisor's death report takes the same death chain as a heartbeat timeout."""
-        g = self._groups[record.group]  # type: ignore[index]
         rank = record.rank
         assert rank is not None
         if g.ranks[rank].state == OFFLINE:
             return
         reporter = death.reporter
         by = f" by {reporter}" if reporter else ""
-        self._go_offline(
+        self.go_offline(
             g, rank, f"death reported{by}", True, record, effects, cause=CAUSE_DEATH_REPORTED
         )
 
-    def _go_offline(
+    def go_offline(
         self,
         g: GroupState,
         rank: int,
@@ -252,17 +283,17 @@ class RankLifecycle:
             change.waiting.discard(rank)
             (change.exited if info.exited else change.dropped).add(rank)
         effects.append(rank_state(g, rank, reason, record, cause=cause))
-        for facet in self.facets:
-            facet.rank_lost(self, g, rank, record, effects)
+        for facet in self._facets:
+            facet.rank_lost(self._fold, g, rank, record, effects)
 
-    def _expire_heartbeats(self, g: GroupState, record: Record, effects: list[Effect]) -> None:
+    def expire_heartbeats(self, g: GroupState, record: Record, effects: list[Effect]) -> None:
         timeout = g.cfg.heartbeat_timeout_ns
         alive = g.alive
         while alive:
             rank, last = next(iter(alive.items()))
-            if last + timeout > self._now:
+            if last + timeout > self._fold.now:
                 break
-            self._go_offline(
+            self.go_offline(
                 g,
                 rank,
                 f"heartbeat timeout: last sign of life at {last}, deadline {last + timeout}",
@@ -273,7 +304,7 @@ class RankLifecycle:
 
     def _touch(self, g: GroupState, rank: int) -> None:
         """Any input from the current online incarnation is a sign of life."""
-        g.alive[rank] = self._now
+        g.alive[rank] = self._fold.now
         g.alive.move_to_end(rank)
 
     def _set_evidence(self, g: GroupState, rank: int, down: frozenset[int], ready: bool) -> None:

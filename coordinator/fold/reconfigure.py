@@ -47,7 +47,7 @@ it; the members' reconfigure fails, and each keeps its last configuration, torch
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import msgspec
@@ -63,7 +63,7 @@ from ...wire.codes import (
     RECONFIGURE_UUID_USED,
     REJECTED,
 )
-from ...wire.inputs import RECONFIGURE, ProposalInput
+from ...wire.inputs import ProposalInput
 from .admission import static_problem
 from .effects import (
     OFFLINE,
@@ -208,99 +208,90 @@ def _order_text(ranks: tuple[int, ...]) -> str:
     return "[" + abridged([str(r) for r in ranks], LIMIT) + "]"
 
 
-class ReconfigureRule:
-    """The steps of a reconfigure (see the module docstring); a part of the proposal queue
-    (``proposals.py``) and so of the Coordinator (``machine.py``), whose methods run on it."""
+#: A reconfigure's view change, to prepare: its active ranks, its detail, its cause's extra.
+Prepare = tuple[tuple[int, ...], str, dict[str, Any]]
 
-    _groups: dict[str, GroupState]
-    _proposals: dict[int, Proposal]
-    _now: int
 
-    def proposal_by_uuid(self, group: str, uuid: int) -> Proposal | None:
-        """The reconfigure proposal of ``group`` that ``uuid`` names, if any."""
-        g = self._groups.get(group)
-        return None if g is None else uuid_proposal(g, self._proposals, uuid)
+def join_reconfigure(
+    g: GroupState,
+    proposals: dict[int, Proposal],
+    call: ProposalInput,
+    record: Record,
+    effects: list[Effect],
+) -> bool:
+    """A further member's call of a pending reconfigure joins its proposal (its checks let
+    it through: the same members, a member that had not called). True if it did; False
+    for the first call of its uuid."""
+    pid = g.uuids.get(call.uuid)  # type: ignore[arg-type]
+    if pid is None:
+        return False
+    proposal = proposals[pid]
+    joined = msgspec.structs.replace(
+        proposal,
+        callers=(*proposal.callers, call.caller),
+        calls=(*proposal.calls, call.call),
+    )
+    proposals[pid] = joined
+    effects.append(ProposalAccepted(proposal=joined, offset=record.offset))
+    return True
 
-    def _join_reconfigure(
-        self, g: GroupState, call: ProposalInput, record: Record, effects: list[Effect]
-    ) -> bool:
-        """A further member's call of a pending reconfigure joins its proposal (its checks let
-        it through: the same members, a member that had not called). True if it did; False
-        for the first call of its uuid."""
-        pid = g.uuids.get(call.uuid)  # type: ignore[arg-type]
-        if pid is None:
-            return False
-        proposal = self._proposals[pid]
-        joined = msgspec.structs.replace(
-            proposal,
-            callers=(*proposal.callers, call.caller),
-            calls=(*proposal.calls, call.call),
-        )
-        self._proposals[pid] = joined
-        effects.append(ProposalAccepted(proposal=joined, offset=record.offset))
-        return True
 
-    def _decide_reconfigure(
-        self,
-        g: GroupState,
-        proposal: Proposal,
-        deadline: int,
-        record: Record,
-        effects: list[Effect],
-    ) -> bool:
-        """Decide the reconfigure at the head of the queue (the module docstring's order); True
-        if it was decided (rejected, or its view change prepared)."""
-        pid = proposal.id
-        invalid = static_problem(g, proposal)
-        gone = [] if invalid is not None else gone_members(g, proposal)
-        if invalid is not None or gone:
-            g.queue.popleft()
-            why = invalid or (
-                abridged(gone) + "; the members left can reconfigure with a fresh uuid"
-            )
-            resolve(
-                self._proposals,
-                pid,
-                REJECTED,
-                None,
-                f"reconfigure uuid {proposal.uuid}: {why}",
-                record,
-                effects,
-            )
-            return True
-        target = tuple(sorted(proposal.ranks))
-        missing = [r for r in proposal.ranks if r not in proposal.callers]
-        if missing:
-            problem: str | None = (
-                f"members {ranks_text(missing)} never called it (called: "
-                f"{ranks_text(proposal.callers)})"
-            )
-        else:
-            problem = self._admission_problem(g, target)
-        if problem is not None:
-            if self._now < deadline:
-                return False
-            g.queue.popleft()
-            resolve(
-                self._proposals,
-                pid,
-                REJECTED,
-                None,
-                f"reconfigure uuid {proposal.uuid} not admissible by the admission deadline "
-                f"{deadline}: {problem}; the last committed view (version {g.version}) stays",
-                record,
-                effects,
-            )
-            return True
+def decide_reconfigure(
+    g: GroupState,
+    proposals: dict[int, Proposal],
+    proposal: Proposal,
+    deadline: int,
+    now: int,
+    admission_problem: Callable[[GroupState, tuple[int, ...]], str | None],
+    record: Record,
+    effects: list[Effect],
+) -> bool | Prepare:
+    """Decide the reconfigure at the head of ``g``'s queue (the module docstring's order), at
+    ``now``, its admission deadline ``deadline``: False while it waits, True once rejected
+    (and popped), else the view change to prepare for it (popped: the queue prepares it)."""
+    pid = proposal.id
+    invalid = static_problem(g, proposal)
+    gone = [] if invalid is not None else gone_members(g, proposal)
+    if invalid is not None or gone:
         g.queue.popleft()
-        self._prepare(
-            g,
-            target,
-            RECONFIGURE,
-            [pid],
-            reconfigure_detail(proposal),
+        why = invalid or (abridged(gone) + "; the members left can reconfigure with a fresh uuid")
+        resolve(
+            proposals,
+            pid,
+            REJECTED,
+            None,
+            f"reconfigure uuid {proposal.uuid}: {why}",
             record,
             effects,
-            extra={"uuid": proposal.uuid, "order": list(proposal.ranks)},
         )
         return True
+    target = tuple(sorted(proposal.ranks))
+    missing = [r for r in proposal.ranks if r not in proposal.callers]
+    if missing:
+        problem: str | None = (
+            f"members {ranks_text(missing)} never called it (called: "
+            f"{ranks_text(proposal.callers)})"
+        )
+    else:
+        problem = admission_problem(g, target)
+    if problem is not None:
+        if now < deadline:
+            return False
+        g.queue.popleft()
+        resolve(
+            proposals,
+            pid,
+            REJECTED,
+            None,
+            f"reconfigure uuid {proposal.uuid} not admissible by the admission deadline "
+            f"{deadline}: {problem}; the last committed view (version {g.version}) stays",
+            record,
+            effects,
+        )
+        return True
+    g.queue.popleft()
+    return (
+        target,
+        reconfigure_detail(proposal),
+        {"uuid": proposal.uuid, "order": list(proposal.ranks)},
+    )

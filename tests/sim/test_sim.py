@@ -30,6 +30,7 @@ import msgspec
 import pytest
 
 from foldplane.coordinator.fold import machine as machine_module
+from foldplane.coordinator.fold.barrier import ViewChange
 from foldplane.coordinator.fold.config import GroupConfig
 from foldplane.coordinator.fold.effects import (
     Effect,
@@ -42,6 +43,7 @@ from foldplane.coordinator.fold.effects import (
     ViewCommitted,
     ViewPrepare,
 )
+from foldplane.coordinator.fold.ranks import Ranks
 from foldplane.coordinator.fold.state import RankInfo
 from foldplane.eventlog.record import Record
 from foldplane.facets.epochs.effects import AssignmentChanged, EpochCompleted
@@ -274,16 +276,15 @@ def test_a_broken_host_is_caught(
 # -- the simulator catches a broken fold -------------------------------------------------------
 
 
-def _exit_counted(self: Any, record: Any, exit: Any, effects: Any) -> None:
+def _exit_counted(self: Any, g: Any, record: Any, exit: Any, effects: Any) -> None:
     """A clean exit taken down the death chain as a failure."""
-    g = self._groups[record.group]
     info = g.ranks[record.rank]
     if info.state != "OFFLINE":
-        self._go_offline(g, record.rank, "exited cleanly", True, record, effects)
+        self.go_offline(g, record.rank, "exited cleanly", True, record, effects)
     info.exited = True
 
 
-_commit = machine_module.Coordinator._commit
+_commit = ViewChange.commit
 
 
 def _drops_forgotten(self: Any, g: Any, record: Any, effects: Any) -> None:
@@ -326,9 +327,9 @@ def _leavers_forget_progress(
 @pytest.mark.parametrize(
     ("target", "attr", "broken", "expected"),
     [
-        (machine_module.Coordinator, "_on_exit", _exit_counted, "clean_exit_not_failure"),
+        (Ranks, "on_exit", _exit_counted, "clean_exit_not_failure"),
         (machine_module, "admission_problem", lambda g, t: None, "activation_healthy_clique"),
-        (machine_module.Coordinator, "_commit", _drops_forgotten, "members_acked_or_dropped"),
+        (ViewChange, "commit", _drops_forgotten, "members_acked_or_dropped"),
         (RankInfo, "to_list", _snapshot_loses_exited, "replay_identical"),
         (Epochs, "view_committed", _leavers_keep_their_work, "epoch_exactly_once"),
         (Epochs, "view_committed", _leavers_forget_progress, "epoch_exactly_once"),
