@@ -36,7 +36,7 @@ def create_app(
     app.state.admitted_groups = {}  # POST /groups admitted, not yet answered (api.routes.operator)
     errors.install(app)
     app.include_router(operator.router)
-    for plugin in registry.plugins():  # each facet's routes (coordinator/fold/registry.py)
+    for plugin in host.facets.plugins:  # each of the host's facets' routes (registry.Facets)
         routes = registry.part(plugin, "routes")
         if routes is not None:
             app.include_router(routes.router)

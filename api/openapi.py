@@ -70,20 +70,21 @@ def answers(ok: dict[int, str], *errors: int) -> dict[int | str, dict[str, Any]]
     return out
 
 
-def schema_types() -> tuple[Any, ...]:
+def schema_types(facets: registry.Facets | None = None) -> tuple[Any, ...]:
     """Every Struct of the document's components: the API's own (``api.models``) and those
-    each facet's routes declare (their ``SCHEMA_TYPES``, ``coordinator/fold/registry.py``)."""
-    facets = (
+    each facet's routes declare (their ``SCHEMA_TYPES``, ``coordinator/fold/registry.py``), of
+    ``facets`` (a host's; the command line's when None)."""
+    types = (
         t
-        for p in registry.plugins()
+        for p in (facets or registry.default()).plugins
         if (routes := registry.part(p, "routes")) is not None
         for t in getattr(routes, "SCHEMA_TYPES", ())
     )
-    return (*SCHEMA_TYPES, *facets)
+    return (*SCHEMA_TYPES, *types)
 
 
-def components() -> dict[str, Any]:
-    _, schemas = msgspec.json.schema_components(schema_types(), ref_template=REF)
+def components(facets: registry.Facets | None = None) -> dict[str, Any]:
+    _, schemas = msgspec.json.schema_components(schema_types(facets), ref_template=REF)
     # The server validates each event on its own (api.routes.agents): an object that is no
     # valid event gets its own invalid_event result, and the batch is still answered 200.
     events = schemas["AgentEventsRequest"]["properties"]["events"]
@@ -105,7 +106,8 @@ def install(app: FastAPI) -> None:
                 description=app.description,
                 routes=app.routes,
             )
-            doc.setdefault("components", {}).setdefault("schemas", {}).update(components())
+            facets = app.state.host.facets  # the host's facets' bodies
+            doc.setdefault("components", {}).setdefault("schemas", {}).update(components(facets))
             _state_errors(doc)
             app.openapi_schema = doc
         return app.openapi_schema

@@ -34,10 +34,11 @@ _page: tuple[tuple[FacetPlugin, ...], bytes] | None = None
 PANELS = b"<!-- facet panels -->"
 
 
-def page() -> bytes:
-    """The console page with each facet's panel (``FacetPlugin.console``) in its place."""
+def page(facets: tuple[FacetPlugin, ...] | None = None) -> bytes:
+    """The console page with the panel (``FacetPlugin.console``) of each of ``facets`` (a
+    host's; the command line's when None) in its place."""
     global _page
-    facets = plugins()
+    facets = plugins() if facets is None else facets
     if _page is None or _page[0] != facets:
         core = resources.files("foldplane.api").joinpath("console.html").read_bytes()
         panels = [f for f in map(console_fragment, facets) if f is not None]
@@ -46,9 +47,9 @@ def page() -> bytes:
 
 
 @router.get("/ui", summary="The operator's console (an HTML page)", response_class=Response)
-async def console_page() -> Response:
+async def console_page(request: Request) -> Response:
     return Response(
-        page(),
+        page(host_of(request).facets.plugins),
         media_type="text/html; charset=utf-8",
         headers={
             "Cache-Control": "no-cache",
