@@ -5,7 +5,9 @@ An agent speaks for one ``(group, rank, incarnation)``. This module decides *wha
 ``EventsAnswered``, ``Tick``, ``LinkEvidence``, ...) with the time passed in as ``now`` (seconds
 on any monotonic clock), and carries out the actions that ``step`` returns (send these events,
 long-poll after this offset, install this view in the data plane, stop). ``next_deadline()``
-says when the host must ``Tick`` next. Nothing here imports a clock, a socket or a thread, so
+says when the host must ``Tick`` next. Two tables say the machine's shape: ``INPUTS``, every
+input, the phases that take it and its handler (any other input, or one in another phase, is
+:class:`InputRefused`, naming it); ``TRANSITIONS``, every phase change and what makes it. Nothing here imports a clock, a socket or a thread, so
 every rule is tested by feeding chosen inputs and reading the actions back.
 
 The rules, in one place:
@@ -420,7 +422,28 @@ Action = (
 # ---------------------------------------------------------------------------------------------
 # The machine
 
-_JOINING, _JOINED, _CLOSING, _STOPPED = "joining", "joined", "closing", "stopped"
+#: The phases of an agent's life (:data:`TRANSITIONS`).
+_NEW, _JOINING, _JOINED, _CLOSING, _STOPPED = "new", "joining", "joined", "closing", "stopped"
+
+#: Every phase change the machine makes, and what makes it: the agent's life in one table (as
+#: h11's ``_state.py`` writes a protocol's). ``_enter`` makes no other.
+TRANSITIONS: dict[tuple[str, str], str] = {
+    (_NEW, _JOINING): "Start: the join is queued",
+    (_JOINING, _JOINED): "the join was appended",
+    (_JOINED, _JOINING): "Rejoin, this incarnation reported OFFLINE after its join (not by a "
+    "supervisor), or a log restored from an older copy: join again in place",
+    (_JOINED, _CLOSING): "Close once joined (or the join appended after Close): exit is sent",
+    (_NEW, _STOPPED): "Close before Start",
+    (_JOINING, _STOPPED): "Close with no join in flight, a join refused for good, fenced",
+    (_JOINED, _STOPPED): "fenced (another incarnation, stale_incarnation, a reported death), "
+    "a fatal refusal, the group ended",
+    (_CLOSING, _STOPPED): "exit appended or refused",
+}
+
+
+class InputRefused(ValueError):
+    """An input the machine cannot take, in the phase it is in, or at all: a host's mistake,
+    named (the input, the phase, the rule)."""
 
 
 @dataclass
@@ -439,7 +462,7 @@ class AgentMachine:
 
     config: AgentConfig
     after: int = 0
-    phase: str = "new"
+    phase: str = _NEW
     view: View | None = None
     own_state: str = OFFLINE
     own_state_reason: str = ""
@@ -515,9 +538,20 @@ class AgentMachine:
 
     def step(self, event: Input) -> list[Action]:
         """Feed one input; return what the host must do, in order."""
-        if self.phase == _STOPPED:
-            return []
-        handler = _HANDLERS[type(event)]
+        phase = self.phase
+        if phase == _STOPPED:
+            return []  # answers to what it sent may still arrive: each changes nothing
+        taken = INPUTS.get(type(event))
+        if taken is None:
+            raise InputRefused(
+                f"{type(event).__name__} is not an input of the agent machine; its inputs "
+                f"are {', '.join(cls.__name__ for cls in INPUTS)}"
+            )
+        phases, handler, rule = taken
+        if phase not in phases:
+            raise InputRefused(
+                f"rank {self.config.rank}: {type(event).__name__} in phase {phase!r}: {rule}"
+            )
         actions: list[Action] = handler(self, event)
         if self.phase != _STOPPED:
             self._on_timers(event.now)
@@ -527,8 +561,6 @@ class AgentMachine:
     # -- handlers -------------------------------------------------------------------------------
 
     def _start(self, event: Start) -> list[Action]:
-        if self.phase != "new":
-            return []
         self._begin_join()
         return [self._poll()]
 
@@ -728,7 +760,9 @@ class AgentMachine:
         """Queue a facet's event. Before the join is appended it waits behind it (only the join
         goes first, and a rejoin keeps it); a closing or stopped agent sends nothing more."""
         if event.kind in OWN_EVENTS:
-            raise ValueError(f"{event.kind!r} is not a facet's event (it is the agent's own)")
+            raise InputRefused(
+                f"SendEvent: {event.kind!r} is not a facet's event (it is the agent's own)"
+            )
         if self.phase in (_CLOSING, _STOPPED):
             return [EventAnswered(event.kind, dict(event.fields), None, NOT_JOINED, self.phase)]
         self._outbox.append(self._facet_event(event))
@@ -849,7 +883,7 @@ class AgentMachine:
             self._join_offset = int(result.get("offset", 0))
             if self._first_join_offset is None:
                 self._first_join_offset = self._join_offset
-            self.phase = _JOINED
+            self._enter(_JOINED)
             self.last_error = None
             if self._close_requested:
                 self._send_exit()
@@ -898,7 +932,7 @@ class AgentMachine:
     # -- helpers ---------------------------------------------------------------------------------
 
     def _begin_join(self) -> None:
-        self.phase = _JOINING
+        self._enter(_JOINING)
         self._outbox = [e for e in self._outbox if _waits_for_join(e)]
         self._join_retry_at = None
         self._next_heartbeat = None
@@ -912,7 +946,7 @@ class AgentMachine:
         self._report_links((), (), True, version)
 
     def _send_exit(self) -> None:
-        self.phase = _CLOSING
+        self._enter(_CLOSING)
         self._next_heartbeat = None
         self._beat = None
         self._outbox = [ExitEvent(**self._envelope)]
@@ -928,16 +962,18 @@ class AgentMachine:
         kind), with this rank's envelope."""
         kind, cls = event.kind, event.event_type or EVENT_TYPES.get(event.kind)
         if cls is None:
-            raise ValueError(
-                f"{kind!r} is not an event of the protocol ({sorted(EVENT_TYPES)}); a facet's "
+            raise InputRefused(
+                f"SendEvent: {kind!r} is not an event of the protocol ({sorted(EVENT_TYPES)}); a facet's "
                 "event names its Struct (SendEvent.event_type)"
             )
         if _kind_of(cls) != kind:
-            raise ValueError(f"{kind!r} is not the type of {cls.__name__} ({_kind_of(cls)!r})")
+            raise InputRefused(
+                f"SendEvent: {kind!r} is not the type of {cls.__name__} ({_kind_of(cls)!r})"
+            )
         try:
             return msgspec.convert({**event.fields, **self._envelope, "type": kind}, cls)
         except msgspec.ValidationError as exc:
-            raise ValueError(f"not a valid {kind!r} event: {exc}") from None
+            raise InputRefused(f"SendEvent: not a valid {kind!r} event: {exc}") from None
 
     def _on_timers(self, now: float) -> None:
         if self._join_retry_at is not None and now >= self._join_retry_at:
@@ -986,12 +1022,20 @@ class AgentMachine:
         self._in_flight = tuple(batch)
         return [SendEvents(self._in_flight)]
 
+    def _enter(self, phase: str) -> None:
+        if (self.phase, phase) not in TRANSITIONS:
+            raise RuntimeError(
+                f"rank {self.config.rank}: no transition {self.phase} -> {phase} "
+                "(agent.machine.TRANSITIONS)"
+            )
+        self.phase = phase
+
     def _grow(self, backoff_s: float) -> float:
         c = self.config
         return min(c.retry_max_s, max(c.retry_initial_s, backoff_s * 2))
 
     def _stop(self, reason: str, detail: str) -> list[Action]:
-        self.phase = _STOPPED
+        self._enter(_STOPPED)
         self._outbox.clear()
         self._beat = None
         self._next_heartbeat = None
@@ -999,19 +1043,25 @@ class AgentMachine:
         return [Stopped(reason, detail)]
 
 
-_HANDLERS = {
-    Start: AgentMachine._start,
-    Tick: AgentMachine._tick,
-    UpdatesReceived: AgentMachine._updates,
-    PollFailed: AgentMachine._poll_failed,
-    EventsAnswered: AgentMachine._answered,
-    EventsFailed: AgentMachine._send_failed,
-    DataPlaneReady: AgentMachine._ready,
-    LinkEvidence: AgentMachine._evidence,
-    Rejoin: AgentMachine._rejoin,
-    Close: AgentMachine._close,
-    ReportProgress: AgentMachine._progress,
-    SendEvent: AgentMachine._send_event,
+_ALL = frozenset({_NEW, _JOINING, _JOINED, _CLOSING})
+_STARTED = frozenset({_JOINING, _JOINED, _CLOSING})
+_ASKED = "nothing was asked before Start"
+#: Every input the machine takes: the phases it takes it in, its handler, and the rule a host
+#: broke when it feeds the input in another phase (``step`` raises :class:`InputRefused` with
+#: it). A stopped machine takes every input and does nothing.
+INPUTS: dict[type, tuple[frozenset[str], Callable[[AgentMachine, Any], list[Action]], str]] = {
+    Start: (frozenset({_NEW}), AgentMachine._start, "a machine starts once"),
+    Tick: (_ALL, AgentMachine._tick, ""),
+    UpdatesReceived: (_STARTED, AgentMachine._updates, _ASKED),
+    PollFailed: (_STARTED, AgentMachine._poll_failed, _ASKED),
+    EventsAnswered: (_STARTED, AgentMachine._answered, _ASKED),
+    EventsFailed: (_STARTED, AgentMachine._send_failed, _ASKED),
+    DataPlaneReady: (_STARTED, AgentMachine._ready, _ASKED),
+    LinkEvidence: (_STARTED, AgentMachine._evidence, _ASKED),
+    Rejoin: (_ALL, AgentMachine._rejoin, ""),
+    Close: (_ALL, AgentMachine._close, ""),
+    ReportProgress: (_ALL, AgentMachine._progress, ""),
+    SendEvent: (_ALL, AgentMachine._send_event, ""),
 }
 
 #: What the machine does with the updates it follows itself, by class: the view's, this rank's

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any, ClassVar, get_args
 
 import msgspec
 import pytest
@@ -13,6 +13,8 @@ from foldplane.agent.machine import (
     _ON_UPDATE,
     BEATS,
     EVENTS,
+    INPUTS,
+    TRANSITIONS,
     AgentConfig,
     AgentMachine,
     Close,
@@ -22,6 +24,8 @@ from foldplane.agent.machine import (
     EventsAnswered,
     EventsFailed,
     FacetUpdate,
+    Input,
+    InputRefused,
     InstallView,
     LinkEvidence,
     MoveDataPlane,
@@ -1226,3 +1230,32 @@ def test_twin_a_rejoin_in_place_keeps_the_view_this_incarnation_is_in() -> None:
     m.step(Rejoin(1.0))
     m.step(ok(1, 30, now=1.1))  # the same incarnation's join again, after view 1
     assert m.member_of(m.view)
+
+
+# -- the tables: inputs by phase, and the phase changes ----------------------------------------
+
+
+def test_an_input_the_machine_cannot_take_is_refused_naming_it_and_the_phase() -> None:
+    with pytest.raises(InputRefused, match="PollUpdates is not an input of the agent machine"):
+        machine().step(PollUpdates(0))  # an action, fed back by mistake
+    with pytest.raises(InputRefused, match="rank 1: EventsAnswered in phase 'new': nothing was"):
+        machine().step(ok(1))
+    with pytest.raises(InputRefused, match="Start in phase 'joined': a machine starts once"):
+        joined().step(Start(2.0))
+
+
+def test_twin_a_stopped_machine_takes_every_input_and_does_nothing() -> None:
+    m = joined()
+    m.step(Close(1.0))
+    assert [a.reason for a in m.step(ok(1, 20, now=1.1)) if isinstance(a, Stopped)] == ["closed"]
+    assert m.step(Start(2.0)) == [] and m.step(ok(1, now=2.1)) == []
+
+
+def test_every_phase_change_is_in_the_table_and_no_other_is_made() -> None:
+    m = machine()
+    m.step(Start(0.0))
+    m.step(ok(1))
+    assert (m.phase, ("joining", "joined") in TRANSITIONS) == ("joined", True)
+    with pytest.raises(RuntimeError, match="no transition joined -> new"):
+        m._enter("new")
+    assert all(cls in INPUTS for cls in get_args(Input))
