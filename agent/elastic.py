@@ -107,7 +107,8 @@ class ElasticStep:
         """The step is committed: the caller steps its optimizer now."""
 
     def _end_mutation(self) -> None:
-        """The caller's optimizer step is over (``ElasticOptimizer`` and ``begin_step`` call it)."""
+        """The caller's optimizer step is over: ``ElasticOptimizer`` calls it after stepping (DDP
+        releases its heal servers' pin here; HSDP heals over the view, nothing to release)."""
 
     def _say_skipped(self, view: ViewGroup) -> None:
         """Log that a step of ``view`` was skipped, and why."""
