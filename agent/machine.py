@@ -94,6 +94,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
+from msgspec import Struct
 
 from ..wire.codes import (
     FATAL_ERRORS,
@@ -145,8 +146,7 @@ __all__ = ["HEALTHY", "OFFLINE", "SYNCED", "View"]
 EVENTS, BEATS = "events", "beats"
 
 
-@dataclass(frozen=True)
-class StoreAddress:
+class StoreAddress(Struct, frozen=True):
     """Where the rendezvous store (a torch TCPStore hosted by the coordinator) listens."""
 
     host: str
@@ -175,18 +175,15 @@ class AgentConfig:
 # Inputs (what happened)
 
 
-@dataclass(frozen=True)
-class Start:
+class Start(Struct, frozen=True):
     now: float
 
 
-@dataclass(frozen=True)
-class Tick:
+class Tick(Struct, frozen=True):
     now: float
 
 
-@dataclass(frozen=True)
-class UpdatesReceived:
+class UpdatesReceived(Struct, frozen=True):
     """An answer of ``GET /agents/updates``: the updates, where to resume, the store."""
 
     now: float
@@ -199,14 +196,12 @@ class UpdatesReceived:
     restored: bool = False
 
 
-@dataclass(frozen=True)
-class PollFailed:
+class PollFailed(Struct, frozen=True):
     now: float
     detail: str
 
 
-@dataclass(frozen=True)
-class EventsAnswered:
+class EventsAnswered(Struct, frozen=True):
     """The coordinator answered the batch in flight in ``lane``: one result per event."""
 
     now: float
@@ -214,8 +209,7 @@ class EventsAnswered:
     lane: str = EVENTS
 
 
-@dataclass(frozen=True)
-class EventsFailed:
+class EventsFailed(Struct, frozen=True):
     """The batch in flight in ``lane`` was not delivered (no coordinator reachable, or a
     refused request)."""
 
@@ -224,13 +218,11 @@ class EventsFailed:
     lane: str = EVENTS
 
 
-@dataclass(frozen=True)
-class DataPlaneReady:
+class DataPlaneReady(Struct, frozen=True):
     now: float
 
 
-@dataclass(frozen=True)
-class LinkEvidence:
+class LinkEvidence(Struct, frozen=True):
     """The data plane's own view of its links after an op failed or a view was verified."""
 
     now: float
@@ -241,20 +233,17 @@ class LinkEvidence:
     ops: tuple[int, int] | None = None
 
 
-@dataclass(frozen=True)
-class Rejoin:
+class Rejoin(Struct, frozen=True):
     """Re-enter the join path in place (same process, same incarnation, same offset)."""
 
     now: float
 
 
-@dataclass(frozen=True)
-class Close:
+class Close(Struct, frozen=True):
     now: float
 
 
-@dataclass(frozen=True)
-class ReportProgress:
+class ReportProgress(Struct, frozen=True):
     """Report how far this rank has read its part of ``epoch`` (``wire.protocol.ProgressEvent``)."""
 
     now: float
@@ -271,8 +260,7 @@ REFIT_EVENTS = frozenset({"refit_join", "refit_bootstrap", "transfer", "transfer
 OWN_EVENTS = MEMBERSHIP_EVENTS | {"progress"}
 
 
-@dataclass(frozen=True)
-class SendEvent:
+class SendEvent(Struct, frozen=True):
     """Send a facet's event (any kind but :data:`OWN_EVENTS`), with its fields but the
     envelope, which the machine adds. ``event_type``: its Struct (a facet's own); None for
     the protocol's (a refit's)."""
@@ -302,8 +290,7 @@ Input = (
 # Actions (what the host must do)
 
 
-@dataclass(frozen=True)
-class SendEvents:
+class SendEvents(Struct, frozen=True):
     """POST these wire events (``wire.protocol``'s Structs, the envelope filled) as one batch,
     then feed back EventsAnswered or EventsFailed of the same ``lane``. The two lanes are
     independent: one batch may be in flight in each."""
@@ -312,8 +299,7 @@ class SendEvents:
     lane: str = EVENTS
 
 
-@dataclass(frozen=True)
-class PollUpdates:
+class PollUpdates(Struct, frozen=True):
     """Long-poll ``/agents/updates`` after ``after``, once ``delay_s`` has passed; ``view`` is
     the version held (so a resync need not send it again)."""
 
@@ -322,23 +308,20 @@ class PollUpdates:
     view: int | None = None
 
 
-@dataclass(frozen=True)
-class ConnectDataPlane:
+class ConnectDataPlane(Struct, frozen=True):
     """The store is known: build the data plane (once per process)."""
 
     store: StoreAddress
 
 
-@dataclass(frozen=True)
-class MoveDataPlane:
+class MoveDataPlane(Struct, frozen=True):
     """The coordinator advertises another store: move the data plane there, then report
     ``DataPlaneReady``. Carried out before the actions that follow it."""
 
     store: StoreAddress
 
 
-@dataclass(frozen=True)
-class InstallView:
+class InstallView(Struct, frozen=True):
     """A view committed: the data plane builds its group over ``view.active_ranks``.
     ``member``: this incarnation is one of them (``AgentMachine.member_of``); a view that
     lists the rank but was committed before this incarnation joined names the process it
@@ -348,16 +331,14 @@ class InstallView:
     member: bool = False
 
 
-@dataclass(frozen=True)
-class RankStateChanged:
+class RankStateChanged(Struct, frozen=True):
     """This rank's own physical state, as the coordinator last reported it."""
 
     state: str
     reason: str
 
 
-@dataclass(frozen=True)
-class ShutdownWithSave:
+class ShutdownWithSave(Struct, frozen=True):
     """The group's shutdown directive; ``checkpoint_rank`` is the rank that saves."""
 
     reason: str
@@ -365,8 +346,7 @@ class ShutdownWithSave:
     checkpoint_rank: int | None = None
 
 
-@dataclass(frozen=True)
-class ProgressAnswered:
+class ProgressAnswered(Struct, frozen=True):
     """The coordinator's answer to a progress report: ``error`` None when it was accepted."""
 
     epoch: int
@@ -376,8 +356,7 @@ class ProgressAnswered:
     detail: str = ""
 
 
-@dataclass(frozen=True)
-class FacetUpdate:
+class FacetUpdate(Struct, frozen=True):
     """An update of a facet the machine does not follow itself (a Struct a worker follows with
     ``Agent.on_update``), for the group or for this rank: handed on, in offset
     order, to whoever follows it (``Agent.on_update``)."""
@@ -385,8 +364,7 @@ class FacetUpdate:
     update: Update
 
 
-@dataclass(frozen=True)
-class EventAnswered:
+class EventAnswered(Struct, frozen=True):
     """The coordinator's answer to a facet's event (``SendEvent``): ``error`` None when it was
     appended (or answered with the earlier record it repeats, ``offset``)."""
 
@@ -397,8 +375,7 @@ class EventAnswered:
     detail: str = ""
 
 
-@dataclass(frozen=True)
-class Stopped:
+class Stopped(Struct, frozen=True):
     """The agent is done: ``closed`` (a clean exit), ``fenced`` or ``failed``."""
 
     reason: str
