@@ -5,33 +5,29 @@ Everything random comes from ``random.Random`` seeded by the seed; time is simul
 nanoseconds on an event queue (no threads, no asyncio, no clock), so a seed replays exactly.
 
 **What is real.** The fold is the real :class:`coordinator.fold.machine.Coordinator`; each rank is a
-real :class:`agent.machine.AgentMachine`. The coordinator's host is the real
-:class:`coordinator.host.loop.Host` object, and its parts are used for every decision it makes
-without I/O: the batching rule (``coordinator.host.batching.take_batch``), the admission of a
-batch (``Admission``: the pre-check of each input, which is ``Coordinator.repeat_of`` and
-``Coordinator.check``, the heartbeat buffer ``coordinator.fold.heartbeats.HeartbeatBuffer`` and
-its re-check of each beat before its shared record is appended), the Ready value of each
-batch's effects (``host.ready_builder``, a ``coordinator.host.ready.ReadyBuilder``: projection
-rows and agent updates, with ``wire.protocol.view_update``/``prepare_update``) and its
-publishing, the per-rank update journals (``coordinator.host.journal.UpdateJournals``: what each
-rank may read, and when it must resync), the resync answer
-(``coordinator.host.polls.resync_answer``), and the snapshot format
-(``coordinator.host.snapshots.encode_snapshot``).
+real :class:`agent.machine.AgentMachine`. The coordinator's host is the service's own host core,
+:class:`coordinator.host.core.HostCore`, which the asyncio loop (``coordinator.host.loop``)
+drives too, as etcd's ``node.run`` and its tests drive one ``RawNode``: its queue and batching
+rule, the admission of a batch (the pre-check of each input, the heartbeat buffer and its
+re-check of each beat before its shared record is appended), the step of the fold into one
+Ready value (projection rows, agent updates), the update journals (what each rank may read,
+and when it must resync), the read model published after each cycle, the answers (decisions
+before shared heartbeat records) and a long poll's answer (``updates_now``: updates, a resync,
+or nothing yet). The snapshot format is the real one (``coordinator.host.snapshots``).
 
-**What is simulated, and how it differs.** The host's loop, its append, step and carry-out and
-its ticker are ``async`` around those decisions; :class:`SimHost` repeats them synchronously and
-minimally, in the same order: pre-check, buffer beats, flush beats that are due (all of them
-when a tick is appended, after the resumed tick), append (a list of records: the log survives
-every crash), step, carry out, write projection rows with their consumer offset, make the
-updates visible, answer long polls, snapshot every ``snapshot_every`` records. The ticker
-appends a ``tick`` once the coordinator's clock passes ``next_deadline()``, with the real one's
-rule against spinning on a deadline a tick did not move. The long-poll pacing of a burst
-(``release_share``) is left out: every woken poll is answered at once. The HTTP layer is a
-message per request: events become records as ``POST /agents/events`` makes them, proposals
-carry their idempotency key (the host answers a repeat with its proposal), death reports are
-``POST /agents/deaths``. The data plane is simulated: it is ready a little after the store is
-known, and after a view is installed (or the network changes) it reports as down exactly the
-peers it cannot reach.
+**What is simulated, and how it differs.** :class:`SimHost` is the driver, in place of the
+asyncio loop, on simulated time: it appends to a list (the log survives every crash; a crash may
+fall between the append and the answers), writes projection rows into a dict with their
+consumer offset, snapshots every ``snapshot_every`` records, and parks long polls until the
+core's journals have something for them. The ticker appends a ``tick`` once the coordinator's
+clock passes ``next_deadline()``, with the real one's rule against spinning on a deadline a tick
+did not move. Left out: the long-poll pacing of a burst (``release_share``: every woken poll is
+answered at once) and the checkpoint rank's lead on a shutdown (``journal.py``'s hold). The HTTP
+layer is a message per request: events become records as ``POST /agents/events`` makes them,
+proposals carry their idempotency key (the host answers a repeat with its proposal), death
+reports are ``POST /agents/deaths``. The data plane is simulated: it is ready a little after the
+store is known, and after a view is installed (or the network changes) it reports as down
+exactly the peers it cannot reach.
 
 **Faults**, drawn up front from the seed as a schedule (so a failing run shrinks by dropping
 them): partitions that cut an arbitrary set of nodes (ranks and the coordinator) from the rest;
@@ -94,13 +90,14 @@ from ..agent.machine import (
 )
 from ..coordinator.fold.machine import Coordinator
 from ..coordinator.fold.projections import rows_for
-from ..coordinator.host.batching import MAX_BATCH, decisions_first, take_batch
+from ..coordinator.host.batching import MAX_BATCH
+from ..coordinator.host.core import HostCore
 from ..coordinator.host.inputs import Input, queue_submission
 from ..coordinator.host.journal import UpdateJournals, decoded
-from ..coordinator.host.loop import Appended, Existing, Host, Refusal, UpdatesAnswer
-from ..coordinator.host.polls import resync_answer
-from ..coordinator.host.ready import HostState, publish
+from ..coordinator.host.loop import Appended, Existing, Refusal, UpdatesAnswer
+from ..coordinator.host.ready import HostState, Ready
 from ..coordinator.host.snapshots import decode_snapshot, encode_snapshot
+from ..coordinator.host.ticks import TickNow, next_step
 from ..eventlog.record import NewRecord, Record
 from ..facets.epochs.inputs import complete_plan
 from ..wire.data import ReadCursor, apply_moves
@@ -325,7 +322,8 @@ class _Request:
 
 
 class SimHost:
-    """One life of the coordinator: the real fold and host decisions, run synchronously."""
+    """One life of the coordinator: the service's host core (``HostCore``), driven
+    synchronously on simulated time."""
 
     def __init__(self, world: World, epoch: int) -> None:
         self.world = world
@@ -335,21 +333,13 @@ class SimHost:
         else:
             machine, aux = Coordinator(), HostState()
         self.machine = machine
-        self.host = Host(
-            None,  # type: ignore[arg-type]  # the log is world.log, appended here
-            machine,
-            aux,
-            projected=world.projected,
-            heartbeat_flush_s=world.setup.flush_s,
-        )
+        journals = None
         if world.setup.journal_bytes is not None:
             group_bytes, rank_bytes = world.setup.journal_bytes
             journals = UpdateJournals(
                 floor=machine.offset, group_limit_bytes=group_bytes, rank_limit_bytes=rank_bytes
             )
-            for group, size in aux.world_sizes.items():
-                journals.set_world_size(group, size)
-            self.host.journals = journals
+        self.core = HostCore(machine, aux, heartbeat_flush_s=world.setup.flush_s, journals=journals)
         self.snapshot_offset = machine.offset
         self.store = StoreAddress(COORD, 29_500 + epoch)
         self.parked: dict[int, tuple[Process, int, int, int | None, int]] = {}
@@ -358,14 +348,11 @@ class SimHost:
         self.process_at: int | None = None
         self.ticker_gen = 0
         self.crash_after_append = False
-        #: the offset up to which every effect is carried out (``Host.applied_offset``)
-        self.applied = machine.offset
         # catch_up: fold every record the log holds beyond the snapshot
         tail = world.log[machine.offset :]
         if tail:
             self.last_ts = max(self.last_ts, tail[-1].ts)
             self._apply(tail)
-        self.applied = machine.offset
         # start(): the resumed tick first, when a deadline waits on the ranks
         if machine.waits_on_ranks():
             self.submit([NewRecord(kind="tick", group=None, payload={"resumed": True})], None, None)
@@ -385,7 +372,7 @@ class SimHost:
         if req is None:
             req = _Request(self.world, None, 0, records, EVENTS)
         queue_submission(
-            self.host.queue, records, req, key, precheck, self.world.now / S, normalized=False
+            self.core.queue, records, req, key, precheck, self.world.now / S, normalized=False
         )
         self.wake(self.world.now + MS)
 
@@ -402,24 +389,25 @@ class SimHost:
         if self.process_at is not None and now < self.process_at:
             return _STALE
         self.process_at = None
-        host = self.host
-        batch = take_batch(host.queue, MAX_BATCH)
-        beats_due = host.admission.beats.deadline()
+        core = self.core
+        batch = core.take(MAX_BATCH)
+        beats_due = core.admission.beats.deadline()
         if batch or (beats_due is not None and now / S >= beats_due):
             self.process(batch)
         if self.world.coord is not self:
             return
-        if host.queue:
+        if core.queue:
             self.wake(now + MS)
-        beats_due = host.admission.beats.deadline()
+        beats_due = core.admission.beats.deadline()
         if beats_due is not None:
             self.wake(max(now + 1, round(beats_due * S)))
         self.ticker()
 
     def process(self, batch: list[Input]) -> None:
-        """``Host._cycle``: the host's own admission (``Admission.admit``: pre-check, buffer
-        beats, the due beats' shared records in front), then append and step."""
-        accepted = self.host.admission.admit(batch, self.world.now / S)
+        """``Host._cycle`` on the core: admit, append (to a list: the log survives every
+        crash), step and carry out, answer; a snapshot every ``snapshot_every`` records."""
+        core = self.core
+        accepted = core.admit(batch, self.world.now / S)
         if not accepted:
             return
         self.last_ts = max(self.world.wall(), self.last_ts)  # Host._next_ts
@@ -442,110 +430,74 @@ class SimHost:
         if self.crash_after_append:
             self.world.crash_now()
             return
-        refused = self._apply(records)
-        for at in decisions_first(accepted):  # Host._answer's order
-            item, rec = accepted[at], records[at]
-            fenced = refused.get(rec.offset)
-            item.answer(
-                Appended(rec.offset)
-                if fenced is None
-                else Refusal(fenced.code, fenced.message, rec.offset)
-            )
+        ready = self._apply(records)
+        core.answer(accepted, [rec.offset for rec in records], ready, self.world.now / S)
         if self.machine.offset - self.snapshot_offset >= self.world.setup.snapshot_every:
-            self.world.snapshot = encode_snapshot(self.machine, self.host.state)
+            self.world.snapshot = encode_snapshot(self.machine, core.state)
             self.snapshot_offset = self.machine.offset
 
-    def _apply(self, records: list[Record]) -> dict[int, Any]:
-        """``Host._step`` and ``Host._carry_out``: step, build the Ready, carry it out (publish
-        the updates, write the projection rows with their consumer offset, make the updates
-        visible)."""
-        host = self.host
-        effects: list[Any] = []
-        for rec in records:
-            stepped = self.machine.step(rec)
-            host.published.note(rec)
-            self.world.inv.on_record(rec, stepped)
-            effects.extend(stepped)
-        last = records[-1].offset
-        ready = host.ready_builder.ready(last, effects, projected=self.world.projected)
-        publish(host.journals, ready)
+    def _apply(self, records: list[Record]) -> Ready:
+        """``Host._step`` and ``Host._carry_out`` on the core: step (each record checked by the
+        invariants), publish the updates, write the projection rows with their consumer
+        offset, carried out (the read model published, the journals' readers woken)."""
+        core = self.core
+        world = self.world
+        ready = core.step(records, projected=world.projected, observe=world.inv.on_record)
+        core.publish_updates(ready)
         if ready.rows:
             for row in ready.rows.values():
-                self.world.projections[(row.kind, row.group, row.seq)] = row.doc
-            self.world.projected = last
-        self.applied = last
-        host.published.publish()
-        host.journals.wake()
+                world.projections[(row.kind, row.group, row.seq)] = row.doc
+            world.projected = ready.offset
+        core.carried_out(ready)
         for rid in list(self.parked):
             self.poll_again(rid)
-        return ready.refused
+        return ready
 
     # -- the ticker --------------------------------------------------------------------------------
 
     def ticker(self, gen: int | None = None) -> Any:
-        """``coordinator.host.ticks``: a tick once the clock passes the fold's next deadline."""
+        """``coordinator.host.ticks``' rule (``next_step``): a tick once the clock passes the
+        fold's next deadline, never twice in a row for a deadline a tick did not move."""
         if gen is not None and (gen != self.ticker_gen or self.world.coord is not self):
             return _STALE
         self.ticker_gen += 1
-        deadline = self.machine.next_deadline()
-        if deadline is None:
-            return
-        now = self.world.wall()
-        if now > deadline:
-            if deadline == self.last_tick_deadline:
-                self.last_tick_deadline = None
-                self.world.at(self.world.now + S // 10, self.ticker, self.ticker_gen)
-                return
-            self.last_tick_deadline = deadline
+        step = next_step(self.machine.next_deadline(), self.world.wall(), self.last_tick_deadline)
+        if isinstance(step, TickNow):
+            self.last_tick_deadline = step.deadline
             self.submit([NewRecord(kind="tick", group=None, payload={})], None, None)
             return
-        at = self.world.now + (deadline - now) + MS // 2
-        self.world.at(at, self.ticker, self.ticker_gen)
+        if step.forget:
+            self.last_tick_deadline = None
+        if step.timeout is not None:
+            self.world.at(self.world.now + round(step.timeout * S), self.ticker, self.ticker_gen)
 
     # -- long polls --------------------------------------------------------------------------------
 
     def poll(self, src: Process, rid: int, after: int, view: int | None) -> None:
         """``Host.updates`` for one rank: at once if there is anything, else parked."""
-        if after > self.applied:
+        if after > self.core.applied:  # the log was restored from an older copy: resync at once
             self.world.resyncs += 1
-            self.answer_poll(src, rid, self.resync((src.rank,), None, restored=True))
+            self.answer_poll(src, rid, self.core.updates_now(GROUP, (src.rank,), after, view=view))  # type: ignore[arg-type]
             return
         self.parked[rid] = (src, rid, after, view, self.world.now + POLL_WAIT_NS)
         self.world.at(self.world.now + POLL_WAIT_NS, self.poll_expired, rid)
         self.poll_again(rid)
 
     def poll_again(self, rid: int) -> None:
+        """``HostCore.updates_now`` for a parked poll: answered once there is anything."""
         src, _, after, view, _ = self.parked[rid]
-        journals = self.host.journals
-        got = journals.entries_since(GROUP, (src.rank,), after)
-        if got is None:
+        ans = self.core.updates_now(GROUP, (src.rank,), after, view=view)
+        if ans is not None:
             del self.parked[rid]
-            self.world.resyncs += 1
-            self.answer_poll(src, rid, self.resync((src.rank,), view))
-        elif got:
-            del self.parked[rid]
-            journals.mark_delivered(GROUP, (src.rank,), got[-1][0])
-            self.answer_poll(src, rid, UpdatesAnswer([raw for _, raw in got], got[-1][0], False))
+            if ans.resync:
+                self.world.resyncs += 1
+            self.answer_poll(src, rid, ans)
 
     def poll_expired(self, rid: int) -> Any:
         if self.world.coord is not self or rid not in self.parked:
             return _STALE
         src, _, after, _, _ = self.parked.pop(rid)
-        self.answer_poll(src, rid, UpdatesAnswer([], max(after, self.applied), False))
-
-    def resync(self, ranks: tuple[int, ...], view: int | None, *, restored: bool = False) -> Any:
-        """``Host._resync``: the current state instead of what the journal no longer holds."""
-        host = self.host
-        return resync_answer(
-            self.machine,
-            host.state,
-            host.journals,
-            GROUP,
-            ranks,
-            view,
-            applied=self.applied,
-            restored=restored,
-        )
+        self.answer_poll(src, rid, UpdatesAnswer([], max(after, self.core.applied), False))
 
     def answer_poll(self, src: Process, rid: int, ans: UpdatesAnswer) -> None:
         updates = tuple(decoded(raw) for raw in ans.encoded)
@@ -1033,7 +985,7 @@ class World:
         coord = self.coord
         if coord is None:
             return
-        for item in coord.host.queue:
+        for item in coord.core.queue:
             item.fail(RuntimeError("crashed"))
         self.coord = None
         self.at(self.now + self.down_for, self.start_coordinator)
@@ -1236,7 +1188,7 @@ class World:
                         if (
                             p.running
                             and r.epoch == epoch.number
-                            and p.machine.after <= coord.applied
+                            and p.machine.after <= coord.core.applied
                         ):
                             part = (r.assignment, r.base, r.remaining)
                             inv.check_part(p.rank, p.incarnation, epoch, part)

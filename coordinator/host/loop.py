@@ -1,7 +1,9 @@
 """The execution host: the one place where the pure fold meets the log, the clock and the network.
 
-It reads like etcd raft's application loop. One asyncio task owns the :class:`Coordinator`, and
-each turn of :meth:`Host._run` is
+It reads like etcd raft's application loop. One asyncio task drives the host core
+(``core.py``'s :class:`~coordinator.host.core.HostCore`: the fold and all the host derives from
+it, decided without I/O or a clock; the simulator drives the same core), and each turn of
+:meth:`Host._run` is
 
 1. **batch**: take what is queued (``batching.take_batch`` says what may share a batch) and
    admit it (``batching.Admission``): each input pre-checked against the fold, so a refused
@@ -31,7 +33,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import defaultdict, deque
+from collections import defaultdict
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
@@ -41,11 +43,10 @@ from ...eventlog import Log, LogError, NewRecord, Record, StaleTermError, open_l
 from ...eventlog.record import READ_PAGE, Encoded
 from ...wire.codes import CLOSED, FOLD_FAILED, LOG_UNAVAILABLE, NOT_LEADER, TERMINAL
 from ..fold.effects import Effect, Proposal
-from ..fold.heartbeats import HeartbeatBuffer
 from ..fold.machine import Coordinator
 from ..fold.registry import Facets
-from .batching import MAX_BATCH, Admission, decisions_first, take_batch
-from .decisions import say
+from .batching import MAX_BATCH
+from .core import FoldFailed, HostCore
 from .inputs import (
     Appended,
     Beats,
@@ -58,12 +59,11 @@ from .inputs import (
     Reply,
     queue_submission,
 )
-from .journal import UpdateJournals
 from .metrics import HostMetrics
 from .pacing import PollPacing
-from .polls import UpdatesAnswer, resync_answer
-from .reads import Reads, ReadsPublisher
-from .ready import HostState, Ready, ReadyBuilder, publish
+from .polls import UpdatesAnswer
+from .reads import Reads
+from .ready import HostState, Ready
 from .rows import ProjectionRows
 from .snapshots import (
     CONSUMER,
@@ -183,23 +183,25 @@ class Host:
         role: Role | None = None,
     ) -> None:
         self.log = log_
+        self.metrics = HostMetrics()
+        #: the fold and all the host derives from it, decided without I/O (``core.py``): the
+        #: one core this loop drives, as the simulator does
+        self.core = HostCore(
+            machine, state, heartbeat_flush_s=heartbeat_flush_s, metrics=self.metrics
+        )
         self.machine = machine
         #: the facets this host runs (``coordinator.fold.registry.Facets``): its log accepts
         #: their kinds, its API reads their events
         self.facets = machine.composition
-        if log_ is not None:  # the simulator's host appends to a world of its own
-            log_.accept(self.facets.kinds)
+        log_.accept(self.facets.kinds)
+        #: the host's own derived state (in the snapshot)
+        self.state = state
+        self.journals = self.core.journals
         #: what the API reads of the fold (``reads.py``), published once per cycle: never
         #: the machine itself
-        self.published = ReadsPublisher(machine)
-        self.metrics = HostMetrics()
-        self.journals = UpdateJournals(floor=machine.offset)
+        self.published = self.core.published
+        self.ready_builder = self.core.ready_builder
         self.store_address: dict[str, Any] | None = None
-        #: the host's own derived state (in the snapshot) and the builder of Ready values
-        self.state = state
-        self.ready_builder = ReadyBuilder.for_machine(machine, state)
-        for group, size in state.world_sizes.items():
-            self.journals.set_world_size(group, size)
         self.projections = ProjectionRows(log_, projected=projected)
         self.snapshots = Snapshots(
             log_,
@@ -214,12 +216,9 @@ class Host:
             raise ValueError(f"shutdown_lead_s must be >= 0 seconds, got {shutdown_lead_s}")
         self._shutdown_lead_s = shutdown_lead_s
         #: the inputs waiting for the loop, in arrival order
-        self.queue: deque[Input] = deque()
-        self.admission = Admission(
-            machine, HeartbeatBuffer(heartbeat_flush_s), self.metrics, reads=self._reads
-        )
+        self.queue = self.core.queue
+        self.admission = self.core.admission
         self._max_batch = max_batch
-        self._applied = machine.offset
         self._has_input = asyncio.Event()
         #: the timer that wakes the loop when the oldest beats queued without waking it are
         #: due (see ``_enqueue``)
@@ -246,9 +245,6 @@ class Host:
     def reads(self) -> Reads:
         """The read model of the last cycle carried out (``reads.py``): all the API reads of
         the fold."""
-        return self.published.current
-
-    def _reads(self) -> Reads:
         return self.published.current
 
     # -- lifecycle -------------------------------------------------------------------------------
@@ -375,7 +371,7 @@ class Host:
     @property
     def applied_offset(self) -> int:
         """The offset up to which every effect has been carried out."""
-        return self._applied
+        return self.core.applied
 
     def stop_waiting(self) -> None:
         """Answer every long poll now (empty) and every later one at once: the server is
@@ -532,7 +528,7 @@ class Host:
             remaining = deadline - loop.time()
             if remaining <= 0 or self._unavailable is not None or self._draining:
                 # never past a shutdown held for another rank (``journal.py``)
-                horizon = journals.horizon(group, ranks, self._applied)
+                horizon = journals.horizon(group, ranks, self.core.applied)
                 return UpdatesAnswer([], max(after, horizon), False)
             # nothing runs between the check above and registering here, so no publish is missed
             waiter = journals.waiter(group)
@@ -549,41 +545,17 @@ class Host:
         """What concerns ``ranks`` of ``group`` after ``after`` as it stands: the updates, a
         resync, or None when nothing is there yet (the reader then waits on
         ``journals.waiter(group)``: the long poll, and the host channel's pushes)."""
-        if after > self._applied:
+        if after > self.core.applied:
             # The reader has seen offsets this log never reached: the log was restored from an
-            # older copy. Nothing after ``after`` will ever come; start the reader afresh.
+            # older copy. Nothing after ``after`` will ever come; the core resyncs the reader.
             log.warning(
                 "an agent of group %r resumes after offset %d, past this log's head %d: "
                 "the log was restored from an older copy; the agent resyncs",
                 group,
                 after,
-                self._applied,
+                self.core.applied,
             )
-            return self._resync(group, ranks, None, restored=True)
-        journals = self.journals
-        got = journals.entries_since(group, ranks, after)
-        if got is None:
-            return self._resync(group, ranks, view)
-        if got:
-            next_after = got[-1][0]
-            journals.mark_delivered(group, ranks, next_after)
-            return UpdatesAnswer([raw for _, raw in got], next_after, False)
-        return None
-
-    def _resync(
-        self, group: str, ranks: Sequence[int], view: int | None, *, restored: bool = False
-    ) -> UpdatesAnswer:
-        self.metrics.resyncs += 1
-        return resync_answer(
-            self.machine,
-            self.state,
-            self.journals,
-            group,
-            ranks,
-            view,
-            applied=self._applied,
-            restored=restored,
-        )
+        return self.core.updates_now(group, ranks, after, view=view)
 
     # -- the loop --------------------------------------------------------------------------------
 
@@ -601,7 +573,7 @@ class Host:
 
     async def _cycle(self, batch: list[Input]) -> None:
         """One turn: admit, append, step, carry out the Ready, answer each input."""
-        accepted = self.admission.admit(batch, asyncio.get_running_loop().time())
+        accepted = self.core.admit(batch, asyncio.get_running_loop().time())
         if not accepted:
             return
         appended = await self._append(accepted)
@@ -630,7 +602,7 @@ class Host:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout_at(beats_due):
                     await self._has_input.wait()
-        batch = take_batch(self.queue, self._max_batch)
+        batch = self.core.take(self._max_batch)
         if not self.queue:
             self._has_input.clear()
             if self._beats_wake is not None:
@@ -684,50 +656,29 @@ class Host:
         return offsets, records
 
     def _step(self, records: Sequence[Record], *, live: bool = False) -> Ready:
-        """Step the fold over durable records, in offset order: their effects as one Ready.
+        """Step the fold over durable records (``HostCore.step``): their effects as one Ready.
         ``live``: inputs decided now, whose decisions are logged (not a catch-up's)."""
-        effects: list[Effect] = []
-        step = self.machine.step
-        note = self.published.note
-        for rec in records:
-            try:
-                effects.extend(step(rec))
-                note(rec)
-            except Exception as exc:  # a bug in the fold: stop before the state diverges further
-                log.exception("the fold failed at offset %d", rec.offset)
-                self._stop(
-                    HostUnavailable(FOLD_FAILED, f"the fold failed at offset {rec.offset}: {exc}"),
-                    [],
-                )
-                raise
-        last = records[-1].offset if records else self._applied
-        if live:
-            say(effects)
-        return self.ready_builder.ready(last, effects, projected=self.projections.projected)
+        try:
+            return self.core.step(records, projected=self.projections.projected, live=live)
+        except FoldFailed as exc:  # a bug in the fold: stop before the state diverges further
+            log.exception("the fold failed at offset %d", exc.offset)
+            self._stop(HostUnavailable(FOLD_FAILED, str(exc)), [])
+            raise
 
     async def _carry_out(self, ready: Ready) -> None:
         """Carry out one Ready, in its order: the updates published (readers see them only at
-        the wake below), the projection rows written, the read model published, long polls
-        woken, proposals answered."""
-        metrics = self.metrics
-        for group in ready.committed:
-            metrics.view_changes[group] += 1
-        for proposal in ready.resolved:
-            metrics.proposals[proposal.status] += 1
-        for refused in ready.refused.values():
-            metrics.fenced[refused.code] += 1
+        the wake below), the projection rows written, the read model published and long
+        polls woken (``HostCore.carried_out``), proposals answered."""
         journals = self.journals
         for group, rank, offset in ready.saver_first:
             # the checkpoint rank hears of the shutdown first; the rest once it has, or at the
             # bound (``journal.py``)
             journals.hold(group, rank, offset)
             asyncio.get_running_loop().call_later(self._shutdown_lead_s, journals.let_go, group)
-        publish(journals, ready)
+        self.core.publish_updates(ready)
         self.projections.add(ready.rows)
         await self.projections.write(ready.offset)
-        self._applied = ready.offset
-        self.published.publish()
-        journals.wake()
+        self.core.carried_out(ready)
         for proposal in ready.resolved:
             for future in self._proposal_waiters.pop(proposal.id, []):
                 if not future.done():
@@ -738,24 +689,8 @@ class Host:
         self._changed.set()
 
     def _answer(self, accepted: list[Input], offsets: list[int], ready: Ready) -> None:
-        """Each input its outcome: appended, or fenced while stepping; the decisions before
-        the shared heartbeat records (``batching.decisions_first``)."""
-        now = asyncio.get_running_loop().time()
-        appends = self.metrics.appends
-        latency = self.metrics.fold_latency
-        refused = ready.refused
-        if len(offsets) != len(accepted):
-            raise ValueError(f"{len(accepted)} inputs appended at {len(offsets)} offsets")
-        for at in decisions_first(accepted):
-            item, offset = accepted[at], offsets[at]
-            appends[item.record.kind] += 1
-            latency.observe(now - item.arrived)
-            fenced = refused.get(offset) if refused else None
-            if fenced is None:
-                item.answer(Appended(offset))
-            else:
-                item.answer(Refusal(fenced.code, fenced.message, offset))
-        self.metrics.append_batches += 1
+        """Each input its outcome (``HostCore.answer``)."""
+        self.core.answer(accepted, offsets, ready, asyncio.get_running_loop().time())
 
     def _maybe_snapshot(self) -> None:
         """Start a snapshot when one is due, none is being written, and every projection row
@@ -800,7 +735,7 @@ class Host:
             self._last_ts = max(self._last_ts, page[-1].ts)
             await self._carry_out(self._step(page))
             self.journals.release()  # nothing waits behind these: answer every woken poll
-        self._applied = self.machine.offset
+        self.core.applied = self.machine.offset
 
     async def _recover(self) -> None:
         """After a failed append the batch may or may not be durable: read back what is."""
