@@ -12,6 +12,7 @@ folder, that every side of the editable install imports and its command answers.
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import re
@@ -237,8 +238,11 @@ def test_the_wheel_keeps_the_users_torch_and_a_users_own_modules_do_not_break_it
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
     python = str(venv / "bin" / "python")
+    # the distribution's version (2.14.1), not torch.__version__ (2.14.1+cu130: a CUDA wheel
+    # adds its build's label at run time, which the machine's pip constraint torch<=2.14.1 and
+    # the registry's file names do not carry)
     subprocess.run(
-        [python, "-m", "pip", "install", "-q", f"torch=={torch.__version__}"],
+        [python, "-m", "pip", "install", "-q", f"torch=={importlib.metadata.version('torch')}"],
         check=True, capture_output=True, timeout=1200,
     )  # fmt: skip
     before = torch_in(python)
