@@ -104,10 +104,32 @@ HEAVY = (
 )
 
 
-def is_heavy(nodeid: str) -> bool:
+#: Tests that share a fixed resource run one at a time on one worker, beside the rest (a scope
+#: of their own, chosen by node id as the heavy one is): torchft's ManagerIntegTest binds its
+#: managers to fixed ports (19530 + replica id), so two of its tests at once collide
+#: ("Address already in use").
+SERIAL = {"torchft_manager_ports": ("tests/lighthouse/test_torchft_contract.py",)}
+
+
+def _under(nodeid: str, prefixes: tuple[str, ...]) -> bool:
     return any(
-        nodeid == h or nodeid.startswith(h + "::") or nodeid.startswith(h + "[") for h in HEAVY
+        nodeid == h or nodeid.startswith(h + "::") or nodeid.startswith(h + "[") for h in prefixes
     )
+
+
+def is_heavy(nodeid: str) -> bool:
+    return _under(nodeid, HEAVY)
+
+
+def scope_of(nodeid: str) -> str:
+    """The xdist scope of a test under ``--dist loadgroup`` (one scope runs on one worker, one
+    test at a time): ``heavy``, a ``SERIAL`` group's name, or the test's own node id."""
+    if is_heavy(nodeid):
+        return "heavy"
+    for name, prefixes in SERIAL.items():
+        if _under(nodeid, prefixes):
+            return name
+    return nodeid
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -120,14 +142,14 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 @pytest.hookimpl(optionalhook=True, tryfirst=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
     """``--dist loadgroup``: xdist's scope scheduling with the heavy tests as one scope (one
-    worker, one at a time) and every other test a scope of its own."""
+    worker, one at a time), each ``SERIAL`` group one, and every other test a scope of its own."""
     if config.getvalue("dist") != "loadgroup":
         return None
     from xdist.scheduler import LoadScopeScheduling
 
     class HeavyApart(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return "heavy" if is_heavy(nodeid) else nodeid
+            return scope_of(nodeid)
 
     return HeavyApart(config, log)  # type: ignore[arg-type]
 

@@ -22,8 +22,9 @@ from torchft import manager_integ_test  # noqa: E402
 from tests.lighthouse.coordinator import FoldplaneLighthouse  # noqa: E402
 from tests.service.conftest import ROOT  # noqa: E402
 
-# the managers of these tests listen on fixed ports (19530 + replica id): one worker runs them
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("torchft_manager_ports")]
+# the managers of these tests listen on fixed ports (19530 + replica id): under -n 2 one worker
+# runs them one at a time (tests/conftest.py's SERIAL scope; pytest ignores xdist_group marks)
+pytestmark = pytest.mark.slow
 
 _started: list[FoldplaneLighthouse] = []
 
