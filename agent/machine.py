@@ -99,6 +99,7 @@ from msgspec import Struct
 from ..wire.codes import (
     FATAL_ERRORS,
     GROUP_ENDED,
+    INVALID_EVENT,
     NOT_JOINED,
     RANK_OFFLINE,
     RETRIED_JOIN_ERRORS,
@@ -187,7 +188,8 @@ class UpdatesReceived(Struct, frozen=True):
     """An answer of ``GET /agents/updates``: the updates, where to resume, the store."""
 
     now: float
-    #: each decoded into its Struct (``wire.updates.decode_updates``)
+    #: each decoded into its Struct (the client's ``UpdateReader``: the protocol's updates and
+    #: those of the facets the agent was given with ``Agent.on_update``)
     updates: tuple[AgentUpdate, ...]
     next_after: int
     store: StoreAddress | None = None
@@ -362,6 +364,10 @@ class FacetUpdate(Struct, frozen=True):
     order, to whoever follows it (``Agent.on_update``)."""
 
     update: Update
+
+
+class _NotValid(ValueError):
+    """A facet event's fields do not fit its Struct: answered ``invalid_event`` to its caller."""
 
 
 class EventAnswered(Struct, frozen=True):
@@ -742,7 +748,13 @@ class AgentMachine:
             )
         if self.phase in (_CLOSING, _STOPPED):
             return [EventAnswered(event.kind, dict(event.fields), None, NOT_JOINED, self.phase)]
-        self._outbox.append(self._facet_event(event))
+        try:
+            self._outbox.append(self._facet_event(event))
+        except _NotValid as exc:
+            # fields the caller chose (a transfer key, a bootstrap value) that do not fit the
+            # event's Struct: the caller's refusal, as the coordinator would answer it; the
+            # agent goes on (an exception here would end the thread that drives the machine)
+            return [EventAnswered(event.kind, dict(event.fields), None, INVALID_EVENT, str(exc))]
         return []
 
     def _rejoin(self, event: Rejoin) -> list[Action]:
@@ -950,7 +962,7 @@ class AgentMachine:
         try:
             return msgspec.convert({**event.fields, **self._envelope, "type": kind}, cls)
         except msgspec.ValidationError as exc:
-            raise InputRefused(f"SendEvent: not a valid {kind!r} event: {exc}") from None
+            raise _NotValid(f"not a valid {kind!r} event: {exc}") from None
 
     def _on_timers(self, now: float) -> None:
         if self._join_retry_at is not None and now >= self._join_retry_at:

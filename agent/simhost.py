@@ -589,7 +589,7 @@ class SimulatedHost:
 
     def _pushed(self, carried: tuple[int, ...], body: Mapping[str, Any]) -> None:
         """A push: the channel has delivered everything up to its ``next_after`` (a rank that
-        later asks from before it missed some: see ``_carry_out``); then the machines fold it."""
+        later asks from before it missed some: see ``_poll_updates``); then the machines fold it."""
         stream = self._stream
         if stream is not None:
             next_after = int(body["next_after"])

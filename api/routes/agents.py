@@ -340,7 +340,7 @@ def refuse_unnamed_revisions(host: Host, group: str, features: str | None, what:
     needs = next(
         (
             need
-            for facet in facet_hosts()
+            for facet in facet_hosts(host.facets)
             if facet.readers_need is not None
             and (need := facet.readers_need(host.reads, group)) is not None
         ),

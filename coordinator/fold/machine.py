@@ -81,8 +81,8 @@ _READABLE_FORMATS = (1, 2, 3)
 
 #: The transition table: each input (``wire/inputs.py``), the rule object and its handler, and
 #: what it moves. A handler takes ``(g, record, input, effects)``, ``g`` the group the record
-#: names (None only for a new group). A heartbeat (``Ranks.on_heartbeat``) and a tick
-#: (``Deadlines.on_tick``) take their own paths, without ``_settle``.
+#: names (None only for a new group). A heartbeat (``Ranks.on_heartbeat``) takes its own path,
+#: without ``_settle``; a tick (``Deadlines.on_tick``) settles each group whose deadline fell due.
 TRANSITIONS: dict[type[Input], str] = {
     inputs.GroupCreatedInput: "_on_group_created",  # a new group: FORMING
     inputs.GroupEndedInput: "_ending.on_group_ended",  # the group: ended, its changes rejected

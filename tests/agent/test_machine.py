@@ -1186,12 +1186,19 @@ def test_a_facet_s_event_is_kept_through_a_rejoin_and_refused_once_the_agent_clo
 
 
 def test_a_facet_s_event_without_its_struct_or_not_fitting_it_is_refused_with_a_reason() -> None:
+    # a facet's own mistake (no Struct, the wrong one): the input is refused
     with pytest.raises(ValueError, match="'toy_add' is not an event of the protocol"):
         joined().step(SendEvent(1.0, "toy_add", {"by": 1}))
     with pytest.raises(ValueError, match="'toy_sub' is not the type of AddEvent"):
         joined().step(SendEvent(1.0, "toy_sub", {"by": 1}, AddEvent))
-    with pytest.raises(ValueError, match="not a valid 'toy_add' event"):
-        joined().step(SendEvent(1.0, "toy_add", {"by": "two"}, AddEvent))
+    # fields its caller chose that do not fit: answered to that caller, the agent goes on
+    m = joined()
+    out = m.step(SendEvent(1.0, "toy_add", {"by": "two"}, AddEvent))
+    (answer,) = [a for a in out if isinstance(a, EventAnswered)]
+    assert answer.fields == {"by": "two"} and "toy_add" not in kinds(out)
+    assert (answer.offset, answer.error) == (None, "invalid_event")
+    assert "not a valid 'toy_add' event" in answer.detail and "by" in answer.detail
+    assert m.phase == "joined" and "toy_add" in kinds(m.step(add(1.1, 3)) + m.step(Tick(2.0)))
 
 
 # -- a replacement and the views before it -----------------------------------------------------

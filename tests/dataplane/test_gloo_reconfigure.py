@@ -20,9 +20,16 @@ def _both(planes, version: int, members: list[int]) -> None:
         dp.install_view(version, members)
 
 
+#: the data plane's own default (the fixture's 5 s is for tests that wait out a deadline): a
+#: first reconfigure connects the backend's pairs through the store, and the shared machine
+#: sometimes stalls a store connect for seconds (a 5 s deadline failed view 1 once in a full
+#: default-suite run); these tests check what the views do, not how fast
+TIMEOUT_S = 30.0
+
+
 def test_every_view_reconfigures_the_same_gloo_backend(make_plane) -> None:
-    a = make_plane(rank=0, world_size=2, gloo_reconfigure=True)
-    b = make_plane(rank=1, world_size=2, gloo_reconfigure=True)
+    a = make_plane(rank=0, world_size=2, gloo_reconfigure=True, collective_timeout_s=TIMEOUT_S)
+    b = make_plane(rank=1, world_size=2, gloo_reconfigure=True, collective_timeout_s=TIMEOUT_S)
     pa, pb = a.process_group(), b.process_group()
     for version in (1, 2, 3):
         _both((a, b), version, [0, 1])
@@ -39,8 +46,8 @@ def test_every_view_reconfigures_the_same_gloo_backend(make_plane) -> None:
 def test_a_view_after_a_failure_takes_the_second_backend_and_the_pool_stays_at_two(
     make_plane,
 ) -> None:
-    a = make_plane(rank=0, world_size=2, gloo_reconfigure=True)
-    b = make_plane(rank=1, world_size=2, gloo_reconfigure=True)
+    a = make_plane(rank=0, world_size=2, gloo_reconfigure=True, collective_timeout_s=TIMEOUT_S)
+    b = make_plane(rank=1, world_size=2, gloo_reconfigure=True, collective_timeout_s=TIMEOUT_S)
     pa, pb = a.process_group(), b.process_group()
     _both((a, b), 1, [0, 1])
     first = pa.barrier(async_op=True)
@@ -61,9 +68,9 @@ def test_a_view_after_a_failure_takes_the_second_backend_and_the_pool_stays_at_t
 
 
 def test_a_view_of_fewer_ranks_renumbers_them_in_the_same_backend(make_plane) -> None:
-    # (a long timeout: the shared machine sometimes stalls a store connect for seconds)
+    # (a long timeout: see TIMEOUT_S)
     planes = [
-        make_plane(rank=r, world_size=3, gloo_reconfigure=True, collective_timeout_s=30.0)
+        make_plane(rank=r, world_size=3, gloo_reconfigure=True, collective_timeout_s=TIMEOUT_S)
         for r in range(3)
     ]
     _both(planes, 1, [0, 1, 2])

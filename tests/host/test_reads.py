@@ -150,12 +150,15 @@ async def test_a_read_during_a_cycle_sees_the_previous_cycle(tmp_path: Path) -> 
         join = asyncio.ensure_future(
             host.submit(NewRecord(kind="join", group="g", rank=0, payload={"incarnation": "i0"}))
         )
-        await asyncio.wait_for(writing.wait(), 10)
-        # the fold has stepped the join; the API's reads have not moved
-        assert host.machine.offset == before.offset + 1
-        assert host.reads is before
-        assert host.reads.group_status("g")["ranks"][0]["state"] == "OFFLINE"  # type: ignore[index]
-        release.set()
+        try:
+            await asyncio.wait_for(writing.wait(), 10)
+            # the fold has stepped the join; the API's reads have not moved
+            assert host.machine.offset == before.offset + 1
+            assert host.reads is before
+            status = host.reads.group_status("g")
+            assert status["ranks"][0]["state"] == "OFFLINE"  # type: ignore[index]
+        finally:
+            release.set()  # a failed check above must not leave the write (and close) held
         outcome = await asyncio.wait_for(join, 10)
         assert isinstance(outcome, Appended)
         after = host.reads
