@@ -208,15 +208,6 @@ def all_kinds() -> frozenset[str]:
     return default().all_kinds
 
 
-def rows_table() -> dict[type[Effect], RowsOf]:
-    """Every facet's projection rows, by effect type (:func:`default`)."""
-    return default().rows_table
-
-
-def batch_keys() -> dict[str, Callable[[dict[str, Any]], tuple[Any, ...] | None]]:
-    """Every facet's batch keys, by record kind (:func:`default`)."""
-    return default().batch_keys
-
 
 def projection_kinds() -> tuple[str, ...]:
     """Every facet's projection kinds, in the facets' order (:func:`default`)."""
