@@ -215,3 +215,85 @@ def test_the_api_reads_the_published_read_model_never_the_live_fold() -> None:
             if isinstance(node, ast.Attribute) and node.attr in {"machine", "published"}:
                 reaching.append(f"{path.relative_to(ROOT)}:{node.lineno} .{node.attr}")
     assert not reaching, reaching
+
+
+#: The product's folders and top modules (the tests, docs and examples are not the product).
+PRODUCT = (
+    "agent",
+    "api",
+    "benchmarks",
+    "coordinator",
+    "eventlog",
+    "facets",
+    "migrations",
+    "sim",
+    "wire",
+    "cli.py",
+    "demo.py",
+)
+
+#: How many product files outside its folder each facet of foldplane is named by (the goal:
+#: one, its line in ``BUILTIN_FACETS``). A facet that moves a part into its folder lowers its
+#: number here; a change that names a facet from outside once more fails until it is counted.
+OUTSIDE_FILES = {"epochs": 10, "refits": 6, "lighthouse": 2, "rendezvous": 2}
+
+
+def _module_of(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(("foldplane", *(parts[:-1] if parts[-1] == "__init__" else parts)))
+
+
+def _names_a_facet(path: Path, package: str, structs: frozenset[str]) -> bool:
+    """Whether ``path`` imports a module of the facet ``package`` (``foldplane.facets.x``),
+    names it in a string (the registry's line), or imports or declares one of its Structs."""
+    here = _module_of(path)
+    base = here.split(".") if path.name == "__init__.py" else here.split(".")[:-1]
+
+    def facets_module(name: str) -> bool:
+        return name == package or name.startswith(package + ".")
+
+    def names(node: ast.AST) -> bool:
+        if isinstance(node, ast.Import):
+            return any(facets_module(a.name) for a in node.names)
+        if isinstance(node, ast.ImportFrom):
+            parent = base[: len(base) - node.level + 1] if node.level else []
+            module = ".".join([*parent, *(node.module or "").split(".")]).strip(".")
+            full = [module, *(f"{module}.{a.name}" for a in node.names)]
+            return any(facets_module(m) for m in full) or any(a.name in structs for a in node.names)
+        if isinstance(node, ast.ClassDef):
+            return node.name in structs
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            return facets_module(node.value.split(":")[0])
+        return False
+
+    return any(names(node) for node in ast.walk(ast.parse(path.read_text())))
+
+
+def outside_files(package: str, folder: Path) -> list[str]:
+    """The product files outside ``folder`` that name the facet ``package`` or its Structs."""
+    import importlib
+
+    plugin = importlib.import_module(package).PLUGIN
+    structs = frozenset(c.__name__ for c in (*plugin.updates, *plugin.events))
+    files = [
+        p
+        for name in PRODUCT
+        for p in ((ROOT / name).rglob("*.py") if (ROOT / name).is_dir() else [ROOT / name])
+    ]
+    return sorted(
+        str(p.relative_to(ROOT))
+        for p in files
+        if folder not in p.parents and _names_a_facet(p, package, structs)
+    )
+
+
+def test_a_facet_is_named_outside_its_folder_by_the_counted_files_only() -> None:
+    """Counts the product files outside each facet's folder that import it, name its package
+    or import or declare its Structs (docs/architecture.md says which and why); the toy facet
+    (``tests/facets/toy/``, plugged in by ``FOLDPLANE_FACETS`` alone) is named by none."""
+    counted = {
+        name: outside_files(f"foldplane.facets.{name}", ROOT / "facets" / name)
+        for name in OUTSIDE_FILES
+    }
+    assert {k: len(v) for k, v in counted.items()} == OUTSIDE_FILES, counted
+    assert outside_files("tests.facets.toy", ROOT / "tests" / "facets" / "toy") == []
