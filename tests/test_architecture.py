@@ -297,3 +297,22 @@ def test_a_facet_is_named_outside_its_folder_by_the_counted_files_only() -> None
     }
     assert {k: len(v) for k, v in counted.items()} == OUTSIDE_FILES, counted
     assert outside_files("tests.facets.toy", ROOT / "tests" / "facets" / "toy") == []
+
+
+def test_importing_a_facet_package_loads_none_of_its_server_side() -> None:
+    """A facet's package declares its ``PLUGIN`` lazily (``plugin.py``, loaded when the registry
+    asks for it), so a worker that imports a facet's worker modules loads no fold, no registry
+    and no host; asking for ``PLUGIN`` loads its declaration."""
+    code = (
+        "import sys, importlib; "
+        f"names = {tuple(OUTSIDE_FILES)!r}; "
+        "[importlib.import_module('foldplane.facets.' + n) for n in names]; "
+        "print(sorted(m for m in sys.modules if m.startswith(('foldplane.coordinator', "
+        "'foldplane.facets.')) and m.count('.') > 2)); "
+        "print(importlib.import_module('foldplane.facets.refits').PLUGIN.name)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[:2] == ["[]", "refits"], done.stdout

@@ -1,29 +1,14 @@
 """The ``epochs`` facet: epoch plans and the data partitions that survive a dead rank
 (docs/data.md). Registered in ``coordinator/fold/registry.py``."""
 
-from ...coordinator.fold.registry import FacetPlugin
-from ...wire.protocol import ProgressEvent
-from ...wire.updates import (
-    DataAssignmentUpdate,
-    DataMovesUpdate,
-    EpochCompleteUpdate,
-    EpochPlanUpdate,
-)
-from .fold import Epochs
-from .rows import PROJECTION_KINDS, ROWS
+from typing import Any
 
-PLUGIN = FacetPlugin(
-    name=Epochs.name,
-    kinds=Epochs.kinds,
-    fold=Epochs,
-    rows=ROWS,
-    updates=(EpochPlanUpdate, DataAssignmentUpdate, DataMovesUpdate, EpochCompleteUpdate),
-    events=(ProgressEvent,),
-    projection_kinds=PROJECTION_KINDS,
-    # a report that moved only a cursor is in the snapshot that lies before it
-    compactable=frozenset({"progress"}),
-    host="foldplane.facets.epochs.host",
-    routes="foldplane.facets.epochs.routes",
-    plot="foldplane.facets.epochs.plot",
-    console="foldplane.facets.epochs:console.html",
-)
+
+def __getattr__(name: str) -> Any:
+    # The declaration names the fold; loaded when the registry asks for it, so that a worker
+    # importing this facet's worker modules loads nothing of its server side.
+    if name == "PLUGIN":
+        from .plugin import PLUGIN
+
+        return PLUGIN
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -3,18 +3,14 @@ rule is torchft's, decided by the fold over the log (``fold.py``); ``serve --lig
 serves torchft's gRPC service (``service.py``). Registered in
 ``coordinator/fold/registry.py``."""
 
-from ...coordinator.fold.registry import FacetPlugin
-from .fold import HEARTBEAT, Lighthouse
-from .rows import PROJECTION_KINDS, ROWS
+from typing import Any
 
-PLUGIN = FacetPlugin(
-    name=Lighthouse.name,
-    kinds=Lighthouse.kinds,
-    fold=Lighthouse,
-    rows=ROWS,
-    projection_kinds=PROJECTION_KINDS,
-    # a shared beat whose step decided nothing is in the snapshot that lies after it
-    compactable=frozenset({HEARTBEAT}),
-    host="foldplane.facets.lighthouse.host",
-    routes="foldplane.facets.lighthouse.routes",
-)
+
+def __getattr__(name: str) -> Any:
+    # The declaration names the fold; loaded when the registry asks for it, so that a worker
+    # importing this facet's worker modules loads nothing of its server side.
+    if name == "PLUGIN":
+        from .plugin import PLUGIN
+
+        return PLUGIN
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,29 +1,14 @@
 """The ``refits`` facet: weight refits between two groups (docs/refit.md). Registered in
 ``coordinator/fold/registry.py``."""
 
-from ...coordinator.fold.registry import FacetPlugin
-from ...wire.protocol import (
-    RefitBootstrapEvent,
-    RefitJoinEvent,
-    TransferEvent,
-    TransferStatusEvent,
-)
-from ...wire.updates import RefitBootstrapUpdate, RefitEpochUpdate, TransferUpdate
-from .fold import Refits
-from .rows import PROJECTION_KINDS, ROWS
-from .state import transfer_key
+from typing import Any
 
-PLUGIN = FacetPlugin(
-    name=Refits.name,
-    kinds=Refits.kinds,
-    fold=Refits,
-    rows=ROWS,
-    updates=(RefitEpochUpdate, TransferUpdate, RefitBootstrapUpdate),
-    events=(RefitJoinEvent, RefitBootstrapEvent, TransferEvent, TransferStatusEvent),
-    projection_kinds=PROJECTION_KINDS,
-    batch_key={"transfer": transfer_key},
-    host="foldplane.facets.refits.host",
-    routes="foldplane.facets.refits.routes",
-    plot="foldplane.facets.refits.plot",
-    console="foldplane.facets.refits:console.html",
-)
+
+def __getattr__(name: str) -> Any:
+    # The declaration names the fold; loaded when the registry asks for it, so that a worker
+    # importing this facet's worker modules loads nothing of its server side.
+    if name == "PLUGIN":
+        from .plugin import PLUGIN
+
+        return PLUGIN
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -2,17 +2,14 @@
 (docs/torchrun.md). Registered in ``coordinator/fold/registry.py``; torchrun reaches it through
 ``agent/rendezvous.py``, the handler its ``torchrun.handlers`` entry point names."""
 
-from ...coordinator.fold.registry import FacetPlugin
-from .fold import Rendezvous
-from .rows import PROJECTION_KINDS, ROWS
+from typing import Any
 
-PLUGIN = FacetPlugin(
-    name=Rendezvous.name,
-    kinds=Rendezvous.kinds,
-    fold=Rendezvous,
-    rows=ROWS,
-    projection_kinds=PROJECTION_KINDS,
-    compactable=frozenset({"rdzv_keepalive"}),
-    host="foldplane.facets.rendezvous.host",
-    routes="foldplane.facets.rendezvous.routes",
-)
+
+def __getattr__(name: str) -> Any:
+    # The declaration names the fold; loaded when the registry asks for it, so that a worker
+    # importing this facet's worker modules loads nothing of its server side.
+    if name == "PLUGIN":
+        from .plugin import PLUGIN
+
+        return PLUGIN
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

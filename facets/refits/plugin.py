@@ -1,0 +1,30 @@
+"""The ``refits`` facet's declaration (``coordinator/fold/registry.py``): what the server side
+reads of it. Its package's ``PLUGIN``, loaded when the registry asks for it, so a worker that
+imports the facet's worker modules loads none of its server side."""
+
+from ...coordinator.fold.registry import FacetPlugin
+from ...wire.protocol import (
+    RefitBootstrapEvent,
+    RefitJoinEvent,
+    TransferEvent,
+    TransferStatusEvent,
+)
+from ...wire.updates import RefitBootstrapUpdate, RefitEpochUpdate, TransferUpdate
+from .fold import Refits
+from .rows import PROJECTION_KINDS, ROWS
+from .state import transfer_key
+
+PLUGIN = FacetPlugin(
+    name=Refits.name,
+    kinds=Refits.kinds,
+    fold=Refits,
+    rows=ROWS,
+    updates=(RefitEpochUpdate, TransferUpdate, RefitBootstrapUpdate),
+    events=(RefitJoinEvent, RefitBootstrapEvent, TransferEvent, TransferStatusEvent),
+    projection_kinds=PROJECTION_KINDS,
+    batch_key={"transfer": transfer_key},
+    host="foldplane.facets.refits.host",
+    routes="foldplane.facets.refits.routes",
+    plot="foldplane.facets.refits.plot",
+    console="foldplane.facets.refits:console.html",
+)
