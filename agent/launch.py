@@ -6,7 +6,7 @@
 ``FOLDPLANE_SECRET``, the rank's own agent token as ``FOLDPLANE_TOKEN``), torchrun's ``RANK``,
 ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE`` and ``WORLD_SIZE`` (a GPU worker's device is
 ``cuda:LOCAL_RANK``; a replacement keeps its predecessor's), and, unless started
-with ``--no-relay``, ``FOLDPLANE_RELAY``: the address of the per-host relay (``agent/relay.py``)
+with ``--no-relay``, ``FOLDPLANE_RELAY``: the address of the per-host relay (``agent/relay/``)
 the launcher runs, through which every worker's agent sends its events and polls its updates.
 
 The rules:

@@ -109,7 +109,7 @@ def draw() -> str:
     s.arrow([(435, 172), (455, 172)], both=True)
     s.box(
         330, 256, 260, 76,
-        ["per node: launcher + relay", "agent/launch.py · agent/relay.py",
+        ["per node: launcher + relay", "agent/launch.py · agent/relay/",
          "starts workers, reports deaths,", "one host channel per node"],
         "node",
     )  # fmt: skip
