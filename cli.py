@@ -41,7 +41,8 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from .coordinator.runtime import loop_factory, tune_for_latency
@@ -119,7 +120,23 @@ def _without_server(command: str, exc: ImportError) -> int:
     return 2
 
 
+@dataclass(frozen=True)
+class Command:
+    """One subcommand: its name and one-line help, the builder of its options, and what runs it.
+
+    A builder adds the command's options to its parser and returns the ImportError of a server
+    package its options needed that this install lacks (only ``serve``'s do), else None."""
+
+    name: str
+    help: str
+    options: Callable[[argparse.ArgumentParser], ImportError | None]
+    run: Callable[[argparse.Namespace], int]
+    #: False for ``demo``, whose options, ``--help`` included, are its own parser's (see main)
+    add_help: bool = True
+
+
 def _parser() -> argparse.ArgumentParser:
+    """The command line: one subparser per entry of ``COMMANDS``, in its order."""
     from .agent.invocation import invoked_as
 
     p = argparse.ArgumentParser(
@@ -127,79 +144,96 @@ def _parser() -> argparse.ArgumentParser:
         description="foldplane's coordinator: serve, replay, compact, explain, group, token, demo.",
     )
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    for command in COMMANDS:
+        s = sub.add_parser(command.name, help=command.help, add_help=command.add_help)
+        if (missing := command.options(s)) is not None:
+            p.set_defaults(server_missing=missing)
+        s.set_defaults(run=command.run)
+    return p
 
-    s = sub.add_parser("serve", help="run the coordinator service")
-    s.add_argument(
+
+def _serve_options(p: argparse.ArgumentParser) -> ImportError | None:
+    """``serve``'s options; the ImportError when the server's packages, which its limits
+    need, are not installed."""
+    p.add_argument(
         "--db",
         required=True,
         help="the log: a SQLite path, sqlite:/// or postgresql:// URL; a new SQLite log is "
         "created only where no file is, and any file that is not a foldplane log is refused",
     )
-    s.add_argument(
+    p.add_argument(
         "--init-empty",
         action="store_true",
         help="make the new log in --db's file although it exists, when it is empty (no byte, "
         "or a SQLite database without a table)",
     )
-    s.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
-    s.add_argument(
+    p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
+    p.add_argument(
         "--port", type=int, default=DEFAULT_PORT, help=f"HTTP port (default {DEFAULT_PORT})"
     )
-    s.add_argument(
+    p.add_argument(
         "--store-port",
         type=int,
         default=0,
         help="port of the rendezvous TCPStore (0: any free port; -1: do not host a store)",
     )
-    s.add_argument("--store-host", default=None, help="address to advertise for the store")
-    s.add_argument("--insecure", action="store_true", help="allow a non-loopback bind without auth")
-    s.add_argument(
+    p.add_argument("--store-host", default=None, help="address to advertise for the store")
+    p.add_argument("--insecure", action="store_true", help="allow a non-loopback bind without auth")
+    p.add_argument(
         "--snapshot-every",
         type=int,
         default=20_000,
         help="snapshot the fold every N records (or every --snapshot-beats heartbeats)",
     )
-    s.add_argument(
+    p.add_argument(
         "--snapshot-beats",
         type=int,
         default=2_000_000,
         help="snapshot the fold every N heartbeats written (or every --snapshot-every records)",
     )
-    s.add_argument(
+    p.add_argument(
         "--heartbeat-flush-s",
         type=float,
         default=0.5,
         help="how long heartbeats wait to share one record, in seconds (default 0.5)",
     )
-    s.add_argument(
+    p.add_argument(
         "--shutdown-lead-s",
         type=float,
         default=2.0,
         help="how long a shutdown_with_save waits for its checkpoint rank to be handed it "
         "before the group's other ranks get it, at most, in seconds (default 2)",
     )
-    s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
-    s.add_argument(
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.add_argument(
         "--retain",
         default=None,
         metavar="POLICY",
         help="remove heartbeat-class records behind a kept snapshot now and then, keeping the "
         "last N records (1000000) or a duration of them (1h, 30m, 7d); default: keep all",
     )
-    s.add_argument(
+    p.add_argument(
         "--retain-every",
         type=float,
         default=300.0,
         metavar="SECONDS",
         help="how often --retain runs a compaction (default 300)",
     )
+    missing = None
     try:
-        _limit_options(s.add_argument_group("limits (docs/operations.md, Limits)"))
+        _limit_options(p.add_argument_group("limits (docs/operations.md, Limits)"))
     except ImportError as exc:  # a worker's install: only ``token`` can run (see main)
         if not _is_server_module(exc):
             raise
-        p.set_defaults(server_missing=exc)
-    ha = s.add_argument_group("several coordinators on one PostgreSQL log (docs/ha.md)")
+        missing = exc
+    _ha_options(p)
+    _lighthouse_options(p)
+    return missing
+
+
+def _ha_options(p: argparse.ArgumentParser) -> None:
+    """``serve``'s options for several coordinators on one log."""
+    ha = p.add_argument_group("several coordinators on one PostgreSQL log (docs/ha.md)")
     ha.add_argument(
         "--advertise",
         default=None,
@@ -219,7 +253,11 @@ def _parser() -> argparse.ArgumentParser:
         default=0.1,
         help="how often a standby looks at the lease, in seconds (default 0.1)",
     )
-    lh = s.add_argument_group(
+
+
+def _lighthouse_options(p: argparse.ArgumentParser) -> None:
+    """``serve``'s options for torchft's lighthouse."""
+    lh = p.add_argument_group(
         "torchft's lighthouse (docs/torchft.md): its quorum rule's settings are named and "
         "defaulted as torchft_lighthouse's own"
     )
@@ -269,20 +307,20 @@ def _parser() -> argparse.ArgumentParser:
         metavar="MS",
         help="how long after its last heartbeat a replica group counts as dead (default 5000)",
     )
-    s.set_defaults(run=_serve)
 
-    r = sub.add_parser("replay", help="fold a log from scratch and check the stored projections")
-    r.add_argument("db", help="the log: a SQLite path, sqlite:/// or postgresql:// URL")
-    r.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    r.add_argument("--until", type=int, default=None, metavar="OFFSET", help="stop at this offset")
-    r.add_argument("--group", default=None, help="only this group")
-    r.add_argument("--progress", choices=["auto", "always", "never"], default="auto")
-    r.add_argument(
+
+def _replay_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("db", help="the log: a SQLite path, sqlite:/// or postgresql:// URL")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.add_argument("--until", type=int, default=None, metavar="OFFSET", help="stop at this offset")
+    p.add_argument("--group", default=None, help="only this group")
+    p.add_argument("--progress", choices=["auto", "always", "never"], default="auto")
+    p.add_argument(
         "--from-start",
         action="store_true",
         help="fold from offset 1 even if kept snapshots exist (refused on a compacted log)",
     )
-    r.add_argument(
+    p.add_argument(
         "--plot",
         default=None,
         metavar="FILE",
@@ -291,73 +329,67 @@ def _parser() -> argparse.ArgumentParser:
             "has epoch plans (.png or .svg; needs matplotlib: the [plot] extra)"
         ),
     )
-    r.set_defaults(run=_replay)
 
-    c = sub.add_parser("compact", help="remove heartbeat-class records behind a kept snapshot")
-    c.add_argument("db", help="the log: a SQLite path, sqlite:/// or postgresql:// URL")
-    c.add_argument(
+
+def _compact_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("db", help="the log: a SQLite path, sqlite:/// or postgresql:// URL")
+    p.add_argument(
         "--retain",
         default="0",
         metavar="POLICY",
         help="what to keep of the heartbeat class: the last N records (1000000) or a duration "
         "(90s, 30m, 1h, 7d); default 0: remove everything removable behind the projections",
     )
-    c.add_argument(
+    p.add_argument(
         "--step",
         type=int,
         default=None,
         metavar="N",
         help="records removed per step, each one transaction behind its own kept snapshot",
     )
-    c.add_argument("--json", action="store_true", help="print JSON instead of a summary")
-    c.add_argument("--progress", choices=["auto", "always", "never"], default="auto")
-    c.set_defaults(run=_compact)
+    p.add_argument("--json", action="store_true", help="print JSON instead of a summary")
+    p.add_argument("--progress", choices=["auto", "always", "never"], default="auto")
 
-    e = sub.add_parser(
-        "explain",
-        help="why a rank (or a refit, or a torchrun job's rendezvous) is where it is: its story "
-        "from the log",
-    )
-    e.add_argument("db", help="the log: a SQLite path, sqlite:/// or postgresql:// URL")
-    e.add_argument("--group", default=None)
-    e.add_argument("--rank", type=int, default=None)
-    e.add_argument(
+
+def _explain_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("db", help="the log: a SQLite path, sqlite:/// or postgresql:// URL")
+    p.add_argument("--group", default=None)
+    p.add_argument("--rank", type=int, default=None)
+    p.add_argument(
         "--refit", default=None, metavar="NAME", help="tell this refit's story (not a rank's)"
     )
-    e.add_argument(
+    p.add_argument(
         "--rdzv",
         default=None,
         metavar="JOB",
         help="tell this torchrun job's rendezvous story (its --rdzv-id; not a rank's)",
     )
-    e.add_argument("--until", type=int, default=None, metavar="OFFSET", help="stop at this offset")
-    e.add_argument("--json", action="store_true", help="print the story as JSON")
-    e.set_defaults(run=_explain)
+    p.add_argument("--until", type=int, default=None, metavar="OFFSET", help="stop at this offset")
+    p.add_argument("--json", action="store_true", help="print the story as JSON")
 
-    g = sub.add_parser("group", help="list, show, end or delete groups on a running coordinator")
-    g.add_argument("action", choices=["list", "show", "end", "delete"])
-    g.add_argument("name", nargs="?", default=None, help="the group (not for list)")
-    g.add_argument(
+
+def _group_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("action", choices=["list", "show", "end", "delete"])
+    p.add_argument("name", nargs="?", default=None, help="the group (not for list)")
+    p.add_argument(
         "--coordinator",
         default=os.environ.get("FOLDPLANE_COORDINATOR") or f"http://127.0.0.1:{DEFAULT_PORT}",
         help=f"coordinator URL (default $FOLDPLANE_COORDINATOR, else "
         f"http://127.0.0.1:{DEFAULT_PORT})",
     )
-    g.add_argument("--token", default=None, help="the operator token (default $FOLDPLANE_TOKEN)")
-    g.add_argument("--reason", default=None, help="why the run ends (end only; kept in the log)")
-    g.add_argument("--json", action="store_true", help="print the coordinator's JSON answer")
-    g.set_defaults(run=_group)
+    p.add_argument("--token", default=None, help="the operator token (default $FOLDPLANE_TOKEN)")
+    p.add_argument("--reason", default=None, help="why the run ends (end only; kept in the log)")
+    p.add_argument("--json", action="store_true", help="print the coordinator's JSON answer")
 
-    t = sub.add_parser("token", help="print the agent token for one (group, rank)")
-    t.add_argument("--group", required=True)
-    t.add_argument("--rank", type=int, required=True)
-    t.add_argument("--secret", default=None, help="the server secret (default: $FOLDPLANE_SECRET)")
-    t.set_defaults(run=_token)
 
-    # The demo's options are its own parser's (see main): this one only names the command.
-    d = sub.add_parser("demo", help="show the whole loop with real workers", add_help=False)
-    d.set_defaults(run=_demo)
-    return p
+def _token_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--group", required=True)
+    p.add_argument("--rank", type=int, required=True)
+    p.add_argument("--secret", default=None, help="the server secret (default: $FOLDPLANE_SECRET)")
+
+
+def _demo_options(p: argparse.ArgumentParser) -> None:
+    """None: the demo's options are its own parser's (see main); this one only names it."""
 
 
 # -- serve ---------------------------------------------------------------------------------------
@@ -967,3 +999,36 @@ def _demo(args: argparse.Namespace) -> int:
         print(f"demo: not available ({exc})", file=sys.stderr)
         return 2
     return int(demo_main(args.rest) or 0)
+
+
+#: The subcommands, in the order ``--help`` lists them.
+COMMANDS = (
+    Command("serve", "run the coordinator service", _serve_options, _serve),
+    Command(
+        "replay",
+        "fold a log from scratch and check the stored projections",
+        _replay_options,
+        _replay,
+    ),
+    Command(
+        "compact",
+        "remove heartbeat-class records behind a kept snapshot",
+        _compact_options,
+        _compact,
+    ),
+    Command(
+        "explain",
+        "why a rank (or a refit, or a torchrun job's rendezvous) is where it is: its story "
+        "from the log",
+        _explain_options,
+        _explain,
+    ),
+    Command(
+        "group",
+        "list, show, end or delete groups on a running coordinator",
+        _group_options,
+        _group,
+    ),
+    Command("token", "print the agent token for one (group, rank)", _token_options, _token),
+    Command("demo", "show the whole loop with real workers", _demo_options, _demo, add_help=False),
+)
