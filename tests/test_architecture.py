@@ -55,6 +55,10 @@ def test_importing_the_pure_machines_loads_no_io_module() -> None:
 #: The files the fold's rules live in, each with a docstring that states its rule.
 RULE_FILES = (
     "fencing",
+    "fencing_ranks",
+    "fencing_groups",
+    "fencing_proposals",
+    "fencing_fast",
     "ranks",
     "healthy_set",
     "budget",

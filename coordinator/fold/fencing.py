@@ -6,7 +6,13 @@ refused input is never logged) and ``Coordinator.step`` (a record that fails it 
 so the two can never disagree. ``repeat_of`` is its other half for the two inputs that have a
 name of their own (a group's, an idempotency key): the earlier input an identical one repeats, so
 the host answers with it and appends nothing. Both decide sameness by the same two rules
-(``_same_config``, ``_same_body``): the API only maps their answers to HTTP.
+(``same_config``, ``same_body``): the API only maps their answers to HTTP.
+
+The rules it applies are files of their own, each given what it reads and returning its
+refusal: ``fencing_ranks.py`` (a rank's inputs: range, incarnation, busy, OFFLINE, the version
+an ACK may name), ``fencing_groups.py`` (a group's creation), ``fencing_proposals.py`` (an
+idempotency key, a reconfigure's caller) and ``fencing_fast.py`` (a current rank's heartbeat
+or ACK, accepted at once).
 """
 
 from __future__ import annotations
@@ -14,45 +20,26 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import msgspec
-
 from ...eventlog.record import KINDS, Record
-from ...wire.codes import (
-    DUPLICATE_PROPOSAL,
-    GROUP_CONFLICT,
-    GROUP_ENDED,
-    GROUP_FAILED,
-    IDEMPOTENCY_CONFLICT,
-    INVALID_EVENT,
-    RANK_BUSY,
-    RANK_OFFLINE,
-    RANK_OUT_OF_RANGE,
-    STALE_INCARNATION,
-    STALE_VERSION,
-    UNKNOWN_GROUP,
-)
-from ...wire.inputs import (
-    MAX_ID_LEN,
-    RECONFIGURE,
-    GroupCreatedInput,
-    Input,
-    ProposalInput,
-    decode,
-    problem,
-)
-from .config import ConfigError, GroupConfig
-from .effects import HEALTHY, OFFLINE, Proposal, Refused
+from ...wire.codes import GROUP_ENDED, INVALID_EVENT, UNKNOWN_GROUP
+from ...wire.inputs import RECONFIGURE, Input, decode, problem
+from .config import ConfigError
+from .effects import Proposal, Refused
 from .facets import Facet, FoldContext
-from .reasons import ranks_text
-from .reconfigure import (
-    caller_problem,
-    repeated_call,
-    uuid_refusal,
+from .fencing_fast import beats_not_current, current_ack, current_beat
+from .fencing_groups import group_created_refusal, parse_group_created, same_config
+from .fencing_proposals import keyed, proposal_refusal, same_body
+from .fencing_ranks import (
+    Refusal,
+    ack_refusal,
+    current_incarnation,
+    ended_text,
+    join_refusal,
+    online_rank_refusal,
+    rank_in_group,
 )
-from .state import FAILED, GroupState, RankInfo
-
-#: (code, message)
-Refusal = tuple[str, str]
+from .reconfigure import repeated_call
+from .state import GroupState
 
 #: The kinds ``repeat_of`` may find an earlier input for.
 REPEATABLE = frozenset({"group_created", "group_ended", "proposal"})
@@ -122,7 +109,7 @@ def checked_input(
     if group is None:
         return (INVALID_EVENT, f"a {kind} record must name a group"), None
     if kind == "group_created":
-        return (_group_created(groups, group, rank, payload)), None
+        return (group_created_refusal(groups, group, rank, payload)), None
     g = groups.get(group)
     if g is None:
         return (UNKNOWN_GROUP, f"no group named {group!r}"), None
@@ -140,7 +127,7 @@ def checked_input(
                 INVALID_EVENT,
                 f"a proposal names its ranks in the payload, not rank={rank}",
             ), inp
-        return (_proposal(g, proposals, inp)), inp
+        return (proposal_refusal(g, proposals, inp)), inp
     if kind not in _RANK_KINDS:
         return None, inp
     if kind == "heartbeat" and rank is None and inp.ranks is not None:
@@ -150,58 +137,17 @@ def checked_input(
     if isinstance(rank, bool) or not isinstance(rank, int):
         return (INVALID_EVENT, f"a {kind} record must name a rank, got {rank!r}"), inp
     if kind == "join":
-        if (refused := _rank_in_group(g, rank)) is not None:
+        if (refused := rank_in_group(g, rank)) is not None:
             return refused, inp
-        return (_join(g, rank, g.ranks[rank], inp.incarnation, now)), inp
+        return (join_refusal(g, rank, g.ranks[rank], inp.incarnation, now)), inp
     if kind == "death_reported" and inp.incarnation is None:
-        return (_rank_in_group(g, rank)), inp
+        return (rank_in_group(g, rank)), inp
     if kind in ("exit", "death_reported"):
-        return (_rank_in_group(g, rank) or _current_incarnation(g, rank, inp.incarnation)), inp
+        return (rank_in_group(g, rank) or current_incarnation(g, rank, inp.incarnation)), inp
     refused = online_rank_refusal(g, kind, rank, inp.incarnation)
     if refused is None and kind == "ack":
-        return (_ack(g, rank, inp.version)), inp
+        return (ack_refusal(g, rank, inp.version)), inp
     return refused, inp
-
-
-def online_rank_refusal(g: GroupState, kind: str, rank: Any, incarnation: Any) -> Refusal | None:
-    """Why an input of ``rank`` (a heartbeat, a links report, an ACK, a progress report, ...)
-    is not from the rank's current, online incarnation of a group that has not failed, or
-    None: a rank in range, the group not failed, the input's ``incarnation`` the rank's current
-    one, the rank not OFFLINE. Facets (``coordinator.fold.facets``) fence their rank inputs
-    by the same checks."""
-    if isinstance(rank, bool) or not isinstance(rank, int):
-        return INVALID_EVENT, f"a {kind} record must name a rank, got {rank!r}"
-    refused = _rank_in_group(g, rank) or _current_incarnation(g, rank, incarnation)
-    if refused is not None:
-        return refused
-    if g.ranks[rank].state == OFFLINE:
-        return RANK_OFFLINE, (
-            f"rank {rank} incarnation {incarnation} is OFFLINE; send join to come back"
-        )
-    return None
-
-
-def _rank_in_group(g: GroupState, rank: int) -> Refusal | None:
-    ws = g.config.world_size
-    if not 0 <= rank < ws:
-        return RANK_OUT_OF_RANGE, f"rank {rank} is not in 0..{ws - 1} for group {g.name!r}"
-    if g.ended is not None:
-        return GROUP_ENDED, ended_text(g)
-    if g.formation == FAILED:
-        return GROUP_FAILED, f"group {g.name!r} failed to form: {g.formation_error}"
-    return None
-
-
-def ended_text(g: GroupState) -> str:
-    """Why nothing joins ``g`` any more, and what to do instead."""
-    how = "finished" if g.finished else "was ended"
-    why = "every rank exited cleanly" if g.finished else g.ended
-    deleted = ", then deleted" if g.deleted else ""
-    return (
-        f"group {g.name!r} (run {g.created_offset}) {how} at offset {g.ended_offset} ({why}"
-        f"{deleted}); its history stays in the log as it was and a group name is used once: "
-        "run again under another group name"
-    )
 
 
 #: The kinds that may still name a group whose run is over: ending it again (to delete it), and
@@ -220,97 +166,6 @@ def over_refusal(groups: Mapping[str, GroupState], kind: str, group: str | None)
     if g is None or g.ended is None:
         return None
     return GROUP_ENDED, ended_text(g)
-
-
-def _current_incarnation(g: GroupState, rank: int, inc: Any) -> Refusal | None:
-    info = g.ranks[rank]
-    if inc != info.incarnation:
-        return STALE_INCARNATION, _stale_text(rank, info, inc)
-    return None
-
-
-def current_beat(
-    groups: Mapping[str, GroupState], group: str | None, rank: int | None, payload: Any
-) -> bool:
-    """Whether this is the heartbeat of a rank's current, not OFFLINE, incarnation in a group
-    that has not failed, with a well-formed payload: one that :func:`refusal` accepts. False
-    says nothing (the full checks decide)."""
-    if type(payload) is not dict or type(rank) is not int or group is None:
-        return False
-    g = groups.get(group)
-    if g is None or not 0 <= rank < g.config.world_size or g.formation == FAILED:
-        return False
-    info = g.ranks[rank]
-    incarnation = payload.get("incarnation")
-    version = payload.get("version")
-    return (
-        incarnation is not None
-        and incarnation == info.incarnation  # a joined incarnation: a valid one
-        and info.state != OFFLINE
-        and "ranks" not in payload
-        and (version is None or (type(version) is int and version >= 0))
-    )
-
-
-def current_ack(
-    groups: Mapping[str, GroupState], group: str | None, rank: int | None, payload: Any
-) -> bool:
-    """Whether this is the ACK of the version being prepared by a participant that the change
-    still counts (not dropped), from its current, not OFFLINE, incarnation, with a well-formed
-    payload: one that :func:`refusal` accepts. False says nothing (the full checks decide)."""
-    if type(payload) is not dict or type(rank) is not int or group is None:
-        return False
-    g = groups.get(group)
-    if g is None or not 0 <= rank < g.config.world_size or g.formation == FAILED:
-        return False
-    change = g.change
-    if change is None:
-        return False
-    info = g.ranks[rank]
-    incarnation = payload.get("incarnation")
-    version = payload.get("version")
-    return (
-        type(incarnation) is str
-        and 0 < len(incarnation) <= MAX_ID_LEN
-        and incarnation == info.incarnation
-        and info.state != OFFLINE
-        and type(version) is int
-        and version >= 1
-        and version == change.version
-        and rank in change.members
-        and rank not in change.dropped
-    )
-
-
-def beats_not_current(
-    groups: Mapping[str, GroupState], group: str, ranks: Sequence[int], payloads: Sequence[Any]
-) -> list[int]:
-    """The positions of the beats ``(ranks[i], payloads[i])`` of ``group`` that
-    :func:`current_beat` does not accept: the others are current. One call for an agent host's
-    beats (the group is looked up once): the same verdict as :func:`current_beat` for each."""
-    g = groups.get(group)
-    if g is None or g.formation == FAILED:
-        return list(range(len(ranks)))
-    world_size = g.config.world_size
-    infos = g.ranks
-    out: list[int] = []
-    for i, rank in enumerate(ranks):
-        payload = payloads[i]
-        if type(payload) is not dict or type(rank) is not int or not 0 <= rank < world_size:
-            out.append(i)
-            continue
-        info = infos[rank]
-        incarnation = payload.get("incarnation")
-        version = payload.get("version")
-        if not (
-            incarnation is not None
-            and incarnation == info.incarnation
-            and info.state != OFFLINE
-            and "ranks" not in payload
-            and (version is None or (type(version) is int and version >= 0))
-        ):
-            out.append(i)
-    return out
 
 
 def repeat_of(
@@ -337,7 +192,7 @@ def repeat_of(
             config = parse_group_created(decode(kind, payload))  # type: ignore[arg-type]
         except ConfigError:
             return None
-        return g.created_offset if _same_config(g.config, config) and g.ended is None else None
+        return g.created_offset if same_config(g.config, config) and g.ended is None else None
     if problem(kind, payload, 0 if kind == "group_ended" else g.config.world_size) is not None:
         return None
     inp: Any = decode(kind, payload)
@@ -347,157 +202,8 @@ def repeat_of(
         return g.ended_offset
     if inp.op == RECONFIGURE:
         return repeated_call(g, proposals, inp)
-    seen = _keyed(g, proposals, inp)
-    return seen.id if seen is not None and _same_body(seen, inp) else None
-
-
-def parse_group_created(created: GroupCreatedInput) -> GroupConfig:
-    """The config of a ``group_created`` input ``{"world_size": N, "config": {...}}``."""
-    config = {} if created.config is msgspec.UNSET else created.config
-    if not isinstance(config, dict):
-        raise ConfigError("config", f"must be an object, got {config!r}")
-    world_size = created.world_size
-    if world_size is msgspec.UNSET:
-        raise ConfigError("world_size", "is required")
-    if "world_size" in config and config["world_size"] != world_size:
-        raise ConfigError(
-            "world_size",
-            f"payload says {world_size!r} but config says {config['world_size']!r}",
-        )
-    return GroupConfig.from_request({**config, "world_size": world_size})
-
-
-def _group_created(
-    groups: Mapping[str, GroupState], group: str, rank: int | None, payload: dict[str, Any]
-) -> Refusal | None:
-    """Creating an identical group again is accepted (and changes nothing); another
-    configuration under the same name is a conflict."""
-    try:
-        config = parse_group_created(decode("group_created", payload))  # type: ignore[arg-type]
-    except ConfigError as exc:
-        return INVALID_EVENT, f"group_created: {exc}"
-    if rank is not None:
-        return INVALID_EVENT, f"group_created must not name a rank, got rank={rank}"
-    existing = groups.get(group)
-    if existing is not None and existing.ended is not None:
-        return GROUP_ENDED, ended_text(existing)
-    if existing is not None and not _same_config(existing.config, config):
-        return GROUP_CONFLICT, (
-            f"group {group!r} exists with another configuration "
-            f"({_config_diff(existing.config, config)}); creating it again must repeat it exactly"
-        )
-    return None
-
-
-def _same_config(existing: GroupConfig, config: GroupConfig) -> bool:
-    """Creating a group again is the same creation when it repeats the configuration exactly."""
-    return existing == config
-
-
-def _config_diff(existing: GroupConfig, config: GroupConfig) -> str:
-    """Each field that differs, as ``field: old (existing) vs new``."""
-    theirs, ours = existing.to_dict(), config.to_dict()
-    return ", ".join(
-        f"{k}: {theirs.get(k)!r} (existing) vs {ours.get(k)!r}"
-        for k in sorted(set(theirs) | set(ours))
-        if theirs.get(k) != ours.get(k)
-    )
-
-
-def _join(g: GroupState, rank: int, info: RankInfo, inc: str, now: int) -> Refusal | None:
-    """A new incarnation may replace a rank unless the current one is HEALTHY and still
-    heartbeating: two live processes must never speak for one rank."""
-    if inc == info.incarnation or info.state != HEALTHY:
-        return None
-    last = g.alive[rank]
-    deadline = last + g.cfg.heartbeat_timeout_ns
-    if now < deadline:
-        return RANK_BUSY, (
-            f"rank {rank} is HEALTHY as incarnation {info.incarnation} (rank_epoch "
-            f"{info.rank_epoch}), last heartbeat at {last}; a new incarnation can join after "
-            f"that one exits, is reported dead or misses its heartbeat deadline at {deadline}"
-        )
-    return None
-
-
-def _ack(g: GroupState, rank: int, version: int) -> Refusal | None:
-    """Only the version being prepared, only from a participant still awaited or done."""
-    change = g.change
-    if change is None:
-        return STALE_VERSION, (
-            f"ACK for version {version} from rank {rank}, but no view change is in flight "
-            f"(current version {g.version})"
-        )
-    if version != change.version:
-        return STALE_VERSION, (
-            f"ACK for version {version} from rank {rank}, but version {change.version} "
-            "is being prepared"
-        )
-    if rank not in change.members:
-        return STALE_VERSION, (
-            f"rank {rank} is not a participant of version {version} "
-            f"(participants {ranks_text(change.participants)})"
-        )
-    if rank in change.dropped:
-        return STALE_VERSION, f"rank {rank} was already dropped from version {version}"
-    return None
-
-
-def _proposal(
-    g: GroupState, proposals: Mapping[int, Proposal], proposal: ProposalInput
-) -> Refusal | None:
-    """A known idempotency key: the same body is the same proposal, another body a conflict.
-
-    A reconfigure is one member's call (``coordinator/fold/reconfigure.py``): the caller is a
-    member, speaking as its current, online incarnation (fenced as every rank input), and its
-    uuid is new or names a pending proposal with the same members."""
-    if proposal.op == RECONFIGURE:
-        return (
-            caller_problem(proposal)
-            or online_rank_refusal(g, "reconfigure", proposal.caller, proposal.caller_incarnation)
-            or uuid_refusal(g, proposals, proposal)
-        )
-    seen = _keyed(g, proposals, proposal)
-    if seen is None:
-        return None
-    key = proposal.idempotency_key
-    if _same_body(seen, proposal):
-        return DUPLICATE_PROPOSAL, (
-            f"idempotency key {key!r} already names proposal {seen.id} (status {seen.status})"
-        )
-    return IDEMPOTENCY_CONFLICT, (
-        f"idempotency key {key!r} already names proposal {seen.id} "
-        f"({seen.op} {list(seen.ranks)}, proposer {seen.proposer!r}); this one is "
-        f"{proposal.op} {list(proposal.ranks)}, proposer {proposal.proposer!r}"
-    )
-
-
-def _keyed(
-    g: GroupState, proposals: Mapping[int, Proposal], proposal: ProposalInput
-) -> Proposal | None:
-    """The proposal of the group that the input's idempotency key already names, if any."""
-    key = proposal.idempotency_key
-    if key is None or key not in g.keys:
-        return None
-    return proposals[g.keys[key]]
-
-
-def _same_body(seen: Proposal, proposal: ProposalInput) -> bool:
-    """The same body is the same request: the same op, set of ranks and proposer."""
-    return (seen.op, sorted(set(seen.ranks)), seen.proposer) == (
-        proposal.op,
-        sorted(set(proposal.ranks)),
-        proposal.proposer,
-    )
-
-
-def _stale_text(rank: int, info: RankInfo, inc: Any) -> str:
-    if info.incarnation is None:
-        return f"rank {rank} has not joined; incarnation {inc} is unknown"
-    return (
-        f"rank {rank} is now incarnation {info.incarnation} (rank_epoch {info.rank_epoch}); "
-        f"{inc} is stale"
-    )
+    seen = keyed(g, proposals, inp)
+    return seen.id if seen is not None and same_body(seen, inp) else None
 
 
 class Fences:
