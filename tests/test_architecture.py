@@ -206,18 +206,36 @@ def test_the_wheel_lists_every_package_of_the_tree() -> None:
     assert sorted(listed["packages"]) == sorted(tree)
 
 
+#: A facet's modules that hold or change its live state (its fold object and its rules).
+FACET_FOLD_PARTS = ("fold", "state", "checks", "moves", "partition", "rounds", "quorum")
+
+
 def test_the_api_reads_the_published_read_model_never_the_live_fold() -> None:
     """The API's modules and the facets' routes read ``host.reads`` (published once per cycle,
-    ``coordinator/host/reads.py``), never ``host.machine``: the import contract forbids them
-    the fold's modules, and this the attribute through which a host would hand them the live
-    fold anyway."""
+    ``coordinator/host/reads.py``; a facet's own part of it is its ``reads.py``), never
+    ``host.machine``: the import contract forbids them the fold's modules and every facet's
+    fold parts, and this the attributes through which a host or a facet's host part would hand
+    them the live fold anyway (``.machine``, ``.published``, a host part's ``.fold``)."""
+    import tomllib
+
+    contracts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
+    forbidding = [
+        set(c["forbidden_modules"])
+        for c in contracts["contracts"]
+        if c["type"] == "forbidden" and "foldplane.facets.*.routes" in c["source_modules"]
+    ]
+    parts = {f"foldplane.facets.*.{part}" for part in FACET_FOLD_PARTS}
+    assert any(parts | {"foldplane.coordinator.fold.machine"} <= f for f in forbidding)
     sources = [*(ROOT / "api").rglob("*.py"), *ROOT.glob("facets/*/routes.py")]
     sources += [*ROOT.glob("facets/*/models.py"), ROOT / "tests" / "facets" / "toy" / "routes.py"]
     reaching = []
     for path in sources:
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Attribute) and node.attr in {"machine", "published"}:
+            if isinstance(node, ast.Attribute) and node.attr in {"machine", "published", "fold"}:
                 reaching.append(f"{path.relative_to(ROOT)}:{node.lineno} .{node.attr}")
+            module = node.module or "" if isinstance(node, ast.ImportFrom) else ""
+            if isinstance(node, ast.ImportFrom) and module.split(".")[0] in FACET_FOLD_PARTS:
+                reaching.append(f"{path.relative_to(ROOT)}:{node.lineno} .{module}")
     assert not reaching, reaching
 
 

@@ -15,7 +15,10 @@ dead rank (``facets/epochs/``), weight refits between two groups
   (:meth:`Facet.tick`, once per tick, after the groups' own deadlines);
 - says when it must be woken (:meth:`Facet.next_deadline`) and restarts the deadlines that
   wait on the ranks when the coordinator resumes serving (:meth:`Facet.resume`);
-- snapshots to plain JSON data under its ``name`` and restores from it.
+- snapshots to plain JSON data under its ``name`` and restores from it;
+- publishes its **read model** (:meth:`Facet.read_model`): an immutable value of what its
+  routes and console panel read, which the host publishes beside membership's once per cycle
+  (``coordinator/host/reads.py``), so that no reader ever holds the live fold object.
 
 Its effects are declared in its folder and become projection rows and agent updates through
 what its plugin registers (``registry.FacetPlugin``), like membership's. A facet is as pure as
@@ -110,3 +113,13 @@ class Facet(Protocol):
 
     def restore(self, data: dict[str, Any]) -> None:
         """Take the state of :meth:`snapshot` (also after a JSON round trip)."""
+
+    def read_model(self, previous: Any | None) -> Any:
+        """Its read model as it stands now: a value nothing changes once it is returned (plain
+        data or frozen values), whose query methods the facet's routes and console read.
+
+        ``previous`` None: one built from scratch, and what changed since the last call stays
+        noted. Otherwise ``previous`` is the one it returned last for this fold (one publisher
+        per fold): the facet builds the next one from it, sharing what did not change since,
+        and forgets what it had noted. Equal, read by read, to one built from scratch
+        (``tests/host/test_reads.py``)."""

@@ -19,14 +19,15 @@ any of them. Every other group's read model, with whatever was rendered of it, i
 cycle's, shared. The proposals are copied (a dict of frozen values) when any record other than
 a heartbeat was folded. ``python -m benchmarks reads`` measures it at 16,384 ranks.
 
-A facet's queries (``facet(name)``) are still its fold object's query methods (``status``,
-``job``, ...): the one read that reaches live state, until the facets publish read models of
-their own.
+A facet's reads (``facet(name)``) are its own read model, which the facet publishes with the
+rest (``Facet.read_model``, ``coordinator/fold/facets.py``): an immutable value with the query
+methods its routes and console panel call (``facets/<name>/reads.py``), built from the one
+before, sharing what did not change (a facet notes what its steps changed). The facet's fold
+object is never handed out.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from ...eventlog.record import Record
@@ -67,13 +68,13 @@ class Reads:
         offset: int,
         groups: dict[str, GroupReads],
         proposals: dict[int, Proposal],
-        facet: Callable[[str], Any],
+        facets: dict[str, Any],
     ) -> None:
         self._offset = offset
         self._groups = groups
         self._names = sorted(groups)
         self._proposals = proposals
-        self._facet = facet
+        self._facets = facets
         self._list: list[dict[str, Any]] | None = None
         self._overviews: dict[str, dict[str, Any]] = {}
 
@@ -137,8 +138,12 @@ class Reads:
         return got
 
     def facet(self, name: str) -> Any:
-        """The facet ``name``'s fold object, for its query methods (KeyError: none such)."""
-        return self._facet(name)
+        """The facet ``name``'s read model of this cycle, for its query methods (KeyError:
+        no facet of that name)."""
+        got = self._facets.get(name)
+        if got is None:
+            raise KeyError(f"no facet named {name!r}")
+        return got
 
 
 class ReadsPublisher:
@@ -153,7 +158,7 @@ class ReadsPublisher:
         #: groups heartbeat records named since then
         self._beaten: set[str] = set()
         self._proposals_moved = True
-        self.current = Reads(0, {}, {}, machine.facet)
+        self.current = Reads(0, {}, {}, {})
         self.publish()
 
     def note(self, record: Record) -> None:
@@ -189,6 +194,8 @@ class ReadsPublisher:
         proposals = (
             dict(proposals_of(machine)) if self._proposals_moved else self.current._proposals  # noqa: SLF001
         )
-        self.current = Reads(machine.offset, groups, proposals, machine.facet)
+        facets_before = self.current._facets  # noqa: SLF001
+        facets = {f.name: f.read_model(facets_before.get(f.name)) for f in machine.facets}
+        self.current = Reads(machine.offset, groups, proposals, facets)
         self._named, self._beaten, self._proposals_moved = set(), set(), False
         return self.current

@@ -74,6 +74,7 @@ from .partition import (
     apportion,
     deal,
 )
+from .reads import EpochsReads, GroupEpochReads, read_model
 from .state import Epoch, GroupEpochs
 
 #: The transition table: each input (``inputs.py``), the rule that steps it and what it moves.
@@ -93,6 +94,9 @@ class Epochs:
     def __init__(self) -> None:
         self._groups: dict[str, GroupEpochs] = {}
         self._checks = EpochChecks(self._groups)
+        #: what changed since the last read model (``reads.py``), by group: those ranks' rows
+        #: (a set) or the whole group (None)
+        self._dirty: dict[str, set[int] | None] = {}
 
     # -- queries ----------------------------------------------------------------------------
 
@@ -113,33 +117,31 @@ class Epochs:
     def status(self, group: str) -> dict[str, Any] | None:
         """The open or last epoch of ``group`` as plain data (``GET /groups/{g}/epochs``)."""
         ge = self._groups.get(group)
-        if ge is None or ge.current is None:
-            return None
-        e = ge.current
-        return {
-            "group": group,
-            "epoch": e.number,
-            "plan": msgspec.to_builtins(e.plan),
-            "offset": e.offset,
-            "version": e.version,
-            "assignment": e.assignment,
-            "status": "complete" if e.completed is not None else "open",
-            "completed_offset": e.completed,
-            "dataset_size": e.plan.dataset_size,
-            "unprocessed": e.unprocessed,
-            "ranks": [
-                {
-                    "rank": r,
-                    "held": h.held,
-                    "processed": h.processed,
-                    "remaining": [list(s) for s in h.remaining_segments()],
-                    "assignment": h.assignment,
-                    "fence": h.fence,
-                    "rate": ge.rates.get(r),
-                }
-                for r, h in sorted(e.holdings.items())
-            ],
-        }
+        return (
+            None
+            if ge is None
+            else EpochsReads({group: GroupEpochReads.of(group, ge)}).status(group)
+        )
+
+    def read_model(self, previous: EpochsReads | None) -> EpochsReads:
+        """See ``coordinator.fold.facets.Facet.read_model`` and ``reads.py``."""
+        if previous is None:
+            return read_model(self._groups, None, {})
+        dirty, self._dirty = self._dirty, {}
+        return read_model(self._groups, previous, dirty)
+
+    def _touched(self, group: str, rank: int | None = None) -> None:
+        """Note a change of ``group`` for the next read model: ``rank``'s row only, or the
+        whole group."""
+        dirty = self._dirty
+        if rank is None:
+            dirty[group] = None
+        elif group not in dirty:
+            dirty[group] = {rank}
+        else:
+            ranks = dirty[group]
+            if ranks is not None:
+                ranks.add(rank)
 
     # -- checks (``checks.py``) -----------------------------------------------------------
 
@@ -166,6 +168,7 @@ class Epochs:
         the permutation, in rank order, sized by the plan's weights in whole grains."""
         assert g.view is not None
         ge = self._groups.setdefault(g.name, GroupEpochs())
+        self._touched(g.name)
         e = Epoch(plan, record.offset, g.view.version)
         ge.current = e
         members = g.view.active_ranks
@@ -199,6 +202,7 @@ class Epochs:
         ge = self._groups[g.name]
         e = ge.current
         assert e is not None
+        self._touched(g.name, rank)
         if progress.rate is not None:
             ge.rates[rank] = float(progress.rate)
         h = e.holdings.get(rank)
@@ -261,6 +265,7 @@ class Epochs:
         as makes both finish together, in whole grains, never within the donor's lookahead.
         If that rank has nothing to spare, the next one is asked; with nothing to spare
         anywhere, ``rank`` waits for the epoch's end (or for a later view to give it work)."""
+        self._touched(g.name)
         weights = rate_weights(ge, g, list(e.holdings))
         mine = weights[rank]
         grain = e.plan.grain
@@ -318,6 +323,7 @@ class Epochs:
             return
         gives, gets, details = view_moves(e, view, base, plan_weights(ge, e, g, view.active_ranks))
         if gives:
+            self._touched(g.name)
             decide(
                 g,
                 ge,
@@ -386,3 +392,4 @@ class Epochs:
     def restore(self, data: dict[str, Any]) -> None:
         self._groups.clear()  # in place: the checks read the same dict
         self._groups.update({name: GroupEpochs.from_dict(d) for name, d in data.items()})
+        self._dirty = dict.fromkeys(self._groups)

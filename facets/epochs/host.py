@@ -86,7 +86,7 @@ def resync(machine: Coordinator, group: str, ranks: Sequence[int]) -> list[Updat
 
 def _readers_need(reads: Reads, group: str) -> str | None:
     """Once a group has an epoch plan, its readers must apply its ``data_moves``."""
-    return "reads epoch plans" if reads.facet("epochs").epoch(group) is not None else None
+    return "reads epoch plans" if reads.facet("epochs").planned(group) else None
 
 
 HOST = FacetHost(

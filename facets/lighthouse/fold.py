@@ -61,6 +61,7 @@ from .messages import (
     QuorumMember,
 )
 from .quorum import _MS, Decision, LastQuorum, Request, quorum_compute
+from .reads import LighthouseReads
 
 #: A lost incarnation's id is refused for this many heartbeat timeouts after its loss (a
 #: beat still in flight from the dead process), then forgotten, so the set stays bounded.
@@ -101,8 +102,19 @@ class Lighthouse:
         self.status = "no replica group has asked for a quorum"
         self.now = 0
         self._last_tick = 0
+        #: whether a record reached the facet since the last read model (``reads.py``)
+        self._moved = True
 
     # -- reading -----------------------------------------------------------------------------
+
+    def read_model(self, previous: LighthouseReads | None) -> LighthouseReads:
+        """See ``coordinator.fold.facets.Facet.read_model`` and ``reads.py``."""
+        if previous is None:
+            return LighthouseReads(self)
+        if not self._moved:
+            return previous
+        self._moved = False
+        return LighthouseReads(self)
 
     def decision(self, now: int | None = None) -> Decision | None:
         """What the rule says at ``now`` (the fold's time by default), or None unconfigured."""
@@ -174,6 +186,7 @@ class Lighthouse:
 
     def apply(self, fold: FoldContext, record: Record, effects: list[Effect]) -> None:
         """Record the fact, then decide (a fact may complete a quorum)."""
+        self._moved = True
         self.now = fold.now
         inp = decode(record.kind, record.payload)
         getattr(self, TRANSITIONS[type(inp)])(inp, record, effects)
@@ -312,6 +325,7 @@ class Lighthouse:
 
     def tick(self, fold: FoldContext, record: Record, effects: list[Effect]) -> None:
         """Time passed: a heartbeat may have run out, or the join timeout."""
+        self._moved = True
         self.now = fold.now
         if self.requests:
             self._last_tick = self.now
@@ -337,6 +351,7 @@ class Lighthouse:
         while none served, so every heartbeat counts from ``now``; and the calls that held the
         pending requests ended with the coordinator that served them (a caller still alive asks
         again, through this one)."""
+        self._moved = True
         self.now = max(self.now, now)
         for rid in self.beats:
             self.beats[rid] = now
@@ -368,6 +383,7 @@ class Lighthouse:
         self.status = data["status"]
         self.now = data["now"]
         self._last_tick = data["last_tick"]
+        self._moved = True
 
 
 def _next_change(

@@ -35,6 +35,7 @@ from .models import (
     QuorumCall,
     QuorumList,
 )
+from .reads import LighthouseReads
 from .rows import ROWS_GROUP
 
 router = APIRouter(tags=["lighthouse"])
@@ -59,29 +60,28 @@ ReplicaPath = Annotated[str, Path(min_length=1, max_length=MAX_ID_BYTES)]
     responses=answers({200: "LighthouseBody"}),
 )
 async def status(request: Request) -> Response:
-    fold = lighthouse_of(host_of(request)).fold
-    decision = fold.decision()
+    read: LighthouseReads = host_of(request).reads.facet("lighthouse")
     body_ = LighthouseBody(
-        settings=fold.settings,
-        quorum_id=fold.quorum_id,
-        status=decision.reason if decision is not None and fold.requests else fold.status,
-        verdicts=list(decision.verdicts) if decision is not None else [],
+        settings=read.settings,
+        quorum_id=read.quorum_id,
+        status=read.status,
+        verdicts=list(read.verdicts),
         last=None
-        if fold.last is None
+        if read.last is None
         else LastQuorumBody(
-            quorum_id=fold.last.quorum_id,
-            replica_ids=list(fold.last.replica_ids),
-            offset=fold.last.offset,
-            ts=fold.last.ts,
+            quorum_id=read.last.quorum_id,
+            replica_ids=list(read.last.replica_ids),
+            offset=read.last.offset,
+            ts=read.last.ts,
         ),
         requests=[
             PendingRequestBody(
-                replica_id=r, step=req.member.step, offset=req.offset, joined_ts=req.joined
+                replica_id=r.replica_id, step=r.step, offset=r.offset, joined_ts=r.joined_ts
             )
-            for r, req in sorted(fold.requests.items())
+            for r in read.requests
         ],
-        heartbeats=dict(sorted(fold.beats.items())),
-        lost={r: offset for r, (offset, _) in sorted(fold.lost.items())},
+        heartbeats=dict(read.heartbeats),
+        lost=dict(read.lost),
     )
     return json_response(msgspec.to_builtins(body_))
 

@@ -65,6 +65,7 @@ from .inputs import (
     TransferStatusInput,
     decode,
 )
+from .reads import RefitsReads, read_model, refit_status
 from .state import (
     _S,
     ADMITTED,
@@ -111,6 +112,8 @@ class Refits:
         self._refits: dict[str, Refit] = {}
         #: its refusals and repeats (``checks.py``), reading the same refits
         self._checks = RefitChecks(self._refits)
+        #: the refits a record changed since the last read model (``reads.py``)
+        self._moved: set[str] = set()
 
     # -- reading -----------------------------------------------------------------------------
 
@@ -123,39 +126,14 @@ class Refits:
     def status(self, name: str) -> dict[str, Any] | None:
         """Plain data for ``GET /refits/{refit}`` (never the bootstrap)."""
         r = self._refits.get(name)
-        if r is None:
-            return None
-        joined = {f"{role}:{slot}": j for (role, slot), j in r.joined.items()}
-        return {
-            "refit": r.name,
-            "spec": r.spec,
-            "created_offset": r.offset,
-            "epoch": r.epoch,
-            "status": r.status,
-            "cause": r.cause,
-            "deadline_ts": r.deadline,
-            "digest": r.digest,
-            "joined": [
-                {
-                    "role": key.split(":")[0],
-                    "slot": int(key.split(":")[1]),
-                    "group": j.group,
-                    "rank": j.rank,
-                    "digest": j.digest,
-                }
-                for key, j in sorted(
-                    joined.items(), key=lambda kv: (kv[0].split(":")[0], int(kv[0].split(":")[1]))
-                )
-            ],
-            "missing": list(r.missing) or RefitChecks.missing(r),
-            "members": r.members(),
-            "bootstrap_published": r.bootstrap is not None,
-            "transfers": [
-                {k: v for k, v in r.transfers[t].to_dict().items() if k != "done"}
-                | {"done": [f"{role} slot {slot}" for role, slot in sorted(r.transfers[t].done)]}
-                for t in sorted(r.transfers)
-            ],
-        }
+        return None if r is None else refit_status(r)
+
+    def read_model(self, previous: RefitsReads | None) -> RefitsReads:
+        """See ``coordinator.fold.facets.Facet.read_model`` and ``reads.py``."""
+        if previous is None:
+            return read_model(self._refits, None, set())
+        moved, self._moved = self._moved, set()
+        return read_model(self._refits, previous, moved)
 
     # -- checks (checks.py) -------------------------------------------------------------------
 
@@ -174,6 +152,7 @@ class Refits:
     def apply(self, fold: FoldContext, record: Record, effects: list[Effect]) -> None:
         """Step an input: its Struct (``inputs.py``) picks the rule (:data:`TRANSITIONS`)."""
         inp = decode(record.kind, record.payload)
+        self._moved.add(inp.refit)
         getattr(self, TRANSITIONS[type(inp)])(fold, inp, record, effects)
 
     def _on_created(
@@ -339,6 +318,7 @@ class Refits:
             role = r.role_of(g.name)
             if role is None:
                 continue
+            self._moved.add(name)
             cause = f"view {view.version} of {role} group {g.name!r} committed"
             self._fail_running(r, f"the refit's epoch moved: {cause}", record, effects)
             self._new_epoch(fold, r, cause, record, effects)
@@ -358,6 +338,7 @@ class Refits:
             slot = r.member_slot(g.name, rank)
             if slot is None:
                 continue
+            self._moved.add(name)
             who = _slot_name(*slot, g.name, rank)
             reason = next(
                 (
@@ -376,6 +357,7 @@ class Refits:
         for name in sorted(self._refits):
             r = self._refits[name]
             if r.status == WAITING and r.deadline is not None and now >= r.deadline:
+                self._moved.add(name)
                 r.status = TIMED_OUT
                 r.missing = tuple(RefitChecks.missing(r))
                 r.deadline = None
@@ -383,6 +365,7 @@ class Refits:
             if r.running is not None:
                 t = r.transfers[r.running]
                 if t.deadline is not None and now >= t.deadline:
+                    self._moved.add(name)
                     waiting = [_slot_name(*s) for s in r.every_slot() if s not in t.done]
                     detail = (
                         f"timed out after {r.spec['transfer_timeout_s']:g} s; no done from "
@@ -412,6 +395,7 @@ class Refits:
     def resume(self, now: int) -> None:
         """The coordinator was down: the ranks could not join or report meanwhile, so each
         deadline starts again from now."""
+        self._moved.update(self._refits)
         for r in self._refits.values():
             if r.status == WAITING and r.deadline is not None:
                 r.deadline = now + round(r.spec["readiness_timeout_s"] * _S)
@@ -427,3 +411,4 @@ class Refits:
         self._refits.update(
             {d["spec"]["refit"]: Refit.from_dict(d) for d in data.get("refits", [])}
         )
+        self._moved = set(self._refits)

@@ -167,7 +167,7 @@ async def refit_story(
 ) -> Response:
     require_operator(request, "reading a refit's story")
     host = host_of(request)
-    if host.reads.facet("refits").refit(refit) is None:
+    if not host.reads.facet("refits").exists(refit):
         raise ApiError(UNKNOWN_REFIT, f"no refit named {refit!r}")
     return await told(
         host, until, lambda stop: refit_story_of(host.log, refit, until=stop, fold_page=step_page)

@@ -82,6 +82,7 @@ from .inputs import (
     RendezvousInput,
     decode,
 )
+from .reads import RendezvousReads, read_model
 from .rounds import _names, form, formation
 from .state import Job, Waiting
 
@@ -110,6 +111,8 @@ class Rendezvous:
     def __init__(self) -> None:
         self.jobs: dict[str, Job] = {}
         self._checks = RendezvousChecks(self.jobs)
+        #: the jobs a record changed since the last read model (``reads.py``)
+        self._moved: set[str] = set()
 
     # -- queries (the routes and the story read these) -----------------------------------------
 
@@ -118,6 +121,13 @@ class Rendezvous:
 
     def names(self) -> list[str]:
         return sorted(self.jobs)
+
+    def read_model(self, previous: RendezvousReads | None) -> RendezvousReads:
+        """See ``coordinator.fold.facets.Facet.read_model`` and ``reads.py``."""
+        if previous is None:
+            return read_model(self.jobs, None, set())
+        moved, self._moved = self._moved, set()
+        return read_model(self.jobs, previous, moved)
 
     # -- checks (``checks.py``) ---------------------------------------------------------------
 
@@ -136,6 +146,7 @@ class Rendezvous:
     def apply(self, fold: FoldContext, record: Record, effects: list[Effect]) -> None:
         """Step an input: its Struct (``inputs.py``) picks the rule (:data:`TRANSITIONS`)."""
         inp = decode(record.kind, record.payload)
+        self._moved.add(inp.job)
         getattr(self, TRANSITIONS[type(inp)])(inp, record, fold.now, effects)
 
     def _on_join(self, join: JoinInput, record: Record, now: int, effects: list[Effect]) -> None:
@@ -280,6 +291,7 @@ class Rendezvous:
             due = self._deadline(job)
             if due is None or due > now:
                 continue
+            self._moved.add(name)
             limit = job.keepalive_ns
             for node in [n for n, t in job.alive.items() if t + limit <= now]:
                 since = job.alive[node]
@@ -321,6 +333,7 @@ class Rendezvous:
     def resume(self, now: int) -> None:
         """Rule 6: every node's keep-alive clock restarts; the last call and the join timeouts
         keep running (rule 7)."""
+        self._moved.update(self.jobs)
         for job in self.jobs.values():
             for node in job.alive:
                 job.alive[node] = now
@@ -358,6 +371,7 @@ class Rendezvous:
         for item in data.get("jobs", []):
             job = Job.from_dict(item)
             self.jobs[job.job] = job
+        self._moved = set(self.jobs)
 
 
 # -- the words -------------------------------------------------------------------------------------

@@ -27,7 +27,6 @@ from ...coordinator.host.loop import Appended, Host, Refusal
 from ...eventlog import NewRecord
 from ...wire.codes import UNKNOWN_RENDEZVOUS
 from ...wire.protocol import QUERY
-from .fold import Rendezvous
 from .host import waiters_of
 from .inputs import (
     JOB_PATTERN,
@@ -47,7 +46,7 @@ from .models import (
     RendezvousStoryBody,
     RoundsBody,
 )
-from .state import job_status
+from .reads import RendezvousReads
 from .story import rendezvous_story_of
 
 router = APIRouter(tags=["torchrun"])
@@ -70,15 +69,16 @@ LEAD_CHECK_S = 0.5
 B = TypeVar("B", bound=msgspec.Struct)
 
 
-def _facet(host: Host) -> Rendezvous:
-    return host.reads.facet("rendezvous")
+def _facet(host: Host) -> RendezvousReads:
+    """The facet's read model of the last cycle (``reads.py``)."""
+    return host.reads.facet("rendezvous")  # type: ignore[no-any-return]
 
 
 def _status(host: Host, job: str) -> dict[str, Any]:
-    found = _facet(host).job(job)
+    found = _facet(host).status(job)
     if found is None:
         raise ApiError(UNKNOWN_RENDEZVOUS, f"no rendezvous {job!r}: no node ever joined it")
-    return job_status(found)
+    return found
 
 
 async def _submit(host: Host, inp: RendezvousInput) -> int:
@@ -158,21 +158,7 @@ async def close(request: Request, job: JobPath) -> Response:
 )
 async def list_rendezvous(request: Request) -> Response:
     require_operator(request, "reading the rendezvous")
-    facet = _facet(host_of(request))
-    items = []
-    for name in facet.names():
-        job = facet.job(name)
-        assert job is not None
-        items.append(
-            {
-                "job": name,
-                "round": job.round,
-                "nodes": [m.node for m in job.members],
-                "waiting": len(job.pending),
-                "closed": job.closed is not None,
-            }
-        )
-    return json_response({"rendezvous": items})
+    return json_response({"rendezvous": _facet(host_of(request)).lines()})
 
 
 @router.get(

@@ -7,6 +7,9 @@ group, never the live fold.
   answers while later cycles are folded.
 - A group no record of a cycle named is shared, rendered answers included; a cycle of
   heartbeats alone recaptures only the last beats.
+- Each facet's read model (``Facet.read_model``) is published with the rest: never its fold
+  object, and read by read equal to one built from scratch, over the simulator's logs (epochs)
+  and the logs of every scenario of the facets' fold tests (refits, rendezvous, lighthouse).
 - On a real host over a SQLite log, a read while a cycle is carried out (its projection rows
   being written) sees the previous cycle's model, and the next cycle's once it is done.
 """
@@ -14,8 +17,12 @@ group, never the live fold.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import random
+from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
+from typing import Any
 
 import msgspec
 import pytest
@@ -45,14 +52,42 @@ def _answers(reads: Reads) -> bytes:
         out.append(reads.proposal(pid))
     for uuid in range(1, 8):
         out.append(reads.proposal_by_uuid("g", uuid))
-    return msgspec.json.encode(out)
+    return msgspec.json.encode([out, _facet_answers(reads)])
 
 
-@pytest.mark.parametrize("seed", [3, 11, 17, 29])
-def test_a_published_model_reads_as_a_fresh_capture_and_keeps_its_answers(seed: int) -> None:
-    log = World(seed, 600).run().log
-    assert log, "the seed appended nothing"
-    rng = random.Random(seed)
+def _facet_answers(reads: Reads) -> list[Any]:
+    """Every read the facets' routes make of their read models."""
+    epochs = reads.facet("epochs")
+    out: list[Any] = []
+    for group in [*reads.groups(), "nowhere"]:
+        out += [epochs.planned(group), epochs.changes(group), epochs.status(group)]
+    refits = reads.facet("refits")
+    out.append(refits.names())
+    for name in [*refits.names(), "nowhere"]:
+        out += [refits.exists(name), refits.status(name)]
+    rdzv = reads.facet("rendezvous")
+    out += [rdzv.names(), rdzv.lines()]
+    for job in [*rdzv.names(), "nowhere"]:
+        out.append(rdzv.status(job))
+    lh = reads.facet("lighthouse")
+    out.append(
+        [
+            lh.settings,
+            lh.quorum_id,
+            lh.status,
+            lh.verdicts,
+            lh.last,
+            [(r.replica_id, r.step, r.offset, r.joined_ts) for r in lh.requests],
+            lh.heartbeats,
+            lh.lost,
+        ]
+    )
+    return out
+
+
+def _published_equals_fresh(log: list[Record], rng: random.Random, what: str) -> None:
+    """Fold ``log`` in batches of random sizes, publishing after each: every published model
+    reads as one built from scratch, and keeps its answers while later cycles are folded."""
     machine = Coordinator()
     publisher = ReadsPublisher(machine)
     kept: list[tuple[Reads, bytes]] = []
@@ -65,10 +100,66 @@ def test_a_published_model_reads_as_a_fresh_capture_and_keeps_its_answers(seed: 
             publisher.note(rec)
         published = publisher.publish()
         fresh = ReadsPublisher(machine).current
-        assert _answers(published) == _answers(fresh), f"seed {seed} at offset {machine.offset}"
+        assert _answers(published) == _answers(fresh), f"{what} at offset {machine.offset}"
+        for facet in machine.facets:
+            assert published.facet(facet.name) is not facet, f"{facet.name}: the live fold"
         kept.append((published, _answers(published)))
     for reads, answers in kept[:: max(1, len(kept) // 20)]:
-        assert _answers(reads) == answers, f"the model of offset {reads.offset} changed"
+        assert _answers(reads) == answers, f"{what}: the model of offset {reads.offset} changed"
+
+
+@pytest.mark.parametrize("seed", [3, 11, 17, 29])
+def test_a_published_model_reads_as_a_fresh_capture_and_keeps_its_answers(seed: int) -> None:
+    log = World(seed, 600).run().log
+    assert log, "the seed appended nothing"
+    _published_equals_fresh(log, random.Random(seed), f"seed {seed}")
+
+
+def _scenario_logs(module: ModuleType) -> Iterator[tuple[str, list[Record]]]:
+    """The records each test of ``module`` (one without arguments) stepped into a fold that
+    began empty, one log per fold."""
+    stepped: dict[int, list[Record]] = {}
+    fresh: set[int] = set()
+    machines: list[Coordinator] = []  # alive, so that no two share an id
+    step = Coordinator.step
+
+    def noting(machine: Coordinator, record: Record) -> Any:
+        key = id(machine)
+        if key not in stepped:
+            machines.append(machine)
+            stepped[key] = []
+            if machine.offset == 0:
+                fresh.add(key)
+        effects = step(machine, record)  # a record the fold refused to step is not logged
+        stepped[key].append(record)
+        return effects
+
+    for name, test in inspect.getmembers(module, inspect.isfunction):
+        if not name.startswith("test_") or inspect.signature(test).parameters:
+            continue
+        stepped.clear()
+        fresh.clear()
+        machines.clear()
+        Coordinator.step = noting  # type: ignore[method-assign]
+        try:
+            test()
+        finally:
+            Coordinator.step = step  # type: ignore[method-assign]
+        for key, log in stepped.items():
+            if key in fresh:
+                yield name, log
+
+
+@pytest.mark.parametrize("facet", ["refits", "rendezvous", "lighthouse"])
+def test_a_facet_publishes_a_read_model_that_reads_as_one_built_afresh(facet: str) -> None:
+    import importlib
+
+    module = importlib.import_module(f"tests.fold.test_{facet}")
+    logs = list(_scenario_logs(module))
+    kinds = {r.kind for _, log in logs for r in log}
+    assert kinds & Coordinator().facet(facet).kinds, f"no scenario of {facet} stepped its records"
+    for i, (name, log) in enumerate(logs):
+        _published_equals_fresh(log, random.Random(i), f"{module.__name__}::{name}")
 
 
 class _Feed:

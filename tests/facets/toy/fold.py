@@ -38,6 +38,19 @@ def counter_row(effect: CounterBumped) -> list[ProjectionRow]:
     return [ProjectionRow("toy_counter", effect.group, 0, to_doc(effect))]
 
 
+class CounterReads:
+    """The read model (``Facet.read_model``): the counters as of one cycle, which the routes
+    read."""
+
+    __slots__ = ("_counts",)
+
+    def __init__(self, counts: dict[str, int]) -> None:
+        self._counts = counts
+
+    def count(self, group: str) -> int:
+        return self._counts.get(group, 0)
+
+
 class Counters:
     """The ``toy`` facet (``coordinator.fold.facets.Facet``)."""
 
@@ -47,6 +60,8 @@ class Counters:
 
     def __init__(self) -> None:
         self.counts: dict[str, int] = {}
+        #: whether a counter moved since the last read model
+        self._moved = False
 
     def count(self, group: str) -> int:
         return self.counts.get(group, 0)
@@ -82,6 +97,7 @@ class Counters:
         group, by = record.group, msgspec.convert(record.payload, INPUTS[record.kind]).by
         assert group is not None
         self.counts[group] = count = self.count(group) + by
+        self._moved = True
         effects.append(CounterBumped(group=group, count=count, by=by, offset=record.offset))
 
     def view_committed(
@@ -122,3 +138,12 @@ class Counters:
 
     def restore(self, data: dict[str, Any]) -> None:
         self.counts = dict(data["counts"])
+        self._moved = True
+
+    def read_model(self, previous: CounterReads | None) -> CounterReads:
+        """A copy of the counters when one moved since ``previous`` (or from scratch)."""
+        if previous is not None:
+            if not self._moved:
+                return previous
+            self._moved = False
+        return CounterReads(dict(self.counts))
