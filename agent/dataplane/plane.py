@@ -403,13 +403,15 @@ class DataPlane:
             v.end_operations()
         deadline = time.monotonic() + _CLOSE_OPS_WAIT_S
         for v in views:  # a build in progress (a view committed as this rank closes) ends in
-            # torch soon, its peers build it too; a daemon thread that returns from torch while
-            # the interpreter shuts down aborts the process (ViewGroup.wait_build_left)
-            if not v.wait_build_left(max(0.0, deadline - time.monotonic())):
+            # torch soon, its peers build it too, as does a failed view's hint; a daemon thread
+            # that returns from torch while the interpreter shuts down aborts the process
+            # (ViewGroup.wait_threads_left)
+            if not v.wait_threads_left(max(0.0, deadline - time.monotonic())):
                 log.warning(
-                    "rank %d: the backend of view %d is still being built after close",
+                    "rank %d: a thread of view %d (%s) is still in torch after close",
                     self.rank,
                     v.version,
+                    ", ".join(v.threads_alive()),
                 )
         for v in views:  # their operations ended, the watches of views left behind are gone
             if not v.wait_idle(max(0.0, deadline - time.monotonic())):

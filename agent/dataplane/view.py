@@ -161,7 +161,7 @@ class ViewGroup:
         self._ending = False  # the lent backend's operations were ended (once)
         self._ending_now = False  # ... and the thread that ends them still runs
         self._retired_watch = False  # a thread waits on ``poisoned/<v>`` for the ops left here
-        self._build_threads: list[threading.Thread] = []  # see wait_build_left
+        self._threads: list[threading.Thread] = []  # see wait_threads_left
         self._build_over = False  # the build thread is done: built, failed, released or parked
 
     # -- queries ------------------------------------------------------------------------------
@@ -193,28 +193,63 @@ class ViewGroup:
     # -- the backend --------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Build this rank's backend for the view in the background (only if this rank is active)."""
-        if self.active:
+        """Build this rank's backend for the view in the background (only if this rank is
+        active, and never on a closed data plane: see :meth:`wait_threads_left`)."""
+        if not self.active:
+            return
+        with self._cond:  # both threads, or neither (the lock is reentrant)
+            if self._ctx.closed.is_set():  # installed while the plane closed: nothing builds
+                self._build_over = True
+                self._cond.notify_all()
+                return
             for target, what in ((self._build, "build"), (self._watch_build, "build-watch")):
-                name = f"dataplane-{what}-v{self.version}"
-                thread = threading.Thread(target=target, name=name, daemon=True)
-                self._build_threads.append(thread)
-                thread.start()
+                self._spawn(target, f"dataplane-{what}-v{self.version}")
 
-    def wait_build_left(self, timeout: float) -> bool:
-        """Wait until the threads building this view's backend have returned from torch (a
-        store wait, gloo's connect); False if ``timeout`` passed first.
+    def _spawn(self, target: Callable[[], None], name: str, *, unless_closed: bool = False) -> bool:
+        """Start ``target`` on a daemon thread of this view, one ``wait_threads_left`` waits
+        for; with ``unless_closed``, not once the data plane is closed (False then).
 
-        A daemon thread still inside such a call when the interpreter shuts down dies when the
-        call returns: Python ends a thread that takes the GIL during finalization, and the
-        unwinding through torch's binding ends the process (``terminate called without an
-        active exception``, exit -6). The members of a view that commits just before they close
-        (the quick start's view 2) build it while they exit.
+        The check and the start are one step under the view's lock, which ``retire`` (and so
+        ``DataPlane.close``) takes before it waits: a thread is either started before the
+        close waits, and waited for, or not at all.
+        """
+        with self._cond:
+            if unless_closed and self._ctx.closed.is_set():
+                return False
+            thread = threading.Thread(target=target, name=name, daemon=True)
+            self._threads.append(thread)
+            thread.start()
+        return True
+
+    def wait_threads_left(self, timeout: float) -> bool:
+        """Wait until every thread of this view (its build, its hint's decision, the end of
+        its operations...) has returned from torch and ended; False if ``timeout`` passed
+        first.
+
+        A daemon thread still inside a torch call (a store wait, gloo's connect, a backend's
+        destructor) when the interpreter shuts down dies when the call returns: Python ends a
+        thread that takes the GIL during finalization, and the unwinding through torch's
+        binding ends the process (``terminate called without an active exception``, exit -6).
+        The members of a view that commits just before they close (the quick start's view 2,
+        an HSDP run's last views) build it while they exit; a view installed while the data
+        plane closes (the agent's driver thread still running) must build nothing.
         """
         deadline = time.monotonic() + timeout
-        for thread in self._build_threads:
-            thread.join(max(0.0, deadline - time.monotonic()))
-        return not any(t.is_alive() for t in self._build_threads)
+        while True:
+            with self._cond:  # a thread may start another (a build that fails the view)
+                alive = [t for t in self._threads if t.is_alive()]
+            if not alive:
+                return True
+            for thread in alive:
+                thread.join(max(0.0, deadline - time.monotonic()))
+            if time.monotonic() >= deadline:
+                with self._cond:
+                    return not any(t.is_alive() for t in self._threads)
+
+    def threads_alive(self) -> list[str]:
+        """The names of this view's threads still running (``wait_threads_left``)."""
+        with self._cond:
+            return [t.name for t in self._threads if t.is_alive()]
 
     def _build(self) -> None:
         try:
@@ -505,9 +540,7 @@ class ViewGroup:
                 self._cuda_state, start = "building", True
         if start:  # the first CUDA tensor of this process: build now, and with every later view
             self._ctx.cuda_used = True
-            threading.Thread(
-                target=self._build_cuda, name=f"dataplane-build-cuda-v{self.version}", daemon=True
-            ).start()
+            self._spawn(self._build_cuda, f"dataplane-build-cuda-v{self.version}")
         self._await(deadline, lambda: self._cuda_state != "building", "the NCCL group")
         with self._cond:
             return self._cuda if self._failure is None and not self._retired else None
@@ -655,9 +688,10 @@ class ViewGroup:
             self._abort_cuda()
         for work in pending:
             work.wake()
-        threading.Thread(
-            target=self._decide, name=f"dataplane-hint-v{self.version}", daemon=True
-        ).start()
+        if not self._spawn(self._decide, f"dataplane-hint-v{self.version}", unless_closed=True):
+            # closed: nobody reads the store for it any more; the hint is what this rank saw
+            self._failed_ranks = tuple(sorted(set(blamed) - {self._ctx.rank}))
+            self._decided.set()
 
     def _defer_abort(self) -> None:
         """A failed view's NCCL communicator: give the next view a moment to shrink it, else
@@ -681,7 +715,7 @@ class ViewGroup:
             if fate == b"abort":
                 self._abort_cuda()
 
-        threading.Thread(target=later, name=f"dataplane-abort-v{self.version}", daemon=True).start()
+        self._spawn(later, f"dataplane-abort-v{self.version}")
 
     def _abort_cuda(self) -> None:
         """Abort the view's NCCL communicator on this rank (once): its kernels in flight return.
@@ -867,7 +901,7 @@ class ViewGroup:
                 if idle:
                     self._release_gloo(orphan)
 
-        threading.Thread(target=end, name=f"dataplane-end-v{self.version}", daemon=True).start()
+        self._spawn(end, f"dataplane-end-v{self.version}")
 
     def _release_gloo(self, backend: object | None) -> None:
         """Let the view's gloo backend go: back to its lender (views reconfigure one backend),
@@ -893,11 +927,7 @@ class ViewGroup:
         return True
 
     def _start_retired_watch(self) -> None:
-        threading.Thread(
-            target=self._watch_retired,
-            name=f"dataplane-retired-watch-v{self.version}",
-            daemon=True,
-        ).start()
+        self._spawn(self._watch_retired, f"dataplane-retired-watch-v{self.version}")
 
     def _watch_retired(self) -> None:
         """Look for ``poisoned/<v>`` while this rank still has operations in flight on the view:

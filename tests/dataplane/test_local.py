@@ -18,6 +18,7 @@ from foldplane.agent.dataplane import DataPlaneError, Work, keys, persistent
 from foldplane.agent.dataplane.backend import BackendKind
 from foldplane.agent.dataplane.liveness import find_dead
 from foldplane.agent.dataplane.poison import PoisonNotice
+from foldplane.agent.dataplane.view import ViewGroup
 
 
 def test_an_inactive_rank_completes_every_op_locally_and_leaves_tensors_unchanged(
@@ -415,4 +416,38 @@ def test_close_waits_for_the_build_of_a_view_committed_as_the_rank_closes(make_p
     b.install_view(1, [0, 1])  # the peer arrives: both builds end
     closer.join(10.0)
     assert not returned_while_building, "close() returned with view 1's build still in torch"
-    assert closed.is_set() and view.wait_build_left(0.0)
+    assert closed.is_set() and view.wait_threads_left(0.0)
+
+
+def test_a_view_installed_while_the_plane_closes_builds_nothing_after_close(
+    make_plane, monkeypatch
+) -> None:
+    """The agent's driver thread may still install a view while the main thread closes the
+    plane (its join timed out under load): ``install_view`` has taken the view, ``close()``
+    runs before the view's ``start()``. A build thread started after ``close()`` returned is
+    inside torch while the interpreter shuts down, and its return aborts the process
+    (``terminate called without an active exception``: a one-member view built so, exit -6).
+    So a view started on a closed plane starts no thread, and ``close()`` returns with none
+    of its views' threads alive."""
+    dp = make_plane(rank=0, world_size=2)
+    entered, go = threading.Event(), threading.Event()
+    start = ViewGroup.start
+
+    def start_once_closed(view: ViewGroup) -> None:  # the driver, held between the two steps
+        entered.set()
+        go.wait(10.0)
+        start(view)
+
+    monkeypatch.setattr(ViewGroup, "start", start_once_closed)
+    installer = threading.Thread(target=dp.install_view, args=(1, [0, 1]), daemon=True)
+    installer.start()
+    assert entered.wait(10.0)
+    view = dp.current_view()
+    dp.close()
+    before = set(threading.enumerate())
+    go.set()
+    installer.join(10.0)
+    assert not installer.is_alive()
+    started = [t.name for t in threading.enumerate() if t not in before and t is not installer]
+    assert started == [], f"threads started after close: {started}"
+    assert view.threads_alive() == [] and view.wait_threads_left(0.0)
