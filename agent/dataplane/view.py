@@ -79,7 +79,14 @@ class ViewContext(Protocol):
 
     def park(self, version: int, members: tuple[int, ...], backends: dict[str, object]) -> None: ...
 
+    #: how long an operation may run: a newer view that explains a failure comes within it
+    collective_timeout_s: float
+
     def control_store(self) -> Store: ...
+
+    def wait_for_view(
+        self, predicate: Callable[[ViewGroup], bool], timeout: float | None
+    ) -> ViewGroup | None: ...
 
     def rendezvous_store(self) -> AbstractContextManager[Store]: ...
 
@@ -767,17 +774,43 @@ class ViewGroup:
         failed = sorted((set(failure.blamed) | set(dead)) - {ctx.rank})
         self._failed_ranks = tuple(failed)
         self._decided.set()
-        if failure.report and not failed:
-            log.warning(
-                "rank %d: view %d failed and every member is alive: %s",
-                ctx.rank,
-                self.version,
-                failure.reason,
-            )
-        elif failure.report:
-            log.info("rank %d: view %d: failed ranks %s", ctx.rank, self.version, failed)
         if failure.report:
             ctx.report_links(self.version, {r: "down" for r in failed}, failed, failure.ops)
+        if failure.report and not failed:
+            self._say_why_alive(failure)  # after the report: it may wait for a newer view
+        elif failure.report:
+            log.info("rank %d: view %d: failed ranks %s", ctx.rank, self.version, failed)
+
+    def _say_why_alive(self, failure: Failure) -> None:
+        """A failure that blames nobody, every member alive: say what happened.
+
+        Most often the group moved on: a member installed a newer view and released this
+        one's backend while this rank still ran an operation on it (gloo then says the
+        connection was closed by the peer). The newer view reaches this rank too, within an
+        operation's deadline: then that is the line, at INFO, in foldplane's words (the raw
+        reason is in the INFO line of the failure). Else the failure is unexplained: a
+        warning with the reason.
+        """
+        ctx = self._ctx
+        newer = ctx.wait_for_view(lambda v: v.version > self.version, ctx.collective_timeout_s)
+        if newer is not None and newer.version > self.version:
+            log.info(
+                "rank %d: view %d ended under this rank's operations, no member dead: the "
+                "group moved on to view %d (ranks %s)",
+                ctx.rank,
+                self.version,
+                newer.version,
+                list(newer.members),
+            )
+            return
+        if ctx.closed.is_set():
+            return
+        log.warning(
+            "rank %d: view %d failed and every member is alive: %s",
+            ctx.rank,
+            self.version,
+            failure.reason,
+        )
 
     def leave(self, reason: str) -> None:
         """This rank gives the view up while members may still run on it: poison it, no evidence.

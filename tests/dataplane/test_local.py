@@ -6,6 +6,7 @@ two data planes of one group in this process.
 
 from __future__ import annotations
 
+import logging
 import threading
 import weakref
 from datetime import timedelta
@@ -451,3 +452,35 @@ def test_a_view_installed_while_the_plane_closes_builds_nothing_after_close(
     started = [t.name for t in threading.enumerate() if t not in before and t is not installer]
     assert started == [], f"threads started after close: {started}"
     assert view.threads_alive() == [] and view.wait_threads_left(0.0)
+
+
+def test_an_operation_on_a_view_its_peer_moved_on_from_is_told_in_foldplanes_words(
+    make_plane, caplog
+) -> None:
+    """A survivor's view superseded under its operation: the peer installed view 2 and released
+    view 1's backend while this rank still ran an all-reduce on view 1, which fails (between
+    processes gloo ends it with its own text, "Connection closed by peer"; here its deadline
+    does). Every member is alive and the group moved on: that is what the rank says, at INFO
+    and in foldplane's words, not a warning that carries the operation's raw error (the slow
+    DDP recovery test reads a survivor's stderr for gloo's text; on the old code this test
+    read "view 1 failed and every member is alive: all_reduce ... did not complete")."""
+    a, b = make_plane(rank=0, world_size=2), make_plane(rank=1, world_size=2)
+    for plane in (a, b):
+        plane.install_view(1, [0, 1])
+    ready = [plane.process_group().barrier(async_op=True) for plane in (a, b)]
+    assert [w.wait() for w in ready] == [True, True]  # built and connected on both sides
+    first = b.current_view()
+    caplog.set_level(logging.INFO, logger="foldplane.agent.dataplane.view")
+    work = b.process_group().all_reduce(torch.ones(4), async_op=True)  # rank 0 never joins
+    a.install_view(2, [0, 1])  # ...it moved on: view 1's backend is released there
+    assert work.wait() is False
+    b.install_view(2, [0, 1])
+    assert first.wait_threads_left(10.0)
+    said = [r for r in caplog.records if r.name == "foldplane.agent.dataplane.view"]
+    loud = [r.getMessage() for r in said if r.levelno >= logging.WARNING]
+    assert not loud, loud
+    told = [r.getMessage() for r in said if "moved on" in r.getMessage()]
+    assert told == [
+        "rank 1: view 1 ended under this rank's operations, no member dead: the group moved "
+        "on to view 2 (ranks [0, 1])"
+    ], [r.getMessage() for r in said]
