@@ -15,7 +15,7 @@ everything else and copies only those.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from operator import attrgetter
 from typing import Any
 
@@ -159,7 +159,115 @@ class GroupCapture:
         return self.view.version if self.view is not None else 0
 
 
-def proposals_of(machine: Any) -> dict[int, Proposal]:
+class FoldChanges:
+    """What the fold's steps changed since the read model last took them (:meth:`take`): what
+    it must capture again. The fold notes them as it steps (``machine.py``, ``deadlines.py``)."""
+
+    __slots__ = ("groups", "beaten", "proposals")
+
+    def __init__(self) -> None:
+        #: groups a step other than a heartbeat may have changed: a record of membership's
+        #: that names the group, a tick that found a deadline of it due (every group on a
+        #: resumed tick). A facet's record changes no group (a facet never changes them), a
+        #: refused record nothing
+        self.groups: set[str] = set()
+        #: groups whose ranks' last beats a heartbeat record moved (nothing else of them)
+        self.beaten: set[str] = set()
+        #: proposals written (new or resolved), by id
+        self.proposals: set[int] = set()
+
+    def take(self) -> FoldChanges:
+        """What was noted since the last call (the read model's publisher is the one caller),
+        and nothing noted from now on."""
+        got = FoldChanges()
+        got.groups, self.groups = self.groups, set()
+        got.beaten, self.beaten = self.beaten, set()
+        got.proposals, self.proposals = self.proposals, set()
+        return got
+
+
+class Proposals(dict[int, Proposal]):
+    """The fold's proposals by id, in the order they came, each id written noted in its
+    :class:`FoldChanges`."""
+
+    __slots__ = ("_changes",)
+
+    def __init__(self, changes: FoldChanges) -> None:
+        super().__init__()
+        self._changes = changes
+
+    def __setitem__(self, key: int, value: Proposal) -> None:
+        self._changes.proposals.add(key)
+        dict.__setitem__(self, key, value)
+
+
+def proposals_of(machine: Any) -> Mapping[int, Proposal]:
     """Every proposal of the fold ``machine`` (a ``Coordinator``, which imports this module)
-    by id, in the order they came: read-only, the read model copies it."""
+    by id, in the order they came: read-only, the read model captures it."""
     return machine._proposals  # type: ignore[no-any-return]  # noqa: SLF001 - same package
+
+
+#: Proposal ids per page of :class:`ProposalPages` (what a written proposal copies).
+PAGE = 256
+
+
+class ProposalPages(Mapping[int, Proposal]):
+    """Every proposal by id, as captured, in pages of :data:`PAGE` ids: a capture after some
+    proposals were written (:meth:`with_written`) copies their pages and the page table and
+    shares every other page, so its cost does not grow with the proposals the job ever made.
+    Read-only; iterates in id order (the order the proposals came), ``reversed`` newest
+    first."""
+
+    __slots__ = ("_pages", "_len")
+
+    def __init__(self, pages: dict[int, dict[int, Proposal]], n: int) -> None:
+        self._pages = pages
+        self._len = n
+
+    @classmethod
+    def of(cls, proposals: Mapping[int, Proposal]) -> ProposalPages:
+        """Captured whole."""
+        pages: dict[int, dict[int, Proposal]] = {}
+        for pid in sorted(proposals):
+            pages.setdefault(pid // PAGE, {})[pid] = proposals[pid]
+        return cls(pages, len(proposals))
+
+    def with_written(self, proposals: Mapping[int, Proposal], ids: set[int]) -> ProposalPages:
+        """This capture with the proposals ``ids`` as ``proposals`` holds them now."""
+        if not ids:
+            return self
+        pages = dict(self._pages)
+        copied: set[int] = set()
+        n = self._len
+        for pid in sorted(ids):
+            k = pid // PAGE
+            if k not in copied:
+                old = pages.get(k)
+                pages[k] = {} if old is None else dict(old)
+                copied.add(k)
+            page = pages[k]
+            if pid not in page:
+                n += 1
+            page[pid] = proposals[pid]
+        return ProposalPages(pages, n)
+
+    def __getitem__(self, pid: int) -> Proposal:
+        if not isinstance(pid, int):
+            raise KeyError(pid)
+        page = self._pages.get(pid // PAGE)
+        if page is None:
+            raise KeyError(pid)
+        return page[pid]
+
+    def __iter__(self) -> Iterator[int]:
+        pages = self._pages
+        for k in sorted(pages):
+            yield from pages[k]
+
+    def __reversed__(self) -> Iterator[int]:
+        pages = self._pages
+        for k in sorted(pages, reverse=True):
+            yield from reversed(pages[k])
+
+    def __len__(self) -> int:
+        return self._len

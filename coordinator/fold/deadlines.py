@@ -17,6 +17,7 @@ from collections.abc import Callable
 from ...eventlog.record import Record
 from ...wire.inputs import TickInput
 from .barrier import ViewChange, stall_deadline
+from .capture import FoldChanges
 from .effects import (
     Effect,
     Proposal,
@@ -44,8 +45,12 @@ class Deadlines:
         ranks: Ranks,
         views: ViewChange,
         settle: Callable[[GroupState, Record, list[Effect]], None],
+        changes: FoldChanges,
     ) -> None:
         self._fold = fold
+        #: what the fold's steps changed (the read model takes them): a tick notes each group
+        #: whose deadline fell due (every group when it resumes)
+        self._changes = changes
         self._groups = groups
         self._proposals = proposals
         self._facets = facets
@@ -87,11 +92,13 @@ class Deadlines:
         now = self._fold.now
         if tick.resumed is True:
             self._resume()
+            self._changes.groups.update(self._groups)
         for name in sorted(self._groups):
             g = self._groups[name]
             due = self._group_deadline(g)
             if due is None or due > now:
                 continue
+            self._changes.groups.add(name)
             self._ranks.expire_heartbeats(g, record, effects)
             if g.window_end is not None and g.window_end <= now:
                 g.window_end = None

@@ -59,7 +59,7 @@ from ...wire.inputs import Input, decode
 from .admission import admission_problem
 from .barrier import ViewChange, note_stall
 from .budget import enforce_budget
-from .capture import GroupCapture
+from .capture import FoldChanges, GroupCapture, Proposals
 from .config import GroupConfig
 from .deadlines import Deadlines
 from .effects import Effect, GroupCreated, Proposal, Refused, View
@@ -105,7 +105,8 @@ class Coordinator:
         self._offset = 0
         self._now = 0
         self._groups: dict[str, GroupState] = {}
-        self._proposals: dict[int, Proposal] = {}
+        self.changes = FoldChanges()  # what its steps changed: the read model takes them
+        self._proposals = Proposals(self.changes)
         #: the facets (``registry.py``), in the fixed order their hooks run
         self.facets: tuple[Facet, ...] = tuple(p.fold() for p in self.composition.plugins)
         self._facet_named: dict[str, Facet] = {f.name: f for f in self.facets}
@@ -121,7 +122,7 @@ class Coordinator:
         self._queue = ProposalQueue(self, proposals, self._views, admission_problem)
         self._ending = GroupEnd(proposals, self._ranks)
         self._deadlines = Deadlines(
-            self, groups, proposals, facets, self._ranks, self._views, self._settle
+            self, groups, proposals, facets, self._ranks, self._views, self._settle, self.changes
         )
         self._transitions: dict[type[Input], Callable[[Any, Record, Any, list[Effect]], None]] = {
             cls: reduce(getattr, rule.split("."), self) for cls, rule in TRANSITIONS.items()
@@ -166,6 +167,7 @@ class Coordinator:
             now = self._now
         kind = record.kind
         if kind == "heartbeat":
+            self.changes.beaten.add(record.group)  # type: ignore[arg-type]
             return self._ranks.on_heartbeat(self._groups.get(record.group), record, now)  # type: ignore[arg-type]
         if kind == "tick":
             return self._deadlines.on_tick(record, decode(kind, record.payload))  # type: ignore[arg-type]
@@ -180,6 +182,7 @@ class Coordinator:
         if inp is None:  # accepted by a fast check, not decoded
             inp = decode(kind, record.payload)
         group = record.group
+        self.changes.groups.add(group)  # type: ignore[arg-type]
         self._transitions[type(inp)](self._groups.get(group), record, inp, effects)  # type: ignore[arg-type]
         if (g := self._groups.get(group)) is not None:  # type: ignore[arg-type]
             self._settle(g, record, effects)

@@ -11,6 +11,7 @@ never the live state, and nothing returned here refers to what the fold mutates.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from .capture import GroupCapture
@@ -54,7 +55,9 @@ def group_line(g: GroupCapture) -> dict[str, Any]:
     }
 
 
-def group_overview(g: GroupCapture, offset: int, proposals: dict[int, Proposal]) -> dict[str, Any]:
+def group_overview(
+    g: GroupCapture, offset: int, proposals: Mapping[int, Proposal]
+) -> dict[str, Any]:
     """The console's picture of one group as captured at ``offset`` (``proposals``: every
     proposal by id as of then, in the order they came)."""
     active = set(g.active)
@@ -126,14 +129,15 @@ def group_overview(g: GroupCapture, offset: int, proposals: dict[int, Proposal])
 
 
 def recent_proposals(
-    g: GroupCapture, proposals: dict[int, Proposal], n: int = PROPOSALS_SHOWN
+    g: GroupCapture, proposals: Mapping[int, Proposal], n: int = PROPOSALS_SHOWN
 ) -> list[Any]:
     """The group's latest ``n`` proposals that are no longer queued, newest first (the ones
     riding on the change in flight are still ``pending``)."""
     out = []
     queued = set(g.queue)
     group = g.name
-    for proposal in reversed(proposals.values()):
+    for pid in reversed(proposals):  # newest first (a dict, or the read model's pages)
+        proposal = proposals[pid]
         if proposal.group != group or proposal.id in queued:
             continue
         out.append(proposal_doc(proposal))

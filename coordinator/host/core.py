@@ -115,13 +115,11 @@ class HostCore:
         record and its effects. Raises :class:`FoldFailed` if the fold raises."""
         effects: list[Effect] = []
         step = self.machine.step
-        note = self.published.note
         for rec in records:
             try:
                 stepped = step(rec)
             except Exception as exc:
                 raise FoldFailed(rec.offset, exc) from exc
-            note(rec)
             if observe is not None:
                 observe(rec, stepped)
             effects.extend(stepped)

@@ -12,12 +12,14 @@ rows' write is awaited), ``host.reads`` is still the previous cycle's. Nothing i
 console's overview) is rendered once, when first asked, and shared by every later reader (who
 never edits it).
 
-**Cost per cycle** (copy-on-write, per group): a group is captured again only when a record of
-the cycle names it; a cycle of heartbeats alone copies only that group's last beats; a record
-that names no group (a tick, a facet's record) captures every group, since a deadline may move
-any of them. Every other group's read model, with whatever was rendered of it, is the previous
-cycle's, shared. The proposals are copied (a dict of frozen values) when any record other than
-a heartbeat was folded. ``python -m benchmarks reads`` measures it at 16,384 ranks.
+**Cost per cycle** (copy-on-write, proportional to what the cycle changed): the fold notes what
+its steps changed (``capture.FoldChanges``) and only that is captured again. A group is
+captured again when a record of the cycle named it or a tick's deadline for it fell due (every
+group on a resumed tick); a cycle of heartbeats alone copies only that group's last beats; a
+facet's record and a tick with nothing due capture no group. Every other group's read model,
+with whatever was rendered of it, is the previous cycle's, shared. The proposals are pages of
+ids (``capture.ProposalPages``): a written proposal copies its page and the page table, every
+other page is shared. ``python -m benchmarks reads`` measures it at 16,384 ranks.
 
 A facet's reads (``facet(name)``) are its own read model, which the facet publishes with the
 rest (``Facet.read_model``, ``coordinator/fold/facets.py``): an immutable value with the query
@@ -30,8 +32,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...eventlog.record import Record
-from ..fold.capture import GroupCapture, proposals_of
+from ..fold.capture import GroupCapture, ProposalPages, proposals_of
 from ..fold.config import GroupConfig
 from ..fold.effects import Proposal, View
 from ..fold.machine import Coordinator
@@ -67,7 +68,7 @@ class Reads:
         self,
         offset: int,
         groups: dict[str, GroupReads],
-        proposals: dict[int, Proposal],
+        proposals: ProposalPages,
         facets: dict[str, Any],
     ) -> None:
         self._offset = offset
@@ -147,55 +148,42 @@ class Reads:
 
 
 class ReadsPublisher:
-    """Builds each cycle's :class:`Reads` from the fold, capturing only the groups the cycle's
-    records changed (see the module docstring). The host :meth:`note` s each record it folds
-    and :meth:`publish` es once the cycle is carried out."""
+    """Builds each cycle's :class:`Reads` from the fold, capturing only what the cycle's
+    records changed (``capture.FoldChanges``; see the module docstring). The host
+    :meth:`publish` es once the cycle is carried out. The first model, made when the
+    publisher is, is captured whole."""
 
     def __init__(self, machine: Coordinator) -> None:
         self._machine = machine
-        #: groups a record named since the last publish (None: every group)
-        self._named: set[str] | None = None
-        #: groups heartbeat records named since then
-        self._beaten: set[str] = set()
-        self._proposals_moved = True
-        self.current = Reads(0, {}, {}, {})
-        self.publish()
+        self.current = Reads(0, {}, ProposalPages({}, 0), {})
+        self.current = self._capture_whole()
 
-    def note(self, record: Record) -> None:
-        """A record the fold just stepped: what it may have changed."""
-        group = record.group
-        if record.kind == "heartbeat":
-            if group is not None:
-                self._beaten.add(group)
-            return
-        self._proposals_moved = True
-        named = self._named
-        if named is None:
-            return
-        if group is None:
-            self._named = None
-        else:
-            named.add(group)
+    def _capture_whole(self) -> Reads:
+        machine = self._machine
+        groups = {name: GroupReads(GroupCapture(g)) for name, g in machine.group_states.items()}
+        proposals = ProposalPages.of(proposals_of(machine))
+        facets = {f.name: f.read_model(None) for f in machine.facets}
+        return Reads(machine.offset, groups, proposals, facets)
 
     def publish(self) -> Reads:
         """The read model of the fold as it stands now; ``current`` from now on."""
         machine = self._machine
-        before = self.current._groups  # noqa: SLF001 - the publisher builds Reads
-        named, beaten = self._named, self._beaten
-        groups: dict[str, GroupReads] = {}
-        for name, g in machine.group_states.items():
-            old = before.get(name)
-            if old is None or named is None or name in named:
-                groups[name] = GroupReads(GroupCapture(g))
-            elif name in beaten:
-                groups[name] = GroupReads(old.capture.with_beats(g))
-            else:
-                groups[name] = old
-        proposals = (
-            dict(proposals_of(machine)) if self._proposals_moved else self.current._proposals  # noqa: SLF001
-        )
-        facets_before = self.current._facets  # noqa: SLF001
+        before = self.current
+        changed = machine.changes.take()
+        states = machine.group_states
+        groups = before._groups  # noqa: SLF001 - the publisher builds Reads
+        if changed.groups or changed.beaten:
+            groups = dict(groups)
+            for name in changed.groups:
+                g = states.get(name)
+                if g is not None:
+                    groups[name] = GroupReads(GroupCapture(g))
+            for name in changed.beaten - changed.groups:
+                old, g = groups.get(name), states.get(name)
+                if old is not None and g is not None:
+                    groups[name] = GroupReads(old.capture.with_beats(g))
+        proposals = before._proposals.with_written(proposals_of(machine), changed.proposals)  # noqa: SLF001
+        facets_before = before._facets  # noqa: SLF001
         facets = {f.name: f.read_model(facets_before.get(f.name)) for f in machine.facets}
         self.current = Reads(machine.offset, groups, proposals, facets)
-        self._named, self._beaten, self._proposals_moved = set(), set(), False
         return self.current

@@ -97,7 +97,6 @@ def _published_equals_fresh(log: list[Record], rng: random.Random, what: str) ->
         at += len(batch)
         for rec in batch:
             machine.step(rec)
-            publisher.note(rec)
         published = publisher.publish()
         fresh = ReadsPublisher(machine).current
         assert _answers(published) == _answers(fresh), f"{what} at offset {machine.offset}"
@@ -173,7 +172,6 @@ class _Feed:
             self.offset += 1
             rec = Record(self.offset, T0 + self.offset, 1, kind, group, rank, payload, 0)
             self.machine.step(rec)
-            self.publisher.note(rec)
         return self.publisher.publish()
 
 
@@ -190,6 +188,8 @@ def _formed(feed: _Feed, group: str, n: int) -> None:
 
 
 def test_an_unchanged_group_is_shared_and_beats_alone_recapture_only_the_last_beats() -> None:
+    """What a cycle did not change is shared with the model before, rendered answers and all;
+    what it changed is captured again (``capture.FoldChanges``)."""
     feed = _Feed()
     _formed(feed, "a", 4)
     _formed(feed, "b", 4)
@@ -212,10 +212,21 @@ def test_an_unchanged_group_is_shared_and_beats_alone_recapture_only_the_last_be
     # the earlier model still says what it said
     assert before.group_status("a") is a_status
     assert a_status["ranks"][2]["last_heartbeat_ts"] != T0 + after.offset
-    # a record that names no group (a tick) may move any group: both are captured again
+    # a tick with no deadline due changes no group: both are shared, and the proposals too
+    a_now = after.group_status("a")
     ticked = feed.cycle(("tick", None, None, {}))
-    assert ticked.group_status("b") is not b_status
-    assert ticked.group_status("b") == b_status
+    assert ticked.group_status("b") is b_status and ticked.group_status("a") is a_now
+    assert ticked.proposal(1) is None and ticked._proposals is after._proposals  # noqa: SLF001
+    # a tick past a's heartbeat deadlines recaptures a alone (its silent ranks go OFFLINE)
+    feed.offset += 1
+    late = T0 + feed.offset + 3600 * S
+    feed.machine.step(Record(feed.offset, late, 1, "tick", None, None, {}, 0))
+    expired = feed.publisher.publish()
+    assert expired.group_status("a")["ranks"][0]["state"] == "OFFLINE"  # type: ignore[index]
+    assert expired.group_status("b") is not b_status  # b's deadlines fell due too
+    # a resumed tick restarts every group's deadlines: both are captured again
+    resumed = feed.cycle(("tick", None, None, {"resumed": True}))
+    assert resumed.group_status("a") is not expired.group_status("a")
 
 
 async def test_a_read_during_a_cycle_sees_the_previous_cycle(tmp_path: Path) -> None:
