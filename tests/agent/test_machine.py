@@ -6,7 +6,7 @@ from typing import Any, ClassVar, get_args
 
 import msgspec
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from foldplane.agent.machine import (
@@ -31,8 +31,10 @@ from foldplane.agent.machine import (
     MoveDataPlane,
     PollFailed,
     PollUpdates,
+    ProgressAnswered,
     RankStateChanged,
     Rejoin,
+    ReportProgress,
     SendEvent,
     SendEvents,
     ShutdownWithSave,
@@ -890,6 +892,9 @@ class _Views:
             full,
         )
 
+    def __repr__(self) -> str:
+        return f"_Views({self.now}, {self.offset}, {self.version}, {self.active}, {self.full})"
+
     def build(self, held: View | None) -> UpdatesReceived:
         participants = sorted(set(self.active) | set(held.active_ranks if held else ()))
         return updates(
@@ -899,8 +904,36 @@ class _Views:
         )
 
 
+class _Numbered:
+    """A facet's event (the toy facet's ``toy_add``; ``valid`` False: fields that do not fit its
+    Struct) or a progress report, numbered when it is fed, so that each answer names the one
+    input it answers."""
+
+    def __init__(self, now: float, progress: bool, valid: bool = True):
+        self.now, self.progress, self.valid = now, progress, valid
+
+    def __repr__(self) -> str:
+        what = "progress" if self.progress else "toy_add" if self.valid else "toy_add (not valid)"
+        return f"_Numbered({self.now}, {what})"
+
+    def build(self, number: int) -> ReportProgress | SendEvent:
+        if self.progress:
+            return ReportProgress(self.now, epoch=0, assignment=1, processed=number)
+        return SendEvent(
+            self.now, "toy_add", {"by": number if self.valid else str(number)}, AddEvent
+        )
+
+
 _lanes = st.sampled_from([EVENTS, BEATS])
 _inputs = st.one_of(
+    # half as often as the other inputs: a Close ends what the rest of the sequence exercises
+    st.builds(
+        lambda now, close: Close(now) if close else Tick(now),
+        st.floats(0, 100),
+        st.booleans(),
+    ),
+    st.builds(_Numbered, st.floats(0, 100), st.just(True)),
+    st.builds(_Numbered, st.floats(0, 100), st.just(False), st.integers(0, 5).map(bool)),
     st.builds(Tick, st.floats(0, 100)),
     st.builds(DataPlaneReady, st.floats(0, 100)),
     st.builds(EventsFailed, st.floats(0, 100), st.just("down"), _lanes),
@@ -918,7 +951,9 @@ _inputs = st.one_of(
         ),
         st.floats(0, 100),
         st.integers(0, 4),
-        st.sampled_from([None, None, "rank_busy", "stale_version", "rank_offline"]),
+        st.sampled_from(
+            [None, None, "rank_busy", "stale_version", "rank_offline", "invalid_event"]
+        ),
         _lanes,
     ),
     st.builds(
@@ -932,20 +967,65 @@ _inputs = st.one_of(
 )
 
 
-@settings(max_examples=200, deadline=None)
-@given(st.lists(_inputs, max_size=30))
-def test_invariants_hold_for_any_input_sequence(inputs):
+@settings(max_examples=300, deadline=None)
+@given(st.booleans(), st.lists(_inputs, max_size=30))
+# always: a report and a facet's event queued behind a batch in flight when Close comes
+@example(
+    True,
+    [
+        LinkEvidence(0.5, 1, {0: "down"}),
+        _Numbered(0.6, progress=True),
+        _Numbered(0.6, progress=False),
+        Close(0.7),
+        EventsAnswered(0.8, ({"offset": 20},), EVENTS),
+    ],
+)
+def test_invariants_hold_for_any_input_sequence(from_joined, inputs):
     """One batch in flight at most in each lane, and only beats in the beat lane; nothing but
-    a join before joining; offsets never go back; committed versions never go back; each
-    version ACKed at most once."""
-    m = machine()
-    m.step(Start(0.0))
-    in_flight = {EVENTS: True, BEATS: False}
+    a join before joining (or the exit after a join appended once Close came); offsets never go
+    back; committed versions never go back; each version ACKed at most once. With Close,
+    facets' events and progress reports among the inputs: a progress report is first sent only
+    once joined, and one at most is new in a batch (one that failed goes again beside its newer
+    replacement); it is answered at once when there is no join to report for; once closing,
+    nothing new but ``exit`` is sent and a facet's event is answered at once; once stopped,
+    nothing comes out; every answer names an event that was fed, and none is answered twice.
+    Half the sequences start from a joined machine (nothing in flight), so that what follows a
+    join is reached as often as the join itself."""
+    if from_joined:
+        m = joined()
+        in_flight = {EVENTS: False, BEATS: False}
+    else:
+        m = machine()
+        m.step(Start(0.0))
+        in_flight = {EVENTS: True, BEATS: False}
     after, version, acked = 0, 0, []
-    for item in inputs:
-        event = item.build(m.view) if isinstance(item, _Views) else item
-        was_joined = m.joined
+    fed: set[tuple[str, Any]] = set()
+    answered: list[tuple[str, Any]] = []
+    ever_sent: set[bytes] = set()
+    for number, item in enumerate(inputs):
+        if isinstance(item, _Views):
+            event = item.build(m.view)
+        elif isinstance(item, _Numbered):
+            event = item.build(number)
+        else:
+            event = item
+        was_joined, was_phase = m.joined, m.phase
         actions = m.step(event)
+        if was_phase == "stopped":
+            assert actions == [], f"a stopped machine acted on {event}"
+        if isinstance(event, ReportProgress):
+            fed.add(("progress", event.processed))
+            if was_phase != "joined" and was_phase != "stopped":
+                assert ProgressAnswered(0, 1, event.processed, "not_joined", was_phase) in actions
+        if isinstance(event, SendEvent):
+            fed.add(("toy_add", event.fields["by"]))
+            if was_phase == "closing":
+                assert [a.error for a in actions if isinstance(a, EventAnswered)] == ["not_joined"]
+        for action in actions:
+            if isinstance(action, ProgressAnswered):
+                answered.append(("progress", action.processed))
+            elif isinstance(action, EventAnswered):
+                answered.append((action.kind, action.fields["by"]))
         if isinstance(event, EventsAnswered | EventsFailed):
             in_flight[event.lane] = False
         for lane in (EVENTS, BEATS):
@@ -955,14 +1035,27 @@ def test_invariants_hold_for_any_input_sequence(inputs):
                 continue
             assert not in_flight[lane], f"a second batch in {lane} while one is in flight"
             in_flight[lane] = True
-            types = {EVENT_KINDS[type(e)] for e in batches[0].events}
+            kinds_sent = [EVENT_KINDS.get(type(e), "toy_add") for e in batches[0].events]
+            types = set(kinds_sent)
             if lane == BEATS:
                 assert types == {"heartbeat"} and len(batches[0].events) == 1
                 assert m.joined and was_joined
             else:
                 assert "heartbeat" not in types
-                if not was_joined and not m.joined:
+                if not was_joined and not m.joined and m.phase != "closing":
                     assert types <= {"join"}
+                # a batch that failed is sent again as it was: "new" is what was never sent
+                new = [
+                    kind
+                    for kind, e in zip(kinds_sent, batches[0].events, strict=True)
+                    if msgspec.json.encode(e) not in ever_sent
+                ]
+                if "progress" in new:
+                    assert was_joined or m.joined
+                    assert new.count("progress") == 1, kinds_sent
+                if m.phase == "closing":
+                    assert set(new) <= {"exit"}, kinds_sent
+                ever_sent.update(msgspec.json.encode(e) for e in batches[0].events)
                 acked += [e.version for e in batches[0].events if type(e) is AckEvent]
         assert m.after >= after
         after = m.after
@@ -970,6 +1063,8 @@ def test_invariants_hold_for_any_input_sequence(inputs):
         assert current >= version
         version = current
     assert len(acked) == len(set(acked))
+    assert set(answered) <= fed, set(answered) - fed
+    assert len(answered) == len(set(answered)), answered
 
 
 def test_the_same_store_address_with_a_new_id_is_another_store_and_the_data_plane_moves():
