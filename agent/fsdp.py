@@ -367,18 +367,33 @@ def plain_group(backend: Any, store: dist.Store, rank: int, size: int) -> dist.P
 def register_group(pg: dist.ProcessGroup, backend: str, name: str, global_ranks: list[int]) -> None:
     """Make ``pg`` known to torch (``dist.*(group=pg)``, DeviceMesh) with its global ranks
     (``global_ranks[i]`` is the group's rank ``i``), under the unique ``name``."""
-    from torch.distributed.distributed_c10d import _register_pg_in_world
+    from torch.distributed import distributed_c10d as c10d
 
     pg._set_group_name(name)
-    _register_pg_in_world(
-        pg,
-        backend_name=backend,
-        store=dist.HashStore(),
-        group_name=name,
-        backend_config=f"{'cuda' if backend == 'nccl' else 'cpu'}:{backend}",
-        rank_mapping={g: i for i, g in enumerate(global_ranks)},
-        add_to_default_tag=True,
-    )
+    config = f"{'cuda' if backend == 'nccl' else 'cpu'}:{backend}"
+    ranks = {g: i for i, g in enumerate(global_ranks)}
+    if hasattr(c10d, "_register_pg_in_world"):  # torch >= 2.13
+        c10d._register_pg_in_world(
+            pg,
+            backend_name=backend,
+            store=dist.HashStore(),
+            group_name=name,
+            backend_config=config,
+            rank_mapping=ranks,
+            add_to_default_tag=True,
+        )
+        return
+    # torch 2.11 and 2.12 have no helper: the same tables, as their new_group fills them
+    world = c10d._world
+    world.pg_map[pg] = (backend, dist.HashStore())
+    world.pg_names[pg] = name
+    c10d._register_process_group(name, pg)
+    world.pg_backend_config[pg] = config
+    world.pg_group_ranks[pg] = ranks
+    tag = f"ptd:{name}"
+    world.tags_to_pg.setdefault("", []).append(pg)
+    world.tags_to_pg.setdefault(tag, []).append(pg)
+    world.pg_to_tag[pg] = tag
 
 
 class ElasticFSDP(ElasticStep):
