@@ -318,17 +318,15 @@ in the slow suite, foldplane's wheel installed by a plain `pip install` into a n
 holding torch 2.14.1 leaves it there
 (`tests/test_install.py::test_the_wheel_keeps_the_users_torch_and_a_users_own_modules_do_not_break_it`);
 and `scripts/torch-run` checks the same for the release it runs (below).
-It is tested with torch 2.13 through 2.15 (`foldplane.agent.torch_range.TESTED`): 2.13 and
-2.14 in CI, 2.15 in a recorded run. torch 2.11 and 2.12 install (the floor is 2.11, so an
-environment holding one keeps it) but no suite has run on them yet, so they get the warning
-too; a recorded run (`scripts/torch-run 2.11.0`) or the GPU machine's check would add them. A worker
+It is tested with torch 2.11 through 2.15 (`foldplane.agent.torch_range.TESTED`): 2.13 and
+2.14 in CI; 2.11, 2.12 and 2.15 in recorded runs (below). A worker
 with a torch outside that range runs, and gets one warning per process when foldplane's data
 plane (`foldplane.agent.dataplane`: what an `Agent`'s process group and
 `init_process_group("foldplane")` load, the first foldplane module that imports torch) is
 imported:
 
 ```
-TorchVersionWarning: foldplane is tested with torch 2.13 through 2.15, and torch 2.16.0 is
+TorchVersionWarning: foldplane is tested with torch 2.11 through 2.15, and torch 2.16.0 is
 installed: it may work, but no suite has run on it (docs/torch-compat.md#torch-versions)
 ```
 
@@ -340,7 +338,8 @@ silences it).
 | 2.14.1 (the CUDA build, NCCL 2.30.7, run on the CPU) | CI and the development machines: the README's `.venv` (`constraints-dev.txt`) | the default and slow suites (the slow suite runs the demo, `tests/agent/test_demo.py`, and the examples, `tests/agent/test_example.py`, `tests/fsdp/test_example.py`, `tests/agent/test_torchrun.py`); torch's backend suite (this page) |
 | 2.13.0+cpu | CI: `.venv-2.13` (`constraints-2.13.txt`) | the default suite; torch's backend suite (this page) |
 | 2.15.0 | `scripts/torch-run 2.15.0`, by hand (it downloads about 4 GB; never in CI) | foldplane's install beside it, the default suite and torch's reconfigure contract ([recorded runs](#recorded-runs-on-other-releases)) |
-| 2.11.0+cu130 (NCCL 2.28.9) | the GPU machine | `tests/gpu` and `python -m benchmarks gpu` through `scripts/gpu-check` ([gpu.md](gpu.md)); no run is recorded yet in [gpu-runs/](gpu-runs/), so 2.11 is not in the tested range |
+| 2.11.0, 2.12.1 | `scripts/torch-run 2.11.0`, `scripts/torch-run 2.12.1`, by hand (about 4 GB each) | foldplane's install beside it and the default suite ([recorded runs](#recorded-runs-on-other-releases)); torch's reconfigure contract is skipped there (no reconfigure API before 2.14) |
+| 2.11.0+cu130 (NCCL 2.28.9) | the GPU machine | `tests/gpu` and `python -m benchmarks gpu` through `scripts/gpu-check` ([gpu.md](gpu.md)); no run is recorded yet in [gpu-runs/](gpu-runs/) |
 
 ### What each version gives
 
