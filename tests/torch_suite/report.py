@@ -279,9 +279,9 @@ def _torch_runs(records: list[dict[str, Any]]) -> list[str]:
     if not records:
         return [*lines, "No run is recorded yet.", ""]
     lines += [
-        "| date | torch | NCCL | Python | foldplane's install | run | passed | failed | error "
-        "| skipped | seconds | failures |",
-        "|---|---|---|---|---|---|---:|---:|---:|---:|---:|---|",
+        "| date (UTC) | commit | torch | NCCL | Python | foldplane's install | run | passed "
+        "| failed | error | skipped | seconds | failures |",
+        "|---|---|---|---|---|---|---|---:|---:|---:|---:|---:|---|",
     ]
     for rec in records:
         v = rec["versions"]
@@ -297,7 +297,8 @@ def _torch_runs(records: list[dict[str, Any]]) -> list[str]:
                 else ("replaced torch" if install else "–")
             )
             lines.append(
-                f"| [{rec['date'][:10]}](torch-runs/{rec['file']}) | {v['torch']} "
+                f"| [{rec['date'][:10]} {rec['date'][11:16]}](torch-runs/{rec['file']}) "
+                f"| {rec.get('commit', '')[:7] or '–'} | {v['torch']} "
                 f"| {v.get('nccl') or '–'} | {v['python']} | {kept} | {r['run']} | {c['passed']} "
                 f"| {c['failed']} | {c['error']} | {c['skipped']} | {r['seconds']:.0f} "
                 f"| {failures} |"

@@ -80,7 +80,7 @@ def test_each_torch_version_has_its_runs_and_the_changes_between_them_are_listed
 
 def test_the_recorded_runs_on_other_releases_are_listed_with_their_failures() -> None:
     record = {
-        "date": "2026-12-06T23:00:00Z", "file": "2026-12-06-torch-2.15.0.json",
+        "date": "2026-12-06T23:00:00Z", "file": "2026-12-06-torch-2.15.0.json", "commit": "58f5953567",
         "versions": {"torch": "2.15.0+cu132", "nccl": "2.30.7", "python": "3.11.7"},
         "install": {"torch_before_foldplane": "2.15.0+cu132", "torch_after_foldplane": "2.15.0+cu132"},
         "runs": [{"run": "default", "seconds": 612.4, "cut_at_limit_s": None,
@@ -89,7 +89,8 @@ def test_the_recorded_runs_on_other_releases_are_listed_with_their_failures() ->
     }  # fmt: skip
     text = report.render([_run("gloo", [{"test": "t", "outcome": "passed"}])], [record])
     assert (
-        "| [2026-12-06](torch-runs/2026-12-06-torch-2.15.0.json) | 2.15.0+cu132 | 2.30.7 | 3.11.7 "
+        "| [2026-12-06 23:00](torch-runs/2026-12-06-torch-2.15.0.json) | 58f5953 | 2.15.0+cu132 "
+        "| 2.30.7 | 3.11.7 "
         "| kept torch 2.15.0+cu132 | default | 10 | 1 | 0 | 2 | 612 | `tests/x.py::test_y` |"
     ) in text
     assert "No run is recorded yet." in report.render([_run("gloo", [])], [])
