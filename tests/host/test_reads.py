@@ -313,3 +313,13 @@ async def test_a_failed_carry_out_stops_the_host_instead_of_admitting_on_a_laggi
         assert later.value.code == CARRY_OUT_FAILED
     finally:
         await host.close()
+
+
+def test_a_facet_without_a_read_model_is_named_when_the_host_starts() -> None:
+    class Bare:
+        name = "bare"
+
+    machine = Coordinator()
+    machine.facets = (*machine.facets, Bare())  # type: ignore[assignment]
+    with pytest.raises(TypeError, match="facet 'bare' publishes no read model"):
+        ReadsPublisher(machine)
