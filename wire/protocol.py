@@ -218,93 +218,9 @@ class ProgressEvent(
     rate: Annotated[float, Meta(ge=0, le=1e12)] | None = None
 
 
-# -- weight refits (docs/refit.md) -----------------------------------------------------------
-
-#: A refit's name (``POST /refits``), and a plan digest: sha256 in lowercase hex.
-RefitName = Annotated[str, Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$")]
-Digest = Annotated[str, Meta(pattern=r"^[0-9a-f]{64}$")]
-RefitEpoch = Annotated[int, Meta(ge=1, le=2**62)]
-#: A transfer's key: printable ASCII without spaces.
-TransferKey = Annotated[str, Meta(pattern=r"^[\x21-\x7e]{1,128}$")]
-#: A bootstrap is flat: the data plane's rendezvous (a store address, a prefix, an NCCL unique
-#: id in hex), at most 16 values, each short (the fold also bounds its encoded size).
-BootstrapValue = (
-    Annotated[str, Meta(max_length=1024)] | Annotated[int, Meta(ge=-(2**63), le=2**63 - 1)]
-)
-FlatBootstrap = Annotated[
-    dict[Annotated[str, Meta(max_length=64)], BootstrapValue], Meta(max_length=16)
-]
-
-
-class RefitJoinEvent(
-    AgentEventBase, tag="refit_join", kw_only=True, omit_defaults=True, forbid_unknown_fields=True
-):
-    """This worker takes ``slot`` of its group's side of ``refit`` in ``epoch``, holding the
-    plan whose digest is ``digest`` (``wire.refit.ReshardPlan.digest``). Publisher slot 0 may
-    offer the epoch's ``bootstrap`` with its join: the fold publishes it to the members in the
-    step that admits the epoch, saving the separate ``refit_bootstrap`` round trip."""
-
-    refit: RefitName
-    epoch: RefitEpoch
-    slot: Annotated[int, Meta(ge=0, le=65_535)]
-    digest: Digest
-    bootstrap: FlatBootstrap | None = None
-
-
-class RefitBootstrapEvent(
-    AgentEventBase,
-    tag="refit_bootstrap",
-    kw_only=True,
-    omit_defaults=True,
-    forbid_unknown_fields=True,
-):
-    """Refit rank 0 publishes the data plane's rendezvous of an admitted epoch."""
-
-    refit: RefitName
-    epoch: RefitEpoch
-    bootstrap: FlatBootstrap
-
-
-class TransferEvent(
-    AgentEventBase, tag="transfer", kw_only=True, omit_defaults=True, forbid_unknown_fields=True
-):
-    """Start (or, after a failure, retry) the transfer ``key`` in the admitted ``epoch``."""
-
-    refit: RefitName
-    epoch: RefitEpoch
-    key: TransferKey
-
-
-class TransferStatusEvent(
-    AgentEventBase,
-    tag="transfer_status",
-    kw_only=True,
-    omit_defaults=True,
-    forbid_unknown_fields=True,
-):
-    """This member's outcome of ``attempt`` of transfer ``transfer``."""
-
-    refit: RefitName
-    epoch: RefitEpoch
-    transfer: Annotated[int, Meta(ge=1, le=2**62)]
-    attempt: Annotated[int, Meta(ge=1, le=2**62)]
-    status: Annotated[str, Meta(pattern="^(done|failed)$")]
-    detail: Annotated[str, Meta(max_length=1000)] = ""
-
-
-AgentEvent = (
-    JoinEvent
-    | HeartbeatEvent
-    | LinksEvent
-    | AckEvent
-    | ExitEvent
-    | ProgressEvent
-    | RefitJoinEvent
-    | RefitBootstrapEvent
-    | TransferEvent
-    | TransferStatusEvent
-)
-#: The protocol's own events: membership's, and those of the facets foldplane ships.
+AgentEvent = JoinEvent | HeartbeatEvent | LinksEvent | AckEvent | ExitEvent | ProgressEvent
+#: The protocol's own events: membership's, and the epochs facet's ``progress`` (a facet declares
+#: its own in its folder, ``facets/refits/protocol.py``).
 PROTOCOL_EVENTS: tuple[type[AgentEventBase], ...] = (
     JoinEvent,
     HeartbeatEvent,
@@ -312,10 +228,6 @@ PROTOCOL_EVENTS: tuple[type[AgentEventBase], ...] = (
     AckEvent,
     ExitEvent,
     ProgressEvent,
-    RefitJoinEvent,
-    RefitBootstrapEvent,
-    TransferEvent,
-    TransferStatusEvent,
 )
 #: The events of membership itself; the agent answers every other kind to its sender
 #: (``agent.machine``: a facet's event, a refit's).

@@ -35,8 +35,6 @@ from .ranks import RankSetField
 #: The audiences of an update: which journals it is published to.
 GROUP = "every rank of the group"
 OWN_RANK = "the rank it names (`rank`)"
-REFIT_GROUPS = "every rank of the refit's publisher and subscriber groups"
-REFIT_MEMBERS = "the refit epoch's admitted members only"
 
 
 class Update(Struct, frozen=True, kw_only=True, tag_field="type", omit_defaults=True):
@@ -176,61 +174,6 @@ class EpochCompleteUpdate(Update, frozen=True, kw_only=True, tag="epoch_complete
     epoch: int
 
 
-# -- weight refits (docs/refit.md) ------------------------------------------------------------
-
-
-class RefitEpochUpdate(Update, frozen=True, kw_only=True, tag="refit_epoch"):
-    """A refit's epoch, whole, each time its ``status`` changes: ``waiting`` (slots may join
-    until ``deadline_ts``), ``admitted`` (with the plan's ``digest``, the data plane's
-    ``lanes`` and each side's ranks by slot), ``timed_out`` (``missing`` names the slots that
-    never joined). ``cause`` says why the epoch began; ``lost`` names the member whose loss
-    began it (``[side, slot]``), if one did. ``groups``: the publisher and the subscriber
-    group."""
-
-    audience: ClassVar[str] = REFIT_GROUPS
-
-    refit: str
-    groups: tuple[str, str]
-    epoch: int
-    status: str
-    cause: str
-    deadline_ts: int | None
-    digest: str | None
-    lanes: int
-    publisher_ranks: tuple[int, ...]
-    subscriber_ranks: tuple[int, ...]
-    missing: tuple[str, ...]
-    lost: tuple[str, int] | None = None
-
-
-class TransferUpdate(Update, frozen=True, kw_only=True, tag="transfer"):
-    """A transfer, whole, each time it changes: ``running`` (``attempt`` in refit epoch
-    ``epoch``, due by ``deadline_ts``), ``completed`` (final) or ``failed`` (``detail`` says
-    who or what)."""
-
-    audience: ClassVar[str] = REFIT_GROUPS
-
-    refit: str
-    groups: tuple[str, str]
-    transfer: int
-    key: str
-    attempt: int
-    epoch: int
-    status: str
-    detail: str
-    deadline_ts: int | None
-
-
-class RefitBootstrapUpdate(Update, frozen=True, kw_only=True, tag="refit_bootstrap"):
-    """The data plane's rendezvous of refit epoch ``epoch`` (a flat object)."""
-
-    audience: ClassVar[str] = REFIT_MEMBERS
-
-    refit: str
-    epoch: int
-    bootstrap: dict[str, Any]
-
-
 #: Every update an agent may receive: decode with this union, dispatch on the class.
 AgentUpdate = (
     ViewPrepareUpdate
@@ -241,9 +184,6 @@ AgentUpdate = (
     | DataAssignmentUpdate
     | DataMovesUpdate
     | EpochCompleteUpdate
-    | RefitEpochUpdate
-    | TransferUpdate
-    | RefitBootstrapUpdate
 )
 
 #: The updates that name the one rank they are for (the rest are the group's).
@@ -381,10 +321,7 @@ __all__ = [
     "EpochPlanUpdate",
     "RankSetDelta",
     "RankStateUpdate",
-    "RefitBootstrapUpdate",
-    "RefitEpochUpdate",
     "ShutdownUpdate",
-    "TransferUpdate",
     "PROTOCOL_UPDATES",
     "UPDATE_TYPES",
     "Update",

@@ -44,6 +44,7 @@ from foldplane.agent.machine import (
     Tick,
     UpdatesReceived,
 )
+from foldplane.facets.refits.protocol import RefitBootstrapUpdate, RefitEpochUpdate, TransferUpdate
 from foldplane.wire.protocol import (
     CAUSE_DEATH_REPORTED,
     EVENT_KINDS,
@@ -65,10 +66,7 @@ from foldplane.wire.updates import (
     EpochCompleteUpdate,
     EpochPlanUpdate,
     RankStateUpdate,
-    RefitBootstrapUpdate,
-    RefitEpochUpdate,
     ShutdownUpdate,
-    TransferUpdate,
     Update,
     ViewCommittedUpdate,
     ViewPrepareUpdate,
