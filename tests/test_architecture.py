@@ -338,3 +338,27 @@ def test_importing_a_facet_package_loads_none_of_its_server_side() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split("\n")[:2] == ["[]", "refits"], done.stdout
+
+
+def test_the_worker_side_loads_of_a_facet_its_protocol_only() -> None:
+    """An agent reads the facets' Structs from their ``protocol`` modules (``agent/facets.py``):
+    importing the agent loads those and nothing else of a facet, and nothing of the server."""
+    code = (
+        "import sys, foldplane.agent.host, foldplane.agent.relay, foldplane.agent.facets as f; "
+        "print(sorted(m for m in sys.modules if m.startswith(('foldplane.coordinator', "
+        "'foldplane.api', 'foldplane.facets.')))); "
+        "print(sorted(c.__struct_config__.tag for c in f.FACET_EVENTS))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    loaded, events = done.stdout.strip().split("\n")[-2:]
+    # the facets' packages (their declarations are loaded only when asked for) and one module
+    modules = [
+        m
+        for m in ast.literal_eval(loaded)
+        if m.count(".") > 2 or not m.startswith("foldplane.facets")
+    ]
+    assert modules == ["foldplane.facets.refits.protocol"], loaded
+    assert events == str(["refit_bootstrap", "refit_join", "transfer", "transfer_status"])
