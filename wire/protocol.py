@@ -392,8 +392,8 @@ def links_down(payload: Mapping[str, Any], world_size: int) -> frozenset[int]:
 
 class View(Struct, frozen=True, kw_only=True):
     """A committed group view. ``cause`` is ``{"kind", "proposals", "detail"}`` where kind is
-    ``formation``, ``proposal``, ``auto_deactivation``, ``view_retry``, ``view_failed`` or
-    ``reconfigure`` (torch's reconfigure, which adds ``uuid`` and ``order``: the members in the
+    ``formation``, ``proposal``, ``exit`` (it removes ranks that exited cleanly, and only
+    those), ``auto_deactivation``, ``view_retry``, ``view_failed`` or ``reconfigure`` (torch's reconfigure, which adds ``uuid`` and ``order``: the members in the
     order of their handles; ``active_ranks`` stays sorted)."""
 
     group: str
