@@ -27,6 +27,12 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ..facets.epochs.protocol import (
+    DataAssignmentUpdate,
+    DataMovesUpdate,
+    EpochCompleteUpdate,
+    EpochPlanUpdate,
+)
 from ..facets.refits import protocol as refit_protocol
 from ..wire.codes import (
     APPLIED,
@@ -38,12 +44,6 @@ from ..wire.codes import (
     REJECTED,
     TERMINAL,
     error_body,
-)
-from ..wire.updates import (
-    DataAssignmentUpdate,
-    DataMovesUpdate,
-    EpochCompleteUpdate,
-    EpochPlanUpdate,
 )
 from . import facets
 from .client import (

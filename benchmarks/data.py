@@ -67,7 +67,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from ..wire.updates import DataAssignmentUpdate, DataMovesUpdate
+from ..facets.epochs.protocol import DataAssignmentUpdate, DataMovesUpdate
 from .harness import Result, lower_is_better_ratio, median
 from .kit.kills import time_recovery
 from .kit.service import Service

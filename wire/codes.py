@@ -129,7 +129,7 @@ INVALID_CONFIG = _declare(
 COMPACTED = _declare(
     "compacted", 422, "refusal", "the story asks for records the log has compacted away"
 )
-#: Epoch plans (``wire.data``, docs/data.md).
+#: Epoch plans (``facets.epochs.cursor``, docs/data.md).
 UNKNOWN_EPOCH = _declare(
     "unknown_epoch",
     404,

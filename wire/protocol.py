@@ -201,33 +201,15 @@ class ExitEvent(AgentEventBase, tag="exit", kw_only=True, omit_defaults=True):
     pass
 
 
-#: The largest dataset an epoch plan may name, and so the largest position or count.
-MAX_DATASET = 2**48
-
-
-class ProgressEvent(
-    AgentEventBase, tag="progress", kw_only=True, omit_defaults=True, forbid_unknown_fields=True
-):
-    """How far this rank has read its part of the open epoch (``wire.data``): ``processed``
-    positions from the front of its sequence, against the assignment it holds; ``rate`` is
-    what it measured (positions a second), the weight of a throughput split."""
-
-    epoch: Annotated[int, Meta(ge=0, le=MAX_DATASET)]
-    assignment: Annotated[int, Meta(ge=1, le=2**62)]
-    processed: Annotated[int, Meta(ge=0, le=MAX_DATASET)]
-    rate: Annotated[float, Meta(ge=0, le=1e12)] | None = None
-
-
-AgentEvent = JoinEvent | HeartbeatEvent | LinksEvent | AckEvent | ExitEvent | ProgressEvent
-#: The protocol's own events: membership's, and the epochs facet's ``progress`` (a facet declares
-#: its own in its folder, ``facets/refits/protocol.py``).
+AgentEvent = JoinEvent | HeartbeatEvent | LinksEvent | AckEvent | ExitEvent
+#: The protocol's own events: membership's (a facet declares its own in its folder, its
+#: ``protocol.py``: ``facets/epochs/``' ``progress``, ``facets/refits/``' four).
 PROTOCOL_EVENTS: tuple[type[AgentEventBase], ...] = (
     JoinEvent,
     HeartbeatEvent,
     LinksEvent,
     AckEvent,
     ExitEvent,
-    ProgressEvent,
 )
 #: The events of membership itself; the agent answers every other kind to its sender
 #: (``agent.machine``: a facet's event, a refit's).

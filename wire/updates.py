@@ -121,73 +121,11 @@ class ShutdownUpdate(Update, frozen=True, kw_only=True, tag="shutdown_with_save"
     checkpoint_rank: int | None
 
 
-# -- epoch plans (docs/data.md) ---------------------------------------------------------------
-
-
-class EpochPlanUpdate(Update, frozen=True, kw_only=True, tag="epoch_plan"):
-    """Epoch ``epoch`` was planned over view ``version``: the plan, every field explicit (a
-    ratios split's ``partition_ratios`` stay in the log)."""
-
-    group: str
-    version: int
-    epoch: int
-    dataset_size: int
-    seed: int
-    shuffle: bool
-    split: str
-    grain: int
-    lookahead: int
-    reclaim: bool
-
-
-class DataAssignmentUpdate(Update, frozen=True, kw_only=True, tag="data_assignment"):
-    """A rank's whole part of ``epoch`` as of decision ``assignment``: how many positions of its
-    sequence were reported ``processed``, and the ``(start, length)`` segments it still holds,
-    in reading order. Sent at the plan, in a resync and to a new incarnation."""
-
-    audience: ClassVar[str] = OWN_RANK
-
-    group: str
-    rank: int
-    epoch: int
-    assignment: int
-    processed: int
-    remaining: tuple[tuple[int, int], ...]
-
-
-class DataMovesUpdate(Update, frozen=True, kw_only=True, tag="data_moves"):
-    """Decision ``assignment`` of ``epoch``, once for the group: ``moves``
-    (``[from_rank, to_rank, start, length]``, in the order they apply) and ``reported``, the
-    ranks whose cursor is then the end of what they kept (``wire.data.apply_moves``)."""
-
-    group: str
-    epoch: int
-    assignment: int
-    moves: tuple[tuple[int, int, int, int], ...]
-    reported: tuple[int, ...]
-
-
-class EpochCompleteUpdate(Update, frozen=True, kw_only=True, tag="epoch_complete"):
-    """Every position of ``epoch`` was reported processed, exactly once."""
-
-    group: str
-    epoch: int
-
-
 #: Every update an agent may receive: decode with this union, dispatch on the class.
-AgentUpdate = (
-    ViewPrepareUpdate
-    | ViewCommittedUpdate
-    | RankStateUpdate
-    | ShutdownUpdate
-    | EpochPlanUpdate
-    | DataAssignmentUpdate
-    | DataMovesUpdate
-    | EpochCompleteUpdate
-)
+AgentUpdate = ViewPrepareUpdate | ViewCommittedUpdate | RankStateUpdate | ShutdownUpdate
 
 #: The updates that name the one rank they are for (the rest are the group's).
-_ADDRESSED = (RankStateUpdate, DataAssignmentUpdate)
+_ADDRESSED = (RankStateUpdate,)
 
 _encode = msgspec.json.Encoder().encode
 
@@ -315,10 +253,6 @@ def encode(update: Update) -> bytes:
 
 __all__ = [
     "AgentUpdate",
-    "DataAssignmentUpdate",
-    "DataMovesUpdate",
-    "EpochCompleteUpdate",
-    "EpochPlanUpdate",
     "RankSetDelta",
     "RankStateUpdate",
     "ShutdownUpdate",

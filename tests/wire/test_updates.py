@@ -26,6 +26,7 @@ from foldplane.coordinator.fold.effects import (
     ViewPrepare,
 )
 from foldplane.coordinator.host.ready import HostState, ReadyBuilder
+from foldplane.facets.epochs import protocol as epochs_protocol
 from foldplane.facets.epochs import updates as epoch_updates
 from foldplane.facets.epochs.effects import (
     AssignmentChanged,
@@ -221,7 +222,7 @@ def test_an_update_of_a_type_this_reader_does_not_know_is_left_out() -> None:
     known = {"offset": 3, "type": "epoch_complete", "group": "g", "epoch": 0}
     newer = {"offset": 4, "type": "from_a_newer_revision", "group": "g"}
     assert decode_updates([known, newer]) == [
-        wire_updates.EpochCompleteUpdate(offset=3, group="g", epoch=0)
+        epochs_protocol.EpochCompleteUpdate(offset=3, group="g", epoch=0)
     ]
 
 
@@ -250,7 +251,9 @@ def test_the_updates_that_name_their_reader() -> None:
     )
     assert wire_updates.addressed_rank(s) == 3
     assert (
-        wire_updates.addressed_rank(wire_updates.EpochCompleteUpdate(offset=1, group="g", epoch=0))
+        wire_updates.addressed_rank(
+            epochs_protocol.EpochCompleteUpdate(offset=1, group="g", epoch=0)
+        )
         is None
     )
 
