@@ -185,7 +185,7 @@ class _Trial:
         self.lines = Lines()
         service.create_group(group, WORLD)
         self.launcher = service.launch(
-            [sys.executable, __file__, "worker", str(self.out), str(size), str(batch),
+            [sys.executable, "-m", __name__, "worker", str(self.out), str(size), str(batch),
              ",".join(str(c) for c in costs), split, str(LOOKAHEAD_BATCHES * batch),
              str(epochs)],
             group, range(WORLD), self.lines.follow, stdin=subprocess.PIPE,
