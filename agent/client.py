@@ -34,7 +34,8 @@ from ..wire.codes import (
     error_body,
 )
 from ..wire.protocol import FEATURES, PROTOCOL, AgentEventBase
-from ..wire.updates import PROTOCOL_UPDATES, AgentUpdate, UpdateError, UpdateReader
+from ..wire.updates import AgentUpdate, UpdateError, UpdateReader
+from . import facets
 
 #: How long one plain request may take; long polls add their own timeout on top.
 DEFAULT_TIMEOUT_S = 10.0
@@ -133,8 +134,9 @@ class CoordinatorClient:
         timeout_s: float = DEFAULT_TIMEOUT_S,
     ) -> None:
         self.addresses = parse_addresses(addresses)
-        #: the updates :meth:`updates` reads: the protocol's, and the facets' its agent follows
-        self.reader: UpdateReader = PROTOCOL_UPDATES
+        #: the updates :meth:`updates` reads: the protocol's, the facets' of foldplane
+        #: (``agent/facets.py``) and those of the facets its agent follows
+        self.reader: UpdateReader = facets.UPDATES
         _OURS.update(self.addresses)
         self._current = 0
         self._timeout_s = timeout_s

@@ -27,7 +27,7 @@ The coordinator gives each active rank a *sequence* of ranges of the epoch's per
 
 A position is *processed* when the training loop says so (``mark_processed``), in the order
 the sampler yielded them; what a rank yielded and did not report when it died is read again by
-the ranks that take its remainder over. The count follows the part (``wire.data.ReadCursor``,
+the ranks that take its remainder over. The count follows the part (``facets.epochs.cursor.ReadCursor``,
 kept by the tracker and moved with every change of the part under the same lock): a position
 yielded from a share this rank no longer holds (a deactivation took it, a resync replaced it)
 counts nothing when it is marked, so every report counts positions of the part it is sent
@@ -46,14 +46,14 @@ from typing import Any
 import torch
 from torch.utils.data import Sampler
 
-from ..wire.codes import NOT_JOINED, RANK_OFFLINE, STALE_ASSIGNMENT
-from ..wire.data import PartMismatch, ReadCursor, apply_moves
-from ..wire.updates import (
+from ..facets.epochs.cursor import PartMismatch, ReadCursor, apply_moves
+from ..facets.epochs.protocol import (
     DataAssignmentUpdate,
     DataMovesUpdate,
     EpochCompleteUpdate,
     EpochPlanUpdate,
 )
+from ..wire.codes import NOT_JOINED, RANK_OFFLINE, STALE_ASSIGNMENT
 
 log = logging.getLogger("foldplane.data")
 
@@ -151,7 +151,7 @@ class EpochTracker:
         self._maybe_send()
 
     def _on_moves(self, update: DataMovesUpdate) -> None:
-        """A later decision of the epoch, applied to this rank's part (``wire.data``). Its
+        """A later decision of the epoch, applied to this rank's part (``facets.epochs.cursor``). Its
         number is the part's next one; an older one is already in the part (a resync sent the
         part as of a later decision). A gap, or moves that do not fit, leave the part as it
         was and say so: the coordinator then refuses this rank's reports against it, and the

@@ -27,6 +27,13 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ..facets.epochs.protocol import (
+    DataAssignmentUpdate,
+    DataMovesUpdate,
+    EpochCompleteUpdate,
+    EpochPlanUpdate,
+)
+from ..facets.refits import protocol as refit_protocol
 from ..wire.codes import (
     APPLIED,
     APPLIED_STATUSES,
@@ -38,15 +45,7 @@ from ..wire.codes import (
     TERMINAL,
     error_body,
 )
-from ..wire.updates import (
-    DataAssignmentUpdate,
-    DataMovesUpdate,
-    EpochCompleteUpdate,
-    EpochPlanUpdate,
-    RefitBootstrapUpdate,
-    RefitEpochUpdate,
-    TransferUpdate,
-)
+from . import facets
 from .client import (
     START_LOG_EVERY_S,
     CoordinatorClient,
@@ -227,7 +226,7 @@ class Agent:
         self._followers: dict[type, list[Callable[[Any], None]]] = {}
         for struct in (EpochPlanUpdate, DataAssignmentUpdate, DataMovesUpdate, EpochCompleteUpdate):
             self.on_update(struct, lambda update: self.data.on_update(update))
-        for struct in (RefitEpochUpdate, TransferUpdate, RefitBootstrapUpdate):
+        for struct in refit_protocol.UPDATES:
             self.on_update(struct, lambda update: self.refits.on_update(update))
         #: the answers to the facets' events its callers send (:meth:`send_event`)
         self._events = EventAnswers(self._send_event)
@@ -565,7 +564,8 @@ class Agent:
         return self._ops.request("POST", "/refits", json=body)
 
     def _send_event(self, kind: str, fields: dict[str, Any]) -> None:
-        event_type = self._event_types.get(kind)  # a facet's; None: the protocol's (a refit's)
+        # a facet's that a caller sent (send_event), or one a facet of foldplane declares
+        event_type = self._event_types.get(kind) or facets.EVENTS.types.get(kind)
         self._inbox.put(SendEvent(time.monotonic(), kind, fields, event_type))
 
     # -- a facet's updates and events ------------------------------------------------------------

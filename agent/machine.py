@@ -96,6 +96,7 @@ from typing import Any
 import msgspec
 from msgspec import Struct
 
+from ..facets.epochs.protocol import ProgressEvent
 from ..wire.codes import (
     FATAL_ERRORS,
     GROUP_ENDED,
@@ -120,7 +121,6 @@ from ..wire.protocol import (
     JoinEvent,
     LinksEvent,
     Prepared,
-    ProgressEvent,
     StaleBase,
     View,
     apply_prepare,
@@ -246,7 +246,7 @@ class Close(Struct, frozen=True):
 
 
 class ReportProgress(Struct, frozen=True):
-    """Report how far this rank has read its part of ``epoch`` (``wire.protocol.ProgressEvent``)."""
+    """Report how far this rank has read its part of ``epoch`` (``facets.epochs.protocol.ProgressEvent``)."""
 
     now: float
     epoch: int
@@ -1065,7 +1065,7 @@ _ON_UPDATE: dict[type[Update], Callable[[AgentMachine, Any], Action | None]] = {
 }
 _ENVELOPE = frozenset({"type", "group", "rank", "incarnation", "token"})
 #: The Structs of the events the machine sends and answers itself (:data:`OWN_EVENTS`).
-_OWN_TYPES = frozenset(EVENT_TYPES[kind] for kind in OWN_EVENTS)
+_OWN_TYPES = frozenset({*(EVENT_TYPES[kind] for kind in MEMBERSHIP_EVENTS), ProgressEvent})
 
 
 def _kind_of(cls: type[AgentEventBase]) -> str:

@@ -25,8 +25,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ..facets.refits.protocol import RefitBootstrapUpdate, RefitEpochUpdate, TransferUpdate
 from ..wire.codes import AGENT_STOPPED, REFIT_NOT_READY, STALE_REFIT_EPOCH
-from ..wire.updates import RefitBootstrapUpdate, RefitEpochUpdate, TransferUpdate
 from .events import EventAnswers, EventRefused
 
 #: How long a call waits for the coordinator's answer to one of its events.

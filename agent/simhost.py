@@ -38,7 +38,8 @@ from msgspec.structs import replace
 
 from ..wire import ranks as rank_sets
 from ..wire.protocol import FEATURES, MAX_EVENTS, PROTOCOL, AgentEventBase, View
-from ..wire.updates import AgentUpdate, addressed_rank, decode_updates
+from ..wire.updates import AgentUpdate, addressed_rank
+from . import facets
 from .channel import ChannelClosed, ChannelLink, ChannelRefused, HostChannel
 from .driver import Driver
 from .httplite import Connection, HttpError
@@ -489,7 +490,7 @@ class SimulatedHost:
         address = StoreAddress(store["host"], store["port"], store.get("id", "")) if store else None
         shared: list[AgentUpdate] = []
         own: dict[int, list[AgentUpdate]] = {}
-        for u in decode_updates(body["updates"]):
+        for u in facets.UPDATES.decode_updates(body["updates"]):
             rank = addressed_rank(u)
             if rank is None:
                 shared.append(u)

@@ -84,13 +84,24 @@ def schema_types(facets: registry.Facets | None = None) -> tuple[Any, ...]:
 
 
 def components(facets: registry.Facets | None = None) -> dict[str, Any]:
-    _, schemas = msgspec.json.schema_components(schema_types(facets), ref_template=REF)
+    facets = facets or registry.default()
+    taken = facets.events.types  # the protocol's events and the host's facets'
+    types = (*schema_types(facets), *taken.values())
+    _, schemas = msgspec.json.schema_components(types, ref_template=REF)
     # The server validates each event on its own (api.routes.agents): an object that is no
     # valid event gets its own invalid_event result, and the batch is still answered 200.
+    refs = {kind: REF.format(name=cls.__name__) for kind, cls in taken.items()}
+    unnamed = [cls for cls in taken.values() if cls.__name__ not in schemas]
+    if unnamed:  # two events of one name: msgspec named them by module instead
+        raise ValueError(f"agent events without a component of their own name: {unnamed}")
+    union = {
+        "anyOf": [{"$ref": ref} for ref in refs.values()],
+        "discriminator": {"propertyName": "type", "mapping": refs},
+    }
     events = schemas["AgentEventsRequest"]["properties"]["events"]
     events["items"] = {
         "anyOf": [
-            events["items"],
+            union,
             {"type": "object", "description": "anything else: answered with invalid_event"},
         ]
     }

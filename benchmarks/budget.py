@@ -176,7 +176,7 @@ def _views(service: Service, group: str) -> list[dict[str, Any]]:
 def _launch(service: Service, group: str, lines: Lines) -> Any:
     """A group of ``WORLD`` workers, once every one ran an all_reduce on view 1."""
     service.create_group(group, WORLD)
-    launcher = service.launch([sys.executable, __file__, "worker"], group, range(WORLD),
+    launcher = service.launch([sys.executable, "-m", __name__, "worker"], group, range(WORLD),
                               lines.follow)  # fmt: skip
     lines.wait_for(_ran_on(lines, set(range(WORLD)), 1), 300, f"formation of {group}")
     return launcher

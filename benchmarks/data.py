@@ -67,7 +67,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from ..wire.updates import DataAssignmentUpdate, DataMovesUpdate
+from ..facets.epochs.protocol import DataAssignmentUpdate, DataMovesUpdate
 from .harness import Result, lower_is_better_ratio, median
 from .kit.kills import time_recovery
 from .kit.service import Service
@@ -185,7 +185,7 @@ class _Trial:
         self.lines = Lines()
         service.create_group(group, WORLD)
         self.launcher = service.launch(
-            [sys.executable, __file__, "worker", str(self.out), str(size), str(batch),
+            [sys.executable, "-m", __name__, "worker", str(self.out), str(size), str(batch),
              ",".join(str(c) for c in costs), split, str(LOOKAHEAD_BATCHES * batch),
              str(epochs)],
             group, range(WORLD), self.lines.follow, stdin=subprocess.PIPE,

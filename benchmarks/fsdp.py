@@ -107,7 +107,7 @@ class _Job:
             replica_id = uuid.uuid4().hex
             for s in range(SHARDS):
                 self.launchers[(r, s)] = service.launch(
-                    [sys.executable, __file__, mode, *args], f"{self.name}-s{s}", [r],
+                    [sys.executable, "-m", __name__, mode, *args], f"{self.name}-s{s}", [r],
                     self.lines.follow, relay=False,
                     env={"OMP_NUM_THREADS": "1", "FOLDPLANE_REPLICA_ID": replica_id,
                          "FOLDPLANE_SHARD": str(s), "FOLDPLANE_SHARDS": str(SHARDS),

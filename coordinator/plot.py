@@ -30,6 +30,7 @@ FORMATS = {".png": "png", ".svg": "svg"}
 CAUSE_COLOURS = {
     "formation": "#2b7bba",
     "proposal": "#3a9d4a",
+    "exit": "#8c8c8c",
     "auto_deactivation": "#d0452f",
     "reconfigure": "#8a5bb5",
 }

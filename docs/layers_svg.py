@@ -35,7 +35,7 @@ NODES: dict[str, tuple[str, str, int, int]] = {
     "facet_host": ("facets/*: host parts", "host parts, stories, plots", 1, 2),
     "agent": ("agent/", "the worker side", 3, 2),
     "fold": ("coordinator/fold/", "the pure fold", 0, 3),
-    "facet_fold": ("facets/*: folds", "inputs, folds, effects, rows", 1, 3),
+    "facet_fold": ("facets/*: folds", "Structs, folds, effects, rows", 1, 3),
     "eventlog": ("eventlog/", "the durable log", 0, 4),
     "migrations": ("migrations/", "the log's schema steps", 1, 4),
     "wire": ("wire/", "the protocol, inputs, codes", 3, 4),

@@ -523,6 +523,8 @@ async def open_postgres(
         revision = await postgres_revision(writer)
         if read_only and revision != code_head():
             await _refuse_for_audit(writer, where, revision)
+        if revision is None:  # before any write: a schema of something else is left alone
+            await _refuse_foreign(writer, where, create)
         if revision != code_head():
             await migrate_postgres(target.dsn, target.schema, where, create)
         row = await writer.fetchrow("SELECT term, next_seq FROM log_head WHERE id = 1")
@@ -539,19 +541,39 @@ async def open_postgres(
     return log
 
 
+async def _tables(conn: asyncpg.Connection) -> str:
+    """The tables of the session's schema, for a message: ``users, orders, ...`` (at most 12)."""
+    tables = [
+        r["tablename"]
+        for r in await conn.fetch(
+            "SELECT tablename FROM pg_tables WHERE schemaname = current_schema() "
+            "ORDER BY tablename LIMIT 13"
+        )
+    ]
+    return ", ".join(tables[:12]) + (", ..." if len(tables) > 12 else "")
+
+
+async def _refuse_foreign(conn: asyncpg.Connection, where: str, create: bool) -> None:
+    """A writable open of a schema without a foldplane log (``serve``, ``compact``): a new log
+    is made only in an empty schema, and only where ``create`` allows; a schema that holds
+    other tables (another application's database) is refused naming them, and nothing is
+    created, migrated or written there (as a SQLite file that is not a foldplane log)."""
+    shown = await _tables(conn)
+    if shown:
+        raise LogError(
+            f"{where} holds no foldplane log (tables: [{shown}]); foldplane makes a new log "
+            "only in an empty schema and wrote nothing here (name another database, or a "
+            "schema of its own with ?schema=NAME)"
+        )
+    if not create:
+        raise LogError(f"{where} does not exist (an empty schema, no foldplane log)")
+
+
 async def _refuse_for_audit(conn: asyncpg.Connection, where: str, revision: str | None) -> None:
     """Why a read-only open cannot read ``where``: no foldplane log there (naming the tables it
     found), a newer foldplane's schema, or an older one that only ``serve`` migrates."""
     if revision is None:
-        tables = [
-            r["tablename"]
-            for r in await conn.fetch(
-                "SELECT tablename FROM pg_tables WHERE schemaname = current_schema() "
-                "ORDER BY tablename LIMIT 13"
-            )
-        ]
-        shown = ", ".join(tables[:12]) + (", ..." if len(tables) > 12 else "")
-        raise LogError(f"{where} holds no foldplane log (tables: [{shown}])")
+        raise LogError(f"{where} holds no foldplane log (tables: [{await _tables(conn)}])")
     check_known(where, revision)
     raise LogError(
         f"{where} has schema revision {revision!r}, older than this code's {code_head()!r}; "

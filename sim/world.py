@@ -43,7 +43,7 @@ network loses, duplicates, delays and so reorders messages, at rates drawn per s
 **Data.** Most seeds also read one epoch: the operator declares a plan (refused and sent again
 until the group formed) and each rank reads its part the way ``agent.data``'s sampler does,
 within its lookahead, marking a batch processed a read after it yielded it, its count kept by
-the real ``wire.data.ReadCursor``, reporting progress through its real ``AgentMachine``; kills,
+the real ``facets.epochs.cursor.ReadCursor``, reporting progress through its real ``AgentMachine``; kills,
 pauses, replacements and deactivations then move ranges as they would in a job. Half of those
 seeds also *reassign* a rank: it is deactivated by proposal while it reads and activated again
 a little later, its process reading throughout (the schedule of a late report about an old
@@ -99,15 +99,15 @@ from ..coordinator.host.ready import HostState, Ready
 from ..coordinator.host.snapshots import decode_snapshot, encode_snapshot
 from ..coordinator.host.ticks import TickNow, next_step
 from ..eventlog.record import NewRecord, Record
+from ..facets.epochs.cursor import ReadCursor, apply_moves
 from ..facets.epochs.inputs import complete_plan
-from ..wire.data import ReadCursor, apply_moves
-from ..wire.protocol import EVENT_KINDS, event_payload
-from ..wire.updates import (
+from ..facets.epochs.protocol import (
     DataAssignmentUpdate,
     DataMovesUpdate,
     EpochCompleteUpdate,
     EpochPlanUpdate,
 )
+from ..wire.protocol import event_payload
 from .invariants import Invariants, Violation
 
 S = 1_000_000_000
@@ -514,8 +514,8 @@ class _Reader:
     ``lookahead`` beyond what the coordinator accepted, marks them processed a read later (the
     training step between) and reports its count against the assignment it holds. Its part
     follows the updates as ``agent.data`` does: whole in a ``data_assignment``, the moves of
-    each later decision applied to it (``wire.data.apply_moves``), and its count follows the
-    part through the real ``wire.data.ReadCursor`` (what it yielded from a share it no longer
+    each later decision applied to it (``facets.epochs.cursor.apply_moves``), and its count follows the
+    part through the real ``facets.epochs.cursor.ReadCursor`` (what it yielded from a share it no longer
     holds counts nothing when marked). Every position it yields is added to ``read``, the
     positions its rank read (every incarnation's): the fold may count a rank only for those."""
 
@@ -900,7 +900,7 @@ class World:
             _, rid, events, lane = msg
             records = [
                 NewRecord(
-                    kind=EVENT_KINDS[type(ev)],
+                    kind=ev.__struct_config__.tag,
                     group=ev.group,
                     rank=ev.rank,
                     payload=event_payload(ev),

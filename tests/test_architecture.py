@@ -257,7 +257,7 @@ PRODUCT = (
 #: How many product files outside its folder each facet of foldplane is named by (the goal:
 #: one, its line in ``BUILTIN_FACETS``). A facet that moves a part into its folder lowers its
 #: number here; a change that names a facet from outside once more fails until it is counted.
-OUTSIDE_FILES = {"epochs": 10, "refits": 6, "lighthouse": 2, "rendezvous": 2}
+OUTSIDE_FILES = {"epochs": 7, "refits": 4, "lighthouse": 2, "rendezvous": 2}
 
 
 def _module_of(path: Path) -> str:
@@ -338,3 +338,33 @@ def test_importing_a_facet_package_loads_none_of_its_server_side() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split("\n")[:2] == ["[]", "refits"], done.stdout
+
+
+def test_the_worker_side_loads_of_a_facet_its_protocol_only() -> None:
+    """An agent reads the facets' Structs from their ``protocol`` modules (``agent/facets.py``):
+    importing the agent loads those and nothing else of a facet (the data cursor, which only
+    the data tracker imports, aside), and nothing of the server."""
+    code = (
+        "import sys, foldplane.agent.host, foldplane.agent.relay, foldplane.agent.facets as f; "
+        "print(sorted(m for m in sys.modules if m.startswith(('foldplane.coordinator', "
+        "'foldplane.api', 'foldplane.facets.')))); "
+        "print(sorted(c.__struct_config__.tag for c in f.FACET_EVENTS))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    loaded, events = done.stdout.strip().split("\n")[-2:]
+    # the facets' packages (their declarations are loaded only when asked for) and one module
+    modules = [
+        m
+        for m in ast.literal_eval(loaded)
+        if m.count(".") > 2 or not m.startswith("foldplane.facets")
+    ]
+    assert modules == [
+        "foldplane.facets.epochs.protocol",
+        "foldplane.facets.refits.protocol",
+    ], loaded
+    assert events == str(
+        ["progress", "refit_bootstrap", "refit_join", "transfer", "transfer_status"]
+    )

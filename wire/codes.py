@@ -129,7 +129,7 @@ INVALID_CONFIG = _declare(
 COMPACTED = _declare(
     "compacted", 422, "refusal", "the story asks for records the log has compacted away"
 )
-#: Epoch plans (``wire.data``, docs/data.md).
+#: Epoch plans (``facets.epochs.cursor``, docs/data.md).
 UNKNOWN_EPOCH = _declare(
     "unknown_epoch",
     404,
@@ -298,6 +298,12 @@ NOT_LEADER = _declare(
 CLOSED = _declare("closed", 503, "host", "the coordinator is shutting down")
 LOG_UNAVAILABLE = _declare("log_unavailable", 503, "host", "the event log failed")
 FOLD_FAILED = _declare("fold_failed", 503, "host", "the fold failed; the host stopped")
+CARRY_OUT_FAILED = _declare(
+    "carry_out_failed",
+    503,
+    "host",
+    "carrying out the fold's effects (updates, rows, read model) failed; the host stopped",
+)
 TOO_MANY_CONNECTIONS = _declare(
     "too_many_connections", 503, "host", "--max-connections are open (with Retry-After: 1)"
 )

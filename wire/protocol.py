@@ -201,121 +201,15 @@ class ExitEvent(AgentEventBase, tag="exit", kw_only=True, omit_defaults=True):
     pass
 
 
-#: The largest dataset an epoch plan may name, and so the largest position or count.
-MAX_DATASET = 2**48
-
-
-class ProgressEvent(
-    AgentEventBase, tag="progress", kw_only=True, omit_defaults=True, forbid_unknown_fields=True
-):
-    """How far this rank has read its part of the open epoch (``wire.data``): ``processed``
-    positions from the front of its sequence, against the assignment it holds; ``rate`` is
-    what it measured (positions a second), the weight of a throughput split."""
-
-    epoch: Annotated[int, Meta(ge=0, le=MAX_DATASET)]
-    assignment: Annotated[int, Meta(ge=1, le=2**62)]
-    processed: Annotated[int, Meta(ge=0, le=MAX_DATASET)]
-    rate: Annotated[float, Meta(ge=0, le=1e12)] | None = None
-
-
-# -- weight refits (docs/refit.md) -----------------------------------------------------------
-
-#: A refit's name (``POST /refits``), and a plan digest: sha256 in lowercase hex.
-RefitName = Annotated[str, Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$")]
-Digest = Annotated[str, Meta(pattern=r"^[0-9a-f]{64}$")]
-RefitEpoch = Annotated[int, Meta(ge=1, le=2**62)]
-#: A transfer's key: printable ASCII without spaces.
-TransferKey = Annotated[str, Meta(pattern=r"^[\x21-\x7e]{1,128}$")]
-#: A bootstrap is flat: the data plane's rendezvous (a store address, a prefix, an NCCL unique
-#: id in hex), at most 16 values, each short (the fold also bounds its encoded size).
-BootstrapValue = (
-    Annotated[str, Meta(max_length=1024)] | Annotated[int, Meta(ge=-(2**63), le=2**63 - 1)]
-)
-FlatBootstrap = Annotated[
-    dict[Annotated[str, Meta(max_length=64)], BootstrapValue], Meta(max_length=16)
-]
-
-
-class RefitJoinEvent(
-    AgentEventBase, tag="refit_join", kw_only=True, omit_defaults=True, forbid_unknown_fields=True
-):
-    """This worker takes ``slot`` of its group's side of ``refit`` in ``epoch``, holding the
-    plan whose digest is ``digest`` (``wire.refit.ReshardPlan.digest``). Publisher slot 0 may
-    offer the epoch's ``bootstrap`` with its join: the fold publishes it to the members in the
-    step that admits the epoch, saving the separate ``refit_bootstrap`` round trip."""
-
-    refit: RefitName
-    epoch: RefitEpoch
-    slot: Annotated[int, Meta(ge=0, le=65_535)]
-    digest: Digest
-    bootstrap: FlatBootstrap | None = None
-
-
-class RefitBootstrapEvent(
-    AgentEventBase,
-    tag="refit_bootstrap",
-    kw_only=True,
-    omit_defaults=True,
-    forbid_unknown_fields=True,
-):
-    """Refit rank 0 publishes the data plane's rendezvous of an admitted epoch."""
-
-    refit: RefitName
-    epoch: RefitEpoch
-    bootstrap: FlatBootstrap
-
-
-class TransferEvent(
-    AgentEventBase, tag="transfer", kw_only=True, omit_defaults=True, forbid_unknown_fields=True
-):
-    """Start (or, after a failure, retry) the transfer ``key`` in the admitted ``epoch``."""
-
-    refit: RefitName
-    epoch: RefitEpoch
-    key: TransferKey
-
-
-class TransferStatusEvent(
-    AgentEventBase,
-    tag="transfer_status",
-    kw_only=True,
-    omit_defaults=True,
-    forbid_unknown_fields=True,
-):
-    """This member's outcome of ``attempt`` of transfer ``transfer``."""
-
-    refit: RefitName
-    epoch: RefitEpoch
-    transfer: Annotated[int, Meta(ge=1, le=2**62)]
-    attempt: Annotated[int, Meta(ge=1, le=2**62)]
-    status: Annotated[str, Meta(pattern="^(done|failed)$")]
-    detail: Annotated[str, Meta(max_length=1000)] = ""
-
-
-AgentEvent = (
-    JoinEvent
-    | HeartbeatEvent
-    | LinksEvent
-    | AckEvent
-    | ExitEvent
-    | ProgressEvent
-    | RefitJoinEvent
-    | RefitBootstrapEvent
-    | TransferEvent
-    | TransferStatusEvent
-)
-#: The protocol's own events: membership's, and those of the facets foldplane ships.
+AgentEvent = JoinEvent | HeartbeatEvent | LinksEvent | AckEvent | ExitEvent
+#: The protocol's own events: membership's (a facet declares its own in its folder, its
+#: ``protocol.py``: ``facets/epochs/``' ``progress``, ``facets/refits/``' four).
 PROTOCOL_EVENTS: tuple[type[AgentEventBase], ...] = (
     JoinEvent,
     HeartbeatEvent,
     LinksEvent,
     AckEvent,
     ExitEvent,
-    ProgressEvent,
-    RefitJoinEvent,
-    RefitBootstrapEvent,
-    TransferEvent,
-    TransferStatusEvent,
 )
 #: The events of membership itself; the agent answers every other kind to its sender
 #: (``agent.machine``: a facet's event, a refit's).
@@ -480,8 +374,8 @@ def links_down(payload: Mapping[str, Any], world_size: int) -> frozenset[int]:
 
 class View(Struct, frozen=True, kw_only=True):
     """A committed group view. ``cause`` is ``{"kind", "proposals", "detail"}`` where kind is
-    ``formation``, ``proposal``, ``auto_deactivation``, ``view_retry``, ``view_failed`` or
-    ``reconfigure`` (torch's reconfigure, which adds ``uuid`` and ``order``: the members in the
+    ``formation``, ``proposal``, ``exit`` (it removes ranks that exited cleanly, and only
+    those), ``auto_deactivation``, ``view_retry``, ``view_failed`` or ``reconfigure`` (torch's reconfigure, which adds ``uuid`` and ``order``: the members in the
     order of their handles; ``active_ranks`` stays sorted)."""
 
     group: str

@@ -3,7 +3,8 @@
 ``render(page)`` replaces each generated block of the page (between ``<!-- generated: NAME -->``
 and ``<!-- end generated -->``) with what the types say now: the events an agent sends (their
 ``type`` and fields, from the Structs of ``wire.protocol``), the updates it receives (from the
-Structs of ``wire.updates``: their ``type``, who receives each, its fields and its docstring)
+Structs of ``wire.updates``: their ``type``, who receives each, its fields and its docstring),
+each followed by those the facets of foldplane declare in their folders (``wire.facets``),
 and every code with its status and meaning (``wire.codes``). ``tests/test_docs.py`` fails when the page and the types differ;
 ``python -m wire.reference docs/protocol.md`` writes the page again.
 
@@ -20,7 +21,7 @@ from typing import Any
 
 from msgspec import inspect
 
-from . import codes, protocol, updates
+from . import codes, facets, protocol, updates
 
 #: The names the reference gives the protocol's field types, by the name a field is declared
 #: with in ``wire.protocol`` (a type written out in place is described by its bounds).
@@ -83,8 +84,9 @@ def events_reference() -> str:
     """One row per event type of the protocol: its ``type``, required fields, then optional
     ones (a deployment's facet documents its own)."""
     rows = ["| `type` | fields | optional fields |", "|---|---|---|"]
-    for cls in protocol.PROTOCOL_EVENTS:
-        kind = protocol.EVENT_KINDS[cls]
+    declared = (e for m in facets.protocols() for e in getattr(m, "EVENTS", ()))
+    for cls in (*protocol.PROTOCOL_EVENTS, *declared):
+        kind = cls.__struct_config__.tag
         hints = typing.get_type_hints(cls, include_extras=True)
         required, optional = [], []
         for field in inspect.type_info(cls).fields:  # type: ignore[attr-defined]
@@ -144,7 +146,8 @@ def updates_reference() -> str:
         "| `type` | to | fields | optional fields | meaning |",
         "|---|---|---|---|---|",
     ]
-    for cls in updates.AgentUpdate.__args__:  # the protocol's own (a facet documents its own)
+    declared = (u for m in facets.protocols() for u in getattr(m, "UPDATES", ()))
+    for cls in (*updates.AgentUpdate.__args__, *declared):
         kind = cls.__struct_config__.tag
         required, optional = [], []
         for field in inspect.type_info(cls).fields:  # type: ignore[attr-defined]

@@ -35,8 +35,6 @@ from .ranks import RankSetField
 #: The audiences of an update: which journals it is published to.
 GROUP = "every rank of the group"
 OWN_RANK = "the rank it names (`rank`)"
-REFIT_GROUPS = "every rank of the refit's publisher and subscriber groups"
-REFIT_MEMBERS = "the refit epoch's admitted members only"
 
 
 class Update(Struct, frozen=True, kw_only=True, tag_field="type", omit_defaults=True):
@@ -123,131 +121,11 @@ class ShutdownUpdate(Update, frozen=True, kw_only=True, tag="shutdown_with_save"
     checkpoint_rank: int | None
 
 
-# -- epoch plans (docs/data.md) ---------------------------------------------------------------
-
-
-class EpochPlanUpdate(Update, frozen=True, kw_only=True, tag="epoch_plan"):
-    """Epoch ``epoch`` was planned over view ``version``: the plan, every field explicit (a
-    ratios split's ``partition_ratios`` stay in the log)."""
-
-    group: str
-    version: int
-    epoch: int
-    dataset_size: int
-    seed: int
-    shuffle: bool
-    split: str
-    grain: int
-    lookahead: int
-    reclaim: bool
-
-
-class DataAssignmentUpdate(Update, frozen=True, kw_only=True, tag="data_assignment"):
-    """A rank's whole part of ``epoch`` as of decision ``assignment``: how many positions of its
-    sequence were reported ``processed``, and the ``(start, length)`` segments it still holds,
-    in reading order. Sent at the plan, in a resync and to a new incarnation."""
-
-    audience: ClassVar[str] = OWN_RANK
-
-    group: str
-    rank: int
-    epoch: int
-    assignment: int
-    processed: int
-    remaining: tuple[tuple[int, int], ...]
-
-
-class DataMovesUpdate(Update, frozen=True, kw_only=True, tag="data_moves"):
-    """Decision ``assignment`` of ``epoch``, once for the group: ``moves``
-    (``[from_rank, to_rank, start, length]``, in the order they apply) and ``reported``, the
-    ranks whose cursor is then the end of what they kept (``wire.data.apply_moves``)."""
-
-    group: str
-    epoch: int
-    assignment: int
-    moves: tuple[tuple[int, int, int, int], ...]
-    reported: tuple[int, ...]
-
-
-class EpochCompleteUpdate(Update, frozen=True, kw_only=True, tag="epoch_complete"):
-    """Every position of ``epoch`` was reported processed, exactly once."""
-
-    group: str
-    epoch: int
-
-
-# -- weight refits (docs/refit.md) ------------------------------------------------------------
-
-
-class RefitEpochUpdate(Update, frozen=True, kw_only=True, tag="refit_epoch"):
-    """A refit's epoch, whole, each time its ``status`` changes: ``waiting`` (slots may join
-    until ``deadline_ts``), ``admitted`` (with the plan's ``digest``, the data plane's
-    ``lanes`` and each side's ranks by slot), ``timed_out`` (``missing`` names the slots that
-    never joined). ``cause`` says why the epoch began; ``lost`` names the member whose loss
-    began it (``[side, slot]``), if one did. ``groups``: the publisher and the subscriber
-    group."""
-
-    audience: ClassVar[str] = REFIT_GROUPS
-
-    refit: str
-    groups: tuple[str, str]
-    epoch: int
-    status: str
-    cause: str
-    deadline_ts: int | None
-    digest: str | None
-    lanes: int
-    publisher_ranks: tuple[int, ...]
-    subscriber_ranks: tuple[int, ...]
-    missing: tuple[str, ...]
-    lost: tuple[str, int] | None = None
-
-
-class TransferUpdate(Update, frozen=True, kw_only=True, tag="transfer"):
-    """A transfer, whole, each time it changes: ``running`` (``attempt`` in refit epoch
-    ``epoch``, due by ``deadline_ts``), ``completed`` (final) or ``failed`` (``detail`` says
-    who or what)."""
-
-    audience: ClassVar[str] = REFIT_GROUPS
-
-    refit: str
-    groups: tuple[str, str]
-    transfer: int
-    key: str
-    attempt: int
-    epoch: int
-    status: str
-    detail: str
-    deadline_ts: int | None
-
-
-class RefitBootstrapUpdate(Update, frozen=True, kw_only=True, tag="refit_bootstrap"):
-    """The data plane's rendezvous of refit epoch ``epoch`` (a flat object)."""
-
-    audience: ClassVar[str] = REFIT_MEMBERS
-
-    refit: str
-    epoch: int
-    bootstrap: dict[str, Any]
-
-
 #: Every update an agent may receive: decode with this union, dispatch on the class.
-AgentUpdate = (
-    ViewPrepareUpdate
-    | ViewCommittedUpdate
-    | RankStateUpdate
-    | ShutdownUpdate
-    | EpochPlanUpdate
-    | DataAssignmentUpdate
-    | DataMovesUpdate
-    | EpochCompleteUpdate
-    | RefitEpochUpdate
-    | TransferUpdate
-    | RefitBootstrapUpdate
-)
+AgentUpdate = ViewPrepareUpdate | ViewCommittedUpdate | RankStateUpdate | ShutdownUpdate
 
 #: The updates that name the one rank they are for (the rest are the group's).
-_ADDRESSED = (RankStateUpdate, DataAssignmentUpdate)
+_ADDRESSED = (RankStateUpdate,)
 
 _encode = msgspec.json.Encoder().encode
 
@@ -375,16 +253,9 @@ def encode(update: Update) -> bytes:
 
 __all__ = [
     "AgentUpdate",
-    "DataAssignmentUpdate",
-    "DataMovesUpdate",
-    "EpochCompleteUpdate",
-    "EpochPlanUpdate",
     "RankSetDelta",
     "RankStateUpdate",
-    "RefitBootstrapUpdate",
-    "RefitEpochUpdate",
     "ShutdownUpdate",
-    "TransferUpdate",
     "PROTOCOL_UPDATES",
     "UPDATE_TYPES",
     "Update",

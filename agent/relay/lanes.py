@@ -16,10 +16,8 @@ from ...wire.codes import (
     COORDINATOR_UNAVAILABLE,
 )
 from ...wire.ranks import MAX_QUERY_RANKS
-from ...wire.updates import (
-    UpdateError,
-    decode_updates,
-)
+from ...wire.updates import UpdateError
+from .. import facets
 from ..channel import ChannelClosed, ChannelLink, ChannelRefused, HostChannel
 from .cache import Served, UpdateCache
 from .replies import REFUSED, Body, Counters, Reply, error, refused, unreachable
@@ -348,7 +346,7 @@ class UpdatesLane:
         updates are not the protocol's fails the lane like a channel that could not open (its
         polls then go upstream on their own)."""
         try:
-            updates = decode_updates(body.get("updates") or ())
+            updates = facets.UPDATES.decode_updates(body.get("updates") or ())
         except UpdateError as exc:
             self._failed(stream, exc)
             return

@@ -23,7 +23,6 @@ from typing import Any, TypeVar
 from ...agent.machine import EventsAnswered, EventsFailed, SendEvents
 from ...agent.simhost import SimulatedCluster, SimulatedHost
 from ...coordinator.runtime import GC_THRESHOLDS, loop_factory
-from ...wire.protocol import EVENT_KINDS
 from .service import Service
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -85,7 +84,7 @@ class TimedHost(SimulatedHost):
         self._handed: dict[tuple[int, str], tuple[float, tuple[str, ...]]] = {}
 
     def _send_events(self, rank: int, action: SendEvents) -> None:
-        kinds = tuple(EVENT_KINDS[type(e)] for e in action.events)
+        kinds = tuple(e.__struct_config__.tag for e in action.events)
         self._handed[(rank, action.lane)] = (time.perf_counter(), kinds)
         super()._send_events(rank, action)
 

@@ -11,6 +11,11 @@ Cost, per group captured: one tuple per field of a rank, over every rank (C-leve
 change in flight's rank sets. A
 heartbeat changes only the last beats (``ranks.py``'s fast path), so :meth:`with_beats` reuses
 everything else and copies only those.
+
+What to capture again the fold says itself: it notes, as it steps, the groups and proposals
+its steps changed (:class:`FoldChanges`, taken by the read model's publisher once per cycle),
+and its proposals are a :class:`Proposals` dict that notes each id written, so a proposal
+written copies one page of :class:`ProposalPages`, never every proposal the job made.
 """
 
 from __future__ import annotations

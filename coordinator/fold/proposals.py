@@ -22,6 +22,7 @@ import msgspec
 from ...eventlog.record import Record
 from ...wire.codes import APPLIED, PENDING, REJECTED
 from ...wire.inputs import RECONFIGURE, ProposalInput
+from ...wire.life import EXITED, RANK_WORDS
 from .admission import requested, static_problem
 from .effects import (
     Effect,
@@ -33,6 +34,9 @@ from .outcomes import resolve
 from .reasons import ranks_text
 from .reconfigure import decide_reconfigure, join_reconfigure
 from .state import FAILED, GroupState
+
+#: The cause of a view change that removes only ranks that exited cleanly.
+CLEAN_EXIT = "exit"
 
 
 class Prepares(Protocol):
@@ -137,16 +141,26 @@ class ProposalQueue:
     def auto_deactivate(self, g: GroupState, record: Record, effects: list[Effect]) -> bool:
         """Active ranks outside the Healthy Set are removed through the barrier; this takes
         precedence over queued proposals but never preempts the change in flight. It never
-        empties the view: with no active rank left healthy, the group waits."""
+        empties the view: with no active rank left healthy, the group waits.
+
+        When every rank it removes exited cleanly, the change says so: cause ``exit``
+        (``ranks [1] exited cleanly``), the words of ``wire.life``; a clean exit is no
+        failure and reads as none. Otherwise the cause is ``auto_deactivation``, naming each
+        rank's state."""
         active = g.active
         leaving = [r for r in active if r not in g.healthy]
         if not leaving or len(leaving) == len(active):
             return False
+        target = tuple(r for r in active if r in g.healthy)
+        if all(g.ranks[r].exited for r in leaving):
+            detail = f"ranks {ranks_text(leaving)} {RANK_WORDS[EXITED]}"
+            self._views.prepare(g, target, CLEAN_EXIT, [], detail, record, effects)
+            return True
         states = ", ".join(f"{r} {g.ranks[r].state}" for r in leaving[:16])
         more = f", ... (+{len(leaving) - 16} more)" if len(leaving) > 16 else ""
         self._views.prepare(
             g,
-            tuple(r for r in active if r in g.healthy),
+            target,
             "auto_deactivation",
             [],
             f"active ranks left the Healthy Set: {states}{more}",

@@ -2,8 +2,9 @@
 
 A facet (``coordinator/fold/facets.py``) is one package that declares a :class:`FacetPlugin`
 named ``PLUGIN`` in its ``__init__``. It is plugged in by one line: its package's name in
-:data:`BUILTIN_FACETS` (a facet of foldplane) or in ``FOLDPLANE_FACETS`` (a comma-separated list
-a deployment sets; the command line hands it to :func:`install`). Nothing else names it.
+:data:`BUILTIN_FACETS` (``wire/facets.py``, the one list both sides read: a facet of
+foldplane) or in ``FOLDPLANE_FACETS`` (a comma-separated list a deployment sets; the command
+line hands it to :func:`install`). Nothing else names it.
 
 A list of facets becomes a :class:`Facets`, a value that holds every table of them: whoever
 composes the facets builds one and hands it on, so loading a facet changes nothing outside the
@@ -32,18 +33,11 @@ from typing import Any
 
 from ...eventlog import ProjectionRow
 from ...eventlog.record import MEMBERSHIP_KINDS, check_kinds
+from ...wire.facets import BUILTIN_FACETS  # re-exported: the registry's list of them
 from ...wire.protocol import PROTOCOL_READER, AgentEventBase, EventReader
 from ...wire.updates import PROTOCOL_UPDATES, Update, UpdateReader
 from .effects import Effect
 from .facets import Facet
-
-#: The facets of foldplane, by package, in the order their hooks run.
-BUILTIN_FACETS: tuple[str, ...] = (
-    "foldplane.facets.epochs",
-    "foldplane.facets.refits",
-    "foldplane.facets.lighthouse",
-    "foldplane.facets.rendezvous",
-)
 
 #: The environment variable that names a deployment's own facets (packages, comma-separated);
 #: the command line reads it (``foldplane.cli``) and calls :func:`install`.
@@ -206,7 +200,6 @@ def kinds() -> frozenset[str]:
 def all_kinds() -> frozenset[str]:
     """Every record kind the fold of :func:`default` knows: membership's and the facets'."""
     return default().all_kinds
-
 
 
 def projection_kinds() -> tuple[str, ...]:

@@ -303,6 +303,10 @@ class UpdateJournals:
         waiting[future] = None
         return future
 
+    def waiting(self, group: str) -> int:
+        """How many readers of ``group`` wait on a :meth:`waiter`, not yet woken."""
+        return len(self._waiting.get(group, ()))
+
     def forget(self, group: str, future: asyncio.Future[None]) -> None:
         """Drop a waiter that was not (or no longer) waited on."""
         waiting = self._waiting.get(group)

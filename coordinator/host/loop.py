@@ -41,7 +41,14 @@ import msgspec
 
 from ...eventlog import Log, LogError, NewRecord, Record, StaleTermError, open_log
 from ...eventlog.record import READ_PAGE, Encoded
-from ...wire.codes import CLOSED, FOLD_FAILED, LOG_UNAVAILABLE, NOT_LEADER, TERMINAL
+from ...wire.codes import (
+    CARRY_OUT_FAILED,
+    CLOSED,
+    FOLD_FAILED,
+    LOG_UNAVAILABLE,
+    NOT_LEADER,
+    TERMINAL,
+)
 from ..fold.effects import Effect, Proposal
 from ..fold.machine import Coordinator
 from ..fold.registry import Facets
@@ -583,7 +590,7 @@ class Host:
         try:
             ready = self._step(records, live=True)
             await self._carry_out(ready)
-        except Exception:
+        except Exception:  # the step and the carry-out each stop the host when they fail
             for item in accepted:
                 item.fail(self._unavailable or HostUnavailable(FOLD_FAILED, "the fold failed"))
             return
@@ -668,7 +675,22 @@ class Host:
     async def _carry_out(self, ready: Ready) -> None:
         """Carry out one Ready, in its order: the updates published (readers see them only at
         the wake below), the projection rows written, the read model published and long
-        polls woken (``HostCore.carried_out``), proposals answered."""
+        polls woken (``HostCore.carried_out``), proposals answered.
+
+        A failed write of the rows is the log's (kept, written with the next batch: ``rows.py``).
+        Any other error leaves the fold ahead of what was carried out: the journals, the read
+        model (which admission's prechecks read) and the waiters no longer follow it. The host
+        stops, as when the fold fails (``carry_out_failed``; a restart folds the log again and
+        derives all of it afresh), and the error is logged with its traceback."""
+        try:
+            await self._carry_out_parts(ready)
+        except Exception as exc:
+            log.exception("carrying out the effects up to offset %d failed", ready.offset)
+            why = f"carrying out the effects up to offset {ready.offset} failed: {exc!r}"
+            self._stop(HostUnavailable(CARRY_OUT_FAILED, why), [])
+            raise
+
+    async def _carry_out_parts(self, ready: Ready) -> None:
         journals = self.journals
         for group, rank, offset in ready.saver_first:
             # the checkpoint rank hears of the shutdown first; the rest once it has, or at the

@@ -162,7 +162,14 @@ class ReadsPublisher:
         machine = self._machine
         groups = {name: GroupReads(GroupCapture(g)) for name, g in machine.group_states.items()}
         proposals = ProposalPages.of(proposals_of(machine))
-        facets = {f.name: f.read_model(None) for f in machine.facets}
+        facets = {}
+        for f in machine.facets:
+            if not callable(getattr(f, "read_model", None)):
+                raise TypeError(
+                    f"facet {f.name!r} publishes no read model: its fold object has no "
+                    "read_model (coordinator/fold/facets.py, Facet.read_model)"
+                )
+            facets[f.name] = f.read_model(None)
         return Reads(machine.offset, groups, proposals, facets)
 
     def publish(self) -> Reads:

@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 import msgspec
 
 from ...wire.inputs import MAX_ID_LEN
-from ...wire.protocol import MAX_DATASET
+from .protocol import MAX_DATASET
 
 SPLITS = ("equal", "ratios", "throughput")
 #: The plan's fields and their defaults where the request leaves them out (``reclaim``'s

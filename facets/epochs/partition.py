@@ -18,9 +18,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 
 # ``Segment`` (``(start, length)``: positions ``start .. start + length - 1`` of the
-# permutation), ``normalized`` and ``split_at`` are the wire's: agents apply moves with them.
-from ...wire.data import Segment, split_at
-from ...wire.data import (
+# permutation), ``normalized`` and ``split_at`` are the cursor's: agents apply moves with them.
+from .cursor import Segment, split_at
+from .cursor import (
     normalized as normalized,  # re-exported: the fold imports it from here
 )
 

@@ -3,14 +3,8 @@ reads of it. Its package's ``PLUGIN``, loaded when the registry asks for it, so 
 imports the facet's worker modules loads none of its server side."""
 
 from ...coordinator.fold.registry import FacetPlugin
-from ...wire.protocol import ProgressEvent
-from ...wire.updates import (
-    DataAssignmentUpdate,
-    DataMovesUpdate,
-    EpochCompleteUpdate,
-    EpochPlanUpdate,
-)
 from .fold import Epochs
+from .protocol import EVENTS, UPDATES
 from .rows import PROJECTION_KINDS, ROWS
 
 PLUGIN = FacetPlugin(
@@ -18,8 +12,8 @@ PLUGIN = FacetPlugin(
     kinds=Epochs.kinds,
     fold=Epochs,
     rows=ROWS,
-    updates=(EpochPlanUpdate, DataAssignmentUpdate, DataMovesUpdate, EpochCompleteUpdate),
-    events=(ProgressEvent,),
+    updates=UPDATES,
+    events=EVENTS,
     projection_kinds=PROJECTION_KINDS,
     # a report that moved only a cursor is in the snapshot that lies before it
     compactable=frozenset({"progress"}),

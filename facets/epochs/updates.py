@@ -10,19 +10,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ...wire.updates import (
-    DataAssignmentUpdate,
-    DataMovesUpdate,
-    EpochCompleteUpdate,
-    EpochPlanUpdate,
-    update_from,
-)
+from ...wire.updates import update_from
 from .effects import (
     AssignmentChanged,
     EpochCompleted,
     EpochPlanned,
     PartSent,
 )
+from .protocol import DataAssignmentUpdate, DataMovesUpdate, EpochCompleteUpdate, EpochPlanUpdate
 
 
 def epoch_plan_update(effect: EpochPlanned) -> EpochPlanUpdate:

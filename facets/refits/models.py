@@ -8,7 +8,8 @@ from typing import Annotated, Any, Literal
 from msgspec import UNSET, Meta, Struct, UnsetType
 
 from ...api.models import StoryEntry
-from ...wire.protocol import Digest, GroupName, RefitName, TransferKey
+from ...wire.protocol import GroupName
+from .protocol import Digest, RefitName, TransferKey
 
 
 class RefitRequest(Struct, kw_only=True, forbid_unknown_fields=True):

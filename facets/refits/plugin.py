@@ -3,14 +3,8 @@ reads of it. Its package's ``PLUGIN``, loaded when the registry asks for it, so 
 imports the facet's worker modules loads none of its server side."""
 
 from ...coordinator.fold.registry import FacetPlugin
-from ...wire.protocol import (
-    RefitBootstrapEvent,
-    RefitJoinEvent,
-    TransferEvent,
-    TransferStatusEvent,
-)
-from ...wire.updates import RefitBootstrapUpdate, RefitEpochUpdate, TransferUpdate
 from .fold import Refits
+from .protocol import EVENTS, UPDATES
 from .rows import PROJECTION_KINDS, ROWS
 from .state import transfer_key
 
@@ -19,8 +13,8 @@ PLUGIN = FacetPlugin(
     kinds=Refits.kinds,
     fold=Refits,
     rows=ROWS,
-    updates=(RefitEpochUpdate, TransferUpdate, RefitBootstrapUpdate),
-    events=(RefitJoinEvent, RefitBootstrapEvent, TransferEvent, TransferStatusEvent),
+    updates=UPDATES,
+    events=EVENTS,
     projection_kinds=PROJECTION_KINDS,
     batch_key={"transfer": transfer_key},
     host="foldplane.facets.refits.host",

@@ -7,17 +7,13 @@ follows them); the bootstrap goes to the journals of the admitted members only (
 
 from __future__ import annotations
 
-from ...wire.updates import (
-    RefitBootstrapUpdate,
-    RefitEpochUpdate,
-    TransferUpdate,
-    update_from,
-)
+from ...wire.updates import update_from
 from .effects import (
     RefitBootstrap,
     RefitEpochChanged,
     TransferChanged,
 )
+from .protocol import RefitBootstrapUpdate, RefitEpochUpdate, TransferUpdate
 
 
 def refit_epoch_update(effect: RefitEpochChanged) -> RefitEpochUpdate:

@@ -46,6 +46,10 @@ class JobWaiters:
         self._futures.setdefault(job, set()).add(future)
         return future
 
+    def waiting(self, job: str) -> int:
+        """How many long polls of ``job`` wait for its next move."""
+        return len(self._futures.get(job, ()))
+
     def forget(self, job: str, future: asyncio.Future[None]) -> None:
         waiting = self._futures.get(job)
         if waiting is not None:

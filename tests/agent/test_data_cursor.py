@@ -1,7 +1,7 @@
 """A rank's count follows its part (docs/data.md, "A report is bound to the assignment it was
 made under"): what the sampler yielded from a share the rank no longer holds counts nothing
 when the training loop marks it, so a report never credits a share given later with
-positions read from an old one. ``wire.data.ReadCursor`` on its own, then inside the real
+positions read from an old one. ``facets.epochs.cursor.ReadCursor`` on its own, then inside the real
 ``EpochTracker`` fed the updates a deactivation and a reactivation send."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from foldplane.agent.data import EpochTracker, Part
-from foldplane.wire.data import ReadCursor, same_until
+from foldplane.facets.epochs.cursor import ReadCursor, same_until
 from tests.agent.test_data_parts import PLAN, moves, whole
 
 

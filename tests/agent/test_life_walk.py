@@ -122,4 +122,10 @@ def test_every_surface_says_the_same_through_a_run_s_life(coordinator: Coordinat
         i += 1
     assert i <= len(lines), ("missing or out of order", wanted, lines)
     assert sum(f"group {G} finished" in x for x in lines) == 1, lines  # one ending, one line
+    # a view the clean end commits (the first exit's, when it commits before the second exit)
+    # says it removed a rank that exited cleanly, never auto_deactivation
+    first_exit = next(i for i, x in enumerate(lines) if "left: exited cleanly" in x)
+    for x in lines[first_exit:]:
+        if "committed at" in x:
+            assert re.search(r"\(exit: ranks \[[01]\] exited cleanly\)", x), lines
     assert not any(re.search(r"\b1\d{18}\b", x) for x in lines), lines  # no raw ns

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from foldplane.agent import facets as worker_facets
 from foldplane.agent.machine import (
     _ON_UPDATE,
     BEATS,
@@ -44,6 +45,13 @@ from foldplane.agent.machine import (
     Tick,
     UpdatesReceived,
 )
+from foldplane.facets.epochs.protocol import (
+    DataAssignmentUpdate,
+    DataMovesUpdate,
+    EpochCompleteUpdate,
+    EpochPlanUpdate,
+)
+from foldplane.facets.refits.protocol import RefitBootstrapUpdate, RefitEpochUpdate, TransferUpdate
 from foldplane.wire.protocol import (
     CAUSE_DEATH_REPORTED,
     EVENT_KINDS,
@@ -60,15 +68,8 @@ from foldplane.wire.updates import (
     OWN_RANK,
     UPDATE_TYPES,
     AgentUpdate,
-    DataAssignmentUpdate,
-    DataMovesUpdate,
-    EpochCompleteUpdate,
-    EpochPlanUpdate,
     RankStateUpdate,
-    RefitBootstrapUpdate,
-    RefitEpochUpdate,
     ShutdownUpdate,
-    TransferUpdate,
     Update,
     ViewCommittedUpdate,
     ViewPrepareUpdate,
@@ -1124,9 +1125,11 @@ def test_the_shutdown_directive_names_the_checkpoint_rank_and_views_carry_it():
 
 def test_the_machine_follows_membership_updates_and_hands_on_the_facets() -> None:
     """The machine dispatches on the update's class: the view's, the rank's state and the
-    shutdown are its own; every other Struct of the union is a facet's, handed on (below)."""
+    shutdown are its own, the protocol's; every other Struct a worker reads is a facet's,
+    handed on (below)."""
     own = {ViewPrepareUpdate, ViewCommittedUpdate, RankStateUpdate, ShutdownUpdate}
-    assert set(_ON_UPDATE) == own and own < set(UPDATE_TYPES.values())
+    assert set(_ON_UPDATE) == own == set(UPDATE_TYPES.values())
+    assert own < set(worker_facets.UPDATES.types.values())
 
 
 def test_the_epochs_and_refits_updates_are_handed_on_and_only_this_ranks_part() -> None:

@@ -8,7 +8,7 @@ from typing import Any
 
 from foldplane.agent.refit.errors import Peer, Verdict
 from foldplane.agent.refits import Admission, RefitClient, RefitTracker
-from foldplane.wire.updates import RefitEpochUpdate
+from foldplane.facets.refits.protocol import RefitEpochUpdate
 
 
 def epoch(n: int, status: str, cause: str, lost: tuple[str, int] | None = None) -> RefitEpochUpdate:

@@ -11,7 +11,7 @@ After every record the fold must keep what docs/data.md promises:
 - once no view change is in flight, a rank outside the committed view holds nothing;
 - a refused report changes nothing (the epochs' snapshot is byte-identical before and after);
 - every rank's reader, fed the agent updates the host publishes (each decision's
-  ``data_moves`` once on the group's journal, applied by ``wire.data.apply_moves``), holds
+  ``data_moves`` once on the group's journal, applied by ``facets.epochs.cursor.apply_moves``), holds
   exactly the fold's part at every step, and so does one that resyncs at any point;
 - and when every active rank reads its part to the end, the epoch completes with each
   position processed once.
@@ -27,11 +27,12 @@ from hypothesis import strategies as st
 
 from foldplane.coordinator.fold.effects import Effect, Refused
 from foldplane.coordinator.host.ready import HostState, ReadyBuilder
+from foldplane.facets.epochs.cursor import apply_moves
 from foldplane.facets.epochs.effects import EpochCompleted
 from foldplane.facets.epochs.inputs import complete_plan
 from foldplane.facets.epochs.partition import covers_exactly, split_at
-from foldplane.wire.data import apply_moves
-from foldplane.wire.updates import DataAssignmentUpdate, DataMovesUpdate, EpochPlanUpdate, Update
+from foldplane.facets.epochs.protocol import DataAssignmentUpdate, DataMovesUpdate, EpochPlanUpdate
+from foldplane.wire.updates import Update
 from tests.fold.script import Script
 
 N = 5

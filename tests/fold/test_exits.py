@@ -101,3 +101,26 @@ def test_a_proposal_withdrawn_with_its_change_is_rejected_naming_who_left():
     assert rejected.status == "rejected"
     assert "exited [1], dropped [0]" in rejected.reason
     assert "version 1 stays current" in rejected.reason
+
+
+def test_a_view_change_that_removes_only_clean_exits_reads_as_a_clean_exit():
+    """Issue 45: a clean exit is no failure, and the view change it causes says so (cause
+    ``exit``, in ``wire.life``'s words), not ``auto_deactivation``."""
+    s = Script()
+    s.form(world_size=3)
+    prepare = one(s.exit(2), ViewPrepare)
+    assert prepare.cause == {"kind": "exit", "proposals": [], "detail": "ranks [2] exited cleanly"}
+    effects = s.ack(0, 2) + s.ack(1, 2)
+    assert one(effects, ViewCommitted).view.cause["kind"] == "exit"
+
+
+def test_a_view_change_that_removes_a_death_is_still_an_auto_deactivation():
+    """The twin of the test above: a death reads as one (``auto_deactivation``, the state)."""
+    s = Script()
+    s.form(world_size=3)
+    prepare = one(s.death(2), ViewPrepare)
+    assert prepare.cause == {
+        "kind": "auto_deactivation",
+        "proposals": [],
+        "detail": "active ranks left the Healthy Set: 2 OFFLINE",
+    }

@@ -80,6 +80,8 @@ def test_a_frozen_leaders_channel_is_aborted_and_reopened_on_the_new_leader(
         assert link.suspect(_where(a))
         # The standby names the frozen leader until the lease runs out: the link refuses to go
         # there (a TimeoutError would say it did) and the retries find the standby leading.
+        # The standby takes over through PostgreSQL, in another process, and announces it to
+        # nobody: the link is opened again every 50 ms, for at most 30 s.
         deadline = time.monotonic() + 30
         while True:
             try:

@@ -94,6 +94,8 @@ async def test_a_crashed_holder_is_replaced_before_its_lease_runs_out(
         conn = a._conn
         assert conn is not None
         conn.terminate()
+        # PostgreSQL ends the dead holder's backend in its own time and tells no other
+        # session: ``b`` claims again every 20 ms, for at most 10 s.
         deadline = asyncio.get_running_loop().time() + 10
         while (state := await b.try_claim()).won is None:
             assert asyncio.get_running_loop().time() < deadline, "the dead holder kept the lease"
@@ -113,9 +115,13 @@ async def test_a_frozen_holder_is_replaced_only_once_its_lease_ran_out(
     try:
         assert (await a.try_claim()).won == 1
         # ``a`` keeps its session (alive, as a SIGSTOPped process would) but stops renewing.
+        # The lease runs out on PostgreSQL's clock, which announces nothing: ``b`` claims
+        # every 50 ms, for at most 10 s (the lease is 0.5 s).
         refused = 0
+        deadline = asyncio.get_running_loop().time() + 10
         while (state := await b.try_claim()).won is None:
             assert state.leader == a.address  # while it is live, nobody else may claim
+            assert asyncio.get_running_loop().time() < deadline, "the lease never ran out"
             refused += 1
             await asyncio.sleep(0.05)
         assert refused > 0 and state.won == 2

@@ -29,6 +29,9 @@ async def url() -> AsyncIterator[str]:
 
 
 async def until(predicate: Callable[[], object], what: str, timeout: float = 20.0) -> None:
+    """Until ``predicate`` holds. The hosts' roles and what a standby has folded move with
+    PostgreSQL (its lease, its notifications and the log the standby reads), which tells this
+    test nothing: this looks every 20 ms, and fails after ``timeout`` s."""
     deadline = asyncio.get_running_loop().time() + timeout
     while not predicate():
         assert asyncio.get_running_loop().time() < deadline, f"timed out waiting for {what}"

@@ -8,7 +8,7 @@ import pytest
 
 from foldplane.coordinator.host.journal import UpdateJournals
 from foldplane.coordinator.host.pacing import PollPacing
-from foldplane.wire.updates import EpochCompleteUpdate
+from foldplane.facets.epochs.protocol import EpochCompleteUpdate
 
 
 async def woken(journals: UpdateJournals, n: int) -> list[asyncio.Future[None]]:

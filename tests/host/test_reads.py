@@ -12,6 +12,8 @@ group, never the live fold.
   and the logs of every scenario of the facets' fold tests (refits, rendezvous, lighthouse).
 - On a real host over a SQLite log, a read while a cycle is carried out (its projection rows
   being written) sees the previous cycle's model, and the next cycle's once it is done.
+- A carry-out that fails otherwise than the log (a bug) stops the host (``carry_out_failed``):
+  nothing is admitted against a read model that lags the fold.
 """
 
 from __future__ import annotations
@@ -28,10 +30,12 @@ import msgspec
 import pytest
 
 from foldplane.coordinator.fold.machine import Coordinator
+from foldplane.coordinator.host.inputs import HostUnavailable
 from foldplane.coordinator.host.loop import Appended, Host
 from foldplane.coordinator.host.reads import Reads, ReadsPublisher
 from foldplane.eventlog.record import NewRecord, Record
 from foldplane.sim.world import World
+from foldplane.wire.codes import CARRY_OUT_FAILED
 
 S = 1_000_000_000
 T0 = 1_764_000_000 * S
@@ -269,3 +273,53 @@ async def test_a_read_during_a_cycle_sees_the_previous_cycle(tmp_path: Path) -> 
         assert before.group_status("g")["ranks"][0]["state"] == "OFFLINE"  # type: ignore[index]
     finally:
         await host.close()
+
+
+async def test_a_failed_carry_out_stops_the_host_instead_of_admitting_on_a_lagging_model(
+    tmp_path: Path,
+) -> None:
+    host = await Host.open(str(tmp_path / "log.db"), heartbeat_flush_s=0)
+    try:
+        created = await host.submit(
+            NewRecord(kind="group_created", group="g", payload={"world_size": 2, "config": {}})
+        )
+        assert isinstance(created, Appended)
+        log = host.log
+        write = log.write_projections
+
+        async def broken(*args: object, **kwargs: object) -> None:
+            raise RuntimeError("a bug while writing the rows")
+
+        log.write_projections = broken  # type: ignore[method-assign]
+        try:
+            with pytest.raises(HostUnavailable) as failed:
+                await host.submit(
+                    NewRecord(kind="join", group="g", rank=0, payload={"incarnation": "i0"})
+                )
+        finally:
+            log.write_projections = write  # type: ignore[method-assign]
+        assert failed.value.code == CARRY_OUT_FAILED, failed.value
+        assert "a bug while writing the rows" in failed.value.detail
+        # the fold stepped the join, its carry-out did not end: the read model lags the fold,
+        # so the host takes nothing more (its prechecks would read the lagging model)
+        assert host.machine.offset == created.offset + 1
+        assert host.reads.offset == created.offset
+        stopped = host.available()
+        assert stopped is not None and stopped.code == CARRY_OUT_FAILED
+        with pytest.raises(HostUnavailable) as later:
+            await host.submit(
+                NewRecord(kind="join", group="g", rank=1, payload={"incarnation": "i1"})
+            )
+        assert later.value.code == CARRY_OUT_FAILED
+    finally:
+        await host.close()
+
+
+def test_a_facet_without_a_read_model_is_named_when_the_host_starts() -> None:
+    class Bare:
+        name = "bare"
+
+    machine = Coordinator()
+    machine.facets = (*machine.facets, Bare())  # type: ignore[assignment]
+    with pytest.raises(TypeError, match="facet 'bare' publishes no read model"):
+        ReadsPublisher(machine)

@@ -7,7 +7,7 @@ import msgspec
 from foldplane.coordinator.fold.effects import ProposalResolved, Refused, ViewCommitted, ViewPrepare
 from foldplane.coordinator.host.journal import UpdateJournals, decoded
 from foldplane.coordinator.host.ready import HostState, ReadyBuilder, publish
-from foldplane.wire.updates import DataAssignmentUpdate, DataMovesUpdate
+from foldplane.facets.epochs.protocol import DataAssignmentUpdate, DataMovesUpdate
 from tests.fold.script import Script, of
 
 

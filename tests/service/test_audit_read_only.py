@@ -7,7 +7,11 @@ from __future__ import annotations
 import sqlite3
 import subprocess
 import sys
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 from tests.service.conftest import ROOT, replay
 
@@ -142,3 +146,97 @@ async def test_a_new_log_is_made_in_an_empty_file_only_when_asked(tmp_path: Path
             assert await log.append([NewRecord(kind="tick")]) == [1]
         finally:
             await log.close()
+
+
+@pytest.fixture
+def foreign_pg_db(pg_url: str) -> Iterator[str]:
+    """A scratch PostgreSQL database of this test's own holding another application's table
+    (``users``, one row) in its default schema; dropped afterwards."""
+    import asyncio
+
+    import asyncpg
+
+    name = f"foldplane_foreign_{uuid.uuid4().hex[:12]}"
+    admin = pg_url.rsplit("/", 1)[0] + "/postgres"
+    url = pg_url.rsplit("/", 1)[0] + "/" + name
+
+    async def setup() -> None:
+        conn = await asyncpg.connect(admin)
+        try:
+            await conn.execute(f'CREATE DATABASE "{name}"')
+        finally:
+            await conn.close()
+        conn = await asyncpg.connect(url)
+        try:
+            await conn.execute("CREATE TABLE users (id serial PRIMARY KEY, name text)")
+            await conn.execute("INSERT INTO users (name) VALUES ('ada')")
+        finally:
+            await conn.close()
+
+    async def drop() -> None:
+        conn = await asyncpg.connect(admin)
+        try:
+            await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        finally:
+            await conn.close()
+
+    asyncio.run(setup())
+    try:
+        yield url
+    finally:
+        asyncio.run(drop())
+
+
+def pg_contents(url: str) -> tuple[list[tuple[str, str]], list[tuple[str, ...]], list[object]]:
+    """Every schema, every table (outside PostgreSQL's own) and the ``users`` rows."""
+    import asyncio
+
+    import asyncpg
+
+    async def read() -> tuple[list[tuple[str, str]], list[tuple[str, ...]], list[object]]:
+        conn = await asyncpg.connect(url)
+        try:
+            own = "('pg_catalog', 'information_schema', 'pg_toast')"
+            schemas = await conn.fetch(
+                f"SELECT nspname FROM pg_namespace WHERE nspname NOT IN {own} ORDER BY 1"
+            )
+            tables = await conn.fetch(
+                f"SELECT schemaname, tablename FROM pg_tables WHERE schemaname NOT IN {own} "
+                "ORDER BY 1, 2"
+            )
+            users = await conn.fetch("SELECT id, name FROM users ORDER BY id")
+        finally:
+            await conn.close()
+        return (
+            [tuple(t) for t in tables],
+            [tuple(s) for s in schemas],
+            [tuple(u) for u in users],
+        )
+
+    return asyncio.run(read())
+
+
+@pytest.mark.postgres
+@pytest.mark.timeout(120)
+def test_every_command_refuses_a_postgres_database_of_another_application(
+    foreign_pg_db: str, capsys
+):
+    """The PostgreSQL side of 'every command that opens a log checks what it opens': serve,
+    compact, replay and explain on a database holding another application's tables refuse,
+    naming them, and create, migrate or write nothing there (no foldplane table, no schema)."""
+    from foldplane.cli import main
+    from tests.conftest import free_port
+
+    before = pg_contents(foreign_pg_db)
+    assert before[0] == [("public", "users")]
+    commands = [  # serve last: on the old code it adopted the database and served
+        ["compact", foreign_pg_db],
+        ["replay", foreign_pg_db],
+        ["explain", foreign_pg_db, "--group", "g", "--rank", "0"],
+        ["serve", "--db", foreign_pg_db, "--port", str(free_port())],
+    ]
+    for args in commands:
+        assert main(args) == 2, args
+        err = capsys.readouterr().err
+        assert "holds no foldplane log (tables: [users])" in err, (args, err)
+    assert pg_contents(foreign_pg_db) == before

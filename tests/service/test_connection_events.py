@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import httpx
@@ -99,6 +99,32 @@ def beat(rank: int) -> dict[str, Any]:
     return {"type": "heartbeat", "group": GROUP, "rank": rank, "incarnation": f"i{rank}"}
 
 
+async def serving(server: Server, timeout: float = 30.0) -> asyncio.Task[None]:
+    """Start ``server``: its task, once its sockets are bound (``Server.on_started``)."""
+    bound = asyncio.Event()
+    server.on_started = bound.set
+    task = asyncio.create_task(server.serve())
+    started = asyncio.create_task(bound.wait())
+    await asyncio.wait({task, started}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    if not bound.is_set():
+        started.cancel()
+        if task.done():
+            task.result()  # why it stopped
+        task.cancel()
+        raise AssertionError(f"the server did not start in {timeout} s")
+    return task
+
+
+async def until(predicate: Callable[[], bool], what: str, timeout: float = 20.0) -> None:
+    """Until ``predicate`` holds. The server reads a request from its socket in its own time,
+    and nothing announces where it got to (a closed client's beats admitted, a request
+    queued): this looks every 10 ms, and fails after ``timeout`` s."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not predicate():
+        assert asyncio.get_running_loop().time() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.01)
+
+
 @pytest.fixture
 async def server(tmp_path) -> AsyncIterator[Running]:
     host = await Host.open(str(tmp_path / "log.db"), heartbeat_flush_s=0.05)
@@ -120,9 +146,7 @@ async def server(tmp_path) -> AsyncIterator[Running]:
 
     server = Server(config(Counting(), "127.0.0.1", port, "warning"))
     running.uvicorn = server  # type: ignore[attr-defined]
-    task = asyncio.create_task(server.serve())
-    while not server.started:
-        await asyncio.sleep(0.01)
+    task = await serving(server)
     async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
         created = await client.post("/groups", json={"group": GROUP, "world_size": WORLD})
         assert created.status_code in (200, 201), created.text
@@ -244,10 +268,7 @@ async def test_a_client_gone_while_its_beats_wait_loses_nothing(server: Running)
     writer.write(post(events(beat(0), beat(1), beat(3))))
     await writer.drain()
     writer.close()
-    for _ in range(500):
-        if server.host.metrics.heartbeats >= before + 3:
-            break
-        await asyncio.sleep(0.01)
+    await until(lambda: server.host.metrics.heartbeats >= before + 3, "the beats to be written")
     assert server.host.metrics.heartbeats == before + 3
     [(status, _, _)] = await server.raw(post(events(beat(0))))
     assert status == 200
@@ -260,10 +281,8 @@ async def test_an_answer_the_host_cannot_give_is_a_503_in_the_one_shape(tmp_path
     app = create_app(host)
     port = free_port()
     server = Server(config(app, "127.0.0.1", port, "warning"))
-    task = asyncio.create_task(server.serve())
+    task = await serving(server)
     try:
-        while not server.started:
-            await asyncio.sleep(0.01)
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
             await client.post("/groups", json={"group": GROUP, "world_size": 1})
             join = {"type": "join", "group": GROUP, "rank": 0, "incarnation": "i0"}
@@ -275,11 +294,7 @@ async def test_an_answer_the_host_cannot_give_is_a_503_in_the_one_shape(tmp_path
         def waiting() -> bool:  # queued, or admitted: waiting for a record 60 s away either way
             return host.queue_depth > 0 or host.admission.beats.deadline() is not None
 
-        for _ in range(500):
-            if waiting():
-                break
-            await asyncio.sleep(0.01)
-        assert waiting()
+        await until(waiting, "the beat to wait for its shared record")
         await host.close()
         status, _, answer = await _response(reader)
         assert (status, answer["error"]) == (503, "closed")

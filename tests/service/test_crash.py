@@ -70,6 +70,9 @@ class Proposer:
                 "ranks": [3],
                 "idempotency_key": f"p-{self.n}",
             }
+            # A load, paced: a proposal every 50 ms, and while the killed server restarts (in
+            # another process, which announces nothing) another try every 100 ms; the task is
+            # cancelled at the test's end.
             try:
                 r = await self.client.post("/proposals", params={"wait": 0.5}, json=body)
             except httpx.HTTPError:
@@ -102,7 +105,9 @@ async def _kill_loop(
     Each start serves at least ``ACKED_PER_START`` acknowledged events, and every
     ``VIEW_EVERY``-th start commits a view (``committed``: the current view's version), each
     within 60 s; then it lives on a random 0.2-1.2 s so that the kills land anywhere in the
-    cycle."""
+    cycle. The server is another process, and the agents' acknowledgements and its views are
+    counted as they come: each wait looks every 50 ms, bounded by its 60 s. The random life is
+    the test's point, not a wait for anything."""
     for i in range(kills):
         floor = acknowledged() + ACKED_PER_START
         version = await committed() if i % VIEW_EVERY == 0 else None

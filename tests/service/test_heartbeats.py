@@ -50,9 +50,9 @@ async def test_a_beat_made_stale_while_it_waits_is_refused_not_written(tmp_path)
     try:
         await _group(host, 2)
         head = host.machine.offset
-        stale = asyncio.ensure_future(host.submit(rec("heartbeat", 0, incarnation="i0")))
-        current = asyncio.ensure_future(host.submit(rec("heartbeat", 1, incarnation="i1")))
-        await asyncio.sleep(0)  # let both reach the buffer
+        # both queued now (``enqueue_many`` queues before it returns), waiting for a record
+        stale = host.enqueue_many([rec("heartbeat", 0, incarnation="i0")])
+        current = host.enqueue_many([rec("heartbeat", 1, incarnation="i1")])
         # a replacement of rank 0 joins while its old incarnation's beat waits
         assert isinstance(await host.submit(rec("join", 0, incarnation="new")), Appended)
         assert not stale.done() and not current.done()
@@ -60,7 +60,7 @@ async def test_a_beat_made_stale_while_it_waits_is_refused_not_written(tmp_path)
         assert isinstance(
             await host.submit(NewRecord(kind="tick", group=None, payload={})), Appended
         )
-        refused, written = await stale, await current
+        [refused], [written] = await stale, await current
         assert isinstance(refused, Refusal) and refused.code == "stale_incarnation"
         assert isinstance(written, Appended)
         records = await host.log.read(after=head, limit=10)
@@ -82,7 +82,7 @@ async def test_a_decision_sharing_an_append_with_beats_is_answered_before_them(t
         order: list[str] = []
         beat = host.enqueue_many([rec("heartbeat", 0, incarnation="i0")])
         beat.add_done_callback(lambda _: order.append("beat"))
-        await asyncio.sleep(0)  # the loop admits it: it waits in the buffer
+        # queued (``enqueue_many`` queues before it returns): it waits for a shared record
         # a tick flushes the beat into this append, ahead of the tick and the links
         tick = host.enqueue_many([NewRecord(kind="tick", group=None, payload={})])
         tick.add_done_callback(lambda _: order.append("tick"))
@@ -106,8 +106,7 @@ async def test_twin_without_a_tick_a_waiting_beat_stays_in_the_buffer(tmp_path):
     try:
         await _group(host, 2)
         head = host.machine.offset
-        beat = asyncio.ensure_future(host.submit(rec("heartbeat", 1, incarnation="i1")))
-        await asyncio.sleep(0)
+        beat = host.enqueue_many([rec("heartbeat", 1, incarnation="i1")])  # queued at once
         other = await host.submit(rec("links", 0, incarnation="i0", self_ready=True))
         assert isinstance(other, Appended) and not beat.done()
         assert [r.kind for r in await host.log.read(after=head, limit=10)] == ["links"]

@@ -33,6 +33,17 @@ def links(rank: int) -> NewRecord:
     return rec("links", rank, self_ready=True, version=0)
 
 
+async def _parked(host: Host, group: str, polls: int) -> None:
+    """Until ``polls`` long polls of ``group`` wait on the journals (``journals.waiter``).
+    A poll that finds nothing takes its waiter without awaiting anything first: this yields
+    turns of the loop, never wall time, and fails after 1,000 of them."""
+    for _ in range(1000):
+        if host.journals.waiting(group) == polls:
+            return
+        await asyncio.sleep(0)
+    raise AssertionError(f"{host.journals.waiting(group)} polls of {group} wait, not {polls}")
+
+
 async def _joined(host: Host) -> int:
     created = await host.submit(
         NewRecord(kind="group_created", group=GROUP, payload={"world_size": 2, "config": CONFIG})
@@ -54,7 +65,7 @@ async def _polls(host: Host, after: int) -> tuple[list[asyncio.Task], list[int]]
         return [u.type for u in answer.updates]
 
     tasks = [asyncio.create_task(poll(i % 2)) for i in range(POLLS)]
-    await asyncio.sleep(0)  # every poll finds nothing yet and waits
+    await _parked(host, GROUP, POLLS)  # every poll finds nothing yet and waits
     assert not any(t.done() for t in tasks)
     return tasks, answered_at
 
@@ -182,7 +193,7 @@ async def test_a_committed_view_reaches_every_host_at_once_while_heartbeats_wait
             seen.append((types, host.applied_offset, any(f.done() for f in beats)))
 
         polls = [asyncio.create_task(wait_for_commit(its)) for its in hosts]
-        await asyncio.sleep(0)
+        await _parked(host, "big", len(polls))
         assert not any(p.done() for p in polls)
 
         # While the ACKs' batch is appended, a heartbeat of every host arrives (each host

@@ -310,7 +310,9 @@ async def test_a_transfer_after_a_readiness_timeout_names_the_slots_that_never_j
     for group, rank in (("train", 0), ("train", 1), ("gen", 0), ("gen", 1)):
         fields = {"refit": "rt", "epoch": 1, "slot": rank, "digest": D1}
         assert "offset" in await send(c, group, rank, "refit_join", **fields)
-    for _ in range(500):  # the coordinator's readiness deadline, on its own clock
+    # The readiness deadline passes on the coordinator's own clock (its ticker appends the
+    # tick), which no route announces: the status is read every 20 ms, 500 times at most.
+    for _ in range(500):
         status = (await c.get("/refits/rt")).json()
         if status["status"] == "timed_out":
             break

@@ -23,6 +23,7 @@ from foldplane.api.app import create_app
 from foldplane.coordinator.auth import Authenticator
 from foldplane.coordinator.host.loop import Host
 from foldplane.coordinator.host.replay import replay
+from foldplane.facets.rendezvous.host import waiters_of
 from foldplane.wire.auth import agent_token
 from tests.eventlog.conftest import pg_schema
 from tests.service.conftest import ROOT
@@ -48,6 +49,19 @@ def target(request: pytest.FixtureRequest, tmp_path) -> str:
     from tests.eventlog.conftest import schema_url
 
     return schema_url(request.getfixturevalue("pg_url"), request.getfixturevalue("pg_schema"))
+
+
+async def parked(host: Host, job: str) -> None:
+    """Until a long poll of ``job`` waits on ``host`` for the job to move (it took its waiter,
+    ``JobWaiters``). The request runs in this event loop (``httpx.ASGITransport``) and reaches
+    its wait within a few turns of it, without I/O: this yields turns, never wall time, and
+    fails if the poll has not parked after 10,000 of them."""
+    waiters = waiters_of(host)
+    for _ in range(10_000):
+        if waiters.waiting(job):
+            return
+        await asyncio.sleep(0)
+    raise AssertionError(f"no long poll of {job} waits")
 
 
 def client(host: Host) -> httpx.AsyncClient:
@@ -125,7 +139,7 @@ async def test_a_round_forms_through_http_and_a_restart_forms_the_next_at_once(
     waiting = asyncio.create_task(
         c.get("/rendezvous/train", params={"after": r.json()["version"], "timeout": 10}, headers=OP)
     )
-    await asyncio.sleep(0.05)
+    await parked(host, "train")
     assert not waiting.done()
     r = await c.post(
         "/rendezvous/train/join",
@@ -292,7 +306,7 @@ async def test_a_long_poll_ends_when_the_coordinator_drains_or_closes(
             poll = asyncio.create_task(
                 c.get("/rendezvous/j", params={"after": version, "timeout": 30}, headers=OP)
             )
-            await asyncio.sleep(1.0)
+            await parked(host, "j")
             assert not poll.done()  # the twin: nothing moved, it waits
             if how == "close":
                 closing = asyncio.create_task(host.close())

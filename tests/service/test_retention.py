@@ -44,7 +44,9 @@ async def test_serve_retain_compacts_while_the_group_lives_and_nothing_is_lost(t
                     json={"group": "train", "op": "deactivate", "ranks": [2]},
                 )
                 assert r.json()["status"] == "applied", r.text
-                for _ in range(300):  # bounded: about 30 s at most
+                # The server (another process) removes on its own retention schedule and
+                # announces nothing: the history is read every 100 ms, 300 times at most.
+                for _ in range(300):
                     if await _removed(client):
                         break
                     await asyncio.sleep(0.1)
@@ -114,7 +116,9 @@ async def test_compact_refuses_to_remove_anything_from_a_log_whose_fold_diverges
             await sim.start()
             try:
                 await sim.wait_until(lambda: sim.all_on(1), timeout=20)
-                for _ in range(400):  # bounded: until 40 heartbeat records, about 8 s at most
+                # The agents beat on their own (real) schedule: the log is read every 20 ms,
+                # until 40 heartbeat records, 400 times at most.
+                for _ in range(400):
                     page = await client.get("/events", params={"kind": "heartbeat", "limit": 100})
                     if len(page.json()["events"]) >= 40:
                         break

@@ -46,6 +46,7 @@ from foldplane.coordinator.fold.effects import (
 from foldplane.coordinator.fold.ranks import Ranks
 from foldplane.coordinator.fold.state import RankInfo
 from foldplane.eventlog.record import Record
+from foldplane.facets.epochs.cursor import ReadCursor
 from foldplane.facets.epochs.effects import AssignmentChanged, EpochCompleted
 from foldplane.facets.epochs.fold import Epochs
 from foldplane.facets.epochs.inputs import EpochPlan
@@ -53,7 +54,6 @@ from foldplane.facets.epochs.state import Epoch, Holding
 from foldplane.sim import world as sim
 from foldplane.sim.invariants import NAMES, Invariants, Violation
 from foldplane.sim.world import HORIZON_STEPS, World, describe, run_seed, shrink
-from foldplane.wire.data import ReadCursor
 from foldplane.wire.protocol import View
 
 SEEDS = 1_000

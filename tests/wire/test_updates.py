@@ -15,6 +15,7 @@ from typing import Any
 import msgspec
 import pytest
 
+from foldplane.agent import facets as worker_facets
 from foldplane.coordinator.fold import projections
 from foldplane.coordinator.fold.effects import (
     Effect,
@@ -25,6 +26,7 @@ from foldplane.coordinator.fold.effects import (
     ViewPrepare,
 )
 from foldplane.coordinator.host.ready import HostState, ReadyBuilder
+from foldplane.facets.epochs import protocol as epochs_protocol
 from foldplane.facets.epochs import updates as epoch_updates
 from foldplane.facets.epochs.effects import (
     AssignmentChanged,
@@ -41,10 +43,14 @@ from foldplane.facets.refits.effects import (
 )
 from foldplane.wire import protocol, reference
 from foldplane.wire import updates as wire_updates
-from foldplane.wire.updates import UPDATE_TYPES, AgentUpdate, UpdateError, decode_updates
+from foldplane.wire.updates import AgentUpdate, UpdateError
 from tests.fold.script import Script, of, one
 from tests.fold.test_refits import event, join_all, refit_spec
 from tests.wire import v2_dicts as v2
+
+#: What a worker reads: the protocol's updates and those the facets of foldplane declare.
+UPDATE_TYPES = worker_facets.UPDATES.types
+decode_updates = worker_facets.UPDATES.decode_updates
 
 QUIET = {"heartbeat_timeout_s": 3600.0}
 
@@ -216,7 +222,7 @@ def test_an_update_of_a_type_this_reader_does_not_know_is_left_out() -> None:
     known = {"offset": 3, "type": "epoch_complete", "group": "g", "epoch": 0}
     newer = {"offset": 4, "type": "from_a_newer_revision", "group": "g"}
     assert decode_updates([known, newer]) == [
-        wire_updates.EpochCompleteUpdate(offset=3, group="g", epoch=0)
+        epochs_protocol.EpochCompleteUpdate(offset=3, group="g", epoch=0)
     ]
 
 
@@ -245,7 +251,9 @@ def test_the_updates_that_name_their_reader() -> None:
     )
     assert wire_updates.addressed_rank(s) == 3
     assert (
-        wire_updates.addressed_rank(wire_updates.EpochCompleteUpdate(offset=1, group="g", epoch=0))
+        wire_updates.addressed_rank(
+            epochs_protocol.EpochCompleteUpdate(offset=1, group="g", epoch=0)
+        )
         is None
     )
 
@@ -312,7 +320,7 @@ def test_what_the_host_publishes_and_a_resync_sends_is_typed_and_protocol_2s_jso
             )
     sent = {json.dumps(as_json(d), sort_keys=True) for d in [*oracle(effects), *parts]}
     for update in published + resynced:
-        assert isinstance(update, AgentUpdate), update
+        assert isinstance(update, tuple(UPDATE_TYPES.values())), update
         assert json.dumps(as_json(update), sort_keys=True) in sent, update
     assert {u.type for u in published} == set(UPDATE_TYPES)
     assert {u.type for u in resynced} >= {"view_committed", "rank_state", "data_assignment"}
@@ -353,7 +361,9 @@ def test_the_union_is_every_update_struct_of_the_module() -> None:
         and issubclass(cls, wire_updates.Update)
         and cls is not wire_updates.Update
     }
-    assert structs == set(typing.get_args(AgentUpdate)) == set(UPDATE_TYPES.values())
+    assert structs == set(typing.get_args(AgentUpdate)) == set(wire_updates.UPDATE_TYPES.values())
+    # a worker reads those and the facets' of foldplane, each declared in its folder
+    assert set(UPDATE_TYPES.values()) == structs | set(worker_facets.FACET_UPDATES)
 
 
 def test_the_protocol_reference_lists_every_update_from_its_type() -> None:

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from .updates import DataMovesUpdate
+from .protocol import DataMovesUpdate
 
 Segment = tuple[int, int]
 
