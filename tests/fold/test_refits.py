@@ -13,6 +13,7 @@ from foldplane.coordinator.fold.effects import (
     Refused,
 )
 from foldplane.coordinator.fold.machine import Coordinator
+from foldplane.coordinator.host.reads import ReadsPublisher
 from foldplane.facets.refits.effects import (
     RefitBootstrap,
     RefitCreated,
@@ -21,7 +22,7 @@ from foldplane.facets.refits.effects import (
 )
 from foldplane.facets.refits.inputs import complete_spec
 from foldplane.facets.refits.rows import ROWS
-from tests.fold.script import Script, of, one
+from tests.fold.script import T0, S, Script, of, one
 
 D1 = "a" * 64
 D2 = "b" * 64
@@ -206,6 +207,35 @@ def test_a_digest_mismatch_is_refused_naming_who_holds_which() -> None:
     # with the digest declared, the first joiner is held to it as well
     s2 = world(digest=D2)
     refused(join(s2, "train", 0), "digest_mismatch", "the refit's definition")
+
+
+def test_a_readiness_timeout_on_a_tick_alone_is_published_in_the_refits_read_model() -> None:
+    """The tick that times an epoch out is the only record of its cycle: the refits read model
+    published after it shows the epoch timed out (as one built afresh does), not the waiting
+    epoch of the cycle before, which it would otherwise keep sharing."""
+    s = world(readiness_timeout_s=10.0)
+    join(s, "train", 0)
+    publisher = ReadsPublisher(s.m)
+    waiting = publisher.publish().facet("refits").status("rl")  # this cycle's changes read
+    assert waiting is not None and waiting["status"] == "waiting"
+    assert waiting["deadline_ts"] == T0 + 10 * S
+
+    out = s.at(11).tick()
+    assert one(out, RefitEpochChanged).status == "timed_out"
+    refit = s.m.facet("refits").refit("rl")
+    assert refit is not None and refit.status == "timed_out" and refit.deadline is None
+
+    published = publisher.publish().facet("refits").status("rl")
+    assert published == ReadsPublisher(s.m).current.facet("refits").status("rl")
+    assert published is not None and published["status"] == "timed_out"
+    assert published["deadline_ts"] is None
+    assert published["missing"] == [
+        "publisher slot 1",
+        "subscriber slot 0",
+        "subscriber slot 1",
+        "subscriber slot 2",
+        "subscriber slot 3",
+    ]
 
 
 def test_the_readiness_timeout_names_the_slots_that_never_joined() -> None:
