@@ -23,7 +23,8 @@ import msgspec
 
 from ..wire.codes import AGENT_STOPPED
 from ..wire.protocol import AgentEventBase
-from .machine import OWN_EVENTS, REFIT_EVENTS
+from .facets import ANSWERED_BY
+from .machine import OWN_EVENTS
 
 #: How long a call waits for the coordinator's answer to its event, by default.
 ANSWER_S = 30.0
@@ -55,8 +56,11 @@ def event_fields(event_type: type, fields: dict[str, Any], envelope: dict[str, A
     kind = event_type.__struct_config__.tag  # type: ignore[attr-defined]
     if kind in OWN_EVENTS:
         raise ValueError(f"{kind!r} is the agent's own event, not a facet's; the agent sends it")
-    if kind in REFIT_EVENTS:
-        raise ValueError(f"{kind!r} is a refit's event; Agent.refit(name) sends it")
+    if kind in ANSWERED_BY:
+        client = ANSWERED_BY[kind]
+        raise ValueError(
+            f"{kind!r} is the event of the agent's client Agent.{client}, which sends it"
+        )
     if _ENVELOPE & fields.keys():
         raise ValueError(f"the agent fills {sorted(_ENVELOPE & fields.keys())} of an event itself")
     try:

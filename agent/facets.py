@@ -25,6 +25,15 @@ FACET_UPDATES: tuple[type[Update], ...] = tuple(
 FACET_EVENTS: tuple[type[AgentEventBase], ...] = tuple(
     e for m in _PROTOCOLS for e in getattr(m, "EVENTS", ())
 )
+#: The facets' events whose answers go to a client of the agent, by kind: the attribute of
+#: ``Agent`` a ``protocol`` module names as its ``ANSWERED_BY`` (the refit client's), which
+#: alone sends them. Every other facet's event is ``Agent.send_event``'s.
+ANSWERED_BY: dict[str, str] = {
+    e.__struct_config__.tag: m.ANSWERED_BY  # type: ignore[attr-defined]
+    for m in _PROTOCOLS
+    if hasattr(m, "ANSWERED_BY")
+    for e in getattr(m, "EVENTS", ())
+}
 #: What a worker reads: the protocol's own updates and the facets' (the agent's poller, the
 #: relay, the simulated hosts).
 UPDATES: UpdateReader = PROTOCOL_UPDATES.with_types(*FACET_UPDATES)

@@ -55,11 +55,11 @@ from .client import (
 )
 from .driver import Driver
 from .events import ANSWER_S, EventAnswers, event_fields
+from .facets import ANSWERED_BY
 from .machine import (
     BEATS,
     EVENTS,
     OFFLINE,
-    REFIT_EVENTS,
     Action,
     AgentConfig,
     AgentMachine,
@@ -993,7 +993,8 @@ class _Driver(Driver):
 
     def event_answered(self, action: EventAnswered) -> None:
         agent, fields = self.agent, dict(action.fields)
-        answers = agent.refits if action.kind in REFIT_EVENTS else agent._events
+        client = ANSWERED_BY.get(action.kind)
+        answers = getattr(agent, client) if client else agent._events
         answers.on_answer(action.kind, fields, action.offset, action.error, action.detail)
 
     def stopped(self, action: Stopped) -> None:

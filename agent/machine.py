@@ -255,8 +255,6 @@ class ReportProgress(Struct, frozen=True):
     rate: float | None = None
 
 
-#: The refit events (``wire.protocol``): their answers go to the refit client.
-REFIT_EVENTS = frozenset({"refit_join", "refit_bootstrap", "transfer", "transfer_status"})
 #: The events the machine sends and answers itself; every other kind is a facet's
 #: (``SendEvent``, answered by ``EventAnswered``).
 OWN_EVENTS = MEMBERSHIP_EVENTS | {"progress"}
@@ -265,7 +263,7 @@ OWN_EVENTS = MEMBERSHIP_EVENTS | {"progress"}
 class SendEvent(Struct, frozen=True):
     """Send a facet's event (any kind but :data:`OWN_EVENTS`), with its fields but the
     envelope, which the machine adds. ``event_type``: its Struct (a facet's own); None for
-    the protocol's (a refit's)."""
+    one the agent's worker side reads (``agent.facets.EVENTS``: a facet's declared one)."""
 
     now: float
     kind: str

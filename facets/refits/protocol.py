@@ -153,6 +153,9 @@ class RefitBootstrapUpdate(Update, frozen=True, kw_only=True, tag="refit_bootstr
 
 #: The updates a worker of a refit receives (the server's readers, and the worker's, decode them).
 UPDATES: tuple[type[Update], ...] = (RefitEpochUpdate, TransferUpdate, RefitBootstrapUpdate)
+#: The agent's client that sends these events and is given their answers (``Agent.refits``,
+#: ``agent.refits.RefitTracker``): a caller of ``Agent.send_event`` may not send them.
+ANSWERED_BY = "refits"
 #: The events a worker of a refit sends.
 EVENTS: tuple[type[AgentEventBase], ...] = (
     RefitJoinEvent,
