@@ -10,11 +10,13 @@ step (``agent.elastic.ElasticStep`` runs it).
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
 import queue
 import threading
 import time
+import weakref
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
@@ -33,6 +35,8 @@ DECISION_SLICE_S = 0.02
 #: watch (whose ``skip`` at the deadline normally ends it first).
 DECISION_GRACE_S = 5.0
 COMMIT, SKIP = b"commit", b"skip"
+#: How long ``close`` waits for the threads it stops (a store call in flight ends first).
+CLOSE_WAIT_S = 5.0
 
 
 class StepAgreement:
@@ -43,6 +47,11 @@ class StepAgreement:
     (or the collective timeout pass) while it waits, writes ``skip``. The first write wins
     (``compare_set``) and every member adopts it. ``prefix`` keeps the keys of two users of one
     group apart. Three store round trips per step.
+
+    ``close`` stops its threads (the janitor's and the decision watch's, each with a store
+    client of its own) and waits for them, bounded; so does an exit hook for an agreement the
+    program left open: a daemon thread that returns from a store call while the interpreter
+    shuts down aborts the process ("terminate called without an active exception").
     """
 
     def __init__(self, plane: DataPlane, prefix: str) -> None:
@@ -50,7 +59,9 @@ class StepAgreement:
         self._prefix = prefix
         self._store: Any = None
         self._store_address: tuple[str, int] | None = None
+        self._janitor: Janitor | None = None
         self._watch: DecisionWatch | None = None
+        atexit.register(_close_at_exit, weakref.ref(self))
 
     def agree(self, view: ViewGroup, index: int, ok: bool) -> bool:
         """True if step ``index`` of ``view`` is committed on every member (False: skipped)."""
@@ -64,6 +75,7 @@ class StepAgreement:
                 answer = store.compare_set(decision, "", COMMIT)
                 if answer == COMMIT and index > 0:  # every member is past step index - 1
                     done = f"{self._prefix}/{view.version}/{index - 1}"
+                    assert self._janitor is not None  # made with the store
                     self._janitor.forget(f"{done}/ok", f"{done}/decision")
                 return answer == COMMIT
             return self._await_decision(store, view, decision)
@@ -95,6 +107,23 @@ class StepAgreement:
         """Forget the store client (it failed): the next use connects again."""
         self._store = None
 
+    def close(self, timeout: float = CLOSE_WAIT_S) -> bool:
+        """Stop the janitor's and the decision watch's threads and wait up to ``timeout`` s for
+        both to end: True if they did (a later use connects again)."""
+        janitor, watch = self._janitor, self._watch
+        self._store = self._store_address = self._janitor = self._watch = None
+        deadline = time.monotonic() + timeout
+        ended = True
+        for part in (watch, janitor):
+            if part is not None:
+                ended = part.close(max(0.0, deadline - time.monotonic())) and ended
+        if not ended:
+            log.warning(
+                "rank %d: a thread of the step agreement is still in a store call after close",
+                self._plane.rank,
+            )
+        return ended
+
     def store(self) -> Any:
         """A store client of our own (a wait here must not hold up the heartbeat's client);
         the elastic DDP also publishes its heal servers through it."""
@@ -103,9 +132,11 @@ class StepAgreement:
         if self._store is None or self._store_address != address:
             self._store = plane.connect_store(*address)
             self._store_address = address
+            if self._janitor is not None:  # the old store's: ends after its deletes
+                self._janitor.close(0.0)
             self._janitor = Janitor(plane.connect_store(*address))
             if self._watch is not None:
-                self._watch.close()
+                self._watch.close(0.0)
             self._watch = DecisionWatch(plane, plane.connect_store(*address))
         return self._store
 
@@ -126,13 +157,19 @@ class DecisionWatch:
         self._cond = threading.Condition()
         self._watched: tuple[ViewGroup, str, float] | None = None
         self._closed = False
-        threading.Thread(target=self._run, name="foldplane-decision-watch", daemon=True).start()
+        self._thread = threading.Thread(
+            target=self._run, name="foldplane-decision-watch", daemon=True
+        )
+        self._thread.start()
 
-    def close(self) -> None:
-        """Stop the thread (the agreement moved to another store)."""
+    def close(self, timeout: float) -> bool:
+        """Stop the thread (the agreement moved to another store, or closes) and wait up to
+        ``timeout`` s for it to end: True if it did."""
         with self._cond:
             self._closed = True
             self._cond.notify_all()
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
 
     @contextlib.contextmanager
     def watching(self, view: ViewGroup, decision: str, deadline: float) -> Iterator[None]:
@@ -154,8 +191,12 @@ class DecisionWatch:
                 watched = self._watched
                 assert watched is not None
                 view, decision, deadline = watched
-                while self._watched is watched and not self._ends(view, deadline):
+                while (
+                    self._watched is watched and not self._closed and not self._ends(view, deadline)
+                ):
                     self._cond.wait(DECISION_SLICE_S)
+                if self._closed:
+                    return
                 if self._watched is not watched:
                     continue  # decided meanwhile
             try:
@@ -174,14 +215,16 @@ class DecisionWatch:
 
 class Janitor:
     """Deletes the keys of decided steps on a thread of its own (off the step's critical path),
-    with a store client of its own."""
+    with a store client of its own. ``close`` stops it."""
 
     def __init__(self, store: Any) -> None:
         self._store = store
-        self._queue: queue.SimpleQueue[tuple[str, ...]] = queue.SimpleQueue()
+        #: keys to delete; None: stop
+        self._queue: queue.SimpleQueue[tuple[str, ...] | None] = queue.SimpleQueue()
         self._unfinished = 0  # ``forget`` calls whose keys are not deleted yet
         self._idle = threading.Condition()
-        threading.Thread(target=self._run, name="foldplane-janitor", daemon=True).start()
+        self._thread = threading.Thread(target=self._run, name="foldplane-janitor", daemon=True)
+        self._thread.start()
 
     def forget(self, *keys: str) -> None:
         with self._idle:
@@ -193,9 +236,18 @@ class Janitor:
         with self._idle:
             return self._idle.wait_for(lambda: self._unfinished == 0, timeout)
 
+    def close(self, timeout: float) -> bool:
+        """Stop the thread once the keys given so far are deleted (or a delete failed) and wait
+        up to ``timeout`` s for it to end: True if it did."""
+        self._queue.put(None)
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
     def _run(self) -> None:
         while True:
             keys = self._queue.get()
+            if keys is None:
+                return
             try:
                 for key in keys:
                     self._store.delete_key(key)
@@ -205,6 +257,13 @@ class Janitor:
             with self._idle:
                 self._unfinished -= 1
                 self._idle.notify_all()
+
+
+def _close_at_exit(ref: weakref.ref[StepAgreement]) -> None:
+    """Close an agreement the program left open (its threads must end before the interpreter)."""
+    agreement = ref()
+    if agreement is not None:
+        agreement.close()
 
 
 __all__ = ["COMMIT", "SKIP", "DecisionWatch", "Janitor", "StepAgreement"]

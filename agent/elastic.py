@@ -77,6 +77,12 @@ class ElasticStep:
         self._in_step = False
         self._failed_works: list[Work] = []
 
+    def close(self) -> bool:
+        """Stop the step agreement's threads, bounded (``StepAgreement.close``; an exit hook
+        does it for a wrapper left open): True if they ended. The data plane and the group are
+        the caller's and stay open; a later step connects again."""
+        return self._agreement.close()
+
     @property
     def _plane(self) -> DataPlane:
         """The group's data plane: the ``DataPlane`` that owns it (the group itself needs only

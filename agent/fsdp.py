@@ -38,9 +38,11 @@ the elastic one. Global ranks are ``replica * S + shard``.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import time
+import weakref
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, cast
@@ -52,7 +54,7 @@ from torch.distributed import PrefixStore, TCPStore
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
-from .agreement import Janitor
+from .agreement import CLOSE_WAIT_S, Janitor
 from .dataplane.group import ElasticProcessGroup
 from .dataplane.plane import DataPlane
 from .dataplane.view import ViewGroup
@@ -197,6 +199,9 @@ class ReplicaExchange:
     off the step's path, since every process has read round ``n - 1`` before it sets round
     ``n``. A process whose peers do not come within ``timeout_s`` (dead, as a lost replica's
     are) gets a ``RuntimeError`` naming them, as a shard group's operation would.
+
+    ``close`` (``HSDPMesh.close``, or an exit hook if the program did not) stops the janitor's
+    thread, bounded: one still in a store call as the interpreter shuts down aborts the process.
     """
 
     def __init__(self, store: Any, janitor_store: Any, shard: int, shards: int) -> None:
@@ -205,6 +210,14 @@ class ReplicaExchange:
         self._store = store
         self._janitor = Janitor(janitor_store)
         self._round = 0
+        atexit.register(_close_exchange_at_exit, weakref.ref(self))
+
+    def close(self, timeout: float = CLOSE_WAIT_S) -> bool:
+        """Stop the janitor's thread and wait up to ``timeout`` s for it: True if it ended."""
+        if self._janitor.close(timeout):
+            return True
+        log.warning("shard %d: the exchange's janitor is still in a store call", self.shard)
+        return False
 
     @classmethod
     def open(
@@ -263,6 +276,17 @@ class HSDPMesh:
     shard: int
     shards: int
     exchange: ReplicaExchange
+
+    def close(self, timeout: float = CLOSE_WAIT_S) -> bool:
+        """Stop the exchange's thread (``ReplicaExchange.close``): True if it ended in time."""
+        return self.exchange.close(timeout)
+
+
+def _close_exchange_at_exit(ref: weakref.ref[ReplicaExchange]) -> None:
+    """Close an exchange the program left open (its thread must end before the interpreter)."""
+    exchange = ref()
+    if exchange is not None:
+        exchange.close()
 
 
 def hsdp_mesh(

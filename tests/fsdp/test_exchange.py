@@ -89,3 +89,13 @@ def test_a_dead_host_is_said_to_be_unreachable():
     unreachable = r"round 0 .*the replica's store \(shard 0's process\) is unreachable"
     with pytest.raises(RuntimeError, match=unreachable):
         exchanges[0].all_gather(torch.tensor([1]))
+
+
+def test_closing_the_exchange_ends_its_janitor_thread():
+    before = set(threading.enumerate())
+    exchanges = _open_all(2)
+    _in_threads([lambda s=s: exchanges[s].all_gather(torch.tensor([s])) for s in range(2)])
+    started = [t for t in threading.enumerate() if t not in before]
+    assert [t.name for t in started].count("foldplane-janitor") == 2
+    assert all(e.close(10.0) for e in exchanges)
+    assert [t.name for t in started if t.is_alive() and t.name == "foldplane-janitor"] == []
