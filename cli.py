@@ -16,9 +16,10 @@
 - ``explain log.db --group G --rank R [--until OFFSET] [--json]`` tells the rank's story: the
   records that brought it to its state and its place in or out of ``active_ranks``
   (:mod:`coordinator.host.story`, the same story as ``GET /groups/{group}/ranks/{rank}/story``).
-  ``explain log.db --refit NAME`` tells a refit's story instead: its epochs, joins and
-  transfers (:mod:`facets.refits.story`); ``explain log.db --rdzv JOB`` a torchrun job's
-  rendezvous: every join, round, leave and the closing (:mod:`facets.rendezvous.story`).
+  A facet may tell a story of its own instead, by the option its plugin declares (its
+  ``explain``, ``coordinator/fold/registry.py``): ``explain log.db --refit NAME`` a refit's
+  (its epochs, joins and transfers), ``explain log.db --rdzv JOB`` a torchrun job's
+  rendezvous (every join, round, leave and the closing).
 - ``group list|show|end|delete [NAME] [--coordinator URL]`` asks a running coordinator: every
   group with where its run stands, one group's document, or ends a group's run (its ranks are
   told to stop; its history stays) or deletes it (ended, and gone from the listings and the
@@ -351,21 +352,34 @@ def _compact_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--progress", choices=["auto", "always", "never"], default="auto")
 
 
-def _explain_options(p: argparse.ArgumentParser) -> None:
+def _explain_options(p: argparse.ArgumentParser) -> ImportError | None:
+    """``explain``'s options: a rank's ``--group G --rank R``, and the option of each facet
+    that tells a story of its own (its plugin's ``explain``, ``coordinator/fold/registry.py``),
+    in the facets' order; the ImportError when the server's packages are not installed."""
     p.add_argument("db", help="the log: a SQLite path, sqlite:/// or postgresql:// URL")
     p.add_argument("--group", default=None)
     p.add_argument("--rank", type=int, default=None)
-    p.add_argument(
-        "--refit", default=None, metavar="NAME", help="tell this refit's story (not a rank's)"
-    )
-    p.add_argument(
-        "--rdzv",
-        default=None,
-        metavar="JOB",
-        help="tell this torchrun job's rendezvous story (its --rdzv-id; not a rank's)",
-    )
+    stories: list[tuple[str, Any]] = []
+    missing = None
+    try:
+        from .coordinator.fold import registry
+
+        facets = registry.Facets(os.environ.get(registry.FACETS_ENV))
+    except ImportError as exc:  # a worker's install: explain cannot run (see main)
+        missing = exc
+    except ValueError:  # a wrong FOLDPLANE_FACETS: explain says so before it runs (main)
+        facets = registry.default()
+    if missing is None:
+        for plugin in facets.plugins:
+            if (told := plugin.explain) is not None:
+                action = p.add_argument(
+                    told.option, default=None, metavar=told.metavar, help=told.help
+                )
+                stories.append((action.dest, told))
+    p.set_defaults(facet_stories=tuple(stories))
     p.add_argument("--until", type=int, default=None, metavar="OFFSET", help="stop at this offset")
     p.add_argument("--json", action="store_true", help="print the story as JSON")
+    return missing
 
 
 def _group_options(p: argparse.ArgumentParser) -> None:
@@ -799,30 +813,31 @@ def _audit_warnings(command: str, db: str, records: int) -> None:
 def _explain(args: argparse.Namespace) -> int:
     from .coordinator.host.story import StoryError, format_story, story_from
     from .eventlog import LogError
-    from .facets.refits.story import RefitStoryError, refit_story_from
-    from .facets.rendezvous.story import RendezvousStoryError, rendezvous_story_from
 
-    whose = [x for x in (args.refit, args.rdzv) if x is not None]
+    stories = args.facet_stories
+    whose = [(told, key) for dest, told in stories if (key := getattr(args, dest)) is not None]
+    options = [f"{told.option} {told.metavar}" for _, told in stories]
+    rank = "--group G --rank R"
+    rank_story = f"{rank} (a rank's story)"
     if len(whose) > 1 or (whose and (args.group is not None or args.rank is not None)):
         print(
-            "explain: give one of --group G --rank R, --refit NAME or --rdzv JOB, not both",
+            f"explain: give one of {_either(rank, *options)}, not both",
             file=sys.stderr,
         )
         return 2
     if not whose and (args.group is None or args.rank is None):
         print(
-            "explain: give --group G --rank R (a rank's story), --refit NAME or --rdzv JOB",
+            f"explain: give {_either(rank_story, *options)}",
             file=sys.stderr,
         )
         return 2
+    told = whose[0][0] if whose else None
     try:
-        if args.refit is not None:
-            story = asyncio.run(refit_story_from(args.db, args.refit, until=args.until))
-        elif args.rdzv is not None:
-            story = asyncio.run(rendezvous_story_from(args.db, args.rdzv, until=args.until))
+        if told is not None:
+            story = asyncio.run(told.function("tell")(args.db, whose[0][1], until=args.until))
         else:
             story = asyncio.run(story_from(args.db, args.group, args.rank, until=args.until))
-    except (StoryError, RefitStoryError, RendezvousStoryError) as exc:
+    except StoryError as exc:
         print(f"explain: {exc.detail}", file=sys.stderr)
         return 2
     except (LogError, OSError, ValueError) as exc:
@@ -831,16 +846,15 @@ def _explain(args: argparse.Namespace) -> int:
     if args.json:
         json.dump(story, sys.stdout, indent=2)
         sys.stdout.write("\n")
-    elif args.rdzv is not None:
-        kept = story["keepalives"]
-        print(
-            format_story(
-                {**story, "heartbeats": kept, "omitted": {"heartbeats": kept, "evidence": 0}}
-            )
-        )
     else:
-        print(format_story(story))
+        shown = told.function("shown") if told is not None else None
+        print(format_story(shown(story) if shown is not None else story))
     return 0
+
+
+def _either(*options: str) -> str:
+    """``a``, ``a or b``, ``a, b or c``."""
+    return options[0] if len(options) == 1 else f"{', '.join(options[:-1])} or {options[-1]}"
 
 
 class _ProgressBar:

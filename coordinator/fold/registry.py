@@ -48,6 +48,29 @@ RowsOf = Callable[[Any], list[ProjectionRow]]
 
 
 @dataclass(frozen=True)
+class Explain:
+    """A facet's story in ``explain``: the option that names whose (``option`` and its
+    ``metavar``, with its ``help``), beside a rank's ``--group G --rank R``, and what tells it,
+    each ``"module:function"``, imported when asked for: ``tell(target, key, *, until)``, a
+    coroutine giving the story (a ``coordinator.host.story.StoryError`` when the log holds
+    none), and ``shown(story)``, the story as ``format_story`` prints it (None: as it is)."""
+
+    option: str
+    metavar: str
+    help: str
+    tell: str
+    shown: str | None = None
+
+    def function(self, which: str) -> Callable[..., Any] | None:
+        """The function ``tell`` or ``shown`` names, imported (None if it names none)."""
+        name = getattr(self, which)
+        if name is None:
+            return None
+        module, _, attr = name.partition(":")
+        return getattr(importlib.import_module(module), attr)
+
+
+@dataclass(frozen=True)
 class FacetPlugin:
     """What a facet registers: everything the layers outside its fold read of it."""
 
@@ -87,6 +110,8 @@ class FacetPlugin:
     #: its panel in the operator's console: ``"package:file"``, an HTML fragment (its section,
     #: style and script; docs/console.md "A facet's panel") the console page includes
     console: str | None = None
+    #: its story in ``explain`` (``cli.py``): the option that names whose, and what tells it
+    explain: Explain | None = None
 
 
 #: each facet package's plugin, once imported (a memo of the import, like ``sys.modules``)

@@ -2,7 +2,7 @@
 reads of it. Its package's ``PLUGIN``, loaded when the registry asks for it, so a worker that
 imports the facet's worker modules loads none of its server side."""
 
-from ...coordinator.fold.registry import FacetPlugin
+from ...coordinator.fold.registry import Explain, FacetPlugin
 from .fold import Refits
 from .protocol import EVENTS, UPDATES
 from .rows import PROJECTION_KINDS, ROWS
@@ -21,4 +21,10 @@ PLUGIN = FacetPlugin(
     routes="foldplane.facets.refits.routes",
     plot="foldplane.facets.refits.plot",
     console="foldplane.facets.refits:console.html",
+    explain=Explain(
+        option="--refit",
+        metavar="NAME",
+        help="tell this refit's story (not a rank's)",
+        tell="foldplane.facets.refits.story:refit_story_from",
+    ),
 )

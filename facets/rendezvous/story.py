@@ -194,3 +194,10 @@ async def rendezvous_story_from(
 ) -> dict[str, Any]:
     """:func:`rendezvous_story_of` on the log at ``target``, opened read-only and closed here."""
     return await story_at(target, lambda log: rendezvous_story_of(log, name, until=until))
+
+
+def shown(story: dict[str, Any]) -> dict[str, Any]:
+    """The story as ``explain`` prints it (``format_story``): the job's keepalives where a
+    rank's story counts its heartbeats, none of them shown."""
+    kept = story["keepalives"]
+    return {**story, "heartbeats": kept, "omitted": {"heartbeats": kept, "evidence": 0}}
