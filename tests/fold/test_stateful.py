@@ -54,6 +54,9 @@ class FoldMachine(RuleBasedStateMachine):
         self.effects: list[list[Any]] = []  # per record, in order
         self.world: dict[str, int] = {}
         self.committed: dict[str, int] = {}
+        #: each group's last committed active ranks, as the effects so far say (one step may
+        #: prepare and commit several views: a prepared view is checked against the one before)
+        self.active: dict[str, set[int]] = {}
         self.in_flight: dict[str, int | None] = {}
         self.outcomes: dict[int, Any] = {}
         self.accepted: set[int] = set()
@@ -83,13 +86,14 @@ class FoldMachine(RuleBasedStateMachine):
                 assert self.in_flight.get(e.group) in (None, e.version), "two changes in flight"
                 assert e.version == self.committed.get(e.group, 0) + 1
                 self.in_flight[e.group] = e.version
-                self.check_admitted(e)
+                self.check_admitted(e, self.active.get(e.group, set()))
             elif isinstance(e, ViewCommitted):
                 v = e.view
                 assert v.active_ranks, f"version {v.version} committed an empty view"
                 assert self.in_flight.get(v.group) == v.version
                 assert v.version == self.committed.get(v.group, 0) + 1
                 self.committed[v.group] = v.version
+                self.active[v.group] = set(v.active_ranks)
                 self.in_flight[v.group] = None
             elif isinstance(e, ProposalAccepted):
                 p = e.proposal
@@ -108,9 +112,11 @@ class FoldMachine(RuleBasedStateMachine):
             if version is not None and m.group_status(group)["change_in_flight"] is None:
                 self.in_flight[group] = None  # withdrawn (see above)
 
-    def check_admitted(self, prep: ViewPrepare) -> None:
+    def check_admitted(self, prep: ViewPrepare, old: set[int]) -> None:
+        """``prep`` activates only HEALTHY ranks that form a clique, measured against ``old``,
+        the view committed before it (not the fold's view after the step, which may already
+        be a later one)."""
         status = self.s.m.group_status(prep.group)
-        old = set(status["view"]["active_ranks"]) if status["view"] else set()
         target = set(prep.active_ranks)
         ranks = status["ranks"]
         if target - old:  # the view activates ranks: formation or an activate proposal
@@ -386,3 +392,20 @@ FoldMachine.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow],
 )
 TestFold = FoldMachine.TestCase
+
+
+def test_a_tick_that_commits_two_views_is_checked_view_by_view() -> None:
+    """A schedule the search found: every rank exits while a reconfigure waits, two deactivate
+    proposals queue behind it; the tick that times the reconfigure out prepares and commits
+    both views (nobody is left to ACK), so the first one, which removes rank 0 of the five,
+    must be checked against the view before it, not against the second."""
+    machine = FoldMachine()
+    machine.create(world=5, config={}, second=False, formed=True)
+    machine.reconfigure(gi=0, odd=None, who=0, uuid=0, stale=False, everyone=False)
+    for rank in range(4):
+        machine.exit(gi=0, rank=rank)
+    machine.propose(gi=0, key=None, op="deactivate", ranks=[0])
+    machine.propose(gi=0, key=None, op="deactivate", ranks=[1])
+    machine.exit(gi=0, rank=4)
+    machine.teardown()  # every proposal has its outcome, each view was checked
+    assert machine.committed["g"] == 3 and machine.active["g"] == {2, 3, 4}
