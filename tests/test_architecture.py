@@ -10,6 +10,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def _python(code: str) -> subprocess.CompletedProcess[str]:
+    """``code`` run by a fresh interpreter of this environment from the checkout; it must
+    succeed (its stderr is the message if not)."""
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    return done
+
+
 def test_pure_machines_import_no_io() -> None:
     """The fold and the agent machine import no asyncio, threads, sockets, clocks, databases or torch."""
     lint = Path(sys.executable).with_name("lint-imports")
@@ -44,10 +54,7 @@ def test_importing_the_pure_machines_loads_no_io_module() -> None:
         "foldplane.coordinator.fold.machine.Coordinator(); "
         f"print(','.join(m for m in {IO_MODULES!r} if m in sys.modules))"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120
-    )
-    assert done.returncode == 0, done.stderr
+    done = _python(code)
     loaded = [m for m in done.stdout.strip().split(",") if m]
     assert loaded == [], f"importing the pure machines loaded {loaded}"
 
@@ -183,10 +190,7 @@ def test_every_module_has_one_name() -> None:
         "except SystemExit: pass\n"
         f"print(sorted(m for m in sys.modules if m.split('.')[0] in {PACKAGES!r}))"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120
-    )
-    assert done.returncode == 0, done.stderr
+    done = _python(code)
     assert "serve" in done.stdout, done.stdout
     assert done.stdout.strip().splitlines()[-1] == "['coordinator']", done.stdout
 
@@ -333,10 +337,7 @@ def test_importing_a_facet_package_loads_none_of_its_server_side() -> None:
         "'foldplane.facets.')) and m.count('.') > 2)); "
         "print(importlib.import_module('foldplane.facets.refits').PLUGIN.name)"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120
-    )
-    assert done.returncode == 0, done.stderr
+    done = _python(code)
     assert done.stdout.split("\n")[:2] == ["[]", "refits"], done.stdout
 
 
@@ -350,10 +351,7 @@ def test_the_worker_side_loads_of_a_facet_its_protocol_only() -> None:
         "'foldplane.api', 'foldplane.facets.')))); "
         "print(sorted(c.__struct_config__.tag for c in f.FACET_EVENTS))"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120
-    )
-    assert done.returncode == 0, done.stderr
+    done = _python(code)
     loaded, events = done.stdout.strip().split("\n")[-2:]
     # the facets' packages (their declarations are loaded only when asked for) and one module
     modules = [

@@ -28,8 +28,8 @@ the fold: no I/O, no clock, no randomness; it reads the fold's groups through
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, Protocol
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Protocol, TypeVar
 
 from ...eventlog.record import Record
 from .effects import Effect, View
@@ -123,3 +123,24 @@ class Facet(Protocol):
         per fold): the facet builds the next one from it, sharing what did not change since,
         and forgets what it had noted. Equal, read by read, to one built from scratch
         (``tests/host/test_reads.py``)."""
+
+
+K = TypeVar("K")
+S = TypeVar("S")
+R = TypeVar("R")
+
+
+def rerendered(
+    previous: Mapping[K, R], current: Mapping[K, S], moved: Iterable[K], render: Callable[[S], R]
+) -> dict[K, R]:
+    """A facet's read model, copy-on-write by key: ``previous``'s entries, with those of
+    ``moved`` rendered again from ``current`` (a key gone from ``current`` is dropped); every
+    other entry is shared with ``previous``."""
+    out = dict(previous)
+    for key in moved:
+        state = current.get(key)
+        if state is None:
+            out.pop(key, None)
+        else:
+            out[key] = render(state)
+    return out

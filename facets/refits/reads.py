@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ...coordinator.fold.facets import rerendered
 from .checks import RefitChecks
 from .state import Refit
 
@@ -79,11 +80,5 @@ def read_model(
         return RefitsReads({name: refit_status(r) for name, r in refits.items()})
     if not moved:
         return previous
-    out = dict(previous._status)  # noqa: SLF001 - the model of the same module
-    for name in moved:
-        r = refits.get(name)
-        if r is None:
-            out.pop(name, None)
-        else:
-            out[name] = refit_status(r)
+    out = rerendered(previous._status, refits, moved, refit_status)  # noqa: SLF001 - same module
     return RefitsReads(out)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ...coordinator.fold.facets import rerendered
 from .state import Job, job_status
 
 
@@ -61,11 +62,5 @@ def read_model(
         return RendezvousReads({name: JobReads(job) for name, job in jobs.items()})
     if not moved:
         return previous
-    out = dict(previous._jobs)  # noqa: SLF001 - the model of the same module
-    for name in moved:
-        job = jobs.get(name)
-        if job is None:
-            out.pop(name, None)
-        else:
-            out[name] = JobReads(job)
+    out = rerendered(previous._jobs, jobs, moved, JobReads)  # noqa: SLF001 - same module
     return RendezvousReads(out)
