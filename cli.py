@@ -228,8 +228,29 @@ def _serve_options(p: argparse.ArgumentParser) -> ImportError | None:
             raise
         missing = exc
     _ha_options(p)
-    _lighthouse_options(p)
+    try:
+        facets = _facets_of_options()
+    except ImportError as exc:  # a worker's install: serve cannot run (see main)
+        return missing or exc
+    from .coordinator.fold import registry
+
+    for plugin in facets.plugins:
+        if (served := registry.part(plugin, "serve")) is not None:
+            served.options(p)
     return missing
+
+
+def _facets_of_options() -> Any:
+    """The facets whose options the parser lists (``serve``'s and ``explain``'s): those of
+    ``FOLDPLANE_FACETS``, or the built-in ones when it names a wrong package (``main`` says
+    so before the command runs). Raises ImportError when the server's packages are not
+    installed."""
+    from .coordinator.fold import registry
+
+    try:
+        return registry.Facets(os.environ.get(registry.FACETS_ENV))
+    except ValueError:
+        return registry.default()
 
 
 def _ha_options(p: argparse.ArgumentParser) -> None:
@@ -253,60 +274,6 @@ def _ha_options(p: argparse.ArgumentParser) -> None:
         type=float,
         default=0.1,
         help="how often a standby looks at the lease, in seconds (default 0.1)",
-    )
-
-
-def _lighthouse_options(p: argparse.ArgumentParser) -> None:
-    """``serve``'s options for torchft's lighthouse."""
-    lh = p.add_argument_group(
-        "torchft's lighthouse (docs/torchft.md): its quorum rule's settings are named and "
-        "defaulted as torchft_lighthouse's own"
-    )
-    lh.add_argument(
-        "--lighthouse-port",
-        type=int,
-        default=None,
-        metavar="N",
-        help="serve torchft's LighthouseService (gRPC) on this port (0: any free port); "
-        "torchft's managers find it through TORCHFT_LIGHTHOUSE=http://HOST:N",
-    )
-    lh.add_argument(
-        "--lighthouse-host",
-        default="127.0.0.1",
-        metavar="ADDRESS",
-        help="where the lighthouse binds (default 127.0.0.1). Its protocol carries no token: "
-        "whoever reaches it may take part in quorums",
-    )
-    lh.add_argument(
-        "--lighthouse-min-replicas",
-        type=int,
-        default=None,
-        metavar="N",
-        help="the fewest replica groups a new quorum may have (torchft's --min_replicas; "
-        "required with --lighthouse-port, as torchft requires it)",
-    )
-    lh.add_argument(
-        "--lighthouse-join-timeout-ms",
-        type=int,
-        default=60_000,
-        metavar="MS",
-        help="how long a quorum waits for heartbeating replica groups that have not asked yet "
-        "(default 60000)",
-    )
-    lh.add_argument(
-        "--lighthouse-quorum-tick-ms",
-        type=int,
-        default=100,
-        metavar="MS",
-        help="the least time between two ticks of the quorum rule while a quorum waits "
-        "(default 100)",
-    )
-    lh.add_argument(
-        "--lighthouse-heartbeat-timeout-ms",
-        type=int,
-        default=5_000,
-        metavar="MS",
-        help="how long after its last heartbeat a replica group counts as dead (default 5000)",
     )
 
 
@@ -362,13 +329,9 @@ def _explain_options(p: argparse.ArgumentParser) -> ImportError | None:
     stories: list[tuple[str, Any]] = []
     missing = None
     try:
-        from .coordinator.fold import registry
-
-        facets = registry.Facets(os.environ.get(registry.FACETS_ENV))
+        facets = _facets_of_options()
     except ImportError as exc:  # a worker's install: explain cannot run (see main)
         missing = exc
-    except ValueError:  # a wrong FOLDPLANE_FACETS: explain says so before it runs (main)
-        facets = registry.default()
     if missing is None:
         for plugin in facets.plugins:
             if (told := plugin.explain) is not None:
@@ -507,9 +470,10 @@ def _serve(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    if (problem := _lighthouse_settings(args)) is not None:
-        print(f"coordinator: {problem}", file=sys.stderr)
-        return 2
+    for served in _facet_serves():
+        if (problem := served.check(args)) is not None:
+            print(f"coordinator: {problem}", file=sys.stderr)
+            return 2
     if args.advertise is not None and not args.advertise.startswith(("http://", "https://")):
         print(
             f"coordinator: --advertise {args.advertise!r} must start with http:// or https://",
@@ -533,58 +497,13 @@ def _serve(args: argparse.Namespace) -> int:
         return runner.run(_serve_async(args, auth))
 
 
-def _lighthouse_settings(args: argparse.Namespace) -> str | None:
-    """Check the ``--lighthouse-*`` options; ``args.lighthouse`` becomes the quorum rule's
-    settings (None without ``--lighthouse-port``). What is wrong, or None."""
-    args.lighthouse = None
-    if args.lighthouse_port is None:
-        return None
-    if not 0 <= args.lighthouse_port <= 65535:
-        return f"--lighthouse-port must be from 0 to 65535, got {args.lighthouse_port}"
-    if args.lighthouse_min_replicas is None:
-        return (
-            "--lighthouse-port needs --lighthouse-min-replicas (torchft's lighthouse has no "
-            "default for --min_replicas either)"
-        )
-    from .facets.lighthouse.effects import Settings
+def _facet_serves() -> list[Any]:
+    """The ``serve`` parts of the installed facets (their plugins' ``serve``), in the facets'
+    order: each checks its options and starts what they ask for beside the HTTP server."""
+    from .coordinator.fold import registry
 
-    settings = Settings(
-        min_replicas=args.lighthouse_min_replicas,
-        join_timeout_ms=args.lighthouse_join_timeout_ms,
-        quorum_tick_ms=args.lighthouse_quorum_tick_ms,
-        heartbeat_timeout_ms=args.lighthouse_heartbeat_timeout_ms,
-    )
-    if (problem := settings.problem()) is not None:
-        return f"--lighthouse-*: {problem}"
-    args.lighthouse = settings
-    return None
-
-
-async def _serve_lighthouse(args: argparse.Namespace, host: Any, auth: Any) -> Any:
-    """Start torchft's lighthouse service on this coordinator (``--lighthouse-port``): the
-    gRPC server and the lighthouse it serves, or None without the option. Raises OSError when
-    its address cannot be bound."""
-    if args.lighthouse is None:
-        return None
-    from .coordinator.auth import is_loopback
-    from .facets.lighthouse import service
-    from .facets.lighthouse.host import serve_lighthouse
-
-    lighthouse = serve_lighthouse(
-        host, args.lighthouse, flush_s=args.heartbeat_flush_s, token=auth.operator_token
-    )
-    server, port = await service.start(lighthouse, args.lighthouse_host, args.lighthouse_port)
-    where = service.bind_address(args.lighthouse_host, port)
-    log = logging.getLogger("foldplane")
-    log.info("torchft lighthouse on %s (TORCHFT_LIGHTHOUSE=http://%s)", where, where)
-    if not is_loopback(args.lighthouse_host):
-        log.warning(
-            "the torchft lighthouse binds %s: its protocol carries no token, so any process "
-            "that reaches it may ask for quorums and heartbeat as any replica group "
-            "(docs/torchft.md, Exposure)",
-            where,
-        )
-    return server, lighthouse
+    parts = (registry.part(plugin, "serve") for plugin in registry.plugins())
+    return [part for part in parts if part is not None]
 
 
 async def _serve_async(args: argparse.Namespace, auth: Any) -> int:
@@ -609,7 +528,7 @@ async def _serve_async(args: argparse.Namespace, auth: Any) -> int:
         return 2
     store = None
     retention = None
-    lighthouse = None
+    served: list[Any] = []  # what the facets started beside the HTTP server, closed in reverse
     if args.retain is not None:
         from .coordinator.host.compaction import retain_periodically
 
@@ -629,9 +548,11 @@ async def _serve_async(args: argparse.Namespace, auth: Any) -> int:
                 args.host, args.store_port, advertise=args.store_host
             )
         try:
-            lighthouse = await _serve_lighthouse(args, host, auth)
+            for part in _facet_serves():
+                if (started := await part.start(args, host, auth)) is not None:
+                    served.append(started)
         except OSError as exc:
-            print(f"coordinator: --lighthouse-port: {exc}", file=sys.stderr)
+            print(f"coordinator: {exc}", file=sys.stderr)
             return 2
         app = create_app(host, auth, limits=args.limits)
         server = Server(config(app, args.host, args.port, args.log_level, args.limits))
@@ -654,10 +575,8 @@ async def _serve_async(args: argparse.Namespace, auth: Any) -> int:
             retention.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await retention
-        if lighthouse is not None:
-            grpc_server, served = lighthouse
-            await grpc_server.stop(1.0)
-            await served.close()
+        for started in reversed(served):
+            await started.close()
         await host.close()
         del store
 

@@ -21,7 +21,7 @@ BOX_W, BOX_H = 200, 46
 
 #: Facet modules by the layer they belong to (any other module of a facet is its pure part).
 FACET_API = ("routes", "models", "console")
-FACET_HOST = ("host", "story", "plot", "service")
+FACET_HOST = ("host", "story", "plot", "service", "serve")
 
 #: node -> (title, description, column, row); columns 0..3 of a 4-column grid, rows are layers.
 NODES: dict[str, tuple[str, str, int, int]] = {

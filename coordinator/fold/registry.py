@@ -112,6 +112,15 @@ class FacetPlugin:
     console: str | None = None
     #: its story in ``explain`` (``cli.py``): the option that names whose, and what tells it
     explain: Explain | None = None
+    #: the module of its part of ``serve`` (``cli.py``), for a facet that serves beside the
+    #: HTTP server: ``options(parser)`` adds its option group (after ``serve``'s own, in the
+    #: facets' order), ``check(args)`` says what is wrong with them once parsed (None: nothing;
+    #: ``serve`` prints it and exits with 2 before it opens the log), and the coroutine
+    #: ``start(args, host, auth)`` starts what its options ask for on the opened host: None
+    #: (nothing asked), or what ``serve`` closes (``await served.close()``) at shutdown, before
+    #: the host; an OSError it raises is printed and ``serve`` exits with 2. The module is
+    #: imported when ``serve``'s parser is built, so it imports what it serves only in ``start``
+    serve: str | None = None
 
 
 #: each facet package's plugin, once imported (a memo of the import, like ``sys.modules``)
@@ -252,7 +261,8 @@ def console_fragment(plugin: FacetPlugin) -> bytes | None:
 
 
 def part(plugin: FacetPlugin, which: str) -> Any:
-    """The module of a plugin's ``host``, ``routes`` or ``plot`` part (None if it has none).
+    """The module of a plugin's ``host``, ``routes``, ``plot`` or ``serve`` part (None if it
+    has none).
     Only the layer the part belongs to asks for it."""
     module = getattr(plugin, which)
     return None if module is None else importlib.import_module(module)

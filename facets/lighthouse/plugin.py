@@ -16,4 +16,5 @@ PLUGIN = FacetPlugin(
     compactable=frozenset({HEARTBEAT}),
     host="foldplane.facets.lighthouse.host",
     routes="foldplane.facets.lighthouse.routes",
+    serve="foldplane.facets.lighthouse.serve",
 )

@@ -1,8 +1,9 @@
 """A facet is one folder plugged in by one line: the toy facet (``tests/facets/toy/``), plugged
 in by ``FOLDPLANE_FACETS`` alone, runs end to end through a real coordinator process: its record
 is appended, the fold refuses a bad one with a code, its projection row is written and a replay
-of the log derives it again, its route answers, an agent's long poll receives its update and the
-console page holds its panel."""
+of the log derives it again, its route answers, an agent's long poll receives its update, the
+console page holds its panel and ``serve`` takes its option, checks it, starts what it asks for
+and closes it at shutdown."""
 
 from __future__ import annotations
 
@@ -80,7 +81,8 @@ async def stored_row(db: Path) -> dict | None:
 
 
 def test_the_toy_facet_plugs_in_with_its_folder_and_one_line(tmp_path: Path) -> None:
-    srv = make_server(tmp_path, env=TOY).start()
+    note = tmp_path / "note.txt"
+    srv = make_server(tmp_path, env=TOY, args=["--toy-note", str(note)]).start()
     try:
         url = srv.url
         created = httpx.post(url + "/groups", json={"group": "g", "world_size": 2})
@@ -138,6 +140,8 @@ def test_the_toy_facet_plugs_in_with_its_folder_and_one_line(tmp_path: Path) -> 
         assert page.index('id="refit-panel"') < page.index('id="toy-panel"') < page.index("</main>")
     finally:
         assert srv.stop() == 0, srv.output()
+    # its part of serve started beside the server and was closed at shutdown
+    assert note.read_text() == "started at offset 0\nclosed\n"
 
     # a restart restores the facet from the snapshot (its state, its latest update)
     srv.start()
@@ -145,6 +149,9 @@ def test_the_toy_facet_plugs_in_with_its_folder_and_one_line(tmp_path: Path) -> 
         assert httpx.get(srv.url + "/groups/g/toy").json() == {"group": "g", "count": 9}
     finally:
         assert srv.stop() == 0, srv.output()
+    started, closed = note.read_text().splitlines()[2:]
+    assert started.startswith("started at offset ") and int(started.split()[-1]) > 0
+    assert closed == "closed"
 
     # the projection row the host wrote, which a replay of the log derives again, byte for byte
     row = asyncio.run(stored_row(srv.db))
@@ -152,6 +159,36 @@ def test_the_toy_facet_plugs_in_with_its_folder_and_one_line(tmp_path: Path) -> 
     done = replay(srv.db, TOY)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "OK: replay matches" in done.stdout
+
+
+def serve(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "foldplane.coordinator", "serve", *args],
+        cwd=ROOT,
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_serve_lists_and_checks_the_toy_facets_option_before_it_opens_the_log(
+    tmp_path: Path,
+) -> None:
+    """``serve --help`` lists the option of the facets' serve parts; a value its check refuses
+    stops ``serve`` with status 2, naming it, before any log is made."""
+    helped = serve(["--help"], TOY)
+    assert helped.returncode == 0 and "--toy-note FILE" in helped.stdout, helped.stderr
+    assert "--lighthouse-port N" in helped.stdout
+    db = tmp_path / "log.db"
+    refused = serve(["--db", str(db), "--toy-note", str(tmp_path)], TOY)
+    assert refused.returncode == 2 and "--toy-note" in refused.stderr, refused.stderr
+    assert "is a directory" in refused.stderr and not db.exists()
+    # twin: without the line, serve knows no such option
+    assert "--toy-note" not in serve(["--help"], {}).stdout
+    unknown = serve(["--db", str(db), "--toy-note", "x"], {})
+    assert unknown.returncode == 2 and "unrecognized arguments: --toy-note" in unknown.stderr
+    assert not db.exists()
 
 
 def test_twin_without_the_line_nothing_of_the_toy_facet_is_served(tmp_path: Path) -> None:

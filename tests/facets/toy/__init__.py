@@ -3,7 +3,8 @@
 Its kind of state is a per-group counter the operator bumps (``POST /groups/{group}/toy``) and
 the group's ranks add to (``Agent.send_event(AddEvent, by=...)``): two record kinds
 (``toy_bump``, ``toy_add``), an agent event, refusals, a projection row (``toy_counter``), an
-update to the group's agents, a route and a panel in the operator's console. The line that plugs it in is ``FOLDPLANE_FACETS=tests.facets.toy``
+update to the group's agents, a route, a panel in the operator's console and an option of
+``serve`` (``--toy-note FILE``). The line that plugs it in is ``FOLDPLANE_FACETS=tests.facets.toy``
 (``coordinator/fold/registry.py``); nothing of foldplane names it.
 """
 
@@ -22,4 +23,5 @@ PLUGIN = FacetPlugin(
     host="tests.facets.toy.host",
     routes="tests.facets.toy.routes",
     console="tests.facets.toy:console.html",
+    serve="tests.facets.toy.serve",
 )
