@@ -88,6 +88,53 @@ def test_the_coordinator_is_a_dispatcher_over_files_that_state_their_rules() -> 
         assert doc and len(doc.splitlines()) >= 3, f"coordinator/fold/{name}.py states no rule"
 
 
+#: The rule files with a declared interface: each function reads what it is handed and returns
+#: its decision as a value that ``apply.py`` applies; it changes nothing it is handed.
+DECLARED_RULES = ("budget", "healthy_set")
+#: Calls that change a set, dict, list or deque in place.
+IN_PLACE = {"add", "discard", "remove", "pop", "popleft", "clear", "update", "move_to_end"}
+
+
+def _owner(node: ast.expr) -> str:
+    """The name a chain such as ``g.ranks[r].down`` or ``d.setdefault(a, x)`` starts from."""
+    while isinstance(node, ast.Attribute | ast.Subscript | ast.Call):
+        node = node.func if isinstance(node, ast.Call) else node.value
+    return node.id if isinstance(node, ast.Name) else ""
+
+
+def test_a_rule_with_a_declared_interface_returns_its_decision_and_changes_nothing() -> None:
+    """In ``DECLARED_RULES`` no function is handed the step's ``effects`` to append to, and
+    none assigns to an attribute or an item, or changes a collection in place, except of a
+    value it made itself (a name it binds; ``self`` in a method of the rule's own scratch
+    object, such as the Healthy Set's search): the machine applies the decision it returns
+    (``apply.py``)."""
+    fold = ROOT / "coordinator" / "fold"
+    for name in DECLARED_RULES:
+        tree = ast.parse((fold / f"{name}.py").read_text())
+        methods = {id(f) for c in ast.walk(tree) if isinstance(c, ast.ClassDef) for f in c.body}
+        for fn in ast.walk(tree):
+            if not isinstance(fn, ast.FunctionDef):
+                continue
+            where = f"coordinator/fold/{name}.py: {fn.name}"
+            params = {a.arg for a in (*fn.args.args, *fn.args.kwonlyargs)}
+            assert "effects" not in params, f"{where} is handed the step's effects"
+            made = {"self"} if id(fn) in methods else set()
+            for n in ast.walk(fn):
+                if isinstance(n, ast.Assign | ast.AnnAssign | ast.AugAssign):
+                    for t in n.targets if isinstance(n, ast.Assign) else [n.target]:
+                        if isinstance(t, ast.Name) and t.id not in params:
+                            made.add(t.id)
+            for n in ast.walk(fn):
+                if isinstance(n, ast.Assign | ast.AnnAssign | ast.AugAssign):
+                    for t in n.targets if isinstance(n, ast.Assign) else [n.target]:
+                        if isinstance(t, ast.Attribute | ast.Subscript):
+                            assert _owner(t) in made, f"{where} changes {ast.unparse(t)}"
+                func = n.func if isinstance(n, ast.Call) else None
+                if isinstance(func, ast.Attribute) and func.attr in IN_PLACE:
+                    changed = ast.unparse(func.value)
+                    assert _owner(func) in made, f"{where} changes {changed} in place"
+
+
 #: What a mixin declares on its class to reach the fold's state through a shared ``self``.
 FOLD_STATE = {"_groups", "_proposals", "_now", "facets", "_facet_of"}
 

@@ -28,7 +28,8 @@ from typing import Any
 from ...eventlog.record import Record
 from ...wire.codes import APPLIED, APPLIED_WITH_DROPPED_RANKS, REJECTED
 from ...wire.inputs import LinksInput
-from .budget import checkpoint_rank, enforce_budget, shut_down
+from .apply import enforce_budget, shut_down
+from .budget import checkpoint_rank, shutdown
 from .effects import (
     HEALTHY,
     OFFLINE,
@@ -249,7 +250,7 @@ class ViewChange:
             return False
         g.stall = None
         if decision.kind == UNRESOLVED:
-            shut_down(g, self._proposals, UNRESOLVED, decision.detail, record, effects)
+            shut_down(g, self._proposals, shutdown(g, UNRESOLVED, decision.detail), record, effects)
             return True
         if decision.kind == VIEW_RETRY:
             self.prepare(g, active, VIEW_RETRY, [], decision.detail, record, effects)

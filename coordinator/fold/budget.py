@@ -11,38 +11,39 @@ The rule. One ``shutdown_with_save`` per group, ever, when either
 
 Pending proposals are then rejected; a change already in flight may still commit. The budget
 is judged in every step that lost a rank or committed a view (``budget_due``).
+
+Its interface: :func:`budget_shutdown` reads a group and returns its decision, a
+:class:`Shutdown` or None; the machine applies it (``apply.py``).
 """
 
 from __future__ import annotations
 
-from ...eventlog.record import Record
-from ...wire.codes import REJECTED
-from .effects import (
-    OFFLINE,
-    Effect,
-    Proposal,
-    ShutdownWithSave,
-)
-from .outcomes import resolve
+import msgspec
+
+from .effects import OFFLINE
 from .reasons import ranks_text
 from .state import FAILED, GroupState
 
 
-def enforce_budget(
-    g: GroupState, proposals: dict[int, Proposal], record: Record, effects: list[Effect]
-) -> None:
+class Shutdown(msgspec.Struct, frozen=True, gc=False):
+    """A decision: the group's one ``shutdown_with_save``, why (``reason``, ``detail``), and
+    who saves the checkpoint. The machine applies it (``apply.shut_down``): the group is shut
+    down, a stall forgotten, and its queued proposals rejected."""
+
+    reason: str
+    detail: str
+    checkpoint_rank: int | None
+
+
+def budget_shutdown(g: GroupState) -> Shutdown | None:
     """One ``shutdown_with_save`` per group, ever: at ``max_failure`` failed incarnations, or
-    when failures leave fewer live active ranks than the backend needs. Pending proposals
-    are then rejected; a change already in flight may still commit."""
-    if not g.budget_due:
-        return
-    g.budget_due = False
+    when failures leave fewer live active ranks than the backend needs; None if neither.
+
+    Reads ``g``'s failures (``failed``), its view and its ranks' states; changes nothing."""
     if g.shutdown is not None or g.formation == FAILED:
-        return
+        return None
     cfg = g.cfg
-    reason = detail = None
     if cfg.max_failure is not None and g.failures >= cfg.max_failure:
-        reason = "max_failure_exceeded"
         failed = ", ".join(f"{r}@{e}" for r, e in g.failed[:16])
         if len(g.failed) > 16:
             failed += f", ... (+{len(g.failed) - 16} more)"
@@ -50,47 +51,26 @@ def enforce_budget(
             f"{g.failures} failed incarnations (rank@rank_epoch [{failed}]) "
             f"reached max_failure {g.config.max_failure!r} = {cfg.max_failure}"
         )
-    elif g.view is not None:
-        active = g.view.active_ranks
-        lost = [r for r in active if g.ranks[r].state == OFFLINE]
-        if lost and any(not g.ranks[r].exited for r in lost):
-            survivors = len(active) - len(lost)
-            if survivors < cfg.survivor_floor:
-                reason = "all_ranks_lost" if survivors == 0 else "single_survivor"
-                detail = (
-                    f"{survivors} of active ranks {ranks_text(active)} left (lost "
-                    f"{ranks_text(lost)}); backend {g.config.backend} needs "
-                    f"{cfg.survivor_floor}"
-                )
-    if reason is None:
-        return
-    shut_down(g, proposals, reason, detail or "", record, effects)
-
-
-def shut_down(
-    g: GroupState,
-    proposals: dict[int, Proposal],
-    reason: str,
-    detail: str,
-    record: Record,
-    effects: list[Effect],
-) -> None:
-    """The group's one ``shutdown_with_save``; queued proposals are rejected. It names the
-    checkpoint rank: the current view's, failing over to the lowest live active rank."""
-    g.shutdown = reason
-    g.stall = None
-    effects.append(
-        ShutdownWithSave(
-            group=g.name,
-            reason=reason,
-            detail=detail,
-            offset=record.offset,
-            checkpoint_rank=checkpoint_rank(g, g.active),
-        )
+        return shutdown(g, "max_failure_exceeded", detail)
+    if g.view is None:
+        return None
+    active = g.view.active_ranks
+    lost = [r for r in active if g.ranks[r].state == OFFLINE]
+    if not lost or all(g.ranks[r].exited for r in lost):
+        return None
+    survivors = len(active) - len(lost)
+    if survivors >= cfg.survivor_floor:
+        return None
+    detail = (
+        f"{survivors} of active ranks {ranks_text(active)} left (lost "
+        f"{ranks_text(lost)}); backend {g.config.backend} needs {cfg.survivor_floor}"
     )
-    while g.queue:
-        pid, _ = g.queue.popleft()
-        resolve(proposals, pid, REJECTED, None, f"group was shut down ({reason})", record, effects)
+    return shutdown(g, "all_ranks_lost" if survivors == 0 else "single_survivor", detail)
+
+
+def shutdown(g: GroupState, reason: str, detail: str) -> Shutdown:
+    """The decision to shut ``g`` down for ``reason``, naming its checkpoint rank now."""
+    return Shutdown(reason, detail, checkpoint_rank(g, g.active))
 
 
 def checkpoint_rank(g: GroupState, active: tuple[int, ...]) -> int | None:

@@ -24,14 +24,19 @@ lexicographic order and the first one found at the best (size, HEALTHY count) is
 greedy colouring bounds the clique size of the remaining candidates (each colour class is a clique
 of the down graph, so at most one of its vertices can join); branches that cannot *strictly* beat
 the best (size, HEALTHY count) found so far are pruned, which keeps the search exact.
+
+Its interface: :func:`healthy_moves` reads a group and returns its decision, a
+:class:`HealthyMoves`; the machine applies it (``apply.py``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Set
 
+import msgspec
+
 from ...eventlog.record import Record
-from .effects import HEALTHY, SYNCED, Effect
+from .effects import HEALTHY, SYNCED, RankState
 from .ranks import rank_state
 from .reasons import ranks_text
 from .state import GroupState
@@ -238,40 +243,49 @@ def down_graph(g: GroupState) -> dict[int, set[int]]:
     return down
 
 
-def recompute_healthy_set(g: GroupState, record: Record, effects: list[Effect]) -> None:
+class HealthyMoves(msgspec.Struct, frozen=True, gc=False):
+    """A decision: the Healthy Set after new evidence. ``joined`` become HEALTHY, ``left``
+    SYNCED; ``healthy`` is the whole new set when it was computed in full (None: only
+    ``joined`` and ``left`` changed it); ``all_candidates`` whether it now holds every
+    candidate; ``effects`` a ``rank_state`` for each rank that moved. The machine applies it
+    (``apply.move_healthy``)."""
+
+    joined: Set[int]
+    left: Set[int]
+    healthy: set[int] | None
+    all_candidates: bool
+    effects: tuple[RankState, ...]
+
+
+def healthy_moves(g: GroupState, record: Record) -> HealthyMoves:
     """HEALTHY = inside the Healthy Set; a self-ready candidate outside it is SYNCED.
 
-    Reads ``g``'s candidates, link evidence and current HEALTHY ranks; changes each moved
-    rank's state and ``g.healthy``, and appends a ``rank_state`` for each rank that moved,
-    naming the set's size and why it left. The machine calls it only when evidence changed and
-    no reconciliation window is open."""
-    g.dirty = False
+    Reads ``g``'s candidates, link evidence, current HEALTHY ranks and the ranks whose
+    candidacy changed since the last decision (``touched``); returns who joins and who leaves
+    the set, with a ``rank_state`` for each (naming the set's size and why a rank left), and
+    changes nothing. The machine asks only when evidence changed and no reconciliation window
+    is open."""
     down = down_graph(g)
+    healthy, cand = g.healthy, g.candidates
+    new: set[int] | None = None
     if not down and g.healthy_is_all:
         # Still no down edge: every candidate is in, and only touched ranks can have moved
         # (a group of thousands forming costs O(1) per ready report, not O(world_size)).
-        left = {r for r in g.touched if r in g.healthy and r not in g.candidates}
-        joined = {r for r in g.touched if r in g.candidates and r not in g.healthy}
-        g.healthy -= left
-        g.healthy |= joined
+        left = {r for r in g.touched if r in healthy and r not in cand}
+        joined = {r for r in g.touched if r in cand and r not in healthy}
+        size = len(healthy) - len(left) + len(joined)
     else:
-        new = g.candidates - excluded_ranks(down, g.healthy) if down else set(g.candidates)
-        left = g.healthy - new
-        joined = new - g.healthy
-        g.healthy = new
-    g.healthy_is_all = not down
-    g.touched.clear()
-    if not left and not joined:
-        return
-    size = len(g.healthy)
+        new = cand - excluded_ranks(down, healthy) if down else set(cand)
+        left = healthy - new
+        joined = new - healthy
+        size = len(new)
+    effects = []
     for rank in sorted(left | joined):
-        info = g.ranks[rank]
         if rank in joined:
-            info.state = HEALTHY
-            reason = f"in the Healthy Set ({size} ranks)"
+            state, reason = HEALTHY, f"in the Healthy Set ({size} ranks)"
         else:
-            info.state = SYNCED
             peers = down.get(rank, ())
             why = f"links down to {ranks_text(peers)}" if peers else "not self-ready"
-            reason = f"left the Healthy Set ({size} ranks): {why}"
-        effects.append(rank_state(g, rank, reason, record))
+            state, reason = SYNCED, f"left the Healthy Set ({size} ranks): {why}"
+        effects.append(rank_state(g, rank, reason, record, state=state))
+    return HealthyMoves(joined, left, new, not down, tuple(effects))

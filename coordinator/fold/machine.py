@@ -28,8 +28,8 @@ that is all it needs), and what it decides comes out as effects and changes to t
 ==================  =======================================================================
 ``fencing.py``      ``Fences``: which inputs are refused, before the append and in the step
 ``ranks.py``        ``Ranks``: rank lifecycle and link evidence; the death chain (``go_offline``)
-``healthy_set.py``  ``recompute_healthy_set(g, record, effects)``: who is HEALTHY
-``budget.py``       ``enforce_budget`` / ``shut_down``: when a group shuts down for good
+``healthy_set.py``  ``healthy_moves(g, record) -> HealthyMoves``: who is HEALTHY
+``budget.py``       ``budget_shutdown(g) -> Shutdown | None``: when a group shuts down for good
 ``proposals.py``    ``ProposalQueue``: what starts the next change (``reconfigure.py``: torch's)
 ``barrier.py``      ``ViewChange``: prepare, ACKs, commit; formation failing; a stall's end
 ``deadlines.py``    ``Deadlines``: the deadlines a tick fires, what a resumed tick restarts
@@ -57,8 +57,8 @@ from ...eventlog.record import Record
 from ...wire import inputs
 from ...wire.inputs import Input, decode
 from .admission import admission_problem
+from .apply import enforce_budget, move_healthy
 from .barrier import ViewChange, note_stall
-from .budget import enforce_budget
 from .capture import FoldChanges, GroupCapture, Proposals
 from .config import GroupConfig
 from .deadlines import Deadlines
@@ -66,7 +66,7 @@ from .effects import Effect, GroupCreated, Proposal, Refused, View
 from .ending import GroupEnd
 from .facets import Facet
 from .fencing import REPEATABLE, Fences, beats_not_current, current_beat, parse_group_created
-from .healthy_set import recompute_healthy_set
+from .healthy_set import healthy_moves
 from .proposals import ProposalQueue, attach_heads
 from .ranks import Ranks
 from .reconfigure import uuid_proposal
@@ -192,7 +192,7 @@ class Coordinator:
     def _settle(self, g: GroupState, record: Record, effects: list[Effect]) -> None:
         """Make every decision the current facts allow, in a fixed order (see module doc)."""
         if g.dirty and g.window_end is None:
-            recompute_healthy_set(g, record, effects)
+            move_healthy(g, healthy_moves(g, record), effects)
         enforce_budget(g, self._proposals, record, effects)
         while True:
             change = g.change

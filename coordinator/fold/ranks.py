@@ -336,14 +336,21 @@ class Ranks:
 
 
 def rank_state(
-    g: GroupState, rank: int, reason: str, record: Record, *, cause: str | None = None
+    g: GroupState,
+    rank: int,
+    reason: str,
+    record: Record,
+    *,
+    cause: str | None = None,
+    state: str | None = None,
 ) -> RankState:
-    """The ``rank_state`` effect that tells of ``rank``'s state in ``g`` now, and why."""
+    """The ``rank_state`` effect that tells of ``rank``'s state in ``g`` now (or ``state``, the
+    one a decision moves it to), and why."""
     info = g.ranks[rank]
     return RankState(
         group=g.name,
         rank=rank,
-        state=info.state,
+        state=info.state if state is None else state,
         incarnation=info.incarnation,
         rank_epoch=info.rank_epoch,
         reason=reason,

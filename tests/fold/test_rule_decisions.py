@@ -1,0 +1,138 @@
+"""The rules with a declared interface, called directly with the values they read: each returns
+its decision as a value and changes nothing; the machine's ``apply.py`` is what applies it."""
+
+from __future__ import annotations
+
+from foldplane.coordinator.fold.apply import move_healthy, shut_down
+from foldplane.coordinator.fold.budget import Shutdown, budget_shutdown
+from foldplane.coordinator.fold.config import GroupConfig
+from foldplane.coordinator.fold.effects import HEALTHY, OFFLINE, SYNCED, RankState
+from foldplane.coordinator.fold.healthy_set import HealthyMoves, healthy_moves
+from foldplane.coordinator.fold.state import GroupState
+from foldplane.eventlog.record import Record
+from tests.fold.script import Script
+
+RECORD = Record(7, 0, 1, "links", "g", 0, {}, 0)
+
+
+def group(world_size: int = 4, **config) -> GroupState:
+    """A group as the fold keeps it, made by hand: every rank OFFLINE, nothing decided."""
+    return GroupState("g", GroupConfig(world_size=world_size, **config), 0, 1)
+
+
+def formed(world_size: int = 4, **config) -> GroupState:
+    """A group the fold formed (every rank HEALTHY and active in version 1)."""
+    s = Script()
+    s.form(world_size=world_size, **config)
+    return s.m.group_states["g"]
+
+
+def as_data(g: GroupState) -> dict:
+    return {**g.to_dict(), "touched": sorted(g.touched), "dirty": g.dirty}
+
+
+# ------------------------------------------------------------------ the budget
+
+
+def test_the_budget_decides_a_shutdown_at_max_failure_and_changes_nothing():
+    g = formed(max_failure=2)
+    g.failures, g.failed = 2, [(3, 1), (2, 1)]
+    before = as_data(g)
+    decision = budget_shutdown(g)
+    assert decision == Shutdown(
+        "max_failure_exceeded",
+        "2 failed incarnations (rank@rank_epoch [3@1, 2@1]) reached max_failure 2 = 2",
+        0,
+    )
+    assert as_data(g) == before and g.shutdown is None
+
+
+def test_the_budget_decides_nothing_below_max_failure_or_once_shut_down():
+    g = formed(max_failure=2)
+    g.failures, g.failed = 1, [(3, 1)]
+    assert budget_shutdown(g) is None
+    g.failures, g.shutdown = 2, "ended"
+    assert budget_shutdown(g) is None
+
+
+def test_the_budget_decides_single_survivor_from_the_view_and_the_ranks_states():
+    g = formed(world_size=2, backend="nccl")
+    g.ranks[0].state = OFFLINE
+    decision = budget_shutdown(g)
+    assert decision is not None and decision.reason == "single_survivor"
+    assert decision.detail == ("1 of active ranks [0, 1] left (lost [0]); backend nccl needs 2")
+    assert decision.checkpoint_rank == 1  # rank 0 is OFFLINE: the lowest live one saves
+    g.ranks[0].exited = True  # a clean exit is not a loss the floor counts
+    assert budget_shutdown(g) is None
+
+
+def test_a_shutdown_applied_rejects_the_queue_and_tells_of_it():
+    g = formed()
+    effects: list = []
+    shut_down(g, {}, Shutdown("ended", "why", 2), RECORD, effects)
+    assert g.shutdown == "ended" and g.stall is None
+    [told] = effects
+    assert (told.reason, told.detail, told.checkpoint_rank, told.offset) == ("ended", "why", 2, 7)
+
+
+# ------------------------------------------------------------------ the Healthy Set
+
+
+def candidates(g: GroupState, ranks: range) -> None:
+    """``ranks`` online and self-ready: what join and links reports leave behind."""
+    for r in ranks:
+        g.ranks[r].state = SYNCED
+        g.ranks[r].self_ready = True
+        g.candidates.add(r)
+        g.touched.add(r)
+    g.dirty = True
+
+
+def test_the_healthy_set_decides_who_joins_from_the_touched_candidates_and_changes_nothing():
+    g = group()
+    candidates(g, range(3))
+    g.healthy_is_all = True  # no down edge yet: only the touched ranks are looked at
+    before = as_data(g)
+    moves = healthy_moves(g, RECORD)
+    assert (moves.joined, moves.left, moves.healthy, moves.all_candidates) == (
+        {0, 1, 2},
+        set(),
+        None,
+        True,
+    )
+    assert [(e.rank, e.state, e.reason) for e in moves.effects] == [
+        (r, HEALTHY, "in the Healthy Set (3 ranks)") for r in range(3)
+    ]
+    assert as_data(g) == before and g.healthy == set()
+
+
+def test_a_down_edge_moves_the_lower_scoring_end_out_naming_the_link():
+    g = group()
+    candidates(g, range(4))
+    effects: list = []
+    move_healthy(g, healthy_moves(g, RECORD), effects)
+    assert g.healthy == {0, 1, 2, 3} and len(effects) == 4
+    g.ranks[3].down = frozenset({2})  # rank 3 reports its link to rank 2 down
+    g.reporters.add(3)
+    moves = healthy_moves(g, RECORD)
+    assert moves == HealthyMoves(
+        joined=set(),
+        left={3},
+        healthy={0, 1, 2},
+        all_candidates=False,
+        effects=(
+            RankState(
+                group="g",
+                rank=3,
+                state=SYNCED,
+                incarnation=None,
+                rank_epoch=0,
+                reason="left the Healthy Set (3 ranks): links down to [2]",
+                offset=7,
+            ),
+        ),
+    )
+    assert g.ranks[3].state == HEALTHY  # not yet: the machine applies the decision
+    move_healthy(g, moves, effects)
+    assert g.healthy == {0, 1, 2} and g.ranks[3].state == SYNCED and not g.dirty
+    assert effects[-1] is moves.effects[0]
