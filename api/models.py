@@ -16,6 +16,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import UNSET, Meta, Struct, UnsetType
 
+from ..wire.inputs import ShortText, Version
 from ..wire.protocol import (
     MAX_EVENTS,
     AckEvent,
@@ -29,8 +30,6 @@ from ..wire.protocol import (
     LinksEvent,
     LooseEventsRequest,
     Rank,
-    ShortText,
-    Version,
 )
 
 __all__ = [

@@ -2,8 +2,10 @@
 
 A record's ``payload`` is one of these, encoded (``eventlog.record``: the log stores the payload's
 canonical JSON, so a Struct with the same fields stores the same bytes). The fold decodes each
-input it steps into its Struct (:func:`decode`) and dispatches on the class; the agent's events
-(``wire.protocol``) carry the same fields inside their envelope.
+input it steps into its Struct (:func:`decode`) and dispatches on the class. An input an agent
+sends is also its event: ``wire.protocol.agent_event`` makes the event the API decodes and the
+agent emits from the input's own fields (:class:`OnWire` marks a field the wire bounds more
+tightly than the log, or never sends), inside the envelope that says whose it is.
 
 Each Struct's :meth:`Input.problem` is its ``invalid_event`` rule: ``None`` when a payload is well
 formed, or a message naming the field that is missing or has the wrong type. A payload it
@@ -17,13 +19,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any, ClassVar
+from dataclasses import dataclass
+from typing import Annotated, Any, ClassVar
 
 import msgspec
-from msgspec import UNSET, Struct, UnsetType
+from msgspec import UNSET, Meta, Struct, UnsetType
 
 from . import ranks as rank_sets
-from .ranks import RankSet, RankSetError
+from .ranks import RankSet, RankSetError, RankSetField
 
 MAX_ID_LEN = 256
 RECONFIGURE = "reconfigure"
@@ -34,6 +37,33 @@ UUID_RANGE = (-(2**63), 2**63)
 MAX_TIMEOUT_S = 7 * 24 * 3600.0
 #: The fields only a reconfigure carries.
 RECONFIGURE_FIELDS = ("incarnations", "uuid", "caller", "call", "timeout_s")
+
+#: A view version, and a count (a pid, operations): what the wire and the log both bound at 0.
+#: (Distinct types, by their description: ``wire.reference`` names a field's type by identity.)
+Version = Annotated[int, Meta(ge=0, description="a view version")]
+NonNegative = Annotated[int, Meta(ge=0)]
+#: A short text of the wire (a host name, a reporter, a proposer).
+ShortText = Annotated[str, Meta(max_length=256)]
+
+
+@dataclass(frozen=True, slots=True)
+class OnWire:
+    """How an agent sends a field of an input where that is not how the log stores it, marked
+    on the field (``Annotated[stored, OnWire(wire)]``), so the field is declared once.
+
+    The log keeps what it was given: the fold takes a stored payload by the field's own type
+    and refuses one by the input's ``problem`` (its messages are recorded), while the API
+    decodes an event by ``type``, the wire's bound (``wire.protocol.agent_event``). ``type``
+    None: no agent sends the field (the host writes it, or an older protocol did). ``required``:
+    the wire requires a field the log may lack (an operator's input of the same kind has none).
+    """
+
+    type: Any
+    required: bool = False
+
+
+#: A field no agent sends.
+NOT_SENT = OnWire(None)
 
 
 def _is_int(value: Any) -> bool:
@@ -300,8 +330,8 @@ class JoinInput(Input, frozen=True, kw_only=True, gc=False):
     kind = "join"
     problem = staticmethod(_check_join)
     incarnation: str
-    host: str | None | UnsetType = UNSET
-    pid: int | None | UnsetType = UNSET
+    host: Annotated[str | None | UnsetType, OnWire(ShortText)] = UNSET
+    pid: NonNegative | None | UnsetType = UNSET
 
 
 class HeartbeatInput(Input, frozen=True, kw_only=True, gc=False):
@@ -311,28 +341,34 @@ class HeartbeatInput(Input, frozen=True, kw_only=True, gc=False):
     kind = "heartbeat"
     problem = staticmethod(_check_heartbeat)
     incarnation: str | None = None
-    version: int | None = None
-    ranks: RankSet | None = None
+    version: Version | None = None
+    #: the host writes it (``coordinator.fold.heartbeats``)
+    ranks: Annotated[RankSet | None, NOT_SENT] = None
 
 
 class LinksInput(Input, frozen=True, kw_only=True, gc=False):
-    """``links``: a rank's evidence about its data-plane links, replacing its previous report
-    (``wire.protocol.LinksEvent`` says what each field means). ``peers`` and
-    ``failed_ranks_hint`` are protocol 1's, in records of an older log."""
+    """A rank's evidence about its data-plane links; it replaces its previous report. Every
+    peer not named in ``down`` or ``hint`` is up."""
 
     kind = "links"
     problem = staticmethod(_check_links)
     incarnation: str
     self_ready: bool
-    down: RankSet | None = None
-    hint: RankSet | None = None
-    version: int | None = None
-    reached: int | None = None
-    failed: int | None = None
-    issued: int | None = None
-    completed: int | None = None
-    peers: dict[str, str] | None = None
-    failed_ranks_hint: list[int] | None = None
+    down: Annotated[RankSet, OnWire(RankSetField)] = []
+    hint: Annotated[RankSet, OnWire(RankSetField)] = []
+    #: the view this evidence is about
+    version: Version | None = None
+    #: "I built view ``reached`` and reached every member" (the claim behind the empty ``down``)
+    reached: Version | None = None
+    #: "view ``failed`` failed here and its hint blames nobody" (a collective timed out with
+    #: every member alive); ``issued`` and ``completed`` are the operations this rank had
+    #: started and finished successfully on it when it failed (``coordinator.fold.stalls``)
+    failed: Version | None = None
+    issued: NonNegative | None = None
+    completed: NonNegative | None = None
+    #: protocol 1's, in records of an older log (an agent of protocol 2 is refused them)
+    peers: Annotated[dict[str, str] | None, NOT_SENT] = None
+    failed_ranks_hint: Annotated[list[int] | None, NOT_SENT] = None
 
     @property
     def legacy(self) -> bool:
@@ -360,7 +396,7 @@ class AckInput(Input, frozen=True, kw_only=True, gc=False):
     kind = "ack"
     problem = staticmethod(_check_ack)
     incarnation: str
-    version: int
+    version: Version
 
 
 class ExitInput(Input, frozen=True, kw_only=True, gc=False):

@@ -30,6 +30,9 @@ This module is pure: no I/O, clock, threads or randomness.
 from __future__ import annotations
 
 import re
+import sys
+import types
+import typing
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -39,8 +42,9 @@ from typing import Annotated, Any, Union
 import msgspec
 from msgspec import Meta, Struct
 
+from . import inputs
 from . import ranks as rank_sets
-from .ranks import RankSetError, RankSetField
+from .ranks import RankSetError
 from .updates import RankSetDelta, ViewCommittedUpdate, ViewPrepareUpdate
 
 #: The protocol version this module speaks. Agents send it as ``protocol`` on the updates long
@@ -138,8 +142,6 @@ def group_problem(name: str) -> str | None:
 
 Rank = Annotated[int, Meta(ge=0, le=QUERY.max_rank)]
 Incarnation = Annotated[str, Meta(min_length=1, max_length=128)]
-Version = Annotated[int, Meta(ge=0)]
-ShortText = Annotated[str, Meta(max_length=256)]
 
 #: The most events one ``POST /agents/events`` may carry.
 MAX_EVENTS = 4096
@@ -163,43 +165,83 @@ class AgentEventBase(Struct, kw_only=True, tag_field="type", omit_defaults=True)
     token: Annotated[str, Meta(max_length=512)] | None = None
 
 
-class JoinEvent(AgentEventBase, tag="join", kw_only=True, omit_defaults=True):
-    host: ShortText | None = None
-    pid: Annotated[int, Meta(ge=0)] | None = None
+def agent_event(input_cls: type[Struct], *, forbid_unknown_fields: bool = False) -> Any:
+    """The agent event of a record kind, made from the kind's input (``wire.inputs``, or a
+    facet's ``inputs.py``), which declares its fields once: the event is the envelope
+    (:class:`AgentEventBase`, whose the event is) and the input's fields, tagged with its
+    ``kind`` and named after it (``JoinInput`` -> ``JoinEvent``), so what an agent emits, what
+    the API decodes and what the log stores are one declaration.
+
+    A field is sent with its own type, but for what its ``wire.inputs.OnWire`` says (the
+    wire's bound, a field no agent sends, one the wire requires), and the envelope's
+    ``incarnation`` is the input's. A field the input may lack (``UNSET``) or hold as null is
+    optional on the wire, null or absent alike: either way it is left out of the record
+    (``omit_defaults``), so the log stores what it stored when the event was written out.
+    ``forbid_unknown_fields``: a field the event does not declare is refused rather than
+    ignored (one a newer agent may send is ignored otherwise). The event names its input as
+    ``input``."""
+    fields: list[Any] = []
+    envelope = set(AgentEventBase.__struct_fields__)
+    for field in msgspec.structs.fields(input_cls):
+        if field.name in envelope:
+            continue
+        hint, on_wire = _stored_hint(field.type)
+        if on_wire is not None and on_wire.type is None:
+            continue  # no agent sends it
+        wire = _without_unset(hint) if on_wire is None else on_wire.type
+        default: Any
+        if on_wire is not None and on_wire.required:
+            fields.append((field.name, wire))
+            continue
+        if field.default is msgspec.NODEFAULT and field.default_factory is msgspec.NODEFAULT:
+            fields.append((field.name, wire))
+            continue
+        if field.default is msgspec.UNSET or field.default is None:
+            wire, default = wire | None, None
+        elif field.default_factory is not msgspec.NODEFAULT:
+            default = msgspec.field(default_factory=field.default_factory)
+        else:
+            default = field.default
+        fields.append((field.name, wire, default))
+    kind = input_cls.kind  # type: ignore[attr-defined]
+    name = input_cls.__name__.removesuffix("Input") + "Event"
+    event = msgspec.defstruct(
+        name,
+        fields,
+        bases=(AgentEventBase,),
+        module=sys._getframe(1).f_globals["__name__"],
+        namespace={"input": input_cls, "__doc__": input_cls.__doc__},
+        tag=kind,
+        kw_only=True,
+        omit_defaults=True,
+        forbid_unknown_fields=forbid_unknown_fields,
+    )
+    return event
 
 
-class HeartbeatEvent(AgentEventBase, tag="heartbeat", kw_only=True, omit_defaults=True):
-    version: Version | None = None
+def _stored_hint(hint: Any) -> tuple[Any, inputs.OnWire | None]:
+    """A field's type as the log stores it, and its ``OnWire`` mark (None if unmarked)."""
+    if typing.get_origin(hint) is Annotated:
+        marks = [m for m in hint.__metadata__ if isinstance(m, inputs.OnWire)]
+        if marks:
+            return hint.__origin__, marks[0]
+    return hint, None
 
 
-class LinksEvent(
-    AgentEventBase, tag="links", kw_only=True, omit_defaults=True, forbid_unknown_fields=True
-):
-    """A rank's evidence about its data-plane links; it replaces its previous report. Every
-    peer not named in ``down`` or ``hint`` is up."""
-
-    self_ready: bool
-    down: RankSetField = []
-    hint: RankSetField = []
-    #: the view this evidence is about
-    version: Version | None = None
-    #: "I built view ``reached`` and reached every member" (the claim behind the empty ``down``)
-    reached: Version | None = None
-    #: "view ``failed`` failed here and its hint blames nobody" (a collective timed out with
-    #: every member alive); ``issued`` and ``completed`` are the operations this rank had
-    #: started and finished successfully on it when it failed (``coordinator.fold.stalls``)
-    failed: Version | None = None
-    issued: Annotated[int, Meta(ge=0)] | None = None
-    completed: Annotated[int, Meta(ge=0)] | None = None
+def _without_unset(hint: Any) -> Any:
+    """A union type without ``msgspec.UnsetType``."""
+    args = typing.get_args(hint)
+    if typing.get_origin(hint) in (Union, types.UnionType) and msgspec.UnsetType in args:
+        kept = tuple(a for a in args if a is not msgspec.UnsetType)
+        return kept[0] if len(kept) == 1 else Union[kept]  # noqa: UP007 - a type made here
+    return hint
 
 
-class AckEvent(AgentEventBase, tag="ack", kw_only=True, omit_defaults=True):
-    version: Version
-
-
-class ExitEvent(AgentEventBase, tag="exit", kw_only=True, omit_defaults=True):
-    pass
-
+JoinEvent = agent_event(inputs.JoinInput)
+HeartbeatEvent = agent_event(inputs.HeartbeatInput)
+LinksEvent = agent_event(inputs.LinksInput, forbid_unknown_fields=True)
+AckEvent = agent_event(inputs.AckInput)
+ExitEvent = agent_event(inputs.ExitInput)
 
 AgentEvent = JoinEvent | HeartbeatEvent | LinksEvent | AckEvent | ExitEvent
 #: The protocol's own events: membership's (a facet declares its own in its folder, its

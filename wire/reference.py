@@ -21,7 +21,7 @@ from typing import Any
 
 from msgspec import inspect
 
-from . import codes, facets, protocol, updates
+from . import codes, facets, inputs, protocol, ranks, updates
 
 #: The names the reference gives the protocol's field types, by the name a field is declared
 #: with in ``wire.protocol`` (a type written out in place is described by its bounds).
@@ -52,12 +52,22 @@ def _optional(hint: Any) -> tuple[Any, bool]:
 
 
 def _declared(cls: type, field: str) -> str:
-    """The annotation ``field`` is declared with, as written (without ``| None``)."""
+    """The annotation ``field`` is declared with, as written (without ``| None``); for an event
+    made from its input (``protocol.agent_event``), the name its type has where it is declared."""
     for klass in cls.__mro__:
         written = getattr(klass, "__annotations__", {}).get(field)
+        if isinstance(written, str):
+            return written.removesuffix(" | None")
         if written is not None:
-            return str(written).removesuffix(" | None")
+            hint, _ = _optional(written)
+            return _named_types().get(id(hint), str(hint))
     raise KeyError(field)  # pragma: no cover
+
+
+def _named_types() -> dict[int, str]:
+    """The types of :data:`_ALIASES` by identity, where the protocol's modules declare them."""
+    modules = (protocol, inputs, ranks, *facets.protocols())
+    return {id(getattr(m, name)): name for m in modules for name in _ALIASES if hasattr(m, name)}
 
 
 def _describe(hint: Any, written: str) -> str:

@@ -1,0 +1,114 @@
+"""Each record kind's shape is declared once, by its input Struct (``wire/inputs.py``, a facet's
+``inputs.py``): the event an agent emits and the API decodes is made from it
+(``wire.protocol.agent_event``), never written out again as a second list of fields."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+from typing import Annotated
+
+import msgspec
+import pytest
+from msgspec import Meta
+
+from foldplane.wire import inputs, protocol
+from foldplane.wire.protocol import AgentEventBase, agent_event
+
+ROOT = Path(__file__).resolve().parents[2]
+PRODUCT = [
+    p
+    for p in ROOT.rglob("*.py")
+    if not {"tests", "docs", ".venv", ".venv-2.13", "build"} & set(p.relative_to(ROOT).parts)
+    and p.relative_to(ROOT).parts[0] == "wire"
+]
+ENVELOPE = set(AgentEventBase.__struct_fields__)
+
+
+def _events() -> list[type[AgentEventBase]]:
+    return [*protocol.PROTOCOL_EVENTS]
+
+
+def _inputs_of(event: type[AgentEventBase]) -> dict[str, type[msgspec.Struct]]:
+    """The input Structs of the module that declares the event's input, by kind."""
+    module = __import__(event.input.__module__, fromlist=["INPUTS"])  # type: ignore[attr-defined]
+    return module.INPUTS
+
+
+@pytest.mark.parametrize("event", _events(), ids=lambda e: e.__struct_config__.tag)
+def test_an_agent_event_is_made_from_the_input_of_its_kind(event: type[AgentEventBase]) -> None:
+    kind = event.__struct_config__.tag
+    source = event.input  # type: ignore[attr-defined]
+    assert _inputs_of(event)[kind] is source, f"{kind}: the event's input is not its kind's"
+    sent = [
+        f.name
+        for f in msgspec.structs.fields(source)
+        if f.name not in ENVELOPE
+        and not any(
+            isinstance(m, inputs.OnWire) and m.type is None
+            for m in getattr(f.type, "__metadata__", ())
+        )
+    ]
+    own = [f for f in event.__struct_fields__ if f not in AgentEventBase.__struct_fields__]
+    assert own == sent, f"{kind}: the event's fields are not its input's"
+    assert "incarnation" in source.__struct_fields__, f"{kind}: the record keeps the incarnation"
+
+
+def test_no_agent_event_is_written_out_as_a_class() -> None:
+    """A ``class ...(AgentEventBase)`` in the product would declare a kind's fields a second
+    time: an event is ``agent_event(TheInput)``. (The envelope itself is the one class.)"""
+    written = []
+    for path in PRODUCT:
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ClassDef) and any(
+                getattr(b, "id", getattr(b, "attr", None)) == "AgentEventBase" for b in node.bases
+            ):
+                written.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name}")
+    assert written == []
+
+
+def test_a_field_the_log_may_lack_is_left_out_of_the_record_null_or_absent() -> None:
+    """``host`` is UNSET in the input (absent: the fold keeps what it knew) and optional on
+    the wire, where null and absent both leave it out of the payload, as the log has it."""
+    for body in ({"host": None}, {}):
+        event = msgspec.convert(
+            {"type": "join", "group": "g", "rank": 0, "incarnation": "i", **body},
+            protocol.JoinEvent,
+        )
+        assert protocol.event_payload(event) == {"incarnation": "i"}
+        assert inputs.decode("join", protocol.event_payload(event)).host is msgspec.UNSET
+    # the wire's bound is the wire's; the log's payload keeps its own type and problem check
+    with pytest.raises(msgspec.ValidationError, match=r"\$.host"):
+        msgspec.convert(
+            {"type": "join", "group": "g", "rank": 0, "incarnation": "i", "host": "h" * 257},
+            protocol.JoinEvent,
+        )
+    assert inputs.problem("join", {"incarnation": "i", "host": "h" * 257}, 4) is None
+
+
+def test_a_field_no_agent_sends_is_not_on_the_wire() -> None:
+    assert "ranks" in inputs.HeartbeatInput.__struct_fields__
+    assert "ranks" not in protocol.HeartbeatEvent.__struct_fields__
+    assert "peers" not in protocol.LinksEvent.__struct_fields__
+
+
+class PokeInput(msgspec.Struct, frozen=True, kw_only=True):
+    """An input whose ``epoch`` the log may lack (an operator's) but an agent must send."""
+
+    kind = "wire_test_poke"
+    incarnation: str | None = None
+    epoch: Annotated[int | None, inputs.OnWire(Annotated[int, Meta(ge=1)], required=True)] = None
+    note: str = ""
+
+
+def test_an_input_s_field_the_wire_requires_and_a_default_kept() -> None:
+    event = agent_event(PokeInput)
+    assert event.__name__ == "PokeEvent" and event.__struct_config__.tag == "wire_test_poke"
+    assert event.input is PokeInput  # type: ignore[attr-defined]
+    envelope = {"group": "g", "rank": 0, "incarnation": "i", "type": "wire_test_poke"}
+    with pytest.raises(msgspec.ValidationError, match="missing required field `epoch`"):
+        msgspec.convert(envelope, event)
+    with pytest.raises(msgspec.ValidationError, match=r">= 1 - at `\$.epoch`"):
+        msgspec.convert({**envelope, "epoch": 0}, event)
+    poke = msgspec.convert({**envelope, "epoch": 2}, event)
+    assert protocol.event_payload(poke) == {"incarnation": "i", "epoch": 2}  # "" is left out
