@@ -16,8 +16,7 @@ from ...wire.codes import (
     COORDINATOR_UNAVAILABLE,
 )
 from ...wire.ranks import MAX_QUERY_RANKS
-from ...wire.updates import UpdateError
-from .. import facets
+from ...wire.updates import UpdateError, UpdateReader
 from ..channel import ChannelClosed, ChannelLink, ChannelRefused, HostChannel
 from .cache import Served, UpdateCache
 from .replies import REFUSED, Body, Counters, Reply, error, refused, unreachable
@@ -41,6 +40,8 @@ class LaneOwner(Protocol):
     stats: Counters
     upstream: Upstream
     timeout_s: float
+    #: the updates its lanes read: the protocol's and every facet's it carries
+    updates: UpdateReader
 
     def forward_poll(self, params: Mapping[str, Any], token: str | None) -> Reply: ...
 
@@ -344,9 +345,10 @@ class UpdatesLane:
         """A push of the channel carrying ``stream``: into the cache, as the fact it states
         about the span from the previous push on, and the waiting polls woken. A push whose
         updates are not the protocol's fails the lane like a channel that could not open (its
-        polls then go upstream on their own)."""
+        polls then go upstream on their own). The updates are read with the relay's reader
+        (the protocol's and its facets'), which leaves out a type it does not read."""
         try:
-            updates = facets.UPDATES.decode_updates(body.get("updates") or ())
+            updates = self._relay.updates.decode_updates(body.get("updates") or ())
         except UpdateError as exc:
             self._failed(stream, exc)
             return

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -26,6 +27,7 @@ from ..client import (
     CoordinatorError,
     CoordinatorUnavailable,
 )
+from ..facets import FACETS_ENV, updates_of
 from .cache import CACHE_BYTES
 from .events import (
     MAX_BODY_BYTES,
@@ -88,8 +90,12 @@ class Relay:
         port: int = 0,
         timeout_s: float = 10.0,
         cache_bytes: int = CACHE_BYTES,
+        facets: Iterable[str] | str | None = None,
     ) -> None:
         self.addresses = addresses
+        #: the updates its lanes carry: the protocol's, the facets of foldplane's and those of
+        #: a deployment's own facets (``facets``, packages; None: ``FOLDPLANE_FACETS``)
+        self.updates = updates_of(os.environ.get(FACETS_ENV) if facets is None else facets)
         self.timeout_s = timeout_s
         self.cache_bytes = cache_bytes
         self.stats = Counters(

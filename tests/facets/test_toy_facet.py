@@ -15,8 +15,11 @@ import sys
 from pathlib import Path
 
 import httpx
+import pytest
 
+from foldplane.agent.relay import Relay
 from foldplane.eventlog import open_log
+from tests.agent.test_relay import Rank, own_state
 from tests.service.conftest import ROOT, make_server
 
 #: The one line that plugs the toy facet in (coordinator/fold/registry.py).
@@ -29,7 +32,7 @@ TOY = {"FOLDPLANE_FACETS": "tests.facets.toy"}
 AGENT = """
 import json, sys, threading
 from foldplane.agent import Agent, EventRefused
-from tests.facets.toy.fold import CounterUpdate
+from tests.facets.toy.protocol import CounterUpdate
 from tests.facets.toy.inputs import AddEvent
 
 got, seen = [], {7: threading.Event(), 9: threading.Event()}
@@ -189,6 +192,38 @@ def test_serve_lists_and_checks_the_toy_facets_option_before_it_opens_the_log(
     unknown = serve(["--db", str(db), "--toy-note", "x"], {})
     assert unknown.returncode == 2 and "unrecognized arguments: --toy-note" in unknown.stderr
     assert not db.exists()
+
+
+def test_a_relay_carries_the_updates_of_the_facets_foldplane_facets_names(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The one line that plugs the toy facet in also plugs it into the launcher's relay: the
+    relay reads the updates of the facets ``FOLDPLANE_FACETS`` names (their ``protocol``
+    modules) beside foldplane's, so a worker behind it gets the toy facet's update from the
+    lane's channel as it would from the coordinator (a relay that read only foldplane's
+    facets left it out of the lane's cache, and the worker never saw it)."""
+    srv = make_server(tmp_path, env=TOY).start()
+    monkeypatch.setenv("FOLDPLANE_FACETS", TOY["FOLDPLANE_FACETS"])
+    try:
+        body = {"group": "g", "world_size": 2, "heartbeat_timeout_s": 600.0}
+        assert httpx.post(srv.url + "/groups", json=body).status_code == 201
+        with Relay(srv.url) as relay:
+            assert "toy_counter" in relay.updates.types
+            rank = Rank(relay.url, "g", 0)
+            assert rank.send(rank.event("join")).status_code == 200
+            rank.wait_for(own_state(0, "SYNCED"))  # its first poll proves its right on its own
+            solo = relay.stats["polls_solo"]
+            assert httpx.post(srv.url + "/groups/g/toy", json={"by": 3}).status_code == 201
+            got = rank.wait_for(lambda u: u["type"] == "toy_counter")
+            assert got == {"type": "toy_counter", "offset": got["offset"], "group": "g", "count": 3}
+            # it came from the lane's channel, not from a poll forwarded on its own
+            assert relay.stats["polls_solo"] == solo and relay.stats["lane_pushes"] > 0
+            rank.close()
+    finally:
+        assert srv.stop() == 0, srv.output()
+    # twin: a relay told of no facet of the deployment's reads foldplane's only
+    with Relay(srv.url, facets=()) as bare:
+        assert "toy_counter" not in bare.updates.types and "data_moves" in bare.updates.types
 
 
 def test_twin_without_the_line_nothing_of_the_toy_facet_is_served(tmp_path: Path) -> None:

@@ -9,16 +9,16 @@ update to the group's agents, a route, a panel in the operator's console and an 
 """
 
 from foldplane.coordinator.fold.registry import FacetPlugin
-from tests.facets.toy.fold import CounterBumped, Counters, CounterUpdate, counter_row
-from tests.facets.toy.inputs import AddEvent
+from tests.facets.toy.fold import CounterBumped, Counters, counter_row
+from tests.facets.toy.protocol import EVENTS, UPDATES
 
 PLUGIN = FacetPlugin(
     name=Counters.name,
     kinds=Counters.kinds,
     fold=Counters,
     rows={CounterBumped: counter_row},
-    updates=(CounterUpdate,),
-    events=(AddEvent,),
+    updates=UPDATES,
+    events=EVENTS,
     projection_kinds=("toy_counter",),
     host="tests.facets.toy.host",
     routes="tests.facets.toy.routes",

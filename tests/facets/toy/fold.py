@@ -14,7 +14,6 @@ from foldplane.coordinator.fold.projections import to_doc
 from foldplane.coordinator.fold.state import GroupState
 from foldplane.eventlog import ProjectionRow, Record
 from foldplane.wire.codes import INVALID_EVENT, UNKNOWN_GROUP
-from foldplane.wire.updates import Update
 from tests.facets.toy.inputs import INPUTS, by_problem
 
 
@@ -25,13 +24,6 @@ class CounterBumped(Effect, frozen=True, kw_only=True, tag="toy_bumped"):
     count: int
     by: int
     offset: int
-
-
-class CounterUpdate(Update, frozen=True, kw_only=True, tag="toy_counter"):
-    """The agents' update: ``group``'s counter is ``count`` now."""
-
-    group: str
-    count: int
 
 
 def counter_row(effect: CounterBumped) -> list[ProjectionRow]:

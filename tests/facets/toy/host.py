@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from foldplane.coordinator.host.facets import FacetHost
 from foldplane.coordinator.host.ready import HostState, Ready
-from tests.facets.toy.fold import CounterBumped, CounterUpdate
+from tests.facets.toy.fold import CounterBumped
+from tests.facets.toy.protocol import CounterUpdate
 
 
 def _bumped(state: HostState, effect: CounterBumped, ready: Ready) -> None:
