@@ -16,7 +16,7 @@ record it repeats).
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import msgspec
@@ -47,19 +47,24 @@ def answer_key(kind: str, fields: dict[str, Any]) -> tuple[Any, ...]:
     return (kind, *sorted((k, repr(v)) for k, v in fields.items()))
 
 
-def event_fields(event_type: type, fields: dict[str, Any], envelope: dict[str, Any]) -> dict:
+def event_fields(
+    event_type: type,
+    fields: dict[str, Any],
+    envelope: dict[str, Any],
+    answered_by: Mapping[str, str] = ANSWERED_BY,
+) -> dict:
     """``fields`` validated as an event of ``event_type``, as the events lane sends them:
-    without the envelope, defaults left out. A kind the agent sends itself, or a field that
+    without the envelope, defaults left out. A kind the agent sends itself, or a facet's
+    worker part (``answered_by``: the facet whose part sends each such kind), or a field that
     does not fit, is a ValueError that names it."""
     if not (isinstance(event_type, type) and issubclass(event_type, AgentEventBase)):
         raise ValueError(f"{event_type!r} is not an agent event (a wire.protocol.AgentEventBase)")
     kind = event_type.__struct_config__.tag  # type: ignore[attr-defined]
     if kind in OWN_EVENTS:
         raise ValueError(f"{kind!r} is the agent's own event, not a facet's; the agent sends it")
-    if kind in ANSWERED_BY:
-        client = ANSWERED_BY[kind]
+    if kind in answered_by:
         raise ValueError(
-            f"{kind!r} is the event of the agent's client Agent.{client}, which sends it"
+            f"{kind!r} is the event of the {answered_by[kind]} facet's worker part, which sends it"
         )
     if _ENVELOPE & fields.keys():
         raise ValueError(f"the agent fills {sorted(_ENVELOPE & fields.keys())} of an event itself")

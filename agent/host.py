@@ -33,7 +33,6 @@ from ..facets.epochs.protocol import (
     EpochCompleteUpdate,
     EpochPlanUpdate,
 )
-from ..facets.refits import protocol as refit_protocol
 from ..wire.codes import (
     APPLIED,
     APPLIED_STATUSES,
@@ -55,7 +54,7 @@ from .client import (
 )
 from .driver import Driver
 from .events import ANSWER_S, EventAnswers, event_fields
-from .facets import ANSWERED_BY
+from .facets import FACETS_ENV, FacetWorker, WorkerSide, deployment_facets, worker_parts
 from .machine import (
     BEATS,
     EVENTS,
@@ -221,19 +220,41 @@ class Agent:
         self._move_retry_at: float | None = None
         self._started = False
         #: who follows which facet's updates (:meth:`on_update`), by the update's Struct: the
-        #: data (``agent.data``) the epochs facet's, the refit client (``agent.refits``) the
-        #: refits facet's, each made when its first update comes
+        #: data (``agent.data``) the epochs facet's, and each facet's worker part its own
         self._followers: dict[type, list[Callable[[Any], None]]] = {}
         for struct in (EpochPlanUpdate, DataAssignmentUpdate, DataMovesUpdate, EpochCompleteUpdate):
             self.on_update(struct, lambda update: self.data.on_update(update))
-        for struct in refit_protocol.UPDATES:
-            self.on_update(struct, lambda update: self.refits.on_update(update))
+        #: the facets' worker parts (``agent/facets.py``): those of foldplane and of the
+        #: deployment's own facets (``FOLDPLANE_FACETS``), by facet name; each made when its
+        #: first update comes or when first asked for (:meth:`facet`)
+        self._parts = {
+            part.name: part
+            for part in (
+                *facets.WORKER_PARTS,
+                *worker_parts(deployment_facets(_env(FACETS_ENV))),
+            )
+        }
+        self._workers: dict[str, FacetWorker] = {}
+        self._workers_made = threading.Lock()
+        #: the name the Agent answers for a worker part (``agent.refit``), by that name
+        self._offered = {name: part.name for part in self._parts.values() for name in part.offers}
+        #: the facet whose worker part alone sends an event kind and is given its answers
+        self._answered_by = {
+            e.__struct_config__.tag: part.name for part in self._parts.values() for e in part.events
+        }
+        for part in self._parts.values():
+            for struct in part.updates:
+                self.on_update(
+                    struct, lambda update, name=part.name: self.facet(name).on_update(update)
+                )
         #: the answers to the facets' events its callers send (:meth:`send_event`)
         self._events = EventAnswers(self._send_event)
-        #: the Struct of each facet's event kind this agent has sent (``send_event``)
-        self._event_types: dict[str, type] = {}
+        #: the Struct of each facet's event kind this agent sends (``send_event``, and the
+        #: worker parts' of a deployment's facets)
+        self._event_types: dict[str, type] = {
+            e.__struct_config__.tag: e for part in self._parts.values() for e in part.events
+        }
         self._data: Any = None
-        self._refits: Any = None
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -540,28 +561,31 @@ class Agent:
     ) -> None:
         self._inbox.put(ReportProgress(time.monotonic(), epoch, assignment, processed, rate))
 
-    # -- weight refits ---------------------------------------------------------------------------
+    # -- the facets' worker parts ------------------------------------------------------------------
 
-    def refit(self, name: str) -> Any:
-        """This rank's client of refit ``name`` (``agent.refits.RefitClient``): join it, wait
-        for admission, share the bootstrap, run and report transfers (docs/refit.md)."""
-        from .refits import RefitClient
+    def facet(self, name: str) -> Any:
+        """The worker part of facet ``name`` (a module of its folder, ``worker.py``), made
+        the first time it is needed: it follows the facet's updates, sends its events and is
+        given their answers (``agent/facets.py``)."""
+        worker = self._workers.get(name)
+        if worker is not None:
+            return worker
+        part = self._parts.get(name)
+        if part is None:
+            raise KeyError(f"no facet {name!r} with a worker part (facets: {sorted(self._parts)})")
+        with self._workers_made:
+            if name not in self._workers:
+                side = WorkerSide(self.group, self.rank, self._send_event, self._ops.request)
+                self._workers[name] = part.make(side)
+            return self._workers[name]
 
-        return RefitClient(self.refits, name)
-
-    @property
-    def refits(self) -> Any:
-        """What the coordinator said of the refits (``agent.refits.RefitTracker``)."""
-        if self._refits is None:
-            from .refits import RefitTracker
-
-            self._refits = RefitTracker(self.group, self.rank, self._send_event)
-        return self._refits
-
-    def create_refit(self, refit: str, publisher: str, subscriber: str, **spec: Any) -> dict:
-        """``POST /refits`` (the operator's: this needs the operator token when auth is on)."""
-        body = {"refit": refit, "publisher": publisher, "subscriber": subscriber, **spec}
-        return self._ops.request("POST", "/refits", json=body)
+    def __getattr__(self, name: str) -> Any:
+        # what a facet's worker part offers as the Agent's own (``agent.refit(name)``), by the
+        # names its protocol module declares (``wire.facets.WorkerPart``)
+        facet = self.__dict__.get("_offered", {}).get(name)
+        if facet is None:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        return getattr(self.facet(facet), name)
 
     def _send_event(self, kind: str, fields: dict[str, Any]) -> None:
         # a facet's that a caller sent (send_event), or one a facet of foldplane declares
@@ -581,7 +605,7 @@ class Agent:
         reason and never ends the agent; fields that do not fit the Struct are a ValueError,
         sent nowhere (docs/agent.md; docs/fold.md, "Facets: state beside membership")."""
         envelope = {"group": self.group, "rank": self.rank, "incarnation": self.incarnation}
-        payload = event_fields(event_type, fields, envelope)
+        payload = event_fields(event_type, fields, envelope, self._answered_by)
         kind = event_type.__struct_config__.tag  # type: ignore[attr-defined]
         self._event_types[kind] = event_type
         return self._events.send(kind, payload, timeout)
@@ -690,8 +714,8 @@ class Agent:
         self._stop.set()
         if self._data is not None:
             self._data.on_stopped(f"{action.reason}: {action.detail}")
-        if self._refits is not None:
-            self._refits.on_stopped(f"{action.reason}: {action.detail}")
+        for worker in list(self._workers.values()):
+            worker.on_stopped(f"{action.reason}: {action.detail}")
         self._events.on_stopped(f"{action.reason}: {action.detail}")
 
     def _connect_data_plane(self, store: StoreAddress) -> None:
@@ -993,8 +1017,8 @@ class _Driver(Driver):
 
     def event_answered(self, action: EventAnswered) -> None:
         agent, fields = self.agent, dict(action.fields)
-        client = ANSWERED_BY.get(action.kind)
-        answers = getattr(agent, client) if client else agent._events
+        facet = agent._answered_by.get(action.kind)
+        answers = agent.facet(facet) if facet else agent._events
         answers.on_answer(action.kind, fields, action.offset, action.error, action.detail)
 
     def stopped(self, action: Stopped) -> None:

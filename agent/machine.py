@@ -1054,7 +1054,7 @@ INPUTS: dict[type, tuple[frozenset[str], Callable[[AgentMachine, Any], list[Acti
 #: What the machine does with the updates it follows itself, by class: the view's, this rank's
 #: state and the shutdown directive. Every other update is a facet's, handed on as a
 #: ``FacetUpdate`` (``_on_facet``) to whoever follows it: the data (``agent.data``) the
-#: epoch's, the refit client (``agent.refits``) the refits'.
+#: epoch's, the refits' worker part (``Agent.facet``) the refits'.
 _ON_UPDATE: dict[type[Update], Callable[[AgentMachine, Any], Action | None]] = {
     ViewPrepareUpdate: AgentMachine._on_prepare,
     ViewCommittedUpdate: AgentMachine._on_committed,

@@ -440,7 +440,7 @@ def _worker(out_dir: str, controls: int, kills: int) -> int:
         local_view,
         open_world,
     )
-    from ..agent.refits import RefitEpochMoved, RefitRefused, TransferFailed
+    from ..facets.refits.worker import RefitEpochMoved, RefitRefused, TransferFailed
     from ..wire.refit import digest
 
     agent = Agent(heartbeat_interval_s=0.25, backend="gloo").start()

@@ -22,6 +22,8 @@ BOX_W, BOX_H = 200, 46
 #: Facet modules by the layer they belong to (any other module of a facet is its pure part).
 FACET_API = ("routes", "models", "console")
 FACET_HOST = ("host", "story", "plot", "service", "serve")
+#: A facet's worker part (a module, or a package of modules): of the worker side, over the agent.
+FACET_WORKER = "worker"
 
 #: node -> (title, description, column, row); columns 0..3 of a 4-column grid, rows are layers.
 NODES: dict[str, tuple[str, str, int, int]] = {
@@ -30,6 +32,7 @@ NODES: dict[str, tuple[str, str, int, int]] = {
     "benchmarks": ("benchmarks/", "the benchmark rows", 2, 0),
     "api": ("api/", "FastAPI routes", 0, 1),
     "facet_api": ("facets/*: routes", "routes, bodies, console panels", 1, 1),
+    "facet_worker": ("facets/*: worker parts", "trackers, the Agent's hooks", 3, 1),
     "coordinator": ("coordinator/", "auth · plot · runtime", 2, 2),
     "host": ("coordinator/host/", "the execution host", 0, 2),
     "facet_host": ("facets/*: host parts", "host parts, stories, plots", 1, 2),
@@ -58,6 +61,8 @@ def node_of(module: str) -> str | None:
             return parts[1]
         return "coordinator"
     if top == "facets":
+        if len(parts) > 2 and parts[2] == FACET_WORKER:
+            return "facet_worker"
         leaf = parts[-1] if len(parts) > 2 else ""
         if leaf in FACET_API:
             return "facet_api"

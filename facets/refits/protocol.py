@@ -5,7 +5,8 @@ bootstrap).
 
 The server side reads them through the facet's declaration (``plugin.py``: the readers of a
 composition that holds the facet decode them); the worker side through its own list of facets
-(``agent/facets.py``: the agent's poller, the relay and the simulated hosts decode them). Pure,
+(``agent/facets.py``: the agent's poller, the relay and the simulated hosts decode them), and
+names the facet's worker part (``worker.py``), which follows them for the agent. Pure,
 importing only ``wire``: the agent imports it, never the facet's fold.
 """
 
@@ -15,6 +16,7 @@ from typing import Annotated, Any, ClassVar
 
 from msgspec import Meta
 
+from ...wire.facets import WorkerPart
 from ...wire.protocol import AgentEventBase
 from ...wire.updates import Update
 
@@ -153,9 +155,10 @@ class RefitBootstrapUpdate(Update, frozen=True, kw_only=True, tag="refit_bootstr
 
 #: The updates a worker of a refit receives (the server's readers, and the worker's, decode them).
 UPDATES: tuple[type[Update], ...] = (RefitEpochUpdate, TransferUpdate, RefitBootstrapUpdate)
-#: The agent's client that sends these events and is given their answers (``Agent.refits``,
-#: ``agent.refits.RefitTracker``): a caller of ``Agent.send_event`` may not send them.
-ANSWERED_BY = "refits"
+#: The facet's worker part (``worker.py``): it follows these updates, alone sends these events
+#: and is given their answers (a caller of ``Agent.send_event`` may not send them), and offers
+#: the Agent ``agent.refit(name)``, ``agent.refits`` and ``agent.create_refit(...)``.
+WORKER = WorkerPart(module="worker", offers=("refit", "refits", "create_refit"))
 #: The events a worker of a refit sends.
 EVENTS: tuple[type[AgentEventBase], ...] = (
     RefitJoinEvent,

@@ -1,5 +1,6 @@
 """A refit worker: a real Agent of the trainer or generator group, the refit's control plane
-through ``agent.refits`` and its data plane through ``agent.refit``.
+through the refits facet's worker part (``facets/refits/worker.py``) and its data plane
+through ``agent.refit``.
 
 Arguments: ``OUT KEYS [DIE_AT RANK [SIDE]]``. For each transfer key in ``KEYS`` (comma-separated) the
 worker joins the refit's current epoch with its slot (its rank) and the plan's digest, shares
@@ -32,7 +33,7 @@ import zlib
 
 from foldplane.agent import Agent
 from foldplane.agent.refit import RefitError, RefitStore, empty_shards, local_shards, open_world
-from foldplane.agent.refits import RefitEpochMoved, RefitRefused, TransferFailed
+from foldplane.facets.refits.worker import RefitEpochMoved, RefitRefused, TransferFailed
 from foldplane.wire.refit import MeshSpec, digest, make_plan, megatron_layout
 from tests.refit.worker import full_state, tensor_hash
 

@@ -1366,10 +1366,10 @@ def test_every_phase_change_is_in_the_table_and_no_other_is_made() -> None:
     assert all(cls in INPUTS for cls in get_args(Input))
 
 
-def test_a_facet_s_client_events_are_routed_by_its_protocol_module_alone() -> None:
-    """The events of a facet whose ``protocol`` module names a client (``ANSWERED_BY``) are
-    that client's to send and be answered (the refits'), by kind; ``Agent.send_event`` refuses
-    them, naming the client, and every other facet's event is its own (the toy facet's)."""
+def test_a_facet_s_worker_part_events_are_routed_by_its_protocol_module_alone() -> None:
+    """The events of a facet whose ``protocol`` module declares a worker part (``WORKER``) are
+    that part's to send and be answered (the refits'), by kind; ``Agent.send_event`` refuses
+    them, naming the facet, and every other facet's event is its own (the toy facet's)."""
     from foldplane.agent.events import event_fields
     from foldplane.facets.refits import protocol as refits
 
@@ -1378,6 +1378,6 @@ def test_a_facet_s_client_events_are_routed_by_its_protocol_module_alone() -> No
     assert AddEvent.__struct_config__.tag not in worker_facets.ANSWERED_BY
     fields = {"refit": "r", "epoch": 1, "key": "k"}
     with pytest.raises(
-        ValueError, match="'transfer' is the event of the agent's client Agent.refits"
+        ValueError, match="'transfer' is the event of the refits facet's worker part"
     ):
         event_fields(refits.TransferEvent, fields, {})

@@ -7,8 +7,8 @@ from __future__ import annotations
 from typing import Any
 
 from foldplane.agent.refit.errors import Peer, Verdict
-from foldplane.agent.refits import Admission, RefitClient, RefitTracker
 from foldplane.facets.refits.protocol import RefitEpochUpdate
+from foldplane.facets.refits.worker import Admission, RefitClient, RefitTracker
 
 
 def epoch(n: int, status: str, cause: str, lost: tuple[str, int] | None = None) -> RefitEpochUpdate:

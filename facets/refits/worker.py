@@ -1,4 +1,5 @@
-"""A worker's side of a weight refit: join, admission, bootstrap, transfers (docs/refit.md).
+"""The refits facet's worker part: a worker's side of a weight refit, join, admission,
+bootstrap, transfers (docs/refit.md).
 
 >>> refit = agent.refit("rl")                        # this rank's client of refit "rl"
 >>> admitted = refit.join(slot=rank, digest=plan.digest(),  # blocks until every slot joined
@@ -9,12 +10,17 @@
 >>> refit.report(t, ok=True)
 >>> refit.wait_transfer(t)                                  # completed, or TransferFailed(detail)
 
-The coordinator decides everything (``facets/refits/fold.py``); this module follows its
-updates (``refit_epoch``, ``transfer``, this rank's ``refit_bootstrap``) and sends the worker's
-events through the agent. Every wait ends early with :class:`RefitEpochMoved` when the
-refit's epoch moves past the one the caller holds (a view of either group, a member lost, a
-transfer timed out): the caller then joins again, on new communicators, never retrying on the
-old ones.
+The coordinator decides everything (``fold.py``); this module follows its updates
+(``refit_epoch``, ``transfer``, this rank's ``refit_bootstrap``) and sends the worker's events
+through the agent, which loads it by the name the facet's ``protocol.py`` declares (``WORKER``)
+and offers its :meth:`RefitsWorker.refit`, :attr:`RefitsWorker.refits` and
+:meth:`RefitsWorker.create_refit` as its own (``agent/facets.py``). It is a module of the worker
+side: it imports the agent and the facet's protocol, never the facet's server parts, and no
+server module imports it (the import contracts say so).
+
+Every wait ends early with :class:`RefitEpochMoved` when the refit's epoch moves past the one
+the caller holds (a view of either group, a member lost, a transfer timed out): the caller then
+joins again, on new communicators, never retrying on the old ones.
 """
 
 from __future__ import annotations
@@ -25,9 +31,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..facets.refits.protocol import RefitBootstrapUpdate, RefitEpochUpdate, TransferUpdate
-from ..wire.codes import AGENT_STOPPED, REFIT_NOT_READY, STALE_REFIT_EPOCH
-from .events import EventAnswers, EventRefused
+from ...agent.events import EventAnswers, EventRefused
+from ...agent.facets import WorkerSide
+from ...wire.codes import AGENT_STOPPED, REFIT_NOT_READY, STALE_REFIT_EPOCH
+from .protocol import RefitBootstrapUpdate, RefitEpochUpdate, TransferUpdate
 
 #: How long a call waits for the coordinator's answer to one of its events.
 ANSWER_S = 30.0
@@ -166,7 +173,7 @@ class RefitTracker:
 
 
 class RefitClient:
-    """This rank's handle on one refit (``Agent.refit(name)``)."""
+    """This rank's handle on one refit (``Agent.refit(name)``: :meth:`RefitsWorker.refit`)."""
 
     def __init__(self, tracker: RefitTracker, name: str) -> None:
         self.tracker = tracker
@@ -290,7 +297,7 @@ class RefitClient:
         already heard, asking nobody, so a transfer sees the death of the store's host
         (publisher slot 0) as any member's. (An ``agent.refit.Verdict``; that package, and
         torch with it, is imported only here, by a worker that opens a refit world.)"""
-        from .refit.errors import Peer, Verdict
+        from ...agent.refit.errors import Peer, Verdict
 
         def moved() -> Verdict | None:
             epoch = self.tracker.epochs.get(self.name)
@@ -391,3 +398,42 @@ class RefitClient:
             return held if held.status == "completed" else None
 
         return self.tracker.wait(outcome, timeout, f"transfer {t.key!r} to complete")
+
+
+class RefitsWorker:
+    """The facet's worker part, one per agent: what the coordinator said of the refits this
+    rank follows (:attr:`refits`, fed the facet's updates and its events' answers by the
+    agent's driver thread), and what the Agent offers of it as its own: ``agent.refit(name)``,
+    ``agent.refits`` and ``agent.create_refit(...)``."""
+
+    def __init__(self, side: WorkerSide) -> None:
+        self.side = side
+        #: what the coordinator said of the refits (``Agent.refits``)
+        self.refits = RefitTracker(side.group, side.rank, side.send)
+
+    def refit(self, name: str) -> RefitClient:
+        """This rank's client of refit ``name``: join it, wait for admission, share the
+        bootstrap, run and report transfers (docs/refit.md)."""
+        return RefitClient(self.refits, name)
+
+    def create_refit(self, refit: str, publisher: str, subscriber: str, **spec: Any) -> dict:
+        """``POST /refits`` (the operator's: this needs the operator token when auth is on)."""
+        body = {"refit": refit, "publisher": publisher, "subscriber": subscriber, **spec}
+        return self.side.request("POST", "/refits", json=body)  # type: ignore[no-any-return]
+
+    # -- the agent's hooks ------------------------------------------------------------------
+
+    def on_update(self, update: RefitEpochUpdate | TransferUpdate | RefitBootstrapUpdate) -> None:
+        self.refits.on_update(update)
+
+    def on_answer(
+        self, kind: str, fields: dict[str, Any], offset: int | None, error: str | None, detail: str
+    ) -> None:
+        self.refits.on_answer(kind, fields, offset, error, detail)
+
+    def on_stopped(self, why: str) -> None:
+        self.refits.on_stopped(why)
+
+
+#: What the agent makes of this module (``wire.facets.WorkerPart``, ``agent/facets.py``).
+WORKER = RefitsWorker

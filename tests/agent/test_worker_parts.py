@@ -1,0 +1,83 @@
+"""A facet's worker part is the facet's, in its folder, and the agent reaches it by the name
+its ``protocol`` module declares (``WORKER``, ``agent/facets.py``): the Agent makes it when
+first needed, hands it the facet's updates, the answers to its events and why it stopped, and
+answers the names it offers as its own, naming no facet itself. No coordinator is needed: the
+agent's driver core is fed the actions its machine would give."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from foldplane.agent import facets as worker_facets
+from foldplane.agent.host import Agent, _Driver
+from foldplane.agent.machine import EventAnswered, FacetUpdate, SendEvent, Stopped
+from foldplane.facets.refits.protocol import RefitEpochUpdate
+from foldplane.facets.refits.worker import RefitClient, RefitsWorker
+
+
+def an_agent() -> Agent:
+    return Agent("http://127.0.0.1:9", group="gen", rank=1, backend="gloo")
+
+
+def epoch_update(n: int) -> RefitEpochUpdate:
+    return RefitEpochUpdate(
+        offset=10 * n,
+        refit="rl",
+        groups=("train", "gen"),
+        epoch=n,
+        status="waiting",
+        cause="the refit was created",
+        deadline_ts=None,
+        digest=None,
+        lanes=1,
+        publisher_ranks=(),
+        subscriber_ranks=(),
+        missing=(),
+    )
+
+
+def test_the_refits_worker_part_is_declared_by_its_protocol_and_loaded_by_name() -> None:
+    (part,) = [p for p in worker_facets.WORKER_PARTS if p.name == "refits"]
+    assert part.module == "foldplane.facets.refits.worker"
+    assert part.offers == ("refit", "refits", "create_refit")
+    assert {u.__struct_config__.tag for u in part.updates} == {
+        "refit_epoch",
+        "transfer",
+        "refit_bootstrap",
+    }
+
+
+def test_the_agent_answers_what_a_worker_part_offers_and_makes_it_once() -> None:
+    agent = an_agent()
+    worker = agent.facet("refits")
+    assert isinstance(worker, RefitsWorker) and agent.facet("refits") is worker
+    assert agent.refits is worker.refits
+    client = agent.refit("rl")
+    assert isinstance(client, RefitClient) and client.tracker is worker.refits
+    assert (worker.side.group, worker.side.rank) == ("gen", 1)
+    with pytest.raises(AttributeError, match="no attribute 'toy'"):
+        agent.toy  # noqa: B018
+    with pytest.raises(KeyError, match="no facet 'toy' with a worker part"):
+        agent.facet("toy")
+
+
+def test_the_driver_hands_a_worker_part_its_updates_answers_and_stop() -> None:
+    agent = an_agent()
+    driver = _Driver(agent)
+    driver.facet_update(FacetUpdate(epoch_update(2)))
+    tracker = agent.refits
+    assert tracker.epochs["rl"].epoch == 2
+    # its event goes into the agent's inbox, the driver's input; its answer reaches the caller
+    with ThreadPoolExecutor(1) as pool:
+        waiting = pool.submit(tracker.send, "transfer", {"refit": "rl", "epoch": 2, "key": "k"}, 5)
+        sent = agent._inbox.get(timeout=5)
+        assert isinstance(sent, SendEvent) and (sent.kind, sent.fields) == (
+            "transfer",
+            {"refit": "rl", "epoch": 2, "key": "k"},
+        )
+        driver.event_answered(EventAnswered(sent.kind, sent.fields, 42))
+        assert waiting.result(timeout=5) is None
+    driver.stopped(Stopped("closed", "rank 1 left the group"))
+    assert tracker.stopped == "closed: rank 1 left the group"
