@@ -24,11 +24,13 @@ FACET_API = ("routes", "models", "console")
 FACET_HOST = ("host", "story", "plot", "service", "serve")
 #: A facet's worker part (a module, or a package of modules): of the worker side, over the agent.
 FACET_WORKER = "worker"
+#: A facet's part of the simulator is drawn in the simulator's box, where it stands.
+FACET_SIM = ("sim",)
 
 #: node -> (title, description, column, row); columns 0..3 of a 4-column grid, rows are layers.
 NODES: dict[str, tuple[str, str, int, int]] = {
     "roots": ("the composition roots", "cli.py · demo.py · coordinator/__main__", 0, 0),
-    "sim": ("sim/", "the simulator", 1, 0),
+    "sim": ("sim/", "the simulator, facets' sim parts", 1, 0),
     "benchmarks": ("benchmarks/", "the benchmark rows", 2, 0),
     "api": ("api/", "FastAPI routes", 0, 1),
     "facet_api": ("facets/*: routes", "routes, bodies, console panels", 1, 1),
@@ -68,6 +70,8 @@ def node_of(module: str) -> str | None:
             return "facet_api"
         if leaf in FACET_HOST:
             return "facet_host"
+        if leaf in FACET_SIM:
+            return "sim"
         return "facet_fold"
     return top if top in NODES else None
 

@@ -8,7 +8,9 @@ one invariant; its docstring states it. A broken invariant raises :class:`Violat
 The checks keep their own model of what the effects said (rank states, evidence, proposals), so
 they do not trust the fold's internals: they compare what the fold *did* with what the facts it
 was given allow. ``tests/sim/test_sim.py`` feeds each check a deliberately broken history to
-show that it can fail.
+show that it can fail. A facet's own invariants are its part of the simulator's
+(``sim/world.py``, "Facets"; the epochs' in ``facets/epochs/sim.py``), raising the same
+:class:`Violation`.
 """
 
 from __future__ import annotations
@@ -34,7 +36,6 @@ from ..coordinator.fold.effects import (
     ViewPrepare,
 )
 from ..eventlog.record import Record
-from ..facets.epochs.partition import covers_exactly, split_at
 from ..wire import ranks as rank_sets
 from ..wire.protocol import View, links_down
 
@@ -53,9 +54,6 @@ NAMES = (
     "clean_exit_not_failure",
     "replay_identical",
     "converged",
-    "epoch_exactly_once",
-    "epoch_counted_unread",
-    "part_follows_fold",
 )
 
 
@@ -114,8 +112,6 @@ class Invariants:
         #: (rank, incarnation) -> the last version that agent installed
         self.installed: dict[tuple[int, str], int] = {}
         self.agent_shutdowns: dict[tuple[int, str], int] = {}
-        #: (epoch, rank) -> the positions the fold has counted processed for that rank
-        self.processed: dict[tuple[int, int], frozenset[int]] = {}
 
     # -- 1 -------------------------------------------------------------------------------------
 
@@ -468,93 +464,4 @@ class Invariants:
             raise Violation(
                 "converged",
                 f"current version {version}; agents (rank, incarnation, version) {behind}",
-            )
-
-    # -- 12 ------------------------------------------------------------------------------------
-
-    def check_epoch(
-        self,
-        epoch: Any,
-        view: View | None,
-        status: dict[str, Any],
-        read: dict[int, set[int]] | None = None,
-    ) -> None:
-        """The epoch's accounting (docs/data.md): every position of the epoch is in exactly one
-        rank's sequence; the positions not reported processed are exactly the ranges still
-        assigned; what the fold counted processed for a rank stays processed and stays that
-        rank's (across moves, coordinator restarts and replacements: it is never handed out
-        again); a rank is counted only for positions one of its processes read (``read``: a
-        report made before a reassignment is never credited to the share given after it); and
-        with no view change in flight, a rank outside the committed view holds nothing. This
-        check reads the fold's epoch (its holdings are the thing checked); the processed
-        positions it remembers are its own, from every earlier step."""
-        sequences = {r: h.sequence for r, h in epoch.holdings.items()}
-        problem = covers_exactly(sequences.values(), epoch.plan.dataset_size)
-        if problem is not None:
-            raise Violation("epoch_exactly_once", f"epoch {epoch.number}: {problem}")
-        remaining = sum(h.remaining for h in epoch.holdings.values())
-        if epoch.unprocessed != remaining:
-            raise Violation(
-                "epoch_exactly_once",
-                f"epoch {epoch.number}: {epoch.unprocessed} unprocessed, {remaining} assigned",
-            )
-        for r, h in sorted(epoch.holdings.items()):
-            head = split_at(h.sequence, h.processed)[0]
-            now = frozenset(p for start, n in head for p in range(start, start + n))
-            before = self.processed.get((epoch.number, r), frozenset())
-            if not before <= now:
-                lost = sorted(before - now)[:5]
-                raise Violation(
-                    "epoch_exactly_once",
-                    f"epoch {epoch.number}: rank {r}'s processed positions {lost} left it",
-                )
-            if read is not None and now != before:
-                unread = sorted(now - before - read.get(r, set()))
-                if unread:
-                    raise Violation(
-                        "epoch_counted_unread",
-                        f"epoch {epoch.number}: rank {r} is counted for positions {unread[:5]} "
-                        "none of its processes read",
-                    )
-            self.processed[(epoch.number, r)] = now
-        if status["change_in_flight"] is None and view is not None:
-            outside = [
-                r
-                for r, h in sorted(epoch.holdings.items())
-                if h.remaining and not view.is_active(r)
-            ]
-            if outside:
-                raise Violation(
-                    "epoch_exactly_once",
-                    f"epoch {epoch.number}: ranks {outside} hold work outside view {view.version}",
-                )
-
-    # -- 13 ------------------------------------------------------------------------------------
-
-    def check_part(
-        self,
-        rank: int,
-        incarnation: str,
-        epoch: Any,
-        part: tuple[int, int, Sequence[tuple[int, int]]],
-    ) -> None:
-        """What an agent holds of the epoch follows the fold (docs/data.md): an agent whose
-        part is as of the epoch's latest decision (``part``: its assignment, its base and what
-        it holds from there, as the agent updates told it: the plan's parts, each later
-        decision's moves, a resync's whole part) holds exactly the fold's part of its rank:
-        its base is at most the fold's cursor, and from the fold's cursor on it holds the
-        fold's remaining segments, nothing more."""
-        assignment, base, remaining = part
-        if assignment != epoch.assignment:
-            return
-        h = epoch.holdings.get(rank)
-        processed = 0 if h is None else h.processed
-        want = [] if h is None else split_at(h.sequence, h.processed)[1]
-        held = sum(n for _, n in remaining)
-        tail = split_at(list(remaining), processed - base)[1] if base <= processed else None
-        if tail != want or base + held != processed + sum(n for _, n in want):
-            raise Violation(
-                "part_follows_fold",
-                f"epoch {epoch.number} assignment {assignment}: rank {rank} ({incarnation}) "
-                f"holds {list(remaining)[:4]} from {base}; the fold: {want[:4]} from {processed}",
             )

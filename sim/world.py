@@ -40,16 +40,21 @@ any amount, forwards at most a second: what the heartbeat deadline's margin tole
 proposals, activate or deactivate, with idempotency keys, sent more than once. Throughout, the
 network loses, duplicates, delays and so reorders messages, at rates drawn per seed.
 
-**Data.** Most seeds also read one epoch: the operator declares a plan (refused and sent again
-until the group formed) and each rank reads its part the way ``agent.data``'s sampler does,
-within its lookahead, marking a batch processed a read after it yielded it, its count kept by
-the real ``facets.epochs.cursor.ReadCursor``, reporting progress through its real ``AgentMachine``; kills,
-pauses, replacements and deactivations then move ranges as they would in a job. Half of those
-seeds also *reassign* a rank: it is deactivated by proposal while it reads and activated again
-a little later, its process reading throughout (the schedule of a late report about an old
-share). The invariants check that every position the fold counts for a rank was read by it.
+**Facets.** A facet that brings work of its own to a run declares its part of the simulator
+(its plugin's ``sim``, ``coordinator/fold/registry.py``): a module with ``draw(seed, ranks,
+horizon)``, what a seed draws for it (from a stream of its own, so the other faults of a seed
+do not depend on it) and the faults it adds to the schedule, and ``Sim(world, drawn)``, the
+facet in one world: ``start()`` schedules its operator's actions when the run starts,
+``worker(process)`` makes its part of each new process (given the facet updates its agent
+hands on, ``on_update``, and the answers to its reports, ``on_answer``), and ``check(coord,
+status)`` checks its invariants against the fold after every step that changed the log. The
+epochs facet's (``facets/epochs/sim.py``) reads one epoch in most seeds, each rank as
+``agent.data``'s sampler does, and checks that every position the fold counts for a rank was
+read by it. The simulator names no facet: it runs the parts of the facets its fold is built
+with, in their order.
 
-The invariants (``sim/invariants.py``) are checked after every step.
+The invariants (``sim/invariants.py``, and those of the facets' parts) are checked after every
+step.
 """
 
 from __future__ import annotations
@@ -79,7 +84,6 @@ from ..agent.machine import (
     PollUpdates,
     ProgressAnswered,
     Rejoin,
-    ReportProgress,
     SendEvents,
     ShutdownWithSave,
     Start,
@@ -88,6 +92,7 @@ from ..agent.machine import (
     Tick,
     UpdatesReceived,
 )
+from ..coordinator.fold import registry
 from ..coordinator.fold.machine import Coordinator
 from ..coordinator.fold.projections import rows_for
 from ..coordinator.host.batching import MAX_BATCH
@@ -99,14 +104,6 @@ from ..coordinator.host.ready import HostState, Ready
 from ..coordinator.host.snapshots import decode_snapshot, encode_snapshot
 from ..coordinator.host.ticks import TickNow, next_step
 from ..eventlog.record import NewRecord, Record
-from ..facets.epochs.cursor import ReadCursor, apply_moves
-from ..facets.epochs.inputs import complete_plan
-from ..facets.epochs.protocol import (
-    DataAssignmentUpdate,
-    DataMovesUpdate,
-    EpochCompleteUpdate,
-    EpochPlanUpdate,
-)
 from ..wire.protocol import event_payload
 from .invariants import Invariants, Violation
 
@@ -124,10 +121,8 @@ POLL_TIMEOUT_NS = POLL_WAIT_NS + 2 * S
 #: long poll is noticed at POLL_TIMEOUT_NS, and retried after at most the agent's backoff.
 SETTLE_NS = 25 * S
 _OUTSIDE = (SUPERVISOR, OPERATOR)
-#: The epochs facet's updates, which a simulated worker's reader follows.
-_DATA_UPDATES = (EpochPlanUpdate, DataAssignmentUpdate, DataMovesUpdate, EpochCompleteUpdate)
 #: What a timer returns when it found nothing to do: it does not count as a step.
-_STALE = object()
+STALE = object()
 
 
 class Fault(NamedTuple):
@@ -155,8 +150,8 @@ class Setup(NamedTuple):
     #: (group, rank) byte bounds of the update journals, small enough to make readers resync
     journal_bytes: tuple[int, int] | None
     faults: tuple[Fault, ...]
-    #: the epoch plan the operator declares, and when (ns); None for a run without one
-    epoch: tuple[int, dict[str, Any]] | None = None
+    #: what the seed drew for each facet's part of the simulator (:func:`sim_parts`), in order
+    facets: tuple[Any, ...] = ()
 
 
 #: The run length the fault schedule is drawn for; ``--steps`` only cuts a run short, so a
@@ -231,11 +226,14 @@ def setup(seed: int) -> Setup:
             key = rng.choice((None, "k0", "k1", "k2"))
             args = (op, ranks, key, rng.randint(1, 3))
         faults.append(Fault(t, kind, args))
-    epoch = _epoch_plan(seed, n, horizon)
-    faults.extend(_reassignments(seed, n, epoch))
+    drawn = []
+    for _, part in sim_parts():
+        facet, more = part.draw(seed, n, horizon)
+        drawn.append(facet)
+        faults.extend(more)
     faults.sort()
     return Setup(
-        epoch=epoch,
+        facets=tuple(drawn),
         ranks=n,
         config=config,
         heartbeat_s=hb,
@@ -249,40 +247,14 @@ def setup(seed: int) -> Setup:
     )
 
 
-def _reassignments(seed: int, n: int, epoch: tuple[int, dict[str, Any]] | None) -> list[Fault]:
-    """Some seeds that read an epoch deactivate a running rank by proposal while it reads and
-    activate it again a little later (its process reading throughout: what it read and had
-    not reported when its share was taken is marked after, and its reports may arrive after
-    the reactivation). Drawn from a stream of their own, so the other faults of a seed do not
-    depend on them."""
-    rng = random.Random(f"reassign-{seed}")
-    if epoch is None or rng.random() < 0.5:
-        return []
-    t = epoch[0] + round(rng.uniform(0.5, 4.0) * S)
-    return [Fault(t, "reassign", (rng.randrange(n), round(rng.uniform(0.3, 3.0) * S)))]
-
-
-def _epoch_plan(seed: int, n: int, horizon: float) -> tuple[int, dict[str, Any]] | None:
-    """Most seeds read one epoch: its plan and the moment the operator declares it (drawn
-    from a stream of its own, so the fault schedule of a seed does not depend on it)."""
-    rng = random.Random(f"epoch-{seed}")
-    if rng.random() < 0.15:
-        return None
-    size = rng.choice((rng.randint(1, 40), rng.randint(100, 3000)))
-    split = rng.choice(("equal", "ratios", "throughput"))
-    body: dict[str, Any] = {
-        "epoch": 0,
-        "dataset_size": size,
-        "seed": rng.randrange(2**32),
-        "shuffle": rng.random() < 0.5,
-        "split": split,
-        "grain": min(size, rng.choice((1, 1, 4, 16))),
-        "lookahead": rng.choice((0, 8, 64, 1024)),
-        "reclaim": rng.random() < 0.6,
-    }
-    if split == "ratios":
-        body["partition_ratios"] = [rng.choice((0.5, 1.0, 2.0)) for _ in range(n)]
-    return round(rng.uniform(0.0, horizon / 2) * S), complete_plan(body)
+def sim_parts() -> tuple[tuple[str, Any], ...]:
+    """The parts of the simulator the facets of the fold declare (their plugins' ``sim``), by
+    facet name, in the facets' order (the module docstring says what a part is)."""
+    return tuple(
+        (plugin.name, part)
+        for plugin in registry.plugins()
+        if (part := registry.part(plugin, "sim")) is not None
+    )
 
 
 # -- the coordinator --------------------------------------------------------------------------
@@ -384,10 +356,10 @@ class SimHost:
     def loop(self, epoch: int) -> Any:
         """One turn of ``Host._run``: take a batch, process it, come back while inputs wait."""
         if self.world.coord is not self or epoch != self.epoch:
-            return _STALE
+            return STALE
         now = self.world.now
         if self.process_at is not None and now < self.process_at:
-            return _STALE
+            return STALE
         self.process_at = None
         core = self.core
         batch = core.take(MAX_BATCH)
@@ -459,7 +431,7 @@ class SimHost:
         """``coordinator.host.ticks``' rule (``next_step``): a tick once the clock passes the
         fold's next deadline, never twice in a row for a deadline a tick did not move."""
         if gen is not None and (gen != self.ticker_gen or self.world.coord is not self):
-            return _STALE
+            return STALE
         self.ticker_gen += 1
         step = next_step(self.machine.next_deadline(), self.world.wall(), self.last_tick_deadline)
         if isinstance(step, TickNow):
@@ -495,7 +467,7 @@ class SimHost:
 
     def poll_expired(self, rid: int) -> Any:
         if self.world.coord is not self or rid not in self.parked:
-            return _STALE
+            return STALE
         src, _, after, _, _ = self.parked.pop(rid)
         self.answer_poll(src, rid, UpdatesAnswer([], max(after, self.core.applied), False))
 
@@ -506,93 +478,6 @@ class SimHost:
 
 
 # -- the agents -------------------------------------------------------------------------------
-
-
-class _Reader:
-    """What a rank's sampler does with its part of the epoch (``agent.data``, reduced to its
-    accounting): it yields positions of its sequence front to back, never more than
-    ``lookahead`` beyond what the coordinator accepted, marks them processed a read later (the
-    training step between) and reports its count against the assignment it holds. Its part
-    follows the updates as ``agent.data`` does: whole in a ``data_assignment``, the moves of
-    each later decision applied to it (``facets.epochs.cursor.apply_moves``), and its count follows the
-    part through the real ``facets.epochs.cursor.ReadCursor`` (what it yielded from a share it no longer
-    holds counts nothing when marked). Every position it yields is added to ``read``, the
-    positions its rank read (every incarnation's): the fold may count a rank only for those."""
-
-    def __init__(self, rank: int, rate: float, read: set[int]) -> None:
-        self.rank = rank
-        self.rate = rate
-        self.read_positions = read
-        self.epoch: int | None = None
-        self.lookahead = 0
-        self.grain = 1
-        self.assignment = 0
-        #: the part: the coordinator's count it starts from and what it holds from there on
-        self.base = 0
-        self.remaining: list[tuple[int, int]] = []
-        self.cursor = ReadCursor()
-        self.accepted = 0
-        self.finished = False
-
-    def on_update(
-        self, update: EpochPlanUpdate | DataAssignmentUpdate | DataMovesUpdate | EpochCompleteUpdate
-    ) -> bool:
-        """Take an update; True when there is now something to read."""
-        if isinstance(update, EpochPlanUpdate):
-            if self.epoch != update.epoch:
-                self.assignment, self.base, self.remaining = 1, 0, []
-                self.cursor = ReadCursor()
-                self.accepted = 0
-            self.epoch = update.epoch
-            self.lookahead = update.lookahead
-            self.grain = update.grain
-        elif isinstance(update, DataAssignmentUpdate):  # the whole part: the plan's, a resync's
-            self.epoch = update.epoch
-            self.assignment = update.assignment
-            self._part(update.processed, list(update.remaining))
-        elif isinstance(update, DataMovesUpdate) and update.assignment == self.assignment + 1:
-            # (an older decision is already in the part; a gap cannot come from the journals)
-            self.assignment += 1
-            self._part(*apply_moves(self.rank, self.base, self.remaining, update))
-        elif isinstance(update, EpochCompleteUpdate):
-            self.finished = True
-        return not self.finished and self.cursor.yielded < self.held
-
-    def _part(self, base: int, remaining: list[tuple[int, int]]) -> None:
-        self.cursor.follow(self.base, self.remaining, base, remaining)
-        self.base, self.remaining = base, remaining
-        self.accepted = max(self.accepted, self.base)
-
-    @property
-    def held(self) -> int:
-        return self.base + sum(n for _, n in self.remaining)
-
-    def position(self, index: int) -> int:
-        at = index - self.base
-        for start, n in self.remaining:
-            if at < n:
-                return start + at
-            at -= n
-        raise IndexError(index)
-
-    def on_answer(self, answer: ProgressAnswered) -> None:
-        if answer.error is None and answer.assignment == self.assignment:
-            self.accepted = max(self.accepted, answer.processed)
-
-    def read(self, rng: random.Random) -> tuple[int, int, int, float] | None:
-        """One training step: the batch yielded at the step before is marked processed, the
-        next one is yielded; the report is the count against the part held now."""
-        if self.epoch is None or self.finished or not self.assignment:
-            return None
-        cursor = self.cursor
-        cursor.mark(cursor.unmarked)
-        limit = min(self.held, self.accepted + self.lookahead)
-        if cursor.yielded < limit:
-            for _ in range(rng.randint(1, min(limit - cursor.yielded, 3 * self.grain))):
-                self.read_positions.add(self.position(cursor.take()))
-        elif cursor.processed <= self.accepted:
-            return None  # everything read was accepted: wait for more, or the epoch's end
-        return self.epoch, self.assignment, cursor.processed, self.rate
 
 
 class Process(Driver):
@@ -623,10 +508,8 @@ class Process(Driver):
         self.tick_gen = 0
         self.store_gen = 0
         self.view = None
-        self.reader = _Reader(
-            rank, world.rng.uniform(50.0, 400.0), world.read.setdefault(rank, set())
-        )
-        self.read_gen = 0
+        #: each facet's part of this process (its part of the simulator's ``worker``), by name
+        self.facets: dict[str, Any] = {name: sim.worker(self) for name, sim in world.facet_sims}
 
     def now(self) -> float:
         return self.world.now / S + self.clock
@@ -653,7 +536,7 @@ class Process(Driver):
         if gen == self.tick_gen and self.running:
             self.feed(Tick(self.now()))
             return None
-        return _STALE
+        return STALE
 
     # -- what the host and the data plane do with each action (``agent.driver.Driver``) ---------
 
@@ -693,38 +576,16 @@ class Process(Driver):
         self.world.stopped.append((self.rank, self.incarnation, action.reason))
 
     def facet_update(self, action: FacetUpdate) -> None:
-        if isinstance(action.update, _DATA_UPDATES) and self.reader.on_update(action.update):
-            self.read_later()
+        for part in self.facets.values():
+            part.on_update(action.update)
 
     def progress_answered(self, action: ProgressAnswered) -> None:
-        self.reader.on_answer(action)
-
-    def read_later(self) -> None:
-        """The training loop reads its next batch a little later."""
-        w = self.world
-        self.read_gen += 1
-        at = w.now + round(w.rng.uniform(0.2, 1.0) * w.setup.heartbeat_s * S)
-        w.at(at, self.read, self.read_gen)
-
-    def read(self, gen: int) -> Any:
-        """Read a batch of this rank's part and report how far it is. The reader's own timer:
-        it is not a step (the report it sends is one, at the coordinator)."""
-        if gen != self.read_gen or not self.alive:
-            return _STALE
-        if not self.running:
-            self.world.at(self.paused_until, self.read, gen)
-            return _STALE
-        report = self.reader.read(self.world.rng)
-        if report is not None:
-            epoch, assignment, processed, rate = report
-            self.feed(ReportProgress(self.now(), epoch, assignment, processed, rate))
-        if not self.reader.finished:
-            self.read_later()
-        return _STALE
+        for part in self.facets.values():
+            part.on_answer(action)
 
     def send_poll(self, rid: int, after: int, view: int | None) -> Any:
         if self.poll_rid != rid or not self.alive:
-            return _STALE
+            return STALE
         if not self.running:  # paused: the poll goes out when it resumes
             self.world.at(self.paused_until, self.send_poll, rid, after, view)
             return
@@ -738,7 +599,7 @@ class Process(Driver):
         elif self.lanes[lane] == rid and self.alive:
             self.world.at(self.paused_until, self.events_timeout, lane, rid)
         else:
-            return _STALE
+            return STALE
         return None
 
     def poll_timeout(self, rid: int) -> Any:
@@ -748,7 +609,7 @@ class Process(Driver):
         elif self.poll_rid == rid and self.alive:
             self.world.at(self.paused_until, self.poll_timeout, rid)
         else:
-            return _STALE
+            return STALE
         return None
 
     def receive(self, msg: tuple[Any, ...]) -> None:
@@ -773,7 +634,7 @@ class Process(Driver):
         elif gen == self.store_gen and self.alive:
             self.world.at(self.paused_until, self.data_plane_ready, gen)
         else:
-            return _STALE
+            return STALE
         return None
 
     def probe_later(self) -> None:
@@ -784,7 +645,7 @@ class Process(Driver):
     def probe(self) -> Any:
         view = self.view
         if view is None or not self.running or not view.is_active(self.rank):
-            return _STALE
+            return STALE
         peers = {
             p: ("up" if self.world.reachable(self.rank, p) else "down")
             for p in view.active_ranks
@@ -833,8 +694,11 @@ class World:
         self.stopped: list[tuple[int, str, str]] = []
         self.create_rid: int | None = None
         self.changed = False
-        #: rank -> the positions of the epoch any of its processes read
-        self.read: dict[int, set[int]] = {}
+        #: each facet's part of the simulator in this world (:func:`sim_parts`), by name
+        self.facet_sims: tuple[tuple[str, Any], ...] = tuple(
+            (name, part.Sim(self, drawn))
+            for (name, part), drawn in zip(sim_parts(), self.setup.facets, strict=True)
+        )
 
     # -- the event queue -------------------------------------------------------------------------
 
@@ -917,7 +781,7 @@ class World:
                 _Request(self, src, rid, [rec], EVENTS),
                 ("idempotency", GROUP, key) if key else None,
             )
-        else:  # "death", "create" or "plan"
+        else:  # "death", "create" or "record" (an operator's record: a facet's input)
             _, rid, rec = msg
             coord.submit([rec], _Request(self, src, rid, [rec], EVENTS), None)
 
@@ -965,15 +829,10 @@ class World:
         self.send(OPERATOR, COORD, ("create", rid, rec))
         self.at(self.now + S, self.create_group)
 
-    def plan_epoch(self) -> None:
-        """The operator declares the epoch (``POST /groups/g/epochs``), again each second until
-        the log holds it: before the group formed it is refused."""
-        assert self.setup.epoch is not None
-        if any(rec.kind == "epoch_plan" for rec in self.log):
-            return
-        rec = NewRecord(kind="epoch_plan", group=GROUP, payload=dict(self.setup.epoch[1]))
-        self.send(OPERATOR, COORD, ("plan", self.rid(), rec))
-        self.at(self.now + S, self.plan_epoch)
+    def operator_record(self, rec: NewRecord) -> None:
+        """The operator sends a record's input to the coordinator (a facet's route: an epoch's
+        plan, say); the answer is not waited for."""
+        self.send(OPERATOR, COORD, ("record", self.rid(), rec))
 
     def start_coordinator(self) -> None:
         self.coord_epoch += 1
@@ -1115,8 +974,8 @@ class World:
             self.at(start.randrange(0, S // 2), self.start_process, rank)
         for f in self.faults:
             self.at(f.t, self.fault, f)
-        if self.setup.epoch is not None:
-            self.at(self.setup.epoch[0], self.plan_epoch)
+        for _, part in self.facet_sims:
+            part.start()
         self._advance(lambda: self.step < self.steps)
         if quiet_s:
             # no fault starts any more; those under way end as scheduled
@@ -1134,7 +993,7 @@ class World:
         while queue and more():
             t, _, fn, args = heapq.heappop(queue)
             self.now = t
-            if fn(*args) is _STALE:
+            if fn(*args) is STALE:
                 continue  # a timer that found nothing to do (an answered request's timeout)
             self.step += 1
             self.check()
@@ -1179,19 +1038,8 @@ class World:
                 assert status is not None
                 inv.check_status(GROUP, status)
                 inv.check_terminal_still(coord.machine.proposal)
-                epoch = coord.machine.facet("epochs").epoch(GROUP)
-                if epoch is not None:
-                    inv.check_epoch(epoch, coord.machine.current_view(GROUP), status, self.read)
-                    for p in self.procs.values():
-                        r = p.reader
-                        # an agent ahead of this log (a restore) holds what it has not heard
-                        if (
-                            p.running
-                            and r.epoch == epoch.number
-                            and p.machine.after <= coord.core.applied
-                        ):
-                            part = (r.assignment, r.base, r.remaining)
-                            inv.check_part(p.rank, p.incarnation, epoch, part)
+                for _, part in self.facet_sims:
+                    part.check(coord, status)
 
     def finish(self) -> None:
         """A fresh fold of the whole log: effects, projections and state equal the run's."""

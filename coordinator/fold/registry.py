@@ -121,6 +121,11 @@ class FacetPlugin:
     #: the host; an OSError it raises is printed and ``serve`` exits with 2. The module is
     #: imported when ``serve``'s parser is built, so it imports what it serves only in ``start``
     serve: str | None = None
+    #: the module of its part of the simulator (``sim/world.py``, "Facets"): ``draw(seed,
+    #: ranks, horizon)``, what a seed draws for it and the faults it adds, and ``Sim(world,
+    #: drawn)``, the facet in one simulated world (its operator's actions, its part of each
+    #: simulated process, its invariants checked after every step)
+    sim: str | None = None
 
 
 #: each facet package's plugin, once imported (a memo of the import, like ``sys.modules``)
@@ -261,8 +266,8 @@ def console_fragment(plugin: FacetPlugin) -> bytes | None:
 
 
 def part(plugin: FacetPlugin, which: str) -> Any:
-    """The module of a plugin's ``host``, ``routes``, ``plot`` or ``serve`` part (None if it
-    has none).
+    """The module of a plugin's ``host``, ``routes``, ``plot``, ``serve`` or ``sim`` part (None
+    if it has none).
     Only the layer the part belongs to asks for it."""
     module = getattr(plugin, which)
     return None if module is None else importlib.import_module(module)

@@ -21,4 +21,5 @@ PLUGIN = FacetPlugin(
     routes="foldplane.facets.epochs.routes",
     plot="foldplane.facets.epochs.plot",
     console="foldplane.facets.epochs:console.html",
+    sim="foldplane.facets.epochs.sim",
 )

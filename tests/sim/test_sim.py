@@ -50,6 +50,8 @@ from foldplane.facets.epochs.cursor import ReadCursor
 from foldplane.facets.epochs.effects import AssignmentChanged, EpochCompleted
 from foldplane.facets.epochs.fold import Epochs
 from foldplane.facets.epochs.inputs import EpochPlan
+from foldplane.facets.epochs.sim import NAMES as EPOCH_NAMES
+from foldplane.facets.epochs.sim import EpochChecks
 from foldplane.facets.epochs.state import Epoch, Holding
 from foldplane.sim import world as sim
 from foldplane.sim.invariants import NAMES, Invariants, Violation
@@ -394,6 +396,8 @@ class History:
 
     def __init__(self, world_size: int = 3, max_failure: int | None = None) -> None:
         self.inv = Invariants()
+        #: the epochs facet's invariants (its part of the simulator), fed the same history
+        self.epochs = EpochChecks()
         self.log: list[Record] = []
         config = GroupConfig.from_request({"world_size": world_size, "max_failure": max_failure})
         self.record("group_created", None, {}, [GroupCreated(group="g", config=config, offset=1)])
@@ -516,7 +520,7 @@ def test_an_honest_history_passes_every_check() -> None:
     h.record("tick", None, {}, [ProposalResolved(proposal=done, offset=h.offset)])
     h.status(failures=0)
     h.inv.check_log_gap_free_and_kept(h.log, [(2, "join", "g", 0, {"incarnation": "i0"})])
-    assert set(NAMES) == {
+    assert set(NAMES) | set(EPOCH_NAMES) == {
         "log_gap_free_and_kept",
         "one_view_per_version",
         "agent_view_in_history",
@@ -734,21 +738,21 @@ def test_twin_epoch_exactly_once() -> None:
     h = History()
     v = h.formed()
     calm = {"change_in_flight": None}
-    h.inv.check_epoch(_epoch({0: [(0, 5)], 1: [(5, 5)]}, {0: 3}), v, calm)
+    h.epochs.check_epoch(_epoch({0: [(0, 5)], 1: [(5, 5)]}, {0: 3}), v, calm)
     with _raises("epoch_exactly_once"):  # position 4 twice, position 9 nowhere
-        h.inv.check_epoch(_epoch({0: [(0, 5)], 1: [(4, 5)]}, {}), v, calm)
+        h.epochs.check_epoch(_epoch({0: [(0, 5)], 1: [(4, 5)]}, {}), v, calm)
     broken = _epoch({0: [(0, 5)], 1: [(5, 5)]}, {0: 3})
     broken.unprocessed += 1
     with _raises("epoch_exactly_once"):  # the count and the ranges disagree
-        h.inv.check_epoch(broken, v, calm)
+        h.epochs.check_epoch(broken, v, calm)
     with _raises("epoch_exactly_once"):  # rank 0's processed 0..2 handed to rank 1
-        h.inv.check_epoch(_epoch({0: [], 1: [(5, 5), (0, 5)]}, {}), v, calm)
+        h.epochs.check_epoch(_epoch({0: [], 1: [(5, 5), (0, 5)]}, {}), v, calm)
     fresh = History()
     outside = msgspec.structs.replace(fresh.formed(), version=2, active_ranks=(0,))
     with _raises("epoch_exactly_once"):  # rank 1 is outside view 2 and still holds work
-        fresh.inv.check_epoch(_epoch({0: [(0, 5)], 1: [(5, 5)]}, {}), outside, calm)
+        fresh.epochs.check_epoch(_epoch({0: [(0, 5)], 1: [(5, 5)]}, {}), outside, calm)
     # while that view change is in flight, the ranges may still wait for its commit
-    fresh.inv.check_epoch(
+    fresh.epochs.check_epoch(
         _epoch({0: [(0, 5)], 1: [(5, 5)]}, {}), outside, {"change_in_flight": {"version": 3}}
     )
 
@@ -758,13 +762,13 @@ def test_twin_epoch_counted_unread() -> None:
     v = h.formed()
     calm = {"change_in_flight": None}
     read = {0: {0, 1, 2}, 1: set()}
-    h.inv.check_epoch(_epoch({0: [(0, 5)], 1: [(5, 5)]}, {0: 3}), v, calm, read)
+    h.epochs.check_epoch(_epoch({0: [(0, 5)], 1: [(5, 5)]}, {0: 3}), v, calm, read)
     with _raises("epoch_counted_unread"):  # rank 0 counted for 3 and 4, which it never read
-        h.inv.check_epoch(_epoch({0: [(0, 5)], 1: [(5, 5)]}, {0: 5}), v, calm, read)
+        h.epochs.check_epoch(_epoch({0: [(0, 5)], 1: [(5, 5)]}, {0: 5}), v, calm, read)
 
 
 def test_twin_part_follows_fold() -> None:
-    inv = Invariants()
+    inv = EpochChecks()
     e = _epoch({0: [(0, 5), (8, 2)], 1: [(5, 3)]}, {0: 3})
     e.assignment = 2
     inv.check_part(0, "i0", e, (2, 3, [(3, 2), (8, 2)]))  # exactly the fold's
