@@ -389,7 +389,8 @@ def test_importing_a_facet_package_loads_none_of_its_server_side() -> None:
 
 
 def test_the_worker_side_loads_of_a_facet_its_protocol_only() -> None:
-    """An agent reads the facets' Structs from their ``protocol`` modules (``agent/facets.py``):
+    """An agent reads the facets' Structs from their ``protocol`` modules (``agent/facets.py``),
+    whose events are made from the facet's ``inputs`` (the one declaration of a kind's fields):
     importing the agent loads those and nothing else of a facet (the data cursor, which only
     the data tracker imports, aside), and nothing of the server."""
     code = (
@@ -407,7 +408,9 @@ def test_the_worker_side_loads_of_a_facet_its_protocol_only() -> None:
         if m.count(".") > 2 or not m.startswith("foldplane.facets")
     ]
     assert modules == [
+        "foldplane.facets.epochs.inputs",
         "foldplane.facets.epochs.protocol",
+        "foldplane.facets.refits.inputs",
         "foldplane.facets.refits.protocol",
     ], loaded
     assert events == str(

@@ -65,15 +65,20 @@ def _declared(cls: type, field: str) -> str:
 
 
 def _named_types() -> dict[int, str]:
-    """The types of :data:`_ALIASES` by identity, where the protocol's modules declare them."""
-    modules = (protocol, inputs, ranks, *facets.protocols())
+    """The types of :data:`_ALIASES` by identity, where the protocol's modules declare them.
+    Equal ``Annotated`` types are one object (``typing`` caches them), so a named type whose
+    bounds a field's own type may share carries a description that tells them apart
+    (``Version``, ``RefitEpoch``; a refit's ``slot`` from a ``Rank``)."""
+    declared = [e for m in facets.protocols() for e in getattr(m, "EVENTS", ())]
+    made_from = [sys.modules[e.input.__module__] for e in declared if hasattr(e, "input")]
+    modules = (protocol, inputs, ranks, *facets.protocols(), *made_from)
     return {id(getattr(m, name)): name for m in modules for name in _ALIASES if hasattr(m, name)}
 
 
 def _describe(hint: Any, written: str) -> str:
     if written in _ALIASES:
         return _ALIASES[written]
-    info = inspect.type_info(hint)
+    info = _bare(inspect.type_info(hint))  # a description is the schema's, not the page's
     if isinstance(info, inspect.IntType):
         low, high = info.ge, info.le
         if low is None:

@@ -1,8 +1,9 @@
 """The epochs facet's inputs: one Struct per record kind, declared here, by their owner.
 
 An ``epoch_plan`` (``POST /groups/{group}/epochs``, ``routes.py``) is an :class:`EpochPlan`, every
-field explicit (:func:`complete_plan`); a rank's ``progress`` (the agent's ``progress`` event) is
-a :class:`ProgressInput`. The log stores each as its payload; the fold (``fold.py``) decodes each
+field explicit (:func:`complete_plan`); a rank's ``progress`` is a :class:`ProgressInput`, which
+is also the agent's ``progress`` event (``protocol.py`` makes it, ``wire.protocol.agent_event``:
+its fields, with the wire's bounds each marks, ``OnWire``). The log stores each as its payload; the fold (``fold.py``) decodes each
 input it steps into its Struct and dispatches on the class. ``plan_problem`` and
 ``progress_problem`` are their ``invalid_event`` rules: None for a well-formed payload (which then
 always decodes), or a message naming the field. Pure: the agent may import it.
@@ -11,12 +12,15 @@ always decodes), or a message naming the field. Pure: the agent may import it.
 from __future__ import annotations
 
 import math
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
 
 import msgspec
+from msgspec import Meta
 
-from ...wire.inputs import MAX_ID_LEN
-from .protocol import MAX_DATASET
+from ...wire.inputs import MAX_ID_LEN, OnWire
+
+#: The largest dataset an epoch plan may name, and so the largest position or count.
+MAX_DATASET = 2**48
 
 SPLITS = ("equal", "ratios", "throughput")
 #: The plan's fields and their defaults where the request leaves them out (``reclaim``'s
@@ -145,16 +149,19 @@ def progress_problem(payload: dict[str, Any]) -> str | None:
 
 
 class ProgressInput(EpochsInput, frozen=True, kw_only=True):
-    """``progress``: how far the rank has read its part of the open epoch (``processed``
-    positions from the front of its sequence) against the ``assignment`` it holds, and the
-    ``rate`` it measured (positions a second)."""
+    """How far this rank has read its part of the open epoch (``cursor.py``): ``processed``
+    positions from the front of its sequence, against the assignment it holds; ``rate`` is
+    what it measured (positions a second), the weight of a throughput split.
+
+    The wire bounds each field (an agent's float ``rate`` is stored as sent, ``5.0``); the log
+    takes what :func:`progress_problem` accepts, whose bounds are wider."""
 
     kind = "progress"
     incarnation: str
-    epoch: int
-    assignment: int
-    processed: int
-    rate: int | float | None = None
+    epoch: Annotated[int, OnWire(Annotated[int, Meta(ge=0, le=MAX_DATASET)])]
+    assignment: Annotated[int, OnWire(Annotated[int, Meta(ge=1, le=2**62)])]
+    processed: Annotated[int, OnWire(Annotated[int, Meta(ge=0, le=MAX_DATASET)])]
+    rate: Annotated[int | float | None, OnWire(Annotated[float, Meta(ge=0, le=1e12)])] = None
 
 
 #: The Struct of each of the facet's kinds.

@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 
 from msgspec import UNSET, Meta, Struct, UnsetType
 
-from .protocol import MAX_DATASET
+from .inputs import MAX_DATASET
 
 
 class EpochPlanRequest(Struct, kw_only=True, forbid_unknown_fields=True):

@@ -5,35 +5,23 @@ epoch's end). How a ``data_moves`` update applies to a rank's part is ``cursor.p
 
 The server side reads them through the facet's declaration (``plugin.py``); the worker side
 through its own list of facets (``agent/facets.py``), and the agent's machine reports
-``progress`` itself. Pure, importing only ``wire``: the agent imports it, never the facet's fold.
+``progress`` itself. Pure, importing only ``wire`` and the facet's inputs (``inputs.py``, which
+declares the event's fields): the agent imports it, never the facet's fold.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, ClassVar
+from typing import ClassVar
 
-from msgspec import Meta
-
-from ...wire.protocol import AgentEventBase
+from ...wire.protocol import AgentEventBase, agent_event
 from ...wire.updates import OWN_RANK, Update
+from .inputs import ProgressInput
 
 # -- events (POST /agents/events) ------------------------------------------------------------
 
-#: The largest dataset an epoch plan may name, and so the largest position or count.
-MAX_DATASET = 2**48
-
-
-class ProgressEvent(
-    AgentEventBase, tag="progress", kw_only=True, omit_defaults=True, forbid_unknown_fields=True
-):
-    """How far this rank has read its part of the open epoch (``cursor.py``): ``processed``
-    positions from the front of its sequence, against the assignment it holds; ``rate`` is
-    what it measured (positions a second), the weight of a throughput split."""
-
-    epoch: Annotated[int, Meta(ge=0, le=MAX_DATASET)]
-    assignment: Annotated[int, Meta(ge=1, le=2**62)]
-    processed: Annotated[int, Meta(ge=0, le=MAX_DATASET)]
-    rate: Annotated[float, Meta(ge=0, le=1e12)] | None = None
+#: How far this rank has read its part of the open epoch: made from the ``progress`` input,
+#: which declares its fields (``inputs.ProgressInput``).
+ProgressEvent = agent_event(ProgressInput, forbid_unknown_fields=True)
 
 
 # -- updates (GET /agents/updates) ----------------------------------------------------------

@@ -5,17 +5,39 @@ An operator creates a refit (``refit_created``: :class:`RefitCreatedInput`, ever
 worker joins an epoch (``refit_join``), publishes its bootstrap (``refit_bootstrap``), starts a
 transfer and reports its outcome (``transfer_status``). The log stores each as its payload; the
 fold (``fold.py``) checks it (``spec_problem`` here, the rest against the refit's state, each with
-its code), then decodes it into its Struct and dispatches on the class. Pure: the agent may
-import it.
+its code), then decodes it into its Struct and dispatches on the class. A worker's input is also
+its event (``protocol.py`` makes it, ``wire.protocol.agent_event``): the input's fields, with the
+wire's bounds each marks (``OnWire``), while the fold decodes a stored payload by the field's own
+type (a payload that does not decode is refused naming the field, as recorded). Pure: the agent
+may import it.
 """
 
 from __future__ import annotations
 
 import re
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
 
 import msgspec
-from msgspec import UNSET, UnsetType
+from msgspec import UNSET, Meta, UnsetType
+
+from ...wire.inputs import OnWire
+
+#: A refit's name (``POST /refits``), and a plan digest: sha256 in lowercase hex.
+RefitName = Annotated[str, Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$")]
+Digest = Annotated[str, Meta(pattern=r"^[0-9a-f]{64}$")]
+RefitEpoch = Annotated[int, Meta(ge=1, le=2**62, description="a refit epoch")]
+#: A transfer's key: printable ASCII without spaces.
+TransferKey = Annotated[str, Meta(pattern=r"^[\x21-\x7e]{1,128}$")]
+#: A bootstrap is flat: the data plane's rendezvous (a store address, a prefix, an NCCL unique
+#: id in hex), at most 16 values, each short (the fold also bounds its encoded size).
+BootstrapValue = (
+    Annotated[str, Meta(max_length=1024)] | Annotated[int, Meta(ge=-(2**63), le=2**63 - 1)]
+)
+FlatBootstrap = Annotated[
+    dict[Annotated[str, Meta(max_length=64)], BootstrapValue], Meta(max_length=16)
+]
+#: A transfer's number, and its attempt's.
+Count = Annotated[int, Meta(ge=1, le=2**62)]
 
 #: The bounds of a refit's definition: a worker that never joins must not hold the others for
 #: a day, and a transfer deadline of years is a typo, not a plan. 8,192 slots a side keeps an
@@ -104,7 +126,7 @@ class RefitsInput(msgspec.Struct, frozen=True, kw_only=True, gc=False):
 
     #: the record kind whose payload this is
     kind: ClassVar[str]
-    refit: str
+    refit: Annotated[str, OnWire(RefitName)]
 
 
 class RefitCreatedInput(RefitsInput, frozen=True, kw_only=True, gc=False):
@@ -129,47 +151,49 @@ class RefitRestartInput(RefitsInput, frozen=True, kw_only=True, gc=False):
 
 
 class RefitJoinInput(RefitsInput, frozen=True, kw_only=True, gc=False):
-    """``refit_join``: a worker takes ``slot`` of its group's side in ``epoch``, holding the plan
-    whose digest is ``digest``; publisher slot 0 may offer the epoch's ``bootstrap``."""
+    """This worker takes ``slot`` of its group's side of ``refit`` in ``epoch``, holding the
+    plan whose digest is ``digest`` (``wire.refit.ReshardPlan.digest``). Publisher slot 0 may
+    offer the epoch's ``bootstrap`` with its join: the fold publishes it to the members in the
+    step that admits the epoch, saving the separate ``refit_bootstrap`` round trip."""
 
     kind = "refit_join"
     incarnation: str
-    epoch: int
-    slot: int
-    digest: str
-    bootstrap: dict[str, Any] | UnsetType = UNSET
+    epoch: Annotated[int, OnWire(RefitEpoch)]
+    slot: Annotated[int, OnWire(Annotated[int, Meta(ge=0, le=65_535, description="a slot")])]
+    digest: Annotated[str, OnWire(Digest)]
+    bootstrap: Annotated[dict[str, Any] | UnsetType, OnWire(FlatBootstrap)] = UNSET
 
 
 class RefitBootstrapInput(RefitsInput, frozen=True, kw_only=True, gc=False):
-    """``refit_bootstrap``: refit rank 0 publishes the admitted epoch's rendezvous."""
+    """Refit rank 0 publishes the data plane's rendezvous of an admitted epoch."""
 
     kind = "refit_bootstrap"
     incarnation: str
-    epoch: int
-    bootstrap: dict[str, Any]
+    epoch: Annotated[int, OnWire(RefitEpoch)]
+    bootstrap: Annotated[dict[str, Any], OnWire(FlatBootstrap)]
 
 
 class TransferInput(RefitsInput, frozen=True, kw_only=True, gc=False):
-    """``transfer``: start (or retry) the transfer ``key``; from an operator (no incarnation,
-    no epoch) or a publisher of the admitted ``epoch``."""
+    """Start (or, after a failure, retry) the transfer ``key`` in the admitted ``epoch``: from
+    an operator (no incarnation, no epoch) or a publisher (whose event names the epoch)."""
 
     kind = "transfer"
-    key: str
     incarnation: str | None = None
-    epoch: int | None = None
+    epoch: Annotated[int | None, OnWire(RefitEpoch, required=True)] = None
+    key: Annotated[str, OnWire(TransferKey)]
 
 
 class TransferStatusInput(RefitsInput, frozen=True, kw_only=True, gc=False):
-    """``transfer_status``: a member's outcome (``done`` or ``failed``) of ``attempt`` of
+    """This member's outcome (``done`` or ``failed``) of ``attempt`` of transfer
     ``transfer``."""
 
     kind = "transfer_status"
     incarnation: str
-    epoch: int
-    transfer: int
-    attempt: int
-    status: str
-    detail: str = ""
+    epoch: Annotated[int, OnWire(RefitEpoch)]
+    transfer: Annotated[int, OnWire(Count)]
+    attempt: Annotated[int, OnWire(Count)]
+    status: Annotated[str, OnWire(Annotated[str, Meta(pattern="^(done|failed)$")])]
+    detail: Annotated[str, OnWire(Annotated[str, Meta(max_length=1000)])] = ""
 
 
 #: The Struct of each of the facet's kinds.

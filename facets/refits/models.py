@@ -9,7 +9,7 @@ from msgspec import UNSET, Meta, Struct, UnsetType
 
 from ...api.models import StoryEntry
 from ...wire.protocol import GroupName
-from .protocol import Digest, RefitName, TransferKey
+from .inputs import Digest, RefitName, TransferKey
 
 
 class RefitRequest(Struct, kw_only=True, forbid_unknown_fields=True):

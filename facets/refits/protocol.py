@@ -7,91 +7,27 @@ The server side reads them through the facet's declaration (``plugin.py``: the r
 composition that holds the facet decode them); the worker side through its own list of facets
 (``agent/facets.py``: the agent's poller, the relay and the simulated hosts decode them), and
 names the facet's worker part (``worker.py``), which follows them for the agent. Pure,
-importing only ``wire``: the agent imports it, never the facet's fold.
+importing only ``wire`` and the facet's inputs (``inputs.py``, which declares the events'
+fields): the agent imports it, never the facet's fold.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any, ClassVar
-
-from msgspec import Meta
+from typing import Any, ClassVar
 
 from ...wire.facets import WorkerPart
-from ...wire.protocol import AgentEventBase
+from ...wire.protocol import AgentEventBase, agent_event
 from ...wire.updates import Update
+from .inputs import RefitBootstrapInput, RefitJoinInput, TransferInput, TransferStatusInput
 
 # -- events (POST /agents/events) ------------------------------------------------------------
 
-#: A refit's name (``POST /refits``), and a plan digest: sha256 in lowercase hex.
-RefitName = Annotated[str, Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$")]
-Digest = Annotated[str, Meta(pattern=r"^[0-9a-f]{64}$")]
-RefitEpoch = Annotated[int, Meta(ge=1, le=2**62)]
-#: A transfer's key: printable ASCII without spaces.
-TransferKey = Annotated[str, Meta(pattern=r"^[\x21-\x7e]{1,128}$")]
-#: A bootstrap is flat: the data plane's rendezvous (a store address, a prefix, an NCCL unique
-#: id in hex), at most 16 values, each short (the fold also bounds its encoded size).
-BootstrapValue = (
-    Annotated[str, Meta(max_length=1024)] | Annotated[int, Meta(ge=-(2**63), le=2**63 - 1)]
-)
-FlatBootstrap = Annotated[
-    dict[Annotated[str, Meta(max_length=64)], BootstrapValue], Meta(max_length=16)
-]
-
-
-class RefitJoinEvent(
-    AgentEventBase, tag="refit_join", kw_only=True, omit_defaults=True, forbid_unknown_fields=True
-):
-    """This worker takes ``slot`` of its group's side of ``refit`` in ``epoch``, holding the
-    plan whose digest is ``digest`` (``wire.refit.ReshardPlan.digest``). Publisher slot 0 may
-    offer the epoch's ``bootstrap`` with its join: the fold publishes it to the members in the
-    step that admits the epoch, saving the separate ``refit_bootstrap`` round trip."""
-
-    refit: RefitName
-    epoch: RefitEpoch
-    slot: Annotated[int, Meta(ge=0, le=65_535)]
-    digest: Digest
-    bootstrap: FlatBootstrap | None = None
-
-
-class RefitBootstrapEvent(
-    AgentEventBase,
-    tag="refit_bootstrap",
-    kw_only=True,
-    omit_defaults=True,
-    forbid_unknown_fields=True,
-):
-    """Refit rank 0 publishes the data plane's rendezvous of an admitted epoch."""
-
-    refit: RefitName
-    epoch: RefitEpoch
-    bootstrap: FlatBootstrap
-
-
-class TransferEvent(
-    AgentEventBase, tag="transfer", kw_only=True, omit_defaults=True, forbid_unknown_fields=True
-):
-    """Start (or, after a failure, retry) the transfer ``key`` in the admitted ``epoch``."""
-
-    refit: RefitName
-    epoch: RefitEpoch
-    key: TransferKey
-
-
-class TransferStatusEvent(
-    AgentEventBase,
-    tag="transfer_status",
-    kw_only=True,
-    omit_defaults=True,
-    forbid_unknown_fields=True,
-):
-    """This member's outcome of ``attempt`` of transfer ``transfer``."""
-
-    refit: RefitName
-    epoch: RefitEpoch
-    transfer: Annotated[int, Meta(ge=1, le=2**62)]
-    attempt: Annotated[int, Meta(ge=1, le=2**62)]
-    status: Annotated[str, Meta(pattern="^(done|failed)$")]
-    detail: Annotated[str, Meta(max_length=1000)] = ""
+# Each made from its input, which declares its fields (``inputs.py``); every field not declared
+# is refused.
+RefitJoinEvent = agent_event(RefitJoinInput, forbid_unknown_fields=True)
+RefitBootstrapEvent = agent_event(RefitBootstrapInput, forbid_unknown_fields=True)
+TransferEvent = agent_event(TransferInput, forbid_unknown_fields=True)
+TransferStatusEvent = agent_event(TransferStatusInput, forbid_unknown_fields=True)
 
 
 # -- updates (GET /agents/updates) ----------------------------------------------------------

@@ -12,7 +12,7 @@ import msgspec
 import pytest
 from msgspec import Meta
 
-from foldplane.wire import inputs, protocol
+from foldplane.wire import facets, inputs, protocol
 from foldplane.wire.protocol import AgentEventBase, agent_event
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -20,13 +20,13 @@ PRODUCT = [
     p
     for p in ROOT.rglob("*.py")
     if not {"tests", "docs", ".venv", ".venv-2.13", "build"} & set(p.relative_to(ROOT).parts)
-    and p.relative_to(ROOT).parts[0] == "wire"
 ]
 ENVELOPE = set(AgentEventBase.__struct_fields__)
 
 
 def _events() -> list[type[AgentEventBase]]:
-    return [*protocol.PROTOCOL_EVENTS]
+    declared = [e for m in facets.protocols() for e in getattr(m, "EVENTS", ())]
+    return [*protocol.PROTOCOL_EVENTS, *declared]
 
 
 def _inputs_of(event: type[AgentEventBase]) -> dict[str, type[msgspec.Struct]]:
