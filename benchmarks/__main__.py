@@ -6,28 +6,23 @@ import argparse
 import datetime
 import importlib
 import os
-import pkgutil
 import sys
 import time
 
-from foldplane import benchmarks
 from foldplane.benchmarks.harness import Result, machine_reference_ms, print_table, write_json
-
-_NOT_BENCHES = {"harness", "report", "__main__"}
+from foldplane.benchmarks.kit.catalog import benchmarks
+from foldplane.coordinator.fold.registry import FACETS_ENV
 
 
 def available() -> list[str]:
     """Every benchmark: a module of ``benchmarks/`` (``benchmarks.kit``, a package, is what
-    they share)."""
-    return sorted(
-        m.name
-        for m in pkgutil.iter_modules(benchmarks.__path__)
-        if not m.ispkg and m.name not in _NOT_BENCHES and not m.name.startswith("_")
-    )
+    they share) or one a facet declares in its folder (``benchmarks.kit.catalog``)."""
+    return list(benchmarks(os.environ.get(FACETS_ENV)))
 
 
 def main(argv: list[str] | None = None) -> int:
-    names = available()
+    modules = benchmarks(os.environ.get(FACETS_ENV))
+    names = list(modules)
     p = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
     p.add_argument(
         "names", nargs="*", metavar="NAME", help=f"benchmarks to run (default: all of {names})"
@@ -53,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     results: list[Result] = []
     for name in chosen:
-        mod = importlib.import_module(f"foldplane.benchmarks.{name}")
+        mod = importlib.import_module(modules[name])
         t0 = time.monotonic()
         print(f"# {name} ...", file=sys.stderr, flush=True)
         got = mod.run(quick=args.quick)

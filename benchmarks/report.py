@@ -24,11 +24,11 @@ import re
 import sys
 from pathlib import Path
 
+from foldplane.benchmarks.kit.catalog import benchmarks, source
+
 #: What a run file's ``run`` object may say; ``date`` (ISO 8601, as precise as known) is required.
 RUN_FIELDS = ("date", "command", "quick", "load_average", "reference_ms", "note")
 
-HERE = Path(__file__).resolve().parent
-NOT_BENCHES = {"harness", "report", "__main__", "__init__"}
 
 #: The command that regenerates the page; the test runs the same.
 REGENERATE = "python -m benchmarks.report docs/benchmark-runs/*.json > docs/benchmarks.md"
@@ -51,12 +51,15 @@ figure, record a run and regenerate; to change a description, edit the benchmark
 docstring (or `benchmarks/report.py`) and regenerate. `tests/test_docs.py` fails when this page
 differs from what its data renders.
 
-Each benchmark is one module of `benchmarks/`: its scenario (its workers are the module run as a
-script) and its rows. What they share is written once in `benchmarks/kit/`: the coordinator
-process and the launchers of workers on it (`service`), the workers' JSON lines (`workers`), the
-clock from a kill to the last survivor's recovery (`kills`), the torchrun and torchft peers
-(`baselines`), a torchrun job of several nodes on any rendezvous backend (`torchrun`), and the
-simulated agent hosts of the service benchmarks (`simulated`)."""
+Each benchmark is one module of `benchmarks/`, or of a facet's folder when it measures that
+facet alone (its plugin's `benchmarks`: `data` is `facets/epochs/benchmark.py`): its scenario
+(its workers are the module run as a script) and its rows. What they share is written once in
+`benchmarks/kit/`: the coordinator process and the launchers of workers on it (`service`), the
+workers' JSON lines (`workers`), the clock from a kill to the last survivor's recovery
+(`kills`), the torchrun and torchft peers (`baselines`), a torchrun job of several nodes on any
+rendezvous backend (`torchrun`), the simulated agent hosts of the service benchmarks
+(`simulated`), and the list of every benchmark, the facets' found through the facet list
+(`catalog`)."""
 
 REPRODUCE = """\
 ```bash
@@ -147,17 +150,14 @@ part). How fast the machine ran is in the run line (`reference_ms`).""",
 
 
 def bench_names() -> list[str]:
-    """Every benchmark module, as ``python -m benchmarks`` lists them."""
-    return sorted(
-        p.stem
-        for p in HERE.glob("*.py")
-        if p.stem not in NOT_BENCHES and not p.stem.startswith("_")
-    )
+    """Every benchmark of foldplane, as ``python -m benchmarks`` lists them: the modules of
+    ``benchmarks/`` and those the facets of foldplane declare (``benchmarks.kit.catalog``)."""
+    return list(benchmarks())
 
 
 def describe(name: str) -> str:
     """The benchmark module's docstring as markdown, read without importing the module."""
-    doc = ast.get_docstring(ast.parse((HERE / f"{name}.py").read_text())) or ""
+    doc = ast.get_docstring(ast.parse(source(benchmarks()[name]).read_text())) or ""
     return re.sub(r"``(.+?)``", r"`\1`", doc, flags=re.S).strip()
 
 

@@ -24,14 +24,16 @@ FACET_API = ("routes", "models", "console")
 FACET_HOST = ("host", "story", "plot", "service", "serve")
 #: A facet's worker part (a module, or a package of modules): of the worker side, over the agent.
 FACET_WORKER = "worker"
-#: A facet's part of the simulator is drawn in the simulator's box, where it stands.
+#: A facet's part of the simulator and its benchmark are drawn in the simulator's and the
+#: benchmarks' boxes, where they stand.
 FACET_SIM = ("sim",)
+FACET_BENCHMARK = ("benchmark",)
 
 #: node -> (title, description, column, row); columns 0..3 of a 4-column grid, rows are layers.
 NODES: dict[str, tuple[str, str, int, int]] = {
     "roots": ("the composition roots", "cli.py · demo.py · coordinator/__main__", 0, 0),
     "sim": ("sim/", "the simulator, facets' sim parts", 1, 0),
-    "benchmarks": ("benchmarks/", "the benchmark rows", 2, 0),
+    "benchmarks": ("benchmarks/", "the rows, facets' benchmarks", 2, 0),
     "api": ("api/", "FastAPI routes", 0, 1),
     "facet_api": ("facets/*: routes", "routes, bodies, console panels", 1, 1),
     "facet_worker": ("facets/*: worker parts", "trackers, the Agent's hooks", 3, 1),
@@ -72,6 +74,8 @@ def node_of(module: str) -> str | None:
             return "facet_host"
         if leaf in FACET_SIM:
             return "sim"
+        if leaf in FACET_BENCHMARK:
+            return "benchmarks"
         return "facet_fold"
     return top if top in NODES else None
 

@@ -168,8 +168,9 @@ def test_the_coordinator_composes_its_rules_and_inherits_none() -> None:
 
 
 def test_the_contracts_cover_the_agent_and_the_benchmarks() -> None:
-    """No import loop among the agent's modules nor the benchmarks'; the benchmarks, which
-    measure the product, import no tests and no command-line internals."""
+    """No import loop among the agent's modules nor the benchmarks'; the benchmarks (and the
+    facets' benchmarks beside them), which measure the product, import no tests and no
+    command-line internals."""
     import tomllib
 
     linter = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
@@ -181,7 +182,7 @@ def test_the_contracts_cover_the_agent_and_the_benchmarks() -> None:
     forbidden = [
         set(c["forbidden_modules"])
         for c in contracts
-        if c["type"] == "forbidden" and c["source_modules"] == ["foldplane.benchmarks"]
+        if c["type"] == "forbidden" and "foldplane.benchmarks" in c["source_modules"]
     ]
     assert any({"tests", "foldplane.cli"} <= f for f in forbidden), forbidden
 
@@ -308,7 +309,7 @@ PRODUCT = (
 #: How many product files outside its folder each facet of foldplane is named by (the goal:
 #: one, its line in ``BUILTIN_FACETS``). A facet that moves a part into its folder lowers its
 #: number here; a change that names a facet from outside once more fails until it is counted.
-OUTSIDE_FILES = {"epochs": 5, "refits": 2, "lighthouse": 1, "rendezvous": 1}
+OUTSIDE_FILES = {"epochs": 4, "refits": 2, "lighthouse": 1, "rendezvous": 1}
 
 
 def _module_of(path: Path) -> str:

@@ -16,4 +16,7 @@
   (``agent.simhost``'s, with per-kind wait timing), cores split between them and the
   coordinator, and the server's event loop and GC thresholds for the simulator.
 - :mod:`~benchmarks.kit.floors`: the costs every decision stands on (one durable append).
+- :mod:`~benchmarks.kit.catalog`: every benchmark by name and its module: those of
+  ``benchmarks/`` and those the facets declare in their folders (their plugins' ``benchmarks``),
+  found through the facet list.
 """

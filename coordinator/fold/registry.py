@@ -126,6 +126,10 @@ class FacetPlugin:
     #: drawn)``, the facet in one simulated world (its operator's actions, its part of each
     #: simulated process, its invariants checked after every step)
     sim: str | None = None
+    #: its benchmarks (``python -m benchmarks NAME``), by name: the module of each, in its
+    #: folder, whose ``run(quick)`` gives the rows (``benchmarks/kit/catalog.py`` lists them
+    #: beside the modules of ``benchmarks/``; a name may be neither's twice)
+    benchmarks: Mapping[str, str] = field(default_factory=dict)
 
 
 #: each facet package's plugin, once imported (a memo of the import, like ``sys.modules``)

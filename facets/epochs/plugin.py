@@ -22,4 +22,5 @@ PLUGIN = FacetPlugin(
     plot="foldplane.facets.epochs.plot",
     console="foldplane.facets.epochs:console.html",
     sim="foldplane.facets.epochs.sim",
+    benchmarks={"data": "foldplane.facets.epochs.benchmark"},
 )

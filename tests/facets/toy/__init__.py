@@ -4,7 +4,7 @@ Its kind of state is a per-group counter the operator bumps (``POST /groups/{gro
 the group's ranks add to (``Agent.send_event(AddEvent, by=...)``): two record kinds
 (``toy_bump``, ``toy_add``), an agent event, refusals, a projection row (``toy_counter``), an
 update to the group's agents, a route, a panel in the operator's console and an option of
-``serve`` (``--toy-note FILE``). The line that plugs it in is ``FOLDPLANE_FACETS=tests.facets.toy``
+``serve`` (``--toy-note FILE``) and a benchmark (``python -m benchmarks toy``). The line that plugs it in is ``FOLDPLANE_FACETS=tests.facets.toy``
 (``coordinator/fold/registry.py``); nothing of foldplane names it.
 """
 
@@ -24,4 +24,5 @@ PLUGIN = FacetPlugin(
     routes="tests.facets.toy.routes",
     console="tests.facets.toy:console.html",
     serve="tests.facets.toy.serve",
+    benchmarks={"toy": "tests.facets.toy.benchmark"},
 )

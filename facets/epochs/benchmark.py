@@ -1,13 +1,14 @@
 """Data that survives a dead rank (docs/data.md): samples lost and repeated per kill, how soon
 the survivors hold the dead rank's remainder, the plan's bytes at 16,384 ranks, and the
-throughput split against the equal split, all in one run.
+throughput split against the equal split, all in one run. The epochs facet's benchmark, in its
+folder (its plugin's ``benchmarks``: ``python -m benchmarks data``).
 
 Rows:
 
 - ``data samples lost per kill`` / ``data samples repeated per kill``: **foldplane**: a
   coordinator (``python -m coordinator serve`` on a SQLite file) and 4 workers under the real
   launcher, each an ``Agent`` reading its part through ``ElasticSampler`` and a ``DataLoader``
-  (this module, ``python benchmarks/data.py worker``); one worker is SIGKILLed once the
+  (this module, ``python -m foldplane.facets.epochs.benchmark worker``); one worker is SIGKILLed once the
   coordinator has accepted about 30 % of the epoch. Every worker writes each batch's indices
   *before* marking it processed; afterwards the log is folded (the real fold over the real
   file) for the progress the coordinator accepted from each incarnation, and the batches
@@ -67,11 +68,11 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from ..facets.epochs.protocol import DataAssignmentUpdate, DataMovesUpdate
-from .harness import Result, lower_is_better_ratio, median
-from .kit.kills import time_recovery
-from .kit.service import Service
-from .kit.workers import Lines, emit, say, start_agent
+from ...benchmarks.harness import Result, lower_is_better_ratio, median
+from ...benchmarks.kit.kills import time_recovery
+from ...benchmarks.kit.service import Service
+from ...benchmarks.kit.workers import Lines, emit, say, start_agent
+from .protocol import DataAssignmentUpdate, DataMovesUpdate
 
 WORLD = 4
 KILL_AT = 0.3
@@ -110,7 +111,7 @@ def _worker(argv: list[str]) -> int:
     indices before marking it processed; say when each new assignment and view reached it."""
     from torch.utils.data import DataLoader
 
-    from ..agent.data import ElasticSampler
+    from ...agent.data import ElasticSampler
 
     out, size, batch = Path(argv[0]), int(argv[1]), int(argv[2])
     costs = [float(c) for c in argv[3].split(",")]
@@ -277,9 +278,9 @@ def _kill_trial(service: Service, k: int) -> dict[str, Any]:
 async def _accepted(db: str, group: str) -> dict[tuple[int, str], int]:
     """(rank, incarnation) -> the highest progress the fold accepted from it: the log folded
     from its first record by the real fold."""
-    from ..coordinator.fold.effects import Refused
-    from ..coordinator.fold.machine import Coordinator as Fold
-    from ..eventlog import open_log
+    from ...coordinator.fold.effects import Refused
+    from ...coordinator.fold.machine import Coordinator as Fold
+    from ...eventlog import open_log
 
     log = await open_log(db, create=False)
     fold = Fold()
@@ -427,14 +428,14 @@ def _plan_bytes(n: int, dataset_size: int, grain: int = 1) -> dict[str, Any]:
     """The data plan's bytes on the view change that removes one rank of ``n``, 30 % into an
     epoch of ``dataset_size`` positions handed out in grains of ``grain`` (see the module
     docstring)."""
-    from ..coordinator.fold.effects import ViewCommitted, ViewPrepare
-    from ..coordinator.fold.machine import Coordinator as Fold
-    from ..coordinator.host.journal import encoded
-    from ..coordinator.host.ready import HostState, ReadyBuilder
-    from ..eventlog.projection import encode_projection
-    from ..eventlog.record import Record
-    from ..facets.epochs.effects import AssignmentChanged
-    from ..facets.epochs.inputs import complete_plan
+    from ...coordinator.fold.effects import ViewCommitted, ViewPrepare
+    from ...coordinator.fold.machine import Coordinator as Fold
+    from ...coordinator.host.journal import encoded
+    from ...coordinator.host.ready import HostState, ReadyBuilder
+    from ...eventlog.projection import encode_projection
+    from ...eventlog.record import Record
+    from .effects import AssignmentChanged
+    from .inputs import complete_plan
 
     s = 1_000_000_000
     t0 = 1_764_000_000 * s
@@ -512,7 +513,7 @@ def _plan_bytes(n: int, dataset_size: int, grain: int = 1) -> dict[str, Any]:
 
 
 def run(quick: bool) -> list[Result]:
-    from . import recovery
+    from ...benchmarks import recovery
 
     kills, split_trials, recoveries = (1, 1, 2) if quick else (5, 3, 5)
     plan = [_plan_bytes(n, n * PLAN_PER_RANK) for n in PLAN_SIZES]
@@ -682,7 +683,7 @@ def _split_rows(splits: dict[str, list[list[dict[str, Any]]]], split_trials: int
 
 
 def _plan_bytes_only() -> int:
-    """``python -m benchmarks.data plan-bytes``: the plan-bytes measurements alone (in
+    """``python -m foldplane.facets.epochs.benchmark plan-bytes``: the plan-bytes measurements alone (in
     process, a minute or so at 16,384 ranks), one JSON line each, without the rest of the
     benchmark's trials; nothing is recorded."""
     sizes = [(n, n * PLAN_PER_RANK, 1) for n in PLAN_SIZES]
