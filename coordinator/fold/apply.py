@@ -8,21 +8,50 @@ group and adds the effects that tell of it:
 - ``budget.Shutdown`` (``budget.budget_shutdown``): :func:`shut_down`, the group shut down,
   a stall forgotten, its queued proposals rejected;
 - ``healthy_set.HealthyMoves`` (``healthy_set.healthy_moves``): :func:`move_healthy`, each
-  moved rank HEALTHY or SYNCED.
+  moved rank HEALTHY or SYNCED;
+- the ranks' decisions (``ranks.on_join``, ``on_links``, ``on_ack``, ``on_exit``,
+  ``on_death_reported``, ``expired``) and a stall's report (``stalls.StallReport``):
+  :class:`Applier`, whose ``go_offline`` is the death chain every lost rank goes through.
 
-The rules that still change a group themselves (``ranks.py``, ``barrier.py``,
-``proposals.py``, ``ending.py``, ``deadlines.py``) apply a decision through this module too.
+A handler of the transition table returns its decisions in order, and an effect among them
+is told as it is (:meth:`Applier.__call__`). The rules that still change a group themselves
+(``barrier.py``, ``proposals.py``, ``ending.py``, ``deadlines.py``) apply a decision through
+this module too.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
+from typing import Any, Protocol
+
+from msgspec import UNSET
+
 from ...eventlog.record import Record
 from ...wire.codes import REJECTED
 from .budget import Shutdown, budget_shutdown
-from .effects import HEALTHY, SYNCED, Effect, Proposal, ShutdownWithSave
+from .effects import HEALTHY, OFFLINE, SYNCED, Effect, Proposal, ShutdownWithSave
+from .facets import Facet, FoldContext
 from .healthy_set import HealthyMoves
 from .outcomes import resolve
-from .state import GroupState
+from .ranks import Acked, Evidence, Exited, Identified, Joined, Lost, SignOfLife
+from .stalls import Stall, StallReport
+from .state import GroupState, rank_state
+
+
+class DeathChain(Protocol):
+    """What a rule that takes ranks offline calls back (:meth:`Applier.go_offline`)."""
+
+    def go_offline(
+        self,
+        g: GroupState,
+        rank: int,
+        reason: str,
+        failure: bool,
+        record: Any,
+        effects: list[Effect],
+        *,
+        cause: str | None = None,
+    ) -> None: ...
 
 
 def enforce_budget(
@@ -80,3 +109,166 @@ def move_healthy(g: GroupState, moves: HealthyMoves, effects: list[Effect]) -> N
     for rank in moves.joined:
         ranks[rank].state = HEALTHY
     effects.extend(moves.effects)
+
+
+class Applier:
+    """Applies the decisions of the ranks' rules (and of a stall's report) to the group they
+    are about, in the order they were decided; an effect among them is told as it is.
+
+    It reads the fold's time (``fold.now``: a sign of life, a new stall) and tells the facets
+    (``facets``, given ``fold``) of each rank lost or joined, as the fixed points of a step."""
+
+    def __init__(self, fold: FoldContext, facets: tuple[Facet, ...]) -> None:
+        self._fold = fold
+        self._facets = facets
+        self._apply: dict[type, Callable[[GroupState, Any, Any, list[Effect]], None]] = {
+            SignOfLife: self._sign_of_life,
+            Identified: self._identified,
+            Lost: self._lost,
+            Joined: self._joined,
+            Evidence: self._evidence,
+            Acked: self._acked,
+            Exited: self._exited,
+            StallReport: self._stall_report,
+        }
+
+    def __call__(
+        self, g: Any, decisions: Iterable[Any], record: Any, effects: list[Effect]
+    ) -> None:
+        """Apply ``decisions`` to ``g`` in order; tell each effect among them."""
+        table = self._apply
+        for decision in decisions:
+            apply = table.get(type(decision))
+            if apply is None:
+                effects.append(decision)
+            else:
+                apply(g, decision, record, effects)
+
+    def go_offline(
+        self,
+        g: GroupState,
+        rank: int,
+        reason: str,
+        failure: bool,
+        record: Any,
+        effects: list[Effect],
+        *,
+        cause: str | None = None,
+    ) -> None:
+        """Every way a rank is lost ends here: heartbeat timeout, death report, a missed ACK,
+        replacement by a new incarnation, and (with ``failure=False``) a clean exit.
+
+        The rank goes OFFLINE, leaves the usable-edge graph and the Healthy Set, stops being
+        awaited by the change in flight (dropped at once rather than at the ACK deadline, or,
+        after a clean exit, leaving the view without being dropped), and a failure of a
+        non-exited incarnation is counted once against ``max_failure``. Budget and
+        auto-deactivation follow in ``_settle``.
+        """
+        info = g.ranks[rank]
+        info.state = OFFLINE
+        g.fence_epoch += 1
+        info.last_heartbeat_ts = g.alive.pop(rank, info.last_heartbeat_ts)
+        g.candidates.discard(rank)
+        g.healthy.discard(rank)
+        g.touched.add(rank)
+        g.dirty = True
+        if failure and not info.exited and not info.failure_counted:
+            info.failure_counted = True
+            g.failures += 1
+            g.failed.append((rank, info.rank_epoch))
+        g.budget_due = True
+        change = g.change
+        if change is not None and rank in change.waiting:
+            change.waiting.discard(rank)
+            (change.exited if info.exited else change.dropped).add(rank)
+        effects.append(rank_state(g, rank, reason, record, cause=cause))
+        for facet in self._facets:
+            facet.rank_lost(self._fold, g, rank, record, effects)
+
+    def _lost(self, g: GroupState, lost: Lost, record: Any, effects: list[Effect]) -> None:
+        self.go_offline(g, lost.rank, lost.reason, lost.failure, record, effects, cause=lost.cause)
+
+    def _sign_of_life(self, g: GroupState, d: SignOfLife, record: Any, effects: Any) -> None:
+        self._touch(g, d.rank)
+
+    def _touch(self, g: GroupState, rank: int) -> None:
+        """Any input from the current online incarnation is a sign of life."""
+        alive = g.alive
+        alive[rank] = self._fold.now
+        alive.move_to_end(rank)
+
+    def _identified(self, g: GroupState, d: Identified, record: Any, effects: Any) -> None:
+        info = g.ranks[d.rank]
+        if d.host is not UNSET:
+            info.host = d.host
+        if d.pid is not UNSET:
+            info.pid = d.pid
+
+    def _joined(self, g: GroupState, d: Joined, record: Any, effects: list[Effect]) -> None:
+        rank = d.rank
+        info = g.ranks[rank]
+        if d.new:
+            info.incarnation = d.incarnation
+            info.rank_epoch += 1
+            info.failure_counted = False
+            info.joined_version = g.version
+            _forget_evidence_about(g, rank)
+        info.state = SYNCED
+        g.fence_epoch += 1
+        info.exited = False
+        _set_evidence(g, rank, frozenset(), False)
+        self._touch(g, rank)
+        effects.append(rank_state(g, rank, d.reason, record))
+        if d.new:
+            for facet in self._facets:
+                facet.rank_joined(self._fold, g, rank, record, effects)
+
+    def _evidence(self, g: GroupState, d: Evidence, record: Any, effects: Any) -> None:
+        _set_evidence(g, d.rank, d.down, d.ready)
+        if d.window_end is not None:
+            g.window_end = d.window_end
+
+    def _acked(self, g: GroupState, d: Acked, record: Any, effects: Any) -> None:
+        change = g.change
+        assert change is not None
+        change.acked.add(d.rank)
+        change.waiting.discard(d.rank)
+        self._touch(g, d.rank)
+
+    def _exited(self, g: GroupState, d: Exited, record: Any, effects: Any) -> None:
+        g.ranks[d.rank].exited = True
+
+    def _stall_report(self, g: GroupState, d: StallReport, record: Any, effects: Any) -> None:
+        stall = g.stall
+        if stall is None or stall.version != d.version:
+            stall = g.stall = Stall(d.version, d.retry, self._fold.now)
+        stall.reports[d.rank] = (d.issued, d.completed)
+
+
+def _set_evidence(g: GroupState, rank: int, down: frozenset[int], ready: bool) -> None:
+    info = g.ranks[rank]
+    if info.down == down and info.self_ready == ready:
+        return
+    info.down = down
+    info.self_ready = ready
+    if down:
+        g.reporters.add(rank)
+    else:
+        g.reporters.discard(rank)
+    if ready and info.state != OFFLINE:
+        g.candidates.add(rank)
+    else:
+        g.candidates.discard(rank)
+    g.touched.add(rank)
+    g.dirty = True
+
+
+def _forget_evidence_about(g: GroupState, rank: int) -> None:
+    """A replacement process is new: other ranks' down evidence about the old one lapses."""
+    for reporter in sorted(g.reporters):
+        info = g.ranks[reporter]
+        if rank in info.down:
+            info.down = info.down - {rank}
+            if not info.down:
+                g.reporters.discard(reporter)
+            g.dirty = True

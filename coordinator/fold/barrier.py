@@ -13,8 +13,9 @@ The rule. One change is in flight per group at a time.
    first, the version commits for the participants of the old view that ACKed and are still
    online, or the change is withdrawn when none is (its proposals are rejected either way).
 
-Formation is the first change (``_settle`` in ``machine.py`` prepares it once ``min_ranks``
-are HEALTHY); a group that does not get there by its formation deadline fails to form.
+Formation is the first change (:meth:`ViewChange.form`, which ``_settle`` in ``machine.py``
+calls, prepares it once ``min_ranks`` are HEALTHY); a group that does not get there by its
+formation deadline fails to form.
 
 A view that failed with every member alive is retried, then decided by the evidence: the
 decision is ``stalls.py``'s, the view change (or the shutdown) that carries it out is made here.
@@ -27,7 +28,6 @@ from typing import Any
 
 from ...eventlog.record import Record
 from ...wire.codes import APPLIED, APPLIED_WITH_DROPPED_RANKS, REJECTED
-from ...wire.inputs import LinksInput
 from .apply import enforce_budget, shut_down
 from .budget import checkpoint_rank, shutdown
 from .effects import (
@@ -43,12 +43,11 @@ from .effects import (
 from .facets import Facet, FoldContext
 from .outcomes import resolve
 from .proposals import attach_heads
-from .ranks import rank_state
 from .reasons import ranks_text
 from .stalls import FAILED as VIEW_FAILED
 from .stalls import RETRY as VIEW_RETRY
-from .stalls import UNRESOLVED, Stall, decide
-from .state import FAILED, FORMED, FORMING, Change, GroupState
+from .stalls import UNRESOLVED, decide
+from .state import FAILED, FORMED, FORMING, Change, GroupState, rank_state
 
 
 class ViewChange:
@@ -106,6 +105,15 @@ class ViewChange:
             )
         )
         attach_heads(g, self._proposals, record, effects)
+
+    def form(self, g: GroupState, record: Record, effects: list[Effect]) -> bool:
+        """Formation, the first change: prepared once ``min_ranks`` are HEALTHY, with every
+        HEALTHY rank active; True if it was."""
+        if len(g.healthy) < g.cfg.min_ranks:
+            return False
+        detail = f"{len(g.healthy)}/{g.cfg.world_size} ranks HEALTHY (min_ranks {g.cfg.min_ranks})"
+        self.prepare(g, tuple(sorted(g.healthy)), "formation", [], detail, record, effects)
+        return True
 
     def commit(self, g: GroupState, record: Record, effects: list[Effect]) -> None:
         """Phase two: every participant ACKed, was dropped or exited. Dropped and exited ranks
@@ -263,24 +271,6 @@ class ViewChange:
         target = tuple(r for r in active if r not in laggards)
         self.prepare(g, target, VIEW_FAILED, [], decision.detail, record, effects)
         return True
-
-
-def note_stall(g: GroupState, rank: int, links: LinksInput, now: int) -> None:
-    """A member says the committed view failed here blaming nobody (``fold/stalls.py``).
-    Only a report about the current view of a formed group, from an active rank, counts."""
-    version = links.failed
-    if (
-        g.formation != FORMED
-        or g.shutdown is not None
-        or g.view is None
-        or version != g.view.version
-        or not g.view.is_active(rank)
-    ):
-        return
-    stall = g.stall
-    if stall is None or stall.version != version:
-        stall = g.stall = Stall(version, g.view.cause.get("kind") == VIEW_RETRY, now)
-    stall.reports[rank] = (links.issued or 0, links.completed or 0)
 
 
 def stall_deadline(g: GroupState) -> int | None:

@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 from ...eventlog.record import Record
 from ...wire.inputs import TickInput
+from .apply import Applier
 from .barrier import ViewChange, stall_deadline
 from .capture import FoldChanges
 from .effects import (
@@ -24,7 +25,7 @@ from .effects import (
 )
 from .facets import Facet, FoldContext
 from .proposals import admission_timeout_ns, expire_unformed_heads
-from .ranks import Ranks
+from .ranks import expired
 from .state import FORMED, FORMING, GroupState
 
 
@@ -42,7 +43,7 @@ class Deadlines:
         groups: dict[str, GroupState],
         proposals: dict[int, Proposal],
         facets: tuple[Facet, ...],
-        ranks: Ranks,
+        ranks: Applier,
         views: ViewChange,
         settle: Callable[[GroupState, Record, list[Effect]], None],
         changes: FoldChanges,
@@ -99,7 +100,7 @@ class Deadlines:
             if due is None or due > now:
                 continue
             self._changes.groups.add(name)
-            self._ranks.expire_heartbeats(g, record, effects)
+            self._ranks(g, expired(g, now), record, effects)
             if g.window_end is not None and g.window_end <= now:
                 g.window_end = None
             change = g.change

@@ -21,10 +21,10 @@ from __future__ import annotations
 from ...eventlog.record import Record
 from ...wire.codes import REJECTED
 from ...wire.inputs import GroupEndedInput
+from .apply import DeathChain
 from .budget import checkpoint_rank
 from .effects import Effect, GroupEnded, Proposal, ShutdownWithSave
 from .outcomes import resolve
-from .ranks import DeathChain
 from .state import FAILED, FINISHED, GroupState
 
 
@@ -32,25 +32,26 @@ class GroupEnd:
     """The end of every group's run (see the module docstring).
 
     It reads the group it is handed and resolves the proposals (``proposals``) the end
-    rejects; the ranks it takes OFFLINE go down the death chain (``ranks.go_offline``)."""
+    rejects; the ranks it takes OFFLINE go down the death chain (``apply.Applier.go_offline``)."""
 
     def __init__(self, proposals: dict[int, Proposal], ranks: DeathChain) -> None:
         self._proposals = proposals
         self._ranks = ranks
 
     def on_group_ended(
-        self, g: GroupState, record: Record, ended: GroupEndedInput, effects: list[Effect]
-    ) -> None:
-        """The operator ends the group's run (see the module docstring)."""
+        self, g: GroupState, record: Record, ended: GroupEndedInput, now: int
+    ) -> list[Effect]:
+        """The operator ends the group's run (see the module docstring). It changes the group
+        itself, and returns the effects."""
         delete = ended.delete
         if g.ended is not None:
             g.deleted = g.deleted or delete
-            effects.append(
+            return [
                 GroupEnded(group=g.name, reason=g.ended, deleted=g.deleted, offset=record.offset)
-            )
-            return
-        reason = ended.reason or "ended by the operator"
-        self._end(g, reason, delete, record, effects)
+            ]
+        effects: list[Effect] = []
+        self._end(g, ended.reason or "ended by the operator", delete, record, effects)
+        return effects
 
     def finish_if_done(self, g: GroupState, record: Record, effects: list[Effect]) -> None:
         """A formed run whose every joined rank has exited cleanly is finished (module doc)."""

@@ -37,9 +37,8 @@ import msgspec
 
 from ...eventlog.record import Record
 from .effects import HEALTHY, SYNCED, RankState
-from .ranks import rank_state
 from .reasons import ranks_text
-from .state import GroupState
+from .state import GroupState, rank_state
 
 
 def healthy_set(

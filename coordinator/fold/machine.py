@@ -9,9 +9,9 @@ effects, and ``snapshot()`` + the tail gives exactly what a full replay gives.
 A step has two halves:
 
 * the rule of its input (``TRANSITIONS``: the record's payload decoded into its Struct, one
-  per kind in ``wire/inputs.py``) records the fact (a rank joined, beat, reported links,
-  ACKed, exited, died; a proposal arrived; time passed) and runs the *death chain* when a rank
-  is lost;
+  per kind in ``wire/inputs.py``) decides what the fact changes (a rank joined, reported
+  links, ACKed, exited, died; a proposal arrived; the run ended), and ``apply.Applier``
+  applies its decisions in order, running the *death chain* (``go_offline``) for a rank lost;
 * :meth:`Coordinator._settle` then makes every decision that the new facts allow, in one fixed
   order: recompute the Healthy Set (unless a reconciliation window is open), enforce the failure
   budget, commit the change in flight once its barrier is complete, and otherwise start the next
@@ -21,17 +21,19 @@ Heartbeats take a fast path that changes only liveness, so they never reach ``_s
 
 Each rule lives in a file of its own, whose docstring states it. The Coordinator owns the
 state (groups, proposals, time, facets) and composes the rules; none of them inherits from
-another or reaches the rest through a shared ``self``. A rule is a function of what it is given,
-or an object built here with what it reads and the few rules it calls back (a Protocol where
-that is all it needs), and what it decides comes out as effects and changes to the group:
+another or reaches the rest through a shared ``self``. A rule with a declared interface (the
+ranks, the Healthy Set, the budget) reads what it is handed and returns its decisions as small
+values that ``apply.py`` applies; the others are objects built here with what they read and
+the few rules they call back, and still change the group they are handed:
 
 ==================  =======================================================================
 ``fencing.py``      ``Fences``: which inputs are refused, before the append and in the step
-``ranks.py``        ``Ranks``: rank lifecycle and link evidence; the death chain (``go_offline``)
+``ranks.py``        ``on_join(g, record, join, now) -> [Lost, Joined, ...]``, and the others
 ``healthy_set.py``  ``healthy_moves(g, record) -> HealthyMoves``: who is HEALTHY
 ``budget.py``       ``budget_shutdown(g) -> Shutdown | None``: when a group shuts down for good
+``apply.py``        ``Applier``: applies those decisions; the death chain (``go_offline``)
 ``proposals.py``    ``ProposalQueue``: what starts the next change (``reconfigure.py``: torch's)
-``barrier.py``      ``ViewChange``: prepare, ACKs, commit; formation failing; a stall's end
+``barrier.py``      ``ViewChange``: formation, prepare, ACKs, commit; a stall's end
 ``deadlines.py``    ``Deadlines``: the deadlines a tick fires, what a resumed tick restarts
 ``ending.py``       ``GroupEnd``: a group's run over, ended by the operator or finished
 ``outcomes.py``     ``resolve``: a proposal's one outcome, whichever rule decides it
@@ -48,7 +50,6 @@ each rank lost and each tick at fixed points of a step.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from functools import reduce
 from typing import Any
 
 import msgspec
@@ -56,9 +57,10 @@ import msgspec
 from ...eventlog.record import Record
 from ...wire import inputs
 from ...wire.inputs import Input, decode
+from . import ranks
 from .admission import admission_problem
-from .apply import enforce_budget, move_healthy
-from .barrier import ViewChange, note_stall
+from .apply import Applier, enforce_budget, move_healthy
+from .barrier import ViewChange
 from .capture import FoldChanges, GroupCapture, Proposals
 from .config import GroupConfig
 from .deadlines import Deadlines
@@ -79,19 +81,21 @@ from .status import group_status
 SNAPSHOT_FORMAT = 3
 _READABLE_FORMATS = (1, 2, 3)
 
-#: The transition table: each input (``wire/inputs.py``), the rule object and its handler, and
-#: what it moves. A handler takes ``(g, record, input, effects)``, ``g`` the group the record
-#: names (None only for a new group). A heartbeat (``Ranks.on_heartbeat``) takes its own path,
-#: without ``_settle``; a tick (``Deadlines.on_tick``) settles each group whose deadline fell due.
+#: The transition table: each input (``wire/inputs.py``), its rule and handler, and what it
+#: moves. A handler takes ``(g, record, input, now)``, ``g`` the group the record names (None
+#: only for a new group), and returns its decisions, which ``apply.Applier`` applies in order
+#: (the ranks' rules change nothing themselves; the queue and the end of a run still change
+#: the group and return only effects). A heartbeat (``Ranks.on_heartbeat``) takes its own
+#: path, without ``_settle``; a tick (``Deadlines.on_tick``) settles each group due.
 TRANSITIONS: dict[type[Input], str] = {
-    inputs.GroupCreatedInput: "_on_group_created",  # a new group: FORMING
-    inputs.GroupEndedInput: "_ending.on_group_ended",  # the group: ended, its changes rejected
-    inputs.JoinInput: "_ranks.on_join",  # the rank: OFFLINE or another incarnation -> SYNCED
-    inputs.LinksInput: "_ranks.on_links",  # the rank's evidence (worse: the window opens)
-    inputs.AckInput: "_ranks.on_ack",  # the change in flight: the rank ACKed
-    inputs.ExitInput: "_ranks.on_exit",  # the rank: -> OFFLINE, exited (no failure)
-    inputs.DeathReportedInput: "_ranks.on_death_reported",  # the rank: -> OFFLINE, a failure
-    inputs.ProposalInput: "_queue.on_proposal",  # the queue: a proposal (or a call joins one)
+    inputs.GroupCreatedInput: "machine._on_group_created",  # a new group: FORMING
+    inputs.GroupEndedInput: "ending.on_group_ended",  # the group: ended, its changes rejected
+    inputs.JoinInput: "ranks.on_join",  # the rank: OFFLINE or another incarnation -> SYNCED
+    inputs.LinksInput: "ranks.on_links",  # the rank's evidence (worse: the window opens)
+    inputs.AckInput: "ranks.on_ack",  # the change in flight: the rank ACKed
+    inputs.ExitInput: "ranks.on_exit",  # the rank: -> OFFLINE, exited (no failure)
+    inputs.DeathReportedInput: "ranks.on_death_reported",  # the rank: -> OFFLINE, a failure
+    inputs.ProposalInput: "queue.on_proposal",  # the queue: a proposal (or a call joins one)
 }
 
 
@@ -118,14 +122,17 @@ class Coordinator:
         groups, proposals, facets = self._groups, self._proposals, self.facets
         self._fences = Fences(self, groups, proposals, self._facet_of, self.composition.all_kinds)
         self._views = ViewChange(self, proposals, facets)
-        self._ranks = Ranks(self, facets, self._fences, note_stall)
+        self._ranks = Ranks(self._fences)
+        self._apply = Applier(self, facets)
         self._queue = ProposalQueue(self, proposals, self._views, admission_problem)
-        self._ending = GroupEnd(proposals, self._ranks)
+        self._ending = GroupEnd(proposals, self._apply)
         self._deadlines = Deadlines(
-            self, groups, proposals, facets, self._ranks, self._views, self._settle, self.changes
+            self, groups, proposals, facets, self._apply, self._views, self._settle, self.changes
         )
-        self._transitions: dict[type[Input], Callable[[Any, Record, Any, list[Effect]], None]] = {
-            cls: reduce(getattr, rule.split("."), self) for cls, rule in TRANSITIONS.items()
+        rules = {"machine": self, "ranks": ranks, "ending": self._ending, "queue": self._queue}
+        self._transitions: dict[type[Input], Callable[[Any, Record, Any, int], Any]] = {
+            cls: getattr(rules[rule], name)
+            for cls, (rule, name) in ((c, r.split(".")) for c, r in TRANSITIONS.items())
         }
 
     # ------------------------------------------------------------------ what facets read
@@ -183,7 +190,8 @@ class Coordinator:
             inp = decode(kind, record.payload)
         group = record.group
         self.changes.groups.add(group)  # type: ignore[arg-type]
-        self._transitions[type(inp)](self._groups.get(group), record, inp, effects)  # type: ignore[arg-type]
+        g = self._groups.get(group)  # type: ignore[arg-type]
+        self._apply(g, self._transitions[type(inp)](g, record, inp, now), record, effects)
         if (g := self._groups.get(group)) is not None:  # type: ignore[arg-type]
             self._settle(g, record, effects)
             self._ending.finish_if_done(g, record, effects)  # after a clean exit
@@ -205,18 +213,8 @@ class Coordinator:
             if g.formation == FAILED or g.shutdown is not None or g.window_end is not None:
                 return
             if g.formation == FORMING:
-                if len(g.healthy) < g.cfg.min_ranks:
+                if not self._views.form(g, record, effects):
                     return
-                self._views.prepare(
-                    g,
-                    tuple(sorted(g.healthy)),
-                    "formation",
-                    [],
-                    f"{len(g.healthy)}/{g.cfg.world_size} ranks HEALTHY "
-                    f"(min_ranks {g.cfg.min_ranks})",
-                    record,
-                    effects,
-                )
                 continue
             if g.cfg.auto_deactivate and self._queue.auto_deactivate(g, record, effects):
                 continue
@@ -343,17 +341,13 @@ class Coordinator:
     # ------------------------------------------------------------------ a group's creation
 
     def _on_group_created(
-        self,
-        g: GroupState | None,
-        record: Record,
-        created: inputs.GroupCreatedInput,
-        effects: list[Effect],
-    ) -> None:
+        self, g: GroupState | None, record: Record, created: inputs.GroupCreatedInput, now: int
+    ) -> list[Effect]:
         """A new group starts FORMING; creating an identical group again changes nothing."""
         group = record.group
         assert group is not None
         if g is not None:
-            return
+            return []
         config = parse_group_created(created)
-        self._groups[group] = GroupState(group, config, self._now, record.offset)
-        effects.append(GroupCreated(group=group, config=config, offset=record.offset))
+        self._groups[group] = GroupState(group, config, now, record.offset)
+        return [GroupCreated(group=group, config=config, offset=record.offset)]

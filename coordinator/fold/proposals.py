@@ -77,13 +77,20 @@ class ProposalQueue:
         self._admission_problem = admission_problem
 
     def on_proposal(
-        self, g: GroupState, record: Record, call: ProposalInput, effects: list[Effect]
-    ) -> None:
+        self, g: GroupState, record: Record, call: ProposalInput, now: int
+    ) -> list[Effect]:
         """A proposal is logged and queued (first in, first out); ``_settle`` decides it.
 
         A group that failed to form or was shut down rejects it at once. A reconfigure's
-        further members' calls join the proposal of their uuid (``reconfigure.py``).
-        """
+        further members' calls join the proposal of their uuid (``reconfigure.py``). It
+        changes the queue and the proposals itself, and returns the effects."""
+        effects: list[Effect] = []
+        self._queue(g, record, call, effects)
+        return effects
+
+    def _queue(
+        self, g: GroupState, record: Record, call: ProposalInput, effects: list[Effect]
+    ) -> None:
         reconfigure = call.op == RECONFIGURE
         if reconfigure and join_reconfigure(g, self._proposals, call, record, effects):
             return

@@ -35,7 +35,23 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
+
 from .reasons import ranks_text
+
+
+class StallReport(msgspec.Struct, frozen=True, gc=False):
+    """A decision (``ranks.stall_report``): ``rank`` says the committed ``version`` failed here
+    blaming nobody, having ``issued`` and ``completed`` so many operations on it; ``retry``:
+    that view is a retry. The machine applies it (``apply.py``): the group's stall of that
+    version keeps it, a new stall is begun for a newer version."""
+
+    rank: int
+    version: int
+    retry: bool
+    issued: int
+    completed: int
+
 
 RETRY = "view_retry"
 FAILED = "view_failed"

@@ -15,8 +15,9 @@ from typing import Any
 
 import msgspec
 
+from ...eventlog.record import Record
 from .config import GroupConfig, Resolved
-from .effects import OFFLINE, View
+from .effects import OFFLINE, RankState, View
 from .stalls import Stall
 
 FORMING = "forming"
@@ -332,3 +333,27 @@ class GroupState:
         }
         g.reporters = {r for r, info in enumerate(g.ranks) if info.down}
         return g
+
+
+def rank_state(
+    g: GroupState,
+    rank: int,
+    reason: str,
+    record: Record,
+    *,
+    cause: str | None = None,
+    state: str | None = None,
+) -> RankState:
+    """The ``rank_state`` effect that tells of ``rank``'s state in ``g`` now (or ``state``, the
+    one a decision moves it to), and why."""
+    info = g.ranks[rank]
+    return RankState(
+        group=g.name,
+        rank=rank,
+        state=info.state if state is None else state,
+        incarnation=info.incarnation,
+        rank_epoch=info.rank_epoch,
+        reason=reason,
+        cause=cause,
+        offset=record.offset,
+    )

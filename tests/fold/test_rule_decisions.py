@@ -3,16 +3,27 @@ its decision as a value and changes nothing; the machine's ``apply.py`` is what 
 
 from __future__ import annotations
 
-from foldplane.coordinator.fold.apply import move_healthy, shut_down
+from msgspec import UNSET
+
+from foldplane.coordinator.fold import ranks
+from foldplane.coordinator.fold.apply import Applier, move_healthy, shut_down
 from foldplane.coordinator.fold.budget import Shutdown, budget_shutdown
 from foldplane.coordinator.fold.config import GroupConfig
 from foldplane.coordinator.fold.effects import HEALTHY, OFFLINE, SYNCED, RankState
 from foldplane.coordinator.fold.healthy_set import HealthyMoves, healthy_moves
+from foldplane.coordinator.fold.stalls import StallReport
 from foldplane.coordinator.fold.state import GroupState
 from foldplane.eventlog.record import Record
-from tests.fold.script import Script
+from foldplane.wire.inputs import DeathReportedInput, ExitInput, JoinInput, LinksInput
+from foldplane.wire.protocol import CAUSE_DEATH_REPORTED
+from tests.fold.script import T0, Script
 
 RECORD = Record(7, 0, 1, "links", "g", 0, {}, 0)
+
+
+def of_rank(rank: int) -> Record:
+    """A record of ``rank`` (the rules read its rank and offset; its input comes decoded)."""
+    return Record(7, 0, 1, "links", "g", rank, {}, 0)
 
 
 def group(world_size: int = 4, **config) -> GroupState:
@@ -136,3 +147,90 @@ def test_a_down_edge_moves_the_lower_scoring_end_out_naming_the_link():
     move_healthy(g, moves, effects)
     assert g.healthy == {0, 1, 2} and g.ranks[3].state == SYNCED and not g.dirty
     assert effects[-1] is moves.effects[0]
+
+
+# ------------------------------------------------------------------ the ranks
+
+
+def test_a_new_incarnation_of_an_online_rank_decides_its_loss_then_its_join():
+    g = formed()
+    before = as_data(g)
+    join = JoinInput(incarnation="g-2-b", host="node7")
+    decisions = ranks.on_join(g, of_rank(2), join, T0)
+    assert decisions == [
+        ranks.Identified(2, "node7", UNSET),
+        ranks.Lost(2, "incarnation g-2-a replaced by g-2-b", True),
+        ranks.Joined(2, "g-2-b", True, "joined as incarnation g-2-b (rank_epoch 2)"),
+    ]
+    assert as_data(g) == before  # the rule changed nothing: the machine applies it
+
+
+def test_the_same_incarnation_joining_while_online_is_only_a_sign_of_life():
+    g = formed()
+    assert ranks.on_join(g, of_rank(1), JoinInput(incarnation="g-1-a"), T0) == [ranks.SignOfLife(1)]
+
+
+def test_worse_evidence_opens_the_reconciliation_window_at_the_time_it_is_handed():
+    g = formed()
+    links = LinksInput(incarnation="g-0-a", self_ready=True, down=[3])
+    before = as_data(g)
+    window = g.cfg.reconcile_window_ns
+    assert ranks.on_links(g, RECORD, links, T0 + 5) == [
+        ranks.SignOfLife(0),
+        ranks.Evidence(0, frozenset({3}), True, T0 + 5 + window),
+    ]
+    g.window_end = T0 + 1  # a window already open: the evidence waits in it, none opens
+    assert ranks.on_links(g, RECORD, links, T0 + 5)[-1].window_end is None
+    g.window_end = None
+    assert as_data(g) == before
+    same = LinksInput(incarnation="g-0-a", self_ready=True)
+    assert ranks.on_links(g, RECORD, same, T0) == [ranks.SignOfLife(0)]  # nothing new
+
+
+def test_a_report_that_the_view_failed_blaming_nobody_is_a_stall_report():
+    g = formed()
+    links = LinksInput(incarnation="g-1-a", self_ready=True, failed=1, issued=7, completed=6)
+    assert ranks.on_links(g, of_rank(1), links, T0) == [
+        ranks.SignOfLife(1),
+        StallReport(rank=1, version=1, retry=False, issued=7, completed=6),
+    ]
+    stale = LinksInput(incarnation="g-1-a", self_ready=True, failed=0)  # not the current view
+    assert ranks.on_links(g, of_rank(1), stale, T0) == [ranks.SignOfLife(1)]
+
+
+def test_exits_deaths_and_silence_decide_the_death_chain_and_whether_it_is_a_failure():
+    g = formed()
+    exit_, death = ExitInput(incarnation="g-3-a"), DeathReportedInput(reporter="launcher")
+    assert ranks.on_exit(g, of_rank(3), exit_, T0) == (
+        ranks.Exited(3),
+        ranks.Lost(3, "exited cleanly", False),
+    )
+    assert ranks.on_death_reported(g, of_rank(3), death, T0) == (
+        ranks.Lost(3, "death reported by launcher", True, CAUSE_DEATH_REPORTED),
+    )
+    timeout = g.cfg.heartbeat_timeout_ns
+    last = dict(g.alive)
+    assert ranks.expired(g, T0 + timeout - 1) == []
+    lost = ranks.expired(g, T0 + timeout)
+    assert [d.rank for d in lost] == list(last) and all(d.failure for d in lost)
+    assert lost[0].reason == (
+        f"heartbeat timeout: last sign of life at {T0}, deadline {T0 + timeout}"
+    )
+    assert dict(g.alive) == last
+    g.ranks[3].state = OFFLINE
+    assert ranks.on_death_reported(g, of_rank(3), death, T0) == ()  # already OFFLINE: nothing
+    assert ranks.on_exit(g, of_rank(3), exit_, T0) == (ranks.Exited(3),)
+
+
+def test_the_machine_applies_a_rules_decisions_in_order_through_the_death_chain():
+    s = Script()
+    s.form()
+    g = s.m.group_states["g"]
+    applier = Applier(s.m, ())
+    effects: list = []
+    applier(g, (ranks.Exited(3), ranks.Lost(3, "exited cleanly", False)), RECORD, effects)
+    [told] = effects
+    assert (told.rank, told.state, told.reason) == (3, OFFLINE, "exited cleanly")
+    assert g.ranks[3].exited and g.failures == 0 and 3 not in g.alive and g.budget_due
+    applier(g, (ranks.Lost(2, "death reported", True),), RECORD, effects)
+    assert g.failures == 1 and g.failed == [(2, 1)]

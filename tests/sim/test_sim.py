@@ -30,6 +30,7 @@ import msgspec
 import pytest
 
 from foldplane.coordinator.fold import machine as machine_module
+from foldplane.coordinator.fold import ranks
 from foldplane.coordinator.fold.barrier import ViewChange
 from foldplane.coordinator.fold.config import GroupConfig
 from foldplane.coordinator.fold.effects import (
@@ -43,7 +44,6 @@ from foldplane.coordinator.fold.effects import (
     ViewCommitted,
     ViewPrepare,
 )
-from foldplane.coordinator.fold.ranks import Ranks
 from foldplane.coordinator.fold.state import RankInfo
 from foldplane.eventlog.record import Record
 from foldplane.facets.epochs.cursor import ReadCursor
@@ -278,12 +278,12 @@ def test_a_broken_host_is_caught(
 # -- the simulator catches a broken fold -------------------------------------------------------
 
 
-def _exit_counted(self: Any, g: Any, record: Any, exit: Any, effects: Any) -> None:
-    """A clean exit taken down the death chain as a failure."""
-    info = g.ranks[record.rank]
-    if info.state != "OFFLINE":
-        self.go_offline(g, record.rank, "exited cleanly", True, record, effects)
-    info.exited = True
+def _exit_counted(g: Any, record: Any, exit: Any, now: int) -> tuple[Any, ...]:
+    """A clean exit taken down the death chain as a failure (before it is marked exited)."""
+    rank = record.rank
+    if g.ranks[rank].state == "OFFLINE":
+        return (ranks.Exited(rank),)
+    return ranks.Lost(rank, "exited cleanly", True), ranks.Exited(rank)
 
 
 _commit = ViewChange.commit
@@ -329,7 +329,7 @@ def _leavers_forget_progress(
 @pytest.mark.parametrize(
     ("target", "attr", "broken", "expected"),
     [
-        (Ranks, "on_exit", _exit_counted, "clean_exit_not_failure"),
+        (ranks, "on_exit", _exit_counted, "clean_exit_not_failure"),
         (machine_module, "admission_problem", lambda g, t: None, "activation_healthy_clique"),
         (ViewChange, "commit", _drops_forgotten, "members_acked_or_dropped"),
         (RankInfo, "to_list", _snapshot_loses_exited, "replay_identical"),
