@@ -74,6 +74,7 @@ from ..agent.machine import (
     Close,
     ConnectDataPlane,
     DataPlaneReady,
+    EventAnswered,
     EventsAnswered,
     EventsFailed,
     FacetUpdate,
@@ -580,6 +581,10 @@ class Process(Driver):
             part.on_update(action.update)
 
     def progress_answered(self, action: ProgressAnswered) -> None:
+        for part in self.facets.values():
+            part.on_answer(action)
+
+    def event_answered(self, action: EventAnswered) -> None:
         for part in self.facets.values():
             part.on_answer(action)
 

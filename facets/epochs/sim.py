@@ -146,7 +146,8 @@ class Worker:
             self.read_later()
 
     def on_answer(self, action: Any) -> None:
-        """The answer to a progress report (``ProgressAnswered``)."""
+        """The answer to an event the process sent (every facet's part is handed each: this
+        one takes the answers to its progress reports, ``ProgressAnswered``)."""
         if isinstance(action, ProgressAnswered):
             self.reader.on_answer(action)
 
