@@ -7,6 +7,8 @@ and the validation cannot drift apart.
 
 Requests ignore unknown fields (a newer agent may send more), except ``POST /groups``, where a
 misspelt option must not silently fall back to its default (``GroupConfig.from_request``).
+A body that becomes one record is made from the record's input (``wire.protocol.request_body``
+over ``wire.inputs``), which declares its fields once, with the wire's bounds.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import UNSET, Meta, Struct, UnsetType
 
+from ..wire import inputs
 from ..wire.inputs import ShortText, Version
 from ..wire.protocol import (
     MAX_EVENTS,
@@ -30,6 +33,7 @@ from ..wire.protocol import (
     LinksEvent,
     LooseEventsRequest,
     Rank,
+    request_body,
 )
 
 __all__ = [
@@ -60,10 +64,12 @@ PERCENT = r"^ *(0*[1-9][0-9]?(\.[0-9]+)?|0*100(\.0+)?|0+\.[0-9]*[1-9][0-9]*) *% 
 # -- operator requests -------------------------------------------------------------------------
 
 
-class EndGroupRequest(Struct, kw_only=True, forbid_unknown_fields=True):
-    """``POST /groups/{group}/end``: why (shown to the ranks and kept in the log)."""
-
-    reason: Annotated[str, Meta(min_length=1, max_length=256)] | None = None
+EndGroupRequest = request_body(
+    inputs.GroupEndedInput,
+    "EndGroupRequest",
+    doc="``POST /groups/{group}/end``: why (shown to the ranks and kept in the log).",
+    forbid_unknown_fields=True,
+)
 
 
 class CreateGroupRequest(Struct, kw_only=True, forbid_unknown_fields=True):
@@ -84,31 +90,30 @@ class CreateGroupRequest(Struct, kw_only=True, forbid_unknown_fields=True):
     checkpoint_rank: Annotated[int, Meta(ge=0, le=65_535)] | None | UnsetType = UNSET
 
 
-class ProposalRequest(Struct, kw_only=True):
-    """``POST /proposals``. ``op: reconfigure`` is one member's call of torch's
+class InGroup(Struct, kw_only=True):
+    """What a body names beside its record's payload: the group."""
+
+    group: GroupName
+
+
+class OfRank(InGroup, kw_only=True):
+    """What a body names beside its record's payload: the group and the rank."""
+
+    rank: Rank
+
+
+ProposalRequest = request_body(
+    inputs.ProposalInput,
+    "ProposalRequest",
+    envelope=InGroup,
+    doc="""``POST /proposals``. ``op: reconfigure`` is one member's call of torch's
     ``ProcessGroup.reconfigure`` (docs/reconfigure.md): ``ranks`` are the members in the order of
     their handles, ``incarnations`` each member's incarnation in the same order, ``uuid`` the
     call's uuid, ``caller`` the member calling, ``call`` the id of this call (sent again with
     the same id, it is the same call), ``timeout_s`` how long it may wait to be admitted; only a
-    reconfigure carries those fields, and it takes no idempotency key."""
-
-    group: GroupName
-    op: Literal["activate", "deactivate", "reconfigure"]
-    ranks: Annotated[list[Rank], Meta(min_length=1, max_length=65_536)]
-    proposer: ShortText | None = None
-    idempotency_key: Annotated[str, Meta(min_length=1, max_length=256)] | None = None
-    incarnations: Annotated[list[Incarnation], Meta(min_length=1, max_length=65_536)] | None = None
-    uuid: Annotated[int, Meta(ge=-(2**63), le=2**63 - 1)] | None = None
-    caller: Rank | None = None
-    call: Annotated[str, Meta(min_length=1, max_length=256)] | None = None
-    timeout_s: Annotated[float, Meta(gt=0, le=604_800)] | None = None
-
-
-class DeathReport(Struct, kw_only=True):
-    group: GroupName
-    rank: Rank
-    incarnation: Incarnation | None = None
-    reporter: ShortText | None = None
+    reconfigure carries those fields, and it takes no idempotency key.""",
+)
+DeathReport = request_body(inputs.DeathReportedInput, "DeathReport", envelope=OfRank)
 
 
 # The agent wire protocol's events are declared once, in ``wire.protocol``.

@@ -18,9 +18,11 @@ This module is pure: the fold, the host and the agent may import it.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+import types
+import typing
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Annotated, Any, ClassVar
+from typing import Annotated, Any, ClassVar, Literal, Union
 
 import msgspec
 from msgspec import UNSET, Meta, Struct, UnsetType
@@ -38,32 +40,97 @@ MAX_TIMEOUT_S = 7 * 24 * 3600.0
 #: The fields only a reconfigure carries.
 RECONFIGURE_FIELDS = ("incarnations", "uuid", "caller", "call", "timeout_s")
 
+#: The largest group the protocol's bounds are stated for.
+MAX_WORLD_SIZE = 65_536
+#: A rank, and an incarnation, as the wire bounds them.
+Rank = Annotated[int, Meta(ge=0, le=MAX_WORLD_SIZE - 1)]
+Incarnation = Annotated[str, Meta(min_length=1, max_length=128)]
 #: A view version, and a count (a pid, operations): what the wire and the log both bound at 0.
 #: (Distinct types, by their description: ``wire.reference`` names a field's type by identity.)
 Version = Annotated[int, Meta(ge=0, description="a view version")]
 NonNegative = Annotated[int, Meta(ge=0)]
-#: A short text of the wire (a host name, a reporter, a proposer).
+#: A short text of the wire (a host name, a reporter, a proposer), and an id (a key, a call).
 ShortText = Annotated[str, Meta(max_length=256)]
+Id = Annotated[str, Meta(min_length=1, max_length=MAX_ID_LEN)]
 
 
 @dataclass(frozen=True, slots=True)
 class OnWire:
-    """How an agent sends a field of an input where that is not how the log stores it, marked
-    on the field (``Annotated[stored, OnWire(wire)]``), so the field is declared once.
+    """How the wire carries a field of an input where that is not how the log stores it,
+    marked on the field (``Annotated[stored, OnWire(wire)]``), so the field is declared once.
 
     The log keeps what it was given: the fold takes a stored payload by the field's own type
     and refuses one by the input's ``problem`` (its messages are recorded), while the API
-    decodes an event by ``type``, the wire's bound (``wire.protocol.agent_event``). ``type``
-    None: no agent sends the field (the host writes it, or an older protocol did). ``required``:
-    the wire requires a field the log may lack (an operator's input of the same kind has none).
+    decodes an agent's event or an operator's body by ``type``, the wire's bound
+    (:func:`wire_fields`). ``type`` None: the wire never carries the field (the host writes it,
+    or an older protocol did, or a route sets it). ``required``: the wire requires a field the
+    log may lack (an operator's input of the same kind has none). ``default``: the wire's,
+    where the log has none (``UNSET``: a body may leave it out, and the route fills in the
+    default the record then says).
     """
 
     type: Any
     required: bool = False
+    default: Any = msgspec.NODEFAULT
 
 
-#: A field no agent sends.
+#: A field the wire does not carry.
 NOT_SENT = OnWire(None)
+
+
+def wire_fields(input_cls: type[Struct], leave_out: Iterable[str] = ()) -> list[tuple[Any, ...]]:
+    """The fields of a Struct of the wire made from an input (``msgspec.defstruct``'s), those
+    of ``leave_out`` (the wire's envelope, which declares its own) and those the wire does not
+    carry left out: each with its own type but for what its :class:`OnWire` says. A field the
+    input may lack (``UNSET``) or hold as null is optional on the wire, null or absent alike,
+    so that an encoder that omits defaults leaves it out of the record either way."""
+    skip = set(leave_out)
+    out: list[tuple[Any, ...]] = []
+    for field in msgspec.structs.fields(input_cls):
+        if field.name in skip:
+            continue
+        hint, mark = _marked(field.type)
+        if mark is not None and mark.type is None:
+            continue
+        wire = _without_unset(hint) if mark is None else mark.type
+        default: Any
+        if mark is not None and mark.required:
+            out.append((field.name, wire))
+            continue
+        if mark is not None and mark.default is not msgspec.NODEFAULT:
+            default = mark.default
+            wire = (
+                wire | UnsetType if default is UNSET else wire | None if default is None else wire
+            )
+        elif field.default is msgspec.NODEFAULT and field.default_factory is msgspec.NODEFAULT:
+            out.append((field.name, wire))
+            continue
+        elif field.default is UNSET or field.default is None:
+            wire, default = wire | None, None
+        elif field.default_factory is not msgspec.NODEFAULT:
+            default = msgspec.field(default_factory=field.default_factory)
+        else:
+            default = field.default
+        out.append((field.name, wire, default))
+    return out
+
+
+def _marked(hint: Any) -> tuple[Any, OnWire | None]:
+    """A field's type as the log stores it, and its :class:`OnWire` mark (None if unmarked)."""
+    if typing.get_origin(hint) is Annotated:
+        marks = [m for m in hint.__metadata__ if isinstance(m, OnWire)]
+        if marks:
+            return hint.__origin__, marks[0]
+    return hint, None
+
+
+def _without_unset(hint: Any) -> Any:
+    """A union type without ``msgspec.UnsetType``."""
+    args = typing.get_args(hint)
+    if typing.get_origin(hint) in (Union, types.UnionType) and UnsetType in args:
+        kept = tuple(a for a in args if a is not UnsetType)
+        return kept[0] if len(kept) == 1 else Union[kept]  # noqa: UP007 - a type made here
+    return hint
 
 
 def _is_int(value: Any) -> bool:
@@ -319,8 +386,9 @@ class GroupEndedInput(Input, frozen=True, kw_only=True, gc=False):
 
     kind = "group_ended"
     problem = staticmethod(_check_group_ended)
-    reason: str | None = None
-    delete: bool = False
+    reason: Annotated[str | None, OnWire(Id)] = None
+    #: ``DELETE /groups/{group}`` sets it
+    delete: Annotated[bool, NOT_SENT] = False
 
 
 class JoinInput(Input, frozen=True, kw_only=True, gc=False):
@@ -413,8 +481,8 @@ class DeathReportedInput(Input, frozen=True, kw_only=True, gc=False):
 
     kind = "death_reported"
     problem = staticmethod(_check_death)
-    incarnation: str | None = None
-    reporter: str | None = None
+    incarnation: Annotated[str | None, OnWire(Incarnation)] = None
+    reporter: Annotated[str | None, OnWire(ShortText)] = None
 
 
 class ProposalInput(Input, frozen=True, kw_only=True, gc=False):
@@ -424,15 +492,25 @@ class ProposalInput(Input, frozen=True, kw_only=True, gc=False):
 
     kind = "proposal"
     problem = staticmethod(_check_proposal)
-    op: str
-    ranks: list[int]
-    proposer: str | None = None
-    idempotency_key: str | None = None
-    incarnations: list[str] | None = None
-    uuid: int | None = None
-    caller: int | None = None
-    call: str | None = None
-    timeout_s: int | float | None = None
+    op: Annotated[str, OnWire(Literal["activate", "deactivate", "reconfigure"])]
+    ranks: Annotated[
+        list[int], OnWire(Annotated[list[Rank], Meta(min_length=1, max_length=65_536)])
+    ]
+    proposer: Annotated[str | None, OnWire(ShortText)] = None
+    idempotency_key: Annotated[str | None, OnWire(Id)] = None
+    incarnations: Annotated[
+        list[str] | None,
+        OnWire(Annotated[list[Incarnation], Meta(min_length=1, max_length=65_536)]),
+    ] = None
+    uuid: Annotated[
+        int | None, OnWire(Annotated[int, Meta(ge=UUID_RANGE[0], le=UUID_RANGE[1] - 1)])
+    ] = None
+    caller: Annotated[int | None, OnWire(Rank)] = None
+    call: Annotated[str | None, OnWire(Id)] = None
+    #: the wire's is a float (an int sent is stored as 5.0), the log's either
+    timeout_s: Annotated[
+        int | float | None, OnWire(Annotated[float, Meta(gt=0, le=int(MAX_TIMEOUT_S))])
+    ] = None
 
     @property
     def caller_incarnation(self) -> str:

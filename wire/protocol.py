@@ -31,8 +31,6 @@ from __future__ import annotations
 
 import re
 import sys
-import types
-import typing
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -44,6 +42,7 @@ from msgspec import Meta, Struct
 
 from . import inputs
 from . import ranks as rank_sets
+from .inputs import MAX_WORLD_SIZE, Incarnation, Rank
 from .ranks import RankSetError
 from .updates import RankSetDelta, ViewCommittedUpdate, ViewPrepareUpdate
 
@@ -76,9 +75,6 @@ STATES = (OFFLINE, SYNCED, HEALTHY)
 CAUSE_DEATH_REPORTED = "death_reported"
 
 # -- bounds ------------------------------------------------------------------------------------
-
-#: The largest group the protocol's bounds are stated for.
-MAX_WORLD_SIZE = 65_536
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,9 +136,6 @@ def group_problem(name: str) -> str | None:
     return None
 
 
-Rank = Annotated[int, Meta(ge=0, le=QUERY.max_rank)]
-Incarnation = Annotated[str, Meta(min_length=1, max_length=128)]
-
 #: The most events one ``POST /agents/events`` may carry.
 MAX_EVENTS = 4096
 #: No update is larger: a view change that changes k ranks sends O(k) bytes, and the extreme,
@@ -168,73 +161,49 @@ class AgentEventBase(Struct, kw_only=True, tag_field="type", omit_defaults=True)
 def agent_event(input_cls: type[Struct], *, forbid_unknown_fields: bool = False) -> Any:
     """The agent event of a record kind, made from the kind's input (``wire.inputs``, or a
     facet's ``inputs.py``), which declares its fields once: the event is the envelope
-    (:class:`AgentEventBase`, whose the event is) and the input's fields, tagged with its
-    ``kind`` and named after it (``JoinInput`` -> ``JoinEvent``), so what an agent emits, what
-    the API decodes and what the log stores are one declaration.
-
-    A field is sent with its own type, but for what its ``wire.inputs.OnWire`` says (the
-    wire's bound, a field no agent sends, one the wire requires), and the envelope's
-    ``incarnation`` is the input's. A field the input may lack (``UNSET``) or hold as null is
-    optional on the wire, null or absent alike: either way it is left out of the record
-    (``omit_defaults``), so the log stores what it stored when the event was written out.
+    (:class:`AgentEventBase`, whose the event is; its ``incarnation`` is the input's) and the
+    input's fields as the wire carries them (``inputs.wire_fields``), tagged with its ``kind``
+    and named after it (``JoinInput`` -> ``JoinEvent``), so what an agent emits, what the API
+    decodes and what the log stores are one declaration. A field left null or out is left out
+    of the record (``omit_defaults``), as it was when the events were written out.
     ``forbid_unknown_fields``: a field the event does not declare is refused rather than
     ignored (one a newer agent may send is ignored otherwise). The event names its input as
     ``input``."""
-    fields: list[Any] = []
-    envelope = set(AgentEventBase.__struct_fields__)
-    for field in msgspec.structs.fields(input_cls):
-        if field.name in envelope:
-            continue
-        hint, on_wire = _stored_hint(field.type)
-        if on_wire is not None and on_wire.type is None:
-            continue  # no agent sends it
-        wire = _without_unset(hint) if on_wire is None else on_wire.type
-        default: Any
-        if on_wire is not None and on_wire.required:
-            fields.append((field.name, wire))
-            continue
-        if field.default is msgspec.NODEFAULT and field.default_factory is msgspec.NODEFAULT:
-            fields.append((field.name, wire))
-            continue
-        if field.default is msgspec.UNSET or field.default is None:
-            wire, default = wire | None, None
-        elif field.default_factory is not msgspec.NODEFAULT:
-            default = msgspec.field(default_factory=field.default_factory)
-        else:
-            default = field.default
-        fields.append((field.name, wire, default))
-    kind = input_cls.kind  # type: ignore[attr-defined]
-    name = input_cls.__name__.removesuffix("Input") + "Event"
-    event = msgspec.defstruct(
-        name,
-        fields,
+    return msgspec.defstruct(
+        input_cls.__name__.removesuffix("Input") + "Event",
+        inputs.wire_fields(input_cls, leave_out=AgentEventBase.__struct_fields__),
         bases=(AgentEventBase,),
         module=sys._getframe(1).f_globals["__name__"],
         namespace={"input": input_cls, "__doc__": input_cls.__doc__},
-        tag=kind,
+        tag=input_cls.kind,  # type: ignore[attr-defined]
         kw_only=True,
         omit_defaults=True,
         forbid_unknown_fields=forbid_unknown_fields,
     )
-    return event
 
 
-def _stored_hint(hint: Any) -> tuple[Any, inputs.OnWire | None]:
-    """A field's type as the log stores it, and its ``OnWire`` mark (None if unmarked)."""
-    if typing.get_origin(hint) is Annotated:
-        marks = [m for m in hint.__metadata__ if isinstance(m, inputs.OnWire)]
-        if marks:
-            return hint.__origin__, marks[0]
-    return hint, None
-
-
-def _without_unset(hint: Any) -> Any:
-    """A union type without ``msgspec.UnsetType``."""
-    args = typing.get_args(hint)
-    if typing.get_origin(hint) in (Union, types.UnionType) and msgspec.UnsetType in args:
-        kept = tuple(a for a in args if a is not msgspec.UnsetType)
-        return kept[0] if len(kept) == 1 else Union[kept]  # noqa: UP007 - a type made here
-    return hint
+def request_body(
+    input_cls: type[Struct],
+    name: str,
+    *,
+    envelope: type[Struct] = Struct,
+    doc: str | None = None,
+    forbid_unknown_fields: bool = False,
+) -> Any:
+    """An HTTP request body made from the input of the record it becomes, as
+    :func:`agent_event` makes an event: ``envelope``'s fields (what the record names beside its
+    payload: the group, the rank), then the input's as the wire carries them. ``name`` and
+    ``doc`` are the body's in the OpenAPI document (``doc`` None: the input's docstring). The
+    body names its input as ``input``."""
+    return msgspec.defstruct(
+        name,
+        inputs.wire_fields(input_cls, leave_out=getattr(envelope, "__struct_fields__", ())),
+        bases=(envelope,),
+        module=sys._getframe(1).f_globals["__name__"],
+        namespace={"input": input_cls, "__doc__": doc or input_cls.__doc__},
+        kw_only=True,
+        forbid_unknown_fields=forbid_unknown_fields,
+    )
 
 
 JoinEvent = agent_event(inputs.JoinInput)

@@ -1,10 +1,12 @@
 """Each record kind's shape is declared once, by its input Struct (``wire/inputs.py``, a facet's
-``inputs.py``): the event an agent emits and the API decodes is made from it
-(``wire.protocol.agent_event``), never written out again as a second list of fields."""
+``inputs.py``): the event an agent emits and the API decodes, and an operator's request body,
+are made from it (``wire.protocol.agent_event``, ``request_body``), never written out again as
+a second list of fields."""
 
 from __future__ import annotations
 
 import ast
+import importlib
 from pathlib import Path
 from typing import Annotated
 
@@ -29,6 +31,28 @@ def _events() -> list[type[AgentEventBase]]:
     return [*protocol.PROTOCOL_EVENTS, *declared]
 
 
+#: The request bodies made from an input: (module, name).
+BODIES = [
+    ("foldplane.api.models", "ProposalRequest"),
+    ("foldplane.api.models", "DeathReport"),
+    ("foldplane.api.models", "EndGroupRequest"),
+]
+#: The modules that declare request bodies, where no class may write out an input's fields.
+BODY_MODULES = [ROOT / "api" / "models.py"]
+
+
+def _all_inputs() -> list[type[msgspec.Struct]]:
+    names = ["foldplane.wire.inputs"] + [
+        f"foldplane.facets.{p.parent.name}.inputs" for p in sorted(ROOT.glob("facets/*/inputs.py"))
+    ]
+    return [c for n in names for c in importlib.import_module(n).INPUTS.values()]
+
+
+def _carried(source: type[msgspec.Struct], leave_out: set[str] = set()) -> list[str]:  # noqa: B006
+    """The fields of an input the wire carries, in order."""
+    return [f[0] for f in inputs.wire_fields(source, leave_out)]
+
+
 def _inputs_of(event: type[AgentEventBase]) -> dict[str, type[msgspec.Struct]]:
     """The input Structs of the module that declares the event's input, by kind."""
     module = __import__(event.input.__module__, fromlist=["INPUTS"])  # type: ignore[attr-defined]
@@ -40,18 +64,41 @@ def test_an_agent_event_is_made_from_the_input_of_its_kind(event: type[AgentEven
     kind = event.__struct_config__.tag
     source = event.input  # type: ignore[attr-defined]
     assert _inputs_of(event)[kind] is source, f"{kind}: the event's input is not its kind's"
-    sent = [
-        f.name
-        for f in msgspec.structs.fields(source)
-        if f.name not in ENVELOPE
-        and not any(
-            isinstance(m, inputs.OnWire) and m.type is None
-            for m in getattr(f.type, "__metadata__", ())
-        )
-    ]
     own = [f for f in event.__struct_fields__ if f not in AgentEventBase.__struct_fields__]
-    assert own == sent, f"{kind}: the event's fields are not its input's"
+    assert own == _carried(source, ENVELOPE), f"{kind}: the event's fields are not its input's"
     assert "incarnation" in source.__struct_fields__, f"{kind}: the record keeps the incarnation"
+
+
+@pytest.mark.parametrize("where", BODIES, ids=lambda w: w[1])
+def test_a_request_body_is_made_from_the_input_of_its_record(where: tuple[str, str]) -> None:
+    body = getattr(importlib.import_module(where[0]), where[1])
+    source = body.input
+    assert source in _all_inputs()
+    envelope = set(body.__mro__[1].__struct_fields__)
+    own = [f for f in body.__struct_fields__ if f not in envelope]
+    assert own == _carried(source, envelope), f"{where[1]}: its fields are not its input's"
+
+
+def test_no_request_body_writes_out_an_input_s_fields() -> None:
+    """A class of a bodies' module that declares every field an input carries (two or more)
+    repeats the input: make it with ``request_body(TheInput, ...)``."""
+    carried = {c: set(_carried(c, ENVELOPE)) for c in _all_inputs()}
+    written = []
+    for path in BODY_MODULES:
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not isinstance(node, ast.ClassDef):
+                continue
+            fields = {
+                t.target.id
+                for t in node.body
+                if isinstance(t, ast.AnnAssign) and isinstance(t.target, ast.Name)
+            }
+            written += [
+                f"{path.relative_to(ROOT)} {node.name} ~ {c.__name__}"
+                for c, names in carried.items()
+                if len(names) >= 2 and names <= fields
+            ]
+    assert written == []
 
 
 def test_no_agent_event_is_written_out_as_a_class() -> None:
