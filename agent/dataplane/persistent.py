@@ -1,8 +1,8 @@
 """One gloo backend for every view: torch's reconfigure under the data plane (torch >= 2.14).
 
-With ``DataPlane(gloo_reconfigure=True)`` or ``FOLDPLANE_GLOO_RECONFIGURE=1`` (torch >= 2.14;
-the default is the fresh path of :mod:`agent.dataplane.backend`, a new ``ProcessGroupGloo`` per
-view) a rank keeps ``ProcessGroupGloo`` backends built with ``enable_reconfigure=True`` per
+On torch >= 2.14, by default (``DataPlane(gloo_reconfigure=False)`` or
+``FOLDPLANE_GLOO_RECONFIGURE=0`` keeps the fresh path of :mod:`agent.dataplane.backend`, a new
+``ProcessGroupGloo`` per view, all that older torch has) a rank keeps ``ProcessGroupGloo`` backends built with ``enable_reconfigure=True`` per
 store session, and each view it is active in reconfigures one, in three steps that every member
 takes alike:
 
@@ -71,7 +71,12 @@ class PersistentGloo:
 
     ``connect`` makes each backend's own client of the store (its bootstrap store, which gloo
     keeps for every reconfigure; one per backend, as a client serializes its operations and a
-    reconfigure waits in the store for its peers). ``built`` and ``reconfigured`` count
+    reconfigure waits in the store for its peers). The first ``POOL`` clients are made here,
+    when the session opens, not when a view builds its backend: a client's connect may take
+    seconds (torch names the store's address with a reverse DNS lookup on each connect, and a
+    resolver that drops a query holds it for its whole timeout, 5 s by glibc's default), which
+    must not count against a view's build deadline. Only a backend beyond ``POOL`` (superseded
+    views hold both) connects while a view builds. ``built`` and ``reconfigured`` count
     backends made and reconfigures done.
     """
 
@@ -92,6 +97,8 @@ class PersistentGloo:
         self._idle: list[object] = []  # ready to be lent, the most recently used last
         self._lent: list[object] = []  # lent to views (the installed one, superseded ones)
         self._closed = False
+        # the bootstrap clients of the first POOL backends, connected before any deadline
+        self._clients: list[Store] = [connect() for _ in range(POOL)]
         self.built = 0
         self.reconfigured = 0
 
@@ -147,6 +154,7 @@ class PersistentGloo:
         with self._cond:
             self._closed = True
             idle, self._idle, self._lent = self._idle, [], []
+            self._clients = []
         for backend in idle:
             self._kind.abandon(backend)
 
@@ -184,7 +192,9 @@ class PersistentGloo:
         opts._timeout = timedelta(seconds=self._timeout_s)
         opts._devices = [self._kind.gloo_device]
         opts.enable_reconfigure = True  # connects at its first reconfigure
-        bootstrap = PrefixStore(BOOTSTRAP_PREFIX, self._connect())
+        with self._cond:
+            client = self._clients.pop() if self._clients else None
+        bootstrap = PrefixStore(BOOTSTRAP_PREFIX, client if client is not None else self._connect())
         return ProcessGroupGloo(bootstrap, self.rank, self.world_size, opts)
 
 

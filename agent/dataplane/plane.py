@@ -163,9 +163,10 @@ class DataPlane:
             if abort_grace_s is None
             else float(abort_grace_s)
         )
-        if gloo_reconfigure is None:  # FOLDPLANE_GLOO_RECONFIGURE=1 turns it on
+        # on where torch has it (>= 2.14); FOLDPLANE_GLOO_RECONFIGURE=0 turns it off
+        if gloo_reconfigure is None:
             gloo_reconfigure = (
-                os.environ.get("FOLDPLANE_GLOO_RECONFIGURE", "0") == "1"
+                os.environ.get("FOLDPLANE_GLOO_RECONFIGURE", "1") != "0"
                 and GLOO_RECONFIGURE_SUPPORTED
             )
         elif gloo_reconfigure and not GLOO_RECONFIGURE_SUPPORTED:
@@ -174,7 +175,8 @@ class DataPlane:
                 f"{torch.__version__}"
             )
         #: views reconfigure this rank's gloo backends (agent.dataplane.persistent) instead of
-        #: building a fresh one each; off by default (docs/dataplane.md says why)
+        #: building a fresh one each: the faster recovery (docs/dataplane.md), so the default
+        #: on torch >= 2.14
         self.gloo_reconfigure = bool(gloo_reconfigure)
         self.cuda_watch = CudaWatch(
             self.closed, self.liveness_period_s * self.liveness_window_periods
@@ -597,13 +599,19 @@ class DataPlane:
             ) from e
         session = _StoreSession(host, port, control, watch, heartbeat, [rendezvous])
         if self.gloo_reconfigure:  # each backend's bootstrap store: a client of its own
-            session.gloo = PersistentGloo(
-                self.rank,
-                self.world_size,
-                self.kind,
-                lambda: self.connect_store(host, port),
-                self.backend_timeout_s,
-            )
+            try:
+                session.gloo = PersistentGloo(
+                    self.rank,
+                    self.world_size,
+                    self.kind,
+                    lambda: self.connect_store(host, port),
+                    self.backend_timeout_s,
+                )
+            except RuntimeError as e:
+                heartbeat.stop(wait=False)
+                raise DataPlaneError(
+                    f"rank {self.rank}: cannot reach the rendezvous store at {host}:{port}: {e}"
+                ) from e
         return session
 
     def _start_watcher(self, session: _StoreSession) -> None:

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from foldplane.agent.dataplane import DataPlaneError
-from foldplane.agent.dataplane.persistent import SUPPORTED, view_uuid
+from foldplane.agent.dataplane.persistent import POOL, SUPPORTED, view_uuid
 
 pytestmark = pytest.mark.skipif(
     not SUPPORTED, reason=f"gloo is reconfigurable from torch 2.14 (this is {torch.__version__})"
@@ -41,6 +41,36 @@ def test_every_view_reconfigures_the_same_gloo_backend(make_plane) -> None:
         gloo = dp.persistent_gloo
         assert gloo is not None and (gloo.built, gloo.reconfigured) == (1, 3)
     assert a.persistent_gloo._lent == [a.current_view()._backend]  # lent to the installed view
+
+
+def test_the_pool_s_store_clients_connect_when_the_session_opens_not_in_a_view_s_build(
+    make_plane,
+) -> None:
+    """A store connect may take seconds (torch reverse-resolves the store's address on each
+    one): the ``POOL`` backends' clients are made with the session, so the builds of the views
+    that reconfigure them connect nothing and their deadlines never pay for it."""
+    planes = [
+        make_plane(rank=r, world_size=2, gloo_reconfigure=True, collective_timeout_s=TIMEOUT_S)
+        for r in (0, 1)
+    ]
+    late: list[int] = []
+    for dp in planes:
+        assert dp.persistent_gloo is not None and len(dp.persistent_gloo._clients) == POOL
+        connect = dp.connect_store
+
+        def recorded(host, port, dp=dp, connect=connect):
+            late.append(dp.rank)
+            return connect(host, port)
+
+        dp.connect_store = recorded  # what the pool calls for a backend it has no client for
+    pgs = [dp.process_group() for dp in planes]
+    for version in (1, 2):
+        _both(planes, version, [0, 1])
+        works = [pg.all_reduce(torch.ones(2), async_op=True) for pg in pgs]
+        assert all(w.wait() for w in works)
+    assert late == []
+    assert [dp.persistent_gloo.built for dp in planes] == [1, 1]
+    assert [len(dp.persistent_gloo._clients) for dp in planes] == [POOL - 1] * 2
 
 
 def test_a_view_after_a_failure_takes_the_second_backend_and_the_pool_stays_at_two(
@@ -89,15 +119,19 @@ def test_the_uuid_of_a_view_is_its_version_and_attempt() -> None:
         view_uuid(1, 256)
 
 
-def test_the_setting_is_off_by_default_on_by_the_environment_and_refused_on_an_older_torch(
+def test_the_setting_is_on_by_default_off_by_the_environment_and_refused_on_an_older_torch(
     make_plane, monkeypatch
 ) -> None:
     monkeypatch.delenv("FOLDPLANE_GLOO_RECONFIGURE", raising=False)
-    assert make_plane(rank=0, world_size=1).persistent_gloo is None
-    monkeypatch.setenv("FOLDPLANE_GLOO_RECONFIGURE", "1")
     assert make_plane(rank=0, world_size=1).persistent_gloo is not None
+    monkeypatch.setenv("FOLDPLANE_GLOO_RECONFIGURE", "0")
+    assert make_plane(rank=0, world_size=1).persistent_gloo is None
+    assert make_plane(rank=0, world_size=1, gloo_reconfigure=True).persistent_gloo is not None
+    monkeypatch.setenv("FOLDPLANE_GLOO_RECONFIGURE", "1")
     assert make_plane(rank=0, world_size=1, gloo_reconfigure=False).persistent_gloo is None
+    monkeypatch.delenv("FOLDPLANE_GLOO_RECONFIGURE")
     monkeypatch.setattr("foldplane.agent.dataplane.plane.GLOO_RECONFIGURE_SUPPORTED", False)
+    assert make_plane(rank=0, world_size=1).persistent_gloo is None  # torch < 2.14: fresh
     with pytest.raises(ValueError, match=r"needs torch's reconfigure API \(torch >= 2.14\)"):
         make_plane(rank=0, world_size=1, gloo_reconfigure=True)
 
