@@ -92,7 +92,7 @@ def test_the_coordinator_is_a_dispatcher_over_files_that_state_their_rules() -> 
 #: its decision as a value that ``apply.py`` applies; it changes nothing it is handed. The
 #: exception, by name: the heartbeat's fast path (``ranks.Ranks``), which takes a current
 #: rank's beat in place because most records are beats.
-DECLARED_RULES = ("budget", "healthy_set", "ranks")
+DECLARED_RULES = ("budget", "healthy_set", "ranks", "ending")
 IN_PLACE_BY_NAME = {("ranks", "Ranks")}
 #: Calls that change a set, dict, list or deque in place.
 IN_PLACE = {"add", "discard", "remove", "pop", "popleft", "clear", "update", "move_to_end"}

@@ -10,19 +10,20 @@ group and adds the effects that tell of it:
 - ``healthy_set.HealthyMoves`` (``healthy_set.healthy_moves``): :func:`move_healthy`, each
   moved rank HEALTHY or SYNCED;
 - the ranks' decisions (``ranks.on_join``, ``on_links``, ``on_ack``, ``on_exit``,
-  ``on_death_reported``, ``expired``) and a stall's report (``stalls.StallReport``):
-  :class:`Applier`, whose ``go_offline`` is the death chain every lost rank goes through.
+  ``on_death_reported``, ``expired``), a stall's report (``stalls.StallReport``), the end of a
+  run's (``ending.on_group_ended``, ``finish_if_done``) and proposals rejected
+  (``outcomes.Rejected``): :class:`Applier`, whose ``go_offline`` is the death chain every
+  lost rank goes through.
 
 A handler of the transition table returns its decisions in order, and an effect among them
 is told as it is (:meth:`Applier.__call__`). The rules that still change a group themselves
-(``barrier.py``, ``proposals.py``, ``ending.py``, ``deadlines.py``) apply a decision through
-this module too.
+(``barrier.py``, ``proposals.py``, ``deadlines.py``) apply a decision through this module too.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any, Protocol
+from typing import Any
 
 from msgspec import UNSET
 
@@ -30,28 +31,13 @@ from ...eventlog.record import Record
 from ...wire.codes import REJECTED
 from .budget import Shutdown, budget_shutdown
 from .effects import HEALTHY, OFFLINE, SYNCED, Effect, Proposal, ShutdownWithSave
+from .ending import Deleted, EndShutdown, RunEnd
 from .facets import Facet, FoldContext
 from .healthy_set import HealthyMoves
-from .outcomes import resolve
+from .outcomes import Rejected, resolve
 from .ranks import Acked, Evidence, Exited, Identified, Joined, Lost, SignOfLife
 from .stalls import Stall, StallReport
 from .state import GroupState, rank_state
-
-
-class DeathChain(Protocol):
-    """What a rule that takes ranks offline calls back (:meth:`Applier.go_offline`)."""
-
-    def go_offline(
-        self,
-        g: GroupState,
-        rank: int,
-        reason: str,
-        failure: bool,
-        record: Any,
-        effects: list[Effect],
-        *,
-        cause: str | None = None,
-    ) -> None: ...
 
 
 def enforce_budget(
@@ -118,9 +104,12 @@ class Applier:
     It reads the fold's time (``fold.now``: a sign of life, a new stall) and tells the facets
     (``facets``, given ``fold``) of each rank lost or joined, as the fixed points of a step."""
 
-    def __init__(self, fold: FoldContext, facets: tuple[Facet, ...]) -> None:
+    def __init__(
+        self, fold: FoldContext, facets: tuple[Facet, ...], proposals: dict[int, Proposal]
+    ) -> None:
         self._fold = fold
         self._facets = facets
+        self._proposals = proposals
         self._apply: dict[type, Callable[[GroupState, Any, Any, list[Effect]], None]] = {
             SignOfLife: self._sign_of_life,
             Identified: self._identified,
@@ -130,6 +119,10 @@ class Applier:
             Acked: self._acked,
             Exited: self._exited,
             StallReport: self._stall_report,
+            Rejected: self._rejected,
+            RunEnd: self._run_end,
+            EndShutdown: self._end_shutdown,
+            Deleted: self._deleted,
         }
 
     def __call__(
@@ -243,6 +236,33 @@ class Applier:
         if stall is None or stall.version != d.version:
             stall = g.stall = Stall(d.version, d.retry, self._fold.now)
         stall.reports[d.rank] = (d.issued, d.completed)
+
+    def _rejected(self, g: GroupState, d: Rejected, record: Any, effects: list[Effect]) -> None:
+        for pid in d.pids:
+            resolve(self._proposals, pid, REJECTED, None, d.reason, record, effects)
+        if d.dequeue:
+            g.queue.clear()
+
+    def _run_end(self, g: GroupState, d: RunEnd, record: Any, effects: Any) -> None:
+        if d.finished:
+            g.finished, g.stall = True, None
+        g.ended, g.ended_offset, g.deleted = d.reason, record.offset, d.delete
+        g.change, g.window_end = None, None
+
+    def _end_shutdown(self, g: GroupState, d: EndShutdown, record: Any, effects: list) -> None:
+        g.shutdown = "ended"
+        effects.append(
+            ShutdownWithSave(
+                group=g.name,
+                reason="ended",
+                detail=d.detail,
+                offset=record.offset,
+                checkpoint_rank=d.checkpoint_rank,
+            )
+        )
+
+    def _deleted(self, g: GroupState, d: Deleted, record: Any, effects: Any) -> None:
+        g.deleted = True
 
 
 def _set_evidence(g: GroupState, rank: int, down: frozenset[int], ready: bool) -> None:

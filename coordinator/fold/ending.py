@@ -14,90 +14,81 @@ with ``group_ended`` (``fencing.py``), and no tick visits it (``deadlines.py``):
 once, so the old run's history (views, proposals, stories) stays as it was when the run ended,
 readable under its name. Ending it again changes nothing; ``delete`` also takes it out of the
 listings.
+
+Its interface: :func:`on_group_ended` (the operator's input) and :func:`finish_if_done` (after
+every step of the group) read the group and return the end's decisions in order (``RunEnd``,
+``EndShutdown``, ``Deleted``; the proposals' ``outcomes.Rejected``; each online rank's
+``ranks.Exited`` and ``ranks.Lost``; the ``group_ended`` effect); they change nothing, and the
+machine applies them (``apply.py``).
 """
 
 from __future__ import annotations
 
+from typing import Any
+
+import msgspec
+
 from ...eventlog.record import Record
-from ...wire.codes import REJECTED
 from ...wire.inputs import GroupEndedInput
-from .apply import DeathChain
 from .budget import checkpoint_rank
-from .effects import Effect, GroupEnded, Proposal, ShutdownWithSave
-from .outcomes import resolve
+from .effects import GroupEnded
+from .outcomes import Rejected
+from .ranks import Exited, Lost
 from .state import FAILED, FINISHED, GroupState
 
 
-class GroupEnd:
-    """The end of every group's run (see the module docstring).
+class RunEnd(msgspec.Struct, frozen=True, gc=False):
+    """A decision: the run is over for ``reason`` (``delete``: out of the listings;
+    ``finished``: every rank exited cleanly, a stall forgotten); the change in flight and an
+    open window are dropped."""
 
-    It reads the group it is handed and resolves the proposals (``proposals``) the end
-    rejects; the ranks it takes OFFLINE go down the death chain (``apply.Applier.go_offline``)."""
+    reason: str
+    delete: bool
+    finished: bool
 
-    def __init__(self, proposals: dict[int, Proposal], ranks: DeathChain) -> None:
-        self._proposals = proposals
-        self._ranks = ranks
 
-    def on_group_ended(
-        self, g: GroupState, record: Record, ended: GroupEndedInput, now: int
-    ) -> list[Effect]:
-        """The operator ends the group's run (see the module docstring). It changes the group
-        itself, and returns the effects."""
-        delete = ended.delete
-        if g.ended is not None:
-            g.deleted = g.deleted or delete
-            return [
-                GroupEnded(group=g.name, reason=g.ended, deleted=g.deleted, offset=record.offset)
-            ]
-        effects: list[Effect] = []
-        self._end(g, ended.reason or "ended by the operator", delete, record, effects)
-        return effects
+class EndShutdown(msgspec.Struct, frozen=True, gc=False):
+    """A decision: the group's one ``shutdown_with_save``, reason ``ended`` (``detail``: why
+    the run ended), naming ``checkpoint_rank``."""
 
-    def finish_if_done(self, g: GroupState, record: Record, effects: list[Effect]) -> None:
-        """A formed run whose every joined rank has exited cleanly is finished (module doc)."""
-        if g.ended is not None or g.view is None or g.alive:
-            return
-        ranks = g.ranks
-        if any(info.incarnation is not None and not info.exited for info in ranks):
-            return
-        g.finished, g.stall = True, None
-        self._end(g, FINISHED, False, record, effects)
+    detail: str
+    checkpoint_rank: int | None
 
-    def _end(
-        self, g: GroupState, reason: str, delete: bool, record: Record, effects: list[Effect]
-    ) -> None:
-        g.ended, g.ended_offset, g.deleted = reason, record.offset, delete
-        change, g.change, g.window_end = g.change, None, None
-        if change is not None:
-            for pid in change.proposals:
-                resolve(
-                    self._proposals,
-                    pid,
-                    REJECTED,
-                    None,
-                    f"group ended before version {change.version} committed ({reason})",
-                    record,
-                    effects,
-                )
-        if g.shutdown is None and g.formation != FAILED and not g.finished:
-            g.shutdown = "ended"
-            effects.append(
-                ShutdownWithSave(
-                    group=g.name,
-                    reason="ended",
-                    detail=reason,
-                    offset=record.offset,
-                    checkpoint_rank=checkpoint_rank(g, g.active),
-                )
-            )
-        while g.queue:
-            pid, _ = g.queue.popleft()
-            resolve(
-                self._proposals, pid, REJECTED, None, f"group was ended ({reason})", record, effects
-            )
-        for rank in sorted(g.alive):
-            g.ranks[rank].exited = True
-            self._ranks.go_offline(g, rank, f"group ended: {reason}", False, record, effects)
-        effects.append(
-            GroupEnded(group=g.name, reason=reason, deleted=g.deleted, offset=record.offset)
-        )
+
+class Deleted(msgspec.Struct, frozen=True, gc=False):
+    """A decision: an ended run leaves the listings (its history stays)."""
+
+
+def on_group_ended(g: GroupState, record: Record, ended: GroupEndedInput, now: int) -> list[Any]:
+    """The operator ends the group's run (see the module docstring); ending it again changes
+    nothing but ``delete``."""
+    if g.ended is not None:
+        deleted = g.deleted or ended.delete
+        told = GroupEnded(group=g.name, reason=g.ended, deleted=deleted, offset=record.offset)
+        return [Deleted(), told] if deleted and not g.deleted else [told]
+    return _end(g, ended.reason or "ended by the operator", ended.delete, False, record)
+
+
+def finish_if_done(g: GroupState, record: Record) -> list[Any]:
+    """A formed run whose every joined rank has exited cleanly is finished (module doc)."""
+    if g.ended is not None or g.view is None or g.alive:
+        return []
+    if any(info.incarnation is not None and not info.exited for info in g.ranks):
+        return []
+    return _end(g, FINISHED, False, True, record)
+
+
+def _end(g: GroupState, reason: str, delete: bool, finished: bool, record: Record) -> list[Any]:
+    decisions: list[Any] = [RunEnd(reason, delete, finished)]
+    change = g.change
+    if change is not None:
+        why = f"group ended before version {change.version} committed ({reason})"
+        decisions.append(Rejected(tuple(change.proposals), why))
+    if g.shutdown is None and g.formation != FAILED and not finished:
+        decisions.append(EndShutdown(reason, checkpoint_rank(g, g.active)))
+    queued = tuple(pid for pid, _ in g.queue)
+    decisions.append(Rejected(queued, f"group was ended ({reason})", dequeue=True))
+    for rank in sorted(g.alive):
+        decisions += (Exited(rank), Lost(rank, f"group ended: {reason}", False))
+    decisions.append(GroupEnded(group=g.name, reason=reason, deleted=delete, offset=record.offset))
+    return decisions

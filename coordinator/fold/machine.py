@@ -22,9 +22,9 @@ Heartbeats take a fast path that changes only liveness, so they never reach ``_s
 Each rule lives in a file of its own, whose docstring states it. The Coordinator owns the
 state (groups, proposals, time, facets) and composes the rules; none of them inherits from
 another or reaches the rest through a shared ``self``. A rule with a declared interface (the
-ranks, the Healthy Set, the budget) reads what it is handed and returns its decisions as small
-values that ``apply.py`` applies; the others are objects built here with what they read and
-the few rules they call back, and still change the group they are handed:
+ranks, the Healthy Set, the budget, the end of a run) reads what it is handed and returns its
+decisions as small values that ``apply.py`` applies; the others are objects built here with
+what they read and the few rules they call back, and still change the group they are handed:
 
 ==================  =======================================================================
 ``fencing.py``      ``Fences``: which inputs are refused, before the append and in the step
@@ -35,7 +35,7 @@ the few rules they call back, and still change the group they are handed:
 ``proposals.py``    ``ProposalQueue``: what starts the next change (``reconfigure.py``: torch's)
 ``barrier.py``      ``ViewChange``: formation, prepare, ACKs, commit; a stall's end
 ``deadlines.py``    ``Deadlines``: the deadlines a tick fires, what a resumed tick restarts
-``ending.py``       ``GroupEnd``: a group's run over, ended by the operator or finished
+``ending.py``       ``on_group_ended``, ``finish_if_done``: a run over, ended or finished
 ``outcomes.py``     ``resolve``: a proposal's one outcome, whichever rule decides it
 ==================  =======================================================================
 
@@ -57,7 +57,7 @@ import msgspec
 from ...eventlog.record import Record
 from ...wire import inputs
 from ...wire.inputs import Input, decode
-from . import ranks
+from . import ending, ranks
 from .admission import admission_problem
 from .apply import Applier, enforce_budget, move_healthy
 from .barrier import ViewChange
@@ -65,7 +65,6 @@ from .capture import FoldChanges, GroupCapture, Proposals
 from .config import GroupConfig
 from .deadlines import Deadlines
 from .effects import Effect, GroupCreated, Proposal, Refused, View
-from .ending import GroupEnd
 from .facets import Facet
 from .fencing import REPEATABLE, Fences, beats_not_current, current_beat, parse_group_created
 from .healthy_set import healthy_moves
@@ -84,8 +83,8 @@ _READABLE_FORMATS = (1, 2, 3)
 #: The transition table: each input (``wire/inputs.py``), its rule and handler, and what it
 #: moves. A handler takes ``(g, record, input, now)``, ``g`` the group the record names (None
 #: only for a new group), and returns its decisions, which ``apply.Applier`` applies in order
-#: (the ranks' rules change nothing themselves; the queue and the end of a run still change
-#: the group and return only effects). A heartbeat (``Ranks.on_heartbeat``) takes its own
+#: (the ranks' rules and the end of a run change nothing themselves; the queue still changes
+#: the group and returns only effects). A heartbeat (``Ranks.on_heartbeat``) takes its own
 #: path, without ``_settle``; a tick (``Deadlines.on_tick``) settles each group due.
 TRANSITIONS: dict[type[Input], str] = {
     inputs.GroupCreatedInput: "machine._on_group_created",  # a new group: FORMING
@@ -123,13 +122,12 @@ class Coordinator:
         self._fences = Fences(self, groups, proposals, self._facet_of, self.composition.all_kinds)
         self._views = ViewChange(self, proposals, facets)
         self._ranks = Ranks(self._fences)
-        self._apply = Applier(self, facets)
+        self._apply = Applier(self, facets, proposals)
         self._queue = ProposalQueue(self, proposals, self._views, admission_problem)
-        self._ending = GroupEnd(proposals, self._apply)
         self._deadlines = Deadlines(
             self, groups, proposals, facets, self._apply, self._views, self._settle, self.changes
         )
-        rules = {"machine": self, "ranks": ranks, "ending": self._ending, "queue": self._queue}
+        rules = {"machine": self, "ranks": ranks, "ending": ending, "queue": self._queue}
         self._transitions: dict[type[Input], Callable[[Any, Record, Any, int], Any]] = {
             cls: getattr(rules[rule], name)
             for cls, (rule, name) in ((c, r.split(".")) for c, r in TRANSITIONS.items())
@@ -194,7 +192,7 @@ class Coordinator:
         self._apply(g, self._transitions[type(inp)](g, record, inp, now), record, effects)
         if (g := self._groups.get(group)) is not None:  # type: ignore[arg-type]
             self._settle(g, record, effects)
-            self._ending.finish_if_done(g, record, effects)  # after a clean exit
+            self._apply(g, ending.finish_if_done(g, record), record, effects)  # a clean exit
         return effects
 
     def _settle(self, g: GroupState, record: Record, effects: list[Effect]) -> None:

@@ -3,7 +3,8 @@
 The rule. A proposal leaves ``pending`` exactly once, for ``applied`` (with the version that
 carries it), ``applied_with_dropped_ranks`` (naming the ranks dropped for a missing ACK) or
 ``rejected`` (with the reason); the ``proposal_resolved`` effect tells of it. Every rule that
-decides a proposal (the queue, the barrier, the budget, a group's end) resolves it here.
+decides a proposal (the queue, the barrier, the budget, a group's end) resolves it here, or
+returns a :class:`Rejected` for the machine to resolve (``apply.py``).
 """
 
 from __future__ import annotations
@@ -13,6 +14,15 @@ import msgspec
 from ...eventlog.record import Record
 from ...wire.codes import PENDING
 from .effects import Effect, Proposal, ProposalResolved
+
+
+class Rejected(msgspec.Struct, frozen=True, gc=False):
+    """A decision: the proposals ``pids`` (in order) are rejected for ``reason``;
+    ``dequeue``: they are the group's queue, which they leave."""
+
+    pids: tuple[int, ...]
+    reason: str
+    dequeue: bool = False
 
 
 def resolve(

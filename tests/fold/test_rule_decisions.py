@@ -5,16 +5,23 @@ from __future__ import annotations
 
 from msgspec import UNSET
 
-from foldplane.coordinator.fold import ranks
+from foldplane.coordinator.fold import ending, ranks
 from foldplane.coordinator.fold.apply import Applier, move_healthy, shut_down
 from foldplane.coordinator.fold.budget import Shutdown, budget_shutdown
 from foldplane.coordinator.fold.config import GroupConfig
-from foldplane.coordinator.fold.effects import HEALTHY, OFFLINE, SYNCED, RankState
+from foldplane.coordinator.fold.effects import HEALTHY, OFFLINE, SYNCED, GroupEnded, RankState
 from foldplane.coordinator.fold.healthy_set import HealthyMoves, healthy_moves
+from foldplane.coordinator.fold.outcomes import Rejected
 from foldplane.coordinator.fold.stalls import StallReport
 from foldplane.coordinator.fold.state import GroupState
 from foldplane.eventlog.record import Record
-from foldplane.wire.inputs import DeathReportedInput, ExitInput, JoinInput, LinksInput
+from foldplane.wire.inputs import (
+    DeathReportedInput,
+    ExitInput,
+    GroupEndedInput,
+    JoinInput,
+    LinksInput,
+)
 from foldplane.wire.protocol import CAUSE_DEATH_REPORTED
 from tests.fold.script import T0, Script
 
@@ -226,7 +233,7 @@ def test_the_machine_applies_a_rules_decisions_in_order_through_the_death_chain(
     s = Script()
     s.form()
     g = s.m.group_states["g"]
-    applier = Applier(s.m, ())
+    applier = Applier(s.m, (), {})
     effects: list = []
     applier(g, (ranks.Exited(3), ranks.Lost(3, "exited cleanly", False)), RECORD, effects)
     [told] = effects
@@ -234,3 +241,58 @@ def test_the_machine_applies_a_rules_decisions_in_order_through_the_death_chain(
     assert g.ranks[3].exited and g.failures == 0 and 3 not in g.alive and g.budget_due
     applier(g, (ranks.Lost(2, "death reported", True),), RECORD, effects)
     assert g.failures == 1 and g.failed == [(2, 1)]
+
+
+# ------------------------------------------------------------------ the end of a run
+
+
+def test_the_operators_end_decides_the_shutdown_the_rejections_and_each_ranks_clean_exit():
+    s = Script()
+    s.form(world_size=3)
+    s.propose("deactivate", [2])  # the change in flight
+    s.propose("deactivate", [1])  # queued behind it
+    g = s.m.group_states["g"]
+    [carried] = g.change.proposals
+    [(queued, _)] = g.queue
+    before = as_data(g)
+    decisions = ending.on_group_ended(g, RECORD, GroupEndedInput(reason="done"), T0)
+    assert decisions[:4] == [
+        ending.RunEnd("done", False, False),
+        Rejected((carried,), "group ended before version 2 committed (done)"),
+        ending.EndShutdown("done", 0),
+        Rejected((queued,), "group was ended (done)", dequeue=True),
+    ]
+    assert decisions[4:-1] == [
+        d
+        for r in sorted(g.alive)
+        for d in (ranks.Exited(r), ranks.Lost(r, "group ended: done", False))
+    ]
+    assert decisions[-1] == GroupEnded(group="g", reason="done", deleted=False, offset=7)
+    assert as_data(g) == before  # the machine applies it
+
+
+def test_ending_again_decides_only_the_delete():
+    g = formed()
+    g.ended = "done"
+    again = ending.on_group_ended(g, RECORD, GroupEndedInput(delete=True), T0)
+    assert again == [
+        ending.Deleted(),
+        GroupEnded(group="g", reason="done", deleted=True, offset=7),
+    ]
+    g.deleted = True
+    assert ending.on_group_ended(g, RECORD, GroupEndedInput(), T0) == [
+        GroupEnded(group="g", reason="done", deleted=True, offset=7)
+    ]
+
+
+def test_a_run_finishes_once_every_rank_that_joined_has_exited_without_a_shutdown():
+    g = formed(world_size=2)
+    assert ending.finish_if_done(g, RECORD) == []  # ranks still online
+    for r in (0, 1):
+        g.ranks[r].exited = True
+    g.alive.clear()
+    assert ending.finish_if_done(g, RECORD) == [
+        ending.RunEnd(ending.FINISHED, False, True),
+        Rejected((), f"group was ended ({ending.FINISHED})", dequeue=True),
+        GroupEnded(group="g", reason=ending.FINISHED, deleted=False, offset=7),
+    ]
