@@ -52,7 +52,8 @@ docstring (or `benchmarks/report.py`) and regenerate. `tests/test_docs.py` fails
 differs from what its data renders.
 
 Each benchmark is one module of `benchmarks/`, or of a facet's folder when it measures that
-facet alone (its plugin's `benchmarks`: `data` is `facets/epochs/benchmark.py`): its scenario
+facet alone (its plugin's `benchmarks`: `data` is `facets/epochs/benchmark.py`, `refit`
+`facets/refits/benchmark.py`): its scenario
 (its workers are the module run as a script) and its rows. What they share is written once in
 `benchmarks/kit/`: the coordinator process and the launchers of workers on it (`service`), the
 workers' JSON lines (`workers`), the clock from a kill to the last survivor's recovery

@@ -27,4 +27,5 @@ PLUGIN = FacetPlugin(
         help="tell this refit's story (not a rank's)",
         tell="foldplane.facets.refits.story:refit_story_from",
     ),
+    benchmarks={"refit": "foldplane.facets.refits.benchmark"},
 )

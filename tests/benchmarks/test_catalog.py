@@ -30,6 +30,7 @@ def bench(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[s
 def test_the_facets_benchmarks_are_listed_beside_the_kits() -> None:
     found = benchmarks()
     assert found["data"] == "foldplane.facets.epochs.benchmark"  # the epochs facet's
+    assert found["refit"] == "foldplane.facets.refits.benchmark"  # the refits facet's
     assert found["fold"] == "foldplane.benchmarks.fold"
     assert (
         source(found["data"]).resolve() == (ROOT / "facets" / "epochs" / "benchmark.py").resolve()

@@ -17,7 +17,7 @@ least 1.5x faster (ratio = baseline / foldplane).
 The control plane's rows run the whole lifecycle (docs/refit.md): a coordinator
 (``python -m coordinator serve``, uvicorn on 127.0.0.1, SQLite on disk), two launchers (2
 trainers, TP=2; 4 generators, TP=4, replaced when one dies) and real Agents in this module's
-worker (``python benchmarks/refit.py worker``), moving an 8 MB model over 4 lanes. Each worker
+worker (``python -m foldplane.facets.refits.benchmark worker``), moving an 8 MB model over 4 lanes. Each worker
 joins the refit's epoch (publisher slot 0 offers the bootstrap with its join, so it comes with
 the admission), opens the epoch's world while the transfer starts (a thread waits for that),
 moves its shards, reports and waits for the transfer to complete; one JSON line per event on
@@ -37,6 +37,9 @@ worker closes an epoch's world as soon as the epoch moves, before it joins the n
   retry (every member reported done) on the new views, with the launcher's replacement.
 
 Neither has a peer measured here: no other system runs this lifecycle.
+
+The refits facet's benchmark, in its folder (its plugin's ``benchmarks``: ``python -m
+benchmarks refit``).
 """
 
 from __future__ import annotations
@@ -52,9 +55,9 @@ import warnings
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from .harness import Result, lower_is_better_ratio, median
-from .kit.service import Service
-from .kit.workers import Lines, emit, say
+from ...benchmarks.harness import Result, lower_is_better_ratio, median
+from ...benchmarks.kit.service import Service
+from ...benchmarks.kit.workers import Lines, emit, say
 
 BENCH = "refit"
 ROWS, COLS, MATRICES = 2048, 4096, 8
@@ -64,7 +67,7 @@ BASELINE = "torch.distributed broadcast of each full tensor from trainer rank 0,
 
 
 def _plan(rows: int = ROWS, cols: int = COLS) -> Any:
-    from ..wire.refit import MeshSpec, make_plan, megatron_layout
+    from ...wire.refit import MeshSpec, make_plan, megatron_layout
 
     tensors: dict[str, tuple[str, tuple[int, ...]]] = {}
     roles: dict[str, str] = {}
@@ -99,7 +102,7 @@ def _member(
     import torch.distributed as dist
     from torch.distributed import PrefixStore, TCPStore
 
-    from ..agent.refit import empty_shards, local_shards, local_view, open_world
+    from ...agent.refit import empty_shards, local_shards, local_view, open_world
 
     plan = _plan()
     rank = slot if side == "publisher" else 2 + slot
@@ -165,7 +168,7 @@ def _member(
 
 
 def _measure_transfer(quick: bool) -> list[Result]:
-    from ..agent.refit import RefitStore
+    from ...agent.refit import RefitStore
 
     trials = 2 if quick else 6
     host = RefitStore()
@@ -247,7 +250,7 @@ def _record_ts(db: str, offsets: set[int]) -> dict[int, float]:
     """The ``ts`` (seconds) of the log's records at ``offsets``."""
     import asyncio
 
-    from ..eventlog import open_log
+    from ...eventlog import open_log
 
     async def read() -> dict[int, float]:
         log = await open_log(db, create=False)
@@ -430,8 +433,8 @@ def _worker(out_dir: str, controls: int, kills: int) -> int:
     warnings.filterwarnings("ignore")
     import torch
 
-    from ..agent import Agent
-    from ..agent.refit import (
+    from ...agent import Agent
+    from ...agent.refit import (
         RefitError,
         RefitStore,
         drain_released,
@@ -440,8 +443,8 @@ def _worker(out_dir: str, controls: int, kills: int) -> int:
         local_view,
         open_world,
     )
-    from ..facets.refits.worker import RefitEpochMoved, RefitRefused, TransferFailed
-    from ..wire.refit import digest
+    from ...wire.refit import digest
+    from .worker import RefitEpochMoved, RefitRefused, TransferFailed
 
     agent = Agent(heartbeat_interval_s=0.25, backend="gloo").start()
     side = "publisher" if agent.group == "train" else "subscriber"
