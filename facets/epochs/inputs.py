@@ -12,15 +12,17 @@ always decodes), or a message naming the field. Pure: the agent may import it.
 from __future__ import annotations
 
 import math
-from typing import Annotated, Any, ClassVar
+from typing import Annotated, Any, ClassVar, Literal
 
 import msgspec
-from msgspec import Meta
+from msgspec import UNSET, Meta
 
 from ...wire.inputs import MAX_ID_LEN, OnWire
 
 #: The largest dataset an epoch plan may name, and so the largest position or count.
 MAX_DATASET = 2**48
+#: A position or count of a dataset, as the wire bounds it.
+Position = Annotated[int, Meta(ge=0, le=MAX_DATASET)]
 
 SPLITS = ("equal", "ratios", "throughput")
 #: The plan's fields and their defaults where the request leaves them out (``reclaim``'s
@@ -48,15 +50,27 @@ class EpochPlan(EpochsInput, frozen=True, kw_only=True):
 
     kind = "epoch_plan"
 
-    epoch: int
-    dataset_size: int
-    seed: int
-    shuffle: bool
-    split: str
-    partition_ratios: tuple[float, ...] | None
-    grain: int
-    lookahead: int
-    reclaim: bool
+    # The body of ``POST /groups/{group}/epochs`` is made from these (``models.py``): each with
+    # the request's bounds, and but for the first two it may leave any out (UNSET), which
+    # :func:`complete_plan` fills in; the log takes what :func:`plan_problem` accepts.
+    epoch: Annotated[int, OnWire(Position)]
+    dataset_size: Annotated[int, OnWire(Annotated[int, Meta(ge=1, le=MAX_DATASET)])]
+    seed: Annotated[int, OnWire(Annotated[int, Meta(ge=0, le=2**63 - 1)], default=UNSET)]
+    shuffle: Annotated[bool, OnWire(bool, default=UNSET)]
+    split: Annotated[str, OnWire(Literal["equal", "ratios", "throughput"], default=UNSET)]
+    partition_ratios: Annotated[
+        tuple[float, ...] | None,
+        OnWire(
+            Annotated[
+                list[Annotated[float, Meta(ge=0, le=1e9)]], Meta(min_length=1, max_length=65_536)
+            ]
+            | None,
+            default=UNSET,
+        ),
+    ]
+    grain: Annotated[int, OnWire(Annotated[int, Meta(ge=1, le=MAX_DATASET)], default=UNSET)]
+    lookahead: Annotated[int, OnWire(Position, default=UNSET)]
+    reclaim: Annotated[bool, OnWire(bool, default=UNSET)]
 
 
 def complete_plan(request: dict[str, Any]) -> dict[str, Any]:
@@ -158,9 +172,9 @@ class ProgressInput(EpochsInput, frozen=True, kw_only=True):
 
     kind = "progress"
     incarnation: str
-    epoch: Annotated[int, OnWire(Annotated[int, Meta(ge=0, le=MAX_DATASET)])]
+    epoch: Annotated[int, OnWire(Position)]
     assignment: Annotated[int, OnWire(Annotated[int, Meta(ge=1, le=2**62)])]
-    processed: Annotated[int, OnWire(Annotated[int, Meta(ge=0, le=MAX_DATASET)])]
+    processed: Annotated[int, OnWire(Position)]
     rate: Annotated[int | float | None, OnWire(Annotated[float, Meta(ge=0, le=1e12)])] = None
 
 

@@ -3,31 +3,21 @@ the OpenAPI document's components (``SCHEMA_TYPES`` in ``routes.py``)."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
-from msgspec import UNSET, Meta, Struct, UnsetType
+from msgspec import Struct
 
-from .inputs import MAX_DATASET
+from ...wire.protocol import request_body
+from .inputs import EpochPlan
 
-
-class EpochPlanRequest(Struct, kw_only=True, forbid_unknown_fields=True):
-    """``POST /groups/{group}/epochs``: one pass over a dataset (docs/data.md). Fields left
-    out take their defaults (``facets.epochs.fold.PLAN_DEFAULTS``; ``reclaim`` is on
-    for a throughput split)."""
-
-    epoch: Annotated[int, Meta(ge=0, le=MAX_DATASET)]
-    dataset_size: Annotated[int, Meta(ge=1, le=MAX_DATASET)]
-    seed: Annotated[int, Meta(ge=0, le=2**63 - 1)] | UnsetType = UNSET
-    shuffle: bool | UnsetType = UNSET
-    split: Literal["equal", "ratios", "throughput"] | UnsetType = UNSET
-    partition_ratios: (
-        Annotated[list[Annotated[float, Meta(ge=0, le=1e9)]], Meta(min_length=1, max_length=65_536)]
-        | None
-        | UnsetType
-    ) = UNSET
-    grain: Annotated[int, Meta(ge=1, le=MAX_DATASET)] | UnsetType = UNSET
-    lookahead: Annotated[int, Meta(ge=0, le=MAX_DATASET)] | UnsetType = UNSET
-    reclaim: bool | UnsetType = UNSET
+EpochPlanRequest = request_body(
+    EpochPlan,
+    "EpochPlanRequest",
+    doc="""``POST /groups/{group}/epochs``: one pass over a dataset (docs/data.md). Fields left
+    out take their defaults (``facets.epochs.inputs.PLAN_DEFAULTS``; ``reclaim`` is on
+    for a throughput split).""",
+    forbid_unknown_fields=True,
+)
 
 
 class EpochRankBody(Struct, kw_only=True):

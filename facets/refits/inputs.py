@@ -21,6 +21,7 @@ import msgspec
 from msgspec import UNSET, Meta, UnsetType
 
 from ...wire.inputs import OnWire
+from ...wire.protocol import GroupName
 
 #: A refit's name (``POST /refits``), and a plan digest: sha256 in lowercase hex.
 RefitName = Annotated[str, Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$")]
@@ -44,6 +45,8 @@ Count = Annotated[int, Meta(ge=1, le=2**62)]
 #: admitted epoch's update (every slot's rank) well inside ``wire.protocol.MAX_UPDATE_BYTES``.
 MAX_SLOTS = 8192
 MAX_LANES = 64
+#: How many slots a side has, as ``POST /refits`` bounds it.
+Slots = Annotated[int, Meta(ge=1, le=MAX_SLOTS)]
 MAX_READINESS_S = 3600.0
 MAX_TRANSFER_S = 86_400.0
 #: The bootstrap's encoded size (a store address, an NCCL unique id: well under this).
@@ -133,14 +136,22 @@ class RefitCreatedInput(RefitsInput, frozen=True, kw_only=True, gc=False):
     """``refit_created``: the refit's definition (``spec_problem`` checks it)."""
 
     kind = "refit_created"
-    publisher: str
-    subscriber: str
-    publisher_slots: int
-    subscriber_slots: int
-    lanes: int
-    readiness_timeout_s: int | float
-    transfer_timeout_s: int | float
-    digest: str | None
+    # ``POST /refits``'s body is made from these (``models.py``), with its bounds; it may leave
+    # the last four out (UNSET), which :func:`complete_spec` fills in.
+    publisher: Annotated[str, OnWire(GroupName)]
+    subscriber: Annotated[str, OnWire(GroupName)]
+    publisher_slots: Annotated[int, OnWire(Slots)]
+    subscriber_slots: Annotated[int, OnWire(Slots)]
+    lanes: Annotated[int, OnWire(Annotated[int, Meta(ge=1, le=MAX_LANES)], default=UNSET)]
+    readiness_timeout_s: Annotated[
+        int | float,
+        OnWire(Annotated[float, Meta(gt=0, le=int(MAX_READINESS_S))], default=UNSET),
+    ]
+    transfer_timeout_s: Annotated[
+        int | float,
+        OnWire(Annotated[float, Meta(gt=0, le=int(MAX_TRANSFER_S))], default=UNSET),
+    ]
+    digest: Annotated[str | None, OnWire(Digest | None, default=UNSET)]
 
 
 class RefitRestartInput(RefitsInput, frozen=True, kw_only=True, gc=False):

@@ -5,26 +5,19 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from msgspec import UNSET, Meta, Struct, UnsetType
+from msgspec import Meta, Struct
 
 from ...api.models import StoryEntry
-from ...wire.protocol import GroupName
-from .inputs import Digest, RefitName, TransferKey
+from ...wire.protocol import request_body
+from .inputs import RefitCreatedInput, TransferKey
 
-
-class RefitRequest(Struct, kw_only=True, forbid_unknown_fields=True):
-    """``POST /refits``: a weight refit from ``publisher`` (M slots) to ``subscriber`` (N slots)
-    (docs/refit.md). Fields left out take ``facets.refits.inputs.SPEC_DEFAULTS``."""
-
-    refit: RefitName
-    publisher: GroupName
-    subscriber: GroupName
-    publisher_slots: Annotated[int, Meta(ge=1, le=8192)]
-    subscriber_slots: Annotated[int, Meta(ge=1, le=8192)]
-    lanes: Annotated[int, Meta(ge=1, le=64)] | UnsetType = UNSET
-    readiness_timeout_s: Annotated[float, Meta(gt=0, le=3600)] | UnsetType = UNSET
-    transfer_timeout_s: Annotated[float, Meta(gt=0, le=86_400)] | UnsetType = UNSET
-    digest: Digest | None | UnsetType = UNSET
+RefitRequest = request_body(
+    RefitCreatedInput,
+    "RefitRequest",
+    doc="""``POST /refits``: a weight refit from ``publisher`` (M slots) to ``subscriber`` (N slots)
+    (docs/refit.md). Fields left out take ``facets.refits.inputs.SPEC_DEFAULTS``.""",
+    forbid_unknown_fields=True,
+)
 
 
 class TransferRequest(Struct, kw_only=True, forbid_unknown_fields=True):

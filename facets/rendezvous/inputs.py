@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar, Literal
 
 import msgspec
-from msgspec import Struct
+from msgspec import Meta, Struct
+
+from ...wire.inputs import OnWire
 
 #: What a job's id (torchrun's ``--rdzv-id``) must match.
 JOB_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$"
@@ -41,6 +43,12 @@ MAX_KEEPALIVE_TIMEOUT_S = 3600.0
 #: The longest reason a node may give for leaving or closing.
 MAX_REASON = 512
 SETTINGS = ("min_nodes", "max_nodes", "last_call_s", "join_timeout_s", "keepalive_timeout_s")
+
+# The bounds of the routes' bodies, which are made from the inputs (``models.py``: each field as
+# the body bounds it, ``OnWire``); the fold refuses by the inputs' ``problem`` checks.
+NodeId = Annotated[str, Meta(pattern=NODE_PATTERN, description="the node (a torchrun agent)")]
+Reason = Annotated[str, Meta(min_length=1, max_length=MAX_REASON)]
+Nodes = Annotated[int, Meta(ge=1, le=MAX_NODES)]
 
 # -- the shapes ----------------------------------------------------------------------------
 
@@ -139,8 +147,9 @@ class RendezvousInput(Struct, frozen=True, kw_only=True, gc=False):
     kind: ClassVar[str]
     #: the ``invalid_event`` rule: ``payload -> message | None``
     problem: ClassVar[Callable[[Any], str | None]]
+    #: the route's path names it
     job: str
-    node: str
+    node: Annotated[str, OnWire(NodeId)]
 
 
 class JoinInput(RendezvousInput, frozen=True, kw_only=True, gc=False):
@@ -149,17 +158,21 @@ class JoinInput(RendezvousInput, frozen=True, kw_only=True, gc=False):
 
     kind = "rdzv_join"
     problem = staticmethod(join_problem)
-    attempt: str
-    host: str
-    store_port: int
-    local_world_size: int
-    cause: str
-    restart_count: int
-    min_nodes: int
-    max_nodes: int
-    last_call_s: int | float
-    join_timeout_s: int | float
-    keepalive_timeout_s: int | float
+    attempt: Annotated[str, OnWire(Annotated[str, Meta(pattern=ATTEMPT_PATTERN)])]
+    host: Annotated[str, OnWire(Annotated[str, Meta(pattern=HOST_PATTERN)])]
+    store_port: Annotated[int, OnWire(Annotated[int, Meta(ge=1, le=65535)])]
+    local_world_size: Annotated[int, OnWire(Annotated[int, Meta(ge=0, le=MAX_LOCAL_WORLD_SIZE)])]
+    cause: Annotated[str, OnWire(Literal["first", "workers_failed", "nodes_waiting"])]
+    restart_count: Annotated[int, OnWire(Annotated[int, Meta(ge=0, le=2**31)], default=0)]
+    min_nodes: Annotated[int, OnWire(Nodes)]
+    max_nodes: Annotated[int, OnWire(Nodes)]
+    last_call_s: Annotated[int | float, OnWire(Annotated[float, Meta(ge=0, le=MAX_LAST_CALL_S)])]
+    join_timeout_s: Annotated[
+        int | float, OnWire(Annotated[float, Meta(gt=0, le=MAX_JOIN_TIMEOUT_S)])
+    ]
+    keepalive_timeout_s: Annotated[
+        int | float, OnWire(Annotated[float, Meta(gt=0, le=MAX_KEEPALIVE_TIMEOUT_S)])
+    ]
 
 
 class KeepaliveInput(RendezvousInput, frozen=True, kw_only=True, gc=False):
@@ -174,7 +187,7 @@ class LeaveInput(RendezvousInput, frozen=True, kw_only=True, gc=False):
 
     kind = "rdzv_leave"
     problem = staticmethod(_leave_problem)
-    reason: str
+    reason: Annotated[str, OnWire(Reason)]
 
 
 class CloseInput(RendezvousInput, frozen=True, kw_only=True, gc=False):
@@ -182,7 +195,7 @@ class CloseInput(RendezvousInput, frozen=True, kw_only=True, gc=False):
 
     kind = "rdzv_close"
     problem = staticmethod(_leave_problem)
-    reason: str
+    reason: Annotated[str, OnWire(Reason)]
 
 
 #: The Struct of each of the facet's kinds.

@@ -5,58 +5,39 @@ the fold only for what depends on the job (its settings, whether it is closed, w
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Any
 
-from msgspec import Meta, Struct
+from msgspec import Struct
 
 from ...api.models import StoryEntry
-from .inputs import (
-    ATTEMPT_PATTERN,
-    HOST_PATTERN,
-    MAX_JOIN_TIMEOUT_S,
-    MAX_KEEPALIVE_TIMEOUT_S,
-    MAX_LAST_CALL_S,
-    MAX_LOCAL_WORLD_SIZE,
-    MAX_NODES,
-    MAX_REASON,
-    NODE_PATTERN,
-)
+from ...wire.protocol import request_body
+from .inputs import JoinInput, KeepaliveInput, LeaveInput
 
-NodeId = Annotated[str, Meta(pattern=NODE_PATTERN, description="the node (a torchrun agent)")]
-Reason = Annotated[str, Meta(min_length=1, max_length=MAX_REASON)]
-
-
-class JoinRequest(Struct, kw_only=True, forbid_unknown_fields=True):
-    """``POST /rendezvous/{job}/join``: ``node`` waits for the next round of ``job``; it offers
+JoinRequest = request_body(
+    JoinInput,
+    "JoinRequest",
+    in_path=("job",),
+    doc="""``POST /rendezvous/{job}/join``: ``node`` waits for the next round of ``job``; it offers
     a fresh store at ``host``:``store_port`` (the round's store if it is rank 0) and runs
-    ``local_world_size`` workers (0: it does not know). The settings must be the job's (its first join fixes them)."""
-
-    node: NodeId
-    attempt: Annotated[str, Meta(pattern=ATTEMPT_PATTERN)]
-    host: Annotated[str, Meta(pattern=HOST_PATTERN)]
-    store_port: Annotated[int, Meta(ge=1, le=65535)]
-    local_world_size: Annotated[int, Meta(ge=0, le=MAX_LOCAL_WORLD_SIZE)]
-    cause: Literal["first", "workers_failed", "nodes_waiting"]
-    restart_count: Annotated[int, Meta(ge=0, le=2**31)] = 0
-    min_nodes: Annotated[int, Meta(ge=1, le=MAX_NODES)]
-    max_nodes: Annotated[int, Meta(ge=1, le=MAX_NODES)]
-    last_call_s: Annotated[float, Meta(ge=0, le=MAX_LAST_CALL_S)]
-    join_timeout_s: Annotated[float, Meta(gt=0, le=MAX_JOIN_TIMEOUT_S)]
-    keepalive_timeout_s: Annotated[float, Meta(gt=0, le=MAX_KEEPALIVE_TIMEOUT_S)]
-
-
-class NodeRequest(Struct, kw_only=True, forbid_unknown_fields=True):
-    """``POST /rendezvous/{job}/keepalive``: ``node`` is alive."""
-
-    node: NodeId
-
-
-class LeaveRequest(Struct, kw_only=True, forbid_unknown_fields=True):
-    """``POST /rendezvous/{job}/leave`` (the node leaves) and ``/close`` (the job ends for
-    every node): who, and why (kept in the log)."""
-
-    node: NodeId
-    reason: Reason
+    ``local_world_size`` workers (0: it does not know). The settings must be the job's (its first join fixes them).""",
+    forbid_unknown_fields=True,
+)
+NodeRequest = request_body(
+    KeepaliveInput,
+    "NodeRequest",
+    in_path=("job",),
+    doc="``POST /rendezvous/{job}/keepalive``: ``node`` is alive.",
+    forbid_unknown_fields=True,
+)
+#: a leave's and a close's (their inputs carry the same fields)
+LeaveRequest = request_body(
+    LeaveInput,
+    "LeaveRequest",
+    in_path=("job",),
+    doc="""``POST /rendezvous/{job}/leave`` (the node leaves) and ``/close`` (the job ends for
+    every node): who, and why (kept in the log).""",
+    forbid_unknown_fields=True,
+)
 
 
 class RoundNodeBody(Struct, kw_only=True):
