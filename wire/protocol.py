@@ -187,22 +187,24 @@ def request_body(
     name: str,
     *,
     envelope: type[Struct] = Struct,
-    in_path: tuple[str, ...] = (),
+    leave_out: tuple[str, ...] = (),
     doc: str | None = None,
     forbid_unknown_fields: bool = False,
 ) -> Any:
     """An HTTP request body made from the input of the record it becomes, as
     :func:`agent_event` makes an event: ``envelope``'s fields (what the record names beside its
-    payload: the group, the rank), then the input's as the wire carries them, but those the
-    route takes from its path (``in_path``). ``name`` and ``doc`` are the body's in the OpenAPI
-    document (``doc`` None: the input's docstring). The body names its input as ``input``."""
+    payload: the group, the rank), then the input's as the wire carries them, but those of
+    ``leave_out``: what the route sets itself (a name its path gives) or the record of an
+    operator's input lacks (an agent's incarnation). ``name`` and ``doc`` are the body's in the
+    OpenAPI document (``doc`` None: the input's docstring). The body names its input as
+    ``input``, and what it leaves out as ``left_out``."""
     envelope_fields = getattr(envelope, "__struct_fields__", ())
     return msgspec.defstruct(
         name,
-        inputs.wire_fields(input_cls, leave_out=(*envelope_fields, *in_path)),
+        inputs.wire_fields(input_cls, leave_out=(*envelope_fields, *leave_out)),
         bases=(envelope,),
         module=sys._getframe(1).f_globals["__name__"],
-        namespace={"input": input_cls, "__doc__": doc or input_cls.__doc__},
+        namespace={"input": input_cls, "left_out": leave_out, "__doc__": doc or input_cls.__doc__},
         kw_only=True,
         forbid_unknown_fields=forbid_unknown_fields,
     )

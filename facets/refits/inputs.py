@@ -20,7 +20,7 @@ from typing import Annotated, Any, ClassVar
 import msgspec
 from msgspec import UNSET, Meta, UnsetType
 
-from ...wire.inputs import OnWire
+from ...wire.inputs import OnWire, ShortText
 from ...wire.protocol import GroupName
 
 #: A refit's name (``POST /refits``), and a plan digest: sha256 in lowercase hex.
@@ -158,7 +158,7 @@ class RefitRestartInput(RefitsInput, frozen=True, kw_only=True, gc=False):
     """``refit_restart``: an operator opens a new epoch, saying why."""
 
     kind = "refit_restart"
-    reason: Any = None
+    reason: Annotated[Any, OnWire(ShortText)] = None
 
 
 class RefitJoinInput(RefitsInput, frozen=True, kw_only=True, gc=False):

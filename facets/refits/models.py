@@ -3,13 +3,13 @@ the OpenAPI document's components (``SCHEMA_TYPES`` in ``routes.py``)."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
-from msgspec import Meta, Struct
+from msgspec import Struct
 
 from ...api.models import StoryEntry
 from ...wire.protocol import request_body
-from .inputs import RefitCreatedInput, TransferKey
+from .inputs import RefitCreatedInput, RefitRestartInput, TransferInput
 
 RefitRequest = request_body(
     RefitCreatedInput,
@@ -20,16 +20,20 @@ RefitRequest = request_body(
 )
 
 
-class TransferRequest(Struct, kw_only=True, forbid_unknown_fields=True):
-    """``POST /refits/{refit}/transfers``: start transfer ``key`` (again, after a failure)."""
-
-    key: TransferKey
-
-
-class RefitRestartRequest(Struct, kw_only=True, forbid_unknown_fields=True):
-    """``POST /refits/{refit}/restart``: a new epoch; ``reason`` goes into its cause."""
-
-    reason: Annotated[str, Meta(max_length=256)] | None = None
+TransferRequest = request_body(
+    TransferInput,
+    "TransferRequest",
+    leave_out=("refit", "incarnation", "epoch"),  # the path names the refit; no agent's
+    doc="``POST /refits/{refit}/transfers``: start transfer ``key`` (again, after a failure).",
+    forbid_unknown_fields=True,
+)
+RefitRestartRequest = request_body(
+    RefitRestartInput,
+    "RefitRestartRequest",
+    leave_out=("refit",),
+    doc="``POST /refits/{refit}/restart``: a new epoch; ``reason`` goes into its cause.",
+    forbid_unknown_fields=True,
+)
 
 
 class RefitMemberBody(Struct, kw_only=True):

@@ -16,7 +16,7 @@ from .inputs import JoinInput, KeepaliveInput, LeaveInput
 JoinRequest = request_body(
     JoinInput,
     "JoinRequest",
-    in_path=("job",),
+    leave_out=("job",),
     doc="""``POST /rendezvous/{job}/join``: ``node`` waits for the next round of ``job``; it offers
     a fresh store at ``host``:``store_port`` (the round's store if it is rank 0) and runs
     ``local_world_size`` workers (0: it does not know). The settings must be the job's (its first join fixes them).""",
@@ -25,7 +25,7 @@ JoinRequest = request_body(
 NodeRequest = request_body(
     KeepaliveInput,
     "NodeRequest",
-    in_path=("job",),
+    leave_out=("job",),
     doc="``POST /rendezvous/{job}/keepalive``: ``node`` is alive.",
     forbid_unknown_fields=True,
 )
@@ -33,7 +33,7 @@ NodeRequest = request_body(
 LeaveRequest = request_body(
     LeaveInput,
     "LeaveRequest",
-    in_path=("job",),
+    leave_out=("job",),
     doc="""``POST /rendezvous/{job}/leave`` (the node leaves) and ``/close`` (the job ends for
     every node): who, and why (kept in the log).""",
     forbid_unknown_fields=True,

@@ -74,7 +74,7 @@ from foldplane.wire.updates import (
     ViewCommittedUpdate,
     ViewPrepareUpdate,
 )
-from tests.facets.toy.inputs import AddEvent
+from tests.facets.toy.protocol import AddEvent
 
 INC = "inc-a"
 STORE = StoreAddress("127.0.0.1", 29500)

@@ -33,7 +33,7 @@ AGENT = """
 import json, sys, threading
 from foldplane.agent import Agent, EventRefused
 from tests.facets.toy.protocol import CounterUpdate
-from tests.facets.toy.inputs import AddEvent
+from tests.facets.toy.protocol import AddEvent
 
 got, seen = [], {7: threading.Event(), 9: threading.Event()}
 

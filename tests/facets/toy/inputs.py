@@ -1,7 +1,9 @@
-"""The toy facet's inputs, declared here by their owner: the operator's bump and a rank's add
-(the agent sends the add as :class:`AddEvent`, whose fields past the envelope are the record's
-payload). The fold decodes each input into its Struct and dispatches on the class. Pure: the
-worker imports it."""
+"""The toy facet's inputs, declared here by their owner: the operator's bump and a rank's add.
+Each is the one declaration of its fields: the agent's ``AddEvent`` (``protocol.py``) and the
+route's ``BumpRequest`` (``routes.py``) are made from them (``wire.protocol.agent_event``,
+``request_body``), with the wire's bound on ``by`` (``OnWire``); the fold decodes each input
+into its Struct, after its own check (:func:`by_problem`), and dispatches on the class. Pure:
+the worker imports it."""
 
 from __future__ import annotations
 
@@ -10,17 +12,19 @@ from typing import Annotated, ClassVar
 import msgspec
 from msgspec import Meta
 
-from foldplane.wire.protocol import AgentEventBase
+from foldplane.wire.inputs import OnWire
 
 #: The most one bump may add.
 MAX_BY = 1000
+#: What the wire takes as ``by`` (the fold checks the facet's own bound, :data:`MAX_BY`).
+By = Annotated[int, Meta(ge=-(2**31), le=2**31)]
 
 
 class BumpInput(msgspec.Struct, frozen=True, kw_only=True):
     """``toy_bump``: the operator raises the group's counter by ``by``."""
 
     kind: ClassVar[str] = "toy_bump"
-    by: int
+    by: Annotated[int, OnWire(By)]
 
 
 class AddInput(msgspec.Struct, frozen=True, kw_only=True):
@@ -28,14 +32,7 @@ class AddInput(msgspec.Struct, frozen=True, kw_only=True):
 
     kind: ClassVar[str] = "toy_add"
     incarnation: str
-    by: int
-
-
-class AddEvent(AgentEventBase, tag="toy_add", kw_only=True, forbid_unknown_fields=True):
-    """A rank adds ``by`` to its group's counter (``Agent.send_event(AddEvent, by=...)``); the
-    fold bounds ``by``, as it does the operator's bump."""
-
-    by: Annotated[int, Meta(ge=-(2**31), le=2**31)]
+    by: Annotated[int, OnWire(By)]
 
 
 #: The Struct of each of the facet's kinds.

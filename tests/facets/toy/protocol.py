@@ -1,12 +1,18 @@
 """The toy facet's part of the agent protocol: the update its workers receive and the event they
-send. Pure over ``wire``, so the worker side may import it: a relay reads its ``UPDATES`` when
+send (made from its input, ``inputs.py``). Pure over ``wire`` and its inputs, so the worker
+side may import it: a relay reads its ``UPDATES`` when
 ``FOLDPLANE_FACETS`` names the facet (``agent/facets.py``), and a worker follows them by
 naming the Struct (``Agent.on_update(CounterUpdate, ...)``)."""
 
 from __future__ import annotations
 
+from foldplane.wire.protocol import agent_event
 from foldplane.wire.updates import Update
-from tests.facets.toy.inputs import AddEvent
+from tests.facets.toy.inputs import AddInput
+
+#: A rank adds ``by`` to its group's counter (``Agent.send_event(AddEvent, by=...)``): made from
+#: its input, which declares its fields.
+AddEvent = agent_event(AddInput, forbid_unknown_fields=True)
 
 
 class CounterUpdate(Update, frozen=True, kw_only=True, tag="toy_counter"):

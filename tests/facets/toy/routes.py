@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Annotated
-
 from fastapi import APIRouter, Request
-from msgspec import Meta, Struct
+from msgspec import Struct
 from starlette.responses import Response
 
 from foldplane.api.codec import json_response, read_json
@@ -15,12 +13,14 @@ from foldplane.api.openapi import answers, body
 from foldplane.coordinator.host.loop import Refusal
 from foldplane.eventlog import NewRecord
 from foldplane.wire.codes import FORBIDDEN
+from foldplane.wire.protocol import request_body
+from tests.facets.toy.inputs import BumpInput
 
-
-class BumpRequest(Struct, kw_only=True):
-    """``POST /groups/{group}/toy``: what to add (the fold checks the bound)."""
-
-    by: Annotated[int, Meta(ge=-(2**31), le=2**31)]
+BumpRequest = request_body(
+    BumpInput,
+    "BumpRequest",
+    doc="``POST /groups/{group}/toy``: what to add (the fold checks the bound).",
+)
 
 
 class CounterBody(Struct, kw_only=True):
