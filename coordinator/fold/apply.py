@@ -11,7 +11,8 @@ group and adds the effects that tell of it:
   moved rank HEALTHY or SYNCED;
 - the ranks' decisions (``ranks.on_join``, ``on_links``, ``on_ack``, ``on_exit``,
   ``on_death_reported``, ``expired``), a stall's report (``stalls.StallReport``), the end of a
-  run's (``ending.on_group_ended``, ``finish_if_done``) and proposals rejected
+  run's (``ending.on_group_ended``, ``finish_if_done``), a proposal's arrival
+  (``proposals.ProposalQueue.on_proposal``: ``Recorded``, ``Queued``) and proposals rejected
   (``outcomes.Rejected``): :class:`Applier`, whose ``go_offline`` is the death chain every
   lost rank goes through.
 
@@ -35,6 +36,7 @@ from .ending import Deleted, EndShutdown, RunEnd
 from .facets import Facet, FoldContext
 from .healthy_set import HealthyMoves
 from .outcomes import Rejected, resolve
+from .proposals import Queued, Recorded
 from .ranks import Acked, Evidence, Exited, Identified, Joined, Lost, SignOfLife
 from .stalls import Stall, StallReport
 from .state import GroupState, rank_state
@@ -123,6 +125,8 @@ class Applier:
             RunEnd: self._run_end,
             EndShutdown: self._end_shutdown,
             Deleted: self._deleted,
+            Recorded: self._recorded,
+            Queued: self._queued,
         }
 
     def __call__(
@@ -263,6 +267,17 @@ class Applier:
 
     def _deleted(self, g: GroupState, d: Deleted, record: Any, effects: Any) -> None:
         g.deleted = True
+
+    def _recorded(self, g: GroupState, d: Recorded, record: Any, effects: Any) -> None:
+        proposal = d.proposal
+        self._proposals[proposal.id] = proposal
+        if d.new and proposal.uuid is not None:
+            g.uuids[proposal.uuid] = proposal.id
+        if d.new and proposal.idempotency_key is not None:
+            g.keys[proposal.idempotency_key] = proposal.id
+
+    def _queued(self, g: GroupState, d: Queued, record: Any, effects: Any) -> None:
+        g.queue.append((d.pid, d.deadline))
 
 
 def _set_evidence(g: GroupState, rank: int, down: frozenset[int], ready: bool) -> None:

@@ -22,9 +22,10 @@ Heartbeats take a fast path that changes only liveness, so they never reach ``_s
 Each rule lives in a file of its own, whose docstring states it. The Coordinator owns the
 state (groups, proposals, time, facets) and composes the rules; none of them inherits from
 another or reaches the rest through a shared ``self``. A rule with a declared interface (the
-ranks, the Healthy Set, the budget, the end of a run) reads what it is handed and returns its
-decisions as small values that ``apply.py`` applies; the others are objects built here with
-what they read and the few rules they call back, and still change the group they are handed:
+ranks, the Healthy Set, the budget, the end of a run, a proposal's arrival) reads what it is
+handed and returns its decisions as small values that ``apply.py`` applies; the others are
+objects built here with what they read and the few rules they call back, and still change the
+group they are handed:
 
 ==================  =======================================================================
 ``fencing.py``      ``Fences``: which inputs are refused, before the append and in the step
@@ -83,9 +84,9 @@ _READABLE_FORMATS = (1, 2, 3)
 #: The transition table: each input (``wire/inputs.py``), its rule and handler, and what it
 #: moves. A handler takes ``(g, record, input, now)``, ``g`` the group the record names (None
 #: only for a new group), and returns its decisions, which ``apply.Applier`` applies in order
-#: (the ranks' rules and the end of a run change nothing themselves; the queue still changes
-#: the group and returns only effects). A heartbeat (``Ranks.on_heartbeat``) takes its own
-#: path, without ``_settle``; a tick (``Deadlines.on_tick``) settles each group due.
+#: (none changes the group or the proposals itself; the machine creates a group). A
+#: heartbeat (``Ranks.on_heartbeat``) takes its own path, without ``_settle``; a tick
+#: (``Deadlines.on_tick``) settles each group due.
 TRANSITIONS: dict[type[Input], str] = {
     inputs.GroupCreatedInput: "machine._on_group_created",  # a new group: FORMING
     inputs.GroupEndedInput: "ending.on_group_ended",  # the group: ended, its changes rejected

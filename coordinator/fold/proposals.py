@@ -30,9 +30,9 @@ from .effects import (
     ProposalAccepted,
 )
 from .facets import FoldContext
-from .outcomes import resolve
+from .outcomes import Rejected, resolve
 from .reasons import ranks_text
-from .reconfigure import decide_reconfigure, join_reconfigure
+from .reconfigure import decide_reconfigure, joined_call
 from .state import FAILED, GroupState
 
 #: The cause of a view change that removes only ranks that exited cleanly.
@@ -54,6 +54,22 @@ class Prepares(Protocol):
         *,
         extra: dict[str, Any] | None = None,
     ) -> None: ...
+
+
+class Recorded(msgspec.Struct, frozen=True, gc=False):
+    """A decision: ``proposal`` is written, a ``new`` one (its idempotency key and its
+    reconfigure's uuid name it from now on) or one a further member's call joined."""
+
+    proposal: Proposal
+    new: bool
+
+
+class Queued(msgspec.Struct, frozen=True, gc=False):
+    """A decision: proposal ``pid`` joins the back of its group's queue, to be admitted by
+    ``deadline`` (ns)."""
+
+    pid: int
+    deadline: int
 
 
 class ProposalQueue:
@@ -78,22 +94,20 @@ class ProposalQueue:
 
     def on_proposal(
         self, g: GroupState, record: Record, call: ProposalInput, now: int
-    ) -> list[Effect]:
+    ) -> list[Any]:
         """A proposal is logged and queued (first in, first out); ``_settle`` decides it.
 
         A group that failed to form or was shut down rejects it at once. A reconfigure's
-        further members' calls join the proposal of their uuid (``reconfigure.py``). It
-        changes the queue and the proposals itself, and returns the effects."""
-        effects: list[Effect] = []
-        self._queue(g, record, call, effects)
-        return effects
-
-    def _queue(
-        self, g: GroupState, record: Record, call: ProposalInput, effects: list[Effect]
-    ) -> None:
+        further members' calls join the proposal of their uuid (``reconfigure.py``). It reads
+        the group and the proposals, and returns its decisions (``Recorded``, then ``Queued``
+        or an ``outcomes.Rejected``, and the ``proposal_accepted`` effect); it changes
+        nothing."""
         reconfigure = call.op == RECONFIGURE
-        if reconfigure and join_reconfigure(g, self._proposals, call, record, effects):
-            return
+        pid = g.uuids.get(call.uuid) if reconfigure else None  # type: ignore[arg-type]
+        if pid is not None:
+            joined = joined_call(self._proposals[pid], call)
+            accepted = ProposalAccepted(proposal=joined, offset=record.offset)
+            return [Recorded(joined, False), accepted]
         proposal = Proposal(
             id=record.offset,
             group=g.name,
@@ -117,33 +131,18 @@ class ProposalQueue:
                 calls=(call.call,),
                 timeout_s=call.timeout_s,
             )
-            g.uuids[proposal.uuid] = proposal.id  # type: ignore[index]
-        self._proposals[proposal.id] = proposal
-        if proposal.idempotency_key is not None:
-            g.keys[proposal.idempotency_key] = proposal.id
-        effects.append(ProposalAccepted(proposal=proposal, offset=record.offset))
+        decided: list[Any] = [
+            Recorded(proposal, True),
+            ProposalAccepted(proposal=proposal, offset=record.offset),
+        ]
         if g.formation == FAILED:
-            resolve(
-                self._proposals,
-                proposal.id,
-                REJECTED,
-                None,
-                f"group failed to form: {g.formation_error}",
-                record,
-                effects,
-            )
+            why = f"group failed to form: {g.formation_error}"
+            decided.append(Rejected((proposal.id,), why))
         elif g.shutdown is not None:
-            resolve(
-                self._proposals,
-                proposal.id,
-                REJECTED,
-                None,
-                f"group was shut down ({g.shutdown})",
-                record,
-                effects,
-            )
+            decided.append(Rejected((proposal.id,), f"group was shut down ({g.shutdown})"))
         else:
-            g.queue.append((proposal.id, self._fold.now + admission_timeout_ns(g, proposal)))
+            decided.append(Queued(proposal.id, now + admission_timeout_ns(g, proposal)))
+        return decided
 
     def auto_deactivate(self, g: GroupState, record: Record, effects: list[Effect]) -> bool:
         """Active ranks outside the Healthy Set are removed through the barrier; this takes

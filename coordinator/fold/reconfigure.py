@@ -69,7 +69,6 @@ from .effects import (
     OFFLINE,
     Effect,
     Proposal,
-    ProposalAccepted,
 )
 from .outcomes import resolve
 from .reasons import LIMIT, abridged, ranks_text
@@ -212,28 +211,14 @@ def _order_text(ranks: tuple[int, ...]) -> str:
 Prepare = tuple[tuple[int, ...], str, dict[str, Any]]
 
 
-def join_reconfigure(
-    g: GroupState,
-    proposals: dict[int, Proposal],
-    call: ProposalInput,
-    record: Record,
-    effects: list[Effect],
-) -> bool:
+def joined_call(proposal: Proposal, call: ProposalInput) -> Proposal:
     """A further member's call of a pending reconfigure joins its proposal (its checks let
-    it through: the same members, a member that had not called). True if it did; False
-    for the first call of its uuid."""
-    pid = g.uuids.get(call.uuid)  # type: ignore[arg-type]
-    if pid is None:
-        return False
-    proposal = proposals[pid]
-    joined = msgspec.structs.replace(
+    it through: the same members, a member that had not called): the proposal it makes."""
+    return msgspec.structs.replace(
         proposal,
         callers=(*proposal.callers, call.caller),
         calls=(*proposal.calls, call.call),
     )
-    proposals[pid] = joined
-    effects.append(ProposalAccepted(proposal=joined, offset=record.offset))
-    return True
 
 
 def decide_reconfigure(

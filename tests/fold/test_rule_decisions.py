@@ -6,12 +6,14 @@ from __future__ import annotations
 from msgspec import UNSET
 
 from foldplane.coordinator.fold import ending, ranks
+from foldplane.coordinator.fold.admission import admission_problem
 from foldplane.coordinator.fold.apply import Applier, move_healthy, shut_down
 from foldplane.coordinator.fold.budget import Shutdown, budget_shutdown
 from foldplane.coordinator.fold.config import GroupConfig
 from foldplane.coordinator.fold.effects import HEALTHY, OFFLINE, SYNCED, GroupEnded, RankState
 from foldplane.coordinator.fold.healthy_set import HealthyMoves, healthy_moves
 from foldplane.coordinator.fold.outcomes import Rejected
+from foldplane.coordinator.fold.proposals import ProposalQueue, Queued
 from foldplane.coordinator.fold.stalls import StallReport
 from foldplane.coordinator.fold.state import GroupState
 from foldplane.eventlog.record import Record
@@ -21,6 +23,7 @@ from foldplane.wire.inputs import (
     GroupEndedInput,
     JoinInput,
     LinksInput,
+    ProposalInput,
 )
 from foldplane.wire.protocol import CAUSE_DEATH_REPORTED
 from tests.fold.script import T0, Script
@@ -296,3 +299,26 @@ def test_a_run_finishes_once_every_rank_that_joined_has_exited_without_a_shutdow
         Rejected((), f"group was ended ({ending.FINISHED})", dequeue=True),
         GroupEnded(group="g", reason=ending.FINISHED, deleted=False, offset=7),
     ]
+
+
+# ------------------------------------------------------------------ a proposal's arrival
+
+
+def test_a_proposal_is_recorded_then_queued_until_its_admission_deadline():
+    s = Script()
+    s.form()
+    g = s.m.group_states["g"]
+    proposals: dict = {}  # what it reads besides the group: the proposals (none yet)
+    # an arrival prepares no view change: the queue is built without one
+    queue = ProposalQueue(s.m, proposals, None, admission_problem)  # type: ignore[arg-type]
+    call = ProposalInput(op="deactivate", ranks=[3], idempotency_key="k1")
+    before = as_data(g)
+    decisions = queue.on_proposal(g, RECORD, call, T0)
+    recorded, accepted, queued = decisions
+    assert recorded.new and recorded.proposal.id == 7 and recorded.proposal.ranks == (3,)
+    assert accepted.proposal is recorded.proposal and accepted.offset == 7
+    assert queued == Queued(7, T0 + g.cfg.admission_timeout_ns)
+    assert as_data(g) == before and proposals == {}  # the machine applies them
+    g.shutdown = "max_failure_exceeded"
+    *_, rejected = queue.on_proposal(g, RECORD, call, T0)
+    assert rejected == Rejected((7,), "group was shut down (max_failure_exceeded)")
