@@ -73,6 +73,7 @@ RULE_FILES = (
     "barrier",
     "deadlines",
     "ending",
+    "formation",
     "outcomes",
 )
 
@@ -97,6 +98,8 @@ DECLARED_RULES = (
     "healthy_set",
     "ranks",
     "ending",
+    "formation",
+    "barrier.missed_acks",
     "proposals.ProposalQueue.on_proposal",  # a proposal's arrival; the queue's others not yet
     "reconfigure.joined_call",
 )

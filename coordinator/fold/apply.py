@@ -34,12 +34,13 @@ from .budget import Shutdown, budget_shutdown
 from .effects import HEALTHY, OFFLINE, SYNCED, Effect, Proposal, ShutdownWithSave
 from .ending import Deleted, EndShutdown, RunEnd
 from .facets import Facet, FoldContext
+from .formation import FormationFailed
 from .healthy_set import HealthyMoves
 from .outcomes import Rejected, resolve
 from .proposals import Queued, Recorded
 from .ranks import Acked, Evidence, Exited, Identified, Joined, Lost, SignOfLife
 from .stalls import Stall, StallReport
-from .state import GroupState, rank_state
+from .state import FAILED, GroupState, rank_state
 
 
 def enforce_budget(
@@ -127,6 +128,7 @@ class Applier:
             Deleted: self._deleted,
             Recorded: self._recorded,
             Queued: self._queued,
+            FormationFailed: self._formation_failed,
         }
 
     def __call__(
@@ -278,6 +280,15 @@ class Applier:
 
     def _queued(self, g: GroupState, d: Queued, record: Any, effects: Any) -> None:
         g.queue.append((d.pid, d.deadline))
+
+    def _formation_failed(self, g: GroupState, d: FormationFailed, record: Any, e: Any) -> None:
+        g.formation = FAILED
+        g.fence_epoch += 1
+        for rank, last in g.alive.items():
+            g.ranks[rank].last_heartbeat_ts = last
+        g.alive.clear()  # a failed group tracks no more deadlines; its inputs are refused
+        g.window_end = None
+        g.formation_error = d.error
 
 
 def _set_evidence(g: GroupState, rank: int, down: frozenset[int], ready: bool) -> None:

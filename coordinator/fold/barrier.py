@@ -15,7 +15,8 @@ The rule. One change is in flight per group at a time.
 
 Formation is the first change (:meth:`ViewChange.form`, which ``_settle`` in ``machine.py``
 calls, prepares it once ``min_ranks`` are HEALTHY); a group that does not get there by its
-formation deadline fails to form.
+formation deadline fails to form (``formation.py``). A participant that has not ACKed by the
+ACK deadline is lost (:func:`missed_acks`, which a tick asks).
 
 A view that failed with every member alive is retried, then decided by the evidence: the
 decision is ``stalls.py``'s, the view change (or the shutdown) that carries it out is made here.
@@ -34,7 +35,6 @@ from .effects import (
     HEALTHY,
     OFFLINE,
     Effect,
-    GroupFailed,
     Proposal,
     View,
     ViewCommitted,
@@ -43,11 +43,12 @@ from .effects import (
 from .facets import Facet, FoldContext
 from .outcomes import resolve
 from .proposals import attach_heads
+from .ranks import Lost
 from .reasons import ranks_text
 from .stalls import FAILED as VIEW_FAILED
 from .stalls import RETRY as VIEW_RETRY
 from .stalls import UNRESOLVED, decide
-from .state import FAILED, FORMED, FORMING, Change, GroupState, rank_state
+from .state import FORMED, FORMING, Change, GroupState, rank_state
 
 
 class ViewChange:
@@ -55,7 +56,7 @@ class ViewChange:
 
     It reads the groups it is handed, the proposals it resolves (``proposals``), the fold's
     time (``fold.now``) and tells the facets (``facets``, given ``fold``) of each committed
-    view; it decides a change's prepare and commit, a formation's failure and a stall's end,
+    view; it decides a change's prepare and commit, a formation's start and a stall's end,
     as effects appended to the step's."""
 
     def __init__(
@@ -206,38 +207,6 @@ class ViewChange:
             resolve(self._proposals, pid, REJECTED, None, outcome, record, effects)
         enforce_budget(g, self._proposals, record, effects)
 
-    def fail_formation(
-        self, g: GroupState, deadline: int, record: Record, effects: list[Effect]
-    ) -> None:
-        missing = tuple(r for r, info in enumerate(g.ranks) if info.state != HEALTHY)
-        ready = g.cfg.world_size - len(missing)
-        g.formation = FAILED
-        g.fence_epoch += 1
-        for rank, last in g.alive.items():
-            g.ranks[rank].last_heartbeat_ts = last
-        g.alive.clear()  # a failed group tracks no more deadlines; its inputs are refused
-        g.window_end = None
-        g.formation_error = (
-            f"{ready}/{g.cfg.world_size} ranks HEALTHY by the formation deadline {deadline} "
-            f"(min_ranks {g.cfg.min_ranks}); missing {ranks_text(missing)}"
-        )
-        effects.append(
-            GroupFailed(
-                group=g.name, reason=g.formation_error, missing_ranks=missing, offset=record.offset
-            )
-        )
-        while g.queue:
-            pid, _ = g.queue.popleft()
-            resolve(
-                self._proposals,
-                pid,
-                REJECTED,
-                None,
-                f"group failed to form: {g.formation_error}",
-                record,
-                effects,
-            )
-
     # ------------------------------------------------------------------ a stalled view
 
     def resolve_stall(self, g: GroupState, record: Record, effects: list[Effect]) -> bool:
@@ -271,6 +240,16 @@ class ViewChange:
         target = tuple(r for r in active if r not in laggards)
         self.prepare(g, target, VIEW_FAILED, [], decision.detail, record, effects)
         return True
+
+
+def missed_acks(g: GroupState, now: int) -> list[Lost]:
+    """The participants of the change in flight that had not ACKed by its deadline, in rank
+    order: each is lost (a failure). It changes nothing."""
+    change = g.change
+    if change is None or change.ack_deadline > now:
+        return []
+    why = f"did not ACK version {change.version} by its deadline {change.ack_deadline}"
+    return [Lost(rank, why, True) for rank in change.outstanding()]
 
 
 def stall_deadline(g: GroupState) -> int | None:

@@ -17,13 +17,14 @@ from collections.abc import Callable
 from ...eventlog.record import Record
 from ...wire.inputs import TickInput
 from .apply import Applier
-from .barrier import ViewChange, stall_deadline
+from .barrier import missed_acks, stall_deadline
 from .capture import FoldChanges
 from .effects import (
     Effect,
     Proposal,
 )
 from .facets import Facet, FoldContext
+from .formation import formation_failed
 from .proposals import admission_timeout_ns, expire_unformed_heads
 from .ranks import expired
 from .state import FORMED, FORMING, GroupState
@@ -33,9 +34,10 @@ class Deadlines:
     """The deadlines of every group and facet (see the module docstring).
 
     It reads the groups, the proposals (their admission deadlines), the facets (theirs) and
-    the fold's time (``fold.now``); what a due deadline decides is the other rules': ranks lost
-    (``ranks``), a formation failed (``views``), unformed heads rejected, and then the step's
-    decisions (``settle``, the machine's)."""
+    the fold's time (``fold.now``); what a due deadline decides is the other rules', as
+    decisions that ``apply`` applies: ranks silent (``ranks.expired``) or not ACKing
+    (``barrier.missed_acks``) lost, a formation failed (``formation.formation_failed``); then
+    unformed heads rejected, and the step's decisions (``settle``, the machine's)."""
 
     def __init__(
         self,
@@ -43,8 +45,7 @@ class Deadlines:
         groups: dict[str, GroupState],
         proposals: dict[int, Proposal],
         facets: tuple[Facet, ...],
-        ranks: Applier,
-        views: ViewChange,
+        apply: Applier,
         settle: Callable[[GroupState, Record, list[Effect]], None],
         changes: FoldChanges,
     ) -> None:
@@ -55,8 +56,7 @@ class Deadlines:
         self._groups = groups
         self._proposals = proposals
         self._facets = facets
-        self._ranks = ranks
-        self._views = views
+        self._apply = apply
         self._settle = settle
 
     def next_deadline(self) -> int | None:
@@ -100,31 +100,21 @@ class Deadlines:
             if due is None or due > now:
                 continue
             self._changes.groups.add(name)
-            self._ranks(g, expired(g, now), record, effects)
+            self._apply(g, expired(g, now), record, effects)
             if g.window_end is not None and g.window_end <= now:
                 g.window_end = None
-            change = g.change
-            if change is not None and change.ack_deadline <= now:
-                for rank in change.outstanding():
-                    self._ranks.go_offline(
-                        g,
-                        rank,
-                        f"did not ACK version {change.version} by its deadline {change.ack_deadline}",
-                        True,
-                        record,
-                        effects,
-                    )
+            self._apply(g, missed_acks(g, now), record, effects)
             if g.formation == FORMING and g.change is None and g.shutdown is None:
                 deadline = g.created_ts + g.cfg.formation_timeout_ns
                 if deadline <= now:
-                    self._views.fail_formation(g, deadline, record, effects)
+                    self._apply(g, formation_failed(g, deadline, record), record, effects)
             if g.formation == FORMING:
                 expire_unformed_heads(g, self._proposals, now, record, effects)
             self._settle(g, record, effects)
             if g.formation == FORMING and g.change is None and g.shutdown is None:
                 deadline = g.created_ts + g.cfg.formation_timeout_ns
                 if deadline <= now:  # this tick lost the formation change's last participant
-                    self._views.fail_formation(g, deadline, record, effects)
+                    self._apply(g, formation_failed(g, deadline, record), record, effects)
         for facet in self._facets:
             facet.tick(self._fold, record, effects)
         return effects

@@ -126,7 +126,7 @@ class Coordinator:
         self._apply = Applier(self, facets, proposals)
         self._queue = ProposalQueue(self, proposals, self._views, admission_problem)
         self._deadlines = Deadlines(
-            self, groups, proposals, facets, self._apply, self._views, self._settle, self.changes
+            self, groups, proposals, facets, self._apply, self._settle, self.changes
         )
         rules = {"machine": self, "ranks": ranks, "ending": ending, "queue": self._queue}
         self._transitions: dict[type[Input], Callable[[Any, Record, Any, int], Any]] = {

@@ -8,9 +8,11 @@ from msgspec import UNSET
 from foldplane.coordinator.fold import ending, ranks
 from foldplane.coordinator.fold.admission import admission_problem
 from foldplane.coordinator.fold.apply import Applier, move_healthy, shut_down
+from foldplane.coordinator.fold.barrier import missed_acks
 from foldplane.coordinator.fold.budget import Shutdown, budget_shutdown
 from foldplane.coordinator.fold.config import GroupConfig
 from foldplane.coordinator.fold.effects import HEALTHY, OFFLINE, SYNCED, GroupEnded, RankState
+from foldplane.coordinator.fold.formation import FormationFailed, formation_failed
 from foldplane.coordinator.fold.healthy_set import HealthyMoves, healthy_moves
 from foldplane.coordinator.fold.outcomes import Rejected
 from foldplane.coordinator.fold.proposals import ProposalQueue, Queued
@@ -322,3 +324,35 @@ def test_a_proposal_is_recorded_then_queued_until_its_admission_deadline():
     g.shutdown = "max_failure_exceeded"
     *_, rejected = queue.on_proposal(g, RECORD, call, T0)
     assert rejected == Rejected((7,), "group was shut down (max_failure_exceeded)")
+
+
+# ------------------------------------------------------------------ what a tick decides
+
+
+def test_a_formation_that_fails_names_how_far_it_got_and_rejects_the_queue():
+    s = Script()
+    s.create(world_size=3)
+    for r in (0, 1):
+        s.join(r)
+        s.links(r)
+    s.propose("deactivate", [2])
+    g = s.m.group_states["g"]
+    before = as_data(g)
+    failed, told, rejected = formation_failed(g, T0 + 5, RECORD)
+    error = f"2/3 ranks HEALTHY by the formation deadline {T0 + 5} (min_ranks 3); missing [2]"
+    assert failed == FormationFailed(error)
+    assert (told.reason, told.missing_ranks, told.offset) == (error, (2,), 7)
+    assert rejected == Rejected((g.queue[0][0],), f"group failed to form: {error}", dequeue=True)
+    assert as_data(g) == before
+
+
+def test_the_participants_that_missed_the_ack_deadline_are_lost_in_rank_order():
+    s = Script()
+    s.form()
+    s.death(3)  # auto-deactivation prepares version 2 for ranks 0, 1, 2
+    g = s.m.group_states["g"]
+    deadline = g.change.ack_deadline
+    s.ack(1, 2)
+    assert missed_acks(g, deadline - 1) == []
+    why = f"did not ACK version 2 by its deadline {deadline}"
+    assert missed_acks(g, deadline) == [ranks.Lost(0, why, True), ranks.Lost(2, why, True)]
