@@ -29,7 +29,6 @@ from .machine import (
     InstallView,
     MoveDataPlane,
     PollUpdates,
-    ProgressAnswered,
     RankStateChanged,
     SendEvents,
     ShutdownWithSave,
@@ -99,9 +98,6 @@ class Driver:
     def shutdown_with_save(self, action: ShutdownWithSave) -> Input | None:
         return None
 
-    def progress_answered(self, action: ProgressAnswered) -> Input | None:
-        return None
-
     def facet_update(self, action: FacetUpdate) -> Input | None:
         return None
 
@@ -121,7 +117,6 @@ CARRY_OUT: dict[type, str] = {
     InstallView: "install_view",
     RankStateChanged: "rank_state_changed",
     ShutdownWithSave: "shutdown_with_save",
-    ProgressAnswered: "progress_answered",
     FacetUpdate: "facet_update",
     EventAnswered: "event_answered",
     Stopped: "stopped",

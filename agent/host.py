@@ -27,12 +27,6 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..facets.epochs.protocol import (
-    DataAssignmentUpdate,
-    DataMovesUpdate,
-    EpochCompleteUpdate,
-    EpochPlanUpdate,
-)
 from ..wire.codes import (
     APPLIED,
     APPLIED_STATUSES,
@@ -74,10 +68,8 @@ from .machine import (
     MoveDataPlane,
     PollFailed,
     PollUpdates,
-    ProgressAnswered,
     RankStateChanged,
     Rejoin,
-    ReportProgress,
     SendEvent,
     SendEvents,
     ShutdownWithSave,
@@ -219,11 +211,9 @@ class Agent:
         self._plane_store: StoreAddress | None = None
         self._move_retry_at: float | None = None
         self._started = False
-        #: who follows which facet's updates (:meth:`on_update`), by the update's Struct: the
-        #: data (``agent.data``) the epochs facet's, and each facet's worker part its own
+        #: who follows which facet's updates (:meth:`on_update`), by the update's Struct: each
+        #: facet's worker part its own, and whoever a caller names
         self._followers: dict[type, list[Callable[[Any], None]]] = {}
-        for struct in (EpochPlanUpdate, DataAssignmentUpdate, DataMovesUpdate, EpochCompleteUpdate):
-            self.on_update(struct, lambda update: self.data.on_update(update))
         #: the facets' worker parts (``agent/facets.py``): those of foldplane and of the
         #: deployment's own facets (``FOLDPLANE_FACETS``), by facet name; each made when its
         #: first update comes or when first asked for (:meth:`facet`)
@@ -254,7 +244,6 @@ class Agent:
         self._event_types: dict[str, type] = {
             e.__struct_config__.tag: e for part in self._parts.values() for e in part.events
         }
-        self._data: Any = None
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -532,35 +521,6 @@ class Agent:
             f"{status} after the admission and ACK deadlines",
         )
 
-    # -- epoch plans -----------------------------------------------------------------------------
-
-    @property
-    def data(self) -> Any:
-        """This rank's epochs (``agent.data.EpochTracker``), which ``ElasticSampler`` reads."""
-        if self._data is None:
-            from .data import EpochTracker
-
-            self._data = EpochTracker(self.rank, self._report_progress)
-        return self._data
-
-    def plan_epoch(self, epoch: int, dataset_size: int, **plan: Any) -> dict[str, Any]:
-        """``POST /groups/{group}/epochs``: declare an epoch (the same plan again is the same
-        epoch); returns the epoch as the coordinator answered. Raises ``agent.data.EpochError``
-        with the coordinator's reason when it refuses."""
-        from .data import EpochError
-
-        self.data  # noqa: B018  (updates are handed on from now on)
-        body = {"epoch": epoch, "dataset_size": dataset_size, **plan}
-        try:
-            return self._ops.request("POST", f"/groups/{self.group}/epochs", json=body)
-        except CoordinatorError as exc:
-            raise EpochError(f"rank {self.rank}: epoch {epoch} refused: {exc}") from exc
-
-    def _report_progress(
-        self, epoch: int, assignment: int, processed: int, rate: float | None
-    ) -> None:
-        self._inbox.put(ReportProgress(time.monotonic(), epoch, assignment, processed, rate))
-
     # -- the facets' worker parts ------------------------------------------------------------------
 
     def facet(self, name: str) -> Any:
@@ -712,8 +672,6 @@ class Agent:
         log.info("rank %d: agent %s: %s", self.rank, action.reason, action.detail)
         self._publish(stopped=action)
         self._stop.set()
-        if self._data is not None:
-            self._data.on_stopped(f"{action.reason}: {action.detail}")
         for worker in list(self._workers.values()):
             worker.on_stopped(f"{action.reason}: {action.detail}")
         self._events.on_stopped(f"{action.reason}: {action.detail}")
@@ -1005,11 +963,6 @@ class _Driver(Driver):
 
     def shutdown_with_save(self, action: ShutdownWithSave) -> None:
         self.agent._shutdown_with_save(action)
-
-    def progress_answered(self, action: ProgressAnswered) -> None:
-        self.agent.data.on_answer(
-            action.epoch, action.assignment, action.processed, action.error, action.detail
-        )
 
     def facet_update(self, action: FacetUpdate) -> None:
         for follow in self.agent._followers.get(type(action.update), ()):

@@ -62,7 +62,7 @@ The rules, in one place:
   answer is a resync with the full view.
 - **Events are the wire's Structs.** Each event the machine queues is its ``wire.protocol``
   Struct (``JoinEvent``, ``HeartbeatEvent``, ``LinksEvent``, ``AckEvent``, ``ExitEvent``,
-  ``ProgressEvent``, a facet's declared one) with this rank's envelope filled; its answer is
+  a facet's declared one) with this rank's envelope filled; its answer is
   handled by its class.
 - **Retry without loss.** A batch that could not be delivered goes back to the front of the
   outbox and is resent after an exponential backoff.
@@ -72,17 +72,12 @@ The rules, in one place:
   (the epochs' and refits' Structs, any other facet's declared one) is handed on as a
   ``FacetUpdate`` in offset order, unless it names another rank; the agent gives it to whoever
   follows its Struct (``Agent.on_update``).
-- **Epoch plans are the data's.** ``epoch_plan``, this rank's ``data_assignment``, the
-  group's ``data_moves`` and ``epoch_complete`` updates go to the data; a progress report
-  (``ReportProgress``) goes in the events lane, the newest replacing one not yet sent, and its
-  answer comes back as ``ProgressAnswered``. A refused report never ends the agent: it is the
-  data's to act on (a ``stale_assignment`` is reported again against the part received).
-- **Refits are the refit client's.** ``refit_epoch``, ``transfer`` and this rank's
-  ``refit_bootstrap`` updates go to the refit client; its events (a join, a bootstrap, a
-  transfer, a transfer's status) are facets' events, below (``stale_refit_epoch`` means join
-  the current epoch, ``digest_mismatch`` is the user's plan).
-- **A facet's events are its sender's.** An event of any kind but membership's own and
-  ``progress`` (``SendEvent``: a refit's, any other facet's declared one) goes in the events
+- **A report is sent newest only.** A facet's event that declares itself a report
+  (``AgentEventBase.report``: the epochs' ``progress``) replaces one of its kind not yet
+  sent, is answered ``not_joined`` at once before the join is appended, and is not kept
+  through a rejoin: its sender reports again (the others wait behind the join).
+- **A facet's events are its sender's.** An event of any kind but membership's own
+  (``SendEvent``: a facet's worker part's, any other facet's declared one) goes in the events
   lane and its answer comes back as ``EventAnswered``, accepted or refused: a refused one never
   ends the agent (a stale incarnation does, as for every event).
 """
@@ -96,7 +91,6 @@ from typing import Any
 import msgspec
 from msgspec import Struct
 
-from ..facets.epochs.protocol import ProgressEvent
 from ..wire.codes import (
     FATAL_ERRORS,
     GROUP_ENDED,
@@ -245,19 +239,9 @@ class Close(Struct, frozen=True):
     now: float
 
 
-class ReportProgress(Struct, frozen=True):
-    """Report how far this rank has read its part of ``epoch`` (``facets.epochs.protocol.ProgressEvent``)."""
-
-    now: float
-    epoch: int
-    assignment: int
-    processed: int
-    rate: float | None = None
-
-
 #: The events the machine sends and answers itself; every other kind is a facet's
 #: (``SendEvent``, answered by ``EventAnswered``).
-OWN_EVENTS = MEMBERSHIP_EVENTS | {"progress"}
+OWN_EVENTS = MEMBERSHIP_EVENTS
 
 
 class SendEvent(Struct, frozen=True):
@@ -282,7 +266,6 @@ Input = (
     | LinkEvidence
     | Rejoin
     | Close
-    | ReportProgress
     | SendEvent
 )
 
@@ -346,16 +329,6 @@ class ShutdownWithSave(Struct, frozen=True):
     checkpoint_rank: int | None = None
 
 
-class ProgressAnswered(Struct, frozen=True):
-    """The coordinator's answer to a progress report: ``error`` None when it was accepted."""
-
-    epoch: int
-    assignment: int
-    processed: int
-    error: str | None = None
-    detail: str = ""
-
-
 class FacetUpdate(Struct, frozen=True):
     """An update of a facet the machine does not follow itself (a Struct a worker follows with
     ``Agent.on_update``), for the group or for this rank: handed on, in offset
@@ -394,7 +367,6 @@ Action = (
     | InstallView
     | RankStateChanged
     | ShutdownWithSave
-    | ProgressAnswered
     | FacetUpdate
     | EventAnswered
     | Stopped
@@ -716,27 +688,6 @@ class AgentMachine:
             LinksEvent(**self._envelope, **links_event(down, hint, ready, version, ops))
         )
 
-    def _progress(self, event: ReportProgress) -> list[Action]:
-        """Queue a progress report; one not sent yet is replaced (the newest says it all).
-        Before the join there is nobody to report for: the answer says so at once."""
-        if self.phase != _JOINED:
-            return [
-                ProgressAnswered(
-                    event.epoch, event.assignment, event.processed, NOT_JOINED, self.phase
-                )
-            ]
-        self._outbox = [e for e in self._outbox if type(e) is not ProgressEvent]
-        self._outbox.append(
-            ProgressEvent(
-                **self._envelope,
-                epoch=event.epoch,
-                assignment=event.assignment,
-                processed=event.processed,
-                rate=event.rate,
-            )
-        )
-        return []
-
     def _send_event(self, event: SendEvent) -> list[Action]:
         """Queue a facet's event. Before the join is appended it waits behind it (only the join
         goes first, and a rejoin keeps it); a closing or stopped agent sends nothing more."""
@@ -747,12 +698,18 @@ class AgentMachine:
         if self.phase in (_CLOSING, _STOPPED):
             return [EventAnswered(event.kind, dict(event.fields), None, NOT_JOINED, self.phase)]
         try:
-            self._outbox.append(self._facet_event(event))
+            ev = self._facet_event(event)
         except _NotValid as exc:
             # fields the caller chose (a transfer key, a bootstrap value) that do not fit the
             # event's Struct: the caller's refusal, as the coordinator would answer it; the
             # agent goes on (an exception here would end the thread that drives the machine)
             return [EventAnswered(event.kind, dict(event.fields), None, INVALID_EVENT, str(exc))]
+        if ev.report:
+            # before the join there is nobody to report for; the newest says it all
+            if self.phase != _JOINED:
+                return [EventAnswered(event.kind, dict(event.fields), None, NOT_JOINED, self.phase)]
+            self._outbox = [e for e in self._outbox if type(e) is not type(ev)]
+        self._outbox.append(ev)
         return []
 
     def _rejoin(self, event: Rejoin) -> list[Action]:
@@ -884,8 +841,6 @@ class AgentMachine:
             self._maybe_ack()
         elif kind is ExitEvent:
             return self._stop("closed", f"rank {self.config.rank} left the group")
-        elif kind is ProgressEvent:
-            return [ProgressAnswered(ev.epoch, ev.assignment, ev.processed)]  # type: ignore[attr-defined]
         elif kind not in _OWN_TYPES:
             offset = result.get("offset")
             return [EventAnswered(_kind(ev), _fields(ev), None if offset is None else int(offset))]
@@ -893,8 +848,6 @@ class AgentMachine:
 
     def _refused(self, ev: AgentEventBase, error: str, detail: str, now: float) -> list[Action]:
         cls = type(ev)
-        if cls is ProgressEvent and error != STALE_INCARNATION:
-            return [ProgressAnswered(ev.epoch, ev.assignment, ev.processed, error, detail)]  # type: ignore[attr-defined]
         kind = _kind(ev)
         if cls not in _OWN_TYPES and error != STALE_INCARNATION:
             return [EventAnswered(kind, _fields(ev), None, error, detail)]
@@ -1047,14 +1000,13 @@ INPUTS: dict[type, tuple[frozenset[str], Callable[[AgentMachine, Any], list[Acti
     LinkEvidence: (_STARTED, AgentMachine._evidence, _ASKED),
     Rejoin: (_ALL, AgentMachine._rejoin, ""),
     Close: (_ALL, AgentMachine._close, ""),
-    ReportProgress: (_ALL, AgentMachine._progress, ""),
     SendEvent: (_ALL, AgentMachine._send_event, ""),
 }
 
 #: What the machine does with the updates it follows itself, by class: the view's, this rank's
 #: state and the shutdown directive. Every other update is a facet's, handed on as a
-#: ``FacetUpdate`` (``_on_facet``) to whoever follows it: the data (``agent.data``) the
-#: epoch's, the refits' worker part (``Agent.facet``) the refits'.
+#: ``FacetUpdate`` (``_on_facet``) to whoever follows it: the facet's worker part
+#: (``Agent.facet``), or a caller of ``Agent.on_update``.
 _ON_UPDATE: dict[type[Update], Callable[[AgentMachine, Any], Action | None]] = {
     ViewPrepareUpdate: AgentMachine._on_prepare,
     ViewCommittedUpdate: AgentMachine._on_committed,
@@ -1063,7 +1015,7 @@ _ON_UPDATE: dict[type[Update], Callable[[AgentMachine, Any], Action | None]] = {
 }
 _ENVELOPE = frozenset({"type", "group", "rank", "incarnation", "token"})
 #: The Structs of the events the machine sends and answers itself (:data:`OWN_EVENTS`).
-_OWN_TYPES = frozenset({*(EVENT_TYPES[kind] for kind in MEMBERSHIP_EVENTS), ProgressEvent})
+_OWN_TYPES = frozenset(EVENT_TYPES[kind] for kind in MEMBERSHIP_EVENTS)
 
 
 def _kind_of(cls: type[AgentEventBase]) -> str:
@@ -1081,8 +1033,9 @@ def _has_join(events: list[AgentEventBase]) -> bool:
 
 def _waits_for_join(ev: AgentEventBase) -> bool:
     """Whether an event stays queued through a (re)join: the join itself, and a facet's event,
-    whose caller waits for its answer (the agent's own are made again after the join)."""
-    return type(ev) is JoinEvent or type(ev) not in _OWN_TYPES
+    whose caller waits for its answer, but a report (the agent's own, and a facet's reports,
+    are made again after the join)."""
+    return type(ev) is JoinEvent or (type(ev) not in _OWN_TYPES and not ev.report)
 
 
 def _fields(ev: AgentEventBase) -> dict[str, Any]:

@@ -8,8 +8,8 @@ that dies):
     python -m foldplane.agent.launch --coordinator http://127.0.0.1:8470 --group train --world-size 4 \\
         --nproc 4 --replace-failed examples/train_ddp.py --epochs 3 --kill-rank 2 --kill-at 20
 
-Each rank reads its part of every epoch through ``agent.data.ElasticSampler`` and a
-``DataLoader`` (``--workers`` loader processes). Rank 2 SIGKILLs itself at step 20. The
+Each rank reads its part of every epoch through ``ElasticSampler`` (the epochs facet's worker
+part) and a ``DataLoader`` (``--workers`` loader processes). Rank 2 SIGKILLs itself at step 20. The
 survivors skip the step that failed, retry its batch in a view without rank 2, and take over
 what rank 2 had not reported processed (docs/data.md); the launcher reports the death and starts
 a replacement, which asks to be activated and, entering the view, receives the model, the
@@ -56,8 +56,8 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset
 
 import foldplane.agent.dataplane  # noqa: F401  # foldplane: registers the "foldplane" backend
-from foldplane.agent.data import ElasticSampler  # foldplane
 from foldplane.agent.ddp import DistributedDataParallel, ElasticOptimizer  # foldplane
+from foldplane.facets.epochs.worker import ElasticSampler  # foldplane
 
 FEATURES, OUTPUTS = 16, 4
 

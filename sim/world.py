@@ -83,7 +83,6 @@ from ..agent.machine import (
     MoveDataPlane,
     PollFailed,
     PollUpdates,
-    ProgressAnswered,
     Rejoin,
     SendEvents,
     ShutdownWithSave,
@@ -579,10 +578,6 @@ class Process(Driver):
     def facet_update(self, action: FacetUpdate) -> None:
         for part in self.facets.values():
             part.on_update(action.update)
-
-    def progress_answered(self, action: ProgressAnswered) -> None:
-        for part in self.facets.values():
-            part.on_answer(action)
 
     def event_answered(self, action: EventAnswered) -> None:
         for part in self.facets.values():

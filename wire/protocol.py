@@ -35,7 +35,7 @@ from bisect import bisect_left
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Annotated, Any, Union
+from typing import Annotated, Any, ClassVar, Union
 
 import msgspec
 from msgspec import Meta, Struct
@@ -156,9 +156,16 @@ class AgentEventBase(Struct, kw_only=True, tag_field="type", omit_defaults=True)
     #: Optional per-event agent token, so that one host can batch the events of all its ranks
     #: while each event is still authenticated for its own rank.
     token: Annotated[str, Meta(max_length=512)] | None = None
+    #: Whether the event is a *report* (a facet's declares it): each says all the one before
+    #: it said, so the agent sends the newest only (one not sent yet is replaced), sends none
+    #: before its join is appended (it answers ``not_joined`` at once) and keeps none through
+    #: a rejoin; its caller reports again. Not a field: no event carries it.
+    report: ClassVar[bool] = False
 
 
-def agent_event(input_cls: type[Struct], *, forbid_unknown_fields: bool = False) -> Any:
+def agent_event(
+    input_cls: type[Struct], *, forbid_unknown_fields: bool = False, report: bool = False
+) -> Any:
     """The agent event of a record kind, made from the kind's input (``wire.inputs``, or a
     facet's ``inputs.py``), which declares its fields once: the event is the envelope
     (:class:`AgentEventBase`, whose the event is; its ``incarnation`` is the input's) and the
@@ -167,14 +174,14 @@ def agent_event(input_cls: type[Struct], *, forbid_unknown_fields: bool = False)
     decodes and what the log stores are one declaration. A field left null or out is left out
     of the record (``omit_defaults``), as it was when the events were written out.
     ``forbid_unknown_fields``: a field the event does not declare is refused rather than
-    ignored (one a newer agent may send is ignored otherwise). The event names its input as
-    ``input``."""
+    ignored (one a newer agent may send is ignored otherwise). ``report``: the event is a
+    report (:attr:`AgentEventBase.report`). The event names its input as ``input``."""
     return msgspec.defstruct(
         input_cls.__name__.removesuffix("Input") + "Event",
         inputs.wire_fields(input_cls, leave_out=AgentEventBase.__struct_fields__),
         bases=(AgentEventBase,),
         module=sys._getframe(1).f_globals["__name__"],
-        namespace={"input": input_cls, "__doc__": input_cls.__doc__},
+        namespace={"input": input_cls, "__doc__": input_cls.__doc__, "report": report},
         tag=input_cls.kind,  # type: ignore[attr-defined]
         kw_only=True,
         omit_defaults=True,

@@ -111,7 +111,7 @@ def _worker(argv: list[str]) -> int:
     indices before marking it processed; say when each new assignment and view reached it."""
     from torch.utils.data import DataLoader
 
-    from ...agent.data import ElasticSampler
+    from .worker import ElasticSampler
 
     out, size, batch = Path(argv[0]), int(argv[1]), int(argv[2])
     costs = [float(c) for c in argv[3].split(",")]

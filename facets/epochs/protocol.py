@@ -4,15 +4,17 @@ updates it receives (the epoch's plan, a rank's whole part, each later decision'
 epoch's end). How a ``data_moves`` update applies to a rank's part is ``cursor.py``.
 
 The server side reads them through the facet's declaration (``plugin.py``); the worker side
-through its own list of facets (``agent/facets.py``), and the agent's machine reports
-``progress`` itself. Pure, importing only ``wire`` and the facet's inputs (``inputs.py``, which
-declares the event's fields): the agent imports it, never the facet's fold.
+through its own list of facets (``agent/facets.py``), and the facet's worker part (``worker/``,
+named here) follows the updates and reports ``progress``. Pure, importing only ``wire`` and
+the facet's inputs (``inputs.py``, which declares the event's fields): the agent imports it,
+never the facet's fold.
 """
 
 from __future__ import annotations
 
 from typing import ClassVar
 
+from ...wire.facets import WorkerPart
 from ...wire.protocol import AgentEventBase, agent_event
 from ...wire.updates import OWN_RANK, Update
 from .inputs import ProgressInput
@@ -20,8 +22,9 @@ from .inputs import ProgressInput
 # -- events (POST /agents/events) ------------------------------------------------------------
 
 #: How far this rank has read its part of the open epoch: made from the ``progress`` input,
-#: which declares its fields (``inputs.ProgressInput``).
-ProgressEvent = agent_event(ProgressInput, forbid_unknown_fields=True)
+#: which declares its fields (``inputs.ProgressInput``). A report: the newest says it all
+#: (``AgentEventBase.report``), so the agent sends the newest only.
+ProgressEvent = agent_event(ProgressInput, forbid_unknown_fields=True, report=True)
 
 
 # -- updates (GET /agents/updates) ----------------------------------------------------------
@@ -84,5 +87,9 @@ UPDATES: tuple[type[Update], ...] = (
     DataMovesUpdate,
     EpochCompleteUpdate,
 )
-#: The event a rank sends (the agent's machine sends it itself: ``ReportProgress``).
+#: The event a rank sends.
 EVENTS: tuple[type[AgentEventBase], ...] = (ProgressEvent,)
+#: The facet's worker part (``worker/``): it follows these updates, alone sends the event and is
+#: given its answers, and offers the Agent ``agent.data`` (this rank's epochs, which
+#: ``ElasticSampler`` reads) and ``agent.plan_epoch(...)``.
+WORKER = WorkerPart(module="worker", offers=("data", "plan_epoch"))

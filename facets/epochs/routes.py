@@ -1,6 +1,6 @@
 """Epoch plans: declare one, read the open one (docs/data.md, docs/protocol.md).
 
-An agent declares its group's epochs too (``agent.data.ElasticSampler.set_epoch``): every rank
+An agent declares its group's epochs too (``ElasticSampler.set_epoch``, the worker part's): every rank
 posts the same plan, the first one is appended and the others are answered with it (the fold's
 ``repeat_of``), so no rank waits for another to go first.
 """

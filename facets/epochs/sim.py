@@ -25,7 +25,7 @@ import random
 from collections.abc import Sequence
 from typing import Any
 
-from ...agent.machine import ProgressAnswered, ReportProgress
+from ...agent.machine import EventAnswered, SendEvent
 from ...eventlog.record import NewRecord
 from ...sim.invariants import Violation
 from ...sim.world import GROUP, STALE, Fault, S
@@ -33,7 +33,13 @@ from ...wire.protocol import View
 from .cursor import ReadCursor, apply_moves
 from .inputs import complete_plan
 from .partition import covers_exactly, split_at
-from .protocol import DataAssignmentUpdate, DataMovesUpdate, EpochCompleteUpdate, EpochPlanUpdate
+from .protocol import (
+    DataAssignmentUpdate,
+    DataMovesUpdate,
+    EpochCompleteUpdate,
+    EpochPlanUpdate,
+    ProgressEvent,
+)
 
 #: The invariants this part checks, by name, in the order they are stated below.
 NAMES = ("epoch_exactly_once", "epoch_counted_unread", "part_follows_fold")
@@ -147,8 +153,8 @@ class Worker:
 
     def on_answer(self, action: Any) -> None:
         """The answer to an event the process sent (every facet's part is handed each: this
-        one takes the answers to its progress reports, ``ProgressAnswered``)."""
-        if isinstance(action, ProgressAnswered):
+        one takes the answers to its progress reports, ``EventAnswered`` of ``progress``)."""
+        if isinstance(action, EventAnswered) and action.kind == "progress":
             self.reader.on_answer(action)
 
     def read_later(self) -> None:
@@ -170,7 +176,10 @@ class Worker:
         report = self.reader.read(process.world.rng)
         if report is not None:
             epoch, assignment, processed, rate = report
-            process.feed(ReportProgress(process.now(), epoch, assignment, processed, rate))
+            fields = {"epoch": epoch, "assignment": assignment, "processed": processed}
+            process.feed(
+                SendEvent(process.now(), "progress", {**fields, "rate": rate}, ProgressEvent)
+            )
         if not self.reader.finished:
             self.read_later()
         return STALE
@@ -243,9 +252,10 @@ class _Reader:
             at -= n
         raise IndexError(index)
 
-    def on_answer(self, answer: ProgressAnswered) -> None:
-        if answer.error is None and answer.assignment == self.assignment:
-            self.accepted = max(self.accepted, answer.processed)
+    def on_answer(self, answer: EventAnswered) -> None:
+        fields = answer.fields
+        if answer.error is None and fields["assignment"] == self.assignment:
+            self.accepted = max(self.accepted, fields["processed"])
 
     def read(self, rng: random.Random) -> tuple[int, int, int, float] | None:
         """One training step: the batch yielded at the step before is marked processed, the

@@ -22,7 +22,7 @@ from pathlib import Path
 from torch.utils.data import DataLoader
 
 from foldplane.agent import Agent
-from foldplane.agent.data import ElasticSampler
+from foldplane.facets.epochs.worker import ElasticSampler
 
 
 def emit(event: str, **fields: object) -> None:

@@ -11,7 +11,7 @@ import pytest
 from torch.utils.data import DataLoader
 
 from foldplane.agent import Agent
-from foldplane.agent.data import ElasticSampler, EpochError
+from foldplane.facets.epochs.worker import ElasticSampler, EpochError
 from tests.agent.conftest import Coordinator
 
 pytestmark = pytest.mark.timeout(180)

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from foldplane.agent.data import EpochTracker, Part
 from foldplane.facets.epochs.cursor import ReadCursor, same_until
+from foldplane.facets.epochs.worker import EpochTracker, Part
 from tests.agent.test_data_parts import PLAN, moves, whole
 
 

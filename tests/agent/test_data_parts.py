@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from foldplane.agent.data import EpochTracker, Part
 from foldplane.facets.epochs.cursor import PartMismatch, apply_moves
 from foldplane.facets.epochs.protocol import DataAssignmentUpdate, DataMovesUpdate, EpochPlanUpdate
+from foldplane.facets.epochs.worker import EpochTracker, Part
 
 PLAN = EpochPlanUpdate(
     offset=1,

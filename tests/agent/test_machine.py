@@ -32,10 +32,8 @@ from foldplane.agent.machine import (
     MoveDataPlane,
     PollFailed,
     PollUpdates,
-    ProgressAnswered,
     RankStateChanged,
     Rejoin,
-    ReportProgress,
     SendEvent,
     SendEvents,
     ShutdownWithSave,
@@ -50,11 +48,11 @@ from foldplane.facets.epochs.protocol import (
     DataMovesUpdate,
     EpochCompleteUpdate,
     EpochPlanUpdate,
+    ProgressEvent,
 )
 from foldplane.facets.refits.protocol import RefitBootstrapUpdate, RefitEpochUpdate, TransferUpdate
 from foldplane.wire.protocol import (
     CAUSE_DEATH_REPORTED,
-    EVENT_KINDS,
     AckEvent,
     AgentEventBase,
     HeartbeatEvent,
@@ -917,9 +915,10 @@ class _Numbered:
         what = "progress" if self.progress else "toy_add" if self.valid else "toy_add (not valid)"
         return f"_Numbered({self.now}, {what})"
 
-    def build(self, number: int) -> ReportProgress | SendEvent:
-        if self.progress:
-            return ReportProgress(self.now, epoch=0, assignment=1, processed=number)
+    def build(self, number: int) -> SendEvent:
+        if self.progress:  # a report (``AgentEventBase.report``): the newest is sent
+            fields = {"epoch": 0, "assignment": 1, "processed": number}
+            return SendEvent(self.now, "progress", fields, ProgressEvent)
         return SendEvent(
             self.now, "toy_add", {"by": number if self.valid else str(number)}, AddEvent
         )
@@ -1014,19 +1013,19 @@ def test_invariants_hold_for_any_input_sequence(from_joined, inputs):
         actions = m.step(event)
         if was_phase == "stopped":
             assert actions == [], f"a stopped machine acted on {event}"
-        if isinstance(event, ReportProgress):
-            fed.add(("progress", event.processed))
+        if isinstance(event, SendEvent) and event.kind == "progress":
+            fed.add(("progress", event.fields["processed"]))
             if was_phase != "joined" and was_phase != "stopped":
-                assert ProgressAnswered(0, 1, event.processed, "not_joined", was_phase) in actions
-        if isinstance(event, SendEvent):
+                refused = EventAnswered("progress", event.fields, None, "not_joined", was_phase)
+                assert refused in actions
+        elif isinstance(event, SendEvent):
             fed.add(("toy_add", event.fields["by"]))
             if was_phase == "closing":
                 assert [a.error for a in actions if isinstance(a, EventAnswered)] == ["not_joined"]
         for action in actions:
-            if isinstance(action, ProgressAnswered):
-                answered.append(("progress", action.processed))
-            elif isinstance(action, EventAnswered):
-                answered.append((action.kind, action.fields["by"]))
+            if isinstance(action, EventAnswered):
+                key = "processed" if action.kind == "progress" else "by"
+                answered.append((action.kind, action.fields[key]))
         if isinstance(event, EventsAnswered | EventsFailed):
             in_flight[event.lane] = False
         for lane in (EVENTS, BEATS):
@@ -1036,7 +1035,7 @@ def test_invariants_hold_for_any_input_sequence(from_joined, inputs):
                 continue
             assert not in_flight[lane], f"a second batch in {lane} while one is in flight"
             in_flight[lane] = True
-            kinds_sent = [EVENT_KINDS.get(type(e), "toy_add") for e in batches[0].events]
+            kinds_sent = [e.__struct_config__.tag for e in batches[0].events]
             types = set(kinds_sent)
             if lane == BEATS:
                 assert types == {"heartbeat"} and len(batches[0].events) == 1
@@ -1264,9 +1263,37 @@ def test_a_facet_s_event_before_the_join_waits_behind_it_and_the_agent_s_own_are
     assert kinds(m.step(Tick(0.2))) == []  # the join is in flight: nothing goes beside it
     after_join = m.step(ok(1, 10, now=0.3))
     assert "toy_add" in kinds(after_join) + kinds(m.step(Tick(0.4)))
-    for own in ("join", "heartbeat", "links", "ack", "exit", "progress"):
+    for own in ("join", "heartbeat", "links", "ack", "exit"):
         with pytest.raises(ValueError, match="not a facet's event"):
             joined().step(SendEvent(1.0, own, {}))
+
+
+def report(now: float, processed: int) -> SendEvent:
+    """The epochs' progress, a report (``AgentEventBase.report``), as its worker part sends it."""
+    fields = {"epoch": 0, "assignment": 1, "processed": processed}
+    return SendEvent(now, "progress", fields, ProgressEvent)
+
+
+def test_a_facet_s_report_is_sent_newest_only_and_never_before_the_join() -> None:
+    """The twin of the test above: a report declares itself one (the epochs' progress), so it
+    is answered ``not_joined`` at once before the join, a newer one replaces one not sent yet,
+    and a rejoin drops it (its sender reports again); another facet's event waits."""
+    m = machine()
+    m.step(Start(0.0))
+    early = m.step(report(0.1, 1))
+    assert early == [EventAnswered("progress", report(0, 1).fields, None, "not_joined", "joining")]
+    m.step(ok(1, 10, now=0.2))  # joined
+    m.step(add(0.3, 1))  # in flight
+    m.step(report(0.4, 2))
+    m.step(report(0.5, 3))
+    out = m.step(ok(1, 20, now=0.6))
+    assert [getattr(e, "processed", None) for e in sent(out, EVENTS)] == [3]
+    m.step(report(0.7, 4))  # both wait behind the batch in flight
+    m.step(add(0.7, 2))
+    m.step(Rejoin(0.8))
+    assert kinds(m.step(ok(1, 21, now=0.9))) == ["join"]
+    after = m.step(ok(1, 30, now=1.0)) + m.step(Tick(1.1))
+    assert kinds(after) == ["toy_add"]  # the report was dropped, the facet's event kept
 
 
 def test_a_facet_s_event_is_kept_through_a_rejoin_and_refused_once_the_agent_closes() -> None:
@@ -1368,13 +1395,13 @@ def test_every_phase_change_is_in_the_table_and_no_other_is_made() -> None:
 
 def test_a_facet_s_worker_part_events_are_routed_by_its_protocol_module_alone() -> None:
     """The events of a facet whose ``protocol`` module declares a worker part (``WORKER``) are
-    that part's to send and be answered (the refits'), by kind; ``Agent.send_event`` refuses
+    that part's to send and be answered (the refits', the epochs' progress), by kind; ``Agent.send_event`` refuses
     them, naming the facet, and every other facet's event is its own (the toy facet's)."""
     from foldplane.agent.events import event_fields
     from foldplane.facets.refits import protocol as refits
 
     tags = {e.__struct_config__.tag for e in refits.EVENTS}
-    assert dict.fromkeys(tags, "refits") == worker_facets.ANSWERED_BY
+    assert {**dict.fromkeys(tags, "refits"), "progress": "epochs"} == worker_facets.ANSWERED_BY
     assert AddEvent.__struct_config__.tag not in worker_facets.ANSWERED_BY
     fields = {"refit": "r", "epoch": 1, "key": "k"}
     with pytest.raises(

@@ -13,7 +13,9 @@ import pytest
 from foldplane.agent import facets as worker_facets
 from foldplane.agent.host import Agent, _Driver
 from foldplane.agent.machine import EventAnswered, FacetUpdate, SendEvent, Stopped
-from foldplane.facets.refits.protocol import RefitEpochUpdate
+from foldplane.facets.epochs.protocol import ProgressEvent
+from foldplane.facets.epochs.worker import EpochsWorker, EpochTracker
+from foldplane.facets.refits.protocol import RefitEpochUpdate, RefitJoinEvent
 from foldplane.facets.refits.worker import RefitClient, RefitsWorker
 
 
@@ -81,3 +83,22 @@ def test_the_driver_hands_a_worker_part_its_updates_answers_and_stop() -> None:
         assert waiting.result(timeout=5) is None
     driver.stopped(Stopped("closed", "rank 1 left the group"))
     assert tracker.stopped == "closed: rank 1 left the group"
+
+
+def test_the_epochs_worker_part_reports_progress_as_a_facet_s_report_and_takes_its_answer() -> None:
+    agent = an_agent()
+    driver = _Driver(agent)
+    worker = agent.facet("epochs")
+    assert isinstance(worker, EpochsWorker) and agent.data is worker.data
+    assert isinstance(agent.data, EpochTracker)
+    assert agent.plan_epoch.__func__ is EpochsWorker.plan_epoch
+    worker.report(0, 1, 5, 2.5)
+    sent = agent._inbox.get(timeout=5)
+    assert isinstance(sent, SendEvent) and sent.event_type is ProgressEvent
+    assert (sent.kind, sent.fields) == (
+        "progress",
+        {"epoch": 0, "assignment": 1, "processed": 5, "rate": 2.5},
+    )
+    assert ProgressEvent.report and not RefitJoinEvent.report
+    driver.event_answered(EventAnswered(sent.kind, sent.fields, 40))
+    assert agent.data.accepted == {0: 5}

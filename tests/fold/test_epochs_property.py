@@ -50,8 +50,8 @@ op = st.one_of(
 
 
 class Reader:
-    """One rank's part as the agent updates tell it (what ``agent.data.EpochTracker`` keeps):
-    whole from a ``data_assignment``, each later decision's moves applied in order."""
+    """One rank's part as the agent updates tell it (what the worker part's ``EpochTracker``
+    keeps): whole from a ``data_assignment``, each later decision's moves applied in order."""
 
     def __init__(self, rank: int) -> None:
         self.rank = rank

@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 
 from foldplane.agent import Agent
-from foldplane.agent.data import ElasticSampler
+from foldplane.facets.epochs.worker import ElasticSampler
 
 SIZE = 4_000
 #: what each rank reads before rank 1 leaves, and what the survivors read before it is back
