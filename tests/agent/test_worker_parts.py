@@ -102,3 +102,23 @@ def test_the_epochs_worker_part_reports_progress_as_a_facet_s_report_and_takes_i
     assert ProgressEvent.report and not RefitJoinEvent.report
     driver.event_answered(EventAnswered(sent.kind, sent.fields, 40))
     assert agent.data.accepted == {0: 5}
+
+
+def test_a_deployment_s_facet_named_by_foldplane_facets_reaches_its_worker_part(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The toy facet's ``protocol.py`` names its worker part: an agent whose environment names
+    the facet loads it the same way, hands it the facet's update and refuses its event to a
+    caller of ``send_event`` (the part alone sends it); twin: without the line, none."""
+    from tests.facets.toy.protocol import AddEvent, CounterUpdate
+    from tests.facets.toy.worker import ToyWorker
+
+    monkeypatch.setenv("FOLDPLANE_FACETS", "tests.facets.toy")
+    agent = an_agent()
+    _Driver(agent).facet_update(FacetUpdate(CounterUpdate(offset=5, group="gen", count=4)))
+    assert isinstance(agent.facet("toy"), ToyWorker) and agent.counter.count == 4
+    with pytest.raises(ValueError, match="'toy_add' is the event of the toy facet's worker part"):
+        agent.send_event(AddEvent, by=1)
+    monkeypatch.delenv("FOLDPLANE_FACETS")
+    with pytest.raises(AttributeError):
+        an_agent().counter  # noqa: B018

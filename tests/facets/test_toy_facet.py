@@ -63,6 +63,27 @@ print(json.dumps(out))
 """
 
 
+#: A worker whose environment holds the line that plugs the toy facet in: its agent loads the
+#: facet's worker part (``tests/facets/toy/worker.py``, named by its ``protocol.py``) and answers
+#: what the part offers as its own; the part alone sends the facet's event.
+WORKER_PART = """
+import json, sys
+from foldplane.agent import Agent
+from tests.facets.toy.protocol import AddEvent
+
+agent = Agent(sys.argv[1], group="g", rank=0, backend="gloo").start()
+out = {"three": agent.counter.wait_for(3, 30)}
+out["offset"] = agent.add_to_counter(2)
+out["five"] = agent.counter.wait_for(5, 30)
+try:
+    agent.send_event(AddEvent, by=1)
+except ValueError as exc:
+    out["owned"] = str(exc)
+agent.close()
+print(json.dumps(out))
+"""
+
+
 def replay(db: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "foldplane.coordinator", "replay", str(db)],
@@ -242,3 +263,52 @@ def test_a_facet_that_cannot_be_imported_stops_the_command_naming_it(tmp_path: P
     done = replay(tmp_path / "log.db", {"FOLDPLANE_FACETS": "tests.facets.nosuch"})
     assert done.returncode == 2
     assert "FOLDPLANE_FACETS" in done.stderr and "tests.facets.nosuch" in done.stderr
+
+
+def test_the_line_that_plugs_the_toy_facet_in_gives_a_worker_its_worker_part(
+    tmp_path: Path,
+) -> None:
+    """``FOLDPLANE_FACETS`` in a worker's environment reaches the toy facet's worker part the
+    way the facets of foldplane's are reached: its ``protocol.py`` names it, the agent loads
+    it, hands it the facet's updates and its event's answers, and offers ``agent.counter`` and
+    ``agent.add_to_counter``; twin: without the line the agent has no such names."""
+    srv = make_server(tmp_path, env=TOY).start()
+    try:
+        url = srv.url
+        assert httpx.post(url + "/groups", json={"group": "g", "world_size": 2}).status_code == 201
+        assert httpx.post(url + "/groups/g/toy", json={"by": 3}).status_code == 201
+        worker = subprocess.run(
+            [sys.executable, "-c", WORKER_PART, url],
+            cwd=ROOT,
+            env={**os.environ, **TOY},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert worker.returncode == 0, worker.stdout + worker.stderr
+        out = json.loads(worker.stdout.splitlines()[-1])
+        assert out["three"] and out["five"], out
+        assert (
+            out["owned"] == "'toy_add' is the event of the toy facet's worker part, which sends it"
+        )
+        added = httpx.get(url + "/events", params={"kind": "toy_add"}).json()["events"]
+        assert [(e["offset"], e["rank"], e["payload"]["by"]) for e in added] == [
+            (out["offset"], 0, 2)
+        ]
+    finally:
+        assert srv.stop() == 0, srv.output()
+    bare = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from foldplane.agent import Agent; "
+            "a = Agent('http://127.0.0.1:9', group='g', rank=0); "
+            "print(hasattr(a, 'counter'), hasattr(a, 'refits'))",
+        ],
+        cwd=ROOT,
+        env={k: v for k, v in os.environ.items() if k != "FOLDPLANE_FACETS"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert bare.stdout.split() == ["False", "True"], bare.stdout + bare.stderr

@@ -5,24 +5,18 @@ the group's ranks add to (``Agent.send_event(AddEvent, by=...)``): two record ki
 (``toy_bump``, ``toy_add``), an agent event, refusals, a projection row (``toy_counter``), an
 update to the group's agents, a route, a panel in the operator's console and an option of
 ``serve`` (``--toy-note FILE``) and a benchmark (``python -m benchmarks toy``). The line that plugs it in is ``FOLDPLANE_FACETS=tests.facets.toy``
-(``coordinator/fold/registry.py``); nothing of foldplane names it.
+(``coordinator/fold/registry.py``); nothing of foldplane names it. Its declaration is
+``plugin.py``, loaded when the registry asks for ``PLUGIN``, so a worker that reads its
+protocol and worker part (``protocol.py``, ``worker.py``) loads nothing of its server side.
 """
 
-from foldplane.coordinator.fold.registry import FacetPlugin
-from tests.facets.toy.fold import CounterBumped, Counters, counter_row
-from tests.facets.toy.protocol import EVENTS, UPDATES
+from typing import Any
 
-PLUGIN = FacetPlugin(
-    name=Counters.name,
-    kinds=Counters.kinds,
-    fold=Counters,
-    rows={CounterBumped: counter_row},
-    updates=UPDATES,
-    events=EVENTS,
-    projection_kinds=("toy_counter",),
-    host="tests.facets.toy.host",
-    routes="tests.facets.toy.routes",
-    console="tests.facets.toy:console.html",
-    serve="tests.facets.toy.serve",
-    benchmarks={"toy": "tests.facets.toy.benchmark"},
-)
+
+def __getattr__(name: str) -> Any:
+    # the declaration names the fold: loaded when the registry asks for it
+    if name == "PLUGIN":
+        from tests.facets.toy.plugin import PLUGIN
+
+        return PLUGIN
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

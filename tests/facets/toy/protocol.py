@@ -1,11 +1,14 @@
 """The toy facet's part of the agent protocol: the update its workers receive and the event they
 send (made from its input, ``inputs.py``). Pure over ``wire`` and its inputs, so the worker
 side may import it: a relay reads its ``UPDATES`` when
-``FOLDPLANE_FACETS`` names the facet (``agent/facets.py``), and a worker follows them by
-naming the Struct (``Agent.on_update(CounterUpdate, ...)``)."""
+``FOLDPLANE_FACETS`` names the facet (``agent/facets.py``), and a worker follows them through
+the facet's worker part (``worker.py``, named here), which its agent loads when
+``FOLDPLANE_FACETS`` names the facet in the worker's environment, or by naming the Struct
+(``Agent.on_update(CounterUpdate, ...)``) where it does not."""
 
 from __future__ import annotations
 
+from foldplane.wire.facets import WorkerPart
 from foldplane.wire.protocol import agent_event
 from foldplane.wire.updates import Update
 from tests.facets.toy.inputs import AddInput
@@ -26,3 +29,6 @@ class CounterUpdate(Update, frozen=True, kw_only=True, tag="toy_counter"):
 UPDATES = (CounterUpdate,)
 #: The events they send.
 EVENTS = (AddEvent,)
+#: Its worker part (``worker.py``), which the agent loads when ``FOLDPLANE_FACETS`` names the
+#: facet in a worker's environment: ``agent.counter`` and ``agent.add_to_counter(by)``.
+WORKER = WorkerPart(module="worker", offers=("counter", "add_to_counter"))
