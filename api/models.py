@@ -13,11 +13,12 @@ over ``wire.inputs``), which declares its fields once, with the wire's bounds.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 import msgspec
-from msgspec import UNSET, Meta, Struct, UnsetType
+from msgspec import Struct
 
+from ..coordinator.fold.config import GroupConfig
 from ..wire import inputs
 from ..wire.inputs import ShortText, Version
 from ..wire.protocol import (
@@ -53,14 +54,6 @@ __all__ = [
     "Version",
 ]
 
-Seconds = Annotated[float, Meta(ge=0, le=604_800)]
-#: A timeout: more than zero seconds, at most a week.
-Timeout = Annotated[float, Meta(gt=0, le=604_800)]
-
-#: A failure budget as a percentage of the group, more than 0 and at most 100: ``"25%"``.
-PERCENT = r"^ *(0*[1-9][0-9]?(\.[0-9]+)?|0*100(\.0+)?|0+\.[0-9]*[1-9][0-9]*) *% *$(?!\n)"
-
-
 # -- operator requests -------------------------------------------------------------------------
 
 
@@ -70,24 +63,6 @@ EndGroupRequest = request_body(
     doc="``POST /groups/{group}/end``: why (shown to the ranks and kept in the log).",
     forbid_unknown_fields=True,
 )
-
-
-class CreateGroupRequest(Struct, kw_only=True, forbid_unknown_fields=True):
-    group: GroupName
-    world_size: Annotated[int, Meta(ge=1, le=65_536)]
-    heartbeat_timeout_s: Timeout | UnsetType = UNSET
-    ack_timeout_s: Timeout | UnsetType = UNSET
-    admission_timeout_s: Timeout | UnsetType = UNSET
-    formation_timeout_s: Timeout | UnsetType = UNSET
-    reconcile_window_s: Seconds | UnsetType = UNSET
-    min_ranks: Annotated[int, Meta(ge=1)] | None | UnsetType = UNSET
-    min_active: Annotated[int, Meta(ge=1)] | UnsetType = UNSET
-    max_failure: (
-        Annotated[int, Meta(ge=1)] | Annotated[str, Meta(pattern=PERCENT)] | None | UnsetType
-    ) = UNSET
-    auto_deactivate_on_failure: bool | UnsetType = UNSET
-    backend: Literal["gloo", "nccl"] | UnsetType = UNSET
-    checkpoint_rank: Annotated[int, Meta(ge=0, le=65_535)] | None | UnsetType = UNSET
 
 
 class InGroup(Struct, kw_only=True):
@@ -102,6 +77,14 @@ class OfRank(InGroup, kw_only=True):
     rank: Rank
 
 
+CreateGroupRequest = request_body(
+    GroupConfig,
+    "CreateGroupRequest",
+    envelope=InGroup,
+    doc="``POST /groups``: a group's name and its configuration (docs/protocol.md), fixed for "
+    "its run; an option left out takes its default.",
+    forbid_unknown_fields=True,
+)
 ProposalRequest = request_body(
     inputs.ProposalInput,
     "ProposalRequest",

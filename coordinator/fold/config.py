@@ -16,13 +16,14 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import msgspec
+from msgspec import UNSET, Meta
 
 # The largest group the fold accepts is the protocol's MAX_WORLD_SIZE; larger values are almost
 # certainly a typo.
-from ...wire.protocol import MAX_WORLD_SIZE
+from ...wire.inputs import MAX_WORLD_SIZE, OnWire
 
 #: Survivor floor per backend: NCCL cannot run a communicator of one rank, gloo can.
 BACKEND_FLOOR: dict[str, int] = {"gloo": 1, "nccl": 2}
@@ -39,23 +40,43 @@ class ConfigError(ValueError):
         self.field = field
 
 
-class GroupConfig(msgspec.Struct, frozen=True, kw_only=True):
-    """The configuration of one group. Build it with :meth:`from_request` to get validation."""
+#: The bounds ``POST /groups`` decodes its body by (``api.models.CreateGroupRequest``, made
+#: from :class:`GroupConfig`): a duration is more than zero seconds (the reconcile window: zero
+#: or more), at most a week; a failure budget as a percentage of the group is more than 0 and
+#: at most 100 (``"25%"``). :meth:`GroupConfig.from_request` then words what depends on the
+#: group (a count above its world size) and what a record of an older log may hold.
+Timeout = Annotated[float, Meta(gt=0, le=604_800)]
+Seconds = Annotated[float, Meta(ge=0, le=604_800)]
+PERCENT = r"^ *(0*[1-9][0-9]?(\.[0-9]+)?|0*100(\.0+)?|0+\.[0-9]*[1-9][0-9]*) *% *$(?!\n)"
+AtLeastOne = Annotated[int, Meta(ge=1)]
 
-    world_size: int
-    heartbeat_timeout_s: float = 10.0
-    ack_timeout_s: float = 30.0
-    admission_timeout_s: float = 30.0
-    formation_timeout_s: float = 300.0
-    reconcile_window_s: float = 0.25
-    min_ranks: int | None = None
-    min_active: int = 1
-    max_failure: int | str | None = None
-    auto_deactivate_on_failure: bool = True
-    backend: str = "gloo"
+
+class GroupConfig(msgspec.Struct, frozen=True, kw_only=True):
+    """The configuration of one group. Build it with :meth:`from_request` to get validation.
+    Its fields are declared once, here: the body of ``POST /groups`` is the group's name and
+    these (``wire.protocol.request_body``), each as the wire bounds it (``OnWire``; one the
+    body leaves out, ``UNSET``, takes its default here)."""
+
+    world_size: Annotated[int, OnWire(Annotated[int, Meta(ge=1, le=MAX_WORLD_SIZE)])]
+    heartbeat_timeout_s: Annotated[float, OnWire(Timeout, default=UNSET)] = 10.0
+    ack_timeout_s: Annotated[float, OnWire(Timeout, default=UNSET)] = 30.0
+    admission_timeout_s: Annotated[float, OnWire(Timeout, default=UNSET)] = 30.0
+    formation_timeout_s: Annotated[float, OnWire(Timeout, default=UNSET)] = 300.0
+    reconcile_window_s: Annotated[float, OnWire(Seconds, default=UNSET)] = 0.25
+    min_ranks: Annotated[int | None, OnWire(AtLeastOne | None, default=UNSET)] = None
+    min_active: Annotated[int, OnWire(AtLeastOne, default=UNSET)] = 1
+    max_failure: Annotated[
+        int | str | None,
+        OnWire(AtLeastOne | Annotated[str, Meta(pattern=PERCENT)] | None, default=UNSET),
+    ] = None
+    auto_deactivate_on_failure: Annotated[bool, OnWire(bool, default=UNSET)] = True
+    backend: Annotated[str, OnWire(Literal["gloo", "nccl"], default=UNSET)] = "gloo"
     #: the rank that saves the group's checkpoints while it is active and alive (None: the
     #: lowest active rank); see ``budget.checkpoint_rank``
-    checkpoint_rank: int | None = None
+    checkpoint_rank: Annotated[
+        int | None,
+        OnWire(Annotated[int, Meta(ge=0, le=MAX_WORLD_SIZE - 1)] | None, default=UNSET),
+    ] = None
 
     @classmethod
     def from_request(cls, request: dict[str, Any]) -> GroupConfig:
