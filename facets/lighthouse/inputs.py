@@ -10,12 +10,14 @@ decode is refused, naming the field) and dispatches on the class. Pure: the agen
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
+from msgspec import Meta
 
+from ...wire.inputs import OnWire
 from .effects import Settings
-from .messages import QuorumMember
+from .messages import MAX_ID_BYTES, QuorumMember
 
 CONFIGURED = "lighthouse_configured"
 REQUEST = "lighthouse_request"
@@ -27,18 +29,29 @@ WITHDRAWN = "lighthouse_withdrawn"
 MAX_REASON_BYTES = 1024
 
 
-class HeartbeatInput(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """``lighthouse_heartbeat``: the replica groups whose beats arrived together."""
+#: What ``POST /lighthouse/heartbeats`` takes: replica group ids, each torchft's, at most 4096.
+ReplicaIds = Annotated[
+    list[Annotated[str, Meta(min_length=1, max_length=MAX_ID_BYTES)]],
+    Meta(min_length=1, max_length=4096),
+]
 
-    replicas: list[str]
+
+class HeartbeatInput(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """``lighthouse_heartbeat``: the replica groups whose beats arrived together (the body of
+    ``POST /lighthouse/heartbeats`` is made from it, ``models.py``, with the wire's bounds)."""
+
+    replicas: Annotated[list[str], OnWire(ReplicaIds)]
 
 
 class LostInput(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """``lighthouse_lost``: a launcher saw the replica group ``replica`` die (every incarnation
-    of that name is out), saying why."""
+    of that name is out), saying why (``POST /lighthouse/replicas/{replica}/lost``'s body is
+    made from it, ``models.py``: the reason, as the wire bounds it)."""
 
     replica: str
-    reason: str
+    reason: Annotated[
+        str, OnWire(Annotated[str, Meta(min_length=1, max_length=MAX_REASON_BYTES // 4)])
+    ]
 
 
 class WithdrawnInput(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

@@ -7,14 +7,10 @@ from typing import Annotated
 
 from msgspec import Meta, Struct
 
+from ...wire.protocol import request_body
 from .effects import Settings, Verdict
-from .inputs import MAX_REASON_BYTES
-from .messages import MAX_ID_BYTES, QuorumMember
-
-ReplicaIds = Annotated[
-    list[Annotated[str, Meta(min_length=1, max_length=MAX_ID_BYTES)]],
-    Meta(min_length=1, max_length=4096),
-]
+from .inputs import HeartbeatInput, LostInput
+from .messages import QuorumMember
 
 
 class QuorumCall(Struct, kw_only=True, forbid_unknown_fields=True):
@@ -25,17 +21,20 @@ class QuorumCall(Struct, kw_only=True, forbid_unknown_fields=True):
     timeout_s: Annotated[float, Meta(gt=0, le=3600)]
 
 
-class HeartbeatCall(Struct, kw_only=True, forbid_unknown_fields=True):
-    """``POST /lighthouse/heartbeats``: replica groups that heartbeat (torchft's
-    ``Heartbeat``, several at once)."""
-
-    replicas: ReplicaIds
-
-
-class LostRequest(Struct, kw_only=True, forbid_unknown_fields=True):
-    """``POST /lighthouse/replicas/{replica}/lost``: a launcher saw the replica group die."""
-
-    reason: Annotated[str, Meta(min_length=1, max_length=MAX_REASON_BYTES // 4)]
+HeartbeatCall = request_body(
+    HeartbeatInput,
+    "HeartbeatCall",
+    doc="""``POST /lighthouse/heartbeats``: replica groups that heartbeat (torchft's
+    ``Heartbeat``, several at once).""",
+    forbid_unknown_fields=True,
+)
+LostRequest = request_body(
+    LostInput,
+    "LostRequest",
+    leave_out=("replica",),  # the path names it
+    doc="``POST /lighthouse/replicas/{replica}/lost``: a launcher saw the replica group die.",
+    forbid_unknown_fields=True,
+)
 
 
 class LostBody(Struct, kw_only=True):

@@ -45,6 +45,8 @@ BODIES = [
     ("foldplane.facets.rendezvous.models", "JoinRequest"),
     ("foldplane.facets.rendezvous.models", "NodeRequest"),
     ("foldplane.facets.rendezvous.models", "LeaveRequest"),
+    ("foldplane.facets.lighthouse.models", "HeartbeatCall"),
+    ("foldplane.facets.lighthouse.models", "LostRequest"),
 ]
 #: The modules that declare request bodies, where no class may write out an input's fields.
 BODY_MODULES = [ROOT / "api" / "models.py", *sorted(ROOT.glob("facets/*/models.py"))]
