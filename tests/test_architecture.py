@@ -446,3 +446,30 @@ def test_the_worker_side_loads_of_a_facet_its_protocol_only() -> None:
     assert events == str(
         ["progress", "refit_bootstrap", "refit_join", "transfer", "transfer_status"]
     )
+
+
+def test_a_worker_making_the_facets_worker_parts_loads_nothing_of_the_server() -> None:
+    """An agent makes each facet's worker part by the name its ``protocol`` module declares
+    (``agent/facets.py``): making them all loads, of the facets, their worker modules only
+    (protocol, inputs, the data cursor, the worker parts) and nothing of the server, as the
+    import contracts say of the code."""
+    code = (
+        "import sys; from foldplane.agent.host import Agent; "
+        "a = Agent('http://127.0.0.1:9', group='g', rank=0, backend='gloo'); "
+        "print([type(a.facet(n)).__name__ for n in ('refits', 'epochs')]); "
+        "print(sorted(m for m in sys.modules if m.startswith(('foldplane.coordinator', "
+        "'foldplane.api', 'foldplane.eventlog', 'foldplane.facets.')) and m.count('.') > 2))"
+    )
+    made, loaded = _python(code).stdout.strip().split("\n")[-2:]
+    assert made == str(["RefitsWorker", "EpochsWorker"])
+    assert ast.literal_eval(loaded) == [
+        "foldplane.facets.epochs.cursor",
+        "foldplane.facets.epochs.inputs",
+        "foldplane.facets.epochs.protocol",
+        "foldplane.facets.epochs.worker",
+        "foldplane.facets.epochs.worker.sampler",
+        "foldplane.facets.epochs.worker.tracker",
+        "foldplane.facets.refits.inputs",
+        "foldplane.facets.refits.protocol",
+        "foldplane.facets.refits.worker",
+    ], loaded
