@@ -1,10 +1,12 @@
 """The agent wire protocol, version 2: the one module both sides speak (docs/protocol.md).
 
-Everything an agent sends (events) and the views it holds are declared here once; everything
-it receives is declared once in ``wire.updates`` (one Struct per update, built here for the
-view and its barrier), every code it may be answered with in ``wire.codes``. The coordinator,
-the HTTP surface, the in-process agent and the simulated agent host all import them, so a
-change to the protocol is a change to these files.
+Everything an agent sends (events) and the views it holds are declared here once: an event
+is made from the input of the record it becomes (:func:`agent_event` over ``wire.inputs``,
+which declares each kind's fields; an operator's request body likewise, :func:`request_body`);
+everything it receives is declared once in ``wire.updates`` (one Struct per update, built here
+for the view and its barrier), every code it may be answered with in ``wire.codes``. The
+coordinator, the HTTP surface, the in-process agent and the simulated agent host all import
+them, so a change to the protocol is a change to these files.
 
 Costs that do not grow with the group, by construction:
 
