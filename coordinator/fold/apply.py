@@ -17,7 +17,7 @@ group and adds the effects that tell of it:
   lost rank goes through.
 
 A handler of the transition table returns its decisions in order, and an effect among them
-is told as it is (:meth:`Applier.__call__`). The rules that still change a group themselves
+is told as it is (:meth:`Applier.apply`). The rules that still change a group themselves
 (``barrier.py``, ``proposals.py``, ``deadlines.py``) apply a decision through this module too.
 """
 
@@ -131,13 +131,11 @@ class Applier:
             FormationFailed: self._formation_failed,
         }
 
-    def __call__(
-        self, g: Any, decisions: Iterable[Any], record: Any, effects: list[Effect]
-    ) -> None:
+    def apply(self, g: Any, decisions: Iterable[Any], record: Any, effects: list[Effect]) -> None:
         """Apply ``decisions`` to ``g`` in order; tell each effect among them."""
-        table = self._apply
+        how = self._apply.get
         for decision in decisions:
-            apply = table.get(type(decision))
+            apply = how(type(decision))
             if apply is None:
                 effects.append(decision)
             else:
@@ -230,9 +228,12 @@ class Applier:
     def _acked(self, g: GroupState, d: Acked, record: Any, effects: Any) -> None:
         change = g.change
         assert change is not None
-        change.acked.add(d.rank)
-        change.waiting.discard(d.rank)
-        self._touch(g, d.rank)
+        rank = d.rank
+        change.acked.add(rank)
+        change.waiting.discard(rank)
+        alive = g.alive
+        alive[rank] = self._fold.now
+        alive.move_to_end(rank)
 
     def _exited(self, g: GroupState, d: Exited, record: Any, effects: Any) -> None:
         g.ranks[d.rank].exited = True

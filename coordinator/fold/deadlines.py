@@ -12,11 +12,11 @@ coordinator's; the formation deadline and an open window keep running.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from ...eventlog.record import Record
 from ...wire.inputs import TickInput
-from .apply import Applier
 from .barrier import missed_acks, stall_deadline
 from .capture import FoldChanges
 from .effects import (
@@ -45,7 +45,7 @@ class Deadlines:
         groups: dict[str, GroupState],
         proposals: dict[int, Proposal],
         facets: tuple[Facet, ...],
-        apply: Applier,
+        apply: Callable[[GroupState, Iterable[Any], Record, list[Effect]], None],
         settle: Callable[[GroupState, Record, list[Effect]], None],
         changes: FoldChanges,
     ) -> None:

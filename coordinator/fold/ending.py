@@ -24,6 +24,7 @@ machine applies them (``apply.py``).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import msgspec
@@ -69,12 +70,12 @@ def on_group_ended(g: GroupState, record: Record, ended: GroupEndedInput, now: i
     return _end(g, ended.reason or "ended by the operator", ended.delete, False, record)
 
 
-def finish_if_done(g: GroupState, record: Record) -> list[Any]:
+def finish_if_done(g: GroupState, record: Record) -> Sequence[Any]:
     """A formed run whose every joined rank has exited cleanly is finished (module doc)."""
     if g.ended is not None or g.view is None or g.alive:
-        return []
+        return ()
     if any(info.incarnation is not None and not info.exited for info in g.ranks):
-        return []
+        return ()
     return _end(g, FINISHED, False, True, record)
 
 

@@ -83,7 +83,7 @@ _READABLE_FORMATS = (1, 2, 3)
 
 #: The transition table: each input (``wire/inputs.py``), its rule and handler, and what it
 #: moves. A handler takes ``(g, record, input, now)``, ``g`` the group the record names (None
-#: only for a new group), and returns its decisions, which ``apply.Applier`` applies in order
+#: only for a new group), and returns its decisions, which ``Applier.apply`` applies in order
 #: (none changes the group or the proposals itself; the machine creates a group). A
 #: heartbeat (``Ranks.on_heartbeat``) takes its own path, without ``_settle``; a tick
 #: (``Deadlines.on_tick``) settles each group due.
@@ -123,7 +123,7 @@ class Coordinator:
         self._fences = Fences(self, groups, proposals, self._facet_of, self.composition.all_kinds)
         self._views = ViewChange(self, proposals, facets)
         self._ranks = Ranks(self._fences)
-        self._apply = Applier(self, facets, proposals)
+        self._apply = Applier(self, facets, proposals).apply  # a bound method: one call less
         self._queue = ProposalQueue(self, proposals, self._views, admission_problem)
         self._deadlines = Deadlines(
             self, groups, proposals, facets, self._apply, self._settle, self.changes
@@ -193,14 +193,16 @@ class Coordinator:
         self._apply(g, self._transitions[type(inp)](g, record, inp, now), record, effects)
         if (g := self._groups.get(group)) is not None:  # type: ignore[arg-type]
             self._settle(g, record, effects)
-            self._apply(g, ending.finish_if_done(g, record), record, effects)  # a clean exit
+            if finished := ending.finish_if_done(g, record):  # after a clean exit
+                self._apply(g, finished, record, effects)
         return effects
 
     def _settle(self, g: GroupState, record: Record, effects: list[Effect]) -> None:
         """Make every decision the current facts allow, in a fixed order (see module doc)."""
         if g.dirty and g.window_end is None:
             move_healthy(g, healthy_moves(g, record), effects)
-        enforce_budget(g, self._proposals, record, effects)
+        if g.budget_due:  # a rank lost or a view committed since the budget was judged
+            enforce_budget(g, self._proposals, record, effects)
         while True:
             change = g.change
             if change is not None:
