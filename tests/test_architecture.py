@@ -101,6 +101,8 @@ DECLARED_RULES = (
     "formation",
     "barrier.missed_acks",
     "proposals.ProposalQueue.on_proposal",  # a proposal's arrival; the queue's others not yet
+    "proposals.attach_heads",
+    "proposals.expire_unformed_heads",
     "reconfigure.joined_call",
 )
 IN_PLACE_BY_NAME = {("ranks", "Ranks")}

@@ -37,7 +37,7 @@ from .facets import Facet, FoldContext
 from .formation import FormationFailed
 from .healthy_set import HealthyMoves
 from .outcomes import Rejected, resolve
-from .proposals import Queued, Recorded
+from .proposals import Attached, Queued, Recorded
 from .ranks import Acked, Evidence, Exited, Identified, Joined, Lost, SignOfLife
 from .stalls import Stall, StallReport
 from .state import FAILED, GroupState, rank_state
@@ -128,6 +128,7 @@ class Applier:
             Deleted: self._deleted,
             Recorded: self._recorded,
             Queued: self._queued,
+            Attached: self._attached,
             FormationFailed: self._formation_failed,
         }
 
@@ -248,7 +249,9 @@ class Applier:
         for pid in d.pids:
             resolve(self._proposals, pid, REJECTED, None, d.reason, record, effects)
         if d.dequeue:
-            g.queue.clear()
+            queue = g.queue
+            for _ in d.pids:
+                queue.popleft()
 
     def _run_end(self, g: GroupState, d: RunEnd, record: Any, effects: Any) -> None:
         if d.finished:
@@ -281,6 +284,10 @@ class Applier:
 
     def _queued(self, g: GroupState, d: Queued, record: Any, effects: Any) -> None:
         g.queue.append((d.pid, d.deadline))
+
+    def _attached(self, g: GroupState, d: Attached, record: Any, effects: Any) -> None:
+        g.queue.popleft()
+        g.change.proposals.append(d.pid)  # type: ignore[union-attr]
 
     def _formation_failed(self, g: GroupState, d: FormationFailed, record: Any, e: Any) -> None:
         g.formation = FAILED

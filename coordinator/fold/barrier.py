@@ -25,6 +25,7 @@ Each committed view, and the group's shutdown, names its checkpoint rank.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from ...eventlog.record import Record
@@ -60,11 +61,16 @@ class ViewChange:
     as effects appended to the step's."""
 
     def __init__(
-        self, fold: FoldContext, proposals: dict[int, Proposal], facets: tuple[Facet, ...]
+        self,
+        fold: FoldContext,
+        proposals: dict[int, Proposal],
+        facets: tuple[Facet, ...],
+        apply: Callable[[GroupState, Iterable[Any], Record, list[Effect]], None],
     ) -> None:
         self._fold = fold
         self._proposals = proposals
         self._facets = facets
+        self._apply = apply  # the machine's: the queue's heads attached or rejected
 
     def prepare(
         self,
@@ -105,7 +111,8 @@ class ViewChange:
                 offset=record.offset,
             )
         )
-        attach_heads(g, self._proposals, record, effects)
+        if g.queue:
+            self._apply(g, attach_heads(g, self._proposals), record, effects)
 
     def form(self, g: GroupState, record: Record, effects: list[Effect]) -> bool:
         """Formation, the first change: prepared once ``min_ranks`` are HEALTHY, with every

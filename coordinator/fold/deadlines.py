@@ -109,7 +109,7 @@ class Deadlines:
                 if deadline <= now:
                     self._apply(g, formation_failed(g, deadline, record), record, effects)
             if g.formation == FORMING:
-                expire_unformed_heads(g, self._proposals, now, record, effects)
+                self._apply(g, expire_unformed_heads(g, now), record, effects)
             self._settle(g, record, effects)
             if g.formation == FORMING and g.change is None and g.shutdown is None:
                 deadline = g.created_ts + g.cfg.formation_timeout_ns

@@ -121,9 +121,9 @@ class Coordinator:
         # the facets' hooks are handed) and the few rules it calls back.
         groups, proposals, facets = self._groups, self._proposals, self.facets
         self._fences = Fences(self, groups, proposals, self._facet_of, self.composition.all_kinds)
-        self._views = ViewChange(self, proposals, facets)
         self._ranks = Ranks(self._fences)
         self._apply = Applier(self, facets, proposals).apply  # a bound method: one call less
+        self._views = ViewChange(self, proposals, facets, self._apply)
         self._queue = ProposalQueue(self, proposals, self._views, admission_problem)
         self._deadlines = Deadlines(
             self, groups, proposals, facets, self._apply, self._settle, self.changes
@@ -209,7 +209,8 @@ class Coordinator:
                 if not change.waiting:
                     self._views.commit(g, record, effects)
                     continue
-                attach_heads(g, self._proposals, record, effects)
+                if g.queue:
+                    self._apply(g, attach_heads(g, self._proposals), record, effects)
                 return
             if g.formation == FAILED or g.shutdown is not None or g.window_end is not None:
                 return

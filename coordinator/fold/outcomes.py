@@ -18,7 +18,7 @@ from .effects import Effect, Proposal, ProposalResolved
 
 class Rejected(msgspec.Struct, frozen=True, gc=False):
     """A decision: the proposals ``pids`` (in order) are rejected for ``reason``;
-    ``dequeue``: they are the group's queue, which they leave."""
+    ``dequeue``: they are the head of the group's queue, which they leave."""
 
     pids: tuple[int, ...]
     reason: str

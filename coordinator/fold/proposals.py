@@ -275,41 +275,42 @@ def admission_timeout_ns(g: GroupState, proposal: Proposal) -> int:
     return g.cfg.admission_timeout_ns
 
 
-def attach_heads(
-    g: GroupState, proposals: dict[int, Proposal], record: Record, effects: list[Effect]
-) -> None:
+class Attached(msgspec.Struct, frozen=True, gc=False):
+    """A decision: the head of the queue, proposal ``pid``, rides along with the change in
+    flight (it resolves with that change's version)."""
+
+    pid: int
+
+
+def attach_heads(g: GroupState, proposals: dict[int, Proposal]) -> list[Any]:
     """While a change is in flight, heads it already satisfies ride along with it (and
-    resolve with its version when it commits); malformed heads are rejected at once."""
+    resolve with its version when it commits); malformed heads are rejected at once. Its
+    decisions (``Attached``, ``outcomes.Rejected``) take the heads in order; it changes
+    nothing."""
     change = g.change
     assert change is not None
-    while g.queue:
-        pid, _ = g.queue[0]
+    decisions: list[Any] = []
+    for pid, _ in g.queue:
         proposal = proposals[pid]
         invalid = static_problem(g, proposal)
         if invalid is not None:
-            g.queue.popleft()
-            resolve(proposals, pid, REJECTED, None, invalid, record, effects)
+            decisions.append(Rejected((pid,), invalid, dequeue=True))
             continue
         if proposal.op == RECONFIGURE:  # a new configuration: a view change of its own
-            return
+            break
         if requested(proposal, change.active) != change.active:
-            return
-        g.queue.popleft()
-        change.proposals.append(pid)
+            break
+        decisions.append(Attached(pid))
+    return decisions
 
 
-def expire_unformed_heads(
-    g: GroupState, proposals: dict[int, Proposal], now: int, record: Record, effects: list[Effect]
-) -> None:
-    """Before formation nothing can be admitted, but admission deadlines still run."""
-    while g.queue and g.queue[0][1] <= now:
-        pid, deadline = g.queue.popleft()
-        resolve(
-            proposals,
-            pid,
-            REJECTED,
-            None,
-            f"group {g.name!r} had not formed by the admission deadline {deadline}",
-            record,
-            effects,
-        )
+def expire_unformed_heads(g: GroupState, now: int) -> list[Rejected]:
+    """Before formation nothing can be admitted, but admission deadlines still run: the heads
+    whose deadline passed are rejected, in order. It changes nothing."""
+    expired = []
+    for pid, deadline in g.queue:
+        if deadline > now:
+            break
+        why = f"group {g.name!r} had not formed by the admission deadline {deadline}"
+        expired.append(Rejected((pid,), why, dequeue=True))
+    return expired

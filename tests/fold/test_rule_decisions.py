@@ -11,11 +11,24 @@ from foldplane.coordinator.fold.apply import Applier, move_healthy, shut_down
 from foldplane.coordinator.fold.barrier import missed_acks
 from foldplane.coordinator.fold.budget import Shutdown, budget_shutdown
 from foldplane.coordinator.fold.config import GroupConfig
-from foldplane.coordinator.fold.effects import HEALTHY, OFFLINE, SYNCED, GroupEnded, RankState
+from foldplane.coordinator.fold.effects import (
+    HEALTHY,
+    OFFLINE,
+    SYNCED,
+    GroupEnded,
+    Proposal,
+    RankState,
+)
 from foldplane.coordinator.fold.formation import FormationFailed, formation_failed
 from foldplane.coordinator.fold.healthy_set import HealthyMoves, healthy_moves
 from foldplane.coordinator.fold.outcomes import Rejected
-from foldplane.coordinator.fold.proposals import ProposalQueue, Queued
+from foldplane.coordinator.fold.proposals import (
+    Attached,
+    ProposalQueue,
+    Queued,
+    attach_heads,
+    expire_unformed_heads,
+)
 from foldplane.coordinator.fold.stalls import StallReport
 from foldplane.coordinator.fold.state import GroupState
 from foldplane.eventlog.record import Record
@@ -356,3 +369,53 @@ def test_the_participants_that_missed_the_ack_deadline_are_lost_in_rank_order():
     assert missed_acks(g, deadline - 1) == []
     why = f"did not ACK version 2 by its deadline {deadline}"
     assert missed_acks(g, deadline) == [ranks.Lost(0, why, True), ranks.Lost(2, why, True)]
+
+
+def proposal(pid: int, op: str, ranks: tuple[int, ...]) -> Proposal:
+    return Proposal(
+        id=pid,
+        group="g",
+        op=op,
+        ranks=ranks,
+        proposer=None,
+        idempotency_key=None,
+        status="pending",
+        version=None,
+        reason="queued",
+        dropped_ranks=(),
+        offset=pid,
+        resolved_offset=None,
+    )
+
+
+def test_the_heads_a_change_in_flight_satisfies_ride_along_and_malformed_ones_are_rejected():
+    s = Script()
+    s.form(world_size=5)
+    s.death(4)  # auto-deactivation prepares version 2 without rank 4
+    g = s.m.group_states["g"]
+    assert g.change.active == (0, 1, 2, 3) and not g.queue
+    queued = {
+        101: proposal(101, "deactivate", (4,)),  # the change in flight satisfies it
+        102: proposal(102, "deactivate", (9,)),  # no rank 9 in a group of 5
+        103: proposal(103, "deactivate", (3,)),  # a change of its own: it waits
+        104: proposal(104, "deactivate", (4,)),  # behind one that waits: it waits too
+    }
+    g.queue.extend((pid, T0 + 30) for pid in queued)
+    before = as_data(g)
+    [attached, rejected] = attach_heads(g, queued)
+    assert attached == Attached(101)
+    assert rejected.pids == (102,) and rejected.dequeue and "9" in rejected.reason
+    assert as_data(g) == before and [pid for pid, _ in g.queue] == [101, 102, 103, 104]
+
+
+def test_before_formation_the_heads_past_their_admission_deadline_are_rejected_in_order():
+    s = Script()
+    s.create(world_size=3)
+    g = s.m.group_states["g"]
+    g.queue.extend([(11, T0 + 1), (12, T0 + 2), (13, T0 + 9)])
+    assert expire_unformed_heads(g, T0) == []
+    assert expire_unformed_heads(g, T0 + 2) == [
+        Rejected((11,), f"group 'g' had not formed by the admission deadline {T0 + 1}", True),
+        Rejected((12,), f"group 'g' had not formed by the admission deadline {T0 + 2}", True),
+    ]
+    assert len(g.queue) == 3
