@@ -172,7 +172,7 @@ def run(quick: bool) -> list[Result]:
 
         _log(f"skipped: torch {torch.__version__} has no reconfigurable gloo (torch >= 2.14)")
         return []
-    cycles = 4 if quick else 10
+    cycles = 4 if quick else 60
     store = TCPStore(
         "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=60)
     )
