@@ -86,13 +86,12 @@ day from a slower program (runs recorded before it was added do not have it)."""
 #: Reference notes under a benchmark's table: how to read it, what its limits are.
 NOTES = {
     "reconfigure": """\
-The run of record was taken on the shared machine under a load average of about 20 (other
-sessions' tests and benchmarks beside it): the samples of both paths spread from about 20 ms to
-500 ms (the notes' samples), so the same-run ratio of the medians is the figure to read, not
-the absolute times. Reconfiguring recovered faster (the survivors' view takes a backend that no
-operation holds, while the failed view's operation still ends on the other); a replacement's
-rejoin was not faster (its first reconfigure needs the members' handles first). It is not the
-default yet: docs/dataplane.md says why.""",
+A cycle's recovery varies from about 5 to 60 ms on the shared machine, for both paths alike,
+so only a long run tells them apart: runs of 10 and 30 cycles within one hour gave ratios from
+0.52x to 1.33x. Over 60 cycles the two recover equally fast on a CPU (building a gloo backend
+costs little next to the rendezvous both paths make through the store, and reconfiguring adds
+a round of handles through it), and the fresh path stays the default; docs/dataplane.md says
+why, and what is not measured (`nccl2`, on a GPU).""",
     "budget": """\
 Reading the phases: each is the gap between two marks on the machine's wall clock; the
 benchmark's own marks (proposal or SIGKILL sent), the log's `ts` (trigger record, ACKs; the

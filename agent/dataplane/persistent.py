@@ -1,8 +1,8 @@
 """One gloo backend for every view: torch's reconfigure under the data plane (torch >= 2.14).
 
-On torch >= 2.14, by default (``DataPlane(gloo_reconfigure=False)`` or
-``FOLDPLANE_GLOO_RECONFIGURE=0`` keeps the fresh path of :mod:`agent.dataplane.backend`, a new
-``ProcessGroupGloo`` per view, all that older torch has) a rank keeps ``ProcessGroupGloo`` backends built with ``enable_reconfigure=True`` per
+With ``DataPlane(gloo_reconfigure=True)`` or ``FOLDPLANE_GLOO_RECONFIGURE=1`` (torch >= 2.14;
+the default is the fresh path of :mod:`agent.dataplane.backend`, a new ``ProcessGroupGloo`` per
+view) a rank keeps ``ProcessGroupGloo`` backends built with ``enable_reconfigure=True`` per
 store session, and each view it is active in reconfigures one, in three steps that every member
 takes alike:
 

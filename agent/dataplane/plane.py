@@ -163,10 +163,9 @@ class DataPlane:
             if abort_grace_s is None
             else float(abort_grace_s)
         )
-        # on where torch has it (>= 2.14); FOLDPLANE_GLOO_RECONFIGURE=0 turns it off
-        if gloo_reconfigure is None:
+        if gloo_reconfigure is None:  # FOLDPLANE_GLOO_RECONFIGURE=1 turns it on
             gloo_reconfigure = (
-                os.environ.get("FOLDPLANE_GLOO_RECONFIGURE", "1") != "0"
+                os.environ.get("FOLDPLANE_GLOO_RECONFIGURE", "0") == "1"
                 and GLOO_RECONFIGURE_SUPPORTED
             )
         elif gloo_reconfigure and not GLOO_RECONFIGURE_SUPPORTED:
@@ -175,8 +174,8 @@ class DataPlane:
                 f"{torch.__version__}"
             )
         #: views reconfigure this rank's gloo backends (agent.dataplane.persistent) instead of
-        #: building a fresh one each: the faster recovery (docs/dataplane.md), so the default
-        #: on torch >= 2.14
+        #: building a fresh one each; off by default: no faster on a CPU, and two more store
+        #: clients per rank (docs/dataplane.md)
         self.gloo_reconfigure = bool(gloo_reconfigure)
         self.cuda_watch = CudaWatch(
             self.closed, self.liveness_period_s * self.liveness_window_periods

@@ -119,17 +119,15 @@ def test_the_uuid_of_a_view_is_its_version_and_attempt() -> None:
         view_uuid(1, 256)
 
 
-def test_the_setting_is_on_by_default_off_by_the_environment_and_refused_on_an_older_torch(
+def test_the_setting_is_off_by_default_on_by_the_environment_and_refused_on_an_older_torch(
     make_plane, monkeypatch
 ) -> None:
     monkeypatch.delenv("FOLDPLANE_GLOO_RECONFIGURE", raising=False)
-    assert make_plane(rank=0, world_size=1).persistent_gloo is not None
-    monkeypatch.setenv("FOLDPLANE_GLOO_RECONFIGURE", "0")
     assert make_plane(rank=0, world_size=1).persistent_gloo is None
     assert make_plane(rank=0, world_size=1, gloo_reconfigure=True).persistent_gloo is not None
     monkeypatch.setenv("FOLDPLANE_GLOO_RECONFIGURE", "1")
+    assert make_plane(rank=0, world_size=1).persistent_gloo is not None
     assert make_plane(rank=0, world_size=1, gloo_reconfigure=False).persistent_gloo is None
-    monkeypatch.delenv("FOLDPLANE_GLOO_RECONFIGURE")
     monkeypatch.setattr("foldplane.agent.dataplane.plane.GLOO_RECONFIGURE_SUPPORTED", False)
     assert make_plane(rank=0, world_size=1).persistent_gloo is None  # torch < 2.14: fresh
     with pytest.raises(ValueError, match=r"needs torch's reconfigure API \(torch >= 2.14\)"):
