@@ -5,8 +5,10 @@ thousands of heartbeats a second): decoding and validating a batch with msgspec 
 microseconds. The same Structs generate the OpenAPI schemas (``api.openapi``), so the document
 and the validation cannot drift apart.
 
-Requests ignore unknown fields (a newer agent may send more), except ``POST /groups``, where a
-misspelt option must not silently fall back to its default (``GroupConfig.from_request``).
+The agent's join, heartbeat, ack and exit events ignore unknown fields (a newer agent may send
+more); the other events and the operator's bodies refuse them (``forbid_unknown_fields``), so a
+misspelt option never silently falls back to its default (``GroupConfig.from_request``), but
+``POST /proposals`` and ``POST /agents/deaths``, which ignore them.
 A body that becomes one record is made from the record's input (``wire.protocol.request_body``
 over ``wire.inputs``), which declares its fields once, with the wire's bounds.
 """
