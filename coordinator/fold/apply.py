@@ -12,13 +12,16 @@ group and adds the effects that tell of it:
 - the ranks' decisions (``ranks.on_join``, ``on_links``, ``on_ack``, ``on_exit``,
   ``on_death_reported``, ``expired``), a stall's report (``stalls.StallReport``), the end of a
   run's (``ending.on_group_ended``, ``finish_if_done``), a proposal's arrival
-  (``proposals.ProposalQueue.on_proposal``: ``Recorded``, ``Queued``) and proposals rejected
-  (``outcomes.Rejected``): :class:`Applier`, whose ``go_offline`` is the death chain every
-  lost rank goes through.
+  (``proposals.ProposalQueue.on_proposal``: ``Recorded``, ``Queued``), the queue's heads
+  (``proposals.attach_heads``: ``Attached``), a commit (``barrier.ViewChange.commit``:
+  ``Committed``, ``Withdrawn``), a failed formation (``formation.FormationFailed``),
+  proposals resolved (``outcomes.Resolved``, ``Rejected``) and a shutdown: :class:`Applier`,
+  whose ``go_offline`` is the death chain every lost rank goes through.
 
 A handler of the transition table returns its decisions in order, and an effect among them
 is told as it is (:meth:`Applier.apply`). The rules that still change a group themselves
-(``barrier.py``, ``proposals.py``, ``deadlines.py``) apply a decision through this module too.
+(the barrier's prepare and a stall's end, the queue's decisions at ``_settle``, the tick's
+loop) apply a decision through this module too.
 """
 
 from __future__ import annotations
@@ -30,17 +33,18 @@ from msgspec import UNSET
 
 from ...eventlog.record import Record
 from ...wire.codes import REJECTED
+from .barrier import Committed, Withdrawn
 from .budget import Shutdown, budget_shutdown
-from .effects import HEALTHY, OFFLINE, SYNCED, Effect, Proposal, ShutdownWithSave
+from .effects import HEALTHY, OFFLINE, SYNCED, Effect, Proposal, ShutdownWithSave, ViewCommitted
 from .ending import Deleted, EndShutdown, RunEnd
 from .facets import Facet, FoldContext
 from .formation import FormationFailed
 from .healthy_set import HealthyMoves
-from .outcomes import Rejected, resolve
+from .outcomes import Rejected, Resolved, resolve
 from .proposals import Attached, Queued, Recorded
 from .ranks import Acked, Evidence, Exited, Identified, Joined, Lost, SignOfLife
 from .stalls import Stall, StallReport
-from .state import FAILED, GroupState, rank_state
+from .state import FAILED, FORMED, FORMING, GroupState, rank_state
 
 
 def enforce_budget(
@@ -129,6 +133,10 @@ class Applier:
             Recorded: self._recorded,
             Queued: self._queued,
             Attached: self._attached,
+            Committed: self._committed,
+            Withdrawn: self._withdrawn,
+            Resolved: self._resolved,
+            Shutdown: self._shutdown,
             FormationFailed: self._formation_failed,
         }
 
@@ -284,6 +292,26 @@ class Applier:
 
     def _queued(self, g: GroupState, d: Queued, record: Any, effects: Any) -> None:
         g.queue.append((d.pid, d.deadline))
+
+    def _committed(self, g: GroupState, d: Committed, record: Any, effects: list) -> None:
+        view, base = d.view, g.view
+        g.change = None
+        g.view = view
+        g.budget_due = True
+        if g.formation == FORMING:
+            g.formation = FORMED
+        effects.append(ViewCommitted(view=view, offset=record.offset, base=base))
+        for facet in self._facets:
+            facet.view_committed(self._fold, g, view, base, record, effects)
+
+    def _shutdown(self, g: GroupState, d: Shutdown, record: Any, effects: list) -> None:
+        shut_down(g, self._proposals, d, record, effects)
+
+    def _withdrawn(self, g: GroupState, d: Withdrawn, record: Any, effects: Any) -> None:
+        g.change = None
+
+    def _resolved(self, g: GroupState, d: Resolved, record: Any, effects: list) -> None:
+        resolve(self._proposals, d.pid, d.status, d.version, d.reason, record, effects, d.dropped)
 
     def _attached(self, g: GroupState, d: Attached, record: Any, effects: Any) -> None:
         g.queue.popleft()

@@ -28,9 +28,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
+import msgspec
+
 from ...eventlog.record import Record
-from ...wire.codes import APPLIED, APPLIED_WITH_DROPPED_RANKS, REJECTED
-from .apply import enforce_budget, shut_down
+from ...wire.codes import APPLIED, APPLIED_WITH_DROPPED_RANKS
 from .budget import checkpoint_rank, shutdown
 from .effects import (
     HEALTHY,
@@ -38,18 +39,17 @@ from .effects import (
     Effect,
     Proposal,
     View,
-    ViewCommitted,
     ViewPrepare,
 )
 from .facets import Facet, FoldContext
-from .outcomes import resolve
+from .outcomes import Rejected, Resolved
 from .proposals import attach_heads
 from .ranks import Lost
 from .reasons import ranks_text
 from .stalls import FAILED as VIEW_FAILED
 from .stalls import RETRY as VIEW_RETRY
 from .stalls import UNRESOLVED, decide
-from .state import FORMED, FORMING, Change, GroupState, rank_state
+from .state import Change, GroupState, rank_state
 
 
 class ViewChange:
@@ -123,10 +123,12 @@ class ViewChange:
         self.prepare(g, tuple(sorted(g.healthy)), "formation", [], detail, record, effects)
         return True
 
-    def commit(self, g: GroupState, record: Record, effects: list[Effect]) -> None:
+    def commit(self, g: GroupState, record: Record) -> list[Any]:
         """Phase two: every participant ACKed, was dropped or exited. Dropped and exited ranks
         leave the view (only the dropped ones are reported as dropped); the proposals it
-        carries resolve ``applied`` (or ``applied_with_dropped_ranks``).
+        carries resolve ``applied`` (or ``applied_with_dropped_ranks``). Its decisions
+        (``Committed``, each proposal's ``outcomes.Resolved``) change nothing; the machine
+        applies them, then judges the budget.
 
         A view never commits with empty ``active_ranks``: if every rank of the new active set
         left first, see :meth:`_commit_without_target`."""
@@ -135,34 +137,31 @@ class ViewChange:
         gone = change.dropped | change.exited
         active = tuple(r for r in change.active if r not in gone)
         if not active:
-            self._commit_without_target(g, record, effects)
-            return
-        g.change = None
+            return self._commit_without_target(g, record)
         dropped = tuple(sorted(change.dropped))
         exited = ranks_text(r for r in change.active if r in change.exited)
-        view = self._commit_view(g, change, active, change.cause(), record, effects)
+        view = self._view(g, change, active, change.cause(), record)
         status = APPLIED_WITH_DROPPED_RANKS if dropped else APPLIED
+        decisions: list[Any] = [Committed(view)]
         for pid in change.proposals:
             reason = f"committed in version {view.version}"
             if dropped:
                 reason += f"; dropped ranks {ranks_text(dropped)} (no ACK)"
             if exited != "[]":
                 reason += f"; exited cleanly before it committed: {exited}"
-            resolve(self._proposals, pid, status, view.version, reason, record, effects, dropped)
-        enforce_budget(g, self._proposals, record, effects)
+            decisions.append(Resolved(pid, status, view.version, reason, dropped))
+        return decisions
 
-    def _commit_view(
+    def _view(
         self,
         g: GroupState,
         change: Change,
         active: tuple[int, ...],
         cause: dict[str, Any],
         record: Record,
-        effects: list[Effect],
     ) -> View:
-        """Make ``change``'s version, with ``active`` ranks, the group's committed view."""
-        base = g.view
-        view = View(
+        """The view ``change``'s version commits, with ``active`` ranks."""
+        return View(
             group=g.name,
             version=change.version,
             active_ranks=active,
@@ -175,16 +174,8 @@ class ViewChange:
             ts=self._fold.now,
             checkpoint_rank=checkpoint_rank(g, active),
         )
-        g.view = view
-        g.budget_due = True
-        if g.formation == FORMING:
-            g.formation = FORMED
-        effects.append(ViewCommitted(view=view, offset=record.offset, base=base))
-        for facet in self._facets:
-            facet.view_committed(self._fold, g, view, base, record, effects)
-        return view
 
-    def _commit_without_target(self, g: GroupState, record: Record, effects: list[Effect]) -> None:
+    def _commit_without_target(self, g: GroupState, record: Record) -> list[Any]:
         """Every rank of the change's new active set exited or was dropped before the commit.
 
         An empty view is never committed. If participants of the old view are still online
@@ -196,7 +187,6 @@ class ViewChange:
         losses. Either way the change's proposals did not take effect and are rejected."""
         change = g.change
         assert change is not None
-        g.change = None
         left = (
             f"every rank of version {change.version}'s active ranks {ranks_text(change.active)} "
             f"left before it committed (exited {ranks_text(change.exited)}, dropped "
@@ -206,13 +196,13 @@ class ViewChange:
         if live:
             cause = change.cause()
             cause["detail"] += f"; {left}, so it keeps the live ranks {ranks_text(live)}"
-            view = self._commit_view(g, change, live, cause, record, effects)
+            view = self._view(g, change, live, cause, record)
             outcome = f"{left}; version {view.version} keeps {ranks_text(live)}"
+            done: Any = Committed(view)
         else:
             outcome = f"{left}; version {g.version} stays current"
-        for pid in change.proposals:
-            resolve(self._proposals, pid, REJECTED, None, outcome, record, effects)
-        enforce_budget(g, self._proposals, record, effects)
+            done = Withdrawn()
+        return [done, Rejected(tuple(change.proposals), outcome)]
 
     # ------------------------------------------------------------------ a stalled view
 
@@ -234,7 +224,7 @@ class ViewChange:
             return False
         g.stall = None
         if decision.kind == UNRESOLVED:
-            shut_down(g, self._proposals, shutdown(g, UNRESOLVED, decision.detail), record, effects)
+            self._apply(g, (shutdown(g, UNRESOLVED, decision.detail),), record, effects)
             return True
         if decision.kind == VIEW_RETRY:
             self.prepare(g, active, VIEW_RETRY, [], decision.detail, record, effects)
@@ -247,6 +237,17 @@ class ViewChange:
         target = tuple(r for r in active if r not in laggards)
         self.prepare(g, target, VIEW_FAILED, [], decision.detail, record, effects)
         return True
+
+
+class Committed(msgspec.Struct, frozen=True, gc=False):
+    """A decision: the change in flight is over and ``view`` is the group's committed view
+    (the facets hear of it); the budget is due."""
+
+    view: View
+
+
+class Withdrawn(msgspec.Struct, frozen=True, gc=False):
+    """A decision: the change in flight is over without a view (nobody left to run one)."""
 
 
 def missed_acks(g: GroupState, now: int) -> list[Lost]:

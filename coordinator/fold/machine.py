@@ -207,7 +207,9 @@ class Coordinator:
             change = g.change
             if change is not None:
                 if not change.waiting:
-                    self._views.commit(g, record, effects)
+                    self._apply(g, self._views.commit(g, record), record, effects)
+                    if g.budget_due:
+                        enforce_budget(g, self._proposals, record, effects)
                     continue
                 if g.queue:
                     self._apply(g, attach_heads(g, self._proposals), record, effects)

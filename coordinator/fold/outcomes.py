@@ -16,6 +16,17 @@ from ...wire.codes import PENDING
 from .effects import Effect, Proposal, ProposalResolved
 
 
+class Resolved(msgspec.Struct, frozen=True, gc=False):
+    """A decision: proposal ``pid`` resolves ``status`` (with ``version``, ``reason`` and the
+    ranks ``dropped``)."""
+
+    pid: int
+    status: str
+    version: int | None
+    reason: str
+    dropped: tuple[int, ...] = ()
+
+
 class Rejected(msgspec.Struct, frozen=True, gc=False):
     """A decision: the proposals ``pids`` (in order) are rejected for ``reason``;
     ``dequeue``: they are the head of the group's queue, which they leave."""

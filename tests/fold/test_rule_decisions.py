@@ -8,7 +8,7 @@ from msgspec import UNSET
 from foldplane.coordinator.fold import ending, ranks
 from foldplane.coordinator.fold.admission import admission_problem
 from foldplane.coordinator.fold.apply import Applier, move_healthy, shut_down
-from foldplane.coordinator.fold.barrier import missed_acks
+from foldplane.coordinator.fold.barrier import ViewChange, Withdrawn, missed_acks
 from foldplane.coordinator.fold.budget import Shutdown, budget_shutdown
 from foldplane.coordinator.fold.config import GroupConfig
 from foldplane.coordinator.fold.effects import (
@@ -21,7 +21,7 @@ from foldplane.coordinator.fold.effects import (
 )
 from foldplane.coordinator.fold.formation import FormationFailed, formation_failed
 from foldplane.coordinator.fold.healthy_set import HealthyMoves, healthy_moves
-from foldplane.coordinator.fold.outcomes import Rejected
+from foldplane.coordinator.fold.outcomes import Rejected, Resolved
 from foldplane.coordinator.fold.proposals import (
     Attached,
     ProposalQueue,
@@ -30,7 +30,7 @@ from foldplane.coordinator.fold.proposals import (
     expire_unformed_heads,
 )
 from foldplane.coordinator.fold.stalls import StallReport
-from foldplane.coordinator.fold.state import GroupState
+from foldplane.coordinator.fold.state import Change, GroupState
 from foldplane.eventlog.record import Record
 from foldplane.wire.inputs import (
     DeathReportedInput,
@@ -419,3 +419,33 @@ def test_before_formation_the_heads_past_their_admission_deadline_are_rejected_i
         Rejected((12,), f"group 'g' had not formed by the admission deadline {T0 + 2}", True),
     ]
     assert len(g.queue) == 3
+
+
+# ------------------------------------------------------------------ the commit
+
+
+def test_a_complete_barrier_decides_the_view_and_each_carried_proposals_outcome():
+    s = Script()
+    s.form(world_size=4)
+    g = s.m.group_states["g"]
+    views = ViewChange(s.m, {}, (), Applier(s.m, (), {}).apply)
+    change = Change(2, (0, 1, 2), (0, 1, 2, 3), T0, "deactivate", [41], "by hand")
+    change.acked, change.dropped, change.waiting = {0, 1, 3}, {2}, set()
+    g.change = change
+    before = as_data(g)
+    committed, resolved = views.commit(g, RECORD)
+    view = committed.view
+    assert (view.version, view.active_ranks, view.acked_ranks) == (2, (0, 1), (0, 1, 3))
+    assert view.dropped_ranks == (2,) and view.offset == 7
+    assert resolved == Resolved(
+        41,
+        "applied_with_dropped_ranks",
+        2,
+        "committed in version 2; dropped ranks [2] (no ACK)",
+        (2,),
+    )
+    assert as_data(g) == before and g.change is change  # the machine applies it
+    change.acked, change.dropped = set(), {0, 1, 2, 3}  # nobody of either view is left
+    withdrawn, rejected = views.commit(g, RECORD)
+    assert withdrawn == Withdrawn() and rejected.pids == (41,)
+    assert rejected.reason.endswith("; version 1 stays current")

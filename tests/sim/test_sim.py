@@ -289,10 +289,10 @@ def _exit_counted(g: Any, record: Any, exit: Any, now: int) -> tuple[Any, ...]:
 _commit = ViewChange.commit
 
 
-def _drops_forgotten(self: Any, g: Any, record: Any, effects: Any) -> None:
+def _drops_forgotten(self: Any, g: Any, record: Any) -> list[Any]:
     """A commit that forgets which participants were dropped."""
     g.change.dropped.clear()
-    _commit(self, g, record, effects)
+    return _commit(self, g, record)
 
 
 _to_list = RankInfo.to_list
