@@ -230,6 +230,7 @@ class Applier:
                 facet.rank_joined(self._fold, g, rank, record, effects)
 
     def _evidence(self, g: GroupState, d: Evidence, record: Any, effects: Any) -> None:
+        self._touch(g, d.rank)
         _set_evidence(g, d.rank, d.down, d.ready)
         if d.window_end is not None:
             g.window_end = d.window_end

@@ -90,8 +90,8 @@ class Joined(msgspec.Struct, frozen=True, gc=False):
 
 
 class Evidence(msgspec.Struct, frozen=True, gc=False):
-    """The rank's latest link evidence: the peers it finds ``down`` and whether it is
-    ``ready``; ``window_end``: the reconciliation window it opens (None: none)."""
+    """The rank's latest link evidence, a sign of life too: the peers it finds ``down`` and
+    whether it is ``ready``; ``window_end``: the reconciliation window it opens (None: none)."""
 
     rank: int
     down: frozenset[int]
@@ -164,7 +164,7 @@ def on_links(g: GroupState, record: Record, links: LinksInput, now: int) -> list
     if about is not None and not links.legacy:
         down = {p for p in down if about > g.ranks[p].joined_version}
     down.discard(rank)
-    decisions: list[Any] = [SignOfLife(rank)]
+    decisions: list[Any] = []
     if not down and links.failed is not None:
         report = stall_report(g, rank, links)
         if report is not None:
@@ -173,6 +173,7 @@ def on_links(g: GroupState, record: Record, links: LinksInput, now: int) -> list
     new_down = frozenset(down)
     ready = links.self_ready
     if new_down == info.down and ready == info.self_ready:
+        decisions.append(SignOfLife(rank))
         return decisions
     worse = bool(new_down - info.down) or (info.self_ready and not ready)
     window = g.cfg.reconcile_window_ns
