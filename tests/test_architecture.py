@@ -100,7 +100,9 @@ DECLARED_RULES = (
     "ending",
     "formation",
     "barrier.missed_acks",
-    "barrier.ViewChange.commit",  # the commit; the prepare and a stall's end not yet
+    "barrier.prepare",
+    "barrier.form",
+    "barrier.ViewChange.commit",  # the commit; a stall's end not yet
     "barrier.ViewChange._commit_without_target",
     "barrier.ViewChange._view",
     "proposals.ProposalQueue.on_proposal",  # a proposal's arrival; the queue's others not yet

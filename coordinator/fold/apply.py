@@ -13,15 +13,15 @@ group and adds the effects that tell of it:
   ``on_death_reported``, ``expired``), a stall's report (``stalls.StallReport``), the end of a
   run's (``ending.on_group_ended``, ``finish_if_done``), a proposal's arrival
   (``proposals.ProposalQueue.on_proposal``: ``Recorded``, ``Queued``), the queue's heads
-  (``proposals.attach_heads``: ``Attached``), a commit (``barrier.ViewChange.commit``:
-  ``Committed``, ``Withdrawn``), a failed formation (``formation.FormationFailed``),
+  (``proposals.attach_heads``: ``Attached``), a prepare (``barrier.prepare``, ``form``:
+  ``Prepared``), a commit (``barrier.ViewChange.commit``: ``Committed``, ``Withdrawn``), a failed formation (``formation.FormationFailed``),
   proposals resolved (``outcomes.Resolved``, ``Rejected``) and a shutdown: :class:`Applier`,
   whose ``go_offline`` is the death chain every lost rank goes through.
 
 A handler of the transition table returns its decisions in order, and an effect among them
 is told as it is (:meth:`Applier.apply`). The rules that still change a group themselves
-(the barrier's prepare and a stall's end, the queue's decisions at ``_settle``, the tick's
-loop) apply a decision through this module too.
+(a stall's end, the queue's decisions at ``_settle``, the tick's loop) apply their decisions
+through this module too.
 """
 
 from __future__ import annotations
@@ -33,18 +33,27 @@ from msgspec import UNSET
 
 from ...eventlog.record import Record
 from ...wire.codes import REJECTED
-from .barrier import Committed, Withdrawn
+from .barrier import Committed, Prepared, Withdrawn
 from .budget import Shutdown, budget_shutdown
-from .effects import HEALTHY, OFFLINE, SYNCED, Effect, Proposal, ShutdownWithSave, ViewCommitted
+from .effects import (
+    HEALTHY,
+    OFFLINE,
+    SYNCED,
+    Effect,
+    Proposal,
+    ShutdownWithSave,
+    ViewCommitted,
+    ViewPrepare,
+)
 from .ending import Deleted, EndShutdown, RunEnd
 from .facets import Facet, FoldContext
 from .formation import FormationFailed
 from .healthy_set import HealthyMoves
 from .outcomes import Rejected, Resolved, resolve
-from .proposals import Attached, Queued, Recorded
+from .proposals import Attached, Queued, Recorded, attach_heads
 from .ranks import Acked, Evidence, Exited, Identified, Joined, Lost, SignOfLife
 from .stalls import Stall, StallReport
-from .state import FAILED, FORMED, FORMING, GroupState, rank_state
+from .state import FAILED, FORMED, FORMING, Change, GroupState, rank_state
 
 
 def enforce_budget(
@@ -133,6 +142,7 @@ class Applier:
             Recorded: self._recorded,
             Queued: self._queued,
             Attached: self._attached,
+            Prepared: self._prepared,
             Committed: self._committed,
             Withdrawn: self._withdrawn,
             Resolved: self._resolved,
@@ -293,6 +303,26 @@ class Applier:
 
     def _queued(self, g: GroupState, d: Queued, record: Any, effects: Any) -> None:
         g.queue.append((d.pid, d.deadline))
+
+    def _prepared(self, g: GroupState, d: Prepared, record: Any, effects: list) -> None:
+        proposals = list(d.proposals)
+        change = Change(
+            d.version, d.active, d.participants, d.ack_deadline, d.kind, proposals, d.detail, d.extra
+        )
+        g.change = change
+        effects.append(
+            ViewPrepare(
+                group=g.name,
+                version=change.version,
+                active_ranks=change.active,
+                participants=change.participants,
+                ack_deadline_ts=change.ack_deadline,
+                cause=change.cause(),
+                offset=record.offset,
+            )
+        )
+        if g.queue:  # the heads it already satisfies ride along
+            self.apply(g, attach_heads(g, self._proposals), record, effects)
 
     def _committed(self, g: GroupState, d: Committed, record: Any, effects: list) -> None:
         view, base = d.view, g.view

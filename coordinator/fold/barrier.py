@@ -13,8 +13,9 @@ The rule. One change is in flight per group at a time.
    first, the version commits for the participants of the old view that ACKed and are still
    online, or the change is withdrawn when none is (its proposals are rejected either way).
 
-Formation is the first change (:meth:`ViewChange.form`, which ``_settle`` in ``machine.py``
-calls, prepares it once ``min_ranks`` are HEALTHY); a group that does not get there by its
+A prepare is a decision (:func:`prepare` returns ``Prepared``; ``apply.py`` makes it the
+change in flight). Formation is the first change (:func:`form`, which ``_settle`` in
+``machine.py`` asks, prepares it once ``min_ranks`` are HEALTHY); a group that does not get there by its
 formation deadline fails to form (``formation.py``). A participant that has not ACKed by the
 ACK deadline is lost (:func:`missed_acks`, which a tick asks).
 
@@ -37,13 +38,10 @@ from .effects import (
     HEALTHY,
     OFFLINE,
     Effect,
-    Proposal,
     View,
-    ViewPrepare,
 )
-from .facets import Facet, FoldContext
+from .facets import FoldContext
 from .outcomes import Rejected, Resolved
-from .proposals import attach_heads
 from .ranks import Lost
 from .reasons import ranks_text
 from .stalls import FAILED as VIEW_FAILED
@@ -55,73 +53,17 @@ from .state import Change, GroupState, rank_state
 class ViewChange:
     """The view change of every group (see the module docstring).
 
-    It reads the groups it is handed, the proposals it resolves (``proposals``), the fold's
-    time (``fold.now``) and tells the facets (``facets``, given ``fold``) of each committed
-    view; it decides a change's prepare and commit, a formation's start and a stall's end,
-    as effects appended to the step's."""
+    It reads the groups it is handed and the fold's time (``fold.now``); it decides a
+    change's commit (as decisions) and a stall's end (applied through ``apply``, the
+    machine's)."""
 
     def __init__(
         self,
         fold: FoldContext,
-        proposals: dict[int, Proposal],
-        facets: tuple[Facet, ...],
         apply: Callable[[GroupState, Iterable[Any], Record, list[Effect]], None],
     ) -> None:
         self._fold = fold
-        self._proposals = proposals
-        self._facets = facets
-        self._apply = apply  # the machine's: the queue's heads attached or rejected
-
-    def prepare(
-        self,
-        g: GroupState,
-        target: tuple[int, ...],
-        kind: str,
-        proposals: list[int],
-        detail: str,
-        record: Record,
-        effects: list[Effect],
-        *,
-        extra: dict[str, Any] | None = None,
-    ) -> None:
-        """Phase one: send ``view_prepare(version + 1)`` to the participants, the online ranks
-        active in the old view or the new one. ``extra``: more of the cause (a reconfigure's
-        uuid and order)."""
-        members = set(g.active) | set(target)
-        participants = tuple(r for r in sorted(members) if g.ranks[r].state != OFFLINE)
-        change = Change(
-            g.version + 1,
-            target,
-            participants,
-            self._fold.now + g.cfg.ack_timeout_ns,
-            kind,
-            proposals,
-            detail,
-            extra,
-        )
-        g.change = change
-        effects.append(
-            ViewPrepare(
-                group=g.name,
-                version=change.version,
-                active_ranks=target,
-                participants=participants,
-                ack_deadline_ts=change.ack_deadline,
-                cause=change.cause(),
-                offset=record.offset,
-            )
-        )
-        if g.queue:
-            self._apply(g, attach_heads(g, self._proposals), record, effects)
-
-    def form(self, g: GroupState, record: Record, effects: list[Effect]) -> bool:
-        """Formation, the first change: prepared once ``min_ranks`` are HEALTHY, with every
-        HEALTHY rank active; True if it was."""
-        if len(g.healthy) < g.cfg.min_ranks:
-            return False
-        detail = f"{len(g.healthy)}/{g.cfg.world_size} ranks HEALTHY (min_ranks {g.cfg.min_ranks})"
-        self.prepare(g, tuple(sorted(g.healthy)), "formation", [], detail, record, effects)
-        return True
+        self._apply = apply  # the machine's: a stall's shutdown or its change
 
     def commit(self, g: GroupState, record: Record) -> list[Any]:
         """Phase two: every participant ACKed, was dropped or exited. Dropped and exited ranks
@@ -227,7 +169,8 @@ class ViewChange:
             self._apply(g, (shutdown(g, UNRESOLVED, decision.detail),), record, effects)
             return True
         if decision.kind == VIEW_RETRY:
-            self.prepare(g, active, VIEW_RETRY, [], decision.detail, record, effects)
+            retry = prepare(g, active, VIEW_RETRY, (), decision.detail, self._fold.now)
+            self._apply(g, (retry,), record, effects)
             return True
         laggards = set(decision.laggards)
         if not g.cfg.auto_deactivate:
@@ -235,7 +178,8 @@ class ViewChange:
                 effects.append(rank_state(g, rank, f"blamed: {decision.detail}", record))
             return False
         target = tuple(r for r in active if r not in laggards)
-        self.prepare(g, target, VIEW_FAILED, [], decision.detail, record, effects)
+        failed = prepare(g, target, VIEW_FAILED, (), decision.detail, self._fold.now)
+        self._apply(g, (failed,), record, effects)
         return True
 
 
@@ -248,6 +192,49 @@ class Committed(msgspec.Struct, frozen=True, gc=False):
 
 class Withdrawn(msgspec.Struct, frozen=True, gc=False):
     """A decision: the change in flight is over without a view (nobody left to run one)."""
+
+
+class Prepared(msgspec.Struct, frozen=True, gc=False):
+    """A decision: version ``version`` is prepared with ``active`` ranks; ``participants``
+    must ACK it by ``ack_deadline`` (ns). Its cause: ``kind``, the ``proposals`` it carries,
+    ``detail`` and ``extra`` (a reconfigure's uuid and order). The heads of the queue it
+    already satisfies ride along with it (``proposals.attach_heads``, asked when applied)."""
+
+    version: int
+    active: tuple[int, ...]
+    participants: tuple[int, ...]
+    ack_deadline: int
+    kind: str
+    proposals: tuple[int, ...]
+    detail: str
+    extra: dict[str, Any] | None = None
+
+
+def prepare(
+    g: GroupState,
+    target: tuple[int, ...],
+    kind: str,
+    proposals: tuple[int, ...],
+    detail: str,
+    now: int,
+    *,
+    extra: dict[str, Any] | None = None,
+) -> Prepared:
+    """Phase one, decided at ``now``: ``view_prepare(version + 1)`` to the participants, the
+    online ranks active in the old view or the new one. It changes nothing."""
+    members = set(g.active) | set(target)
+    participants = tuple(r for r in sorted(members) if g.ranks[r].state != OFFLINE)
+    deadline = now + g.cfg.ack_timeout_ns
+    return Prepared(g.version + 1, target, participants, deadline, kind, proposals, detail, extra)
+
+
+def form(g: GroupState, now: int) -> Prepared | None:
+    """Formation, the first change: prepared once ``min_ranks`` are HEALTHY, with every
+    HEALTHY rank active; None while fewer are. It changes nothing."""
+    if len(g.healthy) < g.cfg.min_ranks:
+        return None
+    detail = f"{len(g.healthy)}/{g.cfg.world_size} ranks HEALTHY (min_ranks {g.cfg.min_ranks})"
+    return prepare(g, tuple(sorted(g.healthy)), "formation", (), detail, now)
 
 
 def missed_acks(g: GroupState, now: int) -> list[Lost]:

@@ -22,10 +22,10 @@ Heartbeats take a fast path that changes only liveness, so they never reach ``_s
 Each rule lives in a file of its own, whose docstring states it. The Coordinator owns the
 state (groups, proposals, time, facets) and composes the rules; none of them inherits from
 another or reaches the rest through a shared ``self``. A rule with a declared interface (the
-ranks, the Healthy Set, the budget, the end of a run, a proposal's arrival) reads what it is
-handed and returns its decisions as small values that ``apply.py`` applies; the others are
-objects built here with what they read and the few rules they call back, and still change the
-group they are handed:
+ranks, the Healthy Set, the budget, the end of a run, a proposal's arrival, a view change's
+prepare and commit) reads what it is handed and returns its decisions as small values that
+``apply.py`` applies; the others are objects built here with what they read and the few rules
+they call back, and still change the group they are handed:
 
 ==================  =======================================================================
 ``fencing.py``      ``Fences``: which inputs are refused, before the append and in the step
@@ -34,7 +34,7 @@ group they are handed:
 ``budget.py``       ``budget_shutdown(g) -> Shutdown | None``: when a group shuts down for good
 ``apply.py``        ``Applier``: applies those decisions; the death chain (``go_offline``)
 ``proposals.py``    ``ProposalQueue``: what starts the next change (``reconfigure.py``: torch's)
-``barrier.py``      ``ViewChange``: formation, prepare, ACKs, commit; a stall's end
+``barrier.py``      ``prepare``, ``form`` (``Prepared``); ``ViewChange``: commit, a stall's end
 ``deadlines.py``    ``Deadlines``: the deadlines a tick fires, what a resumed tick restarts
 ``ending.py``       ``on_group_ended``, ``finish_if_done``: a run over, ended or finished
 ``outcomes.py``     ``resolve``: a proposal's one outcome, whichever rule decides it
@@ -61,7 +61,7 @@ from ...wire.inputs import Input, decode
 from . import ending, ranks
 from .admission import admission_problem
 from .apply import Applier, enforce_budget, move_healthy
-from .barrier import ViewChange
+from .barrier import ViewChange, form
 from .capture import FoldChanges, GroupCapture, Proposals
 from .config import GroupConfig
 from .deadlines import Deadlines
@@ -123,8 +123,8 @@ class Coordinator:
         self._fences = Fences(self, groups, proposals, self._facet_of, self.composition.all_kinds)
         self._ranks = Ranks(self._fences)
         self._apply = Applier(self, facets, proposals).apply  # a bound method: one call less
-        self._views = ViewChange(self, proposals, facets, self._apply)
-        self._queue = ProposalQueue(self, proposals, self._views, admission_problem)
+        self._views = ViewChange(self, self._apply)
+        self._queue = ProposalQueue(self, proposals, self._apply, admission_problem)
         self._deadlines = Deadlines(
             self, groups, proposals, facets, self._apply, self._settle, self.changes
         )
@@ -217,8 +217,9 @@ class Coordinator:
             if g.formation == FAILED or g.shutdown is not None or g.window_end is not None:
                 return
             if g.formation == FORMING:
-                if not self._views.form(g, record, effects):
+                if (formation := form(g, self._now)) is None:
                     return
+                self._apply(g, (formation,), record, effects)
                 continue
             if g.cfg.auto_deactivate and self._queue.auto_deactivate(g, record, effects):
                 continue

@@ -14,8 +14,8 @@ how its members' calls make one proposal and how its head is decided.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any, Protocol
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import msgspec
 
@@ -24,6 +24,7 @@ from ...wire.codes import APPLIED, PENDING, REJECTED
 from ...wire.inputs import RECONFIGURE, ProposalInput
 from ...wire.life import EXITED, RANK_WORDS
 from .admission import requested, static_problem
+from .barrier import prepare
 from .effects import (
     Effect,
     Proposal,
@@ -37,23 +38,6 @@ from .state import FAILED, GroupState
 
 #: The cause of a view change that removes only ranks that exited cleanly.
 CLEAN_EXIT = "exit"
-
-
-class Prepares(Protocol):
-    """What the queue calls back to start the change it decided (``barrier.ViewChange``)."""
-
-    def prepare(
-        self,
-        g: GroupState,
-        target: tuple[int, ...],
-        kind: str,
-        proposals: list[int],
-        detail: str,
-        record: Record,
-        effects: list[Effect],
-        *,
-        extra: dict[str, Any] | None = None,
-    ) -> None: ...
 
 
 class Recorded(msgspec.Struct, frozen=True, gc=False):
@@ -78,18 +62,19 @@ class ProposalQueue:
 
     It reads the groups it is handed, the proposals (which it adds to and resolves), the
     fold's time (``fold.now``) and the admission rule (``admission_problem``); a change it
-    decides to start goes to ``views.prepare``."""
+    decides to start (``barrier.prepare``) or a proposal it resolves goes to ``apply``, the
+    machine's."""
 
     def __init__(
         self,
         fold: FoldContext,
         proposals: dict[int, Proposal],
-        views: Prepares,
+        apply: Callable[[GroupState, Iterable[Any], Record, list[Effect]], None],
         admission_problem: Callable[[GroupState, tuple[int, ...]], str | None],
     ) -> None:
         self._fold = fold
         self._proposals = proposals
-        self._views = views
+        self._apply = apply
         self._admission_problem = admission_problem
 
     def on_proposal(
@@ -160,19 +145,14 @@ class ProposalQueue:
         target = tuple(r for r in active if r in g.healthy)
         if all(g.ranks[r].exited for r in leaving):
             detail = f"ranks {ranks_text(leaving)} {RANK_WORDS[EXITED]}"
-            self._views.prepare(g, target, CLEAN_EXIT, [], detail, record, effects)
+            clean = prepare(g, target, CLEAN_EXIT, (), detail, self._fold.now)
+            self._apply(g, (clean,), record, effects)
             return True
         states = ", ".join(f"{r} {g.ranks[r].state}" for r in leaving[:16])
         more = f", ... (+{len(leaving) - 16} more)" if len(leaving) > 16 else ""
-        self._views.prepare(
-            g,
-            target,
-            "auto_deactivation",
-            [],
-            f"active ranks left the Healthy Set: {states}{more}",
-            record,
-            effects,
-        )
+        detail = f"active ranks left the Healthy Set: {states}{more}"
+        removal = prepare(g, target, "auto_deactivation", (), detail, self._fold.now)
+        self._apply(g, (removal,), record, effects)
         return True
 
     def decide_head(self, g: GroupState, record: Record, effects: list[Effect]) -> bool:
@@ -203,7 +183,9 @@ class ProposalQueue:
             if isinstance(decided, bool):
                 return decided
             target, detail, extra = decided
-            self._views.prepare(g, target, RECONFIGURE, [pid], detail, record, effects, extra=extra)
+            now = self._fold.now
+            change = prepare(g, target, RECONFIGURE, (pid,), detail, now, extra=extra)
+            self._apply(g, (change,), record, effects)
             return True
         invalid = static_problem(g, proposal)
         if invalid is not None:
@@ -255,15 +237,9 @@ class ProposalQueue:
                 )
                 return True
         g.queue.popleft()
-        self._views.prepare(
-            g,
-            target,
-            "proposal",
-            [pid],
-            f"proposal {pid}: {proposal.op} {ranks_text(proposal.ranks)}",
-            record,
-            effects,
-        )
+        detail = f"proposal {pid}: {proposal.op} {ranks_text(proposal.ranks)}"
+        change = prepare(g, target, "proposal", (pid,), detail, self._fold.now)
+        self._apply(g, (change,), record, effects)
         return True
 
 

@@ -8,7 +8,14 @@ from msgspec import UNSET
 from foldplane.coordinator.fold import ending, ranks
 from foldplane.coordinator.fold.admission import admission_problem
 from foldplane.coordinator.fold.apply import Applier, move_healthy, shut_down
-from foldplane.coordinator.fold.barrier import ViewChange, Withdrawn, missed_acks
+from foldplane.coordinator.fold.barrier import (
+    Prepared,
+    ViewChange,
+    Withdrawn,
+    form,
+    missed_acks,
+    prepare,
+)
 from foldplane.coordinator.fold.budget import Shutdown, budget_shutdown
 from foldplane.coordinator.fold.config import GroupConfig
 from foldplane.coordinator.fold.effects import (
@@ -18,6 +25,7 @@ from foldplane.coordinator.fold.effects import (
     GroupEnded,
     Proposal,
     RankState,
+    ViewPrepare,
 )
 from foldplane.coordinator.fold.formation import FormationFailed, formation_failed
 from foldplane.coordinator.fold.healthy_set import HealthyMoves, healthy_moves
@@ -427,7 +435,7 @@ def test_a_complete_barrier_decides_the_view_and_each_carried_proposals_outcome(
     s = Script()
     s.form(world_size=4)
     g = s.m.group_states["g"]
-    views = ViewChange(s.m, {}, (), Applier(s.m, (), {}).apply)
+    views = ViewChange(s.m, Applier(s.m, (), {}).apply)
     change = Change(2, (0, 1, 2), (0, 1, 2, 3), T0, "deactivate", [41], "by hand")
     change.acked, change.dropped, change.waiting = {0, 1, 3}, {2}, set()
     g.change = change
@@ -448,3 +456,54 @@ def test_a_complete_barrier_decides_the_view_and_each_carried_proposals_outcome(
     withdrawn, rejected = views.commit(g, RECORD)
     assert withdrawn == Withdrawn() and rejected.pids == (41,)
     assert rejected.reason.endswith("; version 1 stays current")
+
+
+# ------------------------------------------------------------------ the prepare
+
+
+def test_formation_is_prepared_once_min_ranks_are_healthy_and_changes_nothing():
+    g = group(world_size=4, min_ranks=3, ack_timeout_s=20)
+    for rank in (0, 2):
+        g.ranks[rank].state = HEALTHY
+        g.healthy.add(rank)
+    before = as_data(g)
+    assert form(g, T0) is None
+    g.ranks[3].state = HEALTHY
+    g.healthy.add(3)
+    before = as_data(g)
+    assert form(g, T0) == Prepared(
+        1,
+        (0, 2, 3),
+        (0, 2, 3),
+        T0 + 20_000_000_000,
+        "formation",
+        (),
+        "3/4 ranks HEALTHY (min_ranks 3)",
+    )
+    assert as_data(g) == before and g.change is None
+
+
+def test_a_prepare_awaits_the_online_ranks_of_either_view_and_changes_nothing():
+    g = formed(world_size=5, ack_timeout_s=20)
+    g.ranks[4].state = OFFLINE  # active in the old view, but nobody to ACK
+    before = as_data(g)
+    prepared = prepare(g, (0, 1), "proposal", (9,), "proposal 9", T0, extra={"uuid": 5})
+    assert prepared == Prepared(
+        2, (0, 1), (0, 1, 2, 3), T0 + 20_000_000_000, "proposal", (9,), "proposal 9", {"uuid": 5}
+    )
+    assert as_data(g) == before and g.change is None
+
+
+def test_a_prepare_applied_is_the_change_in_flight_and_takes_the_heads_it_satisfies():
+    g = formed(world_size=4)
+    queued = {51: proposal(51, "deactivate", (3,)), 52: proposal(52, "activate", (3,))}
+    g.queue.extend((pid, T0 + 30) for pid in queued)
+    effects: list = []
+    decided = prepare(g, (0, 1, 2), "proposal", (50,), "by hand", T0)
+    Applier(Script().m, (), queued).apply(g, (decided,), RECORD, effects)
+    [told] = effects
+    assert isinstance(told, ViewPrepare) and (told.version, told.active_ranks) == (2, (0, 1, 2))
+    assert told.cause == {"kind": "proposal", "proposals": [50], "detail": "by hand"}
+    change = g.change
+    assert (change.version, change.participants, change.proposals) == (2, (0, 1, 2, 3), [50, 51])
+    assert change.waiting == {0, 1, 2, 3} and [pid for pid, _ in g.queue] == [52]
