@@ -107,6 +107,7 @@ DECLARED_RULES = (
     "barrier.ViewChange._view",
     "proposals.ProposalQueue.on_proposal",  # a proposal's arrival; the queue's others not yet
     "proposals.attach_heads",
+    "proposals.auto_deactivate",
     "proposals.expire_unformed_heads",
     "reconfigure.joined_call",
 )

@@ -13,14 +13,14 @@ group and adds the effects that tell of it:
   ``on_death_reported``, ``expired``), a stall's report (``stalls.StallReport``), the end of a
   run's (``ending.on_group_ended``, ``finish_if_done``), a proposal's arrival
   (``proposals.ProposalQueue.on_proposal``: ``Recorded``, ``Queued``), the queue's heads
-  (``proposals.attach_heads``: ``Attached``), a prepare (``barrier.prepare``, ``form``:
-  ``Prepared``), a commit (``barrier.ViewChange.commit``: ``Committed``, ``Withdrawn``), a failed formation (``formation.FormationFailed``),
+  (``proposals.attach_heads``: ``Attached``), a prepare (``barrier.prepare``, ``form``,
+  ``proposals.auto_deactivate``: ``Prepared``), a commit (``barrier.ViewChange.commit``: ``Committed``, ``Withdrawn``), a failed formation (``formation.FormationFailed``),
   proposals resolved (``outcomes.Resolved``, ``Rejected``) and a shutdown: :class:`Applier`,
   whose ``go_offline`` is the death chain every lost rank goes through.
 
 A handler of the transition table returns its decisions in order, and an effect among them
 is told as it is (:meth:`Applier.apply`). The rules that still change a group themselves
-(a stall's end, the queue's decisions at ``_settle``, the tick's loop) apply their decisions
+(a stall's end, the queue's head at ``_settle``, the tick's loop) apply their decisions
 through this module too.
 """
 

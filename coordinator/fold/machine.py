@@ -69,7 +69,7 @@ from .effects import Effect, GroupCreated, Proposal, Refused, View
 from .facets import Facet
 from .fencing import REPEATABLE, Fences, beats_not_current, current_beat, parse_group_created
 from .healthy_set import healthy_moves
-from .proposals import ProposalQueue, attach_heads
+from .proposals import ProposalQueue, attach_heads, auto_deactivate
 from .ranks import Ranks
 from .reconfigure import uuid_proposal
 from .registry import Facets, default_facets
@@ -221,7 +221,8 @@ class Coordinator:
                     return
                 self._apply(g, (formation,), record, effects)
                 continue
-            if g.cfg.auto_deactivate and self._queue.auto_deactivate(g, record, effects):
+            if g.cfg.auto_deactivate and (removal := auto_deactivate(g, self._now)):
+                self._apply(g, (removal,), record, effects)
                 continue
             if g.stall is not None and self._views.resolve_stall(g, record, effects):
                 if g.shutdown is not None:

@@ -24,7 +24,7 @@ from ...wire.codes import APPLIED, PENDING, REJECTED
 from ...wire.inputs import RECONFIGURE, ProposalInput
 from ...wire.life import EXITED, RANK_WORDS
 from .admission import requested, static_problem
-from .barrier import prepare
+from .barrier import Prepared, prepare
 from .effects import (
     Effect,
     Proposal,
@@ -129,32 +129,6 @@ class ProposalQueue:
             decided.append(Queued(proposal.id, now + admission_timeout_ns(g, proposal)))
         return decided
 
-    def auto_deactivate(self, g: GroupState, record: Record, effects: list[Effect]) -> bool:
-        """Active ranks outside the Healthy Set are removed through the barrier; this takes
-        precedence over queued proposals but never preempts the change in flight. It never
-        empties the view: with no active rank left healthy, the group waits.
-
-        When every rank it removes exited cleanly, the change says so: cause ``exit``
-        (``ranks [1] exited cleanly``), the words of ``wire.life``; a clean exit is no
-        failure and reads as none. Otherwise the cause is ``auto_deactivation``, naming each
-        rank's state."""
-        active = g.active
-        leaving = [r for r in active if r not in g.healthy]
-        if not leaving or len(leaving) == len(active):
-            return False
-        target = tuple(r for r in active if r in g.healthy)
-        if all(g.ranks[r].exited for r in leaving):
-            detail = f"ranks {ranks_text(leaving)} {RANK_WORDS[EXITED]}"
-            clean = prepare(g, target, CLEAN_EXIT, (), detail, self._fold.now)
-            self._apply(g, (clean,), record, effects)
-            return True
-        states = ", ".join(f"{r} {g.ranks[r].state}" for r in leaving[:16])
-        more = f", ... (+{len(leaving) - 16} more)" if len(leaving) > 16 else ""
-        detail = f"active ranks left the Healthy Set: {states}{more}"
-        removal = prepare(g, target, "auto_deactivation", (), detail, self._fold.now)
-        self._apply(g, (removal,), record, effects)
-        return True
-
     def decide_head(self, g: GroupState, record: Record, effects: list[Effect]) -> bool:
         """Decide the proposal at the head of the queue; True if it was decided.
 
@@ -241,6 +215,31 @@ class ProposalQueue:
         change = prepare(g, target, "proposal", (pid,), detail, self._fold.now)
         self._apply(g, (change,), record, effects)
         return True
+
+
+def auto_deactivate(g: GroupState, now: int) -> Prepared | None:
+    """Active ranks outside the Healthy Set are removed through the barrier: the change it
+    decides at ``now``, or None. This takes precedence over queued proposals but never
+    preempts the change in flight (the machine asks only with none). It never empties the
+    view: with no active rank left healthy, the group waits. It changes nothing.
+
+    When every rank it removes exited cleanly, the change says so: cause ``exit``
+    (``ranks [1] exited cleanly``), the words of ``wire.life``; a clean exit is no
+    failure and reads as none. Otherwise the cause is ``auto_deactivation``, naming each
+    rank's state."""
+    active = g.active
+    healthy = g.healthy
+    leaving = [r for r in active if r not in healthy]
+    if not leaving or len(leaving) == len(active):
+        return None
+    target = tuple(r for r in active if r in healthy)
+    if all(g.ranks[r].exited for r in leaving):
+        detail = f"ranks {ranks_text(leaving)} {RANK_WORDS[EXITED]}"
+        return prepare(g, target, CLEAN_EXIT, (), detail, now)
+    states = ", ".join(f"{r} {g.ranks[r].state}" for r in leaving[:16])
+    more = f", ... (+{len(leaving) - 16} more)" if len(leaving) > 16 else ""
+    detail = f"active ranks left the Healthy Set: {states}{more}"
+    return prepare(g, target, "auto_deactivation", (), detail, now)
 
 
 def admission_timeout_ns(g: GroupState, proposal: Proposal) -> int:

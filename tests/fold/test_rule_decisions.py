@@ -35,6 +35,7 @@ from foldplane.coordinator.fold.proposals import (
     ProposalQueue,
     Queued,
     attach_heads,
+    auto_deactivate,
     expire_unformed_heads,
 )
 from foldplane.coordinator.fold.stalls import StallReport
@@ -507,3 +508,25 @@ def test_a_prepare_applied_is_the_change_in_flight_and_takes_the_heads_it_satisf
     change = g.change
     assert (change.version, change.participants, change.proposals) == (2, (0, 1, 2, 3), [50, 51])
     assert change.waiting == {0, 1, 2, 3} and [pid for pid, _ in g.queue] == [52]
+
+
+def test_active_ranks_that_left_the_healthy_set_are_removed_never_emptying_the_view():
+    g = formed(world_size=4, ack_timeout_s=20)
+    assert auto_deactivate(g, T0) is None  # everyone active is HEALTHY
+    g.healthy -= {1, 3}
+    g.ranks[1].state, g.ranks[3].state = SYNCED, OFFLINE
+    before = as_data(g)
+    detail = "active ranks left the Healthy Set: 1 SYNCED, 3 OFFLINE"
+    assert auto_deactivate(g, T0) == Prepared(
+        2, (0, 2), (0, 1, 2), T0 + 20_000_000_000, "auto_deactivation", (), detail
+    )
+    g.ranks[1].state = OFFLINE
+    g.ranks[1].exited = g.ranks[3].exited = True
+    assert auto_deactivate(g, T0).detail == "ranks [1, 3] exited cleanly"
+    assert auto_deactivate(g, T0).kind == "exit"
+    g.healthy.clear()  # nobody active is left healthy: the group waits
+    assert auto_deactivate(g, T0) is None
+    g.healthy |= {0, 2}
+    g.ranks[1].state = SYNCED
+    g.ranks[1].exited = g.ranks[3].exited = False
+    assert as_data(g) == before and g.change is None
