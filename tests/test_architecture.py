@@ -102,7 +102,8 @@ DECLARED_RULES = (
     "barrier.missed_acks",
     "barrier.prepare",
     "barrier.form",
-    "barrier.ViewChange.commit",  # the commit; a stall's end not yet
+    "barrier.resolve_stall",
+    "barrier.ViewChange.commit",
     "barrier.ViewChange._commit_without_target",
     "barrier.ViewChange._view",
     "proposals.ProposalQueue.on_proposal",  # a proposal's arrival; the queue's others not yet

@@ -14,13 +14,14 @@ group and adds the effects that tell of it:
   run's (``ending.on_group_ended``, ``finish_if_done``), a proposal's arrival
   (``proposals.ProposalQueue.on_proposal``: ``Recorded``, ``Queued``), the queue's heads
   (``proposals.attach_heads``: ``Attached``), a prepare (``barrier.prepare``, ``form``,
-  ``proposals.auto_deactivate``: ``Prepared``), a commit (``barrier.ViewChange.commit``: ``Committed``, ``Withdrawn``), a failed formation (``formation.FormationFailed``),
+  ``proposals.auto_deactivate``: ``Prepared``), a stall's end (``barrier.resolve_stall``:
+  ``stalls.StallOver``), a commit (``barrier.ViewChange.commit``: ``Committed``, ``Withdrawn``), a failed formation (``formation.FormationFailed``),
   proposals resolved (``outcomes.Resolved``, ``Rejected``) and a shutdown: :class:`Applier`,
   whose ``go_offline`` is the death chain every lost rank goes through.
 
 A handler of the transition table returns its decisions in order, and an effect among them
 is told as it is (:meth:`Applier.apply`). The rules that still change a group themselves
-(a stall's end, the queue's head at ``_settle``, the tick's loop) apply their decisions
+(the queue's head at ``_settle``, the tick's loop) apply their decisions
 through this module too.
 """
 
@@ -52,7 +53,7 @@ from .healthy_set import HealthyMoves
 from .outcomes import Rejected, Resolved, resolve
 from .proposals import Attached, Queued, Recorded, attach_heads
 from .ranks import Acked, Evidence, Exited, Identified, Joined, Lost, SignOfLife
-from .stalls import Stall, StallReport
+from .stalls import Stall, StallOver, StallReport
 from .state import FAILED, FORMED, FORMING, Change, GroupState, rank_state
 
 
@@ -135,6 +136,7 @@ class Applier:
             Acked: self._acked,
             Exited: self._exited,
             StallReport: self._stall_report,
+            StallOver: self._stall_over,
             Rejected: self._rejected,
             RunEnd: self._run_end,
             EndShutdown: self._end_shutdown,
@@ -263,6 +265,9 @@ class Applier:
         if stall is None or stall.version != d.version:
             stall = g.stall = Stall(d.version, d.retry, self._fold.now)
         stall.reports[d.rank] = (d.issued, d.completed)
+
+    def _stall_over(self, g: GroupState, d: StallOver, record: Any, effects: Any) -> None:
+        g.stall = None
 
     def _rejected(self, g: GroupState, d: Rejected, record: Any, effects: list[Effect]) -> None:
         for pid in d.pids:

@@ -20,13 +20,13 @@ formation deadline fails to form (``formation.py``). A participant that has not 
 ACK deadline is lost (:func:`missed_acks`, which a tick asks).
 
 A view that failed with every member alive is retried, then decided by the evidence: the
-decision is ``stalls.py``'s, the view change (or the shutdown) that carries it out is made here.
+decision is ``stalls.py``'s, the view change (or the shutdown) that carries it out is decided
+here (:func:`resolve_stall`).
 Each committed view, and the group's shutdown, names its checkpoint rank.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
 from typing import Any
 
 import msgspec
@@ -37,7 +37,6 @@ from .budget import checkpoint_rank, shutdown
 from .effects import (
     HEALTHY,
     OFFLINE,
-    Effect,
     View,
 )
 from .facets import FoldContext
@@ -46,7 +45,7 @@ from .ranks import Lost
 from .reasons import ranks_text
 from .stalls import FAILED as VIEW_FAILED
 from .stalls import RETRY as VIEW_RETRY
-from .stalls import UNRESOLVED, decide
+from .stalls import UNRESOLVED, StallOver, decide
 from .state import Change, GroupState, rank_state
 
 
@@ -54,16 +53,10 @@ class ViewChange:
     """The view change of every group (see the module docstring).
 
     It reads the groups it is handed and the fold's time (``fold.now``); it decides a
-    change's commit (as decisions) and a stall's end (applied through ``apply``, the
-    machine's)."""
+    change's commit, as decisions that the machine applies."""
 
-    def __init__(
-        self,
-        fold: FoldContext,
-        apply: Callable[[GroupState, Iterable[Any], Record, list[Effect]], None],
-    ) -> None:
+    def __init__(self, fold: FoldContext) -> None:
         self._fold = fold
-        self._apply = apply  # the machine's: a stall's shutdown or its change
 
     def commit(self, g: GroupState, record: Record) -> list[Any]:
         """Phase two: every participant ACKed, was dropped or exited. Dropped and exited ranks
@@ -146,42 +139,6 @@ class ViewChange:
             done = Withdrawn()
         return [done, Rejected(tuple(change.proposals), outcome)]
 
-    # ------------------------------------------------------------------ a stalled view
-
-    def resolve_stall(self, g: GroupState, record: Record, effects: list[Effect]) -> bool:
-        """Decide a view that failed with every member alive (``fold/stalls.py``); True if a
-        change was prepared or the group shut down. A stall whose view is no longer current,
-        or whose view has an active rank that is not HEALTHY, is forgotten: the other rules
-        change the view."""
-        stall = g.stall
-        assert stall is not None
-        active = g.active
-        if stall.version != g.version or any(g.ranks[r].state != HEALTHY for r in active):
-            g.stall = None
-            return False
-        deadline = stall_deadline(g)
-        assert deadline is not None
-        decision = decide(stall, active, self._fold.now, deadline, g.cfg.min_active)
-        if decision is None:
-            return False
-        g.stall = None
-        if decision.kind == UNRESOLVED:
-            self._apply(g, (shutdown(g, UNRESOLVED, decision.detail),), record, effects)
-            return True
-        if decision.kind == VIEW_RETRY:
-            retry = prepare(g, active, VIEW_RETRY, (), decision.detail, self._fold.now)
-            self._apply(g, (retry,), record, effects)
-            return True
-        laggards = set(decision.laggards)
-        if not g.cfg.auto_deactivate:
-            for rank in decision.laggards:
-                effects.append(rank_state(g, rank, f"blamed: {decision.detail}", record))
-            return False
-        target = tuple(r for r in active if r not in laggards)
-        failed = prepare(g, target, VIEW_FAILED, (), decision.detail, self._fold.now)
-        self._apply(g, (failed,), record, effects)
-        return True
-
 
 class Committed(msgspec.Struct, frozen=True, gc=False):
     """A decision: the change in flight is over and ``view`` is the group's committed view
@@ -245,6 +202,35 @@ def missed_acks(g: GroupState, now: int) -> list[Lost]:
         return []
     why = f"did not ACK version {change.version} by its deadline {change.ack_deadline}"
     return [Lost(rank, why, True) for rank in change.outstanding()]
+
+
+def resolve_stall(g: GroupState, record: Record, now: int) -> list[Any]:
+    """Decide, at ``now``, a view that failed with every member alive (``fold/stalls.py``):
+    ``StallOver`` then the group's shutdown (``budget.Shutdown``), the change that retries
+    the view or removes its laggards (``Prepared``), or, without ``auto_deactivate``, the
+    ``rank_state`` effects that blame the laggards; nothing while it waits for more reports.
+    A stall whose view is no longer current, or whose view has an active rank that is not
+    HEALTHY, is only over: the other rules change the view. It changes nothing."""
+    stall = g.stall
+    assert stall is not None
+    active = g.active
+    if stall.version != g.version or any(g.ranks[r].state != HEALTHY for r in active):
+        return [StallOver()]
+    deadline = stall_deadline(g)
+    assert deadline is not None
+    decision = decide(stall, active, now, deadline, g.cfg.min_active)
+    if decision is None:
+        return []
+    if decision.kind == UNRESOLVED:
+        return [StallOver(), shutdown(g, UNRESOLVED, decision.detail)]
+    if decision.kind == VIEW_RETRY:
+        return [StallOver(), prepare(g, active, VIEW_RETRY, (), decision.detail, now)]
+    if not g.cfg.auto_deactivate:
+        blamed = f"blamed: {decision.detail}"
+        return [StallOver(), *(rank_state(g, r, blamed, record) for r in decision.laggards)]
+    laggards = set(decision.laggards)
+    target = tuple(r for r in active if r not in laggards)
+    return [StallOver(), prepare(g, target, VIEW_FAILED, (), decision.detail, now)]
 
 
 def stall_deadline(g: GroupState) -> int | None:

@@ -23,7 +23,7 @@ Each rule lives in a file of its own, whose docstring states it. The Coordinator
 state (groups, proposals, time, facets) and composes the rules; none of them inherits from
 another or reaches the rest through a shared ``self``. A rule with a declared interface (the
 ranks, the Healthy Set, the budget, the end of a run, a proposal's arrival, a view change's
-prepare and commit) reads what it is handed and returns its decisions as small values that
+prepare, commit and stall) reads what it is handed and returns its decisions as small values that
 ``apply.py`` applies; the others are objects built here with what they read and the few rules
 they call back, and still change the group they are handed:
 
@@ -34,13 +34,13 @@ they call back, and still change the group they are handed:
 ``budget.py``       ``budget_shutdown(g) -> Shutdown | None``: when a group shuts down for good
 ``apply.py``        ``Applier``: applies those decisions; the death chain (``go_offline``)
 ``proposals.py``    ``ProposalQueue``: what starts the next change (``reconfigure.py``: torch's)
-``barrier.py``      ``prepare``, ``form`` (``Prepared``); ``ViewChange``: commit, a stall's end
+``barrier.py``      ``prepare``, ``form``, ``resolve_stall``; ``ViewChange.commit``
 ``deadlines.py``    ``Deadlines``: the deadlines a tick fires, what a resumed tick restarts
 ``ending.py``       ``on_group_ended``, ``finish_if_done``: a run over, ended or finished
 ``outcomes.py``     ``resolve``: a proposal's one outcome, whichever rule decides it
 ==================  =======================================================================
 
-``stalls.py`` decides a view that failed with nobody blamed; ``barrier.py`` applies it.
+``stalls.py`` decides a view that failed with nobody blamed; ``barrier.py`` carries it out.
 
 State beside membership lives in *facets* (``coordinator/fold/facets.py``), each a package
 the registry (``registry.py``) names: epoch plans and weight refits are two. A record of a
@@ -61,7 +61,7 @@ from ...wire.inputs import Input, decode
 from . import ending, ranks
 from .admission import admission_problem
 from .apply import Applier, enforce_budget, move_healthy
-from .barrier import ViewChange, form
+from .barrier import ViewChange, form, resolve_stall
 from .capture import FoldChanges, GroupCapture, Proposals
 from .config import GroupConfig
 from .deadlines import Deadlines
@@ -123,7 +123,7 @@ class Coordinator:
         self._fences = Fences(self, groups, proposals, self._facet_of, self.composition.all_kinds)
         self._ranks = Ranks(self._fences)
         self._apply = Applier(self, facets, proposals).apply  # a bound method: one call less
-        self._views = ViewChange(self, self._apply)
+        self._views = ViewChange(self)
         self._queue = ProposalQueue(self, proposals, self._apply, admission_problem)
         self._deadlines = Deadlines(
             self, groups, proposals, facets, self._apply, self._settle, self.changes
@@ -224,10 +224,10 @@ class Coordinator:
             if g.cfg.auto_deactivate and (removal := auto_deactivate(g, self._now)):
                 self._apply(g, (removal,), record, effects)
                 continue
-            if g.stall is not None and self._views.resolve_stall(g, record, effects):
-                if g.shutdown is not None:
-                    return
-                continue
+            if g.stall is not None:  # a change prepared or a shutdown: the loop's next turn
+                self._apply(g, resolve_stall(g, record, self._now), record, effects)
+                if g.change is not None or g.shutdown is not None:
+                    continue
             if not self._queue.decide_head(g, record, effects):
                 return
 

@@ -53,6 +53,11 @@ class StallReport(msgspec.Struct, frozen=True, gc=False):
     completed: int
 
 
+class StallOver(msgspec.Struct, frozen=True, gc=False):
+    """A decision (``barrier.resolve_stall``): the group's stall is over, decided or no longer
+    about the current view; the machine forgets it (``apply.py``)."""
+
+
 RETRY = "view_retry"
 FAILED = "view_failed"
 UNRESOLVED = "unresolved_view_failure"

@@ -15,6 +15,7 @@ from foldplane.coordinator.fold.barrier import (
     form,
     missed_acks,
     prepare,
+    resolve_stall,
 )
 from foldplane.coordinator.fold.budget import Shutdown, budget_shutdown
 from foldplane.coordinator.fold.config import GroupConfig
@@ -38,7 +39,7 @@ from foldplane.coordinator.fold.proposals import (
     auto_deactivate,
     expire_unformed_heads,
 )
-from foldplane.coordinator.fold.stalls import StallReport
+from foldplane.coordinator.fold.stalls import Stall, StallOver, StallReport
 from foldplane.coordinator.fold.state import Change, GroupState
 from foldplane.eventlog.record import Record
 from foldplane.wire.inputs import (
@@ -436,7 +437,7 @@ def test_a_complete_barrier_decides_the_view_and_each_carried_proposals_outcome(
     s = Script()
     s.form(world_size=4)
     g = s.m.group_states["g"]
-    views = ViewChange(s.m, Applier(s.m, (), {}).apply)
+    views = ViewChange(s.m)
     change = Change(2, (0, 1, 2), (0, 1, 2, 3), T0, "deactivate", [41], "by hand")
     change.acked, change.dropped, change.waiting = {0, 1, 3}, {2}, set()
     g.change = change
@@ -530,3 +531,49 @@ def test_active_ranks_that_left_the_healthy_set_are_removed_never_emptying_the_v
     g.ranks[1].state = SYNCED
     g.ranks[1].exited = g.ranks[3].exited = False
     assert as_data(g) == before and g.change is None
+
+
+# ------------------------------------------------------------------ a stall's end
+
+
+def stalled(retry: bool, reports: dict, **config) -> GroupState:
+    """A formed group whose view 1 failed blaming nobody, first reported at T0."""
+    g = formed(world_size=4, ack_timeout_s=20, heartbeat_timeout_s=3, **config)
+    g.stall = Stall(1, retry, T0)
+    g.stall.reports.update(reports)
+    return g
+
+
+def test_a_stall_waits_for_its_reports_then_decides_a_retry_and_changes_nothing():
+    g = stalled(False, {0: (7, 6), 1: (7, 6)})
+    before = as_data(g)
+    assert resolve_stall(g, RECORD, T0) == []  # two reports of four, the window still open
+    over, retry = resolve_stall(g, RECORD, T0 + 250_000_000)  # the window passed
+    assert over == StallOver() and isinstance(retry, Prepared)
+    assert (retry.version, retry.active, retry.kind) == (2, (0, 1, 2, 3), "view_retry")
+    assert as_data(g) == before and g.stall is not None and g.stall.version == 1
+
+
+def test_a_failed_retry_removes_its_laggards_or_blames_them_or_shuts_the_group_down():
+    everyone = {0: (9, 0), 1: (9, 0), 2: (4, 0), 3: (9, 0)}  # none completed on the retry
+    g = stalled(True, everyone)
+    before = as_data(g)
+    over, removal = resolve_stall(g, RECORD, T0)
+    assert over == StallOver() and (removal.active, removal.kind) == ((0, 1, 3), "view_failed")
+    assert as_data(g) == before
+    g = stalled(True, everyone, auto_deactivate_on_failure=False)
+    over, blamed = resolve_stall(g, RECORD, T0)
+    assert isinstance(blamed, RankState) and blamed.rank == 2
+    assert blamed.reason.startswith("blamed: version 1 failed")
+    g = stalled(True, {r: (9, 0) for r in range(4)})  # nobody issued fewer
+    over, shutdown = resolve_stall(g, RECORD, T0)
+    assert isinstance(shutdown, Shutdown) and shutdown.reason == "unresolved_view_failure"
+
+
+def test_a_stall_of_a_view_no_longer_current_is_only_over():
+    g = stalled(False, {})
+    g.ranks[2].state = SYNCED  # an active rank left the Healthy Set: other rules decide
+    assert resolve_stall(g, RECORD, T0) == [StallOver()]
+    effects: list = []
+    Applier(Script().m, (), {}).apply(g, [StallOver()], RECORD, effects)
+    assert g.stall is None and effects == []
