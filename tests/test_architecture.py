@@ -106,11 +106,8 @@ DECLARED_RULES = (
     "barrier.ViewChange.commit",
     "barrier.ViewChange._commit_without_target",
     "barrier.ViewChange._view",
-    "proposals.ProposalQueue.on_proposal",  # a proposal's arrival; the queue's others not yet
-    "proposals.attach_heads",
-    "proposals.auto_deactivate",
-    "proposals.expire_unformed_heads",
-    "reconfigure.joined_call",
+    "proposals",
+    "reconfigure",
 )
 IN_PLACE_BY_NAME = {("ranks", "Ranks")}
 #: Calls that change a set, dict, list or deque in place.

@@ -12,16 +12,18 @@ group and adds the effects that tell of it:
 - the ranks' decisions (``ranks.on_join``, ``on_links``, ``on_ack``, ``on_exit``,
   ``on_death_reported``, ``expired``), a stall's report (``stalls.StallReport``), the end of a
   run's (``ending.on_group_ended``, ``finish_if_done``), a proposal's arrival
-  (``proposals.ProposalQueue.on_proposal``: ``Recorded``, ``Queued``), the queue's heads
-  (``proposals.attach_heads``: ``Attached``), a prepare (``barrier.prepare``, ``form``,
-  ``proposals.auto_deactivate``: ``Prepared``), a stall's end (``barrier.resolve_stall``:
-  ``stalls.StallOver``), a commit (``barrier.ViewChange.commit``: ``Committed``, ``Withdrawn``), a failed formation (``formation.FormationFailed``),
+  (``proposals.ProposalQueue.on_proposal``: ``Recorded``, ``Queued``), the head of the queue
+  (``ProposalQueue.decide_head``: ``outcomes.Dequeued``, then ``Resolved`` or ``Prepared``),
+  the heads a change takes along (``proposals.attach_heads``: ``Attached``), a prepare
+  (``barrier.prepare``, ``form``, ``proposals.auto_deactivate``: ``Prepared``), a stall's end
+  (``barrier.resolve_stall``: ``stalls.StallOver``), a commit (``barrier.ViewChange.commit``:
+  ``Committed``, ``Withdrawn``), a failed formation (``formation.FormationFailed``),
   proposals resolved (``outcomes.Resolved``, ``Rejected``) and a shutdown: :class:`Applier`,
   whose ``go_offline`` is the death chain every lost rank goes through.
 
 A handler of the transition table returns its decisions in order, and an effect among them
-is told as it is (:meth:`Applier.apply`). The rules that still change a group themselves
-(the queue's head at ``_settle``, the tick's loop) apply their decisions
+is told as it is (:meth:`Applier.apply`). The one rule that still changes a group itself,
+the tick's loop over the groups due (``deadlines.py``), applies the others' decisions
 through this module too.
 """
 
@@ -50,7 +52,7 @@ from .ending import Deleted, EndShutdown, RunEnd
 from .facets import Facet, FoldContext
 from .formation import FormationFailed
 from .healthy_set import HealthyMoves
-from .outcomes import Rejected, Resolved, resolve
+from .outcomes import Dequeued, Rejected, Resolved, resolve
 from .proposals import Attached, Queued, Recorded, attach_heads
 from .ranks import Acked, Evidence, Exited, Identified, Joined, Lost, SignOfLife
 from .stalls import Stall, StallOver, StallReport
@@ -148,6 +150,7 @@ class Applier:
             Committed: self._committed,
             Withdrawn: self._withdrawn,
             Resolved: self._resolved,
+            Dequeued: self._dequeued,
             Shutdown: self._shutdown,
             FormationFailed: self._formation_failed,
         }
@@ -348,6 +351,9 @@ class Applier:
 
     def _resolved(self, g: GroupState, d: Resolved, record: Any, effects: list) -> None:
         resolve(self._proposals, d.pid, d.status, d.version, d.reason, record, effects, d.dropped)
+
+    def _dequeued(self, g: GroupState, d: Dequeued, record: Any, effects: Any) -> None:
+        g.queue.popleft()
 
     def _attached(self, g: GroupState, d: Attached, record: Any, effects: Any) -> None:
         g.queue.popleft()

@@ -22,10 +22,10 @@ Heartbeats take a fast path that changes only liveness, so they never reach ``_s
 Each rule lives in a file of its own, whose docstring states it. The Coordinator owns the
 state (groups, proposals, time, facets) and composes the rules; none of them inherits from
 another or reaches the rest through a shared ``self``. A rule with a declared interface (the
-ranks, the Healthy Set, the budget, the end of a run, a proposal's arrival, a view change's
-prepare, commit and stall) reads what it is handed and returns its decisions as small values that
+ranks, the Healthy Set, the budget, the end of a run, the queue, a view change's prepare,
+commit and stall) reads what it is handed and returns its decisions as small values that
 ``apply.py`` applies; the others are objects built here with what they read and the few rules
-they call back, and still change the group they are handed:
+they call back (the tick's, ``deadlines.py``, still changes the group it is handed):
 
 ==================  =======================================================================
 ``fencing.py``      ``Fences``: which inputs are refused, before the append and in the step
@@ -33,7 +33,7 @@ they call back, and still change the group they are handed:
 ``healthy_set.py``  ``healthy_moves(g, record) -> HealthyMoves``: who is HEALTHY
 ``budget.py``       ``budget_shutdown(g) -> Shutdown | None``: when a group shuts down for good
 ``apply.py``        ``Applier``: applies those decisions; the death chain (``go_offline``)
-``proposals.py``    ``ProposalQueue``: what starts the next change (``reconfigure.py``: torch's)
+``proposals.py``    ``ProposalQueue.decide_head``, ``auto_deactivate``: the next change
 ``barrier.py``      ``prepare``, ``form``, ``resolve_stall``; ``ViewChange.commit``
 ``deadlines.py``    ``Deadlines``: the deadlines a tick fires, what a resumed tick restarts
 ``ending.py``       ``on_group_ended``, ``finish_if_done``: a run over, ended or finished
@@ -124,7 +124,7 @@ class Coordinator:
         self._ranks = Ranks(self._fences)
         self._apply = Applier(self, facets, proposals).apply  # a bound method: one call less
         self._views = ViewChange(self)
-        self._queue = ProposalQueue(self, proposals, self._apply, admission_problem)
+        self._queue = ProposalQueue(self, proposals, admission_problem)
         self._deadlines = Deadlines(
             self, groups, proposals, facets, self._apply, self._settle, self.changes
         )
@@ -228,8 +228,9 @@ class Coordinator:
                 self._apply(g, resolve_stall(g, record, self._now), record, effects)
                 if g.change is not None or g.shutdown is not None:
                     continue
-            if not self._queue.decide_head(g, record, effects):
+            if not (head := self._queue.decide_head(g)):
                 return
+            self._apply(g, head, record, effects)
 
     # ------------------------------------------------------------------ snapshots
 

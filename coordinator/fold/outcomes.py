@@ -36,6 +36,13 @@ class Rejected(msgspec.Struct, frozen=True, gc=False):
     dequeue: bool = False
 
 
+class Dequeued(msgspec.Struct, frozen=True, gc=False):
+    """A decision: proposal ``pid``, the head of its group's queue, leaves it (the change
+    prepared next carries it, or it resolved at once)."""
+
+    pid: int
+
+
 def resolve(
     proposals: dict[int, Proposal],
     pid: int,

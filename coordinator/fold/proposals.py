@@ -14,24 +14,23 @@ how its members' calls make one proposal and how its head is decided.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
 
 from ...eventlog.record import Record
-from ...wire.codes import APPLIED, PENDING, REJECTED
+from ...wire.codes import APPLIED, PENDING
 from ...wire.inputs import RECONFIGURE, ProposalInput
 from ...wire.life import EXITED, RANK_WORDS
 from .admission import requested, static_problem
 from .barrier import Prepared, prepare
 from .effects import (
-    Effect,
     Proposal,
     ProposalAccepted,
 )
 from .facets import FoldContext
-from .outcomes import Rejected, resolve
+from .outcomes import Dequeued, Rejected, Resolved
 from .reasons import ranks_text
 from .reconfigure import decide_reconfigure, joined_call
 from .state import FAILED, GroupState
@@ -61,20 +60,17 @@ class ProposalQueue:
     steps are ``reconfigure.py``'s functions.
 
     It reads the groups it is handed, the proposals (which it adds to and resolves), the
-    fold's time (``fold.now``) and the admission rule (``admission_problem``); a change it
-    decides to start (``barrier.prepare``) or a proposal it resolves goes to ``apply``, the
-    machine's."""
+    fold's time (``fold.now``) and the admission rule (``admission_problem``); it returns
+    its decisions (a proposal's arrival, the head of the queue) and changes nothing."""
 
     def __init__(
         self,
         fold: FoldContext,
         proposals: dict[int, Proposal],
-        apply: Callable[[GroupState, Iterable[Any], Record, list[Effect]], None],
         admission_problem: Callable[[GroupState, tuple[int, ...]], str | None],
     ) -> None:
         self._fold = fold
         self._proposals = proposals
-        self._apply = apply
         self._admission_problem = admission_problem
 
     def on_proposal(
@@ -129,92 +125,55 @@ class ProposalQueue:
             decided.append(Queued(proposal.id, now + admission_timeout_ns(g, proposal)))
         return decided
 
-    def decide_head(self, g: GroupState, record: Record, effects: list[Effect]) -> bool:
-        """Decide the proposal at the head of the queue; True if it was decided.
+    def decide_head(self, g: GroupState) -> list[Any]:
+        """Decide the proposal at the head of the queue: nothing while it waits (or with no
+        head), else its decisions. It changes nothing.
 
         Checked in order: ranks in range and distinct (else rejected); the resulting view equal
         to the current one (then ``applied`` at once with the current version: deduplication);
         for deactivate, at least ``min_active`` ranks left; for activate, every rank of the
         result HEALTHY and the result a clique of usable edges. A head that is not admissible
         yet waits until its admission deadline, then is rejected naming each rank and state.
-        A reconfigure has rules of its own (``reconfigure.py``).
+        A reconfigure has rules of its own (``reconfigure.py``). A head decided leaves the
+        queue: ``outcomes.Rejected`` (``dequeue``), or ``outcomes.Dequeued`` followed by its
+        ``outcomes.Resolved`` or the change that carries it (``barrier.Prepared``).
         """
         if not g.queue:
-            return False
+            return []
         pid, deadline = g.queue[0]
         proposal = self._proposals[pid]
+        now = self._fold.now
         if proposal.op == RECONFIGURE:
-            decided = decide_reconfigure(
-                g,
-                self._proposals,
-                proposal,
-                deadline,
-                self._fold.now,
-                self._admission_problem,
-                record,
-                effects,
-            )
-            if isinstance(decided, bool):
+            decided = decide_reconfigure(g, proposal, deadline, now, self._admission_problem)
+            if isinstance(decided, list):  # it waits, or it is rejected
                 return decided
             target, detail, extra = decided
-            now = self._fold.now
             change = prepare(g, target, RECONFIGURE, (pid,), detail, now, extra=extra)
-            self._apply(g, (change,), record, effects)
-            return True
+            return [Dequeued(pid), change]
         invalid = static_problem(g, proposal)
         if invalid is not None:
-            g.queue.popleft()
-            resolve(self._proposals, pid, REJECTED, None, invalid, record, effects)
-            return True
+            return [Rejected((pid,), invalid, dequeue=True)]
         active = g.active
         target = requested(proposal, active)
         if target == active:
-            g.queue.popleft()
-            resolve(
-                self._proposals,
-                pid,
-                APPLIED,
-                g.version,
-                f"no change needed: version {g.version} already has active ranks {ranks_text(active)}",
-                record,
-                effects,
-            )
-            return True
+            why = f"no change needed: version {g.version} already has active ranks {ranks_text(active)}"
+            return [Dequeued(pid), Resolved(pid, APPLIED, g.version, why)]
         if proposal.op == "deactivate":
             if len(target) < g.cfg.min_active:
-                g.queue.popleft()
-                resolve(
-                    self._proposals,
-                    pid,
-                    REJECTED,
-                    None,
+                why = (
                     f"deactivating {ranks_text(proposal.ranks)} would leave {len(target)} active "
-                    f"ranks {ranks_text(target)}; min_active is {g.cfg.min_active}",
-                    record,
-                    effects,
+                    f"ranks {ranks_text(target)}; min_active is {g.cfg.min_active}"
                 )
-                return True
+                return [Rejected((pid,), why, dequeue=True)]
         else:
             problem = self._admission_problem(g, target)
             if problem is not None:
-                if self._fold.now < deadline:
-                    return False
-                g.queue.popleft()
-                resolve(
-                    self._proposals,
-                    pid,
-                    REJECTED,
-                    None,
-                    f"not admissible by the admission deadline {deadline}: {problem}",
-                    record,
-                    effects,
-                )
-                return True
-        g.queue.popleft()
+                if now < deadline:
+                    return []
+                why = f"not admissible by the admission deadline {deadline}: {problem}"
+                return [Rejected((pid,), why, dequeue=True)]
         detail = f"proposal {pid}: {proposal.op} {ranks_text(proposal.ranks)}"
-        change = prepare(g, target, "proposal", (pid,), detail, self._fold.now)
-        self._apply(g, (change,), record, effects)
-        return True
+        return [Dequeued(pid), prepare(g, target, "proposal", (pid,), detail, now)]
 
 
 def auto_deactivate(g: GroupState, now: int) -> Prepared | None:

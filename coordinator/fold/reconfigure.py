@@ -52,7 +52,6 @@ from typing import Any
 
 import msgspec
 
-from ...eventlog.record import Record
 from ...wire.codes import (
     APPLIED,
     APPLIED_WITH_DROPPED_RANKS,
@@ -61,16 +60,14 @@ from ...wire.codes import (
     INVALID_EVENT,
     PENDING,
     RECONFIGURE_UUID_USED,
-    REJECTED,
 )
 from ...wire.inputs import ProposalInput
 from .admission import static_problem
 from .effects import (
     OFFLINE,
-    Effect,
     Proposal,
 )
-from .outcomes import resolve
+from .outcomes import Rejected
 from .reasons import LIMIT, abridged, ranks_text
 from .state import GroupState
 
@@ -223,33 +220,22 @@ def joined_call(proposal: Proposal, call: ProposalInput) -> Proposal:
 
 def decide_reconfigure(
     g: GroupState,
-    proposals: dict[int, Proposal],
     proposal: Proposal,
     deadline: int,
     now: int,
     admission_problem: Callable[[GroupState, tuple[int, ...]], str | None],
-    record: Record,
-    effects: list[Effect],
-) -> bool | Prepare:
+) -> list[Rejected] | Prepare:
     """Decide the reconfigure at the head of ``g``'s queue (the module docstring's order), at
-    ``now``, its admission deadline ``deadline``: False while it waits, True once rejected
-    (and popped), else the view change to prepare for it (popped: the queue prepares it)."""
+    ``now``, its admission deadline ``deadline``: nothing (``[]``) while it waits, its rejection
+    (``outcomes.Rejected``, leaving the queue), else the view change to prepare for it (the
+    queue makes it a ``barrier.Prepared``: the barrier imports the ranks, whose fences import
+    this file). It changes nothing."""
     pid = proposal.id
     invalid = static_problem(g, proposal)
     gone = [] if invalid is not None else gone_members(g, proposal)
     if invalid is not None or gone:
-        g.queue.popleft()
         why = invalid or (abridged(gone) + "; the members left can reconfigure with a fresh uuid")
-        resolve(
-            proposals,
-            pid,
-            REJECTED,
-            None,
-            f"reconfigure uuid {proposal.uuid}: {why}",
-            record,
-            effects,
-        )
-        return True
+        return [Rejected((pid,), f"reconfigure uuid {proposal.uuid}: {why}", dequeue=True)]
     target = tuple(sorted(proposal.ranks))
     missing = [r for r in proposal.ranks if r not in proposal.callers]
     if missing:
@@ -261,22 +247,11 @@ def decide_reconfigure(
         problem = admission_problem(g, target)
     if problem is not None:
         if now < deadline:
-            return False
-        g.queue.popleft()
-        resolve(
-            proposals,
-            pid,
-            REJECTED,
-            None,
+            return []
+        why = (
             f"reconfigure uuid {proposal.uuid} not admissible by the admission deadline "
-            f"{deadline}: {problem}; the last committed view (version {g.version}) stays",
-            record,
-            effects,
+            f"{deadline}: {problem}; the last committed view (version {g.version}) stays"
         )
-        return True
-    g.queue.popleft()
-    return (
-        target,
-        reconfigure_detail(proposal),
-        {"uuid": proposal.uuid, "order": list(proposal.ranks)},
-    )
+        return [Rejected((pid,), why, dequeue=True)]
+    extra = {"uuid": proposal.uuid, "order": list(proposal.ranks)}
+    return target, reconfigure_detail(proposal), extra

@@ -3,7 +3,7 @@ its decision as a value and changes nothing; the machine's ``apply.py`` is what 
 
 from __future__ import annotations
 
-from msgspec import UNSET
+from msgspec import UNSET, structs
 
 from foldplane.coordinator.fold import ending, ranks
 from foldplane.coordinator.fold.admission import admission_problem
@@ -30,7 +30,7 @@ from foldplane.coordinator.fold.effects import (
 )
 from foldplane.coordinator.fold.formation import FormationFailed, formation_failed
 from foldplane.coordinator.fold.healthy_set import HealthyMoves, healthy_moves
-from foldplane.coordinator.fold.outcomes import Rejected, Resolved
+from foldplane.coordinator.fold.outcomes import Dequeued, Rejected, Resolved
 from foldplane.coordinator.fold.proposals import (
     Attached,
     ProposalQueue,
@@ -39,6 +39,7 @@ from foldplane.coordinator.fold.proposals import (
     auto_deactivate,
     expire_unformed_heads,
 )
+from foldplane.coordinator.fold.reconfigure import decide_reconfigure
 from foldplane.coordinator.fold.stalls import Stall, StallOver, StallReport
 from foldplane.coordinator.fold.state import Change, GroupState
 from foldplane.eventlog.record import Record
@@ -333,8 +334,7 @@ def test_a_proposal_is_recorded_then_queued_until_its_admission_deadline():
     s.form()
     g = s.m.group_states["g"]
     proposals: dict = {}  # what it reads besides the group: the proposals (none yet)
-    # an arrival prepares no view change: the queue is built without one
-    queue = ProposalQueue(s.m, proposals, None, admission_problem)  # type: ignore[arg-type]
+    queue = ProposalQueue(s.m, proposals, admission_problem)
     call = ProposalInput(op="deactivate", ranks=[3], idempotency_key="k1")
     before = as_data(g)
     decisions = queue.on_proposal(g, RECORD, call, T0)
@@ -577,3 +577,100 @@ def test_a_stall_of_a_view_no_longer_current_is_only_over():
     effects: list = []
     Applier(Script().m, (), {}).apply(g, [StallOver()], RECORD, effects)
     assert g.stall is None and effects == []
+
+
+# ------------------------------------------------------------------ the head of the queue
+
+
+def heads(s: Script, *queued: Proposal) -> tuple[GroupState, ProposalQueue]:
+    """The group of ``s`` with ``queued`` in its queue (admission deadline T0 + 30 s each), and
+    a queue that reads them."""
+    g = s.m.group_states["g"]
+    g.queue.extend((p.id, T0 + 30_000_000_000) for p in queued)
+    return g, ProposalQueue(s.m, {p.id: p for p in queued}, admission_problem)
+
+
+def test_the_head_of_the_queue_is_rejected_applied_at_once_or_prepared_and_changes_nothing():
+    s = Script()
+    s.form(world_size=4, min_active=3, ack_timeout_s=20)
+    now = s.m.now
+    g, queue = heads(s, proposal(61, "deactivate", (9,)))
+    before = as_data(g)
+    [rejected] = queue.decide_head(g)
+    assert rejected.pids == (61,) and rejected.dequeue and "9" in rejected.reason
+    assert as_data(g) == before
+    g.queue.clear()
+    g, queue = heads(s, proposal(62, "activate", (1, 2)))
+    why = "no change needed: version 1 already has active ranks [0, 1, 2, 3]"
+    assert queue.decide_head(g) == [Dequeued(62), Resolved(62, "applied", 1, why)]
+    g.queue.clear()
+    g, queue = heads(s, proposal(63, "deactivate", (2, 3)))
+    [rejected] = queue.decide_head(g)
+    assert rejected.reason.endswith("min_active is 3") and rejected.dequeue
+    g.queue.clear()
+    g, queue = heads(s, proposal(64, "deactivate", (3,)))
+    before = as_data(g)
+    assert queue.decide_head(g) == [
+        Dequeued(64),
+        Prepared(
+            2,
+            (0, 1, 2),
+            (0, 1, 2, 3),
+            now + 20_000_000_000,
+            "proposal",
+            (64,),
+            "proposal 64: deactivate [3]",
+        ),
+    ]
+    assert as_data(g) == before and [pid for pid, _ in g.queue] == [64]
+    g.queue.clear()
+    assert queue.decide_head(g) == []  # no head
+
+
+def test_an_activation_not_admissible_waits_for_its_admission_deadline_then_is_rejected():
+    s = Script()
+    s.form(world_size=5)
+    s.death(4)  # auto-deactivation: version 2 without rank 4
+    s.ack_all()
+    g, queue = heads(s, proposal(71, "activate", (4,)))
+    before = as_data(g)
+    assert queue.decide_head(g) == []  # rank 4 is OFFLINE: it waits
+    s.m._now = T0 + 30_000_000_000  # the fold's time reaches its admission deadline
+    [rejected] = queue.decide_head(g)
+    assert rejected.dequeue and rejected.reason.startswith(
+        f"not admissible by the admission deadline {T0 + 30_000_000_000}: "
+    )
+    assert as_data(g) == before
+
+
+def test_a_reconfigure_at_the_head_waits_for_its_members_then_is_prepared_in_their_order():
+    s = Script()
+    s.form(world_size=3)
+    g = s.m.group_states["g"]
+    members = (2, 0)
+    called = structs.replace(
+        proposal(81, "reconfigure", members),
+        uuid=5,
+        incarnations=tuple(s.inc(r) for r in members),
+        callers=(2,),
+        calls=(None,),
+    )
+    before = as_data(g)
+    deadline = T0 + 10
+    assert decide_reconfigure(g, called, deadline, T0, admission_problem) == []  # 0 must call
+    [late] = decide_reconfigure(g, called, deadline, deadline, admission_problem)
+    assert late.pids == (81,) and late.dequeue and "members [0] never called it" in late.reason
+    both = structs.replace(called, callers=(2, 0), calls=(None, None))
+    target, detail, extra = decide_reconfigure(g, both, deadline, T0, admission_problem)
+    assert (target, extra) == ((0, 2), {"uuid": 5, "order": [2, 0]})
+    assert detail.startswith("proposal 81: reconfigure uuid 5 to members [2, 0] in that order")
+    g.queue.append((81, deadline))
+    dequeued, prepared = ProposalQueue(s.m, {81: both}, admission_problem).decide_head(g)
+    assert dequeued == Dequeued(81)
+    assert (prepared.active, prepared.kind, prepared.proposals) == ((0, 2), "reconfigure", (81,))
+    assert prepared.extra == {"uuid": 5, "order": [2, 0]}
+    g.queue.clear()
+    gone = structs.replace(both, incarnations=("elsewhere", s.inc(0)))
+    [rejected] = decide_reconfigure(g, gone, deadline, T0, admission_problem)
+    assert rejected.dequeue and "rank 2's handle names incarnation elsewhere" in rejected.reason
+    assert as_data(g) == before
