@@ -100,6 +100,8 @@ DECLARED_RULES = (
     "ending",
     "formation",
     "barrier.missed_acks",
+    "deadlines.resumed",
+    "deadlines.window_closed",
     "barrier.prepare",
     "barrier.form",
     "barrier.resolve_stall",

@@ -17,18 +17,20 @@ group and adds the effects that tell of it:
   the heads a change takes along (``proposals.attach_heads``: ``Attached``), a prepare
   (``barrier.prepare``, ``form``, ``proposals.auto_deactivate``: ``Prepared``), a stall's end
   (``barrier.resolve_stall``: ``stalls.StallOver``), a commit (``barrier.ViewChange.commit``:
-  ``Committed``, ``Withdrawn``), a failed formation (``formation.FormationFailed``),
+  ``Committed``, ``Withdrawn``), a failed formation (``formation.FormationFailed``), a resumed
+  tick and a window's end (``deadlines.resumed``: ``Resumed``; ``window_closed``),
   proposals resolved (``outcomes.Resolved``, ``Rejected``) and a shutdown: :class:`Applier`,
   whose ``go_offline`` is the death chain every lost rank goes through.
 
 A handler of the transition table returns its decisions in order, and an effect among them
-is told as it is (:meth:`Applier.apply`). The one rule that still changes a group itself,
-the tick's loop over the groups due (``deadlines.py``), applies the others' decisions
-through this module too.
+is told as it is (:meth:`Applier.apply`). No rule changes a group itself: the machine's
+``_settle`` and the tick's loop over the groups due (``deadlines.py``) ask the rules in
+order and apply each one's decisions here before they ask the next.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -38,6 +40,7 @@ from ...eventlog.record import Record
 from ...wire.codes import REJECTED
 from .barrier import Committed, Prepared, Withdrawn
 from .budget import Shutdown, budget_shutdown
+from .deadlines import Resumed, WindowClosed
 from .effects import (
     HEALTHY,
     OFFLINE,
@@ -153,6 +156,8 @@ class Applier:
             Dequeued: self._dequeued,
             Shutdown: self._shutdown,
             FormationFailed: self._formation_failed,
+            Resumed: self._resumed,
+            WindowClosed: self._window_closed,
         }
 
     def apply(self, g: Any, decisions: Iterable[Any], record: Any, effects: list[Effect]) -> None:
@@ -368,6 +373,19 @@ class Applier:
         g.window_end = None
         g.formation_error = d.error
 
+
+    def _resumed(self, g: GroupState, d: Resumed, record: Any, effects: Any) -> None:
+        now, alive = d.now, g.alive
+        for rank in alive:
+            alive[rank] = now
+        if d.ack_deadline is not None:
+            g.change.ack_deadline = d.ack_deadline  # type: ignore[union-attr]
+        g.queue = deque((pid, t) for (pid, _), t in zip(g.queue, d.admissions, strict=True))
+        if g.stall is not None:  # its reports could not arrive either
+            g.stall.first_ts = now
+
+    def _window_closed(self, g: GroupState, d: WindowClosed, record: Any, effects: Any) -> None:
+        g.window_end = None
 
 def _set_evidence(g: GroupState, rank: int, down: frozenset[int], ready: bool) -> None:
     info = g.ranks[rank]

@@ -11,9 +11,10 @@ coordinator's; the formation deadline and an open window keep running.
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any
+
+import msgspec
 
 from ...eventlog.record import Record
 from ...wire.inputs import TickInput
@@ -34,10 +35,12 @@ class Deadlines:
     """The deadlines of every group and facet (see the module docstring).
 
     It reads the groups, the proposals (their admission deadlines), the facets (theirs) and
-    the fold's time (``fold.now``); what a due deadline decides is the other rules', as
-    decisions that ``apply`` applies: ranks silent (``ranks.expired``) or not ACKing
-    (``barrier.missed_acks``) lost, a formation failed (``formation.formation_failed``); then
-    unformed heads rejected, and the step's decisions (``settle``, the machine's)."""
+    the fold's time (``fold.now``); it changes no group itself. What a due deadline decides
+    is a rule's, as decisions that ``apply`` applies: the deadlines restarted when the
+    coordinator resumed (:func:`resumed`), ranks silent (``ranks.expired``), the window over
+    (:func:`window_closed`), ranks not ACKing (``barrier.missed_acks``) lost, a formation
+    failed (``formation.formation_failed``); then unformed heads rejected, and the step's
+    decisions (``settle``, the machine's)."""
 
     def __init__(
         self,
@@ -88,11 +91,15 @@ class Deadlines:
         """Time passed: fire every deadline that is due, group by group in name order.
 
         A tick with payload ``{"resumed": true}`` says the coordinator (re)started serving: the
-        deadlines that measure the ranks' silence restart first (see :meth:`_resume`)."""
+        deadlines that measure the ranks' silence restart first (see :func:`resumed`)."""
         effects: list[Effect] = []
         now = self._fold.now
         if tick.resumed is True:
-            self._resume()
+            for name in sorted(self._groups):
+                g = self._groups[name]
+                self._apply(g, (resumed(g, self._proposals, now),), record, effects)
+            for facet in self._facets:
+                facet.resume(now)
             self._changes.groups.update(self._groups)
         for name in sorted(self._groups):
             g = self._groups[name]
@@ -101,8 +108,7 @@ class Deadlines:
                 continue
             self._changes.groups.add(name)
             self._apply(g, expired(g, now), record, effects)
-            if g.window_end is not None and g.window_end <= now:
-                g.window_end = None
+            self._apply(g, window_closed(g, now), record, effects)
             self._apply(g, missed_acks(g, now), record, effects)
             if g.formation == FORMING and g.change is None and g.shutdown is None:
                 deadline = g.created_ts + g.cfg.formation_timeout_ns
@@ -118,30 +124,6 @@ class Deadlines:
         for facet in self._facets:
             facet.tick(self._fold, record, effects)
         return effects
-
-    def _resume(self) -> None:
-        """The coordinator was not serving for a while (a restart, a failover): nobody could
-        send a heartbeat, an ACK or a ready report to it, so silence during the outage is the
-        coordinator's, not the ranks'. Every deadline that waits for the ranks restarts at the
-        resumed tick's time: each online rank's heartbeat deadline, the ACK deadline of the
-        change in flight, the admission deadlines of queued proposals and the wait for the
-        reports of a view that failed with nobody blamed. The formation
-        deadline (a bound on the whole start-up) and an open reconciliation window (a delay
-        for more evidence, not a wait on anyone) keep running."""
-        now = self._fold.now
-        for name in sorted(self._groups):
-            g = self._groups[name]
-            for rank in g.alive:
-                g.alive[rank] = now
-            if g.change is not None:
-                g.change.ack_deadline = now + g.cfg.ack_timeout_ns
-            g.queue = deque(
-                (pid, now + admission_timeout_ns(g, self._proposals[pid])) for pid, _ in g.queue
-            )
-            if g.stall is not None:  # its reports could not arrive either
-                g.stall.first_ts = now
-        for facet in self._facets:
-            facet.resume(now)
 
     def _group_deadline(self, g: GroupState) -> int | None:
         if g.ended is not None:  # a run that is over waits for nothing (ending.py)
@@ -177,3 +159,40 @@ class Deadlines:
             if stall is not None:
                 consider(stall)
         return best
+
+
+class Resumed(msgspec.Struct, frozen=True, gc=False):
+    """A decision: the coordinator resumed serving at ``now``. Each online rank's heartbeat
+    deadline and a stall's wait for reports restart at ``now``, the change in flight waits for
+    its ACKs until ``ack_deadline`` (None: no change in flight) and the queued proposals for
+    their admission until ``admissions`` (in the queue's order)."""
+
+    now: int
+    ack_deadline: int | None
+    admissions: tuple[int, ...]
+
+
+def resumed(g: GroupState, proposals: dict[int, Proposal], now: int) -> Resumed:
+    """The coordinator was not serving for a while (a restart, a failover): nobody could
+    send a heartbeat, an ACK or a ready report to it, so silence during the outage is the
+    coordinator's, not the ranks'. Every deadline that waits for the ranks restarts at the
+    resumed tick's time ``now``: each online rank's heartbeat deadline, the ACK deadline of
+    the change in flight, the admission deadlines of queued proposals and the wait for the
+    reports of a view that failed with nobody blamed. The formation deadline (a bound on the
+    whole start-up) and an open reconciliation window (a delay for more evidence, not a wait
+    on anyone) keep running. It changes nothing."""
+    ack_deadline = None if g.change is None else now + g.cfg.ack_timeout_ns
+    admissions = tuple(now + admission_timeout_ns(g, proposals[pid]) for pid, _ in g.queue)
+    return Resumed(now, ack_deadline, admissions)
+
+
+class WindowClosed(msgspec.Struct, frozen=True, gc=False):
+    """A decision: the reconciliation window is over; the Healthy Set is decided again."""
+
+
+def window_closed(g: GroupState, now: int) -> list[WindowClosed]:
+    """The reconciliation window closes once its end passed. It changes nothing."""
+    window_end = g.window_end
+    if window_end is not None and window_end <= now:
+        return [WindowClosed()]
+    return []

@@ -25,7 +25,7 @@ another or reaches the rest through a shared ``self``. A rule with a declared in
 ranks, the Healthy Set, the budget, the end of a run, the queue, a view change's prepare,
 commit and stall) reads what it is handed and returns its decisions as small values that
 ``apply.py`` applies; the others are objects built here with what they read and the few rules
-they call back (the tick's, ``deadlines.py``, still changes the group it is handed):
+they call back, and apply what those decide (a tick: ``deadlines.py``) through ``apply.py``:
 
 ==================  =======================================================================
 ``fencing.py``      ``Fences``: which inputs are refused, before the append and in the step

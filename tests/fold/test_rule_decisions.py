@@ -19,6 +19,7 @@ from foldplane.coordinator.fold.barrier import (
 )
 from foldplane.coordinator.fold.budget import Shutdown, budget_shutdown
 from foldplane.coordinator.fold.config import GroupConfig
+from foldplane.coordinator.fold.deadlines import Resumed, WindowClosed, resumed, window_closed
 from foldplane.coordinator.fold.effects import (
     HEALTHY,
     OFFLINE,
@@ -674,3 +675,34 @@ def test_a_reconfigure_at_the_head_waits_for_its_members_then_is_prepared_in_the
     [rejected] = decide_reconfigure(g, gone, deadline, T0, admission_problem)
     assert rejected.dequeue and "rank 2's handle names incarnation elsewhere" in rejected.reason
     assert as_data(g) == before
+
+
+# ------------------------------------------------------------------ the tick
+
+
+def test_a_resumed_coordinator_restarts_what_waits_on_the_ranks_and_changes_nothing():
+    s = Script()
+    s.form(world_size=4, ack_timeout_s=20, admission_timeout_s=30)
+    s.death(3)  # auto-deactivation: version 2 in flight
+    g = s.m.group_states["g"]
+    queued = {91: proposal(91, "deactivate", (2,))}
+    g.queue.append((91, T0 + 1))
+    g.stall = Stall(1, False, T0)
+    now = T0 + 500_000_000_000
+    before = as_data(g)
+    decided = resumed(g, queued, now)
+    assert decided == Resumed(now, now + 20_000_000_000, (now + 30_000_000_000,))
+    assert as_data(g) == before
+    Applier(s.m, (), queued).apply(g, (decided,), RECORD, [])
+    assert set(g.alive.values()) == {now} and list(g.alive) == [0, 1, 2]
+    assert g.change.ack_deadline == now + 20_000_000_000 and g.stall.first_ts == now
+    assert list(g.queue) == [(91, now + 30_000_000_000)]
+
+
+def test_the_reconciliation_window_closes_once_its_end_passed():
+    g = formed(world_size=2)
+    assert window_closed(g, T0) == []  # none open
+    g.window_end = T0 + 5
+    assert window_closed(g, T0 + 4) == []
+    assert window_closed(g, T0 + 5) == [WindowClosed()]
+    assert g.window_end == T0 + 5
