@@ -1,7 +1,7 @@
 """A group that does not form: its formation deadline passed before its first view committed.
 
 The rule. A group forms once ``min_ranks`` ranks are HEALTHY and its first view change
-(``barrier.ViewChange.form``) commits. If no formation change is in flight and the group is
+(``barrier.form``) commits. If no formation change is in flight and the group is
 not shut down when its formation deadline (``formation_timeout``, from its creation) passes,
 it fails to form, for good: a ``group_failed`` names how far it got and the ranks that were
 not HEALTHY; it tracks no more deadlines (its ranks' last signs of life are kept for its
