@@ -320,7 +320,14 @@ class Applier:
     def _prepared(self, g: GroupState, d: Prepared, record: Any, effects: list) -> None:
         proposals = list(d.proposals)
         change = Change(
-            d.version, d.active, d.participants, d.ack_deadline, d.kind, proposals, d.detail, d.extra
+            d.version,
+            d.active,
+            d.participants,
+            d.ack_deadline,
+            d.kind,
+            proposals,
+            d.detail,
+            d.extra,
         )
         g.change = change
         effects.append(
@@ -373,7 +380,6 @@ class Applier:
         g.window_end = None
         g.formation_error = d.error
 
-
     def _resumed(self, g: GroupState, d: Resumed, record: Any, effects: Any) -> None:
         now, alive = d.now, g.alive
         for rank in alive:
@@ -386,6 +392,7 @@ class Applier:
 
     def _window_closed(self, g: GroupState, d: WindowClosed, record: Any, effects: Any) -> None:
         g.window_end = None
+
 
 def _set_evidence(g: GroupState, rank: int, down: frozenset[int], ready: bool) -> None:
     info = g.ranks[rank]

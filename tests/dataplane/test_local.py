@@ -320,9 +320,11 @@ def test_an_op_left_in_flight_on_a_view_this_rank_moved_on_from_still_fails_fast
     # Rank 0 has an operation in flight on view 1 when its agent installs view 2 (the training
     # thread still waits on it); rank 1, still on view 1, then sees view 1 fail. Rank 0's
     # operation fails from rank 1's poison notice, not at its deadline (the failure's reason
-    # says which).
-    a = make_plane(rank=0, world_size=2, p2p_timeout_s=5.0)
-    b = make_plane(rank=1, world_size=2, p2p_timeout_s=5.0)
+    # says which). The deadline is 10 s, not the fixture's 5: a new client of the test's store
+    # can hold the store's one event loop for 5 s (torch reverse-resolves each peer it accepts;
+    # docs/dataplane.md), and the notice travels through that store.
+    a = make_plane(rank=0, world_size=2, collective_timeout_s=10.0, p2p_timeout_s=10.0)
+    b = make_plane(rank=1, world_size=2, collective_timeout_s=10.0, p2p_timeout_s=10.0)
     for dp in (a, b):
         dp.install_view(1, [0, 1])
     pa, pb = a.process_group(), b.process_group()
@@ -341,9 +343,9 @@ def test_an_op_left_in_flight_on_a_view_this_rank_moved_on_from_still_fails_fast
     assert pa.get_failed_ranks_hint(straddling).tolist() == [0, 1]
     new = pa.all_reduce(torch.ones(2), async_op=True), pb.all_reduce(torch.ones(2), async_op=True)
     assert all(w.wait() for w in new)  # view 2 is untouched
-    # gloo ends the operation rank 0 left running at its own timeout (5 s): no backend is
+    # gloo ends the operation rank 0 left running at its own timeout (10 s): no backend is
     # destroyed with an operation inside it when the test's process exits.
-    assert old.wait_idle(15), "rank 0's operation on view 1 still runs in gloo"
+    assert old.wait_idle(20), "rank 0's operation on view 1 still runs in gloo"
 
 
 @pytest.mark.parametrize("reconfigure", [False, True], ids=["fresh", "reconfigured"])
