@@ -584,6 +584,18 @@ class DataPlane:
             control = self.connect_store(host, port)
             rendezvous = self.connect_store(host, port)
             watch = self.connect_store(host, port)
+            # each reconfigurable backend's bootstrap store: a client of its own, made here
+            gloo = (
+                PersistentGloo(
+                    self.rank,
+                    self.world_size,
+                    self.kind,
+                    lambda: self.connect_store(host, port),
+                    self.backend_timeout_s,
+                )
+                if self.gloo_reconfigure
+                else None
+            )
             heartbeat = Heartbeat(control, self.rank, self.incarnation, self.liveness_period_s)
         except RuntimeError as e:  # DistNetworkError, DistStoreError: nobody listens there
             raise DataPlaneError(
@@ -597,20 +609,7 @@ class DataPlane:
                 f"rank {self.rank}: cannot register at the rendezvous store {host}:{port}: {e}"
             ) from e
         session = _StoreSession(host, port, control, watch, heartbeat, [rendezvous])
-        if self.gloo_reconfigure:  # each backend's bootstrap store: a client of its own
-            try:
-                session.gloo = PersistentGloo(
-                    self.rank,
-                    self.world_size,
-                    self.kind,
-                    lambda: self.connect_store(host, port),
-                    self.backend_timeout_s,
-                )
-            except RuntimeError as e:
-                heartbeat.stop(wait=False)
-                raise DataPlaneError(
-                    f"rank {self.rank}: cannot reach the rendezvous store at {host}:{port}: {e}"
-                ) from e
+        session.gloo = gloo
         return session
 
     def _start_watcher(self, session: _StoreSession) -> None:
