@@ -49,7 +49,10 @@ def _finish(run: TorchrunJob) -> None:
     def last() -> dict[int, int]:
         return {x["rank"]: x["step"] for x in run.lines.seen if x.get("world") == run.world}
 
-    run.lines.wait_for(lambda: last() == dict.fromkeys(range(run.world), STEPS), 30, "the end")
+    try:
+        run.lines.wait_for(lambda: last() == dict.fromkeys(range(run.world), STEPS), 30, "the end")
+    except TimeoutError as exc:  # torchrun's logs say which worker failed and why it restarted
+        raise AssertionError(f"{exc}\nlast step by rank: {last()}\n{run.tails()}") from None
 
 
 def _kill_and_train_again(run: TorchrunJob) -> None:

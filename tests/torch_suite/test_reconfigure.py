@@ -20,7 +20,9 @@ from __future__ import annotations
 import json
 import multiprocessing
 import queue
+import time
 import uuid
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -50,6 +52,15 @@ GROUP = {
 }
 #: The longest a case may take, all of its rank processes together.
 CASE_S = 180.0
+#: Once a rank has failed, how long the others get to finish: a case's ranks wait for each
+#: other in the test's store (whose reads wait 300 s), so a failed rank can leave the others
+#: waiting on it for good.
+AFTER_FAILURE_S = 20.0
+#: torch's gloo (2.14.1, 2.15.0) sometimes fails one member's reconfigure from singletons to
+#: all three (scale 3->1->3) while the other members' succeed: a split outcome, the failed member
+#: raising this and the others going on in a configuration it is not in. Measured here: 4 of
+#: 100 runs of the case alone; it is torch's (no foldplane code is in the gloo reference).
+GLOO_SPLIT_OUTCOME = ("Gloo connectFullMesh failed", "Connection closed by peer")
 
 
 @pytest.fixture(scope="module")
@@ -104,26 +115,35 @@ def run(
     for p in procs:
         p.start()
     outcomes: dict[int, str | None] = {}
+    deadline = time.monotonic() + CASE_S
     try:
         while len(outcomes) < cases.WORLD:
             try:
-                rank, outcome = results.get(timeout=CASE_S)
+                rank, outcome = results.get(timeout=max(0.0, deadline - time.monotonic()))
             except queue.Empty:
+                left = sorted(set(range(cases.WORLD)) - set(outcomes))
+                if any(outcomes.values()):
+                    break  # a rank failed: the assertion below names it
                 pytest.fail(
-                    f"{case} on {backend}: ranks {sorted(set(range(cases.WORLD)) - set(outcomes))} "
-                    f"did not finish within {CASE_S} s (finished: {outcomes})"
+                    f"{case} on {backend}: ranks {left} did not finish within {CASE_S} s "
+                    f"(finished: {outcomes})"
                 )
             outcomes[rank] = outcome
+            if outcome:
+                deadline = min(deadline, time.monotonic() + AFTER_FAILURE_S)
     finally:
+        grace = 30.0 if len(outcomes) == cases.WORLD else 1.0  # the rest wait on a failed rank
         for p in procs:
-            p.join(timeout=30)
+            p.join(timeout=grace)
             if p.is_alive():
                 p.kill()
                 p.join(timeout=10)
     failed = {rank: text for rank, text in sorted(outcomes.items()) if text}
-    assert not failed, f"{case} on {backend}:\n" + "\n".join(
-        f"-- rank {rank} --\n{text}" for rank, text in failed.items()
-    )
+    report = [f"-- rank {rank} --\n{text}" for rank, text in failed.items()]
+    unfinished = sorted(set(range(cases.WORLD)) - set(outcomes))
+    if unfinished:
+        report.append(f"-- ranks {unfinished}: no outcome {AFTER_FAILURE_S} s after it --")
+    assert not failed, f"{case} on {backend}:\n" + "\n".join(report)
     assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
     return group
 
@@ -131,8 +151,22 @@ def run(
 @pytest.mark.slow
 @pytest.mark.parametrize("case", list(cases.TORCH_CASES))
 def test_torch_case_on_gloo(ctx, tmp_path, case):
-    """The reference: torch's own gloo, ``enable_reconfigure=True``."""
-    run(ctx, "gloo", case, tmp_path)
+    """The reference: torch's own gloo, ``enable_reconfigure=True``. A split outcome of torch's
+    gloo (:data:`GLOO_SPLIT_OUTCOME`) is reported as a warning and the case runs once more, in
+    a store of its own: it must pass then. Any other failure fails at once."""
+    try:
+        run(ctx, "gloo", case, tmp_path)
+    except AssertionError as first:
+        if not all(words in str(first) for words in GLOO_SPLIT_OUTCOME):
+            raise
+        warnings.warn(
+            f"{case} on torch's gloo: a member's reconfigure failed while the others' "
+            f"succeeded (torch's split outcome); ran it again. {str(first)[-600:]}",
+            stacklevel=1,
+        )
+        again = tmp_path / "again"
+        again.mkdir()
+        run(ctx, "gloo", case, again)
 
 
 @pytest.mark.slow
