@@ -77,7 +77,9 @@ def main() -> int:
             os.replace(tmp, args.checkpoint)
         line = {"rank": rank, "world": world, "step": step, "restart": restart}
         line |= {"pid": os.getpid(), "t": time.time(), "loss": round(loss.item(), 6)}
-        print(json.dumps(line), flush=True)
+        # one write per line (the newline with it): workers share a pipe, and with
+        # PYTHONUNBUFFERED print() writes the newline apart, so lines could interleave
+        print(json.dumps(line) + "\n", end="", flush=True)
         if args.step_pause:
             time.sleep(args.step_pause)
     dist.destroy_process_group()

@@ -110,6 +110,9 @@ class Lines:
     def __init__(self) -> None:
         self.queue: queue.Queue[dict[str, Any]] = queue.Queue()
         self.seen: list[dict[str, Any]] = []
+        #: Lines that began as a JSON object and were not one (two processes' lines run
+        #: together in a shared pipe): a timeout names them.
+        self.garbled: list[str] = []
 
     def follow(self, source: Any) -> None:
         """Read ``source``'s stdout (a ``Popen``, or a launcher's worker that has a
@@ -124,7 +127,7 @@ class Lines:
                     try:
                         self.queue.put(json.loads(line))
                     except ValueError:
-                        continue
+                        self.garbled.append(line)
 
         threading.Thread(target=read, daemon=True).start()
 
@@ -153,7 +156,10 @@ class Lines:
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
-                raise TimeoutError(f"{what}: not within {timeout:.0f} s; last: {self.seen[-4:]}")
+                garbled = f"; lines not read as JSON: {self.garbled[-4:]}" if self.garbled else ""
+                raise TimeoutError(
+                    f"{what}: not within {timeout:.0f} s; last: {self.seen[-4:]}{garbled}"
+                )
             try:
                 line = self.queue.get(timeout=left)
             except queue.Empty:

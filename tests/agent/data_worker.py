@@ -26,7 +26,9 @@ from foldplane.facets.epochs.worker import ElasticSampler
 
 
 def emit(event: str, **fields: object) -> None:
-    print(json.dumps({"event": event, **fields}), flush=True)
+    # one write per line (the newline with it): workers share a pipe, and with
+    # PYTHONUNBUFFERED print() writes the newline apart, so lines could interleave
+    print(json.dumps({"event": event, **fields}) + "\n", end="", flush=True)
 
 
 def main() -> int:

@@ -13,5 +13,7 @@ t = torch.ones(4) * (dist.get_rank() + 1)
 dist.all_reduce(t)
 master = f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
 line = {"rank": dist.get_rank(), "world": dist.get_world_size(), "sum": t[0].item()}
-print(json.dumps({**line, "master": master}), flush=True)
+# one write per line (the newline with it): workers share a pipe, and with
+# PYTHONUNBUFFERED print() writes the newline apart, so lines could interleave
+print(json.dumps({**line, "master": master}) + "\n", end="", flush=True)
 dist.destroy_process_group()

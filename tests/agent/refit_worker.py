@@ -44,7 +44,9 @@ GPU = os.environ.get("GPU_TEST_DEVICE") or None
 
 
 def emit(event: str, **fields: object) -> None:
-    print(json.dumps({"event": event, "at": time.time(), **fields}), flush=True)
+    # one write per line (the newline with it): workers share a pipe, and with
+    # PYTHONUNBUFFERED print() writes the newline apart, so lines could interleave
+    print(json.dumps({"event": event, "at": time.time(), **fields}) + "\n", end="", flush=True)
 
 
 def seed_of(key: str) -> int:

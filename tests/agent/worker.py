@@ -23,7 +23,9 @@ from foldplane.agent import Agent
 
 
 def emit(event: str, **fields: Any) -> None:
-    print(json.dumps({"event": event, **fields}), flush=True)
+    # one write per line (the newline with it): workers share a pipe, and with
+    # PYTHONUNBUFFERED print() writes the newline apart, so lines could interleave
+    print(json.dumps({"event": event, **fields}) + "\n", end="", flush=True)
 
 
 def first_elements(output: Any) -> Any:

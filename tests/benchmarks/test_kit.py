@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
 import time
+from types import SimpleNamespace
 
 import pytest
 
@@ -29,6 +31,39 @@ def test_lines_reads_every_json_line_of_a_process_and_skips_the_rest() -> None:
     child.wait(30)
     assert lines.seen == [{"rank": 0}, {"rank": 1}, {"rank": 2}, {"done": True}]
     lines.wait_for(lambda: len(lines.seen) == 4, 0.01, "what was already read")  # no wait
+    assert lines.garbled == ["{not json"]
+    with pytest.raises(TimeoutError, match=r"lines not read as JSON: \['\{not json'\]"):
+        lines.wait_for(lambda: False, 0.01, "more")
+
+
+def test_lines_of_workers_that_share_a_pipe_do_not_run_together() -> None:
+    """Four processes print JSON lines into one pipe as the example and the test workers do
+    (``print(line + "\\n", end="", flush=True)``, one write each), unbuffered as under
+    ``PYTHONUNBUFFERED``, where a plain ``print`` writes the newline in a write of its own:
+    every line arrives whole."""
+    code = (
+        "import json, sys\n"
+        "for step in range(300):\n"
+        "    line = {'rank': int(sys.argv[1]), 'step': step}\n"
+        "    print(json.dumps(line) + '\\n', end='', flush=True)\n"
+    )
+    read, write = os.pipe()
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    children = [
+        subprocess.Popen([sys.executable, "-c", code, str(r)], stdout=write, env=env)
+        for r in range(4)
+    ]
+    os.close(write)
+    lines = Lines()
+    with os.fdopen(read, "rb") as out:
+        lines.follow(SimpleNamespace(process=SimpleNamespace(stdout=out)))
+        lines.wait_for(lambda: len(lines.seen) == 4 * 300, 60, "every line")
+    for child in children:
+        assert child.wait(30) == 0
+    assert lines.garbled == []
+    assert sorted((x["rank"], x["step"]) for x in lines.seen) == [
+        (r, s) for r in range(4) for s in range(300)
+    ]
 
 
 def test_a_wait_that_runs_out_names_what_it_waited_for() -> None:

@@ -40,7 +40,9 @@ def batch(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def emit(event: str, **fields: Any) -> None:
-    print(json.dumps({"event": event, **fields}), flush=True)
+    # one write per line (the newline with it): workers share a pipe, and with
+    # PYTHONUNBUFFERED print() writes the newline apart, so lines could interleave
+    print(json.dumps({"event": event, **fields}) + "\n", end="", flush=True)
 
 
 def main() -> int:

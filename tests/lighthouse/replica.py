@@ -110,7 +110,9 @@ def main(argv: list[str] | None = None) -> int:
                 "digest": digest(model),
                 "t": time.time(),
             }
-            print(json.dumps(line), flush=True)
+            # one write per line (the newline with it): workers share a pipe, and with
+            # PYTHONUNBUFFERED print() writes the newline apart, so lines could interleave
+            print(json.dumps(line) + "\n", end="", flush=True)
             time.sleep(args.step_s)
     finally:
         manager.shutdown(wait=False)
