@@ -56,7 +56,7 @@ CASE_S = 180.0
 #: other in the test's store (whose reads wait 300 s), so a failed rank can leave the others
 #: waiting on it for good.
 AFTER_FAILURE_S = 20.0
-#: torch's gloo (2.14.1, 2.15.0) sometimes fails one member's reconfigure from singletons to
+#: torch's gloo (2.14.1; a recorded 2.15.0 run too) sometimes fails one member's reconfigure from singletons to
 #: all three (scale 3->1->3) while the other members' succeed: a split outcome, the failed member
 #: raising this and the others going on in a configuration it is not in. Measured here: 4 of
 #: 100 runs of the case alone; it is torch's (no foldplane code is in the gloo reference).
