@@ -158,10 +158,13 @@ async def _all_appended(host: Host, records: list[NewRecord]) -> None:
 async def test_a_committed_view_reaches_every_host_at_once_while_heartbeats_wait(
     tmp_path, monkeypatch, world
 ):
-    # The default flush (0.5 s): beats wait for a shared record without waking the loop.
-    # Heartbeats that arrive while the commit is being appended are queued behind it; they
-    # are no reason to hold back any host's push, since no batch follows until they are due.
-    host = await Host.open(str(tmp_path / "log.db"))
+    # Beats wait for a shared record without waking the loop. Heartbeats that arrive while the
+    # commit is being appended are queued behind it; they are no reason to hold back any host's
+    # push, since no batch follows until they are due. Their flush here is an hour, not the
+    # default 0.5 s, so they cannot fall due inside a slow commit's turn (a loaded machine did
+    # that: the polls' tasks then ran after the beats' record); a host that held pushes back
+    # for them would hold them past the polls' 30 s. A tick appends them at the end.
+    host = await Host.open(str(tmp_path / "log.db"), heartbeat_flush_s=3600.0)
     try:
         config = {"heartbeat_timeout_s": 3600.0, "ack_timeout_s": 3600.0, "reconcile_window_s": 0.0}
         created = await host.submit(
@@ -218,7 +221,11 @@ async def test_a_committed_view_reaches_every_host_at_once_while_heartbeats_wait
             # answered in the commit's own turn: before the beats' shared record, not a
             # flush (or several) later
             assert (applied, beats_answered) == (commit, False)
+        assert not any(f.done() for f in beats)  # still waiting for their shared record
+        # the host's tick flushes every waiting beat ahead of it
+        tick = await host.submit(NewRecord(kind="tick", group=None, payload={}))
+        assert isinstance(tick, Appended)
         outcomes = [o for b in await asyncio.gather(*beats) for o in b]
-        assert all(isinstance(o, Appended) and o.offset > commit for o in outcomes)
+        assert all(isinstance(o, Appended) and commit < o.offset < tick.offset for o in outcomes)
     finally:
         await host.close()
