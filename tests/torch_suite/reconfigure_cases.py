@@ -2,9 +2,10 @@
 each of the 3 rank processes on one backend (``"gloo"`` with ``enable_reconfigure=True``, or
 ``"foldplane"`` with it, over a real coordinator), and the foldplane-only cases.
 
-Every rank runs the same case function; handles and barriers go through a ``FileStore`` of
-the test's own (torch's reconfigure exchanges handles out of band). A case asserts what the
-rank sees; the test collects each rank's outcome.
+Every rank runs the same case function; handles and barriers go through a ``TCPStore`` that the
+test serves for the case (torch's reconfigure exchanges handles out of band; on gloo it is the
+bootstrap store its reconfigures rendezvous on). A case asserts what the rank sees; the test
+collects each rank's outcome.
 """
 
 from __future__ import annotations
@@ -331,12 +332,13 @@ CASES = {**TORCH_CASES, **FOLDPLANE_CASES}
 
 
 def run_rank(
-    backend: str, case: str, rank: int, env: dict[str, str], store_path: str, results: Any
+    backend: str, case: str, rank: int, env: dict[str, str], store_port: int, results: Any
 ) -> None:
     """A rank process: run ``case`` and put ``(rank, None)`` or ``(rank, traceback)``."""
     os.environ.update(env)
     outcome: str | None = None
-    r = Rank(backend, rank, dist.FileStore(store_path, WORLD))
+    store = dist.TCPStore("127.0.0.1", store_port, is_master=False, timeout=timedelta(seconds=300))
+    r = Rank(backend, rank, store)
     try:
         CASES[case](r)
     except BaseException:  # noqa: BLE001 - every failure goes back to the test
