@@ -337,14 +337,16 @@ def run_rank(
     """A rank process: run ``case`` and put ``(rank, None)`` or ``(rank, traceback)``."""
     os.environ.update(env)
     outcome: str | None = None
-    store = dist.TCPStore("127.0.0.1", store_port, is_master=False, timeout=timedelta(seconds=300))
-    r = Rank(backend, rank, store)
-    try:
+    r: Rank | None = None
+    try:  # a store this rank cannot reach is its outcome too
+        store = dist.TCPStore("127.0.0.1", store_port, timeout=timedelta(seconds=300))
+        r = Rank(backend, rank, store)
         CASES[case](r)
     except BaseException:  # noqa: BLE001 - every failure goes back to the test
         outcome = traceback.format_exc()
     try:
-        r.close()
+        if r is not None:
+            r.close()
     except BaseException:  # noqa: BLE001
         outcome = outcome or traceback.format_exc()
     results.put((rank, outcome))
