@@ -35,6 +35,13 @@ def test_the_demo_tells_the_whole_story_and_its_log_replays():
     failed = re.findall(r"\] all_reduce FAILED in view 1: failed_ranks_hint \[0, 0, 1, 0\]\n", out)
     assert len(failed) == 3, out
     assert out.count("all_reduce FAILED") == 3, out  # the kill's; stopping cleanly fails nothing
+    # Activating the replacement fails nobody, but a survivor that issued one more op on view 2
+    # as its peers installed view 3 sees that op end unfinished (they let view 2 go): the
+    # demo says so, and only for that change, with no rank named (timing: seldom seen here).
+    moved = re.findall(r"\] all_reduce in view (\d+) did not finish: the group moved on to view (\d+) "
+                       r"under it, no rank failed \(failed_ranks_hint \[0, 0, 0, 0\]\)\n", out)  # fmt: skip
+    assert out.count("did not finish") == len(moved), out
+    assert all(pair == ("2", "3") for pair in moved), out
     assert re.search(
         r"proposal \d+: applied in view 3; an identical proposal \d+: applied in view 3", out
     )
