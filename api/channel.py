@@ -301,6 +301,8 @@ class HostChannel(asyncio.Protocol):
         self._backlog: deque[ws.Message] = deque()
         self._closing = False
         self._paused = False
+        #: the host resumed past this fold: the log is asked why before anything is pushed
+        self._checking_ahead = False
         self._waiter: asyncio.Future[None] | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._heard = self._loop.time()
@@ -315,7 +317,10 @@ class HostChannel(asyncio.Protocol):
         self.transport = transport
         self._arm()
         if self.query.group is not None:
-            self._push_or_wait()
+            if self.after > self.host.core.applied:
+                self._check_ahead()
+            else:
+                self._push_or_wait()
         if leftover:
             self.data_received(leftover)
 
@@ -511,11 +516,33 @@ class HostChannel(asyncio.Protocol):
 
     # -- updates -----------------------------------------------------------------------------------
 
+    def _check_ahead(self) -> None:
+        """The host resumes past this coordinator's fold: first ask the log why
+        (``Host.check_reader_ahead``), then push, or refuse the updates."""
+        self._checking_ahead = True
+        task = self._loop.create_task(self.host.check_reader_ahead(self.after))
+        task.add_done_callback(self._ahead_checked)
+
+    def _ahead_checked(self, task: asyncio.Task[None]) -> None:
+        self._checking_ahead = False
+        if self._closing:
+            if not task.cancelled():
+                task.exception()  # retrieved: the channel closed meanwhile
+            return
+        exc = None if task.cancelled() else task.exception()
+        if isinstance(exc, HostUnavailable):
+            self._refuse_updates(exc)
+        elif exc is not None or task.cancelled():
+            log.error("channel: checking a host that resumes past the fold failed: %r", exc)
+            self.close(ws.INTERNAL_ERROR, "internal error")
+        else:
+            self._push_or_wait()
+
     def _push_or_wait(self) -> None:
         """Push what concerns the channel's ranks after what it pushed last, or wait for the
         next publish to their group (the journals wake the waiter, paced as long polls)."""
-        if self._paused:
-            return  # resume_writing comes back here
+        if self._paused or self._checking_ahead:
+            return  # resume_writing, or the check of a host ahead of the fold, comes back here
         group = self.query.group
         assert group is not None
         host = self.host

@@ -512,9 +512,47 @@ class Host:
         else empty at ``timeout``. ``view`` is the version the reader holds, so a resync can
         leave out a full view it already has. Only a leader answers (see :class:`Role`)."""
         self.role.check_polls("not leading")
+        await self.check_reader_ahead(after)
         answer = await self._updates(group, ranks, after, timeout, view=view)
         self.role.check_polls("stepped down")
         return answer
+
+    async def check_reader_ahead(self, after: int) -> None:
+        """A reader that resumes past this fold (``after`` beyond ``applied``) has read a log
+        this coordinator has not folded. The log decides what that means: if it ends before
+        ``after``, it was restored from an older copy and the reader resyncs
+        (:meth:`updates_now`); if it holds ``after``, another coordinator appended it, and this
+        one led before and has not yet learnt that it lost the lease (it was paused, and runs
+        again): it must not answer from its fold, which the reader would take for a restored
+        log, dropping its view for an older one. Raises ``HostUnavailable`` (``not_leader``:
+        the reader tries the other coordinators; ``log_unavailable`` when the log's head cannot
+        be read). One read of the head, only for such a reader."""
+        applied = self.core.applied
+        if after <= applied:
+            return
+        try:
+            head = await self.log.head()
+        except LogError as exc:
+            raise HostUnavailable(
+                LOG_UNAVAILABLE,
+                f"a reader resumes after offset {after}, past this coordinator's fold "
+                f"({applied}), and the log's head cannot be read to tell why: {exc}",
+            ) from None
+        if head >= after and after > self.core.applied:
+            log.warning(
+                "a reader resumes after offset %d, which the log holds (head %d) and this "
+                "coordinator has not folded (%d): another coordinator led meanwhile; "
+                "answering not_leader",
+                after,
+                head,
+                self.core.applied,
+            )
+            raise HostUnavailable(
+                NOT_LEADER,
+                f"this coordinator's fold ends at offset {self.core.applied}, before offset "
+                f"{after} that the reader has read and the log holds (head {head}): another "
+                "coordinator leads, or led while this one was paused",
+            )
 
     async def _updates(
         self,

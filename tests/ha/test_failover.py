@@ -12,6 +12,8 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import socket
 import threading
 import time
 from collections.abc import Callable, Coroutine, Mapping
@@ -24,6 +26,7 @@ from msgspec import to_builtins
 from foldplane.agent.client import CoordinatorClient
 from foldplane.agent.simhost import SimulatedCluster
 from foldplane.wire import ranks as rank_sets
+from foldplane.wire.protocol import PROTOCOL
 from tests.ha.cluster import Node, fetch, replay, retrying, wait_for
 
 #: Real processes and real lease periods: about a minute for the three, so they run with the
@@ -220,10 +223,25 @@ def test_sigstop_leader_is_fenced_and_steps_down(nodes: Callable[..., Node], sch
     retrying(lambda: operator.create_group("after", 2, **GROUP))
     head_at_takeover = b.health()["head"]
 
+    # An agent that read B's log up to its head, then polls A (it woke, and has not yet
+    # learnt that it lost the lease): A's fold ends before that offset, which the log holds.
+    # A must not answer from its fold, least of all as a log restored from an older copy
+    # (the agent would drop its view and install an older one): 503 not_leader, like a write.
+    query = f"group=before&rank=0&after={head_at_takeover}&protocol={PROTOCOL}&timeout=1"
+    poll = socket.create_connection(("127.0.0.1", a.port), timeout=60)  # the kernel accepts it
+    poll.sendall(
+        f"GET /agents/updates?{query} HTTP/1.1\r\nhost: 127.0.0.1\r\nconnection: close\r\n\r\n".encode()
+    )
+
     a.resume()
     sender.join(timeout=30)
     assert late, "the write sent to the frozen leader got no answer"
     assert late["status"] == 503 and late["body"]["error"] == "not_leader", late
+    with poll:
+        answer = b"".join(iter(lambda: poll.recv(65536), b""))
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 503 "), answer
+    assert json.loads(body)["error"] == "not_leader", answer
 
     # It stepped down and follows the new leader.
     standby = wait_for(
