@@ -12,7 +12,9 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
+import re
 import socket
 import threading
 import time
@@ -232,6 +234,14 @@ def test_sigstop_leader_is_fenced_and_steps_down(nodes: Callable[..., Node], sch
     poll.sendall(
         f"GET /agents/updates?{query} HTTP/1.1\r\nhost: 127.0.0.1\r\nconnection: close\r\n\r\n".encode()
     )
+    # ...and a host channel that opens there past A's fold, the same way
+    query = f"group=before&ranks=0&after={head_at_takeover}&protocol={PROTOCOL}"
+    channel = socket.create_connection(("127.0.0.1", a.port), timeout=60)
+    channel.sendall(
+        f"GET /agents/channel?{query} HTTP/1.1\r\nhost: 127.0.0.1\r\nupgrade: websocket\r\n"
+        "connection: Upgrade\r\nsec-websocket-version: 13\r\n"
+        f"sec-websocket-key: {base64.b64encode(bytes(16)).decode()}\r\n\r\n".encode()
+    )
 
     a.resume()
     sender.join(timeout=30)
@@ -242,6 +252,11 @@ def test_sigstop_leader_is_fenced_and_steps_down(nodes: Callable[..., Node], sch
     head, _, body = answer.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 503 "), answer
     assert json.loads(body)["error"] == "not_leader", answer
+    # the channel is refused at its opening (503) or, opened, gets the error and a close 1013
+    with channel:
+        answer = b"".join(iter(lambda: channel.recv(65536), b""))
+    assert b'"error":"not_leader"' in answer and b"restored" not in answer, answer
+    assert answer.startswith(b"HTTP/1.1 503 ") or re.search(rb"\x88.\x03\xf5", answer), answer
 
     # It stepped down and follows the new leader.
     standby = wait_for(

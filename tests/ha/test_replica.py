@@ -118,6 +118,36 @@ async def test_leader_fenced_by_a_newer_term_steps_down_and_writes_nothing(url: 
         await a.close()
 
 
+async def test_a_leader_behind_the_log_sends_no_reader_back_as_if_the_log_were_restored(
+    url: str,
+) -> None:
+    """Another writer appended past this leader's fold (it led while this one was paused, and
+    this one has not noticed yet): a reader that resumes after such an offset gets not_leader,
+    not a resync from the stale fold marked restored, which would make its agent drop its
+    view for an older one. A reader past the log's own head is still told the log was
+    restored, and one within the fold is answered as before."""
+    a = await replica(url, "a")
+    rogue = await open_log(url)
+    try:
+        await until(lambda: a.role.name == "leader", "a to lead")
+        assert isinstance(await a.submit(group_created("g")), Appended)
+        folded = a.machine.offset
+        await rogue.claim_term()
+        ahead = (await rogue.append([group_created("x"), group_created("y")]))[-1]
+        assert a.role.name == "leader" and a.machine.offset == folded  # it has not noticed
+        with pytest.raises(HostUnavailable) as caught:
+            await a.updates("g", (0,), ahead, timeout=0)
+        assert caught.value.code == "not_leader"
+        assert f"ends at offset {folded}, before offset {ahead}" in caught.value.detail
+        past = await a.updates("g", (0,), ahead + 1, timeout=0)  # past the log's head itself
+        assert past.resync and past.restored
+        within = await a.updates("g", (0,), folded, timeout=0)
+        assert not within.restored
+    finally:
+        await rogue.close()
+        await a.close()
+
+
 async def test_a_deposed_writer_writes_no_projection_offset_or_snapshot(url: str) -> None:
     """Every write of a leader besides the append is fenced by its term too: once another
     writer claimed the log, the old one's projection rows, consumer offset and snapshot are
