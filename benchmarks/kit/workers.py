@@ -121,13 +121,14 @@ class Lines:
 
         def read() -> None:
             assert process.stdout is not None
-            for raw in process.stdout:
-                line = raw.decode(errors="replace").strip()
-                if line.startswith("{"):
-                    try:
-                        self.queue.put(json.loads(line))
-                    except ValueError:
-                        self.garbled.append(line)
+            with process.stdout:  # closed at EOF: nobody else reads it
+                for raw in process.stdout:
+                    line = raw.decode(errors="replace").strip()
+                    if line.startswith("{"):
+                        try:
+                            self.queue.put(json.loads(line))
+                        except ValueError:
+                            self.garbled.append(line)
 
         threading.Thread(target=read, daemon=True).start()
 
