@@ -525,11 +525,9 @@ class HostChannel(asyncio.Protocol):
 
     def _ahead_checked(self, task: asyncio.Task[None]) -> None:
         self._checking_ahead = False
+        exc = None if task.cancelled() else task.exception()  # retrieved, whatever comes next
         if self._closing:
-            if not task.cancelled():
-                task.exception()  # retrieved: the channel closed meanwhile
             return
-        exc = None if task.cancelled() else task.exception()
         if isinstance(exc, HostUnavailable):
             self._refuse_updates(exc)
         elif exc is not None or task.cancelled():

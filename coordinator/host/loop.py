@@ -538,21 +538,23 @@ class Host:
                 f"a reader resumes after offset {after}, past this coordinator's fold "
                 f"({applied}), and the log's head cannot be read to tell why: {exc}",
             ) from None
-        if head >= after and after > self.core.applied:
-            log.warning(
-                "a reader resumes after offset %d, which the log holds (head %d) and this "
-                "coordinator has not folded (%d): another coordinator led meanwhile; "
-                "answering not_leader",
-                after,
-                head,
-                self.core.applied,
-            )
-            raise HostUnavailable(
-                NOT_LEADER,
-                f"this coordinator's fold ends at offset {self.core.applied}, before offset "
-                f"{after} that the reader has read and the log holds (head {head}): another "
-                "coordinator leads, or led while this one was paused",
-            )
+        applied = self.core.applied  # the fold may have moved during the read
+        if after <= applied or head < after:
+            return  # caught up meanwhile, or the log is behind the reader: updates_now says
+        log.warning(
+            "a reader resumes after offset %d, which the log holds (head %d) and this "
+            "coordinator has not folded (%d): another coordinator led meanwhile; "
+            "answering not_leader",
+            after,
+            head,
+            applied,
+        )
+        raise HostUnavailable(
+            NOT_LEADER,
+            f"this coordinator's fold ends at offset {applied}, before offset {after} that "
+            f"the reader has read and the log holds (head {head}): another coordinator "
+            "leads, or led while this one was paused",
+        )
 
     async def _updates(
         self,

@@ -23,6 +23,8 @@ from torch.distributed import distributed_c10d as c10d
 
 WORLD = 3
 TIMEOUT = timedelta(seconds=60)
+#: How long a read of a case's store waits (as a FileStore's reads do by default).
+STORE = timedelta(seconds=300)
 
 
 @dataclass
@@ -339,7 +341,7 @@ def run_rank(
     outcome: str | None = None
     r: Rank | None = None
     try:  # a store this rank cannot reach is its outcome too
-        store = dist.TCPStore("127.0.0.1", store_port, timeout=timedelta(seconds=300))
+        store = dist.TCPStore("127.0.0.1", store_port, timeout=STORE)
         r = Rank(backend, rank, store)
         CASES[case](r)
     except BaseException:  # noqa: BLE001 - every failure goes back to the test

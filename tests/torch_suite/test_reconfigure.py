@@ -24,7 +24,6 @@ import time
 import uuid
 import warnings
 from collections.abc import Iterator
-from datetime import timedelta
 
 import httpx
 import pytest
@@ -53,8 +52,6 @@ GROUP = {
 }
 #: The longest a case may take, all of its rank processes together.
 CASE_S = 180.0
-#: How long a read of a case's store waits (as a FileStore's reads do by default).
-STORE = timedelta(seconds=300)
 #: Once a rank has failed, how long the others get to finish: a case's ranks wait for each
 #: other in the case's store, so a failed rank can leave the others waiting on it for good.
 AFTER_FAILURE_S = 20.0
@@ -114,7 +111,9 @@ def run(
     # reconfigure rendezvouses there too). Not a FileStore: with one, torch 2.14.1's gloo met the
     # split outcome (GLOO_SPLIT_OUTCOME) in 4 of 100 runs of scale_down_up alone, with a
     # TCPStore in none of 120.
-    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=STORE)
+    store = dist.TCPStore(
+        "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=cases.STORE
+    )
     results = ctx.Queue()
     procs = [
         ctx.Process(
